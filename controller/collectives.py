@@ -1,0 +1,117 @@
+"""All-reduce collectives as per-rank step lists.
+
+Each rank runs its steps in order; a rank's step s+1 starts when every byte it expects in
+step s has arrived (the count-action condition). Byte counts are exact integers: chunks
+split S as evenly as possible, so every byte of the gradient is accounted for.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class Step:
+    sends: tuple[tuple[int, int], ...]  # (dst rank, bytes)
+    recv_bytes: int  # bytes this rank must receive before its next step
+    phase: str
+
+
+Schedule = list[list[Step]]  # schedule[rank] = that rank's steps
+
+
+def _split(total: int, parts: int) -> list[int]:
+    q, r = divmod(total, parts)
+    return [q + (1 if i < r else 0) for i in range(parts)]
+
+
+def ring(n: int, size: int, members: list[int] | None = None, phase: str = "ring",
+         sched: Schedule | None = None, base: int | None = None) -> Schedule:
+    """Ring all-reduce: reduce-scatter then all-gather, 2(n-1) steps of S/n."""
+    ranks = members if members is not None else list(range(n))
+    k = len(ranks)
+    sched = sched if sched is not None else [[] for _ in range(n)]
+    if k == 1:
+        return sched
+    chunks = _split(size, k)
+    for s in range(2 * (k - 1)):
+        for i, r in enumerate(ranks):
+            send_chunk = (i - s) % k
+            recv_chunk = (i - 1 - s) % k
+            sched[r].append(Step(((ranks[(i + 1) % k], chunks[send_chunk]),),
+                                 chunks[recv_chunk], f"{phase}-{'rs' if s < k - 1 else 'ag'}"))
+    return sched
+
+
+def halving_doubling(n: int, size: int) -> Schedule:
+    """Recursive halving reduce-scatter, then recursive doubling all-gather (the paper's HD)."""
+    if n < 1 or n & (n - 1):
+        raise ValueError(f"halving-doubling needs a power-of-two number of ranks, got {n}")
+    logn = n.bit_length() - 1
+    sched: Schedule = [[] for _ in range(n)]
+    for r in range(n):
+        lo, hi = 0, size  # the segment this rank is responsible for, [lo, hi)
+        rs: list[Step] = []
+        segs: list[tuple[int, int, int]] = []
+        for k in range(logn):
+            partner = r ^ (1 << k)
+            mid = lo + (hi - lo) // 2
+            keep_low = not (r >> k) & 1
+            keep = (lo, mid) if keep_low else (mid, hi)
+            give = (mid, hi) if keep_low else (lo, mid)
+            rs.append(Step(((partner, give[1] - give[0]),), keep[1] - keep[0], f"hd-rs{k}"))
+            segs.append((partner, give[1] - give[0], keep[1] - keep[0]))
+            lo, hi = keep
+        ag = [Step(((p, kept),), gave, f"hd-ag{k}")
+              for k, (p, gave, kept) in reversed(list(enumerate(segs)))]
+        sched[r] = rs + ag
+    return sched
+
+
+def hierarchical_2d(rows: int, cols: int, size: int) -> Schedule:
+    """Row reduce-scatter, column all-reduce of each row-shard, row all-gather (ring based)."""
+    n = rows * cols
+    sched: Schedule = [[] for _ in range(n)]
+    shard = _split(size, cols)
+    for r in range(rows):
+        members = [r * cols + c for c in range(cols)]
+        tmp = ring(n, size, members, "row", None)
+        for m in members:
+            sched[m] += tmp[m][: cols - 1]  # reduce-scatter half
+    for c in range(cols):
+        members = [r * cols + c for r in range(rows)]
+        # after the row reduce-scatter rank (r, c) owns shard (c + 1) % cols
+        ring(n, shard[(c + 1) % cols], members, "col", sched)
+    for r in range(rows):
+        members = [r * cols + c for c in range(cols)]
+        tmp = ring(n, size, members, "row", None)
+        for m in members:
+            sched[m] += tmp[m][cols - 1:]  # all-gather half
+    return sched
+
+
+def build(kind: str, n: int, size: int, rows: int, cols: int) -> Schedule:
+    if kind == "ring":
+        return ring(n, size)
+    if kind == "hd":
+        return halving_doubling(n, size)
+    if kind == "hier2d":
+        if rows * cols != n:
+            raise ValueError(f"hier2d needs the job on the whole {rows} x {cols} grid")
+        return hierarchical_2d(rows, cols, size)
+    raise ValueError(f"unknown collective {kind!r}")
+
+
+def check_balanced(sched: Schedule) -> None:
+    """Every byte a rank expects is sent to it by someone, step by step (a schedule sanity check)."""
+    n = len(sched)
+    sent = [0] * n
+    expected = [0] * n
+    for r, steps in enumerate(sched):
+        for st in steps:
+            expected[r] += st.recv_bytes
+            for dst, b in st.sends:
+                sent[dst] += b
+    if sent != expected:
+        bad = next(i for i in range(n) if sent[i] != expected[i])
+        raise AssertionError(f"rank {bad} expects {expected[bad]} bytes but is sent {sent[bad]}")

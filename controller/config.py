@@ -1,0 +1,358 @@
+"""Testbed and experiment configs: typed models, TOML loading, domain validation.
+
+Every error names the file, the field path and the reason; validation collects all
+errors rather than stopping at the first, so `oddl check` can print them in one go.
+"""
+
+from __future__ import annotations
+
+import math
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+C_NM = 299_792.458  # speed of light in nm * THz
+BAND_NM = (1530.0, 1625.0)  # optical C band (1530-1565) and L band (1565-1625)
+
+
+@dataclass(frozen=True)
+class ConfigIssue:
+    file: str
+    path: str
+    reason: str
+
+    def __str__(self) -> str:
+        return f"{self.file}: {self.path or '<root>'}: {self.reason}"
+
+
+class ConfigError(Exception):
+    """A config file that cannot be used; carries every issue found."""
+
+    def __init__(self, issues: list[ConfigIssue]) -> None:
+        self.issues = issues
+        super().__init__("\n".join(str(i) for i in issues))
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class WavelengthGrid(_Model):
+    """An ITU-style grid: `count` channels spaced `spacing_ghz` from `start_nm` upwards."""
+
+    start_nm: float
+    spacing_ghz: float = Field(gt=0)
+    count: int = Field(gt=0, le=512)
+
+    def expand(self) -> list[float]:
+        f0 = C_NM / self.start_nm  # THz
+        return [round(C_NM / (f0 - i * self.spacing_ghz / 1000.0), 4) for i in range(self.count)]
+
+
+class Optical(_Model):
+    line_rate_gbps: float = Field(gt=0, description="per optical port")
+    tuning_time_ns: float = Field(gt=0, description="transmitter wavelength switching time")
+    guard_time_ns: float = Field(default=2.0, ge=0, description="idle gap after each burst")
+    propagation_ns: float = Field(default=50.0, ge=0, description="fibre + WSS, one hop")
+    wavelengths_nm: list[float] | None = None
+    wavelength_grid: WavelengthGrid | None = None
+
+    @model_validator(mode="after")
+    def _one_source(self) -> Optical:
+        if (self.wavelengths_nm is None) == (self.wavelength_grid is None):
+            raise ValueError("give exactly one of wavelengths_nm or wavelength_grid")
+        return self
+
+    def wavelengths(self) -> list[float]:
+        if self.wavelengths_nm is not None:
+            return list(self.wavelengths_nm)
+        assert self.wavelength_grid is not None
+        return self.wavelength_grid.expand()
+
+
+class ControlNetwork(_Model):
+    """The Ethernet control network: carries REQUEST/GRANT/RELEASE, never data."""
+
+    kind: str = "100GbE"
+    latency_ns: float = Field(gt=0, description="one-way per-message latency, NIC to NIC")
+    request_timeout_ns: float = Field(default=50_000, gt=0)
+    max_retries: int = Field(default=20, ge=0)
+    grant_lease_ns: float = Field(default=100_000, gt=0)
+
+
+class Grid(_Model):
+    rows: int = Field(gt=0)
+    cols: int = Field(gt=0)
+
+
+class Node(_Model):
+    id: str = Field(min_length=1)
+    row: int = Field(ge=0)
+    col: int = Field(ge=0)
+    board: str | None = None
+
+
+class WSS(_Model):
+    id: str = Field(min_length=1)
+    axis: Literal["row", "col"]
+    index: int = Field(ge=0)
+    ports: int = Field(gt=0)
+    serial: str | None = None
+
+
+class Generate(_Model):
+    """Compact form for big grids: one node per cell, one WSS per row and per column."""
+
+    nodes: str | None = Field(default=None, description="node id pattern, e.g. 'n{row}-{col}'")
+    wss: bool = False
+    wss_ports: int | None = Field(default=None, gt=0, description="default: the group size")
+
+
+class Meta(_Model):
+    name: str = Field(min_length=1)
+    description: str = ""
+    backend: Literal["sim", "emu", "hw"] = "sim"
+
+
+class Testbed(_Model):
+    testbed: Meta
+    grid: Grid
+    optical: Optical
+    control: ControlNetwork
+    generate: Generate | None = None
+    nodes: list[Node] = Field(default_factory=list)
+    wss: list[WSS] = Field(default_factory=list)
+
+    def expanded(self) -> Testbed:
+        """The same testbed with generated nodes/WSSs written out."""
+        g = self.generate
+        if g is None:
+            return self
+        nodes = list(self.nodes)
+        wss = list(self.wss)
+        if g.nodes:
+            nodes += [
+                Node(id=g.nodes.format(row=r, col=c), row=r, col=c)
+                for r in range(self.grid.rows)
+                for c in range(self.grid.cols)
+            ]
+        if g.wss:
+            for r in range(self.grid.rows) if self.grid.cols > 1 else ():
+                wss.append(WSS(id=f"wss-row{r}", axis="row", index=r,
+                               ports=g.wss_ports or self.grid.cols))
+            for c in range(self.grid.cols) if self.grid.rows > 1 else ():
+                wss.append(WSS(id=f"wss-col{c}", axis="col", index=c,
+                               ports=g.wss_ports or self.grid.rows))
+        return self.model_copy(update={"nodes": nodes, "wss": wss, "generate": None})
+
+    @property
+    def name(self) -> str:
+        return self.testbed.name
+
+    @property
+    def n_nodes(self) -> int:
+        return len(self.nodes)
+
+
+def domain_issues(tb: Testbed) -> list[tuple[str, str]]:
+    """Rules beyond types. Returns (field path, reason) pairs; empty when the testbed is sound."""
+    out: list[tuple[str, str]] = []
+    rows, cols = tb.grid.rows, tb.grid.cols
+    # ids unique
+    seen: dict[str, int] = {}
+    for i, n in enumerate(tb.nodes):
+        if n.id in seen:
+            out.append((f"nodes[{i}].id", f"duplicate node id {n.id!r} (also nodes[{seen[n.id]}])"))
+        seen.setdefault(n.id, i)
+    seen_w: dict[str, int] = {}
+    for i, w in enumerate(tb.wss):
+        if w.id in seen_w:
+            out.append((f"wss[{i}].id", f"duplicate WSS id {w.id!r} (also wss[{seen_w[w.id]}])"))
+        seen_w.setdefault(w.id, i)
+    # grid shape consistent with the nodes
+    if len(tb.nodes) != rows * cols:
+        out.append(("nodes", f"grid is {rows} x {cols} = {rows * cols} cells but "
+                             f"{len(tb.nodes)} nodes are listed"))
+    cells: dict[tuple[int, int], int] = {}
+    for i, n in enumerate(tb.nodes):
+        if n.row >= rows or n.col >= cols:
+            out.append((f"nodes[{i}]", f"node {n.id!r} at ({n.row}, {n.col}) is outside the "
+                                       f"{rows} x {cols} grid"))
+        elif (n.row, n.col) in cells:
+            out.append((f"nodes[{i}]", f"node {n.id!r} shares cell ({n.row}, {n.col}) with "
+                                       f"nodes[{cells[(n.row, n.col)]}]"))
+        else:
+            cells[(n.row, n.col)] = i
+    # each node on exactly one row WSS and one column WSS (groups of one need none)
+    by_group: dict[tuple[str, int], list[int]] = {}
+    for i, w in enumerate(tb.wss):
+        limit = rows if w.axis == "row" else cols
+        if w.index >= limit:
+            out.append((f"wss[{i}].index", f"{w.axis} {w.index} does not exist in the "
+                                           f"{rows} x {cols} grid"))
+            continue
+        by_group.setdefault((w.axis, w.index), []).append(i)
+        group = cols if w.axis == "row" else rows
+        if w.ports < group:
+            out.append((f"wss[{i}].ports", f"{w.ports} ports cannot cover the {group} nodes of "
+                                           f"{w.axis} {w.index}"))
+    for axis, count, group in (("row", rows, cols), ("col", cols, rows)):
+        for k in range(count):
+            ws = by_group.get((axis, k), [])
+            if group > 1 and not ws:
+                out.append(("wss", f"{axis} {k} has {group} nodes but no WSS: its nodes have no "
+                                   f"{'H' if axis == 'row' else 'V'} path"))
+            if len(ws) > 1:
+                out.append((f"wss[{ws[1]}]", f"{axis} {k} has more than one WSS "
+                                             f"(wss{ws}); each node sits on exactly one"))
+    # wavelengths unique and inside the C/L band
+    try:
+        wl = tb.optical.wavelengths()
+    except Exception as e:  # pragma: no cover - guarded by the model
+        out.append(("optical", str(e)))
+        wl = []
+    field = "optical.wavelengths_nm" if tb.optical.wavelengths_nm is not None else \
+        "optical.wavelength_grid"
+    for i, lam in enumerate(wl):
+        if not (BAND_NM[0] <= lam <= BAND_NM[1]) or math.isnan(lam):
+            out.append((f"{field}[{i}]", f"{lam} nm is outside the C/L band "
+                                         f"({BAND_NM[0]}-{BAND_NM[1]} nm)"))
+    dup = {lam for lam in wl if wl.count(lam) > 1}
+    for lam in sorted(dup):
+        out.append((field, f"wavelength {lam} nm is listed more than once"))
+    return out
+
+
+def _fmt_loc(loc: tuple[Any, ...]) -> str:
+    s = ""
+    for part in loc:
+        if isinstance(part, int):
+            s += f"[{part}]"
+        else:
+            s += ("." if s else "") + str(part)
+    return s
+
+
+def _read_toml(path: Path) -> dict[str, Any]:
+    try:
+        with path.open("rb") as f:
+            return tomllib.load(f)
+    except FileNotFoundError:
+        raise ConfigError([ConfigIssue(str(path), "", "file not found")]) from None
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError([ConfigIssue(str(path), "", f"not valid TOML: {e}")]) from None
+
+
+def _pydantic_issues(path: Path, e: ValidationError) -> list[ConfigIssue]:
+    return [ConfigIssue(str(path), _fmt_loc(err["loc"]), err["msg"]) for err in e.errors()]
+
+
+def load_testbed(path: str | Path) -> Testbed:
+    """Load, expand and validate a testbed file; raise ConfigError listing every problem."""
+    path = Path(path)
+    data = _read_toml(path)
+    try:
+        tb = Testbed.model_validate(data).expanded()
+    except ValidationError as e:
+        raise ConfigError(_pydantic_issues(path, e)) from None
+    issues = [ConfigIssue(str(path), p, r) for p, r in domain_issues(tb)]
+    if issues:
+        raise ConfigError(issues)
+    return tb
+
+
+# --- experiments ---------------------------------------------------------------------------
+
+MODELS: dict[str, float] = {
+    # parameters (millions), ODDL-SPEC / the usual published counts
+    "resnet50": 25.56,
+    "vgg16": 138.36,
+    "vgg19": 143.67,
+    "bert-large": 340.0,
+}
+
+
+class Calibration(_Model):
+    """Fit the per-iteration compute time so that `network` trains in `training_time_min`."""
+
+    network: str
+    training_time_min: float = Field(gt=0)
+
+
+class Workload(_Model):
+    model: Literal["resnet50", "vgg16", "vgg19", "bert-large"]
+    collective: Literal["ring", "hd", "hier2d"]
+    epochs: float = Field(gt=0)
+    dataset_samples: int = Field(gt=0)
+    batch_per_node: int = Field(gt=0)
+    bytes_per_param: int = Field(default=4, gt=0)
+    compute_time_ms: float | None = Field(default=None, ge=0)
+    calibrate: Calibration | None = None
+
+    @model_validator(mode="after")
+    def _compute(self) -> Workload:
+        if (self.compute_time_ms is None) == (self.calibrate is None):
+            raise ValueError("give exactly one of compute_time_ms or calibrate")
+        return self
+
+
+class NetworkSpec(_Model):
+    name: str = Field(min_length=1)
+    kind: Literal["oddl", "electrical"]
+    strategy: Literal["cyclic", "matched", "totientperms"] = "matched"
+    latency_ns: float = Field(default=1000.0, ge=0, description="electrical: per-flow latency")
+
+
+class Faults(_Model):
+    """Control-message faults on the bus (sim): drops and extra delay."""
+
+    drop_probability: float = Field(default=0.0, ge=0, lt=1)
+    delay_probability: float = Field(default=0.0, ge=0, le=1)
+    max_extra_delay_ns: float = Field(default=0.0, ge=0)
+
+
+class Experiment(_Model):
+    name: str = Field(min_length=1)
+    description: str = ""
+    testbed: str
+    seed: int = 0
+    iterations: int | None = Field(default=None, gt=0, description="override epochs")
+    workload: Workload
+    networks: list[NetworkSpec] = Field(min_length=1)
+    faults: Faults = Faults()
+    flow_records: Literal["all", "none"] = "all"
+    reference: dict[str, Any] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _names(self) -> Experiment:
+        names = [n.name for n in self.networks]
+        if len(set(names)) != len(names):
+            raise ValueError(f"network names must be unique, got {names}")
+        cal = self.workload.calibrate
+        if cal is not None and cal.network not in names:
+            raise ValueError(f"workload.calibrate.network {cal.network!r} is not one of {names}")
+        return self
+
+
+@dataclass(frozen=True)
+class LoadedExperiment:
+    path: Path
+    experiment: Experiment
+    testbed_path: Path
+    testbed: Testbed
+
+
+def load_experiment(path: str | Path, testbed: str | Path | None = None) -> LoadedExperiment:
+    path = Path(path)
+    data = _read_toml(path)
+    try:
+        exp = Experiment.model_validate(data)
+    except ValidationError as e:
+        raise ConfigError(_pydantic_issues(path, e)) from None
+    tb_path = Path(testbed) if testbed else (path.parent / exp.testbed)
+    if not tb_path.exists() and not testbed:
+        tb_path = Path(exp.testbed)
+    return LoadedExperiment(path, exp, tb_path, load_testbed(tb_path))

@@ -1,0 +1,1 @@
+"""Everything emulated: virtual clock, optical fabric, device models, baseline networks."""
