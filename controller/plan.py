@@ -91,7 +91,7 @@ class Plan:
                 if len(problems) > 20:
                     break
         if problems:
-            more = "" if len(problems) <= 20 else f"\n... and more"
+            more = "" if len(problems) <= 20 else "\n... and more"
             raise PlanError("plan is invalid:\n  " + "\n  ".join(problems[:20]) + more)
 
     def path(self, grid: Grid, src: str, dst: str,

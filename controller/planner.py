@@ -19,7 +19,7 @@ from math import gcd
 from controller.collectives import Schedule
 from controller.config import Testbed
 from controller.plan import JobPlacement, Plan, PlanError, Route, WSSTable
-from controller.topology import H, V, Grid
+from controller.topology import Grid, H, V
 
 Mapping = dict[int, int]  # in port -> out port (partial permutation)
 STRATEGIES = ("cyclic", "matched", "totientperms")

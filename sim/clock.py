@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import selectors
-from collections.abc import Callable
 from typing import Any
 
 NS = 1e-9
@@ -30,14 +29,14 @@ class _VirtualSelector(selectors.BaseSelector):
 
     def select(self, timeout: float | None = None) -> list[Any]:
         loop = self._loop
-        if loop._ready:  # noqa: SLF001 - something is runnable now: no time passes
+        if loop._ready:
             return []
-        if loop._scheduled:  # noqa: SLF001
-            loop._now = max(loop._now, loop._scheduled[0].when())  # noqa: SLF001
+        if loop._scheduled:
+            loop._now = max(loop._now, loop._scheduled[0].when())
             return []
         if timeout is None:
             raise RuntimeError("virtual-time loop is idle with nothing scheduled: deadlock")
-        loop._now += timeout  # noqa: SLF001
+        loop._now += timeout
         return []
 
     def close(self) -> None:
@@ -68,31 +67,3 @@ class VirtualClockLoop(asyncio.BaseEventLoop):
     def close(self) -> None:
         super().close()
         self._selector.close()
-
-
-class Clock:
-    """Integer-nanosecond view of an asyncio loop, shared by models and controller code.
-
-    The same object wraps a virtual loop (sim) or a real one (emu, hw), so nothing that
-    schedules through it knows which it has.
-    """
-
-    __slots__ = ("_call_at", "loop")
-
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self.loop = loop
-        self._call_at = loop.call_at
-
-    def now_ns(self) -> int:
-        return round(self.loop.time() * 1e9)
-
-    def call_at_ns(self, t_ns: int, cb: Callable[..., Any], *args: Any) -> asyncio.TimerHandle:
-        return self._call_at(t_ns * NS, cb, *args)
-
-    def call_later_ns(
-        self, delay_ns: int, cb: Callable[..., Any], *args: Any
-    ) -> asyncio.TimerHandle:
-        return self._call_at((self.now_ns() + delay_ns) * NS, cb, *args)
-
-    def call_soon(self, cb: Callable[..., Any], *args: Any) -> asyncio.Handle:
-        return self.loop.call_soon(cb, *args)

@@ -1,0 +1,96 @@
+"""Stage 1, the central arbiter: inventory, plan, apply, read back, and only then go.
+
+It talks to devices only through `controller.devices` interfaces and never sits in the
+per-flow path.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from controller.collectives import Schedule
+from controller.config import Testbed
+from controller.devices import ONic, WSSDevice
+from controller.plan import Plan
+from controller.planner import plan_job
+from controller.topology import Grid
+
+
+class InventoryError(RuntimeError):
+    pass
+
+
+class ApplyError(RuntimeError):
+    pass
+
+
+@dataclass
+class Inventory:
+    boards: dict[str, dict[str, str]] = field(default_factory=dict)
+    wss: dict[str, str] = field(default_factory=dict)
+    wavelengths: int = 0
+
+
+class Arbiter:
+    def __init__(self, tb: Testbed, grid: Grid, onics: dict[str, ONic],
+                 wss: dict[str, WSSDevice], design_version: str | None = None) -> None:
+        self.tb = tb
+        self.grid = grid
+        self.onics = onics
+        self.wss = wss
+        self.design_version = design_version
+
+    def inventory(self) -> Inventory:
+        inv = Inventory(wavelengths=len(self.tb.optical.wavelengths()))
+        problems = []
+        for n in self.tb.nodes:
+            dev = self.onics.get(n.id)
+            if dev is None:
+                problems.append(f"node {n.id}: no O-NIC answers")
+                continue
+            ident = dev.identity()
+            if self.design_version and ident.get("design") != self.design_version:
+                problems.append(f"node {n.id}: design {ident.get('design')!r}, expected "
+                                f"{self.design_version!r}")
+            inv.boards[n.id] = ident
+        for w in self.tb.wss:
+            dev = self.wss.get(w.id)
+            if dev is None:
+                problems.append(f"WSS {w.id}: does not answer")
+                continue
+            inv.wss[w.id] = dev.identify()
+        if problems:
+            raise InventoryError("inventory failed:\n  " + "\n  ".join(problems))
+        return inv
+
+    def plan(self, schedule: Schedule, strategy: str, job: str = "job0",
+             relay: str = "row-first") -> Plan:
+        plan = plan_job(self.tb, self.grid, schedule, job, strategy, relay)
+        plan.validate(self.grid)
+        return plan
+
+    def apply(self, plan: Plan) -> None:
+        plan.validate(self.grid)
+        for t in plan.wss:
+            self.wss[t.wss].set_table(t.table)
+        for node, routes in plan.routes.items():
+            self.onics[node].load_routes({d: (r.port, r.channel, r.next_hop)
+                                          for d, r in routes.items()})
+        self.verify(plan)
+
+    def verify(self, plan: Plan) -> None:
+        diffs = []
+        for t in plan.wss:
+            got = self.wss[t.wss].get_table()
+            for i, row in enumerate(t.table):
+                have = got[i][: len(row)] if i < len(got) else []
+                if list(have) != list(row):
+                    diffs.append(f"WSS {t.wss} input {i}: wrote {row}, read back {have}")
+        for node, routes in plan.routes.items():
+            want = {d: (r.port, r.channel, r.next_hop) for d, r in routes.items()}
+            got_r = self.onics[node].read_routes()
+            if got_r != want:
+                bad = [d for d in want if got_r.get(d) != want[d]][:3]
+                diffs.append(f"O-NIC {node}: routes differ on read-back, e.g. {bad}")
+        if diffs:
+            raise ApplyError("read-back does not match the plan:\n  " + "\n  ".join(diffs[:20]))

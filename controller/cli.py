@@ -1,0 +1,191 @@
+"""The `oddl` command line."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+import click
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from controller.config import ConfigError, load_experiment, load_testbed
+
+err = Console(stderr=True)
+console = Console(width=None if sys.stdout.isatty() else 120)
+
+
+def _config_fail(e: ConfigError) -> None:
+    for issue in e.issues:
+        click.echo(f"error: {issue}", err=True)
+    sys.exit(2)
+
+
+@click.group()
+@click.version_option(package_name="oddl")
+def main() -> None:
+    """oddl: the ODDL optical interconnect testbed controller."""
+
+
+@main.command()
+@click.argument("file", type=click.Path(path_type=Path))
+def check(file: Path) -> None:
+    """Validate a testbed (or experiment) config: OK, or every error with its field."""
+    try:
+        import tomllib
+
+        with file.open("rb") as f:
+            is_exp = "workload" in tomllib.load(f)
+    except (OSError, ValueError):
+        is_exp = False
+    try:
+        if is_exp:
+            ctx = load_experiment(file)
+            click.echo(f"OK {file}: experiment {ctx.experiment.name} on {ctx.testbed.name}")
+        else:
+            tb = load_testbed(file)
+            click.echo(f"OK {file}: {tb.name}, {tb.grid.rows} x {tb.grid.cols} grid, "
+                       f"{tb.n_nodes} nodes, {len(tb.wss)} WSSs, "
+                       f"{len(tb.optical.wavelengths())} wavelengths")
+    except ConfigError as e:
+        _config_fail(e)
+
+
+@main.command()
+@click.argument("testbed", type=click.Path(path_type=Path))
+@click.option("--job", "job", type=click.Path(path_type=Path), default=None,
+              help="experiment whose workload the plan serves (default: HD over all nodes)")
+@click.option("--strategy", type=click.Choice(["cyclic", "matched", "totientperms"]),
+              default=None, help="override the experiment's strategy")
+@click.option("--json", "as_json", is_flag=True, help="print the plan as JSON")
+def plan(testbed: Path, job: Path | None, strategy: str | None, as_json: bool) -> None:
+    """Stage 1: print the plan (placement, WSS tables, routes), validated."""
+    from controller.collectives import build
+    from controller.plan import PlanError
+    from controller.planner import plan_job
+    from controller.topology import Grid
+    from controller.workloads import model_spec
+
+    try:
+        if job is not None:
+            ctx = load_experiment(job, testbed)
+            tb, w = ctx.testbed, ctx.experiment.workload
+            nets = [s for s in ctx.experiment.networks if s.kind == "oddl"]
+            strat = strategy or (nets[0].strategy if nets else "matched")
+            model, coll, bpp, name = w.model, w.collective, w.bytes_per_param, ctx.experiment.name
+        else:
+            tb = load_testbed(testbed)
+            strat, model, coll, bpp, name = strategy or "matched", "resnet50", "hd", 4, "hd-all"
+    except ConfigError as e:
+        _config_fail(e)
+        return
+    t0 = time.perf_counter()
+    grid = Grid.from_testbed(tb)
+    try:
+        sched = build(coll, tb.n_nodes, model_spec(model).grad_bytes(bpp), tb.grid.rows,
+                      tb.grid.cols)
+        p = plan_job(tb, grid, sched, name, strat)
+        p.validate(grid)
+    except (PlanError, ValueError) as e:
+        click.echo(f"error: {e}", err=True)
+        sys.exit(1)
+    dt = time.perf_counter() - t0
+    if as_json:
+        click.echo(p.to_json())
+    else:
+        click.echo("\n".join(p.summary_lines()))
+        click.echo(f"\nvalid: no collisions, {len(p.demand)} pairs routable "
+                   f"(planned in {dt:.2f} s)")
+
+
+@main.command()
+@click.argument("experiment", type=click.Path(path_type=Path))
+@click.option("--backend", type=click.Choice(["sim", "emu", "hw"]), default="sim")
+@click.option("--out", type=click.Path(path_type=Path), default=None,
+              help="run directory (default: runs/<experiment>-<time>)")
+@click.option("--iterations", type=int, default=None,
+              help="simulate only N iterations and extrapolate the training time")
+@click.option("--testbed", type=click.Path(path_type=Path), default=None,
+              help="use this testbed instead of the experiment's")
+@click.option("--json", "as_json", is_flag=True, help="stdout: exactly one JSON object")
+def run(experiment: Path, backend: str, out: Path | None, iterations: int | None,
+        testbed: Path | None, as_json: bool) -> None:
+    """Run an experiment: every network on the same workload, results in a run directory."""
+    from controller.results import RunStore, make_run_dir, plot_run, write_manifest
+    from controller.runner import RunFailed, run_experiment
+
+    try:
+        ctx = load_experiment(experiment, testbed)
+    except ConfigError as e:
+        _config_fail(e)
+        return
+    run_dir = make_run_dir(out, ctx.experiment.name)
+    write_manifest(run_dir, {"experiment": ctx.path, "testbed": ctx.testbed_path},
+                   {"seed": ctx.experiment.seed, "backend": backend,
+                    "experiment": ctx.experiment.model_dump(),
+                    "testbed": ctx.testbed.model_dump(exclude={"nodes", "wss"})})
+    store = RunStore(run_dir / "results.sqlite")
+    prog = Progress(TextColumn("{task.description:<12}"), BarColumn(), MofNCompleteColumn(),
+                    TimeElapsedColumn(), console=err, transient=as_json,
+                    disable=not err.is_terminal and as_json)
+    tasks: dict[str, int] = {}
+    last = [0.0]
+
+    def progress(name: str, done: int, total: int) -> None:
+        if name not in tasks:
+            tasks[name] = prog.add_task(name, total=total)
+        now = time.monotonic()
+        if done == total or now - last[0] > 0.1:
+            last[0] = now
+            prog.update(tasks[name], completed=done)
+
+    try:
+        with prog:
+            res = run_experiment(ctx, backend, store, iterations, progress)
+    except (RunFailed, RuntimeError) as e:
+        store.close()
+        click.echo(f"error: run failed: {e}\n(completed iterations are in "
+                   f"{run_dir / 'results.sqlite'})", err=True)
+        sys.exit(1)
+    store.close()
+    res.run_dir = str(run_dir)
+    summary = {**res.to_json_obj(), "compute_ns": res.compute_ns,
+               "calibration": res.calibration, "iterations_simulated": res.iterations,
+               "iterations_total": res.total_iterations,
+               "stats": {n: r.stats for n, r in res.networks.items()},
+               "violations": res.violations[:50], "reference": ctx.experiment.reference}
+    (run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
+    plot_run(run_dir, run_dir / "results.sqlite", f"{ctx.experiment.name} ({backend})",
+             {n: r.training_time_s / 60 for n, r in res.networks.items()})
+    if as_json:
+        click.echo(json.dumps(res.to_json_obj()))
+    else:
+        t = Table(title=f"{ctx.experiment.name} on {ctx.testbed.name} ({backend})")
+        for col in ("network", "training time", "iteration time", "iterations", "flows",
+                    "control msgs", "ratio to electrical"):
+            t.add_column(col, justify="right" if col != "network" else "left")
+        el = next((r for r in res.networks.values() if r.kind == "electrical"), None)
+        for r in res.networks.values():
+            ratio = f"{r.training_time_s / el.training_time_s:.5f}" if el else "-"
+            t.add_row(r.name, f"{r.training_time_s / 60:.2f} min",
+                      f"{r.iteration_time_s * 1e3:.4f} ms", str(r.iterations), str(r.flows),
+                      str(r.control_messages), ratio)
+        console.print(t)
+        ref = ctx.experiment.reference
+        if ref:
+            console.print(f"reference: {ref}")
+        console.print(res.calibration)
+        if res.iterations < res.total_iterations:
+            console.print(f"simulated {res.iterations} of {res.total_iterations} iterations; "
+                      f"training time extrapolated")
+        console.print(f"invariant violations: {res.invariant_violations}; wall {res.wall_s:.1f} s; "
+                  f"results in {run_dir}")
+    if res.invariant_violations:
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,306 @@
+"""Stage 2: the per-O-NIC control unit.
+
+Each unit owns its transmitters (per port: idle / requesting / tuning / sending, the current
+wavelength, a flow queue) and its receivers (per port: the granted request, a FCFS queue of
+requests) and nothing global. A flow costs REQUEST, GRANT and RELEASE with the next-hop
+receiver only. Robustness, so that lost or late messages never lose, duplicate or hang a
+flow:
+- a REQUEST unanswered within the timeout is sent again (same flow id, idempotent at the
+  receiver); a repeat for a queued request is answered WAIT, which resets the retry count;
+- a GRANT is a lease: the transmitter uses it only if it can start before `expires_ns`,
+  and the receiver revokes it if no data has started by then;
+- the receiver frees itself when the data has arrived and RELEASE has come, or when the
+  data has arrived and RELEASE is overdue;
+- after `max_retries` the flow fails with an error that names it.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from controller.clock import Clock
+from controller.devices import Bus, ONic
+from controller.messages import ControlMessage, Flow, Grant, Release, Request, Wait
+from controller.plan import Route
+
+log = logging.getLogger(__name__)
+
+IDLE, REQUESTING, TUNING, SENDING = "idle", "requesting", "tuning", "sending"
+_DONE_MEMORY = 4096  # delivered (flow, hop) keys remembered per receiver for deduplication
+
+
+@dataclass(frozen=True, slots=True)
+class Timing:
+    tuning_ns: int
+    guard_ns: int
+    propagation_ns: int
+    request_timeout_ns: int
+    release_timeout_ns: int
+    lease_ns: int
+    max_retries: int
+
+
+class FlowFailed(RuntimeError):
+    """A flow could not be scheduled; the run must stop and say which."""
+
+
+class _Tx:
+    __slots__ = ("channel", "current", "port", "queue", "retries", "route", "state", "timer")
+
+    def __init__(self, port: str) -> None:
+        self.port = port
+        self.queue: deque[Flow] = deque()
+        self.state = IDLE
+        self.channel: int | None = None
+        self.current: Flow | None = None
+        self.route: Route | None = None
+        self.retries = 0
+        self.timer = None
+
+
+class _Rx:
+    __slots__ = ("data_done", "done", "done_order", "granted", "lease_timer", "port", "queue",
+                 "queued", "release_timer", "released")
+
+    def __init__(self, port: str) -> None:
+        self.port = port
+        self.granted: Request | None = None
+        self.queue: deque[Request] = deque()
+        self.queued: set[tuple[int, int]] = set()
+        self.done: set[tuple[int, int]] = set()
+        self.done_order: deque[tuple[int, int]] = deque()
+        self.data_done = False
+        self.released = False
+        self.lease_timer = None
+        self.release_timer = None
+
+
+class ControlUnit:
+    def __init__(self, node: str, clock: Clock, bus: Bus, onic: ONic,
+                 routes: dict[str, Route], timing: Timing,
+                 deliver: Callable[[Flow], None], fail: Callable[[Exception], None]) -> None:
+        self.node = node
+        self.clock = clock
+        self.bus = bus
+        self.onic = onic
+        self.routes = routes
+        self.t = timing
+        self.deliver = deliver
+        self.fail = fail
+        self.tx = {p: _Tx(p) for p in onic.ports}
+        self.rx = {p: _Rx(p) for p in onic.ports}
+        self.stats = {"requests": 0, "retries": 0, "grants": 0, "revoked": 0, "waits": 0,
+                      "stale_grants": 0, "relayed": 0, "releases_overdue": 0}
+        onic.attach(self)
+        bus.attach(node, self.on_message)
+
+    # --- transmit side ----------------------------------------------------------------
+    def submit(self, flow: Flow) -> None:
+        route = self.routes.get(flow.dst)
+        if route is None:
+            self.fail(FlowFailed(f"{self.node}: no route to {flow.dst} for {flow!r}"))
+            return
+        tx = self.tx[route.port]
+        tx.queue.append(flow)
+        if tx.state == IDLE:
+            self._next(tx)
+
+    def _next(self, tx: _Tx) -> None:
+        if not tx.queue:
+            tx.state = IDLE
+            tx.current = None
+            return
+        flow = tx.queue[0]
+        tx.current = flow
+        tx.route = self.routes[flow.dst]
+        tx.state = REQUESTING
+        tx.retries = 0
+        self._request(tx)
+
+    def _request(self, tx: _Tx) -> None:
+        f, r = tx.current, tx.route
+        assert f is not None and r is not None
+        self.stats["requests"] += 1
+        self.bus.send(self.node, r.next_hop,
+                      Request(f.id, f.hop, self.node, r.next_hop, tx.port, r.channel, f.nbytes))
+        tx.timer = self.clock.call_later_ns(self.t.request_timeout_ns, self._request_timeout,
+                                            tx, f)
+
+    def _request_timeout(self, tx: _Tx, flow: Flow) -> None:
+        if tx.current is not flow or tx.state != REQUESTING:
+            return
+        tx.retries += 1
+        self.stats["retries"] += 1
+        if tx.retries > self.t.max_retries:
+            assert tx.route is not None
+            self.fail(FlowFailed(
+                f"{self.node}: flow {flow.id} ({flow.src}->{flow.dst}, hop {flow.hop} via "
+                f"{tx.route.next_hop}, {flow.nbytes} B) got no GRANT after "
+                f"{self.t.max_retries} retries"))
+            return
+        self._request(tx)
+
+    def _on_grant(self, g: Grant) -> None:
+        tx = self.tx.get(g.port)
+        f = tx.current if tx else None
+        if tx is None or f is None or tx.state != REQUESTING or (f.id, f.hop) != (g.flow, g.hop):
+            return  # duplicate or stale: we are past this flow
+        now = self.clock.now_ns()
+        tune = 0 if tx.channel == g.channel else self.t.tuning_ns
+        if now + tune + self.t.propagation_ns > g.expires_ns:
+            self.stats["stale_grants"] += 1
+            return  # the lease would lapse before our data reaches the receiver: re-request
+        if tx.timer is not None:
+            tx.timer.cancel()
+            tx.timer = None
+        if tune:
+            tx.state = TUNING
+            self.onic.tune(tx.port, g.channel)
+        else:
+            tx.state = SENDING
+            self.onic.send(tx.port, f)
+
+    def on_tuned(self, port: str, channel: int) -> None:
+        tx = self.tx[port]
+        tx.channel = channel
+        if tx.state == TUNING and tx.current is not None:
+            tx.state = SENDING
+            self.onic.send(port, tx.current)
+
+    def on_tx_done(self, port: str, flow: Flow) -> None:
+        tx = self.tx[port]
+        r = tx.route
+        assert r is not None
+        self.bus.send(self.node, r.next_hop, Release(flow.id, flow.hop, self.node, r.next_hop,
+                                                     port))
+        tx.queue.popleft()
+        self._next(tx)
+
+    def _on_wait(self, w: Wait) -> None:
+        tx = self.tx.get(w.port)
+        f = tx.current if tx else None
+        if tx is not None and f is not None and (f.id, f.hop) == (w.flow, w.hop):
+            self.stats["waits"] += 1
+            tx.retries = 0
+
+    # --- receive side -----------------------------------------------------------------
+    def _on_request(self, q: Request) -> None:
+        rx = self.rx.get(q.port)
+        if rx is None:
+            log.warning("%s: request for unknown port %r dropped", self.node, q.port)
+            return
+        key = (q.flow, q.hop)
+        g = rx.granted
+        if g is not None and (g.flow, g.hop) == key:
+            if not rx.data_done and self.onic.rx_flow(q.port) != key:
+                self._grant(rx, q)  # our GRANT was lost: grant again with a fresh lease
+            return
+        if key in rx.done:
+            return
+        if key in rx.queued:
+            self.bus.send(self.node, q.src, Wait(q.flow, q.hop, self.node, q.src, q.port,
+                                                 len(rx.queue)))
+            return
+        if g is None:
+            self._grant(rx, q)
+        else:
+            rx.queue.append(q)
+            rx.queued.add(key)
+
+    def _grant(self, rx: _Rx, q: Request) -> None:
+        rx.granted = q
+        rx.data_done = False
+        rx.released = False
+        expires = self.clock.now_ns() + self.t.lease_ns
+        self.stats["grants"] += 1
+        self.bus.send(self.node, q.src, Grant(q.flow, q.hop, self.node, q.src, q.port,
+                                              q.channel, expires))
+        if rx.lease_timer is not None:
+            rx.lease_timer.cancel()
+        rx.lease_timer = self.clock.call_at_ns(expires + self.t.propagation_ns + 1,
+                                               self._lease_check, rx, q)
+
+    def _lease_check(self, rx: _Rx, q: Request) -> None:
+        rx.lease_timer = None
+        if rx.granted is not q or rx.data_done:
+            return
+        if self.onic.rx_flow(rx.port) == (q.flow, q.hop):
+            return  # data is arriving
+        self.stats["revoked"] += 1
+        rx.granted = None
+        self._grant_next(rx)
+
+    def _grant_next(self, rx: _Rx) -> None:
+        while rx.queue:
+            q = rx.queue.popleft()
+            rx.queued.discard((q.flow, q.hop))
+            if (q.flow, q.hop) not in rx.done:
+                self._grant(rx, q)
+                return
+        rx.granted = None
+
+    def on_rx_done(self, port: str, flow: Flow) -> None:
+        rx = self.rx[port]
+        key = (flow.id, flow.hop)
+        if key not in rx.done:
+            rx.done.add(key)
+            rx.done_order.append(key)
+            if len(rx.done_order) > _DONE_MEMORY:
+                rx.done.discard(rx.done_order.popleft())
+        g = rx.granted
+        if g is not None and (g.flow, g.hop) == key:
+            rx.data_done = True
+            if rx.lease_timer is not None:
+                rx.lease_timer.cancel()
+                rx.lease_timer = None
+            if rx.released:
+                self._free(rx)
+            else:
+                rx.release_timer = self.clock.call_later_ns(self.t.release_timeout_ns,
+                                                            self._release_overdue, rx, g)
+        if flow.dst == self.node:
+            self.deliver(flow)
+        else:
+            self.stats["relayed"] += 1
+            self.submit(flow.next_hop_copy())
+
+    def _on_release(self, m: Release) -> None:
+        rx = self.rx.get(m.port)
+        if rx is None:
+            return
+        g = rx.granted
+        if g is None or (g.flow, g.hop) != (m.flow, m.hop):
+            return
+        rx.released = True
+        if rx.data_done:
+            self._free(rx)
+
+    def _release_overdue(self, rx: _Rx, g: Request) -> None:
+        rx.release_timer = None
+        if rx.granted is g and rx.data_done:
+            self.stats["releases_overdue"] += 1
+            self._free(rx)
+
+    def _free(self, rx: _Rx) -> None:
+        if rx.release_timer is not None:
+            rx.release_timer.cancel()
+            rx.release_timer = None
+        rx.granted = None
+        self._grant_next(rx)
+
+    # --- dispatch ---------------------------------------------------------------------
+    def on_message(self, m: ControlMessage) -> None:
+        t = type(m)
+        if t is Request:
+            self._on_request(m)  # type: ignore[arg-type]
+        elif t is Grant:
+            self._on_grant(m)  # type: ignore[arg-type]
+        elif t is Release:
+            self._on_release(m)  # type: ignore[arg-type]
+        elif t is Wait:
+            self._on_wait(m)  # type: ignore[arg-type]
+        else:
+            log.warning("%s: unknown control message %r dropped", self.node, m)

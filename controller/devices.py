@@ -1,0 +1,55 @@
+"""The device interfaces the controller is written against.
+
+Each back end supplies objects with these shapes: the sim back end in-process models, the
+emu and hw back ends drivers over pynq / pyserial. The controller never asks which.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Protocol
+
+from controller.messages import ControlMessage, Flow
+
+
+class DeviceRefused(Exception):
+    """A device refused a command, as the real one would (e.g. transfer while tuning)."""
+
+
+class ONicEvents(Protocol):
+    """What an O-NIC reports to the control unit that owns it."""
+
+    def on_tuned(self, port: str, channel: int) -> None: ...
+    def on_tx_done(self, port: str, flow: Flow) -> None: ...
+    def on_rx_done(self, port: str, flow: Flow) -> None: ...
+
+
+class ONic(Protocol):
+    node: str
+    ports: tuple[str, ...]
+
+    def attach(self, events: ONicEvents) -> None: ...
+    def identity(self) -> dict[str, str]: ...
+    def tune(self, port: str, channel: int) -> None: ...
+    def send(self, port: str, flow: Flow) -> None: ...
+    def rx_flow(self, port: str) -> tuple[int, int] | None: ...
+    def load_routes(self, routes: dict[str, tuple[str, int, str]]) -> None: ...
+    def read_routes(self) -> dict[str, tuple[str, int, str]]: ...
+
+
+class WSSDevice(Protocol):
+    id: str
+    ports: int
+
+    def identify(self) -> str: ...
+    def set_table(self, table: list[list[int | None]]) -> None: ...
+    def get_table(self) -> list[list[int | None]]: ...
+
+
+class Bus(Protocol):
+    """Control-message transport between control units (in-process, or MQTT)."""
+
+    def attach(self, node: str, handler: Callable[[ControlMessage], None]) -> None: ...
+    def send(self, src: str, dst: str, msg: ControlMessage) -> None: ...
+    @property
+    def sent(self) -> int: ...

@@ -1,0 +1,166 @@
+"""Run directories: manifest, a crash-safe results store, the summary and a plot.
+
+The store is SQLite in WAL mode with one commit per iteration: a run killed at any moment
+leaves every completed iteration (and its flows) readable; the iteration being simulated
+is lost whole, never half-written.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import platform
+import sqlite3
+import subprocess
+import sys
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS networks (name TEXT PRIMARY KEY, kind TEXT, meta TEXT);
+CREATE TABLE IF NOT EXISTS iterations (
+    network TEXT, iteration INTEGER, t_start_ns INTEGER, t_end_ns INTEGER,
+    compute_ns INTEGER, comm_ns INTEGER, flows INTEGER, control_messages INTEGER,
+    PRIMARY KEY (network, iteration));
+CREATE TABLE IF NOT EXISTS flows (
+    network TEXT, iteration INTEGER, flow INTEGER, step INTEGER, src TEXT, dst TEXT,
+    bytes INTEGER, hops INTEGER, t_submit_ns INTEGER, t_deliver_ns INTEGER);
+"""
+
+FlowRow = tuple[int, int, str, str, int, int, int, int]  # flow, step, src, dst, bytes, hops, ts, td
+
+
+class RunStore:
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.db = sqlite3.connect(path)
+        self.db.execute("PRAGMA journal_mode=WAL")
+        self.db.execute("PRAGMA synchronous=NORMAL")  # durable against a killed process
+        self.db.executescript(SCHEMA)
+        self.db.commit()
+
+    def begin_network(self, name: str, kind: str, meta: dict[str, Any]) -> None:
+        self.db.execute("INSERT OR REPLACE INTO networks VALUES (?, ?, ?)",
+                        (name, kind, json.dumps(meta)))
+        self.db.commit()
+
+    def add_iteration(self, network: str, iteration: int, t_start: int, t_end: int,
+                      compute_ns: int, control_messages: int, flows: list[FlowRow]) -> None:
+        self.db.execute("INSERT INTO iterations VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                        (network, iteration, t_start, t_end, compute_ns,
+                         t_end - t_start - compute_ns, len(flows), control_messages))
+        if flows:
+            self.db.executemany("INSERT INTO flows VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                                [(network, iteration, *f) for f in flows])
+        self.db.commit()
+
+    def close(self) -> None:
+        """Fold the WAL back so a finished run is one self-contained file."""
+        self.db.execute("PRAGMA journal_mode=DELETE")
+        self.db.close()
+
+
+def read_store(path: Path) -> dict[str, Any]:
+    """Everything completed so far, per network (works on a store left by a killed run)."""
+    db = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    try:
+        out: dict[str, Any] = {}
+        for name, kind, meta in db.execute("SELECT name, kind, meta FROM networks"):
+            rows = db.execute("SELECT iteration, t_start_ns, t_end_ns, compute_ns, comm_ns, "
+                              "flows, control_messages FROM iterations WHERE network = ? "
+                              "ORDER BY iteration", (name,)).fetchall()
+            nflows = db.execute("SELECT COUNT(*) FROM flows WHERE network = ?",
+                                (name,)).fetchone()[0]
+            out[name] = {"kind": kind, "meta": json.loads(meta), "iterations": rows,
+                         "flow_rows": nflows}
+        return out
+    finally:
+        db.close()
+
+
+def make_run_dir(out: Path | None, experiment: str) -> Path:
+    if out is not None:
+        out.mkdir(parents=True, exist_ok=True)
+        return out
+    stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    base = Path("runs") / f"{experiment}-{stamp}"
+    d, k = base, 1
+    while d.exists():
+        k += 1
+        d = Path(f"{base}-{k}")
+    d.mkdir(parents=True)
+    return d
+
+
+def git_revision() -> str:
+    here = Path(__file__).resolve().parent
+    try:
+        r = subprocess.run(["git", "rev-parse", "HEAD"], cwd=here, capture_output=True,
+                           text=True, timeout=5, check=False)
+        rev = r.stdout.strip()
+        if not rev:
+            return "unknown (not a git checkout)"
+        dirty = subprocess.run(["git", "status", "--porcelain"], cwd=here, capture_output=True,
+                               text=True, timeout=5, check=False).stdout.strip()
+        return rev + ("+dirty" if dirty else "")
+    except (OSError, subprocess.SubprocessError):
+        return "unknown (git not available)"
+
+
+def package_versions() -> dict[str, str]:
+    out = {"python": platform.python_version()}
+    for p in ("oddl", "numpy", "pydantic", "msgspec", "click", "rich", "matplotlib"):
+        try:
+            out[p] = metadata.version(p)
+        except metadata.PackageNotFoundError:
+            out[p] = "not installed"
+    return out
+
+
+def write_manifest(run_dir: Path, files: dict[str, Path], info: dict[str, Any]) -> None:
+    manifest = {
+        "created": _dt.datetime.now(_dt.UTC).isoformat(),
+        "argv": sys.argv,
+        "git_revision": git_revision(),
+        "packages": package_versions(),
+        "configs": {k: {"path": str(p), "text": p.read_text()} for k, p in files.items()},
+        **info,
+    }
+    (run_dir / "manifest.json").write_text(json.dumps(manifest, indent=1))
+
+
+def plot_run(run_dir: Path, store_path: Path, title: str,
+             training_min: dict[str, float] | None = None) -> Path:
+    """Communication time per iteration, and training time per network."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    data = read_store(store_path)
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 4))
+    names, totals = [], []
+    for name, d in data.items():
+        its = d["iterations"]
+        if not its:
+            continue
+        xs = [r[0] for r in its]
+        a1.plot(xs, [r[4] / 1e6 for r in its], label=name, lw=1)
+        names.append(name)
+        totals.append((training_min or {}).get(name, sum(r[2] - r[1] for r in its) / 60e9))
+    a1.set_xlabel("iteration")
+    a1.set_ylabel("communication time (ms)")
+    a1.legend()
+    a1.set_title("all-reduce time per iteration")
+    a2.bar(names, totals, color=["tab:blue", "tab:orange", "tab:green", "tab:red"][: len(names)])
+    for i, v in enumerate(totals):
+        a2.text(i, v, f"{v:.2f}", ha="center", va="bottom")
+    a2.set_ylabel("training time (min)")
+    a2.set_title("training time")
+    fig.suptitle(title)
+    fig.tight_layout()
+    out = run_dir / "plot.png"
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out

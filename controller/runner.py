@@ -1,0 +1,266 @@
+"""The experiment runner: one workload, several networks, the same engine for each.
+
+For each network it builds a back end, runs stage 1 (inventory, plan, apply, read back)
+where the network has one, then runs the iterations and records every one as it
+completes. The back end is chosen here and only here.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from controller.arbiter import Arbiter
+from controller.clock import Clock
+from controller.collectives import Schedule, build
+from controller.config import LoadedExperiment, NetworkSpec
+from controller.control_unit import ControlUnit, Timing
+from controller.messages import Flow
+from controller.plan import Plan
+from controller.results import FlowRow, RunStore
+from controller.topology import Grid
+from controller.workloads import CollectiveEngine, model_spec, total_iterations
+
+
+class RunFailed(RuntimeError):
+    pass
+
+
+@dataclass
+class NetworkResult:
+    name: str
+    kind: str
+    training_time_s: float
+    iteration_time_s: float
+    iterations: int
+    flows: int
+    control_messages: int
+    invariant_violations: int
+    stats: dict[str, Any] = field(default_factory=dict)
+
+    def public(self) -> dict[str, Any]:
+        return {k: v for k, v in asdict(self).items() if k not in ("name", "kind", "stats")}
+
+
+@dataclass
+class RunResult:
+    experiment: str
+    backend: str
+    networks: dict[str, NetworkResult]
+    ratio: float | None
+    invariant_violations: int
+    wall_s: float
+    compute_ns: int
+    calibration: str
+    iterations: int
+    total_iterations: int
+    run_dir: str | None = None
+    violations: list[str] = field(default_factory=list)
+
+    def to_json_obj(self) -> dict[str, Any]:
+        return {
+            "experiment": self.experiment,
+            "backend": self.backend,
+            "networks": {n: r.public() for n, r in self.networks.items()},
+            "ratio": self.ratio,
+            "invariant_violations": self.invariant_violations,
+            "wall_s": round(self.wall_s, 3),
+        }
+
+
+Progress = Callable[[str, int, int], None]  # network, done, total
+
+
+class _NetworkRun:
+    """One network's run on its own virtual clock."""
+
+    def __init__(self, ctx: LoadedExperiment, spec: NetworkSpec, grid: Grid,
+                 schedule: Schedule, backend: str, checker_mode: str) -> None:
+        from sim.clock import VirtualClockLoop  # the sim back end's clock
+
+        if backend != "sim":
+            raise RunFailed(f"backend {backend!r} is not available yet: only 'sim' runs "
+                            f"experiments in this version")
+        self.ctx = ctx
+        self.spec = spec
+        self.loop = VirtualClockLoop()
+        self.clock = Clock(self.loop)
+        self.error: BaseException | None = None
+        self.done = self.loop.create_future()
+        self.loop.set_exception_handler(self._loop_error)
+        tb, exp = ctx.testbed, ctx.experiment
+        ranks = grid.nodes[: len(schedule)]
+        self.plan: Plan | None = None
+        self.stats: Callable[[], dict[str, Any]]
+        if spec.kind == "oddl":
+            from sim import backend as sim_backend
+
+            st = sim_backend.build(tb, grid, self.clock, exp.faults, exp.seed, checker_mode)
+            self.checker = st.checker
+            arb = Arbiter(tb, grid, st.onics, st.wss)  # type: ignore[arg-type]
+            arb.inventory()
+            self.plan = arb.plan(schedule, spec.strategy)
+            arb.apply(self.plan)
+            o, c = tb.optical, tb.control
+            timing = Timing(math.ceil(o.tuning_time_ns), math.ceil(o.guard_time_ns),
+                            math.ceil(o.propagation_ns), math.ceil(c.request_timeout_ns),
+                            math.ceil(c.request_timeout_ns), math.ceil(c.grant_lease_ns),
+                            c.max_retries)
+            self.engine = CollectiveEngine(self.clock, schedule, ranks, self._submit_oddl,
+                                           self.checker.flow_started)
+            self.cus = {n: ControlUnit(n, self.clock, st.bus, st.onics[n],
+                                       self.plan.routes.get(n, {}), timing,
+                                       self.engine.on_delivered, self._fail)
+                        for n in grid.nodes}
+            bus, fabric = st.bus, st.fabric
+
+            def oddl_stats() -> dict[str, Any]:
+                agg: dict[str, int] = {}
+                for cu in self.cus.values():
+                    for k, v in cu.stats.items():
+                        agg[k] = agg.get(k, 0) + v
+                return {**agg, "messages_dropped": bus.dropped, "messages_delayed": bus.delayed,
+                        "transfers": fabric.transfers,
+                        "tunes": sum(t.tunes for t in fabric.tx.values())}
+
+            self.stats = oddl_stats
+            self.control_messages = lambda: bus.sent
+        else:
+            from sim.electrical import ElectricalSwitch
+            from sim.invariants import InvariantChecker
+
+            self.checker = InvariantChecker(mode=checker_mode)
+            self.engine = CollectiveEngine(self.clock, schedule, ranks, self._submit_el,
+                                           self.checker.flow_started)
+            self.switch = ElectricalSwitch(self.clock, ranks, tb.optical.line_rate_gbps,
+                                           spec.latency_ns, self._deliver_el)
+            self.stats = lambda: {"transfers": self.switch.flows}
+            self.control_messages = lambda: 0
+
+    def _submit_oddl(self, f: Flow) -> None:
+        self.cus[f.src].submit(f)
+
+    def _submit_el(self, f: Flow) -> None:
+        self.switch.submit(f)
+
+    def _deliver_el(self, f: Flow) -> None:
+        self.checker.on_arrival(self.clock.now_ns(), f.dst, f, f.nbytes)
+        self.engine.on_delivered(f)
+
+    def _fail(self, exc: BaseException) -> None:
+        if self.error is None:
+            self.error = exc
+        if not self.done.done():
+            self.done.set_exception(exc)
+
+    def _loop_error(self, loop: Any, context: dict[str, Any]) -> None:
+        exc = context.get("exception") or RuntimeError(context.get("message", "loop error"))
+        self._fail(exc)
+
+    def run(self, n_iter: int, compute_ns: int, store: RunStore | None,
+            progress: Progress | None, record_flows: bool) -> list[tuple[int, int]]:
+        times: list[tuple[int, int]] = []
+        flows: list[FlowRow] = []
+        name = self.spec.name
+        if record_flows and store is not None:
+            def hook(f: Flow, t: int) -> None:
+                flows.append((f.id, f.step, f.src, f.dst, f.nbytes, f.hop + 1, f.t_submit, t))
+            self.engine.on_delivered_hook = hook
+        last_msgs = [0]
+
+        def finished(i: int, t_end: int) -> None:
+            t0 = self.engine.t_start
+            times.append((t0, t_end))
+            if store is not None:
+                msgs = self.control_messages()
+                store.add_iteration(name, i, t0, t_end, compute_ns, msgs - last_msgs[0], flows)
+                last_msgs[0] = msgs
+                flows.clear()
+            if progress is not None:
+                progress(name, i + 1, n_iter)
+            if i + 1 < n_iter:
+                self.engine.start_iteration(i + 1, compute_ns, lambda t: finished(i + 1, t))
+            elif not self.done.done():
+                self.done.set_result(None)
+
+        self.engine.start_iteration(0, compute_ns, lambda t: finished(0, t))
+        try:
+            self.loop.run_until_complete(self.done)
+        except RuntimeError as e:
+            if "deadlock" not in str(e):
+                raise
+            missing = self.checker.undelivered()
+            raise RunFailed(f"{name}: the run stalled with nothing left to do; "
+                            f"{len(missing)} flows undelivered, e.g. ids {missing[:5]}") from e
+        finally:
+            self.loop.close()
+        self.checker.finish(self.clock.now_ns())
+        return times
+
+
+def run_experiment(ctx: LoadedExperiment, backend: str = "sim", store: RunStore | None = None,
+                   iterations: int | None = None, progress: Progress | None = None,
+                   checker_mode: str = "record") -> RunResult:
+    t_wall = time.perf_counter()
+    exp, tb = ctx.experiment, ctx.testbed
+    w = exp.workload
+    grid = Grid.from_testbed(tb)
+    n = tb.n_nodes
+    size = model_spec(w.model).grad_bytes(w.bytes_per_param)
+    schedule = build(w.collective, n, size, tb.grid.rows, tb.grid.cols)
+    full = total_iterations(w, n)
+    n_iter = iterations or exp.iterations or full
+    by_name = {s.name: s for s in exp.networks}
+
+    if w.calibrate is not None:
+        cal = w.calibrate
+        probe = _NetworkRun(ctx, by_name[cal.network], grid, schedule, backend, "raise")
+        t = probe.run(3, 0, None, None, False)
+        comm_ns = sum(b - a for a, b in t) / len(t)
+        per_iter = cal.training_time_min * 60e9 / full
+        compute_ns = round(per_iter - comm_ns)
+        if compute_ns < 0:
+            raise RunFailed(f"calibration impossible: {cal.network} needs {comm_ns / 1e6:.3f} ms "
+                            f"per iteration for communication alone, more than the "
+                            f"{per_iter / 1e6:.3f} ms the target allows")
+        calibration = (f"compute {compute_ns / 1e6:.4f} ms/iteration = {cal.training_time_min} min "
+                       f"/ {full} iterations - {comm_ns / 1e6:.4f} ms {cal.network} "
+                       f"communication (measured)")
+    else:
+        compute_ns = round((w.compute_time_ms or 0.0) * 1e6)
+        calibration = f"compute {w.compute_time_ms} ms/iteration (given)"
+
+    results: dict[str, NetworkResult] = {}
+    violations: list[str] = []
+    for spec in exp.networks:
+        run = _NetworkRun(ctx, spec, grid, schedule, backend, checker_mode)
+        if store is not None:
+            meta: dict[str, Any] = {"spec": spec.model_dump(), "compute_ns": compute_ns}
+            if run.plan is not None:
+                meta["plan_summary"] = run.plan.summary_lines(max_wss=2, max_nodes=4)
+            store.begin_network(spec.name, spec.kind, meta)
+        times = run.run(n_iter, compute_ns, store, progress, exp.flow_records == "all")
+        its = [b - a for a, b in times]
+        # iterations are identical in length when nothing perturbs them; extrapolate only
+        # when the caller asked for fewer iterations than the workload has
+        scale = full / len(its)
+        results[spec.name] = NetworkResult(
+            spec.name, spec.kind, sum(its) * scale / 1e9, sum(its) / len(its) / 1e9, len(its),
+            run.engine.next_flow_id, run.control_messages(), len(run.checker.violations),
+            run.stats())
+        violations += [f"{spec.name}: {v}" for v in run.checker.violations]
+
+    oddl = next((r for r in results.values() if r.kind == "oddl"), None)
+    el = next((r for r in results.values() if r.kind == "electrical"), None)
+    ratio = oddl.training_time_s / el.training_time_s if oddl and el else None
+    return RunResult(exp.name, backend, results, ratio, len(violations),
+                     time.perf_counter() - t_wall, compute_ns, calibration, n_iter, full,
+                     violations=violations)
+
+
+def default_out(path: Path | None) -> Path | None:
+    return path

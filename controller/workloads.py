@@ -1,0 +1,111 @@
+"""Data-parallel training workloads: gradient sizes, iteration counts, the step engine."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from controller.clock import Clock
+from controller.collectives import Schedule
+from controller.config import MODELS, Workload
+from controller.messages import Flow
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    name: str
+    params_m: float
+
+    def grad_bytes(self, bytes_per_param: int = 4) -> int:
+        return round(self.params_m * 1e6 * bytes_per_param)
+
+
+def model_spec(name: str) -> ModelSpec:
+    if name not in MODELS:
+        raise ValueError(f"unknown model {name!r}; known: {', '.join(MODELS)}")
+    return ModelSpec(name, MODELS[name])
+
+
+def iterations_per_epoch(w: Workload, n_nodes: int) -> int:
+    return math.ceil(w.dataset_samples / (w.batch_per_node * n_nodes))
+
+
+def total_iterations(w: Workload, n_nodes: int) -> int:
+    return math.ceil(w.epochs * iterations_per_epoch(w, n_nodes))
+
+
+class CollectiveEngine:
+    """Runs iterations: compute, then the all-reduce steps, rank by rank.
+
+    A rank's step s+1 starts when every byte it expects in step s has arrived: exactly
+    the count-action condition (count received bytes; target: the step's size; action:
+    start the next step's transfers).
+    """
+
+    def __init__(self, clock: Clock, schedule: Schedule, ranks: list[str],
+                 submit: Callable[[Flow], None], on_flow_start: Callable[[Flow], None] | None
+                 = None) -> None:
+        self.clock = clock
+        self.schedule = schedule
+        self.ranks = ranks
+        self.rank_of = {n: i for i, n in enumerate(ranks)}
+        self.submit = submit
+        self.on_flow_start = on_flow_start
+        self.next_flow_id = 0
+        self.iteration = -1
+        self.step: list[int] = []
+        self.issued: list[int] = []
+        self.recv: list[list[int]] = []
+        self.pending = 0
+        self.on_done: Callable[[int], None] | None = None
+        self.on_delivered_hook: Callable[[Flow, int], None] | None = None
+        self.t_start = 0
+
+    def start_iteration(self, iteration: int, compute_ns: int,
+                        on_done: Callable[[int], None]) -> None:
+        self.iteration = iteration
+        self.on_done = on_done
+        n = len(self.ranks)
+        self.step = [0] * n
+        self.issued = [-1] * n
+        self.recv = [[0] * len(s) for s in self.schedule]
+        self.pending = n
+        self.t_start = self.clock.now_ns()
+        for r in range(n):
+            self.clock.call_later_ns(compute_ns, self._run_steps, r)
+
+    def _run_steps(self, r: int) -> None:
+        steps = self.schedule[r]
+        while True:
+            s = self.step[r]
+            if s >= len(steps):
+                self.pending -= 1
+                if self.pending == 0 and self.on_done is not None:
+                    self.on_done(self.clock.now_ns())
+                return
+            if self.issued[r] < s:
+                self.issued[r] = s
+                src = self.ranks[r]
+                now = self.clock.now_ns()
+                for dst_rank, nbytes in steps[s].sends:
+                    f = Flow(self.next_flow_id, src, self.ranks[dst_rank], nbytes,
+                             self.iteration, s, 0, now)
+                    self.next_flow_id += 1
+                    if self.on_flow_start is not None:
+                        self.on_flow_start(f)
+                    self.submit(f)
+            if self.recv[r][s] < steps[s].recv_bytes:
+                return  # count not reached: wait for on_delivered
+            self.step[r] = s + 1
+
+    def on_delivered(self, flow: Flow) -> None:
+        r = self.rank_of[flow.dst]
+        s = flow.step
+        if self.on_delivered_hook is not None:
+            self.on_delivered_hook(flow, self.clock.now_ns())
+        got = self.recv[r][s] + flow.nbytes
+        self.recv[r][s] = got
+        if s == self.step[r] and self.issued[r] == s and got >= self.schedule[r][s].recv_bytes:
+            self.step[r] = s + 1
+            self._run_steps(r)

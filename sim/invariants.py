@@ -1,0 +1,91 @@
+"""An independent checker of ODDL-SPEC's invariants.
+
+It watches the physical layer (the fabric reports every send and arrival) and the control
+bus (every GRANT delivered), never the control units' own state, and in `raise` mode it
+raises at the instant of a violation.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from controller.messages import ControlMessage, Flow, Grant
+
+
+class InvariantViolation(AssertionError):
+    pass
+
+
+@dataclass
+class InvariantChecker:
+    mode: str = "raise"  # "raise" | "record"
+    violations: list[str] = field(default_factory=list)
+    # (node, port) -> (flow, hop, channel) of the last GRANT that node received on that port
+    grants: dict[tuple[str, str], tuple[int, int, int]] = field(default_factory=dict)
+    started: dict[int, tuple[str, int]] = field(default_factory=dict)  # flow -> (dst, bytes)
+    delivered: set[int] = field(default_factory=set)
+    checks: int = 0
+
+    def violation(self, t_ns: int, what: str) -> None:
+        msg = f"t={t_ns} ns: {what}"
+        self.violations.append(msg)
+        if self.mode == "raise":
+            raise InvariantViolation(msg)
+
+    # bus tap: called for every message actually delivered
+    def on_message(self, dst: str, m: ControlMessage) -> None:
+        if type(m) is Grant:
+            self.grants[(dst, m.port)] = (m.flow, m.hop, m.channel)  # type: ignore[union-attr]
+
+    def flow_started(self, flow: Flow) -> None:
+        if flow.id in self.started:
+            self.violation(flow.t_submit, f"flow {flow.id} started twice")
+        self.started[flow.id] = (flow.dst, flow.nbytes)
+
+    def on_send(self, t_ns: int, node: str, port: str, channel: int | None, tuning: bool,
+                busy: bool, flow: Flow) -> None:
+        self.checks += 1
+        if busy:
+            self.violation(t_ns, f"{node}/{port}: transmitter sends {flow!r} while sending")
+        if tuning:
+            self.violation(t_ns, f"{node}/{port}: transmitter sends {flow!r} while tuning")
+        g = self.grants.get((node, port))
+        if g is None or g[0] != flow.id or g[1] != flow.hop:
+            self.violation(t_ns, f"{node}/{port}: sends {flow!r} without a GRANT for it")
+        elif g[2] != channel:
+            self.violation(t_ns, f"{node}/{port}: sends {flow!r} on channel {channel}, "
+                                 f"granted channel {g[2]}")
+
+    def on_light(self, t_ns: int, wss: str, out: int | None, channel: int | None,
+                 occupied_by: Flow | None, rx_busy_with: Flow | None, flow: Flow) -> None:
+        if out is None:
+            self.violation(t_ns, f"{wss}: {flow!r} sent on channel {channel} into a blocked "
+                                 f"input (the light goes nowhere)")
+        elif occupied_by is not None:
+            self.violation(t_ns, f"{wss}: (out {out}, channel {channel}) carries {flow!r} and "
+                                 f"{occupied_by!r} at once")
+        if rx_busy_with is not None:
+            self.violation(t_ns, f"{wss} out {out}: receiver gets {flow!r} while receiving "
+                                 f"{rx_busy_with!r}")
+
+    def on_arrival(self, t_ns: int, node: str, flow: Flow, nbytes: int) -> None:
+        if flow.dst != node:
+            return  # a relay leg; the final leg is what counts
+        if flow.id not in self.started:
+            self.violation(t_ns, f"{node}: {flow!r} arrived but was never started")
+            return
+        dst, size = self.started[flow.id]
+        if flow.id in self.delivered:
+            self.violation(t_ns, f"{node}: {flow!r} delivered twice")
+        if nbytes != size:
+            self.violation(t_ns, f"{node}: {flow!r} arrived with {nbytes} of {size} bytes")
+        self.delivered.add(flow.id)
+
+    def undelivered(self) -> list[int]:
+        return sorted(set(self.started) - self.delivered)
+
+    def finish(self, t_ns: int) -> None:
+        missing = self.undelivered()
+        if missing:
+            self.violation(t_ns, f"{len(missing)} started flows never delivered, e.g. "
+                                 f"{missing[:5]}")

@@ -1,0 +1,55 @@
+"""A wavelength-selective switch model: a routing table per (input port, channel).
+
+Like an LCoS WSS it is configured slowly and as a whole, and it refuses a table that would
+send two inputs to the same (output port, channel): those signals would collide.
+"""
+
+from __future__ import annotations
+
+from controller.devices import DeviceRefused
+
+
+class WSSModel:
+    def __init__(self, id: str, ports: int, channels: int, reconfig_ns: int = 5_000_000) -> None:
+        self.id = id
+        self.ports = ports
+        self.channels = channels
+        self.reconfig_ns = reconfig_ns  # LCoS settling time: stage 1 only (milliseconds)
+        self.table: list[list[int | None]] = [[None] * channels for _ in range(ports)]
+        self.applied = 0
+
+    def identify(self) -> str:
+        return f"oddl-emu,WSS,{self.id},{self.ports}x{self.channels}"
+
+    def check(self, table: list[list[int | None]]) -> None:
+        if len(table) != self.ports:
+            raise DeviceRefused(f"{self.id}: table has {len(table)} input rows, WSS has "
+                                f"{self.ports} ports")
+        for ch in range(max((len(r) for r in table), default=0)):
+            if ch >= self.channels:
+                raise DeviceRefused(f"{self.id}: channel {ch} not available "
+                                    f"({self.channels} channels)")
+            seen: dict[int, int] = {}
+            for i, row in enumerate(table):
+                o = row[ch] if ch < len(row) else None
+                if o is None:
+                    continue
+                if not 0 <= o < self.ports:
+                    raise DeviceRefused(f"{self.id}: input {i} channel {ch}: no output port {o}")
+                if o in seen:
+                    raise DeviceRefused(f"{self.id}: inputs {seen[o]} and {i} both reach "
+                                        f"(out {o}, channel {ch}): collision, table refused")
+                seen[o] = i
+
+    def set_table(self, table: list[list[int | None]]) -> None:
+        self.check(table)
+        self.table = [[r[ch] if ch < len(r) else None for ch in range(self.channels)]
+                      for r in table]
+        self.applied += 1
+
+    def get_table(self) -> list[list[int | None]]:
+        return [list(r) for r in self.table]
+
+    def route(self, in_port: int, channel: int) -> int | None:
+        row = self.table[in_port]
+        return row[channel] if channel < len(row) else None
