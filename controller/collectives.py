@@ -103,7 +103,7 @@ def build(kind: str, n: int, size: int, rows: int, cols: int) -> Schedule:
 
 
 def check_balanced(sched: Schedule) -> None:
-    """Every byte a rank expects is sent to it by someone, step by step (a schedule sanity check)."""
+    """Every byte a rank expects is sent to it by someone (a schedule sanity check)."""
     n = len(sched)
     sent = [0] * n
     expected = [0] * n

@@ -139,9 +139,13 @@ def plan_job(tb: Testbed, grid: Grid, schedule: Schedule, job: str = "job0",
     def want(axis: str, idx: int, step: int, i: int, o: int, nbytes: int) -> None:
         steps = per_group.setdefault((axis, idx), {})
         m, w = steps.get(step, ({}, 0))
-        if m.get(i, o) != o:  # the same step needs two outputs from one input: split it
-            step = step + 1_000_000 * (1 + len(steps))
-            m, w = steps.get(step, ({}, 0))
+        k = 0
+        while m.get(i, o) != o or (i not in m and o in m.values()):
+            # one input to two outputs, or two inputs to one output (incast): a channel
+            # cannot do either, so this pair joins a sibling pattern of the same step
+            k += 1
+            m, w = steps.get(step + 1_000_000 * k, ({}, 0))
+        step = step + 1_000_000 * k
         m[i] = o
         steps[step] = (m, w + nbytes)
 
@@ -195,6 +199,16 @@ def plan_job(tb: Testbed, grid: Grid, schedule: Schedule, job: str = "job0",
             mappings = [_shift(p, k) for k in totient_jumps(p, w_count)]
         else:
             merged = _merge(list(per_group[key].values()))
+            if len(merged) > w_count:
+                # pairs grouped by shift always fit in P - 1 channels; use that if smaller
+                by_shift: dict[int, tuple[Mapping, int]] = {}
+                for m, wgt in per_group[key].values():
+                    for i, o in m.items():
+                        bm, bw = by_shift.setdefault((o - i) % p, ({}, 0))
+                        bm[i] = o
+                        by_shift[(o - i) % p] = (bm, bw + wgt // max(1, len(m)))
+                if len(by_shift) < len(merged):
+                    merged = sorted(by_shift.values(), key=lambda mw: -mw[1])
             mappings = [m for m, _ in merged[:w_count]]
         sig = tuple(tuple(sorted(m.items())) for m in mappings)
         gr = cache.get(sig)

@@ -74,7 +74,7 @@ class InvariantChecker:
         if flow.id not in self.started:
             self.violation(t_ns, f"{node}: {flow!r} arrived but was never started")
             return
-        dst, size = self.started[flow.id]
+        _dst, size = self.started[flow.id]
         if flow.id in self.delivered:
             self.violation(t_ns, f"{node}: {flow!r} delivered twice")
         if nbytes != size:

@@ -1,0 +1,101 @@
+"""Test harness: a testbed of any size, and control units running a given flow set."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from controller.arbiter import Arbiter
+from controller.clock import Clock
+from controller.collectives import Schedule, Step
+from controller.config import Faults, Testbed
+from controller.control_unit import ControlUnit, Timing
+from controller.messages import Flow
+from controller.topology import Grid
+from sim import backend as sim_backend
+from sim.clock import VirtualClockLoop
+
+
+def make_testbed(rows: int, cols: int, wavelengths: int | None = None, **optical: Any) -> Testbed:
+    w = wavelengths if wavelengths is not None else max(rows, cols, 2) - 1
+    data = {
+        "testbed": {"name": f"t{rows}x{cols}"},
+        "grid": {"rows": rows, "cols": cols},
+        "optical": {"line_rate_gbps": 100, "tuning_time_ns": 10.5,
+                    "wavelength_grid": {"start_nm": 1530.33, "spacing_ghz": 50, "count": w},
+                    **optical},
+        "control": {"latency_ns": 1000, "request_timeout_ns": 20_000, "max_retries": 30,
+                    "grant_lease_ns": 50_000},
+        "generate": {"nodes": "n{row}-{col}", "wss": True},
+    }
+    return Testbed.model_validate(data).expanded()
+
+
+def schedule_for(grid: Grid, pairs: list[tuple[int, int, int]]) -> Schedule:
+    """A one-step schedule per rank covering the given (src, dst, bytes) pairs."""
+    n = len(grid.nodes)
+    sched: Schedule = [[] for _ in range(n)]
+    for s, d, b in pairs:
+        sched[s].append(Step(((d, b),), 0, "test"))
+    return sched
+
+
+@dataclass
+class FlowRun:
+    delivered: dict[int, int] = field(default_factory=dict)  # flow id -> deliveries
+    arrival_ns: dict[int, int] = field(default_factory=dict)
+    error: BaseException | None = None
+    checker: Any = None
+    bus: Any = None
+    cus: dict[str, ControlUnit] = field(default_factory=dict)
+    fabric: Any = None
+    end_ns: int = 0
+
+
+def run_flows(tb: Testbed, pairs: list[tuple[int, int, int, int]], strategy: str = "cyclic",
+              faults: Faults | None = None, seed: int = 0) -> FlowRun:
+    """Submit (src rank, dst rank, bytes, start ns) flows and run until all are delivered."""
+    grid = Grid.from_testbed(tb)
+    loop = VirtualClockLoop()
+    clock = Clock(loop)
+    st = sim_backend.build(tb, grid, clock, faults, seed, "raise")
+    arb = Arbiter(tb, grid, st.onics, st.wss)  # type: ignore[arg-type]
+    plan = arb.plan(schedule_for(grid, [(s, d, b) for s, d, b, _ in pairs]), strategy)
+    arb.apply(plan)
+    o, c = tb.optical, tb.control
+    timing = Timing(math.ceil(o.tuning_time_ns), math.ceil(o.guard_time_ns),
+                    math.ceil(o.propagation_ns), round(c.request_timeout_ns),
+                    round(c.request_timeout_ns), round(c.grant_lease_ns), c.max_retries)
+    res = FlowRun(checker=st.checker, bus=st.bus, fabric=st.fabric)
+    done = loop.create_future()
+    total = len(pairs)
+
+    def deliver(f: Flow) -> None:
+        res.delivered[f.id] = res.delivered.get(f.id, 0) + 1
+        res.arrival_ns[f.id] = clock.now_ns()
+        if len(res.delivered) == total and not done.done():
+            done.set_result(None)
+
+    def fail(e: BaseException) -> None:
+        res.error = e
+        if not done.done():
+            done.set_exception(e)
+
+    loop.set_exception_handler(lambda _l, ctx: fail(ctx.get("exception") or
+                                                     RuntimeError(ctx["message"])))
+    res.cus = {n: ControlUnit(n, clock, st.bus, st.onics[n], plan.routes.get(n, {}), timing,
+                              deliver, fail) for n in grid.nodes}
+    for i, (s, d, b, t) in enumerate(pairs):
+        f = Flow(i, grid.nodes[s], grid.nodes[d], b, 0, 0, 0, t)
+        st.checker.flow_started(f)
+        clock.call_at_ns(t, res.cus[f.src].submit, f)
+    try:
+        if total:
+            loop.run_until_complete(asyncio.wait_for(done, timeout=3600))
+    except BaseException as e:
+        res.error = res.error or e
+    res.end_ns = clock.now_ns()
+    loop.close()
+    return res

@@ -1,0 +1,114 @@
+"""Stage 2: invariants hold and every flow arrives exactly once, with and without faults."""
+
+from __future__ import annotations
+
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from controller.config import Faults
+from controller.control_unit import FlowFailed
+from tests.helpers import make_testbed, run_flows
+
+
+@st.composite
+def scenario(draw: st.DrawFn) -> tuple[int, int, list[tuple[int, int, int, int]]]:
+    rows = draw(st.integers(1, 4))
+    cols = draw(st.integers(2 if rows == 1 else 1, 4))
+    n = rows * cols
+    flows = draw(st.lists(
+        st.tuples(st.integers(0, n - 1), st.integers(0, n - 1), st.integers(1, 200_000),
+                  st.integers(0, 50_000)).filter(lambda f: f[0] != f[1]),
+        min_size=1, max_size=25))
+    return rows, cols, flows
+
+
+def _assert_all_delivered_once(res: object, flows: list) -> None:
+    assert res.error is None, res.error
+    assert res.delivered == dict.fromkeys(range(len(flows)), 1)
+    assert res.checker.violations == []
+    assert res.checker.undelivered() == []
+    # nothing is left in flight: every receiver is free, every queue empty
+    for cu in res.cus.values():
+        assert all(not tx.queue and tx.state == "idle" for tx in cu.tx.values())
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(scenario(), st.sampled_from(["cyclic", "matched"]))
+def test_random_flows_delivered_exactly_once(sc: tuple, strategy: str) -> None:
+    rows, cols, flows = sc
+    res = run_flows(make_testbed(rows, cols), flows, strategy)
+    _assert_all_delivered_once(res, flows)
+    # no faults: exactly REQUEST, GRANT, RELEASE per hop
+    hops = sum(cu.stats["relayed"] for cu in res.cus.values()) + len(flows)
+    assert res.bus.sent == 3 * hops
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(scenario(), st.integers(0, 2**16))
+def test_lossy_control_network_still_delivers_exactly_once(sc: tuple, seed: int) -> None:
+    rows, cols, flows = sc
+    faults = Faults(drop_probability=0.05, delay_probability=0.2, max_extra_delay_ns=30_000)
+    res = run_flows(make_testbed(rows, cols), flows, "cyclic", faults, seed)
+    _assert_all_delivered_once(res, flows)
+
+
+def test_heavy_loss_and_delay_exercises_every_recovery_path() -> None:
+    flows = [(s, d, 50_000 + 1000 * i, 100 * i) for i, (s, d) in
+             enumerate([(a, b) for a in range(6) for b in range(6) if a != b])]
+    faults = Faults(drop_probability=0.2, delay_probability=0.5, max_extra_delay_ns=200_000)
+    res = run_flows(make_testbed(2, 3), flows, "cyclic", faults, seed=7)
+    _assert_all_delivered_once(res, flows)
+    total = {k: sum(cu.stats[k] for cu in res.cus.values()) for k in res.cus["n0-0"].stats}
+    assert res.bus.dropped > 0
+    assert total["retries"] > 0
+    assert total["stale_grants"] + total["revoked"] > 0
+    assert total["releases_overdue"] > 0
+
+
+def test_incast_is_served_first_come_first_served() -> None:
+    # three senders to n0-0, submitted 1 us apart; each takes 8 us on the wire
+    flows = [(1, 0, 100_000, 0), (2, 0, 100_000, 1000), (3, 0, 100_000, 2000)]
+    res = run_flows(make_testbed(1, 4), flows)
+    _assert_all_delivered_once(res, flows)
+    order = sorted(res.arrival_ns, key=res.arrival_ns.get)
+    assert order == [0, 1, 2]
+    t = [res.arrival_ns[i] for i in order]
+    assert t[1] - t[0] >= 8000 and t[2] - t[1] >= 8000  # never overlapping on the receiver
+
+
+def test_two_hop_flow_relays_through_the_grid() -> None:
+    res = run_flows(make_testbed(3, 3), [(0, 8, 10_000, 0)])
+    _assert_all_delivered_once(res, [0])
+    assert res.cus["n0-2"].stats["relayed"] == 1  # row first: (0,0) -> (0,2) -> (2,2)
+    assert res.bus.sent == 6
+
+
+def test_unreachable_receiver_fails_naming_the_flow() -> None:
+    faults = Faults(drop_probability=0.999999)
+    res = run_flows(make_testbed(1, 2), [(0, 1, 1000, 0)], "cyclic", faults)
+    assert isinstance(res.error, FlowFailed)
+    assert "flow 0 (n0-0->n0-1, hop 0 via n0-1, 1000 B) got no GRANT after 30 retries" in str(
+        res.error)
+
+
+def test_same_seed_same_result() -> None:
+    flows = [(s, d, 30_000, 500 * s) for s in range(4) for d in range(4) if s != d]
+    faults = Faults(drop_probability=0.05, delay_probability=0.3, max_extra_delay_ns=20_000)
+    a = run_flows(make_testbed(2, 2, wavelengths=2), flows, "cyclic", faults, seed=3)
+    b = run_flows(make_testbed(2, 2, wavelengths=2), flows, "cyclic", faults, seed=3)
+    assert a.arrival_ns == b.arrival_ns and a.bus.sent == b.bus.sent
+    c = run_flows(make_testbed(2, 2, wavelengths=2), flows, "cyclic", faults, seed=4)
+    assert c.arrival_ns != a.arrival_ns
+
+
+def test_late_duplicate_requests_do_not_block_a_receiver() -> None:
+    # delays only (shorter than the lease): duplicates of delivered flows must be ignored,
+    # never granted again (a second grant would idle the receiver until its lease lapses)
+    flows = [(s, d, 20_000, 300 * i) for i, (s, d) in
+             enumerate([(a, b) for a in range(4) for b in range(4) if a != b] * 3)]
+    faults = Faults(delay_probability=0.5, max_extra_delay_ns=30_000)
+    res = run_flows(make_testbed(1, 4), flows, "cyclic", faults, seed=11)
+    _assert_all_delivered_once(res, flows)
+    total = {k: sum(cu.stats[k] for cu in res.cus.values()) for k in res.cus["n0-0"].stats}
+    assert total["retries"] > 0  # duplicates did happen
+    assert total["revoked"] == 0 and total["stale_grants"] == 0
