@@ -51,7 +51,7 @@ class Fabric:
         self.tuning_exact_ns = o.tuning_time_ns
         self.guard_ns = math.ceil(o.guard_time_ns)
         self.prop_ns = math.ceil(o.propagation_ns)
-        n_ch = len(o.wavelengths())
+        n_ch = self.n_channels = len(o.wavelengths())
         self.wss = {w.id: WSSModel(w.id, w.ports, n_ch) for w in tb.wss}
         self.tx: dict[tuple[str, str], Transmitter] = {}
         self.rx: dict[tuple[str, str], Receiver] = {}
@@ -86,7 +86,7 @@ class Fabric:
         now = self.clock.now_ns()
         if tx.busy is not None:
             raise DeviceRefused(f"{node}/{port}: cannot tune while sending {tx.busy!r}")
-        if not 0 <= channel < len(self.tb.optical.wavelengths()):
+        if not 0 <= channel < self.n_channels:
             raise DeviceRefused(f"{node}/{port}: no channel {channel}")
         tx.tunes += 1
         tx.channel = None  # dark while the laser switches

@@ -38,7 +38,7 @@ class SimONic:
             if port not in self.ports:
                 raise DeviceRefused(f"{self.node}: route to {dst} uses port {port}, which is "
                                     f"not connected")
-            if not 0 <= ch < len(self.fabric.tb.optical.wavelengths()):
+            if not 0 <= ch < self.fabric.n_channels:
                 raise DeviceRefused(f"{self.node}: route to {dst} uses channel {ch}")
         self._routes = dict(routes)
 
