@@ -113,7 +113,7 @@ class Fabric:
         dst = members[out] if out is not None else None
         rx = self.rx[(dst, port)] if dst is not None else None
         self.checker.on_light(now, wss.id, out, ch, self.lit.get(key),
-                              rx.current if rx is not None else None, flow)
+                              rx.current if rx is not None else None, flow, dst)
         tx.busy = flow
         dur = self.duration_ns(flow.nbytes)
         self.lit[key] = flow

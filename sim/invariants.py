@@ -22,6 +22,8 @@ class InvariantChecker:
     violations: list[str] = field(default_factory=list)
     # (node, port) -> (flow, hop, channel) of the last GRANT that node received on that port
     grants: dict[tuple[str, str], tuple[int, int, int]] = field(default_factory=dict)
+    # (flow, hop) -> the receiver node that granted it, until its light arrives
+    granted_by: dict[tuple[int, int], str] = field(default_factory=dict)
     started: dict[int, tuple[str, int]] = field(default_factory=dict)  # flow -> (dst, bytes)
     delivered: set[int] = field(default_factory=set)
     checks: int = 0
@@ -36,6 +38,7 @@ class InvariantChecker:
     def on_message(self, dst: str, m: ControlMessage) -> None:
         if type(m) is Grant:
             self.grants[(dst, m.port)] = (m.flow, m.hop, m.channel)  # type: ignore[union-attr]
+            self.granted_by[(m.flow, m.hop)] = m.src  # type: ignore[union-attr]
 
     def flow_started(self, flow: Flow) -> None:
         if flow.id in self.started:
@@ -57,7 +60,12 @@ class InvariantChecker:
                                  f"granted channel {g[2]}")
 
     def on_light(self, t_ns: int, wss: str, out: int | None, channel: int | None,
-                 occupied_by: Flow | None, rx_busy_with: Flow | None, flow: Flow) -> None:
+                 occupied_by: Flow | None, rx_busy_with: Flow | None, flow: Flow,
+                 to_node: str | None = None) -> None:
+        granter = self.granted_by.pop((flow.id, flow.hop), None)
+        if to_node is not None and granter is not None and granter != to_node:
+            self.violation(t_ns, f"{wss}: {flow!r} lands on {to_node} but {granter} granted it "
+                                 f"(misrouted)")
         if out is None:
             self.violation(t_ns, f"{wss}: {flow!r} sent on channel {channel} into a blocked "
                                  f"input (the light goes nowhere)")

@@ -44,7 +44,7 @@ def test_random_flows_delivered_exactly_once(sc: tuple, strategy: str) -> None:
     hops = total["relayed"] + len(flows)
     assert total["requests"] - total["retries"] == hops
     assert total["grants"] == hops
-    assert total["retries"] == total["waits"]
+    assert total["waits"] <= total["retries"]  # a repeat that crosses its GRANT gets none
     assert res.bus.sent == total["requests"] + total["grants"] + total["waits"] + hops
 
 

@@ -51,7 +51,7 @@ def _setup(tuning_ns: float = 10.5) -> tuple[VirtualClockLoop, Clock, object, di
 
 
 def _grant(st: object, node: str, flow: Flow, ch: int) -> None:
-    st.checker.on_message(node, Grant(flow.id, flow.hop, "x", node, "H", ch, 10**12))
+    st.checker.on_message(node, Grant(flow.id, flow.hop, flow.dst, node, "H", ch, 10**12))
 
 
 def test_tuning_takes_the_configured_time_and_refuses_transfers_meanwhile() -> None:
@@ -150,3 +150,15 @@ def test_tune_while_sending_is_refused() -> None:
     st.onics["n0-0"].send("H", f)
     with pytest.raises(DeviceRefused, match="cannot tune while sending"):
         st.onics["n0-0"].tune("H", 1)
+
+
+def test_light_landing_on_a_node_that_did_not_grant_it_is_a_misroute() -> None:
+    loop, _, st, _ = _setup()
+    f = Flow(1, "n0-0", "n0-1", 1000)
+    st.checker.flow_started(f)
+    # n0-2 granted it (the source meant n0-2), but channel 0 of the WSS goes to n0-1
+    st.checker.on_message("n0-0", Grant(1, 0, "n0-2", "n0-0", "H", 0, 10**12))
+    st.onics["n0-0"].tune("H", 0)
+    loop.run_until_complete(_sleep(loop, 1e-7))
+    with pytest.raises(InvariantViolation, match="lands on n0-1 but n0-2 granted it"):
+        st.onics["n0-0"].send("H", f)

@@ -1,0 +1,150 @@
+"""oddl benchmarks: figures printed, nothing asserted. `python bench/run_all.py [--quick]`.
+
+- simulated events per second (Table 1 ODDL network, model events on the virtual loop)
+- wall time of the full 20-epoch Table 1 run (both networks, with the results store)
+- one ResNet-50 HD iteration on grid-4096, every flow through the control units
+- the stage-1 plan for grid-4096
+- control messages per flow at 16, 256 and 4096 nodes
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from controller.collectives import build  # noqa: E402
+from controller.config import load_experiment, load_testbed  # noqa: E402
+from controller.results import RunStore  # noqa: E402
+from controller.runner import _NetworkRun, run_experiment  # noqa: E402
+from controller.topology import Grid  # noqa: E402
+from controller.workloads import model_spec  # noqa: E402
+from tests.helpers import make_testbed  # noqa: E402
+
+RESNET = model_spec("resnet50").grad_bytes()
+
+
+def events_per_second(iterations: int) -> dict[str, float]:
+    ctx = load_experiment(ROOT / "experiments/table1-resnet50.toml")
+    tb = ctx.testbed
+    grid = Grid.from_testbed(tb)
+    sched = build("hd", 4, RESNET, 1, 4)
+    run = _NetworkRun(ctx, ctx.experiment.networks[0], grid, sched, "sim", "raise")
+    t = time.perf_counter()
+    run.run(iterations, 220_000_000, None, None, False)
+    wall = time.perf_counter() - t
+    ev = run.loop.events
+    return {"iterations": iterations, "events": ev, "wall_s": wall, "events_per_s": ev / wall}
+
+
+def table1_full() -> dict[str, float]:
+    ctx = load_experiment(ROOT / "experiments/table1-resnet50.toml")
+    with tempfile.TemporaryDirectory() as d:
+        store = RunStore(Path(d) / "r.sqlite")
+        t = time.perf_counter()
+        res = run_experiment(ctx, store=store)
+        wall = time.perf_counter() - t
+        store.close()
+    return {"wall_s": wall, "ratio": res.ratio or 0.0,
+            "oddl_min": res.networks["oddl"].training_time_s / 60,
+            "electrical_min": res.networks["electrical"].training_time_s / 60,
+            "iterations": res.iterations}
+
+
+def grid4096_iteration() -> dict[str, float]:
+    ctx = load_experiment(ROOT / "experiments/grid4096-resnet50-hd.toml")
+    tb = ctx.testbed
+    grid = Grid.from_testbed(tb)
+    sched = build("hd", tb.n_nodes, RESNET, tb.grid.rows, tb.grid.cols)
+    t = time.perf_counter()
+    run = _NetworkRun(ctx, ctx.experiment.networks[0], grid, sched, "sim", "raise")
+    setup = time.perf_counter() - t
+    t = time.perf_counter()
+    times = run.run(1, 0, None, None, False)
+    wall = time.perf_counter() - t
+    return {"setup_s (plan+apply+units)": setup, "iteration_wall_s": wall,
+            "flows": run.engine.next_flow_id, "events": run.loop.events,
+            "allreduce_ms (virtual)": (times[0][1] - times[0][0]) / 1e6,
+            "violations": len(run.checker.violations)}
+
+
+def plan4096() -> dict[str, float]:
+    from controller.planner import plan_job
+
+    tb = load_testbed(ROOT / "hw_configs/grid-4096.toml")
+    grid = Grid.from_testbed(tb)
+    sched = build("hd", tb.n_nodes, RESNET, 64, 64)
+    t = time.perf_counter()
+    p = plan_job(tb, grid, sched, strategy="matched")
+    plan_s = time.perf_counter() - t
+    t = time.perf_counter()
+    p.validate(grid)
+    val_s = time.perf_counter() - t
+    return {"plan_s": plan_s, "validate_s": val_s, "routes": sum(map(len, p.routes.values())),
+            "channels": len(p.jobs[0].channels)}
+
+
+def messages_per_flow(sizes: list[int]) -> list[dict[str, float]]:
+    out = []
+    for side in sizes:
+        tb = make_testbed(side, side, wavelengths=max(side - 1, 1))
+        grid = Grid.from_testbed(tb)
+        n = side * side
+        for coll in ("hd", "ring"):
+            if coll == "ring" and n > 256:
+                continue  # ring on 4096 nodes is 8190 steps: not an HD-scale benchmark
+            sched = build(coll, n, RESNET, side, side)
+            from controller.config import Experiment, LoadedExperiment
+
+            exp = Experiment.model_validate({
+                "name": "m", "testbed": "-", "workload": {
+                    "model": "resnet50", "collective": coll, "epochs": 1,
+                    "dataset_samples": 1, "batch_per_node": 1, "compute_time_ms": 0},
+                "networks": [{"name": "oddl", "kind": "oddl", "strategy": "matched"}]})
+            ctx = LoadedExperiment(Path("-"), exp, Path("-"), tb)
+            run = _NetworkRun(ctx, exp.networks[0], grid, sched, "sim", "raise")
+            run.run(1, 0, None, None, False)
+            flows = run.engine.next_flow_id
+            msgs = run.control_messages()
+            hops = flows + sum(cu.stats["relayed"] for cu in run.cus.values())
+            out.append({"nodes": n, "collective": coll, "flows": flows, "hops": hops,
+                        "messages": msgs, "per_flow": msgs / flows, "per_hop": msgs / hops,
+                        "per_node": msgs / n})
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true", help="skip the full Table 1 run")
+    ap.add_argument("--json", action="store_true")
+    a = ap.parse_args()
+    res: dict[str, object] = {}
+    print("events/s (Table 1 ODDL, 5000 iterations) ...", flush=True)
+    res["events"] = events_per_second(5000)
+    print(" ", res["events"], flush=True)
+    if not a.quick:
+        print("full 20-epoch Table 1 run (both networks, with store) ...", flush=True)
+        res["table1"] = table1_full()
+        print(" ", res["table1"], flush=True)
+    print("stage-1 plan, grid-4096 ...", flush=True)
+    res["plan4096"] = plan4096()
+    print(" ", res["plan4096"], flush=True)
+    print("one ResNet-50 HD iteration on grid-4096 through the control units ...", flush=True)
+    res["grid4096"] = grid4096_iteration()
+    print(" ", res["grid4096"], flush=True)
+    print("control messages per flow (HD and ring, one iteration) ...", flush=True)
+    res["messages"] = messages_per_flow([4, 16, 64])
+    for row in res["messages"]:  # type: ignore[union-attr]
+        print("  ", row, flush=True)
+    if a.json:
+        print(json.dumps(res, indent=1))
+
+
+if __name__ == "__main__":
+    main()
