@@ -187,5 +187,81 @@ def run(experiment: Path, backend: str, out: Path | None, iterations: int | None
         sys.exit(1)
 
 
+@main.group()
+def countaction() -> None:
+    """Count-action programs for the O-NIC engine (Lightning's abstraction)."""
+
+
+def _parse_params(params: tuple[str, ...]) -> dict[str, int]:
+    out = {}
+    for p in params:
+        k, _, v = p.partition("=")
+        if not v.strip().isdigit():
+            raise click.BadParameter(f"{p!r}: use NAME=INTEGER", param_hint="--param")
+        out[k.strip()] = int(v)
+    return out
+
+
+def _load_program(file: Path, params: tuple[str, ...]):  # type: ignore[no-untyped-def]
+    from fpga.countaction import CountActionError, parse
+
+    try:
+        return parse(file.read_text(), _parse_params(params), str(file))
+    except OSError as e:
+        click.echo(f"error: {file}: {e.strerror}", err=True)
+        sys.exit(2)
+    except CountActionError as e:
+        click.echo(f"error: {e}", err=True)
+        sys.exit(2)
+
+
+@countaction.command("check")
+@click.argument("file", type=click.Path(path_type=Path))
+@click.option("--param", "params", multiple=True, help="NAME=VALUE for a program parameter")
+def ca_check(file: Path, params: tuple[str, ...]) -> None:
+    """Parse and check a program; errors give file:line:column."""
+    prog = _load_program(file, params)
+    click.echo(f"OK {file}: {len(prog.modules)} modules "
+               f"({', '.join(m.name for m in prog.modules)})")
+
+
+@countaction.command("compile")
+@click.argument("file", type=click.Path(path_type=Path))
+@click.option("--param", "params", multiple=True, help="NAME=VALUE for a program parameter")
+@click.option("--json", "as_json", is_flag=True, help="the image as JSON (default: a table)")
+def ca_compile(file: Path, params: tuple[str, ...], as_json: bool) -> None:
+    """Compile to the register image of the O-NIC count-action engine."""
+    from fpga import regmap as R
+    from fpga.countaction import compile_program, image_writes
+
+    img = compile_program(_load_program(file, params))
+    if as_json:
+        click.echo(json.dumps(img, indent=1))
+        return
+    for off, val in image_writes(img):
+        click.echo(f"0x{off:04X} {R.BY_OFFSET[off].name:<14} 0x{val:08X}")
+
+
+@countaction.command("decompile")
+@click.argument("image", type=click.Path(path_type=Path))
+def ca_decompile(image: Path) -> None:
+    """Turn a register image (JSON) back into count-action text."""
+    from fpga.countaction import CountActionError, decompile
+
+    try:
+        click.echo(decompile(json.loads(image.read_text())).text(), nl=False)
+    except (OSError, ValueError, KeyError, CountActionError) as e:
+        click.echo(f"error: {image}: {e}", err=True)
+        sys.exit(2)
+
+
+@main.command()
+def regmap() -> None:
+    """Print the O-NIC register map as a markdown table."""
+    from fpga import regmap as R
+
+    click.echo(R.markdown(), nl=False)
+
+
 if __name__ == "__main__":
     main()

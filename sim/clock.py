@@ -85,7 +85,7 @@ class VirtualClockLoop(asyncio.BaseEventLoop):
         vheap = self._vheap
         pop = heapq.heappop
         t_async = self._scheduled[0].when() if self._scheduled else math.inf
-        limit_ns = math.ceil(t_async * 1e9) if t_async != math.inf else None
+        limit_ns = math.ceil(t_async * 1e9 - 1e-3) if t_async != math.inf else None
         ready = self._ready
         n = 0
         try:

@@ -1,0 +1,153 @@
+"""O-NIC driver over pynq MMIO: the same code against a real board or the emulated one.
+
+Every operation is a short, fixed sequence of register reads and writes on `onic_ctrl`
+(fpga/regmap.py); tests pin those sequences down exactly.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from controller.devices import DeviceRefused
+from fpga import regmap as R
+from fpga.countaction import Program, compile_program, decompile, image_writes
+
+
+class IdentityMismatch(RuntimeError):
+    pass
+
+
+def _off(name: str) -> int:
+    return R.BY_NAME[name].offset
+
+
+class ONicDriver:
+    def __init__(self, mmio: Any, node: str = "", nodes: list[str] | None = None) -> None:
+        self.mmio = mmio
+        self.node = node
+        self.nodes = nodes or []
+
+    # --- identity -----------------------------------------------------------------------
+    def identity(self) -> dict[str, Any]:
+        magic = self.mmio.read(_off("MAGIC"))
+        version = self.mmio.read(_off("DESIGN_VERSION"))
+        words = [self.mmio.read(_off(f"BITSTREAM_HASH{i}")) for i in range(8)]
+        return {"magic": magic, "design_version": version,
+                "bitstream_hash": b"".join(w.to_bytes(4, "big") for w in words).hex(),
+                "node_id": self.mmio.read(_off("NODE_ID"))}
+
+    def check_identity(self, design_version: int = R.DESIGN_VERSION,
+                       bitstream_hash: str | None = None) -> dict[str, Any]:
+        ident = self.identity()
+        if ident["magic"] != R.MAGIC:
+            raise IdentityMismatch(f"{self.node}: magic 0x{ident['magic']:08X} is not an oddl "
+                                   f"O-NIC (expected 0x{R.MAGIC:08X})")
+        if ident["design_version"] != design_version:
+            v = ident["design_version"]
+            raise IdentityMismatch(f"{self.node}: design version {v >> 16}.{v & 0xFFFF} "
+                                   f"(0x{v:08X}), driver expects {design_version >> 16}."
+                                   f"{design_version & 0xFFFF} (0x{design_version:08X})")
+        if bitstream_hash is not None and ident["bitstream_hash"] != bitstream_hash:
+            raise IdentityMismatch(f"{self.node}: bitstream hash {ident['bitstream_hash']} "
+                                   f"!= expected {bitstream_hash}")
+        return ident
+
+    # --- transmitter and transfer engine ------------------------------------------------
+    def tune(self, port: str, channel: int) -> None:
+        self.mmio.write(_off(f"TX{port}_CHANNEL"), channel)
+        self.mmio.write(_off(f"TX{port}_CMD"), 1)
+
+    def tx_status(self, port: str) -> dict[str, int | bool]:
+        s = self.mmio.read(_off(f"TX{port}_STATUS"))
+        return {"tuning": bool(s & 1), "sending": bool(s & 2), "tuned": bool(s & 4),
+                "channel": (s >> 8) & 0xFF}
+
+    def last_tune_ns(self, port: str) -> int:
+        return self.mmio.read(_off(f"TX{port}_TUNE_NS"))
+
+    def start_transfer(self, port: str, dst: int, nbytes: int, flow: int) -> None:
+        """Program and start a transfer; DeviceRefused if the board refuses it."""
+        if not 0 <= nbytes < 2**32:
+            raise ValueError(f"{nbytes} bytes does not fit the 32-bit TX_BYTES register")
+        self.mmio.write(_off(f"TX{port}_DST"), dst)
+        self.mmio.write(_off(f"TX{port}_BYTES"), nbytes)
+        self.mmio.write(_off(f"TX{port}_FLOW"), flow & 0xFFFFFFFF)
+        self.mmio.write(_off(f"TX{port}_START"), 1)
+        bit = 1 << R.ERROR_BITS[f"TX_REFUSED_{port}"]
+        if self.mmio.read(_off("ERROR")) & bit:
+            self.mmio.write(_off("ERROR"), bit)  # W1C
+            raise DeviceRefused(f"{self.node}/{port}: transfer refused (tuning or busy)")
+
+    def counters(self, port: str) -> dict[str, int]:
+        rd = self.mmio.read
+        return {
+            "tx_done": rd(_off(f"TX{port}_DONE_COUNT")),
+            "tx_bytes": rd(_off(f"TX{port}_SENT_LO")) | rd(_off(f"TX{port}_SENT_HI")) << 32,
+            "rx_done": rd(_off(f"RX{port}_DONE_COUNT")),
+            "rx_bytes": rd(_off(f"RX{port}_BYTES_LO")) | rd(_off(f"RX{port}_BYTES_HI")) << 32,
+            "rx_errors": rd(_off(f"RX{port}_ERRORS")),
+            "rx_src": rd(_off(f"RX{port}_SRC")),
+        }
+
+    def timestamp_ns(self) -> int:
+        lo = self.mmio.read(_off("TS_LO"))  # latches the high word
+        return self.mmio.read(_off("TS_HI")) << 32 | lo
+
+    def irq_status(self, clear: bool = True) -> int:
+        s = self.mmio.read(_off("IRQ_STATUS"))
+        if clear and s:
+            self.mmio.write(_off("IRQ_STATUS"), s)
+        return s
+
+    # --- route table --------------------------------------------------------------------
+    def load_routes(self, routes: dict[str, tuple[str, int, str]]) -> None:
+        if len(routes) > R.ROUTE_ENTRIES:
+            raise DeviceRefused(f"{self.node}: {len(routes)} routes, the table holds "
+                                f"{R.ROUTE_ENTRIES}")
+        idx = {n: i for i, n in enumerate(self.nodes)}
+        e = -1
+        for e, dst in enumerate(sorted(routes, key=idx.__getitem__)):
+            port, ch, nh = routes[dst]
+            w0, w1 = R.route_words(idx[dst], port, ch, idx[nh])
+            self.mmio.write(R.ROUTE_BASE + 8 * e, w0)
+            self.mmio.write(R.ROUTE_BASE + 8 * e + 4, w1)
+        if e + 1 < R.ROUTE_ENTRIES:  # terminate the table: the first invalid entry ends it
+            self.mmio.write(R.ROUTE_BASE + 8 * (e + 1), 0)
+
+    def read_routes(self) -> dict[str, tuple[str, int, str]]:
+        out = {}
+        for e in range(R.ROUTE_ENTRIES):
+            w0 = self.mmio.read(R.ROUTE_BASE + 8 * e)
+            if not w0 & R.ROUTE_VALID:
+                break
+            r = R.route_unpack(w0, self.mmio.read(R.ROUTE_BASE + 8 * e + 4))
+            if r is None:
+                break
+            dst, port, ch, nh = r
+            out[self.nodes[dst]] = (port, ch, self.nodes[nh])
+        return out
+
+    # --- count-action -------------------------------------------------------------------
+    def load_countaction(self, prog: Program) -> dict[str, Any]:
+        image = compile_program(prog)
+        for off, val in image_writes(image):
+            self.mmio.write(off, val)
+        return image
+
+    def read_countaction(self, names: list[str]) -> Program:
+        """Read the engine back (slots 0..len(names)-1) and decompile it."""
+        mods = []
+        for slot, name in enumerate(names):
+            base = R.CA_BASE + slot * R.CA_STRIDE
+            regs = {"CTRL": self.mmio.read(base), "TARGET": self.mmio.read(base + 0x0C)}
+            for j in range(R.N_SLOTS):
+                regs[f"SRC{j}"] = self.mmio.read(base + 0x20 + 4 * j)
+                regs[f"ACT{j}"] = self.mmio.read(base + 0x40 + 4 * j)
+            mods.append({"slot": slot, "name": name, "registers": regs})
+        return decompile({"design": R.DESIGN_NAME, "modules": mods})
+
+    def ca_status(self, slot: int) -> dict[str, int | bool]:
+        base = R.CA_BASE + slot * R.CA_STRIDE
+        s = self.mmio.read(base + 0x08)
+        return {"armed": bool(s & 1), "fired": bool(s & 2), "fire_count": (s >> 8) & 0xFF,
+                "count": self.mmio.read(base + 0x10)}

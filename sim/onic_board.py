@@ -1,0 +1,276 @@
+"""A register-accurate emulated O-NIC: the register file of fpga/regmap.py with its access
+semantics, the count-action engine, the tunable transmitters and the transfer engine on
+the fabric model. Reached through pynq (sim/pynq_device.py), never called by the controller.
+
+Writes to RO registers are refused (DeviceRefused, like an AXI SLVERR), a transfer started
+while tuning or sending is refused and flagged in ERROR, as the hardware would.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from controller.devices import DeviceRefused
+from controller.messages import Flow
+from fpga import regmap as R
+from fpga.countaction import ACTION_NAMES, SIGNAL_NAMES
+from sim.fabric import Fabric
+
+PLACEHOLDER_HASH = hashlib.sha256(b"oddl placeholder bitstream").digest()
+
+
+@dataclass
+class _CAModule:
+    ctrl: int = 0
+    target: int = 0
+    count: int = 0
+    fired: bool = False
+    fire_count: int = 0
+    src: list[int] = field(default_factory=lambda: [0] * R.N_SLOTS)
+    act: list[int] = field(default_factory=lambda: [0] * R.N_SLOTS)
+
+
+class ONicBoard:
+    def __init__(self, fabric: Fabric, node: str, node_index: dict[str, int],
+                 bitstream_hash: bytes = PLACEHOLDER_HASH,
+                 design_version: int = R.DESIGN_VERSION) -> None:
+        self.fabric = fabric
+        self.clock = fabric.clock
+        self.node = node
+        self.nodes = sorted(node_index, key=node_index.get)  # type: ignore[arg-type]
+        self.index = node_index
+        self.regs: dict[int, int] = {r.offset: r.reset for r in R.REGISTERS}
+        self.regs[R.BY_NAME["DESIGN_VERSION"].offset] = design_version
+        for i in range(8):
+            self.regs[R.BY_NAME[f"BITSTREAM_HASH{i}"].offset] = int.from_bytes(
+                bitstream_hash[4 * i: 4 * i + 4], "big")
+        self.regs[R.BY_NAME["NODE_ID"].offset] = node_index[node]
+        self.routes = [0] * (2 * R.ROUTE_ENTRIES)
+        self.ca = [_CAModule() for _ in range(R.N_MODULES)]
+        self.ports = fabric.ports[node]
+        self.tune_started: dict[str, int] = {}
+        self.start_after_tune: set[str] = set()  # CA "start" issued while its port tunes
+        self.ts_hi_latch = 0
+        self.streamed: list[tuple[int, int]] = []  # (t_ns, DAC) for Lightning
+        self.on_irq: Callable[[int], None] | None = None
+        fabric.rx_handlers[node] = self._rx_done
+        fabric.tx_handlers[node] = self._tx_done
+        fabric.tuned_handlers[node] = self._tuned
+
+    # --- bus access -------------------------------------------------------------------
+    def read(self, off: int) -> int:
+        if R.ROUTE_BASE <= off < R.ROUTE_BASE + 8 * R.ROUTE_ENTRIES:
+            return self.routes[(off - R.ROUTE_BASE) // 4]
+        reg = R.BY_OFFSET.get(off)
+        if reg is None:
+            return 0  # unmapped: reads as zero (AXI decode of a hole)
+        name = reg.name
+        if reg.access == "SC":
+            return 0
+        if name == "TS_LO":
+            now = self.clock.now_ns()
+            self.ts_hi_latch = now >> 32
+            return now & 0xFFFFFFFF
+        if name == "TS_HI":
+            return self.ts_hi_latch
+        if name.startswith("CA") and "_" in name:
+            return self._ca_read(name)
+        if name.startswith("TX") and name.endswith("_STATUS"):
+            return self._tx_status(name[2])
+        if name.startswith("RX") and name.endswith("_STATUS"):
+            return 1 if self.fabric.rx[(self.node, name[2])].current is not None else 0
+        return self.regs[off]
+
+    def write(self, off: int, value: int) -> None:
+        value &= 0xFFFFFFFF
+        if R.ROUTE_BASE <= off < R.ROUTE_BASE + 8 * R.ROUTE_ENTRIES:
+            self.routes[(off - R.ROUTE_BASE) // 4] = value
+            return
+        reg = R.BY_OFFSET.get(off)
+        if reg is None:
+            raise DeviceRefused(f"{self.node}: write to unmapped offset 0x{off:04X}")
+        if reg.access == "RO":
+            raise DeviceRefused(f"{self.node}: {reg.name} is read-only (write refused)")
+        name = reg.name
+        if reg.access == "W1C":
+            self.regs[off] &= ~value
+            return
+        if name.startswith("CA"):
+            self._ca_write(name, value)
+            return
+        if reg.access == "SC":
+            if value & 1:
+                if name.endswith("_CMD"):
+                    self._tune(name[2])
+                elif name.endswith("_START"):
+                    self._start(name[2])
+            return
+        self.regs[off] = value
+
+    # --- transmitter / transfer engine ------------------------------------------------
+    def _r(self, name: str) -> int:
+        return self.regs[R.BY_NAME[name].offset]
+
+    def _set(self, name: str, v: int) -> None:
+        self.regs[R.BY_NAME[name].offset] = v & 0xFFFFFFFF
+
+    def _flag(self, reg: str, bit: int) -> None:
+        self.regs[R.BY_NAME[reg].offset] |= 1 << bit
+        if reg == "IRQ_STATUS" and self.on_irq and self._r("IRQ_ENABLE") & (1 << bit):
+            self.on_irq(bit)
+
+    def _tx_status(self, p: str) -> int:
+        tx = self.fabric.tx[(self.node, p)]
+        tuning = self.clock.now_ns() < tx.tune_until
+        ch = tx.channel if tx.channel is not None else 0
+        return (int(tuning) | (int(tx.busy is not None) << 1)
+                | (int(tx.channel is not None and not tuning) << 2) | (ch << 8))
+
+    def _tune(self, p: str) -> None:
+        ch = self._r(f"TX{p}_CHANNEL")
+        if p not in self.ports or ch >= self.fabric.n_channels:
+            self._flag("ERROR", R.ERROR_BITS["BAD_CHANNEL"])
+            self._flag("IRQ_STATUS", R.IRQ_BITS["ERROR"])
+            return
+        try:
+            self.fabric.tune(self.node, p, ch)
+        except DeviceRefused:
+            self._flag("ERROR", R.ERROR_BITS[f"TX_REFUSED_{p}"])
+            self._flag("IRQ_STATUS", R.IRQ_BITS["ERROR"])
+            return
+        self.tune_started[p] = self.clock.now_ns()
+
+    def _tuned(self, p: str, ch: int) -> None:
+        self._set(f"TX{p}_TUNE_NS", self.clock.now_ns() - self.tune_started.get(p, 0))
+        self._flag("IRQ_STATUS", R.IRQ_BITS[f"TUNED_{p}"])
+        if p in self.start_after_tune:
+            self.start_after_tune.discard(p)
+            self._start(p)
+
+    def _start(self, p: str) -> None:
+        tx = self.fabric.tx[(self.node, p)]
+        if self.clock.now_ns() < tx.tune_until or tx.busy is not None or tx.channel is None:
+            self._flag("ERROR", R.ERROR_BITS[f"TX_REFUSED_{p}"])
+            self._flag("IRQ_STATUS", R.IRQ_BITS["ERROR"])
+            return
+        dst = self._r(f"TX{p}_DST")
+        if dst >= len(self.nodes):
+            self._flag("ERROR", R.ERROR_BITS["ROUTE_MISS"])
+            return
+        flow = Flow(self._r(f"TX{p}_FLOW"), self.node, self.nodes[dst], self._r(f"TX{p}_BYTES"),
+                    t_submit=self.clock.now_ns())
+        self.fabric.send(self.node, p, flow)
+
+    def _tx_done(self, p: str, flow: Flow) -> None:
+        self._set(f"TX{p}_DONE_COUNT", self._r(f"TX{p}_DONE_COUNT") + 1)
+        sent = (self._r(f"TX{p}_SENT_HI") << 32 | self._r(f"TX{p}_SENT_LO")) + flow.nbytes
+        self._set(f"TX{p}_SENT_LO", sent)
+        self._set(f"TX{p}_SENT_HI", sent >> 32)
+        self._flag("IRQ_STATUS", R.IRQ_BITS[f"TX_DONE_{p}"])
+        self.signal(3, R.PORTS.index(p), 1, None)
+
+    def _rx_done(self, p: str, flow: Flow) -> None:
+        got = (self._r(f"RX{p}_BYTES_HI") << 32 | self._r(f"RX{p}_BYTES_LO")) + flow.nbytes
+        self._set(f"RX{p}_BYTES_LO", got)
+        self._set(f"RX{p}_BYTES_HI", got >> 32)
+        src = self.index[flow.src]
+        self._set(f"RX{p}_SRC", src)
+        self._set(f"RX{p}_LAST_FLOW", flow.id)
+        self._set(f"RX{p}_DONE_COUNT", self._r(f"RX{p}_DONE_COUNT") + 1)
+        self._flag("IRQ_STATUS", R.IRQ_BITS[f"RX_DONE_{p}"])
+        self.signal(1, R.PORTS.index(p), flow.nbytes, src)
+        self.signal(2, R.PORTS.index(p), 1, src)
+
+    # --- count-action engine ----------------------------------------------------------
+    def _ca_slot(self, name: str) -> tuple[_CAModule, int, str]:
+        head, _, field_ = name.partition("_")
+        m = int(head[2:])
+        return self.ca[m], m, field_
+
+    def _ca_read(self, name: str) -> int:
+        mod, _, f = self._ca_slot(name)
+        if f == "CTRL":
+            return mod.ctrl
+        if f == "STATUS":
+            return int(bool(mod.ctrl & 1)) | (int(mod.fired) << 1) | ((mod.fire_count & 0xFF) << 8)
+        if f == "TARGET":
+            return mod.target
+        if f == "COUNT":
+            return mod.count
+        if f.startswith("SRC"):
+            return mod.src[int(f[3:])]
+        if f.startswith("ACT"):
+            return mod.act[int(f[3:])]
+        return 0
+
+    def _ca_write(self, name: str, v: int) -> None:
+        mod, _, f = self._ca_slot(name)
+        if f == "CTRL":
+            mod.ctrl = v & 3
+        elif f == "RESET":
+            if v & 1:
+                mod.count, mod.fired, mod.fire_count = 0, False, 0
+        elif f == "TARGET":
+            mod.target = v
+        elif f.startswith("SRC"):
+            mod.src[int(f[3:])] = v
+        elif f.startswith("ACT"):
+            mod.act[int(f[3:])] = v
+
+    def signal(self, sig: int, index: int, value: int, src: int | None) -> None:
+        """An event on the board: every armed module whose source matches counts it."""
+        for m, mod in enumerate(self.ca):
+            if not mod.ctrl & 1:
+                continue
+            for w in mod.src:
+                if (w & 0xFF) != sig or ((w >> 8) & 0xFF) != index:
+                    continue
+                filt = w >> 16
+                if filt and (src is None or filt - 1 != src):
+                    continue
+                mod.count += value
+                if mod.count >= mod.target > 0:
+                    self._fire(m, mod)
+                break
+
+    def set_dac_valid(self, dac: int) -> None:
+        self.signal(4, dac, 1, None)
+
+    def _fire(self, m: int, mod: _CAModule) -> None:
+        mod.fired = True
+        mod.fire_count += 1
+        if mod.ctrl & 2:
+            mod.count -= mod.target  # auto re-arm: keep counting past the target
+        else:
+            mod.ctrl &= ~1
+        self.regs[R.BY_NAME["FIRED_LO"].offset] |= 1 << m
+        for w in mod.act:
+            a = ACTION_NAMES.get(w & 0xFF)
+            idx, arg = (w >> 8) & 0xFF, w >> 16
+            if a is None:
+                continue
+            if a == "tune":
+                p = R.PORTS[idx]
+                self._set(f"TX{p}_CHANNEL", arg)
+                self._tune(p)
+            elif a == "start":
+                p = R.PORTS[idx]
+                if self.clock.now_ns() < self.fabric.tx[(self.node, p)].tune_until:
+                    self.start_after_tune.add(p)  # the engine sequences: send once locked
+                else:
+                    self._start(p)
+            elif a == "stream":
+                self.streamed.append((self.clock.now_ns(), idx))
+            elif a == "irq":
+                self._flag("IRQ_STATUS", R.IRQ_BITS["CA_FIRED"])
+            elif a == "arm":
+                self.ca[idx].ctrl |= 1
+            elif a == "reset":
+                t = self.ca[idx]
+                t.count, t.fired, t.fire_count = 0, False, 0
+        self.signal(5, m, 1, None)
+
+
+__all__ = ["PLACEHOLDER_HASH", "SIGNAL_NAMES", "ONicBoard"]

@@ -1,0 +1,160 @@
+"""The count-action language: parse, check, compile, decompile, CLI."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from controller.cli import main
+from fpga import regmap as R
+from fpga.countaction import (
+    SYNCHRONIZED_DATA_STREAMER,
+    CountActionError,
+    Program,
+    collective_steps,
+    compile_program,
+    decompile,
+    parse,
+    streamer,
+)
+
+
+def test_talk_streamer_parses_as_written() -> None:
+    p = parse(SYNCHRONIZED_DATA_STREAMER, {"num_DACs": 3})
+    (m,) = p.modules
+    assert m.name == "synchronized_data_streamer"
+    assert [(s.signal, s.index) for s in m.counts] == [("DAC.valid", i) for i in (1, 2, 3)]
+    assert m.target == 3
+    assert [(a.name, a.index) for a in m.actions] == [("stream", i) for i in (1, 2, 3)]
+
+
+BAD = [
+    ("module x { counts: { sum foo[H].bar } targets: { 1 } actions: { irq } };", 1, 26,
+     "unknown signal foo"),
+    ("module x {\n  counts: { sum rx[H].bytes }\n  targets: { 1 }\n"
+     "  actions: { tune tx[H] channel 64 }\n};", 4, 14, "channel 64 out of range"),
+    ("module x { counts: { sum rx[Q].bytes } targets: { 1 } actions: { irq } };", 1, 29,
+     "port 'Q' is not H or V"),
+    ("module x { counts: { sum rx[H].bytes } targets: { 0 } actions: { irq } };", 1, 1,
+     "target 0 out of range"),
+    ("module x { counts: { sum rx[H].bytes } targets: { 1 } actions: { jump } };", 1, 66,
+     "unknown action 'jump'"),
+    ("module x { counts: { sum DAC[i].valid (i = 1 to n) } targets: { 1 } actions: { irq } };",
+     1, 49, "unknown parameter 'n'"),
+    ("module x { counts: { sum rx[H].bytes } targets: { 1 } actions: { irq } }", 1, 73,
+     "expected ';'"),
+    ("module x { counts: { sum rx[H].bytes } actions: { irq } };", 1, 1, "lacks targets"),
+    ("module x { counts: { sum rx[H].bytes } targets: { 1 } actions: { arm module[y] } };",
+     1, 66, "module 'y' is not defined"),
+    ("modul x {};", 1, 1, "expected 'module' or 'param'"),
+    ("module x { counts: { sum rx[H].bytes $ } };", 1, 38, "unexpected character '$'"),
+]
+
+
+@pytest.mark.parametrize("text,line,col,msg", BAD)
+def test_errors_give_line_and_column(text: str, line: int, col: int, msg: str) -> None:
+    with pytest.raises(CountActionError) as ei:
+        parse(text, source="p.ca")
+    e = ei.value
+    assert (e.line, e.col) == (line, col), str(e)
+    assert msg in str(e)
+    assert str(e).startswith(f"p.ca:{line}:{col}: ")
+
+
+def test_too_many_modules() -> None:
+    text = "".join(f"module m{i} {{ counts: {{ sum rx[H].bytes }} targets: {{ 1 }} "
+                   f"actions: {{ irq }} }};\n" for i in range(R.N_MODULES + 1))
+    with pytest.raises(CountActionError, match=f"{R.N_MODULES + 1} modules, the engine has"):
+        parse(text)
+
+
+names = st.sampled_from(["a", "b", "step0", "stream_x"])
+
+
+@st.composite
+def programs(draw: st.DrawFn) -> Program:
+    mods = draw(st.lists(names, min_size=1, max_size=4, unique=True))
+    prog = Program()
+    for name in mods:
+        b = prog.module(name, draw(st.integers(1, 2**32 - 1)), draw(st.booleans()))
+        for _ in range(draw(st.integers(1, R.N_SLOTS))):
+            kind = draw(st.sampled_from(["rx.bytes", "rx.transfers", "tx.done", "DAC.valid",
+                                         "module.fired"]))
+            if kind.startswith(("rx", "tx")):
+                src = draw(st.none() | st.integers(0, 4000)) if kind.startswith("rx") else None
+                b.count(kind, draw(st.sampled_from(["H", "V"])), src)
+            elif kind == "DAC.valid":
+                b.count(kind, draw(st.integers(0, 7)))
+            else:
+                b.count(kind, draw(st.sampled_from(mods)))
+        for _ in range(draw(st.integers(0, R.N_SLOTS))):
+            a = draw(st.sampled_from(["tune", "start", "stream", "irq", "arm", "reset"]))
+            if a == "tune":
+                b.act(a, draw(st.sampled_from(["H", "V"])), draw(st.integers(0, 63)))
+            elif a == "start":
+                b.act(a, draw(st.sampled_from(["H", "V"])))
+            elif a == "stream":
+                b.act(a, draw(st.integers(0, 7)))
+            elif a == "irq":
+                b.act(a)
+            else:
+                b.act(a, draw(st.sampled_from(mods)))
+    return prog
+
+
+@settings(max_examples=150, deadline=None)
+@given(programs())
+def test_round_trip(prog: Program) -> None:
+    text = prog.text()
+    again = parse(text)
+    assert again.modules == prog.modules
+    image = compile_program(again)
+    back = decompile(json.loads(json.dumps(image)))
+    assert back.modules == prog.modules
+    assert back.text() == text
+
+
+def test_collective_step_program() -> None:
+    p = collective_steps([("H", 1, 1000, "H", 1), ("H", 2, 500, None, None)])
+    img = compile_program(p)
+    r0 = img["modules"][0]["registers"]
+    assert r0["TARGET"] == 1000
+    assert r0["SRC0"] == 1 | (0 << 8) | ((1 + 1) << 16)  # rx bytes, port H, from node 1
+    assert r0["ACT0"] == 1 | (0 << 8) | (1 << 16)  # tune H to channel 1
+    assert r0["ACT1"] == 2  # start H
+    assert streamer(2).modules[0].target == 2
+
+
+def test_cli(tmp_path: Path, root: Path) -> None:
+    f = root / "fpga" / "programs" / "synchronized_data_streamer.ca"
+    r = CliRunner().invoke(main, ["countaction", "check", str(f)])
+    assert r.exit_code == 0 and "1 modules" in r.output
+    r = CliRunner().invoke(main, ["countaction", "compile", str(f), "--json"])
+    assert r.exit_code == 0
+    img = tmp_path / "img.json"
+    img.write_text(r.output)
+    r = CliRunner().invoke(main, ["countaction", "decompile", str(img)])
+    assert r.exit_code == 0
+    assert parse(r.output).modules == parse(f.read_text()).modules
+    r = CliRunner().invoke(main, ["countaction", "compile", str(f)])
+    assert "0x400C CA0_TARGET     0x00000002" in r.output
+    bad = tmp_path / "bad.ca"
+    bad.write_text("module x {\n counts: { sum rx[H].bytes }\n targets: { 1 }\n"
+                   " actions: { start tx[Z] }\n};\n")
+    r = CliRunner().invoke(main, ["countaction", "check", str(bad)])
+    assert r.exit_code == 2
+    assert f"error: {bad}:4:22: port 'Z' is not H or V" in r.output
+
+
+def test_regmap_doc_is_current(root: Path) -> None:
+    assert (root / "docs" / "regmap.md").read_text() == R.markdown()
+    offs = [r.offset for r in R.REGISTERS]
+    assert len(offs) == len(set(offs))
+    assert all(0 <= o < R.IP_RANGE and o % 4 == 0 for o in offs)
+    assert max(offs) < R.ROUTE_BASE or min(o for o in offs if o >= R.CA_BASE) >= (
+        R.ROUTE_BASE + 8 * R.ROUTE_ENTRIES)

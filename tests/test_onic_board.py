@@ -1,0 +1,272 @@
+"""The emulated O-NIC through unmodified pynq MMIO, and the driver's exact register traffic."""
+
+from __future__ import annotations
+
+import asyncio
+import struct
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import pynq
+import pytest
+
+from controller.clock import Clock
+from controller.devices import DeviceRefused
+from controller.messages import Flow, Grant
+from controller.topology import Grid
+from drivers.onic import IdentityMismatch, ONicDriver
+from fpga import regmap as R
+from fpga.countaction import Program, collective_steps, streamer
+from sim import backend as sim_backend
+from sim.clock import VirtualClockLoop
+from sim.onic_board import PLACEHOLDER_HASH, ONicBoard
+from sim.pynq_device import BASE_ADDR, EmulatedONicDevice
+from tests.helpers import make_testbed
+
+
+class Bench:
+    """Four emulated boards on a 1 x 4 row, each behind its own pynq device."""
+
+    def __init__(self, design_version: int = R.DESIGN_VERSION) -> None:
+        tb = make_testbed(1, 4, wavelengths=3, tuning_time_ns=10.5, guard_time_ns=2,
+                          propagation_ns=50)
+        self.grid = Grid.from_testbed(tb)
+        self.loop = VirtualClockLoop()
+        self.clock = Clock(self.loop)
+        self.st = sim_backend.build(tb, self.grid, self.clock, checker_mode="record")
+        self.st.wss["wss-row0"].set_table([[1, 2, 3], [2, 3, 0], [3, 0, 1], [0, 1, 2]])
+        idx = {n: i for i, n in enumerate(self.grid.nodes)}
+        self.boards = [ONicBoard(self.st.fabric, n, idx, design_version=design_version)
+                       for n in self.grid.nodes]
+        self.devs = [EmulatedONicDevice(b) for b in self.boards]
+        self.mmio = [pynq.MMIO(BASE_ADDR, R.IP_RANGE, device=d) for d in self.devs]
+        self.drv = [ONicDriver(m, n, self.grid.nodes) for m, n in zip(self.mmio, self.grid.nodes,
+                                                                     strict=True)]
+
+    def run_ns(self, ns: int) -> None:
+        self.loop.run_until_complete(asyncio.sleep(ns * 1e-9))
+
+    def grant(self, src: int, dst: int, flow: int, ch: int, nbytes: int | None = None) -> None:
+        """Tell the checker about a grant (as the bus would) and the flow (as a workload)."""
+        n = self.grid.nodes
+        if nbytes is not None:
+            self.st.checker.flow_started(Flow(flow, n[src], n[dst], nbytes))
+        self.st.checker.on_message(n[src], Grant(flow, 0, n[dst], n[src], "H", ch, 10**15))
+
+
+def test_identity_block_through_pynq() -> None:
+    b = Bench()
+    ident = b.drv[0].check_identity(bitstream_hash=PLACEHOLDER_HASH.hex())
+    assert ident["magic"] == R.MAGIC and ident["node_id"] == 0
+    assert b.drv[2].identity()["node_id"] == 2
+
+
+def test_wrong_design_version_is_a_clear_error() -> None:
+    b = Bench(design_version=(0 << 16) | 9)
+    with pytest.raises(IdentityMismatch, match=r"design version 0\.9 \(0x00000009\), driver "
+                                               r"expects 0\.1"):
+        b.drv[0].check_identity()
+    with pytest.raises(IdentityMismatch, match="bitstream hash"):
+        Bench().drv[0].check_identity(bitstream_hash="00" * 32)
+
+
+def test_access_semantics() -> None:
+    b = Bench()
+    m = b.mmio[0]
+    with pytest.raises(DeviceRefused, match="MAGIC is read-only"):
+        m.write(R.BY_NAME["MAGIC"].offset, 1)
+    assert m.read(R.BY_NAME["MAGIC"].offset) == R.MAGIC
+    m.write(R.BY_NAME["IRQ_ENABLE"].offset, 0xA5)  # RW
+    assert m.read(R.BY_NAME["IRQ_ENABLE"].offset) == 0xA5
+    assert m.read(R.BY_NAME["TXH_START"].offset) == 0  # SC reads 0
+    b.boards[0].regs[R.BY_NAME["ERROR"].offset] = 0b1011  # W1C
+    m.write(R.BY_NAME["ERROR"].offset, 0b0010)
+    assert m.read(R.BY_NAME["ERROR"].offset) == 0b1001
+    with pytest.raises(MemoryError, match="unaligned"):
+        b.devs[0].read_registers(BASE_ADDR + 2, 4)
+    with pytest.raises(MemoryError, match="outside onic_ctrl"):
+        b.devs[0].read_registers(BASE_ADDR + R.IP_RANGE, 4)
+
+
+def test_tuning_takes_its_time_and_refuses_transfers_meanwhile() -> None:
+    b = Bench()
+    d = b.drv[0]
+    t0 = d.timestamp_ns()
+    d.tune("H", 2)
+    assert d.tx_status("H") == {"tuning": True, "sending": False, "tuned": False, "channel": 0}
+    with pytest.raises(DeviceRefused, match="transfer refused"):
+        d.start_transfer("H", 3, 1000, 7)
+    assert b.mmio[0].read(R.BY_NAME["ERROR"].offset) == 0  # the driver cleared the flag
+    b.run_ns(11)
+    assert d.tx_status("H") == {"tuning": False, "sending": False, "tuned": True, "channel": 2}
+    assert d.last_tune_ns("H") == 11  # 10.5 ns, on a 1 ns clock
+    assert d.timestamp_ns() - t0 == 11
+    b.grant(0, 3, 7, 2, 125_000)
+    d.start_transfer("H", 3, 125_000, 7)  # 10 us on the wire
+    assert d.tx_status("H")["sending"]
+    b.run_ns(20_000)
+    assert d.counters("H")["tx_done"] == 1 and d.counters("H")["tx_bytes"] == 125_000
+    rx = b.drv[3].counters("H")
+    assert (rx["rx_done"], rx["rx_bytes"], rx["rx_src"]) == (1, 125_000, 0)
+    assert b.st.checker.violations == []
+
+
+def test_count_action_fires_exactly_at_target_then_disarms() -> None:
+    b = Bench()
+    prog = Program()
+    prog.module("got2", 2).count("rx.transfers", "H", 0).act("irq")
+    b.drv[1].load_countaction(prog)
+    assert b.drv[1].read_countaction(["got2"]).modules == prog.modules
+    d0 = b.drv[0]
+    d0.tune("H", 0)  # channel 0: node 0 -> node 1
+    b.run_ns(11)
+    for k in range(3):
+        b.grant(0, 1, k, 0)
+        d0.start_transfer("H", 1, 1000, k)
+        b.run_ns(200)
+        st = b.drv[1].ca_status(0)
+        assert st["fired"] == (k >= 1)
+        assert st["count"] == min(k + 1, 2)  # disarmed after firing: the third is not counted
+        assert st["armed"] == (k == 0)
+    assert b.drv[1].irq_status() & (1 << R.IRQ_BITS["CA_FIRED"])
+    b.mmio[1].write(R.CA_BASE + 0x04, 1)  # RESET
+    assert b.drv[1].ca_status(0) == {"armed": False, "fired": False, "fire_count": 0,
+                                     "count": 0}
+
+
+def test_auto_rearm_and_source_filter() -> None:
+    b = Bench()
+    prog = Program()
+    prog.module("every2", 2, auto_rearm=True).count("rx.transfers", "H", 3)
+    b.drv[1].load_countaction(prog)
+    d0, d3 = b.drv[0], b.drv[3]
+    d0.tune("H", 0)  # 0 -> 1
+    d3.tune("H", 1)  # 3 -> 1
+    b.run_ns(11)
+    for k in range(5):
+        b.grant(0, 1, 100 + k, 0)
+        d0.start_transfer("H", 1, 100, 100 + k)  # filtered out: from node 0
+        b.run_ns(200)
+        b.grant(3, 1, k, 1)
+        d3.start_transfer("H", 1, 100, k)
+        b.run_ns(200)
+    st = b.drv[1].ca_status(0)
+    assert (st["armed"], st["fire_count"], st["count"]) == (True, 2, 1)
+
+
+def test_step_program_tunes_and_starts_the_next_transfer() -> None:
+    """The collective-step action: on the last byte from the partner, tune and send on."""
+    b = Bench()
+    # node 1 waits for 4000 bytes from node 0, then tunes H to channel 1 (1 -> 3) and starts
+    b.drv[1].load_countaction(collective_steps([("H", 0, 4000, "H", 1)]))
+    b.mmio[1].write(R.BY_NAME["TXH_DST"].offset, 3)
+    b.mmio[1].write(R.BY_NAME["TXH_BYTES"].offset, 500)
+    b.mmio[1].write(R.BY_NAME["TXH_FLOW"].offset, 99)
+    b.grant(1, 3, 99, 1, 500)
+    b.drv[0].tune("H", 0)
+    b.run_ns(11)
+    b.grant(0, 1, 1, 0, 4000)
+    b.drv[0].start_transfer("H", 1, 4000, 1)  # 320 ns + 50 ns propagation
+    b.run_ns(371)
+    assert b.drv[1].tx_status("H")["tuning"]  # fired at arrival: now tuning
+    b.run_ns(11 + 40 + 2 + 50)
+    assert b.drv[3].counters("H")["rx_bytes"] == 500
+    assert b.st.checker.violations == []
+
+
+def test_synchronized_data_streamer_gate() -> None:
+    b = Bench()
+    b.drv[0].load_countaction(streamer(3))
+    board = b.boards[0]
+    board.set_dac_valid(1)
+    board.set_dac_valid(2)
+    assert board.streamed == []  # one DAC not ready: nothing streams
+    board.set_dac_valid(3)
+    assert [d for _, d in board.streamed] == [1, 2, 3]
+
+
+class Recording(EmulatedONicDevice):
+    """Records every register transaction, as PYNQ's mock devices do."""
+
+    def __init__(self, board: ONicBoard) -> None:
+        super().__init__(board, "recording")
+        self.log: list[tuple[str, int, int]] = []
+
+    def read_registers(self, address: int, length: int) -> bytes:
+        data = super().read_registers(address, length)
+        self.log.append(("r", address - BASE_ADDR, struct.unpack("<I", data)[0]))
+        return data
+
+    def write_registers(self, address: int, data: bytes) -> None:
+        self.log.append(("w", address - BASE_ADDR, struct.unpack("<I", data)[0]))
+        super().write_registers(address, data)
+
+    @contextmanager
+    def expect(self, transactions: list[tuple[str, str | int, int | None]]) -> Iterator[None]:
+        self.log.clear()
+        yield
+        want = [(k, R.BY_NAME[n].offset if isinstance(n, str) else n, v)
+                for k, n, v in transactions]
+        got = [(k, o, v if w is not None else None)
+               for (k, o, v), (_, _, w) in zip(self.log, want, strict=False)]
+        assert got == want, f"\n got  {self.log}\n want {want}"
+        assert len(self.log) == len(want)
+
+
+@pytest.fixture
+def rec() -> tuple[Bench, Recording, ONicDriver]:
+    b = Bench()
+    dev = Recording(b.boards[0])
+    return b, dev, ONicDriver(pynq.MMIO(BASE_ADDR, R.IP_RANGE, device=dev), "n0-0",
+                              b.grid.nodes)
+
+
+def test_driver_tune_transactions(rec: tuple[Bench, Recording, ONicDriver]) -> None:
+    _, dev, drv = rec
+    with dev.expect([("w", "TXV_CHANNEL", 5), ("w", "TXV_CMD", 1)]):
+        drv.tune("V", 5)
+
+
+def test_driver_start_transactions(rec: tuple[Bench, Recording, ONicDriver]) -> None:
+    b, dev, drv = rec
+    drv.tune("H", 1)
+    b.run_ns(11)
+    b.grant(0, 2, 0x1_0000_0007 & 0xFFFFFFFF, 1)
+    with dev.expect([("w", "TXH_DST", 2), ("w", "TXH_BYTES", 4096), ("w", "TXH_FLOW", 7),
+                     ("w", "TXH_START", 1), ("r", "ERROR", 0)]):
+        drv.start_transfer("H", 2, 4096, 0x1_0000_0007)
+
+
+def test_driver_refused_start_transactions(rec: tuple[Bench, Recording, ONicDriver]) -> None:
+    _, dev, drv = rec
+    drv.tune("H", 1)  # still tuning
+    bit = 1 << R.ERROR_BITS["TX_REFUSED_H"]
+    with dev.expect([("w", "TXH_DST", 2), ("w", "TXH_BYTES", 8), ("w", "TXH_FLOW", 1),
+                     ("w", "TXH_START", 1), ("r", "ERROR", bit), ("w", "ERROR", bit)]), \
+            pytest.raises(DeviceRefused):
+        drv.start_transfer("H", 2, 8, 1)
+
+
+def test_driver_timestamp_and_identity_transactions(
+        rec: tuple[Bench, Recording, ONicDriver]) -> None:
+    b, dev, drv = rec
+    b.run_ns(5_000_000_123)
+    lo = (5_000_000_123) & 0xFFFFFFFF
+    with dev.expect([("r", "TS_LO", lo), ("r", "TS_HI", 1)]):
+        assert drv.timestamp_ns() == 5_000_000_123
+    with dev.expect([("r", "MAGIC", R.MAGIC), ("r", "DESIGN_VERSION", R.DESIGN_VERSION),
+                     *[("r", f"BITSTREAM_HASH{i}", None) for i in range(8)],
+                     ("r", "NODE_ID", 0)]):
+        drv.identity()
+
+
+def test_driver_routes_round_trip_and_transactions(
+        rec: tuple[Bench, Recording, ONicDriver]) -> None:
+    _, dev, drv = rec
+    routes = {"n0-1": ("H", 0, "n0-1"), "n0-3": ("H", 2, "n0-3")}
+    w = [R.route_words(1, "H", 0, 1), R.route_words(3, "H", 2, 3)]
+    with dev.expect([("w", R.ROUTE_BASE, w[0][0]), ("w", R.ROUTE_BASE + 4, w[0][1]),
+                     ("w", R.ROUTE_BASE + 8, w[1][0]), ("w", R.ROUTE_BASE + 12, w[1][1]),
+                     ("w", R.ROUTE_BASE + 16, 0)]):
+        drv.load_routes(routes)
+    assert drv.read_routes() == routes
