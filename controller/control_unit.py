@@ -93,7 +93,8 @@ class ControlUnit:
         self.tx = {p: _Tx(p) for p in onic.ports}
         self.rx = {p: _Rx(p) for p in onic.ports}
         self.stats = {"requests": 0, "retries": 0, "grants": 0, "revoked": 0, "waits": 0,
-                      "stale_grants": 0, "relayed": 0, "releases_overdue": 0}
+                      "stale_grants": 0, "relayed": 0, "releases_overdue": 0,
+                      "unexpected_rx": 0}
         onic.attach(self)
         bus.attach(node, self.on_message)
 
@@ -125,7 +126,8 @@ class ControlUnit:
         assert f is not None and r is not None
         self.stats["requests"] += 1
         self.bus.send(self.node, r.next_hop,
-                      Request(f.id, f.hop, self.node, r.next_hop, tx.port, r.channel, f.nbytes))
+                      Request(f.id, f.hop, self.node, r.next_hop, tx.port, r.channel, f.nbytes,
+                              f.src, f.dst, f.iteration, f.step, f.t_submit))
         tx.timer = self.clock.call_later_ns(self.t.request_timeout_ns, self._request_timeout,
                                             tx, f)
 
@@ -195,7 +197,7 @@ class ControlUnit:
         key = (q.flow, q.hop)
         g = rx.granted
         if g is not None and (g.flow, g.hop) == key:
-            if not rx.data_done and self.onic.rx_flow(q.port) != key:
+            if not rx.data_done and not self.onic.rx_receiving(q.port, q.flow, q.hop):
                 self._grant(rx, q)  # our GRANT was lost: grant again with a fresh lease
             return
         if key in rx.done:
@@ -227,7 +229,7 @@ class ControlUnit:
         rx.lease_timer = None
         if rx.granted is not q or rx.data_done:
             return
-        if self.onic.rx_flow(rx.port) == (q.flow, q.hop):
+        if self.onic.rx_receiving(rx.port, q.flow, q.hop):
             return  # data is arriving
         self.stats["revoked"] += 1
         rx.granted = None
@@ -242,25 +244,35 @@ class ControlUnit:
                 return
         rx.granted = None
 
-    def on_rx_done(self, port: str, flow: Flow) -> None:
+    def on_rx_done(self, port: str, flow_id_lo: int, nbytes: int) -> None:
+        """The O-NIC took a whole transfer: it must be the one this receiver granted."""
         rx = self.rx[port]
-        key = (flow.id, flow.hop)
+        g = rx.granted
+        if g is None or g.flow & 0xFFFFFFFF != flow_id_lo:
+            self.stats["unexpected_rx"] += 1
+            log.error("%s/%s: received flow %#x that was not granted (granted %r)", self.node,
+                      port, flow_id_lo, g)
+            return
+        if nbytes != g.nbytes:
+            self.fail(FlowFailed(f"{self.node}/{port}: flow {g.flow} arrived with {nbytes} of "
+                                 f"{g.nbytes} bytes"))
+            return
+        key = (g.flow, g.hop)
         if key not in rx.done:
             rx.done.add(key)
             rx.done_order.append(key)
             if len(rx.done_order) > _DONE_MEMORY:
                 rx.done.discard(rx.done_order.popleft())
-        g = rx.granted
-        if g is not None and (g.flow, g.hop) == key:
-            rx.data_done = True
-            if rx.lease_timer is not None:
-                rx.lease_timer.cancel()
-                rx.lease_timer = None
-            if rx.released:
-                self._free(rx)
-            else:
-                rx.release_timer = self.clock.call_later_ns(self.t.release_timeout_ns,
-                                                            self._release_overdue, rx, g)
+        rx.data_done = True
+        if rx.lease_timer is not None:
+            rx.lease_timer.cancel()
+            rx.lease_timer = None
+        if rx.released:
+            self._free(rx)
+        else:
+            rx.release_timer = self.clock.call_later_ns(self.t.release_timeout_ns,
+                                                        self._release_overdue, rx, g)
+        flow = g.as_flow()
         if flow.dst == self.node:
             self.deliver(flow)
         else:

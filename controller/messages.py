@@ -37,6 +37,9 @@ class Flow:
 
 
 class Request(msgspec.Struct, tag="request", array_like=False, gc=False):
+    """Asks the next-hop receiver for its port; also describes the flow, so the receiver
+    knows what it is taking without parsing the data."""
+
     flow: int
     hop: int
     src: str  # requesting transmitter's node
@@ -44,6 +47,15 @@ class Request(msgspec.Struct, tag="request", array_like=False, gc=False):
     port: str
     channel: int
     nbytes: int
+    origin: str = ""  # the flow's source
+    final: str = ""  # the flow's final destination
+    iteration: int = 0
+    step: int = 0
+    t_submit: int = 0
+
+    def as_flow(self) -> Flow:
+        return Flow(self.flow, self.origin, self.final, self.nbytes, self.iteration, self.step,
+                    self.hop, self.t_submit)
 
 
 class Grant(msgspec.Struct, tag="grant", gc=False):

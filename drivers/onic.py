@@ -54,8 +54,8 @@ class ONicDriver:
 
     # --- transmitter and transfer engine ------------------------------------------------
     def tune(self, port: str, channel: int) -> None:
-        self.mmio.write(_off(f"TX{port}_CHANNEL"), channel)
-        self.mmio.write(_off(f"TX{port}_CMD"), 1)
+        """CHANNEL then CMD.TUNE, adjacent: one block write."""
+        self.mmio.write(_off(f"TX{port}_CHANNEL"), channel.to_bytes(4, "little") + b"\x01\0\0\0")
 
     def tx_status(self, port: str) -> dict[str, int | bool]:
         s = self.mmio.read(_off(f"TX{port}_STATUS"))
@@ -65,13 +65,14 @@ class ONicDriver:
     def last_tune_ns(self, port: str) -> int:
         return self.mmio.read(_off(f"TX{port}_TUNE_NS"))
 
-    def start_transfer(self, port: str, dst: int, nbytes: int, flow: int) -> None:
-        """Program and start a transfer; DeviceRefused if the board refuses it."""
+    def start_transfer(self, port: str, dst: int, nbytes: int, flow: int,
+                       header: tuple[int, ...] = (0,) * len(R.HEADER)) -> None:
+        """Load and start a transfer (one block write, START, one status read);
+        DeviceRefused if the board refuses it."""
         if not 0 <= nbytes < 2**32:
             raise ValueError(f"{nbytes} bytes does not fit the 32-bit TX_BYTES register")
-        self.mmio.write(_off(f"TX{port}_DST"), dst)
-        self.mmio.write(_off(f"TX{port}_BYTES"), nbytes)
-        self.mmio.write(_off(f"TX{port}_FLOW"), flow & 0xFFFFFFFF)
+        words = (dst, nbytes, flow & 0xFFFFFFFF, *header)
+        self.mmio.write(_off(f"TX{port}_DST"), b"".join(w.to_bytes(4, "little") for w in words))
         self.mmio.write(_off(f"TX{port}_START"), 1)
         bit = 1 << R.ERROR_BITS[f"TX_REFUSED_{port}"]
         if self.mmio.read(_off("ERROR")) & bit:
@@ -151,3 +152,73 @@ class ONicDriver:
         s = self.mmio.read(base + 0x08)
         return {"armed": bool(s & 1), "fired": bool(s & 2), "fire_count": (s >> 8) & 0xFF,
                 "count": self.mmio.read(base + 0x10)}
+
+
+class DriverONic:
+    """`controller.devices.ONic` over the register driver: what a control unit runs on.
+
+    Transfers carry the flow's header words; completion comes by interrupt: the board's
+    line calls `on_interrupt` (on a real board, a task awaiting `pynq.Interrupt`), which
+    reads and clears IRQ_STATUS and reports tuned / sent / received to the control unit.
+    """
+
+    _IRQS = ("TX_DONE_H", "TX_DONE_V", "RX_DONE_H", "RX_DONE_V", "TUNED_H", "TUNED_V")
+
+    def __init__(self, driver: ONicDriver, ports: tuple[str, ...]) -> None:
+        self.d = driver
+        self.node = driver.node
+        self.ports = ports
+        self.index = {n: i for i, n in enumerate(driver.nodes)}
+        self.inflight: dict[str, Any] = {}
+        self.events: Any = None
+        self._w = driver.mmio.write
+        self._r = driver.mmio.read
+        self._o = {name: _off(name) for name in R.BY_NAME}
+
+    def attach(self, events: Any) -> None:
+        self.events = events
+        mask = 0
+        for name in self._IRQS:
+            mask |= 1 << R.IRQ_BITS[name]
+        self._w(self._o["IRQ_ENABLE"], mask)
+
+    def identity(self) -> dict[str, str]:
+        ident = self.d.identity()
+        v = ident["design_version"]
+        return {"node": self.node, "design": f"oddl-onic-{v >> 16}.{v & 0xFFFF}",
+                "bitstream_hash": ident["bitstream_hash"], "ports": ",".join(self.ports)}
+
+    def tune(self, port: str, channel: int) -> None:
+        self.d.tune(port, channel)
+
+    def send(self, port: str, flow: Any) -> None:
+        hdr = (flow.id >> 32, self.index[flow.src], flow.hop | flow.step << 8,
+               flow.iteration & 0xFFFFFFFF, flow.t_submit & 0xFFFFFFFF, flow.t_submit >> 32)
+        self.inflight[port] = flow
+        self.d.start_transfer(port, self.index[flow.dst], flow.nbytes, flow.id, hdr)
+
+    def rx_receiving(self, port: str, flow: int, hop: int) -> bool:
+        """Is this flow's light arriving now? (A receiver sees one leg of a flow only.)"""
+        return self._r(self._o[f"RX{port}_CUR_FLOW"]) == flow & 0xFFFFFFFF
+
+    def load_routes(self, routes: dict[str, tuple[str, int, str]]) -> None:
+        self.d.load_routes(routes)
+
+    def read_routes(self) -> dict[str, tuple[str, int, str]]:
+        return self.d.read_routes()
+
+    def on_interrupt(self, _bit: int = 0) -> None:
+        o = self._o
+        status = self._r(o["IRQ_STATUS"])
+        if not status:
+            return
+        self._w(o["IRQ_STATUS"], status)  # W1C
+        for port in self.ports:
+            if status & (1 << R.IRQ_BITS[f"TUNED_{port}"]):
+                st = self._r(o[f"TX{port}_STATUS"])
+                self.events.on_tuned(port, (st >> 8) & 0xFF)
+            if status & (1 << R.IRQ_BITS[f"TX_DONE_{port}"]):
+                self.events.on_tx_done(port, self.inflight.pop(port))
+            if status & (1 << R.IRQ_BITS[f"RX_DONE_{port}"]):
+                self.events.on_rx_done(port, self._r(o[f"RX{port}_LAST_FLOW"]),
+                                       self._r(o[f"RX{port}_LAST_BYTES"]))

@@ -34,28 +34,44 @@ class Reg:
     reset: int = 0
 
 
+HEADER = ("flow id, high word", "original source node", "hop (bits 0-7) | step << 8",
+          "iteration", "submit time ns, low word", "submit time ns, high word")
+
+
 def _port_regs(p: str, base: int) -> list[Reg]:
+    # DST, BYTES, FLOW and the header words are contiguous: a driver loads a transfer with
+    # one block write, then writes START
     return [
         Reg(f"TX{p}_CHANNEL", base + 0x00, "RW", f"port {p}: wavelength channel to tune to"),
         Reg(f"TX{p}_CMD", base + 0x04, "SC", "bit0 TUNE: start tuning to TX_CHANNEL"),
         Reg(f"TX{p}_STATUS", base + 0x08, "RO",
             "bit0 TUNING, bit1 SENDING, bit2 TUNED (a channel is locked); bits 8-15 channel"),
-        Reg(f"TX{p}_DST", base + 0x0C, "RW", "transfer engine: destination node index"),
+        Reg(f"TX{p}_DST", base + 0x0C, "RW",
+            "transfer engine: final destination node index (carried in the header)"),
         Reg(f"TX{p}_BYTES", base + 0x10, "RW", "transfer engine: byte count"),
         Reg(f"TX{p}_FLOW", base + 0x14, "RW", "transfer engine: flow id (low 32 bits)"),
-        Reg(f"TX{p}_START", base + 0x18, "SC",
+        *[Reg(f"TX{p}_HDR{i}", base + 0x18 + 4 * i, "RW", f"header word {i} sent with the "
+              f"transfer: {HEADER[i]}") for i in range(len(HEADER))],
+        Reg(f"TX{p}_START", base + 0x30, "SC",
             "bit0 START; refused (ERROR bit TX_REFUSED) while tuning or sending"),
-        Reg(f"TX{p}_DONE_COUNT", base + 0x1C, "RO", "transfers completed"),
-        Reg(f"TX{p}_SENT_LO", base + 0x20, "RO", "bytes sent, low word"),
-        Reg(f"TX{p}_SENT_HI", base + 0x24, "RO", "bytes sent, high word"),
-        Reg(f"TX{p}_TUNE_NS", base + 0x28, "RO", "duration of the last tuning, ns"),
-        Reg(f"RX{p}_STATUS", base + 0x40, "RO", "bit0 BUSY (receiving)"),
-        Reg(f"RX{p}_SRC", base + 0x44, "RO", "source node index of the current/last transfer"),
-        Reg(f"RX{p}_BYTES_LO", base + 0x48, "RO", "bytes received, low word"),
-        Reg(f"RX{p}_BYTES_HI", base + 0x4C, "RO", "bytes received, high word"),
-        Reg(f"RX{p}_ERRORS", base + 0x50, "W1C", "receive error count (CRC); write 1s to clear"),
-        Reg(f"RX{p}_LAST_FLOW", base + 0x54, "RO", "flow id of the last completed transfer"),
-        Reg(f"RX{p}_DONE_COUNT", base + 0x58, "RO", "transfers received"),
+        Reg(f"TX{p}_DONE_COUNT", base + 0x34, "RO", "transfers completed"),
+        Reg(f"TX{p}_SENT_LO", base + 0x38, "RO", "bytes sent, low word"),
+        Reg(f"TX{p}_SENT_HI", base + 0x3C, "RO", "bytes sent, high word"),
+        Reg(f"TX{p}_TUNE_NS", base + 0x40, "RO", "duration of the last tuning, ns"),
+        Reg(f"RX{p}_STATUS", base + 0x50, "RO", "bit0 BUSY (receiving)"),
+        Reg(f"RX{p}_SRC", base + 0x54, "RO", "node the last transfer came from (this leg)"),
+        Reg(f"RX{p}_BYTES_LO", base + 0x58, "RO", "bytes received, low word"),
+        Reg(f"RX{p}_BYTES_HI", base + 0x5C, "RO", "bytes received, high word"),
+        Reg(f"RX{p}_ERRORS", base + 0x60, "W1C", "receive error count (CRC); write 1s to clear"),
+        Reg(f"RX{p}_LAST_FLOW", base + 0x64, "RO", "flow id of the last completed transfer"),
+        Reg(f"RX{p}_LAST_BYTES", base + 0x68, "RO", "byte count of the last received transfer"),
+        Reg(f"RX{p}_DONE_COUNT", base + 0x6C, "RO", "transfers received"),
+        Reg(f"RX{p}_CUR_FLOW", base + 0x70, "RO",
+            "flow id (low 32 bits) of the transfer being received; 0xFFFFFFFF when idle",
+            0xFFFFFFFF),
+        Reg(f"RX{p}_DST", base + 0x74, "RO", "final destination of the last received transfer"),
+        *[Reg(f"RX{p}_HDR{i}", base + 0x78 + 4 * i, "RO", f"header word {i} of the last "
+              f"received transfer") for i in range(len(HEADER))],
     ]
 
 
@@ -80,7 +96,7 @@ def _ca_regs() -> list[Reg]:
     return out
 
 
-PORT_BASE = {"H": 0x100, "V": 0x180}
+PORT_BASE = {"H": 0x100, "V": 0x200}
 ROUTE_BASE = 0x1000  # entry e: word0 at +8e = dst node | VALID<<31; word1 = see below
 CA_BASE = 0x4000
 CA_STRIDE = 0x80

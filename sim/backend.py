@@ -1,23 +1,35 @@
-"""The sim back end: device models in process, an in-process bus, one virtual clock."""
+"""The sim back end: emulated boards in process, the real drivers on top, one virtual clock.
+
+Each O-NIC is a register-accurate board (sim/onic_board.py) registered as a pynq device;
+the control units reach it through pynq MMIO and drivers/onic.py exactly as they reach a
+real board. WSSs are the in-process model; the bus is the in-process bus.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+import pynq
+
 from controller.clock import Clock
 from controller.config import Faults, Testbed
 from controller.topology import Grid
+from drivers.onic import DriverONic, ONicDriver
+from fpga import regmap as R
 from sim.bus import LocalBus
 from sim.fabric import Fabric
 from sim.invariants import InvariantChecker
-from sim.onic import SimONic
+from sim.onic_board import ONicBoard
+from sim.pynq_device import BASE_ADDR, EmulatedONicDevice
+from sim.wss import WSSModel
 
 
 @dataclass
 class SimTestbed:
     fabric: Fabric
-    onics: dict[str, SimONic]
-    wss: dict[str, object]
+    boards: dict[str, ONicBoard]
+    onics: dict[str, DriverONic]
+    wss: dict[str, WSSModel]
     bus: LocalBus
     checker: InvariantChecker
 
@@ -26,6 +38,13 @@ def build(tb: Testbed, grid: Grid, clock: Clock, faults: Faults | None = None, s
           checker_mode: str = "raise") -> SimTestbed:
     checker = InvariantChecker(mode=checker_mode)
     fabric = Fabric(tb, grid, clock, checker)
-    onics = {n: SimONic(fabric, n) for n in grid.nodes}
+    index = {n: i for i, n in enumerate(grid.nodes)}
+    boards: dict[str, ONicBoard] = {}
+    onics: dict[str, DriverONic] = {}
+    for n in grid.nodes:
+        board = boards[n] = ONicBoard(fabric, n, index)
+        mmio = pynq.MMIO(BASE_ADDR, R.IP_RANGE, device=EmulatedONicDevice(board))
+        onic = onics[n] = DriverONic(ONicDriver(mmio, n, grid.nodes), fabric.ports[n])
+        board.on_irq = onic.on_interrupt  # the interrupt line
     bus = LocalBus(clock, round(tb.control.latency_ns), faults, seed, tap=checker.on_message)
-    return SimTestbed(fabric, onics, dict(fabric.wss), bus, checker)
+    return SimTestbed(fabric, boards, onics, dict(fabric.wss), bus, checker)

@@ -31,10 +31,11 @@ class Transmitter:
 
 
 class Receiver:
-    __slots__ = ("current", "errors", "rx_bytes")
+    __slots__ = ("current", "errors", "rx_bytes", "src")
 
     def __init__(self) -> None:
         self.current: Flow | None = None
+        self.src: str | None = None  # the node whose light this receiver takes (last leg)
         self.rx_bytes = 0
         self.errors = 0
 
@@ -119,6 +120,7 @@ class Fabric:
         self.lit[key] = flow
         if rx is not None:
             rx.current = flow
+            rx.src = node
         self.transfers += 1
         self.bytes += flow.nbytes
         self.clock.call_at_ns(now + dur + self.guard_ns, self._tx_done, node, port, tx, flow)
@@ -140,7 +142,3 @@ class Fabric:
         rx.rx_bytes += flow.nbytes
         self.checker.on_arrival(self.clock.now_ns(), dst, flow, flow.nbytes)
         self.rx_handlers[dst](port, flow)
-
-    def rx_flow(self, node: str, port: str) -> tuple[int, int] | None:
-        f = self.rx[(node, port)].current
-        return None if f is None else (f.id, f.hop)

@@ -20,6 +20,13 @@ from sim.fabric import Fabric
 
 PLACEHOLDER_HASH = hashlib.sha256(b"oddl placeholder bitstream").digest()
 
+_SPECIAL = ("TS_", "_STATUS", "_CUR_FLOW")
+# registers that are plain storage on read / on write: the fast path of the bus decode
+_PLAIN_READ = frozenset(r.offset for r in R.REGISTERS if r.access != "SC"
+                        and not r.name.startswith("CA") and not any(k in r.name for k in _SPECIAL))
+_PLAIN_WRITE = frozenset(r.offset for r in R.REGISTERS if r.access == "RW"
+                         and not r.name.startswith("CA"))
+
 
 @dataclass
 class _CAModule:
@@ -54,13 +61,22 @@ class ONicBoard:
         self.start_after_tune: set[str] = set()  # CA "start" issued while its port tunes
         self.ts_hi_latch = 0
         self.streamed: list[tuple[int, int]] = []  # (t_ns, DAC) for Lightning
-        self.on_irq: Callable[[int], None] | None = None
+        self.on_irq: Callable[[int], None] | None = None  # the board's interrupt line
+        self._hdr_tx = {p: [R.BY_NAME[f"TX{p}_HDR{i}"].offset for i in range(len(R.HEADER))]
+                        for p in R.PORTS}
+        self._hdr_rx = {p: [R.BY_NAME[f"RX{p}_HDR{i}"].offset for i in range(len(R.HEADER))]
+                        for p in R.PORTS}
+        self._dst_off = {p: R.BY_NAME[f"TX{p}_DST"].offset for p in R.PORTS}
+        self._flow_off = {p: R.BY_NAME[f"TX{p}_FLOW"].offset for p in R.PORTS}
+        self._bytes_off = {p: R.BY_NAME[f"TX{p}_BYTES"].offset for p in R.PORTS}
         fabric.rx_handlers[node] = self._rx_done
         fabric.tx_handlers[node] = self._tx_done
         fabric.tuned_handlers[node] = self._tuned
 
     # --- bus access -------------------------------------------------------------------
     def read(self, off: int) -> int:
+        if off in _PLAIN_READ:
+            return self.regs[off]
         if R.ROUTE_BASE <= off < R.ROUTE_BASE + 8 * R.ROUTE_ENTRIES:
             return self.routes[(off - R.ROUTE_BASE) // 4]
         reg = R.BY_OFFSET.get(off)
@@ -81,10 +97,16 @@ class ONicBoard:
             return self._tx_status(name[2])
         if name.startswith("RX") and name.endswith("_STATUS"):
             return 1 if self.fabric.rx[(self.node, name[2])].current is not None else 0
+        if name.endswith("_CUR_FLOW"):
+            cur = self.fabric.rx[(self.node, name[2])].current
+            return 0xFFFFFFFF if cur is None else cur.id & 0xFFFFFFFF
         return self.regs[off]
 
     def write(self, off: int, value: int) -> None:
         value &= 0xFFFFFFFF
+        if off in _PLAIN_WRITE:
+            self.regs[off] = value
+            return
         if R.ROUTE_BASE <= off < R.ROUTE_BASE + 8 * R.ROUTE_ENTRIES:
             self.routes[(off - R.ROUTE_BASE) // 4] = value
             return
@@ -155,12 +177,16 @@ class ONicBoard:
             self._flag("ERROR", R.ERROR_BITS[f"TX_REFUSED_{p}"])
             self._flag("IRQ_STATUS", R.IRQ_BITS["ERROR"])
             return
-        dst = self._r(f"TX{p}_DST")
-        if dst >= len(self.nodes):
+        r = self.regs
+        o = self._hdr_tx[p]
+        dst, src = r[self._dst_off[p]], r[o[1]]
+        if dst >= len(self.nodes) or src >= len(self.nodes):
             self._flag("ERROR", R.ERROR_BITS["ROUTE_MISS"])
+            self._flag("IRQ_STATUS", R.IRQ_BITS["ERROR"])
             return
-        flow = Flow(self._r(f"TX{p}_FLOW"), self.node, self.nodes[dst], self._r(f"TX{p}_BYTES"),
-                    t_submit=self.clock.now_ns())
+        hs = r[o[2]]
+        flow = Flow(r[o[0]] << 32 | r[self._flow_off[p]], self.nodes[src], self.nodes[dst],
+                    r[self._bytes_off[p]], r[o[3]], hs >> 8, hs & 0xFF, r[o[5]] << 32 | r[o[4]])
         self.fabric.send(self.node, p, flow)
 
     def _tx_done(self, p: str, flow: Flow) -> None:
@@ -175,9 +201,17 @@ class ONicBoard:
         got = (self._r(f"RX{p}_BYTES_HI") << 32 | self._r(f"RX{p}_BYTES_LO")) + flow.nbytes
         self._set(f"RX{p}_BYTES_LO", got)
         self._set(f"RX{p}_BYTES_HI", got >> 32)
-        src = self.index[flow.src]
-        self._set(f"RX{p}_SRC", src)
+        leg_src = self.fabric.rx[(self.node, p)].src
+        hop_src = self.index[leg_src] if leg_src is not None else self.index[flow.src]
+        self._set(f"RX{p}_SRC", hop_src)
         self._set(f"RX{p}_LAST_FLOW", flow.id)
+        self._set(f"RX{p}_DST", self.index[flow.dst])
+        self._set(f"RX{p}_LAST_BYTES", flow.nbytes)
+        for off, v in zip(self._hdr_rx[p], (flow.id >> 32, self.index[flow.src],
+                                             flow.hop | flow.step << 8, flow.iteration,
+                                             flow.t_submit, flow.t_submit >> 32), strict=True):
+            self.regs[off] = v & 0xFFFFFFFF
+        src = hop_src
         self._set(f"RX{p}_DONE_COUNT", self._r(f"RX{p}_DONE_COUNT") + 1)
         self._flag("IRQ_STATUS", R.IRQ_BITS[f"RX_DONE_{p}"])
         self.signal(1, R.PORTS.index(p), flow.nbytes, src)

@@ -190,15 +190,20 @@ class Recording(EmulatedONicDevice):
 
     def __init__(self, board: ONicBoard) -> None:
         super().__init__(board, "recording")
-        self.log: list[tuple[str, int, int]] = []
+        self.log: list[tuple[str, int, int]] = []  # one entry per 32-bit word
+        self.calls: list[str] = []  # one entry per device call
 
     def read_registers(self, address: int, length: int) -> bytes:
         data = super().read_registers(address, length)
-        self.log.append(("r", address - BASE_ADDR, struct.unpack("<I", data)[0]))
+        self.calls.append(f"read {length} B")
+        for i, (v,) in enumerate(struct.iter_unpack("<I", data)):
+            self.log.append(("r", address - BASE_ADDR + 4 * i, v))
         return data
 
     def write_registers(self, address: int, data: bytes) -> None:
-        self.log.append(("w", address - BASE_ADDR, struct.unpack("<I", data)[0]))
+        self.calls.append(f"write {len(data)} B")
+        for i, (v,) in enumerate(struct.iter_unpack("<I", data)):
+            self.log.append(("w", address - BASE_ADDR + 4 * i, v))
         super().write_registers(address, data)
 
     @contextmanager
@@ -225,6 +230,7 @@ def test_driver_tune_transactions(rec: tuple[Bench, Recording, ONicDriver]) -> N
     _, dev, drv = rec
     with dev.expect([("w", "TXV_CHANNEL", 5), ("w", "TXV_CMD", 1)]):
         drv.tune("V", 5)
+    assert dev.calls == ["write 8 B"]
 
 
 def test_driver_start_transactions(rec: tuple[Bench, Recording, ONicDriver]) -> None:
@@ -232,9 +238,11 @@ def test_driver_start_transactions(rec: tuple[Bench, Recording, ONicDriver]) -> 
     drv.tune("H", 1)
     b.run_ns(11)
     b.grant(0, 2, 0x1_0000_0007 & 0xFFFFFFFF, 1)
-    with dev.expect([("w", "TXH_DST", 2), ("w", "TXH_BYTES", 4096), ("w", "TXH_FLOW", 7),
-                     ("w", "TXH_START", 1), ("r", "ERROR", 0)]):
-        drv.start_transfer("H", 2, 4096, 0x1_0000_0007)
+    block = [("w", "TXH_DST", 2), ("w", "TXH_BYTES", 4096), ("w", "TXH_FLOW", 7),
+             *[("w", f"TXH_HDR{i}", v) for i, v in enumerate((1, 0, 3 | 5 << 8, 9, 11, 0))]]
+    with dev.expect([*block, ("w", "TXH_START", 1), ("r", "ERROR", 0)]):
+        drv.start_transfer("H", 2, 4096, 0x1_0000_0007, (1, 0, 3 | 5 << 8, 9, 11, 0))
+    assert dev.calls[-3:] == ["write 36 B", "write 4 B", "read 4 B"]  # one block write
 
 
 def test_driver_refused_start_transactions(rec: tuple[Bench, Recording, ONicDriver]) -> None:
@@ -242,6 +250,7 @@ def test_driver_refused_start_transactions(rec: tuple[Bench, Recording, ONicDriv
     drv.tune("H", 1)  # still tuning
     bit = 1 << R.ERROR_BITS["TX_REFUSED_H"]
     with dev.expect([("w", "TXH_DST", 2), ("w", "TXH_BYTES", 8), ("w", "TXH_FLOW", 1),
+                     *[("w", f"TXH_HDR{i}", 0) for i in range(6)],
                      ("w", "TXH_START", 1), ("r", "ERROR", bit), ("w", "ERROR", bit)]), \
             pytest.raises(DeviceRefused):
         drv.start_transfer("H", 2, 8, 1)
