@@ -6,11 +6,13 @@ Every operation is a short, fixed sequence of register reads and writes on `onic
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from controller.devices import DeviceRefused
 from fpga import regmap as R
 from fpga.countaction import Program, compile_program, decompile, image_writes
+from fpga.overlay import check_ip_dict
 
 
 class IdentityMismatch(RuntimeError):
@@ -222,3 +224,19 @@ class DriverONic:
             if status & (1 << R.IRQ_BITS[f"RX_DONE_{port}"]):
                 self.events.on_rx_done(port, self._r(o[f"RX{port}_LAST_FLOW"]),
                                        self._r(o[f"RX{port}_LAST_BYTES"]))
+
+
+def open_onic(bitfile: str | Path, device: Any = None, node: str = "",
+              nodes: list[str] | None = None, download: bool = True,
+              design_version: int = R.DESIGN_VERSION,
+              bitstream_hash: str | None = None) -> ONicDriver:
+    """Load the O-NIC overlay with pynq, hold its .hwh to the register map and the board's
+    identity block to the expected design, and return a driver on `onic_ctrl`."""
+    import pynq
+
+    ol = pynq.Overlay(str(bitfile), device=device, download=download)
+    ip = check_ip_dict(ol.ip_dict, str(Path(bitfile).with_suffix(".hwh")))
+    drv = ONicDriver(pynq.MMIO(ip["phys_addr"], ip["addr_range"], device=ol.device), node,
+                     nodes)
+    drv.check_identity(design_version, bitstream_hash)
+    return drv

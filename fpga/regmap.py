@@ -14,6 +14,7 @@ from typing import Literal
 Access = Literal["RO", "RW", "W1C", "SC"]
 
 IP_NAME = "onic_ctrl"
+IP_BASE = 0xA000_0000  # on M_AXI_HPM0_FPD of a Zynq UltraScale+ PS
 IP_RANGE = 0x10000
 MAGIC = 0x0DD1_0A1C
 DESIGN_VERSION = (0 << 16) | 1  # major.minor = 0.1

@@ -19,15 +19,39 @@ BASE_ADDR = 0xA000_0000
 _U32 = struct.Struct("<I")  # where the overlay places onic_ctrl (the .hwh says so)
 
 
+# The Zynq UltraScale+ PS clock blocks pynq programs when an overlay is downloaded (CRL_APB,
+# CRF_APB), with reset values of a typical board: 33.333 MHz reference, IOPLL 1500 MHz,
+# RPLL 1200, APLL 1200, DPLL 1050, VPLL 1500; PL0 at 100 MHz.
+_PS_BLOCKS = {0xFF5E0000: 0x100, 0xFD1A0000: 0x100}
+
+
+def _pll(fbdiv: int) -> int:
+    return (fbdiv << 8) | (1 << 16)  # DIV2 set, PRE_SRC 0
+
+
+_PS_RESET = {
+    0xFF5E0020: _pll(90), 0xFF5E0030: _pll(72),  # IOPLL_CTRL, RPLL_CTRL
+    **{0xFF5E00C0 + 4 * i: (1 << 24) | (1 << 16) | (15 << 8) for i in range(4)},  # PLx_REF
+    0xFD1A0020: _pll(72), 0xFD1A002C: _pll(63), 0xFD1A0038: _pll(90),  # APLL, DPLL, VPLL
+    0xFD1A0060: (1 << 8),  # ACPU_CTRL: divisor 1 from APLL
+}
+
+
 class EmulatedONicDevice(Device):
     _probe_priority_ = 917  # unique among pynq's device classes
     registry: ClassVar[list[EmulatedONicDevice]] = []
+    arch = "aarch64"  # a Zynq UltraScale+ board, as far as pynq's clock code is concerned
 
     def __init__(self, board: ONicBoard, tag: str | None = None) -> None:
         super().__init__(tag or f"oddl-emu-{board.node}")
         self.board = board
         self.capabilities = {"REGISTER_RW": True}
         self.name = f"oddl emulated O-NIC {board.node}"
+        self.ps_regs = dict(_PS_RESET)
+
+    @staticmethod
+    def _in_ps(address: int) -> bool:
+        return any(b <= address < b + n for b, n in _PS_BLOCKS.items())
 
     @classmethod
     def _probe_(cls) -> list[EmulatedONicDevice]:
@@ -52,11 +76,46 @@ class EmulatedONicDevice(Device):
         off = address - BASE_ADDR
         if length == 4 and 0 <= off < R.IP_RANGE and not off & 3:  # the common case
             return _U32.pack(self.board.read(off))
+        if self._in_ps(address):
+            return b"".join(_U32.pack(self.ps_regs.get(address + 4 * i, 0))
+                            for i in range(length // 4))
         off = self._offset(address, length)
         return b"".join(struct.pack("<I", self.board.read(off + 4 * i))
                         for i in range(length // 4))
 
     def write_registers(self, address: int, data: bytes) -> None:
+        if self._in_ps(address):
+            for i, (v,) in enumerate(struct.iter_unpack("<I", data)):
+                self.ps_regs[address + 4 * i] = v
+            return
         off = self._offset(address, len(data))
         for i, (v,) in enumerate(struct.iter_unpack("<I", data)):
             self.board.write(off + 4 * i, v)
+
+
+def _metadata(bitfile_name: str):  # type: ignore[no-untyped-def]
+    from pathlib import Path
+
+    from pynqmetadata.frontends import Metadata
+    from pynqmetadata.views.runtime.runtime_metadata_parser import RuntimeMetadataParser
+
+    hwh = Path(bitfile_name).with_suffix(".hwh")
+    if not hwh.is_file():
+        raise FileNotFoundError(f"no overlay metadata {hwh} beside {bitfile_name}")
+    return RuntimeMetadataParser(Metadata(input=str(hwh)))
+
+
+def _download(self: EmulatedONicDevice, bitstream, parser=None) -> None:  # type: ignore[no-untyped-def]
+    """'Configure' the emulated FPGA: the hash register takes the bitstream's SHA-256."""
+    from fpga.overlay import bitstream_hash
+
+    digest = bitstream_hash(bitstream.bitfile_name)
+    for i in range(8):
+        self.board.regs[R.BY_NAME[f"BITSTREAM_HASH{i}"].offset] = int.from_bytes(
+            digest[4 * i: 4 * i + 4], "big")
+    self.board.loaded_bitstream = bitstream.bitfile_name
+    self.post_download(bitstream, parser)
+
+
+EmulatedONicDevice.get_bitfile_metadata = lambda self, name: _metadata(name)  # type: ignore[method-assign]
+EmulatedONicDevice.download = _download  # type: ignore[attr-defined]
