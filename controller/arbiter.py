@@ -14,6 +14,7 @@ from controller.devices import ONic, WSSDevice
 from controller.plan import Plan
 from controller.planner import plan_job
 from controller.topology import Grid
+from fpga.countaction import Program
 
 
 class InventoryError(RuntimeError):
@@ -69,17 +70,24 @@ class Arbiter:
         plan.validate(self.grid)
         return plan
 
-    def apply(self, plan: Plan) -> None:
+    def apply(self, plan: Plan, programs: dict[str, Program] | None = None) -> None:
+        """WSS tables, routes and count-action programs in; everything read back."""
         plan.validate(self.grid)
         for t in plan.wss:
             self.wss[t.wss].set_table(t.table)
         for node, routes in plan.routes.items():
             self.onics[node].load_routes({d: (r.port, r.channel, r.next_hop)
                                           for d, r in routes.items()})
-        self.verify(plan)
+        for node, prog in (programs or {}).items():
+            self.onics[node].load_countaction(prog)
+        self.verify(plan, programs)
 
-    def verify(self, plan: Plan) -> None:
+    def verify(self, plan: Plan, programs: dict[str, Program] | None = None) -> None:
         diffs = []
+        for node, prog in (programs or {}).items():
+            back = self.onics[node].read_countaction()
+            if back.modules != prog.modules:
+                diffs.append(f"O-NIC {node}: count-action program differs on read-back")
         for t in plan.wss:
             got = self.wss[t.wss].get_table()
             for i, row in enumerate(t.table):

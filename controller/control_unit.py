@@ -158,9 +158,10 @@ class ControlUnit:
         if tx.timer is not None:
             tx.timer.cancel()
             tx.timer = None
-        if tune:
-            tx.state = TUNING
-            self.onic.tune(tx.port, g.channel)
+        if tune:  # the O-NIC tunes and starts the moment the channel locks
+            tx.state = SENDING
+            tx.channel = g.channel
+            self.onic.tune_and_send(tx.port, g.channel, f)
         else:
             tx.state = SENDING
             self.onic.send(tx.port, f)

@@ -24,6 +24,8 @@ from controller.plan import Plan
 from controller.results import FlowRow, RunStore
 from controller.topology import Grid
 from controller.workloads import CollectiveEngine, model_spec, total_iterations
+from fpga.countaction import step_sync
+from fpga.regmap import N_MODULES
 
 
 class RunFailed(RuntimeError):
@@ -95,6 +97,7 @@ class _NetworkRun:
         tb, exp = ctx.testbed, ctx.experiment
         ranks = grid.nodes[: len(schedule)]
         self.plan: Plan | None = None
+        self.nic_sync = False
         self.stats: Callable[[], dict[str, Any]]
         if spec.kind == "oddl":
             from sim import backend as sim_backend
@@ -104,14 +107,24 @@ class _NetworkRun:
             arb = Arbiter(tb, grid, st.onics, st.wss)  # type: ignore[arg-type]
             arb.inventory()
             self.plan = arb.plan(schedule, spec.strategy)
-            arb.apply(self.plan)
+            # step synchronisation runs on the O-NICs' count-action engines when the
+            # schedule fits them; otherwise the host counts deliveries
+            self.nic_sync = all(0 < len(s) <= N_MODULES and all(st_.recv_bytes > 0 for st_ in s)
+                                for s in schedule)
+            programs = ({n: step_sync([st_.recv_bytes for st_ in schedule[r]])
+                         for r, n in enumerate(ranks)} if self.nic_sync else None)
+            arb.apply(self.plan, programs)
             o, c = tb.optical, tb.control
             timing = Timing(math.ceil(o.tuning_time_ns), math.ceil(o.guard_time_ns),
                             math.ceil(o.propagation_ns), math.ceil(c.request_timeout_ns),
                             math.ceil(c.request_timeout_ns), math.ceil(c.grant_lease_ns),
                             c.max_retries)
             self.engine = CollectiveEngine(self.clock, schedule, ranks, self._submit_oddl,
-                                           self.checker.flow_started)
+                                           self.checker.flow_started, self.nic_sync)
+            if self.nic_sync:
+                for n in ranks:
+                    st.onics[n].on_module_fired = (
+                        lambda slot, n=n: self.engine.module_fired(n, slot))
             self.cus = {n: ControlUnit(n, self.clock, st.bus, st.onics[n],
                                        self.plan.routes.get(n, {}), timing,
                                        self.engine.on_delivered, self._fail)
@@ -123,7 +136,10 @@ class _NetworkRun:
                 for cu in self.cus.values():
                     for k, v in cu.stats.items():
                         agg[k] = agg.get(k, 0) + v
-                return {**agg, "messages_dropped": bus.dropped, "messages_delayed": bus.delayed,
+                fires = sum(m.fire_count for b in st.boards.values() for m in b.ca)
+                return {**agg, "step_sync": "o-nic count-action" if self.nic_sync else "host",
+                        "count_action_fires": fires,
+                        "messages_dropped": bus.dropped, "messages_delayed": bus.delayed,
                         "transfers": fabric.transfers,
                         "tunes": sum(t.tunes for t in fabric.tx.values())}
 

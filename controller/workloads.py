@@ -45,7 +45,9 @@ class CollectiveEngine:
 
     def __init__(self, clock: Clock, schedule: Schedule, ranks: list[str],
                  submit: Callable[[Flow], None], on_flow_start: Callable[[Flow], None] | None
-                 = None) -> None:
+                 = None, nic_sync: bool = False) -> None:
+        """nic_sync: step completion comes from each O-NIC's count-action engine
+        (`module_fired`), not from counting deliveries here."""
         self.clock = clock
         self.schedule = schedule
         self.ranks = ranks
@@ -61,6 +63,8 @@ class CollectiveEngine:
         self.on_done: Callable[[int], None] | None = None
         self.on_delivered_hook: Callable[[Flow, int], None] | None = None
         self.t_start = 0
+        self.nic_sync = nic_sync
+        self.fired: list[list[bool]] = []
 
     def start_iteration(self, iteration: int, compute_ns: int,
                         on_done: Callable[[int], None]) -> None:
@@ -70,6 +74,8 @@ class CollectiveEngine:
         self.step = [0] * n
         self.issued = [-1] * n
         self.recv = [[0] * len(s) for s in self.schedule]
+        if self.nic_sync:
+            self.fired = [[False] * len(s) for s in self.schedule]
         self.pending = n
         self.t_start = self.clock.now_ns()
         for r in range(n):
@@ -95,8 +101,9 @@ class CollectiveEngine:
                     if self.on_flow_start is not None:
                         self.on_flow_start(f)
                     self.submit(f)
-            if self.recv[r][s] < steps[s].recv_bytes:
-                return  # count not reached: wait for on_delivered
+            if not (self.fired[r][s] if self.nic_sync else
+                    self.recv[r][s] >= steps[s].recv_bytes):
+                return  # count not reached: wait for the O-NIC (or on_delivered)
             self.step[r] = s + 1
 
     def on_delivered(self, flow: Flow) -> None:
@@ -106,6 +113,20 @@ class CollectiveEngine:
             self.on_delivered_hook(flow, self.clock.now_ns())
         got = self.recv[r][s] + flow.nbytes
         self.recv[r][s] = got
+        if self.nic_sync:
+            return
         if s == self.step[r] and self.issued[r] == s and got >= self.schedule[r][s].recv_bytes:
             self.step[r] = s + 1
+            self._run_steps(r)
+
+    def module_fired(self, node: str, slot: int) -> None:
+        """The O-NIC of `node` says: every byte of step `slot` has arrived."""
+        r = self.rank_of[node]
+        if self.recv[r][slot] != self.schedule[r][slot].recv_bytes:
+            raise RuntimeError(f"{node}: count-action fired for step {slot} with "
+                               f"{self.recv[r][slot]} of {self.schedule[r][slot].recv_bytes} "
+                               f"bytes delivered")
+        self.fired[r][slot] = True
+        if slot == self.step[r] and self.issued[r] == slot:
+            self.step[r] = slot + 1
             self._run_steps(r)

@@ -59,6 +59,18 @@ class ONicDriver:
         """CHANNEL then CMD.TUNE, adjacent: one block write."""
         self.mmio.write(_off(f"TX{port}_CHANNEL"), channel.to_bytes(4, "little") + b"\x01\0\0\0")
 
+    def tune_and_start(self, port: str, channel: int, dst: int, nbytes: int, flow: int,
+                       header: tuple[int, ...] = (0,) * len(R.HEADER)) -> None:
+        """Load a transfer, then TUNE|THEN_START: the board sends once the channel locks
+        (no host round trip between a 10 ns tune and the start)."""
+        words = (dst, nbytes, flow & 0xFFFFFFFF, *header)
+        self.mmio.write(_off(f"TX{port}_DST"), b"".join(w.to_bytes(4, "little") for w in words))
+        self.mmio.write(_off(f"TX{port}_CHANNEL"), channel.to_bytes(4, "little") + b"\x03\0\0\0")
+        bit = 1 << R.ERROR_BITS[f"TX_REFUSED_{port}"]
+        if self.mmio.read(_off("ERROR")) & bit:
+            self.mmio.write(_off("ERROR"), bit)  # W1C
+            raise DeviceRefused(f"{self.node}/{port}: tune refused (busy)")
+
     def tx_status(self, port: str) -> dict[str, int | bool]:
         s = self.mmio.read(_off(f"TX{port}_STATUS"))
         return {"tuning": bool(s & 1), "sending": bool(s & 2), "tuned": bool(s & 4),
@@ -164,7 +176,9 @@ class DriverONic:
     reads and clears IRQ_STATUS and reports tuned / sent / received to the control unit.
     """
 
-    _IRQS = ("TX_DONE_H", "TX_DONE_V", "RX_DONE_H", "RX_DONE_V", "TUNED_H", "TUNED_V")
+    # TUNED_* is enabled only while a caller awaits an explicit tune(); a tune issued with
+    # THEN_START needs no interrupt of its own (TX_DONE follows)
+    _IRQS = ("TX_DONE_H", "TX_DONE_V", "RX_DONE_H", "RX_DONE_V", "CA_FIRED")
 
     def __init__(self, driver: ONicDriver, ports: tuple[str, ...]) -> None:
         self.d = driver
@@ -173,16 +187,27 @@ class DriverONic:
         self.index = {n: i for i, n in enumerate(driver.nodes)}
         self.inflight: dict[str, Any] = {}
         self.events: Any = None
+        self.on_module_fired: Any = None  # called with the slot of each count-action firing
+        self.tuning: dict[str, int] = {}  # port -> channel we asked it to tune to
+        self._mask = 0
+        self._ca_names: list[str] = []
         self._w = driver.mmio.write
         self._r = driver.mmio.read
         self._o = {name: _off(name) for name in R.BY_NAME}
 
     def attach(self, events: Any) -> None:
         self.events = events
-        mask = 0
+        self._mask = 0
         for name in self._IRQS:
-            mask |= 1 << R.IRQ_BITS[name]
-        self._w(self._o["IRQ_ENABLE"], mask)
+            self._mask |= 1 << R.IRQ_BITS[name]
+        self._w(self._o["IRQ_ENABLE"], self._mask)
+
+    def _enable_tuned(self, port: str, on: bool) -> None:
+        bit = 1 << R.IRQ_BITS[f"TUNED_{port}"]
+        mask = self._mask | bit if on else self._mask & ~bit
+        if mask != self._mask:
+            self._mask = mask
+            self._w(self._o["IRQ_ENABLE"], mask)
 
     def identity(self) -> dict[str, str]:
         ident = self.d.identity()
@@ -191,6 +216,8 @@ class DriverONic:
                 "bitstream_hash": ident["bitstream_hash"], "ports": ",".join(self.ports)}
 
     def tune(self, port: str, channel: int) -> None:
+        self.tuning[port] = channel
+        self._enable_tuned(port, True)
         self.d.tune(port, channel)
 
     def send(self, port: str, flow: Any) -> None:
@@ -198,6 +225,12 @@ class DriverONic:
                flow.iteration & 0xFFFFFFFF, flow.t_submit & 0xFFFFFFFF, flow.t_submit >> 32)
         self.inflight[port] = flow
         self.d.start_transfer(port, self.index[flow.dst], flow.nbytes, flow.id, hdr)
+
+    def tune_and_send(self, port: str, channel: int, flow: Any) -> None:
+        hdr = (flow.id >> 32, self.index[flow.src], flow.hop | flow.step << 8,
+               flow.iteration & 0xFFFFFFFF, flow.t_submit & 0xFFFFFFFF, flow.t_submit >> 32)
+        self.inflight[port] = flow
+        self.d.tune_and_start(port, channel, self.index[flow.dst], flow.nbytes, flow.id, hdr)
 
     def rx_receiving(self, port: str, flow: int, hop: int) -> bool:
         """Is this flow's light arriving now? (A receiver sees one leg of a flow only.)"""
@@ -209,6 +242,13 @@ class DriverONic:
     def read_routes(self) -> dict[str, tuple[str, int, str]]:
         return self.d.read_routes()
 
+    def load_countaction(self, prog: Program) -> None:
+        self.d.load_countaction(prog)
+        self._ca_names = [m.name for m in prog.modules]
+
+    def read_countaction(self) -> Program:
+        return self.d.read_countaction(self._ca_names)
+
     def on_interrupt(self, _bit: int = 0) -> None:
         o = self._o
         status = self._r(o["IRQ_STATUS"])
@@ -216,14 +256,28 @@ class DriverONic:
             return
         self._w(o["IRQ_STATUS"], status)  # W1C
         for port in self.ports:
-            if status & (1 << R.IRQ_BITS[f"TUNED_{port}"]):
-                st = self._r(o[f"TX{port}_STATUS"])
-                self.events.on_tuned(port, (st >> 8) & 0xFF)
+            if status & (1 << R.IRQ_BITS[f"TUNED_{port}"]) & self._mask:
+                ch = self.tuning.pop(port, None)
+                self._enable_tuned(port, False)
+                if ch is None:  # a tune we did not ask for (a count-action): ask the board
+                    ch = (self._r(o[f"TX{port}_STATUS"]) >> 8) & 0xFF
+                self.events.on_tuned(port, ch)
             if status & (1 << R.IRQ_BITS[f"TX_DONE_{port}"]):
                 self.events.on_tx_done(port, self.inflight.pop(port))
             if status & (1 << R.IRQ_BITS[f"RX_DONE_{port}"]):
                 self.events.on_rx_done(port, self._r(o[f"RX{port}_LAST_FLOW"]),
                                        self._r(o[f"RX{port}_LAST_BYTES"]))
+        # count-action fires last: a step completes only after its deliveries are handled
+        if status & (1 << R.IRQ_BITS["CA_FIRED"]):
+            fired = status >> R.IRQ_MODULE_SHIFT
+            if self.on_module_fired is not None:
+                m = 0
+                while fired:
+                    if fired & 1:
+                        self.on_module_fired(m)
+                    fired >>= 1
+                    m += 1
+
 
 
 def open_onic(bitfile: str | Path, device: Any = None, node: str = "",

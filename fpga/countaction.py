@@ -14,6 +14,8 @@ come from `param NAME = VALUE;` lines or from the caller.
 Signals (what a count sums):
     rx[P].bytes [(src = NODE)]      bytes received on port P (H or V), optionally from NODE
     rx[P].transfers [(src = NODE)]  transfers received on port P
+    rx[any].delivered (step = S)    bytes delivered to this node (final leg) for collective
+                                    step S, on either port
     tx[P].done                      transfers sent on port P
     DAC[i].valid                    DAC i's valid flag (Lightning)
     module[NAME].fired              another module fired
@@ -34,7 +36,8 @@ from dataclasses import dataclass, field
 from fpga import regmap as R
 
 SIGNALS = {("rx", "bytes"): 1, ("rx", "transfers"): 2, ("tx", "done"): 3,
-           ("DAC", "valid"): 4, ("module", "fired"): 5}
+           ("DAC", "valid"): 4, ("module", "fired"): 5, ("rx", "delivered"): 6}
+ANY_PORT = "any"  # rx[any]: either optical port
 SIGNAL_NAMES = {v: k for k, v in SIGNALS.items()}
 ACTIONS = {"tune": 1, "start": 2, "stream": 3, "irq": 4, "arm": 5, "reset": 6}
 ACTION_NAMES = {v: k for k, v in ACTIONS.items()}
@@ -53,12 +56,13 @@ class CountActionError(Exception):
 class Source:
     signal: str  # "rx.bytes", "DAC.valid", ...
     index: int | str  # port name, DAC number or module name
-    src_node: int | None = None
+    src_node: int | None = None  # for rx.delivered: the step number
     pos: tuple[int, int] = field(default=(0, 0), compare=False)  # line, column in the text
 
     def text(self) -> str:
         kind, fld = self.signal.split(".")
-        f = f" (src = {self.src_node})" if self.src_node is not None else ""
+        key = "step" if self.signal == "rx.delivered" else "src"
+        f = f" ({key} = {self.src_node})" if self.src_node is not None else ""
         return f"sum {kind}[{self.index}].{fld}{f}"
 
 
@@ -309,7 +313,8 @@ class _Parser:
         if t.kind == "ident" and t.value in ("H", "V"):
             self.next()
             idx: str | int = t.value
-        elif t.kind == "ident" and name.value == "module":
+        elif t.kind == "ident" and (name.value == "module"
+                                    or (name.value == "rx" and t.value == ANY_PORT)):
             self.next()
             idx = t.value
         elif (t.kind == "ident" and name.value in ("rx", "tx") and t.value not in env
@@ -352,7 +357,7 @@ class _Parser:
     def _is_range_at(self, i: int) -> bool:
         t = self.toks
         return (t[i].value == "(" and t[i + 1].kind == "ident" and t[i + 2].value == "="
-                and t[i + 1].value != "src")
+                and t[i + 1].value not in ("src", "step"))
 
     def _peek_loop(self) -> bool:
         j = self.i
@@ -376,9 +381,13 @@ class _Parser:
                     raise self.err(f"unknown signal {name.value}[..].{fld} (known: {known})",
                                    name)
                 src = None
-                if self.peek().value == "(" and self.toks[self.i + 1].value == "src":
+                if self.peek().value == "(" and self.toks[self.i + 1].value in ("src", "step"):
                     self.next()
-                    self.next()
+                    key = self.next()
+                    want = "step" if sig == ("rx", "delivered") else "src"
+                    if key.value != want:
+                        raise self.err(f"{name.value}[..].{fld} filters by {want!r}, not "
+                                       f"{key.value!r}", key)
                     self.expect("=")
                     src = self.value(env)
                     self.expect(")")
@@ -459,8 +468,12 @@ def check(prog: Program, source: str = "<program>") -> None:
             kind = s.signal.split(".")[0]
             if (s.signal.split(".")[0], s.signal.split(".")[1]) not in SIGNALS:
                 raise bad(f"unknown signal {s.signal}", pos=s.pos)
-            if kind in ("rx", "tx") and s.index not in R.PORTS:
-                raise bad(f"{s.signal}: port {s.index!r} is not H or V", pos=s.pos)
+            ports = (*R.PORTS, ANY_PORT) if s.signal == "rx.delivered" else R.PORTS
+            if kind in ("rx", "tx") and s.index not in ports:
+                raise bad(f"{s.signal}: port {s.index!r} is not {' or '.join(ports)}",
+                          pos=s.pos)
+            if s.signal == "rx.delivered" and s.src_node is None:
+                raise bad("rx[..].delivered needs (step = S)", pos=s.pos)
             if kind == "DAC" and not (isinstance(s.index, int) and 0 <= s.index < N_DACS):
                 raise bad(f"DAC index {s.index} out of range (0 to {N_DACS - 1})", pos=s.pos)
             if kind == "module" and s.index not in names:
@@ -486,7 +499,7 @@ def check(prog: Program, source: str = "<program>") -> None:
 
 def _index_code(kind: str, idx: int | str, names: list[str]) -> int:
     if kind in ("rx", "tx"):
-        return R.PORTS.index(str(idx))
+        return len(R.PORTS) if idx == ANY_PORT else R.PORTS.index(str(idx))
     if kind == "module":
         return names.index(str(idx))
     return int(idx)
@@ -547,7 +560,8 @@ def decompile(image: dict) -> Program:
                 if kind == "?":
                     raise CountActionError(f"{name}: SRC{j} has unknown signal {w & 0xFF}")
                 i = (w >> 8) & 0xFF
-                idx: int | str = (R.PORTS[i] if kind in ("rx", "tx") else
+                idx: int | str = ((R.PORTS[i] if i < len(R.PORTS) else ANY_PORT)
+                                  if kind in ("rx", "tx") else
                                   names[i] if kind == "module" else i)
                 filt = w >> 16
                 m.counts.append(Source(f"{kind}.{fld}", idx, filt - 1 if filt else None))
@@ -594,6 +608,20 @@ module synchronized_data_streamer {
 
 def streamer(num_dacs: int = 2) -> Program:
     return parse(SYNCHRONIZED_DATA_STREAMER, {"num_DACs": num_dacs}, "synchronized_data_streamer")
+
+
+def step_sync(step_bytes: list[int]) -> Program:
+    """Collective step synchronisation, loaded once per job: module k counts the bytes
+    delivered to this node for step k (either port) and interrupts the host when the step's
+    inputs are complete; it re-arms itself for the next iteration."""
+    if len(step_bytes) > R.N_MODULES:
+        raise CountActionError(f"{len(step_bytes)} steps, the engine has {R.N_MODULES} modules")
+    prog = Program()
+    for k, nbytes in enumerate(step_bytes):
+        prog.module(f"step{k}", nbytes, auto_rearm=True).count("rx.delivered", ANY_PORT,
+                                                               k).act("irq")
+    check(prog)
+    return prog
 
 
 def collective_steps(steps: list[tuple[str, int, int, str | None, int | None]]) -> Program:

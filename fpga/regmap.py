@@ -44,7 +44,8 @@ def _port_regs(p: str, base: int) -> list[Reg]:
     # one block write, then writes START
     return [
         Reg(f"TX{p}_CHANNEL", base + 0x00, "RW", f"port {p}: wavelength channel to tune to"),
-        Reg(f"TX{p}_CMD", base + 0x04, "SC", "bit0 TUNE: start tuning to TX_CHANNEL"),
+        Reg(f"TX{p}_CMD", base + 0x04, "SC", "bit0 TUNE: start tuning to TX_CHANNEL; bit1 "
+            "THEN_START (with TUNE): start the loaded transfer the moment the channel locks"),
         Reg(f"TX{p}_STATUS", base + 0x08, "RO",
             "bit0 TUNING, bit1 SENDING, bit2 TUNED (a channel is locked); bits 8-15 channel"),
         Reg(f"TX{p}_DST", base + 0x0C, "RW",
@@ -104,6 +105,7 @@ CA_STRIDE = 0x80
 
 IRQ_BITS = {"TX_DONE_H": 0, "TX_DONE_V": 1, "RX_DONE_H": 2, "RX_DONE_V": 3,
             "TUNED_H": 4, "TUNED_V": 5, "CA_FIRED": 6, "ERROR": 7}
+IRQ_MODULE_SHIFT = 16  # IRQ_STATUS bit 16 + m: count-action module m fired
 ERROR_BITS = {"TX_REFUSED_H": 0, "TX_REFUSED_V": 1, "ROUTE_MISS": 2, "BAD_CHANNEL": 3}
 
 REGISTERS: list[Reg] = [
@@ -115,13 +117,14 @@ REGISTERS: list[Reg] = [
     Reg("CAPS", 0x02C, "RO", "bits 0-7 ports, 8-15 channels, 16-23 CA modules",
         len(PORTS) | (N_CHANNELS << 8) | (N_MODULES << 16)),
     Reg("IRQ_STATUS", 0x040, "W1C", "event flags: " + ", ".join(
-        f"bit{b} {n}" for n, b in IRQ_BITS.items())),
+        f"bit{b} {n}" for n, b in IRQ_BITS.items())
+        + f"; bits {IRQ_MODULE_SHIFT}-{IRQ_MODULE_SHIFT + N_MODULES - 1}: count-action module m "
+          "fired (one read and one clear cover every event)"),
     Reg("IRQ_ENABLE", 0x044, "RW", "interrupt enables, same bits as IRQ_STATUS"),
     Reg("ERROR", 0x048, "W1C", "error flags: " + ", ".join(
         f"bit{b} {n}" for n, b in ERROR_BITS.items())),
     Reg("TS_LO", 0x050, "RO", "free-running ns timestamp, low word (reading it latches TS_HI)"),
     Reg("TS_HI", 0x054, "RO", "timestamp high word, as latched by the last TS_LO read"),
-    Reg("FIRED_LO", 0x058, "W1C", "count-action modules that fired (bit m), write 1 to clear"),
     *_port_regs("H", PORT_BASE["H"]),
     *_port_regs("V", PORT_BASE["V"]),
     *_ca_regs(),

@@ -21,6 +21,10 @@ from sim.fabric import Fabric
 PLACEHOLDER_HASH = hashlib.sha256(b"oddl placeholder bitstream").digest()
 
 _SPECIAL = ("TS_", "_STATUS", "_CUR_FLOW")
+_IRQ_STATUS = R.BY_NAME["IRQ_STATUS"].offset
+_ANY = len(R.PORTS)  # index code of rx[any]
+_MODULE_BITS = ((1 << R.N_MODULES) - 1) << R.IRQ_MODULE_SHIFT  # signalled with CA_FIRED
+_IRQ_ENABLE = R.BY_NAME["IRQ_ENABLE"].offset
 # registers that are plain storage on read / on write: the fast path of the bus decode
 _PLAIN_READ = frozenset(r.offset for r in R.REGISTERS if r.access != "SC"
                         and not r.name.startswith("CA") and not any(k in r.name for k in _SPECIAL))
@@ -126,6 +130,9 @@ class ONicBoard:
             if value & 1:
                 if name.endswith("_CMD"):
                     self._tune(name[2])
+                    if value & 2 and self.clock.now_ns() < self.fabric.tx[
+                            (self.node, name[2])].tune_until:
+                        self.start_after_tune.add(name[2])
                 elif name.endswith("_START"):
                     self._start(name[2])
             return
@@ -140,8 +147,12 @@ class ONicBoard:
 
     def _flag(self, reg: str, bit: int) -> None:
         self.regs[R.BY_NAME[reg].offset] |= 1 << bit
-        if reg == "IRQ_STATUS" and self.on_irq and self._r("IRQ_ENABLE") & (1 << bit):
-            self.on_irq(bit)
+
+    def _interrupt(self) -> None:
+        """Raise the (level) interrupt line once an event has set all its flags."""
+        if self.on_irq is not None and self.regs[_IRQ_STATUS] & (
+                self.regs[_IRQ_ENABLE] | _MODULE_BITS):
+            self.on_irq(0)
 
     def _tx_status(self, p: str) -> int:
         tx = self.fabric.tx[(self.node, p)]
@@ -161,6 +172,7 @@ class ONicBoard:
         except DeviceRefused:
             self._flag("ERROR", R.ERROR_BITS[f"TX_REFUSED_{p}"])
             self._flag("IRQ_STATUS", R.IRQ_BITS["ERROR"])
+            self._interrupt()
             return
         self.tune_started[p] = self.clock.now_ns()
 
@@ -170,6 +182,7 @@ class ONicBoard:
         if p in self.start_after_tune:
             self.start_after_tune.discard(p)
             self._start(p)
+        self._interrupt()
 
     def _start(self, p: str) -> None:
         tx = self.fabric.tx[(self.node, p)]
@@ -196,6 +209,7 @@ class ONicBoard:
         self._set(f"TX{p}_SENT_HI", sent >> 32)
         self._flag("IRQ_STATUS", R.IRQ_BITS[f"TX_DONE_{p}"])
         self.signal(3, R.PORTS.index(p), 1, None)
+        self._interrupt()
 
     def _rx_done(self, p: str, flow: Flow) -> None:
         got = (self._r(f"RX{p}_BYTES_HI") << 32 | self._r(f"RX{p}_BYTES_LO")) + flow.nbytes
@@ -216,6 +230,9 @@ class ONicBoard:
         self._flag("IRQ_STATUS", R.IRQ_BITS[f"RX_DONE_{p}"])
         self.signal(1, R.PORTS.index(p), flow.nbytes, src)
         self.signal(2, R.PORTS.index(p), 1, src)
+        if flow.dst == self.node:  # the final leg: the bytes belong to this node's step
+            self.signal(6, _ANY, flow.nbytes, flow.step)
+        self._interrupt()
 
     # --- count-action engine ----------------------------------------------------------
     def _ca_slot(self, name: str) -> tuple[_CAModule, int, str]:
@@ -259,7 +276,10 @@ class ONicBoard:
             if not mod.ctrl & 1:
                 continue
             for w in mod.src:
-                if (w & 0xFF) != sig or ((w >> 8) & 0xFF) != index:
+                if (w & 0xFF) != sig:
+                    continue
+                widx = (w >> 8) & 0xFF
+                if widx != index and not (sig == 6 and widx == _ANY):
                     continue
                 filt = w >> 16
                 if filt and (src is None or filt - 1 != src):
@@ -271,6 +291,7 @@ class ONicBoard:
 
     def set_dac_valid(self, dac: int) -> None:
         self.signal(4, dac, 1, None)
+        self._interrupt()
 
     def _fire(self, m: int, mod: _CAModule) -> None:
         mod.fired = True
@@ -279,7 +300,7 @@ class ONicBoard:
             mod.count -= mod.target  # auto re-arm: keep counting past the target
         else:
             mod.ctrl &= ~1
-        self.regs[R.BY_NAME["FIRED_LO"].offset] |= 1 << m
+        self.regs[_IRQ_STATUS] |= 1 << (R.IRQ_MODULE_SHIFT + m)
         for w in mod.act:
             a = ACTION_NAMES.get(w & 0xFF)
             idx, arg = (w >> 8) & 0xFF, w >> 16

@@ -84,8 +84,10 @@ def programs(draw: st.DrawFn) -> Program:
         b = prog.module(name, draw(st.integers(1, 2**32 - 1)), draw(st.booleans()))
         for _ in range(draw(st.integers(1, R.N_SLOTS))):
             kind = draw(st.sampled_from(["rx.bytes", "rx.transfers", "tx.done", "DAC.valid",
-                                         "module.fired"]))
-            if kind.startswith(("rx", "tx")):
+                                         "module.fired", "rx.delivered"]))
+            if kind == "rx.delivered":
+                b.count(kind, draw(st.sampled_from(["H", "V", "any"])), draw(st.integers(0, 4000)))
+            elif kind.startswith(("rx", "tx")):
                 src = draw(st.none() | st.integers(0, 4000)) if kind.startswith("rx") else None
                 b.count(kind, draw(st.sampled_from(["H", "V"])), src)
             elif kind == "DAC.valid":
@@ -158,3 +160,19 @@ def test_regmap_doc_is_current(root: Path) -> None:
     assert all(0 <= o < R.IP_RANGE and o % 4 == 0 for o in offs)
     assert max(offs) < R.ROUTE_BASE or min(o for o in offs if o >= R.CA_BASE) >= (
         R.ROUTE_BASE + 8 * R.ROUTE_ENTRIES)
+
+
+def test_step_sync_program() -> None:
+    from fpga.countaction import step_sync
+
+    p = step_sync([100, 50])
+    assert p.text().count("sum rx[any].delivered (step = ") == 2
+    assert all(m.auto_rearm for m in p.modules)
+    assert parse(p.text()).modules == p.modules
+    with pytest.raises(CountActionError, match="filters by 'step', not 'src'"):
+        parse("module x { counts: { sum rx[any].delivered (src = 1) } targets: { 1 } "
+              "actions: { irq } };")
+    with pytest.raises(CountActionError, match=r"needs \(step = S\)"):
+        parse("module x { counts: { sum rx[any].delivered } targets: { 1 } actions: { irq } };")
+    with pytest.raises(CountActionError, match="17 steps, the engine has 16"):
+        step_sync([1] * 17)

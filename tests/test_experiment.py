@@ -35,6 +35,9 @@ def test_table1_regression(root: Path) -> None:
     assert od.flows == el.flows == 8 * 16
     assert od.control_messages == 3 * od.flows
     assert res.invariant_violations == 0
+    # every step of every rank was completed by the O-NIC's count-action engine
+    assert od.stats["step_sync"] == "o-nic count-action"
+    assert od.stats["count_action_fires"] == 4 * 4 * 8
     # the all-reduce: 1.5 x 102.24 MB per node at 100 Gb/s ~ 12.27 ms, plus overheads
     comm = od.iteration_time_s - res.compute_ns / 1e9
     assert 0.01227 < comm < 0.0124
@@ -131,3 +134,20 @@ def test_grid_hd_iteration_on_a_small_grid(root: Path, tmp_path: Path, strategy:
     assert res.invariant_violations == 0
     assert res.networks["oddl"].flows == 2 * 32 * 10
     assert 1.0 < res.ratio < 1.01
+
+
+def test_schedule_longer_than_the_engine_syncs_on_the_host(tmp_path: Path) -> None:
+    root = Path(__file__).resolve().parent.parent
+    tb = tmp_path / "g.toml"
+    tb.write_text((root / "hw_configs" / "grid-1024.toml").read_text()
+                  .replace("rows = 32", "rows = 3").replace("cols = 32", "cols = 4"))
+    exp = tmp_path / "e.toml"
+    exp.write_text(f'name = "r"\ntestbed = "{tb}"\n[workload]\nmodel = "resnet50"\n'
+                   'collective = "ring"\nepochs = 1\ndataset_samples = 100\nbatch_per_node = 1\n'
+                   'compute_time_ms = 1\n[[networks]]\nname = "oddl"\nkind = "oddl"\n'
+                   'strategy = "cyclic"\n')
+    res = run_experiment(load_experiment(exp), iterations=1, checker_mode="raise")
+    od = res.networks["oddl"]
+    assert od.stats["step_sync"] == "host"  # 22 ring steps > 16 count-action modules
+    assert od.stats["count_action_fires"] == 0
+    assert res.invariant_violations == 0

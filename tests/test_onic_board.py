@@ -279,3 +279,47 @@ def test_driver_routes_round_trip_and_transactions(
                      ("w", R.ROUTE_BASE + 16, 0)]):
         drv.load_routes(routes)
     assert drv.read_routes() == routes
+
+
+def test_delivered_counts_only_the_final_leg() -> None:
+    from controller.messages import Flow as F
+    from fpga.countaction import step_sync
+
+    b = Bench()
+    b.drv[1].load_countaction(step_sync([300]))
+    board = b.boards[1]
+    # a relay leg through n0-1 (final destination n0-3) must not count toward n0-1's step
+    board._rx_done("H", F(5, "n0-0", "n0-3", 200, 0, 0, 0))
+    assert b.drv[1].ca_status(0)["count"] == 0
+    board._rx_done("H", F(6, "n0-0", "n0-1", 300, 0, 0, 0))
+    st = b.drv[1].ca_status(0)
+    assert (st["fired"], st["fire_count"], st["armed"], st["count"]) == (True, 1, True, 0)
+
+
+def test_tune_then_start_sends_on_lock_but_plain_start_is_still_refused() -> None:
+    b = Bench()
+    d = b.drv[0]
+    d.tune("H", 0)
+    with pytest.raises(DeviceRefused):  # the host may not start while the laser tunes
+        d.start_transfer("H", 1, 1000, 1)
+    b.run_ns(11)
+    b.grant(0, 2, 2, 1, 1250)
+    t0 = d.timestamp_ns()
+    d.tune_and_start("H", 1, 2, 1250, 2)  # sequenced by the board: sends once locked
+    assert d.tx_status("H") == {"tuning": True, "sending": False, "tuned": False, "channel": 0}
+    b.run_ns(11)
+    assert d.tx_status("H")["sending"] and d.last_tune_ns("H") == 11
+    b.run_ns(200)
+    rx = b.drv[2].counters("H")
+    assert (rx["rx_done"], rx["rx_bytes"]) == (1, 1250)
+    assert d.timestamp_ns() - t0 == 211
+    assert b.st.checker.violations == []
+
+
+def test_driver_tune_and_start_transactions(rec: tuple[Bench, Recording, ONicDriver]) -> None:
+    _, dev, drv = rec
+    with dev.expect([("w", "TXH_DST", 3), ("w", "TXH_BYTES", 64), ("w", "TXH_FLOW", 9),
+                     *[("w", f"TXH_HDR{i}", 0) for i in range(6)],
+                     ("w", "TXH_CHANNEL", 2), ("w", "TXH_CMD", 3), ("r", "ERROR", 0)]):
+        drv.tune_and_start("H", 2, 3, 64, 9)
+    assert dev.calls == ["write 36 B", "write 8 B", "read 4 B"]
