@@ -63,6 +63,7 @@ class ONicBoard:
         self.ports = fabric.ports[node]
         self.tune_started: dict[str, int] = {}
         self.start_after_tune: set[str] = set()  # CA "start" issued while its port tunes
+        self._ca_index: dict[int, list[int]] | None = None
         self.ts_hi_latch = 0
         self.streamed: list[tuple[int, int]] = []  # (t_ns, DAC) for Lightning
         self.on_irq: Callable[[int], None] | None = None  # the board's interrupt line
@@ -73,6 +74,9 @@ class ONicBoard:
         self._dst_off = {p: R.BY_NAME[f"TX{p}_DST"].offset for p in R.PORTS}
         self._flow_off = {p: R.BY_NAME[f"TX{p}_FLOW"].offset for p in R.PORTS}
         self._bytes_off = {p: R.BY_NAME[f"TX{p}_BYTES"].offset for p in R.PORTS}
+        self._rx_off = {p: {k: R.BY_NAME[f"RX{p}_{k}"].offset for k in (
+            "BYTES_LO", "BYTES_HI", "SRC", "LAST_FLOW", "DST", "LAST_BYTES", "DONE_COUNT")}
+            for p in R.PORTS}
         fabric.rx_handlers[node] = self._rx_done
         fabric.tx_handlers[node] = self._tx_done
         fabric.tuned_handlers[node] = self._tuned
@@ -212,24 +216,25 @@ class ONicBoard:
         self._interrupt()
 
     def _rx_done(self, p: str, flow: Flow) -> None:
-        got = (self._r(f"RX{p}_BYTES_HI") << 32 | self._r(f"RX{p}_BYTES_LO")) + flow.nbytes
-        self._set(f"RX{p}_BYTES_LO", got)
-        self._set(f"RX{p}_BYTES_HI", got >> 32)
+        r, o = self.regs, self._rx_off[p]
+        got = (r[o["BYTES_HI"]] << 32 | r[o["BYTES_LO"]]) + flow.nbytes
+        r[o["BYTES_LO"]] = got & 0xFFFFFFFF
+        r[o["BYTES_HI"]] = (got >> 32) & 0xFFFFFFFF
         leg_src = self.fabric.rx[(self.node, p)].src
-        hop_src = self.index[leg_src] if leg_src is not None else self.index[flow.src]
-        self._set(f"RX{p}_SRC", hop_src)
-        self._set(f"RX{p}_LAST_FLOW", flow.id)
-        self._set(f"RX{p}_DST", self.index[flow.dst])
-        self._set(f"RX{p}_LAST_BYTES", flow.nbytes)
+        src = self.index[leg_src] if leg_src is not None else self.index[flow.src]
+        r[o["SRC"]] = src
+        r[o["LAST_FLOW"]] = flow.id & 0xFFFFFFFF
+        r[o["DST"]] = self.index[flow.dst]
+        r[o["LAST_BYTES"]] = flow.nbytes
+        r[o["DONE_COUNT"]] = (r[o["DONE_COUNT"]] + 1) & 0xFFFFFFFF
         for off, v in zip(self._hdr_rx[p], (flow.id >> 32, self.index[flow.src],
                                              flow.hop | flow.step << 8, flow.iteration,
                                              flow.t_submit, flow.t_submit >> 32), strict=True):
-            self.regs[off] = v & 0xFFFFFFFF
-        src = hop_src
-        self._set(f"RX{p}_DONE_COUNT", self._r(f"RX{p}_DONE_COUNT") + 1)
-        self._flag("IRQ_STATUS", R.IRQ_BITS[f"RX_DONE_{p}"])
-        self.signal(1, R.PORTS.index(p), flow.nbytes, src)
-        self.signal(2, R.PORTS.index(p), 1, src)
+            r[off] = v & 0xFFFFFFFF
+        r[_IRQ_STATUS] |= 1 << R.IRQ_BITS[f"RX_DONE_{p}"]
+        pi = R.PORTS.index(p)
+        self.signal(1, pi, flow.nbytes, src)
+        self.signal(2, pi, 1, src)
         if flow.dst == self.node:  # the final leg: the bytes belong to this node's step
             self.signal(6, _ANY, flow.nbytes, flow.step)
         self._interrupt()
@@ -258,6 +263,8 @@ class ONicBoard:
 
     def _ca_write(self, name: str, v: int) -> None:
         mod, _, f = self._ca_slot(name)
+        if f.startswith("SRC"):
+            self._ca_index = None
         if f == "CTRL":
             mod.ctrl = v & 3
         elif f == "RESET":
@@ -270,9 +277,24 @@ class ONicBoard:
         elif f.startswith("ACT"):
             mod.act[int(f[3:])] = v
 
+    def _listeners(self) -> dict[int, list[int]]:
+        """signal -> modules with a source on it (rebuilt after the engine is reprogrammed)."""
+        if self._ca_index is None:
+            idx: dict[int, list[int]] = {}
+            for m, mod in enumerate(self.ca):
+                for w in mod.src:
+                    if w & 0xFF and m not in idx.get(w & 0xFF, []):
+                        idx.setdefault(w & 0xFF, []).append(m)
+            self._ca_index = idx
+        return self._ca_index
+
     def signal(self, sig: int, index: int, value: int, src: int | None) -> None:
         """An event on the board: every armed module whose source matches counts it."""
-        for m, mod in enumerate(self.ca):
+        mods = self._listeners().get(sig)
+        if not mods:
+            return
+        for m in mods:
+            mod = self.ca[m]
             if not mod.ctrl & 1:
                 continue
             for w in mod.src:

@@ -84,6 +84,12 @@ class EmulatedONicDevice(Device):
                         for i in range(length // 4))
 
     def write_registers(self, address: int, data: bytes) -> None:
+        off = address - BASE_ADDR
+        if off >= 0 and off + len(data) <= R.IP_RANGE and not off & 3 and not len(data) & 3:
+            board = self.board
+            for i, (v,) in enumerate(struct.iter_unpack("<I", data)):
+                board.write(off + 4 * i, v)
+            return
         if self._in_ps(address):
             for i, (v,) in enumerate(struct.iter_unpack("<I", data)):
                 self.ps_regs[address + 4 * i] = v
