@@ -11,7 +11,6 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
 from typing import Any
 
 from controller.arbiter import Arbiter
@@ -276,7 +275,3 @@ def run_experiment(ctx: LoadedExperiment, backend: str = "sim", store: RunStore 
     return RunResult(exp.name, backend, results, ratio, len(violations),
                      time.perf_counter() - t_wall, compute_ns, calibration, n_iter, full,
                      violations=violations)
-
-
-def default_out(path: Path | None) -> Path | None:
-    return path

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from controller.devices import DeviceRefused
 from controller.messages import Flow
 from fpga import regmap as R
-from fpga.countaction import ACTION_NAMES, SIGNAL_NAMES
+from fpga.countaction import ACTION_NAMES
 from sim.fabric import Fabric
 
 PLACEHOLDER_HASH = hashlib.sha256(b"oddl placeholder bitstream").digest()
@@ -349,5 +349,3 @@ class ONicBoard:
                 t.count, t.fired, t.fire_count = 0, False, 0
         self.signal(5, m, 1, None)
 
-
-__all__ = ["PLACEHOLDER_HASH", "SIGNAL_NAMES", "ONicBoard"]
