@@ -1,0 +1,122 @@
+"""WSS driver over pyserial, speaking docs/wss-protocol.md (real instrument or emulator)."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import serial
+
+from controller.devices import DeviceRefused
+
+_IDN = re.compile(r"^ODDL,WSS,(?P<id>[^,]+),(?P<ports>\d+)x(?P<channels>\d+),(?P<fw>\S+)$")
+_ERR = re.compile(r'^ERR (?P<code>-?\d+),"(?P<text>[^"]*)"$')
+
+
+class WSSTimeout(TimeoutError):
+    pass
+
+
+class WSSProtocolError(RuntimeError):
+    pass
+
+
+class WSSError(RuntimeError):
+    def __init__(self, code: int, text: str, command: str) -> None:
+        self.code, self.text, self.command = code, text, command
+        super().__init__(f"WSS error {code} on {command!r}: {text}")
+
+
+class WSSDriver:
+    """`controller.devices.WSSDevice` over a serial line."""
+
+    def __init__(self, port: str | Any, timeout: float = 1.0, baudrate: int = 115200) -> None:
+        self.ser = (serial.Serial(port, baudrate=baudrate, timeout=timeout)
+                    if isinstance(port, str) else port)
+        self.where = port if isinstance(port, str) else getattr(port, "port", "serial")
+        self.timeout = timeout
+        ident = self.identify()
+        m = _IDN.match(ident)
+        assert m is not None  # identify() validated it
+        self.id = m["id"]
+        self.ports = int(m["ports"])
+        self.channels = int(m["channels"])
+
+    def close(self) -> None:
+        self.ser.close()
+
+    def query(self, command: str) -> str:
+        """Send one line, read one reply line; ERR replies raise WSSError."""
+        self.ser.reset_input_buffer()
+        self.ser.write(command.encode("ascii") + b"\n")
+        raw = self.ser.readline()
+        if not raw:
+            raise WSSTimeout(f"{self.where}: no reply to {command!r} within {self.timeout} s")
+        if not raw.endswith(b"\n"):
+            raise WSSTimeout(f"{self.where}: partial reply {raw!r} to {command!r} "
+                             f"(no end of line within {self.timeout} s)")
+        try:
+            reply = raw.decode("ascii").strip()
+        except UnicodeDecodeError:
+            raise WSSProtocolError(f"{self.where}: garbled reply {raw!r} to {command!r}") \
+                from None
+        if not reply.isprintable():
+            raise WSSProtocolError(f"{self.where}: garbled reply {raw!r} to {command!r}")
+        m = _ERR.match(reply)
+        if m:
+            raise WSSError(int(m["code"]), m["text"], command)
+        if reply.startswith("ERR"):
+            raise WSSProtocolError(f"{self.where}: malformed error reply {reply!r}")
+        return reply
+
+    def _ok(self, command: str) -> None:
+        reply = self.query(command)
+        if reply != "OK":
+            raise WSSProtocolError(f"{self.where}: expected OK to {command!r}, got {reply!r}")
+
+    def identify(self) -> str:
+        reply = self.query("*IDN?")
+        if not _IDN.match(reply):
+            raise WSSProtocolError(f"{self.where}: {reply!r} is not an oddl WSS identity")
+        return reply
+
+    def set_table(self, table: list[list[int | None]]) -> None:
+        if len(table) > self.ports:
+            raise DeviceRefused(f"WSS {self.id}: {len(table)} input rows, {self.ports} ports")
+        self._ok("ROUT:CLR")
+        for i, row in enumerate(table):
+            cells = ",".join("-" if o is None else str(o) for o in row)
+            self._ok(f"ROUT:ROW {i},{cells}" if cells else f"ROUT:ROW {i}")
+        try:
+            self._ok("ROUT:APPL")
+        except WSSError as e:
+            if e.code == -221:
+                raise DeviceRefused(f"WSS {self.id}: table refused: {e.text}") from e
+            raise
+
+    def get_table(self) -> list[list[int | None]]:
+        out = []
+        for i in range(self.ports):
+            reply = self.query(f"ROUT:ROW? {i}")
+            try:
+                row = [None if c == "-" else int(c) for c in reply.split(",")]
+            except ValueError:
+                raise WSSProtocolError(f"{self.where}: bad row reply {reply!r} for input {i}") \
+                    from None
+            if len(row) != self.channels or any(o is not None and not 0 <= o < self.ports
+                                                for o in row):
+                raise WSSProtocolError(f"{self.where}: row {i} reply {reply!r} does not fit "
+                                       f"{self.ports}x{self.channels}")
+            out.append(row)
+        return out
+
+    def errors(self) -> list[tuple[int, str]]:
+        """Drain the instrument's error queue."""
+        out = []
+        for _ in range(64):
+            reply = self.query("SYST:ERR?")
+            code, _, text = reply.partition(",")
+            if int(code) == 0:
+                break
+            out.append((int(code), text.strip('"')))
+        return out

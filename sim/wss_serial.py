@@ -1,0 +1,135 @@
+"""An emulated WSS instrument on a pseudo-terminal, speaking docs/wss-protocol.md.
+
+The instrument runs on the pty's master end (a thread); the driver opens the slave path with
+unmodified pyserial. The table logic is the WSS model's, so it refuses what the model
+refuses. Faults for tests and acceptance: `mode = "garbage"` answers noise, `"silent"`
+answers nothing.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+import tty
+
+from controller.devices import DeviceRefused
+from sim.wss import WSSModel
+
+FIRMWARE = "fw0.1"
+
+
+class SerialWSS:
+    def __init__(self, model: WSSModel, reconfig_ms: float = 0.0) -> None:
+        self.model = model
+        self.reconfig_ms = reconfig_ms
+        self.staged: list[list[int | None]] = [[None] * model.channels
+                                               for _ in range(model.ports)]
+        self.errors: list[tuple[int, str]] = []
+        self.mode = "normal"  # "normal" | "garbage" | "silent"
+        self.log: list[str] = []  # every command line received, for protocol tests
+        self._master, self._slave = os.openpty()
+        tty.setraw(self._slave)
+        self.path = os.ttyname(self._slave)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._serve, name=f"wss-{model.id}",
+                                        daemon=True)
+
+    def start(self) -> SerialWSS:
+        self._thread.start()
+        return self
+
+    def close(self) -> None:
+        self._stop.set()  # the thread polls with a 50 ms time-out
+        self._thread.join(timeout=2)
+        os.close(self._master)
+        os.close(self._slave)
+
+    # --- the instrument ------------------------------------------------------------------
+    def _serve(self) -> None:
+        import select
+
+        buf = b""
+        while not self._stop.is_set():
+            r, _, _ = select.select([self._master], [], [], 0.05)
+            if not r:
+                continue
+            try:
+                chunk = os.read(self._master, 4096)
+            except OSError:
+                return
+            buf += chunk
+            while b"\n" in buf:
+                line, buf = buf.split(b"\n", 1)
+                reply = self.handle(line.rstrip(b"\r"))
+                if self.mode == "silent":
+                    continue
+                if self.mode == "garbage":
+                    reply = "\x8f\x02#&%@\x99"
+                os.write(self._master, reply.encode("latin-1") + b"\n")
+
+    def _err(self, code: int, text: str) -> str:
+        self.errors.append((code, text))
+        return f'ERR {code},"{text}"'
+
+    def handle(self, raw: bytes) -> str:
+        try:
+            line = raw.decode("ascii").strip()
+        except UnicodeDecodeError:
+            return self._err(-100, "malformed line (not ASCII)")
+        if len(line) > 4096:
+            return self._err(-100, "malformed line (too long)")
+        self.log.append(line)
+        head, _, args = line.partition(" ")
+        head = head.upper()
+        m = self.model
+        if head == "*IDN?":
+            return f"ODDL,WSS,{m.id},{m.ports}x{m.channels},{FIRMWARE}"
+        if head == "SYST:ERR?":
+            if not self.errors:
+                return '0,"No error"'
+            code, text = self.errors.pop(0)
+            return f'{code},"{text}"'
+        if head == "ROUT:CLR":
+            self.staged = [[None] * m.channels for _ in range(m.ports)]
+            return "OK"
+        if head in ("ROUT:ROW", "ROUT:ROW?"):
+            parts = [p.strip() for p in args.split(",")] if args.strip() else []
+            if not parts:
+                return self._err(-109, f"{head} needs an input port")
+            try:
+                i = int(parts[0])
+            except ValueError:
+                return self._err(-109, f"input port {parts[0]!r} is not a number")
+            if not 0 <= i < m.ports:
+                return self._err(-222, f"input port {i} out of range (0-{m.ports - 1})")
+            if head == "ROUT:ROW?":
+                if len(parts) != 1:
+                    return self._err(-109, "ROUT:ROW? takes one parameter")
+                return ",".join("-" if o is None else str(o) for o in m.table[i])
+            outs = parts[1:]
+            if len(outs) > m.channels:
+                return self._err(-222, f"{len(outs)} channels given, the WSS has {m.channels}")
+            row: list[int | None] = []
+            for o in outs:
+                if o == "-":
+                    row.append(None)
+                    continue
+                try:
+                    v = int(o)
+                except ValueError:
+                    return self._err(-109, f"output {o!r} is not a number or '-'")
+                if not 0 <= v < m.ports:
+                    return self._err(-222, f"output port {v} out of range (0-{m.ports - 1})")
+                row.append(v)
+            self.staged[i] = row + [None] * (m.channels - len(row))
+            return "OK"
+        if head == "ROUT:APPL":
+            try:
+                m.set_table([list(r) for r in self.staged])
+            except DeviceRefused as e:
+                return self._err(-221, str(e).replace('"', "'"))
+            if self.reconfig_ms:
+                time.sleep(self.reconfig_ms / 1000)  # the LCoS settles before OK
+            return "OK"
+        return self._err(-113, f"unknown command {head!r}")

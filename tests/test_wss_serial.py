@@ -1,0 +1,115 @@
+"""The WSS driver against the emulated instrument on a pseudo-terminal (real pyserial)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from controller.arbiter import Arbiter
+from controller.clock import Clock
+from controller.collectives import build
+from controller.config import load_testbed
+from controller.devices import DeviceRefused
+from controller.topology import Grid
+from drivers.wss import WSSDriver, WSSError, WSSProtocolError, WSSTimeout
+from sim import backend as sim_backend
+from sim.clock import VirtualClockLoop
+from sim.wss import WSSModel
+from sim.wss_serial import SerialWSS
+
+GOOD = [[1, 2], [0, 3], [3, 0], [2, 1]]
+
+
+@pytest.fixture
+def inst() -> Iterator[SerialWSS]:
+    i = SerialWSS(WSSModel("wss-row0", 4, 2)).start()
+    yield i
+    i.close()
+
+
+def test_identify_and_exact_protocol(inst: SerialWSS) -> None:
+    d = WSSDriver(inst.path, timeout=1.0)
+    assert (d.id, d.ports, d.channels) == ("wss-row0", 4, 2)
+    inst.log.clear()
+    d.set_table(GOOD)
+    assert inst.log == ["ROUT:CLR", "ROUT:ROW 0,1,2", "ROUT:ROW 1,0,3", "ROUT:ROW 2,3,0",
+                        "ROUT:ROW 3,2,1", "ROUT:APPL"]
+    inst.log.clear()
+    assert d.get_table() == GOOD
+    assert inst.log == [f"ROUT:ROW? {i}" for i in range(4)]
+    assert inst.model.table == GOOD
+    d.close()
+
+
+def test_colliding_table_is_refused_and_old_table_kept(inst: SerialWSS) -> None:
+    d = WSSDriver(inst.path)
+    d.set_table(GOOD)
+    bad = [[1, None], [2, None], [1, None], [0, None]]
+    with pytest.raises(DeviceRefused, match=r"inputs 0 and 2 both reach \(out 1, channel 0\)"):
+        d.set_table(bad)
+    assert d.get_table() == GOOD
+    assert d.errors() == [(-221, "wss-row0: inputs 0 and 2 both reach (out 1, channel 0): "
+                                 "collision, table refused")]
+    assert d.errors() == []
+    d.close()
+
+
+def test_instrument_errors(inst: SerialWSS) -> None:
+    d = WSSDriver(inst.path)
+    with pytest.raises(WSSError) as ei:
+        d.query("ROUT:FOO 1")
+    assert ei.value.code == -113 and "unknown command 'ROUT:FOO'" in str(ei.value)
+    with pytest.raises(WSSError, match=r"-222 .*output port 9 out of range"):
+        d.query("ROUT:ROW 0,9,1")
+    with pytest.raises(WSSError, match=r"-109 .*'x' is not a number"):
+        d.query("ROUT:ROW 0,x")
+    d.close()
+
+
+def test_garbage_reply_is_a_protocol_error(inst: SerialWSS) -> None:
+    d = WSSDriver(inst.path)
+    inst.mode = "garbage"
+    with pytest.raises(WSSProtocolError, match=r"garbled reply .* to 'ROUT:ROW\? 0'"):
+        d.get_table()
+    d.close()
+
+
+def test_silence_is_a_timeout_naming_the_command(inst: SerialWSS) -> None:
+    d = WSSDriver(inst.path, timeout=0.2)
+    inst.mode = "silent"
+    with pytest.raises(WSSTimeout, match=r"no reply to '\*IDN\?' within 0.2 s"):
+        d.identify()
+    d.close()
+
+
+def test_not_a_wss(tmp_path: Path) -> None:
+    inst = SerialWSS(WSSModel("x", 2, 1)).start()
+    try:
+        inst.handle = lambda raw: "ACME,SCOPE,1234"  # type: ignore[method-assign]
+        with pytest.raises(WSSProtocolError, match="is not an oddl WSS identity"):
+            WSSDriver(inst.path)
+    finally:
+        inst.close()
+
+
+def test_arbiter_applies_the_plan_over_the_serial_line(root: Path) -> None:
+    tb = load_testbed(root / "hw_configs" / "prototype-4node.toml")
+    grid = Grid.from_testbed(tb)
+    inst = SerialWSS(WSSModel("wss-row0", 4, 2)).start()
+    try:
+        wss = WSSDriver(inst.path)
+        loop = VirtualClockLoop()
+        st = sim_backend.build(tb, grid, Clock(loop))  # the O-NICs: boards behind pynq
+        arb = Arbiter(tb, grid, st.onics, {"wss-row0": wss})  # type: ignore[arg-type]
+        arb.inventory()
+        plan = arb.plan(build("hd", 4, 1000, 1, 4), "matched")
+        arb.apply(plan)
+        assert inst.model.table == [[1, 2], [0, 3], [3, 0], [2, 1]]
+        assert inst.model.applied == 1
+        assert st.onics["n0"].read_routes() == {"n1": ("H", 0, "n1"), "n2": ("H", 1, "n2")}
+        wss.close()
+        loop.close()
+    finally:
+        inst.close()
