@@ -63,6 +63,7 @@ class ONicBoard:
         self.ports = fabric.ports[node]
         self.tune_started: dict[str, int] = {}
         self.start_after_tune: set[str] = set()  # CA "start" issued while its port tunes
+        self.tuning_pending: set[str] = set()  # ports whose lock has not been reported yet
         self._ca_index: dict[int, list[int]] | None = None
         self.ts_hi_latch = 0
         self.streamed: list[tuple[int, int]] = []  # (t_ns, DAC) for Lightning
@@ -134,8 +135,7 @@ class ONicBoard:
             if value & 1:
                 if name.endswith("_CMD"):
                     self._tune(name[2])
-                    if value & 2 and self.clock.now_ns() < self.fabric.tx[
-                            (self.node, name[2])].tune_until:
+                    if value & 2 and name[2] in self.tuning_pending:
                         self.start_after_tune.add(name[2])
                 elif name.endswith("_START"):
                     self._start(name[2])
@@ -179,8 +179,10 @@ class ONicBoard:
             self._interrupt()
             return
         self.tune_started[p] = self.clock.now_ns()
+        self.tuning_pending.add(p)
 
     def _tuned(self, p: str, ch: int) -> None:
+        self.tuning_pending.discard(p)
         self._set(f"TX{p}_TUNE_NS", self.clock.now_ns() - self.tune_started.get(p, 0))
         self._flag("IRQ_STATUS", R.IRQ_BITS[f"TUNED_{p}"])
         if p in self.start_after_tune:
@@ -190,7 +192,8 @@ class ONicBoard:
 
     def _start(self, p: str) -> None:
         tx = self.fabric.tx[(self.node, p)]
-        if self.clock.now_ns() < tx.tune_until or tx.busy is not None or tx.channel is None:
+        if (p in self.tuning_pending or self.clock.now_ns() < tx.tune_until
+                or tx.busy is not None or tx.channel is None):
             self._flag("ERROR", R.ERROR_BITS[f"TX_REFUSED_{p}"])
             self._flag("IRQ_STATUS", R.IRQ_BITS["ERROR"])
             return
@@ -334,7 +337,7 @@ class ONicBoard:
                 self._tune(p)
             elif a == "start":
                 p = R.PORTS[idx]
-                if self.clock.now_ns() < self.fabric.tx[(self.node, p)].tune_until:
+                if p in self.tuning_pending:
                     self.start_after_tune.add(p)  # the engine sequences: send once locked
                 else:
                     self._start(p)

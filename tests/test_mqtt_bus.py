@@ -1,0 +1,133 @@
+"""The control bus over a real MQTT broker (embedded amqtt on 127.0.0.1)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+
+import aiomqtt
+import pytest
+
+from controller.arbiter import Arbiter
+from controller.clock import Clock
+from controller.control_unit import ControlUnit, Timing
+from controller.messages import Flow, Grant, Release, Request
+from controller.topology import Grid
+from controller.wire import BusDecodeError, decode, encode
+from drivers.mqtt import MQTTBus, ctl_topic
+from sim import backend as sim_backend
+from sim.broker import EmbeddedBroker
+from tests.helpers import make_testbed, schedule_for
+
+
+def test_codec_round_trip_and_rejections() -> None:
+    msgs = [Request(1, 0, "a", "b", "H", 2, 100, "a", "c", 3, 4, 5),
+            Grant(1, 0, "b", "a", "H", 2, 10**12), Release(1, 0, "a", "b", "H")]
+    for m in msgs:
+        assert decode(encode(m)) == m
+    bad = {
+        b"\x80\x04pickle": "not a control envelope",
+        b'{"v": 2, "msg": {"type": "release"}}': "schema version 2, this controller speaks 1",
+        b'{"v": 1, "msg": {"type": "launch"}}': "bad message",
+        b'{"v": 1, "msg": {"type": "grant", "flow": "x"}}': "bad message",
+        b'{"msg": {}}': "not a control envelope",
+    }
+    for raw, why in bad.items():
+        with pytest.raises(BusDecodeError, match=why):
+            decode(raw)
+
+
+async def _with_broker(fn):  # type: ignore[no-untyped-def]
+    broker = await EmbeddedBroker().start()
+    try:
+        return await asyncio.wait_for(fn(broker), timeout=60)
+    finally:
+        await broker.stop()
+
+
+def test_exchange_and_garbage_dropped(caplog: pytest.LogCaptureFixture) -> None:
+    async def body(broker: EmbeddedBroker) -> tuple[list, MQTTBus]:
+        got: list = []
+        arrived = asyncio.Event()
+        bus = MQTTBus("tb", "127.0.0.1", broker.port, client_id="t1")
+        bus.attach("n0", lambda m: (got.append(("n0", m)), arrived.set()))
+        bus.attach("n1", lambda m: (got.append(("n1", m)), arrived.set()))
+        await bus.start()
+        async with aiomqtt.Client("127.0.0.1", broker.port, identifier="vandal") as v:
+            await v.publish(ctl_topic("tb", "n1"), b"\x00\xffnot json")
+            await v.publish(ctl_topic("tb", "n1"),
+                            encode(Release(9, 0, "n0", "n2", "H")))  # addressed elsewhere
+        bus.send("n0", "n1", Request(5, 0, "n0", "n1", "H", 1, 64))
+        while len(got) < 1:
+            arrived.clear()
+            await arrived.wait()
+        bus.send("n1", "n0", Grant(5, 0, "n1", "n0", "H", 1, 10**12))
+        while len(got) < 2:
+            arrived.clear()
+            await arrived.wait()
+        await bus.close()
+        return got, bus
+
+    with caplog.at_level(logging.WARNING, logger="drivers.mqtt"):
+        got, bus = asyncio.run(_with_broker(body))
+    assert [(n, type(m).__name__, m.flow) for n, m in got] == [("n1", "Request", 5),
+                                                             ("n0", "Grant", 5)]
+    assert bus.rejected == 2 and bus.received == 2 and bus.sent == 2
+    text = caplog.text
+    assert "rejected message: not a control envelope" in text
+    assert "addressed to n2 dropped" in text
+
+
+def test_control_units_schedule_flows_over_mqtt() -> None:
+    """Stage 2 over a real broker, in real time, with the sim boards behind pynq."""
+    tb = make_testbed(1, 4, wavelengths=3)
+    tb = tb.model_copy(update={"control": tb.control.model_copy(update={
+        "request_timeout_ns": 200e6, "grant_lease_ns": 500e6, "max_retries": 10})})
+    grid = Grid.from_testbed(tb)
+    pairs = [(0, 1, 5000), (1, 0, 5000), (2, 0, 3000), (3, 2, 7000), (0, 3, 1000)]
+
+    async def body(broker: EmbeddedBroker) -> tuple[dict, object, MQTTBus]:
+        loop = asyncio.get_running_loop()
+        clock = Clock(loop)
+        st = sim_backend.build(tb, grid, clock)
+        bus = MQTTBus(tb.name, "127.0.0.1", broker.port, client_id="ctl",
+                      tap=st.checker.on_message)
+        arb = Arbiter(tb, grid, st.onics, st.wss)  # type: ignore[arg-type]
+        plan = arb.plan(schedule_for(grid, pairs), "cyclic")
+        arb.apply(plan)
+        o, c = tb.optical, tb.control
+        timing = Timing(math.ceil(o.tuning_time_ns), math.ceil(o.guard_time_ns),
+                        math.ceil(o.propagation_ns), round(c.request_timeout_ns),
+                        round(c.request_timeout_ns), round(c.grant_lease_ns), c.max_retries)
+        delivered: dict[int, int] = {}
+        done = loop.create_future()
+
+        def deliver(f: Flow) -> None:
+            delivered[f.id] = delivered.get(f.id, 0) + 1
+            if len(delivered) == len(pairs) and not done.done():
+                done.set_result(None)
+
+        def fail(e: BaseException) -> None:
+            if not done.done():
+                done.set_exception(e)
+
+        cus = {n: ControlUnit(n, clock, bus, st.onics[n], plan.routes.get(n, {}), timing,
+                              deliver, fail) for n in grid.nodes}
+        await bus.start()
+        for i, (s, d, b) in enumerate(pairs):
+            f = Flow(i, grid.nodes[s], grid.nodes[d], b, t_submit=clock.now_ns())
+            st.checker.flow_started(f)
+            cus[f.src].submit(f)
+        await done
+        for _ in range(500):  # the last RELEASEs are still in flight: wait for them (bounded)
+            if bus.received == bus.sent:
+                break
+            await asyncio.sleep(0.01)
+        await bus.close()
+        return delivered, st.checker, bus
+
+    delivered, checker, bus = asyncio.run(_with_broker(body))
+    assert delivered == dict.fromkeys(range(len(pairs)), 1)
+    assert checker.violations == [] and checker.undelivered() == []  # type: ignore[attr-defined]
+    assert bus.sent == bus.received == 3 * len(pairs)
