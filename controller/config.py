@@ -7,6 +7,7 @@ errors rather than stopping at the first, so `oddl check` can print them in one 
 from __future__ import annotations
 
 import math
+import re
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
@@ -83,6 +84,37 @@ class ControlNetwork(_Model):
     grant_lease_ns: float = Field(default=100_000, gt=0)
 
 
+class Broker(_Model):
+    """The MQTT broker of the emu/hw back ends. Secrets come from the environment."""
+
+    url: str = Field(default="embedded", description="'embedded' or mqtt://host:port, "
+                                                     "mqtts://host:port")
+    bind: str = Field(default="127.0.0.1", description="embedded broker's listen address")
+    username: str | None = None
+    password_env: str | None = Field(default=None, description="env var holding the password")
+    ca_file: str | None = Field(default=None, description="CA bundle for mqtts://")
+    client_id: str = "oddl-ctl"
+
+    @model_validator(mode="after")
+    def _url(self) -> Broker:
+        if self.url == "embedded":
+            if self.ca_file:
+                raise ValueError("the embedded broker has no TLS; ca_file needs mqtts://")
+            return self
+        m = re.fullmatch(r"(mqtts?)://([^:/]+):(\d{1,5})", self.url)
+        if m is None or not 0 < int(m[3]) < 65536:
+            raise ValueError(f"url {self.url!r}: use 'embedded' or mqtt(s)://host:port")
+        if m[1] == "mqtts" and not self.ca_file:
+            raise ValueError("mqtts:// needs ca_file (the CA that signed the broker)")
+        return self
+
+    def endpoint(self) -> tuple[str, str, int]:
+        """(scheme, host, port) of a networked broker."""
+        scheme, rest = self.url.split("://")
+        host, port = rest.rsplit(":", 1)
+        return scheme, host, int(port)
+
+
 class Grid(_Model):
     rows: int = Field(gt=0)
     cols: int = Field(gt=0)
@@ -122,6 +154,7 @@ class Testbed(_Model):
     grid: Grid
     optical: Optical
     control: ControlNetwork
+    broker: Broker = Broker()
     generate: Generate | None = None
     nodes: list[Node] = Field(default_factory=list)
     wss: list[WSS] = Field(default_factory=list)

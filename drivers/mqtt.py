@@ -17,6 +17,7 @@ import logging
 import socket
 import ssl
 from collections.abc import Callable
+from typing import Any
 
 import aiomqtt
 
@@ -123,3 +124,24 @@ class MQTTBus:
                 handler(msg)
             except Exception:  # a control unit's bug must not take the bus down
                 log.exception("mqtt: handler for %s failed on %r", node, msg)
+
+
+def bus_from_config(testbed: str, broker: Any, port: int | None = None,
+                    tap: Callable[[str, ControlMessage], None] | None = None) -> MQTTBus:
+    """An MQTTBus for a testbed's `[broker]` (an embedded broker's port is given)."""
+    import os
+
+    if broker.url == "embedded":
+        if port is None:
+            raise ValueError("the embedded broker's port is known only once it runs")
+        return MQTTBus(testbed, broker.bind, port, client_id=broker.client_id, tap=tap)
+    scheme, host, bport = broker.endpoint()
+    password = None
+    if broker.password_env:
+        password = os.environ.get(broker.password_env)
+        if password is None:
+            raise ValueError(f"broker password: environment variable {broker.password_env} "
+                             f"is not set")
+    tls = ssl.create_default_context(cafile=broker.ca_file) if scheme == "mqtts" else None
+    return MQTTBus(testbed, host, bport, username=broker.username, password=password,
+                   tls_context=tls, client_id=broker.client_id, tap=tap)

@@ -155,3 +155,22 @@ def test_experiment_errors_name_field(tmp_path: Path, root: Path) -> None:
         load_experiment(p)
     assert ei.value.issues[0].path == "workload.collective"
     assert "'ring', 'hd' or 'hier2d'" in ei.value.issues[0].reason
+
+
+@pytest.mark.parametrize("broker,reason", [
+    ('url = "mqtt://lab-broker"', "use 'embedded' or mqtt(s)://host:port"),
+    ('url = "http://x:1"', "use 'embedded' or mqtt(s)://host:port"),
+    ('url = "mqtts://x:8883"', "mqtts:// needs ca_file"),
+    ('ca_file = "ca.pem"', "the embedded broker has no TLS"),
+])
+def test_broker_section_errors(tmp_path: Path, broker: str, reason: str) -> None:
+    p = write(tmp_path, PROTO.format(nodes=four(), ports=4) + f"[broker]\n{broker}\n")
+    with pytest.raises(ConfigError) as ei:
+        load_testbed(p)
+    assert any(i.path == "broker" and reason in i.reason for i in ei.value.issues), \
+        [str(i) for i in ei.value.issues]
+
+
+def test_broker_defaults_to_embedded_on_loopback(root: Path) -> None:
+    b = load_testbed(root / "hw_configs" / "prototype-4node.toml").broker
+    assert (b.url, b.bind) == ("embedded", "127.0.0.1")
