@@ -187,6 +187,25 @@ def run(experiment: Path, backend: str, out: Path | None, iterations: int | None
         sys.exit(1)
 
 
+@main.command()
+@click.argument("testbed", type=click.Path(path_type=Path))
+@click.option("--out", type=click.Path(path_type=Path), default=None,
+              help="where to write the emu testbed config (default: <testbed>-emu.toml)")
+def emulate(testbed: Path, out: Path | None) -> None:
+    """Serve the testbed's devices on 127.0.0.1 (PYNQ.remote, serial ptys, MQTT) until Ctrl-C."""
+    import asyncio
+
+    from sim.emulate import serve
+
+    try:
+        tb = load_testbed(testbed)
+    except ConfigError as e:
+        _config_fail(e)
+        return
+    out = out or Path(f"{testbed.stem}-emu.toml")
+    asyncio.run(serve(tb, str(testbed), out, lambda line: click.echo(line)))
+
+
 @main.group()
 def countaction() -> None:
     """Count-action programs for the O-NIC engine (Lightning's abstraction)."""
