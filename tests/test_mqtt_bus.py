@@ -131,3 +131,24 @@ def test_control_units_schedule_flows_over_mqtt() -> None:
     assert delivered == dict.fromkeys(range(len(pairs)), 1)
     assert checker.violations == [] and checker.undelivered() == []  # type: ignore[attr-defined]
     assert bus.sent == bus.received == 3 * len(pairs)
+
+
+def test_last_will_marks_a_vanished_controller_offline() -> None:
+    async def body(broker: EmbeddedBroker) -> list[bytes]:
+        bus = MQTTBus("tb", "127.0.0.1", broker.port, client_id="ctl-a")
+        bus.attach("n0", lambda m: None)
+        await bus.start()
+        seen: list[bytes] = []
+        async with aiomqtt.Client("127.0.0.1", broker.port, identifier="watch") as w:
+            await w.subscribe("oddl/tb/status/ctl-a", qos=1)
+            async for m in w.messages:
+                seen.append(bytes(m.payload))  # type: ignore[arg-type]
+                if len(seen) == 1:  # "online" (retained): now vanish without DISCONNECT
+                    bus.client._client.socket().close()  # noqa: SLF001
+                if len(seen) == 2:
+                    break
+        for t in bus._tasks:  # noqa: SLF001
+            t.cancel()
+        return seen
+
+    assert asyncio.run(_with_broker(body)) == [b"online", b"offline"]
