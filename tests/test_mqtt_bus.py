@@ -144,10 +144,10 @@ def test_last_will_marks_a_vanished_controller_offline() -> None:
             async for m in w.messages:
                 seen.append(bytes(m.payload))  # type: ignore[arg-type]
                 if len(seen) == 1:  # "online" (retained): now vanish without DISCONNECT
-                    bus.client._client.socket().close()  # noqa: SLF001
+                    bus.client._client.socket().close()
                 if len(seen) == 2:
                     break
-        for t in bus._tasks:  # noqa: SLF001
+        for t in bus._tasks:
             t.cancel()
         return seen
 
