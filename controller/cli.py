@@ -191,19 +191,28 @@ def run(experiment: Path, backend: str, out: Path | None, iterations: int | None
 @click.argument("testbed", type=click.Path(path_type=Path))
 @click.option("--out", type=click.Path(path_type=Path), default=None,
               help="where to write the emu testbed config (default: <testbed>-emu.toml)")
-def emulate(testbed: Path, out: Path | None) -> None:
+@click.option("--fault", "faults", multiple=True,
+              help="slow-tx:NODE/PORT:NS | wss-route:WSS:IN/CH:OUT | dead-board:NODE | "
+                   "corrupt-link:NODE/PORT (repeatable)")
+def emulate(testbed: Path, out: Path | None, faults: tuple[str, ...]) -> None:
     """Serve the testbed's devices on 127.0.0.1 (PYNQ.remote, serial ptys, MQTT) until Ctrl-C."""
     import asyncio
 
     from sim.emulate import serve
+    from sim.faults import FaultSpecError, parse_fault
 
     try:
         tb = load_testbed(testbed)
     except ConfigError as e:
         _config_fail(e)
         return
+    try:
+        parsed = [parse_fault(f, tb) for f in faults]
+    except FaultSpecError as e:
+        click.echo(f"error: {e}", err=True)
+        sys.exit(2)
     out = out or Path(f"{testbed.stem}-emu.toml")
-    asyncio.run(serve(tb, str(testbed), out, lambda line: click.echo(line)))
+    asyncio.run(serve(tb, str(testbed), out, lambda line: click.echo(line), parsed))
 
 
 @main.group()

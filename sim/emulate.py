@@ -20,7 +20,8 @@ from controller.clock import Clock
 from controller.config import Testbed
 from controller.topology import Grid
 from sim import backend as sim_backend
-from sim.broker import EmbeddedBroker
+from sim.broker import EmbeddedBroker, free_port
+from sim.faults import Fault, apply_faults
 from sim.pynq_device import EmulatedONicDevice
 from sim.pynq_remote import RemoteBoardServer
 from sim.wss_serial import SerialWSS
@@ -49,14 +50,18 @@ class Emulation:
             await self.broker.stop()
 
 
-async def start(tb: Testbed, host: str = "127.0.0.1") -> Emulation:
+async def start(tb: Testbed, host: str = "127.0.0.1", faults: list[Fault] | None = None
+                ) -> Emulation:
     loop = asyncio.get_running_loop()
     grid = Grid.from_testbed(tb)
     emu = Emulation()
     # the devices answer hand-driven probes too (acceptance checks): record, never raise
     emu.world = sim_backend.build(tb, grid, Clock(loop), checker_mode="record")
+    apply_faults(emu.world, faults or [])
+    dead = {f.target for f in faults or [] if f.kind == "dead-board"}
     for node, board in emu.world.boards.items():
-        emu.boards[node] = await RemoteBoardServer(EmulatedONicDevice(board), host).start()
+        server = RemoteBoardServer(EmulatedONicDevice(board), host, free_port(host))
+        emu.boards[node] = server if node in dead else await server.start()  # dead: silent
     for wid, model in emu.world.wss.items():
         emu.wss[wid] = SerialWSS(model).start()
     if tb.broker.url == "embedded":
@@ -81,8 +86,11 @@ def emu_config(tb: Testbed, emu: Emulation, source: str) -> dict[str, Any]:
     return d
 
 
-async def serve(tb: Testbed, source: str, out: Path, say: Any) -> None:
-    emu = await start(tb)
+async def serve(tb: Testbed, source: str, out: Path, say: Any,
+                faults: list[Fault] | None = None) -> None:
+    emu = await start(tb, faults=faults)
+    for f in faults or []:
+        say(f"fault: {f}")
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):

@@ -76,6 +76,8 @@ class Fabric:
         self.tuned_handlers: dict[str, Callable[[str, int], None]] = {}
         self.transfers = 0
         self.bytes = 0
+        self.tune_override: dict[tuple[str, str], int] = {}  # fault: a slow transmitter
+        self.corrupt: set[tuple[str, str]] = set()  # fault: receivers whose link corrupts
 
     def duration_ns(self, nbytes: int) -> int:
         return math.ceil(nbytes * 8 / self.rate)
@@ -90,7 +92,7 @@ class Fabric:
             raise DeviceRefused(f"{node}/{port}: no channel {channel}")
         tx.tunes += 1
         tx.channel = None  # dark while the laser switches
-        tx.tune_until = now + self.tuning_ns
+        tx.tune_until = now + self.tune_override.get((node, port), self.tuning_ns)
         self.clock.call_at_ns(tx.tune_until, self._tuned, node, port, tx, channel)
 
     def _tuned(self, node: str, port: str, tx: Transmitter, channel: int) -> None:
@@ -138,6 +140,8 @@ class Fabric:
             return  # light into a blocked port: lost (already a violation)
         if rx.current is flow:
             rx.current = None
+        if self.corrupt and (dst, port) in self.corrupt:
+            rx.errors += 1  # the CRC fails; the receiver still reports the transfer
         rx.rx_bytes += flow.nbytes
         self.checker.on_arrival(self.clock.now_ns(), dst, flow, flow.nbytes)
         self.rx_handlers[dst](port, flow)

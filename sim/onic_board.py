@@ -75,6 +75,8 @@ class ONicBoard:
         self._dst_off = {p: R.BY_NAME[f"TX{p}_DST"].offset for p in R.PORTS}
         self._flow_off = {p: R.BY_NAME[f"TX{p}_FLOW"].offset for p in R.PORTS}
         self._bytes_off = {p: R.BY_NAME[f"TX{p}_BYTES"].offset for p in R.PORTS}
+        self._rx_err = {p: R.BY_NAME[f"RX{p}_ERRORS"].offset for p in R.PORTS}
+        self._seen_err = dict.fromkeys(R.PORTS, 0)
         self._rx_off = {p: {k: R.BY_NAME[f"RX{p}_{k}"].offset for k in (
             "BYTES_LO", "BYTES_HI", "SRC", "LAST_FLOW", "DST", "LAST_BYTES", "DONE_COUNT")}
             for p in R.PORTS}
@@ -230,6 +232,10 @@ class ONicBoard:
         r[o["DST"]] = self.index[flow.dst]
         r[o["LAST_BYTES"]] = flow.nbytes
         r[o["DONE_COUNT"]] = (r[o["DONE_COUNT"]] + 1) & 0xFFFFFFFF
+        errors = self.fabric.rx[(self.node, p)].errors
+        if errors != self._seen_err[p]:  # a CRC failure on this transfer: count it (W1C)
+            r[self._rx_err[p]] = (r[self._rx_err[p]] + errors - self._seen_err[p]) & 0xFFFFFFFF
+            self._seen_err[p] = errors
         for off, v in zip(self._hdr_rx[p], (flow.id >> 32, self.index[flow.src],
                                              flow.hop | flow.step << 8, flow.iteration,
                                              flow.t_submit, flow.t_submit >> 32), strict=True):

@@ -17,6 +17,7 @@ class WSSModel:
         self.reconfig_ns = reconfig_ns  # LCoS settling time: stage 1 only (milliseconds)
         self.table: list[list[int | None]] = [[None] * channels for _ in range(ports)]
         self.applied = 0
+        self.misroute: dict[tuple[int, int], int] = {}  # fault: (in, ch) -> actual out
 
     def identify(self) -> str:
         return f"oddl-emu,WSS,{self.id},{self.ports}x{self.channels}"
@@ -51,5 +52,9 @@ class WSSModel:
         return [list(r) for r in self.table]
 
     def route(self, in_port: int, channel: int) -> int | None:
+        if self.misroute:
+            bad = self.misroute.get((in_port, channel))
+            if bad is not None:
+                return bad  # a faulty LCoS: the table reads back right, the light goes here
         row = self.table[in_port]
         return row[channel] if channel < len(row) else None
