@@ -334,9 +334,13 @@ class Workload(_Model):
 
 class NetworkSpec(_Model):
     name: str = Field(min_length=1)
-    kind: Literal["oddl", "electrical"]
+    kind: Literal["oddl", "electrical", "fattree"]
     strategy: Literal["cyclic", "matched", "totientperms"] = "matched"
-    latency_ns: float = Field(default=1000.0, ge=0, description="electrical: per-flow latency")
+    latency_ns: float = Field(default=1000.0, ge=0,
+                              description="electrical: per flow; fattree: per switch")
+    hosts_per_leaf: int = Field(default=16, ge=1, description="fattree")
+    spines: int = Field(default=8, ge=1, description="fattree")
+    oversubscription: float = Field(default=1.0, gt=0, description="fattree")
 
 
 class Faults(_Model):

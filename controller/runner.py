@@ -151,8 +151,15 @@ class _NetworkRun:
             self.checker = InvariantChecker(mode=checker_mode)
             self.engine = CollectiveEngine(self.clock, schedule, ranks, self._submit_el,
                                            self.checker.flow_started)
-            self.switch = ElectricalSwitch(self.clock, ranks, tb.optical.line_rate_gbps,
-                                           spec.latency_ns, self._deliver_el)
+            if spec.kind == "fattree":
+                from sim.fattree import FatTree
+
+                self.switch = FatTree(self.clock, ranks, tb.optical.line_rate_gbps,
+                                      spec.latency_ns, self._deliver_el, spec.hosts_per_leaf,
+                                      spec.spines, spec.oversubscription)
+            else:
+                self.switch = ElectricalSwitch(self.clock, ranks, tb.optical.line_rate_gbps,
+                                               spec.latency_ns, self._deliver_el)
             self.stats = lambda: {"transfers": self.switch.flows}
             self.control_messages = lambda: 0
 

@@ -57,29 +57,74 @@ def max_min_rates(flow_links: list[tuple[object, ...]], capacity: dict[object, f
         active_links.discard(best)
 
 
-class ElectricalSwitch:
-    name = "electrical"
+def max_min_rates_np(flow_links: list[tuple[object, ...]], capacity: dict[object, float]
+                     ) -> list[float]:
+    """Progressive filling, vectorised (numpy): the same answer as `max_min_rates`."""
+    import numpy as np
 
-    def __init__(self, clock: Clock, nodes: list[str], rate_gbps: float, latency_ns: float,
+    links = list(capacity)
+    idx = {k: i for i, k in enumerate(links)}
+    nf, nl = len(flow_links), len(links)
+    rows = np.repeat(np.arange(nf), [len(ls) for ls in flow_links])
+    cols = np.fromiter((idx[k] for ls in flow_links for k in ls), dtype=np.int64,
+                       count=len(rows))
+    cap = np.array([capacity[k] for k in links], dtype=float)
+    rate = np.zeros(nf)
+    active = np.ones(nf, dtype=bool)
+    live_link = np.ones(nl, dtype=bool)
+    while active.any():
+        users = np.bincount(cols[active[rows]], minlength=nl).astype(float)
+        ok = live_link & (users > 0)
+        if not ok.any():
+            break
+        share = np.full(nl, np.inf)
+        share[ok] = cap[ok] / users[ok]
+        b = int(np.argmin(share))
+        s = share[b]
+        frozen = np.zeros(nf, dtype=bool)
+        frozen[rows[(cols == b) & active[rows]]] = True
+        rate[frozen] = s
+        np.subtract.at(cap, cols[frozen[rows]], s)
+        active &= ~frozen
+        live_link[b] = False
+    return rate.tolist()
+
+
+class FlowNetwork:
+    """Flows on fixed link paths, rates max-min fair, recomputed per connected component."""
+
+    name = "flow-network"
+    VECTORISE_ABOVE = 64  # flows in a component; below it the plain solver is faster
+
+    def __init__(self, clock: Clock, capacity: dict[object, float],
+                 path: Callable[[Flow], tuple[object, ...]], latency_ns: float,
                  deliver: Callable[[Flow], None]) -> None:
         self.clock = clock
-        self.rate = rate_gbps
+        self.capacity = capacity  # bits per ns (Gb/s)
+        self.path = path
         self.latency_ns = math.ceil(latency_ns)
         self.deliver = deliver
-        self.users: dict[tuple[str, str], list[_Active]] = {}
-        for n in nodes:
-            self.users[("up", n)] = []
-            self.users[("down", n)] = []
+        self.users: dict[object, list[_Active]] = {k: [] for k in capacity}
         self.flows = 0
         self.control_messages = 0
 
     def submit(self, flow: Flow) -> None:
         now = self.clock.now_ns()
-        a = _Active(flow, now, (("up", flow.src), ("down", flow.dst)))
+        a = _Active(flow, now, self.path(flow))  # type: ignore[arg-type]
         for link in a.links:
             self.users[link].append(a)
         self.flows += 1
         self._rebalance(a, now)
+
+    def _latency(self, flow: Flow) -> int:
+        return self.latency_ns
+
+    def _rates(self, comp: list[_Active]) -> list[float]:
+        if len(comp) == 1:
+            return [min(self.capacity[k] for k in comp[0].links)]
+        caps = {link: self.capacity[link] for a in comp for link in a.links}
+        solver = max_min_rates_np if len(comp) > self.VECTORISE_ABOVE else max_min_rates
+        return solver([a.links for a in comp], caps)
 
     def _component(self, seed: _Active) -> list[_Active]:
         seen = {id(seed): seed}
@@ -98,11 +143,7 @@ class ElectricalSwitch:
         for a in comp:
             a.remaining -= a.rate * (now - a.last)
             a.last = now
-        if len(comp) == 1:
-            rates = [self.rate]
-        else:
-            caps = {link: self.rate for a in comp for link in a.links}
-            rates = max_min_rates([a.links for a in comp], caps)
+        rates = self._rates(comp)
         for a, r in zip(comp, rates, strict=True):
             if a.handle is not None and r == a.rate:
                 continue
@@ -119,9 +160,25 @@ class ElectricalSwitch:
             lst = self.users[link]
             lst.remove(a)
             neighbours.extend(lst)
-        self.clock.call_at_ns(now + self.latency_ns, self.deliver, a.flow)
+        self.clock.call_at_ns(now + self._latency(a.flow), self.deliver, a.flow)
         done: set[int] = set()
         for b in neighbours:
             if id(b) not in done:
                 done.update(id(c) for c in self._component(b))
                 self._rebalance(b, now)
+
+
+class ElectricalSwitch(FlowNetwork):
+    """The ideal one-tier switch: a flow crosses only its source's up and destination's
+    down link, each at the line rate."""
+
+    name = "electrical"
+
+    def __init__(self, clock: Clock, nodes: list[str], rate_gbps: float, latency_ns: float,
+                 deliver: Callable[[Flow], None]) -> None:
+        cap: dict[object, float] = {}
+        for n in nodes:
+            cap[("up", n)] = rate_gbps
+            cap[("down", n)] = rate_gbps
+        super().__init__(clock, cap, lambda f: (("up", f.src), ("down", f.dst)), latency_ns,
+                         deliver)
