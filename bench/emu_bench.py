@@ -19,7 +19,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from controller.messages import Grant, Request  # noqa: E402
+from controller.acceptance import percentile, request_grant_rtt  # noqa: E402
 from drivers.mqtt import MQTTBus  # noqa: E402
 from sim.broker import EmbeddedBroker, free_port  # noqa: E402
 
@@ -45,34 +45,9 @@ def remote_register_ops(pairs: int = 2000) -> dict[str, float]:
 
 async def rtt(port: int, n: int = 500, **auth: str) -> dict[str, float]:
     bus = MQTTBus("bench", "127.0.0.1", port, client_id="bench", **auth)
-    sent: dict[int, float] = {}
-    samples: list[float] = []
-    done = asyncio.Event()
-
-    def on_n1(m: object) -> None:  # the receiver grants at once
-        r = m  # type: ignore[assignment]
-        bus.send("n1", "n0", Grant(r.flow, 0, "n1", "n0", "H", 0, 0))  # type: ignore[attr-defined]
-
-    def on_n0(m: object) -> None:
-        samples.append(time.perf_counter() - sent[m.flow])  # type: ignore[attr-defined]
-        if len(samples) == n + 20:
-            done.set()
-        else:
-            ask(len(samples))
-
-    def ask(i: int) -> None:
-        sent[i] = time.perf_counter()
-        bus.send("n0", "n1", Request(i, 0, "n0", "n1", "H", 0, 64))
-
-    bus.attach("n0", on_n0)
-    bus.attach("n1", on_n1)
-    await bus.start()
-    ask(0)
-    await asyncio.wait_for(done.wait(), 120)
-    await bus.close()
-    s = sorted(samples[20:])  # drop warm-up
+    s = await request_grant_rtt(bus, n)  # the acceptance suite's own measurement
     return {"samples": len(s), "p50_ms": 1e3 * statistics.median(s),
-            "p99_ms": 1e3 * s[int(0.99 * (len(s) - 1))]}
+            "p99_ms": 1e3 * percentile(s, 0.99)}
 
 
 async def embedded_rtt() -> dict[str, float]:

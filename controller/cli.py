@@ -215,6 +215,42 @@ def emulate(testbed: Path, out: Path | None, faults: tuple[str, ...]) -> None:
     asyncio.run(serve(tb, str(testbed), out, lambda line: click.echo(line), parsed))
 
 
+@main.command()
+@click.argument("testbed", type=click.Path(path_type=Path))
+@click.option("--backend", type=click.Choice(["emu", "hw"]), default=None,
+              help="emu: start `oddl emulate TESTBED` and accept that; hw: the devices the "
+                   "config names (default: emu for a sim testbed, else hw)")
+@click.option("--report", type=click.Path(path_type=Path), default=None,
+              help="report directory (default: accept-<testbed>-<time>)")
+@click.option("--only", "only", multiple=True,
+              help="run only this check (repeatable): reachable, identity, registers, "
+                   "tuning, routes, loopback, control-rtt, countaction")
+@click.option("--fault", "faults", multiple=True, help="emu: inject a device fault "
+              "(see `oddl emulate --help`)")
+@click.option("--wait", "wait_s", type=float, default=0.0,
+              help="seconds to wait for a testbed another run holds (default: refuse)")
+def accept(testbed: Path, backend: str | None, report: Path | None, only: tuple[str, ...],
+           faults: tuple[str, ...], wait_s: float) -> None:
+    """Pass or fail a testbed, device by device, with the measured figures."""
+    from controller import accept as acc
+    from controller.lock import TestbedBusy
+
+    try:
+        tb = load_testbed(testbed)
+    except ConfigError as e:
+        _config_fail(e)
+        return
+    backend = backend or ("emu" if tb.testbed.backend == "sim" else "hw")
+    report = report or Path(f"accept-{tb.name}-{time.strftime('%Y%m%d-%H%M%S')}")
+    try:
+        rc = acc.run(testbed, tb, backend, report, list(only), list(faults), wait_s,
+                     lambda line: click.echo(line))
+    except (acc.AcceptError, TestbedBusy) as e:
+        click.echo(f"error: {e}", err=True)
+        sys.exit(3 if isinstance(e, TestbedBusy) else 2)
+    sys.exit(rc)
+
+
 @main.group()
 def countaction() -> None:
     """Count-action programs for the O-NIC engine (Lightning's abstraction)."""

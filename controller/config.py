@@ -149,12 +149,31 @@ class Meta(_Model):
     backend: Literal["sim", "emu", "hw"] = "sim"
 
 
+class Acceptance(_Model):
+    """What `oddl accept` holds the testbed to (the figures a lab signs off)."""
+
+    design_version: str = Field(default="0.1", pattern=r"^\d+\.\d+$",
+                                description="O-NIC design version major.minor")
+    bitstream_sha256: str | None = Field(
+        default=None, pattern=r"^[0-9a-f]{64}$",
+        description="expected bitstream hash; default: the shipped overlay's")
+    tuning_resolution_ns: float = Field(
+        default=1.0, ge=0, description="timestamp counter tick: slack on the tuning spec")
+    route_bytes: int = Field(default=4096, gt=0, description="test transfer per WSS route")
+    loopback_bytes: int = Field(default=1_000_000, gt=0, description="per-link loopback")
+    control_rtt_p99_ms: float = Field(default=5.0, gt=0,
+                                      description="REQUEST->GRANT round trip on the bus")
+    control_rtt_samples: int = Field(default=200, ge=10)
+    timeout_s: float = Field(default=2.0, gt=0, description="device wait per operation")
+
+
 class Testbed(_Model):
     testbed: Meta
     grid: Grid
     optical: Optical
     control: ControlNetwork
     broker: Broker = Broker()
+    acceptance: Acceptance = Acceptance()
     generate: Generate | None = None
     nodes: list[Node] = Field(default_factory=list)
     wss: list[WSS] = Field(default_factory=list)

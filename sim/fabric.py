@@ -20,10 +20,11 @@ from sim.wss import WSSModel
 
 
 class Transmitter:
-    __slots__ = ("busy", "channel", "sent_bytes", "tune_until", "tunes")
+    __slots__ = ("busy", "channel", "sent_bytes", "tune_from", "tune_until", "tunes")
 
     def __init__(self) -> None:
         self.channel: int | None = None
+        self.tune_from = -1  # ns; when the last tune began
         self.tune_until = -1  # ns; tuning while now < tune_until
         self.busy: Flow | None = None
         self.tunes = 0
@@ -92,6 +93,7 @@ class Fabric:
             raise DeviceRefused(f"{node}/{port}: no channel {channel}")
         tx.tunes += 1
         tx.channel = None  # dark while the laser switches
+        tx.tune_from = now
         tx.tune_until = now + self.tune_override.get((node, port), self.tuning_ns)
         self.clock.call_at_ns(tx.tune_until, self._tuned, node, port, tx, channel)
 

@@ -16,9 +16,11 @@ from controller.devices import DeviceRefused
 from controller.messages import Flow
 from fpga import regmap as R
 from fpga.countaction import ACTION_NAMES
+from fpga.overlay import placeholder_bit
 from sim.fabric import Fabric
 
-PLACEHOLDER_HASH = hashlib.sha256(b"oddl placeholder bitstream").digest()
+# power-on: the board boots the shipped (placeholder) overlay, as a flashed board would
+PLACEHOLDER_HASH = hashlib.sha256(placeholder_bit()).digest()
 
 _SPECIAL = ("TS_", "_STATUS", "_CUR_FLOW")
 _IRQ_STATUS = R.BY_NAME["IRQ_STATUS"].offset
@@ -61,7 +63,6 @@ class ONicBoard:
         self.routes = [0] * (2 * R.ROUTE_ENTRIES)
         self.ca = [_CAModule() for _ in range(R.N_MODULES)]
         self.ports = fabric.ports[node]
-        self.tune_started: dict[str, int] = {}
         self.start_after_tune: set[str] = set()  # CA "start" issued while its port tunes
         self.tuning_pending: set[str] = set()  # ports whose lock has not been reported yet
         self._ca_index: dict[int, list[int]] | None = None
@@ -180,12 +181,14 @@ class ONicBoard:
             self._flag("IRQ_STATUS", R.IRQ_BITS["ERROR"])
             self._interrupt()
             return
-        self.tune_started[p] = self.clock.now_ns()
         self.tuning_pending.add(p)
 
     def _tuned(self, p: str, ch: int) -> None:
         self.tuning_pending.discard(p)
-        self._set(f"TX{p}_TUNE_NS", self.clock.now_ns() - self.tune_started.get(p, 0))
+        # latched by the timestamp counter at lock: the modelled lock instant, not the
+        # moment a (real-time, emu) loop got round to this callback
+        tx = self.fabric.tx[(self.node, p)]
+        self._set(f"TX{p}_TUNE_NS", tx.tune_until - tx.tune_from)
         self._flag("IRQ_STATUS", R.IRQ_BITS[f"TUNED_{p}"])
         if p in self.start_after_tune:
             self.start_after_tune.discard(p)

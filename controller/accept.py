@@ -1,0 +1,127 @@
+"""`oddl accept`: lock the testbed, (for emu) start the emulator, run the acceptance suite.
+
+The suite is plain pytest (tests/acceptance with the `oddl` plugin, controller/acceptance.py);
+this module only decides what it runs against, holds the testbed lock for the duration,
+and asks pytest for the JUnit XML beside the plugin's summary.json / summary.md.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from controller.config import Testbed
+from controller.lock import TestbedLock
+
+SUITE = Path(__file__).resolve().parent.parent / "tests" / "acceptance"
+
+# --only names -> the check functions they select
+CHECKS = {
+    "reachable": "test_board_reachable",
+    "identity": "test_identity",
+    "registers": "test_register_readback",
+    "tuning": "test_tuning_time",
+    "routes": "test_wss_route",
+    "loopback": "test_link_loopback",
+    "control-rtt": "test_control_rtt",
+    "countaction": "test_countaction_readback",
+}
+
+
+class AcceptError(RuntimeError):
+    pass
+
+
+@contextmanager
+def emulated(testbed: Path, faults: list[str], workdir: Path,
+             say: Callable[[str], None]) -> Iterator[Path]:
+    """`oddl emulate TESTBED` as a child process (exactly what a user would start by hand);
+    yields the emu config it writes, stops it with SIGINT on the way out."""
+    out = workdir / f"{testbed.stem}-emu.toml"
+    cmd = [sys.executable, "-m", "controller.cli", "emulate", str(testbed), "--out", str(out)]
+    for f in faults:
+        cmd += ["--fault", f]
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    killer = threading.Timer(60, proc.kill)  # it must come up within a minute
+    killer.start()
+    try:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            if line.strip().startswith("fault:"):
+                say(f"emulator {line.strip()}")
+            if line.strip() == "ready":
+                break
+        killer.cancel()
+        if proc.poll() is not None:
+            err = proc.stderr.read() if proc.stderr else ""
+            raise AcceptError(f"emulator exited ({proc.returncode}): {err.strip()}")
+        yield out
+    finally:
+        killer.cancel()
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGINT)
+            try:
+                proc.wait(20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+
+
+def pytest_args(config: Path, report: Path, only: list[str]) -> list[str]:
+    if not SUITE.is_dir():
+        raise AcceptError(f"the acceptance checks are not at {SUITE}: install oddl from its "
+                          "source tree (pip install -e .)")
+    unknown = [o for o in only if o not in CHECKS]
+    if unknown:
+        raise AcceptError(f"--only: unknown check(s) {', '.join(unknown)} (known: "
+                          f"{', '.join(CHECKS)})")
+    args = [str(SUITE), "--testbed", str(config), "--accept-report", str(report),
+            f"--junitxml={report / 'junit.xml'}", "-o", "junit_family=xunit2",
+            "-p", "no:cacheprovider", "-q", "-rfs", "--rootdir", str(SUITE.parent.parent)]
+    if only:
+        args += ["-k", " or ".join(CHECKS[o] for o in only)]
+    return args
+
+
+def run(testbed_path: Path, tb: Testbed, backend: str, report: Path, only: list[str],
+        faults: list[str], wait_s: float, say: Callable[[str], None]) -> int:
+    """The suite's exit code: 0 all passed, 1 a check failed, 2 it could not run."""
+    import pytest
+
+    report.mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    if backend == "emu":
+        # a private emulated copy of the testbed: nothing shared, nothing to lock
+        with tempfile.TemporaryDirectory(prefix="oddl-accept-") as d, \
+                emulated(testbed_path, faults, Path(d), say) as cfg:
+            say(f"emulated {tb.name}: {cfg}")
+            rc = pytest.main(pytest_args(cfg, report, only))
+    else:
+        if faults:
+            raise AcceptError("--fault is for --backend emu (real devices bring their own)")
+        lock = TestbedLock(tb.name, purpose=f"oddl accept (pid {os.getpid()})")
+        lock.acquire(wait_s)  # TestbedBusy names the holder
+        try:
+            rc = pytest.main(pytest_args(testbed_path, report, only))
+        finally:
+            lock.release()
+    summary = report / "summary.json"
+    if summary.exists():
+        import json
+
+        d = json.loads(summary.read_text())
+        for c in d["checks"]:
+            if c["outcome"] == "failed":
+                say(f"FAIL {c['check']}: {c['message']}")
+        say(f"{d['verdict']}: {d['counts']['passed']} passed, {d['counts']['failed']} "
+            f"failed, {d['counts']['skipped']} skipped")
+    say(f"acceptance of {tb.name} ({backend}) took {time.perf_counter() - t0:.1f} s; "
+        f"report: {report}")
+    return {0: 0, 1: 1}.get(int(rc), 2)

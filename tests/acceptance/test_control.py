@@ -1,0 +1,69 @@
+"""The control plane and the count-action engine."""
+
+from __future__ import annotations
+
+import asyncio
+import statistics
+
+import pytest
+
+from controller.acceptance import Bench, percentile, request_grant_rtt
+from fpga import regmap as R
+from fpga.countaction import Program, compile_program, step_sync, streamer
+
+pytestmark = pytest.mark.acceptance
+
+
+def test_control_rtt(bench: Bench, figure) -> None:  # type: ignore[no-untyped-def]
+    """REQUEST -> GRANT through the testbed's MQTT broker (with its authentication/TLS)."""
+    from drivers.mqtt import bus_from_config
+
+    tb, spec = bench.tb, bench.spec
+    if tb.broker.url == "embedded":
+        pytest.fail("broker 'embedded' exists only inside a running oddl: the config must "
+                    "name the broker (mqtt://HOST:PORT), as `oddl emulate` writes it",
+                    pytrace=False)
+    broker = tb.broker.model_copy(update={"client_id": f"{tb.broker.client_id}-accept"})
+
+    async def measure() -> list[float]:  # the bus is made on the loop it runs on
+        return await request_grant_rtt(bus_from_config(tb.name, broker),
+                                       spec.control_rtt_samples)
+
+    try:
+        rtt = asyncio.run(measure())
+    except Exception as e:
+        pytest.fail(f"broker {tb.broker.url}: {type(e).__name__}: {e}", pytrace=False)
+    p50, p99 = 1e3 * statistics.median(rtt), 1e3 * percentile(rtt, 0.99)
+    figure("REQUEST->GRANT p50", round(p50, 3), "ms")
+    figure("REQUEST->GRANT p99", round(p99, 3), "ms", spec=f"<= {spec.control_rtt_p99_ms} ms")
+    figure("samples", len(rtt))
+    if p99 > spec.control_rtt_p99_ms:
+        pytest.fail(f"control round trip p99 {p99:.3f} ms > {spec.control_rtt_p99_ms} ms "
+                    f"(broker {tb.broker.url})", pytrace=False)
+
+
+def test_countaction_readback(bench: Bench, node: str, figure) -> None:  # type: ignore[no-untyped-def]
+    """Load the talk's streamer and a step-sync program, read the engine back, compare the
+    register images; then disarm, so the checks after this one see a quiet engine."""
+    drv = bench.board(node)
+    prog = Program(streamer(2).modules + step_sync([4096, 8192, 4096]).modules)
+    want = compile_program(prog)
+    drv.load_countaction(prog)
+    try:
+        back = drv.read_countaction([m.name for m in prog.modules])
+        got = compile_program(back)
+        armed = [drv.ca_status(s)["armed"] for s in range(len(prog.modules))]
+    finally:
+        for s in range(len(prog.modules)):
+            drv.mmio.write(R.CA_BASE + s * R.CA_STRIDE, 0)  # CTRL: disarm
+    figure("modules read back identical",
+           f"{sum(a == b for a, b in zip(want['modules'], got['modules'], strict=False))}"
+           f"/{len(prog.modules)}", spec="all")
+    if got != want:
+        diff = [m["name"] for m, g in zip(want["modules"], got["modules"], strict=False)
+                if m != g]
+        pytest.fail(f"{node}: count-action engine read back differently in "
+                    f"{', '.join(diff) or 'module count'}", pytrace=False)
+    idle = [m.name for m, a in zip(prog.modules, armed, strict=True) if not a]
+    if idle:
+        pytest.fail(f"{node}: modules {idle} not armed after load", pytrace=False)

@@ -1,0 +1,152 @@
+"""`oddl accept` against `oddl emulate`: passes a healthy testbed, and each injected fault
+fails exactly the check that should catch it, with a message naming the device."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+
+from controller.lock import TestbedBusy, TestbedLock
+
+PROTO = "hw_configs/prototype-4node.toml"
+
+
+def accept(root: Path, *args: str, env: dict[str, str] | None = None
+           ) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "controller.cli", "accept", *args],
+                          cwd=root, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, **(env or {})})
+
+
+def summary(report: Path) -> dict:  # type: ignore[type-arg]
+    return json.loads((report / "summary.json").read_text())
+
+
+def outcomes(report: Path, kind: str) -> dict[str, str]:
+    return {c["check"]: c["message"] for c in summary(report)["checks"] if c["outcome"] == kind}
+
+
+def test_healthy_emulated_prototype_passes(root: Path, tmp_path: Path) -> None:
+    r = accept(root, PROTO, "--report", str(tmp_path))
+    assert r.returncode == 0, r.stdout + r.stderr
+    s = summary(tmp_path)
+    assert s["verdict"] == "PASS" and s["backend"] == "emu"
+    # 4 boards x (reachable, identity, registers, count-action), 4 transmitters, 8 routes,
+    # 4 links, 1 control round trip
+    assert s["counts"] == {"passed": 33, "failed": 0, "skipped": 0}
+    figs = {c["check"]: {f["name"]: f for f in c["figures"]} for c in s["checks"]}
+    tune = figs["test_tuning_time[n0/H]"]["worst tuning time"]
+    assert tune["value"] == 11 and "10.5" in tune["spec"]  # 10.5 ns at 1 ns resolution
+    assert figs["test_wss_route[wss-row0:in2/ch1]"]["received at"]["value"] == "n0"
+    assert figs["test_link_loopback[n1/H]"]["CRC errors"]["value"] == 0
+    assert figs["test_control_rtt"]["REQUEST->GRANT p99"]["value"] > 0
+    junit = ET.parse(tmp_path / "junit.xml").getroot()
+    cases = junit.findall(".//testcase")
+    assert len(cases) == 33 and not junit.findall(".//failure")
+    md = (tmp_path / "summary.md").read_text()
+    assert "**PASS**" in md and "worst tuning time = 11 ns" in md
+
+
+@pytest.mark.parametrize("fault,check,message", [
+    ("slow-tx:n1/H:25", "test_tuning_time[n1/H]",
+     "n1/H tunes slower than 10.5 ns: 1565.941 -> 1546.5377 nm: 25 ns"),
+    ("wss-route:wss-row0:0/1:3", "test_wss_route[wss-row0:in0/ch1]",
+     "wss-row0 in 0 (n0) on 1546.5377 nm: expected at n2, light landed at n3"),
+    ("dead-board:n2", "test_board_reachable[n2]", "board n2 (grpc://127.0.0.1:"),
+    ("corrupt-link:n3/H", "test_link_loopback[n3/H]",
+     "n3/H loopback: 1000000 of 1000000 B, 1 CRC errors"),
+])
+def test_each_fault_fails_exactly_its_check(root: Path, tmp_path: Path, fault: str,
+                                            check: str, message: str) -> None:
+    r = accept(root, PROTO, "--fault", fault, "--report", str(tmp_path))
+    assert r.returncode == 1, r.stdout + r.stderr
+    failed = outcomes(tmp_path, "failed")
+    assert list(failed) == [check]
+    assert failed[check].startswith(message), failed[check]
+    assert f"FAIL {check}: {message}" in r.stdout
+    assert summary(tmp_path)["verdict"] == "FAIL"
+    if fault.startswith("dead-board"):  # what needs n2 is skipped, naming the cause
+        skipped = outcomes(tmp_path, "skipped")
+        assert "test_identity[n2]" in skipped and "test_link_loopback[n2/H]" in skipped
+        assert all("n2, which is unreachable" in m for m in skipped.values())
+        assert "test_identity[n1]" not in skipped
+
+
+def test_only_selects_checks(root: Path, tmp_path: Path) -> None:
+    r = accept(root, PROTO, "--only", "tuning", "--only", "identity", "--report",
+               str(tmp_path))
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert sorted({c["check"].split("[")[0] for c in summary(tmp_path)["checks"]}) == [
+        "test_identity", "test_tuning_time"]
+    r = accept(root, PROTO, "--only", "warp-drive")
+    assert r.returncode == 2 and "unknown check(s) warp-drive" in r.stderr
+
+
+def test_absent_board_skips_and_unanswering_board_fails(root: Path, tmp_path: Path) -> None:
+    """No address in the config: skipped with the reason. An address that does not answer:
+    failed (a board that vanished from the lab must not pass by omission)."""
+    text = (root / PROTO).read_text()
+    text = text.replace('board = "onic2"\n', "").replace('board = "onic3"\n', "")  # absent
+    text = text.replace('board = "onic1"', 'board = "grpc://127.0.0.1:9"')  # nothing there
+    cfg = tmp_path / "tb.toml"
+    cfg.write_text(text.replace('backend = "sim"', 'backend = "hw"'))
+    r = accept(root, str(cfg), "--only", "reachable", "--report", str(tmp_path / "r"),
+               env={"ODDL_LOCK_DIR": str(tmp_path / "locks")})
+    assert r.returncode == 1, r.stdout + r.stderr
+    failed = outcomes(tmp_path / "r", "failed")
+    assert sorted(failed) == ["test_board_reachable[n0]", "test_board_reachable[n1]"]
+    # n0 still says 'onic0', a name a lab must replace by an address
+    assert failed["test_board_reachable[n0]"] == (
+        "board n0 (onic0): board address 'onic0' is neither grpc://HOST:PORT nor 'local'")
+    assert failed["test_board_reachable[n1]"] == (
+        "board n1 (grpc://127.0.0.1:9): Failed to connect to remote device")
+    assert outcomes(tmp_path / "r", "skipped") == {
+        f"test_board_reachable[{n}]": f"{n}: no board address in the testbed config"
+        for n in ("n2", "n3")}
+
+
+def test_second_run_on_a_held_testbed_is_refused_naming_the_holder(root: Path,
+                                                                    tmp_path: Path) -> None:
+    env = {"ODDL_LOCK_DIR": str(tmp_path)}
+    holder = TestbedLock("prototype-4node", purpose="oddl run table1 (by the test)",
+                         directory=tmp_path).acquire()
+    try:
+        r = accept(root, PROTO, "--backend", "hw", "--wait", "0.3", env=env)
+        assert r.returncode == 3
+        assert "testbed 'prototype-4node' is in use by oddl run table1 (by the test) " \
+               f"(pid {os.getpid()}" in r.stderr
+        assert "after waiting" in r.stderr
+    finally:
+        holder.release()
+
+
+def test_lock_is_released_when_its_holder_dies(tmp_path: Path) -> None:
+    code = ("import sys,time; from controller.lock import TestbedLock; "
+            f"TestbedLock('tb', 'holder', __import__('pathlib').Path({str(tmp_path)!r}))"
+            ".acquire(); print('held', flush=True); time.sleep(60)")
+    p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        assert p.stdout is not None and p.stdout.readline().strip() == "held"
+        with pytest.raises(TestbedBusy, match=rf"in use by holder \(pid {p.pid}"):
+            TestbedLock("tb", directory=tmp_path).acquire()
+    finally:
+        p.kill()
+        p.wait()
+    TestbedLock("tb", directory=tmp_path).acquire().release()  # no stale lock to clean
+
+
+def test_lock_waits_for_the_holder(tmp_path: Path) -> None:
+    a = TestbedLock("tb", "first", tmp_path).acquire()
+    b = TestbedLock("tb", "second", tmp_path)
+    with pytest.raises(TestbedBusy, match="in use by first"):
+        b.acquire()
+    a.release()
+    b.acquire(wait_s=1.0)
+    assert b.holder()["command"] == "second"
+    b.release()
