@@ -352,14 +352,26 @@ class Workload(_Model):
 
 
 class NetworkSpec(_Model):
+    """One network of an experiment; the parameters of the baselines are documented in
+    docs/baselines.md."""
+
     name: str = Field(min_length=1)
-    kind: Literal["oddl", "electrical", "fattree"]
+    kind: Literal["oddl", "electrical", "fattree", "sipring", "topoopt"]
+    collective: Literal["ring", "hd", "hier2d"] | None = Field(
+        default=None, description="the collective this network runs (default: the workload's)")
     strategy: Literal["cyclic", "matched", "totientperms"] = "matched"
     latency_ns: float = Field(default=1000.0, ge=0,
-                              description="electrical: per flow; fattree: per switch")
+                              description="electrical/sipring: per flow; fattree: per switch; "
+                                          "topoopt: per hop")
     hosts_per_leaf: int = Field(default=16, ge=1, description="fattree")
     spines: int = Field(default=8, ge=1, description="fattree")
     oversubscription: float = Field(default=1.0, gt=0, description="fattree")
+    wavelengths: int = Field(default=64, ge=1, description="sipring: channels per fibre")
+    degree: int = Field(default=4, ge=1, description="sipring: transceivers per node; "
+                                                     "topoopt: ports per node")
+    reconfig_ns: float = Field(default=25_000.0, ge=0, description="sipring: MRR retuning")
+    link_gbps: float | None = Field(default=None, gt=0,
+                                    description="topoopt: per port (default: the line rate)")
 
 
 class Faults(_Model):

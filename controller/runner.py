@@ -145,21 +145,15 @@ class _NetworkRun:
             self.stats = oddl_stats
             self.control_messages = lambda: bus.sent
         else:
-            from sim.electrical import ElectricalSwitch
             from sim.invariants import InvariantChecker
 
             self.checker = InvariantChecker(mode=checker_mode)
             self.engine = CollectiveEngine(self.clock, schedule, ranks, self._submit_el,
                                            self.checker.flow_started)
-            if spec.kind == "fattree":
-                from sim.fattree import FatTree
+            from sim.baselines import build_network
 
-                self.switch = FatTree(self.clock, ranks, tb.optical.line_rate_gbps,
-                                      spec.latency_ns, self._deliver_el, spec.hosts_per_leaf,
-                                      spec.spines, spec.oversubscription)
-            else:
-                self.switch = ElectricalSwitch(self.clock, ranks, tb.optical.line_rate_gbps,
-                                               spec.latency_ns, self._deliver_el)
+            self.switch = build_network(spec, self.clock, ranks, tb.optical.line_rate_gbps,
+                                        self._deliver_el)
             self.stats = lambda: {"transfers": self.switch.flows}
             self.control_messages = lambda: 0
 
@@ -237,10 +231,14 @@ def run_experiment(ctx: LoadedExperiment, backend: str = "sim", store: RunStore 
     full = total_iterations(w, n)
     n_iter = iterations or exp.iterations or full
     by_name = {s.name: s for s in exp.networks}
+    schedules = {s.name: schedule if s.collective in (None, w.collective)
+                 else build(s.collective, n, size, tb.grid.rows, tb.grid.cols)
+                 for s in exp.networks}
 
     if w.calibrate is not None:
         cal = w.calibrate
-        probe = _NetworkRun(ctx, by_name[cal.network], grid, schedule, backend, "raise")
+        probe = _NetworkRun(ctx, by_name[cal.network], grid, schedules[cal.network], backend,
+                            "raise")
         t = probe.run(3, 0, None, None, False)
         comm_ns = sum(b - a for a, b in t) / len(t)
         per_iter = cal.training_time_min * 60e9 / full
@@ -259,7 +257,7 @@ def run_experiment(ctx: LoadedExperiment, backend: str = "sim", store: RunStore 
     results: dict[str, NetworkResult] = {}
     violations: list[str] = []
     for spec in exp.networks:
-        run = _NetworkRun(ctx, spec, grid, schedule, backend, checker_mode)
+        run = _NetworkRun(ctx, spec, grid, schedules[spec.name], backend, checker_mode)
         if store is not None:
             meta: dict[str, Any] = {"spec": spec.model_dump(), "compute_ns": compute_ns}
             if run.plan is not None:

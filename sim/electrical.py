@@ -11,25 +11,37 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
+import numpy as np
+
 from controller.clock import Clock
 from controller.messages import Flow
 
 
 class _Active:
-    __slots__ = ("flow", "handle", "last", "links", "rate", "remaining")
+    __slots__ = ("done", "flow", "handle", "last", "lidx", "links", "rate", "remaining")
 
-    def __init__(self, flow: Flow, now: int, links: tuple[tuple[str, str], tuple[str, str]]):
+    def __init__(self, flow: Flow, now: int, links: tuple[object, ...], lidx: np.ndarray):
         self.flow = flow
         self.remaining = float(flow.nbytes * 8)  # bits
         self.rate = 0.0  # bits per ns
         self.last = now
         self.links = links
+        self.lidx = lidx  # link indices, for the whole-network solve
         self.handle = None
+        self.done = False
+
+
+TIE = 1e-9  # relative: shares this close are one water level (floating-point noise)
 
 
 def max_min_rates(flow_links: list[tuple[object, ...]], capacity: dict[object, float]
                   ) -> list[float]:
-    """Progressive filling: raise all unfrozen rates together until a link saturates."""
+    """Progressive filling: raise all unfrozen rates together until links saturate.
+
+    The water level never falls: a link left with a rounding residue of capacity and an
+    unfrozen flow saturates at the current level (in exact arithmetic that flow would
+    have frozen with the others), instead of starving the flow at a near-zero rate.
+    """
     n = len(flow_links)
     rate = [0.0] * n
     frozen = [False] * n
@@ -38,56 +50,67 @@ def max_min_rates(flow_links: list[tuple[object, ...]], capacity: dict[object, f
     for i, ls in enumerate(flow_links):
         for link in ls:
             users.setdefault(link, []).append(i)
-    active_links = {link for link in users}
+    live = dict.fromkeys(users)  # insertion-ordered: deterministic
+    level = 0.0
     while True:
-        best, share = None, math.inf
-        for link in active_links:
+        shares = {}
+        for link in live:
             k = sum(1 for i in users[link] if not frozen[i])
-            if k and cap[link] / k < share:
-                best, share = link, cap[link] / k
-        if best is None:
+            if k:
+                shares[link] = cap[link] / k
+        if not shares:
             return rate
-        for i in users[best]:
-            if frozen[i]:
-                continue
-            frozen[i] = True
-            rate[i] = share
-            for link in flow_links[i]:
-                cap[link] -= share
-        active_links.discard(best)
+        level = max(level, min(shares.values()))
+        sat = [link for link, sh in shares.items() if sh <= level * (1 + TIE)]
+        for link in sat:
+            for i in users[link]:
+                if frozen[i]:
+                    continue
+                frozen[i] = True
+                rate[i] = level
+                for other in flow_links[i]:
+                    cap[other] -= level
+            del live[link]
+        for link in [k for k in live if k not in shares]:
+            del live[link]  # every user frozen: nothing left to share
+
+
+def max_min_arrays(rows: np.ndarray, cols: np.ndarray, nf: int, cap: np.ndarray
+                   ) -> np.ndarray:
+    """Progressive filling on an incidence list (entry e: flow rows[e] crosses link
+    cols[e]). Each round saturates every link whose fair share equals the minimum at once,
+    so symmetric traffic takes a few rounds, not one per link."""
+    nl = len(cap)
+    cap = cap.astype(float)
+    rate = np.zeros(nf)
+    live = np.ones(nl, dtype=bool)
+    level = 0.0
+    while len(rows):
+        users = np.bincount(cols, minlength=nl)
+        ok = live & (users > 0)
+        share = np.divide(cap, users, out=np.full(nl, np.inf), where=ok)
+        s = level = max(level, float(share.min()))  # the water level never falls
+        sat = ok & (share <= s * (1 + TIE))
+        frozen = np.zeros(nf, dtype=bool)
+        frozen[rows[sat[cols]]] = True
+        rate[frozen] = s
+        gone = frozen[rows]
+        cap -= s * np.bincount(cols[gone], minlength=nl)
+        live &= ~sat
+        rows, cols = rows[~gone], cols[~gone]  # only unfrozen flows' entries remain
+    return rate
 
 
 def max_min_rates_np(flow_links: list[tuple[object, ...]], capacity: dict[object, float]
                      ) -> list[float]:
     """Progressive filling, vectorised (numpy): the same answer as `max_min_rates`."""
-    import numpy as np
-
     links = list(capacity)
     idx = {k: i for i, k in enumerate(links)}
-    nf, nl = len(flow_links), len(links)
-    rows = np.repeat(np.arange(nf), [len(ls) for ls in flow_links])
+    rows = np.repeat(np.arange(len(flow_links)), [len(ls) for ls in flow_links])
     cols = np.fromiter((idx[k] for ls in flow_links for k in ls), dtype=np.int64,
                        count=len(rows))
     cap = np.array([capacity[k] for k in links], dtype=float)
-    rate = np.zeros(nf)
-    active = np.ones(nf, dtype=bool)
-    live_link = np.ones(nl, dtype=bool)
-    while active.any():
-        users = np.bincount(cols[active[rows]], minlength=nl).astype(float)
-        ok = live_link & (users > 0)
-        if not ok.any():
-            break
-        share = np.full(nl, np.inf)
-        share[ok] = cap[ok] / users[ok]
-        b = int(np.argmin(share))
-        s = share[b]
-        frozen = np.zeros(nf, dtype=bool)
-        frozen[rows[(cols == b) & active[rows]]] = True
-        rate[frozen] = s
-        np.subtract.at(cap, cols[frozen[rows]], s)
-        active &= ~frozen
-        live_link[b] = False
-    return rate.tolist()
+    return max_min_arrays(rows, cols, len(flow_links), cap).tolist()
 
 
 class FlowNetwork:
@@ -95,6 +118,7 @@ class FlowNetwork:
 
     name = "flow-network"
     VECTORISE_ABOVE = 64  # flows in a component; below it the plain solver is faster
+    GLOBAL_ABOVE = 256  # a component this big: solve every active flow at once (vectorised)
 
     def __init__(self, clock: Clock, capacity: dict[object, float],
                  path: Callable[[Flow], tuple[object, ...]], latency_ns: float,
@@ -104,17 +128,55 @@ class FlowNetwork:
         self.path = path
         self.latency_ns = math.ceil(latency_ns)
         self.deliver = deliver
-        self.users: dict[object, list[_Active]] = {k: [] for k in capacity}
+        self.users: dict[object, dict[int, _Active]] = {k: {} for k in capacity}
+        self.link_index = {k: i for i, k in enumerate(capacity)}
+        self.cap_arr = np.array([capacity[k] for k in capacity], dtype=float)
+        self.active: dict[int, _Active] = {}
         self.flows = 0
+        self.solves = 0
         self.control_messages = 0
+        self._dirty: list[_Active] = []
+        self._whole = False  # the last solve found one big component
 
     def submit(self, flow: Flow) -> None:
         now = self.clock.now_ns()
-        a = _Active(flow, now, self.path(flow))  # type: ignore[arg-type]
-        for link in a.links:
-            self.users[link].append(a)
+        links = self.path(flow)
+        li = self.link_index
+        a = _Active(flow, now, links, np.fromiter((li[k] for k in links), dtype=np.int64,
+                                                  count=len(links)))
+        for link in links:
+            self.users[link][id(a)] = a
+        self.active[id(a)] = a
         self.flows += 1
-        self._rebalance(a, now)
+        self._touch(a, now)
+
+    def _touch(self, a: _Active, now: int) -> None:
+        """Mark a's component for re-solving; one solve per instant, after every submit and
+        finish of that instant (a collective step starts or ends hundreds of flows at once:
+        solving after each would be quadratic)."""
+        if not self._dirty:
+            self.clock.call_at_ns(now, self._flush)
+        self._dirty.append(a)
+
+    def _flush(self) -> None:
+        now = self.clock.now_ns()
+        seeds, self._dirty = self._dirty, []
+        done: set[int] = set()
+        self.solves += 1
+        if self._whole and len(self.active) > self.GLOBAL_ABOVE:
+            self._rebalance(list(self.active.values()), now, whole=True)  # still one big mesh
+            return
+        self._whole = False
+        for a in seeds:
+            if id(a) in done or a.done:
+                continue
+            comp = self._component(a, self.GLOBAL_ABOVE)
+            if comp is None:  # one big component: the whole network in one vectorised solve
+                self._whole = True
+                self._rebalance(list(self.active.values()), now, whole=True)
+                return
+            done.update(id(c) for c in comp)
+            self._rebalance(comp, now)
 
     def _latency(self, flow: Flow) -> int:
         return self.latency_ns
@@ -126,27 +188,34 @@ class FlowNetwork:
         solver = max_min_rates_np if len(comp) > self.VECTORISE_ABOVE else max_min_rates
         return solver([a.links for a in comp], caps)
 
-    def _component(self, seed: _Active) -> list[_Active]:
+    def _component(self, seed: _Active, limit: int) -> list[_Active] | None:
+        """The flows sharing links with seed, transitively; None once it passes limit."""
         seen = {id(seed): seed}
         stack = [seed]
         while stack:
             a = stack.pop()
             for link in a.links:
-                for b in self.users[link]:
+                for b in self.users[link].values():
                     if id(b) not in seen:
                         seen[id(b)] = b
                         stack.append(b)
+                        if len(seen) > limit:
+                            return None
         return list(seen.values())
 
-    def _rebalance(self, seed: _Active, now: int) -> None:
-        comp = self._component(seed)
-        for a in comp:
-            a.remaining -= a.rate * (now - a.last)
-            a.last = now
-        rates = self._rates(comp)
+    def _rates_whole(self, flows: list[_Active]) -> list[float]:
+        lens = [len(a.lidx) for a in flows]
+        rows = np.repeat(np.arange(len(flows)), lens)
+        cols = np.concatenate([a.lidx for a in flows])
+        return max_min_arrays(rows, cols, len(flows), self.cap_arr).tolist()
+
+    def _rebalance(self, comp: list[_Active], now: int, whole: bool = False) -> None:
+        rates = self._rates_whole(comp) if whole else self._rates(comp)
         for a, r in zip(comp, rates, strict=True):
-            if a.handle is not None and r == a.rate:
-                continue
+            if a.handle is not None and abs(r - a.rate) <= TIE * r:
+                continue  # unchanged (up to rounding): keep its finish event
+            a.remaining -= a.rate * (now - a.last)  # progress is settled on a change only
+            a.last = now
             a.rate = r
             if a.handle is not None:
                 a.handle.cancel()
@@ -155,17 +224,14 @@ class FlowNetwork:
 
     def _finish(self, a: _Active) -> None:
         now = self.clock.now_ns()
-        neighbours: list[_Active] = []
+        a.done = True
+        del self.active[id(a)]
         for link in a.links:
-            lst = self.users[link]
-            lst.remove(a)
-            neighbours.extend(lst)
+            users = self.users[link]
+            del users[id(a)]
+            if users:  # its neighbours share the freed capacity
+                self._touch(next(iter(users.values())), now)
         self.clock.call_at_ns(now + self._latency(a.flow), self.deliver, a.flow)
-        done: set[int] = set()
-        for b in neighbours:
-            if id(b) not in done:
-                done.update(id(c) for c in self._component(b))
-                self._rebalance(b, now)
 
 
 class ElectricalSwitch(FlowNetwork):

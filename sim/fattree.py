@@ -3,8 +3,10 @@
 `hosts_per_leaf` hosts hang off each leaf switch at the line rate; each leaf has one uplink
 to each of `spines` spine switches. The oversubscription ratio sets the uplink rate:
 uplink = hosts_per_leaf x line rate / (spines x oversubscription); 1.0 is non-blocking in
-capacity. A flow between leaves takes one spine chosen by ECMP, a deterministic hash of
-(src, dst, flow id), so flows can collide on a spine link as they do in a real fabric.
+capacity. A flow between leaves takes one spine chosen by ECMP, a hash of (src, dst): a
+collective keeps one connection per peer, and ECMP hashes a connection's 5-tuple, so two
+peers' flows always share a path while different peers' flows can collide on a spine link
+as they do in a real fabric (and the choice does not depend on event order).
 Rates are max-min fair on every link; each switch on the path adds `latency_ns`.
 """
 
@@ -44,7 +46,7 @@ class FatTree(FlowNetwork):
         super().__init__(clock, cap, self._path, latency_ns, deliver)
 
     def spine_of(self, flow: Flow) -> int:
-        return zlib.crc32(f"{flow.src}>{flow.dst}#{flow.id}".encode()) % self.spines
+        return zlib.crc32(f"{flow.src}>{flow.dst}".encode()) % self.spines
 
     def _path(self, f: Flow) -> tuple[object, ...]:
         ls, ld = self.leaf[f.src], self.leaf[f.dst]

@@ -1,0 +1,33 @@
+"""The baseline networks by kind: what the runner drives with the same workload as ODDL."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from controller.clock import Clock
+from controller.messages import Flow
+from sim.electrical import ElectricalSwitch, FlowNetwork
+
+
+def build_network(spec: Any, clock: Clock, ranks: list[str], line_rate_gbps: float,
+                  deliver: Callable[[Flow], None]) -> FlowNetwork:
+    """A flow-level network for a NetworkSpec of kind electrical/fattree/sipring/topoopt."""
+    if spec.kind == "electrical":
+        return ElectricalSwitch(clock, ranks, line_rate_gbps, spec.latency_ns, deliver)
+    if spec.kind == "fattree":
+        from sim.fattree import FatTree
+
+        return FatTree(clock, ranks, line_rate_gbps, spec.latency_ns, deliver,
+                       spec.hosts_per_leaf, spec.spines, spec.oversubscription)
+    if spec.kind == "sipring":
+        from sim.sipring import SipRing
+
+        return SipRing(clock, ranks, line_rate_gbps, spec.latency_ns, deliver,
+                       spec.wavelengths, spec.degree, spec.reconfig_ns)
+    if spec.kind == "topoopt":
+        from sim.topoopt import TopoOpt
+
+        return TopoOpt(clock, ranks, line_rate_gbps, spec.latency_ns, deliver, spec.degree,
+                       spec.link_gbps)
+    raise ValueError(f"no flow-level model for network kind {spec.kind!r}")
