@@ -251,6 +251,66 @@ def accept(testbed: Path, backend: str | None, report: Path | None, only: tuple[
     sys.exit(rc)
 
 
+@main.command()
+@click.argument("sweep_file", metavar="SWEEP", type=click.Path(path_type=Path))
+@click.option("--jobs", type=int, default=1, help="local worker processes")
+@click.option("--cluster", default=None,
+              help="a Dask scheduler address (tcp://HOST:PORT or tls://...) to run on")
+@click.option("--out", type=click.Path(path_type=Path), default=None,
+              help="output directory (default: sweeps/<name>-<time>)")
+def sweep(sweep_file: Path, jobs: int, cluster: str | None, out: Path | None) -> None:
+    """Run networks x models x node counts x line rates; write the table and the plots."""
+    from controller.sweep import load_sweep, points, run_sweep, speedups, write_outputs
+
+    try:
+        sw, tb_path = load_sweep(sweep_file)
+    except ConfigError as e:
+        _config_fail(e)
+        return
+    out = out or Path("sweeps") / f"{sw.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    total = len(points(sw))
+    t0 = time.perf_counter()
+    where = f"Dask cluster {cluster}" if cluster else f"{jobs} local process(es)"
+    err.print(f"{sw.name}: {total} points on {where}")
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                  TimeElapsedColumn(), console=err) as bar:
+        task = bar.add_task("sweep", total=total)
+
+        def progress(row: dict, done: int, total: int) -> None:
+            bar.update(task, completed=done, description=(
+                f"{row['network']} {row['model']} {row['nodes']}n "
+                f"{row['line_rate_gbps']:g}G"))
+
+        try:
+            rows = run_sweep(sw, tb_path, jobs, cluster, progress)
+        except Exception as e:  # a failed point names itself; nothing half-written
+            click.echo(f"error: sweep point failed: {type(e).__name__}: {e}", err=True)
+            sys.exit(1)
+    files = write_outputs(sw, rows, out)
+    r = Table(title=f"{sw.name}: one iteration per point")
+    for col in ("network", "model", "nodes", "Gb/s", "iteration ms", "ctl msgs/node",
+                "plan ms", "wall s"):
+        r.add_column(col, justify="left" if col in ("network", "model") else "right")
+    for x in rows:
+        r.add_row(x["network"], x["model"], str(x["nodes"]), f"{x['line_rate_gbps']:g}",
+                  f"{x['iteration_ms']:.3f}", f"{x['control_msgs_per_node']:g}",
+                  "-" if x["plan_ms"] is None else f"{x['plan_ms']:.1f}", f"{x['wall_s']:.1f}")
+    console.print(r)
+    t = Table(title=f"{sw.reference} speedup over each network (iteration time)")
+    for col in ("model", "nodes", "Gb/s", "over", "speedup", "comm only"):
+        t.add_column(col, justify="right" if col not in ("model", "over") else "left")
+    for s in speedups(sw, rows):
+        t.add_row(s["model"], str(s["nodes"]), f"{s['line_rate_gbps']:g}", s["over"],
+                  f"{s['speedup']:.3f}x",
+                  f"{s['comm_speedup']:.3f}x" if s["comm_speedup"] else "-")
+    console.print(t)
+    bad = sum(r["invariant_violations"] for r in rows)
+    click.echo(f"{len(rows)} points in {time.perf_counter() - t0:.1f} s wall; "
+               f"invariant violations: {bad}; wrote {', '.join(str(f) for f in files)}")
+    if bad:
+        sys.exit(1)
+
+
 @main.group()
 def countaction() -> None:
     """Count-action programs for the O-NIC engine (Lightning's abstraction)."""

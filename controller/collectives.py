@@ -90,9 +90,35 @@ def hierarchical_2d(rows: int, cols: int, size: int) -> Schedule:
     return sched
 
 
-def build(kind: str, n: int, size: int, rows: int, cols: int) -> Schedule:
+def totient_rings(n: int, size: int, jumps: list[int]) -> Schedule:
+    """TopoOpt's all-reduce: one ring per TotientPerms jump (rank i sends to i + j), each
+    ring reducing its own 1/d of the gradient, all in lockstep: 2(n-1) steps, d sends each,
+    so a degree-d direct-connect topology uses all d links, each ring one hop per step."""
+    if not jumps:
+        raise ValueError("totient rings need at least one jump")
+    parts = _split(size, len(jumps))
+    sched: Schedule = [[] for _ in range(n)]
+    if n == 1:
+        return sched
+    per_ring = []
+    for j, part in zip(jumps, parts, strict=True):
+        order = [(k * j) % n for k in range(n)]  # the ring's rank order (gcd(j, n) = 1)
+        per_ring.append(ring(n, part, order, f"ring+{j}"))
+    for r in range(n):
+        for s in range(2 * (n - 1)):
+            steps = [sr[r][s] for sr in per_ring]
+            sched[r].append(Step(tuple(x for st in steps for x in st.sends),
+                                 sum(st.recv_bytes for st in steps), f"totient-{s}"))
+    return sched
+
+
+def build(kind: str, n: int, size: int, rows: int, cols: int, degree: int = 4) -> Schedule:
     if kind == "ring":
         return ring(n, size)
+    if kind == "totientrings":
+        from controller.planner import totient_jumps
+
+        return totient_rings(n, size, totient_jumps(n, degree))
     if kind == "hd":
         return halving_doubling(n, size)
     if kind == "hier2d":

@@ -336,7 +336,7 @@ class Calibration(_Model):
 
 class Workload(_Model):
     model: Literal["resnet50", "vgg16", "vgg19", "bert-large"]
-    collective: Literal["ring", "hd", "hier2d"]
+    collective: Literal["ring", "hd", "hier2d", "totientrings"]
     epochs: float = Field(gt=0)
     dataset_samples: int = Field(gt=0)
     batch_per_node: int = Field(gt=0)
@@ -357,7 +357,7 @@ class NetworkSpec(_Model):
 
     name: str = Field(min_length=1)
     kind: Literal["oddl", "electrical", "fattree", "sipring", "topoopt"]
-    collective: Literal["ring", "hd", "hier2d"] | None = Field(
+    collective: Literal["ring", "hd", "hier2d", "totientrings"] | None = Field(
         default=None, description="the collective this network runs (default: the workload's)")
     strategy: Literal["cyclic", "matched", "totientperms"] = "matched"
     latency_ns: float = Field(default=1000.0, ge=0,

@@ -105,7 +105,9 @@ class _NetworkRun:
             self.checker = st.checker
             arb = Arbiter(tb, grid, st.onics, st.wss)  # type: ignore[arg-type]
             arb.inventory()
+            t_plan = time.perf_counter()
             self.plan = arb.plan(schedule, spec.strategy)
+            self.plan_s = time.perf_counter() - t_plan
             # step synchronisation runs on the O-NICs' count-action engines when the
             # schedule fits them; otherwise the host counts deliveries
             self.nic_sync = all(0 < len(s) <= N_MODULES and all(st_.recv_bytes > 0 for st_ in s)
@@ -136,7 +138,8 @@ class _NetworkRun:
                     for k, v in cu.stats.items():
                         agg[k] = agg.get(k, 0) + v
                 fires = sum(m.fire_count for b in st.boards.values() for m in b.ca)
-                return {**agg, "step_sync": "o-nic count-action" if self.nic_sync else "host",
+                sync = "o-nic count-action" if self.nic_sync else "host"
+                return {**agg, "plan_s": round(self.plan_s, 4), "step_sync": sync,
                         "count_action_fires": fires,
                         "messages_dropped": bus.dropped, "messages_delayed": bus.delayed,
                         "transfers": fabric.transfers,
@@ -227,12 +230,15 @@ def run_experiment(ctx: LoadedExperiment, backend: str = "sim", store: RunStore 
     grid = Grid.from_testbed(tb)
     n = tb.n_nodes
     size = model_spec(w.model).grad_bytes(w.bytes_per_param)
-    schedule = build(w.collective, n, size, tb.grid.rows, tb.grid.cols)
+    schedule = build(w.collective, n, size, tb.grid.rows, tb.grid.cols,
+                     exp.networks[0].degree)
     full = total_iterations(w, n)
     n_iter = iterations or exp.iterations or full
     by_name = {s.name: s for s in exp.networks}
     schedules = {s.name: schedule if s.collective in (None, w.collective)
-                 else build(s.collective, n, size, tb.grid.rows, tb.grid.cols)
+                 and w.collective != "totientrings"
+                 else build(s.collective or w.collective, n, size, tb.grid.rows, tb.grid.cols,
+                            s.degree)
                  for s in exp.networks}
 
     if w.calibrate is not None:

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from controller.clock import Clock
-from controller.collectives import halving_doubling, ring
+from controller.collectives import check_balanced, halving_doubling, ring, totient_rings
 from controller.config import NetworkSpec
 from controller.planner import totient_jumps
 from controller.workloads import CollectiveEngine
@@ -27,7 +27,10 @@ def allreduce_ns(kind: str, n: int, size: int, collective: str = "ring", **kw: A
     loop = VirtualClockLoop()
     clock = Clock(loop)
     ranks = [f"h{i}" for i in range(n)]
-    sched = ring(n, size) if collective == "ring" else halving_doubling(n, size)
+    sched = {"ring": lambda: ring(n, size), "hd": lambda: halving_doubling(n, size),
+             "totientrings": lambda: totient_rings(n, size, totient_jumps(n, kw["degree"]))
+             }[collective]()
+    check_balanced(sched)
     engine: CollectiveEngine
     net = build_network(NetworkSpec(name=kind, kind=kind, latency_ns=LAT, **kw), clock,
                         ranks, RATE, lambda f: engine.on_delivered(f))
@@ -108,6 +111,16 @@ def test_topoopt_ring_closed_form_and_multihop_latency() -> None:
     hd, _ = allreduce_ns("topoopt", N, S, "hd", degree=2)
     assert net.hops("h0", "h4") == 4
     assert hd > allreduce_ns("electrical", N, S, "hd")[0]
+
+
+def test_topoopt_totient_rings_use_every_link() -> None:
+    # d = 4 on 8 nodes: jumps {1, 3, 5, 7}; four rings, each a quarter of the gradient on
+    # its own links, one hop per step: the degree-d topology at d x the one-ring speed
+    t, net = allreduce_ns("topoopt", N, S, "totientrings", degree=4)
+    assert net.jumps == [1, 3, 5, 7]
+    assert t == 2 * (N - 1) * (ns(S // N // 4) + LAT)
+    one, _ = allreduce_ns("topoopt", N, S, "ring", degree=4)
+    assert one == RING and t < one / 3
 
 
 def brute_distances(n: int, jumps: list[int]) -> list[list[int]]:

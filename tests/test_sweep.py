@@ -1,0 +1,97 @@
+"""`oddl sweep`: the cross product, the same rows from a process pool and a Dask cluster,
+speedups consistent with the table, clear errors for a bad sweep file."""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+from click.testing import CliRunner
+
+from controller.cli import main
+from controller.sweep import grid_shape, load_sweep, run_sweep, speedups
+
+SWEEP = """
+name = "t"
+testbed = "{root}/hw_configs/grid-1024.toml"
+models = ["resnet50", "vgg19"]
+nodes = [4, 16]
+line_rates_gbps = [100, 200]
+[[networks]]
+name = "oddl"
+kind = "oddl"
+[[networks]]
+name = "fattree"
+kind = "fattree"
+hosts_per_leaf = 2
+spines = 1
+oversubscription = 2
+[[networks]]
+name = "ring"
+kind = "sipring"
+collective = "ring"
+"""
+
+
+def _sweep(root: Path, tmp_path: Path, text: str = SWEEP) -> Path:
+    f = tmp_path / "s.toml"
+    f.write_text(text.format(root=root))
+    return f
+
+
+def _strip(rows: list[dict]) -> list[dict]:  # type: ignore[type-arg]
+    return [{k: v for k, v in r.items() if k not in ("wall_s", "plan_ms")} for r in rows]
+
+
+def test_sweep_cli_writes_table_speedups_and_plots(root: Path, tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    r = CliRunner().invoke(main, ["sweep", str(_sweep(root, tmp_path)), "--jobs", "2",
+                                  "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    rows = list(csv.DictReader((out / "results.csv").open()))
+    assert len(rows) == 3 * 2 * 2 * 2  # networks x models x nodes x rates
+    assert {(x["network"], x["collective"]) for x in rows} == {
+        ("oddl", "hd"), ("fattree", "hd"), ("ring", "ring")}
+    assert all(x["invariant_violations"] == "0" for x in rows)
+    # ODDL's control messages are counted; a baseline has none
+    assert all(int(x["control_messages"]) > 0 for x in rows if x["network"] == "oddl")
+    it = {(x["model"], x["nodes"], x["line_rate_gbps"], x["network"]): float(x["iteration_ms"])
+          for x in rows}
+    # a faster line makes every network faster
+    for (m, n, rate, net), t in it.items():
+        if rate == "100.0":
+            assert it[(m, n, "200.0", net)] < t
+    for s in csv.DictReader((out / "speedups.csv").open()):
+        key = (s["model"], s["nodes"], s["line_rate_gbps"])
+        assert float(s["speedup"]) == round(it[(*key, s["over"])] / it[(*key, "oddl")], 4)
+    for png in ("speedup_vs_nodes.png", "speedup_vs_rate.png"):
+        assert (out / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "oddl speedup over each network" in r.output
+
+
+def test_dask_cluster_gives_the_same_rows_as_the_pool(root: Path, tmp_path: Path) -> None:
+    from distributed import LocalCluster
+
+    sw, tb = load_sweep(_sweep(root, tmp_path, SWEEP.replace("[4, 16]", "[4]")))
+    local = run_sweep(sw, tb, jobs=1)
+    # a real scheduler and worker on loopback TCP (the comm a remote cluster uses)
+    with LocalCluster(n_workers=1, threads_per_worker=2, processes=True, host="127.0.0.1",
+                      dashboard_address=None) as cluster:
+        remote = run_sweep(sw, tb, cluster=cluster.scheduler_address)
+    assert _strip(remote) == _strip(local)
+    assert len(speedups(sw, remote)) == 2 * 2 * 1 * 2  # over 2 networks, per point
+
+
+def test_bad_sweep_file_names_file_field_and_reason(root: Path, tmp_path: Path) -> None:
+    bad = SWEEP.replace("[4, 16]", "[4, 12]").replace('name = "ring"', 'name = "oddl"')
+    r = CliRunner().invoke(main, ["sweep", str(_sweep(root, tmp_path, bad))])
+    assert r.exit_code == 2
+    assert "s.toml" in r.output and "network names must be unique" in r.output
+    bad = SWEEP.replace("[4, 16]", "[4, 12]")
+    r = CliRunner().invoke(main, ["sweep", str(_sweep(root, tmp_path, bad))])
+    assert r.exit_code == 2 and "node count 12: a power of two" in r.output
+
+
+def test_grid_shapes_are_near_square() -> None:
+    assert [grid_shape(n) for n in (2, 4, 8, 1024, 4096)] == [
+        (1, 2), (2, 2), (2, 4), (32, 32), (64, 64)]
