@@ -154,7 +154,7 @@ def test_experiment_errors_name_field(tmp_path: Path, root: Path) -> None:
     with pytest.raises(ConfigError) as ei:
         load_experiment(p)
     assert ei.value.issues[0].path == "workload.collective"
-    assert "'ring', 'hd' or 'hier2d'" in ei.value.issues[0].reason
+    assert "'ring', 'hd', 'hier2d' or 'totientrings'" in ei.value.issues[0].reason
 
 
 @pytest.mark.parametrize("broker,reason", [
