@@ -148,7 +148,10 @@ def _local(tasks: list[dict[str, Any]], jobs: int) -> Iterator[dict[str, Any]]:
 
 
 def _dask(tasks: list[dict[str, Any]], address: str) -> Iterator[dict[str, Any]]:
-    from distributed import Client, as_completed
+    try:
+        from distributed import Client, as_completed
+    except ImportError:
+        raise RuntimeError("--cluster needs Dask: pip install 'oddl[cluster]'") from None
 
     with Client(address) as client:
         futs = client.map(run_point, tasks, pure=False)
