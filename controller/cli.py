@@ -311,6 +311,93 @@ def sweep(sweep_file: Path, jobs: int, cluster: str | None, out: Path | None) ->
         sys.exit(1)
 
 
+@main.command()
+@click.option("--a", "a", type=int, default=None, help="operand a, 0..255 (dac_0)")
+@click.option("--b", "b", type=int, default=None, help="operand b, 0..255 (dac_1)")
+@click.option("--characterize", is_flag=True, help="sweep operand pairs, report accuracy")
+@click.option("--samples", type=int, default=4096, help="pairs for --characterize "
+              "(65536: all)")
+@click.option("--testbed", type=click.Path(path_type=Path), default=None,
+              help="a testbed with a [qick] board (its soc and photonics)")
+@click.option("--soc", "soc_spec", default=None,
+              help="emulated | local | pyro://HOST:PORT/NAME (default: the testbed's, "
+                   "else emulated)")
+@click.option("--noise", type=float, default=None, help="emulated: noise rms (ADC LSB)")
+@click.option("--seed", type=int, default=0, help="emulated noise and --characterize pairs")
+@click.option("--plot", type=click.Path(path_type=Path), default=None, help="PNG to write")
+@click.option("--json", "as_json", is_flag=True, help="stdout: one JSON object")
+def lightning(a: int | None, b: int | None, characterize: bool, samples: int,
+              testbed: Path | None, soc_spec: str | None, noise: float | None, seed: int,
+              plot: Path | None, as_json: bool) -> None:
+    """Lightning's photonic multiply on a QICK board: product = round(a * b / 255)."""
+    from pydantic import ValidationError
+
+    from controller.config import QickPhotonics
+    from drivers import lightning as L
+    from sim.qick_soc import Photonics
+
+    qick = None
+    if testbed is not None:
+        try:
+            qick = load_testbed(testbed).qick
+        except ConfigError as e:
+            _config_fail(e)
+            return
+        if qick is None:
+            click.echo(f"error: {testbed}: no [qick] board in this testbed", err=True)
+            sys.exit(2)
+    ph_cfg = qick.photonics if qick is not None else QickPhotonics()
+    if noise is not None:
+        ph_cfg = ph_cfg.model_copy(update={"noise_rms_lsb": noise})
+    spec = soc_spec or (qick.soc if qick is not None else "emulated")
+    chans = {"dac_channels": qick.dac_channels, "adc_channel": qick.adc_channel} \
+        if qick is not None else {}
+    try:
+        soc, soccfg = L.open_soc(spec, Photonics.from_config(ph_cfg, seed=seed))
+        if characterize:
+            pairs = L.operand_pairs(samples, seed)
+            base = L.LightningConfig(dac_0=0, dac_1=0, **chans)
+            rep = L.characterize(soc, soccfg, pairs, base)
+            if plot is not None:
+                L.plot_accuracy(pairs, rep["errors"], plot)
+            rep = {k: v for k, v in rep.items() if k != "errors"}
+            rep |= {"soc": spec, "published_accuracy": 0.9925}
+            if as_json:
+                click.echo(json.dumps(rep))
+                return
+            click.echo(f"{rep['pairs']} operand pairs on {spec} in {rep['wall_s']:.1f} s "
+                       f"({rep['pairs_per_s']:.0f}/s)")
+            click.echo(f"exact: {100 * rep['exact']:.2f}% (Lightning's published 8-bit "
+                       f"accuracy: 99.25%); within 1 LSB: {100 * rep['within_1_lsb']:.2f}%")
+            click.echo(f"mean |error| {rep['mean_abs_error_lsb']:.4f} LSB; worst "
+                       f"{rep['worst_error_lsb']} LSB at a, b = {rep['worst_pair']}"
+                       + (f"; no output: {rep['no_output']}" if rep["no_output"] else ""))
+            return
+        if a is None or b is None:
+            click.echo("error: give --a and --b (or --characterize)", err=True)
+            sys.exit(2)
+        cfg = L.LightningConfig(dac_0=a, dac_1=b, **chans)
+        prod, wave = L.multiply(soc, soccfg, cfg)
+    except ValidationError as e:
+        for er in e.errors():
+            loc = ".".join(str(x) for x in er["loc"])
+            name = {"dac_0": "--a", "dac_1": "--b"}.get(loc, loc)
+            click.echo(f"error: {name}: {er['msg']}", err=True)
+        sys.exit(2)
+    except (ValueError, L.NoOutput) as e:
+        click.echo(f"error: {e}", err=True)
+        sys.exit(1 if isinstance(e, L.NoOutput) else 2)
+    if plot is not None:
+        L.LightningSignalProcessing(soccfg, cfg).plot_waveform(wave, plot)
+    d = prod.as_dict() | {"soc": spec}
+    if as_json:
+        click.echo(json.dumps(d))
+        return
+    click.echo(f"{a} x {b} / 255 = {prod.product}  (exact: {d['expected']}; decoded "
+               f"{d['raw_product']:.3f}, fraction {d['decoded_fraction']:.6f})")
+    click.echo("levels (ADC): " + ", ".join(f"{k} {v:.1f}" for k, v in prod.levels.items()))
+
+
 @main.group()
 def countaction() -> None:
     """Count-action programs for the O-NIC engine (Lightning's abstraction)."""

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 C_NM = 299_792.458  # speed of light in nm * THz
 BAND_NM = (1530.0, 1625.0)  # optical C band (1530-1565) and L band (1565-1625)
@@ -149,6 +149,34 @@ class Meta(_Model):
     backend: Literal["sim", "emu", "hw"] = "sim"
 
 
+class QickPhotonics(_Model):
+    """The emulated photonic path behind a QICK board (sim/qick_soc.py)."""
+
+    extinction_ratio_db: float = Field(default=20.0, gt=0, description="modulators")
+    full_scale: float = Field(default=0.8, gt=0, le=1.0,
+                              description="detector output at full transmission, of ADC range")
+    noise_rms_lsb: float = Field(default=2.0, ge=0, description="additive, per ADC sample")
+    adc_bits: int | None = Field(default=14, ge=4, le=24, description="None: no quantization")
+    dark_offset_lsb: float = Field(default=30.0, description="detector dark level + offset")
+
+
+class Qick(_Model):
+    """A QICK RFSoC board running Lightning's photonic multiply."""
+
+    soc: str = Field(default="emulated", description="'emulated' (in process), 'local' "
+                     "(QickSoc on this board) or pyro://NAMESERVER:PORT/PROXY_NAME")
+    dac_channels: tuple[int, int] = (0, 1)
+    adc_channel: int = Field(default=0, ge=0)
+    photonics: QickPhotonics = QickPhotonics()
+
+    @field_validator("soc")
+    @classmethod
+    def _soc(cls, v: str) -> str:
+        if v not in ("emulated", "local") and not re.match(r"^pyro://[^:/]+:\d+/\S+$", v):
+            raise ValueError("'emulated', 'local' or pyro://HOST:PORT/NAME")
+        return v
+
+
 class Acceptance(_Model):
     """What `oddl accept` holds the testbed to (the figures a lab signs off)."""
 
@@ -164,6 +192,9 @@ class Acceptance(_Model):
     control_rtt_p99_ms: float = Field(default=5.0, gt=0,
                                       description="REQUEST->GRANT round trip on the bus")
     control_rtt_samples: int = Field(default=200, ge=10)
+    lightning_samples: int = Field(default=256, ge=16, description="operand pairs to test")
+    lightning_accuracy_min: float = Field(default=0.95, gt=0, le=1,
+                                          description="share of products exactly right")
     timeout_s: float = Field(default=2.0, gt=0, description="device wait per operation")
 
 
@@ -174,6 +205,7 @@ class Testbed(_Model):
     control: ControlNetwork
     broker: Broker = Broker()
     acceptance: Acceptance = Acceptance()
+    qick: Qick | None = None
     generate: Generate | None = None
     nodes: list[Node] = Field(default_factory=list)
     wss: list[WSS] = Field(default_factory=list)
