@@ -33,6 +33,7 @@ CHECKS = {
     "loopback": "test_link_loopback",
     "control-rtt": "test_control_rtt",
     "countaction": "test_countaction_readback",
+    "lightning": "test_lightning_accuracy",
 }
 
 

@@ -258,7 +258,8 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     counts = {k: sum(1 for r in _results if r["outcome"] == k)
               for k in ("passed", "failed", "skipped")}
     summary = {"testbed": tb.name, "backend": tb.testbed.backend,
-               "verdict": "PASS" if counts["failed"] == 0 and counts["passed"] else "FAIL",
+               "verdict": "FAIL" if counts["failed"] else "PASS" if counts["passed"]
+               else "NOTHING CHECKED",
                "counts": counts, "checks": _results}
     (d / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     (d / "summary.md").write_text(markdown(summary))

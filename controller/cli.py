@@ -193,7 +193,7 @@ def run(experiment: Path, backend: str, out: Path | None, iterations: int | None
               help="where to write the emu testbed config (default: <testbed>-emu.toml)")
 @click.option("--fault", "faults", multiple=True,
               help="slow-tx:NODE/PORT:NS | wss-route:WSS:IN/CH:OUT | dead-board:NODE | "
-                   "corrupt-link:NODE/PORT (repeatable)")
+                   "corrupt-link:NODE/PORT | dac-not-ready:DAC (repeatable)")
 def emulate(testbed: Path, out: Path | None, faults: tuple[str, ...]) -> None:
     """Serve the testbed's devices on 127.0.0.1 (PYNQ.remote, serial ptys, MQTT) until Ctrl-C."""
     import asyncio
@@ -224,7 +224,7 @@ def emulate(testbed: Path, out: Path | None, faults: tuple[str, ...]) -> None:
               help="report directory (default: accept-<testbed>-<time>)")
 @click.option("--only", "only", multiple=True,
               help="run only this check (repeatable): reachable, identity, registers, "
-                   "tuning, routes, loopback, control-rtt, countaction")
+                   "tuning, routes, loopback, control-rtt, countaction, lightning")
 @click.option("--fault", "faults", multiple=True, help="emu: inject a device fault "
               "(see `oddl emulate --help`)")
 @click.option("--wait", "wait_s", type=float, default=0.0,

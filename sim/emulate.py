@@ -32,6 +32,7 @@ class Emulation:
     boards: dict[str, RemoteBoardServer] = field(default_factory=dict)
     wss: dict[str, SerialWSS] = field(default_factory=dict)
     broker: EmbeddedBroker | None = None
+    qick: Any = None  # sim.qick_pyro.QickPyroServer
     world: Any = None
 
     def endpoints(self) -> dict[str, Any]:
@@ -39,6 +40,7 @@ class Emulation:
             "boards": {n: f"grpc://127.0.0.1:{s.port}" for n, s in self.boards.items()},
             "wss": {w: s.path for w, s in self.wss.items()},
             "broker": self.broker.url if self.broker else None,
+            "qick": self.qick.url if self.qick else None,
         }
 
     async def stop(self) -> None:
@@ -48,6 +50,8 @@ class Emulation:
             w.close()
         if self.broker is not None:
             await self.broker.stop()
+        if self.qick is not None:
+            self.qick.stop()
 
 
 async def start(tb: Testbed, host: str = "127.0.0.1", faults: list[Fault] | None = None
@@ -68,6 +72,15 @@ async def start(tb: Testbed, host: str = "127.0.0.1", faults: list[Fault] | None
         emu.wss[wid] = SerialWSS(model).start()
     if tb.broker.url == "embedded":
         emu.broker = await EmbeddedBroker(host).start()
+    if tb.qick is not None:
+        from sim.qick_pyro import QickPyroServer
+        from sim.qick_soc import Photonics
+
+        stuck = {f.args[0] for f in faults or [] if f.kind == "dac-not-ready"}
+        n_dacs = max(tb.qick.dac_channels) + 1
+        photonics = Photonics.from_config(tb.qick.photonics,
+                                          [g not in stuck for g in range(n_dacs)])
+        emu.qick = await asyncio.to_thread(QickPyroServer(photonics, host, n_dacs=n_dacs).start)
     return emu
 
 
@@ -82,6 +95,8 @@ def emu_config(tb: Testbed, emu: Emulation, source: str) -> dict[str, Any]:
         w["serial"] = emu.wss[w["id"]].path
     if emu.broker is not None:
         d["broker"]["url"] = emu.broker.url
+    if emu.qick is not None:
+        d["qick"]["soc"] = emu.qick.url
     for k in ("wavelengths_nm", "wavelength_grid"):
         if d["optical"].get(k) is None:
             d["optical"].pop(k, None)
@@ -105,6 +120,8 @@ async def serve(tb: Testbed, source: str, out: Path, say: Any,
         for w, path in ep["wss"].items():
             say(f"wss {w}: {path} (serial)")
         say(f"broker: {ep['broker'] or tb.broker.url}")
+        if ep["qick"]:
+            say(f"qick: {ep['qick']} (qick.pyro)")
         say(f"config: {out}")
         say("ready")
         await stop.wait()

@@ -4,6 +4,7 @@
     wss-route:WSS:IN/CH:OUT      light on (IN, CH) leaves at OUT, though the table reads back right
     dead-board:NODE              the board's server never answers
     corrupt-link:NODE/PORT       every transfer into that receiver fails its CRC
+    dac-not-ready:DAC            the QICK board's DAC never raises its valid flag
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ _SPECS = {
     "wss-route": re.compile(r"^(?P<wss>[^:]+):(?P<inp>\d+)/(?P<ch>\d+):(?P<out>\d+)$"),
     "dead-board": re.compile(r"^(?P<node>[^/:]+)$"),
     "corrupt-link": re.compile(r"^(?P<node>[^/:]+)/(?P<port>[HV])$"),
+    "dac-not-ready": re.compile(r"^(?P<dac>\d+)$"),
 }
 
 
@@ -46,7 +48,7 @@ def parse_fault(spec: str, tb: Testbed) -> Fault:
     if m is None:
         raise FaultSpecError(f"fault {spec!r}: expected {kind}:" + {
             "slow-tx": "NODE/PORT:NS", "wss-route": "WSS:IN/CH:OUT",
-            "dead-board": "NODE", "corrupt-link": "NODE/PORT"}[kind])
+            "dead-board": "NODE", "corrupt-link": "NODE/PORT", "dac-not-ready": "DAC"}[kind])
     g = m.groupdict()
     nodes = {n.id for n in tb.nodes}
     if "node" in g and g["node"] not in nodes:
@@ -61,6 +63,14 @@ def parse_fault(spec: str, tb: Testbed) -> Fault:
         if not (inp < w.ports and out < w.ports and ch < len(tb.optical.wavelengths())):
             raise FaultSpecError(f"fault {spec!r}: port or channel outside {w.id}")
         return Fault(kind, g["wss"], (inp, ch, out))
+    if kind == "dac-not-ready":
+        if tb.qick is None:
+            raise FaultSpecError(f"fault {spec!r}: {tb.name} has no [qick] board")
+        dac = int(g["dac"])
+        if dac not in tb.qick.dac_channels:
+            raise FaultSpecError(f"fault {spec!r}: DAC {dac} is not one of the board's "
+                                 f"operand DACs {list(tb.qick.dac_channels)}")
+        return Fault(kind, "qick", (dac,))
     if kind == "corrupt-link":
         return Fault(kind, f"{g['node']}/{g['port']}")
     return Fault(kind, g["node"])

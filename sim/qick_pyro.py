@@ -20,8 +20,9 @@ PROXY_NAME = "oddl-qick"
 
 class QickPyroServer:
     def __init__(self, photonics: Photonics, host: str = "127.0.0.1",
-                 name: str = PROXY_NAME) -> None:
+                 name: str = PROXY_NAME, n_dacs: int = 2) -> None:
         self.photonics = photonics
+        self.n_dacs = n_dacs
         self.host = host
         self.name = name
         self.ns_port = free_port(host)
@@ -46,7 +47,7 @@ class QickPyroServer:
 
         def serve() -> None:  # qick prints its progress lines ("found nameserver", ...)
             start_server(self.host, self.ns_port, self.name, soc_class=EmulatedQickSoc,
-                         iface="lo", photonics=photonics)
+                         iface="lo", photonics=photonics, n_dacs=self.n_dacs)
 
         threading.Thread(target=serve, daemon=True, name="qick-pyro").start()
         ns = Pyro4.locateNS(host=self.host, port=self.ns_port)

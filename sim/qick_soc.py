@@ -131,6 +131,9 @@ class EmulatedQickSoc(QickConfig):
                  **_: Any) -> None:
         super().__init__(soc_config(n_dacs, n_adcs))
         self.photonics = photonics or Photonics(dac_ready=[True] * n_dacs)
+        if len(self.photonics.dac_ready) < n_dacs:
+            raise ValueError(f"dac_ready names {len(self.photonics.dac_ready)} DACs, the "
+                             f"board has {n_dacs}")
         self.autoproxy: list[Any] = []
         self.pmem: list[int] = []
         self.dmem = np.zeros(4096, dtype=np.int64)

@@ -38,8 +38,8 @@ def test_healthy_emulated_prototype_passes(root: Path, tmp_path: Path) -> None:
     s = summary(tmp_path)
     assert s["verdict"] == "PASS" and s["backend"] == "emu"
     # 4 boards x (reachable, identity, registers, count-action), 4 transmitters, 8 routes,
-    # 4 links, 1 control round trip
-    assert s["counts"] == {"passed": 33, "failed": 0, "skipped": 0}
+    # 4 links, 1 control round trip; no QICK board on this testbed: Lightning skips
+    assert s["counts"] == {"passed": 33, "failed": 0, "skipped": 1}
     figs = {c["check"]: {f["name"]: f for f in c["figures"]} for c in s["checks"]}
     tune = figs["test_tuning_time[n0/H]"]["worst tuning time"]
     assert tune["value"] == 11 and "10.5" in tune["spec"]  # 10.5 ns at 1 ns resolution
@@ -48,7 +48,7 @@ def test_healthy_emulated_prototype_passes(root: Path, tmp_path: Path) -> None:
     assert figs["test_control_rtt"]["REQUEST->GRANT p99"]["value"] > 0
     junit = ET.parse(tmp_path / "junit.xml").getroot()
     cases = junit.findall(".//testcase")
-    assert len(cases) == 33 and not junit.findall(".//failure")
+    assert len(cases) == 34 and not junit.findall(".//failure")
     md = (tmp_path / "summary.md").read_text()
     assert "**PASS**" in md and "worst tuning time = 11 ns" in md
 
@@ -73,6 +73,7 @@ def test_each_fault_fails_exactly_its_check(root: Path, tmp_path: Path, fault: s
     assert summary(tmp_path)["verdict"] == "FAIL"
     if fault.startswith("dead-board"):  # what needs n2 is skipped, naming the cause
         skipped = outcomes(tmp_path, "skipped")
+        assert skipped.pop("test_lightning_accuracy") == "the testbed config has no [qick] board"
         assert "test_identity[n2]" in skipped and "test_link_loopback[n2/H]" in skipped
         assert all("n2, which is unreachable" in m for m in skipped.values())
         assert "test_identity[n1]" not in skipped
@@ -150,3 +151,23 @@ def test_lock_waits_for_the_holder(tmp_path: Path) -> None:
     b.acquire(wait_s=1.0)
     assert b.holder()["command"] == "second"
     b.release()
+
+
+def test_lightning_check_over_qick_pyro_and_a_dac_that_never_gets_ready(root: Path,
+                                                                       tmp_path: Path) -> None:
+    qick = "hw_configs/prototype-4node-qick.toml"
+    r = accept(root, qick, "--only", "lightning", "--report", str(tmp_path / "ok"))
+    assert r.returncode == 0, r.stdout + r.stderr
+    (check,) = summary(tmp_path / "ok")["checks"]
+    figs = {f["name"]: f["value"] for f in check["figures"]}
+    assert figs["exact products"] >= 0.95 and figs["runs with no light"] == 0
+    r = accept(root, qick, "--only", "lightning", "--fault", "dac-not-ready:1", "--report",
+               str(tmp_path / "bad"))
+    assert r.returncode == 1
+    msg = outcomes(tmp_path / "bad", "failed")["test_lightning_accuracy"]
+    assert "256 of 256 runs put no light on the detector" in msg and "pyro://127.0.0.1:" in msg
+    # the plain prototype has no QICK board: the check skips, saying so
+    r = accept(root, PROTO, "--only", "lightning", "--report", str(tmp_path / "none"))
+    assert r.returncode == 0 and summary(tmp_path / "none")["verdict"] == "NOTHING CHECKED"
+    assert outcomes(tmp_path / "none", "skipped") == {
+        "test_lightning_accuracy": "the testbed config has no [qick] board"}
