@@ -78,7 +78,21 @@ def hwh_text(base: int = R.IP_BASE, addr_range: int = R.IP_RANGE, ip_name: str =
 
 
 def placeholder_bit() -> bytes:
-    return PLACEHOLDER_MAGIC + b"\n" + b"design " + R.DESIGN_NAME.encode() + b"\n"
+    """A well-formed Xilinx .bit header (so pynq's parser reads its design, part and
+    date) around a payload that is plainly not a configuration: the design field and the
+    data both say PLACEHOLDER. The FPGA build replaces the file."""
+    import struct
+
+    def field(tag: bytes, text: str) -> bytes:
+        data = text.encode("ascii") + b"\0"
+        return tag + struct.pack(">h", len(data)) + data
+
+    payload = PLACEHOLDER_MAGIC + b"\ndesign " + R.DESIGN_NAME.encode() + b"\n"
+    payload += b"\n" * (-len(payload) % 4)  # whole 32-bit words, as a bitstream is
+    return (struct.pack(">h", 9) + bytes.fromhex("0ff00ff00ff00ff000") + struct.pack(">h", 1)
+            + field(b"a", f"oddl_onic_PLACEHOLDER;UserID=0XFFFFFFFF;Version={R.DESIGN_NAME}")
+            + field(b"b", "xczu28dr-ffvg1517-2-e") + field(b"c", "2026/01/01")
+            + field(b"d", "00:00:00") + b"e" + struct.pack(">i", len(payload)) + payload)
 
 
 def bitstream_hash(path: Path) -> bytes:

@@ -87,3 +87,22 @@ def test_remote_refused_start_is_reported(emu: Emulator) -> None:
     drv.start_transfer("H", 1, 100_000_000, 1)  # 8 ms on the wire at 100 Gb/s
     with pytest.raises(DeviceRefused, match="transfer refused"):
         drv.start_transfer("H", 1, 100, 2)  # busy: the board refuses, the driver says so
+
+
+def test_unmodified_overlay_over_remote_device(emu: Emulator) -> None:
+    """pynq.Overlay parses the shipped .bit/.hwh for a RemoteDevice; its onic_ctrl IP is
+    the emulated board's register file, and open_onic holds it to the map and identity."""
+    import hashlib
+
+    import pynq
+
+    from drivers.onic import open_onic
+    from fpga.overlay import BITFILE
+
+    rd = RemoteDevice(0, "127.0.0.1", port=emu.server.port)
+    ol = pynq.Overlay(str(BITFILE), device=rd, download=False)
+    assert ol.ip_dict["onic_ctrl"]["phys_addr"] == R.IP_BASE
+    assert ol.onic_ctrl.read(R.BY_NAME["MAGIC"].offset) == R.MAGIC
+    drv = open_onic(BITFILE, rd, "n0-0", download=False,
+                    bitstream_hash=hashlib.sha256(BITFILE.read_bytes()).hexdigest())
+    assert drv.identity()["node_id"] == 0
