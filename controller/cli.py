@@ -281,10 +281,13 @@ def sweep(sweep_file: Path, jobs: int, cluster: str | None, out: Path | None) ->
                 f"{row['network']} {row['model']} {row['nodes']}n "
                 f"{row['line_rate_gbps']:g}G"))
 
+        journal = out / "points.jsonl"
         try:
-            rows = run_sweep(sw, tb_path, jobs, cluster, progress)
-        except Exception as e:  # a failed point names itself; nothing half-written
-            click.echo(f"error: sweep point failed: {type(e).__name__}: {e}", err=True)
+            rows = run_sweep(sw, tb_path, jobs, cluster, progress, journal)
+        except Exception as e:  # a failed point names itself; finished points are kept
+            kept = sum(1 for _ in journal.open()) if journal.exists() else 0
+            click.echo(f"error: sweep point failed: {e}", err=True)
+            click.echo(f"{kept} finished points kept in {journal}", err=True)
             sys.exit(1)
     files = write_outputs(sw, rows, out)
     r = Table(title=f"{sw.name}: one iteration per point")

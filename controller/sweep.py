@@ -104,8 +104,22 @@ def make_testbed(template: dict[str, Any], n: int, rate: float) -> Testbed:
     return tb
 
 
+class PointFailed(RuntimeError):
+    pass
+
+
 def run_point(task: dict[str, Any]) -> dict[str, Any]:
-    """One sweep point; plain data in and out (process pools and Dask ship it as is)."""
+    """One sweep point; plain data in and out (process pools and Dask ship it as is).
+    A failure names the point."""
+    try:
+        return _run_point(task)
+    except Exception as e:
+        net = task["network"]["name"]
+        raise PointFailed(f"{net} {task['model']} {task['nodes']} nodes "
+                          f"{task['line_rate_gbps']:g} Gb/s: {type(e).__name__}: {e}") from e
+
+
+def _run_point(task: dict[str, Any]) -> dict[str, Any]:
     from controller.config import Experiment
     from controller.runner import run_experiment
 
@@ -160,8 +174,10 @@ def _dask(tasks: list[dict[str, Any]], address: str) -> Iterator[dict[str, Any]]
 
 
 def run_sweep(sw: Sweep, testbed_path: Path, jobs: int = 1, cluster: str | None = None,
-              progress: Callable[[dict[str, Any], int, int], None] | None = None
-              ) -> list[dict[str, Any]]:
+              progress: Callable[[dict[str, Any], int, int], None] | None = None,
+              journal: Path | None = None) -> list[dict[str, Any]]:
+    """All points; each completed row is appended to `journal` (JSON lines) as it arrives,
+    so a sweep that fails or is killed keeps every point it finished."""
     template = _read_toml(testbed_path)
     tasks = [{**p, "template": template, "sweep": sw.name, "collective": sw.collective,
               "compute_time_ms": sw.compute_time_ms.get(p["model"], 0.0)}
@@ -170,6 +186,10 @@ def run_sweep(sw: Sweep, testbed_path: Path, jobs: int = 1, cluster: str | None 
     it = _dask(tasks, cluster) if cluster else _local(tasks, jobs)
     for row in it:
         rows.append(row)
+        if journal is not None:
+            journal.parent.mkdir(parents=True, exist_ok=True)
+            with journal.open("a") as f:
+                f.write(json.dumps(row) + "\n")
         if progress is not None:
             progress(row, len(rows), len(tasks))
     order = {n.name: i for i, n in enumerate(sw.networks)}

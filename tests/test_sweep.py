@@ -4,6 +4,7 @@ speedups consistent with the table, clear errors for a bad sweep file."""
 from __future__ import annotations
 
 import csv
+import json
 from pathlib import Path
 
 from click.testing import CliRunner
@@ -95,3 +96,32 @@ def test_bad_sweep_file_names_file_field_and_reason(root: Path, tmp_path: Path) 
 def test_grid_shapes_are_near_square() -> None:
     assert [grid_shape(n) for n in (2, 4, 8, 1024, 4096)] == [
         (1, 2), (2, 2), (2, 4), (32, 32), (64, 64)]
+
+
+def test_a_failing_point_names_itself_and_finished_points_are_kept(root: Path,
+                                                                   tmp_path: Path) -> None:
+    # the prototype's 2 wavelengths cannot hold a cyclic plan on a 4 x 4 grid (3 needed)
+    text = f"""
+name = "f"
+testbed = "{root}/hw_configs/prototype-4node.toml"
+models = ["resnet50"]
+nodes = [16]
+line_rates_gbps = [100]
+[[networks]]
+name = "electrical"
+kind = "electrical"
+[[networks]]
+name = "oddl"
+kind = "oddl"
+strategy = "cyclic"
+"""
+    f = tmp_path / "f.toml"
+    f.write_text(text)
+    out = tmp_path / "out"
+    r = CliRunner().invoke(main, ["sweep", str(f), "--out", str(out)])
+    assert r.exit_code == 1
+    assert ("sweep point failed: oddl resnet50 16 nodes 100 Gb/s: PlanError: cyclic needs "
+            "P - 1 = 3 wavelengths") in r.output
+    kept = [json.loads(x) for x in (out / "points.jsonl").read_text().splitlines()]
+    assert [k["network"] for k in kept] == ["electrical"]
+    assert "1 finished points kept" in r.output
