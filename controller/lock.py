@@ -62,6 +62,8 @@ class TestbedLock:
         with contextlib.suppress(OSError):  # not ours to chmod: someone made it shared
             os.chmod(self.path.parent, 0o1777)  # shared like /tmp: sticky, all may lock
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o666)
+        with contextlib.suppress(OSError):  # another user's runs must be able to lock it
+            os.fchmod(fd, 0o666)
         t0 = time.monotonic()
         while True:
             try:
