@@ -142,9 +142,27 @@ def run(experiment: Path, backend: str, out: Path | None, iterations: int | None
             last[0] = now
             prog.update(tasks[name], completed=done)
 
+    import contextlib
+    import tempfile
+
+    from controller.accept import emulated
+    from controller.lock import TestbedBusy, TestbedLock
+
     try:
-        with prog:
-            res = run_experiment(ctx, backend, store, iterations, progress)
+        with contextlib.ExitStack() as stack:
+            if backend == "emu" and ctx.testbed.testbed.backend == "sim":
+                # emulate the experiment's testbed (as `oddl emulate` would), run against it
+                d = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="oddl-emu-")))
+                cfg = stack.enter_context(emulated(ctx.testbed_path, [], d, err.print))
+                ctx = load_experiment(experiment, cfg)
+            elif backend == "hw":
+                stack.enter_context(TestbedLock(ctx.testbed.name, f"oddl run {experiment}"))
+            with prog:
+                res = run_experiment(ctx, backend, store, iterations, progress)
+    except TestbedBusy as e:
+        store.close()
+        click.echo(f"error: {e}", err=True)
+        sys.exit(3)
     except (RunFailed, RuntimeError) as e:
         store.close()
         click.echo(f"error: run failed: {e}\n(completed iterations are in "

@@ -6,6 +6,9 @@ Every operation is a short, fixed sequence of register reads and writes on `onic
 
 from __future__ import annotations
 
+import contextlib
+import logging
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +16,8 @@ from controller.devices import DeviceRefused
 from fpga import regmap as R
 from fpga.countaction import Program, compile_program, decompile, image_writes
 from fpga.overlay import check_ip_dict
+
+log = logging.getLogger(__name__)
 
 
 class IdentityMismatch(RuntimeError):
@@ -223,14 +228,30 @@ class DriverONic:
     def send(self, port: str, flow: Any) -> None:
         hdr = (flow.id >> 32, self.index[flow.src], flow.hop | flow.step << 8,
                flow.iteration & 0xFFFFFFFF, flow.t_submit & 0xFFFFFFFF, flow.t_submit >> 32)
-        self.inflight[port] = flow
-        self.d.start_transfer(port, self.index[flow.dst], flow.nbytes, flow.id, hdr)
+        with self._in_flight(port, flow):
+            self.d.start_transfer(port, self.index[flow.dst], flow.nbytes, flow.id, hdr)
 
     def tune_and_send(self, port: str, channel: int, flow: Any) -> None:
         hdr = (flow.id >> 32, self.index[flow.src], flow.hop | flow.step << 8,
                flow.iteration & 0xFFFFFFFF, flow.t_submit & 0xFFFFFFFF, flow.t_submit >> 32)
+        with self._in_flight(port, flow):
+            self.d.tune_and_start(port, channel, self.index[flow.dst], flow.nbytes, flow.id,
+                                  hdr)
+
+    @contextlib.contextmanager
+    def _in_flight(self, port: str, flow: Any) -> Iterator[None]:
+        """The flow is in flight from the start command on; if the board refuses it, the
+        transfer it is still busy with stays the one in flight (its TX_DONE is coming)."""
+        prev = self.inflight.get(port)
         self.inflight[port] = flow
-        self.d.tune_and_start(port, channel, self.index[flow.dst], flow.nbytes, flow.id, hdr)
+        try:
+            yield
+        except DeviceRefused:
+            if prev is None:
+                self.inflight.pop(port, None)
+            else:
+                self.inflight[port] = prev
+            raise
 
     def rx_receiving(self, port: str, flow: int, hop: int) -> bool:
         """Is this flow's light arriving now? (A receiver sees one leg of a flow only.)"""
@@ -263,7 +284,11 @@ class DriverONic:
                     ch = (self._r(o[f"TX{port}_STATUS"]) >> 8) & 0xFF
                 self.events.on_tuned(port, ch)
             if status & (1 << R.IRQ_BITS[f"TX_DONE_{port}"]):
-                self.events.on_tx_done(port, self.inflight.pop(port))
+                flow = self.inflight.pop(port, None)
+                if flow is None:  # the board finished a transfer nobody started: say so
+                    log.warning("%s/%s: TX_DONE with no transfer in flight", self.node, port)
+                else:
+                    self.events.on_tx_done(port, flow)
             if status & (1 << R.IRQ_BITS[f"RX_DONE_{port}"]):
                 self.events.on_rx_done(port, self._r(o[f"RX{port}_LAST_FLOW"]),
                                        self._r(o[f"RX{port}_LAST_BYTES"]))
