@@ -52,6 +52,7 @@ class MQTTBus:
         self.rejected = 0
         self._out: asyncio.Queue[tuple[str, bytes]] = asyncio.Queue()
         self._tasks: list[asyncio.Task[None]] = []
+        self._started = False
         self._status = status_topic(testbed, client_id)
         self.client = aiomqtt.Client(
             host, port, username=username, password=password, identifier=client_id,
@@ -76,9 +77,21 @@ class MQTTBus:
             await self.client.subscribe(ctl_topic(self.testbed, node), qos=QOS_CTL)
         await self.client.publish(self._status, b"online", qos=QOS_STATUS, retain=True)
         self._tasks = [asyncio.create_task(self._read()), asyncio.create_task(self._write())]
+        self._started = True
         return self
 
-    async def close(self) -> None:
+    async def close(self, timeout: float = 5.0) -> None:
+        """Leave cleanly (status 'offline', DISCONNECT), bounded: a broker that has gone
+        away must not hang whoever is shutting down; never started: nothing to do."""
+        if not self._started:
+            return
+        self._started = False
+        try:
+            await asyncio.wait_for(self._close(), timeout)
+        except (TimeoutError, aiomqtt.MqttError) as e:
+            log.warning("mqtt: %s left without a clean disconnect: %r", self.client_id, e)
+
+    async def _close(self) -> None:
         for _ in range(100):  # let what was sent leave (bounded)
             if self._out.empty():
                 break

@@ -88,9 +88,11 @@ def emu_config(tb: Testbed, emu: Emulation, source: str) -> dict[str, Any]:
     """The testbed as the controller should see it: same fabric, emulated endpoints."""
     d = tb.model_dump(mode="json", exclude_none=True, exclude={"generate"})
     d["testbed"]["backend"] = "emu"
-    # control messages cross a real MQTT broker here (~1 ms on loopback, not the modelled
-    # FPGA network's 1 us): time-outs and leases sized for it
-    d["control"] |= {"request_timeout_ns": 20_000_000, "grant_lease_ns": 100_000_000}
+    # control messages cross a real MQTT broker here (~1 ms on loopback, tens of ms on a
+    # loaded machine; not the modelled FPGA network's 1 us): time-outs and leases sized
+    # for it, so a busy CI machine slows a run down rather than failing its flows
+    d["control"] |= {"request_timeout_ns": 50_000_000, "grant_lease_ns": 250_000_000,
+                     "max_retries": 60}
     d["testbed"]["description"] = f"emulated by `oddl emulate {source}`"
     for n in d["nodes"]:
         n["board"] = f"grpc://127.0.0.1:{emu.boards[n['id']].port}"
