@@ -89,6 +89,9 @@ class _NetworkRun:
         # emu/hw: the ODDL network runs on the devices the testbed config names, in real
         # time; a baseline network is a model in every back end (there is no hardware)
         self.real = backend in ("emu", "hw") and spec.kind == "oddl"
+        # emu: stage 2 runs beside the emulated boards (controller/nodejob.py); hw: this
+        # controller drives the boards' registers over the network itself
+        self.node_side = self.real and backend == "emu"
         self.devices: Any = None
         self.ctx = ctx
         self.spec = spec
@@ -136,6 +139,9 @@ class _NetworkRun:
                             math.ceil(o.propagation_ns), math.ceil(c.request_timeout_ns),
                             math.ceil(c.request_timeout_ns), math.ceil(c.grant_lease_ns),
                             c.max_retries)
+            if self.node_side:
+                self._prepare_node_job(ctx, spec, grid, schedule, ranks, timing)
+                return
             self.engine = CollectiveEngine(self.clock, schedule, ranks, self._submit_oddl,
                                            self.checker.flow_started, self.nic_sync)
             if self.nic_sync:
@@ -185,6 +191,91 @@ class _NetworkRun:
             self.stats = lambda: {"transfers": self.switch.flows}
             self.control_messages = lambda: 0
 
+    def _prepare_node_job(self, ctx: LoadedExperiment, spec: NetworkSpec, grid: Grid,
+                          schedule: Schedule, ranks: list[str], timing: Timing) -> None:
+        import dataclasses
+        import os
+
+        from controller.nodejob import JOB_VERSION, JobSpec
+
+        w, tb = ctx.experiment.workload, ctx.testbed
+        assert self.plan is not None
+        self.job = JobSpec(
+            JOB_VERSION, f"{ctx.experiment.name}-{spec.name}-{os.getpid()}-{time.time_ns()}",
+            spec.collective or w.collective, model_spec(w.model).grad_bytes(w.bytes_per_param),
+            tb.grid.rows, tb.grid.cols, spec.degree, list(ranks), list(grid.nodes), 0, 0,
+            self.nic_sync, list(dataclasses.astuple(timing)),
+            {n: {d: (r.port, r.channel, r.next_hop) for d, r in routes.items()}
+             for n, routes in self.plan.routes.items()})
+        self.flows_per_iteration = sum(len(st.sends) for steps in schedule for st in steps)
+        self.flow_total = 0
+        self.msgs = 0
+        self.node_stats: dict[str, Any] = {}
+        self.stats = lambda: {"plan_s": round(self.plan_s, 4),
+                              "step_sync": "o-nic count-action" if self.nic_sync else "host",
+                              "stage2": "node side (beside the boards)", **self.node_stats}
+        self.control_messages = lambda: self.msgs
+
+    def _run_node_job(self, n_iter: int, compute_ns: int, store: RunStore | None,
+                      progress: Progress | None) -> list[tuple[int, int]]:
+        """Publish the job; record every iteration the node side reports, as it arrives."""
+        import asyncio
+
+        import msgspec
+
+        from controller.nodejob import JobEvent, result_topic, run_topic
+        from drivers.mqtt import client_from_config
+
+        tb = self.ctx.testbed
+        job = msgspec.structs.replace(self.job, iterations=n_iter, compute_ns=compute_ns)
+        times: list[tuple[int, int]] = []
+        dec = msgspec.json.Decoder(JobEvent)
+        name = self.spec.name
+
+        async def drive() -> None:
+            client = client_from_config(tb.broker, f"oddl-ctl-{job.job}"[:64])
+            async with client:
+                await client.subscribe(result_topic(tb.name), qos=1)
+                await client.publish(run_topic(tb.name), msgspec.json.encode(job), qos=1)
+                last = 0
+                async for m in client.messages:
+                    try:
+                        ev = dec.decode(bytes(m.payload))  # type: ignore[arg-type]
+                    except msgspec.DecodeError:
+                        continue
+                    if ev.job != job.job:
+                        continue
+                    if ev.kind == "failed":
+                        raise RunFailed(f"{name}: the node side failed: {ev.error}")
+                    if ev.kind == "done":
+                        self.msgs, self.node_stats = ev.control_messages, dict(ev.stats)
+                        # the testbed's own checker (the emulated fabric's) is the judge here
+                        self.checker.violations += ev.violations
+                        bad = self.node_stats.get("fabric_violations", 0)
+                        if bad > len(ev.violations):
+                            self.checker.violations.append(
+                                f"... and {bad - len(ev.violations)} more on the testbed")
+                        return
+                    times.append((ev.t_start, ev.t_end))
+                    self.flow_total += self.flows_per_iteration
+                    if store is not None:
+                        store.add_iteration(name, ev.iteration, ev.t_start, ev.t_end,
+                                            compute_ns, ev.control_messages - last, [])
+                    last = ev.control_messages
+                    if progress is not None:
+                        progress(name, ev.iteration + 1, n_iter)
+
+        limit = n_iter * (compute_ns / 1e9 + 5.0) + 30.0
+        try:
+            self.loop.run_until_complete(asyncio.wait_for(drive(), limit))
+        except TimeoutError:
+            raise RunFailed(f"{name}: no answer from the node side within {limit:.0f} s "
+                            f"(is `oddl emulate` serving {tb.name}?)") from None
+        finally:
+            self.devices.close()
+            self.loop.close()
+        return times
+
     def _delivered_real(self, f: Flow) -> None:
         self.checker.on_arrival(self.clock.now_ns(), f.dst, f, f.nbytes)
         self.engine.on_delivered(f)
@@ -211,6 +302,8 @@ class _NetworkRun:
 
     def run(self, n_iter: int, compute_ns: int, store: RunStore | None,
             progress: Progress | None, record_flows: bool) -> list[tuple[int, int]]:
+        if self.node_side:
+            return self._run_node_job(n_iter, compute_ns, store, progress)
         times: list[tuple[int, int]] = []
         flows: list[FlowRow] = []
         name = self.spec.name
@@ -314,7 +407,8 @@ def run_experiment(ctx: LoadedExperiment, backend: str = "sim", store: RunStore 
         scale = full / len(its)
         results[spec.name] = NetworkResult(
             spec.name, spec.kind, sum(its) * scale / 1e9, sum(its) / len(its) / 1e9, len(its),
-            run.engine.next_flow_id, run.control_messages(), len(run.checker.violations),
+            run.flow_total if run.node_side else run.engine.next_flow_id,
+            run.control_messages(), len(run.checker.violations),
             run.stats())
         violations += [f"{spec.name}: {v}" for v in run.checker.violations]
 

@@ -139,15 +139,14 @@ class MQTTBus:
                 log.exception("mqtt: handler for %s failed on %r", node, msg)
 
 
-def bus_from_config(testbed: str, broker: Any, port: int | None = None,
-                    tap: Callable[[str, ControlMessage], None] | None = None) -> MQTTBus:
-    """An MQTTBus for a testbed's `[broker]` (an embedded broker's port is given)."""
+def broker_params(broker: Any, port: int | None = None) -> dict[str, Any]:
+    """Connection parameters for a testbed's `[broker]` (an embedded broker's port given)."""
     import os
 
     if broker.url == "embedded":
         if port is None:
             raise ValueError("the embedded broker's port is known only once it runs")
-        return MQTTBus(testbed, broker.bind, port, client_id=broker.client_id, tap=tap)
+        return {"host": broker.bind, "port": port}
     scheme, host, bport = broker.endpoint()
     password = None
     if broker.password_env:
@@ -156,5 +155,20 @@ def bus_from_config(testbed: str, broker: Any, port: int | None = None,
             raise ValueError(f"broker password: environment variable {broker.password_env} "
                              f"is not set")
     tls = ssl.create_default_context(cafile=broker.ca_file) if scheme == "mqtts" else None
-    return MQTTBus(testbed, host, bport, username=broker.username, password=password,
-                   tls_context=tls, client_id=broker.client_id, tap=tap)
+    return {"host": host, "port": bport, "username": broker.username, "password": password,
+            "tls_context": tls}
+
+
+def bus_from_config(testbed: str, broker: Any, port: int | None = None,
+                    tap: Callable[[str, ControlMessage], None] | None = None,
+                    client_id: str | None = None) -> MQTTBus:
+    """An MQTTBus for a testbed's `[broker]`."""
+    return MQTTBus(testbed, **broker_params(broker, port),
+                   client_id=client_id or broker.client_id, tap=tap)
+
+
+def client_from_config(broker: Any, client_id: str, port: int | None = None) -> aiomqtt.Client:
+    """A plain aiomqtt client on the same broker (job and telemetry topics)."""
+    p = broker_params(broker, port)
+    return aiomqtt.Client(p.pop("host"), p.pop("port"), identifier=client_id,
+                          socket_options=[(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)], **p)

@@ -33,6 +33,7 @@ class Emulation:
     wss: dict[str, SerialWSS] = field(default_factory=dict)
     broker: EmbeddedBroker | None = None
     qick: Any = None  # sim.qick_pyro.QickPyroServer
+    nodes: Any = None  # controller.nodejob.NodeJobHost
     world: Any = None
 
     def endpoints(self) -> dict[str, Any]:
@@ -52,6 +53,8 @@ class Emulation:
             await self.broker.stop()
         if self.qick is not None:
             self.qick.stop()
+        if self.nodes is not None:
+            await self.nodes.stop()
 
 
 async def start(tb: Testbed, host: str = "127.0.0.1", faults: list[Fault] | None = None
@@ -72,6 +75,19 @@ async def start(tb: Testbed, host: str = "127.0.0.1", faults: list[Fault] | None
         emu.wss[wid] = SerialWSS(model).start()
     if tb.broker.url == "embedded":
         emu.broker = await EmbeddedBroker(host).start()
+    # the node side of stage 2: each board's control unit beside it (local registers,
+    # its interrupt line), only control messages on the broker, as on the O-NIC hosts
+    from controller.nodejob import NodeJobHost
+    from drivers.mqtt import bus_from_config, client_from_config
+
+    port = emu.broker.port if emu.broker is not None else None
+    emu.nodes = await NodeJobHost(
+        tb.name, emu.world.onics, emu.world.boards,
+        lambda: client_from_config(tb.broker, "oddl-node-jobs", port),
+        # the fabric's checker watches the node side's grants, as it watches the sim bus
+        lambda cid: bus_from_config(tb.name, tb.broker, port, client_id=cid,
+                                    tap=emu.world.checker.on_message),
+        emu.world.checker).start()
     if tb.qick is not None:
         from sim.qick_pyro import QickPyroServer
         from sim.qick_soc import Photonics
