@@ -16,6 +16,7 @@ the same class runs on the O-NIC hosts. JSON via msgspec, versioned, never pickl
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from typing import Any
 
@@ -89,10 +90,13 @@ class NodeJobHost:
         return self
 
     async def stop(self) -> None:
+        import aiomqtt
+
         if self._task is not None:
             self._task.cancel()
-            with contextlib_suppress():
+            with contextlib.suppress(asyncio.CancelledError, aiomqtt.MqttError):
                 await self._task
+            self._task = None
 
     async def _serve(self) -> None:
         dec = msgspec.json.Decoder(JobSpec)
@@ -124,25 +128,32 @@ class NodeJobHost:
                 done.set_exception(exc)
 
         bus = self.bus_factory(f"oddl-node-{spec.job}")
-        schedule = build(spec.collective, len(spec.ranks), spec.size, spec.rows, spec.cols,
-                         spec.degree)
         watch = self.checker
-        engine = CollectiveEngine(clock, schedule, spec.ranks, lambda f: cus[f.src].submit(f),
-                                  watch.flow_started if watch is not None else None,
-                                  spec.nic_sync)
-        timing = Timing(*spec.timing)
-        for n in spec.nodes:
-            self.boards[n].on_irq = self.onics[n].on_interrupt  # the local interrupt line
-        if spec.nic_sync:
-            for n in spec.ranks:
-                self.onics[n].on_module_fired = (lambda slot, n=n: engine.module_fired(n, slot))
-        cus = {n: ControlUnit(n, clock, bus, self.onics[n],
-                              {d: Route(*r) for d, r in spec.routes.get(n, {}).items()},
-                              timing, engine.on_delivered, fail)
-               for n in spec.nodes}
         pending: list[asyncio.Future[None]] = []
         bad_before = len(watch.violations) if watch is not None else 0
+        wired: list[str] = []
         try:
+            missing = [n for n in spec.nodes if n not in self.onics]
+            if missing:
+                raise ValueError(f"this host has no O-NIC for {', '.join(map(repr, missing))}")
+            schedule = build(spec.collective, len(spec.ranks), spec.size, spec.rows,
+                             spec.cols, spec.degree)
+            engine = CollectiveEngine(clock, schedule, spec.ranks,
+                                      lambda f: cus[f.src].submit(f),
+                                      watch.flow_started if watch is not None else None,
+                                      spec.nic_sync)
+            timing = Timing(*spec.timing)
+            for n in spec.nodes:
+                self.boards[n].on_irq = self.onics[n].on_interrupt  # the local line
+                wired.append(n)
+            if spec.nic_sync:
+                for n in spec.ranks:
+                    self.onics[n].on_module_fired = (
+                        lambda slot, n=n: engine.module_fired(n, slot))
+            cus = {n: ControlUnit(n, clock, bus, self.onics[n],
+                                  {d: Route(*r) for d, r in spec.routes.get(n, {}).items()},
+                                  timing, engine.on_delivered, fail)
+                   for n in spec.nodes}
             await bus.start()
 
             def finished(i: int, t_end: int) -> None:
@@ -170,12 +181,6 @@ class NodeJobHost:
             log.exception("job %s failed", spec.job)
             await publish(JobEvent(JOB_VERSION, spec.job, "failed", error=f"{e}"))
         finally:
-            for n in spec.nodes:
+            for n in wired:
                 self.boards[n].on_irq = None
             await bus.close()
-
-
-def contextlib_suppress() -> Any:
-    import contextlib
-
-    return contextlib.suppress(asyncio.CancelledError)

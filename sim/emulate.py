@@ -45,6 +45,8 @@ class Emulation:
         }
 
     async def stop(self) -> None:
+        if self.nodes is not None:  # before the broker it talks through
+            await self.nodes.stop()
         for s in self.boards.values():
             await s.stop()
         for w in self.wss.values():
@@ -53,8 +55,6 @@ class Emulation:
             await self.broker.stop()
         if self.qick is not None:
             self.qick.stop()
-        if self.nodes is not None:
-            await self.nodes.stop()
 
 
 async def start(tb: Testbed, host: str = "127.0.0.1", faults: list[Fault] | None = None
