@@ -282,7 +282,8 @@ def accept(testbed: Path, backend: str | None, report: Path | None, only: tuple[
 @click.option("--cluster", default=None,
               help="a Dask scheduler address (tcp://HOST:PORT or tls://...) to run on")
 @click.option("--out", type=click.Path(path_type=Path), default=None,
-              help="output directory (default: sweeps/<name>-<time>)")
+              help="output directory (default: sweeps/<name>-<time>); rerun into the same "
+                   "one to resume: points already in its points.jsonl are kept")
 def sweep(sweep_file: Path, jobs: int, cluster: str | None, out: Path | None) -> None:
     """Run networks x models x node counts x line rates; write the table and the plots."""
     from controller.sweep import load_sweep, points, run_sweep, speedups, write_outputs
@@ -307,6 +308,9 @@ def sweep(sweep_file: Path, jobs: int, cluster: str | None, out: Path | None) ->
                 f"{row['line_rate_gbps']:g}G"))
 
         journal = out / "points.jsonl"
+        done_before = sum(1 for _ in journal.open()) if journal.exists() else 0
+        if done_before:
+            err.print(f"resuming: {done_before} points already in {journal}")
         try:
             rows = run_sweep(sw, tb_path, jobs, cluster, progress, journal)
         except Exception as e:  # a failed point names itself; finished points are kept

@@ -177,12 +177,15 @@ def run_sweep(sw: Sweep, testbed_path: Path, jobs: int = 1, cluster: str | None 
               progress: Callable[[dict[str, Any], int, int], None] | None = None,
               journal: Path | None = None) -> list[dict[str, Any]]:
     """All points; each completed row is appended to `journal` (JSON lines) as it arrives,
-    so a sweep that fails or is killed keeps every point it finished."""
+    so a sweep that fails or is killed keeps every point it finished, and a rerun into the
+    same directory runs only the points the journal does not have."""
     template = _read_toml(testbed_path)
+    rows = [r for r in _journal(journal) if _key(r) in {_key(p) for p in points(sw)}]
+    have = {_key(r) for r in rows}
     tasks = [{**p, "template": template, "sweep": sw.name, "collective": sw.collective,
               "compute_time_ms": sw.compute_time_ms.get(p["model"], 0.0)}
-             for p in points(sw)]
-    rows = []
+             for p in points(sw) if _key(p) not in have]
+    total = len(tasks) + len(rows)
     it = _dask(tasks, cluster) if cluster else _local(tasks, jobs)
     for row in it:
         rows.append(row)
@@ -191,10 +194,27 @@ def run_sweep(sw: Sweep, testbed_path: Path, jobs: int = 1, cluster: str | None 
             with journal.open("a") as f:
                 f.write(json.dumps(row) + "\n")
         if progress is not None:
-            progress(row, len(rows), len(tasks))
+            progress(row, len(rows), total)
     order = {n.name: i for i, n in enumerate(sw.networks)}
     rows.sort(key=lambda r: (r["model"], r["nodes"], r["line_rate_gbps"], order[r["network"]]))
     return rows
+
+
+def _key(p: dict[str, Any]) -> tuple[str, str, int, float]:
+    net = p["network"]["name"] if isinstance(p["network"], dict) else p["network"]
+    return (net, p["model"], int(p["nodes"]), float(p["line_rate_gbps"]))
+
+
+def _journal(path: Path | None) -> list[dict[str, Any]]:
+    if path is None or not path.exists():
+        return []
+    out = []
+    for line in path.read_text().splitlines():
+        try:
+            out.append(json.loads(line))
+        except ValueError:
+            break  # a line cut off by a kill: the point reruns
+    return out
 
 
 def speedups(sw: Sweep, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:

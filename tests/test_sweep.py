@@ -125,3 +125,12 @@ strategy = "cyclic"
     kept = [json.loads(x) for x in (out / "points.jsonl").read_text().splitlines()]
     assert [k["network"] for k in kept] == ["electrical"]
     assert "1 finished points kept" in r.output
+    # fixed and rerun into the same directory: only the missing point runs
+    f.write_text(text.replace('strategy = "cyclic"', 'strategy = "matched"'))
+    r = CliRunner().invoke(main, ["sweep", str(f), "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    assert "resuming: 1 points already in" in r.output
+    rows = list(csv.DictReader((out / "results.csv").open()))
+    assert sorted(x["network"] for x in rows) == ["electrical", "oddl"]
+    journal = [json.loads(x) for x in (out / "points.jsonl").read_text().splitlines()]
+    assert [j["network"] for j in journal] == ["electrical", "oddl"]  # electrical ran once
