@@ -107,12 +107,9 @@ def run(testbed_path: Path, tb: Testbed, backend: str, report: Path, only: list[
     else:
         if faults:
             raise AcceptError("--fault is for --backend emu (real devices bring their own)")
-        lock = TestbedLock(tb.name, purpose=f"oddl accept (pid {os.getpid()})")
-        lock.acquire(wait_s)  # TestbedBusy names the holder
-        try:
+        # TestbedBusy names the holder
+        with TestbedLock(tb.name, purpose=f"oddl accept (pid {os.getpid()})").acquire(wait_s):
             rc = pytest.main(pytest_args(testbed_path, report, only))
-        finally:
-            lock.release()
     summary = report / "summary.json"
     if summary.exists():
         import json

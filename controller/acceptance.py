@@ -29,7 +29,7 @@ import pytest
 
 from controller.config import ConfigError, Testbed, load_testbed
 from controller.topology import Grid
-from fpga import regmap as R
+from drivers.testbed import Unreachable, open_board
 
 NO_TESTBED = ("hardware acceptance: no --testbed given (run `oddl accept TESTBED` or "
               "`pytest tests/acceptance --testbed FILE`)")
@@ -101,10 +101,6 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 
 # --- the bench: connections to the testbed's devices ----------------------------------------
 
-class Unreachable(RuntimeError):
-    pass
-
-
 class Absent(Unreachable):
     """The config names no board for the node: its checks skip (nothing to hold it to)."""
 
@@ -168,29 +164,6 @@ class Bench:
     def close(self) -> None:
         for d in self.wss_drivers.values():
             d.close()
-
-
-def open_board(addr: str | None, node: str, nodes: list[str]) -> Any:
-    """An ONicDriver on a board address: grpc://HOST:PORT (PYNQ.remote) or `local` (this
-    host's PL, when the suite runs on the board itself)."""
-    from pynq import MMIO
-
-    from drivers.onic import ONicDriver
-
-    if addr and addr.startswith("grpc://"):
-        from pynq.pl_server.remote_device import RemoteDevice
-
-        host, _, port = addr.removeprefix("grpc://").rpartition(":")
-        device = RemoteDevice(0, host, port=int(port))
-    elif addr == "local":
-        from pynq import Device
-
-        device = Device.active_device
-    else:
-        raise Unreachable(f"board address {addr!r} is neither grpc://HOST:PORT nor 'local'")
-    drv = ONicDriver(MMIO(R.IP_BASE, R.IP_RANGE, device=device), node, nodes)
-    drv.mmio.read(R.BY_NAME["MAGIC"].offset)  # it answers a register read
-    return drv
 
 
 @pytest.fixture(scope="session")

@@ -114,7 +114,7 @@ class _NetworkRun:
                 # devices' business, and the emulator's own checker watches it)
                 self.checker = InvariantChecker(mode=checker_mode)
                 st = self.devices = self.loop.run_until_complete(
-                    open_devices(tb, grid, self.loop, tap=self.checker.on_message))
+                    open_devices(tb, grid, tap=self.checker.on_message))
             else:
                 from sim import backend as sim_backend
 
@@ -165,8 +165,7 @@ class _NetworkRun:
                 for cu in self.cus.values():
                     for k, v in cu.stats.items():
                         agg[k] = agg.get(k, 0) + v
-                sync = "o-nic count-action" if self.nic_sync else "host"
-                out = {**agg, "plan_s": round(self.plan_s, 4), "step_sync": sync}
+                out = {**agg, "plan_s": round(self.plan_s, 4), "step_sync": self.step_sync}
                 if fabric is None:  # real devices: what the controller's side can count
                     return {**out, "messages_received": bus.received,
                             "messages_rejected": bus.rejected}
@@ -191,6 +190,15 @@ class _NetworkRun:
             self.stats = lambda: {"transfers": self.switch.flows}
             self.control_messages = lambda: 0
 
+    @property
+    def step_sync(self) -> str:
+        return "o-nic count-action" if self.nic_sync else "host"
+
+    @staticmethod
+    def _real_time_limit(n_iter: int, compute_ns: int) -> float:
+        """Seconds a real-time run may take before it is declared stuck."""
+        return n_iter * (compute_ns / 1e9 + 5.0) + 30.0
+
     def _prepare_node_job(self, ctx: LoadedExperiment, spec: NetworkSpec, grid: Grid,
                           schedule: Schedule, ranks: list[str], timing: Timing) -> None:
         import dataclasses
@@ -211,8 +219,7 @@ class _NetworkRun:
         self.flow_total = 0
         self.msgs = 0
         self.node_stats: dict[str, Any] = {}
-        self.stats = lambda: {"plan_s": round(self.plan_s, 4),
-                              "step_sync": "o-nic count-action" if self.nic_sync else "host",
+        self.stats = lambda: {"plan_s": round(self.plan_s, 4), "step_sync": self.step_sync,
                               "stage2": "node side (beside the boards)", **self.node_stats}
         self.control_messages = lambda: self.msgs
 
@@ -265,7 +272,7 @@ class _NetworkRun:
                     if progress is not None:
                         progress(name, ev.iteration + 1, n_iter)
 
-        limit = n_iter * (compute_ns / 1e9 + 5.0) + 30.0
+        limit = self._real_time_limit(n_iter, compute_ns)
         try:
             self.loop.run_until_complete(asyncio.wait_for(drive(), limit))
         except TimeoutError:
@@ -333,7 +340,7 @@ class _NetworkRun:
             if self.real:  # real time: bounded, so a device that stops answering ends it
                 import asyncio
 
-                limit = n_iter * (compute_ns / 1e9 + 5.0) + 30.0
+                limit = self._real_time_limit(n_iter, compute_ns)
                 self.loop.run_until_complete(asyncio.wait_for(self.done, limit))
             else:
                 self.loop.run_until_complete(self.done)
@@ -361,16 +368,17 @@ def run_experiment(ctx: LoadedExperiment, backend: str = "sim", store: RunStore 
     grid = Grid.from_testbed(tb)
     n = tb.n_nodes
     size = model_spec(w.model).grad_bytes(w.bytes_per_param)
-    schedule = build(w.collective, n, size, tb.grid.rows, tb.grid.cols,
-                     exp.networks[0].degree)
     full = total_iterations(w, n)
     n_iter = iterations or exp.iterations or full
     by_name = {s.name: s for s in exp.networks}
-    schedules = {s.name: schedule if s.collective in (None, w.collective)
-                 and w.collective != "totientrings"
-                 else build(s.collective or w.collective, n, size, tb.grid.rows, tb.grid.cols,
-                            s.degree)
-                 for s in exp.networks}
+    built: dict[tuple[str, int], Schedule] = {}
+    schedules: dict[str, Schedule] = {}
+    for s in exp.networks:  # each network's collective (the workload's unless it names one)
+        coll = s.collective or w.collective
+        key = (coll, s.degree if coll == "totientrings" else 0)  # only TopoOpt's uses d
+        if key not in built:
+            built[key] = build(coll, n, size, tb.grid.rows, tb.grid.cols, s.degree)
+        schedules[s.name] = built[key]
 
     if w.calibrate is not None:
         cal = w.calibrate

@@ -180,11 +180,13 @@ def run_sweep(sw: Sweep, testbed_path: Path, jobs: int = 1, cluster: str | None 
     so a sweep that fails or is killed keeps every point it finished, and a rerun into the
     same directory runs only the points the journal does not have."""
     template = _read_toml(testbed_path)
-    rows = [r for r in _journal(journal) if _key(r) in {_key(p) for p in points(sw)}]
+    todo = points(sw)
+    wanted = {_key(p) for p in todo}
+    rows = [r for r in _journal(journal) if _key(r) in wanted]
     have = {_key(r) for r in rows}
     tasks = [{**p, "template": template, "sweep": sw.name, "collective": sw.collective,
               "compute_time_ms": sw.compute_time_ms.get(p["model"], 0.0)}
-             for p in points(sw) if _key(p) not in have]
+             for p in todo if _key(p) not in have]
     total = len(tasks) + len(rows)
     it = _dask(tasks, cluster) if cluster else _local(tasks, jobs)
     for row in it:

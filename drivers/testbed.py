@@ -15,7 +15,7 @@ from typing import Any
 
 from controller.config import Testbed
 from controller.topology import Grid
-from drivers.onic import DriverONic
+from drivers.onic import DriverONic, ONicDriver
 from fpga import regmap as R
 
 
@@ -65,9 +65,32 @@ def _poll(onic: DriverONic, loop: asyncio.AbstractEventLoop, stop: threading.Eve
             stop.wait(POLL_S)
 
 
-async def open_devices(tb: Testbed, grid: Grid, loop: asyncio.AbstractEventLoop,
-                       tap: Any = None) -> Devices:
-    from controller.acceptance import open_board
+class Unreachable(RuntimeError):
+    """A board the config names that cannot be reached (the message says why)."""
+
+
+def open_board(addr: str | None, node: str, nodes: list[str]) -> Any:
+    """An ONicDriver on a board address: grpc://HOST:PORT (PYNQ.remote) or `local` (this
+    host's PL, when the suite runs on the board itself)."""
+    from pynq import MMIO
+
+    if addr and addr.startswith("grpc://"):
+        from pynq.pl_server.remote_device import RemoteDevice
+
+        host, _, port = addr.removeprefix("grpc://").rpartition(":")
+        device = RemoteDevice(0, host, port=int(port))
+    elif addr == "local":
+        from pynq import Device
+
+        device = Device.active_device
+    else:
+        raise Unreachable(f"board address {addr!r} is neither grpc://HOST:PORT nor 'local'")
+    drv = ONicDriver(MMIO(R.IP_BASE, R.IP_RANGE, device=device), node, nodes)
+    drv.mmio.read(R.BY_NAME["MAGIC"].offset)  # it answers a register read
+    return drv
+
+
+async def open_devices(tb: Testbed, grid: Grid, tap: Any = None) -> Devices:
     from drivers.mqtt import bus_from_config
     from drivers.wss import WSSDriver
 
@@ -83,9 +106,7 @@ async def open_devices(tb: Testbed, grid: Grid, loop: asyncio.AbstractEventLoop,
         if not w.serial:
             raise ValueError(f"WSS {w.id}: no serial port in the testbed config")
         wss[w.id] = WSSDriver(w.serial)
-    bus = bus_from_config(tb.name, tb.broker, tap=tap)
-    dev = Devices(onics, wss, bus)
-    return dev
+    return Devices(onics, wss, bus_from_config(tb.name, tb.broker, tap=tap))
 
 
 def start_pollers(dev: Devices, loop: asyncio.AbstractEventLoop) -> None:

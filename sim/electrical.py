@@ -133,8 +133,6 @@ class FlowNetwork:
         self.cap_arr = np.array([capacity[k] for k in capacity], dtype=float)
         self.active: dict[int, _Active] = {}
         self.flows = 0
-        self.solves = 0
-        self.control_messages = 0
         self._dirty: list[_Active] = []
         self._whole = False  # the last solve found one big component
 
@@ -162,9 +160,8 @@ class FlowNetwork:
         now = self.clock.now_ns()
         seeds, self._dirty = self._dirty, []
         done: set[int] = set()
-        self.solves += 1
         if self._whole and len(self.active) > self.GLOBAL_ABOVE:
-            self._rebalance(list(self.active.values()), now, whole=True)  # still one big mesh
+            self._rebalance(list(self.active.values()), now)  # still one big mesh
             return
         self._whole = False
         for a in seeds:
@@ -173,7 +170,7 @@ class FlowNetwork:
             comp = self._component(a, self.GLOBAL_ABOVE)
             if comp is None:  # one big component: the whole network in one vectorised solve
                 self._whole = True
-                self._rebalance(list(self.active.values()), now, whole=True)
+                self._rebalance(list(self.active.values()), now)
                 return
             done.update(id(c) for c in comp)
             self._rebalance(comp, now)
@@ -184,9 +181,13 @@ class FlowNetwork:
     def _rates(self, comp: list[_Active]) -> list[float]:
         if len(comp) == 1:
             return [min(self.capacity[k] for k in comp[0].links)]
+        if len(comp) > self.VECTORISE_ABOVE:  # on the flows' own link indices: links
+            lens = [len(a.lidx) for a in comp]  # no flow of comp uses take no part
+            rows = np.repeat(np.arange(len(comp)), lens)
+            cols = np.concatenate([a.lidx for a in comp])
+            return max_min_arrays(rows, cols, len(comp), self.cap_arr).tolist()
         caps = {link: self.capacity[link] for a in comp for link in a.links}
-        solver = max_min_rates_np if len(comp) > self.VECTORISE_ABOVE else max_min_rates
-        return solver([a.links for a in comp], caps)
+        return max_min_rates([a.links for a in comp], caps)
 
     def _component(self, seed: _Active, limit: int) -> list[_Active] | None:
         """The flows sharing links with seed, transitively; None once it passes limit."""
@@ -203,14 +204,8 @@ class FlowNetwork:
                             return None
         return list(seen.values())
 
-    def _rates_whole(self, flows: list[_Active]) -> list[float]:
-        lens = [len(a.lidx) for a in flows]
-        rows = np.repeat(np.arange(len(flows)), lens)
-        cols = np.concatenate([a.lidx for a in flows])
-        return max_min_arrays(rows, cols, len(flows), self.cap_arr).tolist()
-
-    def _rebalance(self, comp: list[_Active], now: int, whole: bool = False) -> None:
-        rates = self._rates_whole(comp) if whole else self._rates(comp)
+    def _rebalance(self, comp: list[_Active], now: int) -> None:
+        rates = self._rates(comp)
         for a, r in zip(comp, rates, strict=True):
             if a.handle is not None and abs(r - a.rate) <= TIE * r:
                 continue  # unchanged (up to rounding): keep its finish event
