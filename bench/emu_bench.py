@@ -68,7 +68,8 @@ def mosquitto_rtt() -> dict[str, float] | str:
         subprocess.run(["mosquitto_passwd", "-c", "-b", str(pw), "oddl", "s3cret"], check=True,
                        capture_output=True)
         conf = Path(d) / "m.conf"
-        conf.write_text(f"user root\nlistener {port} 127.0.0.1\nallow_anonymous false\n"
+        conf.write_text(f"user root\nlistener {port} 127.0.0.1\nset_tcp_nodelay true\n"
+                        f"allow_anonymous false\n"
                         f"password_file {pw}\npersistence false\n")
         p = subprocess.Popen([exe, "-c", str(conf)], stdout=subprocess.DEVNULL,
                              stderr=subprocess.DEVNULL)

@@ -212,7 +212,11 @@ def run(experiment: Path, backend: str, out: Path | None, iterations: int | None
 @click.option("--fault", "faults", multiple=True,
               help="slow-tx:NODE/PORT:NS | wss-route:WSS:IN/CH:OUT | dead-board:NODE | "
                    "corrupt-link:NODE/PORT | dac-not-ready:DAC (repeatable)")
-def emulate(testbed: Path, out: Path | None, faults: tuple[str, ...]) -> None:
+@click.option("--spin-us", type=click.FloatRange(min=0), default=2000, show_default=True,
+              help="poll instead of sleeping for this long after device activity and "
+                   "before a device timer (0: always sleep; docs/emu-run.md)")
+def emulate(testbed: Path, out: Path | None, faults: tuple[str, ...],
+            spin_us: float) -> None:
     """Serve the testbed's devices on 127.0.0.1 (PYNQ.remote, serial ptys, MQTT) until Ctrl-C."""
     import asyncio
 
@@ -230,13 +234,9 @@ def emulate(testbed: Path, out: Path | None, faults: tuple[str, ...]) -> None:
         click.echo(f"error: {e}", err=True)
         sys.exit(2)
     out = out or Path(f"{testbed.stem}-emu.toml")
-    import selectors
+    from sim.realtime import new_loop
 
-    # the emulated devices keep nanosecond-scale times (a 10.5 ns tune, 50 ns of fibre) on a
-    # real clock: select() sleeps to the microsecond, epoll (asyncio's default) to the
-    # millisecond, which would add up to 1 ms to every modelled event
-    with asyncio.Runner(loop_factory=lambda: asyncio.SelectorEventLoop(
-            selectors.SelectSelector())) as runner:
+    with asyncio.Runner(loop_factory=lambda: new_loop(spin_us * 1e-6)) as runner:
         runner.run(serve(tb, str(testbed), out, lambda line: click.echo(line), parsed))
 
 

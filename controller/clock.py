@@ -3,10 +3,18 @@
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections.abc import Callable
 from typing import Any
 
 NS = 1e-9
+
+
+class _Due(threading.local):
+    ns: int | None = None  # the instant the timer now running was due (see Clock)
+
+
+_due = _Due()
 
 
 class Clock:
@@ -15,6 +23,13 @@ class Clock:
     The same object wraps a virtual loop (sim) or a real one (emu, hw), so nothing that
     schedules through it knows which it has. A loop with a native nanosecond scheduler
     (`call_at_ns`, `now_ns`) is used directly; any other goes through `call_at`.
+
+    Device time on a real loop: a timer callback and everything it calls see "now" as
+    the instant the timer was due, not the (later) instant a busy loop got round to it,
+    exactly as on the virtual loop. A laser that locks at t starts its burst at t and the
+    burst ends at t + duration, however late the emulator ran the lock event; a model's
+    timeline does not slip with the CPU load of the process emulating it. Anything
+    arriving from outside (a socket, a register write over the network) is at the real now.
     """
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
@@ -26,13 +41,22 @@ class Clock:
             self.now_ns = native_now  # type: ignore[method-assign]
 
     def now_ns(self) -> int:
-        return round(self.loop.time() * 1e9)
+        due = _due.ns
+        return due if due is not None else round(self.loop.time() * 1e9)
 
     def call_at_ns(self, t_ns: int, cb: Callable[..., Any], *args: Any) -> Any:
-        return self.loop.call_at(t_ns * NS, cb, *args)
+        return self.loop.call_at(t_ns * NS, _at, t_ns, cb, args)
 
     def call_later_ns(self, delay_ns: int, cb: Callable[..., Any], *args: Any) -> Any:
         return self.call_at_ns(self.now_ns() + delay_ns, cb, *args)
 
     def call_soon(self, cb: Callable[..., Any], *args: Any) -> asyncio.Handle:
         return self.loop.call_soon(cb, *args)
+
+
+def _at(t_ns: int, cb: Callable[..., Any], args: tuple[Any, ...]) -> None:
+    outer, _due.ns = _due.ns, t_ns
+    try:
+        cb(*args)
+    finally:
+        _due.ns = outer

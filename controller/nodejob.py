@@ -131,6 +131,8 @@ class NodeJobHost:
         watch = self.checker
         pending: list[asyncio.Future[None]] = []
         bad_before = len(watch.violations) if watch is not None else 0
+        if watch is not None:
+            watch.new_job()
         wired: list[str] = []
         try:
             missing = [n for n in spec.nodes if n not in self.onics]

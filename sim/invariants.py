@@ -28,6 +28,14 @@ class InvariantChecker:
     delivered: set[int] = field(default_factory=set)
     checks: int = 0
 
+    def new_job(self) -> None:
+        """Flow ids are per job: a long-running testbed forgets the last job's flows (its
+        findings stay in `violations`)."""
+        self.grants.clear()
+        self.granted_by.clear()
+        self.started.clear()
+        self.delivered.clear()
+
     def violation(self, t_ns: int, what: str) -> None:
         msg = f"t={t_ns} ns: {what}"
         self.violations.append(msg)

@@ -42,3 +42,37 @@ def test_no_real_sockets() -> None:
     with pytest.raises((RuntimeError, NotImplementedError)):
         loop.run_until_complete(main())
     loop.close()
+
+
+def test_real_loop_timer_sees_the_instant_it_was_due() -> None:
+    """Device time: a timer that a busy loop runs late still acts at its due instant, and
+    what it schedules counts from there; anything else sees the real now."""
+    import time
+
+    loop = asyncio.new_event_loop()
+    c = Clock(loop)
+    seen: dict[str, int] = {}
+
+    def hog() -> None:  # keep the loop busy past the timer's due time
+        end = time.monotonic() + 0.005
+        while time.monotonic() < end:
+            pass
+
+    def due() -> None:
+        seen["due_now"] = c.now_ns()
+        c.call_later_ns(1_000, lambda: seen.setdefault("chained", c.now_ns()))
+        loop.call_soon(lambda: seen.setdefault("io_now", c.now_ns()))
+
+    async def main() -> None:
+        t = c.now_ns() + 1_000_000
+        seen["t"] = t
+        c.call_at_ns(t, due)
+        loop.call_soon(hog)
+        while "io_now" not in seen or "chained" not in seen:
+            await asyncio.sleep(0.001)
+
+    loop.run_until_complete(main())
+    loop.close()
+    assert seen["due_now"] == seen["t"]
+    assert seen["chained"] == seen["t"] + 1_000
+    assert seen["io_now"] >= seen["t"] + 4_000_000  # outside a timer: the real, late now

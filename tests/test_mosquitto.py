@@ -15,7 +15,7 @@ import aiomqtt
 import pytest
 
 from controller.messages import Grant
-from drivers.mqtt import MQTTBus
+from drivers.mqtt import BusError, MQTTBus
 from sim.broker import free_port
 
 MOSQUITTO = shutil.which("mosquitto") or (
@@ -34,8 +34,8 @@ def mosquitto(tmp_path: Path) -> Iterator[int]:
     conf = tmp_path / "mosquitto.conf"
     # as root, mosquitto would drop to its own user, which cannot read pytest's tmp dir
     as_root = "user root\n" if os.geteuid() == 0 else ""
-    conf.write_text(f"{as_root}listener {port} 127.0.0.1\nallow_anonymous false\n"
-                    f"password_file {pw}\npersistence false\n")
+    conf.write_text(f"{as_root}listener {port} 127.0.0.1\nset_tcp_nodelay true\n"
+                    f"allow_anonymous false\npassword_file {pw}\npersistence false\n")
     proc = subprocess.Popen([MOSQUITTO, "-c", str(conf)], stdout=subprocess.PIPE,  # type: ignore[list-item]
                             stderr=subprocess.STDOUT)
     deadline = time.monotonic() + 10
@@ -84,7 +84,7 @@ def test_wrong_password_is_refused(mosquitto: int) -> None:
                       client_id="intruder")
         await bus.start()
 
-    with pytest.raises(aiomqtt.MqttError, match=r"[Nn]ot authori[sz]ed|[Bb]ad user name"):
+    with pytest.raises(BusError, match=r"[Nn]ot authori[sz]ed|[Bb]ad user name"):
         asyncio.run(body())
 
 
@@ -137,7 +137,8 @@ def test_tls_and_password_from_config(tmp_path: Path, monkeypatch: pytest.Monkey
     conf = tmp_path / "m.conf"
     as_root = "user root\n" if os.geteuid() == 0 else ""
     conf.write_text(f"{as_root}listener {port} 127.0.0.1\ncafile {ca}\ncertfile {cert}\n"
-                    f"keyfile {key}\nallow_anonymous false\npassword_file {pw}\n"
+                    f"keyfile {key}\nset_tcp_nodelay true\n"
+                    f"allow_anonymous false\npassword_file {pw}\n"
                     f"persistence false\n")
     proc = subprocess.Popen([MOSQUITTO, "-c", str(conf)], stdout=subprocess.PIPE,  # type: ignore[list-item]
                             stderr=subprocess.STDOUT)

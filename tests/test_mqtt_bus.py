@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import socket
 
 import aiomqtt
 import pytest
@@ -144,11 +145,10 @@ def test_last_will_marks_a_vanished_controller_offline() -> None:
             async for m in w.messages:
                 seen.append(bytes(m.payload))  # type: ignore[arg-type]
                 if len(seen) == 1:  # "online" (retained): now vanish without DISCONNECT
-                    bus.client._client.socket().close()
+                    bus.client.socket().shutdown(socket.SHUT_RDWR)
                 if len(seen) == 2:
                     break
-        for t in bus._tasks:
-            t.cancel()
+        await bus.close()  # bounded: nobody left to talk to
         return seen
 
     assert asyncio.run(_with_broker(body)) == [b"online", b"offline"]
