@@ -236,7 +236,8 @@ def emulate(testbed: Path, out: Path | None, faults: tuple[str, ...],
     out = out or Path(f"{testbed.stem}-emu.toml")
     from sim.realtime import new_loop
 
-    with asyncio.Runner(loop_factory=lambda: new_loop(spin_us * 1e-6)) as runner:
+    with asyncio.Runner(loop_factory=lambda: new_loop(spin_us * 1e-6,
+                                                      collect_when_idle=True)) as runner:
         runner.run(serve(tb, str(testbed), out, lambda line: click.echo(line), parsed))
 
 

@@ -9,6 +9,7 @@ endpoints are written out as an emu testbed config that the controller loads lik
 from __future__ import annotations
 
 import asyncio
+import gc
 import signal
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -144,6 +145,8 @@ async def serve(tb: Testbed, source: str, out: Path, say: Any,
         if ep["qick"]:
             say(f"qick: {ep['qick']} (qick.pyro)")
         say(f"config: {out}")
+        gc.collect()
+        gc.freeze()  # the long-lived models and servers: never scanned again
         say("ready")
         await stop.wait()
     finally:
