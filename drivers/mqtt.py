@@ -72,6 +72,7 @@ class MQTTBus:
         self._sent = 0
         self.received = 0
         self.rejected = 0
+        self.stalls = 0  # times the socket was full and the rest waited for writability
         self._prefix = f"oddl/{testbed}/node/"
         self._status = status_topic(testbed, client_id)
         self._inbox: list[tuple[str, bytes]] = []
@@ -239,6 +240,7 @@ class MQTTBus:
         want = c.want_write()
         assert self._loop is not None
         if want and not self._writing:
+            self.stalls += 1
             self._loop.add_writer(self._sock, self._flush)
             self._writing = True
         elif not want and self._writing:
