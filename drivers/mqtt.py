@@ -54,8 +54,10 @@ class MQTTBus:
     `loop_misc`), not aiomqtt: aiomqtt (used for the job, status and telemetry clients)
     spends a task and an `asyncio.wait` on every received message and a thread-safe
     callback plus two loop turns on every publish, which doubled the request-to-grant
-    round trip (0.60 -> 0.28 ms through Mosquitto, docs/emu-run.md). Here a publish is
-    written at once, and the messages one socket read brings are handled in one go.
+    round trip (0.60 -> 0.28 ms through Mosquitto, docs/emu-run.md). Here what one loop
+    turn publishes leaves as one TCP segment at the end of the turn, and the messages one
+    socket read brings are handled in one go. No reconnection: a lost broker is logged,
+    the control units' time-outs fail the flows, and the run says which.
     """
 
     def __init__(self, testbed: str, host: str = "127.0.0.1", port: int = 1883, *,
@@ -258,7 +260,10 @@ class MQTTBus:
         inbox, self._inbox = self._inbox, []
         for topic, payload in inbox:
             self._deliver(topic, payload)
-        self._flush()  # what the handlers sent (paho holds writes made inside its read)
+        sock = self._sock
+        if sock is not None and getattr(sock, "pending", None) is not None and sock.pending():
+            assert self._loop is not None  # TLS: decrypted bytes the selector cannot see
+            self._loop.call_soon(self._readable)
 
     def _deliver(self, topic: str, payload: bytes) -> None:
         prefix = self._prefix
