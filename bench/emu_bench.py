@@ -19,8 +19,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from controller.acceptance import percentile, request_grant_rtt  # noqa: E402
-from drivers.mqtt import MQTTBus  # noqa: E402
+from controller.acceptance import percentile  # noqa: E402
+from drivers.mqtt import MQTTBus, request_grant_rtt  # noqa: E402
 from sim.broker import EmbeddedBroker, free_port  # noqa: E402
 
 

@@ -292,6 +292,41 @@ class MQTTBus:
             log.exception("mqtt: handler for %s failed on %r", node, msg)
 
 
+async def request_grant_rtt(bus: Any, n: int, warmup: int = 20, timeout_s: float = 60.0,
+                            a: str = "n0", b: str = "n1") -> list[float]:
+    """REQUEST a -> b, b GRANTs at once, through the bus's broker: n round trips (seconds),
+    after `warmup` discarded ones. `bus` is an MQTTBus not yet started."""
+    from controller.messages import Grant, Request
+
+    sent: dict[int, float] = {}
+    samples: list[float] = []
+    done = asyncio.Event()
+
+    def on_b(m: Any) -> None:
+        bus.send(b, a, Grant(m.flow, 0, b, a, "H", 0, 0))
+
+    def on_a(m: Any) -> None:
+        samples.append(time.perf_counter() - sent[m.flow])
+        if len(samples) == n + warmup:
+            done.set()
+        else:
+            ask(len(samples))
+
+    def ask(i: int) -> None:
+        sent[i] = time.perf_counter()
+        bus.send(a, b, Request(i, 0, a, b, "H", 0, 64))
+
+    bus.attach(a, on_a)
+    bus.attach(b, on_b)
+    await bus.start()
+    try:
+        ask(0)
+        await asyncio.wait_for(done.wait(), timeout_s)
+    finally:
+        await bus.close()
+    return samples[warmup:]
+
+
 def broker_params(broker: Any, port: int | None = None) -> dict[str, Any]:
     """Connection parameters for a testbed's `[broker]` (an embedded broker's port given)."""
     import os

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import signal
+import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -36,6 +37,7 @@ class Emulation:
     qick: Any = None  # sim.qick_pyro.QickPyroServer
     nodes: Any = None  # controller.nodejob.NodeJobHost
     world: Any = None
+    control_hop_ns: int | None = None  # one control message through the broker, measured
 
     def endpoints(self) -> dict[str, Any]:
         return {
@@ -89,6 +91,7 @@ async def start(tb: Testbed, host: str = "127.0.0.1", faults: list[Fault] | None
         lambda cid: bus_from_config(tb.name, tb.broker, port, client_id=cid,
                                     tap=emu.world.checker.on_message),
         emu.world.checker).start()
+    emu.control_hop_ns = await control_hop_ns(tb, port)
     if tb.qick is not None:
         from sim.qick_pyro import QickPyroServer
         from sim.qick_soc import Photonics
@@ -101,6 +104,17 @@ async def start(tb: Testbed, host: str = "127.0.0.1", faults: list[Fault] | None
     return emu
 
 
+async def control_hop_ns(tb: Testbed, port: int | None, n: int = 40) -> int:
+    """One control message's trip through this testbed's broker (half the median REQUEST ->
+    GRANT round trip on the node side's own loop): what a model of the emulated testbed
+    should use for `[control] latency_ns`, instead of the prototype's FPGA network."""
+    from drivers.mqtt import bus_from_config, request_grant_rtt
+
+    bus = bus_from_config(tb.name, tb.broker, port, client_id="oddl-emu-probe")
+    rtt = await request_grant_rtt(bus, n, warmup=10, a="probe-a", b="probe-b")
+    return round(statistics.median(rtt) / 2 * 1e9)
+
+
 def emu_config(tb: Testbed, emu: Emulation, source: str) -> dict[str, Any]:
     """The testbed as the controller should see it: same fabric, emulated endpoints."""
     d = tb.model_dump(mode="json", exclude_none=True, exclude={"generate"})
@@ -110,6 +124,8 @@ def emu_config(tb: Testbed, emu: Emulation, source: str) -> dict[str, Any]:
     # for it, so a busy CI machine slows a run down rather than failing its flows
     d["control"] |= {"request_timeout_ns": 50_000_000, "grant_lease_ns": 250_000_000,
                      "max_retries": 60}
+    if emu.control_hop_ns is not None:  # a sim run of this file models the emulated bus
+        d["control"] |= {"kind": "mqtt", "latency_ns": emu.control_hop_ns}
     d["testbed"]["description"] = f"emulated by `oddl emulate {source}`"
     for n in d["nodes"]:
         n["board"] = f"grpc://127.0.0.1:{emu.boards[n['id']].port}"

@@ -36,6 +36,8 @@ def test_emulate_serves_the_prototype(root: Path, tmp_path: Path) -> None:
         assert lines[-1] == "ready", lines
         tb = load_testbed(out)  # the written config is a valid testbed
         assert tb.testbed.backend == "emu" and tb.broker.url.startswith("mqtt://127.0.0.1:")
+        # its control plane is MQTT on loopback, measured, not the prototype's 1 us network
+        assert tb.control.kind == "mqtt" and 1_000 < tb.control.latency_ns < 50_000_000
         for n in tb.nodes:  # every board answers PYNQ.remote with its own identity
             host, port = n.board.removeprefix("grpc://").split(":")  # type: ignore[union-attr]
             assert host == "127.0.0.1"

@@ -7,7 +7,8 @@ import statistics
 
 import pytest
 
-from controller.acceptance import Bench, percentile, request_grant_rtt
+from controller.acceptance import Bench, percentile
+from drivers.mqtt import request_grant_rtt
 from fpga import regmap as R
 from fpga.countaction import Program, compile_program, step_sync, streamer
 
