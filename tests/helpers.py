@@ -3,8 +3,15 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
+import signal
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from controller.arbiter import Arbiter
@@ -99,3 +106,32 @@ def run_flows(tb: Testbed, pairs: list[tuple[int, int, int, int]], strategy: str
     res.end_ns = clock.now_ns()
     loop.close()
     return res
+
+
+@contextlib.contextmanager
+def emulator(root: Path, testbed: Path, out: Path, *args: str, limit_s: float = 60
+             ) -> Iterator[tuple[subprocess.Popen[str], list[str]]]:
+    """`oddl emulate` as a user starts it: yields the process and its lines up to "ready";
+    killed after `limit_s` whatever happens (never hangs the suite), stopped on exit."""
+    proc = subprocess.Popen([sys.executable, "-m", "controller.cli", "emulate", str(testbed),
+                             "--out", str(out), *args], cwd=root, stdout=subprocess.PIPE,
+                            text=True)
+    killer = threading.Timer(limit_s, proc.kill)
+    killer.start()
+    lines: list[str] = []
+    try:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            lines.append(line.strip())
+            if line.strip() == "ready":
+                break
+        assert lines and lines[-1] == "ready", lines
+        yield proc, lines
+    finally:
+        killer.cancel()
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGINT)
+            try:
+                proc.wait(20)
+            except subprocess.TimeoutExpired:
+                proc.kill()

@@ -6,7 +6,6 @@ import asyncio
 import signal
 import subprocess
 import sys
-import threading
 from pathlib import Path
 
 import aiomqtt
@@ -17,23 +16,12 @@ from controller.config import load_testbed
 from drivers.onic import ONicDriver
 from drivers.wss import WSSDriver
 from fpga import regmap as R
+from tests.helpers import emulator
 
 
 def test_emulate_serves_the_prototype(root: Path, tmp_path: Path) -> None:
     out = tmp_path / "emu.toml"
-    proc = subprocess.Popen([sys.executable, "-m", "controller.cli", "emulate",
-                             str(root / "hw_configs" / "prototype-4node.toml"), "--out",
-                             str(out)], cwd=root, stdout=subprocess.PIPE, text=True)
-    killer = threading.Timer(60, proc.kill)  # never hang the suite
-    killer.start()
-    lines: list[str] = []
-    try:
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            lines.append(line.strip())
-            if line.strip() == "ready":
-                break
-        assert lines[-1] == "ready", lines
+    with emulator(root, root / "hw_configs" / "prototype-4node.toml", out) as (proc, _):
         tb = load_testbed(out)  # the written config is a valid testbed
         assert tb.testbed.backend == "emu" and tb.broker.url.startswith("mqtt://127.0.0.1:")
         # its control plane is MQTT on loopback, measured, not the prototype's 1 us network
@@ -57,13 +45,10 @@ def test_emulate_serves_the_prototype(root: Path, tmp_path: Path) -> None:
 
         asyncio.run(mqtt())
         proc.send_signal(signal.SIGINT)
+        assert proc.stdout is not None
         rest = proc.stdout.read()
         assert proc.wait(20) == 0
         assert "stopped" in rest
-    finally:
-        killer.cancel()
-        if proc.poll() is None:
-            proc.kill()
 
 
 def test_run_table1_on_the_emulated_testbed(root: Path, tmp_path: Path) -> None:
@@ -92,16 +77,8 @@ def test_one_emulator_serves_job_after_job(root: Path, tmp_path: Path) -> None:
     import json
 
     out = tmp_path / "emu.toml"
-    proc = subprocess.Popen([sys.executable, "-m", "controller.cli", "emulate",
-                             str(root / "hw_configs" / "prototype-4node.toml"), "--out",
-                             str(out)], cwd=root, stdout=subprocess.PIPE, text=True)
-    killer = threading.Timer(240, proc.kill)  # never hang the suite
-    killer.start()
-    try:
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            if line.strip() == "ready":
-                break
+    with emulator(root, root / "hw_configs" / "prototype-4node.toml", out,
+                  limit_s=240) as (proc, _):
         for k in range(2):
             r = subprocess.run([sys.executable, "-m", "controller.cli", "run",
                                 "experiments/table1-resnet50.toml", "--backend", "emu",
@@ -114,7 +91,3 @@ def test_one_emulator_serves_job_after_job(root: Path, tmp_path: Path) -> None:
             assert oddl["invariant_violations"] == 0, f"job {k}"
         proc.send_signal(signal.SIGINT)
         assert proc.wait(20) == 0
-    finally:
-        killer.cancel()
-        if proc.poll() is None:
-            proc.kill()

@@ -3,9 +3,6 @@
 from __future__ import annotations
 
 import signal
-import subprocess
-import sys
-import threading
 from pathlib import Path
 
 import pytest
@@ -15,6 +12,7 @@ from controller.cli import main
 from controller.config import load_testbed
 from fpga import regmap as R
 from sim.faults import FaultSpecError, apply_faults, parse_fault
+from tests.helpers import emulator
 from tests.test_onic_board import Bench
 
 
@@ -89,19 +87,8 @@ def test_dead_board_does_not_answer(root: Path, tmp_path: Path) -> None:
     from pynq.pl_server.remote_device import RemoteDevice
 
     out = tmp_path / "emu.toml"
-    proc = subprocess.Popen([sys.executable, "-m", "controller.cli", "emulate",
-                             str(root / "hw_configs" / "prototype-4node.toml"), "--out",
-                             str(out), "--fault", "dead-board:n2"], cwd=root,
-                            stdout=subprocess.PIPE, text=True)
-    killer = threading.Timer(60, proc.kill)
-    killer.start()
-    try:
-        assert proc.stdout is not None
-        lines = []
-        for line in proc.stdout:
-            lines.append(line.strip())
-            if line.strip() == "ready":
-                break
+    with emulator(root, root / "hw_configs" / "prototype-4node.toml", out,
+                  "--fault", "dead-board:n2") as (proc, lines):
         assert "fault: dead-board:n2" in lines
         tb = load_testbed(out)
         ports = {n.id: int(n.board.rsplit(":", 1)[1]) for n in tb.nodes}  # type: ignore[union-attr]
@@ -110,7 +97,3 @@ def test_dead_board_does_not_answer(root: Path, tmp_path: Path) -> None:
             RemoteDevice(0, "127.0.0.1", port=ports["n2"])
         proc.send_signal(signal.SIGINT)
         assert proc.wait(20) == 0
-    finally:
-        killer.cancel()
-        if proc.poll() is None:
-            proc.kill()
