@@ -114,7 +114,13 @@ def plan(testbed: Path, job: Path | None, strategy: str | None, as_json: bool) -
 def run(experiment: Path, backend: str, out: Path | None, iterations: int | None,
         testbed: Path | None, as_json: bool) -> None:
     """Run an experiment: every network on the same workload, results in a run directory."""
-    from controller.results import RunStore, make_run_dir, plot_run, write_manifest
+    from controller.results import (
+        RunDirTaken,
+        RunStore,
+        make_run_dir,
+        plot_run,
+        write_manifest,
+    )
     from controller.runner import RunFailed, run_experiment
 
     try:
@@ -122,7 +128,11 @@ def run(experiment: Path, backend: str, out: Path | None, iterations: int | None
     except ConfigError as e:
         _config_fail(e)
         return
-    run_dir = make_run_dir(out, ctx.experiment.name)
+    try:
+        run_dir = make_run_dir(out, ctx.experiment.name)
+    except RunDirTaken as e:
+        click.echo(f"error: {e}", err=True)
+        sys.exit(2)
     write_manifest(run_dir, {"experiment": ctx.path, "testbed": ctx.testbed_path},
                    {"seed": ctx.experiment.seed, "backend": backend,
                     "experiment": ctx.experiment.model_dump(),

@@ -79,8 +79,15 @@ def read_store(path: Path) -> dict[str, Any]:
         db.close()
 
 
+class RunDirTaken(FileExistsError):
+    """--out names a directory that already holds a run: never write over results."""
+
+
 def make_run_dir(out: Path | None, experiment: str) -> Path:
     if out is not None:
+        if (out / "results.sqlite").exists():
+            raise RunDirTaken(f"{out} already holds a run (results.sqlite): choose another "
+                              f"--out, or move that run away first")
         out.mkdir(parents=True, exist_ok=True)
         return out
     stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")

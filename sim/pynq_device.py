@@ -1,8 +1,11 @@
 """The emulated O-NIC as a pynq `Device`, so unmodified pynq code (MMIO) reaches it.
 
-Register access only (`REGISTER_RW`): pynq's MMIO turns reads and writes into
-`read_registers` / `write_registers` on the active device, exactly as for a board reached
-over a register interface. Boards are registered in process and probed like any pynq device.
+Memory-mapped, as pynq sees a Zynq board's PL (`MEMORY_MAPPED`): `mmap` returns a window
+whose loads and stores reach the board model one 32-bit word at a time (read-to-clear,
+write-1-to-clear, commands), so pynq's MMIO runs its memory-mapped path, as on a board.
+`read_registers` / `write_registers` (`REGISTER_RW`) serve the PYNQ.remote server and
+the transaction-recording tests. Boards are registered in process and probed like any
+pynq device.
 """
 
 from __future__ import annotations
@@ -10,6 +13,7 @@ from __future__ import annotations
 import struct
 from typing import ClassVar
 
+import numpy as np
 from pynq.pl_server.device import Device
 
 from fpga import regmap as R
@@ -45,13 +49,22 @@ class EmulatedONicDevice(Device):
     def __init__(self, board: ONicBoard, tag: str | None = None) -> None:
         super().__init__(tag or f"oddl-emu-{board.node}")
         self.board = board
-        self.capabilities = {"REGISTER_RW": True}
+        self.capabilities = {"MEMORY_MAPPED": True, "REGISTER_RW": True}
         self.name = f"oddl emulated O-NIC {board.node}"
-        self.ps_regs = dict(_PS_RESET)
+        # plain storage, as numpy arrays: pynq lays its clock RegisterMaps over them
+        self.ps_mem = {b: np.zeros(n // 4, dtype=np.uint32) for b, n in _PS_BLOCKS.items()}
+        for a, v in _PS_RESET.items():
+            self._ps_word(a)[0][self._ps_word(a)[1]] = v
 
     @staticmethod
     def _in_ps(address: int) -> bool:
         return any(b <= address < b + n for b, n in _PS_BLOCKS.items())
+
+    def _ps_word(self, address: int) -> tuple[np.ndarray, int]:
+        for b, n in _PS_BLOCKS.items():
+            if b <= address < b + n and not address & 3:
+                return self.ps_mem[b], (address - b) // 4
+        raise MemoryError(f"{self.name}: 0x{address:X} is not a PS register this board has")
 
     @classmethod
     def _probe_(cls) -> list[EmulatedONicDevice]:
@@ -72,13 +85,21 @@ class EmulatedONicDevice(Device):
             raise MemoryError(f"{self.name}: unaligned access at 0x{address:X} ({length} B)")
         return off
 
+    def mmap(self, base_addr: int, length: int) -> _Window:
+        if self._in_ps(base_addr):
+            mem, i = self._ps_word(base_addr)
+            if i + length // 4 > len(mem):
+                raise MemoryError(f"{self.name}: 0x{base_addr:X} + {length} B leaves its block")
+            return mem[i:i + length // 4]  # type: ignore[return-value]
+        return _Window(self.board, self._offset(base_addr, length), length)
+
     def read_registers(self, address: int, length: int) -> bytes:
         off = address - BASE_ADDR
         if length == 4 and 0 <= off < R.IP_RANGE and not off & 3:  # the common case
             return _U32.pack(self.board.read(off))
         if self._in_ps(address):
-            return b"".join(_U32.pack(self.ps_regs.get(address + 4 * i, 0))
-                            for i in range(length // 4))
+            return b"".join(_U32.pack(int(m[i])) for m, i in
+                            (self._ps_word(address + 4 * k) for k in range(length // 4)))
         off = self._offset(address, length)
         return b"".join(struct.pack("<I", self.board.read(off + 4 * i))
                         for i in range(length // 4))
@@ -92,7 +113,8 @@ class EmulatedONicDevice(Device):
             return
         if self._in_ps(address):
             for i, (v,) in enumerate(struct.iter_unpack("<I", data)):
-                self.ps_regs[address + 4 * i] = v
+                m, j = self._ps_word(address + 4 * i)
+                m[j] = v
             return
         off = self._offset(address, len(data))
         for i, (v,) in enumerate(struct.iter_unpack("<I", data)):
@@ -125,3 +147,27 @@ def _download(self: EmulatedONicDevice, bitstream, parser=None) -> None:  # type
 
 EmulatedONicDevice.get_bitfile_metadata = lambda self, name: _metadata(name)  # type: ignore[method-assign]
 EmulatedONicDevice.download = _download  # type: ignore[attr-defined]
+
+
+class _Window:
+    """32-bit words of onic_ctrl, as pynq's MMIO indexes a mapped array."""
+
+    __slots__ = ("board", "first", "words")
+
+    def __init__(self, board: ONicBoard, offset: int, length: int) -> None:
+        self.board, self.first, self.words = board, offset, length // 4
+
+    def __len__(self) -> int:
+        return self.words
+
+    def _at(self, idx: int) -> int:
+        if not 0 <= idx < self.words:
+            raise MemoryError(f"word {idx} outside the mapped window of {self.words} words")
+        return self.first + 4 * idx
+
+    def __getitem__(self, idx: int) -> int:
+        return self.board.read(self._at(idx))
+
+    def __setitem__(self, idx: int, value: int) -> None:
+        self.board.write(self._at(idx), int(value) & 0xFFFFFFFF)
+

@@ -65,6 +65,19 @@ def test_run_json_is_one_object_and_run_dir_complete(root: Path, tmp_path: Path)
     assert (out / "plot.png").stat().st_size > 10_000
 
 
+def test_run_into_a_taken_run_dir_refuses_and_keeps_the_old_run(root: Path,
+                                                                 tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    args = ["run", str(root / TABLE1), "--iterations", "3", "--out", str(out)]
+    assert CliRunner().invoke(main, args).exit_code == 0
+    before = (out / "results.sqlite").read_bytes()
+    r = CliRunner().invoke(main, [*args[:3], "5", *args[4:]])
+    assert r.exit_code == 2
+    assert f"{out} already holds a run" in r.output  # not an sqlite traceback
+    assert (out / "results.sqlite").read_bytes() == before
+    assert [i for i, *_ in read_store(out / "results.sqlite")["oddl"]["iterations"]] == [0, 1, 2]
+
+
 def test_table_output(root: Path, tmp_path: Path) -> None:
     r = CliRunner().invoke(main, ["run", str(root / TABLE1), "--iterations", "3", "--out",
                                   str(tmp_path / "r")])

@@ -190,6 +190,7 @@ class Recording(EmulatedONicDevice):
 
     def __init__(self, board: ONicBoard) -> None:
         super().__init__(board, "recording")
+        self.capabilities = {"REGISTER_RW": True}  # pynq's register path: every call seen
         self.log: list[tuple[str, int, int]] = []  # one entry per 32-bit word
         self.calls: list[str] = []  # one entry per device call
 
