@@ -48,3 +48,34 @@ def test_loop_runs_timers_and_io(spin_s: float) -> None:
 
     with asyncio.Runner(loop_factory=lambda: new_loop(spin_s)) as runner:
         assert runner.run(main()) == ["timer", "io"]
+
+
+def test_garbage_is_collected_when_idle_not_while_busy() -> None:
+    import gc
+    import weakref
+
+    class Node:
+        pass
+
+    def cycles(n: int) -> list[weakref.ref[Node]]:
+        refs = []
+        for _ in range(n):
+            a, b = Node(), Node()
+            a.other, b.other = b, a  # type: ignore[attr-defined]  # only gc frees these
+            refs.append(weakref.ref(a))
+        return refs
+
+    was = gc.isenabled()
+    gc.collect()
+    gc.disable()
+    sel = SpinSelector(0.0, collect_when_idle=True)
+    try:
+        refs = cycles(2000)
+        assert sel.select(0.001) == []  # a short wait: busy, nothing collected
+        assert sel.collections == 0 and all(r() is not None for r in refs)
+        assert sel.select(0.02) == []  # a wait longer than IDLE_S: collect first
+        assert sel.collections == 1 and all(r() is None for r in refs)
+    finally:
+        sel.close()
+        if was:
+            gc.enable()
