@@ -67,12 +67,17 @@ def emulated(testbed: Path, faults: list[str], workdir: Path,
         yield out
     finally:
         killer.cancel()
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGINT)
-            try:
-                proc.wait(20)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+        stop_emulator(proc)
+
+
+def stop_emulator(proc: subprocess.Popen[str]) -> None:
+    """Ctrl-C, as a user stops `oddl emulate`; killed if it has not stopped in 20 s."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
 
 
 def pytest_args(config: Path, report: Path, only: list[str]) -> list[str]:

@@ -54,7 +54,8 @@ class EmulatedONicDevice(Device):
         # plain storage, as numpy arrays: pynq lays its clock RegisterMaps over them
         self.ps_mem = {b: np.zeros(n // 4, dtype=np.uint32) for b, n in _PS_BLOCKS.items()}
         for a, v in _PS_RESET.items():
-            self._ps_word(a)[0][self._ps_word(a)[1]] = v
+            mem, i = self._ps_word(a)
+            mem[i] = v
 
     @staticmethod
     def _in_ps(address: int) -> bool:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import math
-import signal
 import subprocess
 import sys
 import threading
@@ -14,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from controller.accept import stop_emulator
 from controller.arbiter import Arbiter
 from controller.clock import Clock
 from controller.collectives import Schedule, Step
@@ -129,9 +129,4 @@ def emulator(root: Path, testbed: Path, out: Path, *args: str, limit_s: float = 
         yield proc, lines
     finally:
         killer.cancel()
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGINT)
-            try:
-                proc.wait(20)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+        stop_emulator(proc)
