@@ -26,16 +26,16 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from controller.acceptance import percentile  # noqa: E402
-from drivers.mqtt import MQTTBus, request_grant_rtt  # noqa: E402
-from sim.broker import EmbeddedBroker, free_port  # noqa: E402
+from oddl.acceptance.plugin import percentile  # noqa: E402
+from oddl.drivers.mqtt import MQTTBus, request_grant_rtt  # noqa: E402
+from oddl.sim.broker import EmbeddedBroker, free_port  # noqa: E402
 
 
 def remote_register_ops(pairs: int = 2000) -> dict[str, float]:
+    from oddl.fpga import regmap as R
     from pynq import MMIO
     from pynq.pl_server.remote_device import RemoteDevice
 
-    from fpga import regmap as R
     from tests.test_pynq_remote import Emulator
 
     with Emulator() as emu:
@@ -102,7 +102,7 @@ def mosquitto_rtt() -> dict[str, float] | str:
 
 
 def table1(backend: str, testbed: Path | None, out: Path) -> dict[str, float]:
-    cmd = [sys.executable, "-m", "controller.cli", "run", "experiments/table1-resnet50.toml",
+    cmd = [sys.executable, "-m", "oddl.controller.cli", "run", "experiments/table1-resnet50.toml",
            "--backend", backend, "--iterations", "50", "--json", "--out", str(out)]
     if testbed is not None:
         cmd += ["--testbed", str(testbed)]

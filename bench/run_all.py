@@ -20,12 +20,13 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from controller.collectives import build  # noqa: E402
-from controller.config import load_experiment, load_testbed  # noqa: E402
-from controller.results import RunStore  # noqa: E402
-from controller.runner import _NetworkRun, run_experiment  # noqa: E402
-from controller.topology import Grid  # noqa: E402
-from controller.workloads import model_spec  # noqa: E402
+from oddl.controller.collectives import build  # noqa: E402
+from oddl.controller.config import load_experiment, load_testbed  # noqa: E402
+from oddl.controller.results import RunStore  # noqa: E402
+from oddl.controller.runner import _NetworkRun, run_experiment  # noqa: E402
+from oddl.controller.topology import Grid  # noqa: E402
+from oddl.controller.workloads import model_spec  # noqa: E402
+
 from tests.helpers import make_testbed  # noqa: E402
 
 RESNET = model_spec("resnet50").grad_bytes()
@@ -76,7 +77,7 @@ def grid4096_iteration() -> dict[str, float]:
 
 
 def plan4096() -> dict[str, float]:
-    from controller.planner import plan_job
+    from oddl.controller.planner import plan_job
 
     tb = load_testbed(ROOT / "hw_configs/grid-4096.toml")
     grid = Grid.from_testbed(tb)
@@ -101,7 +102,7 @@ def messages_per_flow(sizes: list[int]) -> list[dict[str, float]]:
             if coll == "ring" and n > 256:
                 continue  # ring on 4096 nodes is 8190 steps: not an HD-scale benchmark
             sched = build(coll, n, RESNET, side, side)
-            from controller.config import Experiment, LoadedExperiment
+            from oddl.controller.config import Experiment, LoadedExperiment
 
             exp = Experiment.model_validate({
                 "name": "m", "testbed": "-", "workload": {
@@ -122,8 +123,8 @@ def messages_per_flow(sizes: list[int]) -> list[dict[str, float]]:
 
 def register_ops(n: int = 50_000) -> dict[str, float]:
     import pynq
+    from oddl.fpga import regmap as R
 
-    from fpga import regmap as R
     from tests.test_onic_board import Bench
 
     b = Bench()

@@ -1,12 +1,13 @@
 """`oddl accept`: lock the testbed, (for emu) start the emulator, run the acceptance suite.
 
-The suite is plain pytest (tests/acceptance with the `oddl` plugin, controller/acceptance.py);
+The suite is plain pytest (oddl.acceptance, kept in tests/acceptance, with its `oddl` plugin);
 this module only decides what it runs against, holds the testbed lock for the duration,
 and asks pytest for the JUnit XML beside the plugin's summary.json / summary.md.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import signal
 import subprocess
@@ -18,10 +19,18 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from controller.config import Testbed
-from controller.lock import TestbedLock
+from oddl.controller.config import Testbed
+from oddl.controller.lock import TestbedLock
 
-SUITE = Path(__file__).resolve().parent.parent / "tests" / "acceptance"
+
+def suite_dir() -> Path:
+    """Where the installed checks are (oddl.acceptance, kept in tests/acceptance): found,
+    not imported, so the control plane does not depend on the suite."""
+    spec = importlib.util.find_spec("oddl.acceptance")
+    if spec is None or not spec.submodule_search_locations:
+        raise AcceptError("the acceptance checks (oddl.acceptance) are not installed")
+    return Path(next(iter(spec.submodule_search_locations)))
+
 
 # --only names -> the check functions they select
 CHECKS = {
@@ -47,7 +56,7 @@ def emulated(testbed: Path, faults: list[str], workdir: Path,
     """`oddl emulate TESTBED` as a child process (exactly what a user would start by hand);
     yields the emu config it writes, stops it with SIGINT on the way out."""
     out = workdir / f"{testbed.stem}-emu.toml"
-    cmd = [sys.executable, "-m", "controller.cli", "emulate", str(testbed), "--out", str(out)]
+    cmd = [sys.executable, "-m", "oddl.controller.cli", "emulate", str(testbed), "--out", str(out)]
     for f in faults:
         cmd += ["--fault", f]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -81,16 +90,16 @@ def stop_emulator(proc: subprocess.Popen[str]) -> None:
 
 
 def pytest_args(config: Path, report: Path, only: list[str]) -> list[str]:
-    if not SUITE.is_dir():
-        raise AcceptError(f"the acceptance checks are not at {SUITE}: install oddl from its "
-                          "source tree (pip install -e .)")
+    suite = suite_dir()
     unknown = [o for o in only if o not in CHECKS]
     if unknown:
         raise AcceptError(f"--only: unknown check(s) {', '.join(unknown)} (known: "
                           f"{', '.join(CHECKS)})")
-    args = [str(SUITE), "--testbed", str(config), "--accept-report", str(report),
+    # importlib mode: the installed suite's folder never goes onto sys.path
+    args = [str(suite), "--testbed", str(config), "--accept-report", str(report),
             f"--junitxml={report / 'junit.xml'}", "-o", "junit_family=xunit2",
-            "-p", "no:cacheprovider", "-q", "-rfs", "--rootdir", str(SUITE.parent.parent)]
+            "-p", "no:cacheprovider", "-q", "-rfs", "--rootdir", str(suite),
+            "--import-mode=importlib"]
     if only:
         args += ["-k", " or ".join(CHECKS[o] for o in only)]
     return args

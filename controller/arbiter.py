@@ -8,13 +8,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from controller.collectives import Schedule
-from controller.config import Testbed
-from controller.devices import ONic, WSSDevice
-from controller.plan import Plan
-from controller.planner import plan_job
-from controller.topology import Grid
-from fpga.countaction import Program
+from oddl.controller.collectives import Schedule
+from oddl.controller.config import Testbed
+from oddl.controller.devices import ONic, WSSDevice
+from oddl.controller.plan import Plan
+from oddl.controller.planner import plan_job
+from oddl.controller.topology import Grid
+from oddl.fpga.countaction import Program
 
 
 class InventoryError(RuntimeError):

@@ -8,11 +8,10 @@ import time
 from pathlib import Path
 
 import click
+from oddl.controller.config import ConfigError, load_experiment, load_testbed
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
-
-from controller.config import ConfigError, load_experiment, load_testbed
 
 err = Console(stderr=True)
 console = Console(width=None if sys.stdout.isatty() else 120)
@@ -63,11 +62,11 @@ def check(file: Path) -> None:
 @click.option("--json", "as_json", is_flag=True, help="print the plan as JSON")
 def plan(testbed: Path, job: Path | None, strategy: str | None, as_json: bool) -> None:
     """Stage 1: print the plan (placement, WSS tables, routes), validated."""
-    from controller.collectives import build
-    from controller.plan import PlanError
-    from controller.planner import plan_job
-    from controller.topology import Grid
-    from controller.workloads import model_spec
+    from oddl.controller.collectives import build
+    from oddl.controller.plan import PlanError
+    from oddl.controller.planner import plan_job
+    from oddl.controller.topology import Grid
+    from oddl.controller.workloads import model_spec
 
     try:
         if job is not None:
@@ -114,14 +113,14 @@ def plan(testbed: Path, job: Path | None, strategy: str | None, as_json: bool) -
 def run(experiment: Path, backend: str, out: Path | None, iterations: int | None,
         testbed: Path | None, as_json: bool) -> None:
     """Run an experiment: every network on the same workload, results in a run directory."""
-    from controller.results import (
+    from oddl.controller.results import (
         RunDirTaken,
         RunStore,
         make_run_dir,
         plot_run,
         write_manifest,
     )
-    from controller.runner import RunFailed, run_experiment
+    from oddl.controller.runner import RunFailed, run_experiment
 
     try:
         ctx = load_experiment(experiment, testbed)
@@ -155,8 +154,8 @@ def run(experiment: Path, backend: str, out: Path | None, iterations: int | None
     import contextlib
     import tempfile
 
-    from controller.accept import emulated
-    from controller.lock import TestbedBusy, TestbedLock
+    from oddl.controller.accept import emulated
+    from oddl.controller.lock import TestbedBusy, TestbedLock
 
     try:
         with contextlib.ExitStack() as stack:
@@ -230,8 +229,8 @@ def emulate(testbed: Path, out: Path | None, faults: tuple[str, ...],
     """Serve the testbed's devices on 127.0.0.1 (PYNQ.remote, serial ptys, MQTT) until Ctrl-C."""
     import asyncio
 
-    from sim.emulate import serve
-    from sim.faults import FaultSpecError, parse_fault
+    from oddl.sim.emulate import serve
+    from oddl.sim.faults import FaultSpecError, parse_fault
 
     try:
         tb = load_testbed(testbed)
@@ -244,7 +243,7 @@ def emulate(testbed: Path, out: Path | None, faults: tuple[str, ...],
         click.echo(f"error: {e}", err=True)
         sys.exit(2)
     out = out or Path(f"{testbed.stem}-emu.toml")
-    from sim.realtime import new_loop
+    from oddl.sim.realtime import new_loop
 
     with asyncio.Runner(loop_factory=lambda: new_loop(spin_us * 1e-6,
                                                       collect_when_idle=True)) as runner:
@@ -268,8 +267,8 @@ def emulate(testbed: Path, out: Path | None, faults: tuple[str, ...],
 def accept(testbed: Path, backend: str | None, report: Path | None, only: tuple[str, ...],
            faults: tuple[str, ...], wait_s: float) -> None:
     """Pass or fail a testbed, device by device, with the measured figures."""
-    from controller import accept as acc
-    from controller.lock import TestbedBusy
+    from oddl.controller import accept as acc
+    from oddl.controller.lock import TestbedBusy
 
     try:
         tb = load_testbed(testbed)
@@ -297,7 +296,7 @@ def accept(testbed: Path, backend: str | None, report: Path | None, only: tuple[
                    "one to resume: points already in its points.jsonl are kept")
 def sweep(sweep_file: Path, jobs: int, cluster: str | None, out: Path | None) -> None:
     """Run networks x models x node counts x line rates; write the table and the plots."""
-    from controller.sweep import load_sweep, points, run_sweep, speedups, write_outputs
+    from oddl.controller.sweep import load_sweep, points, run_sweep, speedups, write_outputs
 
     try:
         sw, tb_path = load_sweep(sweep_file)
@@ -373,11 +372,10 @@ def lightning(a: int | None, b: int | None, characterize: bool, samples: int,
               testbed: Path | None, soc_spec: str | None, noise: float | None, seed: int,
               plot: Path | None, as_json: bool) -> None:
     """Lightning's photonic multiply on a QICK board: product = round(a * b / 255)."""
+    from oddl.controller.config import QickPhotonics
+    from oddl.drivers import lightning as L
+    from oddl.sim.qick_soc import Photonics
     from pydantic import ValidationError
-
-    from controller.config import QickPhotonics
-    from drivers import lightning as L
-    from sim.qick_soc import Photonics
 
     qick = None
     if testbed is not None:
@@ -457,7 +455,7 @@ def _parse_params(params: tuple[str, ...]) -> dict[str, int]:
 
 
 def _load_program(file: Path, params: tuple[str, ...]):  # type: ignore[no-untyped-def]
-    from fpga.countaction import CountActionError, parse
+    from oddl.fpga.countaction import CountActionError, parse
 
     try:
         return parse(file.read_text(), _parse_params(params), str(file))
@@ -485,8 +483,8 @@ def ca_check(file: Path, params: tuple[str, ...]) -> None:
 @click.option("--json", "as_json", is_flag=True, help="the image as JSON (default: a table)")
 def ca_compile(file: Path, params: tuple[str, ...], as_json: bool) -> None:
     """Compile to the register image of the O-NIC count-action engine."""
-    from fpga import regmap as R
-    from fpga.countaction import compile_program, image_writes
+    from oddl.fpga import regmap as R
+    from oddl.fpga.countaction import compile_program, image_writes
 
     img = compile_program(_load_program(file, params))
     if as_json:
@@ -500,7 +498,7 @@ def ca_compile(file: Path, params: tuple[str, ...], as_json: bool) -> None:
 @click.argument("image", type=click.Path(path_type=Path))
 def ca_decompile(image: Path) -> None:
     """Turn a register image (JSON) back into count-action text."""
-    from fpga.countaction import CountActionError, decompile
+    from oddl.fpga.countaction import CountActionError, decompile
 
     try:
         click.echo(decompile(json.loads(image.read_text())).text(), nl=False)
@@ -512,7 +510,7 @@ def ca_decompile(image: Path) -> None:
 @main.command()
 def regmap() -> None:
     """Print the O-NIC register map as a markdown table."""
-    from fpga import regmap as R
+    from oddl.fpga import regmap as R
 
     click.echo(R.markdown(), nl=False)
 

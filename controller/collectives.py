@@ -116,7 +116,7 @@ def build(kind: str, n: int, size: int, rows: int, cols: int, degree: int = 4) -
     if kind == "ring":
         return ring(n, size)
     if kind == "totientrings":
-        from controller.planner import totient_jumps
+        from oddl.controller.planner import totient_jumps
 
         return totient_rings(n, size, totient_jumps(n, degree))
     if kind == "hd":

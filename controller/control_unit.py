@@ -21,10 +21,10 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from controller.clock import Clock
-from controller.devices import Bus, ONic
-from controller.messages import ControlMessage, Flow, Grant, Release, Request, Wait
-from controller.plan import Route
+from oddl.controller.clock import Clock
+from oddl.controller.devices import Bus, ONic
+from oddl.controller.messages import ControlMessage, Flow, Grant, Release, Request, Wait
+from oddl.controller.plan import Route
 
 log = logging.getLogger(__name__)
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Protocol
 
-from controller.messages import ControlMessage, Flow
-from fpga.countaction import Program
+from oddl.controller.messages import ControlMessage, Flow
+from oddl.fpga.countaction import Program
 
 
 class DeviceRefused(Exception):

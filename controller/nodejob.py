@@ -21,12 +21,11 @@ import logging
 from typing import Any
 
 import msgspec
-
-from controller.clock import Clock
-from controller.collectives import build
-from controller.control_unit import ControlUnit, Timing
-from controller.plan import Route
-from controller.workloads import CollectiveEngine
+from oddl.controller.clock import Clock
+from oddl.controller.collectives import build
+from oddl.controller.control_unit import ControlUnit, Timing
+from oddl.controller.plan import Route
+from oddl.controller.workloads import CollectiveEngine
 
 log = logging.getLogger(__name__)
 JOB_VERSION = 1

@@ -11,7 +11,7 @@ import json
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from controller.topology import Grid
+from oddl.controller.topology import Grid
 
 
 class PlanError(Exception):

@@ -16,10 +16,10 @@ from collections import deque
 from collections.abc import Iterable
 from math import gcd
 
-from controller.collectives import Schedule
-from controller.config import Testbed
-from controller.plan import JobPlacement, Plan, PlanError, Route, WSSTable
-from controller.topology import Grid, H, V
+from oddl.controller.collectives import Schedule
+from oddl.controller.config import Testbed
+from oddl.controller.plan import JobPlacement, Plan, PlanError, Route, WSSTable
+from oddl.controller.topology import Grid, H, V
 
 Mapping = dict[int, int]  # in port -> out port (partial permutation)
 STRATEGIES = ("cyclic", "matched", "totientperms")

@@ -14,18 +14,18 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from controller.arbiter import Arbiter
-from controller.clock import Clock
-from controller.collectives import Schedule, build
-from controller.config import LoadedExperiment, NetworkSpec
-from controller.control_unit import ControlUnit, Timing
-from controller.messages import Flow
-from controller.plan import Plan
-from controller.results import FlowRow, RunStore
-from controller.topology import Grid
-from controller.workloads import CollectiveEngine, model_spec, total_iterations
-from fpga.countaction import step_sync
-from fpga.regmap import N_MODULES
+from oddl.controller.arbiter import Arbiter
+from oddl.controller.clock import Clock
+from oddl.controller.collectives import Schedule, build
+from oddl.controller.config import LoadedExperiment, NetworkSpec
+from oddl.controller.control_unit import ControlUnit, Timing
+from oddl.controller.messages import Flow
+from oddl.controller.plan import Plan
+from oddl.controller.results import FlowRow, RunStore
+from oddl.controller.topology import Grid
+from oddl.controller.workloads import CollectiveEngine, model_spec, total_iterations
+from oddl.fpga.countaction import step_sync
+from oddl.fpga.regmap import N_MODULES
 
 
 class RunFailed(RuntimeError):
@@ -84,7 +84,7 @@ class _NetworkRun:
                  schedule: Schedule, backend: str, checker_mode: str) -> None:
         import asyncio
 
-        from sim.clock import VirtualClockLoop  # the sim back end's clock
+        from oddl.sim.clock import VirtualClockLoop  # the sim back end's clock
 
         # emu/hw: the ODDL network runs on the devices the testbed config names, in real
         # time; a baseline network is a model in every back end (there is no hardware)
@@ -107,8 +107,8 @@ class _NetworkRun:
         self.stats: Callable[[], dict[str, Any]]
         if spec.kind == "oddl":
             if self.real:
-                from drivers.testbed import open_devices
-                from sim.invariants import InvariantChecker
+                from oddl.drivers.testbed import open_devices
+                from oddl.sim.invariants import InvariantChecker
 
                 # the controller's view: the bus and every delivery (the light is the
                 # devices' business, and the emulator's own checker watches it)
@@ -116,7 +116,7 @@ class _NetworkRun:
                 st = self.devices = self.loop.run_until_complete(
                     open_devices(tb, grid, tap=self.checker.on_message))
             else:
-                from sim import backend as sim_backend
+                from oddl.sim import backend as sim_backend
 
                 st = sim_backend.build(tb, grid, self.clock, exp.faults, exp.seed,
                                        checker_mode)
@@ -155,7 +155,7 @@ class _NetworkRun:
                         for n in grid.nodes}
             bus, fabric = st.bus, getattr(st, "fabric", None)
             if self.real:
-                from drivers.testbed import start_pollers
+                from oddl.drivers.testbed import start_pollers
 
                 self.loop.run_until_complete(bus.start())  # subscribes the attached units
                 start_pollers(self.devices, self.loop)
@@ -178,12 +178,12 @@ class _NetworkRun:
             self.stats = oddl_stats
             self.control_messages = lambda: bus.sent
         else:
-            from sim.invariants import InvariantChecker
+            from oddl.sim.invariants import InvariantChecker
 
             self.checker = InvariantChecker(mode=checker_mode)
             self.engine = CollectiveEngine(self.clock, schedule, ranks, self._submit_el,
                                            self.checker.flow_started)
-            from sim.baselines import build_network
+            from oddl.sim.baselines import build_network
 
             self.switch = build_network(spec, self.clock, ranks, tb.optical.line_rate_gbps,
                                         self._deliver_el)
@@ -204,7 +204,7 @@ class _NetworkRun:
         import dataclasses
         import os
 
-        from controller.nodejob import JOB_VERSION, JobSpec
+        from oddl.controller.nodejob import JOB_VERSION, JobSpec
 
         w, tb = ctx.experiment.workload, ctx.testbed
         assert self.plan is not None
@@ -229,9 +229,8 @@ class _NetworkRun:
         import asyncio
 
         import msgspec
-
-        from controller.nodejob import JobEvent, result_topic, run_topic
-        from drivers.mqtt import client_from_config
+        from oddl.controller.nodejob import JobEvent, result_topic, run_topic
+        from oddl.drivers.mqtt import client_from_config
 
         tb = self.ctx.testbed
         job = msgspec.structs.replace(self.job, iterations=n_iter, compute_ns=compute_ns)

@@ -17,9 +17,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, ValidationError, model_validator
-
-from controller.config import (
+from oddl.controller.config import (
     MODELS,
     ConfigError,
     ConfigIssue,
@@ -31,6 +29,7 @@ from controller.config import (
     _read_toml,
     domain_issues,
 )
+from pydantic import Field, ValidationError, model_validator
 
 
 class Sweep(_Model):
@@ -120,8 +119,8 @@ def run_point(task: dict[str, Any]) -> dict[str, Any]:
 
 
 def _run_point(task: dict[str, Any]) -> dict[str, Any]:
-    from controller.config import Experiment
-    from controller.runner import run_experiment
+    from oddl.controller.config import Experiment
+    from oddl.controller.runner import run_experiment
 
     t0 = time.perf_counter()
     net = NetworkSpec.model_validate(task["network"])

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from controller.config import Testbed
+from oddl.controller.config import Testbed
 
 H, V = "H", "V"  # optical ports: H to the row WSS, V to the column WSS
 

@@ -9,8 +9,7 @@ a reason; the bus logs it and drops it.
 from __future__ import annotations
 
 import msgspec
-
-from controller.messages import SCHEMA_VERSION, ControlMessage
+from oddl.controller.messages import SCHEMA_VERSION, ControlMessage
 
 
 class BusDecodeError(ValueError):

@@ -6,10 +6,10 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from controller.clock import Clock
-from controller.collectives import Schedule
-from controller.config import MODELS, Workload
-from controller.messages import Flow
+from oddl.controller.clock import Clock
+from oddl.controller.collectives import Schedule
+from oddl.controller.config import MODELS, Workload
+from oddl.controller.messages import Flow
 
 
 @dataclass(frozen=True)

@@ -289,7 +289,7 @@ def open_soc(spec: str, photonics: Any = None) -> tuple[Any, Any]:
     """(soc, soccfg) for 'emulated' (in process), 'local' (QickSoc on this board) or
     pyro://HOST:PORT/NAME (qick.pyro.make_proxy, as the lab connects to a board)."""
     if spec == "emulated":
-        from sim.qick_soc import EmulatedQickSoc
+        from oddl.sim.qick_soc import EmulatedQickSoc
 
         soc = EmulatedQickSoc(photonics)
         return soc, soc

@@ -23,9 +23,8 @@ from typing import Any
 
 import aiomqtt
 import paho.mqtt.client as mqtt
-
-from controller.messages import ControlMessage
-from controller.wire import BusDecodeError, decode, encode
+from oddl.controller.messages import ControlMessage
+from oddl.controller.wire import BusDecodeError, decode, encode
 
 log = logging.getLogger(__name__)
 
@@ -296,7 +295,7 @@ async def request_grant_rtt(bus: Any, n: int, warmup: int = 20, timeout_s: float
                             a: str = "n0", b: str = "n1") -> list[float]:
     """REQUEST a -> b, b GRANTs at once, through the bus's broker: n round trips (seconds),
     after `warmup` discarded ones. `bus` is an MQTTBus not yet started."""
-    from controller.messages import Grant, Request
+    from oddl.controller.messages import Grant, Request
 
     sent: dict[int, float] = {}
     samples: list[float] = []

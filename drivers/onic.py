@@ -12,10 +12,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from controller.devices import DeviceRefused
-from fpga import regmap as R
-from fpga.countaction import Program, compile_program, decompile, image_writes
-from fpga.overlay import check_ip_dict
+from oddl.controller.devices import DeviceRefused
+from oddl.fpga import regmap as R
+from oddl.fpga.countaction import Program, compile_program, decompile, image_writes
+from oddl.fpga.overlay import check_ip_dict
 
 log = logging.getLogger(__name__)
 

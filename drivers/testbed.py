@@ -13,10 +13,10 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any
 
-from controller.config import Testbed
-from controller.topology import Grid
-from drivers.onic import DriverONic, ONicDriver
-from fpga import regmap as R
+from oddl.controller.config import Testbed
+from oddl.controller.topology import Grid
+from oddl.drivers.onic import DriverONic, ONicDriver
+from oddl.fpga import regmap as R
 
 
 @dataclass
@@ -91,8 +91,8 @@ def open_board(addr: str | None, node: str, nodes: list[str]) -> Any:
 
 
 async def open_devices(tb: Testbed, grid: Grid, tap: Any = None) -> Devices:
-    from drivers.mqtt import bus_from_config
-    from drivers.wss import WSSDriver
+    from oddl.drivers.mqtt import bus_from_config
+    from oddl.drivers.wss import WSSDriver
 
     nodes = list(grid.nodes)
     addr = {n.id: n.board for n in tb.nodes}

@@ -6,8 +6,7 @@ import re
 from typing import Any
 
 import serial
-
-from controller.devices import DeviceRefused
+from oddl.controller.devices import DeviceRefused
 
 _IDN = re.compile(r"^ODDL,WSS,(?P<id>[^,]+),(?P<ports>\d+)x(?P<channels>\d+),(?P<fw>\S+)$")
 _ERR = re.compile(r'^ERR (?P<code>-?\d+),"(?P<text>[^"]*)"$')

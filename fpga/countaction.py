@@ -33,7 +33,7 @@ import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from fpga import regmap as R
+from oddl.fpga import regmap as R
 
 SIGNALS = {("rx", "bytes"): 1, ("rx", "transfers"): 2, ("tx", "done"): 3,
            ("DAC", "valid"): 4, ("module", "fired"): 5, ("rx", "delivered"): 6}

@@ -12,7 +12,7 @@ import hashlib
 from pathlib import Path
 from typing import Any
 
-from fpga import regmap as R
+from oddl.fpga import regmap as R
 
 OVERLAY_DIR = Path(__file__).resolve().parent / "overlays"
 BITFILE = OVERLAY_DIR / "oddl_onic.bit"

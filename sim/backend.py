@@ -10,18 +10,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import pynq
-
-from controller.clock import Clock
-from controller.config import Faults, Testbed
-from controller.topology import Grid
-from drivers.onic import DriverONic, ONicDriver
-from fpga import regmap as R
-from sim.bus import LocalBus
-from sim.fabric import Fabric
-from sim.invariants import InvariantChecker
-from sim.onic_board import ONicBoard
-from sim.pynq_device import BASE_ADDR, EmulatedONicDevice
-from sim.wss import WSSModel
+from oddl.controller.clock import Clock
+from oddl.controller.config import Faults, Testbed
+from oddl.controller.topology import Grid
+from oddl.drivers.onic import DriverONic, ONicDriver
+from oddl.fpga import regmap as R
+from oddl.sim.bus import LocalBus
+from oddl.sim.fabric import Fabric
+from oddl.sim.invariants import InvariantChecker
+from oddl.sim.onic_board import ONicBoard
+from oddl.sim.pynq_device import BASE_ADDR, EmulatedONicDevice
+from oddl.sim.wss import WSSModel
 
 
 @dataclass

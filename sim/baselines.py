@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from controller.clock import Clock
-from controller.messages import Flow
-from sim.electrical import ElectricalSwitch, FlowNetwork
+from oddl.controller.clock import Clock
+from oddl.controller.messages import Flow
+from oddl.sim.electrical import ElectricalSwitch, FlowNetwork
 
 
 def build_network(spec: Any, clock: Clock, ranks: list[str], line_rate_gbps: float,
@@ -16,17 +16,17 @@ def build_network(spec: Any, clock: Clock, ranks: list[str], line_rate_gbps: flo
     if spec.kind == "electrical":
         return ElectricalSwitch(clock, ranks, line_rate_gbps, spec.latency_ns, deliver)
     if spec.kind == "fattree":
-        from sim.fattree import FatTree
+        from oddl.sim.fattree import FatTree
 
         return FatTree(clock, ranks, line_rate_gbps, spec.latency_ns, deliver,
                        spec.hosts_per_leaf, spec.spines, spec.oversubscription)
     if spec.kind == "sipring":
-        from sim.sipring import SipRing
+        from oddl.sim.sipring import SipRing
 
         return SipRing(clock, ranks, line_rate_gbps, spec.latency_ns, deliver,
                        spec.wavelengths, spec.degree, spec.reconfig_ns)
     if spec.kind == "topoopt":
-        from sim.topoopt import TopoOpt
+        from oddl.sim.topoopt import TopoOpt
 
         return TopoOpt(clock, ranks, line_rate_gbps, spec.latency_ns, deliver, spec.degree,
                        spec.link_gbps)

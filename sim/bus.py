@@ -6,9 +6,9 @@ import logging
 import random
 from collections.abc import Callable
 
-from controller.clock import Clock
-from controller.config import Faults
-from controller.messages import ControlMessage
+from oddl.controller.clock import Clock
+from oddl.controller.config import Faults
+from oddl.controller.messages import ControlMessage
 
 log = logging.getLogger(__name__)
 

@@ -12,9 +12,8 @@ import math
 from collections.abc import Callable
 
 import numpy as np
-
-from controller.clock import Clock
-from controller.messages import Flow
+from oddl.controller.clock import Clock
+from oddl.controller.messages import Flow
 
 
 class _Active:

@@ -17,16 +17,15 @@ from pathlib import Path
 from typing import Any
 
 import tomli_w
-
-from controller.clock import Clock
-from controller.config import Testbed
-from controller.topology import Grid
-from sim import backend as sim_backend
-from sim.broker import EmbeddedBroker, free_port
-from sim.faults import Fault, apply_faults
-from sim.pynq_device import EmulatedONicDevice
-from sim.pynq_remote import RemoteBoardServer
-from sim.wss_serial import SerialWSS
+from oddl.controller.clock import Clock
+from oddl.controller.config import Testbed
+from oddl.controller.topology import Grid
+from oddl.sim import backend as sim_backend
+from oddl.sim.broker import EmbeddedBroker, free_port
+from oddl.sim.faults import Fault, apply_faults
+from oddl.sim.pynq_device import EmulatedONicDevice
+from oddl.sim.pynq_remote import RemoteBoardServer
+from oddl.sim.wss_serial import SerialWSS
 
 
 @dataclass
@@ -80,8 +79,8 @@ async def start(tb: Testbed, host: str = "127.0.0.1", faults: list[Fault] | None
         emu.broker = await EmbeddedBroker(host).start()
     # the node side of stage 2: each board's control unit beside it (local registers,
     # its interrupt line), only control messages on the broker, as on the O-NIC hosts
-    from controller.nodejob import NodeJobHost
-    from drivers.mqtt import bus_from_config, client_from_config
+    from oddl.controller.nodejob import NodeJobHost
+    from oddl.drivers.mqtt import bus_from_config, client_from_config
 
     port = emu.broker.port if emu.broker is not None else None
     emu.nodes = await NodeJobHost(
@@ -93,8 +92,8 @@ async def start(tb: Testbed, host: str = "127.0.0.1", faults: list[Fault] | None
         emu.world.checker).start()
     emu.control_hop_ns = await control_hop_ns(tb, port)
     if tb.qick is not None:
-        from sim.qick_pyro import QickPyroServer
-        from sim.qick_soc import Photonics
+        from oddl.sim.qick_pyro import QickPyroServer
+        from oddl.sim.qick_soc import Photonics
 
         stuck = {f.args[0] for f in faults or [] if f.kind == "dac-not-ready"}
         n_dacs = max(tb.qick.dac_channels) + 1
@@ -108,7 +107,7 @@ async def control_hop_ns(tb: Testbed, port: int | None, n: int = 40) -> int:
     """One control message's trip through this testbed's broker (half the median REQUEST ->
     GRANT round trip on the node side's own loop): what a model of the emulated testbed
     should use for `[control] latency_ns`, instead of the prototype's FPGA network."""
-    from drivers.mqtt import bus_from_config, request_grant_rtt
+    from oddl.drivers.mqtt import bus_from_config, request_grant_rtt
 
     bus = bus_from_config(tb.name, tb.broker, port, client_id="oddl-emu-probe")
     rtt = await request_grant_rtt(bus, n, warmup=10, a="probe-a", b="probe-b")

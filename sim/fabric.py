@@ -10,13 +10,13 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
-from controller.clock import Clock
-from controller.config import Testbed
-from controller.devices import DeviceRefused
-from controller.messages import Flow
-from controller.topology import Grid
-from sim.invariants import InvariantChecker
-from sim.wss import WSSModel
+from oddl.controller.clock import Clock
+from oddl.controller.config import Testbed
+from oddl.controller.devices import DeviceRefused
+from oddl.controller.messages import Flow
+from oddl.controller.topology import Grid
+from oddl.sim.invariants import InvariantChecker
+from oddl.sim.wss import WSSModel
 
 
 class Transmitter:

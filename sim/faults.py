@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from controller.config import Testbed
+from oddl.controller.config import Testbed
 
 
 class FaultSpecError(ValueError):

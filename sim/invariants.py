@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from controller.messages import ControlMessage, Flow, Grant
+from oddl.controller.messages import ControlMessage, Flow, Grant
 
 
 class InvariantViolation(AssertionError):

@@ -12,12 +12,12 @@ import hashlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from controller.devices import DeviceRefused
-from controller.messages import Flow
-from fpga import regmap as R
-from fpga.countaction import ACTION_NAMES
-from fpga.overlay import placeholder_bit
-from sim.fabric import Fabric
+from oddl.controller.devices import DeviceRefused
+from oddl.controller.messages import Flow
+from oddl.fpga import regmap as R
+from oddl.fpga.countaction import ACTION_NAMES
+from oddl.fpga.overlay import placeholder_bit
+from oddl.sim.fabric import Fabric
 
 # power-on: the board boots the shipped (placeholder) overlay, as a flashed board would
 PLACEHOLDER_HASH = hashlib.sha256(placeholder_bit()).digest()

@@ -14,10 +14,9 @@ import struct
 from typing import ClassVar
 
 import numpy as np
+from oddl.fpga import regmap as R
+from oddl.sim.onic_board import ONicBoard
 from pynq.pl_server.device import Device
-
-from fpga import regmap as R
-from sim.onic_board import ONicBoard
 
 BASE_ADDR = 0xA000_0000
 _U32 = struct.Struct("<I")  # where the overlay places onic_ctrl (the .hwh says so)
@@ -136,7 +135,7 @@ def _metadata(bitfile_name: str):  # type: ignore[no-untyped-def]
 
 def _download(self: EmulatedONicDevice, bitstream, parser=None) -> None:  # type: ignore[no-untyped-def]
     """'Configure' the emulated FPGA: the hash register takes the bitstream's SHA-256."""
-    from fpga.overlay import bitstream_hash
+    from oddl.fpga.overlay import bitstream_hash
 
     digest = bitstream_hash(bitstream.bitfile_name)
     for i in range(8):

@@ -12,10 +12,9 @@ from __future__ import annotations
 import struct
 
 import grpc
+from oddl.controller.devices import DeviceRefused
+from oddl.sim.pynq_device import EmulatedONicDevice
 from pynq.remote import mmio_pb2, mmio_pb2_grpc, remote_device_pb2, remote_device_pb2_grpc
-
-from controller.devices import DeviceRefused
-from sim.pynq_device import EmulatedONicDevice
 
 FILES = {
     "/proc/version": b"Linux version 6.1.0-oddl-emu (aarch64) #1 SMP\n",

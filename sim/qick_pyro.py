@@ -12,8 +12,8 @@ import threading
 import time
 from typing import Any
 
-from sim.broker import free_port
-from sim.qick_soc import EmulatedQickSoc, Photonics
+from oddl.sim.broker import free_port
+from oddl.sim.qick_soc import EmulatedQickSoc, Photonics
 
 PROXY_NAME = "oddl-qick"
 

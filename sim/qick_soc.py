@@ -20,10 +20,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+from oddl.fpga.countaction import streamer
 from qick import QickConfig
 from qick.qick_asm import get_version
-
-from fpga.countaction import streamer
 
 REFCLK_MHZ = 245.76
 GEN_FS = REFCLK_MHZ * 25  # 6144 Msps DACs, 16 samples per 384 MHz fabric clock

@@ -20,9 +20,9 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
-from controller.clock import Clock
-from controller.messages import Flow
-from sim.electrical import FlowNetwork
+from oddl.controller.clock import Clock
+from oddl.controller.messages import Flow
+from oddl.sim.electrical import FlowNetwork
 
 
 class SipRing(FlowNetwork):

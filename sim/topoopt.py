@@ -14,10 +14,10 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable
 
-from controller.clock import Clock
-from controller.messages import Flow
-from controller.planner import totient_jumps
-from sim.electrical import FlowNetwork
+from oddl.controller.clock import Clock
+from oddl.controller.messages import Flow
+from oddl.controller.planner import totient_jumps
+from oddl.sim.electrical import FlowNetwork
 
 
 def jump_routes(n: int, jumps: list[int]) -> list[tuple[int, ...]]:

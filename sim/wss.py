@@ -6,7 +6,7 @@ send two inputs to the same (output port, channel): those signals would collide.
 
 from __future__ import annotations
 
-from controller.devices import DeviceRefused
+from oddl.controller.devices import DeviceRefused
 
 
 class WSSModel:

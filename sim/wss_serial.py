@@ -13,8 +13,8 @@ import threading
 import time
 import tty
 
-from controller.devices import DeviceRefused
-from sim.wss import WSSModel
+from oddl.controller.devices import DeviceRefused
+from oddl.sim.wss import WSSModel
 
 FIRMWARE = "fw0.1"
 

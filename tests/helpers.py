@@ -13,16 +13,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from controller.accept import stop_emulator
-from controller.arbiter import Arbiter
-from controller.clock import Clock
-from controller.collectives import Schedule, Step
-from controller.config import Faults, Testbed
-from controller.control_unit import ControlUnit, Timing
-from controller.messages import Flow
-from controller.topology import Grid
-from sim import backend as sim_backend
-from sim.clock import VirtualClockLoop
+from oddl.controller.accept import stop_emulator
+from oddl.controller.arbiter import Arbiter
+from oddl.controller.clock import Clock
+from oddl.controller.collectives import Schedule, Step
+from oddl.controller.config import Faults, Testbed
+from oddl.controller.control_unit import ControlUnit, Timing
+from oddl.controller.messages import Flow
+from oddl.controller.topology import Grid
+from oddl.sim import backend as sim_backend
+from oddl.sim.clock import VirtualClockLoop
 
 
 def make_testbed(rows: int, cols: int, wavelengths: int | None = None, **optical: Any) -> Testbed:
@@ -113,7 +113,7 @@ def emulator(root: Path, testbed: Path, out: Path, *args: str, limit_s: float = 
              ) -> Iterator[tuple[subprocess.Popen[str], list[str]]]:
     """`oddl emulate` as a user starts it: yields the process and its lines up to "ready";
     killed after `limit_s` whatever happens (never hangs the suite), stopped on exit."""
-    proc = subprocess.Popen([sys.executable, "-m", "controller.cli", "emulate", str(testbed),
+    proc = subprocess.Popen([sys.executable, "-m", "oddl.controller.cli", "emulate", str(testbed),
                              "--out", str(out), *args], cwd=root, stdout=subprocess.PIPE,
                             text=True)
     killer = threading.Timer(limit_s, proc.kill)

@@ -8,15 +8,14 @@ from collections import deque
 from typing import Any
 
 import pytest
-
-from controller.clock import Clock
-from controller.collectives import check_balanced, halving_doubling, ring, totient_rings
-from controller.config import NetworkSpec
-from controller.planner import totient_jumps
-from controller.workloads import CollectiveEngine
-from sim.baselines import build_network
-from sim.clock import VirtualClockLoop
-from sim.topoopt import jump_routes
+from oddl.controller.clock import Clock
+from oddl.controller.collectives import check_balanced, halving_doubling, ring, totient_rings
+from oddl.controller.config import NetworkSpec
+from oddl.controller.planner import totient_jumps
+from oddl.controller.workloads import CollectiveEngine
+from oddl.sim.baselines import build_network
+from oddl.sim.clock import VirtualClockLoop
+from oddl.sim.topoopt import jump_routes
 
 RATE = 100.0  # Gb/s: 1 byte = 0.08 ns
 LAT = 1000

@@ -3,9 +3,8 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-
-from controller.clock import Clock
-from sim.clock import VirtualClockLoop
+from oddl.controller.clock import Clock
+from oddl.sim.clock import VirtualClockLoop
 
 
 def test_virtual_time_jumps_and_keeps_ns_order() -> None:

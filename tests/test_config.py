@@ -6,9 +6,8 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-
-from controller.cli import main
-from controller.config import ConfigError, load_experiment, load_testbed
+from oddl.controller.cli import main
+from oddl.controller.config import ConfigError, load_experiment, load_testbed
 
 PROTO = """
 [testbed]

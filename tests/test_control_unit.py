@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from oddl.controller.config import Faults
+from oddl.controller.control_unit import FlowFailed
 
-from controller.config import Faults
-from controller.control_unit import FlowFailed
 from tests.helpers import make_testbed, run_flows
 
 

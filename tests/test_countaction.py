@@ -9,10 +9,9 @@ import pytest
 from click.testing import CliRunner
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
-from controller.cli import main
-from fpga import regmap as R
-from fpga.countaction import (
+from oddl.controller.cli import main
+from oddl.fpga import regmap as R
+from oddl.fpga.countaction import (
     SYNCHRONIZED_DATA_STREAMER,
     CountActionError,
     Program,
@@ -163,7 +162,7 @@ def test_regmap_doc_is_current(root: Path) -> None:
 
 
 def test_step_sync_program() -> None:
-    from fpga.countaction import step_sync
+    from oddl.fpga.countaction import step_sync
 
     p = step_sync([100, 50])
     assert p.text().count("sum rx[any].delivered (step = ") == 2

@@ -6,11 +6,10 @@ import asyncio
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
-from controller.clock import Clock
-from controller.messages import Flow
-from sim.clock import VirtualClockLoop
-from sim.electrical import ElectricalSwitch, max_min_rates
+from oddl.controller.clock import Clock
+from oddl.controller.messages import Flow
+from oddl.sim.clock import VirtualClockLoop
+from oddl.sim.electrical import ElectricalSwitch, max_min_rates
 
 
 def test_max_min_hand_worked() -> None:

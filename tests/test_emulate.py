@@ -9,13 +9,13 @@ import sys
 from pathlib import Path
 
 import aiomqtt
+from oddl.controller.config import load_testbed
+from oddl.drivers.onic import ONicDriver
+from oddl.drivers.wss import WSSDriver
+from oddl.fpga import regmap as R
 from pynq import MMIO
 from pynq.pl_server.remote_device import RemoteDevice
 
-from controller.config import load_testbed
-from drivers.onic import ONicDriver
-from drivers.wss import WSSDriver
-from fpga import regmap as R
 from tests.helpers import emulator
 
 
@@ -56,7 +56,7 @@ def test_run_table1_on_the_emulated_testbed(root: Path, tmp_path: Path) -> None:
     WSS over its pseudo-terminal and each other over MQTT, in real time."""
     import json
 
-    r = subprocess.run([sys.executable, "-m", "controller.cli", "run",
+    r = subprocess.run([sys.executable, "-m", "oddl.controller.cli", "run",
                         "experiments/table1-resnet50.toml", "--backend", "emu",
                         "--iterations", "3", "--json", "--out", str(tmp_path / "run")],
                        cwd=root, capture_output=True, text=True, timeout=300)
@@ -80,7 +80,7 @@ def test_one_emulator_serves_job_after_job(root: Path, tmp_path: Path) -> None:
     with emulator(root, root / "hw_configs" / "prototype-4node.toml", out,
                   limit_s=240) as (proc, _):
         for k in range(2):
-            r = subprocess.run([sys.executable, "-m", "controller.cli", "run",
+            r = subprocess.run([sys.executable, "-m", "oddl.controller.cli", "run",
                                 "experiments/table1-resnet50.toml", "--backend", "emu",
                                 "--testbed", str(out), "--iterations", "2", "--json",
                                 "--out", str(tmp_path / f"run{k}")],

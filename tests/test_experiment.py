@@ -13,11 +13,10 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-
-from controller.cli import main
-from controller.config import load_experiment
-from controller.results import read_store
-from controller.runner import run_experiment
+from oddl.controller.cli import main
+from oddl.controller.config import load_experiment
+from oddl.controller.results import read_store
+from oddl.controller.runner import run_experiment
 
 TABLE1 = "experiments/table1-resnet50.toml"
 
@@ -88,7 +87,7 @@ def test_table_output(root: Path, tmp_path: Path) -> None:
 
 def test_killed_run_keeps_completed_iterations(root: Path, tmp_path: Path) -> None:
     out = tmp_path / "run"
-    proc = subprocess.Popen([sys.executable, "-m", "controller.cli", "run", str(root / TABLE1),
+    proc = subprocess.Popen([sys.executable, "-m", "oddl.controller.cli", "run", str(root / TABLE1),
                              "--out", str(out), "--json"], cwd=root,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     db = out / "results.sqlite"

@@ -7,14 +7,13 @@ from pathlib import Path
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
-from controller.clock import Clock
-from controller.config import load_experiment
-from controller.messages import Flow
-from controller.runner import run_experiment
-from sim.clock import VirtualClockLoop
-from sim.electrical import max_min_rates, max_min_rates_np
-from sim.fattree import FatTree
+from oddl.controller.clock import Clock
+from oddl.controller.config import load_experiment
+from oddl.controller.messages import Flow
+from oddl.controller.runner import run_experiment
+from oddl.sim.clock import VirtualClockLoop
+from oddl.sim.electrical import max_min_rates, max_min_rates_np
+from oddl.sim.fattree import FatTree
 
 
 @settings(max_examples=80, deadline=None)

@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from oddl.controller.cli import main
+from oddl.controller.config import load_testbed
+from oddl.fpga import regmap as R
+from oddl.sim.faults import FaultSpecError, apply_faults, parse_fault
 
-from controller.cli import main
-from controller.config import load_testbed
-from fpga import regmap as R
-from sim.faults import FaultSpecError, apply_faults, parse_fault
 from tests.helpers import emulator
 from tests.test_onic_board import Bench
 

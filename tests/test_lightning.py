@@ -8,11 +8,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 from click.testing import CliRunner
-from pydantic import ValidationError
-from qick import QickConfig
-
-from controller.cli import main
-from drivers.lightning import (
+from oddl.controller.cli import main
+from oddl.drivers.lightning import (
     FULL,
     SEGMENTS,
     LightningConfig,
@@ -24,7 +21,9 @@ from drivers.lightning import (
     multiply,
     operand_pairs,
 )
-from sim.qick_soc import MAXV, EmulatedQickSoc, Photonics
+from oddl.sim.qick_soc import MAXV, EmulatedQickSoc, Photonics
+from pydantic import ValidationError
+from qick import QickConfig
 
 IDEAL = {"noise_rms_lsb": 0.0, "adc_bits": None}
 
@@ -161,11 +160,11 @@ def test_cli_product_json_and_plots(tmp_path: Path) -> None:
 
 
 def test_qick_pyro_make_proxy_against_the_emulated_soc() -> None:
-    from sim.qick_pyro import QickPyroServer
+    from oddl.sim.qick_pyro import QickPyroServer
 
     srv = QickPyroServer(Photonics(**IDEAL)).start()
     try:
-        from drivers.lightning import open_soc
+        from oddl.drivers.lightning import open_soc
 
         soc, soccfg = open_soc(srv.url)  # qick.pyro.make_proxy underneath
         assert isinstance(soccfg, QickConfig)

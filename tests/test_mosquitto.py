@@ -13,10 +13,9 @@ from pathlib import Path
 
 import aiomqtt
 import pytest
-
-from controller.messages import Grant
-from drivers.mqtt import BusError, MQTTBus
-from sim.broker import free_port
+from oddl.controller.messages import Grant
+from oddl.drivers.mqtt import BusError, MQTTBus
+from oddl.sim.broker import free_port
 
 MOSQUITTO = shutil.which("mosquitto") or (
     "/usr/sbin/mosquitto" if Path("/usr/sbin/mosquitto").exists() else None)
@@ -126,8 +125,8 @@ def _tls_files(d: Path) -> tuple[Path, Path, Path]:
 
 
 def test_tls_and_password_from_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from controller.config import Broker
-    from drivers.mqtt import bus_from_config
+    from oddl.controller.config import Broker
+    from oddl.drivers.mqtt import bus_from_config
 
     ca, cert, key = _tls_files(tmp_path)
     port = free_port()

@@ -9,16 +9,16 @@ import socket
 
 import aiomqtt
 import pytest
+from oddl.controller.arbiter import Arbiter
+from oddl.controller.clock import Clock
+from oddl.controller.control_unit import ControlUnit, Timing
+from oddl.controller.messages import Flow, Grant, Release, Request
+from oddl.controller.topology import Grid
+from oddl.controller.wire import BusDecodeError, decode, encode
+from oddl.drivers.mqtt import MQTTBus, ctl_topic
+from oddl.sim import backend as sim_backend
+from oddl.sim.broker import EmbeddedBroker
 
-from controller.arbiter import Arbiter
-from controller.clock import Clock
-from controller.control_unit import ControlUnit, Timing
-from controller.messages import Flow, Grant, Release, Request
-from controller.topology import Grid
-from controller.wire import BusDecodeError, decode, encode
-from drivers.mqtt import MQTTBus, ctl_topic
-from sim import backend as sim_backend
-from sim.broker import EmbeddedBroker
 from tests.helpers import make_testbed, schedule_for
 
 
@@ -183,8 +183,8 @@ def test_a_burst_bigger_than_the_socket_buffer_arrives_whole_and_in_order() -> N
 
 
 def test_no_broker_is_a_clear_error() -> None:
-    from drivers.mqtt import BusError
-    from sim.broker import free_port
+    from oddl.drivers.mqtt import BusError
+    from oddl.sim.broker import free_port
 
     port = free_port()  # nothing listens here
 

@@ -7,10 +7,16 @@ import asyncio
 
 import aiomqtt
 import msgspec
-
-from controller.nodejob import JOB_VERSION, JobEvent, JobSpec, NodeJobHost, result_topic, run_topic
-from drivers.mqtt import MQTTBus
-from sim.broker import EmbeddedBroker
+from oddl.controller.nodejob import (
+    JOB_VERSION,
+    JobEvent,
+    JobSpec,
+    NodeJobHost,
+    result_topic,
+    run_topic,
+)
+from oddl.drivers.mqtt import MQTTBus
+from oddl.sim.broker import EmbeddedBroker
 
 
 def test_bad_jobs_dropped_failing_job_reported() -> None:

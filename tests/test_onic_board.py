@@ -9,18 +9,18 @@ from contextlib import contextmanager
 
 import pynq
 import pytest
+from oddl.controller.clock import Clock
+from oddl.controller.devices import DeviceRefused
+from oddl.controller.messages import Flow, Grant
+from oddl.controller.topology import Grid
+from oddl.drivers.onic import IdentityMismatch, ONicDriver
+from oddl.fpga import regmap as R
+from oddl.fpga.countaction import Program, collective_steps, streamer
+from oddl.sim import backend as sim_backend
+from oddl.sim.clock import VirtualClockLoop
+from oddl.sim.onic_board import PLACEHOLDER_HASH, ONicBoard
+from oddl.sim.pynq_device import BASE_ADDR, EmulatedONicDevice
 
-from controller.clock import Clock
-from controller.devices import DeviceRefused
-from controller.messages import Flow, Grant
-from controller.topology import Grid
-from drivers.onic import IdentityMismatch, ONicDriver
-from fpga import regmap as R
-from fpga.countaction import Program, collective_steps, streamer
-from sim import backend as sim_backend
-from sim.clock import VirtualClockLoop
-from sim.onic_board import PLACEHOLDER_HASH, ONicBoard
-from sim.pynq_device import BASE_ADDR, EmulatedONicDevice
 from tests.helpers import make_testbed
 
 
@@ -283,8 +283,8 @@ def test_driver_routes_round_trip_and_transactions(
 
 
 def test_delivered_counts_only_the_final_leg() -> None:
-    from controller.messages import Flow as F
-    from fpga.countaction import step_sync
+    from oddl.controller.messages import Flow as F
+    from oddl.fpga.countaction import step_sync
 
     b = Bench()
     b.drv[1].load_countaction(step_sync([300]))

@@ -7,16 +7,16 @@ from pathlib import Path
 
 import pynq
 import pytest
-
-from drivers.onic import IdentityMismatch, open_onic
-from fpga import regmap as R
-from fpga.overlay import (
+from oddl.drivers.onic import IdentityMismatch, open_onic
+from oddl.fpga import regmap as R
+from oddl.fpga.overlay import (
     BITFILE,
     PLACEHOLDER_MAGIC,
     OverlayMismatch,
     hwh_text,
     placeholder_bit,
 )
+
 from tests.test_onic_board import Bench
 
 

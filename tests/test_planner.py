@@ -10,13 +10,13 @@ import pytest
 from click.testing import CliRunner
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from oddl.controller.cli import main
+from oddl.controller.collectives import build
+from oddl.controller.config import load_testbed
+from oddl.controller.plan import Plan, PlanError
+from oddl.controller.planner import circulant_distances, plan_job, totient_jumps
+from oddl.controller.topology import Grid
 
-from controller.cli import main
-from controller.collectives import build
-from controller.config import load_testbed
-from controller.plan import Plan, PlanError
-from controller.planner import circulant_distances, plan_job, totient_jumps
-from controller.topology import Grid
 from tests.helpers import make_testbed, schedule_for
 
 

@@ -8,16 +8,16 @@ import time
 from collections.abc import Iterator
 
 import pytest
+from oddl.controller.clock import Clock
+from oddl.controller.devices import DeviceRefused
+from oddl.drivers.onic import ONicDriver
+from oddl.fpga import regmap as R
+from oddl.sim.onic_board import ONicBoard
+from oddl.sim.pynq_device import EmulatedONicDevice
+from oddl.sim.pynq_remote import RemoteBoardServer
 from pynq import MMIO
 from pynq.pl_server.remote_device import RemoteDevice
 
-from controller.clock import Clock
-from controller.devices import DeviceRefused
-from drivers.onic import ONicDriver
-from fpga import regmap as R
-from sim.onic_board import ONicBoard
-from sim.pynq_device import EmulatedONicDevice
-from sim.pynq_remote import RemoteBoardServer
 from tests.helpers import make_testbed
 
 
@@ -31,8 +31,8 @@ class Emulator:
 
     def _run(self) -> None:
         asyncio.set_event_loop(self.loop)
-        from controller.topology import Grid
-        from sim import backend as sim_backend
+        from oddl.controller.topology import Grid
+        from oddl.sim import backend as sim_backend
 
         tb = make_testbed(1, 4, wavelengths=3)
         grid = Grid.from_testbed(tb)
@@ -95,9 +95,8 @@ def test_unmodified_overlay_over_remote_device(emu: Emulator) -> None:
     import hashlib
 
     import pynq
-
-    from drivers.onic import open_onic
-    from fpga.overlay import BITFILE
+    from oddl.drivers.onic import open_onic
+    from oddl.fpga.overlay import BITFILE
 
     rd = RemoteDevice(0, "127.0.0.1", port=emu.server.port)
     ol = pynq.Overlay(str(BITFILE), device=rd, download=False)

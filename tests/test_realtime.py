@@ -7,8 +7,7 @@ import selectors
 import socket
 
 import pytest
-
-from sim.realtime import SpinSelector, new_loop
+from oddl.sim.realtime import SpinSelector, new_loop
 
 
 @pytest.mark.parametrize("spin_s", [0.0, 0.002])

@@ -8,9 +8,8 @@ import json
 from pathlib import Path
 
 from click.testing import CliRunner
-
-from controller.cli import main
-from controller.sweep import grid_shape, load_sweep, run_sweep, speedups
+from oddl.controller.cli import main
+from oddl.controller.sweep import grid_shape, load_sweep, run_sweep, speedups
 
 SWEEP = """
 name = "t"

@@ -6,18 +6,17 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-
-from controller.arbiter import Arbiter
-from controller.clock import Clock
-from controller.collectives import build
-from controller.config import load_testbed
-from controller.devices import DeviceRefused
-from controller.topology import Grid
-from drivers.wss import WSSDriver, WSSError, WSSProtocolError, WSSTimeout
-from sim import backend as sim_backend
-from sim.clock import VirtualClockLoop
-from sim.wss import WSSModel
-from sim.wss_serial import SerialWSS
+from oddl.controller.arbiter import Arbiter
+from oddl.controller.clock import Clock
+from oddl.controller.collectives import build
+from oddl.controller.config import load_testbed
+from oddl.controller.devices import DeviceRefused
+from oddl.controller.topology import Grid
+from oddl.drivers.wss import WSSDriver, WSSError, WSSProtocolError, WSSTimeout
+from oddl.sim import backend as sim_backend
+from oddl.sim.clock import VirtualClockLoop
+from oddl.sim.wss import WSSModel
+from oddl.sim.wss_serial import SerialWSS
 
 GOOD = [[1, 2], [0, 3], [3, 0], [2, 1]]
 

@@ -7,10 +7,9 @@ import hashlib
 import time
 
 import pytest
-
-from controller.acceptance import Absent, Bench, Unreachable
-from fpga import regmap as R
-from fpga.overlay import BITFILE
+from oddl.acceptance.plugin import Absent, Bench, Unreachable
+from oddl.fpga import regmap as R
+from oddl.fpga.overlay import BITFILE
 
 pytestmark = pytest.mark.acceptance
 

@@ -6,18 +6,17 @@ import asyncio
 import statistics
 
 import pytest
-
-from controller.acceptance import Bench, percentile
-from drivers.mqtt import request_grant_rtt
-from fpga import regmap as R
-from fpga.countaction import Program, compile_program, step_sync, streamer
+from oddl.acceptance.plugin import Bench, percentile
+from oddl.drivers.mqtt import request_grant_rtt
+from oddl.fpga import regmap as R
+from oddl.fpga.countaction import Program, compile_program, step_sync, streamer
 
 pytestmark = pytest.mark.acceptance
 
 
 def test_control_rtt(bench: Bench, figure) -> None:  # type: ignore[no-untyped-def]
     """REQUEST -> GRANT through the testbed's MQTT broker (with its authentication/TLS)."""
-    from drivers.mqtt import bus_from_config
+    from oddl.drivers.mqtt import bus_from_config
 
     tb, spec = bench.tb, bench.spec
     if tb.broker.url == "embedded":

@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import pytest
-
-from controller.acceptance import Bench
+from oddl.acceptance.plugin import Bench
 
 pytestmark = pytest.mark.acceptance
 
@@ -12,7 +11,7 @@ pytestmark = pytest.mark.acceptance
 def test_lightning_accuracy(bench: Bench, figure) -> None:  # type: ignore[no-untyped-def]
     """Random operand pairs (corners included) through the board: share of products
     exactly right, within one LSB, worst error; a run with no light fails by name."""
-    from drivers.lightning import LightningConfig, characterize, open_soc, operand_pairs
+    from oddl.drivers.lightning import LightningConfig, characterize, open_soc, operand_pairs
 
     q = bench.tb.qick
     if q is None:

@@ -6,8 +6,7 @@ import contextlib
 from typing import Any
 
 import pytest
-
-from controller.acceptance import Bench, wait_until
+from oddl.acceptance.plugin import Bench, wait_until
 
 pytestmark = pytest.mark.acceptance
 

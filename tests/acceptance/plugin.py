@@ -26,10 +26,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
-from controller.config import ConfigError, Testbed, load_testbed
-from controller.topology import Grid
-from drivers.testbed import Unreachable, open_board
+from oddl.controller.config import ConfigError, Testbed, load_testbed
+from oddl.controller.topology import Grid
+from oddl.drivers.testbed import Unreachable, open_board
 
 NO_TESTBED = ("hardware acceptance: no --testbed given (run `oddl accept TESTBED` or "
               "`pytest tests/acceptance --testbed FILE`)")
@@ -147,7 +146,7 @@ class Bench:
 
     def wss(self, wid: str) -> Any:
         if wid not in self.wss_drivers:
-            from drivers.wss import WSSDriver
+            from oddl.drivers.wss import WSSDriver
 
             port = {w.id: w.serial for w in self.tb.wss}[wid]
             if not port:
