@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 
 import click
+from oddl.controller.catalog import BACKENDS, STRATEGIES
 from oddl.controller.config import ConfigError, load_experiment, load_testbed
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -57,7 +58,7 @@ def check(file: Path) -> None:
 @click.argument("testbed", type=click.Path(path_type=Path))
 @click.option("--job", "job", type=click.Path(path_type=Path), default=None,
               help="experiment whose workload the plan serves (default: HD over all nodes)")
-@click.option("--strategy", type=click.Choice(["cyclic", "matched", "totientperms"]),
+@click.option("--strategy", type=click.Choice(STRATEGIES),
               default=None, help="override the experiment's strategy")
 @click.option("--json", "as_json", is_flag=True, help="print the plan as JSON")
 def plan(testbed: Path, job: Path | None, strategy: str | None, as_json: bool) -> None:
@@ -102,7 +103,7 @@ def plan(testbed: Path, job: Path | None, strategy: str | None, as_json: bool) -
 
 @main.command()
 @click.argument("experiment", type=click.Path(path_type=Path))
-@click.option("--backend", type=click.Choice(["sim", "emu", "hw"]), default="sim")
+@click.option("--backend", type=click.Choice(BACKENDS), default="sim")
 @click.option("--out", type=click.Path(path_type=Path), default=None,
               help="run directory (default: runs/<experiment>-<time>)")
 @click.option("--iterations", type=int, default=None,

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from oddl.controller.jumps import totient_jumps
+
 
 @dataclass(frozen=True, slots=True)
 class Step:
@@ -116,8 +118,6 @@ def build(kind: str, n: int, size: int, rows: int, cols: int, degree: int = 4) -
     if kind == "ring":
         return ring(n, size)
     if kind == "totientrings":
-        from oddl.controller.planner import totient_jumps
-
         return totient_rings(n, size, totient_jumps(n, degree))
     if kind == "hd":
         return halving_doubling(n, size)

@@ -13,6 +13,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from oddl.controller.catalog import (
+    BackendName,
+    CollectiveName,
+    ModelName,
+    NetworkKind,
+    StrategyName,
+)
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 C_NM = 299_792.458  # speed of light in nm * THz
@@ -146,7 +153,7 @@ class Generate(_Model):
 class Meta(_Model):
     name: str = Field(min_length=1)
     description: str = ""
-    backend: Literal["sim", "emu", "hw"] = "sim"
+    backend: BackendName = "sim"
 
 
 class QickPhotonics(_Model):
@@ -350,15 +357,6 @@ def load_testbed(path: str | Path) -> Testbed:
 
 # --- experiments ---------------------------------------------------------------------------
 
-MODELS: dict[str, float] = {
-    # parameters (millions), ODDL-SPEC / the usual published counts
-    "resnet50": 25.56,
-    "vgg16": 138.36,
-    "vgg19": 143.67,
-    "bert-large": 340.0,
-}
-
-
 class Calibration(_Model):
     """Fit the per-iteration compute time so that `network` trains in `training_time_min`."""
 
@@ -367,8 +365,8 @@ class Calibration(_Model):
 
 
 class Workload(_Model):
-    model: Literal["resnet50", "vgg16", "vgg19", "bert-large"]
-    collective: Literal["ring", "hd", "hier2d", "totientrings"]
+    model: ModelName
+    collective: CollectiveName
     epochs: float = Field(gt=0)
     dataset_samples: int = Field(gt=0)
     batch_per_node: int = Field(gt=0)
@@ -388,10 +386,10 @@ class NetworkSpec(_Model):
     docs/baselines.md."""
 
     name: str = Field(min_length=1)
-    kind: Literal["oddl", "electrical", "fattree", "sipring", "topoopt"]
-    collective: Literal["ring", "hd", "hier2d", "totientrings"] | None = Field(
+    kind: NetworkKind
+    collective: CollectiveName | None = Field(
         default=None, description="the collective this network runs (default: the workload's)")
-    strategy: Literal["cyclic", "matched", "totientperms"] = "matched"
+    strategy: StrategyName = "matched"
     latency_ns: float = Field(default=1000.0, ge=0,
                               description="electrical/sipring: per flow; fattree: per switch; "
                                           "topoopt: per hop")

@@ -1,6 +1,6 @@
 """Stage 2: the per-O-NIC control unit.
 
-Each unit owns its transmitters (per port: idle / requesting / tuning / sending, the current
+Each unit owns its transmitters (per port: idle / requesting / sending, the current
 wavelength, a flow queue) and its receivers (per port: the granted request, a FCFS queue of
 requests) and nothing global. A flow costs REQUEST, GRANT and RELEASE with the next-hop
 receiver only. Robustness, so that lost or late messages never lose, duplicate or hang a
@@ -28,7 +28,7 @@ from oddl.controller.plan import Route
 
 log = logging.getLogger(__name__)
 
-IDLE, REQUESTING, TUNING, SENDING = "idle", "requesting", "tuning", "sending"
+IDLE, REQUESTING, SENDING = "idle", "requesting", "sending"
 _DONE_MEMORY = 4096  # delivered (flow, hop) keys remembered per receiver for deduplication
 
 
@@ -158,20 +158,12 @@ class ControlUnit:
         if tx.timer is not None:
             tx.timer.cancel()
             tx.timer = None
+        tx.state = SENDING
         if tune:  # the O-NIC tunes and starts the moment the channel locks
-            tx.state = SENDING
             tx.channel = g.channel
             self.onic.tune_and_send(tx.port, g.channel, f)
         else:
-            tx.state = SENDING
             self.onic.send(tx.port, f)
-
-    def on_tuned(self, port: str, channel: int) -> None:
-        tx = self.tx[port]
-        tx.channel = channel
-        if tx.state == TUNING and tx.current is not None:
-            tx.state = SENDING
-            self.onic.send(port, tx.current)
 
     def on_tx_done(self, port: str, flow: Flow) -> None:
         tx = self.tx[port]

@@ -1,35 +1,35 @@
-"""The experiment runner: one workload, several networks, the same engine for each.
+"""The experiment runner: one workload, several networks, the same job runner for each.
 
-For each network it builds a back end, runs stage 1 (inventory, plan, apply, read back)
-where the network has one, then runs the iterations and records every one as it
-completes. The back end is chosen here and only here.
+For each network it asks the registry for a back end, runs stage 1 (inventory, plan,
+apply, read back) where the network has one, hands the job to the back end and records
+every iteration as it completes. It does not know which back end it has.
 """
 
 from __future__ import annotations
 
 import gc
-import math
+import os
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+import msgspec
+from oddl.controller import registry
 from oddl.controller.arbiter import Arbiter
-from oddl.controller.clock import Clock
+from oddl.controller.backend import Iteration, JobOutcome, RunFailed
 from oddl.controller.collectives import Schedule, build
 from oddl.controller.config import LoadedExperiment, NetworkSpec
-from oddl.controller.control_unit import ControlUnit, Timing
-from oddl.controller.messages import Flow
+from oddl.controller.invariants import InvariantChecker
+from oddl.controller.job import JOB_VERSION, JobSpec, timing_of, wire_routes
 from oddl.controller.plan import Plan
-from oddl.controller.results import FlowRow, RunStore
+from oddl.controller.results import RunStore
 from oddl.controller.topology import Grid
-from oddl.controller.workloads import CollectiveEngine, model_spec, total_iterations
+from oddl.controller.workloads import model_spec, total_iterations
 from oddl.fpga.countaction import step_sync
 from oddl.fpga.regmap import N_MODULES
 
-
-class RunFailed(RuntimeError):
-    pass
+__all__ = ["NetworkResult", "NetworkRun", "RunFailed", "RunResult", "run_experiment"]
 
 
 @dataclass
@@ -77,51 +77,22 @@ class RunResult:
 Progress = Callable[[str, int, int], None]  # network, done, total
 
 
-class _NetworkRun:
-    """One network's run on its own virtual clock."""
+class NetworkRun:
+    """One network of an experiment: its back end, stage 1 where it has one, its job."""
 
     def __init__(self, ctx: LoadedExperiment, spec: NetworkSpec, grid: Grid,
                  schedule: Schedule, backend: str, checker_mode: str) -> None:
-        import asyncio
-
-        from oddl.sim.clock import VirtualClockLoop  # the sim back end's clock
-
-        # emu/hw: the ODDL network runs on the devices the testbed config names, in real
-        # time; a baseline network is a model in every back end (there is no hardware)
-        self.real = backend in ("emu", "hw") and spec.kind == "oddl"
-        # emu: stage 2 runs beside the emulated boards (controller/nodejob.py); hw: this
-        # controller drives the boards' registers over the network itself
-        self.node_side = self.real and backend == "emu"
-        self.devices: Any = None
-        self.ctx = ctx
+        tb, exp, w = ctx.testbed, ctx.experiment, ctx.experiment.workload
         self.spec = spec
-        self.loop = asyncio.new_event_loop() if self.real else VirtualClockLoop()
-        self.clock = Clock(self.loop)
-        self.error: BaseException | None = None
-        self.done = self.loop.create_future()
-        self.loop.set_exception_handler(self._loop_error)
-        tb, exp = ctx.testbed, ctx.experiment
-        ranks = grid.nodes[: len(schedule)]
+        ranks = list(grid.nodes[: len(schedule)])
         self.plan: Plan | None = None
-        self.nic_sync = False
-        self.stats: Callable[[], dict[str, Any]]
-        if spec.kind == "oddl":
-            if self.real:
-                from oddl.drivers.testbed import open_devices
-                from oddl.sim.invariants import InvariantChecker
-
-                # the controller's view: the bus and every delivery (the light is the
-                # devices' business, and the emulator's own checker watches it)
-                self.checker = InvariantChecker(mode=checker_mode)
-                st = self.devices = self.loop.run_until_complete(
-                    open_devices(tb, grid, tap=self.checker.on_message))
-            else:
-                from oddl.sim import backend as sim_backend
-
-                st = sim_backend.build(tb, grid, self.clock, exp.faults, exp.seed,
-                                       checker_mode)
-                self.checker = st.checker
-            arb = Arbiter(tb, grid, st.onics, st.wss)  # type: ignore[arg-type]
+        self.plan_s = 0.0
+        nic_sync = False
+        routes: dict[str, dict[str, tuple[str, int, str]]] = {}
+        if spec.kind == "oddl":  # stage 1 on the testbed's devices, whichever back end
+            self.backend = registry.open_backend(backend, tb, grid, faults=exp.faults,
+                                                 seed=exp.seed, checker_mode=checker_mode)
+            arb = Arbiter(tb, grid, self.backend.onics, self.backend.wss)
             arb.inventory()
             gc.collect()  # time the planner, not a collection of an earlier run's garbage
             t_plan = time.perf_counter()
@@ -129,233 +100,59 @@ class _NetworkRun:
             self.plan_s = time.perf_counter() - t_plan
             # step synchronisation runs on the O-NICs' count-action engines when the
             # schedule fits them; otherwise the host counts deliveries
-            self.nic_sync = all(0 < len(s) <= N_MODULES and all(st_.recv_bytes > 0 for st_ in s)
-                                for s in schedule)
-            programs = ({n: step_sync([st_.recv_bytes for st_ in schedule[r]])
-                         for r, n in enumerate(ranks)} if self.nic_sync else None)
+            nic_sync = all(0 < len(s) <= N_MODULES and all(x.recv_bytes > 0 for x in s)
+                           for s in schedule)
+            programs = ({n: step_sync([x.recv_bytes for x in schedule[r]])
+                         for r, n in enumerate(ranks)} if nic_sync else None)
             arb.apply(self.plan, programs)
-            o, c = tb.optical, tb.control
-            timing = Timing(math.ceil(o.tuning_time_ns), math.ceil(o.guard_time_ns),
-                            math.ceil(o.propagation_ns), math.ceil(c.request_timeout_ns),
-                            math.ceil(c.request_timeout_ns), math.ceil(c.grant_lease_ns),
-                            c.max_retries)
-            if self.node_side:
-                self._prepare_node_job(ctx, spec, grid, schedule, ranks, timing)
-                return
-            self.engine = CollectiveEngine(self.clock, schedule, ranks, self._submit_oddl,
-                                           self.checker.flow_started, self.nic_sync)
-            if self.nic_sync:
-                for n in ranks:
-                    st.onics[n].on_module_fired = (
-                        lambda slot, n=n: self.engine.module_fired(n, slot))
-            delivered = self._delivered_real if self.real else self.engine.on_delivered
-            self.cus = {n: ControlUnit(n, self.clock, st.bus, st.onics[n],
-                                       self.plan.routes.get(n, {}), timing, delivered,
-                                       self._fail)
-                        for n in grid.nodes}
-            bus, fabric = st.bus, getattr(st, "fabric", None)
-            if self.real:
-                from oddl.drivers.testbed import start_pollers
-
-                self.loop.run_until_complete(bus.start())  # subscribes the attached units
-                start_pollers(self.devices, self.loop)
-
-            def oddl_stats() -> dict[str, Any]:
-                agg: dict[str, int] = {}
-                for cu in self.cus.values():
-                    for k, v in cu.stats.items():
-                        agg[k] = agg.get(k, 0) + v
-                out = {**agg, "plan_s": round(self.plan_s, 4), "step_sync": self.step_sync}
-                if fabric is None:  # real devices: what the controller's side can count
-                    return {**out, "messages_received": bus.received,
-                            "messages_rejected": bus.rejected}
-                fires = sum(m.fire_count for b in st.boards.values() for m in b.ca)
-                return {**out, "count_action_fires": fires,
-                        "messages_dropped": bus.dropped, "messages_delayed": bus.delayed,
-                        "transfers": fabric.transfers,
-                        "tunes": sum(t.tunes for t in fabric.tx.values())}
-
-            self.stats = oddl_stats
-            self.control_messages = lambda: bus.sent
-        else:
-            from oddl.sim.invariants import InvariantChecker
-
-            self.checker = InvariantChecker(mode=checker_mode)
-            self.engine = CollectiveEngine(self.clock, schedule, ranks, self._submit_el,
-                                           self.checker.flow_started)
-            from oddl.sim.baselines import build_network
-
-            self.switch = build_network(spec, self.clock, ranks, tb.optical.line_rate_gbps,
-                                        self._deliver_el)
-            self.stats = lambda: {"transfers": self.switch.flows}
-            self.control_messages = lambda: 0
+            routes = wire_routes(self.plan)
+        else:  # a baseline: a flow-level model in every back end
+            self.backend = registry.open_model(spec, tb, ranks, checker_mode)
+        self.job = JobSpec(
+            JOB_VERSION, f"{exp.name}-{spec.name}-{os.getpid()}-{time.time_ns()}",
+            spec.collective or w.collective, model_spec(w.model).grad_bytes(w.bytes_per_param),
+            tb.grid.rows, tb.grid.cols, spec.degree, ranks, list(grid.nodes), 0, 0, nic_sync,
+            timing_of(tb), routes)
+        self.outcome: JobOutcome | None = None
 
     @property
-    def step_sync(self) -> str:
-        return "o-nic count-action" if self.nic_sync else "host"
-
-    @staticmethod
-    def _real_time_limit(n_iter: int, compute_ns: int) -> float:
-        """Seconds a real-time run may take before it is declared stuck."""
-        return n_iter * (compute_ns / 1e9 + 5.0) + 30.0
-
-    def _prepare_node_job(self, ctx: LoadedExperiment, spec: NetworkSpec, grid: Grid,
-                          schedule: Schedule, ranks: list[str], timing: Timing) -> None:
-        import dataclasses
-        import os
-
-        from oddl.controller.nodejob import JOB_VERSION, JobSpec
-
-        w, tb = ctx.experiment.workload, ctx.testbed
-        assert self.plan is not None
-        self.job = JobSpec(
-            JOB_VERSION, f"{ctx.experiment.name}-{spec.name}-{os.getpid()}-{time.time_ns()}",
-            spec.collective or w.collective, model_spec(w.model).grad_bytes(w.bytes_per_param),
-            tb.grid.rows, tb.grid.cols, spec.degree, list(ranks), list(grid.nodes), 0, 0,
-            self.nic_sync, list(dataclasses.astuple(timing)),
-            {n: {d: (r.port, r.channel, r.next_hop) for d, r in routes.items()}
-             for n, routes in self.plan.routes.items()})
-        self.flows_per_iteration = sum(len(st.sends) for steps in schedule for st in steps)
-        self.flow_total = 0
-        self.msgs = 0
-        self.node_stats: dict[str, Any] = {}
-        self.stats = lambda: {"plan_s": round(self.plan_s, 4), "step_sync": self.step_sync,
-                              "stage2": "node side (beside the boards)", **self.node_stats}
-        self.control_messages = lambda: self.msgs
-
-    def _run_node_job(self, n_iter: int, compute_ns: int, store: RunStore | None,
-                      progress: Progress | None) -> list[tuple[int, int]]:
-        """Publish the job; record every iteration the node side reports, as it arrives."""
-        import asyncio
-
-        import msgspec
-        from oddl.controller.nodejob import JobEvent, result_topic, run_topic
-        from oddl.drivers.mqtt import client_from_config
-
-        tb = self.ctx.testbed
-        job = msgspec.structs.replace(self.job, iterations=n_iter, compute_ns=compute_ns)
-        times: list[tuple[int, int]] = []
-        dec = msgspec.json.Decoder(JobEvent)
-        name = self.spec.name
-
-        async def drive() -> None:
-            client = client_from_config(tb.broker, f"oddl-ctl-{job.job}"[:64])
-            async with client:
-                await client.subscribe(result_topic(tb.name), qos=1)
-                await client.publish(run_topic(tb.name), msgspec.json.encode(job), qos=1)
-                last = 0
-                async for m in client.messages:
-                    try:
-                        ev = dec.decode(bytes(m.payload))  # type: ignore[arg-type]
-                    except msgspec.DecodeError:
-                        continue
-                    if ev.job != job.job:
-                        continue
-                    if ev.kind == "failed":
-                        raise RunFailed(f"{name}: the node side failed: {ev.error}")
-                    if ev.kind == "done":
-                        self.msgs, self.node_stats = ev.control_messages, dict(ev.stats)
-                        # the testbed's own checker (the emulated fabric's) is the judge here
-                        self.checker.violations += ev.violations
-                        bad = self.node_stats.get("fabric_violations", 0)
-                        if bad > len(ev.violations):
-                            self.checker.violations.append(
-                                f"... and {bad - len(ev.violations)} more on the testbed")
-                        return
-                    times.append((ev.t_start, ev.t_end))
-                    self.flow_total += self.flows_per_iteration
-                    if store is not None:
-                        store.add_iteration(name, ev.iteration, ev.t_start, ev.t_end,
-                                            compute_ns, ev.control_messages - last, [])
-                    last = ev.control_messages
-                    if progress is not None:
-                        progress(name, ev.iteration + 1, n_iter)
-
-        limit = self._real_time_limit(n_iter, compute_ns)
-        try:
-            self.loop.run_until_complete(asyncio.wait_for(drive(), limit))
-        except TimeoutError:
-            raise RunFailed(f"{name}: no answer from the node side within {limit:.0f} s "
-                            f"(is `oddl emulate` serving {tb.name}?)") from None
-        finally:
-            self.devices.close()
-            self.loop.close()
-        return times
-
-    def _delivered_real(self, f: Flow) -> None:
-        self.checker.on_arrival(self.clock.now_ns(), f.dst, f, f.nbytes)
-        self.engine.on_delivered(f)
-
-    def _submit_oddl(self, f: Flow) -> None:
-        self.cus[f.src].submit(f)
-
-    def _submit_el(self, f: Flow) -> None:
-        self.switch.submit(f)
-
-    def _deliver_el(self, f: Flow) -> None:
-        self.checker.on_arrival(self.clock.now_ns(), f.dst, f, f.nbytes)
-        self.engine.on_delivered(f)
-
-    def _fail(self, exc: BaseException) -> None:
-        if self.error is None:
-            self.error = exc
-        if not self.done.done():
-            self.done.set_exception(exc)
-
-    def _loop_error(self, loop: Any, context: dict[str, Any]) -> None:
-        exc = context.get("exception") or RuntimeError(context.get("message", "loop error"))
-        self._fail(exc)
+    def monitor(self) -> InvariantChecker:
+        return self.backend.monitor
 
     def run(self, n_iter: int, compute_ns: int, store: RunStore | None,
             progress: Progress | None, record_flows: bool) -> list[tuple[int, int]]:
-        if self.node_side:
-            return self._run_node_job(n_iter, compute_ns, store, progress)
-        times: list[tuple[int, int]] = []
-        flows: list[FlowRow] = []
+        """Run the job; record every iteration as it completes (a killed run keeps them)."""
         name = self.spec.name
-        if record_flows and store is not None:
-            def hook(f: Flow, t: int) -> None:
-                flows.append((f.id, f.step, f.src, f.dst, f.nbytes, f.hop + 1, f.t_submit, t))
-            self.engine.on_delivered_hook = hook
-        last_msgs = [0]
+        job = msgspec.structs.replace(self.job, iterations=n_iter, compute_ns=compute_ns)
+        times: list[tuple[int, int]] = []
 
-        def finished(i: int, t_end: int) -> None:
-            t0 = self.engine.t_start
-            times.append((t0, t_end))
+        def on_iteration(it: Iteration) -> None:
+            times.append((it.t_start, it.t_end))
             if store is not None:
-                msgs = self.control_messages()
-                store.add_iteration(name, i, t0, t_end, compute_ns, msgs - last_msgs[0], flows)
-                last_msgs[0] = msgs
-                flows.clear()
+                store.add_iteration(name, it.iteration, it.t_start, it.t_end, compute_ns,
+                                    it.control_messages, it.flows)
             if progress is not None:
-                progress(name, i + 1, n_iter)
-            if i + 1 < n_iter:
-                self.engine.start_iteration(i + 1, compute_ns, lambda t: finished(i + 1, t))
-            elif not self.done.done():
-                self.done.set_result(None)
+                progress(name, it.iteration + 1, n_iter)
 
-        self.engine.start_iteration(0, compute_ns, lambda t: finished(0, t))
+        b = self.backend
         try:
-            if self.real:  # real time: bounded, so a device that stops answering ends it
-                import asyncio
-
-                limit = self._real_time_limit(n_iter, compute_ns)
-                self.loop.run_until_complete(asyncio.wait_for(self.done, limit))
-            else:
-                self.loop.run_until_complete(self.done)
+            self.outcome = b.loop.run_until_complete(b.run_job(job, on_iteration,
+                                                               record_flows))
         except RuntimeError as e:
             if "deadlock" not in str(e):
                 raise
-            missing = self.checker.undelivered()
+            missing = self.monitor.undelivered()
             raise RunFailed(f"{name}: the run stalled with nothing left to do; "
                             f"{len(missing)} flows undelivered, e.g. ids {missing[:5]}") from e
         finally:
-            if self.real:
-                self.devices.close()
-                self.loop.run_until_complete(self.devices.bus.close())
-            self.loop.close()
-        self.checker.finish(self.clock.now_ns())
+            b.close()
+        self.monitor.finish(times[-1][1] if times else 0)
         return times
+
+    def stats(self) -> dict[str, Any]:
+        assert self.outcome is not None
+        extra = {"plan_s": round(self.plan_s, 4)} if self.plan is not None else {}
+        return {**self.outcome.stats, **extra}
 
 
 def run_experiment(ctx: LoadedExperiment, backend: str = "sim", store: RunStore | None = None,
@@ -381,8 +178,8 @@ def run_experiment(ctx: LoadedExperiment, backend: str = "sim", store: RunStore 
 
     if w.calibrate is not None:
         cal = w.calibrate
-        probe = _NetworkRun(ctx, by_name[cal.network], grid, schedules[cal.network], backend,
-                            "raise")
+        probe = NetworkRun(ctx, by_name[cal.network], grid, schedules[cal.network], backend,
+                           "raise")
         t = probe.run(3, 0, None, None, False)
         comm_ns = sum(b - a for a, b in t) / len(t)
         per_iter = cal.training_time_min * 60e9 / full
@@ -401,7 +198,7 @@ def run_experiment(ctx: LoadedExperiment, backend: str = "sim", store: RunStore 
     results: dict[str, NetworkResult] = {}
     violations: list[str] = []
     for spec in exp.networks:
-        run = _NetworkRun(ctx, spec, grid, schedules[spec.name], backend, checker_mode)
+        run = NetworkRun(ctx, spec, grid, schedules[spec.name], backend, checker_mode)
         if store is not None:
             meta: dict[str, Any] = {"spec": spec.model_dump(), "compute_ns": compute_ns}
             if run.plan is not None:
@@ -412,12 +209,12 @@ def run_experiment(ctx: LoadedExperiment, backend: str = "sim", store: RunStore 
         # iterations are identical in length when nothing perturbs them; extrapolate only
         # when the caller asked for fewer iterations than the workload has
         scale = full / len(its)
+        out = run.outcome
+        assert out is not None
         results[spec.name] = NetworkResult(
             spec.name, spec.kind, sum(its) * scale / 1e9, sum(its) / len(its) / 1e9, len(its),
-            run.flow_total if run.node_side else run.engine.next_flow_id,
-            run.control_messages(), len(run.checker.violations),
-            run.stats())
-        violations += [f"{spec.name}: {v}" for v in run.checker.violations]
+            out.flows, out.control_messages, len(run.monitor.violations), run.stats())
+        violations += [f"{spec.name}: {v}" for v in run.monitor.violations]
 
     oddl = next((r for r in results.values() if r.kind == "oddl"), None)
     el = next((r for r in results.values() if r.kind == "electrical"), None)

@@ -15,10 +15,10 @@ import math
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
+from oddl.controller.catalog import MODELS, CollectiveName, ModelName
 from oddl.controller.config import (
-    MODELS,
     ConfigError,
     ConfigIssue,
     LoadedExperiment,
@@ -36,10 +36,10 @@ class Sweep(_Model):
     name: str = Field(min_length=1)
     description: str = ""
     testbed: str = Field(description="template testbed; its grid is resized per node count")
-    models: list[Literal["resnet50", "vgg16", "vgg19", "bert-large"]] = Field(min_length=1)
+    models: list[ModelName] = Field(min_length=1)
     nodes: list[int] = Field(min_length=1)
     line_rates_gbps: list[float] = Field(min_length=1)
-    collective: Literal["ring", "hd", "hier2d", "totientrings"] = "hd"
+    collective: CollectiveName = "hd"
     compute_time_ms: dict[str, float] = Field(
         default_factory=dict, description="per model; absent = 0 (communication only)")
     reference: str = Field(default="oddl", description="the network the speedups are of")

@@ -6,9 +6,10 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from oddl.controller.catalog import MODELS
 from oddl.controller.clock import Clock
 from oddl.controller.collectives import Schedule
-from oddl.controller.config import MODELS, Workload
+from oddl.controller.config import Workload
 from oddl.controller.messages import Flow
 
 
@@ -40,24 +41,28 @@ class CollectiveEngine:
 
     A rank's step s+1 starts when every byte it expects in step s has arrived: exactly
     the count-action condition (count received bytes; target: the step's size; action:
-    start the next step's transfers).
+    start the next step's transfers). An engine drives the ranks its host owns (`local`;
+    all of them in process): a node program drives its own rank, and flow ids are unique
+    across hosts without a shared counter (rank r numbers its k-th flow k * n + r).
     """
 
     def __init__(self, clock: Clock, schedule: Schedule, ranks: list[str],
                  submit: Callable[[Flow], None], on_flow_start: Callable[[Flow], None] | None
-                 = None, nic_sync: bool = False) -> None:
+                 = None, nic_sync: bool = False, local: list[str] | None = None) -> None:
         """nic_sync: step completion comes from each O-NIC's count-action engine
         (`module_fired`), not from counting deliveries here."""
         self.clock = clock
         self.schedule = schedule
         self.ranks = ranks
         self.rank_of = {n: i for i, n in enumerate(ranks)}
+        self.local = [self.rank_of[n] for n in (ranks if local is None else local)]
         self.submit = submit
         self.on_flow_start = on_flow_start
-        self.next_flow_id = 0
+        self.flows = 0  # started here, all iterations
+        self.seq = [0] * len(ranks)
         self.iteration = -1
-        self.step: list[int] = []
-        self.issued: list[int] = []
+        self.step: list[int] = [0] * len(ranks)
+        self.issued: list[int] = [-1] * len(ranks)
         self.recv: list[list[int]] = []
         self.pending = 0
         self.on_done: Callable[[int], None] | None = None
@@ -65,20 +70,30 @@ class CollectiveEngine:
         self.t_start = 0
         self.nic_sync = nic_sync
         self.fired: list[list[bool]] = []
+        # what came for the next iteration before this host started it (peers start an
+        # iteration when they hear the last rank finish; hearing takes a message)
+        self.early: list[Flow] = []
+        self.early_fired: list[tuple[int, int]] = []
 
     def start_iteration(self, iteration: int, compute_ns: int,
                         on_done: Callable[[int], None]) -> None:
         self.iteration = iteration
         self.on_done = on_done
-        n = len(self.ranks)
-        self.step = [0] * n
-        self.issued = [-1] * n
+        for r in self.local:
+            self.step[r] = 0
+            self.issued[r] = -1
         self.recv = [[0] * len(s) for s in self.schedule]
         if self.nic_sync:
             self.fired = [[False] * len(s) for s in self.schedule]
-        self.pending = n
+        self.pending = len(self.local)
         self.t_start = self.clock.now_ns()
-        for r in range(n):
+        early, self.early = self.early, []
+        for f in early:
+            self.on_delivered(f)
+        for r, slot in self.early_fired:
+            self.fired[r][slot] = True
+        self.early_fired.clear()
+        for r in self.local:
             self.clock.call_later_ns(compute_ns, self._run_steps, r)
 
     def _run_steps(self, r: int) -> None:
@@ -94,10 +109,12 @@ class CollectiveEngine:
                 self.issued[r] = s
                 src = self.ranks[r]
                 now = self.clock.now_ns()
+                n = len(self.ranks)
                 for dst_rank, nbytes in steps[s].sends:
-                    f = Flow(self.next_flow_id, src, self.ranks[dst_rank], nbytes,
+                    f = Flow(self.seq[r] * n + r, src, self.ranks[dst_rank], nbytes,
                              self.iteration, s, 0, now)
-                    self.next_flow_id += 1
+                    self.seq[r] += 1
+                    self.flows += 1
                     if self.on_flow_start is not None:
                         self.on_flow_start(f)
                     self.submit(f)
@@ -107,6 +124,9 @@ class CollectiveEngine:
             self.step[r] = s + 1
 
     def on_delivered(self, flow: Flow) -> None:
+        if flow.iteration != self.iteration:  # a peer that started the next iteration first
+            self.early.append(flow)
+            return
         r = self.rank_of[flow.dst]
         s = flow.step
         if self.on_delivered_hook is not None:
@@ -122,6 +142,9 @@ class CollectiveEngine:
     def module_fired(self, node: str, slot: int) -> None:
         """The O-NIC of `node` says: every byte of step `slot` has arrived."""
         r = self.rank_of[node]
+        if self.step[r] >= len(self.schedule[r]):  # done here: the next iteration's step
+            self.early_fired.append((r, slot))
+            return
         if self.recv[r][slot] != self.schedule[r][slot].recv_bytes:
             raise RuntimeError(f"{node}: count-action fired for step {slot} with "
                                f"{self.recv[r][slot]} of {self.schedule[r][slot].recv_bytes} "

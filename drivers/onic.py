@@ -181,8 +181,7 @@ class DriverONic:
     reads and clears IRQ_STATUS and reports tuned / sent / received to the control unit.
     """
 
-    # TUNED_* is enabled only while a caller awaits an explicit tune(); a tune issued with
-    # THEN_START needs no interrupt of its own (TX_DONE follows)
+    # no TUNED_*: a tune is issued with THEN_START, and TX_DONE follows it
     _IRQS = ("TX_DONE_H", "TX_DONE_V", "RX_DONE_H", "RX_DONE_V", "CA_FIRED")
 
     def __init__(self, driver: ONicDriver, ports: tuple[str, ...]) -> None:
@@ -193,7 +192,6 @@ class DriverONic:
         self.inflight: dict[str, Any] = {}
         self.events: Any = None
         self.on_module_fired: Any = None  # called with the slot of each count-action firing
-        self.tuning: dict[str, int] = {}  # port -> channel we asked it to tune to
         self._mask = 0
         self._ca_names: list[str] = []
         self._w = driver.mmio.write
@@ -207,23 +205,11 @@ class DriverONic:
             self._mask |= 1 << R.IRQ_BITS[name]
         self._w(self._o["IRQ_ENABLE"], self._mask)
 
-    def _enable_tuned(self, port: str, on: bool) -> None:
-        bit = 1 << R.IRQ_BITS[f"TUNED_{port}"]
-        mask = self._mask | bit if on else self._mask & ~bit
-        if mask != self._mask:
-            self._mask = mask
-            self._w(self._o["IRQ_ENABLE"], mask)
-
     def identity(self) -> dict[str, str]:
         ident = self.d.identity()
         v = ident["design_version"]
         return {"node": self.node, "design": f"oddl-onic-{v >> 16}.{v & 0xFFFF}",
                 "bitstream_hash": ident["bitstream_hash"], "ports": ",".join(self.ports)}
-
-    def tune(self, port: str, channel: int) -> None:
-        self.tuning[port] = channel
-        self._enable_tuned(port, True)
-        self.d.tune(port, channel)
 
     def send(self, port: str, flow: Any) -> None:
         hdr = (flow.id >> 32, self.index[flow.src], flow.hop | flow.step << 8,
@@ -270,19 +256,13 @@ class DriverONic:
     def read_countaction(self) -> Program:
         return self.d.read_countaction(self._ca_names)
 
-    def on_interrupt(self, _bit: int = 0) -> None:
+    def on_interrupt(self) -> None:
         o = self._o
         status = self._r(o["IRQ_STATUS"])
         if not status:
             return
         self._w(o["IRQ_STATUS"], status)  # W1C
         for port in self.ports:
-            if status & (1 << R.IRQ_BITS[f"TUNED_{port}"]) & self._mask:
-                ch = self.tuning.pop(port, None)
-                self._enable_tuned(port, False)
-                if ch is None:  # a tune we did not ask for (a count-action): ask the board
-                    ch = (self._r(o[f"TX{port}_STATUS"]) >> 8) & 0xFF
-                self.events.on_tuned(port, ch)
             if status & (1 << R.IRQ_BITS[f"TX_DONE_{port}"]):
                 flow = self.inflight.pop(port, None)
                 if flow is None:  # the board finished a transfer nobody started: say so

@@ -9,6 +9,7 @@ endpoints are written out as an emu testbed config that the controller loads lik
 from __future__ import annotations
 
 import asyncio
+import functools
 import gc
 import signal
 import statistics
@@ -19,6 +20,7 @@ from typing import Any
 import tomli_w
 from oddl.controller.clock import Clock
 from oddl.controller.config import Testbed
+from oddl.controller.node import NodeProgram
 from oddl.controller.topology import Grid
 from oddl.sim import backend as sim_backend
 from oddl.sim.broker import EmbeddedBroker, free_port
@@ -34,7 +36,7 @@ class Emulation:
     wss: dict[str, SerialWSS] = field(default_factory=dict)
     broker: EmbeddedBroker | None = None
     qick: Any = None  # sim.qick_pyro.QickPyroServer
-    nodes: Any = None  # controller.nodejob.NodeJobHost
+    nodes: dict[str, NodeProgram] = field(default_factory=dict)  # `oddl node`, per board
     world: Any = None
     control_hop_ns: int | None = None  # one control message through the broker, measured
 
@@ -47,8 +49,8 @@ class Emulation:
         }
 
     async def stop(self) -> None:
-        if self.nodes is not None:  # before the broker it talks through
-            await self.nodes.stop()
+        for prog in self.nodes.values():  # before the broker they talk through
+            await prog.stop()
         for s in self.boards.values():
             await s.stop()
         for w in self.wss.values():
@@ -67,8 +69,6 @@ async def start(tb: Testbed, host: str = "127.0.0.1", faults: list[Fault] | None
     # the devices answer hand-driven probes too (acceptance checks): record, never raise
     emu.world = sim_backend.build(tb, grid, Clock(loop), checker_mode="record")
     apply_faults(emu.world, faults or [])
-    for board in emu.world.boards.values():
-        board.on_irq = None  # the interrupt line reaches no controller over PYNQ.remote
     dead = {f.target for f in faults or [] if f.kind == "dead-board"}
     for node, board in emu.world.boards.items():
         server = RemoteBoardServer(EmulatedONicDevice(board), host, free_port(host))
@@ -77,19 +77,22 @@ async def start(tb: Testbed, host: str = "127.0.0.1", faults: list[Fault] | None
         emu.wss[wid] = SerialWSS(model).start()
     if tb.broker.url == "embedded":
         emu.broker = await EmbeddedBroker(host).start()
-    # the node side of stage 2: each board's control unit beside it (local registers,
-    # its interrupt line), only control messages on the broker, as on the O-NIC hosts
-    from oddl.controller.nodejob import NodeJobHost
+    # stage 2 beside each board: the `oddl node` program on the board's local registers
+    # and its interrupt line, its own client on the broker; the fabric's monitor (which
+    # sees the light) judges every job, as it judges a sim run
     from oddl.drivers.mqtt import bus_from_config, client_from_config
 
     port = emu.broker.port if emu.broker is not None else None
-    emu.nodes = await NodeJobHost(
-        tb.name, emu.world.onics, emu.world.boards,
-        lambda: client_from_config(tb.broker, "oddl-node-jobs", port),
-        # the fabric's checker watches the node side's grants, as it watches the sim bus
-        lambda cid: bus_from_config(tb.name, tb.broker, port, client_id=cid,
-                                    tap=emu.world.checker.on_message),
-        emu.world.checker).start()
+    w = emu.world
+    for node in grid.nodes:
+        if node in dead:
+            continue
+        emu.nodes[node] = await NodeProgram(
+            tb.name, node, w.onics[node], w.lines[node],
+            functools.partial(client_from_config, tb.broker, f"oddl-node-{node}-jobs", port),
+            functools.partial(bus_from_config, tb.name, tb.broker, port,
+                              client_id=f"oddl-node-{node}", tap=w.checker.on_message),
+            w.checker).start()
     emu.control_hop_ns = await control_hop_ns(tb, port)
     if tb.qick is not None:
         from oddl.sim.qick_pyro import QickPyroServer

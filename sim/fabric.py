@@ -13,9 +13,9 @@ from collections.abc import Callable
 from oddl.controller.clock import Clock
 from oddl.controller.config import Testbed
 from oddl.controller.devices import DeviceRefused
+from oddl.controller.invariants import InvariantChecker
 from oddl.controller.messages import Flow
 from oddl.controller.topology import Grid
-from oddl.sim.invariants import InvariantChecker
 from oddl.sim.wss import WSSModel
 
 
@@ -47,6 +47,7 @@ class Fabric:
         self.grid = grid
         self.clock = clock
         self.checker = checker
+        checker.sees_light = True
         o = tb.optical
         self.rate = o.line_rate_gbps  # bits per ns
         self.tuning_ns = math.ceil(o.tuning_time_ns)

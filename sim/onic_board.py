@@ -68,7 +68,7 @@ class ONicBoard:
         self._ca_index: dict[int, list[int]] | None = None
         self.ts_hi_latch = 0
         self.streamed: list[tuple[int, int]] = []  # (t_ns, DAC) for Lightning
-        self.on_irq: Callable[[int], None] | None = None  # the board's interrupt line
+        self.on_irq: Callable[[], None] | None = None  # the board's interrupt line
         self._hdr_tx = {p: [R.BY_NAME[f"TX{p}_HDR{i}"].offset for i in range(len(R.HEADER))]
                         for p in R.PORTS}
         self._hdr_rx = {p: [R.BY_NAME[f"RX{p}_HDR{i}"].offset for i in range(len(R.HEADER))]
@@ -159,7 +159,7 @@ class ONicBoard:
         """Raise the (level) interrupt line once an event has set all its flags."""
         if self.on_irq is not None and self.regs[_IRQ_STATUS] & (
                 self.regs[_IRQ_ENABLE] | _MODULE_BITS):
-            self.on_irq(0)
+            self.on_irq()
 
     def _tx_status(self, p: str) -> int:
         tx = self.fabric.tx[(self.node, p)]
@@ -361,3 +361,17 @@ class ONicBoard:
                 t.count, t.fired, t.fire_count = 0, False, 0
         self.signal(5, m, 1, None)
 
+
+class BoardLine:
+    """The board model's interrupt line (`controller.devices.InterruptLine`): the handler
+    runs on the model's loop at the instant the board raises the line, as a task awaiting
+    `pynq.Interrupt` wakes on a board."""
+
+    def __init__(self, board: ONicBoard) -> None:
+        self.board = board
+
+    def connect(self, handler: Callable[[], None]) -> None:
+        self.board.on_irq = handler
+
+    def disconnect(self) -> None:
+        self.board.on_irq = None

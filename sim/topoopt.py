@@ -15,8 +15,8 @@ from collections import deque
 from collections.abc import Callable
 
 from oddl.controller.clock import Clock
+from oddl.controller.jumps import totient_jumps
 from oddl.controller.messages import Flow
-from oddl.controller.planner import totient_jumps
 from oddl.sim.electrical import FlowNetwork
 
 

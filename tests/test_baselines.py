@@ -11,7 +11,7 @@ import pytest
 from oddl.controller.clock import Clock
 from oddl.controller.collectives import check_balanced, halving_doubling, ring, totient_rings
 from oddl.controller.config import NetworkSpec
-from oddl.controller.planner import totient_jumps
+from oddl.controller.jumps import totient_jumps
 from oddl.controller.workloads import CollectiveEngine
 from oddl.sim.baselines import build_network
 from oddl.sim.clock import VirtualClockLoop

@@ -5,11 +5,11 @@ from __future__ import annotations
 import pytest
 from oddl.controller.clock import Clock
 from oddl.controller.devices import DeviceRefused
+from oddl.controller.invariants import InvariantViolation
 from oddl.controller.messages import Flow, Grant
 from oddl.controller.topology import Grid
 from oddl.sim import backend as sim_backend
 from oddl.sim.clock import VirtualClockLoop
-from oddl.sim.invariants import InvariantViolation
 from oddl.sim.wss import WSSModel
 
 from tests.helpers import make_testbed

@@ -13,8 +13,9 @@ from hypothesis import strategies as st
 from oddl.controller.cli import main
 from oddl.controller.collectives import build
 from oddl.controller.config import load_testbed
+from oddl.controller.jumps import circulant_distances, totient_jumps
 from oddl.controller.plan import Plan, PlanError
-from oddl.controller.planner import circulant_distances, plan_job, totient_jumps
+from oddl.controller.planner import plan_job
 from oddl.controller.topology import Grid
 
 from tests.helpers import make_testbed, schedule_for

@@ -28,7 +28,7 @@ from typing import Any
 import pytest
 from oddl.controller.config import ConfigError, Testbed, load_testbed
 from oddl.controller.topology import Grid
-from oddl.drivers.testbed import Unreachable, open_board
+from oddl.controller.registry import open_board
 
 NO_TESTBED = ("hardware acceptance: no --testbed given (run `oddl accept TESTBED` or "
               "`pytest tests/acceptance --testbed FILE`)")
@@ -99,6 +99,10 @@ def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
 
 
 # --- the bench: connections to the testbed's devices ----------------------------------------
+
+class Unreachable(RuntimeError):
+    """A board the config names that does not answer (the message says why)."""
+
 
 class Absent(Unreachable):
     """The config names no board for the node: its checks skip (nothing to hold it to)."""

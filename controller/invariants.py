@@ -1,8 +1,10 @@
-"""An independent checker of ODDL-SPEC's invariants.
+"""An independent monitor of ODDL-SPEC's invariants, for every back end.
 
-It watches the physical layer (the fabric reports every send and arrival) and the control
-bus (every GRANT delivered), never the control units' own state, and in `raise` mode it
-raises at the instant of a violation.
+It watches what a back end can show it: the physical layer where there is a model of it
+(the fabric reports every send and arrival), the control bus (every GRANT delivered) and
+the deliveries; never the control units' own state. In `raise` mode it raises at the
+instant of a violation. Flow ids are per job: `new_job` starts a job's books once, however
+many node programs of one testbed share the monitor.
 """
 
 from __future__ import annotations
@@ -27,10 +29,15 @@ class InvariantChecker:
     started: dict[int, tuple[str, int]] = field(default_factory=dict)  # flow -> (dst, bytes)
     delivered: set[int] = field(default_factory=set)
     checks: int = 0
+    job: str = ""
+    sees_light: bool = False  # a fabric model reports sends, light and arrivals to it
 
-    def new_job(self) -> None:
-        """Flow ids are per job: a long-running testbed forgets the last job's flows (its
-        findings stay in `violations`)."""
+    def new_job(self, job: str) -> None:
+        """A long-running testbed forgets the last job's flows (its findings stay in
+        `violations`); a second call for the same job changes nothing."""
+        if job == self.job:
+            return
+        self.job = job
         self.grants.clear()
         self.granted_by.clear()
         self.started.clear()

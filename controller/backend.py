@@ -1,0 +1,59 @@
+"""The back-end interface: what the control plane needs of a testbed, whichever runs it.
+
+A back end (sim: models in process on a virtual clock; emu and hw: devices reached through
+pynq, pyserial and MQTT, stage 2 in `oddl node` beside each O-NIC) gives the arbiter its
+O-NICs and WSSs for stage 1 and runs a job's stage 2. It is built in one module per back
+end and looked up once, in `controller.registry`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from oddl.controller.devices import ONic, WSSDevice
+from oddl.controller.invariants import InvariantChecker
+from oddl.controller.job import JobSpec
+
+FlowRow = tuple[int, int, str, str, int, int, int, int]  # id, step, src, dst, B, hops, t0, t1
+
+
+class RunFailed(RuntimeError):
+    """The run could not go on; the message says what failed and where."""
+
+
+@dataclass
+class Iteration:
+    """One completed iteration, as the job's slowest rank saw it."""
+
+    iteration: int
+    t_start: int
+    t_end: int
+    control_messages: int  # during this iteration
+    flows: list[FlowRow] = field(default_factory=list)  # when the back end records them
+
+
+@dataclass
+class JobOutcome:
+    control_messages: int
+    flows: int
+    stats: dict[str, Any]
+    violations: list[str]
+
+
+OnIteration = Callable[[Iteration], None]
+
+
+class Backend(Protocol):
+    name: str
+    loop: asyncio.AbstractEventLoop
+    onics: Mapping[str, ONic]
+    wss: Mapping[str, WSSDevice]
+    monitor: InvariantChecker  # the invariants this back end can watch from the controller
+
+    async def run_job(self, spec: JobSpec, on_iteration: OnIteration,
+                      record_flows: bool) -> JobOutcome: ...
+
+    def close(self) -> None: ...

@@ -1,0 +1,27 @@
+"""What oddl knows by name: models, collectives, planning strategies, networks, back ends.
+
+Each list is written here once; the config types (`Literal`s), the CLI choices and the
+builders' dispatch tables derive from it, and tests hold the dispatch tables to it.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+# parameters (millions), ODDL-SPEC / the usual published counts
+MODELS: dict[str, float] = {
+    "resnet50": 25.56,
+    "vgg16": 138.36,
+    "vgg19": 143.67,
+    "bert-large": 340.0,
+}
+COLLECTIVES = ("ring", "hd", "hier2d", "totientrings")
+STRATEGIES = ("cyclic", "matched", "totientperms")
+NETWORK_KINDS = ("oddl", "electrical", "fattree", "sipring", "topoopt")
+BACKENDS = ("sim", "emu", "hw")
+
+ModelName = Literal[tuple(MODELS)]  # type: ignore[valid-type]
+CollectiveName = Literal[COLLECTIVES]  # type: ignore[valid-type]
+StrategyName = Literal[STRATEGIES]  # type: ignore[valid-type]
+NetworkKind = Literal[NETWORK_KINDS]  # type: ignore[valid-type]
+BackendName = Literal[BACKENDS]  # type: ignore[valid-type]

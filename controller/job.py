@@ -1,0 +1,196 @@
+"""A training job's stage 2: what the controller hands the nodes, and the one job runner.
+
+The controller applies stage 1 (WSS tables, routes, count-action programs, read back), then
+hands a `JobSpec` to whoever runs stage 2: the sim back end in process (one runner for
+every node), or the node programs beside the O-NICs (`oddl node`, one runner per node,
+over MQTT). Either way the same `JobRunner` drives the same control units against the
+same O-NIC driver, wires the count-action engine to the collective's steps and accounts
+for the iterations.
+
+    oddl/<testbed>/job/run      JobSpec    (QoS 1; the controller's)
+    oddl/<testbed>/job/result   JobEvent   (QoS 1; "ready", one "iteration" per node and
+                                            iteration, then "done" or "failed" per node)
+
+JSON via msgspec, versioned, never pickle.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Callable, Mapping
+
+import msgspec
+from oddl.controller.clock import Clock
+from oddl.controller.collectives import Schedule, build
+from oddl.controller.config import Testbed
+from oddl.controller.control_unit import ControlUnit, Timing
+from oddl.controller.devices import Bus, InterruptLine, ONic
+from oddl.controller.invariants import InvariantChecker
+from oddl.controller.messages import Flow
+from oddl.controller.plan import Plan, Route
+from oddl.controller.workloads import CollectiveEngine
+
+JOB_VERSION = 2
+
+
+class JobSpec(msgspec.Struct, frozen=True):
+    v: int
+    job: str
+    collective: str
+    size: int
+    rows: int
+    cols: int
+    degree: int
+    ranks: list[str]
+    nodes: list[str]
+    iterations: int
+    compute_ns: int
+    nic_sync: bool
+    timing: Timing
+    routes: dict[str, dict[str, tuple[str, int, str]]]  # node -> dst -> (port, ch, next hop)
+
+
+class JobEvent(msgspec.Struct, omit_defaults=True):
+    v: int
+    job: str
+    kind: str  # "ready" | "iteration" | "done" | "failed"
+    node: str = ""
+    iteration: int = -1
+    t_start: int = 0
+    t_end: int = 0
+    control_messages: int = 0
+    error: str = ""
+    stats: dict[str, int] = {}
+    violations: list[str] = []  # the first few the node's monitor recorded
+
+
+def run_topic(testbed: str) -> str:
+    return f"oddl/{testbed}/job/run"
+
+
+def result_topic(testbed: str) -> str:
+    return f"oddl/{testbed}/job/result"
+
+
+def timing_of(tb: Testbed) -> Timing:
+    """The control units' timing, from the testbed config: the one place it is derived."""
+    o, c = tb.optical, tb.control
+    return Timing(math.ceil(o.tuning_time_ns), math.ceil(o.guard_time_ns),
+                  math.ceil(o.propagation_ns), math.ceil(c.request_timeout_ns),
+                  math.ceil(c.request_timeout_ns), math.ceil(c.grant_lease_ns), c.max_retries)
+
+
+def wire_routes(plan: Plan) -> dict[str, dict[str, tuple[str, int, str]]]:
+    return {n: {d: (r.port, r.channel, r.next_hop) for d, r in routes.items()}
+            for n, routes in plan.routes.items()}
+
+
+@functools.lru_cache(maxsize=8)
+def _schedule(collective: str, n: int, size: int, rows: int, cols: int,
+              degree: int) -> Schedule:
+    return build(collective, n, size, rows, cols, degree)
+
+
+def schedule_of(spec: JobSpec) -> Schedule:
+    return _schedule(spec.collective, len(spec.ranks), spec.size, spec.rows, spec.cols,
+                     spec.degree)
+
+
+OnIteration = Callable[[int, int, int], None]  # iteration, t_start, t_end (the host's clock)
+
+
+class JobRunner:
+    """Stage 2 of one job on the ranks and O-NICs one host owns.
+
+    `begin(i)` starts iteration i on the local ranks (compute, then the collective's
+    steps); when every local rank has all its bytes, `on_iteration` is told, and the host
+    decides when the next iteration begins (at once in process; on a node program, when
+    every rank has reported, which it hears on the bus).
+    """
+
+    def __init__(self, spec: JobSpec, clock: Clock, monitor: InvariantChecker | None,
+                 on_iteration: OnIteration, local: list[str] | None = None) -> None:
+        self.spec = spec
+        self.clock = clock
+        self.monitor = monitor
+        self.on_iteration = on_iteration
+        self.fail: Callable[[BaseException], None] = self._raise  # the host's, once it runs
+        self.submit: Callable[[Flow], None] = self._no_network
+        ranks = spec.ranks if local is None else [r for r in spec.ranks if r in local]
+        self.engine = CollectiveEngine(clock, schedule_of(spec), spec.ranks,
+                                       lambda f: self.submit(f),
+                                       monitor.flow_started if monitor is not None else None,
+                                       spec.nic_sync, ranks)
+        self.units: dict[str, ControlUnit] = {}
+        self._lines: list[InterruptLine] = []
+        self._onics: list[ONic] = []
+
+    @staticmethod
+    def _raise(e: BaseException) -> None:
+        raise e
+
+    @staticmethod
+    def _no_network(f: Flow) -> None:
+        raise RuntimeError(f"{f!r}: the job runner has no network attached")
+
+    def deliver(self, flow: Flow) -> None:
+        """A flow's last leg has arrived at its destination. A monitor that does not see
+        the light (no fabric model) is told here; one that does, was told by the fabric."""
+        m = self.monitor
+        if m is not None and not m.sees_light:
+            m.on_arrival(self.clock.now_ns(), flow.dst, flow, flow.nbytes)
+        self.engine.on_delivered(flow)
+
+    def on_onics(self, bus: Bus, onics: Mapping[str, ONic],
+                 lines: Mapping[str, InterruptLine]) -> JobRunner:
+        """ODDL: a control unit per O-NIC this host owns, on its board's interrupt line;
+        each local rank's steps advanced by its count-action engine (or counted here)."""
+        spec, timing = self.spec, self.spec.timing
+        missing = [n for n in spec.nodes if n in onics and n not in lines]
+        if missing:
+            raise ValueError(f"no interrupt line for {', '.join(missing)}")
+        for n in (n for n in spec.nodes if n in onics):
+            routes = {d: Route(*r) for d, r in spec.routes.get(n, {}).items()}
+            self.units[n] = ControlUnit(n, self.clock, bus, onics[n], routes, timing,
+                                        self.deliver, lambda e: self.fail(e))
+            lines[n].connect(onics[n].on_interrupt)
+            self._lines.append(lines[n])
+            self._onics.append(onics[n])
+        if spec.nic_sync:
+            for n in self.units:
+                if n in self.engine.rank_of:
+                    onics[n].on_module_fired = functools.partial(self.engine.module_fired, n)
+        units = self.units
+        self.submit = lambda f: units[f.src].submit(f)
+        return self
+
+    def on_network(self, submit: Callable[[Flow], None]) -> JobRunner:
+        """A flow-level network model (the baselines): it calls `deliver` on arrival."""
+        self.submit = submit
+        return self
+
+    def begin(self, i: int) -> None:
+        self.engine.start_iteration(i, self.spec.compute_ns,
+                                    lambda t_end: self.on_iteration(i, self.engine.t_start,
+                                                                    t_end))
+
+    def stats(self) -> dict[str, int]:
+        agg: dict[str, int] = {}
+        for cu in self.units.values():
+            for k, v in cu.stats.items():
+                agg[k] = agg.get(k, 0) + v
+        return agg
+
+    def close(self) -> None:
+        """Give the boards back: interrupt lines disconnected, count-action unwired."""
+        for line in self._lines:
+            line.disconnect()
+        for onic in self._onics:
+            onic.on_module_fired = None
+        self._lines.clear()
+        self._onics.clear()
+
+
+def step_sync(spec: JobSpec) -> str:
+    return "o-nic count-action" if spec.nic_sync else "host"

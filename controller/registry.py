@@ -1,0 +1,74 @@
+"""The one place a back end is chosen: names to the modules that build them.
+
+The control plane asks here for a back end, a board, or a node program, and never imports
+`oddl.sim` or `oddl.drivers` itself (an import contract holds this; docs/api.md). Each
+back end's module is imported only when that back end is asked for, so a lab's hw run
+loads no model and a sim run opens no socket.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from oddl.controller.backend import Backend
+from oddl.controller.config import Faults, NetworkSpec, Testbed
+from oddl.controller.node import NodeProgram
+from oddl.controller.topology import Grid
+
+
+def open_backend(name: str, tb: Testbed, grid: Grid, *, faults: Faults | None = None,
+                 seed: int = 0, checker_mode: str = "record") -> Backend:
+    """The ODDL network's back end: `sim` (models in process), `emu` or `hw` (devices
+    through the drivers; `emu` is `oddl emulate`'s, `hw` a lab's)."""
+    if name == "sim":
+        from oddl.sim.backend import SimBackend
+
+        return SimBackend(tb, grid, faults, seed, checker_mode)
+    if name in ("emu", "hw"):
+        from oddl.drivers.lab import LabBackend
+
+        return LabBackend(tb, grid, name, checker_mode)
+    raise ValueError(f"unknown back end {name!r} (sim, emu or hw)")
+
+
+def open_model(spec: NetworkSpec, tb: Testbed, ranks: list[str],
+               checker_mode: str = "record") -> Backend:
+    """A baseline network (electrical, fat-tree, SiP-Ring, TopoOpt): a model in every back
+    end, since a lab has no such hardware beside its ODDL testbed."""
+    from oddl.sim.backend import ModelBackend
+
+    return ModelBackend(spec, tb, ranks, checker_mode)
+
+
+def open_board(addr: str | None, node: str, nodes: list[str]) -> Any:
+    """A board's register driver (acceptance checks, diagnostics): its .hwh held to the
+    register map and its identity to the design version; raises why it cannot."""
+    from oddl.drivers.lab import open_board as _open
+
+    return _open(addr, node, nodes)
+
+
+def node_program(tb: Testbed, node: str, bitfile: Path | None = None,
+                 irq_pin: str | None = None) -> NodeProgram:
+    """`oddl node`: this node's program on its board as the testbed config addresses it
+    (`local`: pynq MMIO and pynq's `Interrupt` on `irq_pin`; grpc://: PYNQ.remote, the
+    interrupt line polled), the bus and the job topics as the config's broker says."""
+    from oddl.drivers.irq import PolledLine, PynqLine
+    from oddl.drivers.lab import open_board as _open
+    from oddl.drivers.lab import ports_of
+    from oddl.drivers.mqtt import bus_from_config, client_from_config
+    from oddl.drivers.onic import DriverONic
+    from oddl.fpga.overlay import BITFILE
+
+    grid = Grid.from_testbed(tb)
+    addr = {n.id: n.board for n in tb.nodes}
+    if node not in addr:
+        raise ValueError(f"{tb.name} has no node {node!r} (it has {', '.join(addr)})")
+    drv = _open(addr[node], node, list(grid.nodes), bitfile or BITFILE)
+    line: Any = PynqLine(irq_pin) if addr[node] == "local" and irq_pin else PolledLine(
+        drv.mmio, node)
+    return NodeProgram(
+        tb.name, node, DriverONic(drv, ports_of(grid, node)), line,
+        lambda: client_from_config(tb.broker, f"oddl-node-{node}-jobs"),
+        lambda: bus_from_config(tb.name, tb.broker, client_id=f"oddl-node-{node}"))
