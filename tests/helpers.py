@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import math
 import subprocess
 import sys
 import threading
@@ -18,7 +17,8 @@ from oddl.controller.arbiter import Arbiter
 from oddl.controller.clock import Clock
 from oddl.controller.collectives import Schedule, Step
 from oddl.controller.config import Faults, Testbed
-from oddl.controller.control_unit import ControlUnit, Timing
+from oddl.controller.control_unit import ControlUnit
+from oddl.controller.job import timing_of
 from oddl.controller.messages import Flow
 from oddl.controller.topology import Grid
 from oddl.sim import backend as sim_backend
@@ -71,10 +71,7 @@ def run_flows(tb: Testbed, pairs: list[tuple[int, int, int, int]], strategy: str
     arb = Arbiter(tb, grid, st.onics, st.wss)  # type: ignore[arg-type]
     plan = arb.plan(schedule_for(grid, [(s, d, b) for s, d, b, _ in pairs]), strategy)
     arb.apply(plan)
-    o, c = tb.optical, tb.control
-    timing = Timing(math.ceil(o.tuning_time_ns), math.ceil(o.guard_time_ns),
-                    math.ceil(o.propagation_ns), round(c.request_timeout_ns),
-                    round(c.request_timeout_ns), round(c.grant_lease_ns), c.max_retries)
+    timing = timing_of(tb)
     res = FlowRun(checker=st.checker, bus=st.bus, fabric=st.fabric)
     done = loop.create_future()
     total = len(pairs)
@@ -94,6 +91,8 @@ def run_flows(tb: Testbed, pairs: list[tuple[int, int, int, int]], strategy: str
                                                      RuntimeError(ctx["message"])))
     res.cus = {n: ControlUnit(n, clock, st.bus, st.onics[n], plan.routes.get(n, {}), timing,
                               deliver, fail) for n in grid.nodes}
+    for n in grid.nodes:
+        st.lines[n].connect(st.onics[n].on_interrupt)
     for i, (s, d, b, t) in enumerate(pairs):
         f = Flow(i, grid.nodes[s], grid.nodes[d], b, 0, 0, 0, t)
         st.checker.flow_started(f)

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
 import socket
 
 import aiomqtt
 import pytest
 from oddl.controller.arbiter import Arbiter
 from oddl.controller.clock import Clock
-from oddl.controller.control_unit import ControlUnit, Timing
+from oddl.controller.control_unit import ControlUnit
+from oddl.controller.job import timing_of
 from oddl.controller.messages import Flow, Grant, Release, Request
 from oddl.controller.topology import Grid
 from oddl.controller.wire import BusDecodeError, decode, encode
@@ -97,10 +97,7 @@ def test_control_units_schedule_flows_over_mqtt() -> None:
         arb = Arbiter(tb, grid, st.onics, st.wss)  # type: ignore[arg-type]
         plan = arb.plan(schedule_for(grid, pairs), "cyclic")
         arb.apply(plan)
-        o, c = tb.optical, tb.control
-        timing = Timing(math.ceil(o.tuning_time_ns), math.ceil(o.guard_time_ns),
-                        math.ceil(o.propagation_ns), round(c.request_timeout_ns),
-                        round(c.request_timeout_ns), round(c.grant_lease_ns), c.max_retries)
+        timing = timing_of(tb)
         delivered: dict[int, int] = {}
         done = loop.create_future()
 
@@ -115,6 +112,8 @@ def test_control_units_schedule_flows_over_mqtt() -> None:
 
         cus = {n: ControlUnit(n, clock, bus, st.onics[n], plan.routes.get(n, {}), timing,
                               deliver, fail) for n in grid.nodes}
+        for n in grid.nodes:
+            st.lines[n].connect(st.onics[n].on_interrupt)
         await bus.start()
         for i, (s, d, b) in enumerate(pairs):
             f = Flow(i, grid.nodes[s], grid.nodes[d], b, t_submit=clock.now_ns())

@@ -27,8 +27,8 @@ from typing import Any
 
 import pytest
 from oddl.controller.config import ConfigError, Testbed, load_testbed
-from oddl.controller.topology import Grid
 from oddl.controller.registry import open_board
+from oddl.controller.topology import Grid
 
 NO_TESTBED = ("hardware acceptance: no --testbed given (run `oddl accept TESTBED` or "
               "`pytest tests/acceptance --testbed FILE`)")
