@@ -222,11 +222,14 @@ def run(experiment: Path, backend: str, out: Path | None, iterations: int | None
 @click.option("--fault", "faults", multiple=True,
               help="slow-tx:NODE/PORT:NS | wss-route:WSS:IN/CH:OUT | dead-board:NODE | "
                    "corrupt-link:NODE/PORT | dac-not-ready:DAC (repeatable)")
+@click.option("--external-node", "external", multiple=True,
+              help="serve this board without its node program: `oddl node EMU.toml --node "
+                   "ID` runs it, as on a lab's host (repeatable)")
 @click.option("--spin-us", type=click.FloatRange(min=0), default=2000, show_default=True,
               help="poll instead of sleeping for this long after device activity and "
                    "before a device timer (0: always sleep; docs/emu-run.md)")
 def emulate(testbed: Path, out: Path | None, faults: tuple[str, ...],
-            spin_us: float) -> None:
+            external: tuple[str, ...], spin_us: float) -> None:
     """Serve the testbed's devices on 127.0.0.1 (PYNQ.remote, serial ptys, MQTT) until Ctrl-C."""
     import asyncio
 
@@ -248,7 +251,46 @@ def emulate(testbed: Path, out: Path | None, faults: tuple[str, ...],
 
     with asyncio.Runner(loop_factory=lambda: new_loop(spin_us * 1e-6,
                                                       collect_when_idle=True)) as runner:
-        runner.run(serve(tb, str(testbed), out, lambda line: click.echo(line), parsed))
+        runner.run(serve(tb, str(testbed), out, lambda line: click.echo(line), parsed,
+                         set(external)))
+
+
+@main.command()
+@click.argument("testbed", type=click.Path(path_type=Path))
+@click.option("--node", "node_id", required=True, help="the node whose O-NIC this runs beside")
+@click.option("--irq-pin", default=None,
+              help="on the board itself (board = 'local'): the overlay's interrupt pin for "
+                   "pynq.Interrupt (default: poll IRQ_STATUS)")
+def node(testbed: Path, node_id: str, irq_pin: str | None) -> None:
+    """Stage 2 beside one O-NIC: its control units, for every job the controller publishes.
+
+    Runs until Ctrl-C (or SIGTERM, as systemd stops it); docs/deploy.md."""
+    import asyncio
+    import signal
+
+    from oddl.controller.registry import node_program
+
+    try:
+        tb = load_testbed(testbed)
+    except ConfigError as e:
+        _config_fail(e)
+        return
+
+    async def serve() -> None:
+        try:
+            prog = await node_program(tb, node_id, irq_pin=irq_pin).start()
+        except Exception as e:  # the board or the broker: say which, exit non-zero
+            click.echo(f"error: node {node_id}: {e}", err=True)
+            sys.exit(2)
+        stop = asyncio.Event()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            asyncio.get_running_loop().add_signal_handler(sig, stop.set)
+        click.echo(f"node {node_id} of {tb.name}: ready")
+        await stop.wait()
+        await prog.stop()
+        click.echo(f"node {node_id}: stopped after {prog.jobs_run} jobs")
+
+    asyncio.run(serve())
 
 
 @main.command()
@@ -374,8 +416,8 @@ def lightning(a: int | None, b: int | None, characterize: bool, samples: int,
               plot: Path | None, as_json: bool) -> None:
     """Lightning's photonic multiply on a QICK board: product = round(a * b / 255)."""
     from oddl.controller.config import QickPhotonics
+    from oddl.controller.registry import open_soc
     from oddl.drivers import lightning as L
-    from oddl.sim.qick_soc import Photonics
     from pydantic import ValidationError
 
     qick = None
@@ -395,7 +437,7 @@ def lightning(a: int | None, b: int | None, characterize: bool, samples: int,
     chans = {"dac_channels": qick.dac_channels, "adc_channel": qick.adc_channel} \
         if qick is not None else {}
     try:
-        soc, soccfg = L.open_soc(spec, Photonics.from_config(ph_cfg, seed=seed))
+        soc, soccfg = open_soc(spec, ph_cfg, seed)
         if characterize:
             pairs = L.operand_pairs(samples, seed)
             base = L.LightningConfig(dac_0=0, dac_1=0, **chans)

@@ -175,6 +175,11 @@ class JobRunner:
                                     lambda t_end: self.on_iteration(i, self.engine.t_start,
                                                                     t_end))
 
+    def transmitting(self) -> bool:
+        """A transmitter here still has a flow (its TX_DONE, and RELEASE, to come)."""
+        return any(tx.current is not None for cu in self.units.values()
+                   for tx in cu.tx.values())
+
     def stats(self) -> dict[str, int]:
         agg: dict[str, int] = {}
         for cu in self.units.values():

@@ -191,7 +191,8 @@ class _NodeJob:
 
     async def run(self) -> None:
         prog, spec = self.prog, self.spec
-        monitor = prog.monitor if prog.monitor is not None else InvariantChecker(mode="record")
+        monitor = (prog.monitor if prog.monitor is not None
+                   else InvariantChecker(mode="record", partial=True))
         monitor.new_job(spec.job)
         bad_before = len(monitor.violations)
         bus = prog.bus()
@@ -208,6 +209,10 @@ class _NodeJob:
             if prog.node in spec.ranks:
                 runner.begin(0)
             await self._wait(self.finished)
+            for _ in range(1000):  # the last RELEASEs leave after the last TX_DONE (bounded)
+                if not runner.transmitting():
+                    break
+                await asyncio.sleep(0.001)
             await asyncio.gather(*self.pending)
             bad = monitor.violations[bad_before:]
             await self._publish("done", control_messages=bus.sent,

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from oddl.controller.backend import Backend
-from oddl.controller.config import Faults, NetworkSpec, Testbed
+from oddl.controller.config import Faults, NetworkSpec, QickPhotonics, Testbed
 from oddl.controller.node import NodeProgram
 from oddl.controller.topology import Grid
 
@@ -47,6 +47,20 @@ def open_board(addr: str | None, node: str, nodes: list[str]) -> Any:
     from oddl.drivers.lab import open_board as _open
 
     return _open(addr, node, nodes)
+
+
+def open_soc(spec: str, photonics: QickPhotonics | None = None, seed: int = 0
+             ) -> tuple[Any, Any]:
+    """A QICK board for Lightning: 'emulated' (the photonic multiplier model in process,
+    from the testbed's [qick.photonics]), 'local' or pyro://HOST:PORT/NAME (the driver)."""
+    if spec == "emulated":
+        from oddl.sim.qick_soc import EmulatedQickSoc, Photonics
+
+        soc = EmulatedQickSoc(Photonics.from_config(photonics or QickPhotonics(), seed=seed))
+        return soc, soc
+    from oddl.drivers.lightning import open_soc as _open
+
+    return _open(spec)
 
 
 def node_program(tb: Testbed, node: str, bitfile: Path | None = None,

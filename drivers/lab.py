@@ -27,7 +27,14 @@ from oddl.drivers.wss import WSSDriver
 from oddl.fpga import regmap as R
 from oddl.fpga.overlay import BITFILE
 
-READY_S = 30.0  # every node program has its control topic subscribed by then
+READY_MIN_S = 3.0
+
+
+def ready_within_s(spec: JobSpec) -> float:
+    """How long node programs may take to say "ready": a flow's whole retry budget, which
+    is what a silent peer would cost anyway (at least a few seconds)."""
+    t = spec.timing
+    return max(READY_MIN_S, t.request_timeout_ns * (t.max_retries + 1) / 1e9)
 
 
 class Unreachable(RuntimeError):
@@ -105,7 +112,8 @@ class LabBackend:
         async with client:
             await client.subscribe(result_topic(self.tb.name), qos=1)
             await client.publish(run_topic(self.tb.name), msgspec.json.encode(spec), qos=1)
-            t_ready = time.monotonic() + READY_S
+            ready_s = ready_within_s(spec)
+            t_ready = time.monotonic() + ready_s
             messages = aiter(client.messages)
             while len(done) < len(spec.nodes):
                 wait = t_ready - time.monotonic() if len(ready) < len(spec.nodes) else None
@@ -115,7 +123,7 @@ class LabBackend:
                     missing = sorted(set(spec.nodes) - ready)
                     raise RunFailed(
                         f"no node program answered for {', '.join(missing)} within "
-                        f"{READY_S:.0f} s (is `oddl node` running beside each board, or "
+                        f"{ready_s:.1f} s (is `oddl node` running beside each board, or "
                         f"`oddl emulate` serving {self.tb.name}?)") from None
                 try:
                     ev = dec.decode(bytes(m.payload))

@@ -15,7 +15,7 @@ whatever the laser power, extinction ratio or detector gain. A DAC code v is pla
 gain v x (maxv // 255), so full scale is an exact multiple of every code.
 
 Nothing here depends on the soc being emulated: `soc` may be a local QickSoc, a
-`qick.pyro.make_proxy` proxy, or sim/qick_soc.py's EmulatedQickSoc.
+`qick.pyro.make_proxy` proxy, or the emulated board (`controller.registry.open_soc`).
 """
 
 from __future__ import annotations
@@ -285,14 +285,10 @@ def plot_accuracy(pairs: list[tuple[int, int]], errors: list[int], path: str | P
     return path
 
 
-def open_soc(spec: str, photonics: Any = None) -> tuple[Any, Any]:
-    """(soc, soccfg) for 'emulated' (in process), 'local' (QickSoc on this board) or
-    pyro://HOST:PORT/NAME (qick.pyro.make_proxy, as the lab connects to a board)."""
-    if spec == "emulated":
-        from oddl.sim.qick_soc import EmulatedQickSoc
-
-        soc = EmulatedQickSoc(photonics)
-        return soc, soc
+def open_soc(spec: str) -> tuple[Any, Any]:
+    """(soc, soccfg) for 'local' (QickSoc on this board) or pyro://HOST:PORT/NAME
+    (qick.pyro.make_proxy, as the lab connects to a board; Pyro4 unpickles what the board
+    sends: trusted networks only, docs/lightning.md)."""
     if spec == "local":
         from qick import QickSoc  # only on the board itself
 

@@ -37,6 +37,7 @@ class Emulation:
     broker: EmbeddedBroker | None = None
     qick: Any = None  # sim.qick_pyro.QickPyroServer
     nodes: dict[str, NodeProgram] = field(default_factory=dict)  # `oddl node`, per board
+    observer: Any = None  # the monitor's ear on external node programs' control topics
     world: Any = None
     control_hop_ns: int | None = None  # one control message through the broker, measured
 
@@ -51,6 +52,8 @@ class Emulation:
     async def stop(self) -> None:
         for prog in self.nodes.values():  # before the broker they talk through
             await prog.stop()
+        if self.observer is not None:
+            await self.observer.close()
         for s in self.boards.values():
             await s.stop()
         for w in self.wss.values():
@@ -61,8 +64,9 @@ class Emulation:
             self.qick.stop()
 
 
-async def start(tb: Testbed, host: str = "127.0.0.1", faults: list[Fault] | None = None
-                ) -> Emulation:
+async def start(tb: Testbed, host: str = "127.0.0.1", faults: list[Fault] | None = None,
+                external: set[str] | frozenset[str] = frozenset()) -> Emulation:
+    """external: boards whose node program runs elsewhere (`oddl node` over PYNQ.remote)."""
     loop = asyncio.get_running_loop()
     grid = Grid.from_testbed(tb)
     emu = Emulation()
@@ -84,8 +88,11 @@ async def start(tb: Testbed, host: str = "127.0.0.1", faults: list[Fault] | None
 
     port = emu.broker.port if emu.broker is not None else None
     w = emu.world
+    unknown = external - set(grid.nodes)
+    if unknown:
+        raise ValueError(f"--external-node: {', '.join(sorted(unknown))} not in {tb.name}")
     for node in grid.nodes:
-        if node in dead:
+        if node in dead or node in external:
             continue
         emu.nodes[node] = await NodeProgram(
             tb.name, node, w.onics[node], w.lines[node],
@@ -93,6 +100,14 @@ async def start(tb: Testbed, host: str = "127.0.0.1", faults: list[Fault] | None
             functools.partial(bus_from_config, tb.name, tb.broker, port,
                               client_id=f"oddl-node-{node}", tap=w.checker.on_message),
             w.checker).start()
+    if external:  # their GRANTs reach the monitor through an observer; which flows they
+        # start, only they know: the monitor does not hold them to "never started"
+        emu.observer = bus_from_config(tb.name, tb.broker, port, client_id="oddl-emu-observer",
+                                       tap=w.checker.on_message)
+        for node in external:
+            emu.observer.attach(node, lambda m: None)
+        await emu.observer.start()
+        w.checker.partial = True
     emu.control_hop_ns = await control_hop_ns(tb, port)
     if tb.qick is not None:
         from oddl.sim.qick_pyro import QickPyroServer
@@ -144,8 +159,9 @@ def emu_config(tb: Testbed, emu: Emulation, source: str) -> dict[str, Any]:
 
 
 async def serve(tb: Testbed, source: str, out: Path, say: Any,
-                faults: list[Fault] | None = None) -> None:
-    emu = await start(tb, faults=faults)
+                faults: list[Fault] | None = None,
+                external: set[str] | frozenset[str] = frozenset()) -> None:
+    emu = await start(tb, faults=faults, external=external)
     for f in faults or []:
         say(f"fault: {f}")
     stop = asyncio.Event()

@@ -11,14 +11,15 @@ pytestmark = pytest.mark.acceptance
 def test_lightning_accuracy(bench: Bench, figure) -> None:  # type: ignore[no-untyped-def]
     """Random operand pairs (corners included) through the board: share of products
     exactly right, within one LSB, worst error; a run with no light fails by name."""
-    from oddl.drivers.lightning import LightningConfig, characterize, open_soc, operand_pairs
+    from oddl.controller.registry import open_soc
+    from oddl.drivers.lightning import LightningConfig, characterize, operand_pairs
 
     q = bench.tb.qick
     if q is None:
         pytest.skip("the testbed config has no [qick] board")
     spec = bench.spec
     try:
-        soc, soccfg = open_soc(q.soc)
+        soc, soccfg = open_soc(q.soc, q.photonics)
     except Exception as e:
         pytest.fail(f"QICK board {q.soc}: {type(e).__name__}: {e}", pytrace=False)
     base = LightningConfig(dac_0=0, dac_1=0, dac_channels=q.dac_channels,

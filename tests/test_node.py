@@ -1,0 +1,117 @@
+"""`oddl node`: stage 2 beside each O-NIC, and the hw back end that hands it jobs."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import json
+import signal
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import aiomqtt
+import msgspec
+from oddl.controller.clock import Clock
+from oddl.controller.control_unit import Timing
+from oddl.controller.job import JOB_VERSION, JobEvent, JobSpec, result_topic, run_topic
+from oddl.controller.node import NodeProgram
+from oddl.controller.topology import Grid
+from oddl.drivers.mqtt import MQTTBus
+from oddl.sim import backend as sim_backend
+from oddl.sim.broker import EmbeddedBroker
+
+from tests.helpers import emulator, make_testbed
+
+TIMING = Timing(11, 2, 50, 1000, 1000, 5000, 3)
+
+
+def test_node_program_reports_a_failing_job_and_serves_the_next() -> None:
+    """Garbage and wrong schemas are dropped; a job it cannot run fails with the reason
+    (to the controller and its peers); the program keeps serving."""
+    tb = make_testbed(2, 2)
+
+    async def main() -> list[JobEvent]:
+        broker = await EmbeddedBroker().start()
+        port = broker.port
+        world = sim_backend.build(tb, Grid.from_testbed(tb), Clock(asyncio.get_running_loop()))
+        node = "n0-0"
+        prog = await NodeProgram(
+            "tb", node, world.onics[node], world.lines[node],
+            lambda: aiomqtt.Client("127.0.0.1", port, identifier="node-jobs"),
+            functools.partial(MQTTBus, "tb", "127.0.0.1", port, client_id="node")).start()
+        events: list[JobEvent] = []
+        try:
+            async with aiomqtt.Client("127.0.0.1", port, identifier="ctl") as c:
+                await c.subscribe(result_topic("tb"), qos=1)
+                await c.publish(run_topic("tb"), b"not json", qos=1)
+                await c.publish(run_topic("tb"), b'{"v": 99}', qos=1)  # wrong schema
+                spec = JobSpec(JOB_VERSION, "j1", "no-such-collective", 1000, 1, 1, 4,
+                               [node], [node], 1, 0, False, TIMING, {})
+                for job in ("j1", "j2"):
+                    await c.publish(run_topic("tb"), msgspec.json.encode(
+                        msgspec.structs.replace(spec, job=job)), qos=1)
+                    async for m in c.messages:
+                        events.append(msgspec.json.decode(bytes(m.payload), type=JobEvent))
+                        break
+        finally:
+            await prog.stop()
+            await broker.stop()
+        return events
+
+    events = asyncio.run(asyncio.wait_for(main(), 60))
+    assert [(e.job, e.kind, e.node) for e in events] == [("j1", "failed", "n0-0"),
+                                                         ("j2", "failed", "n0-0")]
+    assert "no-such-collective" in events[0].error  # says why
+
+
+def _cli(*args: str, root: Path, timeout: float = 200) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "oddl.controller.cli", *args], cwd=root,
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def test_hw_run_with_oddl_node_beside_a_board(root: Path, tmp_path: Path) -> None:
+    """The lab's layout: one board's stage 2 runs as its own `oddl node` process, over
+    PYNQ.remote with its interrupt line polled; the emulator's node programs run the
+    others; `oddl run --backend hw` applies stage 1 and hands them the job."""
+    out = tmp_path / "emu.toml"
+    with emulator(root, root / "hw_configs" / "prototype-4node.toml", out,
+                  "--external-node", "n1", limit_s=240) as (proc, _):
+        node = subprocess.Popen([sys.executable, "-m", "oddl.controller.cli", "node",
+                                 str(out), "--node", "n1"], cwd=root, text=True,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        killer = threading.Timer(200, node.kill)
+        killer.start()
+        try:
+            assert node.stdout is not None
+            assert "ready" in node.stdout.readline()
+            r = _cli("run", "experiments/table1-resnet50.toml", "--backend", "hw",
+                     "--testbed", str(out), "--iterations", "2", "--json", "--out",
+                     str(tmp_path / "run"), root=root)
+            assert r.returncode == 0, r.stderr[-2000:]
+            d = json.loads(r.stdout)
+            oddl = d["networks"]["oddl"]
+            assert d["backend"] == "hw"
+            assert (oddl["iterations"], oddl["flows"], oddl["invariant_violations"]) == (2, 32, 0)
+            assert oddl["control_messages"] >= 3 * 32  # REQUEST, GRANT, RELEASE per flow
+            node.send_signal(signal.SIGINT)
+            assert node.wait(20) == 0
+            assert "stopped after 1 jobs" in node.stdout.read()
+        finally:
+            killer.cancel()
+            if node.poll() is None:
+                node.kill()
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(20) == 0
+
+
+def test_a_board_without_its_node_program_is_named(root: Path, tmp_path: Path) -> None:
+    out = tmp_path / "emu.toml"
+    with emulator(root, root / "hw_configs" / "prototype-4node.toml", out,
+                  "--external-node", "n2") as _:
+        r = _cli("run", "experiments/table1-resnet50.toml", "--backend", "hw", "--testbed",
+                 str(out), "--iterations", "1", "--out", str(tmp_path / "run"), root=root)
+    assert r.returncode == 1
+    assert "no node program answered for n2" in r.stderr
+    assert "oddl node" in r.stderr  # and says what to start
