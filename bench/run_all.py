@@ -20,10 +20,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from oddl.controller.api import network_run, run  # noqa: E402
 from oddl.controller.collectives import build  # noqa: E402
 from oddl.controller.config import load_experiment, load_testbed  # noqa: E402
-from oddl.controller.results import RunStore  # noqa: E402
-from oddl.controller.runner import _NetworkRun, run_experiment  # noqa: E402
 from oddl.controller.topology import Grid  # noqa: E402
 from oddl.controller.workloads import model_spec  # noqa: E402
 
@@ -34,25 +33,20 @@ RESNET = model_spec("resnet50").grad_bytes()
 
 def events_per_second(iterations: int) -> dict[str, float]:
     ctx = load_experiment(ROOT / "experiments/table1-resnet50.toml")
-    tb = ctx.testbed
-    grid = Grid.from_testbed(tb)
-    sched = build("hd", 4, RESNET, 1, 4)
-    run = _NetworkRun(ctx, ctx.experiment.networks[0], grid, sched, "sim", "raise")
+    net = network_run(ctx, ctx.experiment.networks[0].name)
     t = time.perf_counter()
-    run.run(iterations, 220_000_000, None, None, False)
+    net.run(iterations, 220_000_000, None, None, False)
     wall = time.perf_counter() - t
-    ev = run.loop.events
+    ev = net.backend.loop.events  # type: ignore[attr-defined]
     return {"iterations": iterations, "events": ev, "wall_s": wall, "events_per_s": ev / wall}
 
 
 def table1_full() -> dict[str, float]:
     ctx = load_experiment(ROOT / "experiments/table1-resnet50.toml")
     with tempfile.TemporaryDirectory() as d:
-        store = RunStore(Path(d) / "r.sqlite")
         t = time.perf_counter()
-        res = run_experiment(ctx, store=store)
+        res = run(ctx, out=Path(d) / "run")
         wall = time.perf_counter() - t
-        store.close()
     return {"wall_s": wall, "ratio": res.ratio or 0.0,
             "oddl_min": res.networks["oddl"].training_time_s / 60,
             "electrical_min": res.networks["electrical"].training_time_s / 60,
@@ -61,19 +55,18 @@ def table1_full() -> dict[str, float]:
 
 def grid4096_iteration() -> dict[str, float]:
     ctx = load_experiment(ROOT / "experiments/grid4096-resnet50-hd.toml")
-    tb = ctx.testbed
-    grid = Grid.from_testbed(tb)
-    sched = build("hd", tb.n_nodes, RESNET, tb.grid.rows, tb.grid.cols)
     t = time.perf_counter()
-    run = _NetworkRun(ctx, ctx.experiment.networks[0], grid, sched, "sim", "raise")
+    net = network_run(ctx, ctx.experiment.networks[0].name)
     setup = time.perf_counter() - t
     t = time.perf_counter()
-    times = run.run(1, 0, None, None, False)
+    times = net.run(1, 0, None, None, False)
     wall = time.perf_counter() - t
-    return {"setup_s (plan+apply+units)": setup, "iteration_wall_s": wall,
-            "flows": run.engine.next_flow_id, "events": run.loop.events,
+    assert net.outcome is not None
+    return {"setup_s (plan+apply)": setup, "iteration_wall_s": wall,
+            "flows": net.outcome.flows,
+            "events": net.backend.loop.events,  # type: ignore[attr-defined]
             "allreduce_ms (virtual)": (times[0][1] - times[0][0]) / 1e6,
-            "violations": len(run.checker.violations)}
+            "violations": len(net.monitor.violations)}
 
 
 def plan4096() -> dict[str, float]:
@@ -96,12 +89,10 @@ def messages_per_flow(sizes: list[int]) -> list[dict[str, float]]:
     out = []
     for side in sizes:
         tb = make_testbed(side, side, wavelengths=max(side - 1, 1))
-        grid = Grid.from_testbed(tb)
         n = side * side
         for coll in ("hd", "ring"):
             if coll == "ring" and n > 256:
                 continue  # ring on 4096 nodes is 8190 steps: not an HD-scale benchmark
-            sched = build(coll, n, RESNET, side, side)
             from oddl.controller.config import Experiment, LoadedExperiment
 
             exp = Experiment.model_validate({
@@ -110,11 +101,11 @@ def messages_per_flow(sizes: list[int]) -> list[dict[str, float]]:
                     "dataset_samples": 1, "batch_per_node": 1, "compute_time_ms": 0},
                 "networks": [{"name": "oddl", "kind": "oddl", "strategy": "matched"}]})
             ctx = LoadedExperiment(Path("-"), exp, Path("-"), tb)
-            run = _NetworkRun(ctx, exp.networks[0], grid, sched, "sim", "raise")
-            run.run(1, 0, None, None, False)
-            flows = run.engine.next_flow_id
-            msgs = run.control_messages()
-            hops = flows + sum(cu.stats["relayed"] for cu in run.cus.values())
+            net = network_run(ctx, exp.networks[0].name)
+            net.run(1, 0, None, None, False)
+            assert net.outcome is not None
+            flows, msgs = net.outcome.flows, net.outcome.control_messages
+            hops = flows + net.outcome.stats["relayed"]
             out.append({"nodes": n, "collective": coll, "flows": flows, "hops": hops,
                         "messages": msgs, "per_flow": msgs / flows, "per_hop": msgs / hops,
                         "per_node": msgs / n})
