@@ -11,7 +11,6 @@ InterruptLine`), two ways a lab has it.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -92,5 +91,4 @@ class PynqLine:
     def disconnect(self) -> None:
         if self._task is not None:
             self._task.cancel()
-            with contextlib.suppress(RuntimeError):
-                self._task = None
+            self._task = None

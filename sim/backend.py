@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import pynq
@@ -43,7 +43,7 @@ class World:
     lines: dict[str, BoardLine]
     wss: dict[str, WSSModel]
     bus: LocalBus
-    checker: InvariantChecker = field(default_factory=InvariantChecker)
+    checker: InvariantChecker
 
 
 def build(tb: Testbed, grid: Grid, clock: Clock, faults: Faults | None = None, seed: int = 0,
