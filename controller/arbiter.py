@@ -6,6 +6,7 @@ per-flow path.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from oddl.controller.collectives import Schedule
@@ -33,13 +34,12 @@ class Inventory:
 
 
 class Arbiter:
-    def __init__(self, tb: Testbed, grid: Grid, onics: dict[str, ONic],
-                 wss: dict[str, WSSDevice], design_version: str | None = None) -> None:
+    def __init__(self, tb: Testbed, grid: Grid, onics: Mapping[str, ONic],
+                 wss: Mapping[str, WSSDevice]) -> None:
         self.tb = tb
         self.grid = grid
         self.onics = onics
         self.wss = wss
-        self.design_version = design_version
 
     def inventory(self) -> Inventory:
         inv = Inventory(wavelengths=len(self.tb.optical.wavelengths()))
@@ -49,11 +49,7 @@ class Arbiter:
             if dev is None:
                 problems.append(f"node {n.id}: no O-NIC answers")
                 continue
-            ident = dev.identity()
-            if self.design_version and ident.get("design") != self.design_version:
-                problems.append(f"node {n.id}: design {ident.get('design')!r}, expected "
-                                f"{self.design_version!r}")
-            inv.boards[n.id] = ident
+            inv.boards[n.id] = dev.identity()  # held to the design version when opened
         for w in self.tb.wss:
             dev = self.wss.get(w.id)
             if dev is None:

@@ -158,19 +158,16 @@ class ONicDriver:
         """Read the engine back (slots 0..len(names)-1) and decompile it."""
         mods = []
         for slot, name in enumerate(names):
-            base = R.CA_BASE + slot * R.CA_STRIDE
-            regs = {"CTRL": self.mmio.read(base), "TARGET": self.mmio.read(base + 0x0C)}
-            for j in range(R.N_SLOTS):
-                regs[f"SRC{j}"] = self.mmio.read(base + 0x20 + 4 * j)
-                regs[f"ACT{j}"] = self.mmio.read(base + 0x40 + 4 * j)
+            fields = ["CTRL", "TARGET", *(f"{k}{j}" for j in range(R.N_SLOTS)
+                                           for k in ("SRC", "ACT"))]
+            regs = {f: self.mmio.read(R.ca(slot, f)) for f in fields}
             mods.append({"slot": slot, "name": name, "registers": regs})
         return decompile({"design": R.DESIGN_NAME, "modules": mods})
 
     def ca_status(self, slot: int) -> dict[str, int | bool]:
-        base = R.CA_BASE + slot * R.CA_STRIDE
-        s = self.mmio.read(base + 0x08)
+        s = self.mmio.read(R.ca(slot, "STATUS"))
         return {"armed": bool(s & 1), "fired": bool(s & 2), "fire_count": (s >> 8) & 0xFF,
-                "count": self.mmio.read(base + 0x10)}
+                "count": self.mmio.read(R.ca(slot, "COUNT"))}
 
 
 class DriverONic:
@@ -212,17 +209,18 @@ class DriverONic:
                 "bitstream_hash": ident["bitstream_hash"], "ports": ",".join(self.ports)}
 
     def send(self, port: str, flow: Any) -> None:
-        hdr = (flow.id >> 32, self.index[flow.src], flow.hop | flow.step << 8,
-               flow.iteration & 0xFFFFFFFF, flow.t_submit & 0xFFFFFFFF, flow.t_submit >> 32)
         with self._in_flight(port, flow):
-            self.d.start_transfer(port, self.index[flow.dst], flow.nbytes, flow.id, hdr)
+            self.d.start_transfer(port, self.index[flow.dst], flow.nbytes, flow.id,
+                                  self._header(flow))
 
     def tune_and_send(self, port: str, channel: int, flow: Any) -> None:
-        hdr = (flow.id >> 32, self.index[flow.src], flow.hop | flow.step << 8,
-               flow.iteration & 0xFFFFFFFF, flow.t_submit & 0xFFFFFFFF, flow.t_submit >> 32)
         with self._in_flight(port, flow):
             self.d.tune_and_start(port, channel, self.index[flow.dst], flow.nbytes, flow.id,
-                                  hdr)
+                                  self._header(flow))
+
+    def _header(self, flow: Any) -> tuple[int, ...]:
+        return R.header_words(flow.id, self.index[flow.src], flow.hop, flow.step,
+                              flow.iteration, flow.t_submit)
 
     @contextlib.contextmanager
     def _in_flight(self, port: str, flow: Any) -> Iterator[None]:

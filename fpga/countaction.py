@@ -9,7 +9,7 @@ the target, fire the actions.
 
 A program is a list of modules; each compiles to one count-action engine slot of the
 O-NIC register map (fpga/regmap.py) and decompiles back to text. Parameters (`num_DACs`)
-come from `param NAME = VALUE;` lines or from the caller.
+come from the caller, or else from the program's `param NAME = VALUE;` default.
 
 Signals (what a count sums):
     rx[P].bytes [(src = NODE)]      bytes received on port P (H or V), optionally from NODE
@@ -32,6 +32,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from oddl.fpga import regmap as R
 
@@ -174,6 +175,7 @@ class _Parser:
         self.toks = list(_lex(text, source))
         self.i = 0
         self.params = dict(params)
+        self.given = dict(params)  # the caller's values win over a program's defaults
         self.source = source
 
     def err(self, msg: str, t: _Tok | None = None) -> CountActionError:
@@ -236,7 +238,8 @@ class _Parser:
                 self.next()
                 name = self.ident("parameter name").value
                 self.expect("=")
-                self.params[name] = self.value({})
+                default = self.value({})
+                self.params[name] = self.given.get(name, default)
                 continue
             if t.value != "module":
                 raise self.err(f"expected 'module' or 'param', got {t.value!r}")
@@ -533,13 +536,12 @@ def image_writes(image: dict) -> list[tuple[int, int]]:
     """(offset, value) register writes that load an image; CTRL (arm) goes last per module."""
     out = []
     for mod in image["modules"]:
-        base = R.CA_BASE + mod["slot"] * R.CA_STRIDE
-        regs = mod["registers"]
-        out.append((base + 0x04, 1))  # RESET
-        out.append((base + 0x0C, regs["TARGET"]))
-        out += [(base + 0x20 + 4 * j, regs[f"SRC{j}"]) for j in range(R.N_SLOTS)]
-        out += [(base + 0x40 + 4 * j, regs[f"ACT{j}"]) for j in range(R.N_SLOTS)]
-        out.append((base + 0x00, regs["CTRL"]))
+        m, regs = mod["slot"], mod["registers"]
+        out.append((R.ca(m, "RESET"), 1))
+        out.append((R.ca(m, "TARGET"), regs["TARGET"]))
+        out += [(R.ca(m, f"SRC{j}"), regs[f"SRC{j}"]) for j in range(R.N_SLOTS)]
+        out += [(R.ca(m, f"ACT{j}"), regs[f"ACT{j}"]) for j in range(R.N_SLOTS)]
+        out.append((R.ca(m, "CTRL"), regs["CTRL"]))
     return out
 
 
@@ -587,27 +589,19 @@ def decompile(image: dict) -> Program:
 
 # --- built-in programs --------------------------------------------------------------------
 
-SYNCHRONIZED_DATA_STREAMER = """\
-// Lightning (seeds/003): stream only when every DAC's valid flag is set
-module synchronized_data_streamer {
-    counts: {
-        // count the sum of valid DAC flags
-        sum DAC[i].valid (i = 1 to num_DACs)
-    }
-    targets: {
-        // trigger when the sum equals the number of DACs
-        num_DACs
-    }
-    actions: {
-        // stream DACs' data into photonic cores
-        stream DAC[i].data (i = 1 to num_DACs)
-    }
-};
-"""
+PROGRAMS = Path(__file__).resolve().parent / "programs"
+
+
+def builtin(name: str) -> tuple[str, str]:
+    """A shipped program's text and its path (fpga/programs/NAME.ca)."""
+    path = PROGRAMS / f"{name}.ca"
+    return path.read_text(), str(path)
 
 
 def streamer(num_dacs: int = 2) -> Program:
-    return parse(SYNCHRONIZED_DATA_STREAMER, {"num_DACs": num_dacs}, "synchronized_data_streamer")
+    """Lightning's synchronized data streamer (seeds/003), as the talk prints it."""
+    text, path = builtin("synchronized_data_streamer")
+    return parse(text, {"num_DACs": num_dacs}, path)
 
 
 def step_sync(step_bytes: list[int]) -> Program:

@@ -8,6 +8,7 @@ markdown table (docs/regmap.md) all read this module.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -144,6 +145,24 @@ def route_unpack(w0: int, w1: int) -> tuple[int, str, int, int] | None:
     if not (w0 & ROUTE_VALID and w1 & ROUTE_VALID):
         return None
     return w0 & 0xFFFF, PORTS[(w1 >> 24) & 1], (w1 >> 16) & 0xFF, w1 & 0xFFFF
+
+
+def ca(slot: int, field: str) -> int:
+    """The offset of count-action module `slot`'s register `field` (CTRL, TARGET, SRC0...)."""
+    return BY_NAME[f"CA{slot}_{field}"].offset
+
+
+def header_words(flow_id: int, src: int, hop: int, step: int, iteration: int,
+                 t_submit: int) -> tuple[int, ...]:
+    """A transfer's header (HEADER order), as the TX registers take it and RX ones show it."""
+    return ((flow_id >> 32) & 0xFFFFFFFF, src, hop | step << 8, iteration & 0xFFFFFFFF,
+            t_submit & 0xFFFFFFFF, (t_submit >> 32) & 0xFFFFFFFF)
+
+
+def header_unpack(flow_lo: int, words: Sequence[int]) -> tuple[int, int, int, int, int, int]:
+    """(flow id, src, hop, step, iteration, t_submit) from the low flow word and a header."""
+    hi, src, hs, it, t_lo, t_hi = words
+    return hi << 32 | flow_lo, src, hs & 0xFF, hs >> 8, it, t_hi << 32 | t_lo
 
 
 def markdown() -> str:

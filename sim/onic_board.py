@@ -209,9 +209,10 @@ class ONicBoard:
             self._flag("ERROR", R.ERROR_BITS["ROUTE_MISS"])
             self._flag("IRQ_STATUS", R.IRQ_BITS["ERROR"])
             return
-        hs = r[o[2]]
-        flow = Flow(r[o[0]] << 32 | r[self._flow_off[p]], self.nodes[src], self.nodes[dst],
-                    r[self._bytes_off[p]], r[o[3]], hs >> 8, hs & 0xFF, r[o[5]] << 32 | r[o[4]])
+        fid, _, hop, step, it, t_submit = R.header_unpack(r[self._flow_off[p]],
+                                                          [r[x] for x in o])
+        flow = Flow(fid, self.nodes[src], self.nodes[dst], r[self._bytes_off[p]], it, step,
+                    hop, t_submit)
         self.fabric.send(self.node, p, flow)
 
     def _tx_done(self, p: str, flow: Flow) -> None:
@@ -239,10 +240,10 @@ class ONicBoard:
         if errors != self._seen_err[p]:  # a CRC failure on this transfer: count it (W1C)
             r[self._rx_err[p]] = (r[self._rx_err[p]] + errors - self._seen_err[p]) & 0xFFFFFFFF
             self._seen_err[p] = errors
-        for off, v in zip(self._hdr_rx[p], (flow.id >> 32, self.index[flow.src],
-                                             flow.hop | flow.step << 8, flow.iteration,
-                                             flow.t_submit, flow.t_submit >> 32), strict=True):
-            r[off] = v & 0xFFFFFFFF
+        for off, v in zip(self._hdr_rx[p], R.header_words(
+                flow.id, self.index[flow.src], flow.hop, flow.step, flow.iteration,
+                flow.t_submit), strict=True):
+            r[off] = v
         r[_IRQ_STATUS] |= 1 << R.IRQ_BITS[f"RX_DONE_{p}"]
         pi = R.PORTS.index(p)
         self.signal(1, pi, flow.nbytes, src)

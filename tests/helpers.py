@@ -68,7 +68,7 @@ def run_flows(tb: Testbed, pairs: list[tuple[int, int, int, int]], strategy: str
     loop = VirtualClockLoop()
     clock = Clock(loop)
     st = sim_backend.build(tb, grid, clock, faults, seed, "raise")
-    arb = Arbiter(tb, grid, st.onics, st.wss)  # type: ignore[arg-type]
+    arb = Arbiter(tb, grid, st.onics, st.wss)
     plan = arb.plan(schedule_for(grid, [(s, d, b) for s, d, b, _ in pairs]), strategy)
     arb.apply(plan)
     timing = timing_of(tb)

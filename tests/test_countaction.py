@@ -12,9 +12,9 @@ from hypothesis import strategies as st
 from oddl.controller.cli import main
 from oddl.fpga import regmap as R
 from oddl.fpga.countaction import (
-    SYNCHRONIZED_DATA_STREAMER,
     CountActionError,
     Program,
+    builtin,
     collective_steps,
     compile_program,
     decompile,
@@ -24,7 +24,8 @@ from oddl.fpga.countaction import (
 
 
 def test_talk_streamer_parses_as_written() -> None:
-    p = parse(SYNCHRONIZED_DATA_STREAMER, {"num_DACs": 3})
+    """The shipped .ca, with the caller's num_DACs over the file's default of 2."""
+    p = parse(builtin("synchronized_data_streamer")[0], {"num_DACs": 3})
     (m,) = p.modules
     assert m.name == "synchronized_data_streamer"
     assert [(s.signal, s.index) for s in m.counts] == [("DAC.valid", i) for i in (1, 2, 3)]

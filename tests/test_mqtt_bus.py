@@ -94,7 +94,7 @@ def test_control_units_schedule_flows_over_mqtt() -> None:
         st = sim_backend.build(tb, grid, clock)
         bus = MQTTBus(tb.name, "127.0.0.1", broker.port, client_id="ctl",
                       tap=st.checker.on_message)
-        arb = Arbiter(tb, grid, st.onics, st.wss)  # type: ignore[arg-type]
+        arb = Arbiter(tb, grid, st.onics, st.wss)
         plan = arb.plan(schedule_for(grid, pairs), "cyclic")
         arb.apply(plan)
         timing = timing_of(tb)

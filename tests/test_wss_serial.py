@@ -101,7 +101,7 @@ def test_arbiter_applies_the_plan_over_the_serial_line(root: Path) -> None:
         wss = WSSDriver(inst.path)
         loop = VirtualClockLoop()
         st = sim_backend.build(tb, grid, Clock(loop))  # the O-NICs: boards behind pynq
-        arb = Arbiter(tb, grid, st.onics, {"wss-row0": wss})  # type: ignore[arg-type]
+        arb = Arbiter(tb, grid, st.onics, {"wss-row0": wss})
         arb.inventory()
         plan = arb.plan(build("hd", 4, 1000, 1, 4), "matched")
         arb.apply(plan)
