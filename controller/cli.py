@@ -246,6 +246,11 @@ def emulate(testbed: Path, out: Path | None, faults: tuple[str, ...],
     except FaultSpecError as e:
         click.echo(f"error: {e}", err=True)
         sys.exit(2)
+    unknown = sorted(set(external) - {n.id for n in tb.expanded().nodes})
+    if unknown:
+        click.echo(f"error: --external-node: {', '.join(unknown)} is not a node of {tb.name}",
+                   err=True)
+        sys.exit(2)
     out = out or Path(f"{testbed.stem}-emu.toml")
     from oddl.sim.realtime import new_loop
 
@@ -286,7 +291,14 @@ def node(testbed: Path, node_id: str, irq_pin: str | None) -> None:
         for sig in (signal.SIGINT, signal.SIGTERM):
             asyncio.get_running_loop().add_signal_handler(sig, stop.set)
         click.echo(f"node {node_id} of {tb.name}: ready")
-        await stop.wait()
+        stopped = asyncio.ensure_future(stop.wait())
+        serving = asyncio.ensure_future(prog.wait())
+        await asyncio.wait({stopped, serving}, return_when="FIRST_COMPLETED")
+        if serving.done():  # not asked to stop: it lost the broker (systemd restarts it)
+            stopped.cancel()
+            click.echo(f"error: node {node_id}: stopped serving: {serving.exception()!r}",
+                       err=True)
+            sys.exit(1)
         await prog.stop()
         click.echo(f"node {node_id}: stopped after {prog.jobs_run} jobs")
 

@@ -92,10 +92,10 @@ class NodeProgram:
             raise TimeoutError(f"node {self.node}: no job channel within 10 s")
         return self
 
-    async def serve_forever(self) -> None:
-        await self.start()
-        assert self._task is not None
-        await self._task
+    async def wait(self) -> None:
+        """Until the program ends: only by `stop`, or by an error (the broker went away)."""
+        if self._task is not None:
+            await self._task
 
     async def stop(self) -> None:
         if self._job is not None:

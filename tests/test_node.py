@@ -115,3 +115,37 @@ def test_a_board_without_its_node_program_is_named(root: Path, tmp_path: Path) -
     assert r.returncode == 1
     assert "no node program answered for n2" in r.stderr
     assert "oddl node" in r.stderr  # and says what to start
+
+
+def test_oddl_node_exits_when_its_broker_goes(root: Path, tmp_path: Path) -> None:
+    """A node program that lost its broker says so and exits non-zero (systemd restarts
+    it), instead of sitting there looking alive."""
+    out = tmp_path / "emu.toml"
+    with emulator(root, root / "hw_configs" / "prototype-4node.toml", out,
+                  "--external-node", "n1") as (proc, _):
+        node = subprocess.Popen([sys.executable, "-m", "oddl.controller.cli", "node",
+                                 str(out), "--node", "n1"], cwd=root, text=True,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        killer = threading.Timer(60, node.kill)
+        killer.start()
+        try:
+            assert node.stdout is not None
+            assert "ready" in node.stdout.readline()
+            proc.send_signal(signal.SIGINT)  # the emulator, with its broker, goes away
+            assert proc.wait(20) == 0
+            assert node.wait(30) == 1
+            assert "stopped serving" in (node.stderr.read() if node.stderr else "")
+        finally:
+            killer.cancel()
+            if node.poll() is None:
+                node.kill()
+
+
+def test_emulate_refuses_an_unknown_external_node(root: Path) -> None:
+    from click.testing import CliRunner
+    from oddl.controller.cli import main
+
+    r = CliRunner().invoke(main, ["emulate", str(root / "hw_configs" / "prototype-4node.toml"),
+                                  "--external-node", "n9"])
+    assert r.exit_code == 2
+    assert "n9 is not a node of prototype-4node" in r.output
