@@ -77,6 +77,7 @@ class NodeProgram:
         # on hardware, this node's own view: the grants it gets, the flows it delivers
         self.monitor = monitor
         self.jobs_run = 0
+        self.rejected = 0  # job-topic messages that were not a job or an event of ours
         self._job: _NodeJob | None = None
         self._task: asyncio.Task[None] | None = None
         self._ready = asyncio.Event()
@@ -131,6 +132,7 @@ class NodeProgram:
                     elif topic == result and self._job is not None:
                         self._job.on_event(events.decode(bytes(m.payload)))
                 except (msgspec.DecodeError, msgspec.ValidationError, ValueError) as e:
+                    self.rejected += 1
                     log.warning("node %s: %s: message rejected: %s", self.node, topic, e)
 
 

@@ -32,6 +32,8 @@ def test_node_program_reports_a_failing_job_and_serves_the_next() -> None:
     (to the controller and its peers); the program keeps serving."""
     tb = make_testbed(2, 2)
 
+    rejected: list[int] = []
+
     async def main() -> list[JobEvent]:
         broker = await EmbeddedBroker().start()
         port = broker.port
@@ -55,12 +57,14 @@ def test_node_program_reports_a_failing_job_and_serves_the_next() -> None:
                     async for m in c.messages:
                         events.append(msgspec.json.decode(bytes(m.payload), type=JobEvent))
                         break
+            rejected.append(prog.rejected)
         finally:
             await prog.stop()
             await broker.stop()
         return events
 
     events = asyncio.run(asyncio.wait_for(main(), 60))
+    assert rejected == [2]  # the garbage and the wrong schema, counted
     assert [(e.job, e.kind, e.node) for e in events] == [("j1", "failed", "n0-0"),
                                                          ("j2", "failed", "n0-0")]
     assert "no-such-collective" in events[0].error  # says why
