@@ -20,13 +20,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from oddl.controller.api import network_run, run  # noqa: E402
+from oddl.controller.api import grid_testbed, network_run, run  # noqa: E402
 from oddl.controller.collectives import build  # noqa: E402
 from oddl.controller.config import load_experiment, load_testbed  # noqa: E402
 from oddl.controller.topology import Grid  # noqa: E402
 from oddl.controller.workloads import model_spec  # noqa: E402
-
-from tests.helpers import make_testbed  # noqa: E402
 
 RESNET = model_spec("resnet50").grad_bytes()
 
@@ -88,7 +86,7 @@ def plan4096() -> dict[str, float]:
 def messages_per_flow(sizes: list[int]) -> list[dict[str, float]]:
     out = []
     for side in sizes:
-        tb = make_testbed(side, side, wavelengths=max(side - 1, 1))
+        tb = grid_testbed(side, side, wavelengths=max(side - 1, 1))
         n = side * side
         for coll in ("hd", "ring"):
             if coll == "ring" and n > 256:
@@ -113,13 +111,15 @@ def messages_per_flow(sizes: list[int]) -> list[dict[str, float]]:
 
 
 def register_ops(n: int = 50_000) -> dict[str, float]:
-    import pynq
+    """pynq MMIO write+read pairs on an emulated board (the sim back end's register path)."""
+    from oddl.controller.clock import Clock
     from oddl.fpga import regmap as R
+    from oddl.sim.backend import build
+    from oddl.sim.clock import VirtualClockLoop
 
-    from tests.test_onic_board import Bench
-
-    b = Bench()
-    m = pynq.MMIO(R.IP_BASE, R.IP_RANGE, device=b.devs[0])
+    tb = grid_testbed(2, 2)
+    world = build(tb, Grid.from_testbed(tb), Clock(VirtualClockLoop()))
+    m = world.onics["n0-0"].d.mmio
     off = R.BY_NAME["NODE_ID"].offset
     t = time.perf_counter()
     for i in range(n):

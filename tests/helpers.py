@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from oddl.controller.accept import stop_emulator
+from oddl.controller.api import grid_testbed
 from oddl.controller.arbiter import Arbiter
 from oddl.controller.clock import Clock
 from oddl.controller.collectives import Schedule, Step
@@ -26,18 +27,10 @@ from oddl.sim.clock import VirtualClockLoop
 
 
 def make_testbed(rows: int, cols: int, wavelengths: int | None = None, **optical: Any) -> Testbed:
-    w = wavelengths if wavelengths is not None else max(rows, cols, 2) - 1
-    data = {
-        "testbed": {"name": f"t{rows}x{cols}"},
-        "grid": {"rows": rows, "cols": cols},
-        "optical": {"line_rate_gbps": 100, "tuning_time_ns": 10.5,
-                    "wavelength_grid": {"start_nm": 1530.33, "spacing_ghz": 50, "count": w},
-                    **optical},
-        "control": {"latency_ns": 1000, "request_timeout_ns": 20_000, "max_retries": 30,
-                    "grant_lease_ns": 50_000},
-        "generate": {"nodes": "n{row}-{col}", "wss": True},
-    }
-    return Testbed.model_validate(data).expanded()
+    """The public grid testbed with a fast control network (tests run many flows)."""
+    return grid_testbed(rows, cols, wavelengths,
+                        {"latency_ns": 1000, "request_timeout_ns": 20_000, "max_retries": 30,
+                         "grant_lease_ns": 50_000}, **optical)
 
 
 def schedule_for(grid: Grid, pairs: list[tuple[int, int, int]]) -> Schedule:
