@@ -27,6 +27,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from oddl.acceptance.plugin import percentile  # noqa: E402
+from oddl.controller.access import CONTROLLER, new_passwords, probe_ns, write_mosquitto  # noqa: E402
 from oddl.drivers.mqtt import MQTTBus, request_grant_rtt  # noqa: E402
 from oddl.sim.broker import EmbeddedBroker, free_port  # noqa: E402
 
@@ -50,55 +51,52 @@ def remote_register_ops(pairs: int = 2000) -> dict[str, float]:
     return {"ops_per_s": 2 * pairs / wall, "write_read_pairs_per_s": pairs / wall}
 
 
-async def rtt(port: int, n: int = 500, **auth: str) -> dict[str, float]:
-    bus = MQTTBus("bench", "127.0.0.1", port, client_id="bench", **auth)
-    s = await request_grant_rtt(bus, n)  # the acceptance suite's own measurement
+async def rtt(port: int, password: str, n: int = 500) -> dict[str, float]:
+    """As the controller, in the probe namespace, as the acceptance suite measures it."""
+    bus = MQTTBus(probe_ns("bench"), "127.0.0.1", port, user=CONTROLLER, password=password)
+    s = await request_grant_rtt(bus, n, a=CONTROLLER, b="probe")
     return {"samples": len(s), "p50_ms": 1e3 * statistics.median(s),
             "p99_ms": 1e3 * percentile(s, 0.99)}
 
 
 async def embedded_rtt() -> dict[str, float]:
-    b = await EmbeddedBroker().start()
+    pw = new_passwords([])
+    b = await EmbeddedBroker("bench", [], pw).start()
     try:
-        return await rtt(b.port)
+        return await rtt(b.port, pw[CONTROLLER])
     finally:
         await b.stop()
 
 
 @contextlib.contextmanager
-def mosquitto(auth: bool) -> Iterator[int | None]:
-    """A private Mosquitto on a free loopback port (None if not installed)."""
+def mosquitto(testbed: str, nodes: list[str]) -> Iterator[tuple[int, Path] | None]:
+    """A private Mosquitto with `oddl broker-config`'s files (None if not installed):
+    its port and the directory of the parties' password files."""
     exe = shutil.which("mosquitto") or "/usr/sbin/mosquitto"
     if not Path(exe).exists():
         yield None
         return
     with tempfile.TemporaryDirectory() as d:
         port = free_port()
-        conf = Path(d) / "m.conf"
-        text = f"user root\nlistener {port} 127.0.0.1\nset_tcp_nodelay true\npersistence false\n"
-        if auth:
-            pw = Path(d) / "pw"
-            subprocess.run(["mosquitto_passwd", "-c", "-b", str(pw), "oddl", "s3cret"],
-                           check=True, capture_output=True)
-            text += f"allow_anonymous false\npassword_file {pw}\n"
-        else:
-            text += "allow_anonymous true\n"
-        conf.write_text(text)
+        files = write_mosquitto(testbed, nodes, Path(d), port)
+        conf = files["mosquitto.conf"]
+        conf.write_text(conf.read_text() + "user root\n")
         p = subprocess.Popen([exe, "-c", str(conf)], stdout=subprocess.DEVNULL,
                              stderr=subprocess.DEVNULL)
         try:
             time.sleep(0.3)  # a benchmark, not a test: give the broker a moment
-            yield port
+            yield port, Path(d) / "secrets"
         finally:
             p.terminate()
             p.wait(5)
 
 
 def mosquitto_rtt() -> dict[str, float] | str:
-    with mosquitto(auth=True) as port:
-        if port is None:
+    with mosquitto("bench", []) as m:
+        if m is None:
             return "mosquitto not installed"
-        return asyncio.run(rtt(port, username="oddl", password="s3cret"))
+        port, secrets = m
+        return asyncio.run(rtt(port, (secrets / CONTROLLER).read_text().strip()))
 
 
 def table1(backend: str, testbed: Path | None, out: Path) -> dict[str, float]:
@@ -119,11 +117,13 @@ def emu_vs_sim(runs: int) -> None:
     with tempfile.TemporaryDirectory() as d:
         sim = table1("sim", None, Path(d) / "sim")["iteration_ms"]
         print(f"Table 1, 50 iterations, sim: {sim:.2f} ms/iteration")
-        with mosquitto(auth=False) as port:
+        tb = tomllib.loads((ROOT / "hw_configs" / "prototype-4node.toml").read_text())
+        with mosquitto(tb["testbed"]["name"], [n["id"] for n in tb["nodes"]]) as m:
             brokers: list[tuple[str, Path | None]] = [("embedded amqtt", None)]
-            if port is not None:
-                tb = tomllib.loads((ROOT / "hw_configs" / "prototype-4node.toml").read_text())
-                tb["broker"] = {"url": f"mqtt://127.0.0.1:{port}"}
+            if m is not None:
+                port, secrets = m
+                tb["broker"] = {"url": f"mqtt://127.0.0.1:{port}",
+                                "password_file": str(secrets / "{user}")}
                 path = Path(d) / "prototype-4node-mosquitto.toml"
                 path.write_text(tomli_w.dumps(tb))
                 brokers.append(("Mosquitto", path))

@@ -305,6 +305,42 @@ def node(testbed: Path, node_id: str, irq_pin: str | None) -> None:
     asyncio.run(serve())
 
 
+@main.command("broker-config")
+@click.argument("testbed", type=click.Path(path_type=Path))
+@click.option("--out", type=click.Path(path_type=Path), required=True,
+              help="directory for mosquitto.conf, passwd, acl and secrets/ (mode 0700)")
+@click.option("--port", type=click.IntRange(1, 65535), default=1883, show_default=True)
+@click.option("--bind", default="127.0.0.1", show_default=True,
+              help="listen address (a lab's broker listens on its control network)")
+def broker_config(testbed: Path, out: Path, port: int, bind: str) -> None:
+    """Mosquitto's password and access-rule files for a testbed: each party (controller,
+    every node, emulator, dashboard) its own password, speaking only as itself."""
+    import ipaddress
+
+    from oddl.controller.access import write_mosquitto
+
+    try:
+        tb = load_testbed(testbed)
+        ipaddress.ip_address(bind)
+    except ConfigError as e:
+        _config_fail(e)
+        return
+    except ValueError:
+        click.echo(f"error: --bind {bind!r} is not an IP address", err=True)
+        sys.exit(2)
+    try:
+        files = write_mosquitto(tb.name, [n.id for n in tb.nodes], out, port, bind)
+    except OSError as e:
+        click.echo(f"error: --out {out}: {e.strerror or e}", err=True)
+        sys.exit(2)
+    parties = [k.removeprefix("secrets/") for k in files if k.startswith("secrets/")]
+    click.echo(f"{files['mosquitto.conf']}: mosquitto -c {files['mosquitto.conf']}")
+    click.echo(f"{len(parties)} parties ({', '.join(parties[:6])}"
+               f"{', ...' if len(parties) > 6 else ''}): each one's password in "
+               f"{out / 'secrets'}/<party>; give each party only its own "
+               f"([broker] password_file or password_env, docs/mqtt.md)")
+
+
 @main.command()
 @click.argument("testbed", type=click.Path(path_type=Path))
 @click.option("--backend", type=click.Choice(["emu", "hw"]), default=None,

@@ -6,6 +6,7 @@ errors rather than stopping at the first, so `oddl check` can print them in one 
 
 from __future__ import annotations
 
+import ipaddress
 import math
 import re
 import tomllib
@@ -13,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from oddl.controller.access import RESERVED, check_name
 from oddl.controller.catalog import (
     BackendName,
     CollectiveName,
@@ -92,15 +94,28 @@ class ControlNetwork(_Model):
 
 
 class Broker(_Model):
-    """The MQTT broker of the emu/hw back ends. Secrets come from the environment."""
+    """The MQTT broker of the emu/hw back ends. Every party logs in as itself (the
+    controller as `oddl-ctl`, a node program as its node id: controller/access.py), with a
+    password of its own from the environment or from a file only it can read."""
 
     url: str = Field(default="embedded", description="'embedded' or mqtt://host:port, "
                                                      "mqtts://host:port")
     bind: str = Field(default="127.0.0.1", description="embedded broker's listen address")
-    username: str | None = None
-    password_env: str | None = Field(default=None, description="env var holding the password")
+    password_env: str | None = Field(default=None, description="env var holding this "
+                                     "party's password (each party has its own)")
+    password_file: str | None = Field(default=None, description="file holding this party's "
+                                      "password, mode 0600; '{user}' is replaced by its name")
     ca_file: str | None = Field(default=None, description="CA bundle for mqtts://")
-    client_id: str = "oddl-ctl"
+
+    @field_validator("bind")
+    @classmethod
+    def _bind(cls, v: str) -> str:
+        try:
+            ipaddress.ip_address(v)
+        except ValueError:
+            raise ValueError(f"{v!r} is not an IP address (127.0.0.1 keeps the broker "
+                             f"on this machine)") from None
+        return v
 
     @model_validator(mode="after")
     def _url(self) -> Broker:
@@ -133,6 +148,13 @@ class Node(_Model):
     col: int = Field(ge=0)
     board: str | None = None
 
+    @field_validator("id")
+    @classmethod
+    def _id(cls, v: str) -> str:
+        if v in RESERVED:
+            raise ValueError(f"{v!r} is the name of a party on the control bus, not a node")
+        return check_name("node id", v)
+
 
 class WSS(_Model):
     id: str = Field(min_length=1)
@@ -154,6 +176,11 @@ class Meta(_Model):
     name: str = Field(min_length=1)
     description: str = ""
     backend: BackendName = "sim"
+
+    @field_validator("name")
+    @classmethod
+    def _name(cls, v: str) -> str:
+        return check_name("testbed name", v)
 
 
 class QickPhotonics(_Model):

@@ -7,20 +7,24 @@ over MQTT). Either way the same `JobRunner` drives the same control units agains
 same O-NIC driver, wires the count-action engine to the collective's steps and accounts
 for the iterations.
 
-    oddl/<testbed>/job/run      JobSpec    (QoS 1; the controller's)
-    oddl/<testbed>/job/result   JobEvent   (QoS 1; "ready", one "iteration" per node and
-                                            iteration, then "done" or "failed" per node)
+    oddl/<testbed>/job/run            JobSpec    (QoS 1; the controller's only)
+    oddl/<testbed>/job/result/<node>  JobEvent   (QoS 1; "ready", one "iteration" per
+                                                  iteration, then "done" or "failed")
 
-JSON via msgspec, versioned, never pickle.
+JSON via msgspec, versioned, never pickle; every size and count a peer can send is
+bounded by the types below (controller/access.py says who may publish what).
 """
 
 from __future__ import annotations
 
 import functools
 import math
+import re
 from collections.abc import Callable, Mapping
+from typing import Annotated, Literal
 
 import msgspec
+from oddl.controller.access import NAME
 from oddl.controller.clock import Clock
 from oddl.controller.collectives import Schedule, build
 from oddl.controller.config import Testbed
@@ -34,43 +38,53 @@ from oddl.controller.workloads import CollectiveEngine
 JOB_VERSION = 2
 
 
-class JobSpec(msgspec.Struct, frozen=True):
+MAX_NODES = 1 << 16
+MAX_ITERATIONS = 10_000_000
+Name = Annotated[str, msgspec.Meta(pattern=NAME.pattern, max_length=64)]
+Count = Annotated[int, msgspec.Meta(ge=0, le=1 << 62)]
+Nodes = Annotated[list[Name], msgspec.Meta(max_length=MAX_NODES)]
+Text = Annotated[str, msgspec.Meta(max_length=4096)]
+JobId = Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")]
+
+
+def job_id(*parts: object) -> str:
+    """A job id from its parts (experiment, network, ...), as the job topics accept it."""
+    s = re.sub(r"[^A-Za-z0-9_.-]+", "_", "-".join(str(p) for p in parts)).strip("_.-")
+    return (s or "job")[-128:].lstrip("_.-") or "job"
+
+
+class JobSpec(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     v: int
-    job: str
-    collective: str
-    size: int
-    rows: int
-    cols: int
-    degree: int
-    ranks: list[str]
-    nodes: list[str]
-    iterations: int
-    compute_ns: int
+    job: JobId
+    collective: Name
+    size: Count
+    rows: Annotated[int, msgspec.Meta(ge=1, le=MAX_NODES)]
+    cols: Annotated[int, msgspec.Meta(ge=1, le=MAX_NODES)]
+    degree: Annotated[int, msgspec.Meta(ge=0, le=MAX_NODES)]
+    ranks: Nodes
+    nodes: Nodes
+    iterations: Annotated[int, msgspec.Meta(ge=1, le=MAX_ITERATIONS)]
+    compute_ns: Count
     nic_sync: bool
     timing: Timing
-    routes: dict[str, dict[str, tuple[str, int, str]]]  # node -> dst -> (port, ch, next hop)
+    # node -> dst -> (port, channel, next hop)
+    routes: dict[Name, dict[Name, tuple[Annotated[str, msgspec.Meta(max_length=2)],
+                                        Annotated[int, msgspec.Meta(ge=0, le=4096)], Name]]]
 
 
-class JobEvent(msgspec.Struct, omit_defaults=True):
+class JobEvent(msgspec.Struct, omit_defaults=True, forbid_unknown_fields=True):
     v: int
-    job: str
-    kind: str  # "ready" | "iteration" | "done" | "failed"
-    node: str = ""
-    iteration: int = -1
+    job: JobId
+    kind: Literal["ready", "iteration", "done", "failed"]
+    node: Name
+    iteration: Annotated[int, msgspec.Meta(ge=-1, le=MAX_ITERATIONS)] = -1
     t_start: int = 0
     t_end: int = 0
-    control_messages: int = 0
-    error: str = ""
-    stats: dict[str, int] = {}
-    violations: list[str] = []  # the first few the node's monitor recorded
-
-
-def run_topic(testbed: str) -> str:
-    return f"oddl/{testbed}/job/run"
-
-
-def result_topic(testbed: str) -> str:
-    return f"oddl/{testbed}/job/result"
+    control_messages: Count = 0
+    error: Text = ""
+    stats: Annotated[dict[Name, int], msgspec.Meta(max_length=64)] = {}
+    # the first few the node's monitor recorded
+    violations: Annotated[list[Text], msgspec.Meta(max_length=50)] = []
 
 
 def timing_of(tb: Testbed) -> Timing:

@@ -22,39 +22,30 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from typing import Any, Protocol
 
 import msgspec
+from oddl.controller.access import CONTROLLER, result_topic, results, run_topic, status_topic
 from oddl.controller.clock import Clock
 from oddl.controller.devices import Bus, InterruptLine, ONic
 from oddl.controller.invariants import InvariantChecker
-from oddl.controller.job import (
-    JOB_VERSION,
-    JobEvent,
-    JobRunner,
-    JobSpec,
-    result_topic,
-    run_topic,
-    step_sync,
-)
+from oddl.controller.job import JOB_VERSION, JobEvent, JobRunner, JobSpec, step_sync
 
 log = logging.getLogger(__name__)
 MAX_VIOLATIONS_REPORTED = 50
 
 
-class JobChannel(Protocol):
-    """The job topics' client (aiomqtt's `Client` has this shape)."""
+class NodeBus(Bus, Protocol):
+    """One connection for all a node says and hears (drivers/mqtt.py `MQTTBus`): its
+    control topic, the job topics, the controller's status."""
 
-    async def __aenter__(self) -> Any: ...
-    async def __aexit__(self, *exc: object) -> Any: ...
-    async def subscribe(self, topic: str, qos: int = 0) -> Any: ...
-    async def publish(self, topic: str, payload: bytes, qos: int = 0) -> Any: ...
-    @property
-    def messages(self) -> AsyncIterator[Any]: ...
+    peers: set[str] | None
+    lost: asyncio.Event
 
-
-class StartedBus(Bus, Protocol):
+    def detach(self, node: str) -> None: ...
+    def on(self, topic_filter: str, handler: Callable[[str, bytes], None]) -> None: ...
+    async def publish(self, topic: str, payload: bytes, qos: int = 1) -> None: ...
     async def start(self) -> Any: ...
     async def close(self) -> None: ...
 
@@ -65,22 +56,24 @@ class PeerFailed(RuntimeError):
 
 class NodeProgram:
     def __init__(self, testbed: str, node: str, onic: ONic, line: InterruptLine,
-                 channel: Callable[[], JobChannel], bus: Callable[[], StartedBus],
-                 monitor: InvariantChecker | None = None) -> None:
+                 bus: NodeBus, monitor: InvariantChecker | None = None) -> None:
         self.testbed = testbed
         self.node = node
         self.onic = onic
         self.line = line
-        self.channel = channel  # () -> a connected-on-enter client of the job topics
-        self.bus = bus  # () -> the control bus, speaking as this node
+        self.bus = bus  # logged in as this node: it can speak only as itself
         # the testbed's monitor where there is one (an emulated fabric sees the light);
         # on hardware, this node's own view: the grants it gets, the flows it delivers
         self.monitor = monitor
         self.jobs_run = 0
+        self.jobs_cancelled = 0  # their controller went away
         self.rejected = 0  # job-topic messages that were not a job or an event of ours
         self._job: _NodeJob | None = None
+        self._jobs: asyncio.Queue[JobSpec] = asyncio.Queue(maxsize=1)
         self._task: asyncio.Task[None] | None = None
         self._ready = asyncio.Event()
+        self._specs = msgspec.json.Decoder(JobSpec)
+        self._events = msgspec.json.Decoder(JobEvent)
 
     async def start(self) -> NodeProgram:
         self._task = asyncio.create_task(self._serve(), name=f"oddl-node-{self.node}")
@@ -106,56 +99,97 @@ class NodeProgram:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self._task
             self._task = None
+        await self.bus.close()
+
+    def _reject(self, topic: str, why: object) -> None:
+        self.rejected += 1
+        log.warning("node %s: %s: message rejected: %s", self.node, topic, why)
+
+    def _idle(self, msg: Any) -> None:
+        log.debug("node %s: %r for no job of ours dropped", self.node, msg)
+
+    def _on_run(self, topic: str, payload: bytes) -> None:
+        try:
+            spec = self._specs.decode(payload)
+        except (msgspec.DecodeError, msgspec.ValidationError, RecursionError) as e:
+            return self._reject(topic, e)
+        if spec.v != JOB_VERSION:
+            return self._reject(topic, f"job version {spec.v}, this node runs {JOB_VERSION}")
+        if self.node not in spec.nodes:
+            return
+        if self._jobs.full():  # a newer job replaces one not yet started
+            self._jobs.get_nowait()
+        self._jobs.put_nowait(spec)
+
+    def _on_result(self, topic: str, payload: bytes) -> None:
+        try:
+            ev = self._events.decode(payload)
+        except (msgspec.DecodeError, msgspec.ValidationError, RecursionError) as e:
+            return self._reject(topic, e)
+        if ev.node != topic.rpartition("/")[2]:  # the broker vouches for the topic only
+            return self._reject(topic, f"event of node {ev.node!r} on another's topic")
+        if self._job is not None:
+            self._job.on_event(ev)
+
+    def _on_controller(self, topic: str, payload: bytes) -> None:
+        if payload == b"offline" and self._job is not None:
+            self.jobs_cancelled += 1
+            log.warning("node %s: the controller is gone: job %s cancelled", self.node,
+                        self._job.spec.job)
+            self._job.cancel("its controller is gone")
 
     async def _serve(self) -> None:
-        specs = msgspec.json.Decoder(JobSpec)
-        events = msgspec.json.Decoder(JobEvent)
-        run, result = run_topic(self.testbed), result_topic(self.testbed)
-        async with self.channel() as ch:
-            await ch.subscribe(run, qos=1)
-            await ch.subscribe(result, qos=1)
-            self._ready.set()
-            async for m in ch.messages:
-                topic = str(m.topic)
-                try:
-                    if topic == run:
-                        spec = specs.decode(bytes(m.payload))
-                        if spec.v != JOB_VERSION:
-                            raise ValueError(f"job version {spec.v}, this node runs "
-                                             f"{JOB_VERSION}")
-                        if self.node not in spec.nodes:
-                            continue
-                        if self._job is not None:
-                            await self._job.abort(f"replaced by job {spec.job}")
-                        self._job = _NodeJob(self, spec, ch)
-                        self._job.task = asyncio.create_task(self._job.run())
-                    elif topic == result and self._job is not None:
-                        self._job.on_event(events.decode(bytes(m.payload)))
-                except (msgspec.DecodeError, msgspec.ValidationError, ValueError) as e:
-                    self.rejected += 1
-                    log.warning("node %s: %s: message rejected: %s", self.node, topic, e)
+        bus, tb = self.bus, self.testbed
+        bus.attach(self.node, self._idle)
+        bus.on(run_topic(tb), self._on_run)
+        bus.on(results(tb), self._on_result)
+        bus.on(status_topic(tb, CONTROLLER), self._on_controller)
+        await bus.start()
+        self._ready.set()
+        lost = asyncio.ensure_future(bus.lost.wait())
+        try:
+            while True:
+                nxt = asyncio.ensure_future(self._jobs.get())
+                await asyncio.wait({nxt, lost}, return_when="FIRST_COMPLETED")
+                if lost.done():
+                    nxt.cancel()
+                    raise ConnectionError(f"node {self.node}: lost the broker")
+                spec = nxt.result()
+                if self._job is not None:
+                    await self._job.abort(f"replaced by job {spec.job}")
+                self._job = _NodeJob(self, spec)
+                self._job.task = asyncio.create_task(self._job.run())
+        finally:
+            lost.cancel()
+            if self._job is not None:  # the board safe: no transfer started, lines given back
+                await self._job.abort("the node program stopped")
 
 
 class _NodeJob:
     """This node's part of one job."""
 
-    def __init__(self, prog: NodeProgram, spec: JobSpec, ch: JobChannel) -> None:
-        self.prog, self.spec, self.ch = prog, spec, ch
+    def __init__(self, prog: NodeProgram, spec: JobSpec) -> None:
+        self.prog, self.spec = prog, spec
         self.loop = asyncio.get_running_loop()
         self.ready: set[str] = set()
         self.reported: dict[int, set[str]] = {}
+        self.next_done = 0  # the lowest iteration not every rank has reported
         self.all_ready = asyncio.Event()
         self.finished: asyncio.Future[None] = self.loop.create_future()
         self.pending: set[asyncio.Future[Any]] = set()
         self.enc = msgspec.json.Encoder()
         self.task: asyncio.Task[None] | None = None
         self.runner: JobRunner | None = None
-        self.sent = lambda: 0
+        self.sent0 = prog.bus.sent
+
+    def sent(self) -> int:
+        return self.prog.bus.sent - self.sent0
 
     def _publish(self, kind: str, **kw: Any) -> asyncio.Future[Any]:
-        ev = JobEvent(JOB_VERSION, self.spec.job, kind, self.prog.node, **kw)
-        fut = asyncio.ensure_future(self.ch.publish(result_topic(self.prog.testbed),
-                                                    self.enc.encode(ev), qos=1))
+        prog = self.prog
+        ev = JobEvent(JOB_VERSION, self.spec.job, kind, prog.node, **kw)
+        fut = asyncio.ensure_future(prog.bus.publish(result_topic(prog.testbed, prog.node),
+                                                     self.enc.encode(ev), qos=1))
         self.pending.add(fut)
         fut.add_done_callback(self.pending.discard)
         return fut
@@ -163,6 +197,9 @@ class _NodeJob:
     def _fail(self, exc: BaseException) -> None:
         if not self.finished.done():
             self.finished.set_exception(exc)
+
+    def cancel(self, why: str) -> None:
+        self._fail(RuntimeError(why))
 
     def on_event(self, ev: JobEvent) -> None:
         if ev.job != self.spec.job or ev.v != JOB_VERSION:
@@ -172,12 +209,19 @@ class _NodeJob:
             if len(self.ready) == len(self.spec.nodes):
                 self.all_ready.set()
         elif ev.kind == "iteration" and ev.node in self.spec.ranks:
+            # a rank is at most one iteration ahead of the slowest: anything else is no
+            # report of this job's (and must not grow the table)
+            if not self.next_done <= ev.iteration <= self.next_done + 1:
+                self.prog._reject("result", f"iteration {ev.iteration} from {ev.node}, "
+                                            f"expected {self.next_done} or the next")
+                return
             got = self.reported.setdefault(ev.iteration, set())
             got.add(ev.node)
-            if len(got) == len(self.spec.ranks):
-                del self.reported[ev.iteration]
-                self._next(ev.iteration + 1)
-        elif ev.kind == "failed" and ev.node != self.prog.node:
+            while len(self.reported.get(self.next_done, ())) == len(self.spec.ranks):
+                del self.reported[self.next_done]
+                self.next_done += 1
+                self._next(self.next_done)
+        elif ev.kind == "failed" and ev.node != self.prog.node and ev.node in self.spec.nodes:
             self._fail(PeerFailed(f"node {ev.node} failed: {ev.error}"))
 
     def _next(self, i: int) -> None:
@@ -197,15 +241,14 @@ class _NodeJob:
                    else InvariantChecker(mode="record", partial=True))
         monitor.new_job(spec.job)
         bad_before = len(monitor.violations)
-        bus = prog.bus()
-        self.sent = lambda: bus.sent
+        bus = prog.bus
         runner = None
         try:
             runner = self.runner = JobRunner(spec, Clock(self.loop), monitor, self._iteration,
                                              local=[prog.node])
             runner.fail = self._fail
+            bus.peers = set(spec.nodes)
             runner.on_onics(bus, {prog.node: prog.onic}, {prog.node: prog.line})
-            await bus.start()
             await self._publish("ready")
             await self._wait(self.all_ready.wait())
             if prog.node in spec.ranks:
@@ -217,7 +260,7 @@ class _NodeJob:
                 await asyncio.sleep(0.001)
             await asyncio.gather(*self.pending)
             bad = monitor.violations[bad_before:]
-            await self._publish("done", control_messages=bus.sent,
+            await self._publish("done", control_messages=self.sent(),
                                 stats={**runner.stats(), "flows": runner.engine.flows,
                                        "violations": len(bad)},
                                 violations=bad[:MAX_VIOLATIONS_REPORTED])
@@ -233,7 +276,8 @@ class _NodeJob:
         finally:
             if runner is not None:
                 runner.close()
-            await bus.close()
+            bus.attach(prog.node, prog._idle)
+            bus.peers = None
             if prog._job is self:
                 prog._job = None
 

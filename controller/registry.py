@@ -67,11 +67,11 @@ def node_program(tb: Testbed, node: str, bitfile: Path | None = None,
                  irq_pin: str | None = None) -> NodeProgram:
     """`oddl node`: this node's program on its board as the testbed config addresses it
     (`local`: pynq MMIO and pynq's `Interrupt` on `irq_pin`; grpc://: PYNQ.remote, the
-    interrupt line polled), the bus and the job topics as the config's broker says."""
+    interrupt line polled), logged in to the config's broker as the node itself."""
     from oddl.drivers.irq import PolledLine, PynqLine
     from oddl.drivers.lab import open_board as _open
     from oddl.drivers.lab import ports_of
-    from oddl.drivers.mqtt import bus_from_config, client_from_config
+    from oddl.drivers.mqtt import bus_from_config
     from oddl.drivers.onic import DriverONic
     from oddl.fpga.overlay import BITFILE
 
@@ -84,5 +84,4 @@ def node_program(tb: Testbed, node: str, bitfile: Path | None = None,
         drv.mmio, node)
     return NodeProgram(
         tb.name, node, DriverONic(drv, ports_of(grid, node)), line,
-        lambda: client_from_config(tb.broker, f"oddl-node-{node}-jobs"),
-        lambda: bus_from_config(tb.name, tb.broker, client_id=f"oddl-node-{node}"))
+        bus_from_config(tb.name, tb.broker, node))

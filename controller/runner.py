@@ -21,7 +21,7 @@ from oddl.controller.backend import Iteration, JobOutcome, RunFailed
 from oddl.controller.collectives import Schedule, build
 from oddl.controller.config import LoadedExperiment, NetworkSpec
 from oddl.controller.invariants import InvariantChecker
-from oddl.controller.job import JOB_VERSION, JobSpec, timing_of, wire_routes
+from oddl.controller.job import JOB_VERSION, JobSpec, job_id, timing_of, wire_routes
 from oddl.controller.plan import Plan
 from oddl.controller.results import RunStore
 from oddl.controller.topology import Grid
@@ -109,7 +109,7 @@ class NetworkRun:
         else:  # a baseline: a flow-level model in every back end
             self.backend = registry.open_model(spec, tb, ranks, checker_mode)
         self.job = JobSpec(
-            JOB_VERSION, f"{exp.name}-{spec.name}-{os.getpid()}-{time.time_ns()}",
+            JOB_VERSION, job_id(exp.name, spec.name, os.getpid(), time.time_ns()),
             spec.collective or w.collective, model_spec(w.model).grad_bytes(w.bytes_per_param),
             tb.grid.rows, tb.grid.cols, spec.degree, ranks, list(grid.nodes), 0, 0, nic_sync,
             timing_of(tb), routes)

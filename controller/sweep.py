@@ -91,7 +91,7 @@ def points(sw: Sweep) -> list[dict[str, Any]]:
 def make_testbed(template: dict[str, Any], n: int, rate: float) -> Testbed:
     rows, cols = grid_shape(n)
     d = json.loads(json.dumps(template))
-    d["testbed"]["name"] = f"{d['testbed']['name']}-{n}@{rate:g}G"
+    d["testbed"]["name"] = f"{d['testbed']['name']}-{n}-{rate:g}G"
     d["grid"] = {"rows": rows, "cols": cols}
     d["optical"]["line_rate_gbps"] = rate
     d["nodes"], d["wss"] = [], []

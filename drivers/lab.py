@@ -10,16 +10,18 @@ the controller records them.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import msgspec
+from oddl.controller.access import CONTROLLER, results, run_topic, status_topic
 from oddl.controller.backend import Iteration, JobOutcome, OnIteration, RunFailed
 from oddl.controller.config import Testbed
 from oddl.controller.invariants import InvariantChecker
-from oddl.controller.job import JobEvent, JobSpec, result_topic, run_topic, step_sync
+from oddl.controller.job import JobEvent, JobSpec, step_sync
 from oddl.controller.topology import Grid
 from oddl.drivers.mqtt import client_from_config
 from oddl.drivers.onic import DriverONic, ONicDriver, open_onic
@@ -27,7 +29,9 @@ from oddl.drivers.wss import WSSDriver
 from oddl.fpga import regmap as R
 from oddl.fpga.overlay import BITFILE
 
+log = logging.getLogger(__name__)
 READY_MIN_S = 3.0
+CONTROLLER_KEEPALIVE_S = 10  # a hung controller is given up 15 s on
 
 
 def ready_within_s(spec: JobSpec) -> float:
@@ -75,6 +79,7 @@ class LabBackend:
         # the controller's view: what the nodes report (the light is the devices' business,
         # and where a fabric model exists, the emulator's own monitor judges it)
         self.monitor = InvariantChecker(mode=checker_mode)
+        self.rejected = 0  # result-topic messages that were no result of the job's
         nodes = list(grid.nodes)
         addr = {n.id: n.board for n in tb.nodes}
         self.onics: dict[str, DriverONic] = {}
@@ -102,54 +107,89 @@ class LabBackend:
             raise RunFailed(f"job {spec.job}: not done within {limit:.0f} s") from None
 
     async def _run(self, spec: JobSpec, on_iteration: OnIteration) -> JobOutcome:
+        tb = self.tb.name
         dec = msgspec.json.Decoder(JobEvent)
         ready: set[str] = set()
         reports: dict[int, dict[str, JobEvent]] = {}
+        recorded: set[int] = set()
         sent: dict[str, int] = {}
         done: dict[str, JobEvent] = {}
         last_msgs = 0
-        client = client_from_config(self.tb.broker, f"oddl-ctl-{spec.job}"[:64])
+        status = status_topic(tb, CONTROLLER)
+        # the nodes cancel the job when this goes: a clean exit, a crash, or (keepalive)
+        # a controller that hangs
+        client = client_from_config(self.tb.broker, CONTROLLER, testbed=tb,
+                                    keepalive=CONTROLLER_KEEPALIVE_S)
         async with client:
-            await client.subscribe(result_topic(self.tb.name), qos=1)
-            await client.publish(run_topic(self.tb.name), msgspec.json.encode(spec), qos=1)
+            await client.publish(status, b"online", qos=1, retain=True)
+            await client.subscribe(results(tb), qos=1)
+            await client.publish(run_topic(tb), msgspec.json.encode(spec), qos=1)
             ready_s = ready_within_s(spec)
             t_ready = time.monotonic() + ready_s
             messages = aiter(client.messages)
-            while len(done) < len(spec.nodes):
-                wait = t_ready - time.monotonic() if len(ready) < len(spec.nodes) else None
-                try:
-                    m = await asyncio.wait_for(anext(messages), wait)
-                except TimeoutError:
-                    missing = sorted(set(spec.nodes) - ready)
-                    raise RunFailed(
-                        f"no node program answered for {', '.join(missing)} within "
-                        f"{ready_s:.1f} s (is `oddl node` running beside each board, or "
-                        f"`oddl emulate` serving {self.tb.name}?)") from None
-                try:
-                    ev = dec.decode(bytes(m.payload))
-                except (msgspec.DecodeError, msgspec.ValidationError):
-                    continue
-                if ev.job != spec.job or ev.node not in spec.nodes:
-                    continue
-                if ev.kind == "ready":
-                    ready.add(ev.node)
-                elif ev.kind == "failed":
-                    raise RunFailed(f"node {ev.node}: {ev.error}")
-                elif ev.kind == "done":
-                    done[ev.node] = ev
-                    sent[ev.node] = ev.control_messages
-                elif ev.kind == "iteration" and ev.node in spec.ranks:
-                    sent[ev.node] = ev.control_messages
-                    got = reports.setdefault(ev.iteration, {})
-                    got[ev.node] = ev
-                    if len(got) == len(spec.ranks):
-                        del reports[ev.iteration]
-                        slow = max(got.values(), key=lambda e: e.t_end - e.t_start)
-                        msgs = sum(sent.values())
-                        on_iteration(Iteration(ev.iteration, slow.t_start, slow.t_end,
-                                               msgs - last_msgs))
-                        last_msgs = msgs
+            try:
+                while len(done) < len(spec.nodes):
+                    wait = t_ready - time.monotonic() if len(ready) < len(spec.nodes) else None
+                    try:
+                        m = await asyncio.wait_for(anext(messages), wait)
+                    except TimeoutError:
+                        missing = sorted(set(spec.nodes) - ready)
+                        raise RunFailed(
+                            f"no node program answered for {', '.join(missing)} within "
+                            f"{ready_s:.1f} s (is `oddl node` running beside each board, or "
+                            f"`oddl emulate` serving {tb}?)") from None
+                    ev = self._event(dec, str(m.topic), bytes(m.payload), spec)  # type: ignore[arg-type]
+                    if ev is None:
+                        continue
+                    if ev.kind == "ready":
+                        ready.add(ev.node)
+                    elif ev.kind == "failed":
+                        raise RunFailed(f"node {ev.node}: {ev.error}")
+                    elif ev.kind == "done":
+                        if len(recorded) < spec.iterations:
+                            raise RunFailed(
+                                f"node {ev.node} said its job was done after "
+                                f"{len(recorded)} of {spec.iterations} iterations")
+                        done[ev.node] = ev
+                        sent[ev.node] = ev.control_messages
+                    elif ev.kind == "iteration" and ev.node in spec.ranks:
+                        if ev.iteration in recorded or not 0 <= ev.iteration < spec.iterations:
+                            self._reject(m.topic, f"iteration {ev.iteration} from {ev.node}: "
+                                                  f"already recorded or out of range")
+                            continue
+                        sent[ev.node] = ev.control_messages
+                        got = reports.setdefault(ev.iteration, {})
+                        got[ev.node] = ev
+                        if len(got) == len(spec.ranks):
+                            del reports[ev.iteration]
+                            recorded.add(ev.iteration)
+                            slow = max(got.values(), key=lambda e: e.t_end - e.t_start)
+                            msgs = sum(sent.values())
+                            on_iteration(Iteration(ev.iteration, slow.t_start, slow.t_end,
+                                                   msgs - last_msgs))
+                            last_msgs = msgs
+            finally:
+                await client.publish(status, b"offline", qos=1, retain=True)
         return self._outcome(spec, done)
+
+    def _event(self, dec: msgspec.json.Decoder[JobEvent], topic: str, payload: bytes,
+               spec: JobSpec) -> JobEvent | None:
+        """A result of this job's, from the node its topic names; anything else is counted,
+        logged and dropped."""
+        try:
+            ev = dec.decode(payload)
+        except (msgspec.DecodeError, msgspec.ValidationError, RecursionError) as e:
+            self._reject(topic, e)
+            return None
+        if ev.node != topic.rpartition("/")[2] or ev.node not in spec.nodes:
+            self._reject(topic, f"an event of {ev.node!r}, not of a node of this job on "
+                                f"its own topic")
+            return None
+        return ev if ev.job == spec.job else None
+
+    def _reject(self, topic: object, why: object) -> None:
+        self.rejected += 1
+        log.warning("controller: %s: result rejected: %s", topic, why)
 
     def _outcome(self, spec: JobSpec, done: Mapping[str, JobEvent]) -> JobOutcome:
         stats: dict[str, Any] = {}

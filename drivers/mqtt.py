@@ -1,12 +1,15 @@
-"""The control bus over MQTT (aiomqtt), behind the same `Bus` interface as the sim bus.
+"""The control bus over MQTT (paho on the asyncio loop), behind the same `Bus` interface as
+the sim bus, plus the raw topics a node program needs on the same connection.
 
-Topics (docs/mqtt.md):
-    oddl/<testbed>/node/<node>/ctl     REQUEST / GRANT / RELEASE / WAIT to <node>   QoS 0
-    oddl/<testbed>/status/<client>     "online" / "offline" (last will), retained    QoS 1
-QoS 0 for control messages: the protocol carries its own time-outs, retries and leases,
-and QoS 1's at-least-once adds a broker round trip per message without removing the need
-for them. Status is QoS 1 and retained, so a late subscriber sees who is alive; the broker
-publishes the last will when a client vanishes without disconnecting.
+Topics and who may use them: controller/access.py and docs/mqtt.md. QoS 0 for control
+messages: the protocol carries its own time-outs, retries and leases, and QoS 1's
+at-least-once adds a broker round trip per message without removing the need for them.
+Status is QoS 1 and retained, so a late subscriber sees who is alive; the broker publishes
+the last will when a client vanishes without disconnecting.
+
+One party, one connection: the client id is the party's username, so that a broker that
+ties the two (Mosquitto's `use_username_as_clientid`, the embedded broker) lets no one
+take another's session over.
 """
 
 from __future__ import annotations
@@ -14,32 +17,31 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import socket
 import ssl
+import stat
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import aiomqtt
 import paho.mqtt.client as mqtt
+from oddl.controller.access import check_name, ctl_topic, status_topic
 from oddl.controller.messages import ControlMessage
 from oddl.controller.wire import BusDecodeError, decode, encode
 
 log = logging.getLogger(__name__)
 
 QOS_CTL = 0
+QOS_STATUS = 1
 # Linux: hold a flush's packets and send them as one segment, waking the broker once
 _CORK: int | None = getattr(socket, "TCP_CORK", None)
-QOS_STATUS = 1
-
-
-def ctl_topic(testbed: str, node: str) -> str:
-    return f"oddl/{testbed}/node/{node}/ctl"
-
-
-def status_topic(testbed: str, client: str) -> str:
-    return f"oddl/{testbed}/status/{client}"
+MAX_CTL_BYTES = 2048  # a control message is ~300 bytes; anything bigger is not one
+MAX_RAW_BYTES = 4 << 20  # job specs and results (a grid-4096 spec is ~1 MB)
+RawHandler = Callable[[str, bytes], None]
 
 
 class BusError(ConnectionError):
@@ -60,23 +62,27 @@ class MQTTBus:
     """
 
     def __init__(self, testbed: str, host: str = "127.0.0.1", port: int = 1883, *,
-                 username: str | None = None, password: str | None = None,
-                 tls_context: ssl.SSLContext | None = None, client_id: str = "oddl-ctl",
+                 user: str, password: str | None = None,
+                 tls_context: ssl.SSLContext | None = None,
                  tap: Callable[[str, ControlMessage], None] | None = None,
                  keepalive: int = 60, connect_timeout: float = 10.0) -> None:
         self.testbed = testbed
         self.tap = tap  # an observer of every delivered message (the invariant checker)
-        self.client_id = client_id
+        self.user = check_name("MQTT party", user)
         self.host, self.port = host, port
         self.keepalive, self.connect_timeout = keepalive, connect_timeout
-        self.handlers: dict[str, Callable[[ControlMessage], None]] = {}
+        self.handlers: dict[str, Callable[[ControlMessage], None] | None] = {}
+        self.raw: dict[str, RawHandler] = {}  # topic filter -> handler (job, status topics)
+        self.peers: set[str] | None = None  # senders accepted (None: any)
         self._sent = 0
         self.received = 0
-        self.rejected = 0
+        self.rejected = 0  # not a control message, or not addressed as its topic says
+        self.unexpected = 0  # from no peer of ours, or for no attached node
         self.stalls = 0  # times the socket was full and the rest waited for writability
         self._prefix = f"oddl/{testbed}/node/"
-        self._status = status_topic(testbed, client_id)
+        self._status = status_topic(testbed, user)
         self._inbox: list[tuple[str, bytes]] = []
+        self._acks: dict[int, asyncio.Future[None]] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
         self._sock: Any = None
         self._writing = False
@@ -85,10 +91,11 @@ class MQTTBus:
         self._misc: asyncio.Task[None] | None = None
         self._connack: asyncio.Future[Any] | None = None
         self._started = False
-        c = self.client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=client_id,
+        self.lost = asyncio.Event()  # the broker went away under us
+        c = self.client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=user,
                                       protocol=mqtt.MQTTv311)
-        if username is not None:
-            c.username_pw_set(username, password)
+        if password is not None:
+            c.username_pw_set(user, password)
         if tls_context is not None:
             c.tls_set_context(tls_context)
         c.will_set(self._status, b"offline", qos=QOS_STATUS, retain=True)
@@ -96,6 +103,7 @@ class MQTTBus:
         c.on_socket_close = self._on_close
         c.on_connect = self._on_connect
         c.on_message = self._on_message
+        c.on_publish = self._on_publish
         c.on_disconnect = self._on_disconnect
         c.on_socket_register_write = self._on_want_write
 
@@ -104,15 +112,49 @@ class MQTTBus:
         return self._sent
 
     def attach(self, node: str, handler: Callable[[ControlMessage], None]) -> None:
+        """Take `node`'s control messages (subscribed once, for the connection's life)."""
+        new = node not in self.handlers
         self.handlers[node] = handler
+        if new and self._started:
+            self.client.subscribe(f"{self._prefix}{node}/ctl/+", qos=QOS_CTL)
+
+    def detach(self, node: str) -> None:
+        """Stop handing `node`'s messages on (they are counted as unexpected)."""
+        if node in self.handlers:
+            self.handlers[node] = None
+
+    def on(self, topic_filter: str, handler: RawHandler) -> None:
+        """Hand every message on `topic_filter` (size-bounded) to `handler(topic, payload)`."""
+        self.raw[topic_filter] = handler
+        if self._started:
+            self.client.subscribe(topic_filter, qos=1)
 
     def send(self, src: str, dst: str, msg: ControlMessage) -> None:
         self._sent += 1
         if not self._started:
-            log.warning("mqtt: %s: %s to %s while not connected: dropped", self.client_id,
+            log.warning("mqtt: %s: %s to %s while not connected: dropped", self.user,
                         type(msg).__name__, dst)
             return
-        self.client.publish(ctl_topic(self.testbed, dst), encode(msg), QOS_CTL)
+        self.client.publish(ctl_topic(self.testbed, dst, src), encode(msg), QOS_CTL)
+
+    async def publish(self, topic: str, payload: bytes, qos: int = 1,
+                      timeout: float = 10.0) -> None:
+        """Publish on a raw topic; with QoS 1, return once the broker has it (PUBACK)."""
+        if not self._started:
+            raise BusError(f"mqtt: {self.user}: not connected")
+        info = self.client.publish(topic, payload, qos)
+        if qos == 0 or info.is_published():
+            return
+        assert self._loop is not None
+        fut = self._acks[info.mid] = self._loop.create_future()
+        try:
+            await asyncio.wait_for(asyncio.shield(fut), timeout)
+        except TimeoutError:
+            raise BusError(f"mqtt: {self.user}: no PUBACK for {topic} within {timeout} s "
+                           f"(a broker that refuses a publish does not say so: is this "
+                           f"party allowed to write it?)") from None
+        finally:
+            self._acks.pop(info.mid, None)
 
     # --- connection ----------------------------------------------------------------------
     async def start(self) -> MQTTBus:
@@ -126,15 +168,17 @@ class MQTTBus:
             rc = await asyncio.wait_for(self._connack, self.connect_timeout)
         except (OSError, ssl.SSLError, TimeoutError) as e:
             self._drop()
-            raise BusError(f"mqtt: {self.client_id}: cannot reach the broker at "
+            raise BusError(f"mqtt: {self.user}: cannot reach the broker at "
                            f"{self.host}:{self.port}: {e!r}") from None
         if rc.is_failure:
             self._drop()
-            raise BusError(f"mqtt: {self.client_id}: the broker at {self.host}:{self.port} "
+            raise BusError(f"mqtt: {self.user}: the broker at {self.host}:{self.port} "
                            f"refused the connection: {rc}")
         self._started = True
         for node in self.handlers:
-            self.client.subscribe(ctl_topic(self.testbed, node), qos=QOS_CTL)
+            self.client.subscribe(f"{self._prefix}{node}/ctl/+", qos=QOS_CTL)
+        for topic_filter in self.raw:
+            self.client.subscribe(topic_filter, qos=1)
         self.client.publish(self._status, b"online", qos=QOS_STATUS, retain=True)
         self._flush()
         self._misc = loop.create_task(self._keepalive())
@@ -159,7 +203,7 @@ class MQTTBus:
             self.client.disconnect()
             self._flush()
         except (TimeoutError, OSError, RuntimeError) as e:
-            log.warning("mqtt: %s left without a clean disconnect: %r", self.client_id, e)
+            log.warning("mqtt: %s left without a clean disconnect: %r", self.user, e)
         self._drop()
 
     def _drop(self) -> None:
@@ -171,10 +215,11 @@ class MQTTBus:
                 sock.close()
 
     async def _keepalive(self) -> None:
-        while self.client.loop_misc() == mqtt.MQTT_ERR_SUCCESS:
+        while self.client.loop_misc() == mqtt.MQTT_ERR_SUCCESS and self._sock is not None:
             self._flush()
             await asyncio.sleep(1)
-        log.warning("mqtt: %s: connection to the broker lost", self.client_id)
+        log.warning("mqtt: %s: connection to the broker lost", self.user)
+        self.lost.set()
 
     # --- paho's socket callbacks (connect runs in a worker thread: hop to the loop) -------
     def _on_open(self, client: mqtt.Client, userdata: Any, sock: Any) -> None:
@@ -205,10 +250,17 @@ class MQTTBus:
     def _on_disconnect(self, client: mqtt.Client, userdata: Any, flags: Any, rc: Any,
                        props: Any = None) -> None:
         if self._started:  # not our own DISCONNECT: the protocol's retries take over
-            log.warning("mqtt: %s: disconnected from the broker: %s", self.client_id, rc)
+            log.warning("mqtt: %s: disconnected from the broker: %s", self.user, rc)
+            self.lost.set()
 
     def _on_message(self, client: mqtt.Client, userdata: Any, m: mqtt.MQTTMessage) -> None:
         self._inbox.append((m.topic, m.payload))  # handled once paho is out of its read
+
+    def _on_publish(self, client: mqtt.Client, userdata: Any, mid: int, rc: Any = None,
+                    props: Any = None) -> None:
+        fut = self._acks.get(mid)  # only a QoS 1 `publish` waits (its PUBACK comes later)
+        if fut is not None and not fut.done():
+            fut.set_result(None)
 
     def _on_want_write(self, client: mqtt.Client, userdata: Any, sock: Any) -> None:
         """paho has a packet to write: write it at the end of this loop turn, together
@@ -265,12 +317,39 @@ class MQTTBus:
             self._loop.call_soon(self._readable)
 
     def _deliver(self, topic: str, payload: bytes) -> None:
-        prefix = self._prefix
-        node = topic[len(prefix):-len("/ctl")] if topic.startswith(prefix) else ""
-        handler = self.handlers.get(node)
-        if handler is None:
+        """One message; whatever it holds, it is handled, or counted and logged, alone."""
+        try:
+            if topic.startswith(self._prefix):
+                self._control(topic, payload)
+            else:
+                self._raw(topic, payload)
+        except Exception:  # a handler's bug (or a decoder's) must not take the bus down
             self.rejected += 1
-            log.warning("mqtt: message on %s for no attached node dropped", topic)
+            log.exception("mqtt: %s: message on %s failed", self.user, topic)
+
+    def _raw(self, topic: str, payload: bytes) -> None:
+        for f, handler in self.raw.items():
+            if mqtt.topic_matches_sub(f, topic):
+                if len(payload) > MAX_RAW_BYTES:
+                    self.rejected += 1
+                    log.warning("mqtt: %s: %d bytes on %s: over %d, dropped", self.user,
+                                len(payload), topic, MAX_RAW_BYTES)
+                    return
+                handler(topic, payload)
+                return
+        self.unexpected += 1
+
+    def _control(self, topic: str, payload: bytes) -> None:
+        dst, ctl, src = topic[len(self._prefix):].partition("/ctl/")
+        handler = self.handlers.get(dst) if ctl else None
+        if handler is None or (self.peers is not None and src not in self.peers):
+            self.unexpected += 1
+            log.debug("mqtt: %s: message on %s for no job of ours dropped", self.user, topic)
+            return
+        if len(payload) > MAX_CTL_BYTES:
+            self.rejected += 1
+            log.warning("mqtt: %s: %d bytes on %s is no control message", self.user,
+                        len(payload), topic)
             return
         try:
             msg = decode(payload)
@@ -278,17 +357,15 @@ class MQTTBus:
             self.rejected += 1
             log.warning("mqtt: %s: rejected message: %s", topic, e)
             return
-        if msg.dst != node:
+        if msg.dst != dst or msg.src != src:
             self.rejected += 1
-            log.warning("mqtt: %s: message addressed to %s dropped", topic, msg.dst)
+            log.warning("mqtt: %s: message from %s to %s does not match its topic", topic,
+                        msg.src, msg.dst)
             return
         self.received += 1
-        try:
-            if self.tap is not None:
-                self.tap(node, msg)
-            handler(msg)
-        except Exception:  # a control unit's bug must not take the bus down
-            log.exception("mqtt: handler for %s failed on %r", node, msg)
+        if self.tap is not None:
+            self.tap(dst, msg)
+        handler(msg)
 
 
 async def request_grant_rtt(bus: Any, n: int, warmup: int = 20, timeout_s: float = 60.0,
@@ -326,36 +403,62 @@ async def request_grant_rtt(bus: Any, n: int, warmup: int = 20, timeout_s: float
     return samples[warmup:]
 
 
-def broker_params(broker: Any, port: int | None = None) -> dict[str, Any]:
-    """Connection parameters for a testbed's `[broker]` (an embedded broker's port given)."""
-    import os
+class CredentialsError(ValueError):
+    """A party's password cannot be had (unset variable, missing or exposed file)."""
 
+
+def password_of(broker: Any, user: str) -> str | None:
+    """`user`'s own password: from `[broker] password_env` if that variable is set, else
+    from `password_file` (mode 0600 or stricter)."""
+    if broker.password_env and broker.password_env in os.environ:
+        return os.environ[broker.password_env]
+    if broker.password_file:
+        path = Path(broker.password_file.replace("{user}", user))
+        try:
+            mode = path.stat().st_mode
+            if mode & (stat.S_IRWXG | stat.S_IRWXO):
+                raise CredentialsError(f"broker password file {path} is readable by others "
+                                       f"(mode {mode & 0o777:o}): chmod 600 it")
+            return path.read_text(encoding="utf-8").strip()
+        except (OSError, UnicodeError) as e:
+            raise CredentialsError(f"broker password file for {user}: {e}") from None
+    if broker.password_env:
+        raise CredentialsError(f"broker password for {user}: environment variable "
+                               f"{broker.password_env} is not set")
+    return None
+
+
+def broker_params(broker: Any, user: str, port: int | None = None) -> dict[str, Any]:
+    """How `user` connects to a testbed's `[broker]` (an embedded broker's port given)."""
     if broker.url == "embedded":
         if port is None:
             raise ValueError("the embedded broker's port is known only once it runs")
-        return {"host": broker.bind, "port": port}
+        return {"host": broker.bind, "port": port, "password": password_of(broker, user)}
     scheme, host, bport = broker.endpoint()
-    password = None
-    if broker.password_env:
-        password = os.environ.get(broker.password_env)
-        if password is None:
-            raise ValueError(f"broker password: environment variable {broker.password_env} "
-                             f"is not set")
     tls = ssl.create_default_context(cafile=broker.ca_file) if scheme == "mqtts" else None
-    return {"host": host, "port": bport, "username": broker.username, "password": password,
+    return {"host": host, "port": bport, "password": password_of(broker, user),
             "tls_context": tls}
 
 
-def bus_from_config(testbed: str, broker: Any, port: int | None = None,
+def bus_from_config(testbed: str, broker: Any, user: str, port: int | None = None,
                     tap: Callable[[str, ControlMessage], None] | None = None,
-                    client_id: str | None = None) -> MQTTBus:
-    """An MQTTBus for a testbed's `[broker]`."""
-    return MQTTBus(testbed, **broker_params(broker, port),
-                   client_id=client_id or broker.client_id, tap=tap)
+                    password: str | None = None) -> MQTTBus:
+    """An MQTTBus for a testbed's `[broker]`, logged in as `user` (its password from the
+    config's source unless given)."""
+    p = broker_params(broker, user, port)
+    if password is not None:
+        p["password"] = password
+    return MQTTBus(testbed, **p, user=user, tap=tap)
 
 
-def client_from_config(broker: Any, client_id: str, port: int | None = None) -> aiomqtt.Client:
-    """A plain aiomqtt client on the same broker (job and telemetry topics)."""
-    p = broker_params(broker, port)
-    return aiomqtt.Client(p.pop("host"), p.pop("port"), identifier=client_id,
-                          socket_options=[(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)], **p)
+def client_from_config(broker: Any, user: str, port: int | None = None,
+                       testbed: str | None = None, keepalive: int = 60) -> aiomqtt.Client:
+    """A plain aiomqtt client on the same broker, logged in as `user` (the controller's job
+    client); given the testbed, with `user`'s status and its last will."""
+    p = broker_params(broker, user, port)
+    will = (aiomqtt.Will(status_topic(testbed, user), b"offline", QOS_STATUS, retain=True)
+            if testbed is not None else None)
+    return aiomqtt.Client(p.pop("host"), p.pop("port"), identifier=user, username=user,
+                          password=p.pop("password"), tls_context=p.pop("tls_context", None),
+                          will=will, keepalive=keepalive,
+                          socket_options=[(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)])

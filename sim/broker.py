@@ -1,9 +1,29 @@
-"""The zero-setup MQTT broker: amqtt embedded in process, on 127.0.0.1 only."""
+"""The zero-setup MQTT broker: amqtt embedded in process, on 127.0.0.1 only, holding every
+party to its own identity and topics (controller/access.py), as Mosquitto does in a lab
+with the files `oddl broker-config` writes."""
 
 from __future__ import annotations
 
+import hashlib
+import hmac
+import logging
 import socket
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
+
+from amqtt.broker import Broker
+from amqtt.contexts import Action
+from amqtt.errors import AMQTTError
+from amqtt.mqtt.connack import BAD_USERNAME_PASSWORD, ConnackPacket
+from amqtt.mqtt.protocol.broker_handler import BrokerProtocolHandler
+from amqtt.plugins.base import BaseAuthPlugin, BaseTopicPlugin
+from amqtt.session import Session
+from amqtt.utils import gen_client_id
+from oddl.controller.access import Rule, permits, rules
+
+log = logging.getLogger(__name__)
+MAX_PACKET_BYTES = 4 << 20  # a grid-4096 job spec is ~1 MB; nothing legitimate is bigger
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -12,27 +32,141 @@ def free_port(host: str = "127.0.0.1") -> int:
         return int(s.getsockname()[1])
 
 
-class EmbeddedBroker:
-    """An amqtt broker bound to loopback; anonymous clients only (use Mosquitto for auth)."""
+def _digest(password: str) -> str:
+    return hashlib.sha256(password.encode()).hexdigest()
 
-    def __init__(self, host: str = "127.0.0.1", port: int | None = None) -> None:
+
+def refusal(parties: Mapping[str, str], session: Session) -> str | None:
+    """Why a CONNECT is refused, or None. `parties`: username -> sha256 of its password."""
+    user, password = session.username, session.password
+    want = parties.get(user or "")
+    if user is None or password is None or want is None:
+        return f"unknown party {user!r}" if user else "anonymous"
+    if not hmac.compare_digest(want, _digest(password)):
+        return f"{user}: wrong password"
+    if session.client_id != user:
+        return f"{user}: client id {session.client_id!r} is not its username"
+    return None
+
+
+class PartyAuth(BaseAuthPlugin):
+    """Only known parties, each with its own password, each as its own client id."""
+
+    @dataclass
+    class Config:
+        parties: dict[str, str] = field(default_factory=dict)
+
+    async def authenticate(self, *, session: Session) -> bool | None:
+        return refusal(self.config.parties, session) is None
+
+
+class PartyTopics(BaseTopicPlugin):
+    """Each party reads and writes only the topics controller/access.py gives it."""
+
+    @dataclass
+    class Config:
+        testbed: str = ""
+        nodes: list[str] = field(default_factory=list)
+
+    def __init__(self, context: Any) -> None:
+        super().__init__(context)
+        self._rules: dict[str, list[Rule]] = {}
+
+    def _of(self, user: str) -> list[Rule]:
+        if user not in self._rules:
+            self._rules[user] = rules(self.config.testbed, user, self.config.nodes)
+        return self._rules[user]
+
+    async def topic_filtering(self, *, session: Session | None = None,
+                              topic: str | None = None, action: Action | None = None) -> bool:
+        if session is None or session.username is None or topic is None:
+            return False
+        access = "write" if action == Action.PUBLISH else "read"
+        ok = permits(self._of(session.username), access, topic)
+        if not ok and action != Action.RECEIVE:
+            log.warning("broker: %s may not %s %s", session.username, access, topic)
+        return ok
+
+
+class _Broker(Broker):
+    """amqtt's broker, with one change: a CONNECT is authenticated *before* the broker
+    touches its session table. amqtt 0.12 drops the session of a clean-session client id
+    and takes a live one over before it asks the auth plugins, so that anyone, even a
+    refused client, could disconnect a party by connecting with its client id."""
+
+    def __init__(self, config: dict[str, Any], parties: Mapping[str, str], testbed: str,
+                 nodes: list[str]) -> None:
+        super().__init__(config)
+        self.refused = 0
+        self.parties, self.testbed, self.nodes = parties, testbed, nodes
+
+    async def _initialize_client_session(self, reader: Any, writer: Any, remote_address: str,
+                                         remote_port: int) -> Any:
+        handler, session = await BrokerProtocolHandler.init_from_connect(
+            reader, writer, self.plugins_manager)
+        why = refusal(self.parties, session)
+        if why is None and session.will_flag:
+            user = session.username or ""
+            if not permits(rules(self.testbed, user, self.nodes), "write",
+                           session.will_topic or ""):
+                why = f"{user}: may not leave a will on {session.will_topic}"
+        if why is not None:
+            self.refused += 1
+            log.warning("broker: connection from %s:%s refused: %s", remote_address,
+                        remote_port, why)
+            await ConnackPacket.build(0, BAD_USERNAME_PASSWORD).to_stream(writer)
+            await writer.close()
+            raise AMQTTError(f"refused: {why}")
+        # from here on, amqtt's own (0.12 broker.py `_initialize_client_session`)
+        if session.clean_session:
+            await self._delete_session(session.client_id)
+            session.parent = 0
+        elif session.client_id in self._sessions:
+            old, _ = self._sessions[session.client_id]
+            for k in ("will_flag", "will_message", "will_topic", "will_qos", "keep_alive",
+                      "username", "password"):
+                setattr(old, k, getattr(session, k))
+            session = old
+            session.parent = 1
+        else:
+            session.parent = 0
+        if not session.client_id:
+            session.client_id = gen_client_id()
+        return handler, session
+
+
+_AUTH = f"{__name__}.PartyAuth"
+_TOPICS = f"{__name__}.PartyTopics"
+
+
+class EmbeddedBroker:
+    """An amqtt broker bound to loopback that admits only the testbed's parties."""
+
+    def __init__(self, testbed: str, nodes: list[str], passwords: Mapping[str, str],
+                 host: str = "127.0.0.1", port: int | None = None) -> None:
         self.host = host
         self.port = port or free_port(host)
+        self.testbed, self.nodes = testbed, list(nodes)
+        self._parties = {u: _digest(p) for u, p in passwords.items()}
         self._broker: Any = None
 
     @property
     def url(self) -> str:
         return f"mqtt://{self.host}:{self.port}"
 
-    async def start(self) -> EmbeddedBroker:
-        from amqtt.broker import Broker
+    @property
+    def refused(self) -> int:
+        """CONNECTs refused (unknown party, wrong password, another's client id or will)."""
+        return self._broker.refused if self._broker is not None else 0
 
+    async def start(self) -> EmbeddedBroker:
         config = {
-            "listeners": {"default": {"type": "tcp", "bind": f"{self.host}:{self.port}"}},
-            "plugins": {"amqtt.plugins.authentication.AnonymousAuthPlugin":
-                        {"allow_anonymous": True}},
+            "listeners": {"default": {"type": "tcp", "bind": f"{self.host}:{self.port}",
+                                      "max_connections": 4096}},
+            "plugins": {_AUTH: {"parties": self._parties},
+                        _TOPICS: {"testbed": self.testbed, "nodes": self.nodes}},
         }
-        self._broker = Broker(config)
+        self._broker = _Broker(config, self._parties, self.testbed, self.nodes)
         await self._broker.start()
         return self
 

@@ -9,8 +9,9 @@ endpoints are written out as an emu testbed config that the controller loads lik
 from __future__ import annotations
 
 import asyncio
-import functools
 import gc
+import os
+import shutil
 import signal
 import statistics
 from dataclasses import dataclass, field
@@ -18,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import tomli_w
+from oddl.controller.access import EMULATOR, new_passwords, probe_ns
 from oddl.controller.clock import Clock
 from oddl.controller.config import Testbed
 from oddl.controller.node import NodeProgram
@@ -40,6 +42,23 @@ class Emulation:
     observer: Any = None  # the monitor's ear on external node programs' control topics
     world: Any = None
     control_hop_ns: int | None = None  # one control message through the broker, measured
+    passwords: dict[str, str] = field(default_factory=dict)  # this run's, per party
+
+    def password(self, party: str) -> str | None:
+        return self.passwords.get(party)
+
+    def write_secrets(self, where: Path) -> Path:
+        """Each party's password in a file of its own, in a directory only this user can
+        open: what the emu config's `password_file` names."""
+        where.mkdir(mode=0o700, exist_ok=True)
+        where.chmod(0o700)
+        for party, pw in self.passwords.items():
+            f = where / party
+            f.unlink(missing_ok=True)
+            fd = os.open(f, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "w") as fh:
+                fh.write(pw)
+        return where
 
     def endpoints(self) -> dict[str, Any]:
         return {
@@ -79,33 +98,35 @@ async def start(tb: Testbed, host: str = "127.0.0.1", faults: list[Fault] | None
         emu.boards[node] = server if node in dead else await server.start()  # dead: silent
     for wid, model in emu.world.wss.items():
         emu.wss[wid] = SerialWSS(model).start()
-    if tb.broker.url == "embedded":
-        emu.broker = await EmbeddedBroker(host).start()
+    if tb.broker.url == "embedded":  # credentials of this run's own, for every party
+        emu.passwords = new_passwords(grid.nodes)
+        emu.broker = await EmbeddedBroker(tb.name, list(grid.nodes), emu.passwords,
+                                          host).start()
     # stage 2 beside each board: the `oddl node` program on the board's local registers
-    # and its interrupt line, its own client on the broker; the fabric's monitor (which
-    # sees the light) judges every job, as it judges a sim run
-    from oddl.drivers.mqtt import bus_from_config, client_from_config
+    # and its interrupt line, logged in as its node; the fabric's monitor (which sees the
+    # light) judges every job, as it judges a sim run
+    from oddl.drivers.mqtt import bus_from_config
 
     port = emu.broker.port if emu.broker is not None else None
     w = emu.world
+    emu.control_hop_ns = await control_hop_ns(tb, port, emu.password(EMULATOR))
     for node in grid.nodes:
         if node in dead or node in external:
             continue
         emu.nodes[node] = await NodeProgram(
             tb.name, node, w.onics[node], w.lines[node],
-            functools.partial(client_from_config, tb.broker, f"oddl-node-{node}-jobs", port),
-            functools.partial(bus_from_config, tb.name, tb.broker, port,
-                              client_id=f"oddl-node-{node}", tap=w.checker.on_message),
+            bus_from_config(tb.name, tb.broker, node, port, tap=w.checker.on_message,
+                            password=emu.password(node)),
             w.checker).start()
     if external:  # their GRANTs reach the monitor through an observer; which flows they
         # start, only they know: the monitor does not hold them to "never started"
-        emu.observer = bus_from_config(tb.name, tb.broker, port, client_id="oddl-emu-observer",
-                                       tap=w.checker.on_message)
+        emu.observer = bus_from_config(tb.name, tb.broker, EMULATOR, port,
+                                       tap=w.checker.on_message,
+                                       password=emu.password(EMULATOR))
         for node in external:
             emu.observer.attach(node, lambda m: None)
         await emu.observer.start()
         w.checker.partial = True
-    emu.control_hop_ns = await control_hop_ns(tb, port)
     if tb.qick is not None:
         from oddl.sim.qick_pyro import QickPyroServer
         from oddl.sim.qick_soc import Photonics
@@ -118,18 +139,21 @@ async def start(tb: Testbed, host: str = "127.0.0.1", faults: list[Fault] | None
     return emu
 
 
-async def control_hop_ns(tb: Testbed, port: int | None, n: int = 40) -> int:
+async def control_hop_ns(tb: Testbed, port: int | None, password: str | None,
+                         n: int = 40) -> int:
     """One control message's trip through this testbed's broker (half the median REQUEST ->
     GRANT round trip on the node side's own loop): what a model of the emulated testbed
-    should use for `[control] latency_ns`, instead of the prototype's FPGA network."""
+    should use for `[control] latency_ns`, instead of the prototype's FPGA network. It runs
+    in the emulator's own namespace, before the node programs, as the emulator."""
     from oddl.drivers.mqtt import bus_from_config, request_grant_rtt
 
-    bus = bus_from_config(tb.name, tb.broker, port, client_id="oddl-emu-probe")
-    rtt = await request_grant_rtt(bus, n, warmup=10, a="probe-a", b="probe-b")
+    bus = bus_from_config(probe_ns(tb.name), tb.broker, EMULATOR, port, password=password)
+    rtt = await request_grant_rtt(bus, n, warmup=10, a=EMULATOR, b="probe")
     return round(statistics.median(rtt) / 2 * 1e9)
 
 
-def emu_config(tb: Testbed, emu: Emulation, source: str) -> dict[str, Any]:
+def emu_config(tb: Testbed, emu: Emulation, source: str, secrets: Path | None = None
+               ) -> dict[str, Any]:
     """The testbed as the controller should see it: same fabric, emulated endpoints."""
     d = tb.model_dump(mode="json", exclude_none=True, exclude={"generate"})
     d["testbed"]["backend"] = "emu"
@@ -147,6 +171,9 @@ def emu_config(tb: Testbed, emu: Emulation, source: str) -> dict[str, Any]:
         w["serial"] = emu.wss[w["id"]].path
     if emu.broker is not None:
         d["broker"]["url"] = emu.broker.url
+        if secrets is not None:
+            d["broker"].pop("password_env", None)
+            d["broker"]["password_file"] = str(secrets.resolve() / "{user}")
     if emu.qick is not None:
         d["qick"]["soc"] = emu.qick.url
     for k in ("wavelengths_nm", "wavelength_grid"):
@@ -165,8 +192,11 @@ async def serve(tb: Testbed, source: str, out: Path, say: Any,
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
+    secrets = out.with_name(f".{out.name}.secrets") if emu.passwords else None
     try:
-        out.write_text(tomli_w.dumps(emu_config(tb, emu, source)))
+        if secrets is not None:
+            emu.write_secrets(secrets)
+        out.write_text(tomli_w.dumps(emu_config(tb, emu, source, secrets)))
         ep = emu.endpoints()
         for n, url in ep["boards"].items():
             say(f"board {n}: {url} (PYNQ.remote)")
@@ -182,4 +212,6 @@ async def serve(tb: Testbed, source: str, out: Path, say: Any,
         await stop.wait()
     finally:
         await emu.stop()
+        if secrets is not None:
+            shutil.rmtree(secrets, ignore_errors=True)
         say("stopped")

@@ -9,7 +9,9 @@ import sys
 from pathlib import Path
 
 import aiomqtt
+import pytest
 from oddl.controller.config import load_testbed
+from oddl.drivers.mqtt import password_of
 from oddl.drivers.onic import ONicDriver
 from oddl.drivers.wss import WSSDriver
 from oddl.fpga import regmap as R
@@ -38,17 +40,29 @@ def test_emulate_serves_the_prototype(root: Path, tmp_path: Path) -> None:
         assert wss.get_table() == [[1, 2], [0, 3], [3, 0], [2, 1]]
         wss.close()
 
-        async def mqtt() -> None:
-            port = int(tb.broker.url.rsplit(":", 1)[1])
-            async with aiomqtt.Client("127.0.0.1", port, identifier="probe") as c:
-                await c.publish("oddl/probe", b"x")
+        # the broker admits this run's parties only, each with its own password, kept in
+        # files only this user can read, named by the config
+        secrets = Path(tb.broker.password_file.replace("{user}", ""))  # type: ignore[union-attr]
+        assert secrets.stat().st_mode & 0o777 == 0o700
+        assert {p.name for p in secrets.iterdir()} >= {"oddl-ctl", "oddl-emu", "n0"}
+        assert all(p.stat().st_mode & 0o777 == 0o600 for p in secrets.iterdir())
+        port = int(tb.broker.url.rsplit(":", 1)[1])
 
-        asyncio.run(mqtt())
+        async def connect(user: str | None, password: str | None) -> None:
+            async with aiomqtt.Client("127.0.0.1", port, identifier=user or "anon",
+                                      username=user, password=password) as c:
+                await c.publish("oddl/probe/x", b"x")
+
+        asyncio.run(connect("oddl-ctl", password_of(tb.broker, "oddl-ctl")))
+        for user, password in ((None, None), ("oddl-ctl", "guess"), ("n0", "")):
+            with pytest.raises(aiomqtt.MqttError, match=r"[Bb]ad user name or password"):
+                asyncio.run(connect(user, password))
         proc.send_signal(signal.SIGINT)
         assert proc.stdout is not None
         rest = proc.stdout.read()
         assert proc.wait(20) == 0
         assert "stopped" in rest
+        assert not secrets.exists()  # this run's credentials die with it
 
 
 def test_run_table1_on_the_emulated_testbed(root: Path, tmp_path: Path) -> None:

@@ -13,7 +13,9 @@ from pathlib import Path
 
 import aiomqtt
 import pytest
-from oddl.controller.messages import Grant
+from oddl.controller.access import ctl_topic, run_topic, write_mosquitto
+from oddl.controller.messages import Grant, Release
+from oddl.controller.wire import encode
 from oddl.drivers.mqtt import BusError, MQTTBus
 from oddl.sim.broker import free_port
 
@@ -23,68 +25,104 @@ pytestmark = pytest.mark.skipif(MOSQUITTO is None, reason="mosquitto is not inst
                                 "(.ci/run installs it; apt-get install mosquitto)")
 
 
-@pytest.fixture
-def mosquitto(tmp_path: Path) -> Iterator[int]:
-    port = free_port()
-    pw = tmp_path / "passwd"
-    subprocess.run(["mosquitto_passwd", "-c", "-b", str(pw), "oddl", "s3cret"], check=True,
-                   capture_output=True)
-    pw.chmod(0o600)
-    conf = tmp_path / "mosquitto.conf"
-    # as root, mosquitto would drop to its own user, which cannot read pytest's tmp dir
-    as_root = "user root\n" if os.geteuid() == 0 else ""
-    conf.write_text(f"{as_root}listener {port} 127.0.0.1\nset_tcp_nodelay true\n"
-                    f"allow_anonymous false\npassword_file {pw}\npersistence false\n")
+def _start(conf: Path, port: int) -> subprocess.Popen[bytes]:
     proc = subprocess.Popen([MOSQUITTO, "-c", str(conf)], stdout=subprocess.PIPE,  # type: ignore[list-item]
                             stderr=subprocess.STDOUT)
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:  # wait until it accepts connections
         try:
             socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-            break
+            return proc
         except OSError:
             if proc.poll() is not None:
                 out = proc.stdout.read()  # type: ignore[union-attr]
                 raise RuntimeError(f"mosquitto exited: {out!r}") from None
             time.sleep(0.02)
+    proc.kill()
+    raise RuntimeError("mosquitto did not listen within 10 s")
+
+
+@pytest.fixture
+def mosquitto(tmp_path: Path) -> Iterator[tuple[int, dict[str, str]]]:
+    """Mosquitto with the files `oddl broker-config` writes for testbed tb (n0, n1)."""
+    port = free_port()
+    files = write_mosquitto("tb", ["n0", "n1"], tmp_path / "broker", port)
+    conf = files["mosquitto.conf"]
+    if os.geteuid() == 0:  # as root, mosquitto would drop to a user who cannot read tmp
+        conf.write_text(conf.read_text() + "user root\n")
+    pw = {k.removeprefix("secrets/"): p.read_text().strip() for k, p in files.items()
+          if k.startswith("secrets/")}
+    proc = _start(conf, port)
     try:
-        yield port
+        yield port, pw
     finally:
         proc.terminate()
         proc.wait(timeout=5)
 
 
-def test_authenticated_exchange(mosquitto: int) -> None:
-    async def body() -> list:
-        got: list = []
-        arrived = asyncio.Event()
-        bus = MQTTBus("tb", "127.0.0.1", mosquitto, username="oddl", password="s3cret",
-                      client_id="ctl")
-        bus.attach("n0", lambda m: (got.append(m), arrived.set()))
-        await bus.start()
-        bus.send("n1", "n0", Grant(3, 0, "n1", "n0", "V", 0, 10**12))
-        await asyncio.wait_for(arrived.wait(), 10)
-        async with aiomqtt.Client("127.0.0.1", mosquitto, username="oddl", password="s3cret",
-                                  identifier="watch") as w:
-            await w.subscribe("oddl/tb/status/#", qos=1)
-            async for m in w.messages:  # the retained status
-                assert bytes(m.payload) == b"online"  # type: ignore[arg-type]
-                break
-        await bus.close()
-        return got
-
-    got = asyncio.run(body())
-    assert [(type(m).__name__, m.flow) for m in got] == [("Grant", 3)]
+def _bus(port: int, pw: dict[str, str], user: str, got: list, arrived: asyncio.Event
+         ) -> MQTTBus:
+    bus = MQTTBus("tb", "127.0.0.1", port, user=user, password=pw[user])
+    bus.attach(user, lambda m: (got.append(m), arrived.set()))
+    return bus
 
 
-def test_wrong_password_is_refused(mosquitto: int) -> None:
-    async def body() -> None:
-        bus = MQTTBus("tb", "127.0.0.1", mosquitto, username="oddl", password="guess",
-                      client_id="intruder")
-        await bus.start()
+def test_each_party_speaks_only_as_itself(mosquitto: tuple[int, dict[str, str]]) -> None:
+    """The generated files against the real broker: a node's messages as itself arrive;
+    as another node, as the controller (a job), or under another's client id, they do not;
+    the read-only dashboard reads and cannot write."""
+    port, pw = mosquitto
 
-    with pytest.raises(BusError, match=r"[Nn]ot authori[sz]ed|[Bb]ad user name"):
-        asyncio.run(body())
+    async def body() -> tuple[list, list, list]:
+        got0: list = []
+        a0 = asyncio.Event()
+        n0 = _bus(port, pw, "n0", got0, a0)
+        jobs: list = []
+        n0.on(run_topic("tb"), lambda t, p: jobs.append(p))
+        n1 = _bus(port, pw, "n1", [], asyncio.Event())
+        await n0.start()
+        await n1.start()
+        n1.send("n1", "n0", Grant(3, 0, "n1", "n0", "V", 0, 10**12))
+        await asyncio.wait_for(a0.wait(), 10)
+        # n1 as n0, on n0's topic (QoS 1: Mosquitto acknowledges and drops what it denies)
+        await n1.publish(ctl_topic("tb", "n0", "n0"), encode(Release(4, 0, "n0", "n0", "H")))
+        await n1.publish(run_topic("tb"), b'{"v": 2}')
+        # a client with n1's password under n0's client id: it is n1 (the broker says so)
+        thief = aiomqtt.Client("127.0.0.1", port, identifier="n0", username="n1",
+                               password=pw["n1"])
+        async with thief:
+            await thief.publish(ctl_topic("tb", "n0", "n1"), b"x", qos=1)
+        async with aiomqtt.Client("127.0.0.1", port, identifier="oddl-dash",
+                                  username="oddl-dash", password=pw["oddl-dash"]) as dash:
+            await dash.subscribe("oddl/tb/status/+", qos=1)
+            seen = []
+            async for m in dash.messages:  # the retained statuses
+                seen.append(str(m.topic))
+                if "oddl/tb/status/n0" in seen:
+                    break
+            await dash.publish(run_topic("tb"), b'{"v": 2}', qos=1)
+        assert n1.lost.is_set()  # the "thief" was n1 itself: it took over n1's session
+        n1 = _bus(port, pw, "n1", [], asyncio.Event())
+        await n1.start()
+        a0.clear()
+        n1.send("n1", "n0", Grant(5, 0, "n1", "n0", "V", 0, 10**12))  # n0 still there
+        await asyncio.wait_for(a0.wait(), 10)
+        assert n0.rejected == 1  # the thief's "x", which arrived from n1
+        await n0.close()
+        await n1.close()
+        return got0, jobs, seen
+
+    got0, jobs, seen = asyncio.run(body())
+    assert [(type(m).__name__, m.flow) for m in got0] == [("Grant", 3), ("Grant", 5)]
+    assert jobs == []  # neither a node nor the dashboard can publish a job
+    assert "oddl/tb/status/n0" in seen
+
+
+def test_wrong_or_no_password_is_refused(mosquitto: tuple[int, dict[str, str]]) -> None:
+    port, pw = mosquitto
+    for user, password in (("n0", "guess"), ("n0", pw["n1"]), ("evil", "x"), ("n0", None)):
+        with pytest.raises(BusError, match=r"[Nn]ot authori[sz]ed|[Bb]ad user name"):
+            asyncio.run(MQTTBus("tb", "127.0.0.1", port, user=user, password=password).start())
 
 
 def _tls_files(d: Path) -> tuple[Path, Path, Path]:
@@ -130,36 +168,23 @@ def test_tls_and_password_from_config(tmp_path: Path, monkeypatch: pytest.Monkey
 
     ca, cert, key = _tls_files(tmp_path)
     port = free_port()
-    pw = tmp_path / "passwd"
-    subprocess.run(["mosquitto_passwd", "-c", "-b", str(pw), "oddl", "s3cret"], check=True,
-                   capture_output=True)
-    conf = tmp_path / "m.conf"
+    files = write_mosquitto("tb", ["n0"], tmp_path / "broker", port)
+    conf = files["mosquitto.conf"]
     as_root = "user root\n" if os.geteuid() == 0 else ""
-    conf.write_text(f"{as_root}listener {port} 127.0.0.1\ncafile {ca}\ncertfile {cert}\n"
-                    f"keyfile {key}\nset_tcp_nodelay true\n"
-                    f"allow_anonymous false\npassword_file {pw}\n"
-                    f"persistence false\n")
-    proc = subprocess.Popen([MOSQUITTO, "-c", str(conf)], stdout=subprocess.PIPE,  # type: ignore[list-item]
-                            stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
-            break
-        except OSError:
-            assert proc.poll() is None, proc.stdout.read()  # type: ignore[union-attr]
-            time.sleep(0.02)
-    monkeypatch.setenv("ODDL_TEST_MQTT_PW", "s3cret")
-    cfg = Broker(url=f"mqtts://127.0.0.1:{port}", username="oddl",
-                 password_env="ODDL_TEST_MQTT_PW", ca_file=str(ca))
+    conf.write_text(f"{conf.read_text()}{as_root}cafile {ca}\ncertfile {cert}\n"
+                    f"keyfile {key}\n")
+    proc = _start(conf, port)
+    monkeypatch.setenv("ODDL_TEST_MQTT_PW", files["secrets/n0"].read_text().strip())
+    cfg = Broker(url=f"mqtts://127.0.0.1:{port}", password_env="ODDL_TEST_MQTT_PW",
+                 ca_file=str(ca))
 
     async def body() -> list:
         got: list = []
         arrived = asyncio.Event()
-        bus = bus_from_config("tb", cfg)
+        bus = bus_from_config("tb", cfg, "n0")
         bus.attach("n0", lambda m: (got.append(m), arrived.set()))
         await bus.start()  # TLS handshake against our CA, then the password
-        bus.send("n1", "n0", Grant(4, 0, "n1", "n0", "H", 0, 1))
+        bus.send("n0", "n0", Grant(4, 0, "n0", "n0", "H", 0, 1))
         await asyncio.wait_for(arrived.wait(), 10)
         await bus.close()
         return got

@@ -8,6 +8,7 @@ import socket
 
 import aiomqtt
 import pytest
+from oddl.controller.access import ctl_topic, new_passwords
 from oddl.controller.arbiter import Arbiter
 from oddl.controller.clock import Clock
 from oddl.controller.control_unit import ControlUnit
@@ -15,7 +16,7 @@ from oddl.controller.job import timing_of
 from oddl.controller.messages import Flow, Grant, Release, Request
 from oddl.controller.topology import Grid
 from oddl.controller.wire import BusDecodeError, decode, encode
-from oddl.drivers.mqtt import MQTTBus, ctl_topic
+from oddl.drivers.mqtt import MQTTBus
 from oddl.sim import backend as sim_backend
 from oddl.sim.broker import EmbeddedBroker
 
@@ -39,45 +40,68 @@ def test_codec_round_trip_and_rejections() -> None:
             decode(raw)
 
 
-async def _with_broker(fn):  # type: ignore[no-untyped-def]
-    broker = await EmbeddedBroker().start()
+NODES = ["n0", "n1", "n2", "n0-0", "n0-1", "n0-2", "n0-3"]
+PASSWORDS = new_passwords(NODES)
+
+
+async def _with_broker(fn, testbed: str = "tb"):  # type: ignore[no-untyped-def]
+    broker = await EmbeddedBroker(testbed, NODES, PASSWORDS).start()
     try:
         return await asyncio.wait_for(fn(broker), timeout=60)
     finally:
         await broker.stop()
 
 
+def _bus(broker: EmbeddedBroker, user: str, **kw: object) -> MQTTBus:
+    return MQTTBus(broker.testbed, "127.0.0.1", broker.port, user=user,
+                   password=PASSWORDS[user], **kw)  # type: ignore[arg-type]
+
+
 def test_exchange_and_garbage_dropped(caplog: pytest.LogCaptureFixture) -> None:
-    async def body(broker: EmbeddedBroker) -> tuple[list, MQTTBus]:
+    """A peer (n2, a legitimate party gone bad) can publish only as itself; what it sends
+    that is no control message, or claims another sender or receiver, is dropped; a
+    payload nested 20,000 deep or over the size bound is one rejected message, not a
+    RecursionError that takes the rest of the socket read with it."""
+    async def body(broker: EmbeddedBroker) -> tuple[list, MQTTBus, MQTTBus]:
         got: list = []
         arrived = asyncio.Event()
-        bus = MQTTBus("tb", "127.0.0.1", broker.port, client_id="t1")
-        bus.attach("n0", lambda m: (got.append(("n0", m)), arrived.set()))
-        bus.attach("n1", lambda m: (got.append(("n1", m)), arrived.set()))
-        await bus.start()
-        async with aiomqtt.Client("127.0.0.1", broker.port, identifier="vandal") as v:
-            await v.publish(ctl_topic("tb", "n1"), b"\x00\xffnot json")
-            await v.publish(ctl_topic("tb", "n1"),
-                            encode(Release(9, 0, "n0", "n2", "H")))  # addressed elsewhere
-        bus.send("n0", "n1", Request(5, 0, "n0", "n1", "H", 1, 64))
+        b0, b1 = _bus(broker, "n0"), _bus(broker, "n1")
+        b0.attach("n0", lambda m: (got.append(("n0", m)), arrived.set()))
+        b1.attach("n1", lambda m: (got.append(("n1", m)), arrived.set()))
+        await b0.start()
+        await b1.start()
+        async with aiomqtt.Client("127.0.0.1", broker.port, identifier="n2", username="n2",
+                                  password=PASSWORDS["n2"]) as v:
+            for payload in (b"\x00\xffnot json", b"[" * 20_000 + b"]" * 20_000,
+                            encode(Release(8, 0, "n0", "n1", "H")),  # claims to be n0
+                            encode(Release(9, 0, "n2", "n0", "H")),  # addressed elsewhere
+                            b" " * 5000):
+                await v.publish(ctl_topic("tb", "n1", "n2"), payload)
+            # as n0, on n0's topic: the broker does not pass it on
+            await v.publish(ctl_topic("tb", "n1", "n0"), encode(Release(7, 0, "n0", "n1", "H")),
+                            qos=1)  # acknowledged: the broker has judged it
+        b0.send("n0", "n1", Request(5, 0, "n0", "n1", "H", 1, 64))
         while len(got) < 1:
             arrived.clear()
             await arrived.wait()
-        bus.send("n1", "n0", Grant(5, 0, "n1", "n0", "H", 1, 10**12))
+        b1.send("n1", "n0", Grant(5, 0, "n1", "n0", "H", 1, 10**12))
         while len(got) < 2:
             arrived.clear()
             await arrived.wait()
-        await bus.close()
-        return got, bus
+        await b0.close()
+        await b1.close()
+        return got, b0, b1
 
-    with caplog.at_level(logging.WARNING, logger="drivers.mqtt"):
-        got, bus = asyncio.run(_with_broker(body))
+    with caplog.at_level(logging.WARNING):
+        got, b0, b1 = asyncio.run(_with_broker(body))
     assert [(n, type(m).__name__, m.flow) for n, m in got] == [("n1", "Request", 5),
                                                              ("n0", "Grant", 5)]
-    assert bus.rejected == 2 and bus.received == 2 and bus.sent == 2
+    assert (b1.rejected, b1.received, b0.received, b0.sent) == (5, 1, 1, 1)
     text = caplog.text
     assert "rejected message: not a control envelope" in text
-    assert "addressed to n2 dropped" in text
+    assert "does not match its topic" in text
+    assert "5000 bytes on oddl/tb/node/n1/ctl/n2 is no control message" in text
+    assert "n2 may not write oddl/tb/node/n1/ctl/n0" in text
 
 
 def test_control_units_schedule_flows_over_mqtt() -> None:
@@ -92,8 +116,7 @@ def test_control_units_schedule_flows_over_mqtt() -> None:
         loop = asyncio.get_running_loop()
         clock = Clock(loop)
         st = sim_backend.build(tb, grid, clock)
-        bus = MQTTBus(tb.name, "127.0.0.1", broker.port, client_id="ctl",
-                      tap=st.checker.on_message)
+        buses = {n: _bus(broker, n, tap=st.checker.on_message) for n in grid.nodes}
         arb = Arbiter(tb, grid, st.onics, st.wss)
         plan = arb.plan(schedule_for(grid, pairs), "cyclic")
         arb.apply(plan)
@@ -110,37 +133,42 @@ def test_control_units_schedule_flows_over_mqtt() -> None:
             if not done.done():
                 done.set_exception(e)
 
-        cus = {n: ControlUnit(n, clock, bus, st.onics[n], plan.routes.get(n, {}), timing,
-                              deliver, fail) for n in grid.nodes}
+        cus = {n: ControlUnit(n, clock, buses[n], st.onics[n], plan.routes.get(n, {}),
+                              timing, deliver, fail) for n in grid.nodes}
         for n in grid.nodes:
             st.lines[n].connect(st.onics[n].on_interrupt)
-        await bus.start()
+            await buses[n].start()
         for i, (s, d, b) in enumerate(pairs):
             f = Flow(i, grid.nodes[s], grid.nodes[d], b, t_submit=clock.now_ns())
             st.checker.flow_started(f)
             cus[f.src].submit(f)
         await done
+        def count(k: str) -> int:
+            return sum(getattr(b, k) for b in buses.values())
+
         for _ in range(500):  # the last RELEASEs are still in flight: wait for them (bounded)
-            if bus.received == bus.sent:
+            if count("received") == count("sent"):
                 break
             await asyncio.sleep(0.01)
-        await bus.close()
-        return delivered, st.checker, bus
+        for b in buses.values():
+            await b.close()
+        return delivered, st.checker, (count("sent"), count("received"))
 
-    delivered, checker, bus = asyncio.run(_with_broker(body))
+    delivered, checker, (sent, received) = asyncio.run(_with_broker(body, tb.name))
     assert delivered == dict.fromkeys(range(len(pairs)), 1)
     assert checker.violations == [] and checker.undelivered() == []  # type: ignore[attr-defined]
-    assert bus.sent == bus.received == 3 * len(pairs)
+    assert sent == received == 3 * len(pairs)
 
 
 def test_last_will_marks_a_vanished_controller_offline() -> None:
     async def body(broker: EmbeddedBroker) -> list[bytes]:
-        bus = MQTTBus("tb", "127.0.0.1", broker.port, client_id="ctl-a")
+        bus = _bus(broker, "n0")
         bus.attach("n0", lambda m: None)
         await bus.start()
         seen: list[bytes] = []
-        async with aiomqtt.Client("127.0.0.1", broker.port, identifier="watch") as w:
-            await w.subscribe("oddl/tb/status/ctl-a", qos=1)
+        async with aiomqtt.Client("127.0.0.1", broker.port, identifier="oddl-dash",
+                                  username="oddl-dash", password=PASSWORDS["oddl-dash"]) as w:
+            await w.subscribe("oddl/tb/status/n0", qos=1)
             async for m in w.messages:
                 seen.append(bytes(m.payload))  # type: ignore[arg-type]
                 if len(seen) == 1:  # "online" (retained): now vanish without DISCONNECT
@@ -161,7 +189,7 @@ def test_a_burst_bigger_than_the_socket_buffer_arrives_whole_and_in_order() -> N
     async def body(broker: EmbeddedBroker) -> tuple[list[int], int]:
         got: list[int] = []
         done = asyncio.Event()
-        bus = MQTTBus("tb", "127.0.0.1", broker.port, client_id="burst")
+        bus, b1 = _bus(broker, "n0"), _bus(broker, "n1")
 
         def on(m: Release) -> None:
             got.append(m.flow)
@@ -170,11 +198,13 @@ def test_a_burst_bigger_than_the_socket_buffer_arrives_whole_and_in_order() -> N
 
         bus.attach("n0", on)  # type: ignore[arg-type]
         await bus.start()
+        await b1.start()
         for i in range(n):  # one loop turn: paho queues, the bus writes as it can
-            bus.send("n1", "n0", Release(i, 0, "n1", "n0", "H" * 100))
+            b1.send("n1", "n0", Release(i, 0, "n1", "n0", "H" * 100))
         await asyncio.wait_for(done.wait(), 50)
         await bus.close()
-        return got, bus.stalls
+        await b1.close()
+        return got, b1.stalls
 
     got, stalls = asyncio.run(_with_broker(body))
     assert got == list(range(n))
@@ -188,7 +218,7 @@ def test_no_broker_is_a_clear_error() -> None:
     port = free_port()  # nothing listens here
 
     async def body() -> None:
-        await MQTTBus("tb", "127.0.0.1", port, client_id="lonely").start()
+        await MQTTBus("tb", "127.0.0.1", port, user="lonely").start()
 
     with pytest.raises(BusError, match=rf"cannot reach the broker at 127.0.0.1:{port}"):
         asyncio.run(body())

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import functools
 import json
 import signal
 import subprocess
@@ -13,9 +12,10 @@ from pathlib import Path
 
 import aiomqtt
 import msgspec
+from oddl.controller.access import CONTROLLER, new_passwords, results, run_topic
 from oddl.controller.clock import Clock
 from oddl.controller.control_unit import Timing
-from oddl.controller.job import JOB_VERSION, JobEvent, JobSpec, result_topic, run_topic
+from oddl.controller.job import JOB_VERSION, JobEvent, JobSpec
 from oddl.controller.node import NodeProgram
 from oddl.controller.topology import Grid
 from oddl.drivers.mqtt import MQTTBus
@@ -31,24 +31,25 @@ def test_node_program_reports_a_failing_job_and_serves_the_next() -> None:
     """Garbage and wrong schemas are dropped; a job it cannot run fails with the reason
     (to the controller and its peers); the program keeps serving."""
     tb = make_testbed(2, 2)
-
+    node = "n0-0"
+    pw = new_passwords(tb_nodes := [n.id for n in tb.nodes])
     rejected: list[int] = []
 
     async def main() -> list[JobEvent]:
-        broker = await EmbeddedBroker().start()
+        broker = await EmbeddedBroker("tb", tb_nodes, pw).start()
         port = broker.port
         world = sim_backend.build(tb, Grid.from_testbed(tb), Clock(asyncio.get_running_loop()))
-        node = "n0-0"
         prog = await NodeProgram(
             "tb", node, world.onics[node], world.lines[node],
-            lambda: aiomqtt.Client("127.0.0.1", port, identifier="node-jobs"),
-            functools.partial(MQTTBus, "tb", "127.0.0.1", port, client_id="node")).start()
+            MQTTBus("tb", "127.0.0.1", port, user=node, password=pw[node])).start()
         events: list[JobEvent] = []
         try:
-            async with aiomqtt.Client("127.0.0.1", port, identifier="ctl") as c:
-                await c.subscribe(result_topic("tb"), qos=1)
+            async with aiomqtt.Client("127.0.0.1", port, identifier=CONTROLLER,
+                                      username=CONTROLLER, password=pw[CONTROLLER]) as c:
+                await c.subscribe(results("tb"), qos=1)
                 await c.publish(run_topic("tb"), b"not json", qos=1)
                 await c.publish(run_topic("tb"), b'{"v": 99}', qos=1)  # wrong schema
+                await c.publish(run_topic("tb"), b"[" * 100_000, qos=1)  # deep: no recursion
                 spec = JobSpec(JOB_VERSION, "j1", "no-such-collective", 1000, 1, 1, 4,
                                [node], [node], 1, 0, False, TIMING, {})
                 for job in ("j1", "j2"):
@@ -64,7 +65,7 @@ def test_node_program_reports_a_failing_job_and_serves_the_next() -> None:
         return events
 
     events = asyncio.run(asyncio.wait_for(main(), 60))
-    assert rejected == [2]  # the garbage and the wrong schema, counted
+    assert rejected == [3]  # the garbage, the wrong schema and the deep nesting, counted
     assert [(e.job, e.kind, e.node) for e in events] == [("j1", "failed", "n0-0"),
                                                          ("j2", "failed", "n0-0")]
     assert "no-such-collective" in events[0].error  # says why

@@ -16,6 +16,7 @@ pytestmark = pytest.mark.acceptance
 
 def test_control_rtt(bench: Bench, figure) -> None:  # type: ignore[no-untyped-def]
     """REQUEST -> GRANT through the testbed's MQTT broker (with its authentication/TLS)."""
+    from oddl.controller.access import CONTROLLER, probe_ns
     from oddl.drivers.mqtt import bus_from_config
 
     tb, spec = bench.tb, bench.spec
@@ -23,11 +24,12 @@ def test_control_rtt(bench: Bench, figure) -> None:  # type: ignore[no-untyped-d
         pytest.fail("broker 'embedded' exists only inside a running oddl: the config must "
                     "name the broker (mqtt://HOST:PORT), as `oddl emulate` writes it",
                     pytrace=False)
-    broker = tb.broker.model_copy(update={"client_id": f"{tb.broker.client_id}-accept"})
 
     async def measure() -> list[float]:  # the bus is made on the loop it runs on
-        return await request_grant_rtt(bus_from_config(tb.name, broker),
-                                       spec.control_rtt_samples)
+        # as the controller, in the testbed's probe namespace (no job's topics)
+        return await request_grant_rtt(
+            bus_from_config(probe_ns(tb.name), tb.broker, CONTROLLER),
+            spec.control_rtt_samples, a=CONTROLLER, b="probe")
 
     try:
         rtt = asyncio.run(measure())
