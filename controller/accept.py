@@ -54,12 +54,16 @@ class AcceptError(RuntimeError):
 def emulated(testbed: Path, faults: list[str], workdir: Path,
              say: Callable[[str], None]) -> Iterator[Path]:
     """`oddl emulate TESTBED` as a child process (exactly what a user would start by hand);
-    yields the emu config it writes, stops it with SIGINT on the way out."""
+    yields the emu config it writes, stops it with SIGINT on the way out. Its log goes to
+    `workdir/emulator.log`: a pipe nobody reads fills up, and the emulator then freezes
+    in its next write (a burst of warnings did it)."""
     out = workdir / f"{testbed.stem}-emu.toml"
+    log = workdir / "emulator.log"
     cmd = [sys.executable, "-m", "oddl.controller.cli", "emulate", str(testbed), "--out", str(out)]
     for f in faults:
         cmd += ["--fault", f]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    with log.open("w") as err:
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, text=True)
     killer = threading.Timer(60, proc.kill)  # it must come up within a minute
     killer.start()
     try:
@@ -71,8 +75,10 @@ def emulated(testbed: Path, faults: list[str], workdir: Path,
                 break
         killer.cancel()
         if proc.poll() is not None:
-            err = proc.stderr.read() if proc.stderr else ""
-            raise AcceptError(f"emulator exited ({proc.returncode}): {err.strip()}")
+            raise AcceptError(f"emulator exited ({proc.returncode}): "
+                              f"{log.read_text(errors='replace').strip()[-2000:]}")
+        # what it says from here on ("stopped") is drained, never left to fill the pipe
+        threading.Thread(target=proc.stdout.read, daemon=True).start()
         yield out
     finally:
         killer.cancel()

@@ -30,6 +30,8 @@ log = logging.getLogger(__name__)
 
 IDLE, REQUESTING, SENDING = "idle", "requesting", "sending"
 _DONE_MEMORY = 4096  # delivered (flow, hop) keys remembered per receiver for deduplication
+MAX_QUEUED = 4096  # REQUESTs waiting at one receiver port (a group is at most 4096 nodes)
+MAX_QUEUED_PER_SENDER = 4  # one flow per transmitter at a time, and stale repeats
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,7 +96,7 @@ class ControlUnit:
         self.rx = {p: _Rx(p) for p in onic.ports}
         self.stats = {"requests": 0, "retries": 0, "grants": 0, "revoked": 0, "waits": 0,
                       "stale_grants": 0, "relayed": 0, "releases_overdue": 0,
-                      "unexpected_rx": 0}
+                      "unexpected_rx": 0, "requests_refused": 0}
         onic.attach(self)
         bus.attach(node, self.on_message)
 
@@ -201,6 +203,15 @@ class ControlUnit:
             return
         if g is None:
             self._grant(rx, q)
+        elif (len(rx.queue) >= MAX_QUEUED
+              or sum(r.src == q.src for r in rx.queue) >= MAX_QUEUED_PER_SENDER):
+            # a sender's transmitter asks for one flow at a time: more is a peer gone bad
+            # (or a flood), and must not grow the queue nor starve the others
+            self.stats["requests_refused"] += 1
+            if self.stats["requests_refused"] in (1, 10, 100, 1000, 10_000):
+                log.warning("%s/%s: REQUESTs over the bound refused (%d so far; latest "
+                            "from %s)", self.node, q.port, self.stats["requests_refused"],
+                            q.src)
         else:
             rx.queue.append(q)
             rx.queued.add(key)

@@ -31,6 +31,7 @@ from oddl.controller.clock import Clock
 from oddl.controller.devices import Bus, InterruptLine, ONic
 from oddl.controller.invariants import InvariantChecker
 from oddl.controller.job import JOB_VERSION, JobEvent, JobRunner, JobSpec, step_sync
+from oddl.controller.wire import worth_logging
 
 log = logging.getLogger(__name__)
 MAX_VIOLATIONS_REPORTED = 50
@@ -103,7 +104,9 @@ class NodeProgram:
 
     def _reject(self, topic: str, why: object) -> None:
         self.rejected += 1
-        log.warning("node %s: %s: message rejected: %s", self.node, topic, why)
+        if worth_logging(self.rejected):
+            log.warning("node %s: %s: message rejected: %s (%d so far)", self.node, topic,
+                        why, self.rejected)
 
     def _idle(self, msg: Any) -> None:
         log.debug("node %s: %r for no job of ours dropped", self.node, msg)

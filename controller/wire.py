@@ -46,3 +46,9 @@ def decode(data: bytes) -> ControlMessage:
         return _body.decode(env.msg)
     except msgspec.DecodeError as e:
         raise BusDecodeError(f"bad message: {e}") from None
+
+
+def worth_logging(count: int) -> bool:
+    """Log the first rejections one by one, then every thousandth: a peer sending junk
+    must not fill the disk through our log (each one is counted all the same)."""
+    return count <= 20 or count % 1000 == 0

@@ -23,6 +23,7 @@ from oddl.controller.config import Testbed
 from oddl.controller.invariants import InvariantChecker
 from oddl.controller.job import JobEvent, JobSpec, step_sync
 from oddl.controller.topology import Grid
+from oddl.controller.wire import worth_logging
 from oddl.drivers.mqtt import client_from_config
 from oddl.drivers.onic import DriverONic, ONicDriver, open_onic
 from oddl.drivers.wss import WSSDriver
@@ -189,7 +190,9 @@ class LabBackend:
 
     def _reject(self, topic: object, why: object) -> None:
         self.rejected += 1
-        log.warning("controller: %s: result rejected: %s", topic, why)
+        if worth_logging(self.rejected):
+            log.warning("controller: %s: result rejected: %s (%d so far)", topic, why,
+                        self.rejected)
 
     def _outcome(self, spec: JobSpec, done: Mapping[str, JobEvent]) -> JobOutcome:
         stats: dict[str, Any] = {}

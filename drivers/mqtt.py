@@ -31,7 +31,7 @@ import aiomqtt
 import paho.mqtt.client as mqtt
 from oddl.controller.access import check_name, ctl_topic, status_topic
 from oddl.controller.messages import ControlMessage
-from oddl.controller.wire import BusDecodeError, decode, encode
+from oddl.controller.wire import BusDecodeError, decode, encode, worth_logging
 
 log = logging.getLogger(__name__)
 
@@ -323,17 +323,21 @@ class MQTTBus:
                 self._control(topic, payload)
             else:
                 self._raw(topic, payload)
-        except Exception:  # a handler's bug (or a decoder's) must not take the bus down
-            self.rejected += 1
-            log.exception("mqtt: %s: message on %s failed", self.user, topic)
+        except Exception as e:  # a handler's bug (or a decoder's) must not take the bus down
+            self._reject("message on %s failed: %r", topic, e)
+
+    def _reject(self, why: str, *args: object) -> None:
+        self.rejected += 1
+        if worth_logging(self.rejected):
+            log.warning(f"mqtt: %s: {why} (%d rejected so far)", self.user, *args,
+                        self.rejected)
 
     def _raw(self, topic: str, payload: bytes) -> None:
         for f, handler in self.raw.items():
             if mqtt.topic_matches_sub(f, topic):
                 if len(payload) > MAX_RAW_BYTES:
-                    self.rejected += 1
-                    log.warning("mqtt: %s: %d bytes on %s: over %d, dropped", self.user,
-                                len(payload), topic, MAX_RAW_BYTES)
+                    self._reject("%d bytes on %s: over %d, dropped", len(payload), topic,
+                                 MAX_RAW_BYTES)
                     return
                 handler(topic, payload)
                 return
@@ -347,21 +351,14 @@ class MQTTBus:
             log.debug("mqtt: %s: message on %s for no job of ours dropped", self.user, topic)
             return
         if len(payload) > MAX_CTL_BYTES:
-            self.rejected += 1
-            log.warning("mqtt: %s: %d bytes on %s is no control message", self.user,
-                        len(payload), topic)
-            return
+            return self._reject("%d bytes on %s is no control message", len(payload), topic)
         try:
             msg = decode(payload)
         except BusDecodeError as e:
-            self.rejected += 1
-            log.warning("mqtt: %s: rejected message: %s", topic, e)
-            return
+            return self._reject("%s: rejected message: %s", topic, e)
         if msg.dst != dst or msg.src != src:
-            self.rejected += 1
-            log.warning("mqtt: %s: message from %s to %s does not match its topic", topic,
-                        msg.src, msg.dst)
-            return
+            return self._reject("%s: message from %s to %s does not match its topic", topic,
+                                msg.src, msg.dst)
         self.received += 1
         if self.tap is not None:
             self.tap(dst, msg)

@@ -2,7 +2,10 @@
 
 Emulated devices keep nanosecond-scale times (a 10.5 ns tune, 50 ns of fibre) and
 millisecond bursts on a real clock. Two things of the host get in the way:
-- epoll (asyncio's default) sleeps to the millisecond: select() sleeps to the microsecond;
+- epoll (asyncio's default) and poll() sleep to the millisecond (select() would sleep to the
+  microsecond, but it cannot watch a file descriptor numbered 1024 or more: an emulator
+  with a thousand connections crashed on it). So the sleep is cut to whole milliseconds,
+  rounded down, and the rest is polled;
 - waking a sleeping process costs what the machine's idle states cost: measured on the
   2-core VMs here, a 4 ms timer fires 170 us late at the median, 500 us at p99.
 - the garbage collector stops the world when it likes: measured during an emu run,
@@ -21,6 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import math
 import selectors
 import time
 from typing import Any
@@ -31,7 +35,7 @@ FULL_EVERY = 20
 MAX_YOUNG = 100_000
 
 
-class SpinSelector(selectors.SelectSelector):
+class SpinSelector(selectors.PollSelector):
     def __init__(self, spin_s: float = DEFAULT_SPIN_S, collect_when_idle: bool = False
                  ) -> None:
         super().__init__()
@@ -64,11 +68,12 @@ class SpinSelector(selectors.SelectSelector):
                 if t >= spin_end:
                     break
             now = t
-        # sleep, but wake `spin` before the next timer to poll into it
+        # sleep, but wake `spin` before the next timer to poll into it; poll() sleeps in
+        # whole milliseconds, rounding up: round down instead, and poll the remainder
         wait = None if deadline == float("inf") else max(deadline - now - spin, 0.0)
         if self.collect_when_idle:
             self._collect(wait)
-        ready = super().select(wait)
+        ready = super().select(None if wait is None else math.floor(wait * 1e3) / 1e3 - 1e-9)
         if ready:
             self._busy = time.monotonic()
         return ready
@@ -76,7 +81,8 @@ class SpinSelector(selectors.SelectSelector):
 
 def new_loop(spin_s: float = DEFAULT_SPIN_S, collect_when_idle: bool = False
              ) -> asyncio.AbstractEventLoop:
-    """An event loop for emulated devices (spin_s = 0: a plain select() loop).
+    """An event loop for emulated devices (spin_s = 0: no spinning but the last
+    millisecond before a timer).
 
     collect_when_idle: switch automatic garbage collection off for this process and
     collect in the loop's idle moments instead (for a process that runs only this loop)."""

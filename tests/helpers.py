@@ -7,7 +7,7 @@ import contextlib
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -55,8 +55,10 @@ class FlowRun:
 
 
 def run_flows(tb: Testbed, pairs: list[tuple[int, int, int, int]], strategy: str = "cyclic",
-              faults: Faults | None = None, seed: int = 0) -> FlowRun:
-    """Submit (src rank, dst rank, bytes, start ns) flows and run until all are delivered."""
+              faults: Faults | None = None, seed: int = 0,
+              inject: Callable[[Clock, Any], None] | None = None) -> FlowRun:
+    """Submit (src rank, dst rank, bytes, start ns) flows and run until all are delivered;
+    `inject(clock, bus)` may schedule a peer's own traffic (a flood, a forgery)."""
     grid = Grid.from_testbed(tb)
     loop = VirtualClockLoop()
     clock = Clock(loop)
@@ -86,6 +88,8 @@ def run_flows(tb: Testbed, pairs: list[tuple[int, int, int, int]], strategy: str
                               deliver, fail) for n in grid.nodes}
     for n in grid.nodes:
         st.lines[n].connect(st.onics[n].on_interrupt)
+    if inject is not None:
+        inject(clock, st.bus)
     for i, (s, d, b, t) in enumerate(pairs):
         f = Flow(i, grid.nodes[s], grid.nodes[d], b, 0, 0, 0, t)
         st.checker.flow_started(f)

@@ -117,3 +117,25 @@ def test_late_duplicate_requests_do_not_block_a_receiver() -> None:
     total = {k: sum(cu.stats[k] for cu in res.cus.values()) for k in res.cus["n0-0"].stats}
     assert total["retries"] > 0  # duplicates did happen
     assert total["revoked"] == 0 and total["stale_grants"] == 0
+
+
+def test_a_request_flood_from_a_peer_is_bounded_and_starves_nobody() -> None:
+    """Reproducer (issue 13): 4,588 REQUESTs from one peer stalled a run; the request
+    queue had no bound. A peer now holds at most MAX_QUEUED_PER_SENDER places in a
+    receiver's queue: the rest are refused and counted, and every honest flow arrives."""
+    from oddl.controller.control_unit import MAX_QUEUED_PER_SENDER
+    from oddl.controller.messages import Request
+
+    flows = [(s, 0, 20_000, 0) for s in (1, 2)] * 3
+
+    def flood(clock, bus) -> None:  # type: ignore[no-untyped-def]
+        def burst() -> None:
+            for i in range(5000):  # as n0-3, on the port its transmitter would use
+                bus.send("n0-3", "n0-0", Request(10**9 + i, 0, "n0-3", "n0-0", "H", 0, 64))
+        clock.call_at_ns(100, burst)
+
+    res = run_flows(make_testbed(1, 4), flows, "cyclic", inject=flood)
+    cu = res.cus["n0-0"]
+    assert res.error is None, res.error
+    assert res.delivered == dict.fromkeys(range(len(flows)), 1)
+    assert cu.stats["requests_refused"] >= 5000 - MAX_QUEUED_PER_SENDER - 1

@@ -78,3 +78,28 @@ def test_garbage_is_collected_when_idle_not_while_busy() -> None:
         sel.close()
         if was:
             gc.enable()
+
+
+def test_serves_past_file_descriptor_1024() -> None:
+    """Reproducer (issue 13): `oddl emulate` crashed at about 1,000 open connections
+    (ValueError: filedescriptor out of range in select()). The loop serves the 1,100th."""
+    async def main() -> bytes:
+        async def echo(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+            w.write(await r.read(8))
+            await w.drain()
+
+        server = await asyncio.start_server(echo, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        held = [await asyncio.open_connection("127.0.0.1", port) for _ in range(1100)]
+        try:
+            assert max(w.get_extra_info("socket").fileno() for _, w in held) >= 1024
+            r, w = held[-1]
+            w.write(b"ping")
+            return await asyncio.wait_for(r.read(8), 10)
+        finally:
+            for _, w in held:
+                w.close()
+            server.close()
+
+    with asyncio.Runner(loop_factory=lambda: new_loop(0.002)) as runner:
+        assert runner.run(main()) == b"ping"
