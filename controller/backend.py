@@ -45,6 +45,16 @@ class JobOutcome:
 
 OnIteration = Callable[[Iteration], None]
 
+# what a clean run has none of: junk and forgeries refused, messages lost, flows asked for
+# again, grants that lapsed or came too late, transfers nobody granted
+DISTURBANCES = ("rejected", "unexpected", "dropped", "retries", "revoked", "stale_grants",
+                "unexpected_rx", "requests_refused", "releases_overdue")
+
+
+def disturbance(stats: Mapping[str, Any]) -> dict[str, int]:
+    """The disturbance counters a run's stats hold (only those that are not zero)."""
+    return {k: int(stats[k]) for k in DISTURBANCES if stats.get(k)}
+
 
 class Backend(Protocol):
     name: str

@@ -193,14 +193,16 @@ def run(experiment: Path, backend: str, out: Path | None, iterations: int | None
     else:
         t = Table(title=f"{ctx.experiment.name} on {ctx.testbed.name} ({backend})")
         for col in ("network", "training time", "iteration time", "iterations", "flows",
-                    "control msgs", "ratio to electrical"):
+                    "control msgs", "ratio to electrical", "disturbed"):
             t.add_column(col, justify="right" if col != "network" else "left")
         el = next((r for r in res.networks.values() if r.kind == "electrical"), None)
         for r in res.networks.values():
             ratio = f"{r.training_time_s / el.training_time_s:.5f}" if el else "-"
             t.add_row(r.name, f"{r.training_time_s / 60:.2f} min",
                       f"{r.iteration_time_s * 1e3:.4f} ms", str(r.iterations), str(r.flows),
-                      str(r.control_messages), ratio)
+                      str(r.control_messages), ratio,
+                      (f"YES: {', '.join(f'{k} {v}' for k, v in r.disturbance.items())}"
+                       if r.disturbed else "no"))
         console.print(t)
         ref = ctx.experiment.reference
         if ref:
@@ -211,6 +213,11 @@ def run(experiment: Path, backend: str, out: Path | None, iterations: int | None
                       f"training time extrapolated")
         console.print(f"invariant violations: {res.invariant_violations}; wall {res.wall_s:.1f} s; "
                   f"results in {run_dir}")
+    for r in res.networks.values():
+        if r.disturbed:
+            click.echo(f"warning: {r.name}: the run was disturbed ({r.disturbance}; threshold "
+                       f"{ctx.experiment.disturbance_threshold} of {r.control_messages} "
+                       f"control messages): its figures are not a clean measurement", err=True)
     if res.invariant_violations:
         sys.exit(1)
 

@@ -449,6 +449,10 @@ class Experiment(_Model):
     networks: list[NetworkSpec] = Field(min_length=1)
     faults: Faults = Faults()
     flow_records: Literal["all", "none"] = "all"
+    disturbance_threshold: float = Field(
+        default=0.001, ge=0, le=1e6, description="a network's run is flagged disturbed when "
+        "its disturbance events (junk refused, messages lost, retries, lapsed grants, "
+        "unexpected transfers) exceed this share of its control messages")
     reference: dict[str, Any] = Field(default_factory=dict)
 
     @model_validator(mode="after")

@@ -184,6 +184,12 @@ class _NodeJob:
         self.task: asyncio.Task[None] | None = None
         self.runner: JobRunner | None = None
         self.sent0 = prog.bus.sent
+        self.junk0 = self._junk()
+
+    def _junk(self) -> dict[str, int]:
+        b = self.prog.bus
+        return {"rejected": getattr(b, "rejected", 0) + self.prog.rejected,
+                "unexpected": getattr(b, "unexpected", 0)}
 
     def sent(self) -> int:
         return self.prog.bus.sent - self.sent0
@@ -263,8 +269,9 @@ class _NodeJob:
                 await asyncio.sleep(0.001)
             await asyncio.gather(*self.pending)
             bad = monitor.violations[bad_before:]
+            junk = {k: v - self.junk0[k] for k, v in self._junk().items()}
             await self._publish("done", control_messages=self.sent(),
-                                stats={**runner.stats(), "flows": runner.engine.flows,
+                                stats={**runner.stats(), **junk, "flows": runner.engine.flows,
                                        "violations": len(bad)},
                                 violations=bad[:MAX_VIOLATIONS_REPORTED])
             prog.jobs_run += 1

@@ -23,6 +23,8 @@ CREATE TABLE IF NOT EXISTS iterations (
     network TEXT, iteration INTEGER, t_start_ns INTEGER, t_end_ns INTEGER,
     compute_ns INTEGER, comm_ns INTEGER, flows INTEGER, control_messages INTEGER,
     PRIMARY KEY (network, iteration));
+CREATE TABLE IF NOT EXISTS outcomes (network TEXT PRIMARY KEY, disturbed INTEGER,
+    disturbance TEXT);
 CREATE TABLE IF NOT EXISTS flows (
     network TEXT, iteration INTEGER, flow INTEGER, step INTEGER, src TEXT, dst TEXT,
     bytes INTEGER, hops INTEGER, t_submit_ns INTEGER, t_deliver_ns INTEGER);
@@ -55,6 +57,12 @@ class RunStore:
                                 [(network, iteration, *f) for f in flows])
         self.db.commit()
 
+    def set_outcome(self, network: str, disturbed: bool, disturbance: dict[str, int]) -> None:
+        """How clean the network's run was: its disturbance counters, and the verdict."""
+        self.db.execute("INSERT OR REPLACE INTO outcomes VALUES (?, ?, ?)",
+                        (network, int(disturbed), json.dumps(disturbance)))
+        self.db.commit()
+
     def close(self) -> None:
         """Fold the WAL back so a finished run is one self-contained file."""
         self.db.execute("PRAGMA journal_mode=DELETE")
@@ -72,8 +80,13 @@ def read_store(path: Path) -> dict[str, Any]:
                               "ORDER BY iteration", (name,)).fetchall()
             nflows = db.execute("SELECT COUNT(*) FROM flows WHERE network = ?",
                                 (name,)).fetchone()[0]
+            outcome = db.execute("SELECT disturbed, disturbance FROM outcomes WHERE "
+                                 "network = ?", (name,)).fetchone()
             out[name] = {"kind": kind, "meta": json.loads(meta), "iterations": rows,
                          "flow_rows": nflows}
+            if outcome is not None:
+                out[name] |= {"disturbed": bool(outcome[0]),
+                              "disturbance": json.loads(outcome[1])}
         return out
     finally:
         db.close()

@@ -17,7 +17,7 @@ from typing import Any
 import msgspec
 from oddl.controller import registry
 from oddl.controller.arbiter import Arbiter
-from oddl.controller.backend import Iteration, JobOutcome, RunFailed
+from oddl.controller.backend import Iteration, JobOutcome, RunFailed, disturbance
 from oddl.controller.collectives import Schedule, build
 from oddl.controller.config import LoadedExperiment, NetworkSpec
 from oddl.controller.invariants import InvariantChecker
@@ -43,6 +43,8 @@ class NetworkResult:
     control_messages: int
     invariant_violations: int
     stats: dict[str, Any] = field(default_factory=dict)
+    disturbance: dict[str, int] = field(default_factory=dict)  # backend.DISTURBANCES
+    disturbed: bool = False  # more of them than the experiment's threshold allows
 
     def public(self) -> dict[str, Any]:
         return {k: v for k, v in asdict(self).items() if k not in ("name", "kind", "stats")}
@@ -211,9 +213,15 @@ def run_experiment(ctx: LoadedExperiment, backend: str = "sim", store: RunStore 
         scale = full / len(its)
         out = run.outcome
         assert out is not None
+        stats = run.stats()
+        dist = disturbance(stats)
+        disturbed = sum(dist.values()) > exp.disturbance_threshold * max(out.control_messages, 1)
         results[spec.name] = NetworkResult(
             spec.name, spec.kind, sum(its) * scale / 1e9, sum(its) / len(its) / 1e9, len(its),
-            out.flows, out.control_messages, len(run.monitor.violations), run.stats())
+            out.flows, out.control_messages, len(run.monitor.violations), stats, dist,
+            disturbed)
+        if store is not None:
+            store.set_outcome(spec.name, disturbed, dist)
         violations += [f"{spec.name}: {v}" for v in run.monitor.violations]
 
     oddl = next((r for r in results.values() if r.kind == "oddl"), None)

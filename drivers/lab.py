@@ -203,6 +203,7 @@ class LabBackend:
             violations += [v for v in ev.violations if v not in violations]
         flows = stats.pop("flows", 0)
         stats.pop("violations", None)
+        stats["rejected"] = stats.get("rejected", 0) + self.rejected
         stats |= {"step_sync": step_sync(spec), "stage2": "oddl node beside each O-NIC"}
         self.monitor.violations += violations
         return JobOutcome(sum(ev.control_messages for ev in done.values()), flows, stats,

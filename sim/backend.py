@@ -126,7 +126,8 @@ class SimBackend:
         await run_in_process(runner, self.loop, on_iteration, lambda: w.bus.sent,
                              record_flows)
         fires = sum(m.fire_count for b in w.boards.values() for m in b.ca)
-        stats = {**runner.stats(), "step_sync": step_sync(spec), "count_action_fires": fires,
+        stats = {**runner.stats(), "dropped": w.bus.dropped, "step_sync": step_sync(spec),
+                 "count_action_fires": fires,
                  "messages_dropped": w.bus.dropped, "messages_delayed": w.bus.delayed,
                  "transfers": w.fabric.transfers,
                  "tunes": sum(t.tunes for t in w.fabric.tx.values())}

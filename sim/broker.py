@@ -21,6 +21,7 @@ from amqtt.plugins.base import BaseAuthPlugin, BaseTopicPlugin
 from amqtt.session import Session
 from amqtt.utils import gen_client_id
 from oddl.controller.access import Rule, permits, rules
+from oddl.controller.wire import worth_logging
 
 log = logging.getLogger(__name__)
 MAX_PACKET_BYTES = 4 << 20  # a grid-4096 job spec is ~1 MB; nothing legitimate is bigger
@@ -71,6 +72,7 @@ class PartyTopics(BaseTopicPlugin):
     def __init__(self, context: Any) -> None:
         super().__init__(context)
         self._rules: dict[str, list[Rule]] = {}
+        self.denied = 0
 
     def _of(self, user: str) -> list[Rule]:
         if user not in self._rules:
@@ -84,7 +86,10 @@ class PartyTopics(BaseTopicPlugin):
         access = "write" if action == Action.PUBLISH else "read"
         ok = permits(self._of(session.username), access, topic)
         if not ok and action != Action.RECEIVE:
-            log.warning("broker: %s may not %s %s", session.username, access, topic)
+            self.denied += 1
+            if worth_logging(self.denied):
+                log.warning("broker: %s may not %s %s (%d denied so far)", session.username,
+                            access, topic, self.denied)
         return ok
 
 

@@ -53,7 +53,9 @@ def test_run_json_is_one_object_and_run_dir_complete(root: Path, tmp_path: Path)
     assert set(obj["networks"]) == {"oddl", "electrical"}
     assert set(obj["networks"]["oddl"]) == {"training_time_s", "iteration_time_s",
                                             "iterations", "flows", "control_messages",
-                                            "invariant_violations"}
+                                            "invariant_violations", "disturbance",
+                                            "disturbed"}
+    assert obj["networks"]["oddl"]["disturbed"] is False  # a clean run says so
     assert obj["invariant_violations"] == 0 and 1.0 < obj["ratio"] < 1.01
     man = json.loads((out / "manifest.json").read_text())
     assert {"git_revision", "packages", "configs", "seed", "argv"} <= set(man)
@@ -62,6 +64,33 @@ def test_run_json_is_one_object_and_run_dir_complete(root: Path, tmp_path: Path)
     assert [r[0] for r in data["oddl"]["iterations"]] == list(range(5))
     assert data["oddl"]["flow_rows"] == 5 * 16
     assert (out / "plot.png").stat().st_size > 10_000
+
+
+def test_a_disturbed_run_says_so(root: Path, tmp_path: Path) -> None:
+    """Reproducer (issue 13): junk and loss gave exit 0, 0 violations and +88% iteration
+    time with nothing said. A run whose control plane was disturbed beyond the experiment's
+    threshold is flagged, with its counters, in the JSON, the table and the run store."""
+    exp = tmp_path / "lossy.toml"
+    exp.write_text((root / TABLE1).read_text().replace(
+        'testbed = "../hw_configs/prototype-4node.toml"',
+        f'testbed = "{root / "hw_configs" / "prototype-4node.toml"}"')
+        + "\n[faults]\ndrop_probability = 0.05\n")
+    out = tmp_path / "run"
+    r = CliRunner().invoke(main, ["run", str(exp), "--iterations", "20", "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    assert "YES: dropped" in r.stdout and "the run was disturbed" in r.stderr
+    stored = read_store(out / "results.sqlite")["oddl"]
+    assert stored["disturbed"] is True
+    assert stored["disturbance"]["dropped"] > 0 and stored["disturbance"]["retries"] > 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["networks"]["oddl"]["disturbed"] is True
+    assert summary["networks"]["electrical"]["disturbed"] is False  # no control plane
+    # the experiment decides what it tolerates
+    lenient = tmp_path / "lenient.toml"
+    lenient.write_text("disturbance_threshold = 1.0\n" + exp.read_text())
+    r = CliRunner().invoke(main, ["run", str(lenient), "--iterations", "20", "--json",
+                                  "--out", str(tmp_path / "run2")])
+    assert json.loads(r.stdout)["networks"]["oddl"]["disturbed"] is False
 
 
 def test_run_into_a_taken_run_dir_refuses_and_keeps_the_old_run(root: Path,
