@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import json
+import os
+import re
 import sys
 import time
 from pathlib import Path
 
 import click
 from oddl.controller.catalog import BACKENDS, STRATEGIES
-from oddl.controller.config import ConfigError, load_experiment, load_testbed
+from oddl.controller.config import ConfigError, ConfigIssue, load_experiment, load_testbed
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
@@ -33,17 +35,21 @@ def main() -> None:
 @main.command()
 @click.argument("file", type=click.Path(path_type=Path))
 def check(file: Path) -> None:
-    """Validate a testbed (or experiment) config: OK, or every error with its field."""
-    try:
-        import tomllib
+    """Validate a testbed (or experiment) config: OK, or every error with its field. An
+    experiment's ODDL networks are planned too (nothing is applied)."""
+    from oddl.controller.api import plan
+    from oddl.controller.config import kind_of
+    from oddl.controller.plan import PlanError
 
-        with file.open("rb") as f:
-            is_exp = "workload" in tomllib.load(f)
-    except (OSError, ValueError):
-        is_exp = False
     try:
-        if is_exp:
+        if kind_of(file) in ("experiment", "sweep"):
             ctx = load_experiment(file)
+            try:
+                if any(n.kind == "oddl" for n in ctx.experiment.networks):
+                    plan(ctx.testbed, ctx)
+            except PlanError as e:
+                raise ConfigError([ConfigIssue(str(file), "networks", f"cannot be planned on "
+                                               f"{ctx.testbed_path}: {e}")]) from None
             click.echo(f"OK {file}: experiment {ctx.experiment.name} on {ctx.testbed.name}")
         else:
             tb = load_testbed(file)
@@ -106,7 +112,7 @@ def plan(testbed: Path, job: Path | None, strategy: str | None, as_json: bool) -
 @click.option("--backend", type=click.Choice(BACKENDS), default="sim")
 @click.option("--out", type=click.Path(path_type=Path), default=None,
               help="run directory (default: runs/<experiment>-<time>)")
-@click.option("--iterations", type=int, default=None,
+@click.option("--iterations", type=click.IntRange(min=1), default=None,
               help="simulate only N iterations and extrapolate the training time")
 @click.option("--testbed", type=click.Path(path_type=Path), default=None,
               help="use this testbed instead of the experiment's")
@@ -114,6 +120,7 @@ def plan(testbed: Path, job: Path | None, strategy: str | None, as_json: bool) -
 def run(experiment: Path, backend: str, out: Path | None, iterations: int | None,
         testbed: Path | None, as_json: bool) -> None:
     """Run an experiment: every network on the same workload, results in a run directory."""
+    from oddl.controller.plan import PlanError
     from oddl.controller.results import (
         RunDirTaken,
         RunStore,
@@ -173,10 +180,18 @@ def run(experiment: Path, backend: str, out: Path | None, iterations: int | None
         store.close()
         click.echo(f"error: {e}", err=True)
         sys.exit(3)
-    except (RunFailed, RuntimeError) as e:
+    except PlanError as e:
         store.close()
-        click.echo(f"error: run failed: {e}\n(completed iterations are in "
-                   f"{run_dir / 'results.sqlite'})", err=True)
+        click.echo(f"error: {experiment}: networks: cannot be planned: {e}", err=True)
+        sys.exit(2)
+    except Exception as e:  # a device, the broker, credentials: say which, keep what ran
+        store.close()
+        if os.environ.get("ODDL_DEBUG"):
+            raise
+        why = str(e) if isinstance(e, (RunFailed, RuntimeError)) else f"{type(e).__name__}: {e}"
+        click.echo(f"error: run failed: {why}\n(completed iterations are in "
+                   f"{run_dir / 'results.sqlite'}; ODDL_DEBUG=1 shows the traceback)",
+                   err=True)
         sys.exit(1)
     store.close()
     res.run_dir = str(run_dir)
@@ -259,6 +274,9 @@ def emulate(testbed: Path, out: Path | None, faults: tuple[str, ...],
                    err=True)
         sys.exit(2)
     out = out or Path(f"{testbed.stem}-emu.toml")
+    if not out.parent.is_dir():
+        click.echo(f"error: --out {out}: directory {out.parent} does not exist", err=True)
+        sys.exit(2)
     from oddl.sim.realtime import new_loop
 
     with asyncio.Runner(loop_factory=lambda: new_loop(spin_us * 1e-6,
@@ -546,7 +564,7 @@ def _parse_params(params: tuple[str, ...]) -> dict[str, int]:
     out = {}
     for p in params:
         k, _, v = p.partition("=")
-        if not v.strip().isdigit():
+        if not re.fullmatch(r"[0-9]{1,18}", v.strip()):
             raise click.BadParameter(f"{p!r}: use NAME=INTEGER", param_hint="--param")
         out[k.strip()] = int(v)
     return out

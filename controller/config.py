@@ -67,7 +67,7 @@ class Optical(_Model):
     tuning_time_ns: float = Field(gt=0, description="transmitter wavelength switching time")
     guard_time_ns: float = Field(default=2.0, ge=0, description="idle gap after each burst")
     propagation_ns: float = Field(default=50.0, ge=0, description="fibre + WSS, one hop")
-    wavelengths_nm: list[float] | None = None
+    wavelengths_nm: list[float] | None = Field(default=None, min_length=1, max_length=512)
     wavelength_grid: WavelengthGrid | None = None
 
     @model_validator(mode="after")
@@ -137,9 +137,20 @@ class Broker(_Model):
         return scheme, host, int(port)
 
 
+MAX_NODES = 65_536  # the job topics' bound (controller/job.py): 256 x 256
+MAX_FILE_BYTES = 16 << 20  # a grid-4096 testbed written out is ~1 MB
+
+
 class Grid(_Model):
-    rows: int = Field(gt=0)
-    cols: int = Field(gt=0)
+    rows: int = Field(gt=0, le=MAX_NODES)
+    cols: int = Field(gt=0, le=MAX_NODES)
+
+    @model_validator(mode="after")
+    def _size(self) -> Grid:
+        if self.rows * self.cols > MAX_NODES:
+            raise ValueError(f"{self.rows} x {self.cols} = {self.rows * self.cols} nodes; "
+                             f"oddl runs at most {MAX_NODES}")
+        return self
 
 
 class Node(_Model):
@@ -160,7 +171,7 @@ class WSS(_Model):
     id: str = Field(min_length=1)
     axis: Literal["row", "col"]
     index: int = Field(ge=0)
-    ports: int = Field(gt=0)
+    ports: int = Field(gt=0, le=4096)
     serial: str | None = None
 
 
@@ -169,7 +180,21 @@ class Generate(_Model):
 
     nodes: str | None = Field(default=None, description="node id pattern, e.g. 'n{row}-{col}'")
     wss: bool = False
-    wss_ports: int | None = Field(default=None, gt=0, description="default: the group size")
+    wss_ports: int | None = Field(default=None, gt=0, le=4096,
+                                  description="default: the group size")
+
+    @field_validator("nodes")
+    @classmethod
+    def _pattern(cls, v: str | None) -> str | None:
+        if v is None:
+            return v
+        try:
+            ids = {v.format(row=r, col=c) for r, c in ((0, 0), (0, 1), (1, 0))}
+        except (KeyError, IndexError, ValueError) as e:
+            raise ValueError(f"{v!r} is not a pattern of {{row}} and {{col}}: {e!r}") from None
+        if len(ids) < 3:
+            raise ValueError(f"{v!r} must use both {{row}} and {{col}} (ids must differ)")
+        return v
 
 
 class Meta(_Model):
@@ -290,6 +315,18 @@ def domain_issues(tb: Testbed) -> list[tuple[str, str]]:
         if w.id in seen_w:
             out.append((f"wss[{i}].id", f"duplicate WSS id {w.id!r} (also wss[{seen_w[w.id]}])"))
         seen_w.setdefault(w.id, i)
+    # one board per node, one serial port per WSS
+    for what, items in (("nodes", [(n.id, n.board) for n in tb.nodes]),
+                        ("wss", [(w.id, w.serial) for w in tb.wss])):
+        owner: dict[str, int] = {}
+        field = "board" if what == "nodes" else "serial"
+        for i, (ident, addr) in enumerate(items):
+            if addr is None or addr == "local":
+                continue
+            if addr in owner:
+                out.append((f"{what}[{i}].{field}", f"{ident} shares {addr} with "
+                                                    f"{what}[{owner[addr]}]"))
+            owner.setdefault(addr, i)
     # grid shape consistent with the nodes
     if len(tb.nodes) != rows * cols:
         out.append(("nodes", f"grid is {rows} x {cols} = {rows * cols} cells but "
@@ -355,13 +392,41 @@ def _fmt_loc(loc: tuple[Any, ...]) -> str:
 
 
 def _read_toml(path: Path) -> dict[str, Any]:
+    """A TOML file's data, or a ConfigError naming the file and why (missing, not a
+    regular file, too big, not UTF-8, not TOML, a number too long to convert)."""
+    def fail(why: str) -> ConfigError:
+        return ConfigError([ConfigIssue(str(path), "", why)])
+
     try:
+        if not path.is_file():  # a directory, /dev/zero, a FIFO: never read it
+            raise fail("file not found" if not path.exists() else "not a regular file")
+        if path.stat().st_size > MAX_FILE_BYTES:
+            raise fail(f"{path.stat().st_size} bytes: a config is at most {MAX_FILE_BYTES}")
         with path.open("rb") as f:
-            return tomllib.load(f)
-    except FileNotFoundError:
-        raise ConfigError([ConfigIssue(str(path), "", "file not found")]) from None
+            text = f.read(MAX_FILE_BYTES + 1).decode("utf-8")
+        return tomllib.loads(text)
+    except OSError as e:
+        raise fail(e.strerror or str(e)) from None
+    except UnicodeDecodeError as e:
+        raise fail(f"not UTF-8 text (byte {e.start}): {e.reason}") from None
     except tomllib.TOMLDecodeError as e:
-        raise ConfigError([ConfigIssue(str(path), "", f"not valid TOML: {e}")]) from None
+        raise fail(f"not valid TOML: {e}") from None
+    except ValueError as e:  # e.g. an integer literal over Python's 4300-digit limit
+        raise fail(f"not a usable TOML value: {e}") from None
+
+
+def kind_of(path: Path) -> str:
+    """'experiment', 'sweep' or 'testbed', from a config's top-level tables (best effort:
+    an unreadable file is left for the loader to explain)."""
+    try:
+        data = _read_toml(path)
+    except ConfigError:
+        return "testbed"
+    if "workload" in data:
+        return "experiment"
+    if "models" in data or "line_rates_gbps" in data:
+        return "sweep"
+    return "testbed"
 
 
 def _pydantic_issues(path: Path, e: ValidationError) -> list[ConfigIssue]:
@@ -372,6 +437,9 @@ def load_testbed(path: str | Path) -> Testbed:
     """Load, expand and validate a testbed file; raise ConfigError listing every problem."""
     path = Path(path)
     data = _read_toml(path)
+    if "workload" in data or "models" in data:
+        raise ConfigError([ConfigIssue(str(path), "", "this is an experiment or a sweep, not a "
+                                       "testbed")])
     try:
         tb = Testbed.model_validate(data).expanded()
     except ValidationError as e:
@@ -388,13 +456,13 @@ class Calibration(_Model):
     """Fit the per-iteration compute time so that `network` trains in `training_time_min`."""
 
     network: str
-    training_time_min: float = Field(gt=0)
+    training_time_min: float = Field(gt=0, le=1e9, allow_inf_nan=False)
 
 
 class Workload(_Model):
     model: ModelName
     collective: CollectiveName
-    epochs: float = Field(gt=0)
+    epochs: float = Field(gt=0, le=1e6, allow_inf_nan=False)
     dataset_samples: int = Field(gt=0)
     batch_per_node: int = Field(gt=0)
     bytes_per_param: int = Field(default=4, gt=0)
@@ -440,9 +508,10 @@ class Faults(_Model):
 
 
 class Experiment(_Model):
-    name: str = Field(min_length=1)
+    name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]*$",
+                      description="names the run directory: letters, digits, '_', '.', '-'")
     description: str = ""
-    testbed: str
+    testbed: str = Field(min_length=1, description="relative to this file's directory")
     seed: int = 0
     iterations: int | None = Field(default=None, gt=0, description="override epochs")
     workload: Workload
@@ -475,13 +544,23 @@ class LoadedExperiment:
 
 
 def load_experiment(path: str | Path, testbed: str | Path | None = None) -> LoadedExperiment:
+    """An experiment and its testbed: `testbed =` is resolved against the experiment
+    file's directory (never the current one), unless `testbed` overrides it."""
     path = Path(path)
     data = _read_toml(path)
+    if "models" in data and "workload" not in data:
+        raise ConfigError([ConfigIssue(str(path), "", "this is a sweep: run it with `oddl "
+                                       "sweep`")])
     try:
         exp = Experiment.model_validate(data)
     except ValidationError as e:
         raise ConfigError(_pydantic_issues(path, e)) from None
     tb_path = Path(testbed) if testbed else (path.parent / exp.testbed)
-    if not tb_path.exists() and not testbed:
-        tb_path = Path(exp.testbed)
-    return LoadedExperiment(path, exp, tb_path, load_testbed(tb_path))
+    try:
+        tb = load_testbed(tb_path)
+    except ConfigError as e:
+        if testbed or not e.issues or e.issues[0].path:
+            raise
+        raise ConfigError([ConfigIssue(str(path), "testbed",
+                                       f"{tb_path}: {e.issues[0].reason}")]) from None
+    return LoadedExperiment(path, exp, tb_path, tb)

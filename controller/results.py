@@ -101,7 +101,12 @@ def make_run_dir(out: Path | None, experiment: str) -> Path:
         if (out / "results.sqlite").exists():
             raise RunDirTaken(f"{out} already holds a run (results.sqlite): choose another "
                               f"--out, or move that run away first")
-        out.mkdir(parents=True, exist_ok=True)
+        if out.exists() and not out.is_dir():
+            raise RunDirTaken(f"--out {out} is a file, not a directory for the run")
+        try:
+            out.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise RunDirTaken(f"--out {out}: {e.strerror or e}") from None
         return out
     stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
     base = Path("runs") / f"{experiment}-{stamp}"

@@ -127,7 +127,7 @@ def _run_point(task: dict[str, Any]) -> dict[str, Any]:
     tb = make_testbed(task["template"], task["nodes"], task["line_rate_gbps"])
     compute = task.get("compute_time_ms", 0.0)
     exp = Experiment.model_validate({
-        "name": f"{task['sweep']}:{net.name}", "testbed": "<generated>", "iterations": 1,
+        "name": f"{task['sweep']}-{net.name}", "testbed": "<generated>", "iterations": 1,
         "flow_records": "none", "networks": [net.model_dump()],
         "workload": {"model": task["model"], "collective": task["collective"], "epochs": 1,
                      "dataset_samples": 1_281_167, "batch_per_node": 32,

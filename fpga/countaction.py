@@ -44,6 +44,7 @@ ACTIONS = {"tune": 1, "start": 2, "stream": 3, "irq": 4, "arm": 5, "reset": 6}
 ACTION_NAMES = {v: k for k, v in ACTIONS.items()}
 N_DACS = 8
 MAX_TARGET = 2**32 - 1
+MAX_RANGE = 4096
 
 
 class CountActionError(Exception):
@@ -305,6 +306,9 @@ class _Parser:
         self.expect(")")
         if hi < lo:
             raise self.err(f"empty range {lo} to {hi}", var)
+        if hi - lo >= MAX_RANGE:  # no engine has that many sources: refuse before expanding
+            raise self.err(f"range {lo} to {hi} has {hi - lo + 1} items, at most {MAX_RANGE}",
+                           var)
         return var.value, range(lo, hi + 1)
 
     def _ref(self, env: dict[str, int]) -> tuple[_Tok, str | int, str | None]:

@@ -157,7 +157,7 @@ def test_bad_experiment_reference_is_a_clear_error(tmp_path: Path) -> None:
                  'compute_time_ms = 1\n[[networks]]\nname = "o"\nkind = "oddl"\n')
     r = CliRunner().invoke(main, ["run", str(p)])
     assert r.exit_code == 2
-    assert "missing.toml: <root>: file not found" in r.output
+    assert f"{p}: testbed: {tmp_path / 'missing.toml'}: file not found" in r.output
 
 
 @pytest.mark.parametrize("strategy", ["matched", "cyclic"])

@@ -1,0 +1,178 @@
+"""Configs and arguments that exhausted the machine, crashed, or were accepted but wrong
+(issue 13): each is a clear error naming the file, the field and the reason, exit 2."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+from oddl.controller.cli import main
+
+ROOT = Path(__file__).resolve().parent.parent
+PROTO = (ROOT / "hw_configs" / "prototype-4node.toml").read_text()
+TABLE1 = (ROOT / "experiments" / "table1-resnet50.toml").read_text()
+
+# (name, testbed text, the field the error names, a piece of the reason)
+TESTBEDS = [
+    ("huge grid", PROTO.replace("rows = 1", "rows = 1000000000"), "grid.rows",
+     "less than or equal to 65536"),
+    ("grid over the node bound", PROTO.replace("rows = 1", "rows = 20000"), "grid",
+     "at most 65536"),
+    ("huge WSS", PROTO.replace("ports = 4", "ports = 1000000000000"), "wss[0].ports",
+     "less than or equal to 4096"),
+    ("4,301-digit number", PROTO.replace("rows = 1", "rows = " + "1" * 4301), "<root>",
+     "not a usable TOML value"),
+    ("not UTF-8", PROTO.replace("ODDL 4-node", "ODDL \udcff4-node"), "<root>", "not UTF-8"),
+    ("generated ids without a field", PROTO + '\n[generate]\nnodes = "{x}"\n',
+     "generate.nodes", "not a pattern"),
+    ("generated ids from a positional", PROTO + '\n[generate]\nnodes = "{}"\n',
+     "generate.nodes", "not a pattern"),
+    ("generated ids unbalanced", PROTO + '\n[generate]\nnodes = "{"\n', "generate.nodes",
+     "not a pattern"),
+    ("generated ids all the same", PROTO + '\n[generate]\nnodes = "n{row}"\n',
+     "generate.nodes", "both"),
+    ("no wavelength", re.sub(r"wavelengths_nm = \[.*\]", "wavelengths_nm = []", PROTO),
+     "optical.wavelengths_nm", "at least 1"),
+    ("two nodes on one board", PROTO.replace('board = "onic1"', 'board = "onic0"'),
+     "nodes[1].board", "n1 shares onic0 with nodes[0]"),
+    ("node id with a topic wildcard", PROTO.replace('id = "n1"', 'id = "n#1"'), "nodes[1].id",
+     "MQTT topic level"),
+    ("node id with a level separator", PROTO.replace('id = "n1"', 'id = "n/1"'), "nodes[1].id",
+     "MQTT topic level"),
+    ("node named like a party", PROTO.replace('id = "n1"', 'id = "oddl-ctl"'), "nodes[1].id",
+     "party on the control bus"),
+    ("broker bind not an address", PROTO + '\n[broker]\nbind = "not an address"\n',
+     "broker.bind", "not an IP address"),
+]
+
+
+def _check(path: Path) -> tuple[int, str]:
+    r = CliRunner().invoke(main, ["check", str(path)])
+    assert r.exception is None or isinstance(r.exception, SystemExit), r.exception
+    return r.exit_code, r.output
+
+
+@pytest.mark.parametrize("name,text,field,why", TESTBEDS, ids=[t[0] for t in TESTBEDS])
+def test_bad_testbed_is_named(tmp_path: Path, name: str, text: str, field: str,
+                              why: str) -> None:
+    p = tmp_path / "tb.toml"
+    p.write_bytes(text.encode("utf-8", "surrogateescape"))
+    code, out = _check(p)
+    assert code == 2, out
+    assert f"{p}: {field}: " in out and why in out, out
+
+
+def test_two_wss_on_one_serial_port(tmp_path: Path) -> None:
+    g = (ROOT / "hw_configs" / "grid-1024.toml").read_text()
+    tb = tmp_path / "g.toml"
+    wss = "".join(f'\n[[wss]]\nid = "{a[0]}{i}"\naxis = "{a}"\nindex = {i}\nports = 2\n'
+                  + ('serial = "/dev/ttyUSB0"\n' if a == "row" else "")
+                  for a in ("row", "col") for i in (0, 1))
+    tb.write_text(g.replace("rows = 32", "rows = 2").replace("cols = 32", "cols = 2")
+                  .replace("wss = true", "wss = false") + wss)
+    code, out = _check(tb)
+    assert code == 2 and "wss[1].serial: r1 shares /dev/ttyUSB0 with wss[0]" in out, out
+
+
+@pytest.mark.parametrize("target,why", [("/dev/zero", "not a regular file"),
+                                        ("", "at least 1 character"),
+                                        ("missing.toml", "file not found")])
+def test_experiment_testbed_that_is_no_file(tmp_path: Path, target: str, why: str) -> None:
+    """Reproducer: `testbed = "/dev/zero"` read 1.9 GB; a directory or "" gave a traceback.
+    The error names the experiment and its `testbed` field."""
+    exp = tmp_path / "e.toml"
+    exp.write_text(TABLE1.replace('testbed = "../hw_configs/prototype-4node.toml"',
+                                  f'testbed = "{target}"'))
+    code, out = _check(exp)
+    assert code == 2 and f"{exp}: testbed: " in out and why in out, out
+
+
+def test_experiment_testbed_resolves_against_its_own_directory(tmp_path: Path,
+                                                               monkeypatch: pytest.MonkeyPatch
+                                                               ) -> None:
+    """Reproducer: a `testbed =` path that did not exist beside the experiment was looked
+    up in the current directory instead."""
+    (tmp_path / "tb.toml").write_text(PROTO)
+    (tmp_path / "sub").mkdir()
+    exp = tmp_path / "sub" / "e.toml"
+    exp.write_text(TABLE1.replace('testbed = "../hw_configs/prototype-4node.toml"',
+                                  'testbed = "tb.toml"'))
+    monkeypatch.chdir(tmp_path)  # tb.toml is here, not beside the experiment
+    code, out = _check(exp)
+    assert code == 2 and f"{exp}: testbed: " in out and "file not found" in out, out
+
+
+@pytest.mark.parametrize("change,field,why", [
+    (("epochs = 20", "epochs = inf"), "workload.epochs", "finite number"),
+    (("training_time_min = 97.3", "training_time_min = 1e300"),
+     "workload.calibrate.training_time_min", "less than or equal to"),
+    (('name = "table1-resnet50"', 'name = "../../x"'), "name", "should match pattern"),
+])
+def test_bad_experiment_is_named(tmp_path: Path, change: tuple[str, str], field: str,
+                                 why: str) -> None:
+    exp = tmp_path / "e.toml"
+    exp.write_text(TABLE1.replace(*change).replace(
+        'testbed = "../hw_configs/prototype-4node.toml"',
+        f'testbed = "{ROOT / "hw_configs" / "prototype-4node.toml"}"'))
+    code, out = _check(exp)
+    assert code == 2 and f"{exp}: {field}: " in out and why in out, out
+
+
+def test_one_wavelength_too_few_for_the_plan_is_caught_by_check(tmp_path: Path) -> None:
+    """Reproducer: check said OK, then run raised PlanError with a traceback."""
+    tb = tmp_path / "tb.toml"
+    tb.write_text(re.sub(r"wavelengths_nm = \[.*\]", "wavelengths_nm = [1550.12]", PROTO))
+    exp = tmp_path / "e.toml"
+    exp.write_text(TABLE1.replace('testbed = "../hw_configs/prototype-4node.toml"',
+                                  'testbed = "tb.toml"'))
+    code, out = _check(exp)
+    assert code == 2 and f"{exp}: networks: cannot be planned" in out, out
+    r = CliRunner().invoke(main, ["run", str(exp), "--iterations", "1", "--out",
+                                  str(tmp_path / "run")])
+    assert r.exit_code == 2 and "cannot be planned" in r.output and r.exception is not None
+    assert isinstance(r.exception, SystemExit)
+
+
+def test_a_sweep_given_to_run_or_check_points_to_sweep(tmp_path: Path) -> None:
+    for cmd in (["check"], ["run"]):
+        r = CliRunner().invoke(main, [*cmd, str(ROOT / "experiments" / "scaling-sweep.toml")])
+        assert r.exit_code == 2 and "this is a sweep: run it with `oddl sweep`" in r.output, \
+            r.output
+
+
+@pytest.mark.parametrize("n", ["0", "-1"])
+def test_iterations_must_be_positive(n: str, tmp_path: Path) -> None:
+    r = CliRunner().invoke(main, ["run", str(ROOT / "experiments" / "table1-resnet50.toml"),
+                                  "--iterations", n, "--out", str(tmp_path / "r")])
+    assert r.exit_code == 2 and "--iterations" in r.output
+    assert not (tmp_path / "r").exists()  # refused before anything ran
+
+
+def test_out_that_is_a_file_or_missing_dir(tmp_path: Path) -> None:
+    f = tmp_path / "afile"
+    f.write_text("x")
+    r = CliRunner().invoke(main, ["run", str(ROOT / "experiments" / "table1-resnet50.toml"),
+                                  "--iterations", "1", "--out", str(f)])
+    assert r.exit_code == 2 and "is a file" in r.output
+    r = CliRunner().invoke(main, ["emulate", str(ROOT / "hw_configs" / "prototype-4node.toml"),
+                                  "--out", str(tmp_path / "no" / "such" / "emu.toml")])
+    assert r.exit_code == 2 and "does not exist" in r.output
+
+
+@pytest.mark.parametrize("value", ["²", "1e3", "-1", "9" * 40])
+def test_count_action_param_must_be_a_plain_integer(tmp_path: Path, value: str) -> None:
+    r = CliRunner().invoke(main, ["countaction", "check", str(ROOT / "fpga" / "programs" /
+                                                              "synchronized_data_streamer.ca"),
+                                  "--param", f"num_DACs={value}"])
+    assert r.exit_code == 2 and "NAME=INTEGER" in r.output, r.output
+
+
+def test_count_action_range_is_bounded_before_it_is_expanded(tmp_path: Path) -> None:
+    """Reproducer: `(i = 1 to 100000000)` took 67 s and 3.9 GB, then MemoryError."""
+    p = tmp_path / "big.ca"
+    p.write_text((ROOT / "fpga" / "programs" / "synchronized_data_streamer.ca").read_text()
+                 .replace("param num_DACs = 2;", "param num_DACs = 100000000;"))
+    r = CliRunner().invoke(main, ["countaction", "check", str(p)])
+    assert r.exit_code == 2 and "at most 4096" in r.output, r.output
