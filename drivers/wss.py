@@ -10,6 +10,7 @@ from oddl.controller.devices import DeviceRefused
 
 _IDN = re.compile(r"^ODDL,WSS,(?P<id>[^,]+),(?P<ports>\d+)x(?P<channels>\d+),(?P<fw>\S+)$")
 _ERR = re.compile(r'^ERR (?P<code>-?\d+),"(?P<text>[^"]*)"$')
+MAX_REPLY = 8192  # the longest reply is a row of a 4096-channel table: far less
 
 
 class WSSTimeout(TimeoutError):
@@ -48,11 +49,17 @@ class WSSDriver:
         """Send one line, read one reply line; ERR replies raise WSSError."""
         self.ser.reset_input_buffer()
         self.ser.write(command.encode("ascii") + b"\n")
-        raw = self.ser.readline()
+        # one deadline and one length for the whole reply (readline's time-out is per byte:
+        # a device streaming bytes without an end of line held it forever)
+        raw = self.ser.read_until(b"\n", MAX_REPLY)
         if not raw:
             raise WSSTimeout(f"{self.where}: no reply to {command!r} within {self.timeout} s")
         if not raw.endswith(b"\n"):
-            raise WSSTimeout(f"{self.where}: partial reply {raw!r} to {command!r} "
+            if len(raw) >= MAX_REPLY:
+                raise WSSProtocolError(f"{self.where}: reply to {command!r} longer than "
+                                       f"{MAX_REPLY} bytes without an end of line: "
+                                       f"{raw[:40]!r}...")
+            raise WSSTimeout(f"{self.where}: partial reply {raw[:200]!r} to {command!r} "
                              f"(no end of line within {self.timeout} s)")
         try:
             reply = raw.decode("ascii").strip()
@@ -115,6 +122,8 @@ class WSSDriver:
         for _ in range(64):
             reply = self.query("SYST:ERR?")
             code, _, text = reply.partition(",")
+            if not re.fullmatch(r"-?\d{1,6}", code):
+                raise WSSProtocolError(f"{self.where}: {reply!r} is no error-queue entry")
             if int(code) == 0:
                 break
             out.append((int(code), text.strip('"')))

@@ -19,6 +19,9 @@ from oddl.sim.wss import WSSModel
 FIRMWARE = "fw0.1"
 
 
+INPUT_BUFFER = 4096  # bytes of one command line the instrument holds
+ERROR_QUEUE = 32  # entries, as a SCPI instrument keeps
+
 class SerialWSS:
     def __init__(self, model: WSSModel, reconfig_ms: float = 0.0) -> None:
         self.model = model
@@ -26,7 +29,7 @@ class SerialWSS:
         self.staged: list[list[int | None]] = [[None] * model.channels
                                                for _ in range(model.ports)]
         self.errors: list[tuple[int, str]] = []
-        self.mode = "normal"  # "normal" | "garbage" | "silent"
+        self.mode = "normal"  # "normal" | "garbage" | "silent" | "babble"
         self.log: list[str] = []  # every command line received, for protocol tests
         self._master, self._slave = os.openpty()
         tty.setraw(self._slave)
@@ -49,7 +52,8 @@ class SerialWSS:
     def _serve(self) -> None:
         import select
 
-        buf = b""
+        buf = bytearray()
+        overrun = False  # the line being received outgrew the input buffer: drop it whole
         while not self._stop.is_set():
             r, _, _ = select.select([self._master], [], [], 0.05)
             if not r:
@@ -58,18 +62,41 @@ class SerialWSS:
                 chunk = os.read(self._master, 4096)
             except OSError:
                 return
-            buf += chunk
-            while b"\n" in buf:
-                line, buf = buf.split(b"\n", 1)
-                reply = self.handle(line.rstrip(b"\r"))
+            while chunk:
+                nl = chunk.find(b"\n")
+                part, chunk = (chunk, b"") if nl < 0 else (chunk[:nl], chunk[nl + 1:])
+                if not overrun:
+                    buf += part
+                    if len(buf) > INPUT_BUFFER:
+                        overrun = True
+                        buf.clear()
+                if nl < 0:
+                    break
+                reply = (self._err(-363, "Input buffer overrun") if overrun
+                         else self.handle(bytes(buf).rstrip(b"\r")))
+                overrun = False
+                buf.clear()
                 if self.mode == "silent":
+                    continue
+                if self.mode == "babble":  # a broken device: bytes, and never an end of line
+                    self._babble()
                     continue
                 if self.mode == "garbage":
                     reply = "\x8f\x02#&%@\x99"
                 os.write(self._master, reply.encode("latin-1") + b"\n")
 
+    def _babble(self, seconds: float = 60.0) -> None:
+        end = time.monotonic() + seconds
+        while self.mode == "babble" and time.monotonic() < end and not self._stop.is_set():
+            os.write(self._master, b"#" * 64)
+            time.sleep(0.005)
+
     def _err(self, code: int, text: str) -> str:
-        self.errors.append((code, text))
+        """Queue the error, as SCPI does: a full queue's last entry becomes -350."""
+        if len(self.errors) < ERROR_QUEUE:
+            self.errors.append((code, text))
+        else:
+            self.errors[-1] = (-350, "Queue overflow")
         return f'ERR {code},"{text}"'
 
     def handle(self, raw: bytes) -> str:

@@ -112,3 +112,64 @@ def test_arbiter_applies_the_plan_over_the_serial_line(root: Path) -> None:
         loop.close()
     finally:
         inst.close()
+
+
+def _bounded(fn, limit_s: float = 20.0):  # type: ignore[no-untyped-def]
+    """Run fn in a thread; it must return (or raise) within limit_s, never hang the suite."""
+    import threading
+
+    out: list = []
+    t = threading.Thread(target=lambda: out.append(_catch(fn)), daemon=True)
+    t.start()
+    t.join(limit_s)
+    assert not t.is_alive(), f"still blocked after {limit_s} s"
+    return out[0]
+
+
+def _catch(fn):  # type: ignore[no-untyped-def]
+    try:
+        return fn()
+    except Exception as e:
+        return e
+
+
+def test_a_device_babbling_without_end_of_line_does_not_hold_the_driver(inst: SerialWSS
+                                                                        ) -> None:
+    """Reproducer (issue 13): readline()'s time-out is per byte, so a device streaming
+    bytes without a newline held `query` for as long as it streamed (30 s observed)."""
+    d = WSSDriver(inst.path, timeout=0.2)
+    inst.mode = "babble"
+    e = _bounded(lambda: d.query("*IDN?"))
+    assert isinstance(e, (WSSTimeout, WSSProtocolError)) and "'*IDN?'" in str(e)
+    inst.mode = "normal"
+    d.close()
+
+
+def test_an_endless_line_is_dropped_whole_and_the_instrument_answers_on(inst: SerialWSS
+                                                                       ) -> None:
+    """Reproducer: the emulated WSS buffered an unterminated line quadratically (16 MB took
+    25 s). Like a real instrument's input buffer, it now drops an overlong line and says so."""
+    d = WSSDriver(inst.path, timeout=5)
+    d.ser.write(b"X" * (16 << 20) + b"\n")
+    assert d.ser.read_until(b"\n", 200) == b'ERR -363,"Input buffer overrun"\n'
+    assert d.query("*IDN?").startswith("ODDL,WSS,wss-row0")
+    d.close()
+
+
+def test_the_error_queue_is_bounded_like_scpi(inst: SerialWSS) -> None:
+    d = WSSDriver(inst.path)
+    for _ in range(100):
+        with pytest.raises(WSSError):
+            d.query("NOPE")
+    errs = d.errors()
+    assert len(errs) == 32 and errs[-1] == (-350, "Queue overflow")
+    assert d.errors() == []
+    d.close()
+
+
+def test_a_non_numeric_error_entry_is_a_protocol_error(inst: SerialWSS) -> None:
+    d = WSSDriver(inst.path)
+    inst.handle = lambda raw: "banana"  # type: ignore[method-assign]
+    with pytest.raises(WSSProtocolError, match="no error-queue entry"):
+        d.errors()
+    d.close()
