@@ -15,7 +15,7 @@ from oddl.controller.devices import ONic, WSSDevice
 from oddl.controller.plan import Plan
 from oddl.controller.planner import plan_job
 from oddl.controller.topology import Grid
-from oddl.fpga.countaction import Program
+from oddl.fpga.countaction import CountActionError, Program
 
 
 class InventoryError(RuntimeError):
@@ -81,7 +81,11 @@ class Arbiter:
     def verify(self, plan: Plan, programs: dict[str, Program] | None = None) -> None:
         diffs = []
         for node, prog in (programs or {}).items():
-            back = self.onics[node].read_countaction()
+            try:
+                back = self.onics[node].read_countaction()
+            except CountActionError as e:  # registers that decode to no program at all
+                diffs.append(f"O-NIC {node}: count-action read-back is no program: {e}")
+                continue
             if back.modules != prog.modules:
                 diffs.append(f"O-NIC {node}: count-action program differs on read-back")
         for t in plan.wss:

@@ -618,7 +618,7 @@ def ca_decompile(image: Path) -> None:
 
     try:
         click.echo(decompile(json.loads(image.read_text())).text(), nl=False)
-    except (OSError, ValueError, KeyError, CountActionError) as e:
+    except (OSError, ValueError, RecursionError, CountActionError) as e:
         click.echo(f"error: {image}: {e}", err=True)
         sys.exit(2)
 

@@ -38,6 +38,10 @@ from oddl.controller.workloads import CollectiveEngine
 JOB_VERSION = 2
 
 
+# what decoding a job-topic payload may raise: msgspec's own errors, and (found by
+# bench/fuzz_bench.py) RecursionError on deep nesting and UnicodeDecodeError on bad UTF-8
+DECODE_ERRORS = (msgspec.DecodeError, msgspec.ValidationError, RecursionError,
+                 UnicodeDecodeError)
 MAX_NODES = 1 << 16
 MAX_ITERATIONS = 10_000_000
 Name = Annotated[str, msgspec.Meta(pattern=NAME.pattern, max_length=64)]

@@ -30,7 +30,14 @@ from oddl.controller.access import CONTROLLER, result_topic, results, run_topic,
 from oddl.controller.clock import Clock
 from oddl.controller.devices import Bus, InterruptLine, ONic
 from oddl.controller.invariants import InvariantChecker
-from oddl.controller.job import JOB_VERSION, JobEvent, JobRunner, JobSpec, step_sync
+from oddl.controller.job import (
+    DECODE_ERRORS,
+    JOB_VERSION,
+    JobEvent,
+    JobRunner,
+    JobSpec,
+    step_sync,
+)
 from oddl.controller.wire import worth_logging
 
 log = logging.getLogger(__name__)
@@ -114,7 +121,7 @@ class NodeProgram:
     def _on_run(self, topic: str, payload: bytes) -> None:
         try:
             spec = self._specs.decode(payload)
-        except (msgspec.DecodeError, msgspec.ValidationError, RecursionError) as e:
+        except DECODE_ERRORS as e:
             return self._reject(topic, e)
         if spec.v != JOB_VERSION:
             return self._reject(topic, f"job version {spec.v}, this node runs {JOB_VERSION}")
@@ -127,7 +134,7 @@ class NodeProgram:
     def _on_result(self, topic: str, payload: bytes) -> None:
         try:
             ev = self._events.decode(payload)
-        except (msgspec.DecodeError, msgspec.ValidationError, RecursionError) as e:
+        except DECODE_ERRORS as e:
             return self._reject(topic, e)
         if ev.node != topic.rpartition("/")[2]:  # the broker vouches for the topic only
             return self._reject(topic, f"event of node {ev.node!r} on another's topic")

@@ -35,16 +35,22 @@ def encode(msg: ControlMessage) -> bytes:
     return _enc.encode(_Outgoing(SCHEMA_VERSION, msg))
 
 
+MAX_BYTES = 2048  # a control message is ~300 bytes; anything bigger is not one
+
+
 def decode(data: bytes) -> ControlMessage:
+    if len(data) > MAX_BYTES:  # bounded before a byte is parsed (nesting, huge numbers)
+        raise BusDecodeError(f"{len(data)} bytes is no control message (at most {MAX_BYTES})")
     try:
         env = _head.decode(data)
-    except msgspec.DecodeError as e:
+    except (msgspec.DecodeError, RecursionError, UnicodeDecodeError) as e:
         raise BusDecodeError(f"not a control envelope: {e}") from None
     if env.v != SCHEMA_VERSION:
         raise BusDecodeError(f"schema version {env.v}, this controller speaks {SCHEMA_VERSION}")
     try:
         return _body.decode(env.msg)
-    except msgspec.DecodeError as e:
+    except (msgspec.DecodeError, msgspec.ValidationError, RecursionError,
+            UnicodeDecodeError) as e:
         raise BusDecodeError(f"bad message: {e}") from None
 
 

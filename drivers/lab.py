@@ -21,7 +21,7 @@ from oddl.controller.access import CONTROLLER, results, run_topic, status_topic
 from oddl.controller.backend import Iteration, JobOutcome, OnIteration, RunFailed
 from oddl.controller.config import Testbed
 from oddl.controller.invariants import InvariantChecker
-from oddl.controller.job import JobEvent, JobSpec, step_sync
+from oddl.controller.job import DECODE_ERRORS, JobEvent, JobSpec, step_sync
 from oddl.controller.topology import Grid
 from oddl.controller.wire import worth_logging
 from oddl.drivers.mqtt import client_from_config
@@ -179,7 +179,7 @@ class LabBackend:
         logged and dropped."""
         try:
             ev = dec.decode(payload)
-        except (msgspec.DecodeError, msgspec.ValidationError, RecursionError) as e:
+        except DECODE_ERRORS as e:
             self._reject(topic, e)
             return None
         if ev.node != topic.rpartition("/")[2] or ev.node not in spec.nodes:

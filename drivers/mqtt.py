@@ -39,7 +39,6 @@ QOS_CTL = 0
 QOS_STATUS = 1
 # Linux: hold a flush's packets and send them as one segment, waking the broker once
 _CORK: int | None = getattr(socket, "TCP_CORK", None)
-MAX_CTL_BYTES = 2048  # a control message is ~300 bytes; anything bigger is not one
 MAX_RAW_BYTES = 4 << 20  # job specs and results (a grid-4096 spec is ~1 MB)
 RawHandler = Callable[[str, bytes], None]
 
@@ -350,11 +349,9 @@ class MQTTBus:
             self.unexpected += 1
             log.debug("mqtt: %s: message on %s for no job of ours dropped", self.user, topic)
             return
-        if len(payload) > MAX_CTL_BYTES:
-            return self._reject("%d bytes on %s is no control message", len(payload), topic)
         try:
             msg = decode(payload)
-        except BusDecodeError as e:
+        except BusDecodeError as e:  # bounded in size before it is parsed
             return self._reject("%s: rejected message: %s", topic, e)
         if msg.dst != dst or msg.src != src:
             return self._reject("%s: message from %s to %s does not match its topic", topic,

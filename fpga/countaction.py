@@ -33,6 +33,7 @@ import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from oddl.fpga import regmap as R
 
@@ -549,7 +550,20 @@ def image_writes(image: dict) -> list[tuple[int, int]]:
     return out
 
 
-def decompile(image: dict) -> Program:
+def decompile(image: Any) -> Program:
+    """An image (JSON, or a board's read-back) back to a program; anything that is not
+    one is a CountActionError saying why, never another exception."""
+    if not isinstance(image, dict):
+        raise CountActionError(f"an image is a JSON object, not {type(image).__name__}")
+    try:
+        return _decompile(image)
+    except CountActionError:
+        raise
+    except (KeyError, IndexError, TypeError, ValueError, AttributeError) as e:
+        raise CountActionError(f"malformed image: {type(e).__name__}: {e}") from None
+
+
+def _decompile(image: dict[str, Any]) -> Program:
     if image.get("design") != R.DESIGN_NAME:
         raise CountActionError(f"image is for design {image.get('design')!r}, not "
                                f"{R.DESIGN_NAME!r}")
@@ -566,6 +580,8 @@ def decompile(image: dict) -> Program:
                 if kind == "?":
                     raise CountActionError(f"{name}: SRC{j} has unknown signal {w & 0xFF}")
                 i = (w >> 8) & 0xFF
+                if kind == "module" and i >= len(names):
+                    raise CountActionError(f"{name}: SRC{j} names module {i}, of {len(names)}")
                 idx: int | str = ((R.PORTS[i] if i < len(R.PORTS) else ANY_PORT)
                                   if kind in ("rx", "tx") else
                                   names[i] if kind == "module" else i)
@@ -578,6 +594,9 @@ def decompile(image: dict) -> Program:
                     raise CountActionError(f"{name}: ACT{j} has unknown action {w & 0xFF}")
                 i = (w >> 8) & 0xFF
                 arg = w >> 16
+                if (a in ("tune", "start") and i >= len(R.PORTS)) or \
+                        (a in ("arm", "reset") and i >= len(names)):
+                    raise CountActionError(f"{name}: ACT{j} {a} has no target {i}")
                 if a in ("tune", "start"):
                     m.actions.append(Action(a, R.PORTS[i], arg if a == "tune" else None))
                 elif a == "stream":

@@ -1,0 +1,84 @@
+"""10^5 generated hostile inputs against every decoder a peer or a file reaches (issue 13):
+control messages, job-topic payloads, count-action text and images, configs. Prints, per
+target: accepted, refused with a clean error, tracebacks (anything else), hangs (an input
+that took over 10 s), and the peak memory of the process.
+
+    python bench/fuzz_bench.py [--n 100000] [--seed 0]
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import resource
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from tests import fuzz_targets as F
+
+HANG_S = 10.0
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--n", type=int, default=100_000)
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args()
+    rng = random.Random(args.seed)
+    tmp = Path(tempfile.mkdtemp(prefix="oddl-fuzz-"))
+    (tmp / "tb.toml").write_bytes(F.TESTBED)
+    exp_seed = F.EXPERIMENT.replace(b"../hw_configs/prototype-4node.toml", b"tb.toml")
+    ctl_seed = F.CORPUS[2][:600]
+    job_seed = (b'{"v":2,"job":"j","collective":"hd","size":10,"rows":1,"cols":2,"degree":0,'
+                b'"ranks":["a","b"],"nodes":["a","b"],"iterations":1,"compute_ns":0,'
+                b'"nic_sync":false,"timing":[1,1,1,1,1,1,1],"routes":{}}')
+    # (name, share of n, input generator, target)
+    plan = [
+        ("control message", 0.35, lambda: F.mutate(ctl_seed, rng, 8), F.control_message),
+        ("job topics", 0.35, lambda: F.mutate(job_seed, rng, 8), F.job_topic),
+        ("count-action text", 0.12, lambda: F.mutate(F.PROGRAM.encode(), rng), F.program_text),
+        ("count-action image", 0.08, lambda: F.mutate_image(rng), F.image_json),
+        ("testbed config", 0.05, lambda: F.mutate(F.TESTBED, rng),
+         lambda raw: F.config_file(raw, tmp / "t", False)),
+        ("experiment config", 0.05, lambda: F.mutate(exp_seed, rng),
+         lambda raw: F.config_file(raw, tmp, True)),
+    ]
+    (tmp / "t").mkdir()
+    totals = {"inputs": 0, "clean": 0, "tracebacks": 0, "hangs": 0}
+    print(f"{'target':<20} {'inputs':>8} {'clean':>8} {'tracebacks':>10} {'hangs':>6} "
+          f"{'slowest ms':>10}")
+    for name, share, gen, target in plan:
+        n = round(args.n * share)
+        clean = bad = hangs = 0
+        slowest = 0.0
+        for _ in range(n):
+            raw = gen()
+            t = time.perf_counter()
+            try:
+                target(raw)
+                clean += 1
+            except Exception:
+                bad += 1
+                if bad <= 3:
+                    traceback.print_exc()
+            dt = time.perf_counter() - t
+            slowest = max(slowest, dt)
+            hangs += dt > HANG_S
+        print(f"{name:<20} {n:>8} {clean:>8} {bad:>10} {hangs:>6} {slowest * 1e3:>10.1f}")
+        totals["inputs"] += n
+        totals["clean"] += clean
+        totals["tracebacks"] += bad
+        totals["hangs"] += hangs
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    print(f"total: {totals['inputs']} inputs, {totals['clean']} accepted or refused cleanly, "
+          f"{totals['tracebacks']} tracebacks, {totals['hangs']} hangs; peak memory "
+          f"{peak:.0f} MB")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,107 @@
+"""Every decoder a peer or a file can reach, as a function of raw input that must either
+accept it or refuse it with its own clear error (issue 13). The fuzz tests and
+bench/fuzz_bench.py drive the same targets; anything else they raise is a bug."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import random
+from collections.abc import Callable
+from pathlib import Path
+
+import msgspec
+from oddl.controller.config import ConfigError, load_experiment, load_testbed
+from oddl.controller.job import DECODE_ERRORS, JobEvent, JobSpec
+from oddl.controller.wire import BusDecodeError, decode
+from oddl.fpga.countaction import CountActionError, compile_program, decompile, parse
+
+ROOT = Path(__file__).resolve().parent.parent
+TESTBED = (ROOT / "hw_configs" / "prototype-4node.toml").read_bytes()
+EXPERIMENT = (ROOT / "experiments" / "table1-resnet50.toml").read_bytes()
+PROGRAM = (ROOT / "fpga" / "programs" / "synchronized_data_streamer.ca").read_text()
+IMAGE = compile_program(parse(PROGRAM))
+
+# the reproducers of issue 13, kept whatever the generators find
+CORPUS: list[bytes] = [
+    b"[" * 40_000, b"{" * 40_000, b'{"v": 1, "msg": ' * 5_000, b"", b"\x00\xff",
+    b"1" * 5_000, b'{"v": 1e400}', b'{"v": 2, "job": "x" }', b"\x80\x04pickle",
+    b'{"v": 1, "msg": {"type": "grant", "flow": 1e999}}',
+    b'{"v": 2, "job": "\x80\x81"}', b'{"v": 1, "msg": {"type": "release", "src": "\xff"}}',
+    json.dumps({"v": 2, "job": "j", "iterations": 10**12}).encode(),
+]
+
+_specs = msgspec.json.Decoder(JobSpec)
+_events = msgspec.json.Decoder(JobEvent)
+
+
+def control_message(raw: bytes) -> None:
+    with contextlib.suppress(BusDecodeError):
+        decode(raw)
+
+
+def job_topic(raw: bytes) -> None:
+    """What a node program and the controller do with job/run and job/result payloads."""
+    for dec in (_specs, _events):
+        with contextlib.suppress(*DECODE_ERRORS):
+            dec.decode(raw)
+
+
+def config_file(raw: bytes, where: Path, experiment: bool = False) -> None:
+    p = where / ("e.toml" if experiment else "tb.toml")
+    p.write_bytes(raw)
+    with contextlib.suppress(ConfigError):
+        (load_experiment if experiment else load_testbed)(p)
+
+
+def program_text(raw: bytes) -> None:
+    with contextlib.suppress(CountActionError):
+        compile_program(parse(raw.decode("utf-8", "replace")))
+
+
+def image_json(raw: bytes) -> None:
+    with contextlib.suppress(ValueError, RecursionError, CountActionError):
+        decompile(json.loads(raw))
+
+
+def mutate(seed: bytes, rng: random.Random, n: int = 4) -> bytes:
+    """A few byte-level edits: flips, insertions of interesting tokens, cuts."""
+    b = bytearray(seed)
+    tokens = [b"[", b"{", b"\"", b"=", b"\n", b"1e400", b"-1", b"inf", b"nan", b"0",
+              b"99999999999999999999", b"\xff", b"#", b"/", b"{row}", b"{", b"\"\"\"", b"]]"]
+    for _ in range(rng.randint(1, n)):
+        op = rng.random()
+        i = rng.randrange(len(b) + 1)
+        if op < 0.3 and b:
+            b[min(i, len(b) - 1)] = rng.randrange(256)
+        elif op < 0.7:
+            b[i:i] = rng.choice(tokens) * rng.choice((1, 1, 1, 50))
+        elif b:
+            del b[i:i + rng.randint(1, 40)]
+    return bytes(b)
+
+
+def mutate_image(rng: random.Random) -> bytes:
+    """A compiled image with a field changed to a wrong value, type or shape."""
+    img = json.loads(json.dumps(IMAGE))
+    mod = rng.choice(img["modules"])
+    regs = mod["registers"]
+    key = rng.choice([*regs, "slot", "name", "modules", "design"])
+    junk = rng.choice([rng.randrange(1 << 32), -1, "x", None, [], {}, 1.5, 1 << 70])
+    if key in regs:
+        regs[key] = junk
+    elif key == "modules":
+        img["modules"] = junk
+    elif key == "design":
+        img["design"] = junk
+    else:
+        mod[key] = junk
+    return json.dumps(img).encode()
+
+
+TARGETS: dict[str, Callable[[bytes], None]] = {
+    "control message": control_message,
+    "job topics": job_topic,
+    "count-action text": program_text,
+    "count-action image": image_json,
+}
