@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -12,7 +13,14 @@ from pathlib import Path
 
 import aiomqtt
 import msgspec
-from oddl.controller.access import CONTROLLER, new_passwords, results, run_topic
+from oddl.controller.access import (
+    CONTROLLER,
+    DASHBOARD,
+    new_passwords,
+    results,
+    run_topic,
+    status_topic,
+)
 from oddl.controller.clock import Clock
 from oddl.controller.control_unit import Timing
 from oddl.controller.job import JOB_VERSION, JobEvent, JobSpec
@@ -154,3 +162,51 @@ def test_emulate_refuses_an_unknown_external_node(root: Path) -> None:
                                   "--external-node", "n9"])
     assert r.exit_code == 2
     assert "n9 is not a node of prototype-4node" in r.output
+
+
+def test_a_job_whose_controller_vanishes_is_cancelled() -> None:
+    """Reproducer (issue 13/14): a controller killed with `kill -9` left its job running on
+    the nodes. Its last will now reaches them and they cancel the job, saying why."""
+    tb = make_testbed(2, 2)
+    node = "n0-0"
+    pw = new_passwords(tb_nodes := [n.id for n in tb.nodes])
+
+    async def main() -> tuple[list[JobEvent], int]:
+        broker = await EmbeddedBroker("tb", tb_nodes, pw).start()
+        world = sim_backend.build(tb, Grid.from_testbed(tb), Clock(asyncio.get_running_loop()))
+        prog = await NodeProgram(
+            "tb", node, world.onics[node], world.lines[node],
+            MQTTBus("tb", "127.0.0.1", broker.port, user=node, password=pw[node])).start()
+        events: list[JobEvent] = []
+        try:
+            will = aiomqtt.Will(status_topic("tb", CONTROLLER), b"offline", 1, retain=True)
+            async with aiomqtt.Client("127.0.0.1", broker.port, identifier=CONTROLLER,
+                                      username=CONTROLLER, password=pw[CONTROLLER],
+                                      will=will) as ctl:
+                await ctl.publish(status_topic("tb", CONTROLLER), b"online", qos=1, retain=True)
+                # a long job: 100,000 iterations of 10 ms compute
+                await ctl.publish(run_topic("tb"), msgspec.json.encode(JobSpec(
+                    JOB_VERSION, "long", "hd", 1000, 1, 1, 4, [node], [node], 100_000,
+                    10_000_000, False, TIMING, {})), qos=1)
+                async with aiomqtt.Client("127.0.0.1", broker.port, identifier=DASHBOARD,
+                                          username=DASHBOARD, password=pw[DASHBOARD]) as dash:
+                    await dash.subscribe(results("tb"), qos=1)
+                    async for m in dash.messages:
+                        if not m.topic.matches(results("tb")):
+                            continue  # amqtt has been seen to hand over a retained status
+                        events.append(msgspec.json.decode(bytes(m.payload), type=JobEvent))
+                        if events[-1].kind == "iteration":  # running: now the controller dies
+                            ctl._client.socket().shutdown(socket.SHUT_RDWR)
+                        if events[-1].kind in ("failed", "done"):
+                            break
+        except aiomqtt.MqttError:
+            pass  # the controller's own client noticing its dead socket
+        finally:
+            cancelled = prog.jobs_cancelled
+            await prog.stop()
+            await broker.stop()
+        return events, cancelled
+
+    events, cancelled = asyncio.run(asyncio.wait_for(main(), 60))
+    assert events[-1].kind == "failed" and "controller is gone" in events[-1].error
+    assert cancelled == 1
