@@ -176,3 +176,20 @@ def test_count_action_range_is_bounded_before_it_is_expanded(tmp_path: Path) -> 
                  .replace("param num_DACs = 2;", "param num_DACs = 100000000;"))
     r = CliRunner().invoke(main, ["countaction", "check", str(p)])
     assert r.exit_code == 2 and "at most 4096" in r.output, r.output
+
+
+def test_run_against_a_testbed_that_is_gone_is_an_error_not_a_traceback(tmp_path: Path
+                                                                         ) -> None:
+    """Reproducer: `oddl run` gave a traceback on a killed emulator (its boards gone)."""
+    from oddl.sim.broker import free_port
+
+    tb = tmp_path / "gone.toml"
+    text = PROTO.replace('backend = "sim"', 'backend = "hw"')
+    for i in range(4):  # nobody listens on these ports any more
+        text = text.replace(f'board = "onic{i}"', f'board = "grpc://127.0.0.1:{free_port()}"')
+    tb.write_text(text)
+    r = CliRunner().invoke(main, ["run", str(ROOT / "experiments" / "table1-resnet50.toml"),
+                                  "--backend", "hw", "--testbed", str(tb), "--iterations", "1",
+                                  "--out", str(tmp_path / "run")])
+    assert r.exit_code == 1 and "error: run failed:" in r.output, r.output
+    assert isinstance(r.exception, SystemExit)
