@@ -24,7 +24,6 @@ from oddl.controller.access import Rule, permits, rules
 from oddl.controller.wire import worth_logging
 
 log = logging.getLogger(__name__)
-MAX_PACKET_BYTES = 4 << 20  # a grid-4096 job spec is ~1 MB; nothing legitimate is bigger
 
 
 def free_port(host: str = "127.0.0.1") -> int:
