@@ -142,7 +142,7 @@ class NodeProgram:
             self._job.on_event(ev)
 
     def _on_controller(self, topic: str, payload: bytes) -> None:
-        if payload == b"offline" and self._job is not None:
+        if payload == b"offline" and self._job is not None and not self._job.finished.done():
             self.jobs_cancelled += 1
             log.warning("node %s: the controller is gone: job %s cancelled", self.node,
                         self._job.spec.job)

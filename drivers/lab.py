@@ -10,12 +10,14 @@ the controller records them.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import aiomqtt
 import msgspec
 from oddl.controller.access import CONTROLLER, results, run_topic, status_topic
 from oddl.controller.backend import Iteration, JobOutcome, OnIteration, RunFailed
@@ -170,8 +172,9 @@ class LabBackend:
                             on_iteration(Iteration(ev.iteration, slow.t_start, slow.t_end,
                                                    msgs - last_msgs))
                             last_msgs = msgs
-            finally:
-                await client.publish(status, b"offline", qos=1, retain=True)
+            finally:  # the nodes cancel the job at once (the will covers a lost broker)
+                with contextlib.suppress(aiomqtt.MqttError):
+                    await client.publish(status, b"offline", qos=1, retain=True)
         return self._outcome(spec, done)
 
     def _event(self, dec: msgspec.json.Decoder[JobEvent], topic: str, payload: bytes,
