@@ -66,7 +66,7 @@ def result_topic(tb: str, node: str) -> str:
 
 def results(tb: str) -> str:
     """The filter for every node's results."""
-    return f"oddl/{tb}/job/result/+"
+    return result_topic(tb, "+")
 
 
 def probe_ns(tb: str) -> str:
@@ -179,12 +179,14 @@ def write_mosquitto(tb: str, nodes: Iterable[str], out: Path, port: int = 1883,
         f"max_queued_messages 10000\n"
         f"persistence false\n"
         f"# TLS: add cafile, certfile and keyfile, and use mqtts:// in the testbed\n")
-    written = {}
     for name, text in files.items():
-        path = out / name
-        path.unlink(missing_ok=True)
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "w") as f:
-            f.write(text)
-        written[name] = path
-    return written
+        write_private(out / name, text)
+    return {name: out / name for name in files}
+
+
+def write_private(path: Path, text: str) -> None:
+    """A file only this user can read, created so (never a moment world-readable)."""
+    path.unlink(missing_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)

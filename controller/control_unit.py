@@ -25,6 +25,7 @@ from oddl.controller.clock import Clock
 from oddl.controller.devices import Bus, ONic
 from oddl.controller.messages import ControlMessage, Flow, Grant, Release, Request, Wait
 from oddl.controller.plan import Route
+from oddl.controller.wire import worth_logging
 
 log = logging.getLogger(__name__)
 
@@ -208,7 +209,7 @@ class ControlUnit:
             # a sender's transmitter asks for one flow at a time: more is a peer gone bad
             # (or a flood), and must not grow the queue nor starve the others
             self.stats["requests_refused"] += 1
-            if self.stats["requests_refused"] in (1, 10, 100, 1000, 10_000):
+            if worth_logging(self.stats["requests_refused"]):
                 log.warning("%s/%s: REQUESTs over the bound refused (%d so far; latest "
                             "from %s)", self.node, q.port, self.stats["requests_refused"],
                             q.src)

@@ -50,8 +50,9 @@ class NodeBus(Bus, Protocol):
 
     peers: set[str] | None
     lost: asyncio.Event
+    rejected: int  # junk refused, and messages that failed in their handler
+    unexpected: int  # for no job of ours, or from no peer of the job
 
-    def detach(self, node: str) -> None: ...
     def on(self, topic_filter: str, handler: Callable[[str, bytes], None]) -> None: ...
     async def publish(self, topic: str, payload: bytes, qos: int = 1) -> None: ...
     async def start(self) -> Any: ...
@@ -195,8 +196,7 @@ class _NodeJob:
 
     def _junk(self) -> dict[str, int]:
         b = self.prog.bus
-        return {"rejected": getattr(b, "rejected", 0) + self.prog.rejected,
-                "unexpected": getattr(b, "unexpected", 0)}
+        return {"rejected": b.rejected + self.prog.rejected, "unexpected": b.unexpected}
 
     def sent(self) -> int:
         return self.prog.bus.sent - self.sent0

@@ -83,7 +83,6 @@ class LabBackend:
         # and where a fabric model exists, the emulator's own monitor judges it)
         self.monitor = InvariantChecker(mode=checker_mode)
         self.rejected = 0  # result-topic messages that were no result of the job's
-        self._results_prefix = results(tb.name)[:-1]
         nodes = list(grid.nodes)
         addr = {n.id: n.board for n in tb.nodes}
         self.onics: dict[str, DriverONic] = {}
@@ -142,6 +141,8 @@ class LabBackend:
                             f"no node program answered for {', '.join(missing)} within "
                             f"{ready_s:.1f} s (is `oddl node` running beside each board, or "
                             f"`oddl emulate` serving {tb}?)") from None
+                    if not m.topic.matches(results(tb)):
+                        continue  # amqtt has been seen to pass a retained status here
                     ev = self._event(dec, str(m.topic), bytes(m.payload), spec)  # type: ignore[arg-type]
                     if ev is None:
                         continue
@@ -181,8 +182,6 @@ class LabBackend:
                spec: JobSpec) -> JobEvent | None:
         """A result of this job's, from the node its topic names; anything else is counted,
         logged and dropped."""
-        if not topic.startswith(self._results_prefix):
-            return None  # not a result topic (amqtt has been seen to pass a retained status)
         try:
             ev = dec.decode(payload)
         except DECODE_ERRORS as e:

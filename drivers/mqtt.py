@@ -70,7 +70,7 @@ class MQTTBus:
         self.user = check_name("MQTT party", user)
         self.host, self.port = host, port
         self.keepalive, self.connect_timeout = keepalive, connect_timeout
-        self.handlers: dict[str, Callable[[ControlMessage], None] | None] = {}
+        self.handlers: dict[str, Callable[[ControlMessage], None]] = {}
         self.raw: dict[str, RawHandler] = {}  # topic filter -> handler (job, status topics)
         self.peers: set[str] | None = None  # senders accepted (None: any)
         self._sent = 0
@@ -115,12 +115,7 @@ class MQTTBus:
         new = node not in self.handlers
         self.handlers[node] = handler
         if new and self._started:
-            self.client.subscribe(f"{self._prefix}{node}/ctl/+", qos=QOS_CTL)
-
-    def detach(self, node: str) -> None:
-        """Stop handing `node`'s messages on (they are counted as unexpected)."""
-        if node in self.handlers:
-            self.handlers[node] = None
+            self.client.subscribe(ctl_topic(self.testbed, node, "+"), qos=QOS_CTL)
 
     def on(self, topic_filter: str, handler: RawHandler) -> None:
         """Hand every message on `topic_filter` (size-bounded) to `handler(topic, payload)`."""
@@ -175,7 +170,7 @@ class MQTTBus:
                            f"refused the connection: {rc}")
         self._started = True
         for node in self.handlers:
-            self.client.subscribe(f"{self._prefix}{node}/ctl/+", qos=QOS_CTL)
+            self.client.subscribe(ctl_topic(self.testbed, node, "+"), qos=QOS_CTL)
         for topic_filter in self.raw:
             self.client.subscribe(topic_filter, qos=1)
         self.client.publish(self._status, b"online", qos=QOS_STATUS, retain=True)

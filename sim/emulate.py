@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import gc
-import os
 import shutil
 import signal
 import statistics
@@ -19,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import tomli_w
-from oddl.controller.access import EMULATOR, new_passwords, probe_ns
+from oddl.controller.access import EMULATOR, new_passwords, probe_ns, write_private
 from oddl.controller.clock import Clock
 from oddl.controller.config import Testbed
 from oddl.controller.node import NodeProgram
@@ -53,11 +52,7 @@ class Emulation:
         where.mkdir(mode=0o700, exist_ok=True)
         where.chmod(0o700)
         for party, pw in self.passwords.items():
-            f = where / party
-            f.unlink(missing_ok=True)
-            fd = os.open(f, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-            with os.fdopen(fd, "w") as fh:
-                fh.write(pw)
+            write_private(where / party, pw)
         return where
 
     def endpoints(self) -> dict[str, Any]:

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import signal
 import socket
 import subprocess
 import sys
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 import aiomqtt
@@ -84,6 +86,26 @@ def _cli(*args: str, root: Path, timeout: float = 200) -> subprocess.CompletedPr
                           capture_output=True, text=True, timeout=timeout)
 
 
+@contextlib.contextmanager
+def _oddl_node(root: Path, config: Path, node: str, limit_s: float
+               ) -> Iterator[subprocess.Popen[str]]:
+    """`oddl node CONFIG --node NODE` as a lab starts it, once it says "ready"; killed
+    after `limit_s` whatever happens (never hangs the suite)."""
+    proc = subprocess.Popen([sys.executable, "-m", "oddl.controller.cli", "node",
+                             str(config), "--node", node], cwd=root, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    killer = threading.Timer(limit_s, proc.kill)
+    killer.start()
+    try:
+        assert proc.stdout is not None
+        assert "ready" in proc.stdout.readline()
+        yield proc
+    finally:
+        killer.cancel()
+        if proc.poll() is None:
+            proc.kill()
+
+
 def test_hw_run_with_oddl_node_beside_a_board(root: Path, tmp_path: Path) -> None:
     """The lab's layout: one board's stage 2 runs as its own `oddl node` process, over
     PYNQ.remote with its interrupt line polled; the emulator's node programs run the
@@ -91,14 +113,7 @@ def test_hw_run_with_oddl_node_beside_a_board(root: Path, tmp_path: Path) -> Non
     out = tmp_path / "emu.toml"
     with emulator(root, root / "hw_configs" / "prototype-4node.toml", out,
                   "--external-node", "n1", limit_s=240) as (proc, _):
-        node = subprocess.Popen([sys.executable, "-m", "oddl.controller.cli", "node",
-                                 str(out), "--node", "n1"], cwd=root, text=True,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-        killer = threading.Timer(200, node.kill)
-        killer.start()
-        try:
-            assert node.stdout is not None
-            assert "ready" in node.stdout.readline()
+        with _oddl_node(root, out, "n1", 200) as node:
             r = _cli("run", "experiments/table1-resnet50.toml", "--backend", "hw",
                      "--testbed", str(out), "--iterations", "2", "--json", "--out",
                      str(tmp_path / "run"), root=root)
@@ -110,11 +125,7 @@ def test_hw_run_with_oddl_node_beside_a_board(root: Path, tmp_path: Path) -> Non
             assert oddl["control_messages"] >= 3 * 32  # REQUEST, GRANT, RELEASE per flow
             node.send_signal(signal.SIGINT)
             assert node.wait(20) == 0
-            assert "stopped after 1 jobs" in node.stdout.read()
-        finally:
-            killer.cancel()
-            if node.poll() is None:
-                node.kill()
+            assert "stopped after 1 jobs" in node.stdout.read()  # type: ignore[union-attr]
         proc.send_signal(signal.SIGINT)
         assert proc.wait(20) == 0
 
@@ -135,23 +146,11 @@ def test_oddl_node_exits_when_its_broker_goes(root: Path, tmp_path: Path) -> Non
     it), instead of sitting there looking alive."""
     out = tmp_path / "emu.toml"
     with emulator(root, root / "hw_configs" / "prototype-4node.toml", out,
-                  "--external-node", "n1") as (proc, _):
-        node = subprocess.Popen([sys.executable, "-m", "oddl.controller.cli", "node",
-                                 str(out), "--node", "n1"], cwd=root, text=True,
-                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-        killer = threading.Timer(60, node.kill)
-        killer.start()
-        try:
-            assert node.stdout is not None
-            assert "ready" in node.stdout.readline()
-            proc.send_signal(signal.SIGINT)  # the emulator, with its broker, goes away
-            assert proc.wait(20) == 0
-            assert node.wait(30) == 1
-            assert "stopped serving" in (node.stderr.read() if node.stderr else "")
-        finally:
-            killer.cancel()
-            if node.poll() is None:
-                node.kill()
+                  "--external-node", "n1") as (proc, _), _oddl_node(root, out, "n1", 60) as node:
+        proc.send_signal(signal.SIGINT)  # the emulator, with its broker, goes away
+        assert proc.wait(20) == 0
+        assert node.wait(30) == 1
+        assert "stopped serving" in (node.stderr.read() if node.stderr else "")
 
 
 def test_emulate_refuses_an_unknown_external_node(root: Path) -> None:
