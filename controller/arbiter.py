@@ -13,7 +13,7 @@ from oddl.controller.collectives import Schedule
 from oddl.controller.config import Testbed
 from oddl.controller.devices import ONic, WSSDevice
 from oddl.controller.plan import Plan
-from oddl.controller.planner import plan_job
+from oddl.controller.planner import NO_FAULTS, Avoid, plan_job
 from oddl.controller.topology import Grid
 from oddl.fpga.countaction import CountActionError, Program
 
@@ -61,8 +61,9 @@ class Arbiter:
         return inv
 
     def plan(self, schedule: Schedule, strategy: str, job: str = "job0",
-             relay: str = "row-first") -> Plan:
-        plan = plan_job(self.tb, self.grid, schedule, job, strategy, relay)
+             relay: str = "row-first", ranks: list[str] | None = None,
+             avoid: Avoid = NO_FAULTS) -> Plan:
+        plan = plan_job(self.tb, self.grid, schedule, job, strategy, relay, ranks, avoid)
         plan.validate(self.grid)
         return plan
 

@@ -13,7 +13,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from oddl.controller.config import FaultSpec
 from oddl.controller.devices import ONic, WSSDevice
+from oddl.controller.health import Health
 from oddl.controller.invariants import InvariantChecker
 from oddl.controller.job import JobSpec
 
@@ -22,6 +24,21 @@ FlowRow = tuple[int, int, str, str, int, int, int, int]  # id, step, src, dst, B
 
 class RunFailed(RuntimeError):
     """The run could not go on; the message says what failed and where."""
+
+
+class JobStopped(RuntimeError):
+    """The job stopped for a fault before its last iteration. Iterations before
+    `next_iteration` are recorded; `lost` says whether one was cut short (its flows in
+    flight failed, `flows_lost` of them; they run again with the iteration)."""
+
+    def __init__(self, why: str, next_iteration: int, lost: bool, outcome: JobOutcome,
+                 flows_lost: int = 0, suspect: str | None = None) -> None:
+        super().__init__(why)
+        self.next_iteration = next_iteration
+        self.lost = lost
+        self.outcome = outcome
+        self.flows_lost = flows_lost
+        self.suspect = suspect
 
 
 @dataclass
@@ -56,12 +73,27 @@ def disturbance(stats: Mapping[str, Any]) -> dict[str, int]:
     return {k: int(stats[k]) for k in DISTURBANCES if stats.get(k)}
 
 
+class Injected(Protocol):
+    """A drill's fault as it happened (sim.faults.Injected)."""
+
+    spec: FaultSpec
+    at_ns: int
+    until_ns: int | None
+    retries: int
+
+
 class Backend(Protocol):
+    """`run_job` runs iterations spec.start .. spec.iterations - 1 and reports each. When
+    `health` has a diagnosis pending it stops at the next iteration boundary (or, if the
+    iteration cannot finish, cuts it short) and raises `JobStopped`."""
+
     name: str
     loop: asyncio.AbstractEventLoop
     onics: Mapping[str, ONic]
     wss: Mapping[str, WSSDevice]
     monitor: InvariantChecker  # the invariants this back end can watch from the controller
+    health: Health | None  # the live inventory (None: a model with nothing to watch)
+    injected: list[Injected]  # the drill's faults so far (sim, emu)
 
     async def run_job(self, spec: JobSpec, on_iteration: OnIteration,
                       record_flows: bool) -> JobOutcome: ...

@@ -219,6 +219,21 @@ def run(experiment: Path, backend: str, out: Path | None, iterations: int | None
                       (f"YES: {', '.join(f'{k} {v}' for k, v in r.disturbance.items())}"
                        if r.disturbed else "no"))
         console.print(t)
+        faults = [(r.name, f) for r in res.networks.values() for f in r.faults]
+        if faults:
+            ft = Table(title="faults")
+            for col in ("network", "fault", "at", "detected after", "recovered after",
+                        "re-plans", "iterations lost", "flows retried"):
+                ft.add_column(col, justify="left" if col in ("network", "fault") else "right")
+
+            def ms(ns: int | None) -> str:
+                return "-" if ns is None else f"{ns / 1e6:.3f} ms"
+            for name, f in faults:
+                ft.add_row(name, f"{f['kind']} {f['target']}", ms(f["at_ns"]),
+                           ms(f["detected_after_ns"]), ms(f["recovered_after_ns"]),
+                           str(f["replans"]), str(f["iterations_lost"]),
+                           str(f["flows_retried"]))
+            console.print(ft)
         ref = ctx.experiment.reference
         if ref:
             console.print(f"reference: {ref}")
@@ -229,6 +244,10 @@ def run(experiment: Path, backend: str, out: Path | None, iterations: int | None
         console.print(f"invariant violations: {res.invariant_violations}; wall {res.wall_s:.1f} s; "
                   f"results in {run_dir}")
     for r in res.networks.values():
+        if r.faults:
+            click.echo(f"warning: {r.name}: {len(r.faults)} faults during the run: "
+                       + "; ".join(f"{f['kind']} {f['target']}" for f in r.faults[:8]),
+                       err=True)
         if r.disturbed:
             click.echo(f"warning: {r.name}: the run was disturbed ({r.disturbance}; threshold "
                        f"{ctx.experiment.disturbance_threshold} of {r.control_messages} "

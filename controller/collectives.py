@@ -46,9 +46,32 @@ def ring(n: int, size: int, members: list[int] | None = None, phase: str = "ring
 
 
 def halving_doubling(n: int, size: int) -> Schedule:
-    """Recursive halving reduce-scatter, then recursive doubling all-gather (the paper's HD)."""
-    if n < 1 or n & (n - 1):
-        raise ValueError(f"halving-doubling needs a power-of-two number of ranks, got {n}")
+    """Recursive halving reduce-scatter, then recursive doubling all-gather (the paper's HD).
+
+    For n not a power of two (a job shrunk round a dead rank), the n - p ranks over the
+    largest power of two p first hand their whole gradient to a partner among the first
+    n - p (a fold), the p run HD, and the partners hand the result back (an unfold): the
+    usual reduction, 2 S more bytes on those pairs. Every rank has the same number of
+    steps (empty ones where it waits), since a flow counts at its sender's step index."""
+    if n < 1:
+        raise ValueError(f"halving-doubling needs at least one rank, got {n}")
+    p = 1 << (n.bit_length() - 1)
+    if p == n:
+        return _hd(n, size)
+    core = _hd(p, size)
+    idle = [Step((), 0, "hd-wait")] * len(core[0])
+    sched: Schedule = []
+    for r in range(p):
+        folded = r < n - p
+        sched.append([Step((), size if folded else 0, "hd-fold"), *core[r],
+                      Step(((p + r, size),) if folded else (), 0, "hd-unfold")])
+    for e in range(p, n):
+        sched.append([Step(((e - p, size),), 0, "hd-fold"), *idle,
+                      Step((), size, "hd-unfold")])
+    return sched
+
+
+def _hd(n: int, size: int) -> Schedule:
     logn = n.bit_length() - 1
     sched: Schedule = [[] for _ in range(n)]
     for r in range(n):

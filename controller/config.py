@@ -93,6 +93,24 @@ class ControlNetwork(_Model):
     grant_lease_ns: float = Field(default=100_000, gt=0)
 
 
+class Monitor(_Model):
+    """The arbiter's watch at run time (real time in emu/hw, virtual time in sim)."""
+
+    heartbeat_ms: float = Field(default=100.0, gt=0, le=60_000, allow_inf_nan=False,
+                                description="every node program's heartbeat period")
+    missed: int = Field(default=3, ge=1, le=100,
+                        description="a node silent for this many periods is dead")
+    grace_ms: float = Field(default=5000.0, gt=0, le=3_600_000, allow_inf_nan=False,
+                            description="how long a run waits for its broker or a "
+                                        "diagnosis before it stops with an error")
+    peer_timeouts: int = Field(default=8, ge=1, le=1000,
+                               description="REQUEST time-outs in a row, with no word from "
+                                           "that peer, that make a control unit name it")
+    crc_periods: int = Field(default=2, ge=1, le=100,
+                             description="heartbeats in a row with new CRC errors on one "
+                                         "receiver that make its link faulty")
+
+
 class Broker(_Model):
     """The MQTT broker of the emu/hw back ends. Every party logs in as itself (the
     controller as `oddl-ctl`, a node program as its node id: controller/access.py), with a
@@ -263,6 +281,7 @@ class Testbed(_Model):
     optical: Optical
     control: ControlNetwork
     broker: Broker = Broker()
+    monitor: Monitor = Monitor()
     acceptance: Acceptance = Acceptance()
     qick: Qick | None = None
     generate: Generate | None = None
@@ -466,6 +485,10 @@ class Workload(_Model):
     dataset_samples: int = Field(gt=0)
     batch_per_node: int = Field(gt=0)
     bytes_per_param: int = Field(default=4, gt=0)
+    ranks: int | None = Field(default=None, ge=1, le=65536,
+                              description="the job's ranks, on the testbed's first nodes in "
+                                          "grid order (default: every node); the rest are "
+                                          "spares and relays")
     compute_time_ms: float | None = Field(default=None, ge=0)
     calibrate: Calibration | None = None
 
@@ -485,6 +508,8 @@ class NetworkSpec(_Model):
     collective: CollectiveName | None = Field(
         default=None, description="the collective this network runs (default: the workload's)")
     strategy: StrategyName = "matched"
+    relay: Literal["row-first", "col-first"] = Field(
+        default="row-first", description="oddl: which dimension a two-hop flow takes first")
     latency_ns: float = Field(default=1000.0, ge=0,
                               description="electrical/sipring: per flow; fattree: per switch; "
                                           "topoopt: per hop")
@@ -499,12 +524,111 @@ class NetworkSpec(_Model):
                                     description="topoopt: per port (default: the line rate)")
 
 
-class Faults(_Model):
-    """Control-message faults on the bus (sim): drops and extra delay."""
+FAULT_KINDS = ("dead-board", "dead-wss", "slow-tx", "wss-route", "corrupt-link",
+               "control-loss", "broker-restart", "dac-not-ready")
+FaultKind = Literal[FAULT_KINDS]  # type: ignore[valid-type]
+# what each kind's target names: a node, a node's port, a WSS, the bus, the broker, a DAC
+FAULT_TARGETS = {"dead-board": "NODE", "dead-wss": "WSS", "slow-tx": "NODE/PORT",
+                 "wss-route": "WSS", "corrupt-link": "NODE/PORT", "control-loss": "bus",
+                 "broker-restart": "broker", "dac-not-ready": "qick"}
 
-    drop_probability: float = Field(default=0.0, ge=0, lt=1)
+
+class FaultSpec(_Model):
+    """One fault of a drill: what breaks, where, when, and for how long (absent: for good).
+
+    Extra fields by kind: slow-tx `tune_ns`; wss-route `input`, `channel`, `output` (light
+    on that input and channel leaves at that output, though the table reads back right);
+    control-loss `drop_probability` (and `delay_probability`, `max_extra_delay_ns`);
+    dac-not-ready `dac`."""
+
+    kind: FaultKind
+    target: str = Field(min_length=1, max_length=200)
+    at_iteration: int | None = Field(default=None, ge=0, le=10_000_000)
+    at_ms: float | None = Field(default=None, ge=0, le=1e9, allow_inf_nan=False)
+    duration_ms: float | None = Field(default=None, gt=0, le=1e9, allow_inf_nan=False)
+    tune_ns: int | None = Field(default=None, gt=0, le=10**12)
+    input: int | None = Field(default=None, ge=0, le=4096)
+    channel: int | None = Field(default=None, ge=0, le=512)
+    output: int | None = Field(default=None, ge=0, le=4096)
+    drop_probability: float = Field(default=0.0, ge=0, le=1)
     delay_probability: float = Field(default=0.0, ge=0, le=1)
-    max_extra_delay_ns: float = Field(default=0.0, ge=0)
+    max_extra_delay_ns: float = Field(default=0.0, ge=0, le=1e12, allow_inf_nan=False)
+    dac: int | None = Field(default=None, ge=0, le=64)
+
+    @model_validator(mode="after")
+    def _fields(self) -> FaultSpec:
+        if self.at_iteration is not None and self.at_ms is not None:
+            raise ValueError("give at most one of at_iteration and at_ms (neither: from the "
+                             "start)")
+        need = {"slow-tx": ("tune_ns",), "wss-route": ("input", "channel", "output"),
+                "dac-not-ready": ("dac",)}.get(self.kind, ())
+        missing = [f for f in need if getattr(self, f) is None]
+        if missing:
+            raise ValueError(f"{self.kind} needs {', '.join(missing)}")
+        if self.kind == "control-loss" and not (self.drop_probability
+                                                or self.delay_probability):
+            raise ValueError("control-loss needs drop_probability or delay_probability")
+        return self
+
+    @property
+    def start_ms(self) -> float:
+        return self.at_ms or 0.0
+
+    def __str__(self) -> str:
+        when = (f"at iteration {self.at_iteration}" if self.at_iteration is not None
+                else f"at {self.start_ms:g} ms")
+        span = f" for {self.duration_ms:g} ms" if self.duration_ms is not None else ""
+        return f"{self.kind} {self.target} {when}{span}"
+
+
+def fault_issues(faults: list[FaultSpec], tb: Testbed) -> list[tuple[str, str]]:
+    """Every fault's target against the testbed: (field path, reason) pairs."""
+    out: list[tuple[str, str]] = []
+    nodes = {n.id for n in tb.nodes}
+    wss = {w.id: w for w in tb.wss}
+    n_ch = len(tb.optical.wavelengths())
+    for i, f in enumerate(faults):
+        at = f"faults[{i}]"
+        want = FAULT_TARGETS[f.kind]
+        node, _, port = f.target.partition("/")
+        if want == "NODE":
+            if f.target not in nodes:
+                out.append((f"{at}.target", f"no node {f.target!r} in {tb.name}"))
+        elif want == "NODE/PORT":
+            if node not in nodes:
+                out.append((f"{at}.target", f"no node {node!r} in {tb.name} (expected "
+                                            f"NODE/PORT, e.g. {tb.nodes[0].id}/H)"))
+            elif port not in ("H", "V"):
+                out.append((f"{at}.target", f"no port {port!r} on {node}: H or V"))
+            elif not any(w.axis == ("row" if port == "H" else "col") and w.index == (
+                    n.row if port == "H" else n.col) for w in tb.wss for n in tb.nodes
+                    if n.id == node):
+                out.append((f"{at}.target", f"{node} has no {port} port here (no WSS on it)"))
+        elif want == "WSS":
+            w = wss.get(f.target)
+            if w is None:
+                out.append((f"{at}.target", f"no WSS {f.target!r} in {tb.name}"))
+            elif f.kind == "wss-route":
+                for fld, v, lim in (("input", f.input, w.ports), ("output", f.output, w.ports),
+                                    ("channel", f.channel, n_ch)):
+                    if v is not None and v >= lim:
+                        out.append((f"{at}.{fld}", f"{v} is outside {w.id} (0..{lim - 1})"))
+        elif want in ("bus", "broker"):
+            if f.target != want:
+                out.append((f"{at}.target", f"a {f.kind} fault's target is {want!r}"))
+        else:
+            if tb.qick is None:
+                out.append((f"{at}.kind", f"{tb.name} has no [qick] board"))
+            elif f.dac not in tb.qick.dac_channels:
+                out.append((f"{at}.dac", f"DAC {f.dac} is not one of the board's operand "
+                                         f"DACs {list(tb.qick.dac_channels)}"))
+    return out
+
+
+OLD_FAULTS = ("the [faults] table is gone: a fault is now an entry of the [[faults]] list. "
+              "Rewrite it as\n  [[faults]]\n  kind = \"control-loss\"\n  target = \"bus\"\n"
+              "  drop_probability = ...\n  delay_probability = ...\n  max_extra_delay_ns = ...\n"
+              "(docs/faults.md lists every kind)")
 
 
 class Experiment(_Model):
@@ -516,7 +640,11 @@ class Experiment(_Model):
     iterations: int | None = Field(default=None, gt=0, description="override epochs")
     workload: Workload
     networks: list[NetworkSpec] = Field(min_length=1)
-    faults: Faults = Faults()
+    faults: list[FaultSpec] = Field(default_factory=list, max_length=1024)
+    recovery: Literal["relay", "spare", "shrink"] = Field(
+        default="relay", description="what a dead rank costs: relay (routes go round dead "
+        "relays and WSSs; a dead rank stops the run), spare (the rank moves to a free node), "
+        "shrink (the job goes on with fewer ranks)")
     flow_records: Literal["all", "none"] = "all"
     disturbance_threshold: float = Field(
         default=0.001, ge=0, le=1e6, description="a network's run is flagged disturbed when "
@@ -551,6 +679,8 @@ def load_experiment(path: str | Path, testbed: str | Path | None = None) -> Load
     if "models" in data and "workload" not in data:
         raise ConfigError([ConfigIssue(str(path), "", "this is a sweep: run it with `oddl "
                                        "sweep`")])
+    if isinstance(data.get("faults"), dict):
+        raise ConfigError([ConfigIssue(str(path), "faults", OLD_FAULTS)])
     try:
         exp = Experiment.model_validate(data)
     except ValidationError as e:
@@ -563,4 +693,10 @@ def load_experiment(path: str | Path, testbed: str | Path | None = None) -> Load
             raise
         raise ConfigError([ConfigIssue(str(path), "testbed",
                                        f"{tb_path}: {e.issues[0].reason}")]) from None
+    issues = [ConfigIssue(str(path), p, r) for p, r in fault_issues(exp.faults, tb)]
+    if (exp.workload.ranks or 0) > tb.n_nodes:
+        issues.append(ConfigIssue(str(path), "workload.ranks", f"{exp.workload.ranks} ranks "
+                                  f"but {tb.name} has {tb.n_nodes} nodes"))
+    if issues:
+        raise ConfigError(issues)
     return LoadedExperiment(path, exp, tb_path, tb)

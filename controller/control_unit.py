@@ -47,7 +47,12 @@ class Timing:
 
 
 class FlowFailed(RuntimeError):
-    """A flow could not be scheduled; the run must stop and say which."""
+    """A flow could not be scheduled; the run must stop and say which (and, when a peer
+    never answered, which peer)."""
+
+    def __init__(self, message: str, peer: str | None = None) -> None:
+        super().__init__(message)
+        self.peer = peer
 
 
 class _Tx:
@@ -95,6 +100,8 @@ class ControlUnit:
         self.fail = fail
         self.tx = {p: _Tx(p) for p in onic.ports}
         self.rx = {p: _Rx(p) for p in onic.ports}
+        self.halted = False
+        self.unexpected_rx = dict.fromkeys(onic.ports, 0)  # per receiver, for the heartbeat
         self.stats = {"requests": 0, "retries": 0, "grants": 0, "revoked": 0, "waits": 0,
                       "stale_grants": 0, "relayed": 0, "releases_overdue": 0,
                       "unexpected_rx": 0, "requests_refused": 0}
@@ -103,6 +110,8 @@ class ControlUnit:
 
     # --- transmit side ----------------------------------------------------------------
     def submit(self, flow: Flow) -> None:
+        if self.halted:
+            return
         route = self.routes.get(flow.dst)
         if route is None:
             self.fail(FlowFailed(f"{self.node}: no route to {flow.dst} for {flow!r}"))
@@ -135,7 +144,7 @@ class ControlUnit:
                                             tx, f)
 
     def _request_timeout(self, tx: _Tx, flow: Flow) -> None:
-        if tx.current is not flow or tx.state != REQUESTING:
+        if self.halted or tx.current is not flow or tx.state != REQUESTING:
             return
         tx.retries += 1
         self.stats["retries"] += 1
@@ -144,7 +153,7 @@ class ControlUnit:
             self.fail(FlowFailed(
                 f"{self.node}: flow {flow.id} ({flow.src}->{flow.dst}, hop {flow.hop} via "
                 f"{tx.route.next_hop}, {flow.nbytes} B) got no GRANT after "
-                f"{self.t.max_retries} retries"))
+                f"{self.t.max_retries} retries", tx.route.next_hop))
             return
         self._request(tx)
 
@@ -169,6 +178,8 @@ class ControlUnit:
             self.onic.send(tx.port, f)
 
     def on_tx_done(self, port: str, flow: Flow) -> None:
+        if self.halted:
+            return
         tx = self.tx[port]
         r = tx.route
         assert r is not None
@@ -232,6 +243,8 @@ class ControlUnit:
 
     def _lease_check(self, rx: _Rx, q: Request) -> None:
         rx.lease_timer = None
+        if self.halted:
+            return
         if rx.granted is not q or rx.data_done:
             return
         if self.onic.rx_receiving(rx.port, q.flow, q.hop):
@@ -251,10 +264,13 @@ class ControlUnit:
 
     def on_rx_done(self, port: str, flow_id_lo: int, nbytes: int) -> None:
         """The O-NIC took a whole transfer: it must be the one this receiver granted."""
+        if self.halted:
+            return
         rx = self.rx[port]
         g = rx.granted
         if g is None or g.flow & 0xFFFFFFFF != flow_id_lo:
             self.stats["unexpected_rx"] += 1
+            self.unexpected_rx[port] += 1
             log.error("%s/%s: received flow %#x that was not granted (granted %r)", self.node,
                       port, flow_id_lo, g)
             return
@@ -297,6 +313,8 @@ class ControlUnit:
 
     def _release_overdue(self, rx: _Rx, g: Request) -> None:
         rx.release_timer = None
+        if self.halted:
+            return
         if rx.granted is g and rx.data_done:
             self.stats["releases_overdue"] += 1
             self._free(rx)
@@ -308,8 +326,22 @@ class ControlUnit:
         rx.granted = None
         self._grant_next(rx)
 
+    def halt(self) -> None:
+        """The job is over here (done, failed or stopped for a fault): answer nothing,
+        start nothing; the timers of its flows lapse unheard."""
+        self.halted = True
+        for tx in self.tx.values():
+            if tx.timer is not None:
+                tx.timer.cancel()
+        for rx in self.rx.values():
+            for t in (rx.lease_timer, rx.release_timer):
+                if t is not None:
+                    t.cancel()
+
     # --- dispatch ---------------------------------------------------------------------
     def on_message(self, m: ControlMessage) -> None:
+        if self.halted:
+            return
         t = type(m)
         if t is Request:
             self._on_request(m)  # type: ignore[arg-type]

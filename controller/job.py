@@ -35,7 +35,7 @@ from oddl.controller.messages import Flow
 from oddl.controller.plan import Plan, Route
 from oddl.controller.workloads import CollectiveEngine
 
-JOB_VERSION = 2
+JOB_VERSION = 3
 
 
 # what decoding a job-topic payload may raise: msgspec's own errors, and (found by
@@ -74,6 +74,9 @@ class JobSpec(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     # node -> dst -> (port, channel, next hop)
     routes: dict[Name, dict[Name, tuple[Annotated[str, msgspec.Meta(max_length=2)],
                                         Annotated[int, msgspec.Meta(ge=0, le=4096)], Name]]]
+    # the first iteration to run (a job resumed after a fault goes on where it stopped);
+    # it runs iterations start .. iterations - 1
+    start: Annotated[int, msgspec.Meta(ge=0, le=MAX_ITERATIONS)] = 0
 
 
 class JobEvent(msgspec.Struct, omit_defaults=True, forbid_unknown_fields=True):
@@ -86,6 +89,7 @@ class JobEvent(msgspec.Struct, omit_defaults=True, forbid_unknown_fields=True):
     t_end: int = 0
     control_messages: Count = 0
     error: Text = ""
+    suspect: Annotated[str, msgspec.Meta(max_length=64)] = ""  # the peer a failure names
     stats: Annotated[dict[Name, int], msgspec.Meta(max_length=64)] = {}
     # the first few the node's monitor recorded
     violations: Annotated[list[Text], msgspec.Meta(max_length=50)] = []
@@ -206,7 +210,11 @@ class JobRunner:
         return agg
 
     def close(self) -> None:
-        """Give the boards back: interrupt lines disconnected, count-action unwired."""
+        """Stop, and give the boards back: no step runs and no control unit answers any
+        more, interrupt lines disconnected, count-action unwired."""
+        self.engine.halted = True
+        for cu in self.units.values():
+            cu.halt()
         for line in self._lines:
             line.disconnect()
         for onic in self._onics:

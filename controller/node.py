@@ -184,7 +184,7 @@ class _NodeJob:
         self.loop = asyncio.get_running_loop()
         self.ready: set[str] = set()
         self.reported: dict[int, set[str]] = {}
-        self.next_done = 0  # the lowest iteration not every rank has reported
+        self.next_done = spec.start  # the lowest iteration not every rank has reported
         self.all_ready = asyncio.Event()
         self.finished: asyncio.Future[None] = self.loop.create_future()
         self.pending: set[asyncio.Future[Any]] = set()
@@ -268,7 +268,7 @@ class _NodeJob:
             await self._publish("ready")
             await self._wait(self.all_ready.wait())
             if prog.node in spec.ranks:
-                runner.begin(0)
+                runner.begin(spec.start)
             await self._wait(self.finished)
             for _ in range(1000):  # the last RELEASEs leave after the last TX_DONE (bounded)
                 if not runner.transmitting():
@@ -289,7 +289,8 @@ class _NodeJob:
         except Exception as e:  # the controller and the peers hear why; the node serves on
             log.warning("node %s: job %s failed: %s", prog.node, spec.job, e)
             with contextlib.suppress(Exception):
-                await self._publish("failed", error=str(e))
+                await self._publish("failed", error=str(e)[:4096],
+                                    suspect=getattr(e, "peer", None) or "")
         finally:
             if runner is not None:
                 runner.close()

@@ -8,11 +8,18 @@ strategies choose them:
   geometrically between 1 and P - 1, for fewer wavelengths than shifts.
 Routes follow shortest-path trees rooted at each destination, so every node's next hop
 toward a destination is the same whoever the source is (routes agree along a path).
+
+Around faults (`Avoid`: dead nodes, dead WSSs, receivers whose link corrupts) a pair goes
+through the other dimension: the other relay order, or, for a pair in one row (column)
+whose WSS or receiver is bad, down a column into another row and back. Which way a node
+sends toward a destination depends on that node and destination only, so routes still
+agree along every path.
 """
 
 from __future__ import annotations
 
 from collections import deque
+from dataclasses import dataclass, field
 
 from oddl.controller.catalog import STRATEGIES
 from oddl.controller.collectives import Schedule
@@ -54,11 +61,86 @@ def _merge(mappings: list[tuple[Mapping, int]]) -> list[tuple[Mapping, int]]:
     return out
 
 
-class _GroupRouting:
-    """Next hop (channel, out port) toward every target port, from shortest-path trees."""
+@dataclass(frozen=True)
+class Avoid:
+    """What a plan must route around: the arbiter's live inventory of faults."""
 
-    def __init__(self, p: int, mappings: list[Mapping]) -> None:
+    nodes: frozenset[str] = field(default_factory=frozenset)  # dead: neither rank nor relay
+    wss: frozenset[str] = field(default_factory=frozenset)  # dead or misrouting
+    links: frozenset[tuple[str, str]] = field(default_factory=frozenset)  # (node, port) rx
+
+    def __bool__(self) -> bool:
+        return bool(self.nodes or self.wss or self.links)
+
+    def receives(self, node: str, port: str) -> bool:
+        return node not in self.nodes and (node, port) not in self.links
+
+
+NO_FAULTS = Avoid()
+Leg = tuple[str, int, str, str]  # axis, group index, from node, to node
+
+
+class _Paths:
+    """Which way each node sends toward each destination, around what `Avoid` names."""
+
+    def __init__(self, grid: Grid, avoid: Avoid, relay: str) -> None:
+        self.grid, self.avoid, self.relay = grid, avoid, relay
+
+    def _leg_ok(self, axis: str, idx: int, to: str) -> bool:
+        g = self.grid.groups[(axis, idx)]
+        return (g.wss is not None and g.wss not in self.avoid.wss
+                and self.avoid.receives(to, H if axis == "row" else V))
+
+    def _ok(self, legs: list[Leg]) -> bool:
+        return all(self._leg_ok(a, i, to) for a, i, _f, to in legs)
+
+    def options(self, node: str, dst: str) -> list[list[Leg]]:
+        """Every way through at most one detour, in order of preference."""
+        at = self.grid.at
+        (r, c), (rd, cd) = self.grid.coord[node], self.grid.coord[dst]
+        if r == rd:
+            return [[("row", r, node, dst)]] + [
+                [("col", c, node, at[(x, c)]), ("row", x, at[(x, c)], at[(x, cd)]),
+                 ("col", cd, at[(x, cd)], dst)] for x in self._others(r, self.grid.rows)]
+        if c == cd:
+            return [[("col", c, node, dst)]] + [
+                [("row", r, node, at[(r, y)]), ("col", y, at[(r, y)], at[(rd, y)]),
+                 ("row", rd, at[(rd, y)], dst)] for y in self._others(c, self.grid.cols)]
+        row_first = [("row", r, node, at[(r, cd)]), ("col", cd, at[(r, cd)], dst)]
+        col_first = [("col", c, node, at[(rd, c)]), ("row", rd, at[(rd, c)], dst)]
+        return [row_first, col_first] if self.relay == "row-first" else [col_first, row_first]
+
+    @staticmethod
+    def _others(k: int, n: int) -> list[int]:
+        return [(k + d) % n for d in range(1, n)]
+
+    def legs(self, node: str, dst: str) -> list[Leg]:
+        opts = self.options(node, dst)
+        if not self.avoid:
+            return opts[0]
+        for legs in opts:
+            if self._ok(legs):
+                return legs
+        raise PlanError(f"{node} -> {dst}: no path around the faults ({self._why(opts[0])})")
+
+    def _why(self, legs: list[Leg]) -> str:
+        for a, i, _f, to in legs:
+            g = self.grid.groups[(a, i)]
+            if g.wss is None or g.wss in self.avoid.wss:
+                return f"{a} {i}'s WSS {g.wss or '(none)'} is out"
+            if not self.avoid.receives(to, H if a == "row" else V):
+                return f"{to} cannot receive on {H if a == 'row' else V}"
+        return "every detour is blocked"
+
+
+class _GroupRouting:
+    """Next hop (channel, out port) toward every target port, from shortest-path trees;
+    `blocked` ports (dead members) relay nothing."""
+
+    def __init__(self, p: int, mappings: list[Mapping],
+                 blocked: frozenset[int] = frozenset()) -> None:
         self.p = p
+        self.blocked = blocked
         self.mappings = mappings
         radj: list[list[tuple[int, int]]] = [[] for _ in range(p)]  # out -> (in, ch)
         for ch, m in enumerate(mappings):
@@ -76,6 +158,8 @@ class _GroupRouting:
             q = deque([t])
             while q:  # reverse BFS: who can reach t, and through which channel
                 o = q.popleft()
+                if o != t and o in self.blocked:
+                    continue  # a dead member relays nothing
                 for i2, ch in sorted(self.radj[o], key=lambda x: x[1]):
                     if not seen[i2]:
                         seen[i2] = True
@@ -86,7 +170,9 @@ class _GroupRouting:
 
 
 def plan_job(tb: Testbed, grid: Grid, schedule: Schedule, job: str = "job0",
-             strategy: str = "matched", relay: str = "row-first") -> Plan:
+             strategy: str = "matched", relay: str = "row-first",
+             ranks: list[str] | None = None, avoid: Avoid = NO_FAULTS) -> Plan:
+    """ranks: rank r's node (default: the grid's first len(schedule) nodes)."""
     if strategy not in STRATEGIES:
         raise PlanError(f"unknown strategy {strategy!r}; choose one of {', '.join(STRATEGIES)}")
     if relay not in ("row-first", "col-first"):
@@ -94,8 +180,15 @@ def plan_job(tb: Testbed, grid: Grid, schedule: Schedule, job: str = "job0",
     n = len(schedule)
     if n > len(grid.nodes):
         raise PlanError(f"job {job} has {n} ranks but {tb.name} has {len(grid.nodes)} nodes")
-    ranks = grid.nodes[:n]
+    ranks = list(grid.nodes[:n]) if ranks is None else list(ranks)
+    if len(ranks) != n or len(set(ranks)) != n or not set(ranks) <= set(grid.coord):
+        raise PlanError(f"job {job}: {n} ranks need {n} distinct nodes of {tb.name}, got "
+                        f"{ranks[:8]}")
+    dead = sorted(set(ranks) & avoid.nodes)
+    if dead:
+        raise PlanError(f"job {job}: rank on dead node {', '.join(dead)}")
     coord = grid.coord
+    paths = _Paths(grid, avoid, relay)
     wl = tb.optical.wavelengths()
     w_count = len(wl)
 
@@ -133,18 +226,14 @@ def plan_job(tb: Testbed, grid: Grid, schedule: Schedule, job: str = "job0",
             continue
         nbytes = weight[(src, dst)]
         demand.add((src, dst))
-        rs, cs = coord[src]
-        rd, cd = coord[dst]
-        if rs == rd:
-            want("row", rs, s, cs, cd, nbytes)
-        elif cs == cd:
-            want("col", cs, s, rs, rd, nbytes)
-        elif relay == "row-first":
-            want("row", rs, s, cs, cd, nbytes)
-            want("col", cd, s, rs, rd, nbytes)
-        else:
-            want("col", cs, s, rs, rd, nbytes)
-            want("row", rd, s, cs, cd, nbytes)
+        node, legs_taken = src, 0
+        while node != dst:  # leg by leg, as each node on the way will send it
+            axis, idx, _a, to = paths.legs(node, dst)[0]
+            k = 1 if axis == "row" else 0
+            want(axis, idx, s, coord[node][k], coord[to][k], nbytes)
+            node, legs_taken = to, legs_taken + 1
+            if legs_taken > 4:
+                raise PlanError(f"{src} -> {dst}: no loop-free path around the faults")
 
     # channel mappings per group
     routing: dict[tuple[str, int], _GroupRouting] = {}
@@ -177,10 +266,12 @@ def plan_job(tb: Testbed, grid: Grid, schedule: Schedule, job: str = "job0",
                 if len(by_shift) < len(merged):
                     merged = sorted(by_shift.values(), key=lambda mw: -mw[1])
             mappings = [m for m, _ in merged[:w_count]]
-        sig = tuple(tuple(sorted(m.items())) for m in mappings)
+        port = H if g.axis == "row" else V
+        blocked = frozenset(i for i, m in enumerate(g.members) if not avoid.receives(m, port))
+        sig = (tuple(tuple(sorted(m.items())) for m in mappings), blocked)
         gr = cache.get(sig)
         if gr is None:
-            gr = cache[sig] = _GroupRouting(p, mappings)
+            gr = cache[sig] = _GroupRouting(p, mappings, blocked)
         routing[key] = gr
         used_channels = max(used_channels, len(mappings))
         table: list[list[int | None]] = [[m.get(i) for m in mappings] for i in range(g.ports)]
@@ -191,11 +282,9 @@ def plan_job(tb: Testbed, grid: Grid, schedule: Schedule, job: str = "job0",
     routes: dict[str, dict[str, Route]] = {}
 
     def route(node: str, dst: str) -> Route:
-        (r, c), (rd, cd) = coord[node], coord[dst]
-        if r == rd or (c != cd and relay == "row-first"):
-            key, port, i, t = ("row", r), H, c, cd
-        else:
-            key, port, i, t = ("col", c), V, r, rd
+        axis, idx, _a, to = paths.legs(node, dst)[0]
+        k = 1 if axis == "row" else 0
+        key, port, i, t = (axis, idx), H if axis == "row" else V, coord[node][k], coord[to][k]
         gr = routing.get(key)
         hop = gr.next_hop(i, t) if gr else None
         if hop is None:
@@ -214,7 +303,7 @@ def plan_job(tb: Testbed, grid: Grid, schedule: Schedule, job: str = "job0",
                 rt = rs_[dst] = route(node, dst)
             node = rt.next_hop
             hops += 1
-            if hops > len(grid.nodes):
+            if hops > len(grid.nodes) + 4:
                 raise PlanError(f"{src} -> {dst}: routing loop")
 
     return Plan(tb.name, strategy, relay, wl,

@@ -12,12 +12,12 @@ from pathlib import Path
 from typing import Any
 
 from oddl.controller.backend import Backend
-from oddl.controller.config import Faults, NetworkSpec, QickPhotonics, Testbed
+from oddl.controller.config import FaultSpec, NetworkSpec, QickPhotonics, Testbed
 from oddl.controller.node import NodeProgram
 from oddl.controller.topology import Grid
 
 
-def open_backend(name: str, tb: Testbed, grid: Grid, *, faults: Faults | None = None,
+def open_backend(name: str, tb: Testbed, grid: Grid, *, faults: list[FaultSpec] | None = None,
                  seed: int = 0, checker_mode: str = "record") -> Backend:
     """The ODDL network's back end: `sim` (models in process), `emu` or `hw` (devices
     through the drivers; `emu` is `oddl emulate`'s, `hw` a lab's)."""

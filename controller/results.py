@@ -25,6 +25,9 @@ CREATE TABLE IF NOT EXISTS iterations (
     PRIMARY KEY (network, iteration));
 CREATE TABLE IF NOT EXISTS outcomes (network TEXT PRIMARY KEY, disturbed INTEGER,
     disturbance TEXT);
+CREATE TABLE IF NOT EXISTS faults (network TEXT, kind TEXT, target TEXT, at_ns INTEGER,
+    detected_after_ns INTEGER, recovered_after_ns INTEGER, replans INTEGER,
+    iterations_lost INTEGER, flows_retried INTEGER, recovered INTEGER);
 CREATE TABLE IF NOT EXISTS flows (
     network TEXT, iteration INTEGER, flow INTEGER, step INTEGER, src TEXT, dst TEXT,
     bytes INTEGER, hops INTEGER, t_submit_ns INTEGER, t_deliver_ns INTEGER);
@@ -57,6 +60,14 @@ class RunStore:
                                 [(network, iteration, *f) for f in flows])
         self.db.commit()
 
+    def add_faults(self, network: str, rows: list[dict[str, Any]]) -> None:
+        self.db.executemany("INSERT INTO faults VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                            [(network, r["kind"], r["target"], r["at_ns"],
+                              r["detected_after_ns"], r["recovered_after_ns"], r["replans"],
+                              r["iterations_lost"], r["flows_retried"], int(r["recovered"]))
+                             for r in rows])
+        self.db.commit()
+
     def set_outcome(self, network: str, disturbed: bool, disturbance: dict[str, int]) -> None:
         """How clean the network's run was: its disturbance counters, and the verdict."""
         self.db.execute("INSERT OR REPLACE INTO outcomes VALUES (?, ?, ?)",
@@ -87,6 +98,11 @@ def read_store(path: Path) -> dict[str, Any]:
             if outcome is not None:
                 out[name] |= {"disturbed": bool(outcome[0]),
                               "disturbance": json.loads(outcome[1])}
+            cur = db.execute("SELECT kind, target, at_ns, detected_after_ns, "
+                             "recovered_after_ns, replans, iterations_lost, flows_retried, "
+                             "recovered FROM faults WHERE network = ?", (name,))
+            cols = [c[0] for c in cur.description]
+            out[name]["faults"] = [dict(zip(cols, r, strict=True)) for r in cur.fetchall()]
         return out
     finally:
         db.close()

@@ -7,7 +7,9 @@ every iteration as it completes. It does not know which back end it has.
 
 from __future__ import annotations
 
+import asyncio
 import gc
+import logging
 import os
 import time
 from collections.abc import Callable
@@ -16,19 +18,24 @@ from typing import Any
 
 import msgspec
 from oddl.controller import registry
-from oddl.controller.arbiter import Arbiter
-from oddl.controller.backend import Iteration, JobOutcome, RunFailed, disturbance
+from oddl.controller.arbiter import ApplyError, Arbiter
+from oddl.controller.backend import Iteration, JobOutcome, JobStopped, RunFailed, disturbance
+from oddl.controller.clock import Clock
 from oddl.controller.collectives import Schedule, build
 from oddl.controller.config import LoadedExperiment, NetworkSpec
+from oddl.controller.health import Watch
 from oddl.controller.invariants import InvariantChecker
 from oddl.controller.job import JOB_VERSION, JobSpec, job_id, timing_of, wire_routes
-from oddl.controller.plan import Plan
+from oddl.controller.plan import Plan, PlanError
+from oddl.controller.planner import Avoid
+from oddl.controller.recovery import FaultRow, Recovery, fault_rows, replace_ranks
 from oddl.controller.results import RunStore
 from oddl.controller.topology import Grid
 from oddl.controller.workloads import model_spec, total_iterations
 from oddl.fpga.countaction import step_sync
 from oddl.fpga.regmap import N_MODULES
 
+log = logging.getLogger(__name__)
 __all__ = ["NetworkResult", "NetworkRun", "RunFailed", "RunResult", "run_experiment"]
 
 
@@ -45,6 +52,10 @@ class NetworkResult:
     stats: dict[str, Any] = field(default_factory=dict)
     disturbance: dict[str, int] = field(default_factory=dict)  # backend.DISTURBANCES
     disturbed: bool = False  # more of them than the experiment's threshold allows
+    faults: list[dict[str, Any]] = field(default_factory=list)  # recovery.FaultRow
+    # time the faults cost: from the last iteration before each stop to the resume (in
+    # training_time_s too: an iteration cut short and the recovery happened once)
+    fault_time_s: float = 0.0
 
     def public(self) -> dict[str, Any]:
         return {k: v for k, v in asdict(self).items() if k not in ("name", "kind", "stats")}
@@ -79,43 +90,61 @@ class RunResult:
 Progress = Callable[[str, int, int], None]  # network, done, total
 
 
+MAX_RECOVERIES = 16  # stops one network's run may come back from
+
+
 class NetworkRun:
-    """One network of an experiment: its back end, stage 1 where it has one, its job."""
+    """One network of an experiment: its back end, stage 1 where it has one, its job,
+    and (ODDL-SPEC stage 1, step 4) the watch that stops, re-plans and resumes it
+    round faults."""
 
     def __init__(self, ctx: LoadedExperiment, spec: NetworkSpec, grid: Grid,
                  schedule: Schedule, backend: str, checker_mode: str) -> None:
         tb, exp, w = ctx.testbed, ctx.experiment, ctx.experiment.workload
-        self.spec = spec
-        ranks = list(grid.nodes[: len(schedule)])
+        self.ctx, self.spec, self.grid, self.schedule = ctx, spec, grid, schedule
+        self.ranks = list(grid.nodes[: len(schedule)])
+        self.collective = spec.collective or w.collective
+        self.size = model_spec(w.model).grad_bytes(w.bytes_per_param)
         self.plan: Plan | None = None
         self.plan_s = 0.0
-        nic_sync = False
-        routes: dict[str, dict[str, tuple[str, int, str]]] = {}
+        self.recoveries: list[Recovery] = []
+        self.arbiter: Arbiter | None = None
+        self.watch: Watch | None = None
+        self.nic_sync = False
+        self.routes: dict[str, dict[str, tuple[str, int, str]]] = {}
         if spec.kind == "oddl":  # stage 1 on the testbed's devices, whichever back end
             self.backend = registry.open_backend(backend, tb, grid, faults=exp.faults,
                                                  seed=exp.seed, checker_mode=checker_mode)
-            arb = Arbiter(tb, grid, self.backend.onics, self.backend.wss)
-            arb.inventory()
+            self.arbiter = Arbiter(tb, grid, self.backend.onics, self.backend.wss)
+            self.arbiter.inventory()
             gc.collect()  # time the planner, not a collection of an earlier run's garbage
-            t_plan = time.perf_counter()
-            self.plan = arb.plan(schedule, spec.strategy)
-            self.plan_s = time.perf_counter() - t_plan
-            # step synchronisation runs on the O-NICs' count-action engines when the
-            # schedule fits them; otherwise the host counts deliveries
-            nic_sync = all(0 < len(s) <= N_MODULES and all(x.recv_bytes > 0 for x in s)
-                           for s in schedule)
-            programs = ({n: step_sync([x.recv_bytes for x in schedule[r]])
-                         for r, n in enumerate(ranks)} if nic_sync else None)
-            arb.apply(self.plan, programs)
-            routes = wire_routes(self.plan)
+            self.plan_s = self._stage1(Avoid())
         else:  # a baseline: a flow-level model in every back end
-            self.backend = registry.open_model(spec, tb, ranks, checker_mode)
+            self.backend = registry.open_model(spec, tb, self.ranks, checker_mode)
         self.job = JobSpec(
             JOB_VERSION, job_id(exp.name, spec.name, os.getpid(), time.time_ns()),
-            spec.collective or w.collective, model_spec(w.model).grad_bytes(w.bytes_per_param),
-            tb.grid.rows, tb.grid.cols, spec.degree, ranks, list(grid.nodes), 0, 0, nic_sync,
-            timing_of(tb), routes)
+            self.collective, self.size, tb.grid.rows, tb.grid.cols, spec.degree, self.ranks,
+            list(grid.nodes), 1, 0, self.nic_sync, timing_of(tb), self.routes)
         self.outcome: JobOutcome | None = None
+
+    def _stage1(self, avoid: Avoid) -> float:
+        """Plan for the current ranks round `avoid`, apply, read back; the planning time."""
+        assert self.arbiter is not None
+        t_plan = time.perf_counter()
+        self.plan = self.arbiter.plan(self.schedule, self.spec.strategy, relay=self.spec.relay,
+                                      ranks=self.ranks, avoid=avoid)
+        plan_s = time.perf_counter() - t_plan
+        # step synchronisation runs on the O-NICs' count-action engines when the
+        # schedule fits them; otherwise the host counts deliveries
+        self.nic_sync = all(0 < len(s) <= N_MODULES and all(x.recv_bytes > 0 for x in s)
+                            for s in self.schedule)
+        programs = ({n: step_sync([x.recv_bytes for x in self.schedule[r]])
+                     for r, n in enumerate(self.ranks)} if self.nic_sync else None)
+        self.arbiter.apply(self.plan, programs)
+        self.routes = wire_routes(self.plan)
+        if self.watch is not None:
+            self.watch.expected = {t.wss: t.table for t in self.plan.wss}
+        return plan_s
 
     @property
     def monitor(self) -> InvariantChecker:
@@ -123,9 +152,9 @@ class NetworkRun:
 
     def run(self, n_iter: int, compute_ns: int, store: RunStore | None,
             progress: Progress | None, record_flows: bool) -> list[tuple[int, int]]:
-        """Run the job; record every iteration as it completes (a killed run keeps them)."""
+        """Run the job; record every iteration as it completes (a killed run keeps them);
+        stop, recover and resume round whatever faults the watch finds."""
         name = self.spec.name
-        job = msgspec.structs.replace(self.job, iterations=n_iter, compute_ns=compute_ns)
         times: list[tuple[int, int]] = []
 
         def on_iteration(it: Iteration) -> None:
@@ -137,9 +166,29 @@ class NetworkRun:
                 progress(name, it.iteration + 1, n_iter)
 
         b = self.backend
+        total = JobOutcome(0, 0, {}, [])
+        if b.health is not None and self.plan is not None:
+            self.watch = Watch(Clock(b.loop), b.health, b.wss)
+            self.watch.expected = {t.wss: t.table for t in self.plan.wss}
+            self.watch.start()
         try:
-            self.outcome = b.loop.run_until_complete(b.run_job(job, on_iteration,
-                                                               record_flows))
+            while True:
+                attempt = len(self.recoveries)
+                job = msgspec.structs.replace(
+                    self.job, job=self.job.job[:120] + (f"-r{attempt}" if attempt else ""),
+                    iterations=n_iter, compute_ns=compute_ns, start=len(times),
+                    ranks=self.ranks, collective=self.collective, nic_sync=self.nic_sync,
+                    routes=self.routes)
+                try:
+                    _add(total, b.loop.run_until_complete(b.run_job(job, on_iteration,
+                                                                    record_flows)))
+                    break
+                except JobStopped as e:
+                    _add(total, e.outcome)
+                    if attempt >= MAX_RECOVERIES:
+                        raise RunFailed(f"{name}: stopped by faults {attempt + 1} times; "
+                                        f"last: {e}") from e
+                    self._recover(e, len(times), times[-1][1] if times else 0)
         except RuntimeError as e:
             if "deadlock" not in str(e):
                 raise
@@ -147,14 +196,100 @@ class NetworkRun:
             raise RunFailed(f"{name}: the run stalled with nothing left to do; "
                             f"{len(missing)} flows undelivered, e.g. ids {missing[:5]}") from e
         finally:
+            if self.watch is not None:
+                self.watch.stop()
             b.close()
+        self.outcome = total
         self.monitor.finish(times[-1][1] if times else 0)
         return times
+
+    def _recover(self, stop: JobStopped, next_iteration: int, t_last: int) -> None:
+        """Let the watch settle on what broke; go round it per the policy; apply; resume."""
+        b, health = self.backend, self.backend.health
+        if health is None or self.arbiter is None:
+            raise RunFailed(f"{self.spec.name}: {stop}") from stop
+        t_stop = Clock(b.loop).now_ns()
+        b.loop.run_until_complete(self._settle(stop))
+        found = health.pending()
+        act = health.actionable()
+        # nothing to go round (a bus that blinked, a peer that failed once): the same plan
+        # again; a peer that fails the job twice is found unresponsive, and MAX_RECOVERIES
+        # bounds the rest
+        av = health.avoid()
+        avoid = Avoid(frozenset(av["nodes"]), frozenset(av["wss"]), frozenset(av["links"]))
+        replan_s = 0.0
+        if act:
+            t0 = time.perf_counter()
+            ranks, coll = replace_ranks(self.ranks, set(avoid.nodes), self.grid.nodes,
+                                        self.ctx.experiment.recovery, self.collective)
+            if len(ranks) != len(self.ranks) or coll != self.collective:
+                self.schedule = build(coll, len(ranks), self.size, self.grid.rows,
+                                      self.grid.cols, self.spec.degree)
+            self.ranks, self.collective = ranks, coll
+            try:
+                self._stage1(avoid)
+            except (PlanError, ApplyError) as e:
+                raise RunFailed(f"{self.spec.name}: no plan round "
+                                f"{'; '.join(map(str, act))}: {e}") from e
+            replan_s = time.perf_counter() - t0
+        health.handled = len(health.diagnoses)
+        rec = Recovery(t_stop, Clock(b.loop).now_ns(), t_last, found, stop.lost,
+                       stop.flows_lost,
+                       bool(act), replan_s, list(self.ranks), self.collective)
+        self.recoveries.append(rec)
+        log.warning("%s: %s; %s; resuming at iteration %d on %d ranks (%s)", self.spec.name,
+                    stop, "re-planned round " + "; ".join(map(str, act)) if act else
+                    "same plan", next_iteration, len(self.ranks), self.collective)
+
+    async def _settle(self, stop: JobStopped) -> None:
+        """Until the watch has a verdict: suspects judged, the bus back, and (for an
+        iteration cut short) a fault found, or `grace_ms` passes."""
+        health = self.backend.health
+        assert health is not None
+        mon = self.ctx.testbed.monitor
+        period = health.period_ns / 1e9
+        waited = 0.0
+        while True:
+            # the stopped job's light must have landed before a new plan takes the fibres
+            dark = not any(o.transmitting() for n, o in self.backend.onics.items()
+                           if not health.is_dead(n))
+            if health.bus_down_since is None and health.settled() and dark:
+                return
+            if waited * 1e3 >= mon.grace_ms:
+                if health.bus_down_since is not None:
+                    raise RunFailed(f"{self.spec.name}: {stop}; the bus did not come back "
+                                    f"within grace_ms = {mon.grace_ms:g}")
+                return
+            await asyncio.sleep(period)
+            waited += period
 
     def stats(self) -> dict[str, Any]:
         assert self.outcome is not None
         extra = {"plan_s": round(self.plan_s, 4)} if self.plan is not None else {}
         return {**self.outcome.stats, **extra}
+
+    def faults(self, completed: bool) -> list[FaultRow]:
+        h = self.backend.health
+        return fault_rows(self.backend.injected, h.diagnoses if h is not None else [],
+                          self.recoveries, completed)
+
+
+def _add(total: JobOutcome, part: JobOutcome) -> None:
+    """Sum the attempts of one job: messages, flows, counters; the latest non-counters."""
+    total.control_messages += part.control_messages
+    total.flows += part.flows
+    for k, v in part.stats.items():
+        if isinstance(v, int) and not isinstance(v, bool) and k not in _ABSOLUTE:
+            total.stats[k] = total.stats.get(k, 0) + v
+        else:
+            total.stats[k] = v
+    total.violations[:] = part.violations
+
+
+# counters a back end reports for its whole life, not per job (summing them would count
+# the earlier attempts twice)
+_ABSOLUTE = ("dropped", "messages_dropped", "messages_delayed", "transfers", "tunes",
+             "lost_to_faults", "count_action_fires")
 
 
 def run_experiment(ctx: LoadedExperiment, backend: str = "sim", store: RunStore | None = None,
@@ -164,7 +299,7 @@ def run_experiment(ctx: LoadedExperiment, backend: str = "sim", store: RunStore 
     exp, tb = ctx.experiment, ctx.testbed
     w = exp.workload
     grid = Grid.from_testbed(tb)
-    n = tb.n_nodes
+    n = w.ranks or tb.n_nodes
     size = model_spec(w.model).grad_bytes(w.bytes_per_param)
     full = total_iterations(w, n)
     n_iter = iterations or exp.iterations or full
@@ -215,13 +350,16 @@ def run_experiment(ctx: LoadedExperiment, backend: str = "sim", store: RunStore 
         assert out is not None
         stats = run.stats()
         dist = disturbance(stats)
+        faults = [f.public() for f in run.faults(completed=True)]
         disturbed = sum(dist.values()) > exp.disturbance_threshold * max(out.control_messages, 1)
+        fault_s = sum(r.t_resume_ns - r.t_last_ns for r in run.recoveries) / 1e9
         results[spec.name] = NetworkResult(
-            spec.name, spec.kind, sum(its) * scale / 1e9, sum(its) / len(its) / 1e9, len(its),
-            out.flows, out.control_messages, len(run.monitor.violations), stats, dist,
-            disturbed)
+            spec.name, spec.kind, sum(its) * scale / 1e9 + fault_s, sum(its) / len(its) / 1e9,
+            len(its), out.flows, out.control_messages, len(run.monitor.violations), stats,
+            dist, disturbed, faults, round(fault_s, 9))
         if store is not None:
             store.set_outcome(spec.name, disturbed, dist)
+            store.add_faults(spec.name, faults)
         violations += [f"{spec.name}: {v}" for v in run.monitor.violations]
 
     oddl = next((r for r in results.values() if r.kind == "oddl"), None)

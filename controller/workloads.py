@@ -74,6 +74,7 @@ class CollectiveEngine:
         # iteration when they hear the last rank finish; hearing takes a message)
         self.early: list[Flow] = []
         self.early_fired: list[tuple[int, int]] = []
+        self.halted = False  # the job stopped here: no step runs, no flow starts
 
     def start_iteration(self, iteration: int, compute_ns: int,
                         on_done: Callable[[int], None]) -> None:
@@ -97,6 +98,8 @@ class CollectiveEngine:
             self.clock.call_later_ns(compute_ns, self._run_steps, r)
 
     def _run_steps(self, r: int) -> None:
+        if self.halted:
+            return
         steps = self.schedule[r]
         while True:
             s = self.step[r]
@@ -124,6 +127,8 @@ class CollectiveEngine:
             self.step[r] = s + 1
 
     def on_delivered(self, flow: Flow) -> None:
+        if self.halted:
+            return
         if flow.iteration != self.iteration:  # a peer that started the next iteration first
             self.early.append(flow)
             return
@@ -141,6 +146,8 @@ class CollectiveEngine:
 
     def module_fired(self, node: str, slot: int) -> None:
         """The O-NIC of `node` says: every byte of step `slot` has arrived."""
+        if self.halted:
+            return
         r = self.rank_of[node]
         if self.step[r] >= len(self.schedule[r]):  # done here: the next iteration's step
             self.early_fired.append((r, slot))

@@ -83,6 +83,8 @@ class LabBackend:
         # and where a fabric model exists, the emulator's own monitor judges it)
         self.monitor = InvariantChecker(mode=checker_mode)
         self.rejected = 0  # result-topic messages that were no result of the job's
+        self.health = None  # heartbeats over MQTT: not yet watched by this back end
+        self.injected: list[Any] = []
         nodes = list(grid.nodes)
         addr = {n.id: n.board for n in tb.nodes}
         self.onics: dict[str, DriverONic] = {}

@@ -196,11 +196,28 @@ class DriverONic:
         self._o = {name: _off(name) for name in R.BY_NAME}
 
     def attach(self, events: Any) -> None:
+        """A new owner (a job) starts clean: what a previous one left pending is not its."""
         self.events = events
+        self.inflight.clear()
         self._mask = 0
         for name in self._IRQS:
             self._mask |= 1 << R.IRQ_BITS[name]
         self._w(self._o["IRQ_ENABLE"], self._mask)
+        stale = self._r(self._o["IRQ_STATUS"])
+        if stale:
+            self._w(self._o["IRQ_STATUS"], stale)  # W1C
+
+    def transmitting(self) -> bool:
+        """Is any transmitter tuning or sending (light still to land somewhere)?"""
+        return any(self._r(self._o[f"TX{p}_STATUS"]) & 0b11 for p in self.ports)
+
+    def health(self) -> dict[str, Any]:
+        """What a heartbeat carries from the registers: CRC errors per receiver, the last
+        tuning time per transmitter, the ERROR flags."""
+        r, o = self._r, self._o
+        return {"crc_errors": {p: r(o[f"RX{p}_ERRORS"]) for p in self.ports},
+                "tune_ns": {p: r(o[f"TX{p}_TUNE_NS"]) for p in self.ports},
+                "error_flags": r(o["ERROR"])}
 
     def identity(self) -> dict[str, str]:
         ident = self.d.identity()

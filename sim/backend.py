@@ -11,14 +11,25 @@ flow-level models on the same clock, with the same runner.
 from __future__ import annotations
 
 import asyncio
+import functools
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import pynq
-from oddl.controller.backend import FlowRow, Iteration, JobOutcome, OnIteration
+from oddl.controller.backend import (
+    FlowRow,
+    Iteration,
+    JobOutcome,
+    JobStopped,
+    OnIteration,
+    RunFailed,
+)
 from oddl.controller.clock import Clock
-from oddl.controller.config import Faults, NetworkSpec, Testbed
+from oddl.controller.config import FaultSpec, NetworkSpec, Testbed
+from oddl.controller.control_unit import FlowFailed
+from oddl.controller.health import HEARTBEAT_VERSION, Health, Heartbeat, Heartbeats
 from oddl.controller.invariants import InvariantChecker
 from oddl.controller.job import JobRunner, JobSpec, step_sync
 from oddl.controller.messages import Flow
@@ -28,6 +39,7 @@ from oddl.fpga import regmap as R
 from oddl.sim.bus import LocalBus
 from oddl.sim.clock import VirtualClockLoop
 from oddl.sim.fabric import Fabric
+from oddl.sim.faults import Drill
 from oddl.sim.onic_board import BoardLine, ONicBoard
 from oddl.sim.pynq_device import BASE_ADDR, EmulatedONicDevice
 from oddl.sim.wss import WSSModel
@@ -46,7 +58,7 @@ class World:
     checker: InvariantChecker
 
 
-def build(tb: Testbed, grid: Grid, clock: Clock, faults: Faults | None = None, seed: int = 0,
+def build(tb: Testbed, grid: Grid, clock: Clock, seed: int = 0,
           checker_mode: str = "raise") -> World:
     checker = InvariantChecker(mode=checker_mode)
     fabric = Fabric(tb, grid, clock, checker)
@@ -57,15 +69,32 @@ def build(tb: Testbed, grid: Grid, clock: Clock, faults: Faults | None = None, s
         board = boards[n] = ONicBoard(fabric, n, index)
         mmio = pynq.MMIO(BASE_ADDR, R.IP_RANGE, device=EmulatedONicDevice(board))
         onics[n] = DriverONic(ONicDriver(mmio, n, grid.nodes), fabric.ports[n])
-    bus = LocalBus(clock, round(tb.control.latency_ns), faults, seed, tap=checker.on_message)
+    bus = LocalBus(clock, round(tb.control.latency_ns), seed, tap=checker.on_message)
     return World(fabric, boards, onics, {n: BoardLine(b) for n, b in boards.items()},
                  dict(fabric.wss), bus, checker)
 
 
+def wss_of(grid: Grid) -> dict[tuple[str, str], str]:
+    """(node, port) -> the WSS that port's light goes through."""
+    return {(n, p): g.wss for n in grid.nodes for p in ("H", "V")
+            if (g := grid.group_of(n, p)).wss is not None}
+
+
+def heartbeat(node: str, seq: int, onic: DriverONic, runner: JobRunner | None) -> Heartbeat:
+    """What a node program reads from its board and its control units each period."""
+    h = onic.health()
+    cu = runner.units.get(node) if runner is not None else None
+    return Heartbeat(HEARTBEAT_VERSION, node, seq, h["crc_errors"], h["tune_ns"],
+                     h["error_flags"], dict(cu.unexpected_rx) if cu is not None else {},
+                     runner.spec.job if runner is not None else "")
+
+
 async def run_in_process(runner: JobRunner, loop: asyncio.AbstractEventLoop,
                          on_iteration: OnIteration, sent: Callable[[], int],
-                         record_flows: bool) -> None:
-    """Every rank is here: iteration i + 1 begins the instant the last rank ends i."""
+                         record_flows: bool,
+                         between: Callable[[int], None] = lambda i: None) -> None:
+    """Every rank is here: iteration i + 1 begins the instant the last rank ends i
+    (`between(i + 1)` first: it may stop the job there by raising)."""
     spec = runner.spec
     done: asyncio.Future[None] = loop.create_future()
     rows: list[FlowRow] = []
@@ -83,20 +112,28 @@ async def run_in_process(runner: JobRunner, loop: asyncio.AbstractEventLoop,
             rows.append((f.id, f.step, f.src, f.dst, f.nbytes, f.hop + 1, f.t_submit, t))
         runner.engine.on_delivered_hook = hook
 
+    def begin(i: int) -> None:
+        try:
+            between(i)
+        except Exception as e:
+            fail(e)
+            return
+        runner.begin(i)
+
     def finished(i: int, t_start: int, t_end: int) -> None:
         msgs = sent()
         on_iteration(Iteration(i, t_start, t_end, msgs - last[0], rows.copy()))
         last[0] = msgs
         rows.clear()
         if i + 1 < spec.iterations:
-            runner.begin(i + 1)
+            begin(i + 1)
         elif not done.done():
             done.set_result(None)
 
     runner.on_iteration = finished
     runner.fail = fail
     loop.set_exception_handler(loop_error)
-    runner.begin(0)
+    begin(spec.start)
     try:
         await done
     finally:
@@ -104,36 +141,128 @@ async def run_in_process(runner: JobRunner, loop: asyncio.AbstractEventLoop,
 
 
 class SimBackend:
-    """The ODDL network on the modelled testbed."""
+    """The ODDL network on the modelled testbed, watched as a lab's is: every node beats
+    from its board's registers, the drill's faults happen in virtual time."""
 
     name = "sim"
 
-    def __init__(self, tb: Testbed, grid: Grid, faults: Faults | None = None, seed: int = 0,
-                 checker_mode: str = "record") -> None:
+    def __init__(self, tb: Testbed, grid: Grid, faults: list[FaultSpec] | None = None,
+                 seed: int = 0, checker_mode: str = "record") -> None:
+        self.tb = tb
         self.loop = VirtualClockLoop()
         self.clock = Clock(self.loop)
-        self.world = build(tb, grid, self.clock, faults, seed, checker_mode)
-        self.onics = self.world.onics
-        self.wss = self.world.wss
-        self.monitor = self.world.checker
+        self.world = w = build(tb, grid, self.clock, seed, checker_mode)
+        self.onics = w.onics
+        self.wss = w.wss
+        self.monitor = w.checker
+        self.health = Health(tb.monitor, grid.nodes, math.ceil(tb.optical.tuning_time_ns),
+                             wss_of(grid))
+        self._runner: JobRunner | None = None
+        self.drill = Drill(w, self.clock, faults or [], self._retries, self._gone)
+        self.injected = self.drill.injected
+        self._beats = [Heartbeats(self.clock, self.health.period_ns,
+                                  functools.partial(self._read, n), self._send).start()
+                       for n in grid.nodes]
+
+    def _gone(self, node: str) -> None:
+        """A dead board's node program is gone with it: its control unit says nothing."""
+        cu = self._runner.units.get(node) if self._runner is not None else None
+        if cu is not None:
+            cu.halt()
+
+    def _retries(self) -> int:
+        return self._runner.stats().get("retries", 0) if self._runner is not None else 0
+
+    def _read(self, node: str, seq: int) -> Heartbeat | None:
+        if node in self.world.fabric.dead:
+            return None  # a dead board says nothing
+        return heartbeat(node, seq, self.onics[node], self._runner)
+
+    def _send(self, hb: Heartbeat) -> None:
+        """A heartbeat crosses the control bus as any message does (not when it is down)."""
+        bus = self.world.bus
+        if bus.passes(hb.node):
+            self.clock.call_later_ns(bus.latency_ns, self._beat, hb)
+
+    def _beat(self, hb: Heartbeat) -> None:
+        self.health.beat(hb, self.clock.now_ns())
 
     async def run_job(self, spec: JobSpec, on_iteration: OnIteration,
                       record_flows: bool) -> JobOutcome:
-        w = self.world
+        w, health = self.world, self.health
         self.monitor.new_job(spec.job)
-        runner = JobRunner(spec, self.clock, self.monitor, lambda *_: None)
+        runner = self._runner = JobRunner(spec, self.clock, self.monitor, lambda *_: None)
         runner.on_onics(w.bus, w.onics, w.lines)
-        await run_in_process(runner, self.loop, on_iteration, lambda: w.bus.sent,
-                             record_flows)
+        for node in w.fabric.dead:
+            self._gone(node)
+        self.drill.arm()
+        next_i = [spec.start]
+        sent0 = w.bus.sent
+        cfg = self.tb.monitor
+        patience = cfg.missed * health.period_ns  # a pending fault may cut an iteration
+        stall_ns = spec.compute_ns + round(cfg.grace_ms * 1e6)
+        progress = [(-1, -1), self.clock.now_ns()]
+
+        def outcome() -> JobOutcome:
+            return self._outcome(runner, w.bus.sent - sent0)
+
+        def between(i: int) -> None:
+            next_i[0] = i
+            if health.actionable():
+                raise JobStopped(f"stopped before iteration {i}: "
+                                 f"{'; '.join(map(str, health.actionable()))}", i, False,
+                                 outcome())
+            self.drill.at_iteration(i)
+
+        def guard() -> None:
+            """Each period: an iteration a pending fault keeps from finishing is cut short;
+            a run with no progress at all stops, naming what it waits for."""
+            now = self.clock.now_ns()
+            mark = (w.bus.sent, w.fabric.transfers)
+            if mark != progress[0]:
+                progress[0], progress[1] = mark, now
+            act = health.actionable()
+            if act and now - act[0].t_ns >= patience:
+                fail(JobStopped(f"iteration {next_i[0]} cut short: "
+                                f"{'; '.join(map(str, act))}", next_i[0], True, outcome(),
+                                len(self.monitor.undelivered())))
+            elif now - progress[1] > stall_ns:
+                missing = self.monitor.undelivered()
+                fail(RunFailed(f"the run stalled for {(now - progress[1]) / 1e6:.0f} ms: "
+                               f"{len(missing)} flows undelivered, e.g. ids {missing[:5]}"))
+            else:
+                timer[0] = self.clock.call_later_ns(health.period_ns, guard)
+
+        def fail(e: BaseException) -> None:
+            runner.fail(e)
+
+        timer = [self.clock.call_later_ns(health.period_ns, guard)]
+        try:
+            await run_in_process(runner, self.loop, on_iteration, lambda: w.bus.sent - sent0,
+                                 record_flows, between)
+        except FlowFailed as e:
+            if e.peer is not None:
+                health.flow_failed(e.peer, self.clock.now_ns(), str(e))
+            raise JobStopped(f"iteration {next_i[0]} cut short: {e}", next_i[0], True,
+                             outcome(), len(self.monitor.undelivered()), e.peer) from e
+        finally:
+            timer[0].cancel()
+        return outcome()
+
+    def _outcome(self, runner: JobRunner, sent: int) -> JobOutcome:
+        w = self.world
         fires = sum(m.fire_count for b in w.boards.values() for m in b.ca)
-        stats = {**runner.stats(), "dropped": w.bus.dropped, "step_sync": step_sync(spec),
+        stats = {**runner.stats(), "dropped": w.bus.dropped, "step_sync": step_sync(runner.spec),
                  "count_action_fires": fires,
                  "messages_dropped": w.bus.dropped, "messages_delayed": w.bus.delayed,
-                 "transfers": w.fabric.transfers,
+                 "transfers": w.fabric.transfers, "lost_to_faults": w.fabric.lost,
                  "tunes": sum(t.tunes for t in w.fabric.tx.values())}
-        return JobOutcome(w.bus.sent, runner.engine.flows, stats, list(self.monitor.violations))
+        return JobOutcome(sent, runner.engine.flows, stats, list(self.monitor.violations))
 
     def close(self) -> None:
+        self.drill.finish()
+        for b in self._beats:
+            b.stop()
         self.loop.close()
 
 
@@ -153,6 +282,8 @@ class ModelBackend:
         self.onics: dict[str, Any] = {}
         self.wss: dict[str, Any] = {}
         self.monitor = InvariantChecker(mode=checker_mode)
+        self.health = None
+        self.injected: list[Any] = []
 
     async def run_job(self, spec: JobSpec, on_iteration: OnIteration,
                       record_flows: bool) -> JobOutcome:

@@ -20,12 +20,12 @@ from typing import Any
 import tomli_w
 from oddl.controller.access import EMULATOR, new_passwords, probe_ns, write_private
 from oddl.controller.clock import Clock
-from oddl.controller.config import Testbed
+from oddl.controller.config import FaultSpec, Testbed
 from oddl.controller.node import NodeProgram
 from oddl.controller.topology import Grid
 from oddl.sim import backend as sim_backend
 from oddl.sim.broker import EmbeddedBroker, free_port
-from oddl.sim.faults import Fault, apply_faults
+from oddl.sim.faults import Drill, install
 from oddl.sim.pynq_device import EmulatedONicDevice
 from oddl.sim.pynq_remote import RemoteBoardServer
 from oddl.sim.wss_serial import SerialWSS
@@ -42,6 +42,7 @@ class Emulation:
     world: Any = None
     control_hop_ns: int | None = None  # one control message through the broker, measured
     passwords: dict[str, str] = field(default_factory=dict)  # this run's, per party
+    drill: Drill | None = None  # the faults in force
 
     def password(self, party: str) -> str | None:
         return self.passwords.get(party)
@@ -78,7 +79,7 @@ class Emulation:
             self.qick.stop()
 
 
-async def start(tb: Testbed, host: str = "127.0.0.1", faults: list[Fault] | None = None,
+async def start(tb: Testbed, host: str = "127.0.0.1", faults: list[FaultSpec] | None = None,
                 external: set[str] | frozenset[str] = frozenset()) -> Emulation:
     """external: boards whose node program runs elsewhere (`oddl node` over PYNQ.remote)."""
     loop = asyncio.get_running_loop()
@@ -86,7 +87,7 @@ async def start(tb: Testbed, host: str = "127.0.0.1", faults: list[Fault] | None
     emu = Emulation()
     # the devices answer hand-driven probes too (acceptance checks): record, never raise
     emu.world = sim_backend.build(tb, grid, Clock(loop), checker_mode="record")
-    apply_faults(emu.world, faults or [])
+    emu.drill = install(emu.world, Clock(loop), faults or [])
     dead = {f.target for f in faults or [] if f.kind == "dead-board"}
     for node, board in emu.world.boards.items():
         server = RemoteBoardServer(EmulatedONicDevice(board), host, free_port(host))
@@ -126,7 +127,7 @@ async def start(tb: Testbed, host: str = "127.0.0.1", faults: list[Fault] | None
         from oddl.sim.qick_pyro import QickPyroServer
         from oddl.sim.qick_soc import Photonics
 
-        stuck = {f.args[0] for f in faults or [] if f.kind == "dac-not-ready"}
+        stuck = {f.dac for f in faults or [] if f.kind == "dac-not-ready"}
         n_dacs = max(tb.qick.dac_channels) + 1
         photonics = Photonics.from_config(tb.qick.photonics,
                                           [g not in stuck for g in range(n_dacs)])
@@ -178,7 +179,7 @@ def emu_config(tb: Testbed, emu: Emulation, source: str, secrets: Path | None = 
 
 
 async def serve(tb: Testbed, source: str, out: Path, say: Any,
-                faults: list[Fault] | None = None,
+                faults: list[FaultSpec] | None = None,
                 external: set[str] | frozenset[str] = frozenset()) -> None:
     emu = await start(tb, faults=faults, external=external)
     for f in faults or []:

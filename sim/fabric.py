@@ -80,6 +80,8 @@ class Fabric:
         self.bytes = 0
         self.tune_override: dict[tuple[str, str], int] = {}  # fault: a slow transmitter
         self.corrupt: set[tuple[str, str]] = set()  # fault: receivers whose link corrupts
+        self.dead: set[str] = set()  # fault: boards that are gone (no light in or out)
+        self.lost = 0  # transfers whose light a fault swallowed
 
     def duration_ns(self, nbytes: int) -> int:
         return math.ceil(nbytes * 8 / self.rate)
@@ -103,6 +105,8 @@ class Fabric:
         self.tuned_handlers[node](port, channel)
 
     def send(self, node: str, port: str, flow: Flow) -> None:
+        if node in self.dead:
+            return  # a dead board emits nothing (and its program is gone with it)
         tx = self.tx[(node, port)]
         now = self.clock.now_ns()
         tuning = now < tx.tune_until
@@ -113,6 +117,13 @@ class Fabric:
             raise DeviceRefused(f"{node}/{port}: transfer refused while sending {tx.busy!r}")
         wss, i, members = self.attach_pt[(node, port)]
         ch = tx.channel
+        if wss.dead:  # the light goes nowhere, by the device's fault and not the plan's
+            tx.busy = flow
+            self.lost += 1
+            dur = self.duration_ns(flow.nbytes)
+            self.clock.call_at_ns(now + dur + self.guard_ns, self._tx_done, node, port, tx,
+                                  flow)
+            return
         out = wss.route(i, ch) if ch is not None else None
         key = (wss.id, out if out is not None else -1, ch if ch is not None else -1)
         dst = members[out] if out is not None else None
@@ -128,7 +139,8 @@ class Fabric:
         self.transfers += 1
         self.bytes += flow.nbytes
         self.clock.call_at_ns(now + dur + self.guard_ns, self._tx_done, node, port, tx, flow)
-        self.clock.call_at_ns(now + dur + self.prop_ns, self._rx_done, dst, port, rx, key, flow)
+        self.clock.call_at_ns(now + dur + self.prop_ns, self._rx_done, dst, port, rx, key, flow,
+                              node)
 
     def _tx_done(self, node: str, port: str, tx: Transmitter, flow: Flow) -> None:
         tx.busy = None
@@ -136,13 +148,16 @@ class Fabric:
         self.tx_handlers[node](port, flow)
 
     def _rx_done(self, dst: str | None, port: str, rx: Receiver | None,
-                 key: tuple[str, int, int], flow: Flow) -> None:
+                 key: tuple[str, int, int], flow: Flow, src: str) -> None:
         if self.lit.get(key) is flow:
             del self.lit[key]
         if rx is None or dst is None:
             return  # light into a blocked port: lost (already a violation)
         if rx.current is flow:
             rx.current = None
+        if self.dead and (dst in self.dead or src in self.dead):
+            self.lost += 1  # the burst was cut, or nobody is there to take it
+            return
         if self.corrupt and (dst, port) in self.corrupt:
             rx.errors += 1  # the CRC fails; the receiver still reports the transfer
         rx.rx_bytes += flow.nbytes

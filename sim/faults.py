@@ -1,92 +1,177 @@
-"""Device faults for the emulator (acceptance tests must catch each one).
+"""Faults on the modelled testbed: a drill's `[[faults]]` injected in (virtual) time.
 
-    slow-tx:NODE/PORT:NS         that transmitter takes NS ns to tune
-    wss-route:WSS:IN/CH:OUT      light on (IN, CH) leaves at OUT, though the table reads back right
-    dead-board:NODE              the board's server never answers
-    corrupt-link:NODE/PORT       every transfer into that receiver fails its CRC
-    dac-not-ready:DAC            the QICK board's DAC never raises its valid flag
+The same `FaultSpec`s drive the sim back end (in virtual time, at an iteration or an
+instant) and `oddl emulate` (from the start with `--fault`, or mid-run through its control
+endpoint). What each does to the models:
+
+    dead-board NODE             the board and its node program are gone: no light, no
+                                control message, no heartbeat (in emulation: no server)
+    dead-wss WSS                the WSS answers nothing and passes no light
+    slow-tx NODE/PORT           that transmitter takes `tune_ns` to tune
+    wss-route WSS               light on (input, channel) leaves at `output`, though the
+                                table reads back right
+    corrupt-link NODE/PORT      every transfer into that receiver fails its CRC
+    control-loss bus            control messages dropped (and delayed) at random
+    broker-restart broker       the broker is gone: nothing crosses the bus
+    dac-not-ready qick          the QICK board's DAC never raises its valid flag (emulator)
+
+`--fault` takes them as strings, KIND:TARGET[:ARGS]: slow-tx:NODE/PORT:NS,
+wss-route:WSS:IN/CH:OUT, control-loss:bus:P, dac-not-ready:DAC; the others KIND:TARGET.
 """
 
 from __future__ import annotations
 
-import re
+import logging
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
-from oddl.controller.config import Testbed
+from oddl.controller.config import FAULT_KINDS, FaultSpec, Testbed, fault_issues
+from pydantic import ValidationError
+
+log = logging.getLogger(__name__)
 
 
 class FaultSpecError(ValueError):
     pass
 
 
-@dataclass(frozen=True)
-class Fault:
-    kind: str
-    target: str  # node, node/port or WSS id
-    args: tuple[int, ...] = ()
-
-    def __str__(self) -> str:
-        return f"{self.kind}:{self.target}" + "".join(f":{a}" for a in self.args)
+_ARGS = {"slow-tx": "NODE/PORT:NS", "wss-route": "WSS:IN/CH:OUT", "dead-board": "NODE",
+         "dead-wss": "WSS", "corrupt-link": "NODE/PORT", "dac-not-ready": "DAC",
+         "control-loss": "bus:DROP_PROBABILITY", "broker-restart": "broker"}
 
 
-_SPECS = {
-    "slow-tx": re.compile(r"^(?P<node>[^/:]+)/(?P<port>[HV]):(?P<ns>\d+)$"),
-    "wss-route": re.compile(r"^(?P<wss>[^:]+):(?P<inp>\d+)/(?P<ch>\d+):(?P<out>\d+)$"),
-    "dead-board": re.compile(r"^(?P<node>[^/:]+)$"),
-    "corrupt-link": re.compile(r"^(?P<node>[^/:]+)/(?P<port>[HV])$"),
-    "dac-not-ready": re.compile(r"^(?P<dac>\d+)$"),
-}
-
-
-def parse_fault(spec: str, tb: Testbed) -> Fault:
+def parse_fault(spec: str, tb: Testbed) -> FaultSpec:
+    """A `--fault` string as the FaultSpec it stands for (present from the start)."""
     kind, _, rest = spec.partition(":")
-    rx = _SPECS.get(kind)
-    if rx is None:
+    if kind not in FAULT_KINDS:
         raise FaultSpecError(f"fault {spec!r}: unknown kind {kind!r} (known: "
-                             f"{', '.join(_SPECS)})")
-    m = rx.match(rest)
-    if m is None:
-        raise FaultSpecError(f"fault {spec!r}: expected {kind}:" + {
-            "slow-tx": "NODE/PORT:NS", "wss-route": "WSS:IN/CH:OUT",
-            "dead-board": "NODE", "corrupt-link": "NODE/PORT", "dac-not-ready": "DAC"}[kind])
-    g = m.groupdict()
-    nodes = {n.id for n in tb.nodes}
-    if "node" in g and g["node"] not in nodes:
-        raise FaultSpecError(f"fault {spec!r}: no node {g['node']!r} in {tb.name}")
-    if kind == "slow-tx":
-        return Fault(kind, f"{g['node']}/{g['port']}", (int(g["ns"]),))
-    if kind == "wss-route":
-        w = {x.id: x for x in tb.wss}.get(g["wss"])
-        if w is None:
-            raise FaultSpecError(f"fault {spec!r}: no WSS {g['wss']!r} in {tb.name}")
-        inp, ch, out = int(g["inp"]), int(g["ch"]), int(g["out"])
-        if not (inp < w.ports and out < w.ports and ch < len(tb.optical.wavelengths())):
-            raise FaultSpecError(f"fault {spec!r}: port or channel outside {w.id}")
-        return Fault(kind, g["wss"], (inp, ch, out))
-    if kind == "dac-not-ready":
-        if tb.qick is None:
-            raise FaultSpecError(f"fault {spec!r}: {tb.name} has no [qick] board")
-        dac = int(g["dac"])
-        if dac not in tb.qick.dac_channels:
-            raise FaultSpecError(f"fault {spec!r}: DAC {dac} is not one of the board's "
-                                 f"operand DACs {list(tb.qick.dac_channels)}")
-        return Fault(kind, "qick", (dac,))
-    if kind == "corrupt-link":
-        return Fault(kind, f"{g['node']}/{g['port']}")
-    return Fault(kind, g["node"])
+                             f"{', '.join(FAULT_KINDS)})")
+    parts = rest.split(":")
+    kw: dict[str, Any] = {"kind": kind, "target": parts[0]}
+    try:
+        if kind == "slow-tx" and len(parts) == 2:
+            kw["tune_ns"] = int(parts[1])
+        elif kind == "wss-route" and len(parts) == 3:
+            inp, ch = parts[1].split("/")
+            kw |= {"input": int(inp), "channel": int(ch), "output": int(parts[2])}
+        elif kind == "control-loss" and len(parts) == 2:
+            kw["drop_probability"] = float(parts[1])
+        elif kind == "dac-not-ready" and len(parts) == 1:
+            kw |= {"target": "qick", "dac": int(parts[0])}
+        elif len(parts) != 1 or kind in ("slow-tx", "wss-route", "control-loss"):
+            raise ValueError
+        f = FaultSpec(**kw)
+    except (ValueError, ValidationError):
+        raise FaultSpecError(f"fault {spec!r}: expected {kind}:{_ARGS[kind]}") from None
+    issues = fault_issues([f], tb)
+    if issues:
+        raise FaultSpecError(f"fault {spec!r}: " + "; ".join(r for _p, r in issues))
+    return f
 
 
-def apply_faults(world: object, faults: list[Fault]) -> None:
-    """Install faults into a built sim world (sim.backend.SimTestbed)."""
-    fabric = world.fabric  # type: ignore[attr-defined]
-    for f in faults:
-        if f.kind == "slow-tx":
-            node, port = f.target.split("/")
-            fabric.tune_override[(node, port)] = f.args[0]
+@dataclass
+class Injected:
+    """A fault as it happened: when it began (and ended), and the REQUEST retries the
+    control units made while it lasted."""
+
+    spec: FaultSpec
+    at_ns: int
+    until_ns: int | None = None
+    retries: int = 0
+
+
+class Drill:
+    """Injects a scenario into a built sim world (sim.backend.World) on its clock."""
+
+    def __init__(self, world: Any, clock: Any, faults: list[FaultSpec],
+                 retries: Callable[[], int] = lambda: 0,
+                 on_dead: Callable[[str], None] = lambda node: None) -> None:
+        self.world, self.clock, self.faults = world, clock, list(faults)
+        self.retries = retries  # the control units' REQUEST retries so far
+        self.on_dead = on_dead  # a board died: the node program beside it is gone too
+        self.injected: list[Injected] = []
+        self._retries0: dict[int, int] = {}
+        self._armed = False
+        for f in self.faults:
+            if f.kind == "dac-not-ready":
+                raise FaultSpecError(f"{f}: the QICK DAC fault is the emulator's "
+                                     f"(`oddl emulate --fault dac-not-ready:DAC`)")
+
+    def arm(self) -> None:
+        """Timed faults count from now (the first job's start); untimed ones begin now."""
+        if self._armed:
+            return
+        self._armed = True
+        t0 = self.clock.now_ns()
+        for f in self.faults:
+            if f.at_iteration is None:
+                self.clock.call_at_ns(t0 + round(f.start_ms * 1e6), self.inject, f)
+
+    def at_iteration(self, i: int) -> None:
+        for f in self.faults:
+            if f.at_iteration == i and not any(x.spec is f for x in self.injected):
+                self.inject(f)
+
+    def inject(self, f: FaultSpec) -> None:
+        now = self.clock.now_ns()
+        self.injected.append(Injected(f, now))
+        self._retries0[id(f)] = self.retries()
+        log.warning("drill: %s injected at %.3f ms", f, now / 1e6)
+        self._set(f, True)
+        if f.duration_ms is not None:
+            self.clock.call_later_ns(round(f.duration_ms * 1e6), self.revert, f)
+
+    def revert(self, f: FaultSpec) -> None:
+        x = next(x for x in self.injected if x.spec is f)
+        x.until_ns = self.clock.now_ns()
+        self._close(x)
+        log.warning("drill: %s over at %.3f ms", f, x.until_ns / 1e6)
+        self._set(f, False)
+
+    def _close(self, x: Injected) -> None:
+        x.retries = self.retries() - self._retries0.get(id(x.spec), 0)
+
+    def finish(self) -> None:
+        """The run ends: faults still in force have their retries counted so far."""
+        for x in self.injected:
+            if x.until_ns is None:
+                self._close(x)
+
+    def _set(self, f: FaultSpec, on: bool) -> None:
+        w = self.world
+        fabric, bus = w.fabric, w.bus
+        node, _, port = f.target.partition("/")
+        if f.kind == "dead-board":
+            (fabric.dead.add if on else fabric.dead.discard)(node)
+            (bus.dead.add if on else bus.dead.discard)(node)
+            if on:
+                self.on_dead(node)
+        elif f.kind == "dead-wss":
+            fabric.wss[f.target].dead = on
+        elif f.kind == "slow-tx":
+            if on:
+                fabric.tune_override[(node, port)] = f.tune_ns
+            else:
+                fabric.tune_override.pop((node, port), None)
         elif f.kind == "wss-route":
-            inp, ch, out = f.args
-            fabric.wss[f.target].misroute[(inp, ch)] = out
+            mis = fabric.wss[f.target].misroute
+            if on:
+                mis[(f.input, f.channel)] = f.output
+            else:
+                mis.pop((f.input, f.channel), None)
         elif f.kind == "corrupt-link":
-            node, port = f.target.split("/")
-            fabric.corrupt.add((node, port))
-        # dead-board is the emulator's business: it does not start that server
+            (fabric.corrupt.add if on else fabric.corrupt.discard)((node, port))
+        elif f.kind == "control-loss":
+            bus.set_loss(*((f.drop_probability, f.delay_probability, f.max_extra_delay_ns)
+                           if on else (0.0,)))
+        elif f.kind == "broker-restart":
+            bus.down = on
+
+
+def install(world: Any, clock: Any, faults: list[FaultSpec]) -> Drill:
+    """Faults present from the start (the emulator's `--fault`): injected at once."""
+    drill = Drill(world, clock, [f for f in faults if f.kind != "dac-not-ready"])
+    for f in drill.faults:
+        drill.inject(f)
+    return drill

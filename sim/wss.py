@@ -18,8 +18,14 @@ class WSSModel:
         self.table: list[list[int | None]] = [[None] * channels for _ in range(ports)]
         self.applied = 0
         self.misroute: dict[tuple[int, int], int] = {}  # fault: (in, ch) -> actual out
+        self.dead = False  # fault: it answers nothing and passes no light
+
+    def _alive(self) -> None:
+        if self.dead:
+            raise TimeoutError(f"{self.id}: no answer")
 
     def identify(self) -> str:
+        self._alive()
         return f"oddl-emu,WSS,{self.id},{self.ports}x{self.channels}"
 
     def check(self, table: list[list[int | None]]) -> None:
@@ -43,12 +49,14 @@ class WSSModel:
                 seen[o] = i
 
     def set_table(self, table: list[list[int | None]]) -> None:
+        self._alive()
         self.check(table)
         self.table = [[r[ch] if ch < len(r) else None for ch in range(self.channels)]
                       for r in table]
         self.applied += 1
 
     def get_table(self) -> list[list[int | None]]:
+        self._alive()
         return [list(r) for r in self.table]
 
     def route(self, in_port: int, channel: int) -> int | None:

@@ -17,7 +17,7 @@ from oddl.controller.api import grid_testbed
 from oddl.controller.arbiter import Arbiter
 from oddl.controller.clock import Clock
 from oddl.controller.collectives import Schedule, Step
-from oddl.controller.config import Faults, Testbed
+from oddl.controller.config import FaultSpec, Testbed
 from oddl.controller.control_unit import ControlUnit
 from oddl.controller.job import timing_of
 from oddl.controller.messages import Flow
@@ -54,15 +54,24 @@ class FlowRun:
     end_ns: int = 0
 
 
+def control_loss(drop: float = 0.0, delay: float = 0.0, max_extra_ns: float = 0.0
+                 ) -> FaultSpec:
+    return FaultSpec(kind="control-loss", target="bus", drop_probability=drop,
+                     delay_probability=delay, max_extra_delay_ns=max_extra_ns)
+
+
 def run_flows(tb: Testbed, pairs: list[tuple[int, int, int, int]], strategy: str = "cyclic",
-              faults: Faults | None = None, seed: int = 0,
+              faults: FaultSpec | None = None, seed: int = 0,
               inject: Callable[[Clock, Any], None] | None = None) -> FlowRun:
     """Submit (src rank, dst rank, bytes, start ns) flows and run until all are delivered;
     `inject(clock, bus)` may schedule a peer's own traffic (a flood, a forgery)."""
     grid = Grid.from_testbed(tb)
     loop = VirtualClockLoop()
     clock = Clock(loop)
-    st = sim_backend.build(tb, grid, clock, faults, seed, "raise")
+    st = sim_backend.build(tb, grid, clock, seed, "raise")
+    if faults is not None:  # a control-loss fault for the whole run
+        st.bus.set_loss(faults.drop_probability, faults.delay_probability,
+                        faults.max_extra_delay_ns)
     arb = Arbiter(tb, grid, st.onics, st.wss)
     plan = arb.plan(schedule_for(grid, [(s, d, b) for s, d, b, _ in pairs]), strategy)
     arb.apply(plan)

@@ -21,5 +21,19 @@ def test_hd_shape_and_partners() -> None:
     s = halving_doubling(8, 800)
     assert [st.sends[0] for st in s[0]] == [(1, 400), (2, 200), (4, 100), (4, 100), (2, 200),
                                             (1, 400)]
-    with pytest.raises(ValueError, match="power-of-two"):
-        halving_doubling(6, 100)
+    with pytest.raises(ValueError, match="at least one rank"):
+        halving_doubling(0, 100)
+
+
+@pytest.mark.parametrize("n", [3, 5, 6, 7, 12])
+def test_hd_folds_the_ranks_over_a_power_of_two(n: int) -> None:
+    """A job shrunk round a dead rank runs HD on any count: the ranks over the power of two
+    p hand their gradient to a partner first and get the result back last."""
+    s = halving_doubling(n, 1200)
+    check_balanced(s)
+    p = 1 << (n.bit_length() - 1)
+    assert {len(steps) for steps in s} == {2 * (p.bit_length() - 1) + 2}
+    for e in range(p, n):
+        assert s[e][0].sends == ((e - p, 1200),) and s[e][-1].recv_bytes == 1200
+        assert s[e - p][0].recv_bytes == 1200 and s[e - p][-1].sends == ((e, 1200),)
+    assert s[n - p][0].recv_bytes == 0  # no partner: waits through the fold

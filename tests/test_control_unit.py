@@ -4,10 +4,9 @@ from __future__ import annotations
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from oddl.controller.config import Faults
 from oddl.controller.control_unit import FlowFailed
 
-from tests.helpers import make_testbed, run_flows
+from tests.helpers import control_loss, make_testbed, run_flows
 
 
 @st.composite
@@ -52,7 +51,7 @@ def test_random_flows_delivered_exactly_once(sc: tuple, strategy: str) -> None:
 @given(scenario(), st.integers(0, 2**16))
 def test_lossy_control_network_still_delivers_exactly_once(sc: tuple, seed: int) -> None:
     rows, cols, flows = sc
-    faults = Faults(drop_probability=0.05, delay_probability=0.2, max_extra_delay_ns=30_000)
+    faults = control_loss(drop=0.05, delay=0.2, max_extra_ns=30_000)
     res = run_flows(make_testbed(rows, cols), flows, "cyclic", faults, seed)
     _assert_all_delivered_once(res, flows)
 
@@ -60,7 +59,7 @@ def test_lossy_control_network_still_delivers_exactly_once(sc: tuple, seed: int)
 def test_heavy_loss_and_delay_exercises_every_recovery_path() -> None:
     flows = [(s, d, 50_000 + 1000 * i, 100 * i) for i, (s, d) in
              enumerate([(a, b) for a in range(6) for b in range(6) if a != b])]
-    faults = Faults(drop_probability=0.2, delay_probability=0.5, max_extra_delay_ns=200_000)
+    faults = control_loss(drop=0.2, delay=0.5, max_extra_ns=200_000)
     res = run_flows(make_testbed(2, 3), flows, "cyclic", faults, seed=7)
     _assert_all_delivered_once(res, flows)
     total = {k: sum(cu.stats[k] for cu in res.cus.values()) for k in res.cus["n0-0"].stats}
@@ -89,7 +88,7 @@ def test_two_hop_flow_relays_through_the_grid() -> None:
 
 
 def test_unreachable_receiver_fails_naming_the_flow() -> None:
-    faults = Faults(drop_probability=0.999999)
+    faults = control_loss(drop=0.999999)
     res = run_flows(make_testbed(1, 2), [(0, 1, 1000, 0)], "cyclic", faults)
     assert isinstance(res.error, FlowFailed)
     assert "flow 0 (n0-0->n0-1, hop 0 via n0-1, 1000 B) got no GRANT after 30 retries" in str(
@@ -98,7 +97,7 @@ def test_unreachable_receiver_fails_naming_the_flow() -> None:
 
 def test_same_seed_same_result() -> None:
     flows = [(s, d, 30_000, 500 * s) for s in range(4) for d in range(4) if s != d]
-    faults = Faults(drop_probability=0.05, delay_probability=0.3, max_extra_delay_ns=20_000)
+    faults = control_loss(drop=0.05, delay=0.3, max_extra_ns=20_000)
     a = run_flows(make_testbed(2, 2, wavelengths=2), flows, "cyclic", faults, seed=3)
     b = run_flows(make_testbed(2, 2, wavelengths=2), flows, "cyclic", faults, seed=3)
     assert a.arrival_ns == b.arrival_ns and a.bus.sent == b.bus.sent
@@ -111,7 +110,7 @@ def test_late_duplicate_requests_do_not_block_a_receiver() -> None:
     # never granted again (a second grant would idle the receiver until its lease lapses)
     flows = [(s, d, 20_000, 300 * i) for i, (s, d) in
              enumerate([(a, b) for a in range(4) for b in range(4) if a != b] * 3)]
-    faults = Faults(delay_probability=0.5, max_extra_delay_ns=30_000)
+    faults = control_loss(delay=0.5, max_extra_ns=30_000)
     res = run_flows(make_testbed(1, 4), flows, "cyclic", faults, seed=11)
     _assert_all_delivered_once(res, flows)
     total = {k: sum(cu.stats[k] for cu in res.cus.values()) for k in res.cus["n0-0"].stats}

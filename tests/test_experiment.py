@@ -54,7 +54,8 @@ def test_run_json_is_one_object_and_run_dir_complete(root: Path, tmp_path: Path)
     assert set(obj["networks"]["oddl"]) == {"training_time_s", "iteration_time_s",
                                             "iterations", "flows", "control_messages",
                                             "invariant_violations", "disturbance",
-                                            "disturbed"}
+                                            "disturbed", "faults", "fault_time_s"}
+    assert obj["networks"]["oddl"]["faults"] == []
     assert obj["networks"]["oddl"]["disturbed"] is False  # a clean run says so
     assert obj["invariant_violations"] == 0 and 1.0 < obj["ratio"] < 1.01
     man = json.loads((out / "manifest.json").read_text())
@@ -74,7 +75,8 @@ def test_a_disturbed_run_says_so(root: Path, tmp_path: Path) -> None:
     exp.write_text((root / TABLE1).read_text().replace(
         'testbed = "../hw_configs/prototype-4node.toml"',
         f'testbed = "{root / "hw_configs" / "prototype-4node.toml"}"')
-        + "\n[faults]\ndrop_probability = 0.05\n")
+        + "\n[[faults]]\nkind = \"control-loss\"\ntarget = \"bus\"\n"
+          "drop_probability = 0.05\n")
     out = tmp_path / "run"
     r = CliRunner().invoke(main, ["run", str(exp), "--iterations", "20", "--out", str(out)])
     assert r.exit_code == 0, r.output

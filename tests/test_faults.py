@@ -10,7 +10,7 @@ from click.testing import CliRunner
 from oddl.controller.cli import main
 from oddl.controller.config import load_testbed
 from oddl.fpga import regmap as R
-from oddl.sim.faults import FaultSpecError, apply_faults, parse_fault
+from oddl.sim.faults import FaultSpecError, install, parse_fault
 
 from tests.helpers import emulator
 from tests.test_onic_board import Bench
@@ -22,7 +22,8 @@ def _tb(root: Path):  # type: ignore[no-untyped-def]
 
 @pytest.mark.parametrize("spec,msg", [
     ("melt:n0", "unknown kind 'melt'"),
-    ("slow-tx:n0:25", "expected slow-tx:NODE/PORT:NS"),
+    ("slow-tx:n0:25", "no port .. on n0: H or V"),
+    ("slow-tx:n0/H", "expected slow-tx:NODE/PORT:NS"),
     ("slow-tx:n9/H:25", "no node 'n9'"),
     ("wss-route:wss-x:0/0:1", "no WSS 'wss-x'"),
     ("wss-route:wss-row0:0/5:1", "outside wss-row0"),
@@ -40,7 +41,7 @@ def test_cli_rejects_a_bad_fault(root: Path) -> None:
 
 def test_slow_transmitter_is_seen_in_its_tune_time() -> None:
     b = Bench()
-    apply_faults(b.st, [parse_fault("slow-tx:n0-1/H:25", _bench_tb(b))])
+    install(b.st, b.clock, [parse_fault("slow-tx:n0-1/H:25", _bench_tb(b))])
     b.drv[1].tune("H", 1)
     b.drv[0].tune("H", 1)
     b.run_ns(30)
@@ -56,7 +57,7 @@ def _bench_tb(b: Bench):  # type: ignore[no-untyped-def]
 
 def test_misrouting_wss_reads_back_right_but_light_lands_elsewhere() -> None:
     b = Bench()
-    apply_faults(b.st, [parse_fault("wss-route:wss-row0:0/0:2", _bench_tb(b))])
+    install(b.st, b.clock, [parse_fault("wss-route:wss-row0:0/0:2", _bench_tb(b))])
     assert b.st.wss["wss-row0"].get_table()[0] == [1, 2, 3]  # the table looks right
     b.drv[0].tune("H", 0)  # channel 0 should reach n0-1
     b.run_ns(11)
@@ -70,7 +71,7 @@ def test_misrouting_wss_reads_back_right_but_light_lands_elsewhere() -> None:
 
 def test_corrupting_link_counts_crc_errors() -> None:
     b = Bench()
-    apply_faults(b.st, [parse_fault("corrupt-link:n0-1/H", _bench_tb(b))])
+    install(b.st, b.clock, [parse_fault("corrupt-link:n0-1/H", _bench_tb(b))])
     b.drv[0].tune("H", 0)
     b.run_ns(11)
     for k in range(2):
@@ -89,7 +90,7 @@ def test_dead_board_does_not_answer(root: Path, tmp_path: Path) -> None:
     out = tmp_path / "emu.toml"
     with emulator(root, root / "hw_configs" / "prototype-4node.toml", out,
                   "--fault", "dead-board:n2") as (proc, lines):
-        assert "fault: dead-board:n2" in lines
+        assert "fault: dead-board n2 at 0 ms" in lines
         tb = load_testbed(out)
         ports = {n.id: int(n.board.rsplit(":", 1)[1]) for n in tb.nodes}  # type: ignore[union-attr]
         RemoteDevice(0, "127.0.0.1", port=ports["n1"])  # a healthy one answers

@@ -1,0 +1,214 @@
+"""Fault drills in the sim back end, in virtual time: each fault kind is found by the watch
+(heartbeats, WSS polls, failed flows), the job stops, is re-planned round it per the
+experiment's policy, and resumes; completed iterations are kept, and the figures are the
+virtual clock's own."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+from oddl.controller import config
+from oddl.controller.backend import RunFailed
+from oddl.controller.config import (
+    ConfigError,
+    Experiment,
+    LoadedExperiment,
+    Monitor,
+    fault_issues,
+)
+from oddl.controller.runner import RunResult, run_experiment
+
+from tests.helpers import make_testbed
+
+P_MS = 10.0  # heartbeat period of the drills (the default is 100 ms)
+P = round(P_MS * 1e6)
+
+
+def grid_tb(rows: int, cols: int, wavelengths: int | None = None) -> config.Testbed:
+    tb = make_testbed(rows, cols, wavelengths)
+    return tb.model_copy(update={"monitor": Monitor(heartbeat_ms=P_MS, grace_ms=2000)})
+
+
+def drill(tb: config.Testbed, faults: list[dict[str, Any]], *, collective: str = "ring",
+          ranks: int | None = None, recovery: str = "relay", relay: str = "row-first",
+          iterations: int = 6) -> LoadedExperiment:
+    exp = Experiment.model_validate({
+        "name": "drill", "testbed": "tb.toml", "iterations": iterations, "recovery": recovery,
+        "workload": {"model": "resnet50", "collective": collective, "epochs": 1,
+                     "dataset_samples": 1_000_000, "batch_per_node": 64,
+                     "compute_time_ms": 5.0, "ranks": ranks},
+        "networks": [{"name": "oddl", "kind": "oddl", "relay": relay}],
+        "faults": faults})
+    assert fault_issues(exp.faults, tb) == []
+    return LoadedExperiment(Path("drill.toml"), exp, Path("tb.toml"), tb)
+
+
+def run(ctx: LoadedExperiment) -> RunResult:
+    return run_experiment(ctx, checker_mode="record")
+
+
+def only_row(res: RunResult) -> dict[str, Any]:
+    rows = res.networks["oddl"].faults
+    assert len(rows) == 1, rows
+    return rows[0]
+
+
+def detection_bound_ns(at_ns: int) -> int:
+    """A board that dies at `at_ns` beat last at most one period before; it is found dead
+    once its third beat is due (judged every quarter period): within 3 periods."""
+    return 3 * P
+
+
+def test_clean_run_has_no_fault_rows_and_the_watch_costs_nothing() -> None:
+    clean = run(drill(grid_tb(2, 2), []))
+    assert clean.networks["oddl"].faults == [] and clean.invariant_violations == 0
+    assert clean.networks["oddl"].fault_time_s == 0
+
+
+def test_a_dead_relay_is_routed_round_through_the_other_dimension() -> None:
+    # 3 x 3, 7 ranks in a ring, column first: 5 -> 6 ((1,2) -> (2,0)) relays at n2-2, the
+    # spare; when it dies the flow goes row first, through n1-0
+    ctx = drill(grid_tb(3, 3), [{"kind": "dead-board", "target": "n2-2", "at_iteration": 2}],
+                ranks=7, relay="col-first")
+    res = run(ctx)
+    r = res.networks["oddl"]
+    assert r.iterations == 6 and res.invariant_violations == 0
+    row = only_row(res)
+    assert (row["kind"], row["target"], row["replans"], row["recovered"]) == (
+        "dead-board", "n2-2", 1, True)
+    assert 0 < row["detected_after_ns"] <= detection_bound_ns(row["at_ns"])
+    assert row["recovered_after_ns"] >= row["detected_after_ns"]
+    assert row["iterations_lost"] == 1 and row["flows_retried"] > 0
+    assert r.fault_time_s > 0
+
+
+def test_a_dead_rank_stops_a_relay_only_run_with_what_to_do() -> None:
+    ctx = drill(grid_tb(2, 2), [{"kind": "dead-board", "target": "n0-1", "at_iteration": 1}])
+    with pytest.raises(RunFailed, match=r"rank 1 on n0-1: dead.*'spare' or 'shrink'"):
+        run(ctx)
+
+
+def test_a_dead_rank_moves_to_a_spare() -> None:
+    ctx = drill(grid_tb(2, 2), [{"kind": "dead-board", "target": "n0-1", "at_iteration": 2}],
+                ranks=3, recovery="spare")
+    res = run(ctx)
+    assert res.networks["oddl"].iterations == 6 and res.invariant_violations == 0
+    row = only_row(res)
+    assert row["replans"] == 1 and row["iterations_lost"] == 1
+
+
+def test_a_dead_rank_shrinks_the_job_and_hd_folds_the_odd_rank() -> None:
+    clean = run(drill(grid_tb(2, 2), [], collective="hd"))
+    ctx = drill(grid_tb(2, 2), [{"kind": "dead-board", "target": "n1-1", "at_iteration": 3}],
+                collective="hd", recovery="shrink")
+    res = run(ctx)
+    r = res.networks["oddl"]
+    assert r.iterations == 6 and res.invariant_violations == 0
+    assert only_row(res)["replans"] == 1
+    # three ranks move more bytes per rank (the fold): the later iterations are slower
+    assert r.iteration_time_s > clean.networks["oddl"].iteration_time_s
+
+
+def test_a_dead_wss_is_found_by_its_poll_and_routed_round() -> None:
+    ctx = drill(grid_tb(2, 2), [{"kind": "dead-wss", "target": "wss-row0", "at_ms": 33}])
+    res = run(ctx)
+    assert res.networks["oddl"].iterations == 6 and res.invariant_violations == 0
+    row = only_row(res)
+    assert row["kind"] == "dead-wss" and row["replans"] == 1
+    assert row["detected_after_ns"] == 7_000_000  # polled every period: at 40 ms
+
+
+def test_a_corrupting_link_is_found_by_its_crc_errors_and_avoided() -> None:
+    ctx = drill(grid_tb(2, 2), [{"kind": "corrupt-link", "target": "n0-1/H", "at_ms": 0}],
+                iterations=10)
+    res = run(ctx)
+    assert res.networks["oddl"].iterations == 10 and res.invariant_violations == 0
+    row = only_row(res)
+    assert row["kind"] == "corrupt-link" and row["replans"] == 1
+    # rising in 2 heartbeats in a row, each a period apart
+    assert P <= row["detected_after_ns"] <= 3 * P
+
+
+def test_a_slow_transmitter_is_recorded_not_planned_round() -> None:
+    # its only tuning is the first (each transmitter keeps its one channel in a ring)
+    ctx = drill(grid_tb(2, 2), [{"kind": "slow-tx", "target": "n0-0/H", "tune_ns": 500,
+                                 "at_iteration": 0}])
+    res = run(ctx)
+    row = only_row(res)
+    assert row["kind"] == "slow-tx" and row["replans"] == 0 and row["iterations_lost"] == 0
+    assert row["detected_after_ns"] is not None
+
+
+def test_a_misrouting_wss_is_found_by_transfers_nobody_granted() -> None:
+    # wss-row0 sends channel 0 of input 0 to output 0's neighbour the wrong way
+    ctx = drill(grid_tb(1, 4, wavelengths=3),
+                [{"kind": "wss-route", "target": "wss-row0", "input": 0, "channel": 0,
+                  "output": 2, "at_iteration": 1}], collective="hd")
+    with pytest.raises(RunFailed, match="no plan round wss-route wss-row0"):
+        run(ctx)  # one row, one WSS: nothing to go round it with
+
+
+def test_control_loss_for_the_whole_run_changes_nothing_but_retries() -> None:
+    clean = run(drill(grid_tb(2, 2), [], iterations=10))
+    lossy = run(drill(grid_tb(2, 2), [{"kind": "control-loss", "target": "bus",
+                                       "drop_probability": 0.05}], iterations=10))
+    a, b = clean.networks["oddl"], lossy.networks["oddl"]
+    assert b.iterations == a.iterations and b.flows == a.flows
+    assert lossy.invariant_violations == 0
+    row = only_row(lossy)
+    assert row["detected_after_ns"] is None and row["replans"] == 0
+    assert row["flows_retried"] == b.stats["retries"] > 0
+
+
+def test_a_broker_restart_is_waited_out_and_the_job_resumes_on_the_same_plan() -> None:
+    ctx = drill(grid_tb(2, 2), [{"kind": "broker-restart", "target": "broker",
+                                 "at_iteration": 2, "duration_ms": 50}])
+    res = run(ctx)
+    assert res.networks["oddl"].iterations == 6 and res.invariant_violations == 0
+    row = only_row(res)
+    assert row["kind"] == "broker-restart" and row["replans"] == 0
+    assert row["iterations_lost"] == 1
+    assert row["recovered_after_ns"] >= 50_000_000  # not before the broker is back
+
+
+def test_a_broker_that_never_returns_stops_the_run_after_the_grace(tmp_path: Path) -> None:
+    ctx = drill(grid_tb(2, 2), [{"kind": "broker-restart", "target": "broker",
+                                 "at_iteration": 2}])
+    with pytest.raises(RunFailed, match="the bus did not come back within grace_ms = 2000"):
+        run(ctx)
+
+
+def test_old_faults_table_and_bad_targets_are_config_errors(tmp_path: Path) -> None:
+    from oddl.controller.config import load_experiment
+
+    tb = tmp_path / "tb.toml"
+    import tomli_w
+
+    tb.write_text(tomli_w.dumps(make_testbed(2, 2).model_dump(mode="json",
+                                                              exclude_none=True)))
+    base = ('name = "x"\ntestbed = "tb.toml"\n[workload]\nmodel = "resnet50"\n'
+            'collective = "ring"\nepochs = 1\ndataset_samples = 1000\nbatch_per_node = 1\n'
+            'compute_time_ms = 1\n[[networks]]\nname = "oddl"\nkind = "oddl"\n')
+    old = tmp_path / "old.toml"
+    old.write_text(base + "[faults]\ndrop_probability = 0.05\n")
+    with pytest.raises(ConfigError, match=r"(?s)old.toml: faults: the \[faults\] table is "
+                                          r"gone.*kind = \"control-loss\""):
+        load_experiment(old)
+    for fault, where, why in [
+        ('kind = "dead-board"\ntarget = "n9"', "faults[0].target", "no node 'n9'"),
+        ('kind = "dead-wss"\ntarget = "wss-x"', "faults[0].target", "no WSS 'wss-x'"),
+        ('kind = "corrupt-link"\ntarget = "n0-0/X"', "faults[0].target", "no port 'X'"),
+        ('kind = "melt"\ntarget = "n0-0"', "faults[0].kind", "Input should be"),
+        ('kind = "wss-route"\ntarget = "wss-row0"\ninput = 0\nchannel = 0\noutput = 7',
+         "faults[0].output", "outside wss-row0"),
+        ('kind = "dead-board"\ntarget = "n0-0"\nat_ms = 1\nat_iteration = 1', "faults[0]",
+         "at most one of at_iteration and at_ms"),
+    ]:
+        bad = tmp_path / "bad.toml"
+        bad.write_text(base + "[[faults]]\n" + fault + "\n")
+        with pytest.raises(ConfigError) as e:
+            load_experiment(bad)
+        assert any(i.path == where and why in i.reason for i in e.value.issues), e.value
+        assert str(bad) in str(e.value)
