@@ -6,12 +6,13 @@ per-flow path.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import contextlib
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 
 from oddl.controller.collectives import Schedule
 from oddl.controller.config import Testbed
-from oddl.controller.devices import ONic, WSSDevice
+from oddl.controller.devices import DeviceRefused, ONic, WSSDevice
 from oddl.controller.plan import Plan
 from oddl.controller.planner import NO_FAULTS, Avoid, plan_job
 from oddl.controller.topology import Grid
@@ -26,11 +27,27 @@ class ApplyError(RuntimeError):
     pass
 
 
+class DeviceFailed(ApplyError):
+    """A device did not take its part of the plan (no answer, an error): which one."""
+
+    def __init__(self, what: str, target: str, error: BaseException) -> None:
+        super().__init__(f"{what} {target}: {error}")
+        self.what, self.target = what, target
+
+
 @dataclass
 class Inventory:
     boards: dict[str, dict[str, str]] = field(default_factory=dict)
     wss: dict[str, str] = field(default_factory=dict)
     wavelengths: int = 0
+
+
+@contextlib.contextmanager
+def _device(what: str, target: str) -> Iterator[None]:
+    try:
+        yield
+    except (OSError, TimeoutError, DeviceRefused) as e:  # what a device that fails raises
+        raise DeviceFailed(what, target, e) from e
 
 
 class Arbiter:
@@ -71,12 +88,15 @@ class Arbiter:
         """WSS tables, routes and count-action programs in; everything read back."""
         plan.validate(self.grid)
         for t in plan.wss:
-            self.wss[t.wss].set_table(t.table)
+            with _device("WSS", t.wss):
+                self.wss[t.wss].set_table(t.table)
         for node, routes in plan.routes.items():
-            self.onics[node].load_routes({d: (r.port, r.channel, r.next_hop)
-                                          for d, r in routes.items()})
+            with _device("O-NIC", node):
+                self.onics[node].load_routes({d: (r.port, r.channel, r.next_hop)
+                                              for d, r in routes.items()})
         for node, prog in (programs or {}).items():
-            self.onics[node].load_countaction(prog)
+            with _device("O-NIC", node):
+                self.onics[node].load_countaction(prog)
         self.verify(plan, programs)
 
     def verify(self, plan: Plan, programs: dict[str, Program] | None = None) -> None:

@@ -18,7 +18,7 @@ from typing import Any
 
 import msgspec
 from oddl.controller import registry
-from oddl.controller.arbiter import ApplyError, Arbiter
+from oddl.controller.arbiter import ApplyError, Arbiter, DeviceFailed
 from oddl.controller.backend import Iteration, JobOutcome, JobStopped, RunFailed, disturbance
 from oddl.controller.clock import Clock
 from oddl.controller.collectives import Schedule, build
@@ -226,11 +226,27 @@ class NetworkRun:
                 self.schedule = build(coll, len(ranks), self.size, self.grid.rows,
                                       self.grid.cols, self.spec.degree)
             self.ranks, self.collective = ranks, coll
-            try:
-                self._stage1(avoid)
-            except (PlanError, ApplyError) as e:
-                raise RunFailed(f"{self.spec.name}: no plan round "
-                                f"{'; '.join(map(str, act))}: {e}") from e
+            for _ in range(len(self.backend.wss) + len(self.grid.nodes) + 1):
+                try:
+                    self._stage1(avoid)
+                    break
+                except DeviceFailed as e:  # found while applying: go round it too
+                    now = Clock(b.loop).now_ns()
+                    if e.what == "WSS":
+                        health.wss_answer(e.target, now, f"no answer to the apply: {e}")
+                    else:
+                        health.will(e.target, now)
+                    av = health.avoid()
+                    avoid = Avoid(frozenset(av["nodes"]), frozenset(av["wss"]),
+                                  frozenset(av["links"]))
+                    self.ranks, self.collective = replace_ranks(
+                        self.ranks, set(avoid.nodes), self.grid.nodes,
+                        self.ctx.experiment.recovery, self.collective)
+                    self.schedule = build(self.collective, len(self.ranks), self.size,
+                                          self.grid.rows, self.grid.cols, self.spec.degree)
+                except (PlanError, ApplyError) as e:
+                    raise RunFailed(f"{self.spec.name}: no plan round "
+                                    f"{'; '.join(map(str, health.actionable()))}: {e}") from e
             replan_s = time.perf_counter() - t0
         health.handled = len(health.diagnoses)
         rec = Recovery(t_stop, Clock(b.loop).now_ns(), t_last, found, stop.lost,
