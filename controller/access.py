@@ -56,6 +56,11 @@ def status_topic(tb: str, party: str) -> str:
     return f"oddl/{tb}/status/{party}"
 
 
+def health_topic(tb: str, node: str) -> str:
+    """A node program's heartbeats (controller/health.py `Heartbeat`); `+` for all."""
+    return f"oddl/{tb}/health/{node}"
+
+
 def run_topic(tb: str) -> str:
     return f"oddl/{tb}/job/run"
 
@@ -87,16 +92,19 @@ def rules(tb: str, party: str, nodes: Iterable[str]) -> list[Rule]:
     if party == CONTROLLER:
         return [Rule(w, run_topic(tb)), Rule(r, results(tb)),
                 Rule(w, status_topic(tb, party)), Rule(r, status_topic(tb, "+")),
+                Rule(r, health_topic(tb, "+")),
                 Rule(r, f"oddl/{probe_ns(tb)}/#"), Rule(w, f"oddl/{probe_ns(tb)}/#")]
     if party == EMULATOR:
         return [Rule(r, f"oddl/{tb}/node/+/ctl/+"), Rule(w, status_topic(tb, party)),
                 Rule(r, f"oddl/{probe_ns(tb)}/#"), Rule(w, f"oddl/{probe_ns(tb)}/#")]
     if party == DASHBOARD:
-        return [Rule(r, f"oddl/{tb}/status/+"), Rule(r, run_topic(tb)), Rule(r, results(tb))]
+        return [Rule(r, f"oddl/{tb}/status/+"), Rule(r, run_topic(tb)), Rule(r, results(tb)),
+                Rule(r, health_topic(tb, "+"))]
     if party in set(nodes):
         return [Rule(w, f"oddl/{tb}/node/+/ctl/{party}"), Rule(r, f"oddl/{tb}/node/{party}/ctl/+"),
                 Rule(w, status_topic(tb, party)), Rule(r, status_topic(tb, "+")),
-                Rule(r, run_topic(tb)), Rule(w, result_topic(tb, party)), Rule(r, results(tb))]
+                Rule(r, run_topic(tb)), Rule(w, result_topic(tb, party)), Rule(r, results(tb)),
+                Rule(w, health_topic(tb, party))]
     return []
 
 

@@ -252,6 +252,16 @@ class Health:
         return out
 
 
+def read_heartbeat(node: str, seq: int, onic: Any, runner: Any) -> Heartbeat:
+    """What a node program reads from its board (a devices.ONic) and its control units
+    (the JobRunner of the job it runs, if any) each period."""
+    h = onic.health()
+    cu = runner.units.get(node) if runner is not None else None
+    return Heartbeat(HEARTBEAT_VERSION, node, seq, h["crc_errors"], h["tune_ns"],
+                     h["error_flags"], dict(cu.unexpected_rx) if cu is not None else {},
+                     runner.spec.job if runner is not None else "")
+
+
 class Heartbeats:
     """A node program's heartbeat: every period, read the board and send what it says."""
 

@@ -26,9 +26,17 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 import msgspec
-from oddl.controller.access import CONTROLLER, result_topic, results, run_topic, status_topic
+from oddl.controller.access import (
+    CONTROLLER,
+    health_topic,
+    result_topic,
+    results,
+    run_topic,
+    status_topic,
+)
 from oddl.controller.clock import Clock
 from oddl.controller.devices import Bus, InterruptLine, ONic
+from oddl.controller.health import Heartbeat, Heartbeats, read_heartbeat
 from oddl.controller.invariants import InvariantChecker
 from oddl.controller.job import (
     DECODE_ERRORS,
@@ -56,6 +64,7 @@ class NodeBus(Bus, Protocol):
     def on(self, topic_filter: str, handler: Callable[[str, bytes], None]) -> None: ...
     async def publish(self, topic: str, payload: bytes, qos: int = 1) -> None: ...
     async def start(self) -> Any: ...
+    async def reconnect(self, give_up_s: float | None = None) -> None: ...
     async def close(self) -> None: ...
 
 
@@ -65,7 +74,8 @@ class PeerFailed(RuntimeError):
 
 class NodeProgram:
     def __init__(self, testbed: str, node: str, onic: ONic, line: InterruptLine,
-                 bus: NodeBus, monitor: InvariantChecker | None = None) -> None:
+                 bus: NodeBus, monitor: InvariantChecker | None = None,
+                 heartbeat_s: float = 0.1) -> None:
         self.testbed = testbed
         self.node = node
         self.onic = onic
@@ -81,6 +91,9 @@ class NodeProgram:
         self._jobs: asyncio.Queue[JobSpec] = asyncio.Queue(maxsize=1)
         self._task: asyncio.Task[None] | None = None
         self._ready = asyncio.Event()
+        self.heartbeat_s = heartbeat_s  # the testbed's [monitor] heartbeat_ms
+        self.beats: Heartbeats | None = None
+        self.reconnects = 0
         self._specs = msgspec.json.Decoder(JobSpec)
         self._events = msgspec.json.Decoder(JobEvent)
 
@@ -96,7 +109,8 @@ class NodeProgram:
         return self
 
     async def wait(self) -> None:
-        """Until the program ends: only by `stop`, or by an error (the broker went away)."""
+        """Until the program ends: by `stop`, or an error it cannot get over (a broker that
+        goes away is waited for: the board idles, the bus reconnects)."""
         if self._task is not None:
             await self._task
 
@@ -142,6 +156,17 @@ class NodeProgram:
         if self._job is not None:
             self._job.on_event(ev)
 
+    def _read_health(self, seq: int) -> Heartbeat:
+        job = self._job
+        return read_heartbeat(self.node, seq, self.onic, job.runner if job else None)
+
+    def _send_health(self, hb: Heartbeat) -> None:
+        if self.bus.lost.is_set():
+            return
+        fut = asyncio.ensure_future(self.bus.publish(health_topic(self.testbed, self.node),
+                                                     msgspec.json.encode(hb), qos=0))
+        fut.add_done_callback(lambda f: f.cancelled() or f.exception())
+
     def _on_controller(self, topic: str, payload: bytes) -> None:
         if payload == b"offline" and self._job is not None and not self._job.finished.done():
             self.jobs_cancelled += 1
@@ -156,6 +181,9 @@ class NodeProgram:
         bus.on(results(tb), self._on_result)
         bus.on(status_topic(tb, CONTROLLER), self._on_controller)
         await bus.start()
+        self.beats = Heartbeats(Clock(asyncio.get_running_loop()),
+                                round(self.heartbeat_s * 1e9), self._read_health,
+                                self._send_health).start()
         self._ready.set()
         lost = asyncio.ensure_future(bus.lost.wait())
         try:
@@ -164,7 +192,17 @@ class NodeProgram:
                 await asyncio.wait({nxt, lost}, return_when="FIRST_COMPLETED")
                 if lost.done():
                     nxt.cancel()
-                    raise ConnectionError(f"node {self.node}: lost the broker")
+                    # the board safe while nobody can be heard: no job, so no transfer
+                    # starts and no transmitter lights; then back on the broker, waiting
+                    # for the next job (the controller re-sends it, or another)
+                    if self._job is not None:
+                        await self._job.abort("the broker went away")
+                    log.warning("node %s: lost the broker; the board is idle; "
+                                "reconnecting", self.node)
+                    await bus.reconnect()
+                    self.reconnects += 1
+                    lost = asyncio.ensure_future(bus.lost.wait())
+                    continue
                 spec = nxt.result()
                 if self._job is not None:
                     await self._job.abort(f"replaced by job {spec.job}")
@@ -172,6 +210,8 @@ class NodeProgram:
                 self._job.task = asyncio.create_task(self._job.run())
         finally:
             lost.cancel()
+            if self.beats is not None:
+                self.beats.stop()
             if self._job is not None:  # the board safe: no transfer started, lines given back
                 await self._job.abort("the node program stopped")
 

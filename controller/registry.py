@@ -84,4 +84,4 @@ def node_program(tb: Testbed, node: str, bitfile: Path | None = None,
         drv.mmio, node)
     return NodeProgram(
         tb.name, node, DriverONic(drv, ports_of(grid, node)), line,
-        bus_from_config(tb.name, tb.broker, node))
+        bus_from_config(tb.name, tb.broker, node), heartbeat_s=tb.monitor.heartbeat_ms / 1e3)

@@ -178,6 +178,34 @@ class MQTTBus:
         self._misc = loop.create_task(self._keepalive())
         return self
 
+    async def reconnect(self, give_up_s: float | None = None) -> None:
+        """After `lost`: connect again, backing off from 0.1 s to 5 s between attempts,
+        until the broker takes us (subscriptions and status restored) or `give_up_s`."""
+        self._started = False
+        if self._misc is not None:
+            self._misc.cancel()
+        self._drop()
+        for fut in self._acks.values():  # what the lost connection never acknowledged
+            if not fut.done():
+                fut.set_exception(BusError(f"mqtt: {self.user}: the broker went away"))
+        delay, tries = 0.1, 0
+        deadline = None if give_up_s is None else time.monotonic() + give_up_s
+        while True:
+            tries += 1
+            try:
+                await self.start()
+                self.lost.clear()
+                log.warning("mqtt: %s: back on the broker after %d attempts", self.user,
+                            tries)
+                return
+            except BusError as e:
+                if deadline is not None and time.monotonic() + delay > deadline:
+                    raise
+                if worth_logging(tries):
+                    log.warning("%s; trying again in %.1f s", e, delay)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 5.0)
+
     async def close(self, timeout: float = 5.0) -> None:
         """Leave cleanly (status 'offline', DISCONNECT), bounded: a broker that has gone
         away must not hang whoever is shutting down; never started: nothing to do."""

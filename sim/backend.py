@@ -29,7 +29,7 @@ from oddl.controller.backend import (
 from oddl.controller.clock import Clock
 from oddl.controller.config import FaultSpec, NetworkSpec, Testbed
 from oddl.controller.control_unit import FlowFailed
-from oddl.controller.health import HEARTBEAT_VERSION, Health, Heartbeat, Heartbeats
+from oddl.controller.health import Health, Heartbeat, Heartbeats, read_heartbeat
 from oddl.controller.invariants import InvariantChecker
 from oddl.controller.job import JobRunner, JobSpec, step_sync
 from oddl.controller.messages import Flow
@@ -78,15 +78,6 @@ def wss_of(grid: Grid) -> dict[tuple[str, str], str]:
     """(node, port) -> the WSS that port's light goes through."""
     return {(n, p): g.wss for n in grid.nodes for p in ("H", "V")
             if (g := grid.group_of(n, p)).wss is not None}
-
-
-def heartbeat(node: str, seq: int, onic: DriverONic, runner: JobRunner | None) -> Heartbeat:
-    """What a node program reads from its board and its control units each period."""
-    h = onic.health()
-    cu = runner.units.get(node) if runner is not None else None
-    return Heartbeat(HEARTBEAT_VERSION, node, seq, h["crc_errors"], h["tune_ns"],
-                     h["error_flags"], dict(cu.unexpected_rx) if cu is not None else {},
-                     runner.spec.job if runner is not None else "")
 
 
 async def run_in_process(runner: JobRunner, loop: asyncio.AbstractEventLoop,
@@ -176,7 +167,7 @@ class SimBackend:
     def _read(self, node: str, seq: int) -> Heartbeat | None:
         if node in self.world.fabric.dead:
             return None  # a dead board says nothing
-        return heartbeat(node, seq, self.onics[node], self._runner)
+        return read_heartbeat(node, seq, self.onics[node], self._runner)
 
     def _send(self, hb: Heartbeat) -> None:
         """A heartbeat crosses the control bus as any message does (not when it is down)."""

@@ -113,7 +113,7 @@ async def start(tb: Testbed, host: str = "127.0.0.1", faults: list[FaultSpec] | 
             tb.name, node, w.onics[node], w.lines[node],
             bus_from_config(tb.name, tb.broker, node, port, tap=w.checker.on_message,
                             password=emu.password(node)),
-            w.checker).start()
+            w.checker, tb.monitor.heartbeat_ms / 1e3).start()
     if external:  # their GRANTs reach the monitor through an observer; which flows they
         # start, only they know: the monitor does not hold them to "never started"
         emu.observer = bus_from_config(tb.name, tb.broker, EMULATOR, port,

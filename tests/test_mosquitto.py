@@ -12,12 +12,29 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import aiomqtt
+import msgspec
 import pytest
-from oddl.controller.access import ctl_topic, run_topic, write_mosquitto
+from oddl.controller.access import (
+    CONTROLLER,
+    ctl_topic,
+    health_topic,
+    results,
+    run_topic,
+    write_mosquitto,
+)
+from oddl.controller.clock import Clock
+from oddl.controller.control_unit import Timing
+from oddl.controller.health import Heartbeat
+from oddl.controller.job import JOB_VERSION, JobEvent, JobSpec
 from oddl.controller.messages import Grant, Release
+from oddl.controller.node import NodeProgram
+from oddl.controller.topology import Grid
 from oddl.controller.wire import encode
 from oddl.drivers.mqtt import BusError, MQTTBus
+from oddl.sim import backend as sim_backend
 from oddl.sim.broker import free_port
+
+from tests.helpers import make_testbed
 
 MOSQUITTO = shutil.which("mosquitto") or (
     "/usr/sbin/mosquitto" if Path("/usr/sbin/mosquitto").exists() else None)
@@ -194,3 +211,66 @@ def test_tls_and_password_from_config(tmp_path: Path, monkeypatch: pytest.Monkey
     finally:
         proc.terminate()
         proc.wait(5)
+
+
+def test_a_node_program_rides_out_a_mosquitto_restart(tmp_path: Path) -> None:
+    """Reproducer (issue 14): after Mosquitto restarted mid-run, the emulator's job side
+    never reconnected and the next run failed after 57 s. A node program whose broker goes
+    drops its job (the board idles), reconnects with back-off once the broker is back,
+    beats again, and runs the next job."""
+    tb = make_testbed(2, 2)
+    node, nodes = "n0-0", [n.id for n in tb.nodes]
+    port = free_port()
+    files = write_mosquitto("tb", nodes, tmp_path / "broker", port)
+    conf = files["mosquitto.conf"]
+    if os.geteuid() == 0:
+        conf.write_text(conf.read_text() + "user root\n")
+    pw = {k.removeprefix("secrets/"): p.read_text().strip() for k, p in files.items()
+          if k.startswith("secrets/")}
+    procs = [_start(conf, port)]
+
+    async def main() -> tuple[int, list[JobEvent], Heartbeat]:
+        world = sim_backend.build(tb, Grid.from_testbed(tb), Clock(asyncio.get_running_loop()))
+        prog = await NodeProgram(
+            "tb", node, world.onics[node], world.lines[node],
+            MQTTBus("tb", "127.0.0.1", port, user=node, password=pw[node]),
+            heartbeat_s=0.05).start()
+        try:
+            procs[0].terminate()  # the broker goes away under the node program
+            await asyncio.to_thread(procs[0].wait, 10)
+            await asyncio.wait_for(prog.bus.lost.wait(), 20)
+            assert prog._task is not None and not prog._task.done()  # waiting, not gone
+            procs.append(await asyncio.to_thread(_start, conf, port))
+            while prog.reconnects == 0:
+                await asyncio.sleep(0.05)
+            events: list[JobEvent] = []
+            beat = None
+            async with aiomqtt.Client("127.0.0.1", port, identifier=CONTROLLER,
+                                      username=CONTROLLER, password=pw[CONTROLLER]) as ctl:
+                await ctl.subscribe(results("tb"), qos=1)
+                await ctl.subscribe(health_topic("tb", "+"), qos=0)
+                await ctl.publish(run_topic("tb"), msgspec.json.encode(JobSpec(
+                    JOB_VERSION, "after", "hd", 1000, 1, 1, 4, [node], [node], 3, 1000,
+                    False, Timing(11, 2, 50, 1000, 1000, 5000, 3), {})), qos=1)
+                async for m in ctl.messages:
+                    if m.topic.matches(health_topic("tb", "+")):
+                        beat = msgspec.json.decode(bytes(m.payload), type=Heartbeat)
+                    elif m.topic.matches(results("tb")):
+                        events.append(msgspec.json.decode(bytes(m.payload), type=JobEvent))
+                    if beat is not None and events and events[-1].kind in ("done", "failed"):
+                        break
+            assert beat is not None
+            return prog.reconnects, events, beat
+        finally:
+            await prog.stop()
+
+    try:
+        reconnects, events, beat = asyncio.run(asyncio.wait_for(main(), 90))
+    finally:
+        for p in procs:
+            p.terminate()
+            p.wait(timeout=5)
+    assert reconnects == 1
+    assert events[-1].kind == "done", events[-1]
+    assert [e.iteration for e in events if e.kind == "iteration"] == [0, 1, 2]
+    assert beat.node == node and set(beat.crc_errors) == {"H", "V"}

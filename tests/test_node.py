@@ -141,18 +141,6 @@ def test_a_board_without_its_node_program_is_named(root: Path, tmp_path: Path) -
     assert "oddl node" in r.stderr  # and says what to start
 
 
-def test_oddl_node_exits_when_its_broker_goes(root: Path, tmp_path: Path) -> None:
-    """A node program that lost its broker says so and exits non-zero (systemd restarts
-    it), instead of sitting there looking alive."""
-    out = tmp_path / "emu.toml"
-    with emulator(root, root / "hw_configs" / "prototype-4node.toml", out,
-                  "--external-node", "n1") as (proc, _), _oddl_node(root, out, "n1", 60) as node:
-        proc.send_signal(signal.SIGINT)  # the emulator, with its broker, goes away
-        assert proc.wait(20) == 0
-        assert node.wait(30) == 1
-        assert "stopped serving" in (node.stderr.read() if node.stderr else "")
-
-
 def test_emulate_refuses_an_unknown_external_node(root: Path) -> None:
     from click.testing import CliRunner
     from oddl.controller.cli import main
