@@ -32,13 +32,12 @@ class JobStopped(RuntimeError):
     flight failed, `flows_lost` of them; they run again with the iteration)."""
 
     def __init__(self, why: str, next_iteration: int, lost: bool, outcome: JobOutcome,
-                 flows_lost: int = 0, suspect: str | None = None) -> None:
+                 flows_lost: int = 0) -> None:
         super().__init__(why)
         self.next_iteration = next_iteration
         self.lost = lost
         self.outcome = outcome
         self.flows_lost = flows_lost
-        self.suspect = suspect
 
 
 @dataclass

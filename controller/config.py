@@ -103,9 +103,6 @@ class Monitor(_Model):
     grace_ms: float = Field(default=5000.0, gt=0, le=3_600_000, allow_inf_nan=False,
                             description="how long a run waits for its broker or a "
                                         "diagnosis before it stops with an error")
-    peer_timeouts: int = Field(default=8, ge=1, le=1000,
-                               description="REQUEST time-outs in a row, with no word from "
-                                           "that peer, that make a control unit name it")
     crc_periods: int = Field(default=2, ge=1, le=100,
                              description="heartbeats in a row with new CRC errors on one "
                                          "receiver that make its link faulty")
@@ -584,8 +581,9 @@ class FaultSpec(_Model):
 def fault_issues(faults: list[FaultSpec], tb: Testbed) -> list[tuple[str, str]]:
     """Every fault's target against the testbed: (field path, reason) pairs."""
     out: list[tuple[str, str]] = []
-    nodes = {n.id for n in tb.nodes}
+    nodes = {n.id: n for n in tb.nodes}
     wss = {w.id: w for w in tb.wss}
+    groups = {(w.axis, w.index) for w in tb.wss}
     n_ch = len(tb.optical.wavelengths())
     for i, f in enumerate(faults):
         at = f"faults[{i}]"
@@ -600,9 +598,8 @@ def fault_issues(faults: list[FaultSpec], tb: Testbed) -> list[tuple[str, str]]:
                                             f"NODE/PORT, e.g. {tb.nodes[0].id}/H)"))
             elif port not in ("H", "V"):
                 out.append((f"{at}.target", f"no port {port!r} on {node}: H or V"))
-            elif not any(w.axis == ("row" if port == "H" else "col") and w.index == (
-                    n.row if port == "H" else n.col) for w in tb.wss for n in tb.nodes
-                    if n.id == node):
+            elif (("row", nodes[node].row) if port == "H" else ("col", nodes[node].col)
+                  ) not in groups:
                 out.append((f"{at}.target", f"{node} has no {port} port here (no WSS on it)"))
         elif want == "WSS":
             w = wss.get(f.target)

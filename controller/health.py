@@ -32,6 +32,7 @@ import msgspec
 from oddl.controller.access import NAME
 from oddl.controller.clock import Clock
 from oddl.controller.config import Monitor
+from oddl.controller.planner import Avoid
 
 log = logging.getLogger(__name__)
 
@@ -236,20 +237,13 @@ class Health:
         """Nothing left to conclude: no suspect is being judged."""
         return not self._suspects
 
-    def avoid(self) -> dict[str, set[Any]]:
+    def avoid(self) -> Avoid:
         """What a plan must go round: every diagnosis not since healed."""
-        out: dict[str, set[Any]] = {"nodes": set(), "wss": set(), "links": set()}
-        for d in self.diagnoses:
-            if (d.kind, d.target) not in self._seen:
-                continue
-            if d.kind in AVOID_NODE:
-                out["nodes"].add(d.target)
-            elif d.kind in AVOID_WSS:
-                out["wss"].add(d.target)
-            elif d.kind in AVOID_LINK:
-                node, _, port = d.target.partition("/")
-                out["links"].add((node, port))
-        return out
+        now = [d for d in self.diagnoses if (d.kind, d.target) in self._seen]
+        return Avoid(frozenset(d.target for d in now if d.kind in AVOID_NODE),
+                     frozenset(d.target for d in now if d.kind in AVOID_WSS),
+                     frozenset(tuple(d.target.split("/", 1)) for d in now  # type: ignore[misc]
+                               if d.kind in AVOID_LINK))
 
 
 def read_heartbeat(node: str, seq: int, onic: Any, runner: Any) -> Heartbeat:

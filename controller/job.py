@@ -89,7 +89,6 @@ class JobEvent(msgspec.Struct, omit_defaults=True, forbid_unknown_fields=True):
     t_end: int = 0
     control_messages: Count = 0
     error: Text = ""
-    suspect: Annotated[str, msgspec.Meta(max_length=64)] = ""  # the peer a failure names
     stats: Annotated[dict[Name, int], msgspec.Meta(max_length=64)] = {}
     # the first few the node's monitor recorded
     violations: Annotated[list[Text], msgspec.Meta(max_length=50)] = []

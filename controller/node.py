@@ -329,8 +329,7 @@ class _NodeJob:
         except Exception as e:  # the controller and the peers hear why; the node serves on
             log.warning("node %s: job %s failed: %s", prog.node, spec.job, e)
             with contextlib.suppress(Exception):
-                await self._publish("failed", error=str(e)[:4096],
-                                    suspect=getattr(e, "peer", None) or "")
+                await self._publish("failed", error=str(e)[:4096])
         finally:
             if runner is not None:
                 runner.close()

@@ -13,7 +13,7 @@ on a diagnosis, and asks here what the next plan runs on, per the experiment's
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from oddl.controller.backend import Injected, RunFailed
@@ -57,9 +57,6 @@ class Recovery:
     lost: bool  # an iteration was cut short (and ran again)
     flows_lost: int
     replanned: bool
-    replan_s: float  # controller time to re-plan, apply and read back
-    ranks: list[str] = field(default_factory=list)
-    collective: str = ""
 
 
 @dataclass(frozen=True)
@@ -78,19 +75,19 @@ class FaultRow:
         return dict(self.__dict__)
 
 
-def _explains(kind: str, target: str, d: Diagnosis) -> bool:
-    """Is `d` the arbiter's finding of an injected fault (kind, target)?"""
-    if kind == "dead-board":
-        return d.kind in ("dead-board", "unresponsive") and d.target == target
-    if kind in ("dead-wss", "wss-route"):
-        return d.kind in ("dead-wss", "wss-route") and d.target == target
-    if kind == "corrupt-link":
-        return d.kind == "corrupt-link" and d.target == target
-    if kind == "slow-tx":
-        return d.kind == "slow-tx" and d.target == target
-    if kind == "broker-restart":
-        return d.kind == "broker-restart"
-    return False
+# the diagnoses that are the arbiter's finding of each kind of injected fault
+FOUND_AS = {"dead-board": ("dead-board", "unresponsive"), "dead-wss": ("dead-wss", "wss-route"),
+            "wss-route": ("dead-wss", "wss-route"), "corrupt-link": ("corrupt-link",),
+            "slow-tx": ("slow-tx",), "broker-restart": ("broker-restart",)}
+
+
+def _explains(x: Injected, d: Diagnosis) -> bool:
+    return (d.t_ns >= x.at_ns and d.kind in FOUND_AS.get(x.spec.kind, ())
+            and d.target == x.spec.target)
+
+
+def _handled(recoveries: Sequence[Recovery], d: Diagnosis) -> Recovery | None:
+    return next((r for r in recoveries if any(e is d for e in r.diagnoses)), None)
 
 
 def fault_rows(injected: Sequence[Injected], diagnoses: Sequence[Diagnosis],
@@ -100,11 +97,10 @@ def fault_rows(injected: Sequence[Injected], diagnoses: Sequence[Diagnosis],
     rows = []
     used: set[int] = set()
     for x in injected:
-        d = next((d for d in diagnoses if id(d) not in used and d.t_ns >= x.at_ns
-                  and _explains(x.spec.kind, x.spec.target, d)), None)
+        d = next((d for d in diagnoses if id(d) not in used and _explains(x, d)), None)
         if d is not None:
             used.add(id(d))
-            rec = next((r for r in recoveries if any(e is d for e in r.diagnoses)), None)
+            rec = _handled(recoveries, d)
         else:  # ridden out, or stopped a job while it lasted (a bus outage)
             until = x.until_ns if x.until_ns is not None else 1 << 62
             rec = next((r for r in recoveries if x.at_ns <= r.t_stop_ns <= until), None)
@@ -119,7 +115,7 @@ def fault_rows(injected: Sequence[Injected], diagnoses: Sequence[Diagnosis],
     for d in diagnoses:
         if id(d) in used:
             continue
-        rec = next((r for r in recoveries if any(e is d for e in r.diagnoses)), None)
+        rec = _handled(recoveries, d)
         rows.append(FaultRow(d.kind, d.target, d.t_ns, 0,
                              rec.t_resume_ns - d.t_ns if rec is not None else None,
                              int(rec.replanned) if rec is not None else 0,

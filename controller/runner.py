@@ -27,7 +27,7 @@ from oddl.controller.health import Watch
 from oddl.controller.invariants import InvariantChecker
 from oddl.controller.job import JOB_VERSION, JobSpec, job_id, timing_of, wire_routes
 from oddl.controller.plan import Plan, PlanError
-from oddl.controller.planner import Avoid
+from oddl.controller.planner import NO_FAULTS, Avoid
 from oddl.controller.recovery import FaultRow, Recovery, fault_rows, replace_ranks
 from oddl.controller.results import RunStore
 from oddl.controller.topology import Grid
@@ -118,7 +118,7 @@ class NetworkRun:
             self.arbiter = Arbiter(tb, grid, self.backend.onics, self.backend.wss)
             self.arbiter.inventory()
             gc.collect()  # time the planner, not a collection of an earlier run's garbage
-            self.plan_s = self._stage1(Avoid())
+            self.plan_s = self._stage1(NO_FAULTS)
         else:  # a baseline: a flow-level model in every back end
             self.backend = registry.open_model(spec, tb, self.ranks, checker_mode)
         self.job = JobSpec(
@@ -215,43 +215,29 @@ class NetworkRun:
         # nothing to go round (a bus that blinked, a peer that failed once): the same plan
         # again; a peer that fails the job twice is found unresponsive, and MAX_RECOVERIES
         # bounds the rest
-        av = health.avoid()
-        avoid = Avoid(frozenset(av["nodes"]), frozenset(av["wss"]), frozenset(av["links"]))
-        replan_s = 0.0
-        if act:
-            t0 = time.perf_counter()
+        for _ in range(len(b.wss) + len(self.grid.nodes) + 1) if act else ():
+            avoid = health.avoid()
             ranks, coll = replace_ranks(self.ranks, set(avoid.nodes), self.grid.nodes,
                                         self.ctx.experiment.recovery, self.collective)
-            if len(ranks) != len(self.ranks) or coll != self.collective:
+            if ranks != self.ranks or coll != self.collective:
                 self.schedule = build(coll, len(ranks), self.size, self.grid.rows,
                                       self.grid.cols, self.spec.degree)
             self.ranks, self.collective = ranks, coll
-            for _ in range(len(self.backend.wss) + len(self.grid.nodes) + 1):
-                try:
-                    self._stage1(avoid)
-                    break
-                except DeviceFailed as e:  # found while applying: go round it too
-                    now = Clock(b.loop).now_ns()
-                    if e.what == "WSS":
-                        health.wss_answer(e.target, now, f"no answer to the apply: {e}")
-                    else:
-                        health.will(e.target, now)
-                    av = health.avoid()
-                    avoid = Avoid(frozenset(av["nodes"]), frozenset(av["wss"]),
-                                  frozenset(av["links"]))
-                    self.ranks, self.collective = replace_ranks(
-                        self.ranks, set(avoid.nodes), self.grid.nodes,
-                        self.ctx.experiment.recovery, self.collective)
-                    self.schedule = build(self.collective, len(self.ranks), self.size,
-                                          self.grid.rows, self.grid.cols, self.spec.degree)
-                except (PlanError, ApplyError) as e:
-                    raise RunFailed(f"{self.spec.name}: no plan round "
-                                    f"{'; '.join(map(str, health.actionable()))}: {e}") from e
-            replan_s = time.perf_counter() - t0
+            try:
+                self._stage1(avoid)
+                break
+            except DeviceFailed as e:  # found while applying: go round it too
+                now = Clock(b.loop).now_ns()
+                if e.what == "WSS":
+                    health.wss_answer(e.target, now, f"no answer to the apply: {e}")
+                else:
+                    health.will(e.target, now)
+            except (PlanError, ApplyError) as e:
+                raise RunFailed(f"{self.spec.name}: no plan round "
+                                f"{'; '.join(map(str, health.actionable()))}: {e}") from e
         health.handled = len(health.diagnoses)
         rec = Recovery(t_stop, Clock(b.loop).now_ns(), t_last, found, stop.lost,
-                       stop.flows_lost,
-                       bool(act), replan_s, list(self.ranks), self.collective)
+                       stop.flows_lost, bool(act))
         self.recoveries.append(rec)
         log.warning("%s: %s; %s; resuming at iteration %d on %d ranks (%s)", self.spec.name,
                     stop, "re-planned round " + "; ".join(map(str, act)) if act else

@@ -56,6 +56,11 @@ class Grid:
         r, c = self.coord[node]
         return self.groups[("row", r)] if port == H else self.groups[("col", c)]
 
+    def wss_of(self) -> dict[tuple[str, str], str]:
+        """(node, port) -> the WSS that port's light goes through."""
+        return {(n, p): g.wss for n in self.nodes for p in (H, V)
+                if (g := self.group_of(n, p)).wss is not None}
+
     def port_index(self, node: str, port: str) -> int:
         """Which WSS port the node's H or V fibre lands on (its column or row)."""
         r, c = self.coord[node]

@@ -74,12 +74,6 @@ def build(tb: Testbed, grid: Grid, clock: Clock, seed: int = 0,
                  dict(fabric.wss), bus, checker)
 
 
-def wss_of(grid: Grid) -> dict[tuple[str, str], str]:
-    """(node, port) -> the WSS that port's light goes through."""
-    return {(n, p): g.wss for n in grid.nodes for p in ("H", "V")
-            if (g := grid.group_of(n, p)).wss is not None}
-
-
 async def run_in_process(runner: JobRunner, loop: asyncio.AbstractEventLoop,
                          on_iteration: OnIteration, sent: Callable[[], int],
                          record_flows: bool,
@@ -147,7 +141,7 @@ class SimBackend:
         self.wss = w.wss
         self.monitor = w.checker
         self.health = Health(tb.monitor, grid.nodes, math.ceil(tb.optical.tuning_time_ns),
-                             wss_of(grid))
+                             grid.wss_of())
         self._runner: JobRunner | None = None
         self.drill = Drill(w, self.clock, faults or [], self._retries, self._gone)
         self.injected = self.drill.injected
@@ -214,18 +208,15 @@ class SimBackend:
                 progress[0], progress[1] = mark, now
             act = health.actionable()
             if act and now - act[0].t_ns >= patience:
-                fail(JobStopped(f"iteration {next_i[0]} cut short: "
+                runner.fail(JobStopped(f"iteration {next_i[0]} cut short: "
                                 f"{'; '.join(map(str, act))}", next_i[0], True, outcome(),
                                 len(self.monitor.undelivered())))
             elif now - progress[1] > stall_ns:
                 missing = self.monitor.undelivered()
-                fail(RunFailed(f"the run stalled for {(now - progress[1]) / 1e6:.0f} ms: "
+                runner.fail(RunFailed(f"the run stalled for {(now - progress[1]) / 1e6:.0f} ms: "
                                f"{len(missing)} flows undelivered, e.g. ids {missing[:5]}"))
             else:
                 timer[0] = self.clock.call_later_ns(health.period_ns, guard)
-
-        def fail(e: BaseException) -> None:
-            runner.fail(e)
 
         timer = [self.clock.call_later_ns(health.period_ns, guard)]
         try:
@@ -235,7 +226,7 @@ class SimBackend:
             if e.peer is not None:
                 health.flow_failed(e.peer, self.clock.now_ns(), str(e))
             raise JobStopped(f"iteration {next_i[0]} cut short: {e}", next_i[0], True,
-                             outcome(), len(self.monitor.undelivered()), e.peer) from e
+                             outcome(), len(self.monitor.undelivered())) from e
         finally:
             timer[0].cancel()
         return outcome()
