@@ -95,12 +95,15 @@ def stop_emulator(proc: subprocess.Popen[str]) -> None:
             proc.kill()
 
 
-def pytest_args(config: Path, report: Path, only: list[str]) -> list[str]:
-    suite = suite_dir()
+def check_only(only: list[str]) -> None:
     unknown = [o for o in only if o not in CHECKS]
     if unknown:
         raise AcceptError(f"--only: unknown check(s) {', '.join(unknown)} (known: "
                           f"{', '.join(CHECKS)})")
+
+
+def pytest_args(config: Path, report: Path, only: list[str]) -> list[str]:
+    suite = suite_dir()
     # importlib mode: the installed suite's folder never goes onto sys.path
     args = [str(suite), "--testbed", str(config), "--accept-report", str(report),
             f"--junitxml={report / 'junit.xml'}", "-o", "junit_family=xunit2",
@@ -116,19 +119,21 @@ def run(testbed_path: Path, tb: Testbed, backend: str, report: Path, only: list[
     """The suite's exit code: 0 all passed, 1 a check failed, 2 it could not run."""
     import pytest
 
-    report.mkdir(parents=True, exist_ok=True)
+    check_only(only)
+    if faults and backend != "emu":
+        raise AcceptError("--fault is for --backend emu (real devices bring their own)")
     t0 = time.perf_counter()
     if backend == "emu":
         # a private emulated copy of the testbed: nothing shared, nothing to lock
         with tempfile.TemporaryDirectory(prefix="oddl-accept-") as d, \
                 emulated(testbed_path, faults, Path(d), say) as cfg:
             say(f"emulated {tb.name}: {cfg}")
+            report.mkdir(parents=True, exist_ok=True)
             rc = pytest.main(pytest_args(cfg, report, only))
     else:
-        if faults:
-            raise AcceptError("--fault is for --backend emu (real devices bring their own)")
-        # TestbedBusy names the holder
+        # TestbedBusy names the holder; a refused run leaves no report folder behind
         with TestbedLock(tb.name, purpose=f"oddl accept (pid {os.getpid()})").acquire(wait_s):
+            report.mkdir(parents=True, exist_ok=True)
             rc = pytest.main(pytest_args(testbed_path, report, only))
     summary = report / "summary.json"
     if summary.exists():

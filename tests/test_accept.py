@@ -98,8 +98,9 @@ def test_only_selects_checks(root: Path, tmp_path: Path) -> None:
     assert r.returncode == 0, r.stdout + r.stderr
     assert sorted({c["check"].split("[")[0] for c in summary(tmp_path)["checks"]}) == [
         "test_identity", "test_tuning_time"]
-    r = accept(root, PROTO, "--only", "warp-drive")
+    r = accept(root, PROTO, "--only", "warp-drive", "--report", str(tmp_path / "refused"))
     assert r.returncode == 2 and "unknown check(s) warp-drive" in r.stderr
+    assert not (tmp_path / "refused").exists()  # a refused run leaves nothing behind
 
 
 def test_absent_board_skips_and_unanswering_board_fails(root: Path, tmp_path: Path) -> None:
@@ -131,8 +132,10 @@ def test_second_run_on_a_held_testbed_is_refused_naming_the_holder(root: Path,
     holder = TestbedLock("prototype-4node", purpose="oddl run table1 (by the test)",
                          directory=tmp_path).acquire()
     try:
-        r = accept(root, PROTO, "--backend", "hw", "--wait", "0.3", env=env)
+        r = accept(root, PROTO, "--backend", "hw", "--wait", "0.3", "--report",
+                   str(tmp_path / "refused"), env=env)
         assert r.returncode == 3
+        assert not (tmp_path / "refused").exists()
         assert "testbed 'prototype-4node' is in use by oddl run table1 (by the test) " \
                f"(pid {os.getpid()}" in r.stderr
         assert "after waiting" in r.stderr
