@@ -72,13 +72,15 @@ def disturbance(stats: Mapping[str, Any]) -> dict[str, int]:
     return {k: int(stats[k]) for k in DISTURBANCES if stats.get(k)}
 
 
-class Injected(Protocol):
-    """A drill's fault as it happened (sim.faults.Injected)."""
+@dataclass
+class Injected:
+    """A drill's fault as it happened: when it began (and ended), on the back end's clock,
+    and the REQUEST retries the control units made while it lasted."""
 
     spec: FaultSpec
     at_ns: int
-    until_ns: int | None
-    retries: int
+    until_ns: int | None = None
+    retries: int = 0
 
 
 class Backend(Protocol):

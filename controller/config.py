@@ -156,6 +156,16 @@ MAX_NODES = 65_536  # the job topics' bound (controller/job.py): 256 x 256
 MAX_FILE_BYTES = 16 << 20  # a grid-4096 testbed written out is ~1 MB
 
 
+class Emulator(_Model):
+    """Where `oddl emulate` takes a drill's faults while a job runs (written into the emu
+    config it produces; a lab's testbed has none)."""
+
+    control: str = Field(pattern=r"^http://127\.0\.0\.1:\d{1,5}$",
+                         description="the emulator's control endpoint (loopback only)")
+    token_file: str = Field(min_length=1, description="file holding its bearer token, "
+                                                       "mode 0600")
+
+
 class Grid(_Model):
     rows: int = Field(gt=0, le=MAX_NODES)
     cols: int = Field(gt=0, le=MAX_NODES)
@@ -281,6 +291,7 @@ class Testbed(_Model):
     monitor: Monitor = Monitor()
     acceptance: Acceptance = Acceptance()
     qick: Qick | None = None
+    emulator: Emulator | None = None
     generate: Generate | None = None
     nodes: list[Node] = Field(default_factory=list)
     wss: list[WSS] = Field(default_factory=list)

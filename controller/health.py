@@ -76,6 +76,7 @@ class Diagnosis:
 class _Node:
     last_ns: int
     beat: Heartbeat | None = None
+    back_by_ns: int = 0  # after a bus outage: not judged silent before this
     crc_rising: dict[str, int] = field(default_factory=dict)  # port -> beats in a row
 
 
@@ -147,6 +148,18 @@ class Health:
                         (now_ns - self.bus_down_since) / 1e6)
             self.bus_down_since = None
             self.forget("broker-restart", "broker")
+            # the others reconnect on their own back-off: `grace_ms` to be heard again
+            back_by = now_ns + round(self.cfg.grace_ms * 1e6)
+            for other in self.nodes.values():
+                if other is not st:
+                    other.back_by_ns = back_by
+
+    def bus_lost(self, now_ns: int, why: str) -> None:
+        """The arbiter's own connection to the bus broke: nobody can be heard (until a
+        heartbeat comes through again)."""
+        if self.bus_down_since is None:
+            self.bus_down_since = now_ns
+            self._conclude("broker-restart", "broker", now_ns, why)
 
     def will(self, node: str, now_ns: int) -> None:
         if node in self.nodes:
@@ -175,8 +188,8 @@ class Health:
         """Silence and suspicion, judged at `now_ns`; returns new diagnoses."""
         before = len(self.diagnoses)
         limit = self.silence_ns
-        silent = [n for n, st in self.nodes.items()
-                  if now_ns - st.last_ns >= limit and not self.is_dead(n)]
+        silent = [n for n, st in self.nodes.items() if now_ns - st.last_ns >= limit
+                  and now_ns >= st.back_by_ns and not self.is_dead(n)]
         alive = [n for n in self.nodes if not self.is_dead(n)]
         # the bus demonstrably works while someone was heard within the last period
         # (and a lone node has nobody to be compared with)
@@ -184,8 +197,10 @@ class Health:
                                         for n in alive)
         if silent and bus_ok:
             for n in silent:
-                self._conclude("dead-board", n, now_ns, f"silent for "
-                               f"{(now_ns - self.nodes[n].last_ns) / 1e6:.1f} ms")
+                quiet = f"{(now_ns - self.nodes[n].last_ns) / 1e6:.1f} ms"
+                self._conclude("dead-board", n, now_ns, f"silent for {quiet}" if
+                               self.nodes[n].beat is not None else f"never heard in {quiet} "
+                               f"(is `oddl node` running beside its board?)")
         elif silent and len(silent) == len(alive) and self.bus_down_since is None:
             # nobody is heard: the broker, not every board at once
             self.bus_down_since = max(self.nodes[n].last_ns for n in silent)

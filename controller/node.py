@@ -65,6 +65,7 @@ class NodeBus(Bus, Protocol):
     async def publish(self, topic: str, payload: bytes, qos: int = 1) -> None: ...
     async def start(self) -> Any: ...
     async def reconnect(self, give_up_s: float | None = None) -> None: ...
+    def abandon(self) -> None: ...
     async def close(self) -> None: ...
 
 
@@ -94,6 +95,7 @@ class NodeProgram:
         self.heartbeat_s = heartbeat_s  # the testbed's [monitor] heartbeat_ms
         self.beats: Heartbeats | None = None
         self.reconnects = 0
+        self.retries_done = 0  # REQUEST retries of the jobs this program has finished
         self._specs = msgspec.json.Decoder(JobSpec)
         self._events = msgspec.json.Decoder(JobEvent)
 
@@ -123,6 +125,24 @@ class NodeProgram:
                 await self._task
             self._task = None
         await self.bus.close()
+
+    def retries(self) -> int:
+        """REQUEST retries of every job so far, the running one's included."""
+        job = self._job
+        run = job.runner.stats().get("retries", 0) if job and job.runner else 0
+        return self.retries_done + run
+
+    async def crash(self) -> None:
+        """Gone without a word, as a program is when its board loses power under it:
+        no goodbye on the bus (the broker publishes its will), no heartbeat, no result."""
+        self.bus.abandon()
+        if self.beats is not None:
+            self.beats.stop()
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._task
+            self._task = None
 
     def _reject(self, topic: str, why: object) -> None:
         self.rejected += 1
@@ -248,6 +268,8 @@ class _NodeJob:
                                                      self.enc.encode(ev), qos=1))
         self.pending.add(fut)
         fut.add_done_callback(self.pending.discard)
+        # a job aborted with the broker gone never awaits these: their error is known
+        fut.add_done_callback(lambda f: f.cancelled() or f.exception())
         return fut
 
     def _fail(self, exc: BaseException) -> None:
@@ -288,8 +310,10 @@ class _NodeJob:
             self.runner.begin(i)
 
     def _iteration(self, i: int, t_start: int, t_end: int) -> None:
+        # flows so far too: a job stopped before "done" is still counted
+        flows = self.runner.engine.flows if self.runner is not None else 0
         self._publish("iteration", iteration=i, t_start=t_start, t_end=t_end,
-                      control_messages=self.sent())
+                      control_messages=self.sent(), stats={"flows": flows})
 
     async def run(self) -> None:
         prog, spec = self.prog, self.spec
@@ -332,6 +356,7 @@ class _NodeJob:
                 await self._publish("failed", error=str(e)[:4096])
         finally:
             if runner is not None:
+                prog.retries_done += runner.stats().get("retries", 0)
                 runner.close()
             bus.attach(prog.node, prog._idle)
             bus.peers = None

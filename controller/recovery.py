@@ -100,10 +100,11 @@ def fault_rows(injected: Sequence[Injected], diagnoses: Sequence[Diagnosis],
         d = next((d for d in diagnoses if id(d) not in used and _explains(x, d)), None)
         if d is not None:
             used.add(id(d))
-            rec = _handled(recoveries, d)
-        else:  # ridden out, or stopped a job while it lasted (a bus outage)
-            until = x.until_ns if x.until_ns is not None else 1 << 62
-            rec = next((r for r in recoveries if x.at_ns <= r.t_stop_ns <= until), None)
+        # the recovery that handled its diagnosis, else one that stopped a job while it
+        # lasted (a bus outage cuts the job before the watch has concluded)
+        until = x.until_ns if x.until_ns is not None else 1 << 62
+        rec = (_handled(recoveries, d) if d is not None else None) or next(
+            (r for r in recoveries if x.at_ns <= r.t_stop_ns <= until), None)
         rows.append(FaultRow(
             x.spec.kind, x.spec.target, x.at_ns,
             d.t_ns - x.at_ns if d is not None else None,

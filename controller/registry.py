@@ -28,7 +28,7 @@ def open_backend(name: str, tb: Testbed, grid: Grid, *, faults: list[FaultSpec] 
     if name in ("emu", "hw"):
         from oddl.drivers.lab import LabBackend
 
-        return LabBackend(tb, grid, name, checker_mode)
+        return LabBackend(tb, grid, name, checker_mode, faults)
     raise ValueError(f"unknown back end {name!r} (sim, emu or hw)")
 
 

@@ -146,6 +146,12 @@ class NetworkRun:
             self.watch.expected = {t.wss: t.table for t in self.plan.wss}
         return plan_s
 
+    def _live(self) -> list[str]:
+        """The nodes a job is handed to: all but the dead (whose program cannot say
+        "ready"; no plan routes through them)."""
+        h = self.backend.health
+        return [n for n in self.grid.nodes if h is None or not h.is_dead(n)]
+
     @property
     def monitor(self) -> InvariantChecker:
         return self.backend.monitor
@@ -178,7 +184,7 @@ class NetworkRun:
                     self.job, job=self.job.job[:120] + (f"-r{attempt}" if attempt else ""),
                     iterations=n_iter, compute_ns=compute_ns, start=len(times),
                     ranks=self.ranks, collective=self.collective, nic_sync=self.nic_sync,
-                    routes=self.routes)
+                    routes=self.routes, nodes=self._live())
                 try:
                     _add(total, b.loop.run_until_complete(b.run_job(job, on_iteration,
                                                                     record_flows)))
@@ -217,8 +223,11 @@ class NetworkRun:
         # bounds the rest
         for _ in range(len(b.wss) + len(self.grid.nodes) + 1) if act else ():
             avoid = health.avoid()
-            ranks, coll = replace_ranks(self.ranks, set(avoid.nodes), self.grid.nodes,
-                                        self.ctx.experiment.recovery, self.collective)
+            try:
+                ranks, coll = replace_ranks(self.ranks, set(avoid.nodes), self.grid.nodes,
+                                            self.ctx.experiment.recovery, self.collective)
+            except RunFailed as e:
+                raise RunFailed(f"{self.spec.name}: {'; '.join(map(str, act))}: {e}") from e
             if ranks != self.ranks or coll != self.collective:
                 self.schedule = build(coll, len(ranks), self.size, self.grid.rows,
                                       self.grid.cols, self.spec.degree)

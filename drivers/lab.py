@@ -5,6 +5,16 @@ stage 1 and read it back, each WSS over its serial port, and hands jobs to the n
 programs beside the boards over MQTT (`oddl node`; `oddl emulate` runs them for its
 emulated boards). It never touches a per-flow register: the nodes report iterations, and
 the controller records them.
+
+The controller keeps one connection to the broker for the whole run, as `oddl-ctl`: jobs
+out, results, heartbeats and the nodes' statuses (their last wills) in. The heartbeats
+and wills feed the arbiter's `Health` (controller/health.py), as they do in sim. When it
+finds a fault, the job is cancelled (status "offline": every node program drops it at
+once) at the next recorded iteration, or after `missed` periods if none comes; the runner
+re-plans and publishes the job again from the first iteration not recorded. The nodes
+begin iteration i + 1 the moment every rank has reported i, so a stop here always cuts the
+iteration they are in: it runs again in full. A lost broker cuts the job too; the
+connection comes back with back-off, and the next job waits up to `[monitor] grace_ms`.
 """
 
 from __future__ import annotations
@@ -12,21 +22,24 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-import aiomqtt
 import msgspec
-from oddl.controller.access import CONTROLLER, results, run_topic, status_topic
-from oddl.controller.backend import Iteration, JobOutcome, OnIteration, RunFailed
-from oddl.controller.config import Testbed
+from oddl.controller.access import CONTROLLER, health_topic, results, run_topic, status_topic
+from oddl.controller.backend import Iteration, JobOutcome, JobStopped, OnIteration, RunFailed
+from oddl.controller.clock import Clock
+from oddl.controller.config import FaultSpec, Testbed
+from oddl.controller.health import Health, Heartbeat
 from oddl.controller.invariants import InvariantChecker
 from oddl.controller.job import DECODE_ERRORS, JobEvent, JobSpec, step_sync
 from oddl.controller.topology import Grid
 from oddl.controller.wire import worth_logging
-from oddl.drivers.mqtt import client_from_config
+from oddl.drivers.drill import RemoteDrill
+from oddl.drivers.mqtt import BusError, MQTTBus, bus_from_config
 from oddl.drivers.onic import DriverONic, ONicDriver, open_onic
 from oddl.drivers.wss import WSSDriver
 from oddl.fpga import regmap as R
@@ -34,6 +47,7 @@ from oddl.fpga.overlay import BITFILE
 
 log = logging.getLogger(__name__)
 READY_MIN_S = 3.0
+MAX_EVENTS = 1 << 16  # results waiting to be read (a peer can send no more)
 CONTROLLER_KEEPALIVE_S = 10  # a hung controller is given up 15 s on
 
 
@@ -75,24 +89,39 @@ class LabBackend:
     """Real devices (hw) or `oddl emulate`'s (emu): the same code, other addresses."""
 
     def __init__(self, tb: Testbed, grid: Grid, name: str = "hw",
-                 checker_mode: str = "record") -> None:
+                 checker_mode: str = "record", faults: list[FaultSpec] | None = None) -> None:
         self.name = name
         self.tb = tb
         self.loop = asyncio.new_event_loop()
+        self.clock = Clock(self.loop)
         # the controller's view: what the nodes report (the light is the devices' business,
         # and where a fabric model exists, the emulator's own monitor judges it)
         self.monitor = InvariantChecker(mode=checker_mode)
-        self.rejected = 0  # result-topic messages that were no result of the job's
-        self.health = None  # heartbeats over MQTT: not yet watched by this back end
-        self.injected: list[Any] = []
+        self.rejected = 0  # result, health and status messages that were none of ours
+        self.health = Health(tb.monitor, grid.nodes, math.ceil(tb.optical.tuning_time_ns),
+                             grid.wss_of())
+        self.drill = RemoteDrill(tb.emulator, faults or [], self.clock)
+        self.injected = self.drill.injected
+        self.bus: MQTTBus | None = None
+        self._heard: set[str] = set()  # nodes heard from: their "offline" is a last will
+        self._beating: set[str] = set()  # nodes heard on this connection (since the broker)
+        self._connection = 0  # connections lost so far
+        self._job: JobSpec | None = None
+        self._events: asyncio.Queue[JobEvent | None] = asyncio.Queue(MAX_EVENTS)
+        self._keeper: asyncio.Task[None] | None = None
+        self._decode_event = msgspec.json.Decoder(JobEvent)
+        self._decode_beat = msgspec.json.Decoder(Heartbeat)
         nodes = list(grid.nodes)
         addr = {n.id: n.board for n in tb.nodes}
         self.onics: dict[str, DriverONic] = {}
         self.wss: dict[str, WSSDriver] = {}
         try:
             for n in nodes:
-                drv = self.loop.run_until_complete(
-                    asyncio.to_thread(open_board, addr[n], n, nodes))
+                try:
+                    drv = self.loop.run_until_complete(
+                        asyncio.to_thread(open_board, addr[n], n, nodes))
+                except Exception as e:
+                    raise RunFailed(f"board {n} ({addr[n]}): {e}") from e
                 self.onics[n] = DriverONic(drv, ports_of(grid, n))
             for w in tb.wss:
                 if not w.serial:
@@ -102,10 +131,100 @@ class LabBackend:
             self.close()
             raise
 
+    # --- the controller's connection ---------------------------------------------------
+    async def _connect(self) -> MQTTBus:
+        """The one connection, opened at the first job; after a lost broker, back within
+        `grace_ms` or the run stops."""
+        tb = self.tb.name
+        if self.bus is None:
+            # the nodes cancel the job when our status goes "offline": a clean exit, a
+            # crash (the will), or (keepalive) a controller that hangs
+            bus = bus_from_config(tb, self.tb.broker, CONTROLLER,
+                                  keepalive=CONTROLLER_KEEPALIVE_S)
+            bus.on(health_topic(tb, "+"), self._on_health)
+            bus.on(status_topic(tb, "+"), self._on_status)
+            bus.on(results(tb), self._on_result)
+            try:
+                await bus.start()
+            except BusError as e:
+                raise RunFailed(str(e)) from None
+            self.bus = bus
+            self.health.start(self.clock.now_ns())
+            self._keeper = asyncio.ensure_future(self._keep(bus))
+        grace = self.tb.monitor.grace_ms / 1e3
+        t_end = time.monotonic() + grace
+        while self.bus.lost.is_set():
+            if time.monotonic() > t_end:
+                raise RunFailed(f"the broker did not come back within grace_ms = "
+                                f"{self.tb.monitor.grace_ms:g}")
+            await asyncio.sleep(self.health.tick_ns / 1e9)
+        return self.bus
+
+    async def _heard_from(self, spec: JobSpec) -> None:
+        """Until every node of the job beats on this connection (so it is on the broker,
+        subscribed, and will hear the job) or the watch finds it dead; `grace_ms` at most."""
+        t_end = time.monotonic() + self.tb.monitor.grace_ms / 1e3
+        while time.monotonic() < t_end and any(
+                n not in self._beating and not self.health.is_dead(n) for n in spec.nodes):
+            await asyncio.sleep(self.health.tick_ns / 1e9)
+
+    async def _keep(self, bus: MQTTBus) -> None:
+        """A lost broker cuts the job (the nodes drop it too); reconnect with back-off."""
+        while True:
+            await bus.lost.wait()
+            self._connection += 1
+            self._beating.clear()
+            self.health.bus_lost(self.clock.now_ns(), "the controller lost its connection")
+            log.warning("controller: lost the broker; reconnecting")
+            with contextlib.suppress(asyncio.QueueFull):
+                self._events.put_nowait(None)
+            await bus.reconnect()
+
+    def _on_health(self, topic: str, payload: bytes) -> None:
+        try:
+            hb = self._decode_beat.decode(payload)
+        except DECODE_ERRORS as e:
+            return self._reject(topic, e)
+        if hb.node != topic.rpartition("/")[2]:  # the broker vouches for the topic only
+            return self._reject(topic, f"a heartbeat of {hb.node!r} on another's topic")
+        self._heard.add(hb.node)
+        self._beating.add(hb.node)
+        self.health.beat(hb, self.clock.now_ns())
+
+    def _on_status(self, topic: str, payload: bytes) -> None:
+        party = topic.rpartition("/")[2]
+        if payload == b"online":
+            self._heard.add(party)
+        elif payload == b"offline" and party in self._heard:  # a retained one of a node
+            # never heard is named by the watch; a will that comes as our own connection
+            # goes is the broker shutting down, not the node (amqtt publishes them so)
+            self.clock.call_later_ns(self.health.tick_ns, self._will, party,
+                                     self._connection, self.clock.now_ns())
+
+    def _will(self, node: str, connection: int, t_ns: int) -> None:
+        if connection == self._connection and self.bus is not None \
+                and not self.bus.lost.is_set():
+            self.health.will(node, t_ns)
+
+    def _on_result(self, topic: str, payload: bytes) -> None:
+        spec = self._job
+        if spec is None:
+            return
+        ev = self._event(topic, payload, spec)
+        if ev is None:
+            return
+        try:
+            self._events.put_nowait(ev)
+        except asyncio.QueueFull:
+            self._reject(topic, f"more than {MAX_EVENTS} results waiting")
+
+    # --- a job -------------------------------------------------------------------------
     async def run_job(self, spec: JobSpec, on_iteration: OnIteration,
                       record_flows: bool) -> JobOutcome:
-        """Publish the job; record each iteration once every rank has reported it."""
-        limit = spec.iterations * (spec.compute_ns / 1e9 + 5.0) + 30.0
+        """Publish the job; record each iteration once every rank has reported it; stop
+        it when the watch finds a fault."""
+        n = spec.iterations - spec.start
+        limit = n * (spec.compute_ns / 1e9 + 5.0) + 30.0
         try:
             return await asyncio.wait_for(self._run(spec, on_iteration), limit)
         except TimeoutError:
@@ -113,79 +232,104 @@ class LabBackend:
 
     async def _run(self, spec: JobSpec, on_iteration: OnIteration) -> JobOutcome:
         tb = self.tb.name
-        dec = msgspec.json.Decoder(JobEvent)
+        bus = await self._connect()
+        self.drill.arm()
         ready: set[str] = set()
         reports: dict[int, dict[str, JobEvent]] = {}
-        recorded: set[int] = set()
+        recorded: list[int] = []
         sent: dict[str, int] = {}
+        flows: dict[str, int] = {}
         done: dict[str, JobEvent] = {}
         last_msgs = 0
         status = status_topic(tb, CONTROLLER)
-        # the nodes cancel the job when this goes: a clean exit, a crash, or (keepalive)
-        # a controller that hangs
-        client = client_from_config(self.tb.broker, CONTROLLER, testbed=tb,
-                                    keepalive=CONTROLLER_KEEPALIVE_S)
-        async with client:
-            await client.publish(status, b"online", qos=1, retain=True)
-            await client.subscribe(results(tb), qos=1)
-            await client.publish(run_topic(tb), msgspec.json.encode(spec), qos=1)
-            ready_s = ready_within_s(spec)
-            t_ready = time.monotonic() + ready_s
-            messages = aiter(client.messages)
-            try:
-                while len(done) < len(spec.nodes):
-                    wait = t_ready - time.monotonic() if len(ready) < len(spec.nodes) else None
-                    try:
-                        m = await asyncio.wait_for(anext(messages), wait)
-                    except TimeoutError:
+        while not self._events.empty():  # a stopped job's stragglers, a lost broker's mark
+            self._events.get_nowait()
+        self._job = spec
+        health, tick = self.health, self.health.tick_ns / 1e9
+        patience = self.tb.monitor.missed * health.period_ns
+        ready_s = ready_within_s(spec)
+        t_ready = time.monotonic() + ready_s
+
+        def stopped(why: str) -> JobStopped:
+            return JobStopped(why, spec.start + len(recorded), True, JobOutcome(
+                sum(sent.values()), sum(flows.values()), {"rejected": self.rejected}, []))
+
+        await self._heard_from(spec)
+        try:
+            await bus.publish(status, b"online", qos=1, retain=True)
+            await bus.publish(run_topic(tb), msgspec.json.encode(spec), qos=1)
+            self.drill.at_iteration(spec.start)
+            mark = len(recorded)
+            while len(done) < len(spec.nodes):
+                if self.drill.error is not None:
+                    raise RunFailed(f"drill: {self.drill.error}")
+                act = health.actionable()
+                if not act:
+                    mark = len(recorded)
+                elif len(recorded) > mark or self.clock.now_ns() - act[0].t_ns >= patience:
+                    # at an iteration boundary, or the fault keeps the iteration from one
+                    raise stopped(f"iteration {spec.start + len(recorded)} cut short: "
+                                  f"{'; '.join(map(str, act))}")
+                try:
+                    ev = await asyncio.wait_for(self._events.get(), tick)
+                except TimeoutError:
+                    if len(ready) < len(spec.nodes) and time.monotonic() > t_ready:
                         missing = sorted(set(spec.nodes) - ready)
                         raise RunFailed(
                             f"no node program answered for {', '.join(missing)} within "
                             f"{ready_s:.1f} s (is `oddl node` running beside each board, or "
                             f"`oddl emulate` serving {tb}?)") from None
-                    if not m.topic.matches(results(tb)):
-                        continue  # amqtt has been seen to pass a retained status here
-                    ev = self._event(dec, str(m.topic), bytes(m.payload), spec)  # type: ignore[arg-type]
-                    if ev is None:
+                    continue
+                if ev is None:
+                    raise stopped(f"iteration {spec.start + len(recorded)} cut short: the "
+                                  f"broker went away")
+                if ev.kind == "ready":
+                    ready.add(ev.node)
+                elif ev.kind == "failed":
+                    if health.pending():  # a symptom of what the watch found
+                        raise stopped(f"iteration {spec.start + len(recorded)} cut short: "
+                                      f"node {ev.node}: {ev.error}; "
+                                      f"{'; '.join(map(str, health.pending()))}")
+                    raise RunFailed(f"node {ev.node}: {ev.error}")
+                elif ev.kind == "done":
+                    if len(recorded) < spec.iterations - spec.start:
+                        raise RunFailed(
+                            f"node {ev.node} said its job was done after "
+                            f"{len(recorded)} of {spec.iterations - spec.start} iterations")
+                    done[ev.node] = ev
+                    sent[ev.node] = ev.control_messages
+                elif ev.kind == "iteration" and ev.node in spec.ranks:
+                    if (ev.iteration in reports and ev.node in reports[ev.iteration]) or \
+                            ev.iteration in recorded or \
+                            not spec.start <= ev.iteration < spec.iterations:
+                        self._reject("result", f"iteration {ev.iteration} from {ev.node}: "
+                                               f"already recorded or out of range")
                         continue
-                    if ev.kind == "ready":
-                        ready.add(ev.node)
-                    elif ev.kind == "failed":
-                        raise RunFailed(f"node {ev.node}: {ev.error}")
-                    elif ev.kind == "done":
-                        if len(recorded) < spec.iterations:
-                            raise RunFailed(
-                                f"node {ev.node} said its job was done after "
-                                f"{len(recorded)} of {spec.iterations} iterations")
-                        done[ev.node] = ev
-                        sent[ev.node] = ev.control_messages
-                    elif ev.kind == "iteration" and ev.node in spec.ranks:
-                        if ev.iteration in recorded or not 0 <= ev.iteration < spec.iterations:
-                            self._reject(m.topic, f"iteration {ev.iteration} from {ev.node}: "
-                                                  f"already recorded or out of range")
-                            continue
-                        sent[ev.node] = ev.control_messages
-                        got = reports.setdefault(ev.iteration, {})
-                        got[ev.node] = ev
-                        if len(got) == len(spec.ranks):
-                            del reports[ev.iteration]
-                            recorded.add(ev.iteration)
-                            slow = max(got.values(), key=lambda e: e.t_end - e.t_start)
-                            msgs = sum(sent.values())
-                            on_iteration(Iteration(ev.iteration, slow.t_start, slow.t_end,
-                                                   msgs - last_msgs))
-                            last_msgs = msgs
-            finally:  # the nodes cancel the job at once (the will covers a lost broker)
-                with contextlib.suppress(aiomqtt.MqttError):
-                    await client.publish(status, b"offline", qos=1, retain=True)
+                    sent[ev.node] = ev.control_messages
+                    flows[ev.node] = ev.stats.get("flows", flows.get(ev.node, 0))
+                    got = reports.setdefault(ev.iteration, {})
+                    got[ev.node] = ev
+                    if len(got) == len(spec.ranks):
+                        del reports[ev.iteration]
+                        recorded.append(ev.iteration)
+                        slow = max(got.values(), key=lambda e: e.t_end - e.t_start)
+                        msgs = sum(sent.values())
+                        on_iteration(Iteration(ev.iteration, slow.t_start, slow.t_end,
+                                               msgs - last_msgs))
+                        last_msgs = msgs
+                        self.drill.at_iteration(ev.iteration + 1)
+        finally:  # the nodes cancel the job at once (the will covers a lost broker)
+            self._job = None
+            if not bus.lost.is_set():
+                with contextlib.suppress(BusError):
+                    await bus.publish(status, b"offline", qos=1, retain=True)
         return self._outcome(spec, done)
 
-    def _event(self, dec: msgspec.json.Decoder[JobEvent], topic: str, payload: bytes,
-               spec: JobSpec) -> JobEvent | None:
+    def _event(self, topic: str, payload: bytes, spec: JobSpec) -> JobEvent | None:
         """A result of this job's, from the node its topic names; anything else is counted,
         logged and dropped."""
         try:
-            ev = dec.decode(payload)
+            ev = self._decode_event.decode(payload)
         except DECODE_ERRORS as e:
             self._reject(topic, e)
             return None
@@ -198,7 +342,7 @@ class LabBackend:
     def _reject(self, topic: object, why: object) -> None:
         self.rejected += 1
         if worth_logging(self.rejected):
-            log.warning("controller: %s: result rejected: %s (%d so far)", topic, why,
+            log.warning("controller: %s: message rejected: %s (%d so far)", topic, why,
                         self.rejected)
 
     def _outcome(self, spec: JobSpec, done: Mapping[str, JobEvent]) -> JobOutcome:
@@ -217,7 +361,17 @@ class LabBackend:
                           violations)
 
     def close(self) -> None:
+        if not self.loop.is_closed():
+            self.loop.run_until_complete(self._disconnect())
+            self.loop.close()
         for w in self.wss.values():
             w.close()
-        if not self.loop.is_closed():
-            self.loop.close()
+
+    async def _disconnect(self) -> None:
+        await self.drill.finish()
+        if self._keeper is not None:
+            self._keeper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._keeper
+        if self.bus is not None:
+            await self.bus.close()

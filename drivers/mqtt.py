@@ -27,7 +27,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import aiomqtt
 import paho.mqtt.client as mqtt
 from oddl.controller.access import check_name, ctl_topic, status_topic
 from oddl.controller.messages import ControlMessage
@@ -51,13 +50,12 @@ class MQTTBus:
     """REQUEST/GRANT/RELEASE over MQTT, on paho-mqtt driven by the asyncio loop directly.
 
     paho's documented external-loop API (socket callbacks, `loop_read`/`loop_write`/
-    `loop_misc`), not aiomqtt: aiomqtt (used for the job, status and telemetry clients)
-    spends a task and an `asyncio.wait` on every received message and a thread-safe
+    `loop_misc`), not aiomqtt: aiomqtt spends a task and an `asyncio.wait` on every received message and a thread-safe
     callback plus two loop turns on every publish, which doubled the request-to-grant
     round trip (0.60 -> 0.28 ms through Mosquitto, docs/emu-run.md). Here what one loop
     turn publishes leaves as one TCP segment at the end of the turn, and the messages one
-    socket read brings are handled in one go. No reconnection: a lost broker is logged,
-    the control units' time-outs fail the flows, and the run says which.
+    socket read brings are handled in one go. A lost broker sets `lost`; the owner
+    (the node program, the controller) makes its devices safe and calls `reconnect`.
     """
 
     def __init__(self, testbed: str, host: str = "127.0.0.1", port: int = 1883, *,
@@ -132,11 +130,11 @@ class MQTTBus:
         self.client.publish(ctl_topic(self.testbed, dst, src), encode(msg), QOS_CTL)
 
     async def publish(self, topic: str, payload: bytes, qos: int = 1,
-                      timeout: float = 10.0) -> None:
+                      timeout: float = 10.0, retain: bool = False) -> None:
         """Publish on a raw topic; with QoS 1, return once the broker has it (PUBACK)."""
         if not self._started:
             raise BusError(f"mqtt: {self.user}: not connected")
-        info = self.client.publish(topic, payload, qos)
+        info = self.client.publish(topic, payload, qos, retain)
         if qos == 0 or info.is_published():
             return
         assert self._loop is not None
@@ -205,6 +203,15 @@ class MQTTBus:
                     log.warning("%s; trying again in %.1f s", e, delay)
             await asyncio.sleep(delay)
             delay = min(delay * 2, 5.0)
+
+    def abandon(self) -> None:
+        """Drop the connection without a DISCONNECT, as a process that dies does: the
+        broker publishes this party's will. Nothing more is sent."""
+        self._started = False
+        if self._misc is not None:
+            self._misc.cancel()
+            self._misc = None
+        self._drop()
 
     async def close(self, timeout: float = 5.0) -> None:
         """Leave cleanly (status 'offline', DISCONNECT), bounded: a broker that has gone
@@ -459,23 +466,10 @@ def broker_params(broker: Any, user: str, port: int | None = None) -> dict[str, 
 
 def bus_from_config(testbed: str, broker: Any, user: str, port: int | None = None,
                     tap: Callable[[str, ControlMessage], None] | None = None,
-                    password: str | None = None) -> MQTTBus:
+                    password: str | None = None, keepalive: int = 60) -> MQTTBus:
     """An MQTTBus for a testbed's `[broker]`, logged in as `user` (its password from the
     config's source unless given)."""
     p = broker_params(broker, user, port)
     if password is not None:
         p["password"] = password
-    return MQTTBus(testbed, **p, user=user, tap=tap)
-
-
-def client_from_config(broker: Any, user: str, port: int | None = None,
-                       testbed: str | None = None, keepalive: int = 60) -> aiomqtt.Client:
-    """A plain aiomqtt client on the same broker, logged in as `user` (the controller's job
-    client); given the testbed, with `user`'s status and its last will."""
-    p = broker_params(broker, user, port)
-    will = (aiomqtt.Will(status_topic(testbed, user), b"offline", QOS_STATUS, retain=True)
-            if testbed is not None else None)
-    return aiomqtt.Client(p.pop("host"), p.pop("port"), identifier=user, username=user,
-                          password=p.pop("password"), tls_context=p.pop("tls_context", None),
-                          will=will, keepalive=keepalive,
-                          socket_options=[(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)])
+    return MQTTBus(testbed, **p, user=user, tap=tap, keepalive=keepalive)

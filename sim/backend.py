@@ -143,11 +143,15 @@ class SimBackend:
         self.health = Health(tb.monitor, grid.nodes, math.ceil(tb.optical.tuning_time_ns),
                              grid.wss_of())
         self._runner: JobRunner | None = None
-        self.drill = Drill(w, self.clock, faults or [], self._retries, self._gone)
+        self.drill = Drill(w, self.clock, faults or [], self._retries, self._effect)
         self.injected = self.drill.injected
         self._beats = [Heartbeats(self.clock, self.health.period_ns,
                                   functools.partial(self._read, n), self._send).start()
                        for n in grid.nodes]
+
+    def _effect(self, f: FaultSpec, on: bool) -> None:
+        if f.kind == "dead-board" and on:
+            self._gone(f.target)
 
     def _gone(self, node: str) -> None:
         """A dead board's node program is gone with it: its control unit says nothing."""

@@ -4,10 +4,12 @@ with the files `oddl broker-config` writes."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import hmac
 import logging
 import socket
+import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -102,6 +104,7 @@ class _Broker(Broker):
                  nodes: list[str]) -> None:
         super().__init__(config)
         self.refused = 0
+        self.writers: weakref.WeakSet[Any] = weakref.WeakSet()  # open connections (`stop`)
         self.parties, self.testbed, self.nodes = parties, testbed, nodes
 
     async def _initialize_client_session(self, reader: Any, writer: Any, remote_address: str,
@@ -136,6 +139,7 @@ class _Broker(Broker):
             session.parent = 0
         if not session.client_id:
             session.client_id = gen_client_id()
+        self.writers.add(writer)
         return handler, session
 
 
@@ -175,6 +179,13 @@ class EmbeddedBroker:
         return self
 
     async def stop(self) -> None:
+        """Gone as a broker process that stops is: every connection drops at once (amqtt's
+        shutdown alone leaves established ones open), retained messages and sessions go."""
         if self._broker is not None:
-            await self._broker.shutdown()
-            self._broker = None
+            b, self._broker = self._broker, None
+            for server in b._servers.values():  # the listener first: nobody gets back in
+                await server.close_instance()  # (amqtt 0.12, pinned: a private table)
+            for w in list(b.writers):
+                with contextlib.suppress(Exception):
+                    await w.close()
+            await b.shutdown()

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import logging
+import secrets as secrets_
 import shutil
 import signal
 import statistics
@@ -30,6 +32,8 @@ from oddl.sim.pynq_device import EmulatedONicDevice
 from oddl.sim.pynq_remote import RemoteBoardServer
 from oddl.sim.wss_serial import SerialWSS
 
+log = logging.getLogger(__name__)
+
 
 @dataclass
 class Emulation:
@@ -43,6 +47,11 @@ class Emulation:
     control_hop_ns: int | None = None  # one control message through the broker, measured
     passwords: dict[str, str] = field(default_factory=dict)  # this run's, per party
     drill: Drill | None = None  # the faults in force
+    control: Any = None  # sim.control.ControlEndpoint: faults while a job runs
+    token: str = field(default_factory=lambda: secrets_.token_urlsafe(24))  # the endpoint's
+    revive: Any = None  # node -> its node program started afresh (a board back)
+    external: frozenset[str] = frozenset()
+    _effects: list[asyncio.Task[None]] = field(default_factory=list)
 
     def password(self, party: str) -> str | None:
         return self.passwords.get(party)
@@ -54,7 +63,52 @@ class Emulation:
         where.chmod(0o700)
         for party, pw in self.passwords.items():
             write_private(where / party, pw)
+        write_private(where / "_control", self.token)  # "_": no party can have this name
         return where
+
+    def refusal(self, f: FaultSpec) -> str | None:
+        """Why this emulator cannot inject `f` while it runs (None: it can)."""
+        if f.kind == "broker-restart" and self.broker is None:
+            return "broker-restart: this emulator runs no broker (restart yours by hand)"
+        if f.kind == "dead-board" and f.target in self.external:
+            return f"dead-board: {f.target}'s node program runs elsewhere: stop it there"
+        if f.kind == "dac-not-ready":
+            return "dac-not-ready: the QICK DAC fault is given at start (--fault)"
+        return None
+
+    def effect(self, f: FaultSpec, on: bool) -> None:
+        """What a fault does beyond the models: a dead board's server and node program
+        go (and come back with it); the broker stops (and starts again on its port).
+        Run in order, one after the other, on the emulator's loop."""
+        if self.control is None:  # at start: `start` leaves dead boards out itself
+            return
+        if f.kind == "dead-board":
+            step = self._kill(f.target) if on else self._revive(f.target)
+        elif f.kind == "broker-restart" and self.broker is not None:
+            step = self.broker.stop() if on else self.broker.start()
+        else:
+            return
+        before = self._effects[-1] if self._effects else None
+
+        async def then() -> None:
+            if before is not None:
+                await asyncio.gather(before, return_exceptions=True)
+            try:
+                await step
+            except Exception:
+                log.exception("emulator: %s %s", "injecting" if on else "ending", f)
+
+        self._effects.append(asyncio.ensure_future(then()))
+
+    async def _kill(self, node: str) -> None:
+        prog = self.nodes.pop(node, None)
+        if prog is not None:  # at once, as with the board's power
+            await prog.crash()
+        await self.boards[node].stop()
+
+    async def _revive(self, node: str) -> None:
+        await self.boards[node].start()
+        self.nodes[node] = await self.revive(node)
 
     def endpoints(self) -> dict[str, Any]:
         return {
@@ -65,6 +119,9 @@ class Emulation:
         }
 
     async def stop(self) -> None:
+        if self.control is not None:
+            await self.control.stop()
+        await asyncio.gather(*self._effects, return_exceptions=True)
         for prog in self.nodes.values():  # before the broker they talk through
             await prog.stop()
         if self.observer is not None:
@@ -84,10 +141,11 @@ async def start(tb: Testbed, host: str = "127.0.0.1", faults: list[FaultSpec] | 
     """external: boards whose node program runs elsewhere (`oddl node` over PYNQ.remote)."""
     loop = asyncio.get_running_loop()
     grid = Grid.from_testbed(tb)
-    emu = Emulation()
+    emu = Emulation(external=frozenset(external))
     # the devices answer hand-driven probes too (acceptance checks): record, never raise
     emu.world = sim_backend.build(tb, grid, Clock(loop), checker_mode="record")
-    emu.drill = install(emu.world, Clock(loop), faults or [])
+    emu.drill = install(emu.world, Clock(loop), faults or [],
+                        lambda: sum(p.retries() for p in emu.nodes.values()), emu.effect)
     dead = {f.target for f in faults or [] if f.kind == "dead-board"}
     for node, board in emu.world.boards.items():
         server = RemoteBoardServer(EmulatedONicDevice(board), host, free_port(host))
@@ -106,14 +164,18 @@ async def start(tb: Testbed, host: str = "127.0.0.1", faults: list[FaultSpec] | 
     port = emu.broker.port if emu.broker is not None else None
     w = emu.world
     emu.control_hop_ns = await control_hop_ns(tb, port, emu.password(EMULATOR))
-    for node in grid.nodes:
-        if node in dead or node in external:
-            continue
-        emu.nodes[node] = await NodeProgram(
+
+    async def node_program(node: str) -> NodeProgram:
+        return await NodeProgram(
             tb.name, node, w.onics[node], w.lines[node],
             bus_from_config(tb.name, tb.broker, node, port, tap=w.checker.on_message,
                             password=emu.password(node)),
             w.checker, tb.monitor.heartbeat_ms / 1e3).start()
+
+    emu.revive = node_program
+    for node in grid.nodes:
+        if node not in dead and node not in external:
+            emu.nodes[node] = await node_program(node)
     if external:  # their GRANTs reach the monitor through an observer; which flows they
         # start, only they know: the monitor does not hold them to "never started"
         emu.observer = bus_from_config(tb.name, tb.broker, EMULATOR, port,
@@ -132,6 +194,9 @@ async def start(tb: Testbed, host: str = "127.0.0.1", faults: list[FaultSpec] | 
         photonics = Photonics.from_config(tb.qick.photonics,
                                           [g not in stuck for g in range(n_dacs)])
         emu.qick = await asyncio.to_thread(QickPyroServer(photonics, host, n_dacs=n_dacs).start)
+    from oddl.sim.control import ControlEndpoint
+
+    emu.control = await ControlEndpoint(tb, emu.drill, emu.token, emu.refusal).start()
     return emu
 
 
@@ -170,6 +235,9 @@ def emu_config(tb: Testbed, emu: Emulation, source: str, secrets: Path | None = 
         if secrets is not None:
             d["broker"].pop("password_env", None)
             d["broker"]["password_file"] = str(secrets.resolve() / "{user}")
+    if emu.control is not None and secrets is not None:
+        d["emulator"] = {"control": emu.control.url,
+                         "token_file": str(secrets.resolve() / "_control")}
     if emu.qick is not None:
         d["qick"]["soc"] = emu.qick.url
     for k in ("wavelengths_nm", "wavelength_grid"):
@@ -188,10 +256,9 @@ async def serve(tb: Testbed, source: str, out: Path, say: Any,
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
-    secrets = out.with_name(f".{out.name}.secrets") if emu.passwords else None
+    secrets = out.with_name(f".{out.name}.secrets")
     try:
-        if secrets is not None:
-            emu.write_secrets(secrets)
+        emu.write_secrets(secrets)
         out.write_text(tomli_w.dumps(emu_config(tb, emu, source, secrets)))
         ep = emu.endpoints()
         for n, url in ep["boards"].items():
@@ -201,6 +268,7 @@ async def serve(tb: Testbed, source: str, out: Path, say: Any,
         say(f"broker: {ep['broker'] or tb.broker.url}")
         if ep["qick"]:
             say(f"qick: {ep['qick']} (qick.pyro)")
+        say(f"control: {emu.control.url} (faults while a job runs; token in {secrets})")
         say(f"config: {out}")
         gc.collect()
         gc.freeze()  # the long-lived models and servers: never scanned again
@@ -208,6 +276,5 @@ async def serve(tb: Testbed, source: str, out: Path, say: Any,
         await stop.wait()
     finally:
         await emu.stop()
-        if secrets is not None:
-            shutil.rmtree(secrets, ignore_errors=True)
+        shutil.rmtree(secrets, ignore_errors=True)
         say("stopped")

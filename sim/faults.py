@@ -23,9 +23,9 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
+from oddl.controller.backend import Injected
 from oddl.controller.config import FAULT_KINDS, FaultSpec, Testbed, fault_issues
 from pydantic import ValidationError
 
@@ -70,26 +70,17 @@ def parse_fault(spec: str, tb: Testbed) -> FaultSpec:
     return f
 
 
-@dataclass
-class Injected:
-    """A fault as it happened: when it began (and ended), and the REQUEST retries the
-    control units made while it lasted."""
-
-    spec: FaultSpec
-    at_ns: int
-    until_ns: int | None = None
-    retries: int = 0
-
-
 class Drill:
     """Injects a scenario into a built sim world (sim.backend.World) on its clock."""
 
     def __init__(self, world: Any, clock: Any, faults: list[FaultSpec],
                  retries: Callable[[], int] = lambda: 0,
-                 on_dead: Callable[[str], None] = lambda node: None) -> None:
+                 effect: Callable[[FaultSpec, bool], None] = lambda f, on: None) -> None:
         self.world, self.clock, self.faults = world, clock, list(faults)
         self.retries = retries  # the control units' REQUEST retries so far
-        self.on_dead = on_dead  # a board died: the node program beside it is gone too
+        # what a fault does beyond the models, by whoever hosts them: a dead board's node
+        # program is gone too (sim, emulator); the broker stops (emulator)
+        self.effect = effect
         self.injected: list[Injected] = []
         self._retries0: dict[int, int] = {}
         self._armed = False
@@ -124,6 +115,8 @@ class Drill:
 
     def revert(self, f: FaultSpec) -> None:
         x = next(x for x in self.injected if x.spec is f)
+        if x.until_ns is not None:  # over already (by hand, before its duration ran out)
+            return
         x.until_ns = self.clock.now_ns()
         self._close(x)
         log.warning("drill: %s over at %.3f ms", f, x.until_ns / 1e6)
@@ -145,8 +138,6 @@ class Drill:
         if f.kind == "dead-board":
             (fabric.dead.add if on else fabric.dead.discard)(node)
             (bus.dead.add if on else bus.dead.discard)(node)
-            if on:
-                self.on_dead(node)
         elif f.kind == "dead-wss":
             fabric.wss[f.target].dead = on
         elif f.kind == "slow-tx":
@@ -167,11 +158,15 @@ class Drill:
                            if on else (0.0,)))
         elif f.kind == "broker-restart":
             bus.down = on
+        self.effect(f, on)
 
 
-def install(world: Any, clock: Any, faults: list[FaultSpec]) -> Drill:
+def install(world: Any, clock: Any, faults: list[FaultSpec],
+            retries: Callable[[], int] = lambda: 0,
+            effect: Callable[[FaultSpec, bool], None] = lambda f, on: None) -> Drill:
     """Faults present from the start (the emulator's `--fault`): injected at once."""
-    drill = Drill(world, clock, [f for f in faults if f.kind != "dac-not-ready"])
+    drill = Drill(world, clock, [f for f in faults if f.kind != "dac-not-ready"], retries,
+                  effect)
     for f in drill.faults:
         drill.inject(f)
     return drill

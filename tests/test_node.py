@@ -137,8 +137,9 @@ def test_a_board_without_its_node_program_is_named(root: Path, tmp_path: Path) -
         r = _cli("run", "experiments/table1-resnet50.toml", "--backend", "hw", "--testbed",
                  str(out), "--iterations", "1", "--out", str(tmp_path / "run"), root=root)
     assert r.returncode == 1
-    assert "no node program answered for n2" in r.stderr
-    assert "oddl node" in r.stderr  # and says what to start
+    # the watch never hears n2: dead, and the run says so, and what to start
+    assert "dead-board n2 (never heard in" in r.stderr
+    assert "is `oddl node` running beside its board?" in r.stderr
 
 
 def test_emulate_refuses_an_unknown_external_node(root: Path) -> None:

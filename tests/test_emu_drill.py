@@ -1,0 +1,125 @@
+"""Fault drills on the emulated testbed, in real time: `oddl run --backend emu` posts each
+`[[faults]]` entry to `oddl emulate`'s control endpoint while the job runs; the watch
+(heartbeats and wills over MQTT, WSS polls over serial) finds it, the job stops, is
+re-planned round it and resumes. One emulator of a 2 x 2 grid serves every drill, as one
+serves a lab's drills day after day."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import tomllib
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import tomli_w
+
+from tests.helpers import emulator, make_testbed
+
+P_MS = 100.0  # the default heartbeat period
+
+
+@pytest.fixture(scope="module")
+def emu(root: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    d = tmp_path_factory.mktemp("emu-drill")
+    tb = d / "grid2x2.toml"
+    tb.write_text(tomli_w.dumps(make_testbed(2, 2).model_dump(mode="json", exclude_none=True)))
+    out = d / "emu.toml"
+    with emulator(root, tb, out, limit_s=240):
+        yield out
+
+
+def drill(root: Path, emu: Path, tmp: Path, faults: list[dict[str, Any]],
+          recovery: str = "relay", iterations: int = 6) -> dict[str, Any]:
+    exp = tmp / "drill.toml"
+    exp.write_text(tomli_w.dumps({
+        "name": "emu-drill", "testbed": str(emu), "iterations": iterations,
+        "recovery": recovery,
+        "workload": {"model": "resnet50", "collective": "hd", "epochs": 1,
+                     "dataset_samples": 1_000_000, "batch_per_node": 64,
+                     "compute_time_ms": 5.0},
+        "networks": [{"name": "oddl", "kind": "oddl"}],
+        "faults": faults}))
+    r = subprocess.run([sys.executable, "-m", "oddl.controller.cli", "run", str(exp),
+                        "--backend", "emu", "--testbed", str(emu), "--json",
+                        "--out", str(tmp / "run")],
+                       cwd=root, capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return json.loads(r.stdout)["networks"]["oddl"]
+
+
+def only_row(oddl: dict[str, Any]) -> dict[str, Any]:
+    assert len(oddl["faults"]) == 1, oddl["faults"]
+    return oddl["faults"][0]
+
+
+def test_a_corrupting_link_is_found_by_its_crc_errors_and_routed_round(
+        root: Path, emu: Path, tmp_path: Path) -> None:
+    # found in `crc_periods` heartbeats (200 ms): the run lasts longer than that
+    oddl = drill(root, emu, tmp_path, [{"kind": "corrupt-link", "target": "n0-1/H",
+                                        "at_iteration": 2}], iterations=40)
+    assert oddl["iterations"] == 40 and oddl["invariant_violations"] == 0
+    row = only_row(oddl)
+    assert (row["kind"], row["replans"], row["recovered"]) == ("corrupt-link", 1, True)
+    assert row["detected_after_ns"] is not None  # CRC errors rising in the heartbeats
+
+
+def test_a_broker_restart_is_waited_out_and_the_job_resumes(
+        root: Path, emu: Path, tmp_path: Path) -> None:
+    oddl = drill(root, emu, tmp_path, [{"kind": "broker-restart", "target": "broker",
+                                        "at_iteration": 2, "duration_ms": 500}])
+    assert oddl["iterations"] == 6 and oddl["invariant_violations"] == 0
+    row = only_row(oddl)
+    assert (row["kind"], row["replans"], row["iterations_lost"]) == ("broker-restart", 0, 1)
+    # the controller's own connection broke: found at once; back after the broker
+    assert row["detected_after_ns"] is not None and row["detected_after_ns"] >= 0
+    assert row["recovered_after_ns"] >= 500e6
+    assert oddl["fault_time_s"] >= 0.5
+
+
+def test_the_control_endpoint_takes_only_its_token_and_checks_each_fault(
+        emu: Path) -> None:
+    cfg = tomllib.loads(emu.read_text())["emulator"]
+    assert cfg["control"].startswith("http://127.0.0.1:")
+    token = Path(cfg["token_file"]).read_text().strip()
+    with httpx.Client(base_url=cfg["control"], timeout=5) as c:
+        assert c.get("/faults").status_code == 401
+        assert c.get("/faults", headers={"authorization": "Bearer nope"}).status_code == 401
+        auth = {"authorization": f"Bearer {token}"}
+        r = c.post("/faults", headers=auth, content=b'{"kind": "dead-board", "target": "n9"}')
+        assert r.status_code == 422 and "faults[0].target: no node 'n9'" in r.json()["error"]
+        r = c.post("/faults", headers=auth, content=b'{"kind": "melt", "target": "n0-0"}')
+        assert r.status_code == 422 and r.json()["error"].startswith("kind: Input should be")
+        r = c.post("/faults", headers=auth, content=b"x" * 20_000)
+        assert r.status_code == 413
+        before = len(c.get("/faults", headers=auth).json())
+        # by hand, as an operator would: in, listed, over
+        r = c.post("/faults", headers=auth, content=json.dumps(
+            {"kind": "slow-tx", "target": "n0-0/H", "tune_ns": 500}))
+        assert r.status_code == 201, r.text
+        i = r.json()["index"]
+        assert i == before and r.json()["until_ns"] is None
+        r = c.delete(f"/faults/{i}", headers=auth)
+        assert r.status_code == 200 and r.json()["until_ns"] >= r.json()["at_ns"]
+        assert c.delete("/faults/999", headers=auth).status_code == 404
+
+
+def test_a_board_that_dies_mid_run_is_found_and_the_job_shrinks(
+        root: Path, emu: Path, tmp_path: Path) -> None:
+    """The drill ends with the run: the board is back for the next one."""
+    oddl = drill(root, emu, tmp_path, [{"kind": "dead-board", "target": "n1-1",
+                                        "at_iteration": 2}], recovery="shrink")
+    assert oddl["iterations"] == 6 and oddl["invariant_violations"] == 0
+    row = only_row(oddl)
+    assert (row["kind"], row["target"], row["recovered"]) == ("dead-board", "n1-1", True)
+    assert row["replans"] == 1 and row["iterations_lost"] == 1
+    # its program went with it: the broker published its will, or 3 periods of silence
+    assert 0 <= row["detected_after_ns"] <= 3 * P_MS * 1e6
+    assert row["recovered_after_ns"] > row["detected_after_ns"]
+    (tmp_path / "again").mkdir()
+    again = drill(root, emu, tmp_path / "again", [])
+    assert again["iterations"] == 6 and again["faults"] == []
