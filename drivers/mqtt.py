@@ -50,9 +50,10 @@ class MQTTBus:
     """REQUEST/GRANT/RELEASE over MQTT, on paho-mqtt driven by the asyncio loop directly.
 
     paho's documented external-loop API (socket callbacks, `loop_read`/`loop_write`/
-    `loop_misc`), not aiomqtt: aiomqtt spends a task and an `asyncio.wait` on every received message and a thread-safe
-    callback plus two loop turns on every publish, which doubled the request-to-grant
-    round trip (0.60 -> 0.28 ms through Mosquitto, docs/emu-run.md). Here what one loop
+    `loop_misc`), not aiomqtt: aiomqtt spends a task and an `asyncio.wait` on every
+    received message and a thread-safe callback plus two loop turns on every publish,
+    which doubled the request-to-grant round trip (0.60 -> 0.28 ms through Mosquitto,
+    docs/emu-run.md). Here what one loop
     turn publishes leaves as one TCP segment at the end of the turn, and the messages one
     socket read brings are handled in one go. A lost broker sets `lost`; the owner
     (the node program, the controller) makes its devices safe and calls `reconnect`.

@@ -123,3 +123,28 @@ def test_a_board_that_dies_mid_run_is_found_and_the_job_shrinks(
     (tmp_path / "again").mkdir()
     again = drill(root, emu, tmp_path / "again", [])
     assert again["iterations"] == 6 and again["faults"] == []
+
+
+def test_a_drill_against_a_testbed_without_an_emulator_is_refused() -> None:
+    import asyncio
+
+    from oddl.controller.backend import RunFailed
+    from oddl.controller.clock import Clock
+    from oddl.controller.config import FaultSpec
+    from oddl.drivers.drill import RemoteDrill
+
+    loop = asyncio.new_event_loop()
+    try:
+        with pytest.raises(RunFailed, match=r"a drill needs an emulated testbed .* a lab's "
+                                             r"faults are its own"):
+            RemoteDrill(None, [FaultSpec(kind="dead-board", target="n0")], Clock(loop))
+        assert RemoteDrill(None, [], Clock(loop)).injected == []  # no drill: nothing needed
+    finally:
+        loop.close()
+
+
+def test_emulate_refuses_a_broker_that_is_down_from_the_start(root: Path) -> None:
+    r = subprocess.run([sys.executable, "-m", "oddl.controller.cli", "emulate",
+                        "hw_configs/prototype-4node.toml", "--fault", "broker-restart:broker"],
+                       cwd=root, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "drill it while a job runs" in r.stderr

@@ -71,6 +71,13 @@ def test_full_program_path_is_exact_without_noise() -> None:
              *operand_pairs(40, seed=3)]
     rep = characterize(soc, soc, pairs)
     assert rep["exact"] == 1.0 and rep["no_output"] == 0
+    # Lightning's metric: only the decoder's rounding to 8 bits is left, 100 - 100 RMSE of
+    # round(a b / 255) / 255 against (a / 255) (b / 255)
+    ab = np.array(pairs, dtype=float)
+    rounding = np.round(ab[:, 0] * ab[:, 1] / 255) / 255 - ab[:, 0] * ab[:, 1] / 255 ** 2
+    assert rep["rmse_accuracy"] == pytest.approx(100 - 100 * np.sqrt(np.mean(rounding ** 2)),
+                                                 abs=1e-4)
+    assert 99.8 < rep["rmse_accuracy"] < 100
 
 
 def test_the_board_plays_what_the_program_asked_for() -> None:

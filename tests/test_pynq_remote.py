@@ -84,7 +84,8 @@ def test_remote_refused_start_is_reported(emu: Emulator) -> None:
     deadline = time.monotonic() + 5
     while not drv.tx_status("H")["tuned"]:  # the emulator runs in real time: wait for lock
         assert time.monotonic() < deadline
-    drv.start_transfer("H", 1, 100_000_000, 1)  # 8 ms on the wire at 100 Gb/s
+    drv.start_transfer("H", 1, 4_000_000_000, 1)  # 320 ms on the wire at 100 Gb/s: still
+    # busy when the next write lands, however loaded the machine running the emulator
     with pytest.raises(DeviceRefused, match="transfer refused"):
         drv.start_transfer("H", 1, 100, 2)  # busy: the board refuses, the driver says so
 
