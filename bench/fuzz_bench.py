@@ -34,8 +34,8 @@ def main() -> None:
     (tmp / "tb.toml").write_bytes(F.TESTBED)
     exp_seed = F.EXPERIMENT.replace(b"../hw_configs/prototype-4node.toml", b"tb.toml")
     ctl_seed = F.CORPUS[2][:600]
-    job_seed = (b'{"v":2,"job":"j","collective":"hd","size":10,"rows":1,"cols":2,"degree":0,'
-                b'"ranks":["a","b"],"nodes":["a","b"],"iterations":1,"compute_ns":0,'
+    job_seed = (b'{"v":4,"job":"j","collective":"hd","size":10,"rows":1,"cols":2,"degree":0,'
+                b'"bidirectional":false,"ranks":["a","b"],"nodes":["a","b"],"iterations":1,"compute_ns":0,'
                 b'"nic_sync":false,"timing":[1,1,1,1,1,1,1],"routes":{}}')
     # (name, share of n, input generator, target)
     plan = [

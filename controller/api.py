@@ -126,6 +126,6 @@ def network_run(ctx: LoadedExperiment, network: str, backend: str = "sim",
     w, tb = ctx.experiment.workload, ctx.testbed
     sched = build(spec.collective or w.collective, tb.n_nodes,
                   model_spec(w.model).grad_bytes(w.bytes_per_param), tb.grid.rows,
-                  tb.grid.cols, spec.degree)
+                  tb.grid.cols, spec.degree, spec.bidirectional)
     return NetworkRun(ctx, spec, Grid.from_testbed(tb), sched, backend, checker_mode)
 

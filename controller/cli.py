@@ -103,6 +103,13 @@ def plan(testbed: Path, job: Path | None, strategy: str | None, as_json: bool) -
         click.echo(p.to_json())
     else:
         click.echo("\n".join(p.summary_lines()))
+        if strat == "totientperms":  # what the jumps cost a flow inside each WSS's group
+            from oddl.controller.jumps import JumpSet, totient_jumps
+
+            sizes = sorted({len(grid.groups[(t.axis, t.index)].members) for t in p.wss})
+            w = len(tb.optical.wavelengths())
+            click.echo("\ntotientperms, per WSS group: " + "; ".join(
+                str(JumpSet.of(n, totient_jumps(n, w))) for n in sizes))
         click.echo(f"\nvalid: no collisions, {len(p.demand)} pairs routable "
                    f"(planned in {dt:.2f} s)")
 
@@ -596,42 +603,80 @@ def _parse_params(params: tuple[str, ...]) -> dict[str, int]:
     return out
 
 
-def _load_program(file: Path, params: tuple[str, ...]):  # type: ignore[no-untyped-def]
-    from oddl.fpga.countaction import CountActionError, parse
+def _board_params(testbed: Path) -> dict[str, int]:
+    """What the target board knows of itself: num_DACs, its QICK board's generators."""
+    from oddl.controller.registry import open_soc
+
+    tb = load_testbed(testbed)
+    if tb.qick is None:
+        raise click.BadParameter(f"{testbed}: no [qick] board to take num_DACs from; give "
+                                 "--param num_DACs=N", param_hint="--testbed")
+    _soc, soccfg = open_soc(tb.qick.soc, tb.qick.photonics)
+    return {"num_DACs": len(soccfg["gens"])}
+
+
+def _load_program(file: Path, params: tuple[str, ...], testbed: Path | None = None,
+                  free: bool = False):  # type: ignore[no-untyped-def]
+    """(program, free parameters): the board's values where the program uses them, then
+    --param's over them; free parameters are an error unless `free`."""
+    from oddl.fpga.countaction import CountActionError, parse, parse_template
 
     try:
-        return parse(file.read_text(), _parse_params(params), str(file))
+        text, given = file.read_text(), _parse_params(params)
+        if testbed is not None:  # bind what the program leaves free, from the board
+            _prog, unbound = parse_template(text, given, str(file))
+            board = _board_params(testbed)
+            given = {**{k: board[k] for k in unbound if k in board}, **given}
+        if free:
+            return parse_template(text, given, str(file))
+        return parse(text, given, str(file)), []
     except OSError as e:
         click.echo(f"error: {file}: {e.strerror}", err=True)
         sys.exit(2)
     except CountActionError as e:
         click.echo(f"error: {e}", err=True)
         sys.exit(2)
+    except ConfigError as e:
+        _config_fail(e)
+        sys.exit(2)
+
+
+PARAM_HELP = "NAME=VALUE for a program parameter"
+TESTBED_HELP = "bind num_DACs from this testbed's QICK board (its generator count)"
 
 
 @countaction.command("check")
 @click.argument("file", type=click.Path(path_type=Path))
-@click.option("--param", "params", multiple=True, help="NAME=VALUE for a program parameter")
+@click.option("--param", "params", multiple=True, help=PARAM_HELP)
 def ca_check(file: Path, params: tuple[str, ...]) -> None:
-    """Parse and check a program; errors give file:line:column."""
-    prog = _load_program(file, params)
-    click.echo(f"OK {file}: {len(prog.modules)} modules "
-               f"({', '.join(m.name for m in prog.modules)})")
+    """Parse and check a program, listing the parameters it leaves free; errors give
+    file:line:column."""
+    prog, free = _load_program(file, params, free=True)
+    bound = ", ".join(f"{k} = {v}" for k, v in prog.params.items())
+    n = len(prog.modules)
+    click.echo(f"OK {file}: {n} module{'' if n == 1 else 's'} "
+               f"({', '.join(m.name for m in prog.modules)})"
+               + (f"; bound: {bound}" if bound else "")
+               + (f"; free parameters: {', '.join(free)}" if free else ""))
 
 
 @countaction.command("compile")
 @click.argument("file", type=click.Path(path_type=Path))
-@click.option("--param", "params", multiple=True, help="NAME=VALUE for a program parameter")
+@click.option("--param", "params", multiple=True, help=PARAM_HELP)
+@click.option("--testbed", type=click.Path(path_type=Path), default=None, help=TESTBED_HELP)
 @click.option("--json", "as_json", is_flag=True, help="the image as JSON (default: a table)")
-def ca_compile(file: Path, params: tuple[str, ...], as_json: bool) -> None:
+def ca_compile(file: Path, params: tuple[str, ...], testbed: Path | None,
+               as_json: bool) -> None:
     """Compile to the register image of the O-NIC count-action engine."""
     from oddl.fpga import regmap as R
     from oddl.fpga.countaction import compile_program, image_writes
 
-    img = compile_program(_load_program(file, params))
+    img = compile_program(_load_program(file, params, testbed)[0])
     if as_json:
         click.echo(json.dumps(img, indent=1))
         return
+    if img["params"]:
+        click.echo("# " + ", ".join(f"{k} = {v}" for k, v in img["params"].items()))
     for off, val in image_writes(img):
         click.echo(f"0x{off:04X} {R.BY_OFFSET[off].name:<14} 0x{val:08X}")
 

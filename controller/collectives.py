@@ -137,11 +137,12 @@ def totient_rings(n: int, size: int, jumps: list[int]) -> Schedule:
     return sched
 
 
-def build(kind: str, n: int, size: int, rows: int, cols: int, degree: int = 4) -> Schedule:
+def build(kind: str, n: int, size: int, rows: int, cols: int, degree: int = 4,
+          bidirectional: bool = False) -> Schedule:
     if kind == "ring":
         return ring(n, size)
     if kind == "totientrings":
-        return totient_rings(n, size, totient_jumps(n, degree))
+        return totient_rings(n, size, totient_jumps(n, degree, bidirectional=bidirectional))
     if kind == "hd":
         return halving_doubling(n, size)
     if kind == "hier2d":

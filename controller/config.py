@@ -527,9 +527,19 @@ class NetworkSpec(_Model):
     wavelengths: int = Field(default=64, ge=1, description="sipring: channels per fibre")
     degree: int = Field(default=4, ge=1, description="sipring: transceivers per node; "
                                                      "topoopt: ports per node")
+    bidirectional: bool = Field(
+        default=False, description="topoopt and totientrings: TotientPerms' bidirectional "
+                                   "mode, degree / 2 jumps each with its reverse")
     reconfig_ns: float = Field(default=25_000.0, ge=0, description="sipring: MRR retuning")
     link_gbps: float | None = Field(default=None, gt=0,
                                     description="topoopt: per port (default: the line rate)")
+
+    @model_validator(mode="after")
+    def _bidirectional_pairs(self) -> NetworkSpec:
+        if self.bidirectional and self.degree < 2:
+            raise ValueError("bidirectional TotientPerms spends two ports per jump: give "
+                             "degree >= 2")
+        return self
 
 
 FAULT_KINDS = ("dead-board", "dead-wss", "slow-tx", "wss-route", "corrupt-link",

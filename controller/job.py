@@ -35,7 +35,7 @@ from oddl.controller.messages import Flow
 from oddl.controller.plan import Plan, Route
 from oddl.controller.workloads import CollectiveEngine
 
-JOB_VERSION = 3
+JOB_VERSION = 4
 
 
 # what decoding a job-topic payload may raise: msgspec's own errors, and (found by
@@ -65,6 +65,7 @@ class JobSpec(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     rows: Annotated[int, msgspec.Meta(ge=1, le=MAX_NODES)]
     cols: Annotated[int, msgspec.Meta(ge=1, le=MAX_NODES)]
     degree: Annotated[int, msgspec.Meta(ge=0, le=MAX_NODES)]
+    bidirectional: bool
     ranks: Nodes
     nodes: Nodes
     iterations: Annotated[int, msgspec.Meta(ge=1, le=MAX_ITERATIONS)]
@@ -109,13 +110,13 @@ def wire_routes(plan: Plan) -> dict[str, dict[str, tuple[str, int, str]]]:
 
 @functools.lru_cache(maxsize=8)
 def _schedule(collective: str, n: int, size: int, rows: int, cols: int,
-              degree: int) -> Schedule:
-    return build(collective, n, size, rows, cols, degree)
+              degree: int, bidirectional: bool) -> Schedule:
+    return build(collective, n, size, rows, cols, degree, bidirectional)
 
 
 def schedule_of(spec: JobSpec) -> Schedule:
     return _schedule(spec.collective, len(spec.ranks), spec.size, spec.rows, spec.cols,
-                     spec.degree)
+                     spec.degree, spec.bidirectional)
 
 
 OnIteration = Callable[[int, int, int], None]  # iteration, t_start, t_end (the host's clock)

@@ -4,8 +4,8 @@ A WSS channel is a partial permutation of its ports (input i -> output M[i]); th
 strategies choose them:
 - cyclic: channel k is the AWG-like shift i -> i + k (needs P - 1 wavelengths);
 - matched: the permutations the job's collective actually uses, merged where they fit;
-- totientperms: TopoOpt's regular permutations, jumps k with gcd(k, P) = 1 spread
-  geometrically between 1 and P - 1, for fewer wavelengths than shifts.
+- totientperms: TopoOpt's regular permutations, jumps coprime with P chosen as TopoOpt's
+  released code does (controller/jumps.py), for fewer wavelengths than shifts.
 Routes follow shortest-path trees rooted at each destination, so every node's next hop
 toward a destination is the same whoever the source is (routes agree along a path).
 

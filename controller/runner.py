@@ -123,7 +123,8 @@ class NetworkRun:
             self.backend = registry.open_model(spec, tb, self.ranks, checker_mode)
         self.job = JobSpec(
             JOB_VERSION, job_id(exp.name, spec.name, os.getpid(), time.time_ns()),
-            self.collective, self.size, tb.grid.rows, tb.grid.cols, spec.degree, self.ranks,
+            self.collective, self.size, tb.grid.rows, tb.grid.cols, spec.degree, spec.bidirectional,
+            self.ranks,
             list(grid.nodes), 1, 0, self.nic_sync, timing_of(tb), self.routes)
         self.outcome: JobOutcome | None = None
 
@@ -230,7 +231,8 @@ class NetworkRun:
                 raise RunFailed(f"{self.spec.name}: {'; '.join(map(str, act))}: {e}") from e
             if ranks != self.ranks or coll != self.collective:
                 self.schedule = build(coll, len(ranks), self.size, self.grid.rows,
-                                      self.grid.cols, self.spec.degree)
+                                      self.grid.cols, self.spec.degree,
+                                      self.spec.bidirectional)
             self.ranks, self.collective = ranks, coll
             try:
                 self._stage1(avoid)
@@ -300,7 +302,7 @@ def _add(total: JobOutcome, part: JobOutcome) -> None:
 # counters a back end reports for its whole life, not per job (summing them would count
 # the earlier attempts twice)
 _ABSOLUTE = ("dropped", "messages_dropped", "messages_delayed", "transfers", "tunes",
-             "lost_to_faults", "count_action_fires")
+             "lost_to_faults", "count_action_fires", "diameter")
 
 
 def run_experiment(ctx: LoadedExperiment, backend: str = "sim", store: RunStore | None = None,
@@ -315,13 +317,15 @@ def run_experiment(ctx: LoadedExperiment, backend: str = "sim", store: RunStore 
     full = total_iterations(w, n)
     n_iter = iterations or exp.iterations or full
     by_name = {s.name: s for s in exp.networks}
-    built: dict[tuple[str, int], Schedule] = {}
+    built: dict[tuple[str, int, bool], Schedule] = {}
     schedules: dict[str, Schedule] = {}
     for s in exp.networks:  # each network's collective (the workload's unless it names one)
         coll = s.collective or w.collective
-        key = (coll, s.degree if coll == "totientrings" else 0)  # only TopoOpt's uses d
+        tot = coll == "totientrings"  # only TopoOpt's uses d
+        key = (coll, s.degree if tot else 0, s.bidirectional and tot)
         if key not in built:
-            built[key] = build(coll, n, size, tb.grid.rows, tb.grid.cols, s.degree)
+            built[key] = build(coll, n, size, tb.grid.rows, tb.grid.cols, s.degree,
+                               s.bidirectional)
         schedules[s.name] = built[key]
 
     if w.calibrate is not None:

@@ -8,8 +8,12 @@ the target, fire the actions.
     };
 
 A program is a list of modules; each compiles to one count-action engine slot of the
-O-NIC register map (fpga/regmap.py) and decompiles back to text. Parameters (`num_DACs`)
-come from the caller, or else from the program's `param NAME = VALUE;` default.
+O-NIC register map (fpga/regmap.py) and decompiles back to text. A name used as a value
+(`num_DACs`) is a parameter: the caller binds it (`--param`, or the target board's own
+count of DACs), or else the program's `param NAME = VALUE;` default does. One bound by
+neither is free: `parse_template` reports it, `parse` refuses it by name. The values a
+program was compiled with travel in its image, so it decompiles to text that compiles
+again unchanged. DACs are numbered from 1, as the talk numbers them.
 
 Signals (what a count sums):
     rx[P].bytes [(src = NODE)]      bytes received on port P (H or V), optionally from NODE
@@ -43,9 +47,11 @@ ANY_PORT = "any"  # rx[any]: either optical port
 SIGNAL_NAMES = {v: k for k, v in SIGNALS.items()}
 ACTIONS = {"tune": 1, "start": 2, "stream": 3, "irq": 4, "arm": 5, "reset": 6}
 ACTION_NAMES = {v: k for k, v in ACTIONS.items()}
-N_DACS = 8
+N_DACS = 8  # DAC valid/data lines into the engine, DAC[1] .. DAC[8]
 MAX_TARGET = 2**32 - 1
 MAX_RANGE = 4096
+MAX_PARAMS = 64
+PLACEHOLDER = 1  # a free parameter's value while a program is only checked: valid anywhere
 
 
 class CountActionError(Exception):
@@ -109,9 +115,11 @@ class Module:
 @dataclass
 class Program:
     modules: list[Module] = field(default_factory=list)
+    params: dict[str, int] = field(default_factory=dict)  # the values it was bound with
 
     def text(self) -> str:
-        return "\n".join(m.text() for m in self.modules)
+        head = "".join(f"param {k} = {v};\n" for k, v in self.params.items())
+        return head + "\n".join(m.text() for m in self.modules)
 
     # --- builder API --------------------------------------------------------------
     def module(self, name: str, target: int, auto_rearm: bool = False) -> ModuleBuilder:
@@ -178,6 +186,9 @@ class _Parser:
         self.i = 0
         self.params = dict(params)
         self.given = dict(params)  # the caller's values win over a program's defaults
+        self.declared: list[str] = []
+        self.used: list[str] = []  # bound parameters the program reads, in order
+        self.free: dict[str, _Tok] = {}  # unbound ones, where each is first used
         self.source = source
 
     def err(self, msg: str, t: _Tok | None = None) -> CountActionError:
@@ -224,9 +235,13 @@ class _Parser:
             if t.value in env:
                 return env[t.value]
             if t.value in self.params:
+                if t.value not in self.used:
+                    self.used.append(t.value)
                 return self.params[t.value]
-            raise self.err(f"unknown parameter {t.value!r} (give it with 'param "
-                           f"{t.value} = N;')", t)
+            if len(self.free) >= MAX_PARAMS and t.value not in self.free:
+                raise self.err(f"more than {MAX_PARAMS} parameters", t)
+            self.free.setdefault(t.value, t)
+            return PLACEHOLDER
         raise self.err(f"expected a number or parameter, got {t.value!r}", t)
 
     def program(self) -> Program:
@@ -238,10 +253,15 @@ class _Parser:
                 return prog
             if t.value == "param":
                 self.next()
-                name = self.ident("parameter name").value
+                name = self.ident("parameter name")
+                if name.value in self.declared:
+                    raise self.err(f"parameter {name.value!r} declared twice", name)
+                if len(self.declared) >= MAX_PARAMS:
+                    raise self.err(f"more than {MAX_PARAMS} parameters", name)
                 self.expect("=")
                 default = self.value({})
-                self.params[name] = self.given.get(name, default)
+                self.declared.append(name.value)
+                self.params[name.value] = self.given.get(name.value, default)
                 continue
             if t.value != "module":
                 raise self.err(f"expected 'module' or 'param', got {t.value!r}")
@@ -299,12 +319,15 @@ class _Parser:
             self.i = save
             return None
         self.next()
+        free = len(self.free)
         lo = self.value({})
         to = self.ident("'to'")
         if to.value != "to":
             raise self.err("expected 'to' in a range", to)
         hi = self.value({})
         self.expect(")")
+        if len(self.free) > free:  # a bound is free: one item, to check the item's text
+            hi = lo
         if hi < lo:
             raise self.err(f"empty range {lo} to {hi}", var)
         if hi - lo >= MAX_RANGE:  # no engine has that many sources: refuse before expanding
@@ -445,10 +468,42 @@ class _Parser:
             m.actions += self._expand(one)
 
 
+def _parse(text: str, params: dict[str, int] | None, source: str
+           ) -> tuple[Program, dict[str, _Tok]]:
+    p = _Parser(text, params or {}, source)
+    prog = p.program()
+    unknown = [k for k in p.given if k not in p.declared and k not in p.used]
+    if unknown:
+        has = ", ".join(dict.fromkeys([*p.declared, *p.used, *p.free])) or "none"
+        raise CountActionError(f"no parameter {', '.join(map(repr, unknown))} in this "
+                               f"program (its parameters: {has})", source=source)
+    check(prog, source)
+    if not p.free:
+        prog.params = {k: p.params[k] for k in dict.fromkeys([*p.declared, *p.used])}
+    return prog, p.free
+
+
+def parse_template(text: str, params: dict[str, int] | None = None,
+                   source: str = "<program>") -> tuple[Program, list[str]]:
+    """Parse and check a program that may leave parameters free: the program (each free
+    parameter at a placeholder, and then no bound values) and the free parameters' names,
+    in order of first use."""
+    prog, free = _parse(text, params, source)
+    return prog, list(free)
+
+
 def parse(text: str, params: dict[str, int] | None = None, source: str = "<program>"
           ) -> Program:
-    prog = _Parser(text, params or {}, source).program()
-    check(prog, source)
+    """A program with every parameter bound; unbound ones are an error naming them all,
+    at the first one's first use."""
+    prog, free = _parse(text, params, source)
+    if free:
+        names, t = list(free), next(iter(free.values()))
+        many = len(names) > 1
+        raise CountActionError(
+            f"unbound parameter{'s' if many else ''} {', '.join(names)}: give "
+            f"{'each' if many else 'it'} with --param NAME=VALUE or 'param NAME = VALUE;', "
+            f"or bind it from the target board (compile --testbed)", t.line, t.col, source)
     return prog
 
 
@@ -482,8 +537,8 @@ def check(prog: Program, source: str = "<program>") -> None:
                           pos=s.pos)
             if s.signal == "rx.delivered" and s.src_node is None:
                 raise bad("rx[..].delivered needs (step = S)", pos=s.pos)
-            if kind == "DAC" and not (isinstance(s.index, int) and 0 <= s.index < N_DACS):
-                raise bad(f"DAC index {s.index} out of range (0 to {N_DACS - 1})", pos=s.pos)
+            if kind == "DAC" and not (isinstance(s.index, int) and 1 <= s.index <= N_DACS):
+                raise bad(f"DAC index {s.index} out of range (1 to {N_DACS})", pos=s.pos)
             if kind == "module" and s.index not in names:
                 raise bad(f"counts module {s.index!r}, which is not defined", pos=s.pos)
             if s.src_node is not None and not 0 <= s.src_node < 0xFFFF:
@@ -496,8 +551,8 @@ def check(prog: Program, source: str = "<program>") -> None:
             if a.name == "tune" and not (a.arg is not None and 0 <= a.arg < R.N_CHANNELS):
                 raise bad(f"tune: channel {a.arg} out of range (0 to {R.N_CHANNELS - 1})",
                           pos=a.pos)
-            if a.name == "stream" and not (isinstance(a.index, int) and 0 <= a.index < N_DACS):
-                raise bad(f"stream: DAC index {a.index} out of range (0 to {N_DACS - 1})",
+            if a.name == "stream" and not (isinstance(a.index, int) and 1 <= a.index <= N_DACS):
+                raise bad(f"stream: DAC index {a.index} out of range (1 to {N_DACS})",
                           pos=a.pos)
             if a.name in ("arm", "reset") and a.index not in names:
                 raise bad(f"{a.name}: module {a.index!r} is not defined", pos=a.pos)
@@ -514,7 +569,8 @@ def _index_code(kind: str, idx: int | str, names: list[str]) -> int:
 
 
 def compile_program(prog: Program) -> dict:
-    """Register image: per module the CA register values, plus names (not in hardware)."""
+    """Register image: per module the CA register values, plus the modules' names and the
+    parameters' bound values (neither is in hardware: a board's read-back lacks them)."""
     check(prog)
     names = [m.name for m in prog.modules]
     mods = []
@@ -534,7 +590,7 @@ def compile_program(prog: Program) -> dict:
             idx = 0 if a.index is None else _index_code(kind, a.index, names)
             regs[f"ACT{j}"] = ACTIONS[a.name] | (idx << 8) | ((a.arg or 0) << 16)
         mods.append({"slot": k, "name": m.name, "registers": regs})
-    return {"design": R.DESIGN_NAME, "modules": mods}
+    return {"design": R.DESIGN_NAME, "params": dict(prog.params), "modules": mods}
 
 
 def image_writes(image: dict) -> list[tuple[int, int]]:
@@ -569,7 +625,7 @@ def _decompile(image: dict[str, Any]) -> Program:
                                f"{R.DESIGN_NAME!r}")
     mods = sorted(image["modules"], key=lambda d: d["slot"])
     names = [d.get("name") or f"mod{d['slot']}" for d in mods]
-    prog = Program()
+    prog = Program(params=_image_params(image.get("params", {})))
     for d, name in zip(mods, names, strict=True):
         regs = d["registers"]
         m = Module(name, target=regs["TARGET"], auto_rearm=bool(regs["CTRL"] & 2))
@@ -608,6 +664,16 @@ def _decompile(image: dict[str, Any]) -> Program:
         prog.modules.append(m)
     check(prog)
     return prog
+
+
+def _image_params(params: Any) -> dict[str, int]:
+    if not isinstance(params, dict) or len(params) > MAX_PARAMS:
+        raise CountActionError(f"image params: an object of at most {MAX_PARAMS} names")
+    for k, v in params.items():
+        if not (re.fullmatch(r"[A-Za-z_][A-Za-z_0-9]{0,63}", k) and type(v) is int
+                and 0 <= v <= MAX_TARGET):
+            raise CountActionError(f"image params: {k!r} = {v!r} is not NAME = 0..{MAX_TARGET}")
+    return dict(params)
 
 
 # --- built-in programs --------------------------------------------------------------------

@@ -281,7 +281,7 @@ class ModelBackend:
                                self.tb.optical.line_rate_gbps, runner.deliver)
         runner.on_network(switch.submit)
         await run_in_process(runner, self.loop, on_iteration, lambda: 0, record_flows)
-        return JobOutcome(0, runner.engine.flows, {"transfers": switch.flows},
+        return JobOutcome(0, runner.engine.flows, {"transfers": switch.flows, **switch.describe()},
                           list(self.monitor.violations))
 
     def close(self) -> None:

@@ -29,5 +29,5 @@ def build_network(spec: Any, clock: Clock, ranks: list[str], line_rate_gbps: flo
         from oddl.sim.topoopt import TopoOpt
 
         return TopoOpt(clock, ranks, line_rate_gbps, spec.latency_ns, deliver, spec.degree,
-                       spec.link_gbps)
+                       spec.link_gbps, spec.bidirectional)
     raise ValueError(f"no flow-level model for network kind {spec.kind!r}")

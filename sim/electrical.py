@@ -135,6 +135,10 @@ class FlowNetwork:
         self._dirty: list[_Active] = []
         self._whole = False  # the last solve found one big component
 
+    def describe(self) -> dict[str, int | float]:
+        """What a run reports about the topology beside its timings (none by default)."""
+        return {}
+
     def submit(self, flow: Flow) -> None:
         now = self.clock.now_ns()
         links = self.path(flow)

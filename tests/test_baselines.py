@@ -1,13 +1,10 @@
-"""Baselines against closed forms where they are uncongested, and TopoOpt's routing
-against brute force."""
+"""Baselines against closed forms where they are uncongested (TopoOpt's jumps and routes:
+test_jumps.py)."""
 
 from __future__ import annotations
 
-import itertools
-from collections import deque
 from typing import Any
 
-import pytest
 from oddl.controller.clock import Clock
 from oddl.controller.collectives import check_balanced, halving_doubling, ring, totient_rings
 from oddl.controller.config import NetworkSpec
@@ -15,7 +12,6 @@ from oddl.controller.jumps import totient_jumps
 from oddl.controller.workloads import CollectiveEngine
 from oddl.sim.baselines import build_network
 from oddl.sim.clock import VirtualClockLoop
-from oddl.sim.topoopt import jump_routes
 
 RATE = 100.0  # Gb/s: 1 byte = 0.08 ns
 LAT = 1000
@@ -122,40 +118,3 @@ def test_topoopt_totient_rings_use_every_link() -> None:
     assert one == RING and t < one / 3
 
 
-def brute_distances(n: int, jumps: list[int]) -> list[list[int]]:
-    adj = {u: [(u + j) % n for j in jumps] for u in range(n)}
-    out = []
-    for s in range(n):
-        d = [-1] * n
-        d[s] = 0
-        q = deque([s])
-        while q:
-            u = q.popleft()
-            for v in adj[u]:
-                if d[v] < 0:
-                    d[v] = d[u] + 1
-                    q.append(v)
-        out.append(d)
-    return out
-
-
-@pytest.mark.parametrize("n,d", list(itertools.product([5, 8, 12, 16, 21, 30], [1, 2, 3, 4])))
-def test_totientperms_routes_match_brute_force(n: int, d: int) -> None:
-    jumps = totient_jumps(n, d)
-    routes = jump_routes(n, jumps)
-    dist = brute_distances(n, jumps)
-    for off in range(n):  # every route reaches its offset, in the fewest hops
-        assert sum(routes[off]) % n == off
-        assert all(dist[s][(s + off) % n] == len(routes[off]) for s in range(n))
-    diameter = max(max(row) for row in dist)
-    avg = sum(sum(row) for row in dist) / (n * (n - 1))
-    assert max(len(r) for r in routes) == diameter
-    assert sum(len(r) for r in routes) / (n - 1) == pytest.approx(avg)
-
-
-def test_totientperms_paper_example_and_diameter_bound() -> None:
-    assert totient_jumps(12, 4) == [1, 5, 7, 11]
-    assert max(len(r) for r in jump_routes(12, [1, 5, 7, 11])) == 3  # e.g. 3 = 1 + 1 + 1
-    # diameter O(d n^(1/d)): at 1024 nodes and d = 4, a handful of hops, not hundreds
-    routes = jump_routes(1024, totient_jumps(1024, 4))
-    assert max(len(r) for r in routes) <= 4 * round(1024 ** 0.25) + 4

@@ -19,6 +19,7 @@ from oddl.fpga.countaction import (
     compile_program,
     decompile,
     parse,
+    parse_template,
     streamer,
 )
 
@@ -45,7 +46,7 @@ BAD = [
     ("module x { counts: { sum rx[H].bytes } targets: { 1 } actions: { jump } };", 1, 66,
      "unknown action 'jump'"),
     ("module x { counts: { sum DAC[i].valid (i = 1 to n) } targets: { 1 } actions: { irq } };",
-     1, 49, "unknown parameter 'n'"),
+     1, 49, "unbound parameter n: give it with --param NAME=VALUE"),
     ("module x { counts: { sum rx[H].bytes } targets: { 1 } actions: { irq } }", 1, 73,
      "expected ';'"),
     ("module x { counts: { sum rx[H].bytes } actions: { irq } };", 1, 1, "lacks targets"),
@@ -91,7 +92,7 @@ def programs(draw: st.DrawFn) -> Program:
                 src = draw(st.none() | st.integers(0, 4000)) if kind.startswith("rx") else None
                 b.count(kind, draw(st.sampled_from(["H", "V"])), src)
             elif kind == "DAC.valid":
-                b.count(kind, draw(st.integers(0, 7)))
+                b.count(kind, draw(st.integers(1, 8)))
             else:
                 b.count(kind, draw(st.sampled_from(mods)))
         for _ in range(draw(st.integers(0, R.N_SLOTS))):
@@ -101,7 +102,7 @@ def programs(draw: st.DrawFn) -> Program:
             elif a == "start":
                 b.act(a, draw(st.sampled_from(["H", "V"])))
             elif a == "stream":
-                b.act(a, draw(st.integers(0, 7)))
+                b.act(a, draw(st.integers(1, 8)))
             elif a == "irq":
                 b.act(a)
             else:
@@ -135,7 +136,8 @@ def test_collective_step_program() -> None:
 def test_cli(tmp_path: Path, root: Path) -> None:
     f = root / "fpga" / "programs" / "synchronized_data_streamer.ca"
     r = CliRunner().invoke(main, ["countaction", "check", str(f)])
-    assert r.exit_code == 0 and "1 modules" in r.output
+    assert r.exit_code == 0 and "1 module (synchronized_data_streamer); bound: num_DACs = 2" \
+        in r.output
     r = CliRunner().invoke(main, ["countaction", "compile", str(f), "--json"])
     assert r.exit_code == 0
     img = tmp_path / "img.json"
@@ -151,6 +153,73 @@ def test_cli(tmp_path: Path, root: Path) -> None:
     r = CliRunner().invoke(main, ["countaction", "check", str(bad)])
     assert r.exit_code == 2
     assert f"error: {bad}:4:22: port 'Z' is not H or V" in r.output
+
+
+def test_talk_text_verbatim_has_a_free_parameter(root: Path) -> None:
+    """The talk's streamer pasted as printed (seeds/003, trailing spaces and all): no
+    `param` line, so num_DACs is free; checked, and refused unbound, by name."""
+    f = root / "tests" / "data" / "talk_synchronized_data_streamer.ca"
+    prog, free = parse_template(f.read_text(), source=str(f))
+    assert free == ["num_DACs"] and prog.params == {}
+    with pytest.raises(CountActionError) as ei:
+        parse(f.read_text(), source=str(f))
+    assert (ei.value.line, ei.value.col) == (4, 36)
+    assert "unbound parameter num_DACs" in str(ei.value)
+    bound = parse(f.read_text(), {"num_DACs": 3})
+    assert bound.params == {"num_DACs": 3} and bound.modules[0].target == 3
+    assert [s.index for s in bound.modules[0].counts] == [1, 2, 3]  # DACs from 1, as printed
+
+
+def test_every_unbound_parameter_is_named() -> None:
+    text = ("module x { counts: { sum DAC[i].valid (i = lo to hi) } targets: { t }\n"
+            " actions: { irq } };")
+    assert parse_template(text)[1] == ["lo", "hi", "t"]
+    with pytest.raises(CountActionError, match=r":1:44: unbound parameters lo, hi, t: give "
+                                               "each with --param"):
+        parse(text)
+    with pytest.raises(CountActionError, match=r"unbound parameter t: give it"):
+        parse(text, {"lo": 1, "hi": 2})
+    with pytest.raises(CountActionError, match=r"no parameter 'x' in this program \(its "
+                                               r"parameters: lo, hi, t\)"):
+        parse(text, {"x": 1})
+
+
+def test_bound_values_travel_in_the_image() -> None:
+    prog = parse("param n = 2;\nmodule s { counts: { sum DAC[i].valid (i = 1 to n) }\n"
+                 " targets: { n } actions: { irq } };", {"n": 4})
+    img = compile_program(prog)
+    assert img["params"] == {"n": 4}
+    text = decompile(json.loads(json.dumps(img))).text()
+    assert text.startswith("param n = 4;\n")
+    assert compile_program(parse(text)) == img  # round trip, no params given
+    for bad in ({"n": -1}, {"1n": 2}, {"n": True}, [1], {f"p{i}": 1 for i in range(65)}):
+        with pytest.raises(CountActionError, match="image params"):
+            decompile({**img, "params": bad})
+
+
+def test_cli_binds_free_parameters(tmp_path: Path, root: Path) -> None:
+    f = str(root / "tests" / "data" / "talk_synchronized_data_streamer.ca")
+    run = CliRunner().invoke
+    r = run(main, ["countaction", "check", f])
+    assert r.exit_code == 0 and "free parameters: num_DACs" in r.output, r.output
+    r = run(main, ["countaction", "compile", f])
+    assert r.exit_code == 2 and "4:36: unbound parameter num_DACs" in r.output
+    r = run(main, ["countaction", "compile", f, "--param", "num_DACs=3"])
+    assert r.exit_code == 0 and "0x400C CA0_TARGET     0x00000003" in r.output
+    # from the target board: the emulated QICK board of the testbed has two generators
+    qick = str(root / "hw_configs" / "prototype-4node-qick.toml")
+    r = run(main, ["countaction", "compile", f, "--testbed", qick, "--json"])
+    assert r.exit_code == 0, r.output
+    img = json.loads(r.output)
+    assert img["params"] == {"num_DACs": 2} and img["modules"][0]["registers"]["TARGET"] == 2
+    (tmp_path / "img.json").write_text(r.output)
+    r = run(main, ["countaction", "decompile", str(tmp_path / "img.json")])
+    (tmp_path / "back.ca").write_text(r.output)
+    r = run(main, ["countaction", "compile", str(tmp_path / "back.ca"), "--json"])
+    assert r.exit_code == 0 and json.loads(r.output) == img
+    r = run(main, ["countaction", "compile", f, "--testbed",
+                   str(root / "hw_configs" / "prototype-4node.toml")])
+    assert r.exit_code == 2 and "no [qick] board to take num_DACs from" in r.output
 
 
 def test_regmap_doc_is_current(root: Path) -> None:

@@ -250,7 +250,7 @@ def test_a_node_program_rides_out_a_mosquitto_restart(tmp_path: Path) -> None:
                 await ctl.subscribe(results("tb"), qos=1)
                 await ctl.subscribe(health_topic("tb", "+"), qos=0)
                 await ctl.publish(run_topic("tb"), msgspec.json.encode(JobSpec(
-                    JOB_VERSION, "after", "hd", 1000, 1, 1, 4, [node], [node], 3, 1000,
+                    JOB_VERSION, "after", "hd", 1000, 1, 1, 4, False, [node], [node], 3, 1000,
                     False, Timing(11, 2, 50, 1000, 1000, 5000, 3), {})), qos=1)
                 async for m in ctl.messages:
                     if m.topic.matches(health_topic("tb", "+")):

@@ -60,7 +60,7 @@ def test_node_program_reports_a_failing_job_and_serves_the_next() -> None:
                 await c.publish(run_topic("tb"), b"not json", qos=1)
                 await c.publish(run_topic("tb"), b'{"v": 99}', qos=1)  # wrong schema
                 await c.publish(run_topic("tb"), b"[" * 100_000, qos=1)  # deep: no recursion
-                spec = JobSpec(JOB_VERSION, "j1", "no-such-collective", 1000, 1, 1, 4,
+                spec = JobSpec(JOB_VERSION, "j1", "no-such-collective", 1000, 1, 1, 4, False,
                                [node], [node], 1, 0, False, TIMING, {})
                 for job in ("j1", "j2"):
                     await c.publish(run_topic("tb"), msgspec.json.encode(
@@ -174,7 +174,7 @@ def test_a_job_whose_controller_vanishes_is_cancelled() -> None:
                 await ctl.publish(status_topic("tb", CONTROLLER), b"online", qos=1, retain=True)
                 # a long job: 100,000 iterations of 10 ms compute
                 await ctl.publish(run_topic("tb"), msgspec.json.encode(JobSpec(
-                    JOB_VERSION, "long", "hd", 1000, 1, 1, 4, [node], [node], 100_000,
+                    JOB_VERSION, "long", "hd", 1000, 1, 1, 4, False, [node], [node], 100_000,
                     10_000_000, False, TIMING, {})), qos=1)
                 async with aiomqtt.Client("127.0.0.1", broker.port, identifier=DASHBOARD,
                                           username=DASHBOARD, password=pw[DASHBOARD]) as dash:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import itertools
 import json
 from pathlib import Path
 
@@ -13,7 +12,6 @@ from hypothesis import strategies as st
 from oddl.controller.cli import main
 from oddl.controller.collectives import build
 from oddl.controller.config import load_testbed
-from oddl.controller.jumps import circulant_distances, totient_jumps
 from oddl.controller.plan import Plan, PlanError
 from oddl.controller.planner import plan_job
 from oddl.controller.topology import Grid
@@ -56,28 +54,6 @@ def test_grid_plans_valid(coll: str, strategy: str) -> None:
     g = Grid.from_testbed(tb)
     p = plan_job(tb, g, build(coll, 32, 10_000, 4, 8), strategy=strategy)
     _check_plan(p, g)
-
-
-def test_totientperms_example() -> None:
-    assert totient_jumps(12, 4) == [1, 5, 7, 11]
-    assert totient_jumps(16, 3) == [1, 3, 15]
-    assert all(__import__("math").gcd(k, 64) == 1 for k in totient_jumps(64, 6))
-
-
-def _brute_diameter(n: int, jumps: list[int]) -> int:
-    best = 0
-    for t in range(1, n):
-        for h in range(1, n):
-            if any(sum(c) % n == t for c in itertools.product(jumps, repeat=h)):
-                best = max(best, h)
-                break
-    return best
-
-
-@pytest.mark.parametrize("n,d", [(5, 2), (7, 2), (8, 2), (9, 3), (10, 2), (12, 2)])
-def test_circulant_diameter_matches_brute_force(n: int, d: int) -> None:
-    jumps = totient_jumps(n, d)
-    assert max(circulant_distances(n, jumps)) == _brute_diameter(n, jumps)
 
 
 def test_totientperms_fewer_wavelengths_routes_multihop() -> None:
