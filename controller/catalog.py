@@ -15,9 +15,9 @@ MODELS: dict[str, float] = {
     "vgg19": 143.67,
     "bert-large": 340.0,
 }
-COLLECTIVES = ("ring", "hd", "hier2d", "totientrings")
+COLLECTIVES = ("ring", "hd", "hier2d", "totientrings", "optinc")
 STRATEGIES = ("cyclic", "matched", "totientperms")
-NETWORK_KINDS = ("oddl", "electrical", "fattree", "sipring", "topoopt")
+NETWORK_KINDS = ("oddl", "electrical", "fattree", "sipring", "topoopt", "optinc")
 BACKENDS = ("sim", "emu", "hw")
 
 ModelName = Literal[tuple(MODELS)]  # type: ignore[valid-type]

@@ -137,6 +137,15 @@ def totient_rings(n: int, size: int, jumps: list[int]) -> Schedule:
     return sched
 
 
+def in_network(n: int, size: int) -> Schedule:
+    """OptINC's all-reduce: one step, every rank streams its whole gradient into the fabric
+    and receives the mean. The fabric is not a rank, so the step is written as a send to
+    the next rank; only a network that averages in flight (kind optinc) runs it."""
+    if n == 1:
+        return [[]]
+    return [[Step((((r + 1) % n, size),), size, "optinc")] for r in range(n)]
+
+
 def build(kind: str, n: int, size: int, rows: int, cols: int, degree: int = 4,
           bidirectional: bool = False) -> Schedule:
     if kind == "ring":
@@ -145,6 +154,8 @@ def build(kind: str, n: int, size: int, rows: int, cols: int, degree: int = 4,
         return totient_rings(n, size, totient_jumps(n, degree, bidirectional=bidirectional))
     if kind == "hd":
         return halving_doubling(n, size)
+    if kind == "optinc":
+        return in_network(n, size)
     if kind == "hier2d":
         if rows * cols != n:
             raise ValueError(f"hier2d needs the job on the whole {rows} x {cols} grid")

@@ -486,6 +486,17 @@ class Calibration(_Model):
     training_time_min: float = Field(gt=0, le=1e9, allow_inf_nan=False)
 
 
+OPTINC_ONLY = ("collective 'optinc' is OptINC's in-network averaging: it runs on kind "
+               "'optinc' only, and kind 'optinc' runs nothing else")
+
+
+def _not_optinc(v: str) -> str:
+    """A workload's (sweep's) collective is every network's default; OptINC's is its own."""
+    if v == "optinc":
+        raise ValueError(OPTINC_ONLY)
+    return v
+
+
 class Workload(_Model):
     model: ModelName
     collective: CollectiveName
@@ -499,6 +510,11 @@ class Workload(_Model):
                                           "spares and relays")
     compute_time_ms: float | None = Field(default=None, ge=0)
     calibrate: Calibration | None = None
+
+    @field_validator("collective")
+    @classmethod
+    def _collective(cls, v: str) -> str:
+        return _not_optinc(v)
 
     @model_validator(mode="after")
     def _compute(self) -> Workload:
@@ -520,7 +536,7 @@ class NetworkSpec(_Model):
         default="row-first", description="oddl: which dimension a two-hop flow takes first")
     latency_ns: float = Field(default=1000.0, ge=0,
                               description="electrical/sipring: per flow; fattree: per switch; "
-                                          "topoopt: per hop")
+                                          "topoopt: per hop; optinc: optical path per level")
     hosts_per_leaf: int = Field(default=16, ge=1, description="fattree")
     spines: int = Field(default=8, ge=1, description="fattree")
     oversubscription: float = Field(default=1.0, gt=0, description="fattree")
@@ -533,13 +549,28 @@ class NetworkSpec(_Model):
     reconfig_ns: float = Field(default=25_000.0, ge=0, description="sipring: MRR retuning")
     link_gbps: float | None = Field(default=None, gt=0,
                                     description="topoopt: per port (default: the line rate)")
+    transceivers: int = Field(default=4, ge=1, le=64,
+                              description="optinc: transceivers per server (M)")
+    ports: int = Field(default=32, ge=2, le=4096,
+                       description="optinc: servers one unit averages; more need two levels")
 
     @model_validator(mode="after")
-    def _bidirectional_pairs(self) -> NetworkSpec:
+    def _consistent(self) -> NetworkSpec:
         if self.bidirectional and self.degree < 2:
             raise ValueError("bidirectional TotientPerms spends two ports per jump: give "
                              "degree >= 2")
+        if (self.kind == "optinc") != (self.collective == "optinc"):
+            raise ValueError(OPTINC_ONLY)
         return self
+
+    @model_validator(mode="before")
+    @classmethod
+    def _optinc_averages(cls, data: Any) -> Any:
+        """OptINC's all-reduce is its own: the workload's collective does not apply."""
+        if isinstance(data, dict) and data.get("kind") == "optinc" and \
+                data.get("collective") is None:
+            return {**data, "collective": "optinc"}
+        return data
 
 
 FAULT_KINDS = ("dead-board", "dead-wss", "slow-tx", "wss-route", "corrupt-link",

@@ -12,7 +12,8 @@ from oddl.sim.electrical import ElectricalSwitch, FlowNetwork
 
 def build_network(spec: Any, clock: Clock, ranks: list[str], line_rate_gbps: float,
                   deliver: Callable[[Flow], None]) -> FlowNetwork:
-    """A flow-level network for a NetworkSpec of kind electrical/fattree/sipring/topoopt."""
+    """A flow-level network for a NetworkSpec of kind electrical/fattree/sipring/topoopt/
+    optinc."""
     if spec.kind == "electrical":
         return ElectricalSwitch(clock, ranks, line_rate_gbps, spec.latency_ns, deliver)
     if spec.kind == "fattree":
@@ -30,4 +31,9 @@ def build_network(spec: Any, clock: Clock, ranks: list[str], line_rate_gbps: flo
 
         return TopoOpt(clock, ranks, line_rate_gbps, spec.latency_ns, deliver, spec.degree,
                        spec.link_gbps, spec.bidirectional)
+    if spec.kind == "optinc":
+        from oddl.sim.optinc import OptINCNetwork
+
+        return OptINCNetwork(clock, ranks, line_rate_gbps, spec.latency_ns, deliver,
+                             spec.transceivers, spec.ports)
     raise ValueError(f"no flow-level model for network kind {spec.kind!r}")
