@@ -15,13 +15,15 @@ MODELS: dict[str, float] = {
     "vgg19": 143.67,
     "bert-large": 340.0,
 }
-COLLECTIVES = ("ring", "hd", "hier2d", "totientrings", "optinc")
+COLLECTIVES = ("ring", "hd", "hier2d", "totientrings")
+IN_NETWORK = "optinc"  # OptINC's all-reduce: a network's own, never a workload's
 STRATEGIES = ("cyclic", "matched", "totientperms")
 NETWORK_KINDS = ("oddl", "electrical", "fattree", "sipring", "topoopt", "optinc")
 BACKENDS = ("sim", "emu", "hw")
 
 ModelName = Literal[tuple(MODELS)]  # type: ignore[valid-type]
 CollectiveName = Literal[COLLECTIVES]  # type: ignore[valid-type]
+NetworkCollective = Literal[(*COLLECTIVES, IN_NETWORK)]  # type: ignore[valid-type]
 StrategyName = Literal[STRATEGIES]  # type: ignore[valid-type]
 NetworkKind = Literal[NETWORK_KINDS]  # type: ignore[valid-type]
 BackendName = Literal[BACKENDS]  # type: ignore[valid-type]

@@ -146,6 +146,19 @@ def in_network(n: int, size: int) -> Schedule:
     return [[Step((((r + 1) % n, size),), size, "optinc")] for r in range(n)]
 
 
+def optinc_levels(servers: int, ports: int) -> list[int]:
+    """OptINC's units: [N] when one unit of `ports` serves all N servers; [group size,
+    groups] for the two-level cascade of seeds/004 Fig. 5."""
+    if servers < 1 or ports < 2:
+        raise ValueError(f"{servers} servers, {ports} ports per unit")
+    if servers <= ports:
+        return [servers]
+    if servers % ports or servers // ports > ports:
+        raise ValueError(f"{servers} servers: a two-level OptINC of {ports}-port units "
+                         f"serves a multiple of {ports} up to {ports * ports}")
+    return [ports, servers // ports]
+
+
 def build(kind: str, n: int, size: int, rows: int, cols: int, degree: int = 4,
           bidirectional: bool = False) -> Schedule:
     if kind == "ring":

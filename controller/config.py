@@ -16,12 +16,15 @@ from typing import Any, Literal
 
 from oddl.controller.access import RESERVED, check_name
 from oddl.controller.catalog import (
+    IN_NETWORK,
     BackendName,
     CollectiveName,
     ModelName,
+    NetworkCollective,
     NetworkKind,
     StrategyName,
 )
+from oddl.controller.collectives import optinc_levels
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 C_NM = 299_792.458  # speed of light in nm * THz
@@ -486,17 +489,6 @@ class Calibration(_Model):
     training_time_min: float = Field(gt=0, le=1e9, allow_inf_nan=False)
 
 
-OPTINC_ONLY = ("collective 'optinc' is OptINC's in-network averaging: it runs on kind "
-               "'optinc' only, and kind 'optinc' runs nothing else")
-
-
-def _not_optinc(v: str) -> str:
-    """A workload's (sweep's) collective is every network's default; OptINC's is its own."""
-    if v == "optinc":
-        raise ValueError(OPTINC_ONLY)
-    return v
-
-
 class Workload(_Model):
     model: ModelName
     collective: CollectiveName
@@ -511,11 +503,6 @@ class Workload(_Model):
     compute_time_ms: float | None = Field(default=None, ge=0)
     calibrate: Calibration | None = None
 
-    @field_validator("collective")
-    @classmethod
-    def _collective(cls, v: str) -> str:
-        return _not_optinc(v)
-
     @model_validator(mode="after")
     def _compute(self) -> Workload:
         if (self.compute_time_ms is None) == (self.calibrate is None):
@@ -529,8 +516,9 @@ class NetworkSpec(_Model):
 
     name: str = Field(min_length=1)
     kind: NetworkKind
-    collective: CollectiveName | None = Field(
-        default=None, description="the collective this network runs (default: the workload's)")
+    collective: NetworkCollective | None = Field(
+        default=None, description="the collective this network runs (default: the workload's; "
+                                  "optinc: its own)")
     strategy: StrategyName = "matched"
     relay: Literal["row-first", "col-first"] = Field(
         default="row-first", description="oddl: which dimension a two-hop flow takes first")
@@ -559,8 +547,9 @@ class NetworkSpec(_Model):
         if self.bidirectional and self.degree < 2:
             raise ValueError("bidirectional TotientPerms spends two ports per jump: give "
                              "degree >= 2")
-        if (self.kind == "optinc") != (self.collective == "optinc"):
-            raise ValueError(OPTINC_ONLY)
+        if (self.kind == "optinc") != (self.collective == IN_NETWORK):
+            raise ValueError(f"collective {IN_NETWORK!r} is OptINC's in-network averaging: it "
+                             "runs on kind 'optinc' only, and kind 'optinc' runs nothing else")
         return self
 
     @model_validator(mode="before")
@@ -569,7 +558,7 @@ class NetworkSpec(_Model):
         """OptINC's all-reduce is its own: the workload's collective does not apply."""
         if isinstance(data, dict) and data.get("kind") == "optinc" and \
                 data.get("collective") is None:
-            return {**data, "collective": "optinc"}
+            return {**data, "collective": IN_NETWORK}
         return data
 
 
@@ -743,6 +732,12 @@ def load_experiment(path: str | Path, testbed: str | Path | None = None) -> Load
         raise ConfigError([ConfigIssue(str(path), "testbed",
                                        f"{tb_path}: {e.issues[0].reason}")]) from None
     issues = [ConfigIssue(str(path), p, r) for p, r in fault_issues(exp.faults, tb)]
+    for i, s in enumerate(exp.networks):
+        if s.kind == "optinc":
+            try:
+                optinc_levels(exp.workload.ranks or tb.n_nodes, s.ports)
+            except ValueError as e:
+                issues.append(ConfigIssue(str(path), f"networks[{i}].ports", str(e)))
     if (exp.workload.ranks or 0) > tb.n_nodes:
         issues.append(ConfigIssue(str(path), "workload.ranks", f"{exp.workload.ranks} ranks "
                                   f"but {tb.name} has {tb.n_nodes} nodes"))

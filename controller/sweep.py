@@ -25,12 +25,11 @@ from oddl.controller.config import (
     NetworkSpec,
     Testbed,
     _Model,
-    _not_optinc,
     _pydantic_issues,
     _read_toml,
     domain_issues,
 )
-from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic import Field, ValidationError, model_validator
 
 
 class Sweep(_Model):
@@ -46,11 +45,6 @@ class Sweep(_Model):
     reference: str = Field(default="oddl", description="the network the speedups are of")
     networks: list[NetworkSpec] = Field(min_length=1)
     papers: dict[str, Any] = Field(default_factory=dict, description="figures to compare")
-
-    @field_validator("collective")
-    @classmethod
-    def _collective(cls, v: str) -> str:
-        return _not_optinc(v)
 
     @model_validator(mode="after")
     def _check(self) -> Sweep:

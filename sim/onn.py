@@ -26,8 +26,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+from oddl.controller.collectives import optinc_levels as levels
 from oddl.sim.mzi import Components, Mesh, decompose
 from scipy.optimize import least_squares
+
+# A plausible chip (docs/optinc.md says where each figure comes from): 12-bit phase DACs,
+# 0.01 rad of phase jitter, couplers 0.02 rad (about 1 %) off 50:50, 0.1 dB per MZI, a
+# receiver noise of 0.1 % of full scale, and 8-bit gradients.
+CHIP = Components(dac_bits=12, phase_noise_rad=0.01, coupler_error_rad=0.02, mzi_loss_db=0.1,
+                  detector_noise=0.001, output_bits=8)
 
 
 @dataclass
@@ -154,9 +161,9 @@ class OptINC:
     """The averaging fabric for `servers` servers: one unit, or two levels when there are
     more servers than a unit has ports (groups of `ports`, at most ports^2)."""
 
-    def __init__(self, servers: int, ports: int = 32, comp: Components | None = None,
+    def __init__(self, servers: int, ports: int = 32, comp: Components = CHIP,
                  seed: int = 0, calibrate: bool = True) -> None:
-        self.servers, self.comp = servers, comp or Components()
+        self.servers, self.comp = servers, comp
         self.levels = levels(servers, ports)
         if len(self.levels) == 1:
             self.units = [AveragingUnit(servers, self.comp, seed, calibrate)]
@@ -185,15 +192,3 @@ class OptINC:
     @property
     def matrix_error(self) -> float:
         return max(u.error_after for u in [*self.units, *([self.top] if self.top else [])])
-
-
-def levels(servers: int, ports: int) -> list[int]:
-    """[N] when one unit serves all; [group size, groups] for the two-level cascade."""
-    if servers < 1 or ports < 2:
-        raise ValueError(f"{servers} servers, {ports} ports per unit")
-    if servers <= ports:
-        return [servers]
-    if servers % ports or servers // ports > ports:
-        raise ValueError(f"{servers} servers: a two-level OptINC of {ports}-port units "
-                         f"serves a multiple of {ports} up to {ports * ports}")
-    return [ports, servers // ports]

@@ -16,9 +16,9 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from oddl.controller.clock import Clock
+from oddl.controller.collectives import optinc_levels
 from oddl.controller.messages import Flow
 from oddl.sim.electrical import FlowNetwork
-from oddl.sim.onn import levels
 
 
 class OptINCNetwork(FlowNetwork):
@@ -27,7 +27,7 @@ class OptINCNetwork(FlowNetwork):
     def __init__(self, clock: Clock, nodes: list[str], line_rate_gbps: float,
                  latency_ns: float, deliver: Callable[[Flow], None], transceivers: int = 4,
                  ports: int = 32) -> None:
-        self.levels = levels(len(nodes), ports)
+        self.levels = optinc_levels(len(nodes), ports)
         cap: dict[object, float] = {}
         for n in nodes:  # each server's M transceivers, both ways
             cap[("up", n)] = cap[("down", n)] = transceivers * line_rate_gbps
