@@ -35,8 +35,8 @@ def main() -> None:
     exp_seed = F.EXPERIMENT.replace(b"../hw_configs/prototype-4node.toml", b"tb.toml")
     ctl_seed = F.CORPUS[2][:600]
     job_seed = (b'{"v":4,"job":"j","collective":"hd","size":10,"rows":1,"cols":2,"degree":0,'
-                b'"bidirectional":false,"ranks":["a","b"],"nodes":["a","b"],"iterations":1,"compute_ns":0,'
-                b'"nic_sync":false,"timing":[1,1,1,1,1,1,1],"routes":{}}')
+                b'"bidirectional":false,"ranks":["a","b"],"nodes":["a","b"],"iterations":1,'
+                b'"compute_ns":0,"nic_sync":false,"timing":[1,1,1,1,1,1,1],"routes":{}}')
     # (name, share of n, input generator, target)
     plan = [
         ("control message", 0.35, lambda: F.mutate(ctl_seed, rng, 8), F.control_message),

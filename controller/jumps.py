@@ -91,8 +91,12 @@ class JumpSet:
     mean_hops: float  # over all ordered pairs of distinct nodes
 
     @classmethod
-    def of(cls, n: int, jumps: list[int]) -> JumpSet:
-        hops = [len(r) for r in jump_routes(n, jumps)] if n > 1 else [0]
+    def of(cls, n: int, jumps: list[int],
+           routes: list[tuple[int, ...]] | None = None) -> JumpSet:
+        """`routes`: jump_routes(n, jumps), where the caller has them already."""
+        if routes is None:
+            routes = jump_routes(n, jumps) if n > 1 else [()]
+        hops = [len(r) for r in routes]
         return cls(n, tuple(jumps), max(hops), sum(hops) / max(1, n - 1))
 
     def __str__(self) -> str:

@@ -26,7 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-from oddl.controller.collectives import optinc_levels as levels
+from oddl.controller.collectives import optinc_levels
 from oddl.sim.mzi import Components, Mesh, decompose
 from scipy.optimize import least_squares
 
@@ -164,7 +164,7 @@ class OptINC:
     def __init__(self, servers: int, ports: int = 32, comp: Components = CHIP,
                  seed: int = 0, calibrate: bool = True) -> None:
         self.servers, self.comp = servers, comp
-        self.levels = levels(servers, ports)
+        self.levels = optinc_levels(servers, ports)
         if len(self.levels) == 1:
             self.units = [AveragingUnit(servers, self.comp, seed, calibrate)]
             self.top: AveragingUnit | None = None

@@ -30,7 +30,7 @@ class TopoOpt(FlowNetwork):
         self.pos = {n: i for i, n in enumerate(nodes)}
         self.jumps = totient_jumps(self.n, degree, bidirectional=bidirectional)
         self.routes = jump_routes(self.n, self.jumps) if self.n > 1 else [()]
-        self.topology = JumpSet.of(self.n, self.jumps)
+        self.topology = JumpSet.of(self.n, self.jumps, self.routes)
         self.link_gbps = link_gbps or line_rate_gbps
         cap: dict[object, float] = {(i, j): self.link_gbps for i in range(self.n)
                                     for j in self.jumps}
