@@ -19,6 +19,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+import msgspec
+from oddl.controller.control_unit import Timing
+from oddl.controller.job import JOB_VERSION, JobSpec
+
 from tests import fuzz_targets as F
 
 HANG_S = 10.0
@@ -34,9 +38,10 @@ def main() -> None:
     (tmp / "tb.toml").write_bytes(F.TESTBED)
     exp_seed = F.EXPERIMENT.replace(b"../hw_configs/prototype-4node.toml", b"tb.toml")
     ctl_seed = F.CORPUS[2][:600]
-    job_seed = (b'{"v":4,"job":"j","collective":"hd","size":10,"rows":1,"cols":2,"degree":0,'
-                b'"bidirectional":false,"ranks":["a","b"],"nodes":["a","b"],"iterations":1,'
-                b'"compute_ns":0,"nic_sync":false,"timing":[1,1,1,1,1,1,1],"routes":{}}')
+    # a job the nodes accept, encoded as the controller does: a seed that cannot go stale
+    job_seed = msgspec.json.encode(JobSpec(
+        JOB_VERSION, "j", "hd", 10, 1, 2, 0, False, ["a", "b"], ["a", "b"], 1, 0, False,
+        Timing(1, 1, 1, 1, 1, 1, 1), {}))
     # (name, share of n, input generator, target)
     plan = [
         ("control message", 0.35, lambda: F.mutate(ctl_seed, rng, 8), F.control_message),
