@@ -68,7 +68,10 @@ def check(file: Path) -> None:
 @click.option("--strategy", type=click.Choice(STRATEGIES),
               default=None, help="override the experiment's strategy")
 @click.option("--json", "as_json", is_flag=True, help="print the plan as JSON")
-def plan(testbed: Path, job: Path | None, strategy: str | None, as_json: bool) -> None:
+@click.option("--plot", type=click.Path(path_type=Path), default=None,
+              help="PNG: each WSS table as a heat map (input x wavelength -> output)")
+def plan(testbed: Path, job: Path | None, strategy: str | None, as_json: bool,
+         plot: Path | None) -> None:
     """Stage 1: print the plan (placement, WSS tables, routes), validated."""
     from oddl.controller.collectives import build
     from oddl.controller.plan import PlanError
@@ -100,6 +103,11 @@ def plan(testbed: Path, job: Path | None, strategy: str | None, as_json: bool) -
         click.echo(f"error: {e}", err=True)
         sys.exit(1)
     dt = time.perf_counter() - t0
+    if plot is not None:
+        from oddl.controller.figures import plan_figure, save
+
+        save(plan_figure(p), plot)
+        click.echo(f"wrote {plot}", err=True)
     if as_json:
         click.echo(p.to_json())
     else:
@@ -128,12 +136,13 @@ def plan(testbed: Path, job: Path | None, strategy: str | None, as_json: bool) -
 def run(experiment: Path, backend: str, out: Path | None, iterations: int | None,
         testbed: Path | None, as_json: bool) -> None:
     """Run an experiment: every network on the same workload, results in a run directory."""
+    from oddl.controller.figures import iteration_parts, paper_rows, run_figure, save
     from oddl.controller.plan import PlanError
     from oddl.controller.results import (
         RunDirTaken,
         RunStore,
         make_run_dir,
-        plot_run,
+        read_store,
         write_manifest,
     )
     from oddl.controller.runner import RunFailed, run_experiment
@@ -209,8 +218,11 @@ def run(experiment: Path, backend: str, out: Path | None, iterations: int | None
                "stats": {n: r.stats for n, r in res.networks.items()},
                "violations": res.violations[:50], "reference": ctx.experiment.reference}
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
-    plot_run(run_dir, run_dir / "results.sqlite", f"{ctx.experiment.name} ({backend})",
-             {n: r.training_time_s / 60 for n, r in res.networks.items()})
+    training_min = {n: r.training_time_s / 60 for n, r in res.networks.items()}
+    paper = paper_rows(ctx.experiment.reference, training_min, res.ratio)
+    save(run_figure(f"{ctx.experiment.name} ({backend})",
+                    iteration_parts(read_store(run_dir / "results.sqlite"), training_min),
+                    paper), run_dir / "plot.png")
     if as_json:
         click.echo(json.dumps(res.to_json_obj()))
     else:
@@ -242,9 +254,15 @@ def run(experiment: Path, backend: str, out: Path | None, iterations: int | None
                            str(f["replans"]), str(f["iterations_lost"]),
                            str(f["flows_retried"]))
             console.print(ft)
-        ref = ctx.experiment.reference
-        if ref:
-            console.print(f"reference: {ref}")
+        if paper:
+            pt = Table(title=f"beside the paper: {ctx.experiment.reference.get('paper', '')}")
+            for col in ("figure", "ours", "paper", "difference"):
+                pt.add_column(col, justify="left" if col == "figure" else "right")
+            for p in paper:
+                ours = "-" if p.ours is None else f"{p.ours:.{3 if p.unit else 5}f}"
+                pt.add_row(p.what, f"{ours} {p.unit}".strip(), f"{p.paper:g} {p.unit}".strip(),
+                           p.difference)
+            console.print(pt)
         console.print(res.calibration)
         if res.iterations < res.total_iterations:
             console.print(f"simulated {res.iterations} of {res.total_iterations} iterations; "
@@ -487,12 +505,15 @@ def sweep(sweep_file: Path, jobs: int, cluster: str | None, out: Path | None) ->
                   "-" if x["plan_ms"] is None else f"{x['plan_ms']:.1f}", f"{x['wall_s']:.1f}")
     console.print(r)
     t = Table(title=f"{sw.reference} speedup over each network (iteration time)")
-    for col in ("model", "nodes", "Gb/s", "over", "speedup", "comm only"):
+    marks = sw.paper_marks()
+    for col in ("model", "nodes", "Gb/s", "over", "speedup", "comm only", "paper"):
         t.add_column(col, justify="right" if col not in ("model", "over") else "left")
     for s in speedups(sw, rows):
+        v, upto = marks.get(s["over"], (None, False))
         t.add_row(s["model"], str(s["nodes"]), f"{s['line_rate_gbps']:g}", s["over"],
                   f"{s['speedup']:.3f}x",
-                  f"{s['comm_speedup']:.3f}x" if s["comm_speedup"] else "-")
+                  f"{s['comm_speedup']:.3f}x" if s["comm_speedup"] else "-",
+                  "-" if v is None else f"{'up to ' if upto else ''}{v:g}x")
     console.print(t)
     bad = sum(r["invariant_violations"] for r in rows)
     click.echo(f"{len(rows)} points in {time.perf_counter() - t0:.1f} s wall; "

@@ -1,4 +1,5 @@
-"""Run directories: manifest, a crash-safe results store, the summary and a plot.
+"""Run directories: manifest, a crash-safe results store and the summary (its plot:
+controller/figures.py).
 
 The store is SQLite in WAL mode with one commit per iteration: a run killed at any moment
 leaves every completed iteration (and its flows) readable; the iteration being simulated
@@ -169,39 +170,3 @@ def write_manifest(run_dir: Path, files: dict[str, Path], info: dict[str, Any]) 
         **info,
     }
     (run_dir / "manifest.json").write_text(json.dumps(manifest, indent=1))
-
-
-def plot_run(run_dir: Path, store_path: Path, title: str,
-             training_min: dict[str, float] | None = None) -> Path:
-    """Communication time per iteration, and training time per network."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    data = read_store(store_path)
-    fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 4))
-    names, totals = [], []
-    for name, d in data.items():
-        its = d["iterations"]
-        if not its:
-            continue
-        xs = [r[0] for r in its]
-        a1.plot(xs, [r[4] / 1e6 for r in its], label=name, lw=1)
-        names.append(name)
-        totals.append((training_min or {}).get(name, sum(r[2] - r[1] for r in its) / 60e9))
-    a1.set_xlabel("iteration")
-    a1.set_ylabel("communication time (ms)")
-    a1.legend()
-    a1.set_title("all-reduce time per iteration")
-    a2.bar(names, totals, color=["tab:blue", "tab:orange", "tab:green", "tab:red"][: len(names)])
-    for i, v in enumerate(totals):
-        a2.text(i, v, f"{v:.2f}", ha="center", va="bottom")
-    a2.set_ylabel("training time (min)")
-    a2.set_title("training time")
-    fig.suptitle(title)
-    fig.tight_layout()
-    out = run_dir / "plot.png"
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
-    return out

@@ -23,6 +23,7 @@ from oddl.controller.backend import Iteration, JobOutcome, JobStopped, RunFailed
 from oddl.controller.clock import Clock
 from oddl.controller.collectives import Schedule, build
 from oddl.controller.config import LoadedExperiment, NetworkSpec
+from oddl.controller.figures import wire_ns
 from oddl.controller.health import Watch
 from oddl.controller.invariants import InvariantChecker
 from oddl.controller.job import JOB_VERSION, JobSpec, job_id, timing_of, wire_routes
@@ -352,7 +353,9 @@ def run_experiment(ctx: LoadedExperiment, backend: str = "sim", store: RunStore 
     for spec in exp.networks:
         run = NetworkRun(ctx, spec, grid, schedules[spec.name], backend, checker_mode)
         if store is not None:
-            meta: dict[str, Any] = {"spec": spec.model_dump(), "compute_ns": compute_ns}
+            rate = spec.link_gbps or tb.optical.line_rate_gbps
+            meta: dict[str, Any] = {"spec": spec.model_dump(), "compute_ns": compute_ns,
+                                    "wire_ns": wire_ns(schedules[spec.name], rate)}
             if run.plan is not None:
                 meta["plan_summary"] = run.plan.summary_lines(max_wss=2, max_nodes=4)
             store.begin_network(spec.name, spec.kind, meta)

@@ -44,7 +44,9 @@ class Sweep(_Model):
         default_factory=dict, description="per model; absent = 0 (communication only)")
     reference: str = Field(default="oddl", description="the network the speedups are of")
     networks: list[NetworkSpec] = Field(min_length=1)
-    papers: dict[str, Any] = Field(default_factory=dict, description="figures to compare")
+    papers: dict[str, Any] = Field(
+        default_factory=dict, description="the papers' figures; `<reference>_over_<network>` "
+        "(or `..._max`, an 'up to') is drawn on the speedup plots and printed beside ours")
 
     @model_validator(mode="after")
     def _check(self) -> Sweep:
@@ -60,7 +62,20 @@ class Sweep(_Model):
         for m in self.compute_time_ms:
             if m not in MODELS:
                 raise ValueError(f"compute_time_ms: unknown model {m!r}")
+        for k, v in self.papers.items():
+            if k.startswith(f"{self.reference}_over_"):
+                over = k.removeprefix(f"{self.reference}_over_").removesuffix("_max")
+                if over not in names:
+                    raise ValueError(f"papers.{k}: no network {over!r} (networks: {names})")
+                if isinstance(v, bool) or not isinstance(v, int | float) or v <= 0:
+                    raise ValueError(f"papers.{k}: a speedup, a number > 0 (got {v!r})")
         return self
+
+    def paper_marks(self) -> dict[str, tuple[float, bool]]:
+        """over -> (the paper's speedup of the reference over it, whether it is an 'up to')."""
+        pre = f"{self.reference}_over_"
+        return {k.removeprefix(pre).removesuffix("_max"): (float(v), k.endswith("_max"))
+                for k, v in self.papers.items() if k.startswith(pre)}
 
 
 def load_sweep(path: str | Path) -> tuple[Sweep, Path]:
@@ -259,6 +274,41 @@ def _plots(sw: Sweep, sp: list[dict[str, Any]], out: Path) -> list[Path]:
     import matplotlib.pyplot as plt
 
     files = []
+    marks = sw.paper_marks()
+    colour = {over: f"C{i}" for i, over in enumerate(sorted({s["over"] for s in sp}))}
+
+    def mark(ax: Any, over: str) -> None:
+        if over in marks:
+            v, upto = marks[over]
+            ax.axhline(v, color=colour[over], ls="--", lw=1,
+                       label=f"paper: {'up to ' if upto else ''}{v:g}x over {over}")
+
+    if sp and all(len({s[k] for s in sp}) < 2 for k in ("nodes", "line_rate_gbps")):
+        # one point per model: bars, the papers' figures as marks on them
+        fig, axes = plt.subplots(1, len(sw.models), figsize=(5 * len(sw.models), 3.8),
+                                 squeeze=False)
+        for ax, m in zip(axes[0], sw.models, strict=True):
+            pts = sorted((s["over"], s["speedup"]) for s in sp if s["model"] == m)
+            bars = ax.bar([o for o, _ in pts], [v for _, v in pts],
+                          color=[colour[o] for o, _ in pts])
+            ax.bar_label(bars, fmt="%.2fx", fontsize=8)
+            for i, (o, _) in enumerate(pts):
+                if o in marks:
+                    v, upto = marks[o]
+                    ax.plot([i - 0.4, i + 0.4], [v, v], color="black", lw=2,
+                            label="paper" if i == min(j for j, (p, _) in enumerate(pts)
+                                                     if p in marks) else None)
+                    ax.text(i + 0.42, v, f"{'≤' if upto else ''}{v:g}x", va="center",
+                            fontsize=8)
+            ax.axhline(1.0, color="grey", lw=0.8)
+            ax.set_ylabel(f"{sw.reference} speedup (iteration time)")
+            ax.set_title(f"{m}, {sp[0]['nodes']} nodes, {sp[0]['line_rate_gbps']:g} Gb/s")
+            if any(o in marks for o, _ in pts):
+                ax.legend(fontsize=8)
+        fig.tight_layout()
+        fig.savefig(out / "speedups.png", dpi=110)
+        plt.close(fig)
+        files.append(out / "speedups.png")
     for axis, other, fname in (("nodes", "line_rate_gbps", "speedup_vs_nodes.png"),
                                ("line_rate_gbps", "nodes", "speedup_vs_rate.png")):
         xs = sorted({s[axis] for s in sp})
@@ -272,7 +322,9 @@ def _plots(sw: Sweep, sp: list[dict[str, Any]], out: Path) -> list[Path]:
                 pts = sorted((s[axis], s["speedup"]) for s in sp
                              if s["model"] == m and s["over"] == over and s[other] == fixed)
                 if pts:
-                    ax.plot(*zip(*pts, strict=True), marker="o", label=f"over {over}")
+                    ax.plot(*zip(*pts, strict=True), marker="o", label=f"over {over}",
+                            color=colour[over])
+                    mark(ax, over)
             ax.axhline(1.0, color="grey", lw=0.8)
             ax.set_xscale("log", base=2)
             ax.set_xlabel("nodes" if axis == "nodes" else "line rate (Gb/s)")

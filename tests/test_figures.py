@@ -1,0 +1,117 @@
+"""The figures say something: an iteration taken apart, ours beside the paper's, no offset
+axes, the WSS tables as they are, the papers' marks on the sweep plots."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+from oddl.controller.cli import main
+from oddl.controller.collectives import build
+from oddl.controller.config import ConfigError
+from oddl.controller.figures import paper_rows, plan_figure, run_figure, wire_ns
+from oddl.controller.plan import Plan
+from oddl.controller.sweep import load_sweep
+
+TABLE1 = "experiments/table1-resnet50.toml"
+
+
+def test_wire_time_is_the_busiest_sender_per_step() -> None:
+    # a 4-rank ring of 4000 B: 6 steps of one 1000 B chunk each; 8000 bits at 100 Gb/s = 80 ns
+    assert wire_ns(build("ring", 4, 4000, 1, 4), 100.0) == 6 * 80
+    # HD on 4 ranks: 2000 then 1000 B (halving), 1000 then 2000 B (doubling)
+    assert wire_ns(build("hd", 4, 4000, 1, 4), 100.0) == (2000 + 1000 + 1000 + 2000) * 8 // 100
+
+
+def test_paper_rows_pair_each_figure_with_ours() -> None:
+    ref = {"paper": "Li et al., ODDL, Table 1", "oddl_min": 97.8, "electrical_min": 97.3,
+           "ratio": 1.005}
+    rows = paper_rows(ref, {"oddl": 97.31, "electrical": 97.3}, 97.31 / 97.3)
+    by = {r.what: r for r in rows}
+    assert set(by) == {"oddl training time", "electrical training time",
+                       "ratio oddl / electrical"}
+    assert by["oddl training time"].paper == 97.8
+    assert by["oddl training time"].difference == f"{(97.31 - 97.8) / 97.8 * 100:+.2f}%"
+    assert by["electrical training time"].difference == "+0.00%"
+
+
+def test_run_figure_has_no_offset_axes_and_the_papers_bars() -> None:
+    """Reproducer: the left panel showed two flat lines on an axis labelled `+1.227e1`."""
+    nets = {"oddl": {"compute_ms": 220.87, "communication_ms": 12.2727,
+                     "control_ms": 0.0082, "training_min": 97.301},
+            "electrical": {"compute_ms": 220.87, "communication_ms": 12.2727,
+                           "control_ms": 0.004, "training_min": 97.3}}
+    paper = paper_rows({"oddl_min": 97.8, "electrical_min": 97.3}, {}, None)
+    fig = run_figure("t", nets, paper)
+    fig.canvas.draw()
+    for ax in fig.axes:
+        for axis in (ax.xaxis, ax.yaxis):
+            assert axis.get_major_formatter().get_offset() == "", ax.get_title()
+    bars = fig.axes[2].containers
+    assert [round(b.get_height(), 3) for b in bars[0]] == [97.301, 97.3]  # ours
+    assert [b.get_height() for b in bars[1]] == [97.8, 97.3]  # the paper's
+    # the all-reduce panel: communication and control stacked, per network
+    _, ctl = fig.axes[1].containers
+    assert [round(b.get_width(), 6) for b in ctl] == [0.0082, 0.004]
+
+
+def test_run_prints_the_reference_as_a_table_and_splits_the_iteration(
+        root: Path, tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    r = CliRunner().invoke(main, ["run", str(root / TABLE1), "--iterations", "3",
+                                  "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    assert "{'paper'" not in r.output and "beside the paper" in r.output
+    line = next(x for x in r.output.splitlines() if "oddl training time" in x)
+    assert "97.8 min" in line and "%" in line
+    meta = json.loads((out / "summary.json").read_text())
+    assert meta["reference"]["oddl_min"] == 97.8
+    assert (out / "plot.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_plan_plot_draws_each_table_cell(root: Path, tmp_path: Path) -> None:
+    png = tmp_path / "plan.png"
+    r = CliRunner().invoke(main, ["plan", str(root / "hw_configs/prototype-4node.toml"),
+                                  "--json", "--plot", str(png)])
+    assert r.exit_code == 0, r.output
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    plan = Plan.from_dict(json.loads(r.stdout))
+    fig = plan_figure(plan)
+    for ax, t in zip(fig.axes, plan.wss, strict=False):
+        img = ax.get_images()[0].get_array()
+        for i, row in enumerate(t.table):
+            for c, o in enumerate(row):
+                assert (img.mask[i, c] if o is None else img[i, c] == o)
+
+
+def test_sweep_papers_are_marks_and_name_real_networks(root: Path, tmp_path: Path) -> None:
+    sw, _ = load_sweep(root / "experiments/topoopt-vs-fattree.toml")
+    assert sw.paper_marks() == {"fattree-1to1": (3.4, True)}
+    sw, _ = load_sweep(root / "experiments/jocn-1024-vgg19.toml")
+    assert sw.paper_marks() == {"fattree-3to1": (1.6, False), "sipring": (1.7, False)}
+    bad = tmp_path / "bad.toml"
+    bad.write_text((root / "experiments/jocn-1024-vgg19.toml").read_text()
+                   .replace('testbed = "../', f'testbed = "{root}/')
+                   .replace("oddl_over_fattree-3to1 =", "oddl_over_nosuch ="))
+    with pytest.raises(ConfigError, match=r"papers\.oddl_over_nosuch: no network 'nosuch'"):
+        load_sweep(bad)
+
+
+def test_a_one_point_sweep_draws_bars_with_the_papers_marks(root: Path,
+                                                            tmp_path: Path) -> None:
+    f = tmp_path / "s.toml"
+    f.write_text(f'name = "t"\ntestbed = "{root}/hw_configs/grid-1024.toml"\n'
+                 'models = ["resnet50"]\nnodes = [4]\nline_rates_gbps = [100]\n'
+                 '[papers]\noddl_over_fattree = 1.6\n'
+                 '[[networks]]\nname = "oddl"\nkind = "oddl"\n'
+                 '[[networks]]\nname = "fattree"\nkind = "fattree"\nhosts_per_leaf = 2\n'
+                 'spines = 1\noversubscription = 2\n')
+    out = tmp_path / "out"
+    r = CliRunner().invoke(main, ["sweep", str(f), "--out", str(out)], terminal_width=200)
+    assert r.exit_code == 0, r.output
+    assert (out / "speedups.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    row = next(x for x in r.output.splitlines() if "fattree" in x and "x" in x
+               and "resnet50" in x and "1.6x" in x)
+    assert row.rstrip(" │").endswith("1.6x")
