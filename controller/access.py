@@ -39,6 +39,8 @@ RESERVED = (CONTROLLER, EMULATOR, DASHBOARD)
 # node ids, testbed names and parties become topic levels and usernames: no MQTT wildcards,
 # no level separators, nothing a shell or a file name would trip on
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+# msgspec's `pattern` searches (re.search): anchored, or "n/0" would pass as "n"
+NAME_PATTERN = f"^{NAME.pattern}$"
 NAME_RULE = "1-64 letters, digits, '_', '.', '-', starting with a letter or digit"
 
 

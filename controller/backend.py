@@ -18,6 +18,7 @@ from oddl.controller.devices import ONic, WSSDevice
 from oddl.controller.health import Health
 from oddl.controller.invariants import InvariantChecker
 from oddl.controller.job import JobSpec
+from oddl.controller.trace import TraceRow
 
 FlowRow = tuple[int, int, str, str, int, int, int, int]  # id, step, src, dst, B, hops, t0, t1
 
@@ -49,6 +50,7 @@ class Iteration:
     t_end: int
     control_messages: int  # during this iteration
     flows: list[FlowRow] = field(default_factory=list)  # when the back end records them
+    trace: list[TraceRow] = field(default_factory=list)  # while the job traces (trace.py)
 
 
 @dataclass
@@ -57,6 +59,7 @@ class JobOutcome:
     flows: int
     stats: dict[str, Any]
     violations: list[str]
+    trace: list[TraceRow] = field(default_factory=list)  # recorded after the last iteration
 
 
 OnIteration = Callable[[Iteration], None]

@@ -133,8 +133,13 @@ def plan(testbed: Path, job: Path | None, strategy: str | None, as_json: bool,
 @click.option("--testbed", type=click.Path(path_type=Path), default=None,
               help="use this testbed instead of the experiment's")
 @click.option("--json", "as_json", is_flag=True, help="stdout: exactly one JSON object")
+@click.option("--trace", "trace_file", type=click.Path(path_type=Path), default=None,
+              help="write a timeline of stage 2 (Chrome trace-event JSON; Perfetto opens it)")
+@click.option("--trace-iterations", type=click.IntRange(1, 1000), default=2, show_default=True,
+              help="how many iterations, from the first, --trace records")
 def run(experiment: Path, backend: str, out: Path | None, iterations: int | None,
-        testbed: Path | None, as_json: bool) -> None:
+        testbed: Path | None, as_json: bool, trace_file: Path | None,
+        trace_iterations: int) -> None:
     """Run an experiment: every network on the same workload, results in a run directory."""
     from oddl.controller.figures import iteration_parts, paper_rows, run_figure, save
     from oddl.controller.plan import PlanError
@@ -145,7 +150,7 @@ def run(experiment: Path, backend: str, out: Path | None, iterations: int | None
         read_store,
         write_manifest,
     )
-    from oddl.controller.runner import RunFailed, run_experiment
+    from oddl.controller.runner import RunFailed, Timeline, run_experiment
 
     try:
         ctx = load_experiment(experiment, testbed)
@@ -167,6 +172,7 @@ def run(experiment: Path, backend: str, out: Path | None, iterations: int | None
                     disable=not err.is_terminal and as_json)
     tasks: dict[str, int] = {}
     last = [0.0]
+    timeline = Timeline(trace_iterations) if trace_file is not None else None
 
     def progress(name: str, done: int, total: int) -> None:
         if name not in tasks:
@@ -192,7 +198,8 @@ def run(experiment: Path, backend: str, out: Path | None, iterations: int | None
             elif backend == "hw":
                 stack.enter_context(TestbedLock(ctx.testbed.name, f"oddl run {experiment}"))
             with prog:
-                res = run_experiment(ctx, backend, store, iterations, progress)
+                res = run_experiment(ctx, backend, store, iterations, progress,
+                                     trace=timeline)
     except TestbedBusy as e:
         store.close()
         click.echo(f"error: {e}", err=True)
@@ -212,6 +219,10 @@ def run(experiment: Path, backend: str, out: Path | None, iterations: int | None
         sys.exit(1)
     store.close()
     res.run_dir = str(run_dir)
+    if timeline is not None and trace_file is not None:
+        timeline.chrome.write(trace_file)
+        err.print(f"trace: {trace_file} ({len(timeline.chrome.events())} events; "
+                  f"open it in https://ui.perfetto.dev or chrome://tracing)")
     summary = {**res.to_json_obj(), "compute_ns": res.compute_ns,
                "calibration": res.calibration, "iterations_simulated": res.iterations,
                "iterations_total": res.total_iterations,

@@ -25,6 +25,11 @@ from oddl.controller.clock import Clock
 from oddl.controller.devices import Bus, ONic
 from oddl.controller.messages import ControlMessage, Flow, Grant, Release, Request, Wait
 from oddl.controller.plan import Route
+from oddl.controller.trace import REQUESTING as T_REQUESTING
+from oddl.controller.trace import SENDING as T_SENDING
+from oddl.controller.trace import TUNING as T_TUNING
+from oddl.controller.trace import WAITING as T_WAITING
+from oddl.controller.trace import Tracer, TraceRow
 from oddl.controller.wire import worth_logging
 
 log = logging.getLogger(__name__)
@@ -33,6 +38,7 @@ IDLE, REQUESTING, SENDING = "idle", "requesting", "sending"
 _DONE_MEMORY = 4096  # delivered (flow, hop) keys remembered per receiver for deduplication
 MAX_QUEUED = 4096  # REQUESTs waiting at one receiver port (a group is at most 4096 nodes)
 MAX_QUEUED_PER_SENDER = 4  # one flow per transmitter at a time, and stale repeats
+_KIND = {Request: "REQUEST", Grant: "GRANT", Release: "RELEASE", Wait: "WAIT"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,7 +62,8 @@ class FlowFailed(RuntimeError):
 
 
 class _Tx:
-    __slots__ = ("channel", "current", "port", "queue", "retries", "route", "state", "timer")
+    __slots__ = ("channel", "current", "port", "queue", "retries", "route", "shown", "since",
+                 "state", "timer")
 
     def __init__(self, port: str) -> None:
         self.port = port
@@ -67,6 +74,8 @@ class _Tx:
         self.route: Route | None = None
         self.retries = 0
         self.timer = None
+        self.shown: str | None = None  # the state a trace draws, and since when
+        self.since = 0
 
 
 class _Rx:
@@ -101,12 +110,33 @@ class ControlUnit:
         self.tx = {p: _Tx(p) for p in onic.ports}
         self.rx = {p: _Rx(p) for p in onic.ports}
         self.halted = False
+        self.trace: Tracer | None = None  # the job runner's, while a trace is recorded
         self.unexpected_rx = dict.fromkeys(onic.ports, 0)  # per receiver, for the heartbeat
         self.stats = {"requests": 0, "retries": 0, "grants": 0, "revoked": 0, "waits": 0,
                       "stale_grants": 0, "relayed": 0, "releases_overdue": 0,
                       "unexpected_rx": 0, "requests_refused": 0}
         onic.attach(self)
         bus.attach(node, self.on_message)
+
+    # --- the trace --------------------------------------------------------------------
+    def _show(self, tx: _Tx, state: str | None, at: int | None = None) -> None:
+        """The transmitter is in `state` from `at` (now): the trace gets the slice it left."""
+        tr = self.trace
+        if tr is None:
+            return
+        now = self.clock.now_ns() if at is None else at
+        if tx.shown is not None and tr.on and tx.current is not None:
+            f, r = tx.current, tx.route
+            tr.add(TraceRow("state", self.node, tx.port, tx.shown, tx.since, now, f.id, f.hop,
+                            r.next_hop if r is not None else ""))
+        tx.shown, tx.since = state, now
+
+    def _send(self, dst: str, m: ControlMessage) -> None:
+        tr = self.trace
+        if tr is not None and tr.on:
+            tr.add(TraceRow("send", self.node, m.port, _KIND[type(m)], self.clock.now_ns(), 0,
+                            m.flow, m.hop, dst))
+        self.bus.send(self.node, dst, m)
 
     # --- transmit side ----------------------------------------------------------------
     def submit(self, flow: Flow) -> None:
@@ -123,23 +153,26 @@ class ControlUnit:
 
     def _next(self, tx: _Tx) -> None:
         if not tx.queue:
+            self._show(tx, None)
             tx.state = IDLE
             tx.current = None
             return
+        self._show(tx, None)
         flow = tx.queue[0]
         tx.current = flow
         tx.route = self.routes[flow.dst]
         tx.state = REQUESTING
         tx.retries = 0
+        self._show(tx, T_REQUESTING)
         self._request(tx)
 
     def _request(self, tx: _Tx) -> None:
         f, r = tx.current, tx.route
         assert f is not None and r is not None
         self.stats["requests"] += 1
-        self.bus.send(self.node, r.next_hop,
-                      Request(f.id, f.hop, self.node, r.next_hop, tx.port, r.channel, f.nbytes,
-                              f.src, f.dst, f.iteration, f.step, f.t_submit))
+        self._send(r.next_hop, Request(f.id, f.hop, self.node, r.next_hop, tx.port, r.channel,
+                                       f.nbytes, f.src, f.dst, f.iteration, f.step,
+                                       f.t_submit))
         tx.timer = self.clock.call_later_ns(self.t.request_timeout_ns, self._request_timeout,
                                             tx, f)
 
@@ -171,6 +204,9 @@ class ControlUnit:
             tx.timer.cancel()
             tx.timer = None
         tx.state = SENDING
+        self._show(tx, T_TUNING if tune else T_SENDING)
+        if tune:
+            self._show(tx, T_SENDING, now + tune)
         if tune:  # the O-NIC tunes and starts the moment the channel locks
             tx.channel = g.channel
             self.onic.tune_and_send(tx.port, g.channel, f)
@@ -183,8 +219,7 @@ class ControlUnit:
         tx = self.tx[port]
         r = tx.route
         assert r is not None
-        self.bus.send(self.node, r.next_hop, Release(flow.id, flow.hop, self.node, r.next_hop,
-                                                     port))
+        self._send(r.next_hop, Release(flow.id, flow.hop, self.node, r.next_hop, port))
         tx.queue.popleft()
         self._next(tx)
 
@@ -194,6 +229,8 @@ class ControlUnit:
         if tx is not None and f is not None and (f.id, f.hop) == (w.flow, w.hop):
             self.stats["waits"] += 1
             tx.retries = 0
+            if tx.shown != T_WAITING:
+                self._show(tx, T_WAITING)
 
     # --- receive side -----------------------------------------------------------------
     def _on_request(self, q: Request) -> None:
@@ -210,8 +247,7 @@ class ControlUnit:
         if key in rx.done:
             return
         if key in rx.queued:
-            self.bus.send(self.node, q.src, Wait(q.flow, q.hop, self.node, q.src, q.port,
-                                                 len(rx.queue)))
+            self._send(q.src, Wait(q.flow, q.hop, self.node, q.src, q.port, len(rx.queue)))
             return
         if g is None:
             self._grant(rx, q)
@@ -234,8 +270,7 @@ class ControlUnit:
         rx.released = False
         expires = self.clock.now_ns() + self.t.lease_ns
         self.stats["grants"] += 1
-        self.bus.send(self.node, q.src, Grant(q.flow, q.hop, self.node, q.src, q.port,
-                                              q.channel, expires))
+        self._send(q.src, Grant(q.flow, q.hop, self.node, q.src, q.port, q.channel, expires))
         if rx.lease_timer is not None:
             rx.lease_timer.cancel()
         rx.lease_timer = self.clock.call_at_ns(expires + self.t.propagation_ns + 1,
@@ -342,6 +377,10 @@ class ControlUnit:
     def on_message(self, m: ControlMessage) -> None:
         if self.halted:
             return
+        tr = self.trace
+        if tr is not None and tr.on:
+            tr.add(TraceRow("recv", self.node, m.port, _KIND.get(type(m), "?"),
+                            self.clock.now_ns(), 0, m.flow, m.hop, m.src))
         t = type(m)
         if t is Request:
             self._on_request(m)  # type: ignore[arg-type]

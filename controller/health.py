@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from typing import Annotated, Any
 
 import msgspec
-from oddl.controller.access import NAME
+from oddl.controller.access import NAME_PATTERN
 from oddl.controller.clock import Clock
 from oddl.controller.config import Monitor
 from oddl.controller.planner import Avoid
@@ -37,7 +37,7 @@ from oddl.controller.planner import Avoid
 log = logging.getLogger(__name__)
 
 HEARTBEAT_VERSION = 1
-_Name = Annotated[str, msgspec.Meta(pattern=NAME.pattern, max_length=64)]
+_Name = Annotated[str, msgspec.Meta(pattern=NAME_PATTERN, max_length=64)]
 _Count = Annotated[int, msgspec.Meta(ge=0, le=1 << 62)]
 _Port = Annotated[str, msgspec.Meta(pattern=r"^[HV]$")]
 

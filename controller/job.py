@@ -24,7 +24,7 @@ from collections.abc import Callable, Mapping
 from typing import Annotated, Literal
 
 import msgspec
-from oddl.controller.access import NAME
+from oddl.controller.access import NAME_PATTERN
 from oddl.controller.clock import Clock
 from oddl.controller.collectives import Schedule, build
 from oddl.controller.config import Testbed
@@ -33,9 +33,10 @@ from oddl.controller.devices import Bus, InterruptLine, ONic
 from oddl.controller.invariants import InvariantChecker
 from oddl.controller.messages import Flow
 from oddl.controller.plan import Plan, Route
+from oddl.controller.trace import MAX_ROWS, Tracer, TraceRow
 from oddl.controller.workloads import CollectiveEngine
 
-JOB_VERSION = 4
+JOB_VERSION = 5
 
 
 # what decoding a job-topic payload may raise: msgspec's own errors, and (found by
@@ -44,7 +45,7 @@ DECODE_ERRORS = (msgspec.DecodeError, msgspec.ValidationError, RecursionError,
                  UnicodeDecodeError)
 MAX_NODES = 1 << 16
 MAX_ITERATIONS = 10_000_000
-Name = Annotated[str, msgspec.Meta(pattern=NAME.pattern, max_length=64)]
+Name = Annotated[str, msgspec.Meta(pattern=NAME_PATTERN, max_length=64)]
 Count = Annotated[int, msgspec.Meta(ge=0, le=1 << 62)]
 Nodes = Annotated[list[Name], msgspec.Meta(max_length=MAX_NODES)]
 Text = Annotated[str, msgspec.Meta(max_length=4096)]
@@ -78,6 +79,9 @@ class JobSpec(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     # the first iteration to run (a job resumed after a fault goes on where it stopped);
     # it runs iterations start .. iterations - 1
     start: Annotated[int, msgspec.Meta(ge=0, le=MAX_ITERATIONS)] = 0
+    # the control units record a timeline of iterations 0 .. trace_iterations - 1
+    # (controller/trace.py); the nodes send it with their iteration events
+    trace_iterations: Annotated[int, msgspec.Meta(ge=0, le=MAX_ITERATIONS)] = 0
 
 
 class JobEvent(msgspec.Struct, omit_defaults=True, forbid_unknown_fields=True):
@@ -93,6 +97,7 @@ class JobEvent(msgspec.Struct, omit_defaults=True, forbid_unknown_fields=True):
     stats: Annotated[dict[Name, int], msgspec.Meta(max_length=64)] = {}
     # the first few the node's monitor recorded
     violations: Annotated[list[Text], msgspec.Meta(max_length=50)] = []
+    trace: Annotated[list[TraceRow], msgspec.Meta(max_length=MAX_ROWS)] = []
 
 
 def timing_of(tb: Testbed) -> Timing:
@@ -145,6 +150,7 @@ class JobRunner:
                                        monitor.flow_started if monitor is not None else None,
                                        spec.nic_sync, ranks)
         self.units: dict[str, ControlUnit] = {}
+        self.trace = Tracer() if spec.trace_iterations else None
         self._lines: list[InterruptLine] = []
         self._onics: list[ONic] = []
 
@@ -176,16 +182,23 @@ class JobRunner:
             routes = {d: Route(*r) for d, r in spec.routes.get(n, {}).items()}
             self.units[n] = ControlUnit(n, self.clock, bus, onics[n], routes, timing,
                                         self.deliver, lambda e: self.fail(e))
+            self.units[n].trace = self.trace
             lines[n].connect(onics[n].on_interrupt)
             self._lines.append(lines[n])
             self._onics.append(onics[n])
         if spec.nic_sync:
             for n in self.units:
                 if n in self.engine.rank_of:
-                    onics[n].on_module_fired = functools.partial(self.engine.module_fired, n)
+                    onics[n].on_module_fired = functools.partial(self._fired, n)
         units = self.units
         self.submit = lambda f: units[f.src].submit(f)
         return self
+
+    def _fired(self, node: str, slot: int) -> None:
+        tr = self.trace
+        if tr is not None and tr.on:
+            tr.add(TraceRow("fire", node, "", f"slot {slot}", self.clock.now_ns()))
+        self.engine.module_fired(node, slot)
 
     def on_network(self, submit: Callable[[Flow], None]) -> JobRunner:
         """A flow-level network model (the baselines): it calls `deliver` on arrival."""
@@ -193,6 +206,12 @@ class JobRunner:
         return self
 
     def begin(self, i: int) -> None:
+        tr = self.trace
+        if tr is not None:
+            if i < self.spec.trace_iterations:
+                tr.on = True
+            elif tr.on:  # the last RELEASEs of the traced ones land during this compute
+                self.clock.call_later_ns(self.spec.compute_ns, setattr, tr, "on", False)
         self.engine.start_iteration(i, self.spec.compute_ns,
                                     lambda t_end: self.on_iteration(i, self.engine.t_start,
                                                                     t_end))

@@ -46,6 +46,7 @@ from oddl.controller.job import (
     JobSpec,
     step_sync,
 )
+from oddl.controller.trace import TraceRow
 from oddl.controller.wire import worth_logging
 
 log = logging.getLogger(__name__)
@@ -313,7 +314,12 @@ class _NodeJob:
         # flows so far too: a job stopped before "done" is still counted
         flows = self.runner.engine.flows if self.runner is not None else 0
         self._publish("iteration", iteration=i, t_start=t_start, t_end=t_end,
-                      control_messages=self.sent(), stats={"flows": flows})
+                      control_messages=self.sent(), stats={"flows": flows},
+                      trace=self._trace())
+
+    def _trace(self) -> list[TraceRow]:
+        """What the control units recorded since the last report (controller/trace.py)."""
+        return self.runner.trace.drain() if self.runner and self.runner.trace else []
 
     async def run(self) -> None:
         prog, spec = self.prog, self.spec
@@ -344,7 +350,7 @@ class _NodeJob:
             await self._publish("done", control_messages=self.sent(),
                                 stats={**runner.stats(), **junk, "flows": runner.engine.flows,
                                        "violations": len(bad)},
-                                violations=bad[:MAX_VIOLATIONS_REPORTED])
+                                violations=bad[:MAX_VIOLATIONS_REPORTED], trace=self._trace())
             prog.jobs_run += 1
             log.info("node %s: job %s done (%s step sync)", prog.node, spec.job,
                      step_sync(spec))

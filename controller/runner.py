@@ -32,6 +32,7 @@ from oddl.controller.planner import NO_FAULTS, Avoid
 from oddl.controller.recovery import FaultRow, Recovery, fault_rows, replace_ranks
 from oddl.controller.results import RunStore
 from oddl.controller.topology import Grid
+from oddl.controller.trace import ChromeTrace
 from oddl.controller.workloads import model_spec, total_iterations
 from oddl.fpga.countaction import step_sync
 from oddl.fpga.regmap import N_MODULES
@@ -159,9 +160,11 @@ class NetworkRun:
         return self.backend.monitor
 
     def run(self, n_iter: int, compute_ns: int, store: RunStore | None,
-            progress: Progress | None, record_flows: bool) -> list[tuple[int, int]]:
+            progress: Progress | None, record_flows: bool,
+            trace: Timeline | None = None) -> list[tuple[int, int]]:
         """Run the job; record every iteration as it completes (a killed run keeps them);
-        stop, recover and resume round whatever faults the watch finds."""
+        stop, recover and resume round whatever faults the watch finds; the first
+        `trace.iterations` iterations' timelines go to `trace`."""
         name = self.spec.name
         times: list[tuple[int, int]] = []
 
@@ -172,6 +175,10 @@ class NetworkRun:
                                     it.control_messages, it.flows)
             if progress is not None:
                 progress(name, it.iteration + 1, n_iter)
+            if trace is not None:  # rows come late: the last RELEASEs with the next one
+                trace.chrome.rows[name] += it.trace
+                if it.iteration < trace.iterations:
+                    trace.chrome.iterations[name].append((it.iteration, it.t_start, it.t_end))
 
         b = self.backend
         total = JobOutcome(0, 0, {}, [])
@@ -186,7 +193,8 @@ class NetworkRun:
                     self.job, job=self.job.job[:120] + (f"-r{attempt}" if attempt else ""),
                     iterations=n_iter, compute_ns=compute_ns, start=len(times),
                     ranks=self.ranks, collective=self.collective, nic_sync=self.nic_sync,
-                    routes=self.routes, nodes=self._live())
+                    routes=self.routes, nodes=self._live(),
+                    trace_iterations=trace.iterations if trace is not None else 0)
                 try:
                     _add(total, b.loop.run_until_complete(b.run_job(job, on_iteration,
                                                                     record_flows)))
@@ -208,6 +216,8 @@ class NetworkRun:
                 self.watch.stop()
             b.close()
         self.outcome = total
+        if trace is not None:
+            trace.chrome.rows[name] += total.trace
         self.monitor.finish(times[-1][1] if times else 0)
         return times
 
@@ -298,6 +308,7 @@ def _add(total: JobOutcome, part: JobOutcome) -> None:
         else:
             total.stats[k] = v
     total.violations[:] = part.violations
+    total.trace += part.trace
 
 
 # counters a back end reports for its whole life, not per job (summing them would count
@@ -306,9 +317,17 @@ _ABSOLUTE = ("dropped", "messages_dropped", "messages_delayed", "transfers", "tu
              "lost_to_faults", "count_action_fires", "diameter")
 
 
+@dataclass
+class Timeline:
+    """What `oddl run --trace` asks for: the first `iterations` of every network."""
+
+    iterations: int
+    chrome: ChromeTrace = field(default_factory=ChromeTrace)
+
+
 def run_experiment(ctx: LoadedExperiment, backend: str = "sim", store: RunStore | None = None,
                    iterations: int | None = None, progress: Progress | None = None,
-                   checker_mode: str = "record") -> RunResult:
+                   checker_mode: str = "record", trace: Timeline | None = None) -> RunResult:
     t_wall = time.perf_counter()
     exp, tb = ctx.experiment, ctx.testbed
     w = exp.workload
@@ -359,7 +378,7 @@ def run_experiment(ctx: LoadedExperiment, backend: str = "sim", store: RunStore 
             if run.plan is not None:
                 meta["plan_summary"] = run.plan.summary_lines(max_wss=2, max_nodes=4)
             store.begin_network(spec.name, spec.kind, meta)
-        times = run.run(n_iter, compute_ns, store, progress, exp.flow_records == "all")
+        times = run.run(n_iter, compute_ns, store, progress, exp.flow_records == "all", trace)
         its = [b - a for a, b in times]
         # iterations are identical in length when nothing perturbs them; extrapolate only
         # when the caller asked for fewer iterations than the workload has

@@ -37,6 +37,7 @@ from oddl.controller.health import Health, Heartbeat
 from oddl.controller.invariants import InvariantChecker
 from oddl.controller.job import DECODE_ERRORS, JobEvent, JobSpec, step_sync
 from oddl.controller.topology import Grid
+from oddl.controller.trace import TraceRow
 from oddl.controller.wire import worth_logging
 from oddl.drivers.drill import RemoteDrill
 from oddl.drivers.mqtt import BusError, MQTTBus, bus_from_config
@@ -241,6 +242,7 @@ class LabBackend:
         flows: dict[str, int] = {}
         done: dict[str, JobEvent] = {}
         last_msgs = 0
+        trace: list[TraceRow] = []  # the nodes' timelines, until their iteration is recorded
         status = status_topic(tb, CONTROLLER)
         while not self._events.empty():  # a stopped job's stragglers, a lost broker's mark
             self._events.get_nowait()
@@ -298,6 +300,7 @@ class LabBackend:
                             f"{len(recorded)} of {spec.iterations - spec.start} iterations")
                     done[ev.node] = ev
                     sent[ev.node] = ev.control_messages
+                    trace += ev.trace
                 elif ev.kind == "iteration" and ev.node in spec.ranks:
                     if (ev.iteration in reports and ev.node in reports[ev.iteration]) or \
                             ev.iteration in recorded or \
@@ -307,6 +310,7 @@ class LabBackend:
                         continue
                     sent[ev.node] = ev.control_messages
                     flows[ev.node] = ev.stats.get("flows", flows.get(ev.node, 0))
+                    trace += ev.trace
                     got = reports.setdefault(ev.iteration, {})
                     got[ev.node] = ev
                     if len(got) == len(spec.ranks):
@@ -315,7 +319,8 @@ class LabBackend:
                         slow = max(got.values(), key=lambda e: e.t_end - e.t_start)
                         msgs = sum(sent.values())
                         on_iteration(Iteration(ev.iteration, slow.t_start, slow.t_end,
-                                               msgs - last_msgs))
+                                               msgs - last_msgs, trace=trace))
+                        trace = []
                         last_msgs = msgs
                         self.drill.at_iteration(ev.iteration + 1)
         finally:  # the nodes cancel the job at once (the will covers a lost broker)
@@ -323,7 +328,9 @@ class LabBackend:
             if not bus.lost.is_set():
                 with contextlib.suppress(BusError):
                     await bus.publish(status, b"offline", qos=1, retain=True)
-        return self._outcome(spec, done)
+        out = self._outcome(spec, done)
+        out.trace = trace
+        return out
 
     def _event(self, topic: str, payload: bytes, spec: JobSpec) -> JobEvent | None:
         """A result of this job's, from the node its topic names; anything else is counted,

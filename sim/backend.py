@@ -107,7 +107,8 @@ async def run_in_process(runner: JobRunner, loop: asyncio.AbstractEventLoop,
 
     def finished(i: int, t_start: int, t_end: int) -> None:
         msgs = sent()
-        on_iteration(Iteration(i, t_start, t_end, msgs - last[0], rows.copy()))
+        trace = runner.trace.drain() if runner.trace is not None else []
+        on_iteration(Iteration(i, t_start, t_end, msgs - last[0], rows.copy(), trace))
         last[0] = msgs
         rows.clear()
         if i + 1 < spec.iterations:
