@@ -14,6 +14,8 @@ Topics carry their sender, so that a broker's access rules can hold it to its na
     oddl/<tb>/job/run                JobSpec, the controller's only       (QoS 1)
     oddl/<tb>/job/result/<node>      JobEvent from <node>                 (QoS 1)
     oddl/<tb>/probe/...              round-trip probes (controller, emulator)
+    oddl/<tb>/telemetry/<node>       its ports, for watchers (telemetry.py)    (QoS 0)
+    oddl/<tb>/telemetry/oddl-ctl/<kind>  the controller's notes for watchers   (QoS 0)
 
 The same rules are written out for Mosquitto (`oddl broker-config`) and enforced by the
 embedded broker (sim/broker.py). A broker cannot know which nodes a job has: the
@@ -63,6 +65,11 @@ def health_topic(tb: str, node: str) -> str:
     return f"oddl/{tb}/health/{node}"
 
 
+def telemetry_topic(tb: str, party: str, kind: str | None = None) -> str:
+    """A node's port telemetry, or (with `kind`) one of the controller's notes."""
+    return f"oddl/{tb}/telemetry/{party}" + (f"/{kind}" if kind else "")
+
+
 def run_topic(tb: str) -> str:
     return f"oddl/{tb}/job/run"
 
@@ -94,19 +101,19 @@ def rules(tb: str, party: str, nodes: Iterable[str]) -> list[Rule]:
     if party == CONTROLLER:
         return [Rule(w, run_topic(tb)), Rule(r, results(tb)),
                 Rule(w, status_topic(tb, party)), Rule(r, status_topic(tb, "+")),
-                Rule(r, health_topic(tb, "+")),
+                Rule(r, health_topic(tb, "+")), Rule(w, telemetry_topic(tb, party, "+")),
                 Rule(r, f"oddl/{probe_ns(tb)}/#"), Rule(w, f"oddl/{probe_ns(tb)}/#")]
     if party == EMULATOR:
         return [Rule(r, f"oddl/{tb}/node/+/ctl/+"), Rule(w, status_topic(tb, party)),
                 Rule(r, f"oddl/{probe_ns(tb)}/#"), Rule(w, f"oddl/{probe_ns(tb)}/#")]
     if party == DASHBOARD:
         return [Rule(r, f"oddl/{tb}/status/+"), Rule(r, run_topic(tb)), Rule(r, results(tb)),
-                Rule(r, health_topic(tb, "+"))]
+                Rule(r, health_topic(tb, "+")), Rule(r, f"oddl/{tb}/telemetry/#")]
     if party in set(nodes):
         return [Rule(w, f"oddl/{tb}/node/+/ctl/{party}"), Rule(r, f"oddl/{tb}/node/{party}/ctl/+"),
                 Rule(w, status_topic(tb, party)), Rule(r, status_topic(tb, "+")),
                 Rule(r, run_topic(tb)), Rule(w, result_topic(tb, party)), Rule(r, results(tb)),
-                Rule(w, health_topic(tb, party))]
+                Rule(w, health_topic(tb, party)), Rule(w, telemetry_topic(tb, party))]
     return []
 
 

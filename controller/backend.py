@@ -63,6 +63,7 @@ class JobOutcome:
 
 
 OnIteration = Callable[[Iteration], None]
+Announce = Callable[[str, bytes], None]  # a note for the bus's watchers: kind, payload
 
 # what a clean run has none of: junk and forgeries refused, messages lost, flows asked for
 # again, grants that lapsed or came too late, transfers nobody granted
@@ -98,6 +99,8 @@ class Backend(Protocol):
     monitor: InvariantChecker  # the invariants this back end can watch from the controller
     health: Health | None  # the live inventory (None: a model with nothing to watch)
     injected: list[Injected]  # the drill's faults so far (sim, emu)
+    # tells the bus's watchers (controller/telemetry.py); None: nobody is told
+    announce: Announce | None
 
     async def run_job(self, spec: JobSpec, on_iteration: OnIteration,
                       record_flows: bool) -> JobOutcome: ...

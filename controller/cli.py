@@ -137,9 +137,12 @@ def plan(testbed: Path, job: Path | None, strategy: str | None, as_json: bool,
               help="write a timeline of stage 2 (Chrome trace-event JSON; Perfetto opens it)")
 @click.option("--trace-iterations", type=click.IntRange(1, 1000), default=2, show_default=True,
               help="how many iterations, from the first, --trace records")
+@click.option("--publish", is_flag=True,
+              help="sim: tell the testbed's bus (its dashboard) as the run goes; emu and hw "
+                   "runs always do")
 def run(experiment: Path, backend: str, out: Path | None, iterations: int | None,
         testbed: Path | None, as_json: bool, trace_file: Path | None,
-        trace_iterations: int) -> None:
+        trace_iterations: int, publish: bool) -> None:
     """Run an experiment: every network on the same workload, results in a run directory."""
     from oddl.controller.figures import iteration_parts, paper_rows, run_figure, save
     from oddl.controller.plan import PlanError
@@ -197,9 +200,16 @@ def run(experiment: Path, backend: str, out: Path | None, iterations: int | None
                 ctx = load_experiment(experiment, cfg)
             elif backend == "hw":
                 stack.enter_context(TestbedLock(ctx.testbed.name, f"oddl run {experiment}"))
+            announce = None
+            if publish and backend == "sim":  # emu and hw say it on their own connection
+                from oddl.controller.registry import open_announcer
+
+                announcer = open_announcer(ctx.testbed)
+                stack.callback(announcer.close)
+                announce = announcer.announce
             with prog:
                 res = run_experiment(ctx, backend, store, iterations, progress,
-                                     trace=timeline)
+                                     trace=timeline, announce=announce)
     except TestbedBusy as e:
         store.close()
         click.echo(f"error: {e}", err=True)
@@ -387,6 +397,61 @@ def node(testbed: Path, node_id: str, irq_pin: str | None) -> None:
             sys.exit(1)
         await prog.stop()
         click.echo(f"node {node_id}: stopped after {prog.jobs_run} jobs")
+
+    asyncio.run(serve())
+
+
+@main.command()
+@click.argument("testbed", type=click.Path(path_type=Path))
+@click.option("--port", type=click.IntRange(0, 65535), default=8050, show_default=True,
+              help="0: any free port (the URL is printed)")
+@click.option("--host", default="127.0.0.1", show_default=True,
+              help="listen address; anything but loopback needs --token-file")
+@click.option("--token-file", type=click.Path(path_type=Path), default=None,
+              help="a file holding the token every request must carry (?token=...)")
+def dashboard(testbed: Path, port: int, host: str, token_file: Path | None) -> None:
+    """A live web page of the testbed from its MQTT bus: ports, WSS tables, iterations,
+    health, faults, the last acceptance result (docs/dashboard.md)."""
+    import asyncio
+    import signal
+
+    from oddl.controller.dashboard import Dashboard
+    from oddl.controller.registry import open_watch
+
+    try:
+        tb = load_testbed(testbed)
+    except ConfigError as e:
+        _config_fail(e)
+        return
+    token = None
+    if token_file is not None:
+        try:
+            token = token_file.read_text().strip()
+        except OSError as e:
+            click.echo(f"error: --token-file {token_file}: {e.strerror or e}", err=True)
+            sys.exit(2)
+        if len(token) < 16:
+            click.echo(f"error: --token-file {token_file}: a token of 16 characters or more",
+                       err=True)
+            sys.exit(2)
+    try:
+        dash = Dashboard(tb, open_watch(tb), host, port, token)
+    except (ValueError, OSError) as e:
+        click.echo(f"error: {e}", err=True)
+        sys.exit(2)
+
+    async def serve() -> None:
+        task = asyncio.ensure_future(dash.serve(
+            lambda url: click.echo(f"dashboard of {tb.name}: {url}")))
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            asyncio.get_running_loop().add_signal_handler(sig, task.cancel)
+        try:
+            await task
+        except asyncio.CancelledError:
+            pass
+        except Exception as e:  # the broker or the port: say which
+            click.echo(f"error: dashboard: {e}", err=True)
+            sys.exit(1)
 
     asyncio.run(serve())
 

@@ -25,6 +25,7 @@ from oddl.controller.clock import Clock
 from oddl.controller.devices import Bus, ONic
 from oddl.controller.messages import ControlMessage, Flow, Grant, Release, Request, Wait
 from oddl.controller.plan import Route
+from oddl.controller.telemetry import PortView
 from oddl.controller.trace import REQUESTING as T_REQUESTING
 from oddl.controller.trace import SENDING as T_SENDING
 from oddl.controller.trace import TUNING as T_TUNING
@@ -120,12 +121,11 @@ class ControlUnit:
 
     # --- the trace --------------------------------------------------------------------
     def _show(self, tx: _Tx, state: str | None, at: int | None = None) -> None:
-        """The transmitter is in `state` from `at` (now): the trace gets the slice it left."""
+        """The transmitter is in `state` from `at` (now): the trace gets the slice it left
+        (and the dashboard sees the state)."""
         tr = self.trace
-        if tr is None:
-            return
         now = self.clock.now_ns() if at is None else at
-        if tx.shown is not None and tr.on and tx.current is not None:
+        if tr is not None and tx.shown is not None and tr.on and tx.current is not None:
             f, r = tx.current, tx.route
             tr.add(TraceRow("state", self.node, tx.port, tx.shown, tx.since, now, f.id, f.hop,
                             r.next_hop if r is not None else ""))
@@ -137,6 +137,25 @@ class ControlUnit:
             tr.add(TraceRow("send", self.node, m.port, _KIND[type(m)], self.clock.now_ns(), 0,
                             m.flow, m.hop, dst))
         self.bus.send(self.node, dst, m)
+
+    def ports_view(self) -> dict[str, PortView]:
+        """Each transmitter now, for the dashboard (controller/telemetry.py)."""
+        now = self.clock.now_ns()
+        out = {}
+        for p, tx in self.tx.items():
+            state = tx.shown or IDLE
+            if state == T_SENDING and now < tx.since:
+                state = T_TUNING  # the channel locks at `since`
+            f, r = tx.current, tx.route
+            out[p] = PortView(state, -1 if tx.channel is None else tx.channel,  # type: ignore[arg-type]
+                              f.id if f is not None else -1,
+                              r.next_hop if r is not None and f is not None else "",
+                              max(len(tx.queue) - 1, 0))
+        return out
+
+    def in_flight(self) -> int:
+        return (sum(tx.current is not None for tx in self.tx.values())
+                + sum(rx.granted is not None for rx in self.rx.values()))
 
     # --- transmit side ----------------------------------------------------------------
     def submit(self, flow: Flow) -> None:
@@ -204,7 +223,7 @@ class ControlUnit:
             tx.timer.cancel()
             tx.timer = None
         tx.state = SENDING
-        self._show(tx, T_TUNING if tune else T_SENDING)
+        self._show(tx, T_TUNING if tune else T_SENDING, now)
         if tune:
             self._show(tx, T_SENDING, now + tune)
         if tune:  # the O-NIC tunes and starts the moment the channel locks

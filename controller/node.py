@@ -33,6 +33,7 @@ from oddl.controller.access import (
     results,
     run_topic,
     status_topic,
+    telemetry_topic,
 )
 from oddl.controller.clock import Clock
 from oddl.controller.devices import Bus, InterruptLine, ONic
@@ -46,6 +47,7 @@ from oddl.controller.job import (
     JobSpec,
     step_sync,
 )
+from oddl.controller.telemetry import ports_note
 from oddl.controller.trace import TraceRow
 from oddl.controller.wire import worth_logging
 
@@ -184,9 +186,14 @@ class NodeProgram:
     def _send_health(self, hb: Heartbeat) -> None:
         if self.bus.lost.is_set():
             return
-        fut = asyncio.ensure_future(self.bus.publish(health_topic(self.testbed, self.node),
-                                                     msgspec.json.encode(hb), qos=0))
-        fut.add_done_callback(lambda f: f.cancelled() or f.exception())
+        job = self._job
+        note = ports_note(self.node, self.onic.ports, job.runner if job else None,
+                          self.bus.sent)
+        for topic, payload in ((health_topic(self.testbed, self.node), msgspec.json.encode(hb)),
+                               (telemetry_topic(self.testbed, self.node),
+                                msgspec.json.encode(note))):
+            fut = asyncio.ensure_future(self.bus.publish(topic, payload, qos=0))
+            fut.add_done_callback(lambda f: f.cancelled() or f.exception())
 
     def _on_controller(self, topic: str, payload: bytes) -> None:
         if payload == b"offline" and self._job is not None and not self._job.finished.done():

@@ -11,20 +11,22 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from oddl.controller.backend import Backend
+from oddl.controller.backend import Announce, Backend
 from oddl.controller.config import FaultSpec, NetworkSpec, QickPhotonics, Testbed
 from oddl.controller.node import NodeProgram
 from oddl.controller.topology import Grid
 
 
 def open_backend(name: str, tb: Testbed, grid: Grid, *, faults: list[FaultSpec] | None = None,
-                 seed: int = 0, checker_mode: str = "record") -> Backend:
+                 seed: int = 0, checker_mode: str = "record",
+                 announce: Announce | None = None) -> Backend:
     """The ODDL network's back end: `sim` (models in process), `emu` or `hw` (devices
-    through the drivers; `emu` is `oddl emulate`'s, `hw` a lab's)."""
+    through the drivers; `emu` is `oddl emulate`'s, `hw` a lab's). emu and hw tell the
+    bus's watchers on their own connection; sim through `announce` if given."""
     if name == "sim":
         from oddl.sim.backend import SimBackend
 
-        return SimBackend(tb, grid, faults, seed, checker_mode)
+        return SimBackend(tb, grid, faults, seed, checker_mode, announce)
     if name in ("emu", "hw"):
         from oddl.drivers.lab import LabBackend
 
@@ -33,12 +35,28 @@ def open_backend(name: str, tb: Testbed, grid: Grid, *, faults: list[FaultSpec] 
 
 
 def open_model(spec: NetworkSpec, tb: Testbed, ranks: list[str],
-               checker_mode: str = "record") -> Backend:
+               checker_mode: str = "record", announce: Announce | None = None) -> Backend:
     """A baseline network (electrical, fat-tree, SiP-Ring, TopoOpt): a model in every back
     end, since a lab has no such hardware beside its ODDL testbed."""
     from oddl.sim.backend import ModelBackend
 
-    return ModelBackend(spec, tb, ranks, checker_mode)
+    return ModelBackend(spec, tb, ranks, checker_mode, announce)
+
+
+def open_announcer(tb: Testbed) -> Any:
+    """`oddl run --publish` (sim): the controller's notes on the testbed's bus, from a
+    thread of their own (a virtual-time loop does no network I/O); `.announce`, `.close()`."""
+    from oddl.drivers.announce import BusAnnouncer
+
+    return BusAnnouncer(tb)
+
+
+def open_watch(tb: Testbed) -> Any:
+    """`oddl dashboard`: a read-only connection to the testbed's bus, as the dashboard."""
+    from oddl.controller.access import DASHBOARD
+    from oddl.drivers.mqtt import bus_from_config
+
+    return bus_from_config(tb.name, tb.broker, DASHBOARD, readonly=True)
 
 
 def open_board(addr: str | None, node: str, nodes: list[str]) -> Any:

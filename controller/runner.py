@@ -14,12 +14,19 @@ import os
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, Literal
 
 import msgspec
 from oddl.controller import registry
 from oddl.controller.arbiter import ApplyError, Arbiter, DeviceFailed
-from oddl.controller.backend import Iteration, JobOutcome, JobStopped, RunFailed, disturbance
+from oddl.controller.backend import (
+    Announce,
+    Iteration,
+    JobOutcome,
+    JobStopped,
+    RunFailed,
+    disturbance,
+)
 from oddl.controller.clock import Clock
 from oddl.controller.collectives import Schedule, build
 from oddl.controller.config import LoadedExperiment, NetworkSpec
@@ -31,6 +38,13 @@ from oddl.controller.plan import Plan, PlanError
 from oddl.controller.planner import NO_FAULTS, Avoid
 from oddl.controller.recovery import FaultRow, Recovery, fault_rows, replace_ranks
 from oddl.controller.results import RunStore
+from oddl.controller.telemetry import (
+    TELEMETRY_VERSION,
+    IterationNote,
+    RunNote,
+    health_note,
+    plan_note,
+)
 from oddl.controller.topology import Grid
 from oddl.controller.trace import ChromeTrace
 from oddl.controller.workloads import model_spec, total_iterations
@@ -101,7 +115,8 @@ class NetworkRun:
     round faults."""
 
     def __init__(self, ctx: LoadedExperiment, spec: NetworkSpec, grid: Grid,
-                 schedule: Schedule, backend: str, checker_mode: str) -> None:
+                 schedule: Schedule, backend: str, checker_mode: str,
+                 announce: Announce | None = None) -> None:
         tb, exp, w = ctx.testbed, ctx.experiment, ctx.experiment.workload
         self.ctx, self.spec, self.grid, self.schedule = ctx, spec, grid, schedule
         self.ranks = list(grid.nodes[: len(schedule)])
@@ -116,13 +131,14 @@ class NetworkRun:
         self.routes: dict[str, dict[str, tuple[str, int, str]]] = {}
         if spec.kind == "oddl":  # stage 1 on the testbed's devices, whichever back end
             self.backend = registry.open_backend(backend, tb, grid, faults=exp.faults,
-                                                 seed=exp.seed, checker_mode=checker_mode)
+                                                 seed=exp.seed, checker_mode=checker_mode,
+                                                 announce=announce)
             self.arbiter = Arbiter(tb, grid, self.backend.onics, self.backend.wss)
             self.arbiter.inventory()
             gc.collect()  # time the planner, not a collection of an earlier run's garbage
             self.plan_s = self._stage1(NO_FAULTS)
         else:  # a baseline: a flow-level model in every back end
-            self.backend = registry.open_model(spec, tb, self.ranks, checker_mode)
+            self.backend = registry.open_model(spec, tb, self.ranks, checker_mode, announce)
         self.job = JobSpec(
             JOB_VERSION, job_id(exp.name, spec.name, os.getpid(), time.time_ns()),
             self.collective, self.size, tb.grid.rows, tb.grid.cols, spec.degree, spec.bidirectional,
@@ -145,9 +161,21 @@ class NetworkRun:
                      for r, n in enumerate(self.ranks)} if self.nic_sync else None)
         self.arbiter.apply(self.plan, programs)
         self.routes = wire_routes(self.plan)
+        self._say("plan", plan_note(self.spec.name, self.plan))
         if self.watch is not None:
             self.watch.expected = {t.wss: t.table for t in self.plan.wss}
         return plan_s
+
+    def _say(self, kind: str, note: Any) -> None:
+        """Tell the bus's watchers (the dashboard), if the back end tells anybody."""
+        if self.backend.announce is not None:
+            self.backend.announce(kind, msgspec.json.encode(note))
+
+    def _say_health(self) -> None:
+        h = self.backend.health
+        self._said_health = (len(h.diagnoses) if h else 0, len(self.backend.injected))
+        self._say("health", health_note(self.spec.name, h.diagnoses if h else [],
+                                        self.backend.injected))
 
     def _live(self) -> list[str]:
         """The nodes a job is handed to: all but the dead (whose program cannot say
@@ -175,6 +203,12 @@ class NetworkRun:
                                     it.control_messages, it.flows)
             if progress is not None:
                 progress(name, it.iteration + 1, n_iter)
+            self._say("iteration", IterationNote(TELEMETRY_VERSION, name, it.iteration,
+                                                 (it.t_end - it.t_start) / 1e6,
+                                                 it.control_messages))
+            h = b.health
+            if (len(h.diagnoses) if h else 0, len(b.injected)) != self._said_health:
+                self._say_health()
             if trace is not None:  # rows come late: the last RELEASEs with the next one
                 trace.chrome.rows[name] += it.trace
                 if it.iteration < trace.iterations:
@@ -182,6 +216,10 @@ class NetworkRun:
 
         b = self.backend
         total = JobOutcome(0, 0, {}, [])
+        exp = self.ctx.experiment.name
+        self._say("run", RunNote(TELEMETRY_VERSION, exp, name, b.name, "started", n_iter))
+        self._said_health = (-1, -1)
+        state: Literal["finished", "failed"] = "failed"
         if b.health is not None and self.plan is not None:
             self.watch = Watch(Clock(b.loop), b.health, b.wss)
             self.watch.expected = {t.wss: t.table for t in self.plan.wss}
@@ -205,6 +243,8 @@ class NetworkRun:
                         raise RunFailed(f"{name}: stopped by faults {attempt + 1} times; "
                                         f"last: {e}") from e
                     self._recover(e, len(times), times[-1][1] if times else 0)
+                    self._say_health()
+            state = "finished"
         except RuntimeError as e:
             if "deadlock" not in str(e):
                 raise
@@ -214,6 +254,9 @@ class NetworkRun:
         finally:
             if self.watch is not None:
                 self.watch.stop()
+            self._say_health()
+            self._say("run", RunNote(TELEMETRY_VERSION, exp, name, b.name, state, n_iter,
+                                     f"{len(times)} iterations"))
             b.close()
         self.outcome = total
         if trace is not None:
@@ -327,7 +370,8 @@ class Timeline:
 
 def run_experiment(ctx: LoadedExperiment, backend: str = "sim", store: RunStore | None = None,
                    iterations: int | None = None, progress: Progress | None = None,
-                   checker_mode: str = "record", trace: Timeline | None = None) -> RunResult:
+                   checker_mode: str = "record", trace: Timeline | None = None,
+                   announce: Announce | None = None) -> RunResult:
     t_wall = time.perf_counter()
     exp, tb = ctx.experiment, ctx.testbed
     w = exp.workload
@@ -370,7 +414,8 @@ def run_experiment(ctx: LoadedExperiment, backend: str = "sim", store: RunStore 
     results: dict[str, NetworkResult] = {}
     violations: list[str] = []
     for spec in exp.networks:
-        run = NetworkRun(ctx, spec, grid, schedules[spec.name], backend, checker_mode)
+        run = NetworkRun(ctx, spec, grid, schedules[spec.name], backend, checker_mode,
+                         announce)
         if store is not None:
             rate = spec.link_gbps or tb.optical.line_rate_gbps
             meta: dict[str, Any] = {"spec": spec.model_dump(), "compute_ns": compute_ns,

@@ -20,6 +20,7 @@ connection comes back with back-off, and the next job waits up to `[monitor] gra
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import logging
 import math
@@ -29,13 +30,21 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
-from oddl.controller.access import CONTROLLER, health_topic, results, run_topic, status_topic
+from oddl.controller.access import (
+    CONTROLLER,
+    health_topic,
+    results,
+    run_topic,
+    status_topic,
+    telemetry_topic,
+)
 from oddl.controller.backend import Iteration, JobOutcome, JobStopped, OnIteration, RunFailed
 from oddl.controller.clock import Clock
 from oddl.controller.config import FaultSpec, Testbed
 from oddl.controller.health import Health, Heartbeat
 from oddl.controller.invariants import InvariantChecker
 from oddl.controller.job import DECODE_ERRORS, JobEvent, JobSpec, step_sync
+from oddl.controller.telemetry import RETAINED
 from oddl.controller.topology import Grid
 from oddl.controller.trace import TraceRow
 from oddl.controller.wire import worth_logging
@@ -110,6 +119,7 @@ class LabBackend:
         self._job: JobSpec | None = None
         self._events: asyncio.Queue[JobEvent | None] = asyncio.Queue(MAX_EVENTS)
         self._keeper: asyncio.Task[None] | None = None
+        self._notes: collections.deque[tuple[str, bytes, bool]] = collections.deque(maxlen=64)
         self._decode_event = msgspec.json.Decoder(JobEvent)
         self._decode_beat = msgspec.json.Decoder(Heartbeat)
         nodes = list(grid.nodes)
@@ -150,6 +160,9 @@ class LabBackend:
             except BusError as e:
                 raise RunFailed(str(e)) from None
             self.bus = bus
+            while self._notes:  # what was said before there was a connection (stage 1)
+                topic, payload, retain = self._notes.popleft()
+                self._publish_note(topic, payload, retain)
             self.health.start(self.clock.now_ns())
             self._keeper = asyncio.ensure_future(self._keep(bus))
         grace = self.tb.monitor.grace_ms / 1e3
@@ -160,6 +173,20 @@ class LabBackend:
                                 f"{self.tb.monitor.grace_ms:g}")
             await asyncio.sleep(self.health.tick_ns / 1e9)
         return self.bus
+
+    def announce(self, kind: str, payload: bytes) -> None:
+        """A note for the testbed's watchers (controller/telemetry.py), on our connection
+        (kept for it, the last 64, until there is one)."""
+        topic = telemetry_topic(self.tb.name, CONTROLLER, kind)
+        if self.bus is not None and self.loop.is_running() and not self.bus.lost.is_set():
+            self._publish_note(topic, payload, kind in RETAINED)
+        else:
+            self._notes.append((topic, payload, kind in RETAINED))
+
+    def _publish_note(self, topic: str, payload: bytes, retain: bool) -> None:
+        assert self.bus is not None
+        fut = asyncio.ensure_future(self.bus.publish(topic, payload, qos=0, retain=retain))
+        fut.add_done_callback(lambda f: f.cancelled() or f.exception())
 
     async def _heard_from(self, spec: JobSpec) -> None:
         """Until every node of the job beats on this connection (so it is on the broker,
@@ -381,4 +408,8 @@ class LabBackend:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._keeper
         if self.bus is not None:
+            while self._notes and not self.bus.lost.is_set():  # the run's last words
+                topic, payload, retain = self._notes.popleft()
+                with contextlib.suppress(BusError):
+                    await self.bus.publish(topic, payload, qos=0, retain=retain)
             await self.bus.close()

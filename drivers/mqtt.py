@@ -63,8 +63,11 @@ class MQTTBus:
                  user: str, password: str | None = None,
                  tls_context: ssl.SSLContext | None = None,
                  tap: Callable[[str, ControlMessage], None] | None = None,
-                 keepalive: int = 60, connect_timeout: float = 10.0) -> None:
+                 keepalive: int = 60, connect_timeout: float = 10.0,
+                 readonly: bool = False) -> None:
+        """readonly: a watcher (the dashboard) that may write nothing, not even a status."""
         self.testbed = testbed
+        self.readonly = readonly
         self.tap = tap  # an observer of every delivered message (the invariant checker)
         self.user = check_name("MQTT party", user)
         self.host, self.port = host, port
@@ -96,7 +99,8 @@ class MQTTBus:
             c.username_pw_set(user, password)
         if tls_context is not None:
             c.tls_set_context(tls_context)
-        c.will_set(self._status, b"offline", qos=QOS_STATUS, retain=True)
+        if not readonly:
+            c.will_set(self._status, b"offline", qos=QOS_STATUS, retain=True)
         c.on_socket_open = self._on_open
         c.on_socket_close = self._on_close
         c.on_connect = self._on_connect
@@ -172,7 +176,8 @@ class MQTTBus:
             self.client.subscribe(ctl_topic(self.testbed, node, "+"), qos=QOS_CTL)
         for topic_filter in self.raw:
             self.client.subscribe(topic_filter, qos=1)
-        self.client.publish(self._status, b"online", qos=QOS_STATUS, retain=True)
+        if not self.readonly:
+            self.client.publish(self._status, b"online", qos=QOS_STATUS, retain=True)
         self._flush()
         self._misc = loop.create_task(self._keepalive())
         return self
@@ -223,13 +228,15 @@ class MQTTBus:
         if self._misc is not None:
             self._misc.cancel()
         try:
-            info = self.client.publish(self._status, b"offline", qos=QOS_STATUS, retain=True)
-            self._flush()
-            deadline = time.monotonic() + timeout
-            while not info.is_published() and self._sock is not None:
-                if time.monotonic() > deadline:
-                    raise TimeoutError("no PUBACK for the status")
-                await asyncio.sleep(0.001)
+            if not self.readonly:
+                info = self.client.publish(self._status, b"offline", qos=QOS_STATUS,
+                                           retain=True)
+                self._flush()
+                deadline = time.monotonic() + timeout
+                while not info.is_published() and self._sock is not None:
+                    if time.monotonic() > deadline:
+                        raise TimeoutError("no PUBACK for the status")
+                    await asyncio.sleep(0.001)
             self.client.disconnect()
             self._flush()
         except (TimeoutError, OSError, RuntimeError) as e:
@@ -467,10 +474,11 @@ def broker_params(broker: Any, user: str, port: int | None = None) -> dict[str, 
 
 def bus_from_config(testbed: str, broker: Any, user: str, port: int | None = None,
                     tap: Callable[[str, ControlMessage], None] | None = None,
-                    password: str | None = None, keepalive: int = 60) -> MQTTBus:
+                    password: str | None = None, keepalive: int = 60,
+                    readonly: bool = False) -> MQTTBus:
     """An MQTTBus for a testbed's `[broker]`, logged in as `user` (its password from the
     config's source unless given)."""
     p = broker_params(broker, user, port)
     if password is not None:
         p["password"] = password
-    return MQTTBus(testbed, **p, user=user, tap=tap, keepalive=keepalive)
+    return MQTTBus(testbed, **p, user=user, tap=tap, keepalive=keepalive, readonly=readonly)

@@ -19,6 +19,7 @@ from typing import Any
 
 import pynq
 from oddl.controller.backend import (
+    Announce,
     FlowRow,
     Iteration,
     JobOutcome,
@@ -133,7 +134,9 @@ class SimBackend:
     name = "sim"
 
     def __init__(self, tb: Testbed, grid: Grid, faults: list[FaultSpec] | None = None,
-                 seed: int = 0, checker_mode: str = "record") -> None:
+                 seed: int = 0, checker_mode: str = "record",
+                 announce: Announce | None = None) -> None:
+        self.announce = announce  # `oddl run --publish`: notes for the bus's watchers
         self.tb = tb
         self.loop = VirtualClockLoop()
         self.clock = Clock(self.loop)
@@ -260,7 +263,8 @@ class ModelBackend:
     name = "model"
 
     def __init__(self, spec: NetworkSpec, tb: Testbed, ranks: list[str],
-                 checker_mode: str = "record") -> None:
+                 checker_mode: str = "record", announce: Announce | None = None) -> None:
+        self.announce = announce
         self.spec = spec
         self.tb = tb
         self.ranks = ranks

@@ -1,0 +1,185 @@
+"""`oddl dashboard` in a real browser: headless Chromium (Debian's, driven by Playwright)
+watches an emu run with a drill, as an operator would; and the picture it draws is held to
+what the bus said, junk included."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import shutil
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import msgspec
+import pytest
+import tomli_w
+from oddl.controller.config import load_testbed
+from oddl.controller.dashboard import View
+from oddl.controller.health import Heartbeat
+from oddl.controller.telemetry import (
+    TELEMETRY_VERSION,
+    IterationNote,
+    PortsNote,
+    PortView,
+    RunNote,
+)
+
+from tests.helpers import emulator, make_testbed
+from tests.test_trace import check_chrome
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+ARTIFACTS = Path(__file__).resolve().parent.parent / "test-artifacts"
+
+
+@contextlib.contextmanager
+def dashboard(root: Path, emu: Path, *args: str) -> Iterator[str]:
+    proc = subprocess.Popen([sys.executable, "-m", "oddl.controller.cli", "dashboard",
+                             str(emu), "--port", "0", *args], cwd=root,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    killer = threading.Timer(120, proc.kill)
+    killer.start()
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        assert line.startswith("dashboard of"), (line, proc.stderr.read() if proc.stderr
+                                                 else "")
+        yield line.split(": ", 1)[1].strip()
+    finally:
+        killer.cancel()
+        proc.terminate()
+        proc.wait(10)
+
+
+@pytest.fixture(scope="module")
+def emu(root: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    d = tmp_path_factory.mktemp("dash")
+    tb = d / "grid2x2.toml"
+    tb.write_text(tomli_w.dumps(make_testbed(2, 2).model_dump(mode="json", exclude_none=True)))
+    out = d / "emu.toml"
+    with emulator(root, tb, out, limit_s=180):
+        yield out
+
+
+@pytest.mark.skipif(CHROMIUM is None, reason="needs Debian's chromium (.ci/run installs it)")
+def test_the_page_shows_a_live_run_and_its_fault(root: Path, emu: Path,
+                                                 tmp_path: Path) -> None:
+    from playwright.sync_api import expect, sync_playwright
+
+    exp = tmp_path / "drill.toml"
+    exp.write_text(tomli_w.dumps({
+        "name": "dash-drill", "testbed": str(emu), "iterations": 30, "recovery": "shrink",
+        "workload": {"model": "resnet50", "collective": "hd", "epochs": 1,
+                     "dataset_samples": 1_000_000, "batch_per_node": 64,
+                     "compute_time_ms": 20.0},
+        "networks": [{"name": "oddl", "kind": "oddl"}],
+        "faults": [{"kind": "dead-board", "target": "n1-1", "at_iteration": 12}]}))
+    trace = tmp_path / "trace.json"
+    ARTIFACTS.mkdir(exist_ok=True)
+    with dashboard(root, emu) as url, sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path=CHROMIUM, args=[
+            "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+            "--disable-background-networking", "--disable-component-update",
+            "--disable-sync"])
+        page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        errors: list[str] = []
+        page.on("pageerror", lambda e: errors.append(str(e)))
+        page.on("console", lambda m: errors.append(m.text) if m.type == "error" else None)
+        page.goto(url)
+        expect(page.locator("#conn")).to_have_text("live")
+        # every node of the testbed appears, in its place, beating
+        for n in ("n0-0", "n0-1", "n1-0", "n1-1"):
+            expect(page.locator(f"#node-{n}")).to_have_class("node ok", timeout=10_000)
+            expect(page.locator(f"#node-{n} .port")).to_have_count(2)  # H and V
+        run = subprocess.Popen([sys.executable, "-m", "oddl.controller.cli", "run", str(exp),
+                                "--backend", "emu", "--testbed", str(emu), "--json",
+                                "--out", str(tmp_path / "run"), "--trace", str(trace)],
+                               cwd=root, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               text=True)
+        try:
+            page.wait_for_function("Number(document.getElementById('iterations')"
+                                   ".textContent) >= 3", timeout=60_000)
+            first = int(page.locator("#iterations").text_content() or 0)
+            # the plan's WSS tables, and a port busy at some moment
+            expect(page.locator(".wss")).to_have_count(4)
+            page.wait_for_function("document.querySelector('.st.sending, .st.requesting, "
+                                   ".st.tuning, .st.waiting') !== null", timeout=30_000)
+            # the drill's fault, as injected and as the watch found it
+            expect(page.locator("#faults")).to_contain_text("found dead-board n1-1",
+                                                            timeout=60_000)
+            expect(page.locator("#faults")).to_contain_text("drill injected dead-board n1-1")
+            expect(page.locator("#node-n1-1")).to_contain_class("faulty")
+            out, err = run.communicate(timeout=120)
+        finally:
+            if run.poll() is None:
+                run.kill()
+        assert run.returncode == 0, err[-3000:]
+        expect(page.locator("#run")).to_contain_text("finished", timeout=10_000)
+        last = int(page.locator("#iterations").text_content() or 0)
+        assert first < last == 30  # it rose, to every iteration the run recorded
+        page.screenshot(path=str(ARTIFACTS / "dashboard.png"), full_page=True)
+        browser.close()
+    assert not errors, errors  # the page ran, not only loaded
+    oddl = json.loads(out)["networks"]["oddl"]
+    assert oddl["iterations"] == 30 and oddl["faults"][0]["kind"] == "dead-board"
+    # the same trace format from emu as from sim
+    check_chrome(json.loads(trace.read_text())["traceEvents"])
+
+
+def test_beyond_loopback_needs_a_token(root: Path, emu: Path, tmp_path: Path) -> None:
+    r = subprocess.run([sys.executable, "-m", "oddl.controller.cli", "dashboard", str(emu),
+                        "--host", "0.0.0.0", "--port", "0"], cwd=root, capture_output=True,
+                       text=True, timeout=60)
+    assert r.returncode == 2 and "needs a token" in r.stderr
+    tok = tmp_path / "token"
+    tok.write_text("s3cret-token-of-the-lab\n")
+    with dashboard(root, emu, "--token-file", str(tok)) as url:
+        assert url.endswith("?token=s3cret-token-of-the-lab")
+        base = url.split("?")[0]
+        assert httpx.get(base + "api/state").status_code == 401
+        assert httpx.get(base + "api/state?token=wrong").status_code == 401
+        ok = httpx.get(base + "api/state", headers={"authorization": "Bearer "
+                                                     "s3cret-token-of-the-lab"})
+        assert ok.status_code == 200 and ok.json()["testbed"]["rows"] == 2
+        # a page fetched under another host name (DNS rebinding) is refused
+        assert httpx.get(url, headers={"host": "evil.example"}).status_code == 400
+
+
+def test_the_view_counts_junk_and_keeps_its_bounds(root: Path) -> None:
+    tb = load_testbed(root / "hw_configs/prototype-4node.toml")
+    v = View(tb)
+    pre = f"oddl/{tb.name}"
+    enc = msgspec.json.encode
+    v.feed(f"{pre}/telemetry/n1", enc(PortsNote(TELEMETRY_VERSION, "n1", "j",
+                                                {"H": PortView("sending", 1, 7, "n0")}, 1, 10)))
+    v.feed(f"{pre}/health/n1", enc(Heartbeat(1, "n1", 0)))
+    v.feed(f"{pre}/telemetry/oddl-ctl/run", enc(RunNote(1, "e", "oddl", "emu", "started", 5)))
+    for i in range(MAX := 2100):
+        v.feed(f"{pre}/telemetry/oddl-ctl/iteration",
+               enc(IterationNote(1, "oddl", i, 12.5)))
+    s = v.snapshot()
+    assert s["nodes"]["n1"]["ports"]["H"] == {"state": "sending", "channel": 1, "flow": 7,
+                                              "peer": "n0", "queued": 0}
+    assert s["nodes"]["n1"]["health"] == "ok" and s["nodes"]["n0"]["health"] == "silent"
+    assert len(s["iterations"]["oddl"]) == 2000 and s["iterations"]["oddl"][-1] == [MAX - 1,
+                                                                                   12.5]
+    assert s["rejected"] == 0
+    junk = [
+        (f"{pre}/telemetry/n2", enc(PortsNote(1, "n1"))),  # n1 speaking on n2's topic
+        (f"{pre}/telemetry/n9", enc(PortsNote(1, "n9"))),  # no node of this testbed
+        (f"{pre}/health/n0", b"{not json"),
+        (f"{pre}/telemetry/oddl-ctl/iteration", b'{"v": 1, "network": "x"}'),
+        (f"{pre}/telemetry/oddl-ctl/melt", b"{}"),
+        (f"{pre}/status/n0", b"maybe"),
+        (f"{pre}/telemetry/n1", enc({"v": 1, "node": "n1", "ports": {"X": {"state": "idle"}}})),
+    ]
+    for topic, payload in junk:
+        v.feed(topic, payload)
+    for i in range(20):  # ever new networks: the picture stays bounded
+        v.feed(f"{pre}/telemetry/oddl-ctl/iteration", enc(IterationNote(1, f"net{i}", 0, 1)))
+    s = v.snapshot()
+    assert s["rejected"] == len(junk) + 5 and len(s["iterations"]) == 16
+    assert s["nodes"]["n1"]["ports"]["H"]["state"] == "sending"  # nothing lost to junk
