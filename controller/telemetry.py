@@ -129,6 +129,15 @@ def ports_note(node: str, ports: tuple[str, ...], runner: Any, sent: int) -> Por
                      cu.in_flight(), sent)
 
 
+def accept_note(testbed: str, summary: dict[str, Any], when: str) -> AcceptNote:
+    """An acceptance report's summary.json (oddl.acceptance.plugin) as a note."""
+    outcomes = ("passed", "failed", "skipped", "error")
+    checks = [Check(str(c["check"])[:512], c["outcome"] if c["outcome"] in outcomes
+                    else "error") for c in summary["checks"][:1000]]
+    return AcceptNote(TELEMETRY_VERSION, testbed, summary["verdict"] == "PASS", checks,
+                      when[:512])
+
+
 def plan_note(network: str, plan: Any) -> PlanNote:
     """The WSS tables a plan (controller/plan.py) applies, the first 256."""
     return PlanNote(TELEMETRY_VERSION, network, plan.strategy, plan.wavelengths_nm,

@@ -10,6 +10,7 @@ import shutil
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -183,3 +184,43 @@ def test_the_view_counts_junk_and_keeps_its_bounds(root: Path) -> None:
     s = v.snapshot()
     assert s["rejected"] == len(junk) + 5 and len(s["iterations"]) == 16
     assert s["nodes"]["n1"]["ports"]["H"]["state"] == "sending"  # nothing lost to junk
+
+
+def test_a_sim_run_and_an_acceptance_result_reach_the_dashboard(root: Path, emu: Path,
+                                                                 tmp_path: Path) -> None:
+    """`oddl run --publish` (sim, virtual time) and `oddl accept`'s note, through the
+    emulated testbed's broker, as the lab's would go through Mosquitto."""
+    from oddl.controller.registry import open_announcer
+    from oddl.controller.telemetry import accept_note
+
+    exp = tmp_path / "sim.toml"
+    exp.write_text(tomli_w.dumps({
+        "name": "published", "testbed": str(emu), "iterations": 7,
+        "workload": {"model": "resnet50", "collective": "hd", "epochs": 1,
+                     "dataset_samples": 1_000_000, "batch_per_node": 64,
+                     "compute_time_ms": 5.0},
+        "networks": [{"name": "oddl", "kind": "oddl"},
+                     {"name": "electrical", "kind": "electrical"}]}))
+    with dashboard(root, emu) as url:
+        r = subprocess.run([sys.executable, "-m", "oddl.controller.cli", "run", str(exp),
+                            "--publish", "--json", "--out", str(tmp_path / "run")],
+                           cwd=root, capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0, r.stderr[-2000:]
+        announcer = open_announcer(load_testbed(emu))
+        summary = {"verdict": "FAIL", "checks": [
+            {"check": "test_tuning[n0-0/H]", "outcome": "passed"},
+            {"check": "test_loopback[n1-1/V]", "outcome": "failed"}]}
+        announcer.announce("accept", msgspec.json.encode(
+            accept_note("t2x2", summary, "2026-11-23 10:00:00")))
+        announcer.close()
+        # the notes are QoS 0 on loopback: wait for the last of them, bounded
+        for _ in range(100):
+            s = httpx.get(url + "api/state").json()
+            if s["accept"] and s["run"] and s["run"]["network"] == "electrical" and \
+                    s["run"]["state"] == "finished":
+                break
+            time.sleep(0.05)
+    assert {k: len(v) for k, v in s["iterations"].items()} == {"oddl": 7, "electrical": 7}
+    assert len(s["plan"]["wss"]) == 4 and s["plan"]["network"] == "oddl"
+    assert s["accept"]["passed"] is False
+    assert [c["outcome"] for c in s["accept"]["checks"]] == ["passed", "failed"]
