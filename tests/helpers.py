@@ -135,3 +135,16 @@ def emulator(root: Path, testbed: Path, out: Path, *args: str, limit_s: float = 
     finally:
         killer.cancel()
         stop_emulator(proc)
+
+
+@contextlib.contextmanager
+def emulated_grid(root: Path, d: Path, rows: int = 2, cols: int = 2, limit_s: float = 240
+                  ) -> Iterator[Path]:
+    """`oddl emulate` of a rows x cols grid testbed written in `d`; yields its emu config."""
+    import tomli_w
+
+    tb = d / f"grid{rows}x{cols}.toml"
+    tb.write_text(tomli_w.dumps(make_testbed(rows, cols).model_dump(mode="json",
+                                                                    exclude_none=True)))
+    with emulator(root, tb, d / "emu.toml", limit_s=limit_s):
+        yield d / "emu.toml"

@@ -29,7 +29,7 @@ from oddl.controller.telemetry import (
     RunNote,
 )
 
-from tests.helpers import emulator, make_testbed
+from tests.helpers import emulated_grid
 from tests.test_trace import check_chrome
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
@@ -57,11 +57,7 @@ def dashboard(root: Path, emu: Path, *args: str) -> Iterator[str]:
 
 @pytest.fixture(scope="module")
 def emu(root: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    d = tmp_path_factory.mktemp("dash")
-    tb = d / "grid2x2.toml"
-    tb.write_text(tomli_w.dumps(make_testbed(2, 2).model_dump(mode="json", exclude_none=True)))
-    out = d / "emu.toml"
-    with emulator(root, tb, out, limit_s=180):
+    with emulated_grid(root, tmp_path_factory.mktemp("dash")) as out:
         yield out
 
 

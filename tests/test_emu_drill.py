@@ -18,18 +18,14 @@ import httpx
 import pytest
 import tomli_w
 
-from tests.helpers import emulator, make_testbed
+from tests.helpers import emulated_grid
 
 P_MS = 100.0  # the default heartbeat period
 
 
 @pytest.fixture(scope="module")
 def emu(root: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    d = tmp_path_factory.mktemp("emu-drill")
-    tb = d / "grid2x2.toml"
-    tb.write_text(tomli_w.dumps(make_testbed(2, 2).model_dump(mode="json", exclude_none=True)))
-    out = d / "emu.toml"
-    with emulator(root, tb, out, limit_s=240):
+    with emulated_grid(root, tmp_path_factory.mktemp("emu-drill")) as out:
         yield out
 
 
