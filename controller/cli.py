@@ -200,16 +200,15 @@ def run(experiment: Path, backend: str, out: Path | None, iterations: int | None
                 ctx = load_experiment(experiment, cfg)
             elif backend == "hw":
                 stack.enter_context(TestbedLock(ctx.testbed.name, f"oddl run {experiment}"))
-            announce = None
-            if publish and backend == "sim":  # emu and hw say it on their own connection
-                from oddl.controller.registry import open_announcer
+            from oddl.controller.registry import run_announcer
 
-                announcer = open_announcer(ctx.testbed)
+            announcer = run_announcer(backend, ctx.testbed) if publish else None
+            if announcer is not None:
                 stack.callback(announcer.close)
-                announce = announcer.announce
             with prog:
                 res = run_experiment(ctx, backend, store, iterations, progress,
-                                     trace=timeline, announce=announce)
+                                     trace=timeline,
+                                     announce=announcer.announce if announcer else None)
     except TestbedBusy as e:
         store.close()
         click.echo(f"error: {e}", err=True)

@@ -75,7 +75,7 @@ class _Tx:
         self.route: Route | None = None
         self.retries = 0
         self.timer = None
-        self.shown: str | None = None  # the state a trace draws, and since when
+        self.shown: str | None = None  # the state the trace and dashboard see, since when
         self.since = 0
 
 
@@ -171,12 +171,11 @@ class ControlUnit:
             self._next(tx)
 
     def _next(self, tx: _Tx) -> None:
+        self._show(tx, None)  # the end of the flow it carried, if any
         if not tx.queue:
-            self._show(tx, None)
             tx.state = IDLE
             tx.current = None
             return
-        self._show(tx, None)
         flow = tx.queue[0]
         tx.current = flow
         tx.route = self.routes[flow.dst]
@@ -223,13 +222,13 @@ class ControlUnit:
             tx.timer.cancel()
             tx.timer = None
         tx.state = SENDING
-        self._show(tx, T_TUNING if tune else T_SENDING, now)
-        if tune:
-            self._show(tx, T_SENDING, now + tune)
         if tune:  # the O-NIC tunes and starts the moment the channel locks
+            self._show(tx, T_TUNING, now)
+            self._show(tx, T_SENDING, now + tune)
             tx.channel = g.channel
             self.onic.tune_and_send(tx.port, g.channel, f)
         else:
+            self._show(tx, T_SENDING, now)
             self.onic.send(tx.port, f)
 
     def on_tx_done(self, port: str, flow: Flow) -> None:

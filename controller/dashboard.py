@@ -46,6 +46,7 @@ log = logging.getLogger(__name__)
 PUSH_HZ = 5
 MAX_POINTS = 2000  # iterations kept per network for the plot
 MAX_ERRORS = 20  # node failures kept
+MAX_NETWORKS = 16  # networks whose iterations and health are kept
 ASSETS = Path(str(resources.files("oddl.controller") / "web"))
 
 
@@ -104,7 +105,7 @@ class View:
             hb = self._dec_beat.decode(payload)
             self._own(hb.node, rest[0])
             self.beats[hb.node] = (_now_ms(), hb)
-        elif kind == "telemetry" and rest == [rest[0]] and rest[0] != CONTROLLER:
+        elif kind == "telemetry" and len(rest) == 1 and rest[0] != CONTROLLER:
             note = self._dec_ports.decode(payload)
             self._own(note.node, rest[0])
             now = _now_ms()
@@ -117,19 +118,17 @@ class View:
             what = rest[1]
             note = self._dec_note[what].decode(payload)
             d = msgspec.to_builtins(note)
+            if what in ("iteration", "health"):  # a peer naming ever new networks: bounded
+                held = self.iterations if what == "iteration" else self.health
+                if note.network not in held and len(held) >= MAX_NETWORKS:
+                    raise ValueError(f"more than {MAX_NETWORKS} networks")
             if what == "iteration":
-                pts = self.iterations.setdefault(note.network[:64], deque(maxlen=MAX_POINTS))
-                if len(self.iterations) > 16:  # a peer naming ever new networks
-                    del self.iterations[note.network[:64]]
-                    raise ValueError("more than 16 networks")
+                pts = self.iterations.setdefault(note.network, deque(maxlen=MAX_POINTS))
                 pts.append((note.iteration, note.time_ms))
             elif what == "health":
                 self.health[note.network] = d
-                if len(self.health) > 16:
-                    del self.health[note.network]
-                    raise ValueError("more than 16 networks")
             elif what == "run" and note.state == "started":
-                self.iterations.pop(note.network[:64], None)  # a new run of it
+                self.iterations.pop(note.network, None)  # a new run of it
             self.notes[what] = d
         elif kind == "job" and rest == ["run"]:
             spec = self._dec_job.decode(payload)

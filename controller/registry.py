@@ -44,11 +44,19 @@ def open_model(spec: NetworkSpec, tb: Testbed, ranks: list[str],
 
 
 def open_announcer(tb: Testbed) -> Any:
-    """`oddl run --publish` (sim): the controller's notes on the testbed's bus, from a
-    thread of their own (a virtual-time loop does no network I/O); `.announce`, `.close()`."""
+    """The controller's notes on the testbed's bus from a thread and a connection of their
+    own (`.announce`, `.close()`): for a sim run (a virtual-time loop does no network I/O)
+    and for what `oddl accept` found."""
     from oddl.drivers.announce import BusAnnouncer
 
     return BusAnnouncer(tb)
+
+
+def run_announcer(name: str, tb: Testbed) -> Any:
+    """`oddl run --publish` on back end `name`: an announcer for sim; None for emu and hw,
+    which tell the bus on the connection they run the job on (a second `oddl-ctl`
+    connection would take that one's session over)."""
+    return open_announcer(tb) if name == "sim" else None
 
 
 def open_watch(tb: Testbed) -> Any:

@@ -161,21 +161,23 @@ class NetworkRun:
                      for r, n in enumerate(self.ranks)} if self.nic_sync else None)
         self.arbiter.apply(self.plan, programs)
         self.routes = wire_routes(self.plan)
-        self._say("plan", plan_note(self.spec.name, self.plan))
+        plan = self.plan
+        self._say("plan", lambda: plan_note(self.spec.name, plan))
         if self.watch is not None:
             self.watch.expected = {t.wss: t.table for t in self.plan.wss}
         return plan_s
 
-    def _say(self, kind: str, note: Any) -> None:
-        """Tell the bus's watchers (the dashboard), if the back end tells anybody."""
+    def _say(self, kind: str, note: Callable[[], Any]) -> None:
+        """Tell the bus's watchers (the dashboard), if the back end tells anybody (the
+        note is built only then: this runs every iteration)."""
         if self.backend.announce is not None:
-            self.backend.announce(kind, msgspec.json.encode(note))
+            self.backend.announce(kind, msgspec.json.encode(note()))
 
     def _say_health(self) -> None:
         h = self.backend.health
         self._said_health = (len(h.diagnoses) if h else 0, len(self.backend.injected))
-        self._say("health", health_note(self.spec.name, h.diagnoses if h else [],
-                                        self.backend.injected))
+        self._say("health", lambda: health_note(self.spec.name, h.diagnoses if h else [],
+                                                self.backend.injected))
 
     def _live(self) -> list[str]:
         """The nodes a job is handed to: all but the dead (whose program cannot say
@@ -203,9 +205,9 @@ class NetworkRun:
                                     it.control_messages, it.flows)
             if progress is not None:
                 progress(name, it.iteration + 1, n_iter)
-            self._say("iteration", IterationNote(TELEMETRY_VERSION, name, it.iteration,
-                                                 (it.t_end - it.t_start) / 1e6,
-                                                 it.control_messages))
+            self._say("iteration", lambda: IterationNote(
+                TELEMETRY_VERSION, name, it.iteration, (it.t_end - it.t_start) / 1e6,
+                it.control_messages))
             h = b.health
             if (len(h.diagnoses) if h else 0, len(b.injected)) != self._said_health:
                 self._say_health()
@@ -217,7 +219,8 @@ class NetworkRun:
         b = self.backend
         total = JobOutcome(0, 0, {}, [])
         exp = self.ctx.experiment.name
-        self._say("run", RunNote(TELEMETRY_VERSION, exp, name, b.name, "started", n_iter))
+        self._say("run", lambda: RunNote(TELEMETRY_VERSION, exp, name, b.name, "started",
+                                         n_iter))
         self._said_health = (-1, -1)
         state: Literal["finished", "failed"] = "failed"
         if b.health is not None and self.plan is not None:
@@ -255,8 +258,8 @@ class NetworkRun:
             if self.watch is not None:
                 self.watch.stop()
             self._say_health()
-            self._say("run", RunNote(TELEMETRY_VERSION, exp, name, b.name, state, n_iter,
-                                     f"{len(times)} iterations"))
+            self._say("run", lambda: RunNote(TELEMETRY_VERSION, exp, name, b.name, state,
+                                             n_iter, f"{len(times)} iterations"))
             b.close()
         self.outcome = total
         if trace is not None:

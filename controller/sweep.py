@@ -63,12 +63,13 @@ class Sweep(_Model):
             if m not in MODELS:
                 raise ValueError(f"compute_time_ms: unknown model {m!r}")
         for k, v in self.papers.items():
-            if k.startswith(f"{self.reference}_over_"):
-                over = k.removeprefix(f"{self.reference}_over_").removesuffix("_max")
-                if over not in names:
-                    raise ValueError(f"papers.{k}: no network {over!r} (networks: {names})")
-                if isinstance(v, bool) or not isinstance(v, int | float) or v <= 0:
-                    raise ValueError(f"papers.{k}: a speedup, a number > 0 (got {v!r})")
+            if k.startswith(f"{self.reference}_over_") and (
+                    isinstance(v, bool) or not isinstance(v, int | float) or v <= 0):
+                raise ValueError(f"papers.{k}: a speedup, a number > 0 (got {v!r})")
+        for over in self.paper_marks():
+            if over not in names:
+                raise ValueError(f"papers.{self.reference}_over_{over}: no network {over!r} "
+                                 f"(networks: {names})")
         return self
 
     def paper_marks(self) -> dict[str, tuple[float, bool]]:
@@ -292,18 +293,19 @@ def _plots(sw: Sweep, sp: list[dict[str, Any]], out: Path) -> list[Path]:
             bars = ax.bar([o for o, _ in pts], [v for _, v in pts],
                           color=[colour[o] for o, _ in pts])
             ax.bar_label(bars, fmt="%.2fx", fontsize=8)
+            labelled = False
             for i, (o, _) in enumerate(pts):
                 if o in marks:
                     v, upto = marks[o]
                     ax.plot([i - 0.4, i + 0.4], [v, v], color="black", lw=2,
-                            label="paper" if i == min(j for j, (p, _) in enumerate(pts)
-                                                     if p in marks) else None)
+                            label=None if labelled else "paper")
+                    labelled = True
                     ax.text(i + 0.42, v, f"{'≤' if upto else ''}{v:g}x", va="center",
                             fontsize=8)
             ax.axhline(1.0, color="grey", lw=0.8)
             ax.set_ylabel(f"{sw.reference} speedup (iteration time)")
             ax.set_title(f"{m}, {sp[0]['nodes']} nodes, {sp[0]['line_rate_gbps']:g} Gb/s")
-            if any(o in marks for o, _ in pts):
+            if labelled:
                 ax.legend(fontsize=8)
         fig.tight_layout()
         fig.savefig(out / "speedups.png", dpi=110)

@@ -19,7 +19,7 @@ from __future__ import annotations
 from typing import Annotated, Any, Literal
 
 import msgspec
-from oddl.controller.access import NAME_PATTERN
+from oddl.controller.access import CONTROLLER, NAME_PATTERN, telemetry_topic
 
 TELEMETRY_VERSION = 1
 Name = Annotated[str, msgspec.Meta(pattern=NAME_PATTERN, max_length=64)]
@@ -28,6 +28,11 @@ Count = Annotated[int, msgspec.Meta(ge=0, le=1 << 62)]
 PortState = Literal["idle", "requesting", "waiting for grant", "tuning", "sending"]
 NOTES = ("run", "plan", "iteration", "health", "accept")
 RETAINED = ("plan", "accept")
+
+
+def note_topic(tb: str, kind: str) -> tuple[str, bool]:
+    """Where the controller's note of `kind` goes, and whether the broker keeps it."""
+    return telemetry_topic(tb, CONTROLLER, kind), kind in RETAINED
 
 
 class PortView(msgspec.Struct, frozen=True, forbid_unknown_fields=True):

@@ -15,9 +15,9 @@ import contextlib
 import logging
 import threading
 
-from oddl.controller.access import CONTROLLER, telemetry_topic
+from oddl.controller.access import CONTROLLER
 from oddl.controller.config import Testbed
-from oddl.controller.telemetry import RETAINED
+from oddl.controller.telemetry import note_topic
 from oddl.drivers.mqtt import BusError, bus_from_config
 
 log = logging.getLogger(__name__)
@@ -61,8 +61,8 @@ class BusAnnouncer:
             await self._bus.close()
 
     def announce(self, kind: str, payload: bytes) -> None:
-        item = (telemetry_topic(self.tb, CONTROLLER, kind), payload, kind in RETAINED)
-        self._loop.call_soon_threadsafe(self._put, item)
+        topic, retain = note_topic(self.tb, kind)
+        self._loop.call_soon_threadsafe(self._put, (topic, payload, retain))
 
     def _put(self, item: tuple[str, bytes, bool] | None) -> None:
         try:

@@ -36,7 +36,6 @@ from oddl.controller.access import (
     results,
     run_topic,
     status_topic,
-    telemetry_topic,
 )
 from oddl.controller.backend import Iteration, JobOutcome, JobStopped, OnIteration, RunFailed
 from oddl.controller.clock import Clock
@@ -44,7 +43,7 @@ from oddl.controller.config import FaultSpec, Testbed
 from oddl.controller.health import Health, Heartbeat
 from oddl.controller.invariants import InvariantChecker
 from oddl.controller.job import DECODE_ERRORS, JobEvent, JobSpec, step_sync
-from oddl.controller.telemetry import RETAINED
+from oddl.controller.telemetry import note_topic
 from oddl.controller.topology import Grid
 from oddl.controller.trace import TraceRow
 from oddl.controller.wire import worth_logging
@@ -177,11 +176,11 @@ class LabBackend:
     def announce(self, kind: str, payload: bytes) -> None:
         """A note for the testbed's watchers (controller/telemetry.py), on our connection
         (kept for it, the last 64, until there is one)."""
-        topic = telemetry_topic(self.tb.name, CONTROLLER, kind)
+        topic, retain = note_topic(self.tb.name, kind)
         if self.bus is not None and self.loop.is_running() and not self.bus.lost.is_set():
-            self._publish_note(topic, payload, kind in RETAINED)
+            self._publish_note(topic, payload, retain)
         else:
-            self._notes.append((topic, payload, kind in RETAINED))
+            self._notes.append((topic, payload, retain))
 
     def _publish_note(self, topic: str, payload: bytes, retain: bool) -> None:
         assert self.bus is not None
