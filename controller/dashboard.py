@@ -73,7 +73,8 @@ class View:
         self.rates: dict[str, float] = {}  # node -> control messages per second
         self.notes: dict[str, dict[str, Any]] = {}  # kind -> the latest note
         self.health: dict[str, dict[str, Any]] = {}  # network -> its latest health note
-        self.iterations: dict[str, deque[tuple[int, float]]] = {}
+        # network -> (its run, that run's iterations, in the order they came)
+        self.iterations: dict[str, tuple[str, deque[tuple[int, float]]]] = {}
         self.job: dict[str, Any] | None = None
         self.errors: deque[str] = deque(maxlen=MAX_ERRORS)
         self.rejected = 0
@@ -123,12 +124,13 @@ class View:
                 if note.network not in held and len(held) >= MAX_NETWORKS:
                     raise ValueError(f"more than {MAX_NETWORKS} networks")
             if what == "iteration":
-                pts = self.iterations.setdefault(note.network, deque(maxlen=MAX_POINTS))
+                run, pts = self.iterations.get(note.network, (None, None))
+                if pts is None or run != note.run:  # a new run of it
+                    pts = deque(maxlen=MAX_POINTS)
+                    self.iterations[note.network] = (note.run, pts)
                 pts.append((note.iteration, note.time_ms))
             elif what == "health":
                 self.health[note.network] = d
-            elif what == "run" and note.state == "started":
-                self.iterations.pop(note.network, None)  # a new run of it
             self.notes[what] = d
         elif kind == "job" and rest == ["run"]:
             spec = self._dec_job.decode(payload)
@@ -171,7 +173,8 @@ class View:
             "testbed": self.testbed, "nodes": nodes, "status": dict(self.status),
             "plan": self.notes.get("plan"), "run": self.notes.get("run"),
             "accept": self.notes.get("accept"), "job": self.job,
-            "iterations": {k: [list(p) for p in v] for k, v in self.iterations.items()},
+            "iterations": {k: [list(p) for p in sorted(v)]
+                           for k, (_, v) in self.iterations.items()},
             "health": self.health, "errors": list(self.errors),
             "totals": {"in_flight": sum(x["in_flight"] for x in nodes.values()),
                        "msgs_per_s": round(sum(x["msgs_per_s"] for x in nodes.values()), 1)},

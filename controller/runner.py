@@ -207,7 +207,7 @@ class NetworkRun:
                 progress(name, it.iteration + 1, n_iter)
             self._say("iteration", lambda: IterationNote(
                 TELEMETRY_VERSION, name, it.iteration, (it.t_end - it.t_start) / 1e6,
-                it.control_messages))
+                it.control_messages, self.job.job))
             h = b.health
             if (len(h.diagnoses) if h else 0, len(b.injected)) != self._said_health:
                 self._say_health()

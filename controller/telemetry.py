@@ -89,6 +89,9 @@ class IterationNote(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     iteration: Count
     time_ms: float
     control_messages: Count = 0
+    # which run of the network (its job id): a watcher starts a new series on a new one,
+    # whatever order the broker delivers the notes in
+    run: Annotated[str, msgspec.Meta(max_length=128)] = ""
 
 
 class Finding(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
