@@ -63,7 +63,7 @@ def plan(testbed: Testbed | str | Path, experiment: LoadedExperiment | None = No
     of ResNet-50 over every node), validated; nothing is applied."""
     tb = testbed if isinstance(testbed, Testbed) else load_testbed(testbed)
     if experiment is not None:
-        w = experiment.experiment.workload
+        w = experiment.workload
         nets = [s for s in experiment.experiment.networks if s.kind == "oddl"]
         strat = strategy or (nets[0].strategy if nets else "matched")
         model, coll, bpp, name = w.model, w.collective, w.bytes_per_param, \
@@ -123,7 +123,7 @@ def network_run(ctx: LoadedExperiment, network: str, backend: str = "sim",
     spec = next((s for s in ctx.experiment.networks if s.name == network), None)
     if spec is None:
         raise ValueError(f"{ctx.experiment.name} has no network {network!r}")
-    w, tb = ctx.experiment.workload, ctx.testbed
+    w, tb = ctx.workload, ctx.testbed
     sched = build(spec.collective or w.collective, tb.n_nodes,
                   model_spec(w.model).grad_bytes(w.bytes_per_param), tb.grid.rows,
                   tb.grid.cols, spec.degree, spec.bidirectional)

@@ -57,6 +57,7 @@ class Arbiter:
         self.grid = grid
         self.onics = onics
         self.wss = wss
+        self.live: dict[str, Plan] = {}  # jobs admitted beside each other, by name
 
     def inventory(self) -> Inventory:
         inv = Inventory(wavelengths=len(self.tb.optical.wavelengths()))
@@ -79,8 +80,9 @@ class Arbiter:
 
     def plan(self, schedule: Schedule, strategy: str, job: str = "job0",
              relay: str = "row-first", ranks: list[str] | None = None,
-             avoid: Avoid = NO_FAULTS) -> Plan:
-        plan = plan_job(self.tb, self.grid, schedule, job, strategy, relay, ranks, avoid)
+             avoid: Avoid = NO_FAULTS, within: frozenset[str] | None = None) -> Plan:
+        plan = plan_job(self.tb, self.grid, schedule, job, strategy, relay, ranks, avoid,
+                        within)
         plan.validate(self.grid)
         return plan
 
@@ -90,6 +92,40 @@ class Arbiter:
         for t in plan.wss:
             with _device("WSS", t.wss):
                 self.wss[t.wss].set_table(t.table)
+        self._load(plan, programs)
+        self.verify(plan, programs)
+
+    def admit(self, plan: Plan, programs: dict[str, Program] | None = None) -> None:
+        """One job beside the running ones (ODDL stage 1 with several jobs): refused if it
+        would share a node or a (WSS port, wavelength) with any of them; only its own WSS
+        inputs, routes and programs are written, the others' light is not touched; then
+        every running job's entries are read back too, unchanged."""
+        job = plan.jobs[0].job
+        plan.validate(self.grid)
+        clash = [c for other in self.live.values() for c in plan.conflicts(other, self.grid)]
+        if job in self.live or clash:
+            raise ApplyError(f"job {job} is not isolated: " + (
+                "; ".join(clash[:5]) if clash else "a job of that name is running"))
+        for wss, rows in plan.rows(self.grid).items():
+            with _device("WSS", wss):
+                self.wss[wss].set_rows(rows)
+        self._load(plan, programs)
+        self.live[job] = plan
+        for p in self.live.values():
+            self.verify(p, programs if p is plan else None, rows_only=True)
+
+    def release(self, job: str) -> None:
+        """A job has left: its WSS inputs blocked, its nodes' routes cleared; its nodes and
+        channels are free for the next."""
+        plan = self.live.pop(job)
+        for wss, rows in plan.rows(self.grid).items():
+            with _device("WSS", wss):
+                self.wss[wss].set_rows({i: [None] * len(r) for i, r in rows.items()})
+        for node in plan.nodes():
+            with _device("O-NIC", node):
+                self.onics[node].load_routes({})
+
+    def _load(self, plan: Plan, programs: dict[str, Program] | None) -> None:
         for node, routes in plan.routes.items():
             with _device("O-NIC", node):
                 self.onics[node].load_routes({d: (r.port, r.channel, r.next_hop)
@@ -97,9 +133,11 @@ class Arbiter:
         for node, prog in (programs or {}).items():
             with _device("O-NIC", node):
                 self.onics[node].load_countaction(prog)
-        self.verify(plan, programs)
 
-    def verify(self, plan: Plan, programs: dict[str, Program] | None = None) -> None:
+    def verify(self, plan: Plan, programs: dict[str, Program] | None = None,
+               rows_only: bool = False) -> None:
+        """Read back; rows_only: just the plan's nodes' WSS inputs (other jobs own the
+        rest)."""
         diffs = []
         for node, prog in (programs or {}).items():
             try:
@@ -109,9 +147,12 @@ class Arbiter:
                 continue
             if back.modules != prog.modules:
                 diffs.append(f"O-NIC {node}: count-action program differs on read-back")
+        mine = plan.rows(self.grid) if rows_only else {}
         for t in plan.wss:
             got = self.wss[t.wss].get_table()
             for i, row in enumerate(t.table):
+                if rows_only and i not in mine[t.wss]:
+                    continue
                 have = got[i][: len(row)] if i < len(got) else []
                 if list(have) != list(row):
                     diffs.append(f"WSS {t.wss} input {i}: wrote {row}, read back {have}")

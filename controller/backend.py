@@ -101,6 +101,8 @@ class Backend(Protocol):
     injected: list[Injected]  # the drill's faults so far (sim, emu)
     # tells the bus's watchers (controller/telemetry.py); None: nobody is told
     announce: Announce | None
+    # whether run_job may run for several jobs at once, on disjoint nodes
+    concurrent_jobs: bool
 
     async def run_job(self, spec: JobSpec, on_iteration: OnIteration,
                       record_flows: bool) -> JobOutcome: ...

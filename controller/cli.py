@@ -82,7 +82,7 @@ def plan(testbed: Path, job: Path | None, strategy: str | None, as_json: bool,
     try:
         if job is not None:
             ctx = load_experiment(job, testbed)
-            tb, w = ctx.testbed, ctx.experiment.workload
+            tb, w = ctx.testbed, ctx.workload
             nets = [s for s in ctx.experiment.networks if s.kind == "oddl"]
             strat = strategy or (nets[0].strategy if nets else "matched")
             model, coll, bpp, name = w.model, w.collective, w.bytes_per_param, ctx.experiment.name

@@ -6,6 +6,8 @@ errors rather than stopping at the first, so `oddl check` can print them in one 
 
 from __future__ import annotations
 
+import csv
+import io
 import ipaddress
 import math
 import re
@@ -22,6 +24,8 @@ from oddl.controller.catalog import (
     ModelName,
     NetworkCollective,
     NetworkKind,
+    PolicyName,
+    ShapeName,
     StrategyName,
 )
 from oddl.controller.collectives import optinc_levels
@@ -445,6 +449,10 @@ def _read_toml(path: Path) -> dict[str, Any]:
         raise fail(f"not a usable TOML value: {e}") from None
 
 
+def _is_experiment(data: dict[str, Any]) -> bool:
+    return "workload" in data or "jobs" in data or "jobs_trace" in data
+
+
 def kind_of(path: Path) -> str:
     """'experiment', 'sweep' or 'testbed', from a config's top-level tables (best effort:
     an unreadable file is left for the loader to explain)."""
@@ -452,7 +460,7 @@ def kind_of(path: Path) -> str:
         data = _read_toml(path)
     except ConfigError:
         return "testbed"
-    if "workload" in data:
+    if _is_experiment(data):
         return "experiment"
     if "models" in data or "line_rates_gbps" in data:
         return "sweep"
@@ -467,7 +475,7 @@ def load_testbed(path: str | Path) -> Testbed:
     """Load, expand and validate a testbed file; raise ConfigError listing every problem."""
     path = Path(path)
     data = _read_toml(path)
-    if "workload" in data or "models" in data:
+    if _is_experiment(data) or "models" in data:
         raise ConfigError([ConfigIssue(str(path), "", "this is an experiment or a sweep, not a "
                                        "testbed")])
     try:
@@ -508,6 +516,97 @@ class Workload(_Model):
         if (self.compute_time_ms is None) == (self.calibrate is None):
             raise ValueError("give exactly one of compute_time_ms or calibrate")
         return self
+
+
+JOB_NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
+MAX_JOBS = 10_000  # [[jobs]] entries plus trace rows
+
+
+class JobEntry(_Model):
+    """One job of a multi-job experiment (docs/multijob.md): what it trains, on how many
+    nodes, for how long, and when it arrives."""
+
+    name: str = Field(pattern=JOB_NAME, description="unique in the experiment")
+    model: ModelName
+    collective: CollectiveName = "hd"
+    ranks: int = Field(ge=1, le=65536, description="nodes the job needs")
+    iterations: int | None = Field(default=None, gt=0, le=10_000_000)
+    epochs: float | None = Field(default=None, gt=0, le=1e6, allow_inf_nan=False)
+    dataset_samples: int | None = Field(default=None, gt=0, description="with epochs")
+    batch_per_node: int = Field(default=32, gt=0, le=1 << 20)
+    bytes_per_param: int = Field(default=4, gt=0, le=16)
+    compute_time_ms: float | None = Field(
+        default=None, ge=0, le=1e9, allow_inf_nan=False,
+        description="default: the Table 1 calibration scaled by the model's MACs")
+    arrival_ms: float = Field(default=0.0, ge=0, le=1e12, allow_inf_nan=False)
+    shape: ShapeName = Field(default="any", description="placement hint: a row segment, a "
+                             "column segment, a sub-grid, or the first that fits")
+
+    @model_validator(mode="after")
+    def _length(self) -> JobEntry:
+        if (self.iterations is None) == (self.epochs is None):
+            raise ValueError("give exactly one of iterations or epochs")
+        if self.epochs is not None and self.dataset_samples is None:
+            raise ValueError("epochs needs dataset_samples")
+        return self
+
+    def total_iterations(self) -> int:
+        if self.iterations is not None:
+            return self.iterations
+        assert self.epochs is not None and self.dataset_samples is not None
+        return math.ceil(self.epochs * math.ceil(
+            self.dataset_samples / (self.batch_per_node * self.ranks)))
+
+
+TRACE_COLUMNS = ("arrival_ms", "model", "ranks", "iterations")  # required; any other
+# JobEntry field may be a column too (name, collective, compute_time_ms, shape, ...)
+
+
+def load_trace(path: Path) -> list[JobEntry]:
+    """A CSV job trace: one job per row, named `<file stem>-<row>` unless it has a name;
+    a row that does not parse is a ConfigError naming the file, the row, the job and the
+    field."""
+    try:
+        if not path.is_file():
+            raise ConfigError([ConfigIssue(str(path), "", "file not found" if not
+                                           path.exists() else "not a regular file")])
+        text = path.read_bytes()[: MAX_FILE_BYTES + 1].decode("utf-8")
+    except OSError as e:
+        raise ConfigError([ConfigIssue(str(path), "", e.strerror or str(e))]) from None
+    except UnicodeDecodeError as e:
+        raise ConfigError([ConfigIssue(str(path), "", f"not UTF-8 text (byte {e.start})")]) \
+            from None
+    lines = [ln for ln in text.splitlines() if ln.strip() and not ln.lstrip().startswith("#")]
+    reader = csv.DictReader(io.StringIO("\n".join(lines)))
+    head = reader.fieldnames or []
+    missing = [c for c in TRACE_COLUMNS if c not in head]
+    unknown = [c for c in head if c not in JobEntry.model_fields]
+    if missing or unknown:
+        why = (f"missing column(s) {', '.join(missing)}" if missing else
+               f"unknown column(s) {', '.join(map(repr, unknown))}")
+        raise ConfigError([ConfigIssue(str(path), "header", f"{why}; a trace has "
+                                       f"{', '.join(TRACE_COLUMNS)} (docs/multijob.md)")])
+    jobs: list[JobEntry] = []
+    issues: list[ConfigIssue] = []
+    for k, row in enumerate(reader, start=1):
+        if k > MAX_JOBS:
+            issues.append(ConfigIssue(str(path), f"row {k}", f"a trace has at most {MAX_JOBS} "
+                                      "jobs"))
+            break
+        if None in row or any(v is None for v in row.values()):
+            issues.append(ConfigIssue(str(path), f"row {k}", f"{len(head)} columns expected"))
+            continue
+        data = {c: v.strip() for c, v in row.items() if v.strip() != ""}
+        data.setdefault("name", f"{path.stem}-{k}")
+        try:
+            jobs.append(JobEntry.model_validate(data))
+        except ValidationError as e:
+            issues += [ConfigIssue(str(path), f"row {k} (job {data['name']!r})"
+                                   + ("." + _fmt_loc(err["loc"]) if err["loc"] else ""),
+                                   err["msg"]) for err in e.errors()]
+    if issues:
+        raise ConfigError(issues)
+    return jobs
 
 
 class NetworkSpec(_Model):
@@ -676,7 +775,11 @@ class Experiment(_Model):
     testbed: str = Field(min_length=1, description="relative to this file's directory")
     seed: int = 0
     iterations: int | None = Field(default=None, gt=0, description="override epochs")
-    workload: Workload
+    workload: Workload | None = Field(default=None, description="one job (or [[jobs]])")
+    jobs: list[JobEntry] = Field(default_factory=list, max_length=MAX_JOBS)
+    jobs_trace: str | None = Field(default=None, min_length=1, description="a CSV of jobs, "
+                                   "relative to this file's directory")
+    policy: PolicyName = Field(default="fifo", description="the order queued jobs start in")
     networks: list[NetworkSpec] = Field(min_length=1)
     faults: list[FaultSpec] = Field(default_factory=list, max_length=1024)
     recovery: Literal["relay", "spare", "shrink"] = Field(
@@ -695,7 +798,12 @@ class Experiment(_Model):
         names = [n.name for n in self.networks]
         if len(set(names)) != len(names):
             raise ValueError(f"network names must be unique, got {names}")
-        cal = self.workload.calibrate
+        several = bool(self.jobs) or self.jobs_trace is not None
+        if several == (self.workload is not None):
+            raise ValueError("give either a [workload] or jobs ([[jobs]] and/or jobs_trace)")
+        if several and self.faults:
+            raise ValueError("faults are drilled on single-job experiments only")
+        cal = self.workload.calibrate if self.workload is not None else None
         if cal is not None and cal.network not in names:
             raise ValueError(f"workload.calibrate.network {cal.network!r} is not one of {names}")
         return self
@@ -707,6 +815,15 @@ class LoadedExperiment:
     experiment: Experiment
     testbed_path: Path
     testbed: Testbed
+    jobs: tuple[JobEntry, ...] = ()  # [[jobs]] then the trace's rows
+
+    @property
+    def workload(self) -> Workload:
+        """The single job's workload (a multi-job experiment has none)."""
+        w = self.experiment.workload
+        if w is None:
+            raise ValueError(f"{self.experiment.name} has several jobs, not one workload")
+        return w
 
 
 def load_experiment(path: str | Path, testbed: str | Path | None = None) -> LoadedExperiment:
@@ -714,7 +831,7 @@ def load_experiment(path: str | Path, testbed: str | Path | None = None) -> Load
     file's directory (never the current one), unless `testbed` overrides it."""
     path = Path(path)
     data = _read_toml(path)
-    if "models" in data and "workload" not in data:
+    if "models" in data and not _is_experiment(data):
         raise ConfigError([ConfigIssue(str(path), "", "this is a sweep: run it with `oddl "
                                        "sweep`")])
     if isinstance(data.get("faults"), dict):
@@ -722,7 +839,7 @@ def load_experiment(path: str | Path, testbed: str | Path | None = None) -> Load
     try:
         exp = Experiment.model_validate(data)
     except ValidationError as e:
-        raise ConfigError(_pydantic_issues(path, e)) from None
+        raise ConfigError(_job_named(_pydantic_issues(path, e), data)) from None
     tb_path = Path(testbed) if testbed else (path.parent / exp.testbed)
     try:
         tb = load_testbed(tb_path)
@@ -732,15 +849,56 @@ def load_experiment(path: str | Path, testbed: str | Path | None = None) -> Load
         raise ConfigError([ConfigIssue(str(path), "testbed",
                                        f"{tb_path}: {e.issues[0].reason}")]) from None
     issues = [ConfigIssue(str(path), p, r) for p, r in fault_issues(exp.faults, tb)]
+    w = exp.workload
+    jobs = list(exp.jobs) + (load_trace(path.parent / exp.jobs_trace) if exp.jobs_trace
+                             else [])
     for i, s in enumerate(exp.networks):
         if s.kind == "optinc":
-            try:
-                optinc_levels(exp.workload.ranks or tb.n_nodes, s.ports)
-            except ValueError as e:
-                issues.append(ConfigIssue(str(path), f"networks[{i}].ports", str(e)))
-    if (exp.workload.ranks or 0) > tb.n_nodes:
-        issues.append(ConfigIssue(str(path), "workload.ranks", f"{exp.workload.ranks} ranks "
+            for n in [w.ranks or tb.n_nodes] if w is not None else {j.ranks for j in jobs}:
+                try:
+                    optinc_levels(n, s.ports)
+                except ValueError as e:
+                    issues.append(ConfigIssue(str(path), f"networks[{i}].ports", str(e)))
+    if w is not None and (w.ranks or 0) > tb.n_nodes:
+        issues.append(ConfigIssue(str(path), "workload.ranks", f"{w.ranks} ranks "
                                   f"but {tb.name} has {tb.n_nodes} nodes"))
+    issues += _job_issues(path, exp, jobs, tb)
     if issues:
         raise ConfigError(issues)
-    return LoadedExperiment(path, exp, tb_path, tb)
+    return LoadedExperiment(path, exp, tb_path, tb, tuple(jobs))
+
+
+def _where(exp: Experiment, k: int) -> str:
+    """Where job k (of [[jobs]] then the trace) was written."""
+    n = len(exp.jobs)
+    return f"jobs[{k}]" if k < n else f"{exp.jobs_trace} row {k - n + 1}"
+
+
+def _job_issues(path: Path, exp: Experiment, jobs: list[JobEntry],
+                tb: Testbed) -> list[ConfigIssue]:
+    out: list[ConfigIssue] = []
+    first: dict[str, int] = {}
+    for k, j in enumerate(jobs):
+        at = f"{_where(exp, k)} (job {j.name!r})"
+        if j.name in first:
+            out.append(ConfigIssue(str(path), f"{at}.name", f"duplicate job name: "
+                                   f"{_where(exp, first[j.name])} has it too"))
+        first.setdefault(j.name, k)
+        if j.ranks > tb.n_nodes:
+            out.append(ConfigIssue(str(path), f"{at}.ranks", f"{j.ranks} ranks but {tb.name} "
+                                   f"has {tb.n_nodes} nodes: the job can never start"))
+    return out
+
+
+def _job_named(issues: list[ConfigIssue], data: dict[str, Any]) -> list[ConfigIssue]:
+    """Name the job an issue under jobs[k] is about (its index alone is hard to find)."""
+    jobs = data.get("jobs")
+    out = []
+    for i in issues:
+        m = re.match(r"jobs\[(\d+)\]", i.path)
+        if m and isinstance(jobs, list) and int(m[1]) < len(jobs) \
+                and isinstance(jobs[int(m[1])], dict):
+            name = jobs[int(m[1])].get("name")
+            i = ConfigIssue(i.file, f"{m[0]} (job {name!r}){i.path[m.end():]}", i.reason)
+        out.append(i)
+    return out

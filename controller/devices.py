@@ -6,7 +6,7 @@ emu and hw back ends drivers over pynq / pyserial / MQTT. The controller never a
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
 from oddl.controller.messages import ControlMessage, Flow
@@ -61,6 +61,9 @@ class WSSDevice(Protocol):
 
     def identify(self) -> str: ...
     def set_table(self, table: list[list[int | None]]) -> None: ...
+    # change these inputs only: the others keep their light (a job admitted beside
+    # running ones); refused, as a whole table is, if the result collides
+    def set_rows(self, rows: Mapping[int, list[int | None]]) -> None: ...
     def get_table(self) -> list[list[int | None]]: ...
 
 

@@ -5,10 +5,16 @@ It watches what a back end can show it: the physical layer where there is a mode
 the deliveries; never the control units' own state. In `raise` mode it raises at the
 instant of a violation. Flow ids are per job: `new_job` starts a job's books once, however
 many node programs of one testbed share the monitor.
+
+Several jobs at once (docs/multijob.md) carry their job's tag in their flow ids' high bits
+(`TAG_SHIFT`); the checker is told each job's nodes, and any flow sent from, relayed by or
+landing on another job's node, or lighting a (WSS output, channel) another running job
+lit, is a violation: ODDL promises each job physically isolated resources.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from oddl.controller.messages import ControlMessage, Flow, Grant
@@ -16,6 +22,14 @@ from oddl.controller.messages import ControlMessage, Flow, Grant
 
 class InvariantViolation(AssertionError):
     pass
+
+
+TAG_SHIFT = 40  # flow id = tag << TAG_SHIFT | the job's own flow number
+MAX_TAG = (1 << 16) - 1
+
+
+def tag_of(flow_id: int) -> int:
+    return flow_id >> TAG_SHIFT
 
 
 @dataclass
@@ -34,10 +48,19 @@ class InvariantChecker:
     # one node's view (a node program on hardware): it sees the flows its node starts and
     # the ones that arrive there, not what the other nodes start
     partial: bool = False
+    owner: dict[str, int] = field(default_factory=dict)  # node -> tag of the job on it
+    names: dict[int, str] = field(default_factory=dict)  # tag -> running job
+    lit: dict[tuple[str, int, int], int] = field(default_factory=dict)  # (wss, out, ch) -> tag
 
-    def new_job(self, job: str) -> None:
+    def new_job(self, job: str, tag: int = 0, nodes: Iterable[str] = ()) -> None:
         """A long-running testbed forgets the last job's flows (its findings stay in
-        `violations`); a second call for the same job changes nothing."""
+        `violations`); a second call for the same job changes nothing. A tagged job runs
+        beside others on `nodes`: nothing is forgotten, the nodes are its own."""
+        if tag:
+            self.names[tag] = job
+            for n in nodes:
+                self.owner[n] = tag
+            return
         if job == self.job:
             return
         self.job = job
@@ -45,6 +68,30 @@ class InvariantChecker:
         self.granted_by.clear()
         self.started.clear()
         self.delivered.clear()
+
+    def job_left(self, tag: int, t_ns: int) -> None:
+        """A tagged job is over: every flow it started must have arrived; its nodes and
+        lights are free (its flows' books go with it)."""
+        mine = {f for f in self.started if tag_of(f) == tag}
+        missing = sorted(mine - self.delivered)
+        if missing:
+            self.violation(t_ns, f"job {self.names.get(tag, tag)}: {len(missing)} started "
+                                 f"flows never delivered, e.g. {missing[:5]}")
+        for f in mine:
+            del self.started[f]
+        self.delivered -= mine
+        self.owner = {n: t for n, t in self.owner.items() if t != tag}
+        self.lit = {k: t for k, t in self.lit.items() if t != tag}
+        self.names.pop(tag, None)
+
+    def _foreign(self, t_ns: int, node: str | None, flow: Flow, what: str) -> None:
+        """A flow on a node another running job owns: they share a relay or receiver."""
+        tag = tag_of(flow.id)
+        other = self.owner.get(node) if node is not None else None
+        if other is not None and other != tag:
+            self.violation(t_ns, f"{node}: {what} {flow!r} of job {self.names.get(tag, tag)} "
+                                 f"on a node of job {self.names.get(other, other)}: "
+                                 f"jobs share it")
 
     def violation(self, t_ns: int, what: str) -> None:
         msg = f"t={t_ns} ns: {what}"
@@ -66,6 +113,8 @@ class InvariantChecker:
     def on_send(self, t_ns: int, node: str, port: str, channel: int | None, tuning: bool,
                 busy: bool, flow: Flow) -> None:
         self.checks += 1
+        if self.owner:
+            self._foreign(t_ns, node, flow, "sends")
         if busy:
             self.violation(t_ns, f"{node}/{port}: transmitter sends {flow!r} while sending")
         if tuning:
@@ -81,6 +130,15 @@ class InvariantChecker:
                  occupied_by: Flow | None, rx_busy_with: Flow | None, flow: Flow,
                  to_node: str | None = None) -> None:
         granter = self.granted_by.pop((flow.id, flow.hop), None)
+        if self.owner:
+            self._foreign(t_ns, to_node, flow, "receives")
+            if out is not None and channel is not None:
+                tag = tag_of(flow.id)
+                had = self.lit.setdefault((wss, out, channel), tag)
+                if had != tag and had in self.names:
+                    self.violation(t_ns, f"{wss}: (out {out}, channel {channel}) carries light "
+                                         f"of jobs {self.names[had]} and "
+                                         f"{self.names.get(tag, tag)}: jobs share it")
         if to_node is not None and granter is not None and granter != to_node:
             self.violation(t_ns, f"{wss}: {flow!r} lands on {to_node} but {granter} granted it "
                                  f"(misrouted)")

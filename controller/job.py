@@ -30,13 +30,13 @@ from oddl.controller.collectives import Schedule, build
 from oddl.controller.config import Testbed
 from oddl.controller.control_unit import ControlUnit, Timing
 from oddl.controller.devices import Bus, InterruptLine, ONic
-from oddl.controller.invariants import InvariantChecker
+from oddl.controller.invariants import MAX_TAG, InvariantChecker
 from oddl.controller.messages import Flow
 from oddl.controller.plan import Plan, Route
 from oddl.controller.trace import MAX_ROWS, Tracer, TraceRow
 from oddl.controller.workloads import CollectiveEngine
 
-JOB_VERSION = 5
+JOB_VERSION = 6
 
 
 # what decoding a job-topic payload may raise: msgspec's own errors, and (found by
@@ -82,6 +82,9 @@ class JobSpec(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     # the control units record a timeline of iterations 0 .. trace_iterations - 1
     # (controller/trace.py); the nodes send it with their iteration events
     trace_iterations: Annotated[int, msgspec.Meta(ge=0, le=MAX_ITERATIONS)] = 0
+    # a job beside others (controller/admission.py): its flow ids carry this tag, so the
+    # invariant checker tells the jobs' flows apart; 0: the testbed's only job
+    tag: Annotated[int, msgspec.Meta(ge=0, le=MAX_TAG)] = 0
 
 
 class JobEvent(msgspec.Struct, omit_defaults=True, forbid_unknown_fields=True):
@@ -148,7 +151,7 @@ class JobRunner:
         self.engine = CollectiveEngine(clock, schedule_of(spec), spec.ranks,
                                        lambda f: self.submit(f),
                                        monitor.flow_started if monitor is not None else None,
-                                       spec.nic_sync, ranks)
+                                       spec.nic_sync, ranks, spec.tag)
         self.units: dict[str, ControlUnit] = {}
         self.trace = Tracer() if spec.trace_iterations else None
         self._lines: list[InterruptLine] = []

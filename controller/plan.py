@@ -121,6 +121,37 @@ class Plan:
                 raise PlanError(f"{src} -> {dst}: routing loop {hops[:8]}...")
         return hops
 
+    # --- several jobs ------------------------------------------------------------------
+    def nodes(self) -> set[str]:
+        """Every node this plan uses: ranks, relays, receivers."""
+        out = {n for j in self.jobs for n in j.ranks} | set(self.routes)
+        out |= {r.next_hop for rs in self.routes.values() for r in rs.values()}
+        return out
+
+    def rows(self, grid: Grid) -> dict[str, dict[int, list[int | None]]]:
+        """Per WSS, the input rows of this plan's nodes: what admitting it writes (and
+        what releasing it clears); no other input is touched."""
+        mine = self.nodes()
+        out: dict[str, dict[int, list[int | None]]] = {}
+        for t in self.wss:
+            g = grid.groups[(t.axis, t.index)]
+            out[t.wss] = {i: t.table[i] for i, m in enumerate(g.members) if m in mine}
+        return out
+
+    def lights(self, grid: Grid) -> set[tuple[str, int, int]]:
+        """The (WSS, output port, channel) this plan's light may take."""
+        return {(w, o, ch) for w, rows in self.rows(grid).items() for row in rows.values()
+                for ch, o in enumerate(row) if o is not None}
+
+    def conflicts(self, other: Plan, grid: Grid) -> list[str]:
+        """What this plan would share with another job's: a node (a rank, receiver or
+        relay), or a (WSS output port, wavelength). Isolated jobs share nothing."""
+        a, b = self.jobs[0].job, other.jobs[0].job
+        out = [f"{a} and {b} both use node {n}" for n in sorted(self.nodes() & other.nodes())]
+        out += [f"{a} and {b} both light {w} output {o} on channel {ch}"
+                for w, o, ch in sorted(self.lights(grid) & other.lights(grid))]
+        return out
+
     # --- presentation -----------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)

@@ -171,8 +171,11 @@ class _GroupRouting:
 
 def plan_job(tb: Testbed, grid: Grid, schedule: Schedule, job: str = "job0",
              strategy: str = "matched", relay: str = "row-first",
-             ranks: list[str] | None = None, avoid: Avoid = NO_FAULTS) -> Plan:
-    """ranks: rank r's node (default: the grid's first len(schedule) nodes)."""
+             ranks: list[str] | None = None, avoid: Avoid = NO_FAULTS,
+             within: frozenset[str] | None = None) -> Plan:
+    """ranks: rank r's node (default: the grid's first len(schedule) nodes); within: the
+    job's partition (controller/placement.py), beside other jobs: no channel entry leaves
+    it, so its light reaches none of their receivers."""
     if strategy not in STRATEGIES:
         raise PlanError(f"unknown strategy {strategy!r}; choose one of {', '.join(STRATEGIES)}")
     if relay not in ("row-first", "col-first"):
@@ -266,6 +269,10 @@ def plan_job(tb: Testbed, grid: Grid, schedule: Schedule, job: str = "job0",
                 if len(by_shift) < len(merged):
                     merged = sorted(by_shift.values(), key=lambda mw: -mw[1])
             mappings = [m for m, _ in merged[:w_count]]
+        if within is not None:
+            own = {i for i, m in enumerate(g.members) if m in within}
+            mappings = [f for f in ({i: o for i, o in m.items() if i in own and o in own}
+                                    for m in mappings) if f]
         port = H if g.axis == "row" else V
         blocked = frozenset(i for i, m in enumerate(g.members) if not avoid.receives(m, port))
         sig = (tuple(tuple(sorted(m.items())) for m in mappings), blocked)

@@ -29,6 +29,11 @@ CREATE TABLE IF NOT EXISTS outcomes (network TEXT PRIMARY KEY, disturbed INTEGER
 CREATE TABLE IF NOT EXISTS faults (network TEXT, kind TEXT, target TEXT, at_ns INTEGER,
     detected_after_ns INTEGER, recovered_after_ns INTEGER, replans INTEGER,
     iterations_lost INTEGER, flows_retried INTEGER, recovered INTEGER);
+CREATE TABLE IF NOT EXISTS job_iterations (
+    network TEXT, job TEXT, iteration INTEGER, t_start_ns INTEGER, t_end_ns INTEGER,
+    PRIMARY KEY (network, job, iteration));
+CREATE TABLE IF NOT EXISTS jobs (network TEXT, job TEXT, arrival_ns INTEGER,
+    start_ns INTEGER, end_ns INTEGER, nodes TEXT, PRIMARY KEY (network, job));
 CREATE TABLE IF NOT EXISTS flows (
     network TEXT, iteration INTEGER, flow INTEGER, step INTEGER, src TEXT, dst TEXT,
     bytes INTEGER, hops INTEGER, t_submit_ns INTEGER, t_deliver_ns INTEGER);
@@ -61,6 +66,20 @@ class RunStore:
                                 [(network, iteration, *f) for f in flows])
         self.db.commit()
 
+    def add_job_iteration(self, network: str, job: str, iteration: int, t_start: int,
+                          t_end: int) -> None:
+        """One iteration of one of several jobs (committed at once, as any iteration)."""
+        self.db.execute("INSERT INTO job_iterations VALUES (?, ?, ?, ?, ?)",
+                        (network, job, iteration, t_start, t_end))
+        self.db.commit()
+
+    def set_job(self, network: str, job: str, arrival_ns: int, start_ns: int | None,
+                end_ns: int | None, nodes: list[str]) -> None:
+        """Where and when a job ran (start and end: None until it did)."""
+        self.db.execute("INSERT OR REPLACE INTO jobs VALUES (?, ?, ?, ?, ?, ?)",
+                        (network, job, arrival_ns, start_ns, end_ns, json.dumps(nodes)))
+        self.db.commit()
+
     def add_faults(self, network: str, rows: list[dict[str, Any]]) -> None:
         self.db.executemany("INSERT INTO faults VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                             [(network, r["kind"], r["target"], r["at_ns"],
@@ -86,6 +105,7 @@ def read_store(path: Path) -> dict[str, Any]:
     db = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
     try:
         out: dict[str, Any] = {}
+        tables = {r[0] for r in db.execute("SELECT name FROM sqlite_master")}
         for name, kind, meta in db.execute("SELECT name, kind, meta FROM networks"):
             rows = db.execute("SELECT iteration, t_start_ns, t_end_ns, compute_ns, comm_ns, "
                               "flows, control_messages FROM iterations WHERE network = ? "
@@ -104,6 +124,18 @@ def read_store(path: Path) -> dict[str, Any]:
                              "recovered FROM faults WHERE network = ?", (name,))
             cols = [c[0] for c in cur.description]
             out[name]["faults"] = [dict(zip(cols, r, strict=True)) for r in cur.fetchall()]
+            jobs = {}
+            for job, arr, start, end, nodes in db.execute(
+                    "SELECT job, arrival_ns, start_ns, end_ns, nodes FROM jobs WHERE "
+                    "network = ? ORDER BY arrival_ns, job", (name,)) \
+                    if "jobs" in tables else ():
+                its = db.execute("SELECT iteration, t_start_ns, t_end_ns FROM job_iterations "
+                                 "WHERE network = ? AND job = ? ORDER BY iteration",
+                                 (name, job)).fetchall()
+                jobs[job] = {"arrival_ns": arr, "start_ns": start, "end_ns": end,
+                             "nodes": json.loads(nodes), "iterations": its}
+            if jobs:
+                out[name]["jobs"] = jobs
         return out
     finally:
         db.close()

@@ -8,6 +8,8 @@ every iteration as it completes. It does not know which back end it has.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import functools
 import gc
 import logging
 import os
@@ -18,9 +20,19 @@ from typing import Any, Literal
 
 import msgspec
 from oddl.controller import registry
+from oddl.controller.admission import (
+    Admission,
+    JobRecord,
+    JobRequest,
+    NoStage1,
+    OddlStage1,
+    Stage1,
+    percentile,
+)
 from oddl.controller.arbiter import ApplyError, Arbiter, DeviceFailed
 from oddl.controller.backend import (
     Announce,
+    Backend,
     Iteration,
     JobOutcome,
     JobStopped,
@@ -29,11 +41,12 @@ from oddl.controller.backend import (
 )
 from oddl.controller.clock import Clock
 from oddl.controller.collectives import Schedule, build
-from oddl.controller.config import LoadedExperiment, NetworkSpec
+from oddl.controller.config import ConfigError, ConfigIssue, LoadedExperiment, NetworkSpec
 from oddl.controller.figures import wire_ns
 from oddl.controller.health import Watch
 from oddl.controller.invariants import InvariantChecker
 from oddl.controller.job import JOB_VERSION, JobSpec, job_id, timing_of, wire_routes
+from oddl.controller.placement import fits
 from oddl.controller.plan import Plan, PlanError
 from oddl.controller.planner import NO_FAULTS, Avoid
 from oddl.controller.recovery import FaultRow, Recovery, fault_rows, replace_ranks
@@ -72,9 +85,12 @@ class NetworkResult:
     # time the faults cost: from the last iteration before each stop to the resume (in
     # training_time_s too: an iteration cut short and the recovery happened once)
     fault_time_s: float = 0.0
+    # several jobs: mean_jct_s, p99_jct_s, makespan_s, utilisation, mean_queued_s
+    fabric: dict[str, float] = field(default_factory=dict)
 
     def public(self) -> dict[str, Any]:
-        return {k: v for k, v in asdict(self).items() if k not in ("name", "kind", "stats")}
+        return {k: v for k, v in asdict(self).items()
+                if k not in ("name", "kind", "stats") and (k != "fabric" or v)}
 
 
 @dataclass
@@ -91,6 +107,8 @@ class RunResult:
     total_iterations: int
     run_dir: str | None = None
     violations: list[str] = field(default_factory=list)
+    # several jobs (docs/multijob.md): job -> network -> admission.JobRecord.public()
+    jobs: dict[str, dict[str, dict[str, Any]]] = field(default_factory=dict)
 
     def to_json_obj(self) -> dict[str, Any]:
         return {
@@ -100,7 +118,7 @@ class RunResult:
             "ratio": self.ratio,
             "invariant_violations": self.invariant_violations,
             "wall_s": round(self.wall_s, 3),
-        }
+        } | ({"jobs": self.jobs} if self.jobs else {})
 
 
 Progress = Callable[[str, int, int], None]  # network, done, total
@@ -117,7 +135,7 @@ class NetworkRun:
     def __init__(self, ctx: LoadedExperiment, spec: NetworkSpec, grid: Grid,
                  schedule: Schedule, backend: str, checker_mode: str,
                  announce: Announce | None = None) -> None:
-        tb, exp, w = ctx.testbed, ctx.experiment, ctx.experiment.workload
+        tb, exp, w = ctx.testbed, ctx.experiment, ctx.workload
         self.ctx, self.spec, self.grid, self.schedule = ctx, spec, grid, schedule
         self.ranks = list(grid.nodes[: len(schedule)])
         self.collective = spec.collective or w.collective
@@ -371,13 +389,106 @@ class Timeline:
     chrome: ChromeTrace = field(default_factory=ChromeTrace)
 
 
+def run_jobs(ctx: LoadedExperiment, backend: str = "sim", store: RunStore | None = None,
+             progress: Progress | None = None, checker_mode: str = "record",
+             announce: Announce | None = None) -> RunResult:
+    """Several jobs (docs/multijob.md): the same trace on every network, each job placed,
+    planned and admitted as it arrives, all on one clock; per job JCT, queueing and
+    iteration times, per network JCT summary, makespan and utilisation."""
+    t_wall = time.perf_counter()
+    exp, tb = ctx.experiment, ctx.testbed
+    grid = Grid.from_testbed(tb)
+    reqs = [JobRequest.of(e) for e in ctx.jobs]
+    issues = [ConfigIssue(str(ctx.path), f"job {r.name!r}.shape", f"no {r.shape} rectangle of "
+                          f"{tb.grid.rows} x {tb.grid.cols} holds {r.ranks} ranks"
+                          f"{' exactly (hier2d)' if r.exact else ''}")
+              for r in reqs if not fits(grid, r.ranks, r.shape, r.exact)]
+    if issues:
+        raise ConfigError(issues)
+    total = sum(r.iterations for r in reqs)
+    done = dict.fromkeys((s.name for s in exp.networks), 0)
+
+    def on_iteration(network: str, rec: JobRecord, it: Iteration) -> None:
+        done[network] += 1
+        if store is not None:
+            store.add_job_iteration(network, rec.name, it.iteration, it.t_start, it.t_end)
+        if progress is not None:
+            progress(network, done[network], total)
+
+    results: dict[str, NetworkResult] = {}
+    jobs: dict[str, dict[str, dict[str, Any]]] = {r.name: {} for r in reqs}
+    violations: list[str] = []
+    for spec in exp.networks:
+        # a network's own collective (OptINC's in-network one, SiP-ML's ring) for every job
+        mine = [dataclasses.replace(r, collective=spec.collective or r.collective)
+                for r in reqs]
+        stage1: Stage1
+        if spec.kind == "oddl":
+            b: Backend = registry.open_backend(backend, tb, grid, seed=exp.seed,
+                                               checker_mode=checker_mode, announce=announce)
+            arbiter = Arbiter(tb, grid, b.onics, b.wss)
+            arbiter.inventory()
+            stage1 = OddlStage1(arbiter, spec)
+        else:
+            b = registry.open_model(spec, tb, list(grid.nodes), checker_mode, announce)
+            stage1 = NoStage1()
+        if not b.concurrent_jobs:
+            b.close()
+            raise RunFailed(f"{spec.name}: the {b.name} back end runs one job at a time "
+                            f"(`oddl node` holds one job); several jobs run on sim")
+        name = spec.name
+        if store is not None:
+            store.begin_network(name, spec.kind, {"spec": spec.model_dump(), "jobs": len(reqs),
+                                                  "policy": exp.policy})
+        adm = Admission(b, grid, mine, exp.policy, stage1, spec, tb, exp.name,
+                        functools.partial(on_iteration, name))
+        try:
+            recs = adm.run()
+        finally:
+            b.close()
+        b.monitor.finish(max((r.end_ns or 0) for r in recs.values()))
+        for rec in recs.values():
+            jobs[rec.name][name] = rec.public()
+            if store is not None:
+                store.set_job(name, rec.name, rec.arrival_ns, rec.start_ns, rec.end_ns,
+                              list(rec.partition.nodes) if rec.partition else [])
+        results[name] = _fabric_result(spec, recs, len(grid.nodes), b, stage1)
+        violations += [f"{name}: {v}" for v in b.monitor.violations]
+    return RunResult(exp.name, backend, results, None, len(violations),
+                     time.perf_counter() - t_wall, 0, "compute per job (docs/multijob.md)",
+                     total, total, violations=violations, jobs=jobs)
+
+
+def _fabric_result(spec: NetworkSpec, recs: dict[str, JobRecord], nodes: int, b: Backend,
+                   stage1: Stage1) -> NetworkResult:
+    """Per network: mean and p99 JCT, makespan (first arrival to last departure), and
+    utilisation (node-seconds held by jobs over the fabric's node-seconds)."""
+    jcts = sorted(r.jct_s for r in recs.values())
+    first = min(r.arrival_ns for r in recs.values())
+    makespan = (max(r.end_ns or 0 for r in recs.values()) - first) / 1e9
+    held = sum(len(r.partition.nodes) * ((r.end_ns or 0) - (r.start_ns or 0)) / 1e9
+               for r in recs.values() if r.partition is not None)
+    its = [t for r in recs.values() for t in r.iteration_ns]
+    fabric = {
+        "mean_jct_s": round(sum(jcts) / len(jcts), 9), "p99_jct_s": percentile(jcts, 99),
+        "makespan_s": round(makespan, 9),
+        "utilisation": round(held / (nodes * makespan), 6) if makespan else 0.0,
+        "mean_queued_s": round(sum(r.queued_s for r in recs.values()) / len(recs), 9)}
+    stats = {"plan_s": round(stage1.plan_s, 4)} if isinstance(stage1, OddlStage1) else {}
+    return NetworkResult(spec.name, spec.kind, makespan, sum(its) / len(its) / 1e9 if its
+                         else 0.0, len(its), sum(r.flows for r in recs.values()), 0,
+                         len(b.monitor.violations), stats, fabric=fabric)
+
+
 def run_experiment(ctx: LoadedExperiment, backend: str = "sim", store: RunStore | None = None,
                    iterations: int | None = None, progress: Progress | None = None,
                    checker_mode: str = "record", trace: Timeline | None = None,
                    announce: Announce | None = None) -> RunResult:
+    if ctx.jobs:
+        return run_jobs(ctx, backend, store, progress, checker_mode, announce)
     t_wall = time.perf_counter()
     exp, tb = ctx.experiment, ctx.testbed
-    w = exp.workload
+    w = ctx.workload
     grid = Grid.from_testbed(tb)
     n = w.ranks or tb.n_nodes
     size = model_spec(w.model).grad_bytes(w.bytes_per_param)

@@ -6,10 +6,11 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from oddl.controller.catalog import MODELS
+from oddl.controller.catalog import MODEL_GMACS, MODELS
 from oddl.controller.clock import Clock
 from oddl.controller.collectives import Schedule
 from oddl.controller.config import Workload
+from oddl.controller.invariants import TAG_SHIFT
 from oddl.controller.messages import Flow
 
 
@@ -26,6 +27,18 @@ def model_spec(name: str) -> ModelSpec:
     if name not in MODELS:
         raise ValueError(f"unknown model {name!r}; known: {', '.join(MODELS)}")
     return ModelSpec(name, MODELS[name])
+
+
+# Table 1's calibration (docs/model.md): 220.8742 ms of compute per iteration of 256
+# ResNet-50 images on the paper's GPUs
+MS_PER_RESNET50_SAMPLE = 220.8742 / 256
+
+
+def compute_ms(model: str, batch_per_node: int) -> float:
+    """A job's compute per iteration when its config gives none: the Table 1 calibration
+    scaled by the model's forward MACs (as experiments/jocn-1024-vgg19.toml derives 132 ms
+    for VGG-19 at batch 32)."""
+    return batch_per_node * MS_PER_RESNET50_SAMPLE * MODEL_GMACS[model] / MODEL_GMACS["resnet50"]
 
 
 def iterations_per_epoch(w: Workload, n_nodes: int) -> int:
@@ -48,7 +61,8 @@ class CollectiveEngine:
 
     def __init__(self, clock: Clock, schedule: Schedule, ranks: list[str],
                  submit: Callable[[Flow], None], on_flow_start: Callable[[Flow], None] | None
-                 = None, nic_sync: bool = False, local: list[str] | None = None) -> None:
+                 = None, nic_sync: bool = False, local: list[str] | None = None,
+                 tag: int = 0) -> None:
         """nic_sync: step completion comes from each O-NIC's count-action engine
         (`module_fired`), not from counting deliveries here."""
         self.clock = clock
@@ -75,6 +89,7 @@ class CollectiveEngine:
         self.early: list[Flow] = []
         self.early_fired: list[tuple[int, int]] = []
         self.halted = False  # the job stopped here: no step runs, no flow starts
+        self.id_base = tag << TAG_SHIFT  # a job beside others: its flows' ids are its own
 
     def start_iteration(self, iteration: int, compute_ns: int,
                         on_done: Callable[[int], None]) -> None:
@@ -114,8 +129,8 @@ class CollectiveEngine:
                 now = self.clock.now_ns()
                 n = len(self.ranks)
                 for dst_rank, nbytes in steps[s].sends:
-                    f = Flow(self.seq[r] * n + r, src, self.ranks[dst_rank], nbytes,
-                             self.iteration, s, 0, now)
+                    f = Flow(self.id_base | (self.seq[r] * n + r), src, self.ranks[dst_rank],
+                             nbytes, self.iteration, s, 0, now)
                     self.seq[r] += 1
                     self.flows += 1
                     if self.on_flow_start is not None:

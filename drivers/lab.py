@@ -100,6 +100,7 @@ class LabBackend:
     def __init__(self, tb: Testbed, grid: Grid, name: str = "hw",
                  checker_mode: str = "record", faults: list[FaultSpec] | None = None) -> None:
         self.name = name
+        self.concurrent_jobs = False  # an `oddl node` runs one job at a time
         self.tb = tb
         self.loop = asyncio.new_event_loop()
         self.clock = Clock(self.loop)

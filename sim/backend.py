@@ -39,6 +39,7 @@ from oddl.drivers.onic import DriverONic, ONicDriver
 from oddl.fpga import regmap as R
 from oddl.sim.bus import LocalBus
 from oddl.sim.clock import VirtualClockLoop
+from oddl.sim.electrical import FlowNetwork
 from oddl.sim.fabric import Fabric
 from oddl.sim.faults import Drill
 from oddl.sim.onic_board import BoardLine, ONicBoard
@@ -132,6 +133,7 @@ class SimBackend:
     from its board's registers, the drill's faults happen in virtual time."""
 
     name = "sim"
+    concurrent_jobs = True  # one JobRunner per job, on its own nodes
 
     def __init__(self, tb: Testbed, grid: Grid, faults: list[FaultSpec] | None = None,
                  seed: int = 0, checker_mode: str = "record",
@@ -146,7 +148,7 @@ class SimBackend:
         self.monitor = w.checker
         self.health = Health(tb.monitor, grid.nodes, math.ceil(tb.optical.tuning_time_ns),
                              grid.wss_of())
-        self._runner: JobRunner | None = None
+        self._runners: dict[str, JobRunner] = {}  # node -> the runner of the job on it
         self.drill = Drill(w, self.clock, faults or [], self._retries, self._effect)
         self.injected = self.drill.injected
         self._beats = [Heartbeats(self.clock, self.health.period_ns,
@@ -159,17 +161,19 @@ class SimBackend:
 
     def _gone(self, node: str) -> None:
         """A dead board's node program is gone with it: its control unit says nothing."""
-        cu = self._runner.units.get(node) if self._runner is not None else None
+        r = self._runners.get(node)
+        cu = r.units.get(node) if r is not None else None
         if cu is not None:
             cu.halt()
 
     def _retries(self) -> int:
-        return self._runner.stats().get("retries", 0) if self._runner is not None else 0
+        runners = {id(r): r for r in self._runners.values()}.values()
+        return sum(r.stats().get("retries", 0) for r in runners)
 
     def _read(self, node: str, seq: int) -> Heartbeat | None:
         if node in self.world.fabric.dead:
             return None  # a dead board says nothing
-        return read_heartbeat(node, seq, self.onics[node], self._runner)
+        return read_heartbeat(node, seq, self.onics[node], self._runners.get(node))
 
     def _send(self, hb: Heartbeat) -> None:
         """A heartbeat crosses the control bus as any message does (not when it is down)."""
@@ -183,9 +187,10 @@ class SimBackend:
     async def run_job(self, spec: JobSpec, on_iteration: OnIteration,
                       record_flows: bool) -> JobOutcome:
         w, health = self.world, self.health
-        self.monitor.new_job(spec.job)
-        runner = self._runner = JobRunner(spec, self.clock, self.monitor, lambda *_: None)
+        self.monitor.new_job(spec.job, spec.tag, spec.nodes)
+        runner = JobRunner(spec, self.clock, self.monitor, lambda *_: None)
         runner.on_onics(w.bus, w.onics, w.lines)
+        self._runners.update(dict.fromkeys(spec.nodes, runner))
         for node in w.fabric.dead:
             self._gone(node)
         self.drill.arm()
@@ -237,6 +242,11 @@ class SimBackend:
                              outcome(), len(self.monitor.undelivered())) from e
         finally:
             timer[0].cancel()
+            for n in spec.nodes:
+                if self._runners.get(n) is runner:
+                    del self._runners[n]
+        if spec.tag:
+            self.monitor.job_left(spec.tag, self.clock.now_ns())
         return outcome()
 
     def _outcome(self, runner: JobRunner, sent: int) -> JobOutcome:
@@ -261,6 +271,7 @@ class ModelBackend:
     every back end (there is no such hardware here); no devices, nothing to plan."""
 
     name = "model"
+    concurrent_jobs = True  # every job's flows on the one network
 
     def __init__(self, spec: NetworkSpec, tb: Testbed, ranks: list[str],
                  checker_mode: str = "record", announce: Announce | None = None) -> None:
@@ -275,18 +286,36 @@ class ModelBackend:
         self.monitor = InvariantChecker(mode=checker_mode)
         self.health = None
         self.injected: list[Any] = []
+        self._switch: FlowNetwork | None = None  # one network, every job's flows on it
+        self._runners: dict[str, JobRunner] = {}  # node -> the runner of the job on it
+
+    def _deliver(self, flow: Flow) -> None:
+        self._runners[flow.dst].deliver(flow)
 
     async def run_job(self, spec: JobSpec, on_iteration: OnIteration,
                       record_flows: bool) -> JobOutcome:
+        """Jobs run at once share the one network's links, max-min fair."""
         from oddl.sim.baselines import build_network
 
-        self.monitor.new_job(spec.job)
+        self.monitor.new_job(spec.job, spec.tag, spec.nodes)
         runner = JobRunner(spec, self.clock, self.monitor, lambda *_: None)
-        switch = build_network(self.spec, self.clock, self.ranks,
-                               self.tb.optical.line_rate_gbps, runner.deliver)
+        if self._switch is None:
+            self._switch = build_network(self.spec, self.clock, self.ranks,
+                                         self.tb.optical.line_rate_gbps, self._deliver)
+        switch = self._switch
+        self._runners.update(dict.fromkeys(spec.ranks, runner))
         runner.on_network(switch.submit)
-        await run_in_process(runner, self.loop, on_iteration, lambda: 0, record_flows)
-        return JobOutcome(0, runner.engine.flows, {"transfers": switch.flows, **switch.describe()},
+        flows0 = switch.flows
+        try:
+            await run_in_process(runner, self.loop, on_iteration, lambda: 0, record_flows)
+        finally:
+            for n in spec.ranks:
+                if self._runners.get(n) is runner:
+                    del self._runners[n]
+        if spec.tag:
+            self.monitor.job_left(spec.tag, self.clock.now_ns())
+        return JobOutcome(0, runner.engine.flows,
+                          {"transfers": switch.flows - flows0, **switch.describe()},
                           list(self.monitor.violations))
 
     def close(self) -> None:

@@ -6,6 +6,8 @@ send two inputs to the same (output port, channel): those signals would collide.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from oddl.controller.devices import DeviceRefused
 
 
@@ -17,6 +19,7 @@ class WSSModel:
         self.reconfig_ns = reconfig_ns  # LCoS settling time: stage 1 only (milliseconds)
         self.table: list[list[int | None]] = [[None] * channels for _ in range(ports)]
         self.applied = 0
+        self.changes = [0] * ports  # per input: applies that changed its row (its light)
         self.misroute: dict[tuple[int, int], int] = {}  # fault: (in, ch) -> actual out
         self.dead = False  # fault: it answers nothing and passes no light
 
@@ -51,9 +54,20 @@ class WSSModel:
     def set_table(self, table: list[list[int | None]]) -> None:
         self._alive()
         self.check(table)
-        self.table = [[r[ch] if ch < len(r) else None for ch in range(self.channels)]
-                      for r in table]
+        new = [[r[ch] if ch < len(r) else None for ch in range(self.channels)] for r in table]
+        for i, (old, row) in enumerate(zip(self.table, new, strict=True)):
+            self.changes[i] += old != row
+        self.table = new
         self.applied += 1
+
+    def set_rows(self, rows: Mapping[int, list[int | None]]) -> None:
+        """The LCoS steers each input's light on its own pixels: the inputs not named keep
+        theirs. The result is checked as a whole table is."""
+        self._alive()
+        bad = [i for i in rows if not 0 <= i < self.ports]
+        if bad:
+            raise DeviceRefused(f"{self.id}: no input port {bad[0]} ({self.ports} ports)")
+        self.set_table([list(rows.get(i, r)) for i, r in enumerate(self.table)])
 
     def get_table(self) -> list[list[int | None]]:
         self._alive()

@@ -120,6 +120,9 @@ class SerialWSS:
         if head == "ROUT:CLR":
             self.staged = [[None] * m.channels for _ in range(m.ports)]
             return "OK"
+        if head == "ROUT:COPY":
+            self.staged = [list(r) for r in m.table]
+            return "OK"
         if head in ("ROUT:ROW", "ROUT:ROW?"):
             parts = [p.strip() for p in args.split(",")] if args.strip() else []
             if not parts:

@@ -1,0 +1,251 @@
+"""Several jobs on one fabric: arrivals, a queue, placement, stage 1 per job, departures.
+
+The arbiter as a long-lived service (docs/multijob.md): a job arrives at its time, waits
+in the queue until a partition of free nodes holds it (FIFO, or smallest first), is placed
+(controller/placement.py), gets its own stage 1 beside the running jobs (ODDL: its WSS
+entries, routes and count-action programs only, read back with everyone else's), runs its
+iterations, and gives its nodes back when it leaves. Every job runs on the back end's one
+clock at once, so jobs that share a network's links (the baselines) slow each other down
+exactly as much as the flow model says; ODDL's isolated partitions do not.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from oddl.controller.arbiter import Arbiter
+from oddl.controller.backend import Backend, Iteration, RunFailed
+from oddl.controller.clock import Clock
+from oddl.controller.collectives import Schedule, build
+from oddl.controller.config import JobEntry, NetworkSpec
+from oddl.controller.invariants import MAX_TAG
+from oddl.controller.job import JOB_VERSION, JobSpec, job_id, timing_of, wire_routes
+from oddl.controller.placement import Partition, place
+from oddl.controller.topology import Grid
+from oddl.controller.workloads import compute_ms, model_spec
+from oddl.fpga.countaction import step_sync
+from oddl.fpga.regmap import N_MODULES
+
+
+@dataclass(frozen=True)
+class JobRequest:
+    """A job as the queue holds it: what it needs, and for how long."""
+
+    name: str
+    model: str
+    collective: str
+    ranks: int
+    iterations: int
+    compute_ns: int
+    arrival_ns: int
+    shape: str
+    size: int  # gradient bytes
+
+    @classmethod
+    def of(cls, e: JobEntry) -> JobRequest:
+        ms = e.compute_time_ms if e.compute_time_ms is not None else \
+            compute_ms(e.model, e.batch_per_node)
+        return cls(e.name, e.model, e.collective, e.ranks, e.total_iterations(),
+                   round(ms * 1e6), round(e.arrival_ms * 1e6), e.shape,
+                   model_spec(e.model).grad_bytes(e.bytes_per_param))
+
+    @property
+    def exact(self) -> bool:
+        """2-D hierarchical needs its whole rectangle (no spare cells)."""
+        return self.collective == "hier2d"
+
+
+@dataclass
+class JobRecord:
+    """One job's life on one network."""
+
+    name: str
+    ranks: int
+    arrival_ns: int
+    partition: Partition | None = None
+    start_ns: int | None = None
+    end_ns: int | None = None
+    iteration_ns: list[int] = field(default_factory=list)
+    flows: int = 0
+
+    @property
+    def jct_s(self) -> float:
+        assert self.end_ns is not None
+        return (self.end_ns - self.arrival_ns) / 1e9
+
+    @property
+    def queued_s(self) -> float:
+        assert self.start_ns is not None
+        return (self.start_ns - self.arrival_ns) / 1e9
+
+    def public(self) -> dict[str, Any]:
+        its = sorted(self.iteration_ns)
+        p = self.partition
+        return {"jct_s": round(self.jct_s, 9), "queued_s": round(self.queued_s, 9),
+                "iterations": len(its),
+                "iteration_time_s": round(sum(its) / len(its) / 1e9, 9) if its else None,
+                "iteration_p99_s": round(percentile(its, 99) / 1e9, 9) if its else None,
+                "nodes": len(p.nodes) if p else 0, "shape": p.shape if p else None}
+
+
+def percentile(xs: list[int] | list[float], q: float) -> float:
+    """Nearest-rank percentile of sorted values."""
+    return xs[max(0, math.ceil(q / 100 * len(xs)) - 1)]
+
+
+class Stage1(Protocol):
+    """What a network does when a job is placed and when it leaves (ODDL: plan, apply
+    and read back its partition; a baseline: nothing to configure)."""
+
+    def admit(self, req: JobRequest, part: Partition, schedule: Schedule
+              ) -> tuple[dict[str, dict[str, tuple[str, int, str]]], bool]: ...
+    def release(self, job: str) -> None: ...
+
+
+class NoStage1:
+    def admit(self, req: JobRequest, part: Partition, schedule: Schedule
+              ) -> tuple[dict[str, dict[str, tuple[str, int, str]]], bool]:
+        return {}, False
+
+    def release(self, job: str) -> None:
+        pass
+
+
+class OddlStage1:
+    """The arbiter per job: plan within the partition, admit beside the running jobs."""
+
+    def __init__(self, arbiter: Arbiter, spec: NetworkSpec) -> None:
+        self.arbiter, self.spec = arbiter, spec
+        self.plan_s = 0.0
+
+    def admit(self, req: JobRequest, part: Partition, schedule: Schedule
+              ) -> tuple[dict[str, dict[str, tuple[str, int, str]]], bool]:
+        t = time.perf_counter()
+        plan = self.arbiter.plan(schedule, self.spec.strategy, job=req.name,
+                                 relay=self.spec.relay, ranks=list(part.ranks),
+                                 within=frozenset(part.nodes))
+        self.plan_s += time.perf_counter() - t
+        nic_sync = all(0 < len(s) <= N_MODULES and all(x.recv_bytes > 0 for x in s)
+                       for s in schedule)
+        programs = ({n: step_sync([x.recv_bytes for x in schedule[r]])
+                     for r, n in enumerate(part.ranks)} if nic_sync else None)
+        self.arbiter.admit(plan, programs)
+        return wire_routes(plan), nic_sync
+
+    def release(self, job: str) -> None:
+        self.arbiter.release(job)
+
+
+OnJob = Callable[[JobRecord, Iteration], None]  # a job's iteration, as it completes
+
+
+class Admission:
+    """Runs a trace of jobs on one network's back end, every job on the one clock."""
+
+    def __init__(self, backend: Backend, grid: Grid, requests: list[JobRequest],
+                 policy: str, stage1: Stage1, spec: NetworkSpec, testbed: Any,
+                 run_name: str, on_iteration: OnJob | None = None) -> None:
+        if len(requests) > MAX_TAG:
+            raise RunFailed(f"{len(requests)} jobs: at most {MAX_TAG} in one run")
+        self.b, self.grid, self.policy, self.stage1 = backend, grid, policy, stage1
+        self.spec, self.tb, self.run_name = spec, testbed, run_name
+        self.requests = sorted(requests, key=lambda r: (r.arrival_ns, r.name))
+        self.records = {r.name: JobRecord(r.name, r.ranks, r.arrival_ns) for r in requests}
+        self.tags = {r.name: k for k, r in enumerate(self.requests, start=1)}  # flow ids
+        self.on_iteration = on_iteration
+        self.free = set(grid.nodes)
+        self.queue: list[JobRequest] = []
+        self.clock = Clock(backend.loop)
+        self.t0 = 0
+        self.left = len(requests)
+        self._done: asyncio.Future[None] | None = None
+        self._schedules: dict[tuple[str, int, int, int, int], Schedule] = {}
+
+    def run(self) -> dict[str, JobRecord]:
+        loop = self.b.loop
+        self._done = loop.create_future()
+        self.t0 = self.clock.now_ns()
+        for req in self.requests:
+            self.clock.call_at_ns(self.t0 + req.arrival_ns, self._arrive, req)
+        if not self.requests:
+            self._done.set_result(None)
+        loop.run_until_complete(self._done)
+        return self.records
+
+    def _arrive(self, req: JobRequest) -> None:
+        self.queue.append(req)
+        self._admit()
+
+    def _order(self) -> list[JobRequest]:
+        if self.policy == "smallest-first":
+            return sorted(self.queue, key=lambda r: (r.ranks, r.arrival_ns, r.name))
+        return list(self.queue)
+
+    def _admit(self) -> None:
+        """Start every queued job that fits, in policy order. FIFO starts none past the
+        first that does not fit (no overtaking); smallest-first tries each."""
+        for req in self._order():
+            part = place(self.grid, self.free, req.name, req.ranks, req.shape, req.exact)
+            if part is None:
+                if self.policy == "fifo":
+                    return
+                continue
+            self.queue.remove(req)
+            try:
+                self._start(req, part)
+            except Exception as e:  # a job that cannot start fails the run, saying which
+                self._fail(RunFailed(f"{self.spec.name}: job {req.name} on "
+                                     f"{part.describe()}: {e}"))
+                return
+
+    def _schedule(self, req: JobRequest, part: Partition) -> Schedule:
+        key = (req.collective, req.ranks, req.size, len(part.rows), len(part.cols))
+        if key not in self._schedules:
+            self._schedules[key] = build(req.collective, req.ranks, req.size, len(part.rows),
+                                         len(part.cols), self.spec.degree,
+                                         self.spec.bidirectional)
+        return self._schedules[key]
+
+    def _start(self, req: JobRequest, part: Partition) -> None:
+        rec = self.records[req.name]
+        rec.partition, rec.start_ns = part, self.clock.now_ns() - self.t0
+        self.free -= set(part.nodes)
+        schedule = self._schedule(req, part)
+        routes, nic_sync = self.stage1.admit(req, part, schedule)
+        spec = JobSpec(JOB_VERSION, job_id(self.run_name, self.spec.name, req.name),
+                       req.collective, req.size, len(part.rows), len(part.cols),
+                       self.spec.degree, self.spec.bidirectional, list(part.ranks),
+                       list(part.nodes), req.iterations, req.compute_ns, nic_sync,
+                       timing_of(self.tb), routes, tag=self.tags[req.name])
+
+        def on_iteration(it: Iteration) -> None:
+            rec.iteration_ns.append(it.t_end - it.t_start)
+            if self.on_iteration is not None:
+                self.on_iteration(rec, it)
+
+        task = self.b.loop.create_task(self.b.run_job(spec, on_iteration, False))
+        task.add_done_callback(lambda t: self._finish(req, part, t))
+
+    def _finish(self, req: JobRequest, part: Partition, task: asyncio.Task[Any]) -> None:
+        if task.exception() is not None:
+            self._fail(task.exception())  # type: ignore[arg-type]
+            return
+        out = task.result()
+        rec = self.records[req.name]
+        rec.end_ns, rec.flows = self.clock.now_ns() - self.t0, out.flows
+        self.stage1.release(req.name)
+        self.free |= set(part.nodes)
+        self.left -= 1
+        if self.left == 0 and self._done is not None and not self._done.done():
+            self._done.set_result(None)
+        else:
+            self._admit()
+
+    def _fail(self, e: BaseException) -> None:
+        if self._done is not None and not self._done.done():
+            self._done.set_exception(e)
