@@ -1,0 +1,258 @@
+"""Several jobs on one fabric (docs/multijob.md): config, placement, per-job stage 1 beside
+running jobs, the checker's isolation invariants, and whole traces on ODDL and a shared
+baseline."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from oddl.controller.admission import JobRequest
+from oddl.controller.arbiter import Arbiter, ApplyError
+from oddl.controller.collectives import build
+from oddl.controller.config import ConfigError, load_experiment
+from oddl.controller.invariants import TAG_SHIFT, InvariantChecker
+from oddl.controller.messages import Flow
+from oddl.controller.placement import place
+from oddl.controller.runner import run_experiment
+from oddl.controller.topology import Grid
+from oddl.drivers.wss import WSSDriver
+from oddl.sim.backend import SimBackend
+from oddl.sim.wss import WSSModel
+from oddl.sim.wss_serial import SerialWSS
+
+from tests.helpers import make_testbed
+
+TB = """
+[testbed]
+name = "g4x4"
+[grid]
+rows = 4
+cols = 4
+[optical]
+line_rate_gbps = 100
+tuning_time_ns = 10.5
+wavelength_grid = { start_nm = 1530.33, spacing_ghz = 50, count = 8 }
+[control]
+latency_ns = 1000
+[generate]
+nodes = "n{row}-{col}"
+wss = true
+"""
+
+NETS = """
+[[networks]]
+name = "oddl"
+kind = "oddl"
+
+[[networks]]
+name = "fattree"
+kind = "fattree"
+hosts_per_leaf = 4
+spines = 1
+oversubscription = 4.0
+latency_ns = 500
+"""
+
+
+def experiment(tmp_path: Path, body: str, trace: str | None = None) -> Path:
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    (tmp_path / "tb.toml").write_text(TB)
+    if trace is not None:
+        (tmp_path / "jobs.csv").write_text(trace)
+    p = tmp_path / "e.toml"
+    p.write_text(f'name = "mj"\ntestbed = "tb.toml"\n{body}\n{NETS}')
+    return p
+
+
+def job(name: str, ranks: int, iterations: int = 2, arrival_ms: float = 0, model: str =
+        "resnet50", compute_ms: float | None = 1.0, **kw: object) -> str:
+    extra = "".join(f"{k} = {json.dumps(v)}\n" for k, v in kw.items())
+    comp = f"compute_time_ms = {compute_ms}\n" if compute_ms is not None else ""
+    return (f'[[jobs]]\nname = "{name}"\nmodel = "{model}"\nranks = {ranks}\n'
+            f"iterations = {iterations}\narrival_ms = {arrival_ms}\n{comp}{extra}")
+
+
+# --- config -----------------------------------------------------------------------------
+
+@pytest.mark.parametrize(("body", "trace", "where", "why"), [
+    (job("big", 17), None, "jobs[0] (job 'big').ranks", "17 ranks but g4x4 has 16 nodes"),
+    (job("a", 2) + job("a", 4), None, "jobs[1] (job 'a').name",
+     "duplicate job name: jobs[0] has it too"),
+    (job("x", 2, model="gpt5"), None, "jobs[0] (job 'x').model", "Input should be"),
+    ('jobs_trace = "jobs.csv"\n', "arrival_ms,model,ranks,iterations\n0,resnet50,4,3\n"
+     "5,vgg19,four,3\n", "row 2 (job 'jobs-2').ranks", "valid integer"),
+    ('jobs_trace = "jobs.csv"\n', "arrival_ms,model,ranks\n0,resnet50,4\n", "header",
+     "missing column(s) iterations"),
+    ('jobs_trace = "jobs.csv"\n' + job("a", 2), "name,arrival_ms,model,ranks,iterations\n"
+     "a,0,resnet50,2,1\n", "jobs.csv row 1 (job 'a').name", "jobs[0] has it too"),
+])
+def test_bad_jobs_name_the_job_and_field(tmp_path: Path, body: str, trace: str | None,
+                                         where: str, why: str) -> None:
+    with pytest.raises(ConfigError) as ei:
+        load_experiment(experiment(tmp_path, body, trace))
+    msg = str(ei.value)
+    assert where in msg and why in msg, msg
+
+
+def test_a_job_no_rectangle_holds_is_refused_before_anything_runs(tmp_path: Path) -> None:
+    ctx = load_experiment(experiment(tmp_path, job("long", 8, shape="row")))
+    with pytest.raises(ConfigError, match=r"job 'long'.shape: no row rectangle of 4 x 4 "
+                                          r"holds 8 ranks"):
+        run_experiment(ctx)
+
+
+def test_trace_and_jobs_together_and_compute_from_the_model(tmp_path: Path) -> None:
+    ctx = load_experiment(experiment(
+        tmp_path, 'jobs_trace = "jobs.csv"\n' + job("first", 4, compute_ms=None, model="vgg19"),
+        "# a comment\narrival_ms,model,ranks,iterations,shape\n12.5,bert-large,8,3,grid\n"))
+    reqs = [JobRequest.of(j) for j in ctx.jobs]
+    assert [(r.name, r.ranks, r.arrival_ns, r.shape) for r in reqs] == [
+        ("first", 4, 0, "any"), ("jobs-1", 8, 12_500_000, "grid")]
+    # batch 32 x 0.863 ms per ResNet-50 image x 19.6 / 4.1 (docs/model.md)
+    assert reqs[0].compute_ns == pytest.approx(132e6, rel=1e-3)
+    assert reqs[1].compute_ns == pytest.approx(32 * 220.8742 / 256 * 43.5 / 4.1 * 1e6)
+
+
+# --- placement --------------------------------------------------------------------------
+
+def test_placement_prefers_one_hop_shapes_and_keeps_rectangles() -> None:
+    grid = Grid.from_testbed(make_testbed(4, 4))
+    free = set(grid.nodes)
+    row = place(grid, free, "a", 4)
+    assert row is not None and row.shape == "row" and row.ranks == (
+        "n0-0", "n0-1", "n0-2", "n0-3")
+    free -= set(row.nodes)
+    sub = place(grid, free, "b", 8)
+    assert sub is not None and (sub.shape, sub.rows, sub.cols) == ("grid", (1, 2), (0, 1, 2, 3))
+    free -= set(sub.nodes)
+    col = place(grid, free, "c", 3, "col")
+    assert col is None  # one row left: no column segment of 3
+    spare = place(grid, free, "d", 3)
+    assert spare is not None and spare.ranks == ("n3-0", "n3-1", "n3-2") and not spare.spare
+    odd = place(Grid.from_testbed(make_testbed(4, 4)), set(grid.nodes), "e", 7, "grid")
+    assert odd is not None and len(odd.ranks) == 7 and odd.spare == ("n1-3",)
+    assert place(grid, set(grid.nodes), "f", 7, "grid", exact=True) is None
+
+
+# --- stage 1 beside running jobs --------------------------------------------------------
+
+def test_admitting_a_job_writes_only_its_entries_and_reads_everyone_back() -> None:
+    tb = make_testbed(4, 4, 8)
+    grid = Grid.from_testbed(tb)
+    b = SimBackend(tb, grid)
+    arb = Arbiter(tb, grid, b.onics, b.wss)
+    size = 1 << 20
+    a = place(grid, set(grid.nodes), "a", 8)
+    assert a is not None
+    plan_a = arb.plan(build("hd", 8, size, 2, 4), "matched", "a", ranks=list(a.ranks),
+                      within=frozenset(a.nodes))
+    arb.admit(plan_a)
+    tables = {w: m.get_table() for w, m in b.wss.items()}
+    changes = {w: list(m.changes) for w, m in b.wss.items()}
+    bpart = place(grid, set(grid.nodes) - set(a.nodes), "b", 8)
+    assert bpart is not None
+    plan_b = arb.plan(build("hd", 8, size, 2, 4), "cyclic", "b", ranks=list(bpart.ranks),
+                      within=frozenset(bpart.nodes))
+    arb.admit(plan_b)
+    for w, m in b.wss.items():  # a's rows: the same light, never rewritten
+        g = grid.groups[(m.id.startswith("wss-row") and "row" or "col",
+                         int(m.id.rsplit("row" if "row" in m.id else "col", 1)[1]))]
+        for i, node in enumerate(g.members):
+            if node in a.nodes:
+                assert m.get_table()[i] == tables[w][i]
+                assert m.changes[i] == changes[w][i]
+    assert any(m.changes[i] for m in b.wss.values() for i in range(4))
+    assert plan_b.conflicts(plan_a, grid) == []
+    # a plan that would share a's node is refused before anything is written
+    clash = arb.plan(build("hd", 2, size, 1, 2), "matched", "c", ranks=["n0-0", "n2-0"])
+    before = {w: m.get_table() for w, m in b.wss.items()}
+    with pytest.raises(ApplyError, match="job c is not isolated: c and a both use node n0-0"):
+        arb.admit(clash)
+    assert {w: m.get_table() for w, m in b.wss.items()} == before
+    arb.release("a")
+    assert all(b.onics[n].read_routes() == {} for n in a.nodes)
+    arb.admit(arb.plan(build("hd", 2, size, 1, 2), "matched", "c", ranks=["n0-0", "n0-1"],
+                       within=frozenset({"n0-0", "n0-1"})))
+    b.close()
+
+
+def test_partial_update_over_the_serial_line_touches_named_inputs_only() -> None:
+    inst = SerialWSS(WSSModel("wss-row0", 4, 2)).start()
+    try:
+        d = WSSDriver(inst.path)
+        d.set_table([[1, None], [0, None], [None, None], [None, None]])
+        inst.log.clear()
+        d.set_rows({2: [3, None], 3: [2, None]})
+        assert inst.log == ["ROUT:COPY", "ROUT:ROW 2,3,-", "ROUT:ROW 3,2,-", "ROUT:APPL"]
+        assert d.get_table() == [[1, None], [0, None], [3, None], [2, None]]
+        assert inst.model.changes == [1, 1, 1, 1]
+        d.close()
+    finally:
+        inst.close()
+
+
+# --- the checker knows jobs -------------------------------------------------------------
+
+def test_checker_flags_cross_job_receivers_relays_and_lights() -> None:
+    c = InvariantChecker(mode="record")
+    c.new_job("a", 1, ["n0", "n1"])
+    c.new_job("b", 2, ["n2", "n3"])
+    fa = Flow(1 << TAG_SHIFT | 5, "n0", "n1", 100)
+    fb = Flow(2 << TAG_SHIFT | 5, "n2", "n3", 100)
+    c.on_light(0, "w", 1, 0, None, None, fa, "n1")  # its own receiver: fine
+    assert c.violations == []
+    c.on_light(1, "w", 1, 0, None, None, fb, "n3")  # another job's (out, channel) lit
+    c.on_send(2, "n1", "H", None, False, False, fb)  # b relayed by a's node
+    c.on_light(3, "w", 2, 1, None, None, fa, "n2")  # a lands on b's node
+    assert [v.split(": ", 1)[1] for v in c.violations] == [
+        "w: (out 1, channel 0) carries light of jobs a and b: jobs share it",
+        f"n1: sends {fb!r} of job b on a node of job a: jobs share it",
+        f"n1/H: sends {fb!r} without a GRANT for it",
+        f"n2: receives {fa!r} of job a on a node of job b: jobs share it"]
+    c.job_left(1, 9)
+    assert "job a: 0" not in " ".join(c.violations)
+
+
+# --- whole traces -----------------------------------------------------------------------
+
+def test_isolated_partitions_keep_their_pace_while_a_shared_fabric_interferes(
+        tmp_path: Path) -> None:
+    """Two 4-rank jobs at once, each down a column: on ODDL each iterates exactly as fast
+    as alone; on the fat-tree (a leaf per grid row, one spine) both cross the same leaf
+    uplinks, and their all-reduces slow each other down."""
+    two = job("a", 4, 3, model="vgg19", shape="col") + job("b", 4, 3, model="vgg19",
+                                                           shape="col")
+    both = run_experiment(load_experiment(experiment(tmp_path / "2", two)))
+    alone = run_experiment(load_experiment(experiment(
+        tmp_path / "1", job("a", 4, 3, model="vgg19", shape="col"))))
+    assert both.invariant_violations == 0
+    j = both.jobs
+    assert j["a"]["oddl"]["queued_s"] == j["b"]["oddl"]["queued_s"] == 0  # side by side
+    assert j["a"]["oddl"]["iteration_time_s"] == alone.jobs["a"]["oddl"]["iteration_time_s"]
+    assert j["b"]["oddl"]["iteration_time_s"] == alone.jobs["a"]["oddl"]["iteration_time_s"]
+    ft, ft1 = j["a"]["fattree"]["iteration_time_s"], alone.jobs["a"]["fattree"]["iteration_time_s"]
+    assert ft > ft1 * 1.2
+    assert both.networks["oddl"].fabric["utilisation"] == pytest.approx(0.5)
+
+
+def test_fifo_waits_in_order_and_smallest_first_overtakes(tmp_path: Path) -> None:
+    """The grid is full; a 16-rank and then a 4-rank job queue. FIFO starts the 16 first
+    (the 4 waits for it); smallest-first starts the 4 first (the 16 waits for it)."""
+    trace = (job("big", 16, 2) + job("large", 16, 2, arrival_ms=0.001)
+             + job("small", 4, 2, arrival_ms=0.002))
+    fifo = run_experiment(load_experiment(experiment(tmp_path / "f", trace)))
+    sf = run_experiment(load_experiment(experiment(
+        tmp_path / "s", 'policy = "smallest-first"\n' + trace)))
+    for net in ("oddl", "fattree"):
+        f = {k: v[net] for k, v in fifo.jobs.items()}
+        s = {k: v[net] for k, v in sf.jobs.items()}
+        end = {k: v["jct_s"] + t for (k, v), t in zip(f.items(), (0, 1e-6, 2e-6), strict=True)}
+        assert f["large"]["queued_s"] + 1e-6 == pytest.approx(end["big"], abs=1e-9)
+        assert f["small"]["queued_s"] + 2e-6 == pytest.approx(end["large"], abs=1e-9)
+        end = {k: v["jct_s"] + t for (k, v), t in zip(s.items(), (0, 1e-6, 2e-6), strict=True)}
+        assert s["small"]["queued_s"] + 2e-6 == pytest.approx(end["big"], abs=1e-9)
+        assert s["large"]["queued_s"] + 1e-6 == pytest.approx(end["small"], abs=1e-9)
+        assert all(v["iterations"] == 2 for v in f.values())
+    assert fifo.invariant_violations == sf.invariant_violations == 0
