@@ -12,6 +12,7 @@ exactly as much as the flow model says; ODDL's isolated partitions do not.
 from __future__ import annotations
 
 import asyncio
+import functools
 import math
 import time
 from collections.abc import Callable
@@ -26,6 +27,8 @@ from oddl.controller.config import JobEntry, NetworkSpec
 from oddl.controller.invariants import MAX_TAG
 from oddl.controller.job import JOB_VERSION, JobSpec, job_id, timing_of, wire_routes
 from oddl.controller.placement import Partition, place
+from oddl.controller.plan import Plan, PlanError
+from oddl.controller.planner import plan_job
 from oddl.controller.topology import Grid
 from oddl.controller.workloads import compute_ms, model_spec
 from oddl.fpga.countaction import step_sync
@@ -141,6 +144,57 @@ class OddlStage1:
         self.arbiter.release(job)
 
 
+def admissible(grid: Grid, free: set[str], queue: list[JobRequest], policy: str
+               ) -> list[tuple[JobRequest, Partition]]:
+    """The queued jobs that start now and where, in policy order. FIFO starts none past
+    the first that does not fit (no overtaking); smallest-first tries each, smallest
+    first. `free` loses the nodes placed."""
+    order = sorted(queue, key=lambda r: (r.ranks, r.arrival_ns, r.name)) \
+        if policy == "smallest-first" else list(queue)
+    out = []
+    for req in order:
+        part = place(grid, free, req.name, req.ranks, req.shape, req.exact)
+        if part is None:
+            if policy == "fifo":
+                break
+            continue
+        free -= set(part.nodes)
+        out.append((req, part))
+    return out
+
+
+def schedule_of(req: JobRequest, part: Partition, spec: NetworkSpec) -> Schedule:
+    """The job's collective on its partition's rows and columns."""
+    return _schedule(req.collective, req.ranks, req.size, len(part.rows), len(part.cols),
+                     spec.degree, spec.bidirectional)
+
+
+@functools.lru_cache(maxsize=64)
+def _schedule(collective: str, n: int, size: int, rows: int, cols: int, degree: int,
+              bidirectional: bool) -> Schedule:
+    return build(collective, n, size, rows, cols, degree, bidirectional)
+
+
+def plan_partitions(tb: Any, grid: Grid, requests: list[JobRequest], policy: str,
+                    spec: NetworkSpec) -> tuple[list[tuple[Partition, Plan]], list[JobRequest]]:
+    """What stage 1 gives the jobs that fit at once, as if all had arrived and none had
+    left (`oddl plan --job`): each job's partition and plan, checked isolated from every
+    other's; and the jobs that would wait."""
+    queue = sorted(requests, key=lambda r: (r.arrival_ns, r.name))
+    placed = admissible(grid, set(grid.nodes), queue, policy)
+    out: list[tuple[Partition, Plan]] = []
+    for req, part in placed:
+        plan = plan_job(tb, grid, schedule_of(req, part, spec), req.name, spec.strategy,
+                        spec.relay, list(part.ranks), within=frozenset(part.nodes))
+        plan.validate(grid)
+        clash = [c for _p, other in out for c in plan.conflicts(other, grid)]
+        if clash:
+            raise PlanError("; ".join(clash[:5]))
+        out.append((part, plan))
+    started = {r.name for r, _ in placed}
+    return out, [r for r in queue if r.name not in started]
+
+
 OnJob = Callable[[JobRecord, Iteration], None]  # a job's iteration, as it completes
 
 
@@ -164,7 +218,6 @@ class Admission:
         self.t0 = 0
         self.left = len(requests)
         self._done: asyncio.Future[None] | None = None
-        self._schedules: dict[tuple[str, int, int, int, int], Schedule] = {}
 
     def run(self) -> dict[str, JobRecord]:
         loop = self.b.loop
@@ -181,20 +234,9 @@ class Admission:
         self.queue.append(req)
         self._admit()
 
-    def _order(self) -> list[JobRequest]:
-        if self.policy == "smallest-first":
-            return sorted(self.queue, key=lambda r: (r.ranks, r.arrival_ns, r.name))
-        return list(self.queue)
-
     def _admit(self) -> None:
-        """Start every queued job that fits, in policy order. FIFO starts none past the
-        first that does not fit (no overtaking); smallest-first tries each."""
-        for req in self._order():
-            part = place(self.grid, self.free, req.name, req.ranks, req.shape, req.exact)
-            if part is None:
-                if self.policy == "fifo":
-                    return
-                continue
+        """Start every queued job that fits now (`admissible`)."""
+        for req, part in admissible(self.grid, self.free, self.queue, self.policy):
             self.queue.remove(req)
             try:
                 self._start(req, part)
@@ -203,19 +245,10 @@ class Admission:
                                      f"{part.describe()}: {e}"))
                 return
 
-    def _schedule(self, req: JobRequest, part: Partition) -> Schedule:
-        key = (req.collective, req.ranks, req.size, len(part.rows), len(part.cols))
-        if key not in self._schedules:
-            self._schedules[key] = build(req.collective, req.ranks, req.size, len(part.rows),
-                                         len(part.cols), self.spec.degree,
-                                         self.spec.bidirectional)
-        return self._schedules[key]
-
     def _start(self, req: JobRequest, part: Partition) -> None:
         rec = self.records[req.name]
         rec.partition, rec.start_ns = part, self.clock.now_ns() - self.t0
-        self.free -= set(part.nodes)
-        schedule = self._schedule(req, part)
+        schedule = schedule_of(req, part, self.spec)
         routes, nic_sync = self.stage1.admit(req, part, schedule)
         spec = JobSpec(JOB_VERSION, job_id(self.run_name, self.spec.name, req.name),
                        req.collective, req.size, len(part.rows), len(part.cols),

@@ -9,6 +9,7 @@ import sys
 import time
 from dataclasses import asdict
 from pathlib import Path
+from typing import Any
 
 import click
 from oddl.controller.catalog import BACKENDS, STRATEGIES
@@ -82,6 +83,9 @@ def plan(testbed: Path, job: Path | None, strategy: str | None, as_json: bool,
     try:
         if job is not None:
             ctx = load_experiment(job, testbed)
+            if ctx.jobs:
+                _plan_jobs(ctx, strategy, as_json, plot)
+                return
             tb, w = ctx.testbed, ctx.workload
             nets = [s for s in ctx.experiment.networks if s.kind == "oddl"]
             strat = strategy or (nets[0].strategy if nets else "matched")
@@ -121,6 +125,90 @@ def plan(testbed: Path, job: Path | None, strategy: str | None, as_json: bool,
                 str(JumpSet.of(n, totient_jumps(n, w))) for n in sizes))
         click.echo(f"\nvalid: no collisions, {len(p.demand)} pairs routable "
                    f"(planned in {dt:.2f} s)")
+
+
+def _jobs_report(res: Any, run_dir: Path, backend: str, as_json: bool) -> None:
+    """Several jobs: per network JCT summary, per job JCT and queueing, the JCT CDF."""
+    from oddl.controller.figures import jct_cdf, save
+
+    save(jct_cdf(f"{res.experiment} ({backend}): {len(res.jobs)} jobs", res.jobs),
+         run_dir / "jct-cdf.png")
+    if as_json:
+        click.echo(json.dumps(res.to_json_obj()))
+        return
+    nets = list(res.networks)
+    t = Table(title=f"{res.experiment}: {len(res.jobs)} jobs ({backend})")
+    for col in ("network", "mean JCT", "p99 JCT", "mean queued", "makespan", "utilisation",
+                "iterations", "violations"):
+        t.add_column(col, justify="left" if col == "network" else "right")
+    for n, r in res.networks.items():
+        f = r.fabric
+        t.add_row(n, f"{f['mean_jct_s']:.3f} s", f"{f['p99_jct_s']:.3f} s",
+                  f"{f['mean_queued_s']:.3f} s", f"{f['makespan_s']:.3f} s",
+                  f"{f['utilisation']:.1%}", str(r.iterations), str(r.invariant_violations))
+    console.print(t)
+    jt = Table(title="per job: JCT (queued) / mean iteration")
+    jt.add_column("job")
+    jt.add_column("nodes", justify="right")
+    for n in nets:
+        jt.add_column(n, justify="right")
+    for job, per in res.jobs.items():
+        first = next(iter(per.values()))
+        jt.add_row(job, f"{first['nodes']} {first['shape']}", *(
+            f"{per[n]['jct_s']:.3f} s ({per[n]['queued_s']:.3f}) / "
+            f"{per[n]['iteration_time_s'] * 1e3:.2f} ms" for n in nets))
+    console.print(jt)
+    console.print(f"invariant violations: {res.invariant_violations}; wall {res.wall_s:.1f} s; "
+                  f"results in {run_dir} (jct-cdf.png)")
+
+
+def _plan_jobs(ctx: Any, strategy: str | None, as_json: bool, plot: Path | None) -> None:
+    """`oddl plan --job` for several jobs: each job's partition and plan."""
+    from oddl.controller.admission import JobRequest, plan_partitions
+    from oddl.controller.config import NetworkSpec
+    from oddl.controller.plan import PlanError
+    from oddl.controller.topology import Grid
+
+    tb = ctx.testbed
+    nets = [s for s in ctx.experiment.networks if s.kind == "oddl"]
+    spec = nets[0] if nets else NetworkSpec(name="oddl", kind="oddl")
+    if strategy is not None:
+        spec = spec.model_copy(update={"strategy": strategy})
+    grid = Grid.from_testbed(tb)
+    t0 = time.perf_counter()
+    try:
+        plans, waiting = plan_partitions(tb, grid, [JobRequest.of(j) for j in ctx.jobs],
+                                         ctx.experiment.policy, spec)
+    except (PlanError, ValueError) as e:
+        click.echo(f"error: {e}", err=True)
+        sys.exit(1)
+    dt = time.perf_counter() - t0
+    if plot is not None:
+        from oddl.controller.figures import partition_figure, save
+
+        cells = {grid.coord[n]: part.job for part, _ in plans for n in part.nodes}
+        save(partition_figure(f"{ctx.experiment.name} on {tb.name}: the partitions of the "
+                              f"jobs that start at once", tb.grid.rows, tb.grid.cols, cells),
+             plot)
+        click.echo(f"wrote {plot}", err=True)
+    if as_json:
+        click.echo(json.dumps({"jobs": {p.job: {"partition": {
+            "shape": p.shape, "rows": list(p.rows), "cols": list(p.cols),
+            "ranks": list(p.ranks), "spare": list(p.spare)}, "plan": plan.to_dict()}
+            for p, plan in plans}, "waiting": [r.name for r in waiting]}, indent=1))
+        return
+    click.echo(f"{ctx.experiment.name} on {tb.name}: {len(plans)} jobs start at once "
+               f"({ctx.experiment.policy}), strategy {spec.strategy}")
+    for part, plan in plans:
+        used = sorted({t.wss for t in plan.wss})
+        click.echo(f"  {part.describe()}; {max((len(t.labels) for t in plan.wss), default=0)}"
+                   f" channels on {len(used)} WSSs ({', '.join(used[:4])}"
+                   f"{' ...' if len(used) > 4 else ''})")
+    if waiting:
+        click.echo(f"waiting for nodes: {', '.join(r.name for r in waiting[:20])}"
+                   f"{' ...' if len(waiting) > 20 else ''}")
+    click.echo(f"\nisolated: no two jobs share a node (rank, relay or receiver) or a WSS "
+               f"(output port, wavelength) (planned in {dt:.2f} s)")
 
 
 @main.command()
@@ -238,6 +326,9 @@ def run(experiment: Path, backend: str, out: Path | None, iterations: int | None
                "stats": {n: r.stats for n, r in res.networks.items()},
                "violations": res.violations[:50], "reference": ctx.experiment.reference}
     (run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
+    if res.jobs:
+        _jobs_report(res, run_dir, backend, as_json)
+        sys.exit(1 if res.invariant_violations else 0)
     training_min = {n: r.training_time_s / 60 for n, r in res.networks.items()}
     paper = paper_rows(ctx.experiment.reference, training_min, res.ratio)
     save(run_figure(f"{ctx.experiment.name} ({backend})",

@@ -187,3 +187,55 @@ def plan_figure(plan: Plan, max_wss: int = 16) -> Any:
     fig.suptitle(f"{plan.testbed}: WSS tables, strategy {plan.strategy}{more}")
     fig.tight_layout()
     return fig
+
+
+def jct_cdf(title: str, jobs: Mapping[str, Mapping[str, Mapping[str, Any]]]) -> Any:
+    """Several jobs: per network, the CDF of job completion times (arrival to departure),
+    and each network's queueing share of them."""
+    plt = _plt()
+    nets = sorted({n for per in jobs.values() for n in per})
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(12, 4.2))
+    for n in nets:
+        jct = sorted(per[n]["jct_s"] for per in jobs.values() if n in per)
+        a1.step(jct, [(k + 1) / len(jct) for k in range(len(jct))], where="post", label=n)
+        q = sorted(per[n]["queued_s"] for per in jobs.values() if n in per)
+        a2.step(q, [(k + 1) / len(q) for k in range(len(q))], where="post", label=n)
+    for ax, what in ((a1, "job completion time (s)"), (a2, "time queued (s)")):
+        ax.set_xlabel(what)
+        ax.set_ylabel("fraction of jobs")
+        ax.set_ylim(0, 1.02)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8, loc="lower right")
+    a1.set_title("JCT CDF")
+    a2.set_title("queueing CDF")
+    fig.suptitle(title)
+    fig.tight_layout()
+    return fig
+
+
+def partition_figure(title: str, rows: int, cols: int,
+                     cells: Mapping[tuple[int, int], str]) -> Any:
+    """The grid, each node coloured by the job it belongs to (`cells`: (row, col) -> job;
+    blank: free)."""
+    import numpy as np
+
+    plt = _plt()
+    names = sorted(set(cells.values()))
+    m = np.full((rows, cols), np.nan)
+    for (r, c), job in cells.items():
+        m[r, c] = names.index(job)
+    side = min(12.0, max(4.0, cols * 0.3))
+    fig, ax = plt.subplots(figsize=(side + 2.5, side * rows / cols + 0.8))
+    cmap = plt.get_cmap("tab20", max(len(names), 1))
+    ax.imshow(m, cmap=cmap, vmin=-0.5, vmax=max(len(names), 1) - 0.5, aspect="equal")
+    for k, job in enumerate(names):
+        rc = np.argwhere(m == k)
+        (r0, c0), (r1, c1) = rc.min(0), rc.max(0)
+        ax.text((c0 + c1) / 2, (r0 + r1) / 2, job, ha="center", va="center", fontsize=7,
+                color="black", bbox={"facecolor": "white", "alpha": 0.6, "pad": 1,
+                                     "linewidth": 0})
+    ax.set_xlabel("column (column WSS)")
+    ax.set_ylabel("row (row WSS)")
+    ax.set_title(title, fontsize=9)
+    fig.tight_layout()
+    return fig

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 from oddl.controller.admission import JobRequest
-from oddl.controller.arbiter import Arbiter, ApplyError
+from oddl.controller.arbiter import ApplyError, Arbiter
 from oddl.controller.collectives import build
 from oddl.controller.config import ConfigError, load_experiment
 from oddl.controller.invariants import TAG_SHIFT, InvariantChecker
@@ -157,7 +157,7 @@ def test_admitting_a_job_writes_only_its_entries_and_reads_everyone_back() -> No
                       within=frozenset(bpart.nodes))
     arb.admit(plan_b)
     for w, m in b.wss.items():  # a's rows: the same light, never rewritten
-        g = grid.groups[(m.id.startswith("wss-row") and "row" or "col",
+        g = grid.groups[((m.id.startswith("wss-row") and "row") or "col",
                          int(m.id.rsplit("row" if "row" in m.id else "col", 1)[1]))]
         for i, node in enumerate(g.members):
             if node in a.nodes:
