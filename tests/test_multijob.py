@@ -256,3 +256,33 @@ def test_fifo_waits_in_order_and_smallest_first_overtakes(tmp_path: Path) -> Non
         assert s["large"]["queued_s"] + 1e-6 == pytest.approx(end["small"], abs=1e-9)
         assert all(v["iterations"] == 2 for v in f.values())
     assert fifo.invariant_violations == sf.invariant_violations == 0
+
+
+# --- the CLI --------------------------------------------------------------------------
+
+def test_cli_run_json_has_jobs_and_a_jct_cdf_and_plan_prints_partitions(tmp_path: Path) -> None:
+    from click.testing import CliRunner
+    from oddl.controller.cli import main
+    from oddl.controller.results import read_store
+
+    exp = experiment(tmp_path, job("a", 8, 2, shape="grid") + job("b", 4, 2, arrival_ms=0.5)
+                     + job("c", 8, 1, arrival_ms=1))
+    r = CliRunner().invoke(main, ["run", str(exp), "--json", "--out", str(tmp_path / "run")])
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.stdout)
+    assert set(out["jobs"]) == {"a", "b", "c"}
+    assert set(out["jobs"]["c"]) == {"oddl", "fattree"}
+    assert {"jct_s", "queued_s", "iterations", "iteration_time_s", "nodes"} <= set(
+        out["jobs"]["c"]["oddl"])
+    assert out["jobs"]["c"]["oddl"]["queued_s"] > 0  # a and b hold 12 of 16 nodes
+    assert out["networks"]["oddl"]["fabric"]["makespan_s"] > 0
+    assert (tmp_path / "run" / "jct-cdf.png").stat().st_size > 10_000
+    store = read_store(tmp_path / "run" / "results.sqlite")  # every iteration kept
+    assert [len(store["oddl"]["jobs"][j]["iterations"]) for j in "abc"] == [2, 2, 1]
+    p = CliRunner().invoke(main, ["plan", str(tmp_path / "tb.toml"), "--job", str(exp),
+                                  "--plot", str(tmp_path / "parts.png")])
+    assert p.exit_code == 0, p.output
+    assert "a: 8 ranks, grid 2 x 4 at row 0, col 0" in p.stdout
+    assert "b: 4 ranks, row 1 x 4 at row 2, col 0" in p.stdout
+    assert "waiting for nodes: c" in p.stdout
+    assert (tmp_path / "parts.png").stat().st_size > 5_000
