@@ -149,6 +149,7 @@ class SimBackend:
         self.health = Health(tb.monitor, grid.nodes, math.ceil(tb.optical.tuning_time_ns),
                              grid.wss_of())
         self._runners: dict[str, JobRunner] = {}  # node -> the runner of the job on it
+        self._retired = 0  # REQUEST retries of the runners that are gone (the drill's count)
         self.drill = Drill(w, self.clock, faults or [], self._retries, self._effect)
         self.injected = self.drill.injected
         self._beats = [Heartbeats(self.clock, self.health.period_ns,
@@ -168,7 +169,7 @@ class SimBackend:
 
     def _retries(self) -> int:
         runners = {id(r): r for r in self._runners.values()}.values()
-        return sum(r.stats().get("retries", 0) for r in runners)
+        return self._retired + sum(r.stats().get("retries", 0) for r in runners)
 
     def _read(self, node: str, seq: int) -> Heartbeat | None:
         if node in self.world.fabric.dead:
@@ -245,6 +246,7 @@ class SimBackend:
             for n in spec.nodes:
                 if self._runners.get(n) is runner:
                     del self._runners[n]
+            self._retired += runner.stats().get("retries", 0)
         if spec.tag:
             self.monitor.job_left(spec.tag, self.clock.now_ns())
         return outcome()
