@@ -877,6 +877,9 @@ def _where(exp: Experiment, k: int) -> str:
 def _job_issues(path: Path, exp: Experiment, jobs: list[JobEntry],
                 tb: Testbed) -> list[ConfigIssue]:
     out: list[ConfigIssue] = []
+    if exp.workload is None and not jobs:
+        out.append(ConfigIssue(str(path), "jobs_trace" if exp.jobs_trace else "jobs",
+                               "no jobs: a multi-job experiment needs at least one"))
     first: dict[str, int] = {}
     for k, j in enumerate(jobs):
         at = f"{_where(exp, k)} (job {j.name!r})"

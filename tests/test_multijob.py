@@ -85,6 +85,8 @@ def job(name: str, ranks: int, iterations: int = 2, arrival_ms: float = 0, model
      "5,vgg19,four,3\n", "row 2 (job 'jobs-2').ranks", "valid integer"),
     ('jobs_trace = "jobs.csv"\n', "arrival_ms,model,ranks\n0,resnet50,4\n", "header",
      "missing column(s) iterations"),
+    ('jobs_trace = "jobs.csv"\n', "arrival_ms,model,ranks,iterations\n", "jobs_trace",
+     "no jobs: a multi-job experiment needs at least one"),
     ('jobs_trace = "jobs.csv"\n' + job("a", 2), "name,arrival_ms,model,ranks,iterations\n"
      "a,0,resnet50,2,1\n", "jobs.csv row 1 (job 'a').name", "jobs[0] has it too"),
 ])
