@@ -221,11 +221,11 @@ def test_checker_flags_cross_job_receivers_relays_and_lights() -> None:
 
 def test_isolated_partitions_keep_their_pace_while_a_shared_fabric_interferes(
         tmp_path: Path) -> None:
-    """Two 4-rank jobs at once, each down a column: on ODDL each iterates exactly as fast
-    as alone; on the fat-tree (a leaf per grid row, one spine) both cross the same leaf
-    uplinks, and their all-reduces slow each other down."""
+    """Two 4-rank jobs, each down a column, b admitted while a runs: on ODDL a is not
+    paused and each iterates exactly as fast as alone; on the fat-tree (a leaf per grid
+    row, one spine) both cross the same leaf uplinks and slow each other down."""
     two = job("a", 4, 3, model="vgg19", shape="col") + job("b", 4, 3, model="vgg19",
-                                                           shape="col")
+                                                           shape="col", arrival_ms=100)
     both = run_experiment(load_experiment(experiment(tmp_path / "2", two)))
     alone = run_experiment(load_experiment(experiment(
         tmp_path / "1", job("a", 4, 3, model="vgg19", shape="col"))))
@@ -233,10 +233,11 @@ def test_isolated_partitions_keep_their_pace_while_a_shared_fabric_interferes(
     j = both.jobs
     assert j["a"]["oddl"]["queued_s"] == j["b"]["oddl"]["queued_s"] == 0  # side by side
     assert j["a"]["oddl"]["iteration_time_s"] == alone.jobs["a"]["oddl"]["iteration_time_s"]
+    assert j["a"]["oddl"]["iteration_p99_s"] == alone.jobs["a"]["oddl"]["iteration_p99_s"]
     assert j["b"]["oddl"]["iteration_time_s"] == alone.jobs["a"]["oddl"]["iteration_time_s"]
     ft, ft1 = j["a"]["fattree"]["iteration_time_s"], alone.jobs["a"]["fattree"]["iteration_time_s"]
     assert ft > ft1 * 1.2
-    assert both.networks["oddl"].fabric["utilisation"] == pytest.approx(0.5)
+    assert 0.25 < both.networks["oddl"].fabric["utilisation"] < 0.5  # 8 of 16 nodes, not always
 
 
 def test_fifo_waits_in_order_and_smallest_first_overtakes(tmp_path: Path) -> None:
