@@ -1,0 +1,116 @@
+"""CASSINI's geometric compatibility of jobs that share a link (seeds 003, the talk).
+
+Each job's bandwidth demand over one iteration is rolled around a unified circle whose
+perimeter is the LCM of the jobs' iteration times; a job's demand repeats perimeter / T
+times around it. Rotating a job by an angle is delaying it by a time shift. The
+compatibility score of a set of rotations is
+
+    score = 1 - sum over angles a of Excess(demand_a) / (|A| * C),
+    Excess(d) = max(0, d - C),
+
+where demand_a is the jobs' summed demand at angle a and C the link's capacity: 1.0 when
+the rotations let every job have the link it asks for at every instant. The best rotations
+are found exhaustively for two or three jobs (up to EXHAUSTIVE combinations), and by
+coordinate descent (each job in turn moved to its best shift against the others, until
+nothing improves) beyond that.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+MAX_BINS = 7200  # angles the circle is cut into at most (coarser steps beyond)
+EXHAUSTIVE = 50_000  # rotation combinations tried one by one at most
+
+
+@dataclass(frozen=True)
+class Profile:
+    """A job on one link: its iteration, and its demand (a fraction of the link) over the
+    iteration, as equal time slots from the iteration's start."""
+
+    name: str
+    iteration_ms: float
+    demand: tuple[float, ...]
+
+    @classmethod
+    def on_off(cls, name: str, iteration_ms: float, comm_ms: float, level: float = 1.0,
+               slots: int = 1000) -> Profile:
+        """Compute, then `comm_ms` of communication at `level` of the link (our iteration
+        model: docs/model.md)."""
+        if not iteration_ms > 0 or not 0 <= comm_ms <= iteration_ms or not level >= 0:
+            raise ValueError(f"{name}: need 0 <= comm_ms <= iteration_ms, iteration_ms > 0 "
+                             f"and level >= 0 (got {iteration_ms}, {comm_ms}, {level})")
+        on = round(slots * comm_ms / iteration_ms)
+        return cls(name, iteration_ms, (0.0,) * (slots - on) + (level,) * on)
+
+
+@dataclass(frozen=True)
+class Compatibility:
+    score: float
+    rotations_deg: tuple[float, ...]  # per job, on the unified circle
+    shifts_ms: tuple[float, ...]  # per job: delay its start by this much
+    perimeter_ms: float
+
+
+def _circle(profiles: list[Profile], resolution_ms: float) -> tuple[int, float, list[np.ndarray]]:
+    """Bins on the unified circle, the bin width (ms), and each job's demand per bin."""
+    periods = [max(1, round(p.iteration_ms / resolution_ms)) for p in profiles]
+    perimeter = math.lcm(*periods)
+    step = max(1, math.ceil(perimeter / MAX_BINS))
+    while perimeter % step or any(t % step for t in periods):
+        step += 1  # a bin must divide every period, so rotations stay exact
+    bins = perimeter // step
+    out = []
+    for p, t in zip(profiles, periods, strict=True):
+        n = t // step  # bins per iteration
+        idx = (np.arange(n) * len(p.demand)) // n
+        one = np.asarray(p.demand, dtype=float)[idx]
+        out.append(np.tile(one, bins // n))
+    return bins, step * resolution_ms, out
+
+
+def score_of(demand: np.ndarray, capacity: float = 1.0) -> float:
+    return 1.0 - float(np.maximum(demand - capacity, 0).sum()) / (len(demand) * capacity)
+
+
+def compatibility(profiles: list[Profile], capacity: float = 1.0,
+                  resolution_ms: float = 1.0) -> Compatibility:
+    if not profiles:
+        raise ValueError("no jobs")
+    bins, width, rolled = _circle(profiles, resolution_ms)
+    periods = [round(p.iteration_ms / resolution_ms) for p in profiles]
+    # a job's distinct rotations: one iteration's worth of bins (the rest repeat)
+    options = [range(1)] + [range(max(1, t * bins // math.lcm(*periods)))
+                            for t in periods[1:]]
+    best: tuple[float, tuple[int, ...]] = (-math.inf, (0,) * len(profiles))
+    if len(profiles) <= 3 and math.prod(len(o) for o in options) <= EXHAUSTIVE:
+        for shifts in itertools.product(*options):
+            s = score_of(sum(np.roll(r, k) for r, k in zip(rolled, shifts, strict=True)),
+                         capacity)
+            if s > best[0] + 1e-12:
+                best = (s, shifts)
+    else:
+        shifts = [0] * len(profiles)
+        total = sum(rolled)
+        improved = True
+        while improved:
+            improved = False
+            for j in range(1, len(profiles)):
+                rest = total - np.roll(rolled[j], shifts[j])
+                cand = max(options[j], key=lambda k, j=j, rest=rest: (
+                    score_of(rest + np.roll(rolled[j], k), capacity), -k))
+                if score_of(rest + np.roll(rolled[j], cand), capacity) > \
+                        score_of(total, capacity) + 1e-12:
+                    shifts[j] = cand
+                    total = rest + np.roll(rolled[j], cand)
+                    improved = True
+        best = (score_of(total, capacity), tuple(shifts))
+    s, ks = best
+    return Compatibility(round(s, 9), tuple(round(360.0 * k / bins, 6) for k in ks),
+                         tuple(round(k * width % p.iteration_ms, 6)
+                               for k, p in zip(ks, profiles, strict=True)),
+                         bins * width)
