@@ -127,6 +127,42 @@ def plan(testbed: Path, job: Path | None, strategy: str | None, as_json: bool,
                    f"(planned in {dt:.2f} s)")
 
 
+@main.command()
+@click.option("--job", "jobs", multiple=True, required=True,
+              help="NAME:ITER_MS:COMM_MS[:DEMAND]: a job on the link; DEMAND is the share of "
+                   "the link it uses while communicating (default 1)")
+@click.option("--json", "as_json", is_flag=True, help="print score, rotations, shifts_ms")
+@click.option("--plot", type=click.Path(path_type=Path), default=None,
+              help="PNG: the unified circle, each job's demand as rotated")
+def compat(jobs: tuple[str, ...], as_json: bool, plot: Path | None) -> None:
+    """CASSINI's compatibility of jobs sharing one link: the score, the best rotations on
+    the unified circle and the time shifts that realise them."""
+    from oddl.controller.compat import compatibility, parse_job, rolled
+
+    try:
+        profiles = [parse_job(j) for j in jobs]
+    except ValueError as e:
+        click.echo(f"error: {e}", err=True)
+        sys.exit(2)
+    c = compatibility(profiles)
+    if plot is not None:
+        from oddl.controller.figures import circle_figure, save
+
+        save(circle_figure([p.name for p in profiles], rolled(profiles, c), c.score,
+                           c.perimeter_ms), plot)
+        click.echo(f"wrote {plot}", err=True)
+    if as_json:
+        click.echo(json.dumps({"score": c.score, "rotations": dict(zip(
+            (p.name for p in profiles), c.rotations_deg, strict=True)),
+            "shifts_ms": dict(zip((p.name for p in profiles), c.shifts_ms, strict=True)),
+            "perimeter_ms": c.perimeter_ms}))
+        return
+    click.echo(f"unified circle: {c.perimeter_ms:g} ms; compatibility score {c.score:.4f}"
+               f" ({'compatible' if c.score >= 1 - 1e-9 else 'not compatible'})")
+    for p, rot, s in zip(profiles, c.rotations_deg, c.shifts_ms, strict=True):
+        click.echo(f"  {p.name}: rotate {rot:.1f} deg = start {s:g} ms later")
+
+
 def _jobs_report(res: Any, run_dir: Path, backend: str, as_json: bool) -> None:
     """Several jobs: per network JCT summary, per job JCT and queueing, the JCT CDF."""
     from oddl.controller.figures import jct_cdf, save

@@ -56,6 +56,32 @@ class Compatibility:
     perimeter_ms: float
 
 
+def parse_job(spec: str) -> Profile:
+    """`NAME:ITER_MS:COMM_MS[:DEMAND]` (`oddl compat --job`): a ValueError names the spec."""
+    parts = spec.split(":")
+    if len(parts) not in (3, 4) or not parts[0]:
+        raise ValueError(f"--job {spec!r}: expected NAME:ITER_MS:COMM_MS[:DEMAND]")
+    try:
+        nums = [float(x) for x in parts[1:]]
+    except ValueError:
+        raise ValueError(f"--job {spec!r}: ITER_MS, COMM_MS and DEMAND are numbers") from None
+    if not all(math.isfinite(x) for x in nums) or (len(nums) == 3 and not 0 < nums[2] <= 1):
+        raise ValueError(f"--job {spec!r}: numbers must be finite, DEMAND in (0, 1]")
+    if not 0 < nums[0] <= 1e7:
+        raise ValueError(f"--job {spec!r}: ITER_MS must be in (0, 1e7]")
+    try:
+        return Profile.on_off(parts[0], *nums)
+    except ValueError as e:
+        raise ValueError(f"--job {spec!r}: {e}") from None
+
+
+def rolled(profiles: list[Profile], c: Compatibility, resolution_ms: float = 1.0
+           ) -> list[np.ndarray]:
+    """Each job's demand around the unified circle, rotated as `c` says (for the plot)."""
+    _bins, width, out = _circle(profiles, resolution_ms)
+    return [np.roll(r, round(s / width)) for r, s in zip(out, c.shifts_ms, strict=True)]
+
+
 def _circle(profiles: list[Profile], resolution_ms: float) -> tuple[int, float, list[np.ndarray]]:
     """Bins on the unified circle, the bin width (ms), and each job's demand per bin."""
     periods = [max(1, round(p.iteration_ms / resolution_ms)) for p in profiles]

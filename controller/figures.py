@@ -239,3 +239,30 @@ def partition_figure(title: str, rows: int, cols: int,
     ax.set_title(title, fontsize=9)
     fig.tight_layout()
     return fig
+
+
+def circle_figure(names: Sequence[str], demands: Sequence[Any], score: float,
+                  perimeter_ms: float) -> Any:
+    """CASSINI's picture: each job's demand around the unified circle, as rotated, and
+    their sum against the link's capacity (1.0)."""
+    import numpy as np
+
+    plt = _plt()
+    fig = plt.figure(figsize=(6, 6))
+    ax = fig.add_subplot(projection="polar")
+    n = len(demands[0])
+    theta = np.linspace(0, 2 * np.pi, n, endpoint=False)
+    width = 2 * np.pi / n
+    bottom = np.zeros(n)
+    for name, d in zip(names, demands, strict=True):
+        ax.bar(theta, d, width=width, bottom=1 + bottom, label=name, align="edge", alpha=0.8)
+        bottom = bottom + np.asarray(d)
+    ax.plot(np.append(theta, 0), np.full(n + 1, 2.0), color="black", lw=1,
+            label="link capacity")
+    ax.set_yticklabels([])
+    ax.set_theta_zero_location("N")
+    ax.set_theta_direction(-1)
+    ax.set_title(f"unified circle ({perimeter_ms:g} ms): score {score:.3f}", fontsize=9)
+    ax.legend(fontsize=7, loc="upper right", bbox_to_anchor=(1.25, 1.1))
+    fig.tight_layout()
+    return fig

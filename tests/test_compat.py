@@ -3,6 +3,8 @@ circles."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from oddl.controller.compat import Profile, compatibility
 
@@ -50,3 +52,23 @@ def test_n_jobs_of_one_nth_duty_fully_interleave(n: int) -> None:
 def test_bad_profile_is_refused_naming_it() -> None:
     with pytest.raises(ValueError, match="vgg: need 0 <= comm_ms <= iteration_ms"):
         P("vgg", 100, 120)
+
+
+def test_oddl_compat_json_plot_and_bad_specs(tmp_path: Path) -> None:
+    import json
+
+    from click.testing import CliRunner
+    from oddl.controller.cli import main
+
+    r = CliRunner().invoke(main, ["compat", "--job", "a:100:60", "--job", "b:100:60:1",
+                                  "--json", "--plot", str(tmp_path / "c.png")])
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout) == {"score": 0.8, "rotations": {"a": 0.0, "b": 144.0},
+                                    "shifts_ms": {"a": 0.0, "b": 40.0}, "perimeter_ms": 100.0}
+    assert (tmp_path / "c.png").stat().st_size > 10_000
+    for spec, why in [("a:100", "expected NAME:ITER_MS:COMM_MS[:DEMAND]"),
+                      ("a:x:1", "are numbers"), ("a:100:10:2", "DEMAND in (0, 1]"),
+                      ("a:100:150", "need 0 <= comm_ms <= iteration_ms"),
+                      ("a:nan:1", "finite")]:
+        r = CliRunner().invoke(main, ["compat", "--job", spec])
+        assert r.exit_code == 2 and f"--job {spec!r}" in r.output and why in r.output, r.output
