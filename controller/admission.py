@@ -12,7 +12,6 @@ exactly as much as the flow model says; ODDL's isolated partitions do not.
 from __future__ import annotations
 
 import asyncio
-import functools
 import math
 import time
 from collections.abc import Callable
@@ -22,17 +21,23 @@ from typing import Any, Protocol
 from oddl.controller.arbiter import Arbiter
 from oddl.controller.backend import Backend, Iteration, RunFailed
 from oddl.controller.clock import Clock
-from oddl.controller.collectives import Schedule, build
+from oddl.controller.collectives import Schedule
 from oddl.controller.config import JobEntry, NetworkSpec
 from oddl.controller.invariants import MAX_TAG
-from oddl.controller.job import JOB_VERSION, JobSpec, job_id, timing_of, wire_routes
+from oddl.controller.job import (
+    JOB_VERSION,
+    JobSpec,
+    built_schedule,
+    job_id,
+    nic_programs,
+    timing_of,
+    wire_routes,
+)
 from oddl.controller.placement import Partition, place
 from oddl.controller.plan import Plan, PlanError
 from oddl.controller.planner import plan_job
 from oddl.controller.topology import Grid
 from oddl.controller.workloads import compute_ms, model_spec
-from oddl.fpga.countaction import step_sync
-from oddl.fpga.regmap import N_MODULES
 
 
 @dataclass(frozen=True)
@@ -68,7 +73,6 @@ class JobRecord:
     """One job's life on one network."""
 
     name: str
-    ranks: int
     arrival_ns: int
     partition: Partition | None = None
     start_ns: int | None = None
@@ -133,12 +137,9 @@ class OddlStage1:
                                  relay=self.spec.relay, ranks=list(part.ranks),
                                  within=frozenset(part.nodes))
         self.plan_s += time.perf_counter() - t
-        nic_sync = all(0 < len(s) <= N_MODULES and all(x.recv_bytes > 0 for x in s)
-                       for s in schedule)
-        programs = ({n: step_sync([x.recv_bytes for x in schedule[r]])
-                     for r, n in enumerate(part.ranks)} if nic_sync else None)
+        programs = nic_programs(schedule, part.ranks)
         self.arbiter.admit(plan, programs)
-        return wire_routes(plan), nic_sync
+        return wire_routes(plan), programs is not None
 
     def release(self, job: str) -> None:
         self.arbiter.release(job)
@@ -165,14 +166,8 @@ def admissible(grid: Grid, free: set[str], queue: list[JobRequest], policy: str
 
 def schedule_of(req: JobRequest, part: Partition, spec: NetworkSpec) -> Schedule:
     """The job's collective on its partition's rows and columns."""
-    return _schedule(req.collective, req.ranks, req.size, len(part.rows), len(part.cols),
-                     spec.degree, spec.bidirectional)
-
-
-@functools.lru_cache(maxsize=64)
-def _schedule(collective: str, n: int, size: int, rows: int, cols: int, degree: int,
-              bidirectional: bool) -> Schedule:
-    return build(collective, n, size, rows, cols, degree, bidirectional)
+    return built_schedule(req.collective, req.ranks, req.size, len(part.rows),
+                          len(part.cols), spec.degree, spec.bidirectional)
 
 
 def plan_partitions(tb: Any, grid: Grid, requests: list[JobRequest], policy: str,
@@ -209,7 +204,7 @@ class Admission:
         self.b, self.grid, self.policy, self.stage1 = backend, grid, policy, stage1
         self.spec, self.tb, self.run_name = spec, testbed, run_name
         self.requests = sorted(requests, key=lambda r: (r.arrival_ns, r.name))
-        self.records = {r.name: JobRecord(r.name, r.ranks, r.arrival_ns) for r in requests}
+        self.records = {r.name: JobRecord(r.name, r.arrival_ns) for r in requests}
         self.tags = {r.name: k for k, r in enumerate(self.requests, start=1)}  # flow ids
         self.on_iteration = on_iteration
         self.free = set(grid.nodes)

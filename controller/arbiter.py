@@ -111,8 +111,10 @@ class Arbiter:
                 self.wss[wss].set_rows(rows)
         self._load(plan, programs)
         self.live[job] = plan
+        tables = {w: self.wss[w].get_table()  # each WSS read once, for every job on it
+                  for w in {t.wss for p in self.live.values() for t in p.wss}}
         for p in self.live.values():
-            self.verify(p, programs if p is plan else None, rows_only=True)
+            self.verify(p, programs if p is plan else None, tables)
 
     def release(self, job: str) -> None:
         """A job has left: its WSS inputs blocked, its nodes' routes cleared; its nodes and
@@ -135,9 +137,9 @@ class Arbiter:
                 self.onics[node].load_countaction(prog)
 
     def verify(self, plan: Plan, programs: dict[str, Program] | None = None,
-               rows_only: bool = False) -> None:
-        """Read back; rows_only: just the plan's nodes' WSS inputs (other jobs own the
-        rest)."""
+               tables: Mapping[str, list[list[int | None]]] | None = None) -> None:
+        """Read back. `tables`: the WSS tables already read, beside other jobs: only the
+        plan's own nodes' inputs are compared (the other jobs own the rest)."""
         diffs = []
         for node, prog in (programs or {}).items():
             try:
@@ -147,11 +149,11 @@ class Arbiter:
                 continue
             if back.modules != prog.modules:
                 diffs.append(f"O-NIC {node}: count-action program differs on read-back")
-        mine = plan.rows(self.grid) if rows_only else {}
+        mine = plan.rows(self.grid) if tables is not None else {}
         for t in plan.wss:
-            got = self.wss[t.wss].get_table()
+            got = tables[t.wss] if tables is not None else self.wss[t.wss].get_table()
             for i, row in enumerate(t.table):
-                if rows_only and i not in mine[t.wss]:
+                if tables is not None and i not in mine[t.wss]:
                     continue
                 have = got[i][: len(row)] if i < len(got) else []
                 if list(have) != list(row):

@@ -425,9 +425,9 @@ def _fmt_loc(loc: tuple[Any, ...]) -> str:
     return s
 
 
-def _read_toml(path: Path) -> dict[str, Any]:
-    """A TOML file's data, or a ConfigError naming the file and why (missing, not a
-    regular file, too big, not UTF-8, not TOML, a number too long to convert)."""
+def _read_text(path: Path) -> str:
+    """A config file's text, or a ConfigError naming the file and why (missing, not a
+    regular file, too big, not UTF-8)."""
     def fail(why: str) -> ConfigError:
         return ConfigError([ConfigIssue(str(path), "", why)])
 
@@ -437,12 +437,22 @@ def _read_toml(path: Path) -> dict[str, Any]:
         if path.stat().st_size > MAX_FILE_BYTES:
             raise fail(f"{path.stat().st_size} bytes: a config is at most {MAX_FILE_BYTES}")
         with path.open("rb") as f:
-            text = f.read(MAX_FILE_BYTES + 1).decode("utf-8")
-        return tomllib.loads(text)
+            return f.read(MAX_FILE_BYTES + 1).decode("utf-8")
     except OSError as e:
         raise fail(e.strerror or str(e)) from None
     except UnicodeDecodeError as e:
         raise fail(f"not UTF-8 text (byte {e.start}): {e.reason}") from None
+
+
+def _read_toml(path: Path) -> dict[str, Any]:
+    """A TOML file's data, or a ConfigError naming the file and why (`_read_text`'s
+    reasons, not TOML, a number too long to convert)."""
+    def fail(why: str) -> ConfigError:
+        return ConfigError([ConfigIssue(str(path), "", why)])
+
+    text = _read_text(path)
+    try:
+        return tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
         raise fail(f"not valid TOML: {e}") from None
     except ValueError as e:  # e.g. an integer literal over Python's 4300-digit limit
@@ -566,16 +576,7 @@ def load_trace(path: Path) -> list[JobEntry]:
     """A CSV job trace: one job per row, named `<file stem>-<row>` unless it has a name;
     a row that does not parse is a ConfigError naming the file, the row, the job and the
     field."""
-    try:
-        if not path.is_file():
-            raise ConfigError([ConfigIssue(str(path), "", "file not found" if not
-                                           path.exists() else "not a regular file")])
-        text = path.read_bytes()[: MAX_FILE_BYTES + 1].decode("utf-8")
-    except OSError as e:
-        raise ConfigError([ConfigIssue(str(path), "", e.strerror or str(e))]) from None
-    except UnicodeDecodeError as e:
-        raise ConfigError([ConfigIssue(str(path), "", f"not UTF-8 text (byte {e.start})")]) \
-            from None
+    text = _read_text(path)
     lines = [ln for ln in text.splitlines() if ln.strip() and not ln.lstrip().startswith("#")]
     reader = csv.DictReader(io.StringIO("\n".join(lines)))
     head = reader.fieldnames or []

@@ -20,7 +20,7 @@ from __future__ import annotations
 import functools
 import math
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Annotated, Literal
 
 import msgspec
@@ -35,6 +35,9 @@ from oddl.controller.messages import Flow
 from oddl.controller.plan import Plan, Route
 from oddl.controller.trace import MAX_ROWS, Tracer, TraceRow
 from oddl.controller.workloads import CollectiveEngine
+from oddl.fpga.countaction import Program
+from oddl.fpga.countaction import step_sync as sync_program
+from oddl.fpga.regmap import N_MODULES
 
 JOB_VERSION = 6
 
@@ -116,14 +119,24 @@ def wire_routes(plan: Plan) -> dict[str, dict[str, tuple[str, int, str]]]:
             for n, routes in plan.routes.items()}
 
 
-@functools.lru_cache(maxsize=8)
-def _schedule(collective: str, n: int, size: int, rows: int, cols: int,
-              degree: int, bidirectional: bool) -> Schedule:
+@functools.lru_cache(maxsize=64)
+def built_schedule(collective: str, n: int, size: int, rows: int, cols: int,
+                   degree: int, bidirectional: bool) -> Schedule:
+    """A collective's schedule, built once per shape (several jobs share shapes)."""
     return build(collective, n, size, rows, cols, degree, bidirectional)
 
 
+def nic_programs(schedule: Schedule, ranks: Sequence[str]) -> dict[str, Program] | None:
+    """Step synchronisation on the O-NICs' count-action engines, a program per rank's
+    node, when the schedule fits them; None: the host counts deliveries."""
+    if not all(0 < len(s) <= N_MODULES and all(x.recv_bytes > 0 for x in s)
+               for s in schedule):
+        return None
+    return {n: sync_program([x.recv_bytes for x in schedule[r]]) for r, n in enumerate(ranks)}
+
+
 def schedule_of(spec: JobSpec) -> Schedule:
-    return _schedule(spec.collective, len(spec.ranks), spec.size, spec.rows, spec.cols,
+    return built_schedule(spec.collective, len(spec.ranks), spec.size, spec.rows, spec.cols,
                      spec.degree, spec.bidirectional)
 
 

@@ -45,7 +45,14 @@ from oddl.controller.config import ConfigError, ConfigIssue, LoadedExperiment, N
 from oddl.controller.figures import wire_ns
 from oddl.controller.health import Watch
 from oddl.controller.invariants import InvariantChecker
-from oddl.controller.job import JOB_VERSION, JobSpec, job_id, timing_of, wire_routes
+from oddl.controller.job import (
+    JOB_VERSION,
+    JobSpec,
+    job_id,
+    nic_programs,
+    timing_of,
+    wire_routes,
+)
 from oddl.controller.placement import fits
 from oddl.controller.plan import Plan, PlanError
 from oddl.controller.planner import NO_FAULTS, Avoid
@@ -61,8 +68,6 @@ from oddl.controller.telemetry import (
 from oddl.controller.topology import Grid
 from oddl.controller.trace import ChromeTrace
 from oddl.controller.workloads import model_spec, total_iterations
-from oddl.fpga.countaction import step_sync
-from oddl.fpga.regmap import N_MODULES
 
 log = logging.getLogger(__name__)
 __all__ = ["NetworkResult", "NetworkRun", "RunFailed", "RunResult", "run_experiment"]
@@ -171,12 +176,8 @@ class NetworkRun:
         self.plan = self.arbiter.plan(self.schedule, self.spec.strategy, relay=self.spec.relay,
                                       ranks=self.ranks, avoid=avoid)
         plan_s = time.perf_counter() - t_plan
-        # step synchronisation runs on the O-NICs' count-action engines when the
-        # schedule fits them; otherwise the host counts deliveries
-        self.nic_sync = all(0 < len(s) <= N_MODULES and all(x.recv_bytes > 0 for x in s)
-                            for s in self.schedule)
-        programs = ({n: step_sync([x.recv_bytes for x in self.schedule[r]])
-                     for r, n in enumerate(self.ranks)} if self.nic_sync else None)
+        programs = nic_programs(self.schedule, self.ranks)
+        self.nic_sync = programs is not None
         self.arbiter.apply(self.plan, programs)
         self.routes = wire_routes(self.plan)
         plan = self.plan

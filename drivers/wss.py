@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import serial
@@ -91,27 +91,25 @@ class WSSDriver:
         if len(table) > self.ports:
             raise DeviceRefused(f"WSS {self.id}: {len(table)} input rows, {self.ports} ports")
         self._ok("ROUT:CLR")
-        for i, row in enumerate(table):
+        self._apply(enumerate(table))
+
+    def set_rows(self, rows: Mapping[int, list[int | None]]) -> None:
+        """Stage the applied table, change the named inputs, apply: the others' light
+        is left as it is."""
+        self._ok("ROUT:COPY")
+        self._apply(sorted(rows.items()))
+
+    def _apply(self, rows: Iterable[tuple[int, list[int | None]]]) -> None:
+        """Stage these inputs' rows, then apply the staged table."""
+        for i, row in rows:
             cells = ",".join("-" if o is None else str(o) for o in row)
             self._ok(f"ROUT:ROW {i},{cells}" if cells else f"ROUT:ROW {i}")
-        self._apply()
-
-    def _apply(self) -> None:
         try:
             self._ok("ROUT:APPL")
         except WSSError as e:
             if e.code == -221:
                 raise DeviceRefused(f"WSS {self.id}: table refused: {e.text}") from e
             raise
-
-    def set_rows(self, rows: Mapping[int, list[int | None]]) -> None:
-        """Stage the applied table, change the named inputs, apply: the others' light
-        is left as it is."""
-        self._ok("ROUT:COPY")
-        for i, row in sorted(rows.items()):
-            cells = ",".join("-" if o is None else str(o) for o in row)
-            self._ok(f"ROUT:ROW {i},{cells}" if cells else f"ROUT:ROW {i}")
-        self._apply()
 
     def get_table(self) -> list[list[int | None]]:
         out = []

@@ -11,9 +11,10 @@ flow-level models on the same clock, with the same runner.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -74,6 +75,19 @@ def build(tb: Testbed, grid: Grid, clock: Clock, seed: int = 0,
     bus = LocalBus(clock, round(tb.control.latency_ns), seed, tap=checker.on_message)
     return World(fabric, boards, onics, {n: BoardLine(b) for n, b in boards.items()},
                  dict(fabric.wss), bus, checker)
+
+
+@contextlib.contextmanager
+def _holding(runners: dict[str, JobRunner], nodes: list[str], runner: JobRunner
+             ) -> Iterator[None]:
+    """The job's nodes map to its runner while it runs (several jobs share a back end)."""
+    runners.update(dict.fromkeys(nodes, runner))
+    try:
+        yield
+    finally:
+        for n in nodes:
+            if runners.get(n) is runner:
+                del runners[n]
 
 
 async def run_in_process(runner: JobRunner, loop: asyncio.AbstractEventLoop,
@@ -191,9 +205,6 @@ class SimBackend:
         self.monitor.new_job(spec.job, spec.tag, spec.nodes)
         runner = JobRunner(spec, self.clock, self.monitor, lambda *_: None)
         runner.on_onics(w.bus, w.onics, w.lines)
-        self._runners.update(dict.fromkeys(spec.nodes, runner))
-        for node in w.fabric.dead:
-            self._gone(node)
         self.drill.arm()
         next_i = [spec.start]
         sent0 = w.bus.sent
@@ -234,8 +245,11 @@ class SimBackend:
 
         timer = [self.clock.call_later_ns(health.period_ns, guard)]
         try:
-            await run_in_process(runner, self.loop, on_iteration, lambda: w.bus.sent - sent0,
-                                 record_flows, between)
+            with _holding(self._runners, spec.nodes, runner):
+                for node in w.fabric.dead:
+                    self._gone(node)
+                await run_in_process(runner, self.loop, on_iteration,
+                                     lambda: w.bus.sent - sent0, record_flows, between)
         except FlowFailed as e:
             if e.peer is not None:
                 health.flow_failed(e.peer, self.clock.now_ns(), str(e))
@@ -243,9 +257,6 @@ class SimBackend:
                              outcome(), len(self.monitor.undelivered())) from e
         finally:
             timer[0].cancel()
-            for n in spec.nodes:
-                if self._runners.get(n) is runner:
-                    del self._runners[n]
             self._retired += runner.stats().get("retries", 0)
         if spec.tag:
             self.monitor.job_left(spec.tag, self.clock.now_ns())
@@ -305,15 +316,10 @@ class ModelBackend:
             self._switch = build_network(self.spec, self.clock, self.ranks,
                                          self.tb.optical.line_rate_gbps, self._deliver)
         switch = self._switch
-        self._runners.update(dict.fromkeys(spec.ranks, runner))
         runner.on_network(switch.submit)
         flows0 = switch.flows
-        try:
+        with _holding(self._runners, spec.ranks, runner):
             await run_in_process(runner, self.loop, on_iteration, lambda: 0, record_flows)
-        finally:
-            for n in spec.ranks:
-                if self._runners.get(n) is runner:
-                    del self._runners[n]
         if spec.tag:
             self.monitor.job_left(spec.tag, self.clock.now_ns())
         return JobOutcome(0, runner.engine.flows,
