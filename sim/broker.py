@@ -4,6 +4,7 @@ with the files `oddl broker-config` writes."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import hashlib
 import hmac
@@ -141,6 +142,20 @@ class _Broker(Broker):
             session.client_id = gen_client_id()
         self.writers.add(writer)
         return handler, session
+
+    async def _client_message_loop(self, client_session: Session, handler: Any) -> None:
+        """Then deliver, in order, what the party published before it left. amqtt 0.12
+        ends a client's loop at its DISCONNECT with PUBLISHes still in the session's
+        queue and drops them: a sim run's last QoS-0 notes, sent just before its clean
+        disconnect, never reached the dashboard. Mosquitto delivers them (after the
+        will, here, when the party vanished without a DISCONNECT)."""
+        await super()._client_message_loop(client_session, handler)
+        queue = client_session.delivered_message_queue
+        while not queue.empty():
+            message = asyncio.get_running_loop().create_future()
+            message.set_result(queue.get_nowait())
+            if not await self._handle_message_delivery(client_session, handler, message):
+                break  # a topic amqtt closes the connection for: nothing after it
 
 
 _AUTH = f"{__name__}.PartyAuth"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import socket
 
@@ -222,3 +223,34 @@ def test_no_broker_is_a_clear_error() -> None:
 
     with pytest.raises(BusError, match=rf"cannot reach the broker at 127.0.0.1:{port}"):
         asyncio.run(body())
+
+
+def test_what_a_party_publishes_before_it_disconnects_is_delivered() -> None:
+    """A party's last QoS-0 notes, sent just before a clean DISCONNECT, reach the watchers
+    (as Mosquitto delivers them): amqtt 0.12 left whatever it had not yet broadcast in the
+    session's queue when the DISCONNECT came, and a sim run's last iterations vanished from
+    the dashboard."""
+    n = 2000
+
+    async def body(broker: EmbeddedBroker) -> list[int]:
+        got: list[int] = []
+        async with aiomqtt.Client("127.0.0.1", broker.port, identifier="oddl-dash",
+                                  username="oddl-dash", password=PASSWORDS["oddl-dash"]) as w:
+            await w.subscribe("oddl/tb/telemetry/n0", qos=1)
+            bus = _bus(broker, "n0")
+            await bus.start()
+            for i in range(n):
+                await bus.publish("oddl/tb/telemetry/n0", str(i).encode(), qos=0)
+            await bus.close()
+
+            async def take() -> None:
+                async for m in w.messages:
+                    got.append(int(bytes(m.payload)))  # type: ignore[arg-type]
+                    if got[-1] == n - 1:
+                        return
+
+            with contextlib.suppress(TimeoutError):  # bounded: what is lost never comes
+                await asyncio.wait_for(take(), 10)
+        return got
+
+    assert asyncio.run(_with_broker(body)) == list(range(n))
