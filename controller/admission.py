@@ -37,7 +37,7 @@ from oddl.controller.placement import Partition, place
 from oddl.controller.plan import Plan, PlanError
 from oddl.controller.planner import plan_job
 from oddl.controller.topology import Grid
-from oddl.controller.workloads import compute_ms, model_spec
+from oddl.controller.workloads import alltoall_bytes, compute_ms, model_spec
 
 
 @dataclass(frozen=True)
@@ -53,6 +53,9 @@ class JobRequest:
     arrival_ns: int
     shape: str
     size: int  # gradient bytes
+    alltoall: int = 0  # bytes per rank pair per iteration (DLRM's embedding exchange)
+    weight: float = 1.0  # its share of a link shared by weight
+    shift_ns: int = 0  # its first iteration starts this long after it starts (CASSINI)
 
     @classmethod
     def of(cls, e: JobEntry) -> JobRequest:
@@ -60,7 +63,9 @@ class JobRequest:
             compute_ms(e.model, e.batch_per_node)
         return cls(e.name, e.model, e.collective, e.ranks, e.total_iterations(),
                    round(ms * 1e6), round(e.arrival_ms * 1e6), e.shape,
-                   model_spec(e.model).grad_bytes(e.bytes_per_param))
+                   model_spec(e.model).grad_bytes(e.bytes_per_param),
+                   alltoall_bytes(e.model, e.batch_per_node, e.ranks), e.weight,
+                   round(e.shift_ms * 1e6))
 
     @property
     def exact(self) -> bool:
@@ -167,7 +172,7 @@ def admissible(grid: Grid, free: set[str], queue: list[JobRequest], policy: str
 def schedule_of(req: JobRequest, part: Partition, spec: NetworkSpec) -> Schedule:
     """The job's collective on its partition's rows and columns."""
     return built_schedule(req.collective, req.ranks, req.size, len(part.rows),
-                          len(part.cols), spec.degree, spec.bidirectional)
+                          len(part.cols), spec.degree, spec.bidirectional, req.alltoall)
 
 
 def plan_partitions(tb: Any, grid: Grid, requests: list[JobRequest], policy: str,
@@ -249,15 +254,24 @@ class Admission:
                        req.collective, req.size, len(part.rows), len(part.cols),
                        self.spec.degree, self.spec.bidirectional, list(part.ranks),
                        list(part.nodes), req.iterations, req.compute_ns, nic_sync,
-                       timing_of(self.tb), routes, tag=self.tags[req.name])
+                       timing_of(self.tb), routes, tag=self.tags[req.name],
+                       alltoall=req.alltoall, weight=req.weight)
 
         def on_iteration(it: Iteration) -> None:
             rec.iteration_ns.append(it.t_end - it.t_start)
             if self.on_iteration is not None:
                 self.on_iteration(rec, it)
 
-        task = self.b.loop.create_task(self.b.run_job(spec, on_iteration, False))
+        task = self.b.loop.create_task(self._run(spec, on_iteration, req.shift_ns))
         task.add_done_callback(lambda t: self._finish(req, part, t))
+
+    async def _run(self, spec: JobSpec, on_iteration: Callable[[Iteration], None],
+                   shift_ns: int) -> Any:
+        """A time shift (CASSINI): the job holds its nodes, and its first iteration starts
+        `shift_ns` late, so that its communication interleaves with its neighbours'."""
+        if shift_ns:
+            await asyncio.sleep(shift_ns / 1e9)  # the back end's clock (virtual in sim)
+        return await self.b.run_job(spec, on_iteration, False)
 
     def _finish(self, req: JobRequest, part: Partition, task: asyncio.Task[Any]) -> None:
         if task.exception() is not None:

@@ -176,6 +176,16 @@ def build(kind: str, n: int, size: int, rows: int, cols: int, degree: int = 4,
     raise ValueError(f"unknown collective {kind!r}")
 
 
+def with_alltoall(sched: Schedule, per_pair: int) -> Schedule:
+    """An all-to-all step before the all-reduce: every rank sends `per_pair` bytes to
+    every other (DLRM's embedding exchange, forward and backward together)."""
+    n = len(sched)
+    if per_pair <= 0 or n < 2:
+        return sched
+    return [[Step(tuple((d, per_pair) for d in range(n) if d != r), per_pair * (n - 1),
+                  "alltoall"), *steps] for r, steps in enumerate(sched)]
+
+
 def check_balanced(sched: Schedule) -> None:
     """Every byte a rank expects is sent to it by someone (a schedule sanity check)."""
     n = len(sched)

@@ -26,6 +26,7 @@ from oddl.controller.catalog import (
     NetworkKind,
     PolicyName,
     ShapeName,
+    SharingName,
     StrategyName,
 )
 from oddl.controller.collectives import optinc_levels
@@ -551,6 +552,12 @@ class JobEntry(_Model):
     arrival_ms: float = Field(default=0.0, ge=0, le=1e12, allow_inf_nan=False)
     shape: ShapeName = Field(default="any", description="placement hint: a row segment, a "
                              "column segment, a sub-grid, or the first that fits")
+    weight: float = Field(default=1.0, gt=0, le=1000, allow_inf_nan=False,
+                          description="its share of a link, where the network's sharing is "
+                                      "'weighted' (0.6 and 0.4: 60/40)")
+    shift_ms: float = Field(default=0.0, ge=0, le=1e7, allow_inf_nan=False,
+                            description="a time shift: its first iteration starts this long "
+                                        "after the job starts (CASSINI; `oddl compat`)")
 
     @model_validator(mode="after")
     def _length(self) -> JobEntry:
@@ -641,12 +648,23 @@ class NetworkSpec(_Model):
                               description="optinc: transceivers per server (M)")
     ports: int = Field(default=32, ge=2, le=4096,
                        description="optinc: servers one unit averages; more need two levels")
+    sharing: SharingName = Field(
+        default="fair", description="how jobs share a link (docs/cassini.md): max-min fair, "
+                                    "by the jobs' weights, or MLTCP")
+    mltcp_slope: float = Field(default=1.0, ge=0, le=100, allow_inf_nan=False,
+                               description="mltcp: F = slope x bytes_ratio + intercept")
+    mltcp_intercept: float = Field(default=1.0, gt=0, le=100, allow_inf_nan=False)
+    mltcp_tick_us: float = Field(default=100.0, ge=1, le=1e6, allow_inf_nan=False,
+                                 description="mltcp: how often the weights follow the ratio")
 
     @model_validator(mode="after")
     def _consistent(self) -> NetworkSpec:
         if self.bidirectional and self.degree < 2:
             raise ValueError("bidirectional TotientPerms spends two ports per jump: give "
                              "degree >= 2")
+        if self.kind == "oddl" and self.sharing != "fair":
+            raise ValueError("sharing: ODDL gives each job its own wavelengths; no link is "
+                             "shared (a baseline network's option)")
         if (self.kind == "optinc") != (self.collective == IN_NETWORK):
             raise ValueError(f"collective {IN_NETWORK!r} is OptINC's in-network averaging: it "
                              "runs on kind 'optinc' only, and kind 'optinc' runs nothing else")

@@ -26,7 +26,7 @@ from typing import Annotated, Literal
 import msgspec
 from oddl.controller.access import NAME_PATTERN
 from oddl.controller.clock import Clock
-from oddl.controller.collectives import Schedule, build
+from oddl.controller.collectives import Schedule, build, with_alltoall
 from oddl.controller.config import Testbed
 from oddl.controller.control_unit import ControlUnit, Timing
 from oddl.controller.devices import Bus, InterruptLine, ONic
@@ -39,7 +39,7 @@ from oddl.fpga.countaction import Program
 from oddl.fpga.countaction import step_sync as sync_program
 from oddl.fpga.regmap import N_MODULES
 
-JOB_VERSION = 6
+JOB_VERSION = 7
 
 
 # what decoding a job-topic payload may raise: msgspec's own errors, and (found by
@@ -88,6 +88,10 @@ class JobSpec(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     # a job beside others (controller/admission.py): its flow ids carry this tag, so the
     # invariant checker tells the jobs' flows apart; 0: the testbed's only job
     tag: Annotated[int, msgspec.Meta(ge=0, le=MAX_TAG)] = 0
+    # bytes each rank sends every other before the all-reduce (DLRM's embeddings)
+    alltoall: Count = 0
+    # its share of a link it shares with other jobs, where the network shares by weight
+    weight: Annotated[float, msgspec.Meta(gt=0, le=1000)] = 1.0
 
 
 class JobEvent(msgspec.Struct, omit_defaults=True, forbid_unknown_fields=True):
@@ -121,9 +125,10 @@ def wire_routes(plan: Plan) -> dict[str, dict[str, tuple[str, int, str]]]:
 
 @functools.lru_cache(maxsize=64)
 def built_schedule(collective: str, n: int, size: int, rows: int, cols: int,
-                   degree: int, bidirectional: bool) -> Schedule:
+                   degree: int, bidirectional: bool, alltoall: int = 0) -> Schedule:
     """A collective's schedule, built once per shape (several jobs share shapes)."""
-    return build(collective, n, size, rows, cols, degree, bidirectional)
+    return with_alltoall(build(collective, n, size, rows, cols, degree, bidirectional),
+                         alltoall)
 
 
 def nic_programs(schedule: Schedule, ranks: Sequence[str]) -> dict[str, Program] | None:
@@ -137,7 +142,7 @@ def nic_programs(schedule: Schedule, ranks: Sequence[str]) -> dict[str, Program]
 
 def schedule_of(spec: JobSpec) -> Schedule:
     return built_schedule(spec.collective, len(spec.ranks), spec.size, spec.rows, spec.cols,
-                     spec.degree, spec.bidirectional)
+                          spec.degree, spec.bidirectional, spec.alltoall)
 
 
 OnIteration = Callable[[int, int, int], None]  # iteration, t_start, t_end (the host's clock)

@@ -6,7 +6,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from oddl.controller.catalog import MODEL_GMACS, MODELS
+from oddl.controller.catalog import EMBEDDING_BYTES, MODEL_GMACS, MODELS
 from oddl.controller.clock import Clock
 from oddl.controller.collectives import Schedule
 from oddl.controller.config import Workload
@@ -39,6 +39,15 @@ def compute_ms(model: str, batch_per_node: int) -> float:
     scaled by the model's forward MACs (as experiments/jocn-1024-vgg19.toml derives 132 ms
     for VGG-19 at batch 32)."""
     return batch_per_node * MS_PER_RESNET50_SAMPLE * MODEL_GMACS[model] / MODEL_GMACS["resnet50"]
+
+
+def alltoall_bytes(model: str, batch_per_node: int, ranks: int) -> int:
+    """Bytes each rank sends each other per iteration in a model's all-to-all (DLRM: the
+    embedding tables spread over the ranks, each rank sends every other the lookups its
+    tables did for that rank's batch, forward, and their gradients, backward); 0 for the
+    models that only all-reduce."""
+    return 2 * math.ceil(batch_per_node * EMBEDDING_BYTES.get(model, 0) / ranks) \
+        if ranks > 1 else 0
 
 
 def iterations_per_epoch(w: Workload, n_nodes: int) -> int:

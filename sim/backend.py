@@ -316,6 +316,7 @@ class ModelBackend:
             self._switch = build_network(self.spec, self.clock, self.ranks,
                                          self.tb.optical.line_rate_gbps, self._deliver)
         switch = self._switch
+        switch.sharing.join(spec.tag, spec.weight)
         runner.on_network(switch.submit)
         flows0 = switch.flows
         with _holding(self._runners, spec.ranks, runner):

@@ -8,12 +8,21 @@ from typing import Any
 from oddl.controller.clock import Clock
 from oddl.controller.messages import Flow
 from oddl.sim.electrical import ElectricalSwitch, FlowNetwork
+from oddl.sim.sharing import sharing_of
 
 
 def build_network(spec: Any, clock: Clock, ranks: list[str], line_rate_gbps: float,
                   deliver: Callable[[Flow], None]) -> FlowNetwork:
     """A flow-level network for a NetworkSpec of kind electrical/fattree/sipring/topoopt/
-    optinc."""
+    optinc, sharing its links as the spec says."""
+    net = _network(spec, clock, ranks, line_rate_gbps, deliver)
+    net.sharing = sharing_of(spec.sharing, spec.mltcp_slope, spec.mltcp_intercept,
+                             round(spec.mltcp_tick_us * 1e3))
+    return net
+
+
+def _network(spec: Any, clock: Clock, ranks: list[str], line_rate_gbps: float,
+             deliver: Callable[[Flow], None]) -> FlowNetwork:
     if spec.kind == "electrical":
         return ElectricalSwitch(clock, ranks, line_rate_gbps, spec.latency_ns, deliver)
     if spec.kind == "fattree":

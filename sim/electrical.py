@@ -14,6 +14,7 @@ from collections.abc import Callable
 import numpy as np
 from oddl.controller.clock import Clock
 from oddl.controller.messages import Flow
+from oddl.sim.sharing import Fair, Sharing
 
 
 class _Active:
@@ -33,15 +34,17 @@ class _Active:
 TIE = 1e-9  # relative: shares this close are one water level (floating-point noise)
 
 
-def max_min_rates(flow_links: list[tuple[object, ...]], capacity: dict[object, float]
-                  ) -> list[float]:
-    """Progressive filling: raise all unfrozen rates together until links saturate.
+def max_min_rates(flow_links: list[tuple[object, ...]], capacity: dict[object, float],
+                  weights: list[float] | None = None) -> list[float]:
+    """Progressive filling: raise all unfrozen rates together until links saturate; with
+    weights, flow i's rate is weights[i] x the water level (weighted max-min).
 
     The water level never falls: a link left with a rounding residue of capacity and an
     unfrozen flow saturates at the current level (in exact arithmetic that flow would
     have frozen with the others), instead of starving the flow at a near-zero rate.
     """
     n = len(flow_links)
+    w = weights or [1.0] * n
     rate = [0.0] * n
     frozen = [False] * n
     cap = dict(capacity)
@@ -54,8 +57,8 @@ def max_min_rates(flow_links: list[tuple[object, ...]], capacity: dict[object, f
     while True:
         shares = {}
         for link in live:
-            k = sum(1 for i in users[link] if not frozen[i])
-            if k:
+            k = sum(w[i] for i in users[link] if not frozen[i])
+            if k > 0:
                 shares[link] = cap[link] / k
         if not shares:
             return rate
@@ -66,35 +69,36 @@ def max_min_rates(flow_links: list[tuple[object, ...]], capacity: dict[object, f
                 if frozen[i]:
                     continue
                 frozen[i] = True
-                rate[i] = level
+                rate[i] = w[i] * level
                 for other in flow_links[i]:
-                    cap[other] -= level
+                    cap[other] -= rate[i]
             del live[link]
         for link in [k for k in live if k not in shares]:
             del live[link]  # every user frozen: nothing left to share
 
 
-def max_min_arrays(rows: np.ndarray, cols: np.ndarray, nf: int, cap: np.ndarray
-                   ) -> np.ndarray:
+def max_min_arrays(rows: np.ndarray, cols: np.ndarray, nf: int, cap: np.ndarray,
+                   weights: np.ndarray | None = None) -> np.ndarray:
     """Progressive filling on an incidence list (entry e: flow rows[e] crosses link
-    cols[e]). Each round saturates every link whose fair share equals the minimum at once,
-    so symmetric traffic takes a few rounds, not one per link."""
+    cols[e]), weighted as `max_min_rates`. Each round saturates every link whose share
+    equals the minimum at once, so symmetric traffic takes a few rounds, not one per link."""
     nl = len(cap)
     cap = cap.astype(float)
+    w = np.ones(nf) if weights is None else np.asarray(weights, dtype=float)
     rate = np.zeros(nf)
     live = np.ones(nl, dtype=bool)
     level = 0.0
     while len(rows):
-        users = np.bincount(cols, minlength=nl)
+        users = np.bincount(cols, weights=w[rows], minlength=nl)
         ok = live & (users > 0)
         share = np.divide(cap, users, out=np.full(nl, np.inf), where=ok)
         s = level = max(level, float(share.min()))  # the water level never falls
         sat = ok & (share <= s * (1 + TIE))
         frozen = np.zeros(nf, dtype=bool)
         frozen[rows[sat[cols]]] = True
-        rate[frozen] = s
+        rate[frozen] = s * w[frozen]
         gone = frozen[rows]
-        cap -= s * np.bincount(cols[gone], minlength=nl)
+        cap -= s * np.bincount(cols[gone], weights=w[rows[gone]], minlength=nl)
         live &= ~sat
         rows, cols = rows[~gone], cols[~gone]  # only unfrozen flows' entries remain
     return rate
@@ -134,6 +138,29 @@ class FlowNetwork:
         self.flows = 0
         self._dirty: list[_Active] = []
         self._whole = False  # the last solve found one big component
+        self.sharing: Sharing = Fair()  # who gets how much of a shared link
+        self._ticking = False
+        # link -> (t_ns, total rate) each time it changed, for the links being watched
+        self.watched: dict[object, list[tuple[int, float]]] = {}
+
+    def watch(self, link: object) -> None:
+        """Record `link`'s load over time (a job's communication profile: sim/colocate.py)."""
+        self.watched[link] = [(self.clock.now_ns(), 0.0)]
+
+    def _sample(self, now: int) -> None:
+        for link, series in self.watched.items():
+            load = sum(a.rate for a in self.users[link].values())
+            if abs(load - series[-1][1]) > TIE * max(load, 1e-12):
+                series.append((now, load))
+
+    def _tick(self) -> None:
+        """A policy whose weights move as flows progress (MLTCP): re-solve every flow."""
+        if not self.active:
+            self._ticking = False
+            return
+        self._rebalance(list(self.active.values()), self.clock.now_ns())
+        self._sample(self.clock.now_ns())
+        self.clock.call_later_ns(self.sharing.tick_ns, self._tick)
 
     def describe(self) -> dict[str, int | float]:
         """What a run reports about the topology beside its timings (none by default)."""
@@ -149,6 +176,10 @@ class FlowNetwork:
             self.users[link][id(a)] = a
         self.active[id(a)] = a
         self.flows += 1
+        self.sharing.submitted(flow)
+        if self.sharing.tick_ns and not self._ticking:
+            self._ticking = True
+            self.clock.call_later_ns(self.sharing.tick_ns, self._tick)
         self._touch(a, now)
 
     def _touch(self, a: _Active, now: int) -> None:
@@ -165,32 +196,36 @@ class FlowNetwork:
         done: set[int] = set()
         if self._whole and len(self.active) > self.GLOBAL_ABOVE:
             self._rebalance(list(self.active.values()), now)  # still one big mesh
-            return
-        self._whole = False
-        for a in seeds:
-            if id(a) in done or a.done:
-                continue
-            comp = self._component(a, self.GLOBAL_ABOVE)
-            if comp is None:  # one big component: the whole network in one vectorised solve
-                self._whole = True
-                self._rebalance(list(self.active.values()), now)
-                return
-            done.update(id(c) for c in comp)
-            self._rebalance(comp, now)
+        else:
+            self._whole = False
+            for a in seeds:
+                if id(a) in done or a.done:
+                    continue
+                comp = self._component(a, self.GLOBAL_ABOVE)
+                if comp is None:  # one big component: the whole network, vectorised
+                    self._whole = True
+                    self._rebalance(list(self.active.values()), now)
+                    break
+                done.update(id(c) for c in comp)
+                self._rebalance(comp, now)
+        if self.watched:
+            self._sample(now)
 
     def _latency(self, flow: Flow) -> int:
         return self.latency_ns
 
-    def _rates(self, comp: list[_Active]) -> list[float]:
+    def _rates(self, comp: list[_Active], now: int) -> list[float]:
         if len(comp) == 1:
             return [min(self.capacity[k] for k in comp[0].links)]
+        w = self.sharing.weights(comp, self.active.values(), now)
         if len(comp) > self.VECTORISE_ABOVE:  # on the flows' own link indices: links
             lens = [len(a.lidx) for a in comp]  # no flow of comp uses take no part
             rows = np.repeat(np.arange(len(comp)), lens)
             cols = np.concatenate([a.lidx for a in comp])
-            return max_min_arrays(rows, cols, len(comp), self.cap_arr).tolist()
+            return max_min_arrays(rows, cols, len(comp), self.cap_arr,
+                                  None if w is None else np.asarray(w)).tolist()
         caps = {link: self.capacity[link] for a in comp for link in a.links}
-        return max_min_rates([a.links for a in comp], caps)
+        return max_min_rates([a.links for a in comp], caps, w)
 
     def _component(self, seed: _Active, limit: int) -> list[_Active] | None:
         """The flows sharing links with seed, transitively; None once it passes limit."""
@@ -208,7 +243,7 @@ class FlowNetwork:
         return list(seen.values())
 
     def _rebalance(self, comp: list[_Active], now: int) -> None:
-        rates = self._rates(comp)
+        rates = self._rates(comp, now)
         for a, r in zip(comp, rates, strict=True):
             if a.handle is not None and abs(r - a.rate) <= TIE * r:
                 continue  # unchanged (up to rounding): keep its finish event
@@ -224,11 +259,14 @@ class FlowNetwork:
         now = self.clock.now_ns()
         a.done = True
         del self.active[id(a)]
+        self.sharing.finished(a.flow)
         for link in a.links:
             users = self.users[link]
             del users[id(a)]
             if users:  # its neighbours share the freed capacity
                 self._touch(next(iter(users.values())), now)
+        if self.watched:
+            self._sample(now)
         self.clock.call_at_ns(now + self._latency(a.flow), self.deliver, a.flow)
 
 

@@ -1,0 +1,108 @@
+"""How a link's capacity is split among the jobs that share it (docs/cassini.md).
+
+The flow solver (sim/electrical.py) is weighted max-min: a flow's rate is its weight times
+the water level. These policies give the weights:
+
+- `Fair`: every flow 1 (max-min fair, what TCP-like congestion control converges to);
+- `Weighted`: a fixed weight per job (unfair sharing: 0.6 and 0.4 give one job 60 % of a
+  link both saturate);
+- `MLTCP`: a job's weight grows as it gets through its iteration's bytes,
+  F = slope x bytes_ratio + intercept, bytes_ratio = bytes the job has sent in this
+  iteration / bytes it sends per iteration. The job nearer the end of its communication
+  gets more, finishes first and starts computing; the other finishes later. Iteration by
+  iteration the jobs drift apart until their communication interleaves. A job learns its
+  bytes per iteration from its first iteration (ratio 0, weight = intercept, until then).
+  The weight is the job's, over all its flows (MLTCP counts per connection; a job's
+  connections advance together in a collective). The fluid model re-solves every
+  `tick_ns` while flows are active, as a sender's window follows the ratio as it goes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from oddl.controller.invariants import tag_of
+from oddl.controller.messages import Flow
+
+
+class Sharing:
+    """Max-min fair: no weights."""
+
+    name = "fair"
+    tick_ns = 0  # re-solve this often while flows are active (0: on flow events only)
+
+    def join(self, tag: int, weight: float) -> None:
+        """Job `tag` starts on the network with this weight (used by `Weighted`)."""
+
+    def submitted(self, flow: Flow) -> None: ...
+
+    def finished(self, flow: Flow) -> None: ...
+
+    def weights(self, comp: list[Any], active: Iterable[Any], now: int) -> list[float] | None:
+        return None
+
+
+Fair = Sharing
+
+
+class Weighted(Sharing):
+    name = "weighted"
+
+    def __init__(self) -> None:
+        self.by_tag: dict[int, float] = {}
+
+    def join(self, tag: int, weight: float) -> None:
+        self.by_tag[tag] = weight
+
+    def weights(self, comp: list[Any], active: Iterable[Any], now: int) -> list[float] | None:
+        return [self.by_tag.get(tag_of(a.flow.id), 1.0) for a in comp]
+
+
+class MLTCP(Sharing):
+    name = "mltcp"
+
+    def __init__(self, slope: float, intercept: float, tick_ns: int) -> None:
+        if slope < 0 or intercept <= 0 or tick_ns < 1:
+            raise ValueError("MLTCP needs slope >= 0, intercept > 0 and a tick >= 1 ns")
+        self.slope, self.intercept, self.tick_ns = slope, intercept, tick_ns
+        self.iteration: dict[int, int] = {}  # tag -> the iteration its flows belong to
+        self.done: dict[int, float] = {}  # tag -> bits of that iteration delivered
+        self.per_iteration: dict[int, float] = {}  # tag -> bits it sends per iteration
+
+    def submitted(self, flow: Flow) -> None:
+        tag = tag_of(flow.id)
+        if self.iteration.get(tag, -1) < flow.iteration:
+            if tag in self.iteration:  # the last iteration is over: its bytes are learnt
+                self.per_iteration[tag] = self.done[tag]
+            self.iteration[tag], self.done[tag] = flow.iteration, 0.0
+
+    def finished(self, flow: Flow) -> None:
+        tag = tag_of(flow.id)
+        if flow.iteration == self.iteration.get(tag):
+            self.done[tag] += flow.nbytes * 8
+
+    def ratio(self, tag: int, inflight: float) -> float:
+        total = self.per_iteration.get(tag)
+        return min(1.0, (self.done.get(tag, 0.0) + inflight) / total) if total else 0.0
+
+    def weights(self, comp: list[Any], active: Iterable[Any], now: int) -> list[float] | None:
+        inflight: dict[int, float] = {}
+        for a in active:
+            tag = tag_of(a.flow.id)
+            if a.flow.iteration == self.iteration.get(tag):
+                sent = a.flow.nbytes * 8 - a.remaining + a.rate * (now - a.last)
+                inflight[tag] = inflight.get(tag, 0.0) + sent
+        f = {t: self.slope * self.ratio(t, b) + self.intercept for t, b in inflight.items()}
+        return [f.get(tag_of(a.flow.id), self.intercept) for a in comp]
+
+
+def sharing_of(kind: str, slope: float = 1.0, intercept: float = 1.0,
+               tick_ns: int = 100_000) -> Sharing:
+    if kind == "fair":
+        return Fair()
+    if kind == "weighted":
+        return Weighted()
+    if kind == "mltcp":
+        return MLTCP(slope, intercept, tick_ns)
+    raise ValueError(f"unknown sharing {kind!r} (fair, weighted or mltcp)")
