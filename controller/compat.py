@@ -140,3 +140,98 @@ def compatibility(profiles: list[Profile], capacity: float = 1.0,
                          tuple(round(k * width % p.iteration_ms, 6)
                                for k, p in zip(ks, profiles, strict=True)),
                          bins * width)
+
+
+@dataclass(frozen=True)
+class Shifts:
+    """CASSINI over many links: each job's time shift, each shared link's compatibility,
+    and the loops of the job-link affinity graph (where one job's shift is asked for
+    twice)."""
+
+    shifts_ms: dict[str, float]
+    links: dict[str, Compatibility]  # per shared link (by its name)
+    loops: list[str]
+
+
+def time_shifts(on_link: dict[str, list[Profile]]) -> Shifts:
+    """Per-link rotations turned into one time shift per job, walking the affinity graph
+    (jobs and the links they share) breadth-first from each component's first job: a job
+    reached over link l from job j is shifted by j's shift plus their offset on l, modulo
+    its iteration. An edge that reaches a job already shifted closes a loop: the loop is
+    reported, with how far the two shifts it asks for disagree, and the first one kept
+    (CASSINI drops placements whose affinity graph has a loop)."""
+    shared = {link: ps for link, ps in sorted(on_link.items()) if len(ps) >= 2}
+    comp = {link: compatibility(ps) for link, ps in shared.items()}
+    period = {p.name: p.iteration_ms for ps in on_link.values() for p in ps}
+    links_of: dict[str, list[str]] = {}
+    for link, ps in shared.items():
+        for p in ps:
+            links_of.setdefault(p.name, []).append(link)
+    offset = {link: {p.name: s for p, s in zip(ps, comp[link].shifts_ms, strict=True)}
+              for link, ps in shared.items()}
+    shift: dict[str, float] = {}
+    parent: dict[str, tuple[str, str] | None] = {}
+    loops: list[str] = []
+    used: set[str] = set()
+    for root in sorted(period):
+        if root in shift:
+            continue
+        shift[root], parent[root] = 0.0, None
+        queue = [root]
+        while queue:
+            j = queue.pop(0)
+            for link in links_of.get(j, []):
+                if link in used:
+                    continue
+                used.add(link)
+                for k in offset[link]:
+                    if k == j:
+                        continue
+                    want = (shift[j] + offset[link][k] - offset[link][j]) % period[k]
+                    if k not in shift:
+                        shift[k], parent[k] = want, (j, link)
+                        queue.append(k)
+                        continue
+                    gap = abs(want - shift[k]) % period[k]
+                    gap = min(gap, period[k] - gap)
+                    loops.append(f"{_cycle(parent, j, link, k)}: shifts for {k} "
+                                 f"{'agree' if gap < 1e-6 else f'differ by {gap:.3f} ms'}")
+    return Shifts({j: round(s, 6) for j, s in sorted(shift.items())}, comp, loops)
+
+
+def _cycle(parent: dict[str, tuple[str, str] | None], j: str, link: str, k: str) -> str:
+    """The loop an edge j -link- k closes through the BFS tree: 'loop j -l1- x -l2- k
+    -link- j'."""
+    def chain(x: str) -> list[tuple[str, str]]:  # (job, the link to its parent) to the root
+        out = []
+        while (p := parent[x]) is not None:
+            out.append((x, p[1]))
+            x = p[0]
+        return [*out, (x, "")]
+
+    cj, ck = chain(j), chain(k)
+    on_k = [x for x, _ in ck]
+    i = next(t for t, (x, _) in enumerate(cj) if x in on_k)  # where the two paths meet
+    text = j
+    for t in range(i):  # up from j to the meeting job
+        text += f" -{cj[t][1]}- {cj[t + 1][0]}"
+    for x, lk in reversed(ck[:on_k.index(cj[i][0])]):  # down to k
+        text += f" -{lk}- {x}"
+    return f"loop {text} -{link}- {j}"
+
+
+def best_placement(candidates: list[dict[str, Profile]],
+                   running: dict[str, list[Profile]]) -> int:
+    """CASSINI's placement: of the candidate placements of a new job (its profile on each
+    link it would use), the one whose shared links are most compatible (the worst link's
+    score, highest first; then the fewest shared links; then the first)."""
+    if not candidates:
+        raise ValueError("no candidate placement")
+
+    def key(i: int) -> tuple[float, int, int]:
+        shared = [link for link in candidates[i] if running.get(link)]
+        worst = min((compatibility([*running[link], candidates[i][link]]).score
+                     for link in shared), default=1.0)
+        return (-worst, len(shared), i)
+
+    return min(range(len(candidates)), key=key)

@@ -1,0 +1,71 @@
+"""A job's communication profile on each link it uses, measured from a simulated run.
+
+The job runs alone on the network model (the same collective engine and flow solver as a
+run), for two iterations; the links its flows cross are watched, and the second
+iteration's load on each, as a fraction of the link, is its profile (controller/compat.py).
+The first iteration is left out: a job's flows of the first iteration start together, later
+ones as they do in steady state (the same here, but the profile should not depend on it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+
+import numpy as np
+from oddl.controller.clock import Clock
+from oddl.controller.collectives import Schedule
+from oddl.controller.compat import Profile
+from oddl.controller.config import NetworkSpec
+from oddl.controller.messages import Flow
+from oddl.controller.workloads import CollectiveEngine
+from oddl.sim.baselines import build_network
+from oddl.sim.clock import VirtualClockLoop
+
+SLOTS = 1000  # a profile's resolution: slots per iteration
+
+
+def link_profiles(spec: NetworkSpec, nodes: list[str], line_rate_gbps: float, name: str,
+                  ranks: Sequence[str], schedule: Schedule, compute_ns: int
+                  ) -> dict[object, Profile]:
+    """Each link the job's flows cross, and the job's demand on it over one iteration."""
+    loop = VirtualClockLoop()
+    try:
+        clock = Clock(loop)
+        engine: CollectiveEngine
+        net = build_network(spec, clock, nodes, line_rate_gbps, lambda f: engine.on_delivered(f))
+        engine = CollectiveEngine(clock, schedule, list(ranks), net.submit)
+        links = {link for r, steps in enumerate(schedule) for st in steps for d, _b in st.sends
+                 for link in net.path(Flow(0, ranks[r], ranks[d], 1, 0, 0, 0, 0))}
+        for link in links:
+            net.watch(link)
+        marks: list[int] = []
+        done = loop.create_future()
+
+        def next_iteration(t: int) -> None:
+            marks.append(t)
+            if len(marks) == 3:
+                done.set_result(None)
+            else:
+                engine.start_iteration(len(marks) - 1, compute_ns, next_iteration)
+
+        clock.call_soon(next_iteration, 0)
+        loop.run_until_complete(asyncio.wait_for(done, 1e6))
+        t0, t1 = marks[1], marks[2]
+        return {link: Profile(name, (t1 - t0) / 1e6,
+                              _slots(net.watched[link], t0, t1, net.capacity[link]))
+                for link in sorted(links, key=repr)}
+    finally:
+        loop.close()
+
+
+def _slots(series: list[tuple[int, float]], t0: int, t1: int, capacity: float
+           ) -> tuple[float, ...]:
+    """A step function (time, load) averaged over SLOTS equal slots of [t0, t1)."""
+    edges = np.linspace(t0, t1, SLOTS + 1)
+    times = np.array([t for t, _ in series] + [t1], dtype=float)
+    loads = np.array([x for _, x in series], dtype=float)
+    # the load's integral at each edge, from the step function
+    cum = np.concatenate([[0.0], np.cumsum(loads * np.diff(times))])
+    at = np.interp(edges, times, cum)
+    return tuple(np.round(np.diff(at) / np.diff(edges) / capacity, 6).tolist())
