@@ -129,21 +129,43 @@ def plan(testbed: Path, job: Path | None, strategy: str | None, as_json: bool,
 
 @main.command()
 @click.option("--job", "jobs", multiple=True, required=True,
-              help="NAME:ITER_MS:COMM_MS[:DEMAND]: a job on the link; DEMAND is the share of "
-                   "the link it uses while communicating (default 1)")
+              help="MODEL[:RANKS] (measured on a link of --link-gbps, RANKS default 4), or "
+                   "NAME:ITER_MS:COMM_MS[:DEMAND], a raw profile; DEMAND is the share of the "
+                   "link it uses while communicating (default 1)")
+@click.option("--link-gbps", type=click.FloatRange(min=0, min_open=True, max=1e5),
+              default=100.0, show_default=True, help="the shared link (model jobs)")
 @click.option("--json", "as_json", is_flag=True, help="print score, rotations, shifts_ms")
 @click.option("--plot", type=click.Path(path_type=Path), default=None,
               help="PNG: the unified circle, each job's demand as rotated")
-def compat(jobs: tuple[str, ...], as_json: bool, plot: Path | None) -> None:
+def compat(jobs: tuple[str, ...], link_gbps: float, as_json: bool, plot: Path | None
+           ) -> None:
     """CASSINI's compatibility of jobs sharing one link: the score, the best rotations on
     the unified circle and the time shifts that realise them."""
-    from oddl.controller.compat import compatibility, parse_job, rolled
+    from oddl.controller.compat import compatibility, parse_job, parse_model_job, rolled
+    from oddl.controller.registry import profiles_on_a_link
 
     try:
-        profiles = [parse_job(j) for j in jobs]
+        models = [parse_model_job(j) for j in jobs]
+        if all(models):
+            seen: dict[str, int] = {}
+            named = []
+            for model, ranks in models:  # type: ignore[misc]
+                seen[model] = seen.get(model, 0) + 1
+                named.append((model if seen[model] == 1 else f"{model}#{seen[model]}", model,
+                              ranks))
+            profiles = profiles_on_a_link(named, link_gbps)
+        elif any(models):
+            raise ValueError("--job: give models (MODEL[:RANKS]) or raw profiles "
+                             "(NAME:ITER_MS:COMM_MS[:DEMAND]), not both")
+        else:
+            profiles = [parse_job(j) for j in jobs]
     except ValueError as e:
         click.echo(f"error: {e}", err=True)
         sys.exit(2)
+    for p in profiles:
+        busy = sum(1 for x in p.demand if x > 0.01) / len(p.demand)
+        click.echo(f"{p.name}: iteration {p.iteration_ms:.3f} ms, on the link "
+                   f"{busy:.1%} of it", err=True)
     c = compatibility(profiles)
     if plot is not None:
         from oddl.controller.figures import circle_figure, save

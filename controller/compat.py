@@ -24,6 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 
 MAX_BINS = 7200  # angles the circle is cut into at most (coarser steps beyond)
+PER_ITERATION = 200  # bins in the shortest iteration, at most
 EXHAUSTIVE = 50_000  # rotation combinations tried one by one at most
 
 
@@ -75,43 +76,63 @@ def parse_job(spec: str) -> Profile:
         raise ValueError(f"--job {spec!r}: {e}") from None
 
 
-def rolled(profiles: list[Profile], c: Compatibility, resolution_ms: float = 1.0
-           ) -> list[np.ndarray]:
+def parse_model_job(spec: str) -> tuple[str, int] | None:
+    """`MODEL[:RANKS]` (`oddl compat --job`, ranks default 4): None when the spec names no
+    model (then it is a raw profile); a ValueError names the spec."""
+    from oddl.controller.catalog import MODELS
+
+    parts = spec.split(":")
+    if parts[0] not in MODELS or len(parts) > 2:
+        return None
+    try:
+        ranks = int(parts[1]) if len(parts) == 2 else 4
+    except ValueError:
+        raise ValueError(f"--job {spec!r}: RANKS is a whole number") from None
+    if not 2 <= ranks <= 1024:
+        raise ValueError(f"--job {spec!r}: RANKS must be 2 .. 1024 (a job on a link spans "
+                         f"both its ends)")
+    return parts[0], ranks
+
+
+def rolled(profiles: list[Profile], c: Compatibility) -> list[np.ndarray]:
     """Each job's demand around the unified circle, rotated as `c` says (for the plot)."""
-    _bins, width, out = _circle(profiles, resolution_ms)
+    _periods, width, out = _circle(profiles)
     return [np.roll(r, round(s / width)) for r, s in zip(out, c.shifts_ms, strict=True)]
 
 
-def _circle(profiles: list[Profile], resolution_ms: float) -> tuple[int, float, list[np.ndarray]]:
-    """Bins on the unified circle, the bin width (ms), and each job's demand per bin."""
-    periods = [max(1, round(p.iteration_ms / resolution_ms)) for p in profiles]
-    perimeter = math.lcm(*periods)
-    step = max(1, math.ceil(perimeter / MAX_BINS))
-    while perimeter % step or any(t % step for t in periods):
-        step += 1  # a bin must divide every period, so rotations stay exact
-    bins = perimeter // step
+def _circle(profiles: list[Profile]) -> tuple[list[int], float, list[np.ndarray]]:
+    """Each job's iteration in bins, the bin width (ms), and each job's demand per bin
+    around the unified circle. The width starts at 1/PER_ITERATION of the shortest
+    iteration and grows until the LCM of the iterations, in bins, is at most MAX_BINS:
+    iteration times are rounded to the width (under half a bin each), so that jobs whose
+    times have no small common multiple still get a circle."""
+    base = min(p.iteration_ms for p in profiles) / PER_ITERATION
+    k = 1
+    while True:
+        width = base * k
+        periods = [max(1, round(p.iteration_ms / width)) for p in profiles]
+        if math.lcm(*periods) <= MAX_BINS:
+            break
+        k += 1
+    bins = math.lcm(*periods)
     out = []
-    for p, t in zip(profiles, periods, strict=True):
-        n = t // step  # bins per iteration
+    for p, n in zip(profiles, periods, strict=True):
         idx = (np.arange(n) * len(p.demand)) // n
-        one = np.asarray(p.demand, dtype=float)[idx]
-        out.append(np.tile(one, bins // n))
-    return bins, step * resolution_ms, out
+        out.append(np.tile(np.asarray(p.demand, dtype=float)[idx], bins // n))
+    return periods, width, out
 
 
 def score_of(demand: np.ndarray, capacity: float = 1.0) -> float:
     return 1.0 - float(np.maximum(demand - capacity, 0).sum()) / (len(demand) * capacity)
 
 
-def compatibility(profiles: list[Profile], capacity: float = 1.0,
-                  resolution_ms: float = 1.0) -> Compatibility:
+def compatibility(profiles: list[Profile], capacity: float = 1.0) -> Compatibility:
     if not profiles:
         raise ValueError("no jobs")
-    bins, width, rolled = _circle(profiles, resolution_ms)
-    periods = [round(p.iteration_ms / resolution_ms) for p in profiles]
+    periods, width, rolled = _circle(profiles)
+    bins = len(rolled[0])
     # a job's distinct rotations: one iteration's worth of bins (the rest repeat)
-    options = [range(1)] + [range(max(1, t * bins // math.lcm(*periods)))
-                            for t in periods[1:]]
+    options = [range(1)] + [range(t) for t in periods[1:]]
     best: tuple[float, tuple[int, ...]] = (-math.inf, (0,) * len(profiles))
     if len(profiles) <= 3 and math.prod(len(o) for o in options) <= EXHAUSTIVE:
         for shifts in itertools.product(*options):
@@ -137,8 +158,7 @@ def compatibility(profiles: list[Profile], capacity: float = 1.0,
         best = (score_of(total, capacity), tuple(shifts))
     s, ks = best
     return Compatibility(round(s, 9), tuple(round(360.0 * k / bins, 6) for k in ks),
-                         tuple(round(k * width % p.iteration_ms, 6)
-                               for k, p in zip(ks, profiles, strict=True)),
+                         tuple(round(k * width, 6) for k in ks),
                          bins * width)
 
 

@@ -111,3 +111,11 @@ def node_program(tb: Testbed, node: str, bitfile: Path | None = None,
     return NodeProgram(
         tb.name, node, DriverONic(drv, ports_of(grid, node)), line,
         bus_from_config(tb.name, tb.broker, node), heartbeat_s=tb.monitor.heartbeat_ms / 1e3)
+
+
+def profiles_on_a_link(jobs: list[tuple[str, str, int]], link_gbps: float) -> list[Any]:
+    """`oddl compat --job MODEL[:RANKS]`: each job's demand on a link of `link_gbps`,
+    measured from its simulated iteration (the flow-level model: sim/profile.py)."""
+    from oddl.sim.profile import on_a_link
+
+    return on_a_link(jobs, link_gbps)

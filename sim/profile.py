@@ -69,3 +69,27 @@ def _slots(series: list[tuple[int, float]], t0: int, t1: int, capacity: float
     cum = np.concatenate([[0.0], np.cumsum(loads * np.diff(times))])
     at = np.interp(edges, times, cum)
     return tuple(np.round(np.diff(at) / np.diff(edges) / capacity, 6).tolist())
+
+
+def on_a_link(jobs: Sequence[tuple[str, str, int]], link_gbps: float,
+              collective: str = "ring", batch_per_node: int = 32) -> list[Profile]:
+    """`oddl compat --job MODEL[:RANKS] --link-gbps R`: each (name, model, ranks) job alone
+    on a two-rack network whose racks are joined by one link of R Gb/s, half its ranks in
+    each rack (a ring crosses the link once each way), and its measured demand on that
+    link (rack 0 to rack 1)."""
+    from oddl.controller.job import built_schedule
+    from oddl.controller.workloads import alltoall_bytes, compute_ms, model_spec
+
+    half = max((r + 1) // 2 for _n, _m, r in jobs)
+    nodes = [f"r{k}-{i}" for k in (0, 1) for i in range(half)]
+    spec = NetworkSpec(name="link", kind="fattree", hosts_per_leaf=half, spines=1,
+                       oversubscription=half, latency_ns=0)  # the racks' link: R
+    out = []
+    for name, model, r in jobs:
+        ranks = nodes[:(r + 1) // 2] + nodes[half:half + r // 2]
+        schedule = built_schedule(collective, r, model_spec(model).grad_bytes(), 1, r, 4,
+                                  False, alltoall_bytes(model, batch_per_node, r))
+        measured = link_profiles(spec, nodes, link_gbps, name, ranks, schedule,
+                                 round(compute_ms(model, batch_per_node) * 1e6))
+        out.append(measured[("l2s", 0, 0)])
+    return out
