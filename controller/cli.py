@@ -151,7 +151,7 @@ def compat(jobs: tuple[str, ...], link_gbps: float, as_json: bool, plot: Path | 
             named = []
             for model, ranks in models:  # type: ignore[misc]
                 seen[model] = seen.get(model, 0) + 1
-                named.append((model if seen[model] == 1 else f"{model}#{seen[model]}", model,
+                named.append((model if seen[model] == 1 else f"{model}-{seen[model]}", model,
                               ranks))
             profiles = profiles_on_a_link(named, link_gbps)
         elif any(models):

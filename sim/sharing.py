@@ -3,7 +3,8 @@
 The flow solver (sim/electrical.py) is weighted max-min: a flow's rate is its weight times
 the water level. These policies give the weights:
 
-- `Fair`: every flow 1 (max-min fair, what TCP-like congestion control converges to);
+- `Fair`: every connection 1 (max-min fair, what TCP-like congestion control converges
+  to; a job's flows from one rank to one peer are one connection: `per_connection`);
 - `Weighted`: a fixed weight per job (unfair sharing: 0.6 and 0.4 give one job 60 % of a
   link both saturate);
 - `MLTCP`: a job's weight grows as it gets through its iteration's bytes,
@@ -40,10 +41,25 @@ class Sharing:
     def finished(self, flow: Flow) -> None: ...
 
     def weights(self, comp: list[Any], active: Iterable[Any], now: int) -> list[float] | None:
-        return None
+        return per_connection(comp, None)
 
 
 Fair = Sharing
+
+
+def per_connection(comp: list[Any], w: list[float] | None) -> list[float] | None:
+    """A job's flows from one rank to one peer are one connection (a collective keeps one
+    per peer, and ECMP hashes it so): a rank whose next step's data queues behind this
+    step's on the same connection does not get a second share of the link. Each flow gets
+    its weight divided by the flows on its connection; None: every weight 1."""
+    conns: dict[tuple[int, str, str], int] = {}
+    for a in comp:
+        key = (tag_of(a.flow.id), a.flow.src, a.flow.dst)
+        conns[key] = conns.get(key, 0) + 1
+    if w is None and len(conns) == len(comp):
+        return None
+    return [(1.0 if w is None else w[i]) / conns[(tag_of(a.flow.id), a.flow.src, a.flow.dst)]
+            for i, a in enumerate(comp)]
 
 
 class Weighted(Sharing):
@@ -56,7 +72,7 @@ class Weighted(Sharing):
         self.by_tag[tag] = weight
 
     def weights(self, comp: list[Any], active: Iterable[Any], now: int) -> list[float] | None:
-        return [self.by_tag.get(tag_of(a.flow.id), 1.0) for a in comp]
+        return per_connection(comp, [self.by_tag.get(tag_of(a.flow.id), 1.0) for a in comp])
 
 
 class MLTCP(Sharing):
@@ -94,7 +110,7 @@ class MLTCP(Sharing):
                 sent = a.flow.nbytes * 8 - a.remaining + a.rate * (now - a.last)
                 inflight[tag] = inflight.get(tag, 0.0) + sent
         f = {t: self.slope * self.ratio(t, b) + self.intercept for t, b in inflight.items()}
-        return [f.get(tag_of(a.flow.id), self.intercept) for a in comp]
+        return per_connection(comp, [f.get(tag_of(a.flow.id), self.intercept) for a in comp])
 
 
 def sharing_of(kind: str, slope: float = 1.0, intercept: float = 1.0,
