@@ -88,8 +88,8 @@ def on_one_link(jobs: list[LinkJob], iterations: int = 40, line_rate_gbps: float
     return Outcome(out, c.score, dict(zip((j.name for j in jobs), c.shifts_ms, strict=True)))
 
 
-def _iterations(tb: Any, entries: list[JobEntry], net: dict[str, Any]) -> dict[str, list[int]]:
-    """Each job's iteration times (ns), the second half of its iterations."""
+def _run(tb: Any, entries: list[JobEntry], net: dict[str, Any]) -> dict[str, list[Any]]:
+    """Each job's (iteration, t_start, t_end) rows, as the run's store recorded them."""
     exp = Experiment(name="link", testbed="-", jobs=entries, networks=[net])
     with tempfile.TemporaryDirectory() as d:
         store = RunStore(Path(d) / "results.sqlite")
@@ -98,9 +98,14 @@ def _iterations(tb: Any, entries: list[JobEntry], net: dict[str, Any]) -> dict[s
         finally:
             store.close()
         jobs = read_store(Path(d) / "results.sqlite")[net["name"]]["jobs"]
+    return {name: j["iterations"] for name, j in jobs.items()}
+
+
+def _iterations(tb: Any, entries: list[JobEntry], net: dict[str, Any]) -> dict[str, list[int]]:
+    """Each job's iteration times (ns), the second half of its iterations."""
     out = {}
-    for name, j in jobs.items():
-        its = [t1 - t0 for _i, t0, t1 in j["iterations"]]
+    for name, rows in _run(tb, entries, net).items():
+        its = [t1 - t0 for _i, t0, t1 in rows]
         out[name] = its[len(its) // 2:]
     return out
 
@@ -108,13 +113,6 @@ def _iterations(tb: Any, entries: list[JobEntry], net: dict[str, Any]) -> dict[s
 def comm_gaps(entries: list[JobEntry], net: dict[str, Any], tb: Any) -> list[float]:
     """Two jobs: how far apart (ms) their iterations end, iteration by iteration (MLTCP's
     convergence: the gap grows until their communication interleaves)."""
-    exp = Experiment(name="link", testbed="-", jobs=entries, networks=[net])
-    with tempfile.TemporaryDirectory() as d:
-        store = RunStore(Path(d) / "results.sqlite")
-        try:
-            run_jobs(LoadedExperiment(Path(d), exp, Path(d), tb, tuple(entries)), store=store)
-        finally:
-            store.close()
-        jobs = read_store(Path(d) / "results.sqlite")[net["name"]]["jobs"]
-    a, b = (jobs[e.name]["iterations"] for e in entries)
+    rows = _run(tb, entries, net)
+    a, b = (rows[e.name] for e in entries)
     return [(y[2] - x[2]) / 1e6 for x, y in zip(a, b, strict=False)]
