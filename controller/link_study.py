@@ -34,7 +34,6 @@ from oddl.controller.runner import run_jobs
 
 JITTER_MS = 1.0
 UNFAIR = {2: (0.6, 0.4), 3: (0.5, 0.3, 0.2)}  # the talk's 60/40, and a 3-job analogue
-POLICIES = ("fair", "unfair", "cassini", "mltcp")
 
 
 @dataclass(frozen=True)
