@@ -22,6 +22,7 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
+from oddl.controller.catalog import MODELS
 
 MAX_BINS = 7200  # angles the circle is cut into at most (coarser steps beyond)
 PER_ITERATION = 200  # bins in the shortest iteration, at most
@@ -79,8 +80,6 @@ def parse_job(spec: str) -> Profile:
 def parse_model_job(spec: str) -> tuple[str, int] | None:
     """`MODEL[:RANKS]` (`oddl compat --job`, ranks default 4): None when the spec names no
     model (then it is a raw profile); a ValueError names the spec."""
-    from oddl.controller.catalog import MODELS
-
     parts = spec.split(":")
     if parts[0] not in MODELS or len(parts) > 2:
         return None
@@ -107,7 +106,9 @@ def _circle(profiles: list[Profile]) -> tuple[list[int], float, list[np.ndarray]
     iteration times are rounded to the width (under half a bin each), so that jobs whose
     times have no small common multiple still get a circle."""
     base = min(p.iteration_ms for p in profiles) / PER_ITERATION
-    k = 1
+    # the longest iteration must fit in MAX_BINS: start there (a 1 us job beside a
+    # 10,000 s one would otherwise widen the bin step by step for hours)
+    k = max(1, math.ceil(max(p.iteration_ms for p in profiles) / (base * MAX_BINS)))
     while True:
         width = base * k
         periods = [max(1, round(p.iteration_ms / width)) for p in profiles]

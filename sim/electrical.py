@@ -144,7 +144,7 @@ class FlowNetwork:
         self.watched: dict[object, list[tuple[int, float]]] = {}
 
     def watch(self, link: object) -> None:
-        """Record `link`'s load over time (a job's communication profile: sim/colocate.py)."""
+        """Record `link`'s load over time (a job's communication profile: sim/profile.py)."""
         self.watched[link] = [(self.clock.now_ns(), 0.0)]
 
     def _sample(self, now: int) -> None:

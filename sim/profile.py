@@ -2,9 +2,8 @@
 
 The job runs alone on the network model (the same collective engine and flow solver as a
 run), for two iterations; the links its flows cross are watched, and the second
-iteration's load on each, as a fraction of the link, is its profile (controller/compat.py).
-The first iteration is left out: a job's flows of the first iteration start together, later
-ones as they do in steady state (the same here, but the profile should not depend on it).
+iteration's load on each, as a fraction of the link, is its profile (controller/compat.py):
+an iteration that starts as every later one does, not the first.
 """
 
 from __future__ import annotations
@@ -77,8 +76,9 @@ def on_a_link(jobs: Sequence[tuple[str, str, int]], link_gbps: float,
     on a two-rack network whose racks are joined by one link of R Gb/s, half its ranks in
     each rack (a ring crosses the link once each way), and its measured demand on that
     link (rack 0 to rack 1)."""
+    from oddl.controller.admission import JobRequest
+    from oddl.controller.config import JobEntry
     from oddl.controller.job import built_schedule
-    from oddl.controller.workloads import alltoall_bytes, compute_ms, model_spec
 
     half = max((r + 1) // 2 for _n, _m, r in jobs)
     nodes = [f"r{k}-{i}" for k in (0, 1) for i in range(half)]
@@ -87,9 +87,11 @@ def on_a_link(jobs: Sequence[tuple[str, str, int]], link_gbps: float,
     out = []
     for name, model, r in jobs:
         ranks = nodes[:(r + 1) // 2] + nodes[half:half + r // 2]
-        schedule = built_schedule(collective, r, model_spec(model).grad_bytes(), 1, r, 4,
-                                  False, alltoall_bytes(model, batch_per_node, r))
+        req = JobRequest.of(JobEntry(name=name, model=model, collective=collective,
+                                     ranks=r, iterations=2, batch_per_node=batch_per_node))
+        schedule = built_schedule(req.collective, r, req.size, 1, r, spec.degree,
+                                  spec.bidirectional, req.alltoall)
         measured = link_profiles(spec, nodes, link_gbps, name, ranks, schedule,
-                                 round(compute_ms(model, batch_per_node) * 1e6))
+                                 req.compute_ns)
         out.append(measured[("l2s", 0, 0)])
     return out

@@ -72,3 +72,10 @@ def test_oddl_compat_json_plot_and_bad_specs(tmp_path: Path) -> None:
                       ("a:nan:1", "finite")]:
         r = CliRunner().invoke(main, ["compat", "--job", spec])
         assert r.exit_code == 2 and f"--job {spec!r}" in r.output and why in r.output, r.output
+
+
+def test_iterations_far_apart_still_get_a_circle() -> None:
+    """The bin starts wide enough for the longest iteration (widening it step by step from
+    the shortest's 1/200 took ~1e8 steps for these two)."""
+    c = compatibility([Profile.on_off("a", 0.001, 0.0005), Profile.on_off("b", 1e7, 1.0)])
+    assert c.perimeter_ms == pytest.approx(1e7, rel=1e-3) and c.score == 1.0
