@@ -219,7 +219,10 @@ class JobRunner:
         tr = self.trace
         if tr is not None and tr.on:
             tr.add(TraceRow("fire", node, "", f"slot {slot}", self.clock.now_ns()))
-        self.engine.module_fired(node, slot)
+        try:
+            self.engine.module_fired(node, slot)
+        except RuntimeError as e:  # in an interrupt callback: raised, it would only be logged
+            self.fail(e)
 
     def on_network(self, submit: Callable[[Flow], None]) -> JobRunner:
         """A flow-level network model (the baselines): it calls `deliver` on arrival."""

@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections import deque
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -45,6 +46,7 @@ from oddl.controller.job import (
     JobEvent,
     JobRunner,
     JobSpec,
+    MAX_NODES,
     step_sync,
 )
 from oddl.controller.telemetry import ports_note
@@ -53,6 +55,9 @@ from oddl.controller.wire import worth_logging
 
 log = logging.getLogger(__name__)
 MAX_VIOLATIONS_REPORTED = 50
+# peers' "ready" and "failed" events heard before this program had their job (a board
+# over PYNQ.remote takes a job later than its emulated or local peers): one per node
+MAX_EARLY_EVENTS = MAX_NODES
 
 
 class NodeBus(Bus, Protocol):
@@ -101,6 +106,7 @@ class NodeProgram:
         self.retries_done = 0  # REQUEST retries of the jobs this program has finished
         self._specs = msgspec.json.Decoder(JobSpec)
         self._events = msgspec.json.Decoder(JobEvent)
+        self._early: deque[JobEvent] = deque(maxlen=MAX_EARLY_EVENTS)
 
     async def start(self) -> NodeProgram:
         self._task = asyncio.create_task(self._serve(), name=f"oddl-node-{self.node}")
@@ -176,8 +182,11 @@ class NodeProgram:
             return self._reject(topic, e)
         if ev.node != topic.rpartition("/")[2]:  # the broker vouches for the topic only
             return self._reject(topic, f"event of node {ev.node!r} on another's topic")
-        if self._job is not None:
-            self._job.on_event(ev)
+        job = self._job
+        if job is not None and job.spec.job == ev.job:
+            job.on_event(ev)
+        elif ev.kind in ("ready", "failed") and ev.v == JOB_VERSION:
+            self._early.append(ev)  # for a job this program has not taken yet
 
     def _read_health(self, seq: int) -> Heartbeat:
         job = self._job
@@ -235,6 +244,10 @@ class NodeProgram:
                 if self._job is not None:
                     await self._job.abort(f"replaced by job {spec.job}")
                 self._job = _NodeJob(self, spec)
+                early, self._early = self._early, deque(maxlen=MAX_EARLY_EVENTS)
+                for ev in early:
+                    if ev.job == spec.job:
+                        self._job.on_event(ev)
                 self._job.task = asyncio.create_task(self._job.run())
         finally:
             lost.cancel()

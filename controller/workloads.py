@@ -173,7 +173,8 @@ class CollectiveEngine:
         if self.halted:
             return
         r = self.rank_of[node]
-        if self.step[r] >= len(self.schedule[r]):  # done here: the next iteration's step
+        if self.iteration < 0 or self.step[r] >= len(self.schedule[r]):
+            # not begun here, or done here: the next iteration's step
             self.early_fired.append((r, slot))
             return
         if self.recv[r][slot] != self.schedule[r][slot].recv_bytes:

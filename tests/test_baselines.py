@@ -3,12 +3,14 @@ test_jumps.py)."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 from oddl.controller.clock import Clock
 from oddl.controller.collectives import check_balanced, halving_doubling, ring, totient_rings
 from oddl.controller.config import NetworkSpec
 from oddl.controller.jumps import totient_jumps
+from oddl.controller.messages import Flow
 from oddl.controller.workloads import CollectiveEngine
 from oddl.sim.baselines import build_network
 from oddl.sim.clock import VirtualClockLoop
@@ -118,3 +120,23 @@ def test_topoopt_totient_rings_use_every_link() -> None:
     assert one == RING and t < one / 3
 
 
+
+
+def test_a_count_action_fire_before_the_host_starts_the_iteration_is_kept() -> None:
+    """Reproducer (CI, stop 27): a peer that started iteration 0 first sent this rank its
+    step-0 bytes, and the O-NIC's count-action fired before the node program had begun the
+    iteration: `module_fired` indexed a table not yet built (IndexError in the interrupt
+    handler) and the rank never moved. The fire is now kept for the iteration."""
+    loop = VirtualClockLoop()
+    clock = Clock(loop)
+    sent: list[Flow] = []
+    sched = ring(2, 2000)
+    engine = CollectiveEngine(clock, sched, ["h0", "h1"], sent.append, nic_sync=True,
+                              local=["h0"])
+    engine.on_delivered(Flow(1, "h1", "h0", sched[0][0].recv_bytes, 0, 0))
+    engine.module_fired("h0", 0)
+    engine.start_iteration(0, 1000, lambda t: None)
+    loop.run_until_complete(asyncio.sleep(2e-6))  # virtual time: past the compute
+    loop.close()
+    assert [(f.step, f.dst) for f in sent] == [(0, "h1"), (1, "h1")]  # step 0 done here
+    assert engine.step[0] == 1

@@ -19,13 +19,14 @@ from oddl.controller.access import (
     CONTROLLER,
     DASHBOARD,
     new_passwords,
+    result_topic,
     results,
     run_topic,
     status_topic,
 )
 from oddl.controller.clock import Clock
 from oddl.controller.control_unit import Timing
-from oddl.controller.job import JOB_VERSION, JobEvent, JobSpec
+from oddl.controller.job import JOB_VERSION, JobEvent, JobRunner, JobSpec
 from oddl.controller.node import NodeProgram
 from oddl.controller.topology import Grid
 from oddl.drivers.mqtt import MQTTBus
@@ -198,3 +199,73 @@ def test_a_job_whose_controller_vanishes_is_cancelled() -> None:
     events, cancelled = asyncio.run(asyncio.wait_for(main(), 60))
     assert events[-1].kind == "failed" and "controller is gone" in events[-1].error
     assert cancelled == 1
+
+
+def test_a_peers_ready_heard_before_the_job_itself_is_kept() -> None:
+    """Reproducer (CI, stop 27): a board's `oddl node` over PYNQ.remote took the job a
+    little after its peers, and their "ready" events, heard before it had the job, were
+    dropped: it waited for them for ever and the run timed out. A peer's event that comes
+    before the job does is now kept for it."""
+    tb = make_testbed(2, 2)
+    node, peer = "n0-0", "n0-1"
+    pw = new_passwords(tb_nodes := [n.id for n in tb.nodes])
+
+    events: list[JobEvent] = []
+
+    async def main() -> None:
+        broker = await EmbeddedBroker("tb", tb_nodes, pw).start()
+        world = sim_backend.build(tb, Grid.from_testbed(tb), Clock(asyncio.get_running_loop()))
+        prog = await NodeProgram(
+            "tb", node, world.onics[node], world.lines[node],
+            MQTTBus("tb", "127.0.0.1", broker.port, user=node, password=pw[node])).start()
+        spec = JobSpec(JOB_VERSION, "j", "hd", 1000, 1, 1, 4, False, [node], [node, peer], 1,
+                       1000, False, TIMING, {})
+        try:
+            async with aiomqtt.Client("127.0.0.1", broker.port, identifier=peer,
+                                      username=peer, password=pw[peer]) as p, \
+                    aiomqtt.Client("127.0.0.1", broker.port, identifier=CONTROLLER,
+                                   username=CONTROLLER, password=pw[CONTROLLER]) as ctl:
+                await ctl.subscribe(results("tb"), qos=1)
+                await p.publish(result_topic("tb", peer), msgspec.json.encode(
+                    JobEvent(JOB_VERSION, "j", "ready", peer)), qos=1)
+                await ctl.publish(run_topic("tb"), msgspec.json.encode(spec), qos=1)
+                async for m in ctl.messages:
+                    ev = msgspec.json.decode(bytes(m.payload), type=JobEvent)
+                    if ev.node == node:
+                        events.append(ev)
+                    if ev.kind in ("done", "failed"):
+                        break
+        finally:
+            await prog.stop()
+            await broker.stop()
+
+    with contextlib.suppress(TimeoutError):  # before the fix: no event after "ready"
+        asyncio.run(asyncio.wait_for(main(), 20))
+    assert [e.kind for e in events] == ["ready", "iteration", "done"]
+
+
+def test_a_count_action_fire_the_host_cannot_account_for_fails_the_job() -> None:
+    """An O-NIC that says a step is complete when its bytes are not all delivered fails
+    the job, naming the step; it used to raise in the interrupt callback, where asyncio
+    logged it and the rank waited for ever."""
+    tb = make_testbed(2, 2)
+    node = "n0-0"
+
+    async def main() -> list[BaseException]:
+        clock = Clock(asyncio.get_running_loop())
+        world = sim_backend.build(tb, Grid.from_testbed(tb), clock)
+        spec = JobSpec(JOB_VERSION, "j", "ring", 2000, 1, 1, 4, False, [node, "n0-1"],
+                       [node, "n0-1"], 1, 10**9, True, TIMING, {})
+        runner = JobRunner(spec, clock, None, lambda *_: None, local=[node])
+        failed: list[BaseException] = []
+        runner.fail = failed.append
+        runner.on_onics(world.bus, {node: world.onics[node]}, {node: world.lines[node]})
+        runner.begin(0)
+        assert world.onics[node].on_module_fired is not None
+        world.onics[node].on_module_fired(0)  # as its interrupt handler does
+        runner.close()
+        return failed
+
+    failed = asyncio.run(main())
+    assert [str(e) for e in failed] == [
+        "n0-0: count-action fired for step 0 with 0 of 1000 bytes delivered"]
