@@ -43,10 +43,10 @@ from oddl.controller.invariants import InvariantChecker
 from oddl.controller.job import (
     DECODE_ERRORS,
     JOB_VERSION,
+    MAX_NODES,
     JobEvent,
     JobRunner,
     JobSpec,
-    MAX_NODES,
     step_sync,
 )
 from oddl.controller.telemetry import ports_note
