@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import math
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -22,6 +22,7 @@ from oddl.controller.arbiter import Arbiter
 from oddl.controller.backend import Backend, Iteration, RunFailed
 from oddl.controller.clock import Clock
 from oddl.controller.collectives import Schedule
+from oddl.controller.compat import Profile, shift_against
 from oddl.controller.config import JobEntry, NetworkSpec
 from oddl.controller.invariants import MAX_TAG
 from oddl.controller.job import (
@@ -84,6 +85,9 @@ class JobRecord:
     end_ns: int | None = None
     iteration_ns: list[int] = field(default_factory=list)
     flows: int = 0
+    # CASSINI (a network with `cassini`): the start delay chosen against the jobs running
+    # at its start, and the worst shared link's score with it and without
+    cassini: dict[str, float] | None = None
 
     @property
     def jct_s(self) -> float:
@@ -102,7 +106,8 @@ class JobRecord:
                 "iterations": len(its),
                 "iteration_time_s": round(sum(its) / len(its) / 1e9, 9) if its else None,
                 "iteration_p99_s": round(percentile(its, 99) / 1e9, 9) if its else None,
-                "nodes": len(p.nodes) if p else 0, "shape": p.shape if p else None}
+                "nodes": len(p.nodes) if p else 0, "shape": p.shape if p else None} \
+            | ({"cassini": self.cassini} if self.cassini is not None else {})
 
 
 def percentile(xs: list[int] | list[float], q: float) -> float:
@@ -196,6 +201,9 @@ def plan_partitions(tb: Any, grid: Grid, requests: list[JobRequest], policy: str
 
 
 OnJob = Callable[[JobRecord, Iteration], None]  # a job's iteration, as it completes
+# a job's demand on each link it uses, measured alone (sim/profile.py): name, ranks'
+# nodes, schedule, compute per iteration (ns)
+Profiler = Callable[[str, Sequence[str], Schedule, int], dict[object, Profile]]
 
 
 class Admission:
@@ -203,7 +211,8 @@ class Admission:
 
     def __init__(self, backend: Backend, grid: Grid, requests: list[JobRequest],
                  policy: str, stage1: Stage1, spec: NetworkSpec, testbed: Any,
-                 run_name: str, on_iteration: OnJob | None = None) -> None:
+                 run_name: str, on_iteration: OnJob | None = None,
+                 profiler: Profiler | None = None) -> None:
         if len(requests) > MAX_TAG:
             raise RunFailed(f"{len(requests)} jobs: at most {MAX_TAG} in one run")
         self.b, self.grid, self.policy, self.stage1 = backend, grid, policy, stage1
@@ -212,6 +221,9 @@ class Admission:
         self.records = {r.name: JobRecord(r.name, r.arrival_ns) for r in requests}
         self.tags = {r.name: k for k, r in enumerate(self.requests, start=1)}  # flow ids
         self.on_iteration = on_iteration
+        self.profiler = profiler  # CASSINI's start delays, against the running jobs
+        self._profiles: dict[str, dict[object, Profile]] = {}  # the running jobs'
+        self._began: dict[str, int] = {}  # when each running job's latest iteration began
         self.free = set(grid.nodes)
         self.queue: list[JobRequest] = []
         self.clock = Clock(backend.loop)
@@ -250,6 +262,7 @@ class Admission:
         rec.partition, rec.start_ns = part, self.clock.now_ns() - self.t0
         schedule = schedule_of(req, part, self.spec)
         routes, nic_sync = self.stage1.admit(req, part, schedule)
+        shift_ns = self._shift(req, part, schedule, rec)
         spec = JobSpec(JOB_VERSION, job_id(self.run_name, self.spec.name, req.name),
                        req.collective, req.size, len(part.rows), len(part.cols),
                        self.spec.degree, self.spec.bidirectional, list(part.ranks),
@@ -259,11 +272,33 @@ class Admission:
 
         def on_iteration(it: Iteration) -> None:
             rec.iteration_ns.append(it.t_end - it.t_start)
+            if req.name in self._began:
+                self._began[req.name] = it.t_end  # the next one begins as this one ends
             if self.on_iteration is not None:
                 self.on_iteration(rec, it)
 
-        task = self.b.loop.create_task(self._run(spec, on_iteration, req.shift_ns))
+        task = self.b.loop.create_task(self._run(spec, on_iteration, shift_ns))
         task.add_done_callback(lambda t: self._finish(req, part, t))
+
+    def _shift(self, req: JobRequest, part: Partition, schedule: Schedule,
+               rec: JobRecord) -> int:
+        """The job's start delay (ns): its own `shift_ms`; or, with a profiler, CASSINI's
+        against the jobs running now, each at its phase (controller/compat.py)."""
+        if self.profiler is None:
+            return req.shift_ns
+        mine = self.profiler(req.name, part.ranks, schedule, req.compute_ns)
+        now = self.clock.now_ns()
+        running: dict[object, list[tuple[Profile, float]]] = {}
+        for job, links in self._profiles.items():
+            phase_ms = (now - self._began[job]) / 1e6
+            for link, p in links.items():
+                running.setdefault(link, []).append((p, phase_ms))
+        arr = shift_against(mine, running)
+        rec.cassini = {"shift_ms": arr.shift_ms, "score": arr.score,
+                       "unshifted_score": arr.unshifted}
+        shift_ns = round(arr.shift_ms * 1e6)
+        self._profiles[req.name], self._began[req.name] = mine, now + shift_ns
+        return shift_ns
 
     async def _run(self, spec: JobSpec, on_iteration: Callable[[Iteration], None],
                    shift_ns: int) -> Any:
@@ -280,6 +315,8 @@ class Admission:
         out = task.result()
         rec = self.records[req.name]
         rec.end_ns, rec.flows = self.clock.now_ns() - self.t0, out.flows
+        self._profiles.pop(req.name, None)
+        self._began.pop(req.name, None)
         self.stage1.release(req.name)
         self.free |= set(part.nodes)
         self.left -= 1

@@ -256,3 +256,39 @@ def best_placement(candidates: list[dict[str, Profile]],
         return (-worst, len(shared), i)
 
     return min(range(len(candidates)), key=key)
+
+
+@dataclass(frozen=True)
+class Arrival:
+    """CASSINI for a job that arrives beside running ones: its start delay, and the worst
+    shared link's score with that delay and with none."""
+
+    shift_ms: float
+    score: float
+    unshifted: float
+
+
+def shift_against(new: dict[object, Profile],
+                  running: dict[object, list[tuple[Profile, float]]]) -> Arrival:
+    """The start delay of a job arriving beside running jobs that keep their phase (a
+    running job is not paused to make room): of PER_ITERATION delays spread over the new
+    job's iteration, the one that maximises the worst score over the links it shares,
+    then the mean, then the earliest. `new`: its profile per link; `running`: per link,
+    each running job's profile and its phase now (ms since its latest iteration began)."""
+    shared = [link for link in new if running.get(link)]
+    if not shared:
+        return Arrival(0.0, 1.0, 1.0)
+    t_new = next(iter(new.values())).iteration_ms
+    delays = np.arange(PER_ITERATION) * (t_new / PER_ITERATION)
+    scores = np.empty((len(shared), PER_ITERATION))
+    for i, link in enumerate(shared):
+        others = running[link]
+        _periods, width, rolled = _circle([new[link], *(p for p, _ in others)])
+        rest = sum(np.roll(r, -round(phase / width)) for r, (_p, phase)
+                   in zip(rolled[1:], others, strict=True))
+        for k, d in enumerate(delays):
+            scores[i, k] = score_of(rest + np.roll(rolled[0], round(d / width)))
+    worst, mean = scores.min(axis=0), scores.mean(axis=0)
+    best = max(range(PER_ITERATION), key=lambda k: (round(worst[k], 9), round(mean[k], 9), -k))
+    return Arrival(round(float(delays[best]), 6), round(float(worst[best]), 9),
+                   round(float(worst[0]), 9))

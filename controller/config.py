@@ -656,15 +656,21 @@ class NetworkSpec(_Model):
     mltcp_intercept: float = Field(default=1.0, gt=0, le=100, allow_inf_nan=False)
     mltcp_tick_us: float = Field(default=100.0, ge=1, le=1e6, allow_inf_nan=False,
                                  description="mltcp: how often the weights follow the ratio")
+    cassini: bool = Field(
+        default=False, description="several jobs: each job's start is delayed as CASSINI's "
+                                   "geometry says against the jobs running beside it (its "
+                                   "demand measured alone; replaces the jobs' shift_ms; "
+                                   "docs/cassini.md)")
 
     @model_validator(mode="after")
     def _consistent(self) -> NetworkSpec:
         if self.bidirectional and self.degree < 2:
             raise ValueError("bidirectional TotientPerms spends two ports per jump: give "
                              "degree >= 2")
-        if self.kind == "oddl" and self.sharing != "fair":
-            raise ValueError("sharing: ODDL gives each job its own wavelengths; no link is "
-                             "shared (a baseline network's option)")
+        if self.kind == "oddl" and (self.sharing != "fair" or self.cassini):
+            raise ValueError(f"{'sharing' if self.sharing != 'fair' else 'cassini'}: ODDL "
+                             "gives each job its own wavelengths; no link is shared (a "
+                             "baseline network's option)")
         if (self.kind == "optinc") != (self.collective == IN_NETWORK):
             raise ValueError(f"collective {IN_NETWORK!r} is OptINC's in-network averaging: it "
                              "runs on kind 'optinc' only, and kind 'optinc' runs nothing else")

@@ -119,3 +119,13 @@ def profiles_on_a_link(jobs: list[tuple[str, str, int]], link_gbps: float) -> li
     from oddl.sim.profile import on_a_link
 
     return on_a_link(jobs, link_gbps)
+
+
+def link_profiles(spec: Any, nodes: list[str], line_rate_gbps: float) -> Any:
+    """CASSINI in the multi-job runner: a function measuring a job's demand on each link of
+    the network `spec` it uses, alone (sim/profile.py), for `Admission`'s profiler."""
+    import functools
+
+    from oddl.sim.profile import link_profiles as measure
+
+    return functools.partial(measure, spec, nodes, line_rate_gbps)

@@ -441,8 +441,10 @@ def run_jobs(ctx: LoadedExperiment, backend: str = "sim", store: RunStore | None
         if store is not None:
             store.begin_network(name, spec.kind, {"spec": spec.model_dump(), "jobs": len(reqs),
                                                   "policy": exp.policy})
+        profiler = registry.link_profiles(spec, list(grid.nodes), tb.optical.line_rate_gbps) \
+            if spec.cassini else None
         adm = Admission(b, grid, mine, exp.policy, stage1, spec, tb, exp.name,
-                        functools.partial(on_iteration, name))
+                        functools.partial(on_iteration, name), profiler)
         try:
             recs = adm.run()
         finally:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 from oddl.controller.clock import Clock
@@ -27,7 +28,17 @@ SLOTS = 1000  # a profile's resolution: slots per iteration
 def link_profiles(spec: NetworkSpec, nodes: list[str], line_rate_gbps: float, name: str,
                   ranks: Sequence[str], schedule: Schedule, compute_ns: int
                   ) -> dict[object, Profile]:
-    """Each link the job's flows cross, and the job's demand on it over one iteration."""
+    """Each link the job's flows cross, and the job's demand on it over one iteration.
+    The job runs on a virtual clock of its own, in a thread of its own: the multi-job
+    runner asks from inside its running loop (its clock stands still meanwhile)."""
+    with ThreadPoolExecutor(1, thread_name_prefix="oddl-profile") as ex:
+        return ex.submit(_measure, spec, nodes, line_rate_gbps, name, ranks, schedule,
+                         compute_ns).result()
+
+
+def _measure(spec: NetworkSpec, nodes: list[str], line_rate_gbps: float, name: str,
+             ranks: Sequence[str], schedule: Schedule, compute_ns: int
+             ) -> dict[object, Profile]:
     loop = VirtualClockLoop()
     try:
         clock = Clock(loop)

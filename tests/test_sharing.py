@@ -7,12 +7,14 @@ import itertools
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 from oddl.controller.api import grid_testbed
-from oddl.controller.compat import Profile, best_placement, time_shifts
-from oddl.controller.config import JobEntry, NetworkSpec
+from oddl.controller.compat import Profile, best_placement, shift_against, time_shifts
+from oddl.controller.config import Experiment, JobEntry, LoadedExperiment, NetworkSpec
 from oddl.controller.link_study import comm_gaps
+from oddl.controller.runner import run_jobs
 from oddl.controller.workloads import model_spec
 from oddl.sim.electrical import max_min_rates
 from pydantic import ValidationError
@@ -68,6 +70,45 @@ def test_a_time_shift_delays_the_first_iteration_and_interleaves_half_duty_jobs(
     assert shifted == pytest.approx([8.18] * 6, abs=0.05)  # the shift, kept
 
 
+def test_an_arrival_is_shifted_against_the_running_jobs_phase() -> None:
+    """Hand-worked: A runs 8.18 ms compute then 8.18 ms alone on the link (T = 16.36 ms);
+    its communication is at [8.18, 16.36) of each period. B, the same, arrives at 3 ms.
+    Delayed by d, its communication starts at 3 + d + 8.18: interleaved when that is
+    16.36 + 8.18, so d = 5.18 ms; a job with no running job beside it is not delayed."""
+    a, b = Profile.on_off("a", 16.36, 8.18), Profile.on_off("b", 16.36, 8.18)
+    arr = shift_against({"up": b}, {"up": [(a, 3.0)]})
+    assert arr.shift_ms == pytest.approx(5.18, abs=16.36 / 200)
+    assert (arr.score, arr.unshifted) == (1.0, pytest.approx(1 - 5.18 / 16.36, abs=0.01))
+    assert shift_against({"up": b}, {"down": [(a, 3.0)]}).shift_ms == 0.0
+
+
+def test_the_runner_shifts_an_arriving_job_as_cassini_says() -> None:
+    """A network with `cassini`: B, arriving 3 ms into A's first iteration, is delayed as
+    measured profiles and A's phase say, and both then run as fast as alone, B's iteration
+    ending half a period after A's; without, they collide and both slow down."""
+    es = [JobEntry(name=n, model="resnet50", collective="ring", ranks=2, shape="col",
+                   iterations=6, compute_time_ms=8.18, arrival_ms=t)
+          for n, t in (("a", 0.0), ("b", 3.0))]
+    tb = grid_testbed(2, 2)
+
+    def run(cassini: bool) -> dict[str, dict[str, Any]]:
+        exp = Experiment(name="c", testbed="-", jobs=es,
+                         networks=[{**TWO_RACKS, "cassini": cassini}])
+        return run_jobs(LoadedExperiment(Path("."), exp, Path("."), tb, tuple(es))).jobs
+
+    shifted, plain = run(True), run(False)
+    assert shifted["a"]["m"]["cassini"] == {"shift_ms": 0.0, "score": 1.0,
+                                            "unshifted_score": 1.0}  # alone at its start
+    b = shifted["b"]["m"]["cassini"]
+    assert b["shift_ms"] == pytest.approx(5.18, abs=0.1) and b["score"] == 1.0
+    assert b["unshifted_score"] < 0.8
+    alone = 16.36e-3
+    for job in "ab":
+        assert shifted[job]["m"]["iteration_time_s"] == pytest.approx(alone, rel=0.01)
+        assert plain[job]["m"]["iteration_time_s"] > 1.1 * alone
+    assert "cassini" not in plain["b"]["m"]
+
+
 def test_a_loop_in_the_affinity_graph_is_reported() -> None:
     a, b, c = (Profile.on_off(n, 100, 40) for n in "abc")
     s = time_shifts({"l1": [a, b], "l2": [b, c], "l3": [c, a]})
@@ -86,6 +127,8 @@ def test_placement_prefers_the_links_whose_jobs_are_compatible() -> None:
 def test_sharing_is_refused_on_oddl_and_bad_weights_named() -> None:
     with pytest.raises(ValidationError, match="no link is shared"):
         NetworkSpec(name="o", kind="oddl", sharing="mltcp")
+    with pytest.raises(ValidationError, match="cassini: ODDL gives each job its own"):
+        NetworkSpec(name="o", kind="oddl", cassini=True)
     with pytest.raises(ValidationError, match="weight"):
         JobEntry(name="a", model="resnet50", ranks=2, iterations=1, weight=0)
 
