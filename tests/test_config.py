@@ -43,7 +43,7 @@ def write(tmp_path: Path, text: str) -> Path:
     return p
 
 
-@pytest.mark.parametrize("name", ["prototype-4node", "grid-1024", "grid-4096"])
+@pytest.mark.parametrize("name", ["prototype-4node", "grid-64", "grid-1024", "grid-4096"])
 def test_shipped_testbeds_load(root: Path, name: str) -> None:
     tb = load_testbed(root / "hw_configs" / f"{name}.toml")
     assert tb.n_nodes == tb.grid.rows * tb.grid.cols
@@ -55,6 +55,8 @@ def test_shipped_testbeds_load(root: Path, name: str) -> None:
         assert (tb.grid.rows, len(tb.wss), tb.wss[0].ports) == (64, 128, 64)
     if name == "grid-1024":
         assert (tb.grid.rows, len(tb.wss), tb.wss[0].ports) == (32, 64, 32)
+    if name == "grid-64":
+        assert (tb.grid.rows, len(tb.wss), tb.wss[0].ports) == (8, 16, 8)
 
 
 def test_wavelength_grid_is_itu_spaced(root: Path) -> None:
