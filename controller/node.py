@@ -10,7 +10,8 @@ Iterations are kept in step by the reports themselves: every node program hears 
 node's "iteration" event on the result topic, and a rank begins iteration i + 1 when every
 rank has reported i (in process, the sim back end does the same at once). A job starts
 when every node of it has said "ready" (subscribed to its control topic, so no REQUEST is
-lost to a program still starting). A new job replaces one still running (its controller
+lost to a program still starting); a peer's "ready" heard before this program has taken
+the job is kept for it. A new job replaces one still running (its controller
 has gone); a peer's failure ends the job here too, naming the peer.
 
 `oddl emulate` starts this same program for each emulated board, on the board model's
