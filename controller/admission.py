@@ -15,14 +15,14 @@ import asyncio
 import math
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
 
 from oddl.controller.arbiter import Arbiter
 from oddl.controller.backend import Backend, Iteration, RunFailed
 from oddl.controller.clock import Clock
 from oddl.controller.collectives import Schedule
-from oddl.controller.compat import Profile, shift_against
+from oddl.controller.compat import Arrival, Profile, shift_against
 from oddl.controller.config import JobEntry, NetworkSpec
 from oddl.controller.invariants import MAX_TAG
 from oddl.controller.job import (
@@ -87,7 +87,7 @@ class JobRecord:
     flows: int = 0
     # CASSINI (a network with `cassini`): the start delay chosen against the jobs running
     # at its start, and the worst shared link's score with it and without
-    cassini: dict[str, float] | None = None
+    cassini: Arrival | None = None
 
     @property
     def jct_s(self) -> float:
@@ -107,7 +107,7 @@ class JobRecord:
                 "iteration_time_s": round(sum(its) / len(its) / 1e9, 9) if its else None,
                 "iteration_p99_s": round(percentile(its, 99) / 1e9, 9) if its else None,
                 "nodes": len(p.nodes) if p else 0, "shape": p.shape if p else None} \
-            | ({"cassini": self.cassini} if self.cassini is not None else {})
+            | ({"cassini": asdict(self.cassini)} if self.cassini else {})
 
 
 def percentile(xs: list[int] | list[float], q: float) -> float:
@@ -293,10 +293,8 @@ class Admission:
             phase_ms = (now - self._began[job]) / 1e6
             for link, p in links.items():
                 running.setdefault(link, []).append((p, phase_ms))
-        arr = shift_against(mine, running)
-        rec.cassini = {"shift_ms": arr.shift_ms, "score": arr.score,
-                       "unshifted_score": arr.unshifted}
-        shift_ns = round(arr.shift_ms * 1e6)
+        rec.cassini = shift_against(mine, running)
+        shift_ns = round(rec.cassini.shift_ms * 1e6)
         self._profiles[req.name], self._began[req.name] = mine, now + shift_ns
         return shift_ns
 

@@ -265,7 +265,7 @@ class Arrival:
 
     shift_ms: float
     score: float
-    unshifted: float
+    unshifted_score: float
 
 
 def shift_against(new: dict[object, Profile],

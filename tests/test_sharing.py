@@ -78,7 +78,7 @@ def test_an_arrival_is_shifted_against_the_running_jobs_phase() -> None:
     a, b = Profile.on_off("a", 16.36, 8.18), Profile.on_off("b", 16.36, 8.18)
     arr = shift_against({"up": b}, {"up": [(a, 3.0)]})
     assert arr.shift_ms == pytest.approx(5.18, abs=16.36 / 200)
-    assert (arr.score, arr.unshifted) == (1.0, pytest.approx(1 - 5.18 / 16.36, abs=0.01))
+    assert (arr.score, arr.unshifted_score) == (1.0, pytest.approx(1 - 5.18 / 16.36, abs=0.01))
     assert shift_against({"up": b}, {"down": [(a, 3.0)]}).shift_ms == 0.0
 
 
