@@ -12,6 +12,7 @@ Topics carry their sender, so that a broker's access rules can hold it to its na
     oddl/<tb>/node/<dst>/ctl/<src>   control message src -> dst           (QoS 0)
     oddl/<tb>/status/<party>         "online" / "offline" (last will)     (QoS 1, retained)
     oddl/<tb>/job/run                JobSpec, the controller's only       (QoS 1)
+    oddl/<tb>/job/stop               JobStop: one job ends now, the controller's only (QoS 1)
     oddl/<tb>/job/result/<node>      JobEvent from <node>                 (QoS 1)
     oddl/<tb>/probe/...              round-trip probes (controller, emulator)
     oddl/<tb>/telemetry/<node>       its ports, for watchers (telemetry.py)    (QoS 0)
@@ -74,6 +75,12 @@ def run_topic(tb: str) -> str:
     return f"oddl/{tb}/job/run"
 
 
+def stop_topic(tb: str) -> str:
+    """Where the controller stops one job of several (its status going "offline" stops
+    them all)."""
+    return f"oddl/{tb}/job/stop"
+
+
 def result_topic(tb: str, node: str) -> str:
     return f"oddl/{tb}/job/result/{node}"
 
@@ -99,7 +106,7 @@ def rules(tb: str, party: str, nodes: Iterable[str]) -> list[Rule]:
     """What `party` may read and write on testbed `tb`."""
     r, w = "read", "write"
     if party == CONTROLLER:
-        return [Rule(w, run_topic(tb)), Rule(r, results(tb)),
+        return [Rule(w, run_topic(tb)), Rule(w, stop_topic(tb)), Rule(r, results(tb)),
                 Rule(w, status_topic(tb, party)), Rule(r, status_topic(tb, "+")),
                 Rule(r, health_topic(tb, "+")), Rule(w, telemetry_topic(tb, party, "+")),
                 Rule(r, f"oddl/{probe_ns(tb)}/#"), Rule(w, f"oddl/{probe_ns(tb)}/#")]
@@ -112,7 +119,8 @@ def rules(tb: str, party: str, nodes: Iterable[str]) -> list[Rule]:
     if party in set(nodes):
         return [Rule(w, f"oddl/{tb}/node/+/ctl/{party}"), Rule(r, f"oddl/{tb}/node/{party}/ctl/+"),
                 Rule(w, status_topic(tb, party)), Rule(r, status_topic(tb, "+")),
-                Rule(r, run_topic(tb)), Rule(w, result_topic(tb, party)), Rule(r, results(tb)),
+                Rule(r, run_topic(tb)), Rule(r, stop_topic(tb)), Rule(w, result_topic(tb, party)),
+                Rule(r, results(tb)),
                 Rule(w, health_topic(tb, party)), Rule(w, telemetry_topic(tb, party))]
     return []
 

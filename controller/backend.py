@@ -90,7 +90,8 @@ class Injected:
 class Backend(Protocol):
     """`run_job` runs iterations spec.start .. spec.iterations - 1 and reports each. When
     `health` has a diagnosis pending it stops at the next iteration boundary (or, if the
-    iteration cannot finish, cuts it short) and raises `JobStopped`."""
+    iteration cannot finish, cuts it short) and raises `JobStopped`. Several `run_job`s
+    may run at once, for jobs on disjoint nodes (controller/admission.py)."""
 
     name: str
     loop: asyncio.AbstractEventLoop
@@ -101,8 +102,6 @@ class Backend(Protocol):
     injected: list[Injected]  # the drill's faults so far (sim, emu)
     # tells the bus's watchers (controller/telemetry.py); None: nobody is told
     announce: Announce | None
-    # whether run_job may run for several jobs at once, on disjoint nodes
-    concurrent_jobs: bool
 
     async def run_job(self, spec: JobSpec, on_iteration: OnIteration,
                       record_flows: bool) -> JobOutcome: ...

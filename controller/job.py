@@ -8,6 +8,8 @@ same O-NIC driver, wires the count-action engine to the collective's steps and a
 for the iterations.
 
     oddl/<testbed>/job/run            JobSpec    (QoS 1; the controller's only)
+    oddl/<testbed>/job/stop           JobStop    (QoS 1; the controller's only: one job of
+                                                  several ends now)
     oddl/<testbed>/job/result/<node>  JobEvent   (QoS 1; "ready", one "iteration" per
                                                   iteration, then "done" or "failed")
 
@@ -39,7 +41,7 @@ from oddl.fpga.countaction import Program
 from oddl.fpga.countaction import step_sync as sync_program
 from oddl.fpga.regmap import N_MODULES
 
-JOB_VERSION = 7
+JOB_VERSION = 8
 
 
 # what decoding a job-topic payload may raise: msgspec's own errors, and (found by
@@ -92,6 +94,15 @@ class JobSpec(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     alltoall: Count = 0
     # its share of a link it shares with other jobs, where the network shares by weight
     weight: Annotated[float, msgspec.Meta(gt=0, le=1000)] = 1.0
+
+
+class JobStop(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """The controller ends one job (a fault, a failure, its run stopping), while its
+    others run on: the job's node programs drop it at once."""
+
+    v: int
+    job: JobId
+    why: Text = ""
 
 
 class JobEvent(msgspec.Struct, omit_defaults=True, forbid_unknown_fields=True):
@@ -223,6 +234,14 @@ class JobRunner:
             self.engine.module_fired(node, slot)
         except RuntimeError as e:  # in an interrupt callback: raised, it would only be logged
             self.fail(e)
+
+    def gone(self, node: str) -> None:
+        """`node`'s program died with its board (a drill's dead board): its control unit
+        answers nothing, and its O-NIC's count-action fires reach no host."""
+        cu = self.units.get(node)
+        if cu is not None:
+            cu.halt()
+            cu.onic.on_module_fired = None
 
     def on_network(self, submit: Callable[[Flow], None]) -> JobRunner:
         """A flow-level network model (the baselines): it calls `deliver` on arrival."""

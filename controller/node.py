@@ -12,7 +12,8 @@ rank has reported i (in process, the sim back end does the same at once). A job 
 when every node of it has said "ready" (subscribed to its control topic, so no REQUEST is
 lost to a program still starting); a peer's "ready" heard before this program has taken
 the job is kept for it. A new job replaces one still running (its controller
-has gone); a peer's failure ends the job here too, naming the peer.
+has gone); a peer's failure ends the job here too, naming the peer. The controller ends
+one job of several on `job/stop`, and every job when its status goes "offline".
 
 `oddl emulate` starts this same program for each emulated board, on the board model's
 interrupt line; a lab starts it on each board (docs/deploy.md).
@@ -35,6 +36,7 @@ from oddl.controller.access import (
     results,
     run_topic,
     status_topic,
+    stop_topic,
     telemetry_topic,
 )
 from oddl.controller.clock import Clock
@@ -48,6 +50,7 @@ from oddl.controller.job import (
     JobEvent,
     JobRunner,
     JobSpec,
+    JobStop,
     step_sync,
 )
 from oddl.controller.telemetry import ports_note
@@ -59,6 +62,7 @@ MAX_VIOLATIONS_REPORTED = 50
 # peers' "ready" and "failed" events heard before this program had their job (a board
 # over PYNQ.remote takes a job later than its emulated or local peers): one per node
 MAX_EARLY_EVENTS = MAX_NODES
+MAX_STOPPED = 64  # ids of jobs the controller stopped, remembered (one may come late)
 
 
 class NodeBus(Bus, Protocol):
@@ -108,6 +112,8 @@ class NodeProgram:
         self._specs = msgspec.json.Decoder(JobSpec)
         self._events = msgspec.json.Decoder(JobEvent)
         self._early: deque[JobEvent] = deque(maxlen=MAX_EARLY_EVENTS)
+        self._stops = msgspec.json.Decoder(JobStop)
+        self.stopped: deque[str] = deque(maxlen=MAX_STOPPED)
 
     async def start(self) -> NodeProgram:
         self._task = asyncio.create_task(self._serve(), name=f"oddl-node-{self.node}")
@@ -170,11 +176,26 @@ class NodeProgram:
             return self._reject(topic, e)
         if spec.v != JOB_VERSION:
             return self._reject(topic, f"job version {spec.v}, this node runs {JOB_VERSION}")
-        if self.node not in spec.nodes:
+        if self.node not in spec.nodes or spec.job in self.stopped:
             return
         if self._jobs.full():  # a newer job replaces one not yet started
             self._jobs.get_nowait()
         self._jobs.put_nowait(spec)
+
+    def _on_stop(self, topic: str, payload: bytes) -> None:
+        try:
+            stop = self._stops.decode(payload)
+        except DECODE_ERRORS as e:
+            return self._reject(topic, e)
+        if stop.v != JOB_VERSION:
+            return self._reject(topic, f"job version {stop.v}, this node runs {JOB_VERSION}")
+        self.stopped.append(stop.job)  # not started yet: it never will be
+        job = self._job
+        if job is not None and job.spec.job == stop.job and not job.finished.done():
+            self.jobs_cancelled += 1
+            log.warning("node %s: job %s stopped by the controller: %s", self.node,
+                        stop.job, stop.why)
+            job.cancel(f"stopped by the controller: {stop.why}")
 
     def _on_result(self, topic: str, payload: bytes) -> None:
         try:
@@ -216,6 +237,7 @@ class NodeProgram:
         bus, tb = self.bus, self.testbed
         bus.attach(self.node, self._idle)
         bus.on(run_topic(tb), self._on_run)
+        bus.on(stop_topic(tb), self._on_stop)
         bus.on(results(tb), self._on_result)
         bus.on(status_topic(tb, CONTROLLER), self._on_controller)
         await bus.start()
@@ -346,7 +368,7 @@ class _NodeJob:
         prog, spec = self.prog, self.spec
         monitor = (prog.monitor if prog.monitor is not None
                    else InvariantChecker(mode="record", partial=True))
-        monitor.new_job(spec.job)
+        monitor.new_job(spec.job, spec.tag, spec.nodes)
         bad_before = len(monitor.violations)
         bus = prog.bus
         runner = None
@@ -368,6 +390,8 @@ class _NodeJob:
             await asyncio.gather(*self.pending)
             bad = monitor.violations[bad_before:]
             junk = {k: v - self.junk0[k] for k, v in self._junk().items()}
+            if spec.tag:  # beside others: its books close as it leaves
+                monitor.job_left(spec.tag, runner.clock.now_ns())
             await self._publish("done", control_messages=self.sent(),
                                 stats={**runner.stats(), **junk, "flows": runner.engine.flows,
                                        "violations": len(bad)},

@@ -7,11 +7,12 @@ emulated boards). It never touches a per-flow register: the nodes report iterati
 the controller records them.
 
 The controller keeps one connection to the broker for the whole run, as `oddl-ctl`: jobs
-out, results, heartbeats and the nodes' statuses (their last wills) in. The heartbeats
-and wills feed the arbiter's `Health` (controller/health.py), as they do in sim. When it
-finds a fault, the job is cancelled (status "offline": every node program drops it at
-once) at the next recorded iteration, or after `missed` periods if none comes; the runner
-re-plans and publishes the job again from the first iteration not recorded. The nodes
+out, results, heartbeats and the nodes' statuses (their last wills) in. Several jobs may
+be out at once, on disjoint nodes (controller/admission.py); each result goes to its own
+job. The heartbeats and wills feed the arbiter's `Health` (controller/health.py), as they
+do in sim. When it finds a fault, the job is stopped (`job/stop`: its node programs drop
+it at once) at the next recorded iteration, or after `missed` periods if none comes; the
+runner re-plans and publishes the job again from the first iteration not recorded. The nodes
 begin iteration i + 1 the moment every rank has reported i, so a stop here always cuts the
 iteration they are in: it runs again in full. A lost broker cuts the job too; the
 connection comes back with back-off, and the next job waits up to `[monitor] grace_ms`.
@@ -36,13 +37,14 @@ from oddl.controller.access import (
     results,
     run_topic,
     status_topic,
+    stop_topic,
 )
 from oddl.controller.backend import Iteration, JobOutcome, JobStopped, OnIteration, RunFailed
 from oddl.controller.clock import Clock
 from oddl.controller.config import FaultSpec, Testbed
 from oddl.controller.health import Health, Heartbeat
 from oddl.controller.invariants import InvariantChecker
-from oddl.controller.job import DECODE_ERRORS, JobEvent, JobSpec, step_sync
+from oddl.controller.job import DECODE_ERRORS, JOB_VERSION, JobEvent, JobSpec, JobStop, step_sync
 from oddl.controller.telemetry import note_topic
 from oddl.controller.topology import Grid
 from oddl.controller.trace import TraceRow
@@ -56,7 +58,7 @@ from oddl.fpga.overlay import BITFILE
 
 log = logging.getLogger(__name__)
 READY_MIN_S = 3.0
-MAX_EVENTS = 1 << 16  # results waiting to be read (a peer can send no more)
+MAX_EVENTS = 1 << 16  # results of one job waiting to be read (a peer can send no more)
 CONTROLLER_KEEPALIVE_S = 10  # a hung controller is given up 15 s on
 
 
@@ -100,7 +102,6 @@ class LabBackend:
     def __init__(self, tb: Testbed, grid: Grid, name: str = "hw",
                  checker_mode: str = "record", faults: list[FaultSpec] | None = None) -> None:
         self.name = name
-        self.concurrent_jobs = False  # an `oddl node` runs one job at a time
         self.tb = tb
         self.loop = asyncio.new_event_loop()
         self.clock = Clock(self.loop)
@@ -113,11 +114,13 @@ class LabBackend:
         self.drill = RemoteDrill(tb.emulator, faults or [], self.clock)
         self.injected = self.drill.injected
         self.bus: MQTTBus | None = None
+        self._connecting = asyncio.Lock()
         self._heard: set[str] = set()  # nodes heard from: their "offline" is a last will
         self._beating: set[str] = set()  # nodes heard on this connection (since the broker)
         self._connection = 0  # connections lost so far
-        self._job: JobSpec | None = None
-        self._events: asyncio.Queue[JobEvent | None] = asyncio.Queue(MAX_EVENTS)
+        # the jobs out, by id: each its spec and its results, waiting to be read (None:
+        # the broker went away)
+        self._out: dict[str, tuple[JobSpec, asyncio.Queue[JobEvent | None]]] = {}
         self._keeper: asyncio.Task[None] | None = None
         self._notes: collections.deque[tuple[str, bytes, bool]] = collections.deque(maxlen=64)
         self._decode_event = msgspec.json.Decoder(JobEvent)
@@ -147,24 +150,25 @@ class LabBackend:
         """The one connection, opened at the first job; after a lost broker, back within
         `grace_ms` or the run stops."""
         tb = self.tb.name
-        if self.bus is None:
-            # the nodes cancel the job when our status goes "offline": a clean exit, a
-            # crash (the will), or (keepalive) a controller that hangs
-            bus = bus_from_config(tb, self.tb.broker, CONTROLLER,
-                                  keepalive=CONTROLLER_KEEPALIVE_S)
-            bus.on(health_topic(tb, "+"), self._on_health)
-            bus.on(status_topic(tb, "+"), self._on_status)
-            bus.on(results(tb), self._on_result)
-            try:
-                await bus.start()
-            except BusError as e:
-                raise RunFailed(str(e)) from None
-            self.bus = bus
-            while self._notes:  # what was said before there was a connection (stage 1)
-                topic, payload, retain = self._notes.popleft()
-                self._publish_note(topic, payload, retain)
-            self.health.start(self.clock.now_ns())
-            self._keeper = asyncio.ensure_future(self._keep(bus))
+        async with self._connecting:  # jobs that start together open it once
+            if self.bus is None:
+                # the nodes cancel every job when our status goes "offline": a clean exit,
+                # a crash (the will), or (keepalive) a controller that hangs
+                bus = bus_from_config(tb, self.tb.broker, CONTROLLER,
+                                      keepalive=CONTROLLER_KEEPALIVE_S)
+                bus.on(health_topic(tb, "+"), self._on_health)
+                bus.on(status_topic(tb, "+"), self._on_status)
+                bus.on(results(tb), self._on_result)
+                try:
+                    await bus.start()
+                except BusError as e:
+                    raise RunFailed(str(e)) from None
+                self.bus = bus
+                while self._notes:  # what was said before there was a connection (stage 1)
+                    topic, payload, retain = self._notes.popleft()
+                    self._publish_note(topic, payload, retain)
+                self.health.start(self.clock.now_ns())
+                self._keeper = asyncio.ensure_future(self._keep(bus))
         grace = self.tb.monitor.grace_ms / 1e3
         t_end = time.monotonic() + grace
         while self.bus.lost.is_set():
@@ -204,8 +208,9 @@ class LabBackend:
             self._beating.clear()
             self.health.bus_lost(self.clock.now_ns(), "the controller lost its connection")
             log.warning("controller: lost the broker; reconnecting")
-            with contextlib.suppress(asyncio.QueueFull):
-                self._events.put_nowait(None)
+            for _spec, events in self._out.values():
+                with contextlib.suppress(asyncio.QueueFull):
+                    events.put_nowait(None)
             await bus.reconnect()
 
     def _on_health(self, topic: str, payload: bytes) -> None:
@@ -235,16 +240,24 @@ class LabBackend:
             self.health.will(node, t_ns)
 
     def _on_result(self, topic: str, payload: bytes) -> None:
-        spec = self._job
-        if spec is None:
-            return
-        ev = self._event(topic, payload, spec)
-        if ev is None:
-            return
+        """A result of a job out, from a node of that job on its own topic, to that job;
+        anything else is counted, logged and dropped (a stopped job's stragglers quietly)."""
         try:
-            self._events.put_nowait(ev)
+            ev = self._decode_event.decode(payload)
+        except DECODE_ERRORS as e:
+            return self._reject(topic, e)
+        if ev.node != topic.rpartition("/")[2]:  # the broker vouches for the topic only
+            return self._reject(topic, f"an event of {ev.node!r} on another's topic")
+        out = self._out.get(ev.job)
+        if out is None:
+            return
+        spec, events = out
+        if ev.node not in spec.nodes:
+            return self._reject(topic, f"an event of {ev.node!r}, no node of job {ev.job}")
+        try:
+            events.put_nowait(ev)
         except asyncio.QueueFull:
-            self._reject(topic, f"more than {MAX_EVENTS} results waiting")
+            self._reject(topic, f"more than {MAX_EVENTS} results of job {ev.job} waiting")
 
     # --- a job -------------------------------------------------------------------------
     async def run_job(self, spec: JobSpec, on_iteration: OnIteration,
@@ -270,10 +283,10 @@ class LabBackend:
         done: dict[str, JobEvent] = {}
         last_msgs = 0
         trace: list[TraceRow] = []  # the nodes' timelines, until their iteration is recorded
-        status = status_topic(tb, CONTROLLER)
-        while not self._events.empty():  # a stopped job's stragglers, a lost broker's mark
-            self._events.get_nowait()
-        self._job = spec
+        rejected0 = self.rejected
+        if spec.job in self._out:
+            raise RunFailed(f"job {spec.job} is already out")
+        events: asyncio.Queue[JobEvent | None] = asyncio.Queue(MAX_EVENTS)
         health, tick = self.health, self.health.tick_ns / 1e9
         patience = self.tb.monitor.missed * health.period_ns
         ready_s = ready_within_s(spec)
@@ -281,11 +294,13 @@ class LabBackend:
 
         def stopped(why: str) -> JobStopped:
             return JobStopped(why, spec.start + len(recorded), True, JobOutcome(
-                sum(sent.values()), sum(flows.values()), {"rejected": self.rejected}, []))
+                sum(sent.values()), sum(flows.values()),
+                {"rejected": self.rejected - rejected0}, []))
 
         await self._heard_from(spec)
+        self._out[spec.job] = (spec, events)
+        ended = False
         try:
-            await bus.publish(status, b"online", qos=1, retain=True)
             await bus.publish(run_topic(tb), msgspec.json.encode(spec), qos=1)
             self.drill.at_iteration(spec.start)
             mark = len(recorded)
@@ -300,7 +315,7 @@ class LabBackend:
                     raise stopped(f"iteration {spec.start + len(recorded)} cut short: "
                                   f"{'; '.join(map(str, act))}")
                 try:
-                    ev = await asyncio.wait_for(self._events.get(), tick)
+                    ev = await asyncio.wait_for(events.get(), tick)
                 except TimeoutError:
                     if len(ready) < len(spec.nodes) and time.monotonic() > t_ready:
                         missing = sorted(set(spec.nodes) - ready)
@@ -350,28 +365,16 @@ class LabBackend:
                         trace = []
                         last_msgs = msgs
                         self.drill.at_iteration(ev.iteration + 1)
-        finally:  # the nodes cancel the job at once (the will covers a lost broker)
-            self._job = None
-            if not bus.lost.is_set():
+            ended = True
+        finally:
+            del self._out[spec.job]
+            if not ended and not bus.lost.is_set():  # its node programs drop it at once
+                stop = JobStop(JOB_VERSION, spec.job, "its run stopped")
                 with contextlib.suppress(BusError):
-                    await bus.publish(status, b"offline", qos=1, retain=True)
-        out = self._outcome(spec, done)
+                    await bus.publish(stop_topic(tb), msgspec.json.encode(stop), qos=1)
+        out = self._outcome(spec, done, self.rejected - rejected0)
         out.trace = trace
         return out
-
-    def _event(self, topic: str, payload: bytes, spec: JobSpec) -> JobEvent | None:
-        """A result of this job's, from the node its topic names; anything else is counted,
-        logged and dropped."""
-        try:
-            ev = self._decode_event.decode(payload)
-        except DECODE_ERRORS as e:
-            self._reject(topic, e)
-            return None
-        if ev.node != topic.rpartition("/")[2] or ev.node not in spec.nodes:
-            self._reject(topic, f"an event of {ev.node!r}, not of a node of this job on "
-                                f"its own topic")
-            return None
-        return ev if ev.job == spec.job else None
 
     def _reject(self, topic: object, why: object) -> None:
         self.rejected += 1
@@ -379,7 +382,8 @@ class LabBackend:
             log.warning("controller: %s: message rejected: %s (%d so far)", topic, why,
                         self.rejected)
 
-    def _outcome(self, spec: JobSpec, done: Mapping[str, JobEvent]) -> JobOutcome:
+    def _outcome(self, spec: JobSpec, done: Mapping[str, JobEvent], rejected: int
+                 ) -> JobOutcome:
         stats: dict[str, Any] = {}
         violations: list[str] = []
         for ev in done.values():
@@ -388,7 +392,7 @@ class LabBackend:
             violations += [v for v in ev.violations if v not in violations]
         flows = stats.pop("flows", 0)
         stats.pop("violations", None)
-        stats["rejected"] = stats.get("rejected", 0) + self.rejected
+        stats["rejected"] = stats.get("rejected", 0) + rejected
         stats |= {"step_sync": step_sync(spec), "stage2": "oddl node beside each O-NIC"}
         self.monitor.violations += violations
         return JobOutcome(sum(ev.control_messages for ev in done.values()), flows, stats,

@@ -147,7 +147,6 @@ class SimBackend:
     from its board's registers, the drill's faults happen in virtual time."""
 
     name = "sim"
-    concurrent_jobs = True  # one JobRunner per job, on its own nodes
 
     def __init__(self, tb: Testbed, grid: Grid, faults: list[FaultSpec] | None = None,
                  seed: int = 0, checker_mode: str = "record",
@@ -177,9 +176,8 @@ class SimBackend:
     def _gone(self, node: str) -> None:
         """A dead board's node program is gone with it: its control unit says nothing."""
         r = self._runners.get(node)
-        cu = r.units.get(node) if r is not None else None
-        if cu is not None:
-            cu.halt()
+        if r is not None:
+            r.gone(node)
 
     def _retries(self) -> int:
         runners = {id(r): r for r in self._runners.values()}.values()
@@ -284,7 +282,6 @@ class ModelBackend:
     every back end (there is no such hardware here); no devices, nothing to plan."""
 
     name = "model"
-    concurrent_jobs = True  # every job's flows on the one network
 
     def __init__(self, spec: NetworkSpec, tb: Testbed, ranks: list[str],
                  checker_mode: str = "record", announce: Announce | None = None) -> None:

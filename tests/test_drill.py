@@ -115,6 +115,20 @@ def test_a_dead_rank_shrinks_the_job_and_hd_folds_the_odd_rank() -> None:
     assert r.iteration_time_s > clean.networks["oddl"].iteration_time_s
 
 
+def test_a_board_dead_for_a_moment_takes_its_program_with_it() -> None:
+    """Reproducer (hypothesis): n0-0 dies 1 ms into its first transfer and comes back
+    before the watch can see it. Its peer's bytes then land on its O-NIC, whose
+    count-action fired into the dead program's host: "count-action fired for step 0 with
+    0 of 51120000 bytes delivered", a RuntimeError out of the run. The program is gone
+    with its board, interrupts too; the peer's REQUESTs go unanswered, so the iteration
+    is cut short and runs again."""
+    res = run(drill(grid_tb(1, 2, 1), [{"kind": "dead-board", "target": "n0-0",
+                                         "at_ms": 6.0, "duration_ms": 1.0}]))
+    r = res.networks["oddl"]
+    assert r.iterations == 6 and res.invariant_violations == 0
+    assert r.disturbed and r.disturbance["retries"] > 0
+
+
 def test_a_dead_wss_is_found_by_its_poll_and_routed_round() -> None:
     ctx = drill(grid_tb(2, 2), [{"kind": "dead-wss", "target": "wss-row0", "at_ms": 33}])
     res = run(ctx)

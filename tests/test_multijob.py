@@ -289,3 +289,31 @@ def test_cli_run_json_has_jobs_and_a_jct_cdf_and_plan_prints_partitions(tmp_path
     assert "b: 4 ranks, row 1 x 4 at row 2, col 0" in p.stdout
     assert "waiting for nodes: c" in p.stdout
     assert (tmp_path / "parts.png").stat().st_size > 5_000
+
+
+# --- on the emulated testbed --------------------------------------------------------------
+
+def test_several_jobs_run_at_once_on_the_emulated_testbed(root: Path, tmp_path: Path) -> None:
+    """The same admission on emu: the node programs run two jobs at once on disjoint
+    columns, each with its own results. b arrives while a runs and leaves first; a runs
+    on to its last iteration (the controller ends b alone: its status going "offline" at
+    b's end used to cancel a too)."""
+    import subprocess
+    import sys
+
+    from oddl.controller.results import read_store
+
+    exp = experiment(tmp_path, job("a", 4, 12, compute_ms=40.0, shape="col")
+                     + job("b", 4, 2, arrival_ms=50, compute_ms=40.0, shape="col"))
+    r = subprocess.run([sys.executable, "-m", "oddl.controller.cli", "run", str(exp),
+                        "--backend", "emu", "--json", "--out", str(tmp_path / "run")],
+                       cwd=root, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    out = json.loads(r.stdout)
+    assert out["backend"] == "emu" and out["invariant_violations"] == 0
+    assert {j: v["oddl"]["iterations"] for j, v in out["jobs"].items()} == {"a": 12, "b": 2}
+    jobs = read_store(tmp_path / "run" / "results.sqlite")["oddl"]["jobs"]
+    a, b = jobs["a"], jobs["b"]
+    assert not set(a["nodes"]) & set(b["nodes"])
+    assert a["start_ns"] < b["start_ns"] and b["end_ns"] < a["end_ns"]  # b inside a's run
+    assert b["iterations"][0][1] < a["iterations"][-1][1]  # a iterating after b began

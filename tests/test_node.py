@@ -23,10 +23,11 @@ from oddl.controller.access import (
     results,
     run_topic,
     status_topic,
+    stop_topic,
 )
 from oddl.controller.clock import Clock
 from oddl.controller.control_unit import Timing
-from oddl.controller.job import JOB_VERSION, JobEvent, JobRunner, JobSpec
+from oddl.controller.job import JOB_VERSION, JobEvent, JobRunner, JobSpec, JobStop
 from oddl.controller.node import NodeProgram
 from oddl.controller.topology import Grid
 from oddl.drivers.mqtt import MQTTBus
@@ -199,6 +200,75 @@ def test_a_job_whose_controller_vanishes_is_cancelled() -> None:
     events, cancelled = asyncio.run(asyncio.wait_for(main(), 60))
     assert events[-1].kind == "failed" and "controller is gone" in events[-1].error
     assert cancelled == 1
+
+
+def test_the_controller_stops_one_job_and_the_program_serves_on() -> None:
+    """Several jobs run at once, so the controller ends one on `job/stop` (its status
+    going "offline" would end them all). A stop for another job's id leaves this one
+    running; a stop for its own ends it, saying why; a job stopped before it reached the
+    node is never started; the next job runs."""
+    tb = make_testbed(2, 2)
+    node = "n0-0"
+    pw = new_passwords(tb_nodes := [n.id for n in tb.nodes])
+    seen: list[tuple[str, str, str]] = []
+
+    async def main() -> int:
+        broker = await EmbeddedBroker("tb", tb_nodes, pw).start()
+        world = sim_backend.build(tb, Grid.from_testbed(tb), Clock(asyncio.get_running_loop()))
+        prog = await NodeProgram(
+            "tb", node, world.onics[node], world.lines[node],
+            MQTTBus("tb", "127.0.0.1", broker.port, user=node, password=pw[node])).start()
+
+        def spec(job: str, iterations: int) -> bytes:  # 10 ms of compute an iteration
+            return msgspec.json.encode(JobSpec(JOB_VERSION, job, "hd", 1000, 1, 1, 4, False,
+                                               [node], [node], iterations, 10_000_000, False,
+                                               TIMING, {}))
+
+        def stop(job: str) -> bytes:
+            return msgspec.json.encode(JobStop(JOB_VERSION, job, "a fault on its nodes"))
+
+        try:
+            async with aiomqtt.Client("127.0.0.1", broker.port, identifier=CONTROLLER,
+                                      username=CONTROLLER, password=pw[CONTROLLER]) as ctl:
+                await ctl.subscribe(results("tb"), qos=1)
+                await ctl.publish(run_topic("tb"), spec("long", 100_000), qos=1)
+                iterations = 0
+                async for m in ctl.messages:
+                    ev = msgspec.json.decode(bytes(m.payload), type=JobEvent)
+                    seen.append((ev.job, ev.kind, ev.error))
+                    if ev.kind == "iteration":
+                        iterations += 1
+                        if iterations == 1:  # another job's stop: this one runs on
+                            await ctl.publish(stop_topic("tb"), stop("other"), qos=1)
+                        elif iterations == 4:
+                            await ctl.publish(stop_topic("tb"), stop("long"), qos=1)
+                    if ev.kind == "failed":
+                        break
+                await ctl.publish(stop_topic("tb"), stop("late"), qos=1)
+                for _ in range(200):  # heard (bounded): then its job comes
+                    if "late" in prog.stopped:
+                        break
+                    await asyncio.sleep(0.01)
+                await ctl.publish(run_topic("tb"), spec("late", 1), qos=1)
+                await ctl.publish(run_topic("tb"), spec("next", 1), qos=1)
+                async for m in ctl.messages:
+                    ev = msgspec.json.decode(bytes(m.payload), type=JobEvent)
+                    seen.append((ev.job, ev.kind, ev.error))
+                    if ev.kind in ("done", "failed"):
+                        break
+        finally:
+            await prog.stop()
+            await broker.stop()
+        return prog.jobs_cancelled
+
+    cancelled = asyncio.run(asyncio.wait_for(main(), 60))
+    kinds = [(j, k) for j, k, _ in seen]
+    assert kinds[:5] == [("long", "ready")] + [("long", "iteration")] * 4
+    assert seen[kinds.index(("long", "failed"))][2] == \
+        "stopped by the controller: a fault on its nodes"
+    assert cancelled == 1
+    assert kinds[-3:] == [("next", "ready"), ("next", "iteration"), ("next", "done")]
+    assert all(j != "late" for j, _ in kinds)
 
 
 def test_a_peers_ready_heard_before_the_job_itself_is_kept() -> None:
