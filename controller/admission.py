@@ -7,6 +7,10 @@ entries, routes and count-action programs only, read back with everyone else's),
 iterations, and gives its nodes back when it leaves. Every job runs on the back end's one
 clock at once, so jobs that share a network's links (the baselines) slow each other down
 exactly as much as the flow model says; ODDL's isolated partitions do not.
+
+A fault stops only the jobs it concerns (`Health.touches`). Such a job gives its partition
+back once the watch has settled and its light has landed, and waits at the head of the
+queue to go on from its first iteration not recorded, on live nodes only.
 """
 
 from __future__ import annotations
@@ -19,11 +23,12 @@ from dataclasses import asdict, dataclass, field
 from typing import Any, Protocol
 
 from oddl.controller.arbiter import Arbiter
-from oddl.controller.backend import Backend, Iteration, RunFailed
+from oddl.controller.backend import Backend, Iteration, JobOutcome, JobStopped, RunFailed
 from oddl.controller.clock import Clock
 from oddl.controller.collectives import Schedule
 from oddl.controller.compat import Arrival, Profile, shift_against
 from oddl.controller.config import JobEntry, NetworkSpec
+from oddl.controller.health import Watch
 from oddl.controller.invariants import MAX_TAG
 from oddl.controller.job import (
     JOB_VERSION,
@@ -37,6 +42,7 @@ from oddl.controller.job import (
 from oddl.controller.placement import Partition, place
 from oddl.controller.plan import Plan, PlanError
 from oddl.controller.planner import plan_job
+from oddl.controller.recovery import Recovery
 from oddl.controller.topology import Grid
 from oddl.controller.workloads import alltoall_bytes, compute_ms, model_spec
 
@@ -74,6 +80,9 @@ class JobRequest:
         return self.collective == "hier2d"
 
 
+MAX_STOPS = 3  # a job stopped for faults more often than this fails the run
+
+
 @dataclass
 class JobRecord:
     """One job's life on one network."""
@@ -88,6 +97,10 @@ class JobRecord:
     # CASSINI (a network with `cassini`): the start delay chosen against the jobs running
     # at its start, and the worst shared link's score with it and without
     cassini: Arrival | None = None
+    placed_ns: int = 0  # when its partition was last given it
+    held_ns: int = 0  # node-ns held on partitions it has left (stopped for a fault)
+    # each stop for a fault: when, why, where it ran, the iteration it went on from
+    stops: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def jct_s(self) -> float:
@@ -107,7 +120,14 @@ class JobRecord:
                 "iteration_time_s": round(sum(its) / len(its) / 1e9, 9) if its else None,
                 "iteration_p99_s": round(percentile(its, 99) / 1e9, 9) if its else None,
                 "nodes": len(p.nodes) if p else 0, "shape": p.shape if p else None} \
-            | ({"cassini": asdict(self.cassini)} if self.cassini else {})
+            | ({"cassini": asdict(self.cassini)} if self.cassini else {}) \
+            | ({"stops": self.stops} if self.stops else {})
+
+    def node_ns(self) -> int:
+        """Node-ns it held its partitions for."""
+        p = self.partition
+        return self.held_ns + (len(p.nodes) * ((self.end_ns or 0) - self.placed_ns)
+                               if p is not None else 0)
 
 
 def percentile(xs: list[int] | list[float], q: float) -> float:
@@ -122,6 +142,7 @@ class Stage1(Protocol):
     def admit(self, req: JobRequest, part: Partition, schedule: Schedule
               ) -> tuple[dict[str, dict[str, tuple[str, int, str]]], bool]: ...
     def release(self, job: str) -> None: ...
+    def tables(self) -> dict[str, list[list[int | None]]]: ...
 
 
 class NoStage1:
@@ -131,6 +152,9 @@ class NoStage1:
 
     def release(self, job: str) -> None:
         pass
+
+    def tables(self) -> dict[str, list[list[int | None]]]:
+        return {}
 
 
 class OddlStage1:
@@ -153,6 +177,9 @@ class OddlStage1:
 
     def release(self, job: str) -> None:
         self.arbiter.release(job)
+
+    def tables(self) -> dict[str, list[list[int | None]]]:
+        return self.arbiter.tables()
 
 
 def admissible(grid: Grid, free: set[str], queue: list[JobRequest], policy: str
@@ -226,6 +253,13 @@ class Admission:
         self._began: dict[str, int] = {}  # when each running job's latest iteration began
         self.free = set(grid.nodes)
         self.queue: list[JobRequest] = []
+        self.running = 0
+        self.resume: dict[str, int] = {}  # a stopped job's first iteration not recorded
+        self.recoveries: list[Recovery] = []  # each stopped job's, once it goes on
+        self.outcomes: list[JobOutcome] = []  # every attempt's, stopped ones too
+        self._stopped: dict[str, tuple[int, int, JobStopped, list[Any]]] = {}
+        self._last: dict[str, int] = {}  # when each job's latest iteration was recorded
+        self.watch: Watch | None = None
         self.clock = Clock(backend.loop)
         self.t0 = 0
         self.left = len(requests)
@@ -239,7 +273,13 @@ class Admission:
             self.clock.call_at_ns(self.t0 + req.arrival_ns, self._arrive, req)
         if not self.requests:
             self._done.set_result(None)
-        loop.run_until_complete(self._done)
+        if self.b.health is not None:  # the WSSs polled for the tables written, beats judged
+            self.watch = Watch(self.clock, self.b.health, self.b.wss).start()
+        try:
+            loop.run_until_complete(self._done)
+        finally:
+            if self.watch is not None:
+                self.watch.stop()
         return self.records
 
     def _arrive(self, req: JobRequest) -> None:
@@ -247,31 +287,51 @@ class Admission:
         self._admit()
 
     def _admit(self) -> None:
-        """Start every queued job that fits now (`admissible`)."""
-        for req, part in admissible(self.grid, self.free, self.queue, self.policy):
+        """Start every queued job that fits now (`admissible`) on nodes in service."""
+        health = self.b.health
+        down = health.out_of_service() if health is not None else set()
+        for req, part in admissible(self.grid, self.free - down, self.queue, self.policy):
             self.queue.remove(req)
+            self.free -= set(part.nodes)
             try:
                 self._start(req, part)
             except Exception as e:  # a job that cannot start fails the run, saying which
                 self._fail(RunFailed(f"{self.spec.name}: job {req.name} on "
                                      f"{part.describe()}: {e}"))
                 return
+        if self.queue and not self.running:  # every node free, and still none fits
+            req = self.queue[0]
+            self._fail(RunFailed(
+                f"{self.spec.name}: job {req.name}: no {req.shape} rectangle of the nodes in "
+                f"service holds {req.ranks} ranks; out of service: {', '.join(sorted(down))}"))
 
     def _start(self, req: JobRequest, part: Partition) -> None:
         rec = self.records[req.name]
-        rec.partition, rec.start_ns = part, self.clock.now_ns() - self.t0
+        now = self.clock.now_ns()
+        rec.partition, rec.placed_ns = part, now - self.t0
+        if rec.start_ns is None:
+            rec.start_ns = rec.placed_ns
+        if req.name in self._stopped:  # it goes on, after a fault
+            t_stop, t_last, stop, found = self._stopped.pop(req.name)
+            self.recoveries.append(Recovery(t_stop, now, t_last, found, stop.lost,
+                                            stop.flows_lost, True))
+            rec.stops[-1]["resumed_on"] = part.describe()
+        self.running += 1
         schedule = schedule_of(req, part, self.spec)
         routes, nic_sync = self.stage1.admit(req, part, schedule)
+        self._watch_tables()
         shift_ns = self._shift(req, part, schedule, rec)
-        spec = JobSpec(JOB_VERSION, job_id(self.run_name, self.spec.name, req.name),
+        attempt = f"r{len(rec.stops)}" if rec.stops else ""  # a stopped id is not reused
+        spec = JobSpec(JOB_VERSION, job_id(self.run_name, self.spec.name, req.name, attempt),
                        req.collective, req.size, len(part.rows), len(part.cols),
                        self.spec.degree, self.spec.bidirectional, list(part.ranks),
                        list(part.nodes), req.iterations, req.compute_ns, nic_sync,
-                       timing_of(self.tb), routes, tag=self.tags[req.name],
-                       alltoall=req.alltoall, weight=req.weight)
+                       timing_of(self.tb), routes, start=self.resume.get(req.name, 0),
+                       tag=self.tags[req.name], alltoall=req.alltoall, weight=req.weight)
 
         def on_iteration(it: Iteration) -> None:
             rec.iteration_ns.append(it.t_end - it.t_start)
+            self._last[req.name] = self.clock.now_ns()
             if req.name in self._began:
                 self._began[req.name] = it.t_end  # the next one begins as this one ends
             if self.on_iteration is not None:
@@ -307,21 +367,68 @@ class Admission:
         return await self.b.run_job(spec, on_iteration, False)
 
     def _finish(self, req: JobRequest, part: Partition, task: asyncio.Task[Any]) -> None:
-        if task.exception() is not None:
-            self._fail(task.exception())  # type: ignore[arg-type]
-            return
-        out = task.result()
         rec = self.records[req.name]
-        rec.end_ns, rec.flows = self.clock.now_ns() - self.t0, out.flows
         self._profiles.pop(req.name, None)
         self._began.pop(req.name, None)
+        exc = task.exception()
+        if isinstance(exc, JobStopped) and len(rec.stops) < MAX_STOPS:
+            # it holds its partition (and counts as running) until `_stop` gives it back
+            stopping = self.b.loop.create_task(self._stop(req, part, exc))
+            stopping.add_done_callback(self._failed)
+            return
+        self.running -= 1
+        if exc is not None:
+            self._fail(exc)
+            return
+        out = task.result()
+        self.outcomes.append(out)
+        rec.end_ns, rec.flows = self.clock.now_ns() - self.t0, rec.flows + out.flows
         self.stage1.release(req.name)
+        self._watch_tables()
         self.free |= set(part.nodes)
         self.left -= 1
         if self.left == 0 and self._done is not None and not self._done.done():
             self._done.set_result(None)
         else:
             self._admit()
+
+    async def _stop(self, req: JobRequest, part: Partition, stop: JobStopped) -> None:
+        """A job stopped for a fault on its partition: once the watch has settled, the bus
+        is back and the job's light has landed (`grace_ms` at most), the partition goes
+        back to the pool and the job to the head of the queue."""
+        health, now = self.b.health, self.clock.now_ns()
+        assert health is not None  # only a watched back end stops a job
+        rec = self.records[req.name]
+        self.outcomes.append(stop.outcome)
+        rec.flows += stop.outcome.flows
+        rec.held_ns += len(part.nodes) * (now - self.t0 - rec.placed_ns)
+        waited_ns = 0
+        while waited_ns < self.tb.monitor.grace_ms * 1e6:
+            dark = not any(self.b.onics[n].transmitting() for n in part.nodes
+                           if not health.is_dead(n))
+            if health.settled() and health.bus_down_since is None and dark:
+                break
+            await asyncio.sleep(health.period_ns / 1e9)
+            waited_ns += health.period_ns
+        self.stage1.release(req.name)
+        self._watch_tables()
+        self.free |= set(part.nodes)
+        self._stopped[req.name] = (now, self._last.get(req.name, now), stop,
+                                   health.pending(part.nodes))
+        self.resume[req.name] = stop.next_iteration
+        rec.stops.append({"at_s": round((now - self.t0) / 1e9, 9), "why": str(stop),
+                          "ran_on": part.describe(), "from_iteration": stop.next_iteration})
+        self.running -= 1
+        self.queue.insert(0, req)
+        self._admit()
+
+    def _watch_tables(self) -> None:
+        if self.watch is not None:
+            self.watch.expected = self.stage1.tables()
+
+    def _failed(self, task: asyncio.Task[None]) -> None:
+        if not task.cancelled() and task.exception() is not None:
+            self._fail(task.exception())  # type: ignore[arg-type]
 
     def _fail(self, e: BaseException) -> None:
         if self._done is not None and not self._done.done():

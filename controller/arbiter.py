@@ -116,6 +116,18 @@ class Arbiter:
         for p in self.live.values():
             self.verify(p, programs if p is plan else None, tables)
 
+    def tables(self) -> dict[str, list[list[int | None]]]:
+        """What each WSS in use holds, every running job's inputs together (what the watch
+        polls for); inputs no job owns are blocked."""
+        out: dict[str, list[list[int | None]]] = {}
+        for p in self.live.values():
+            for t in p.wss:
+                out.setdefault(t.wss, [[None] * len(r) for r in t.table])
+            for w, rows in p.rows(self.grid).items():
+                for i, row in rows.items():
+                    out[w][i] = list(row)
+        return out
+
     def release(self, job: str) -> None:
         """A job has left: its WSS inputs blocked, its nodes' routes cleared; its nodes and
         channels are free for the next."""

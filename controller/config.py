@@ -826,8 +826,9 @@ class Experiment(_Model):
         several = bool(self.jobs) or self.jobs_trace is not None
         if several == (self.workload is not None):
             raise ValueError("give either a [workload] or jobs ([[jobs]] and/or jobs_trace)")
-        if several and self.faults:
-            raise ValueError("faults are drilled on single-job experiments only")
+        if several and any(f.at_iteration is not None for f in self.faults):
+            raise ValueError("faults: several jobs have no one iteration count; time a "
+                             "fault with at_ms")
         cal = self.workload.calibrate if self.workload is not None else None
         if cal is not None and cal.network not in names:
             raise ValueError(f"workload.calibrate.network {cal.network!r} is not one of {names}")

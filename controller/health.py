@@ -24,7 +24,7 @@ the heartbeats that `oddl node` publishes over MQTT.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Annotated, Any
 
@@ -239,14 +239,32 @@ class Health:
     def is_out(self, wss: str) -> bool:
         return ("dead-wss", wss) in self._seen or ("wss-route", wss) in self._seen
 
-    def pending(self) -> list[Diagnosis]:
-        return self.diagnoses[self.handled:]
+    def touches(self, d: Diagnosis, nodes: Collection[str]) -> bool:
+        """Does `d` concern a job on `nodes`: one of them, a link of one, a WSS one of them
+        sends through, or (the bus) everyone?"""
+        if d.kind in AVOID_WSS:
+            return any(w == d.target and n in nodes for (n, _p), w in self.wss_of.items())
+        node = d.target.partition("/")[0]
+        return node in nodes if node in self.nodes else True
 
-    def actionable(self) -> list[Diagnosis]:
+    def pending(self, nodes: Collection[str] | None = None) -> list[Diagnosis]:
+        """Diagnoses no recovery has handled yet (those that concern `nodes`, if given)."""
+        return [d for d in self.diagnoses[self.handled:]
+                if nodes is None or self.touches(d, nodes)]
+
+    def actionable(self, nodes: Collection[str] | None = None) -> list[Diagnosis]:
         """Pending diagnoses a new plan must go round (a slow transmitter is recorded, and
-        a bus outage waited out, not planned round)."""
-        return [d for d in self.pending() if d.kind in AVOID_NODE + AVOID_WSS + AVOID_LINK
+        a bus outage waited out, not planned round); those that concern `nodes`, if given:
+        a job beside others is stopped for its own faults only."""
+        return [d for d in self.pending(nodes) if d.kind in AVOID_NODE + AVOID_WSS +
+                AVOID_LINK and (d.kind, d.target) in self._seen]
+
+    def out_of_service(self) -> set[str]:
+        """The nodes a new partition must leave out: those a fault not since healed
+        concerns (dead, a bad link, behind a failed WSS)."""
+        live = [d for d in self.diagnoses if d.kind in AVOID_NODE + AVOID_WSS + AVOID_LINK
                 and (d.kind, d.target) in self._seen]
+        return {n for n in self.nodes if any(self.touches(d, (n,)) for d in live)}
 
     def settled(self) -> bool:
         """Nothing left to conclude: no suspect is being judged."""

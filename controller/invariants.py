@@ -55,8 +55,11 @@ class InvariantChecker:
     def new_job(self, job: str, tag: int = 0, nodes: Iterable[str] = ()) -> None:
         """A long-running testbed forgets the last job's flows (its findings stay in
         `violations`); a second call for the same job changes nothing. A tagged job runs
-        beside others on `nodes`: nothing is forgotten, the nodes are its own."""
+        beside others on `nodes`: nothing of theirs is forgotten, the nodes are its own
+        (a new attempt of it, after a stop, starts its books afresh)."""
         if tag:
+            if self.names.get(tag, job) != job:  # the same job again after a stop: the
+                self._forget(tag)  # flows cut short run again, under the same ids
             self.names[tag] = job
             for n in nodes:
                 self.owner[n] = tag
@@ -78,8 +81,14 @@ class InvariantChecker:
         if missing:
             self.violation(t_ns, f"job {self.names.get(tag, tag)}: {len(missing)} started "
                                  f"flows never delivered, e.g. {missing[:5]}")
+        self._forget(tag)
+
+    def _forget(self, tag: int) -> None:
+        """A tagged job's books go: its flows, nodes and lights."""
+        mine = {f for f in self.started if tag_of(f) == tag} | \
+            {f for f in self.delivered if tag_of(f) == tag}
         for f in mine:
-            del self.started[f]
+            self.started.pop(f, None)
         self.delivered -= mine
         self.owner = {n: t for n, t in self.owner.items() if t != tag}
         self.lit = {k: t for k, t in self.lit.items() if t != tag}

@@ -425,8 +425,9 @@ def run_jobs(ctx: LoadedExperiment, backend: str = "sim", store: RunStore | None
                 for r in reqs]
         stage1: Stage1
         if spec.kind == "oddl":
-            b: Backend = registry.open_backend(backend, tb, grid, seed=exp.seed,
-                                               checker_mode=checker_mode, announce=announce)
+            b: Backend = registry.open_backend(backend, tb, grid, faults=exp.faults,
+                                               seed=exp.seed, checker_mode=checker_mode,
+                                               announce=announce)
             arbiter = Arbiter(tb, grid, b.onics, b.wss)
             arbiter.inventory()
             stage1 = OddlStage1(arbiter, spec)
@@ -451,22 +452,33 @@ def run_jobs(ctx: LoadedExperiment, backend: str = "sim", store: RunStore | None
             if store is not None:
                 store.set_job(name, rec.name, rec.arrival_ns, rec.start_ns, rec.end_ns,
                               list(rec.partition.nodes) if rec.partition else [])
-        results[name] = _fabric_result(spec, recs, len(grid.nodes), b, stage1)
+        results[name] = _fabric_result(spec, adm, len(grid.nodes), b, stage1)
+        if store is not None:
+            res = results[name]
+            store.set_outcome(name, res.disturbed, res.disturbance)
+            store.add_faults(name, res.faults)
         violations += [f"{name}: {v}" for v in b.monitor.violations]
     return RunResult(exp.name, backend, results, None, len(violations),
                      time.perf_counter() - t_wall, 0, "compute per job (docs/multijob.md)",
                      total, total, violations=violations, jobs=jobs)
 
 
-def _fabric_result(spec: NetworkSpec, recs: dict[str, JobRecord], nodes: int, b: Backend,
+def _fabric_result(spec: NetworkSpec, adm: Admission, nodes: int, b: Backend,
                    stage1: Stage1) -> NetworkResult:
-    """Per network: mean and p99 JCT, makespan (first arrival to last departure), and
-    utilisation (node-seconds held by jobs over the fabric's node-seconds)."""
+    """Per network: mean and p99 JCT, makespan (first arrival to last departure),
+    utilisation (node-seconds held by jobs over the fabric's node-seconds); the faults
+    and what they cost, and any disturbance (every attempt of every job, summed)."""
+    recs = adm.records
+    total = JobOutcome(0, 0, {}, [])
+    for out in adm.outcomes:
+        _add(total, out)
+    dist = disturbance(total.stats)
+    faults = [f.public() for f in fault_rows(
+        b.injected, b.health.diagnoses if b.health is not None else [], adm.recoveries, True)]
     jcts = sorted(r.jct_s for r in recs.values())
     first = min(r.arrival_ns for r in recs.values())
     makespan = (max(r.end_ns or 0 for r in recs.values()) - first) / 1e9
-    held = sum(len(r.partition.nodes) * ((r.end_ns or 0) - (r.start_ns or 0)) / 1e9
-               for r in recs.values() if r.partition is not None)
+    held = sum(r.node_ns() for r in recs.values()) / 1e9
     its = [t for r in recs.values() for t in r.iteration_ns]
     fabric = {
         "mean_jct_s": round(sum(jcts) / len(jcts), 9), "p99_jct_s": percentile(jcts, 99),
@@ -476,7 +488,9 @@ def _fabric_result(spec: NetworkSpec, recs: dict[str, JobRecord], nodes: int, b:
     stats = {"plan_s": round(stage1.plan_s, 4)} if isinstance(stage1, OddlStage1) else {}
     return NetworkResult(spec.name, spec.kind, makespan, sum(its) / len(its) / 1e9 if its
                          else 0.0, len(its), sum(r.flows for r in recs.values()), 0,
-                         len(b.monitor.violations), stats, fabric=fabric)
+                         len(b.monitor.violations), stats, dist, bool(dist or faults), faults,
+                         round(sum(r.t_resume_ns - r.t_last_ns for r in adm.recoveries) / 1e9,
+                               9), fabric=fabric)
 
 
 def run_experiment(ctx: LoadedExperiment, backend: str = "sim", store: RunStore | None = None,

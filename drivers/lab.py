@@ -307,7 +307,7 @@ class LabBackend:
             while len(done) < len(spec.nodes):
                 if self.drill.error is not None:
                     raise RunFailed(f"drill: {self.drill.error}")
-                act = health.actionable()
+                act = health.actionable(spec.nodes)
                 if not act:
                     mark = len(recorded)
                 elif len(recorded) > mark or self.clock.now_ns() - act[0].t_ns >= patience:
@@ -330,10 +330,10 @@ class LabBackend:
                 if ev.kind == "ready":
                     ready.add(ev.node)
                 elif ev.kind == "failed":
-                    if health.pending():  # a symptom of what the watch found
+                    if found := health.pending(spec.nodes):  # a symptom of what the watch
                         raise stopped(f"iteration {spec.start + len(recorded)} cut short: "
-                                      f"node {ev.node}: {ev.error}; "
-                                      f"{'; '.join(map(str, health.pending()))}")
+                                      f"node {ev.node}: {ev.error}; "  # found
+                                      f"{'; '.join(map(str, found))}")
                     raise RunFailed(f"node {ev.node}: {ev.error}")
                 elif ev.kind == "done":
                     if len(recorded) < spec.iterations - spec.start:

@@ -216,9 +216,9 @@ class SimBackend:
 
         def between(i: int) -> None:
             next_i[0] = i
-            if health.actionable():
+            if act := health.actionable(spec.nodes):
                 raise JobStopped(f"stopped before iteration {i}: "
-                                 f"{'; '.join(map(str, health.actionable()))}", i, False,
+                                 f"{'; '.join(map(str, act))}", i, False,
                                  outcome())
             self.drill.at_iteration(i)
 
@@ -229,7 +229,7 @@ class SimBackend:
             mark = (w.bus.sent, w.fabric.transfers)
             if mark != progress[0]:
                 progress[0], progress[1] = mark, now
-            act = health.actionable()
+            act = health.actionable(spec.nodes)
             if act and now - act[0].t_ns >= patience:
                 runner.fail(JobStopped(f"iteration {next_i[0]} cut short: "
                                 f"{'; '.join(map(str, act))}", next_i[0], True, outcome(),

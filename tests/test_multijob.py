@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 from oddl.controller.admission import JobRequest
 from oddl.controller.arbiter import ApplyError, Arbiter
+from oddl.controller.backend import RunFailed
 from oddl.controller.collectives import build
 from oddl.controller.config import ConfigError, load_experiment
 from oddl.controller.invariants import TAG_SHIFT, InvariantChecker
@@ -259,6 +260,52 @@ def test_fifo_waits_in_order_and_smallest_first_overtakes(tmp_path: Path) -> Non
         assert s["large"]["queued_s"] + 1e-6 == pytest.approx(end["small"], abs=1e-9)
         assert all(v["iterations"] == 2 for v in f.values())
     assert fifo.invariant_violations == sf.invariant_violations == 0
+
+
+# --- faults beside other jobs -------------------------------------------------------------
+
+def test_a_fault_stops_only_its_job_which_goes_on_elsewhere(tmp_path: Path) -> None:
+    """n1-0 dies under job a (column 0) while b runs on column 1. The watch finds it; a
+    alone is stopped, gives its column back and goes on from its first iteration not
+    recorded on a column of live nodes; b never notices (its iterations as alone)."""
+    dead = '[[faults]]\nkind = "dead-board"\ntarget = "n1-0"\nat_ms = 12.0\n'
+    res = run_experiment(load_experiment(experiment(
+        tmp_path / "2", job("a", 4, 6, shape="col", compute_ms=5.0)
+        + job("b", 4, 40, shape="col", compute_ms=5.0) + dead)))
+    alone = run_experiment(load_experiment(experiment(
+        tmp_path / "1", job("b", 4, 40, shape="col", compute_ms=5.0))))
+    a, b = res.jobs["a"]["oddl"], res.jobs["b"]["oddl"]
+    assert res.invariant_violations == 0
+    assert a["iterations"] == 6 and len(a["stops"]) == 1
+    stop = a["stops"][0]
+    assert stop["ran_on"] == "a: 4 ranks, col 4 x 1 at row 0, col 0"
+    assert stop["resumed_on"] == "a: 4 ranks, col 4 x 1 at row 0, col 2"  # b holds col 1
+    assert stop["from_iteration"] == 0 and "n1-0" in stop["why"]
+    assert "stops" not in b and b["iterations"] == 40
+    assert (b["iteration_time_s"], b["iteration_p99_s"]) == (
+        alone.jobs["b"]["oddl"]["iteration_time_s"], alone.jobs["b"]["oddl"]["iteration_p99_s"])
+    net = res.networks["oddl"]
+    assert net.disturbed and [(f["kind"], f["target"], f["recovered"]) for f in net.faults] \
+        == [("dead-board", "n1-0", True)]
+    f = net.faults[0]
+    assert b["jct_s"] * 1e9 > f["at_ns"] + f["recovered_after_ns"]  # b ran on through it
+    assert 0 < net.fault_time_s < 1
+
+
+def test_a_job_no_live_rectangle_holds_any_more_fails_the_run_naming_it(
+        tmp_path: Path) -> None:
+    """The whole grid's job loses a board: stopped, it can never be placed again, and the
+    run says so (it would otherwise wait for ever)."""
+    dead = '[[faults]]\nkind = "dead-board"\ntarget = "n1-0"\nat_ms = 3.0\n'
+    with pytest.raises(RunFailed, match=r"job big: no any rectangle of the nodes in service "
+                                        r"holds 16 ranks; out of service: n1-0"):
+        run_experiment(load_experiment(experiment(tmp_path, job("big", 16, 50) + dead)))
+
+
+def test_a_multi_job_fault_is_timed_in_ms(tmp_path: Path) -> None:
+    bad = '[[faults]]\nkind = "dead-board"\ntarget = "n1-0"\nat_iteration = 2\n'
+    with pytest.raises(ConfigError, match="several jobs have no one iteration count"):
+        load_experiment(experiment(tmp_path, job("a", 4) + bad))
 
 
 # --- the CLI --------------------------------------------------------------------------
