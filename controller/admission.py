@@ -41,7 +41,7 @@ from oddl.controller.job import (
 )
 from oddl.controller.placement import Partition, place
 from oddl.controller.plan import Plan, PlanError
-from oddl.controller.planner import plan_job
+from oddl.controller.planner import NO_FAULTS, Avoid, plan_job
 from oddl.controller.recovery import Recovery
 from oddl.controller.topology import Grid
 from oddl.controller.workloads import alltoall_bytes, compute_ms, model_spec
@@ -141,7 +141,7 @@ class Stage1(Protocol):
 
     def admit(self, req: JobRequest, part: Partition, schedule: Schedule
               ) -> tuple[dict[str, dict[str, tuple[str, int, str]]], bool]: ...
-    def release(self, job: str) -> None: ...
+    def release(self, job: str, gone: Avoid = NO_FAULTS) -> None: ...
     def tables(self) -> dict[str, list[list[int | None]]]: ...
 
 
@@ -150,7 +150,7 @@ class NoStage1:
               ) -> tuple[dict[str, dict[str, tuple[str, int, str]]], bool]:
         return {}, False
 
-    def release(self, job: str) -> None:
+    def release(self, job: str, gone: Avoid = NO_FAULTS) -> None:
         pass
 
     def tables(self) -> dict[str, list[list[int | None]]]:
@@ -175,8 +175,8 @@ class OddlStage1:
         self.arbiter.admit(plan, programs)
         return wire_routes(plan), programs is not None
 
-    def release(self, job: str) -> None:
-        self.arbiter.release(job)
+    def release(self, job: str, gone: Avoid = NO_FAULTS) -> None:
+        self.arbiter.release(job, gone)
 
     def tables(self) -> dict[str, list[list[int | None]]]:
         return self.arbiter.tables()
@@ -383,7 +383,11 @@ class Admission:
         out = task.result()
         self.outcomes.append(out)
         rec.end_ns, rec.flows = self.clock.now_ns() - self.t0, rec.flows + out.flows
-        self.stage1.release(req.name)
+        try:
+            self.stage1.release(req.name)
+        except Exception as e:  # in a done callback: raised, it would only be logged
+            self._fail(RunFailed(f"{self.spec.name}: job {req.name} left: {e}"))
+            return
         self._watch_tables()
         self.free |= set(part.nodes)
         self.left -= 1
@@ -404,13 +408,14 @@ class Admission:
         rec.held_ns += len(part.nodes) * (now - self.t0 - rec.placed_ns)
         waited_ns = 0
         while waited_ns < self.tb.monitor.grace_ms * 1e6:
-            dark = not any(self.b.onics[n].transmitting() for n in part.nodes
-                           if not health.is_dead(n))
-            if health.settled() and health.bus_down_since is None and dark:
+            # judged first: a board not yet found dead would be asked if it is dark
+            if health.settled() and health.bus_down_since is None and not any(
+                    self.b.onics[n].transmitting() for n in part.nodes
+                    if not health.is_dead(n)):
                 break
             await asyncio.sleep(health.period_ns / 1e9)
             waited_ns += health.period_ns
-        self.stage1.release(req.name)
+        self.stage1.release(req.name, health.avoid())
         self._watch_tables()
         self.free |= set(part.nodes)
         self._stopped[req.name] = (now, self._last.get(req.name, now), stop,

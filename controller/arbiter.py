@@ -128,14 +128,18 @@ class Arbiter:
                     out[w][i] = list(row)
         return out
 
-    def release(self, job: str) -> None:
+    def release(self, job: str, gone: Avoid = NO_FAULTS) -> None:
         """A job has left: its WSS inputs blocked, its nodes' routes cleared; its nodes and
-        channels are free for the next."""
+        channels are free for the next. The devices in `gone` (dead, out) are not asked."""
         plan = self.live.pop(job)
         for wss, rows in plan.rows(self.grid).items():
+            if wss in gone.wss:
+                continue
             with _device("WSS", wss):
                 self.wss[wss].set_rows({i: [None] * len(r) for i, r in rows.items()})
         for node in plan.nodes():
+            if node in gone.nodes:
+                continue
             with _device("O-NIC", node):
                 self.onics[node].load_routes({})
 

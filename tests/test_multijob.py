@@ -340,27 +340,34 @@ def test_cli_run_json_has_jobs_and_a_jct_cdf_and_plan_prints_partitions(tmp_path
 
 # --- on the emulated testbed --------------------------------------------------------------
 
-def test_several_jobs_run_at_once_on_the_emulated_testbed(root: Path, tmp_path: Path) -> None:
+def test_several_jobs_and_a_fault_on_the_emulated_testbed(root: Path, tmp_path: Path) -> None:
     """The same admission on emu: the node programs run two jobs at once on disjoint
-    columns, each with its own results. b arrives while a runs and leaves first; a runs
-    on to its last iteration (the controller ends b alone: its status going "offline" at
-    b's end used to cancel a too)."""
+    columns, each with its own results. A board under a dies (its node program with it);
+    a alone is stopped and goes on elsewhere, and b runs to its last iteration. (Before:
+    several jobs were refused on emu; and the controller's status going "offline" at the
+    end of each job, or attempt, cancelled every other job.)"""
     import subprocess
     import sys
 
     from oddl.controller.results import read_store
 
-    exp = experiment(tmp_path, job("a", 4, 12, compute_ms=40.0, shape="col")
-                     + job("b", 4, 2, arrival_ms=50, compute_ms=40.0, shape="col"))
+    dead = '[[faults]]\nkind = "dead-board"\ntarget = "n1-0"\nat_ms = 300\n'
+    exp = experiment(tmp_path, job("a", 4, 8, compute_ms=40.0, shape="col")
+                     + job("b", 4, 30, compute_ms=40.0, shape="col") + dead)
     r = subprocess.run([sys.executable, "-m", "oddl.controller.cli", "run", str(exp),
                         "--backend", "emu", "--json", "--out", str(tmp_path / "run")],
                        cwd=root, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
     out = json.loads(r.stdout)
     assert out["backend"] == "emu" and out["invariant_violations"] == 0
-    assert {j: v["oddl"]["iterations"] for j, v in out["jobs"].items()} == {"a": 12, "b": 2}
+    a, b = out["jobs"]["a"]["oddl"], out["jobs"]["b"]["oddl"]
+    assert (a["iterations"], b["iterations"]) == (8, 30)
+    assert [(s["ran_on"], s["resumed_on"]) for s in a["stops"]] == [
+        ("a: 4 ranks, col 4 x 1 at row 0, col 0", "a: 4 ranks, col 4 x 1 at row 0, col 2")]
+    assert "n1-0" in a["stops"][0]["why"] and "stops" not in b
     jobs = read_store(tmp_path / "run" / "results.sqlite")["oddl"]["jobs"]
-    a, b = jobs["a"], jobs["b"]
-    assert not set(a["nodes"]) & set(b["nodes"])
-    assert a["start_ns"] < b["start_ns"] and b["end_ns"] < a["end_ns"]  # b inside a's run
-    assert b["iterations"][0][1] < a["iterations"][-1][1]  # a iterating after b began
+    assert [i for i, _, _ in jobs["a"]["iterations"]] == list(range(8))
+    assert not set(jobs["a"]["nodes"]) & set(jobs["b"]["nodes"])
+    assert b["jct_s"] > a["stops"][0]["at_s"]  # b ran on through a's stop
+    assert [(f["kind"], f["recovered"]) for f in out["networks"]["oddl"]["faults"]] == [
+        ("dead-board", True)]
