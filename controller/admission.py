@@ -28,7 +28,7 @@ from oddl.controller.clock import Clock
 from oddl.controller.collectives import Schedule
 from oddl.controller.compat import Arrival, Profile, shift_against
 from oddl.controller.config import JobEntry, NetworkSpec
-from oddl.controller.health import Watch
+from oddl.controller.health import Diagnosis, Watch
 from oddl.controller.invariants import MAX_TAG
 from oddl.controller.job import (
     JOB_VERSION,
@@ -257,7 +257,7 @@ class Admission:
         self.resume: dict[str, int] = {}  # a stopped job's first iteration not recorded
         self.recoveries: list[Recovery] = []  # each stopped job's, once it goes on
         self.outcomes: list[JobOutcome] = []  # every attempt's, stopped ones too
-        self._stopped: dict[str, tuple[int, int, JobStopped, list[Any]]] = {}
+        self._stopped: dict[str, tuple[int, int, JobStopped, list[Diagnosis]]] = {}
         self._last: dict[str, int] = {}  # when each job's latest iteration was recorded
         self.watch: Watch | None = None
         self.clock = Clock(backend.loop)
@@ -377,6 +377,9 @@ class Admission:
             stopping.add_done_callback(self._failed)
             return
         self.running -= 1
+        if isinstance(exc, JobStopped):
+            exc = RunFailed(f"{self.spec.name}: job {req.name}: stopped for faults "
+                            f"{len(rec.stops) + 1} times; the last: {exc}")
         if exc is not None:
             self._fail(exc)
             return

@@ -256,14 +256,16 @@ class Health:
         """Pending diagnoses a new plan must go round (a slow transmitter is recorded, and
         a bus outage waited out, not planned round); those that concern `nodes`, if given:
         a job beside others is stopped for its own faults only."""
-        return [d for d in self.pending(nodes) if d.kind in AVOID_NODE + AVOID_WSS +
-                AVOID_LINK and (d.kind, d.target) in self._seen]
+        return [d for d in self.pending(nodes) if self._in_force(d)]
+
+    def _in_force(self, d: Diagnosis) -> bool:
+        """A fault a plan must go round, not since healed."""
+        return d.kind in AVOID_NODE + AVOID_WSS + AVOID_LINK and (d.kind, d.target) in self._seen
 
     def out_of_service(self) -> set[str]:
         """The nodes a new partition must leave out: those a fault not since healed
         concerns (dead, a bad link, behind a failed WSS)."""
-        live = [d for d in self.diagnoses if d.kind in AVOID_NODE + AVOID_WSS + AVOID_LINK
-                and (d.kind, d.target) in self._seen]
+        live = [d for d in self.diagnoses if self._in_force(d)]
         return {n for n in self.nodes if any(self.touches(d, (n,)) for d in live)}
 
     def settled(self) -> bool:

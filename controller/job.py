@@ -23,7 +23,7 @@ import functools
 import math
 import re
 from collections.abc import Callable, Mapping, Sequence
-from typing import Annotated, Literal
+from typing import Annotated, Literal, Protocol, TypeVar
 
 import msgspec
 from oddl.controller.access import NAME_PATTERN
@@ -48,6 +48,27 @@ JOB_VERSION = 8
 # bench/fuzz_bench.py) RecursionError on deep nesting and UnicodeDecodeError on bad UTF-8
 DECODE_ERRORS = (msgspec.DecodeError, msgspec.ValidationError, RecursionError,
                  UnicodeDecodeError)
+
+
+class _FromNode(Protocol):
+    node: str
+
+
+M = TypeVar("M", bound=_FromNode)
+
+
+def from_its_node(decoder: msgspec.json.Decoder[M], topic: str, payload: bytes) -> M | str:
+    """A node's message (an event, a heartbeat) decoded and held to the node its topic
+    names, since the broker vouches for the topic only; or why it is refused."""
+    try:
+        msg = decoder.decode(payload)
+    except DECODE_ERRORS as e:
+        return str(e)
+    if msg.node != topic.rpartition("/")[2]:
+        return f"{type(msg).__name__} of {msg.node!r} on another's topic"
+    return msg
+
+
 MAX_NODES = 1 << 16
 MAX_ITERATIONS = 10_000_000
 Name = Annotated[str, msgspec.Meta(pattern=NAME_PATTERN, max_length=64)]

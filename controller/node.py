@@ -51,6 +51,7 @@ from oddl.controller.job import (
     JobRunner,
     JobSpec,
     JobStop,
+    from_its_node,
     step_sync,
 )
 from oddl.controller.telemetry import ports_note
@@ -198,12 +199,9 @@ class NodeProgram:
             job.cancel(f"stopped by the controller: {stop.why}")
 
     def _on_result(self, topic: str, payload: bytes) -> None:
-        try:
-            ev = self._events.decode(payload)
-        except DECODE_ERRORS as e:
-            return self._reject(topic, e)
-        if ev.node != topic.rpartition("/")[2]:  # the broker vouches for the topic only
-            return self._reject(topic, f"event of node {ev.node!r} on another's topic")
+        ev = from_its_node(self._events, topic, payload)
+        if isinstance(ev, str):
+            return self._reject(topic, ev)
         job = self._job
         if job is not None and job.spec.job == ev.job:
             job.on_event(ev)

@@ -44,7 +44,7 @@ from oddl.controller.clock import Clock
 from oddl.controller.config import FaultSpec, Testbed
 from oddl.controller.health import Health, Heartbeat
 from oddl.controller.invariants import InvariantChecker
-from oddl.controller.job import DECODE_ERRORS, JOB_VERSION, JobEvent, JobSpec, JobStop, step_sync
+from oddl.controller.job import JOB_VERSION, JobEvent, JobSpec, JobStop, from_its_node, step_sync
 from oddl.controller.telemetry import note_topic
 from oddl.controller.topology import Grid
 from oddl.controller.trace import TraceRow
@@ -214,12 +214,9 @@ class LabBackend:
             await bus.reconnect()
 
     def _on_health(self, topic: str, payload: bytes) -> None:
-        try:
-            hb = self._decode_beat.decode(payload)
-        except DECODE_ERRORS as e:
-            return self._reject(topic, e)
-        if hb.node != topic.rpartition("/")[2]:  # the broker vouches for the topic only
-            return self._reject(topic, f"a heartbeat of {hb.node!r} on another's topic")
+        hb = from_its_node(self._decode_beat, topic, payload)
+        if isinstance(hb, str):
+            return self._reject(topic, hb)
         self._heard.add(hb.node)
         self._beating.add(hb.node)
         self.health.beat(hb, self.clock.now_ns())
@@ -242,12 +239,9 @@ class LabBackend:
     def _on_result(self, topic: str, payload: bytes) -> None:
         """A result of a job out, from a node of that job on its own topic, to that job;
         anything else is counted, logged and dropped (a stopped job's stragglers quietly)."""
-        try:
-            ev = self._decode_event.decode(payload)
-        except DECODE_ERRORS as e:
-            return self._reject(topic, e)
-        if ev.node != topic.rpartition("/")[2]:  # the broker vouches for the topic only
-            return self._reject(topic, f"an event of {ev.node!r} on another's topic")
+        ev = from_its_node(self._decode_event, topic, payload)
+        if isinstance(ev, str):
+            return self._reject(topic, ev)
         out = self._out.get(ev.job)
         if out is None:
             return
