@@ -302,6 +302,17 @@ def test_a_job_no_live_rectangle_holds_any_more_fails_the_run_naming_it(
         run_experiment(load_experiment(experiment(tmp_path, job("big", 16, 50) + dead)))
 
 
+def test_a_job_stopped_more_than_max_stops_times_fails_the_run(tmp_path: Path) -> None:
+    """A board dies under each column the job moves to: three stops are gone round, the
+    fourth fails the run, saying how often and why."""
+    faults = "".join(f'[[faults]]\nkind = "dead-board"\ntarget = "n1-{c}"\nat_ms = {t}\n'
+                     for c, t in enumerate([12, 500, 1000, 1500]))
+    with pytest.raises(RunFailed, match=r"job a: stopped for faults 4 times; the last: "
+                                        r"iteration \d+ cut short: .*n1-3"):
+        run_experiment(load_experiment(experiment(
+            tmp_path, job("a", 4, 200, shape="col", compute_ms=5.0) + faults)))
+
+
 def test_a_multi_job_fault_is_timed_in_ms(tmp_path: Path) -> None:
     bad = '[[faults]]\nkind = "dead-board"\ntarget = "n1-0"\nat_iteration = 2\n'
     with pytest.raises(ConfigError, match="several jobs have no one iteration count"):
