@@ -324,9 +324,10 @@ class LabBackend:
                 if ev.kind == "ready":
                     ready.add(ev.node)
                 elif ev.kind == "failed":
-                    if found := health.pending(spec.nodes):  # a symptom of what the watch
+                    # a symptom of what the watch found
+                    if found := health.pending(spec.nodes):
                         raise stopped(f"iteration {spec.start + len(recorded)} cut short: "
-                                      f"node {ev.node}: {ev.error}; "  # found
+                                      f"node {ev.node}: {ev.error}; "
                                       f"{'; '.join(map(str, found))}")
                     raise RunFailed(f"node {ev.node}: {ev.error}")
                 elif ev.kind == "done":

@@ -10,7 +10,7 @@ import socket
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import aiomqtt
@@ -26,6 +26,7 @@ from oddl.controller.access import (
     stop_topic,
 )
 from oddl.controller.clock import Clock
+from oddl.controller.config import Testbed
 from oddl.controller.control_unit import Timing
 from oddl.controller.job import JOB_VERSION, JobEvent, JobRunner, JobSpec, JobStop
 from oddl.controller.node import NodeProgram
@@ -202,6 +203,23 @@ def test_a_job_whose_controller_vanishes_is_cancelled() -> None:
     assert cancelled == 1
 
 
+@contextlib.asynccontextmanager
+async def _node_program(tb: Testbed, node: str, pw: dict[str, str]
+                        ) -> AsyncIterator[tuple[EmbeddedBroker, NodeProgram]]:
+    """An embedded broker for `tb` and `node`'s program on it (its board the sim model),
+    both stopped after."""
+    broker = await EmbeddedBroker("tb", [n.id for n in tb.nodes], pw).start()
+    world = sim_backend.build(tb, Grid.from_testbed(tb), Clock(asyncio.get_running_loop()))
+    prog = await NodeProgram(
+        "tb", node, world.onics[node], world.lines[node],
+        MQTTBus("tb", "127.0.0.1", broker.port, user=node, password=pw[node])).start()
+    try:
+        yield broker, prog
+    finally:
+        await prog.stop()
+        await broker.stop()
+
+
 def test_the_controller_stops_one_job_and_the_program_serves_on() -> None:
     """Several jobs run at once, so the controller ends one on `job/stop` (its status
     going "offline" would end them all). A stop for another job's id leaves this one
@@ -209,56 +227,47 @@ def test_the_controller_stops_one_job_and_the_program_serves_on() -> None:
     node is never started; the next job runs."""
     tb = make_testbed(2, 2)
     node = "n0-0"
-    pw = new_passwords(tb_nodes := [n.id for n in tb.nodes])
+    pw = new_passwords(n.id for n in tb.nodes)
     seen: list[tuple[str, str, str]] = []
 
+    def spec(job: str, iterations: int) -> bytes:  # 10 ms of compute an iteration
+        return msgspec.json.encode(JobSpec(JOB_VERSION, job, "hd", 1000, 1, 1, 4, False,
+                                           [node], [node], iterations, 10_000_000, False,
+                                           TIMING, {}))
+
+    def stop(job: str) -> bytes:
+        return msgspec.json.encode(JobStop(JOB_VERSION, job, "a fault on its nodes"))
+
     async def main() -> int:
-        broker = await EmbeddedBroker("tb", tb_nodes, pw).start()
-        world = sim_backend.build(tb, Grid.from_testbed(tb), Clock(asyncio.get_running_loop()))
-        prog = await NodeProgram(
-            "tb", node, world.onics[node], world.lines[node],
-            MQTTBus("tb", "127.0.0.1", broker.port, user=node, password=pw[node])).start()
-
-        def spec(job: str, iterations: int) -> bytes:  # 10 ms of compute an iteration
-            return msgspec.json.encode(JobSpec(JOB_VERSION, job, "hd", 1000, 1, 1, 4, False,
-                                               [node], [node], iterations, 10_000_000, False,
-                                               TIMING, {}))
-
-        def stop(job: str) -> bytes:
-            return msgspec.json.encode(JobStop(JOB_VERSION, job, "a fault on its nodes"))
-
-        try:
-            async with aiomqtt.Client("127.0.0.1", broker.port, identifier=CONTROLLER,
-                                      username=CONTROLLER, password=pw[CONTROLLER]) as ctl:
-                await ctl.subscribe(results("tb"), qos=1)
-                await ctl.publish(run_topic("tb"), spec("long", 100_000), qos=1)
-                iterations = 0
-                async for m in ctl.messages:
-                    ev = msgspec.json.decode(bytes(m.payload), type=JobEvent)
-                    seen.append((ev.job, ev.kind, ev.error))
-                    if ev.kind == "iteration":
-                        iterations += 1
-                        if iterations == 1:  # another job's stop: this one runs on
-                            await ctl.publish(stop_topic("tb"), stop("other"), qos=1)
-                        elif iterations == 4:
-                            await ctl.publish(stop_topic("tb"), stop("long"), qos=1)
-                    if ev.kind == "failed":
-                        break
-                await ctl.publish(stop_topic("tb"), stop("late"), qos=1)
-                for _ in range(200):  # heard (bounded): then its job comes
-                    if "late" in prog.stopped:
-                        break
-                    await asyncio.sleep(0.01)
-                await ctl.publish(run_topic("tb"), spec("late", 1), qos=1)
-                await ctl.publish(run_topic("tb"), spec("next", 1), qos=1)
-                async for m in ctl.messages:
-                    ev = msgspec.json.decode(bytes(m.payload), type=JobEvent)
-                    seen.append((ev.job, ev.kind, ev.error))
-                    if ev.kind in ("done", "failed"):
-                        break
-        finally:
-            await prog.stop()
-            await broker.stop()
+        async with _node_program(tb, node, pw) as (broker, prog), \
+                aiomqtt.Client("127.0.0.1", broker.port, identifier=CONTROLLER,
+                               username=CONTROLLER, password=pw[CONTROLLER]) as ctl:
+            await ctl.subscribe(results("tb"), qos=1)
+            await ctl.publish(run_topic("tb"), spec("long", 100_000), qos=1)
+            iterations = 0
+            async for m in ctl.messages:
+                ev = msgspec.json.decode(bytes(m.payload), type=JobEvent)
+                seen.append((ev.job, ev.kind, ev.error))
+                if ev.kind == "iteration":
+                    iterations += 1
+                    if iterations == 1:  # another job's stop: this one runs on
+                        await ctl.publish(stop_topic("tb"), stop("other"), qos=1)
+                    elif iterations == 4:
+                        await ctl.publish(stop_topic("tb"), stop("long"), qos=1)
+                if ev.kind == "failed":
+                    break
+            await ctl.publish(stop_topic("tb"), stop("late"), qos=1)
+            for _ in range(200):  # heard (bounded): then its job comes
+                if "late" in prog.stopped:
+                    break
+                await asyncio.sleep(0.01)
+            await ctl.publish(run_topic("tb"), spec("late", 1), qos=1)
+            await ctl.publish(run_topic("tb"), spec("next", 1), qos=1)
+            async for m in ctl.messages:
+                ev = msgspec.json.decode(bytes(m.payload), type=JobEvent)
+                seen.append((ev.job, ev.kind, ev.error))
+                if ev.kind in ("done", "failed"):
+                    break
         return prog.jobs_cancelled
 
     cancelled = asyncio.run(asyncio.wait_for(main(), 60))
@@ -278,19 +287,14 @@ def test_a_peers_ready_heard_before_the_job_itself_is_kept() -> None:
     before the job does is now kept for it."""
     tb = make_testbed(2, 2)
     node, peer = "n0-0", "n0-1"
-    pw = new_passwords(tb_nodes := [n.id for n in tb.nodes])
+    pw = new_passwords(n.id for n in tb.nodes)
 
     events: list[JobEvent] = []
 
     async def main() -> None:
-        broker = await EmbeddedBroker("tb", tb_nodes, pw).start()
-        world = sim_backend.build(tb, Grid.from_testbed(tb), Clock(asyncio.get_running_loop()))
-        prog = await NodeProgram(
-            "tb", node, world.onics[node], world.lines[node],
-            MQTTBus("tb", "127.0.0.1", broker.port, user=node, password=pw[node])).start()
-        spec = JobSpec(JOB_VERSION, "j", "hd", 1000, 1, 1, 4, False, [node], [node, peer], 1,
-                       1000, False, TIMING, {})
-        try:
+        async with _node_program(tb, node, pw) as (broker, _prog):
+            spec = JobSpec(JOB_VERSION, "j", "hd", 1000, 1, 1, 4, False, [node], [node, peer], 1,
+                           1000, False, TIMING, {})
             async with aiomqtt.Client("127.0.0.1", broker.port, identifier=peer,
                                       username=peer, password=pw[peer]) as p, \
                     aiomqtt.Client("127.0.0.1", broker.port, identifier=CONTROLLER,
@@ -305,9 +309,6 @@ def test_a_peers_ready_heard_before_the_job_itself_is_kept() -> None:
                         events.append(ev)
                     if ev.kind in ("done", "failed"):
                         break
-        finally:
-            await prog.stop()
-            await broker.stop()
 
     with contextlib.suppress(TimeoutError):  # before the fix: no event after "ready"
         asyncio.run(asyncio.wait_for(main(), 20))
