@@ -52,13 +52,13 @@ class AcceptError(RuntimeError):
 
 @contextmanager
 def emulated(testbed: Path, faults: list[str], workdir: Path,
-             say: Callable[[str], None]) -> Iterator[Path]:
+             say: Callable[[str], None], log: Path | None = None) -> Iterator[Path]:
     """`oddl emulate TESTBED` as a child process (exactly what a user would start by hand);
     yields the emu config it writes, stops it with SIGINT on the way out. Its log goes to
-    `workdir/emulator.log`: a pipe nobody reads fills up, and the emulator then freezes
-    in its next write (a burst of warnings did it)."""
+    `log` (default `workdir/emulator.log`): a pipe nobody reads fills up, and the emulator
+    then freezes in its next write (a burst of warnings did it)."""
     out = workdir / f"{testbed.stem}-emu.toml"
-    log = workdir / "emulator.log"
+    log = log or workdir / "emulator.log"
     cmd = [sys.executable, "-m", "oddl.controller.cli", "emulate", str(testbed), "--out", str(out)]
     for f in faults:
         cmd += ["--fault", f]

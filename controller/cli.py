@@ -31,7 +31,16 @@ def _config_fail(e: ConfigError) -> None:
 @click.group()
 @click.version_option(package_name="oddl")
 def main() -> None:
-    """oddl: the ODDL optical interconnect testbed controller."""
+    """oddl: the ODDL optical interconnect testbed controller.
+
+    ODDL_LOG=info (or debug) says more on stderr; warnings are always said."""
+    import logging
+    import os
+
+    level = os.environ.get("ODDL_LOG", "warning").upper()
+    if level not in ("DEBUG", "INFO", "WARNING", "ERROR"):
+        raise click.UsageError(f"ODDL_LOG={level.lower()}: one of debug, info, warning, error")
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
 
 @main.command()
@@ -342,7 +351,8 @@ def run(experiment: Path, backend: str, out: Path | None, iterations: int | None
             if backend == "emu" and ctx.testbed.testbed.backend == "sim":
                 # emulate the experiment's testbed (as `oddl emulate` would), run against it
                 d = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="oddl-emu-")))
-                cfg = stack.enter_context(emulated(ctx.testbed_path, [], d, err.print))
+                cfg = stack.enter_context(emulated(ctx.testbed_path, [], d, err.print,
+                                                  log=run_dir / "emulator.log"))
                 ctx = load_experiment(experiment, cfg)
             elif backend == "hw":
                 stack.enter_context(TestbedLock(ctx.testbed.name, f"oddl run {experiment}"))

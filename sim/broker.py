@@ -11,6 +11,7 @@ import hmac
 import logging
 import socket
 import weakref
+from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -19,6 +20,7 @@ from amqtt.broker import Broker
 from amqtt.contexts import Action
 from amqtt.errors import AMQTTError
 from amqtt.mqtt.connack import BAD_USERNAME_PASSWORD, ConnackPacket
+from amqtt.mqtt.constants import QOS_1, QOS_2
 from amqtt.mqtt.protocol.broker_handler import BrokerProtocolHandler
 from amqtt.plugins.base import BaseAuthPlugin, BaseTopicPlugin
 from amqtt.session import Session
@@ -96,10 +98,11 @@ class PartyTopics(BaseTopicPlugin):
 
 
 class _Broker(Broker):
-    """amqtt's broker, with one change: a CONNECT is authenticated *before* the broker
-    touches its session table. amqtt 0.12 drops the session of a clean-session client id
-    and takes a live one over before it asks the auth plugins, so that anyone, even a
-    refused client, could disconnect a party by connecting with its client id."""
+    """amqtt's broker, with three fixes (each method below says what amqtt 0.12 does wrong).
+    The first: a CONNECT is authenticated *before* the broker touches its session table.
+    amqtt drops the session of a clean-session client id and takes a live one over before
+    it asks the auth plugins, so that anyone, even a refused client, could disconnect a
+    party by connecting with its client id."""
 
     def __init__(self, config: dict[str, Any], parties: Mapping[str, str], testbed: str,
                  nodes: list[str]) -> None:
@@ -156,6 +159,30 @@ class _Broker(Broker):
             message.set_result(queue.get_nowait())
             if not await self._handle_message_delivery(client_session, handler, message):
                 break  # a topic amqtt closes the connection for: nothing after it
+
+
+    async def _run_broadcast(self, running_tasks: deque[asyncio.Task[Any]]) -> None:
+        """One message to its subscribers, as amqtt 0.12 does, but over a snapshot of the
+        subscription table. amqtt walks the live table and awaits the topic plugin on the
+        way: a party that subscribes or leaves meanwhile ends the walk ("dictionary changed
+        size during iteration", logged only as a task exception never retrieved), and the
+        message is lost to every subscriber not yet served. A node's iteration report lost
+        so left its peers waiting for it, and the job hung."""
+        broadcast = await self._broadcast_queue.get()
+        topic = broadcast["topic"]
+        targets = [(session, broadcast.get("qos", qos))
+                   for a_filter, subs in list(self._subscriptions.items())
+                   if self._matches(topic, a_filter) for session, qos in list(subs)]
+        for session, qos in targets:
+            if not await self._topic_filtering(session, topic=topic, action=Action.RECEIVE):
+                continue
+            connected = session.transitions.state == "connected"
+            if not connected and not session.clean_session and qos in (QOS_1, QOS_2) \
+                    and not session.is_anonymous:  # kept for the party's return
+                await self._retain_broadcast_message(broadcast, qos, session)
+            elif connected and (handler := self._get_handler(session)):
+                running_tasks.append(asyncio.ensure_future(
+                    handler.mqtt_publish(topic, broadcast["data"], qos, retain=False)))
 
 
 _AUTH = f"{__name__}.PartyAuth"

@@ -139,6 +139,13 @@ def test_check_cli_ok(root: Path) -> None:
     assert "4 nodes, 1 WSSs, 2 wavelengths" in r.output
 
 
+def test_a_log_level_that_is_none_is_refused(root: Path) -> None:
+    r = CliRunner().invoke(main, ["check", str(root / "hw_configs" / "prototype-4node.toml")],
+                           env={"ODDL_LOG": "loud"})
+    assert r.exit_code == 2
+    assert "ODDL_LOG=loud: one of debug, info, warning, error" in r.output
+
+
 def test_missing_file(tmp_path: Path) -> None:
     r = CliRunner().invoke(main, ["check", str(tmp_path / "nope.toml")])
     assert r.exit_code == 2

@@ -357,6 +357,7 @@ def test_several_jobs_and_a_fault_on_the_emulated_testbed(root: Path, tmp_path: 
     a alone is stopped and goes on elsewhere, and b runs to its last iteration. (Before:
     several jobs were refused on emu; and the controller's status going "offline" at the
     end of each job, or attempt, cancelled every other job.)"""
+    import os
     import subprocess
     import sys
 
@@ -367,8 +368,11 @@ def test_several_jobs_and_a_fault_on_the_emulated_testbed(root: Path, tmp_path: 
                      + job("b", 4, 30, compute_ms=40.0, shape="col") + dead)
     r = subprocess.run([sys.executable, "-m", "oddl.controller.cli", "run", str(exp),
                         "--backend", "emu", "--json", "--out", str(tmp_path / "run")],
-                       cwd=root, capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, r.stderr[-3000:]
+                       cwd=root, capture_output=True, text=True, timeout=300,
+                       env=os.environ | {"ODDL_LOG": "info"})
+    emulator = (tmp_path / "run" / "emulator.log").read_text()  # kept in the run directory
+    assert r.returncode == 0, r.stderr[-3000:] + "\nemulator:\n" + emulator[-3000:]
+    assert "Traceback" not in emulator  # e.g. a broadcast lost in the broker (sim/broker.py)
     out = json.loads(r.stdout)
     assert out["backend"] == "emu" and out["invariant_violations"] == 0
     a, b = out["jobs"]["a"]["oddl"], out["jobs"]["b"]["oddl"]
@@ -382,3 +386,5 @@ def test_several_jobs_and_a_fault_on_the_emulated_testbed(root: Path, tmp_path: 
     assert b["jct_s"] > a["stops"][0]["at_s"]  # b ran on through a's stop
     assert [(f["kind"], f["recovered"]) for f in out["networks"]["oddl"]["faults"]] == [
         ("dead-board", True)]
+    for n in jobs["b"]["nodes"]:  # the node programs say so at ODDL_LOG=info
+        assert f"node {n}: job mj-oddl-b done" in emulator

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import aiomqtt
 import msgspec
+from oddl.controller import config
 from oddl.controller.access import (
     CONTROLLER,
     DASHBOARD,
@@ -26,7 +27,6 @@ from oddl.controller.access import (
     stop_topic,
 )
 from oddl.controller.clock import Clock
-from oddl.controller.config import Testbed
 from oddl.controller.control_unit import Timing
 from oddl.controller.job import JOB_VERSION, JobEvent, JobRunner, JobSpec, JobStop
 from oddl.controller.node import NodeProgram
@@ -204,7 +204,7 @@ def test_a_job_whose_controller_vanishes_is_cancelled() -> None:
 
 
 @contextlib.asynccontextmanager
-async def _node_program(tb: Testbed, node: str, pw: dict[str, str]
+async def _node_program(tb: config.Testbed, node: str, pw: dict[str, str]
                         ) -> AsyncIterator[tuple[EmbeddedBroker, NodeProgram]]:
     """An embedded broker for `tb` and `node`'s program on it (its board the sim model),
     both stopped after."""
@@ -340,3 +340,23 @@ def test_a_count_action_fire_the_host_cannot_account_for_fails_the_job() -> None
     failed = asyncio.run(main())
     assert [str(e) for e in failed] == [
         "n0-0: count-action fired for step 0 with 0 of 1000 bytes delivered"]
+
+
+def test_a_job_not_done_in_time_names_whom_it_waits_for() -> None:
+    """A job the controller gives up on says where it stood (before: only "not done within
+    181 s", which left a lost report, a dead peer or a stuck rank to guesswork)."""
+    from oddl.drivers.lab import _progress
+
+    spec = JobSpec(JOB_VERSION, "j", "hd", 1000, 1, 1, 4, False, ["a", "b", "c"],
+                   ["a", "b", "c", "r"], 5, 10_000_000, False, TIMING, {})
+
+    def ev(node: str, i: int) -> JobEvent:
+        return JobEvent(JOB_VERSION, "j", "iteration", node, iteration=i)
+
+    everyone = {"a", "b", "c", "r"}
+    assert _progress(spec, {"a", "r"}, [], {}, {}) == "never ready: b, c"
+    assert _progress(spec, everyone, [0, 1], {2: {"b": ev("b", 2)}}, {}) == \
+        "2 iterations recorded; iteration 2 not reported by a, c"
+    done = {n: JobEvent(JOB_VERSION, "j", "done", n) for n in ("a", "b")}
+    assert _progress(spec, everyone, list(range(5)), {}, done) == \
+        'every iteration recorded; no "done" from c, r'
