@@ -12,7 +12,8 @@ from pathlib import Path
 
 import msgspec
 from oddl.controller.config import ConfigError, load_experiment, load_testbed
-from oddl.controller.job import DECODE_ERRORS, JobEvent, JobSpec
+from oddl.controller.health import Heartbeat
+from oddl.controller.job import DECODE_ERRORS, JOB_VERSION, JobEvent, JobSpec, JobStop
 from oddl.controller.wire import BusDecodeError, decode
 from oddl.fpga.countaction import CountActionError, compile_program, decompile, parse
 
@@ -29,10 +30,14 @@ CORPUS: list[bytes] = [
     b'{"v": 1, "msg": {"type": "grant", "flow": 1e999}}',
     b'{"v": 2, "job": "\x80\x81"}', b'{"v": 1, "msg": {"type": "release", "src": "\xff"}}',
     json.dumps({"v": 2, "job": "j", "iterations": 10**12}).encode(),
+    json.dumps({"v": JOB_VERSION, "job": "j" * 100_000, "why": "x"}).encode(),
+    json.dumps({"v": JOB_VERSION, "job": "j", "why": "x" * 1_000_000}).encode(),
 ]
 
 _specs = msgspec.json.Decoder(JobSpec)
 _events = msgspec.json.Decoder(JobEvent)
+_stops = msgspec.json.Decoder(JobStop)
+_beats = msgspec.json.Decoder(Heartbeat)
 
 
 def control_message(raw: bytes) -> None:
@@ -41,8 +46,9 @@ def control_message(raw: bytes) -> None:
 
 
 def job_topic(raw: bytes) -> None:
-    """What a node program and the controller do with job/run and job/result payloads."""
-    for dec in (_specs, _events):
+    """What a node program and the controller do with job/run, job/stop, job/result and
+    health payloads."""
+    for dec in (_specs, _stops, _events, _beats):
         with contextlib.suppress(*DECODE_ERRORS):
             dec.decode(raw)
 
