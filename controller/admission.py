@@ -264,6 +264,8 @@ class Admission:
         self.t0 = 0
         self.left = len(requests)
         self._done: asyncio.Future[None] | None = None
+        self._stuck_ns: int | None = None  # since when nothing runs and nothing fits
+        self._recheck: asyncio.TimerHandle | None = None  # the next look at the queue
 
     def run(self) -> dict[str, JobRecord]:
         loop = self.b.loop
@@ -280,6 +282,8 @@ class Admission:
         finally:
             if self.watch is not None:
                 self.watch.stop()
+            if self._recheck is not None:
+                self._recheck.cancel()
         return self.records
 
     def _arrive(self, req: JobRequest) -> None:
@@ -287,7 +291,9 @@ class Admission:
         self._admit()
 
     def _admit(self) -> None:
-        """Start every queued job that fits now (`admissible`) on nodes in service."""
+        """Start every queued job that fits now (`admissible`) on nodes in service. While
+        nodes are out of service, look again every heartbeat period: one that comes back
+        (a board that beats again) may be what the head of the queue waits for."""
         health = self.b.health
         down = health.out_of_service() if health is not None else set()
         for req, part in admissible(self.grid, self.free - down, self.queue, self.policy):
@@ -299,11 +305,27 @@ class Admission:
                 self._fail(RunFailed(f"{self.spec.name}: job {req.name} on "
                                      f"{part.describe()}: {e}"))
                 return
-        if self.queue and not self.running:  # every node free, and still none fits
+        now = self.clock.now_ns()
+        if not self.queue or self.running:
+            self._stuck_ns = None
+        elif self._stuck_ns is None:  # every node free, and still none fits
+            self._stuck_ns = now
+        grace_ns = self.tb.monitor.grace_ms * 1e6
+        if self._stuck_ns is not None and (not down or now - self._stuck_ns >= grace_ns):
             req = self.queue[0]
+            shape = "" if req.shape == "any" else f"{req.shape} "
             self._fail(RunFailed(
-                f"{self.spec.name}: job {req.name}: no {req.shape} rectangle of the nodes in "
-                f"service holds {req.ranks} ranks; out of service: {', '.join(sorted(down))}"))
+                f"{self.spec.name}: job {req.name}: no {shape}rectangle of the nodes in "
+                f"service holds {req.ranks} ranks; out of service: {', '.join(sorted(down))}"
+                f" (waited {(now - self._stuck_ns) / 1e6:.0f} ms for them, grace_ms)"))
+        elif self.queue and down and self._recheck is None:
+            assert health is not None
+            self._recheck = self.clock.call_later_ns(health.period_ns, self._look_again)
+
+    def _look_again(self) -> None:
+        self._recheck = None
+        if self._done is not None and not self._done.done():
+            self._admit()
 
     def _start(self, req: JobRequest, part: Partition) -> None:
         rec = self.records[req.name]

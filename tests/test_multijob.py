@@ -294,12 +294,30 @@ def test_a_fault_stops_only_its_job_which_goes_on_elsewhere(tmp_path: Path) -> N
 
 def test_a_job_no_live_rectangle_holds_any_more_fails_the_run_naming_it(
         tmp_path: Path) -> None:
-    """The whole grid's job loses a board: stopped, it can never be placed again, and the
-    run says so (it would otherwise wait for ever)."""
+    """The whole grid's job loses a board for good: stopped, it cannot be placed again, and
+    after waiting `grace_ms` for the board the run says so (it would otherwise wait for
+    ever)."""
     dead = '[[faults]]\nkind = "dead-board"\ntarget = "n1-0"\nat_ms = 3.0\n'
-    with pytest.raises(RunFailed, match=r"job big: no any rectangle of the nodes in service "
-                                        r"holds 16 ranks; out of service: n1-0"):
+    with pytest.raises(RunFailed, match=r"job big: no rectangle of the nodes in service "
+                                        r"holds 16 ranks; out of service: n1-0 \(waited "
+                                        r"5000 ms for them, grace_ms\)"):
         run_experiment(load_experiment(experiment(tmp_path, job("big", 16, 50) + dead)))
+
+
+def test_a_job_waits_for_a_board_that_comes_back(tmp_path: Path) -> None:
+    """The whole grid's job loses a board for 300 ms: stopped, it waits at the head of the
+    queue, and goes on, on the whole grid, when the board beats again. (Before: the run
+    failed at once, "no rectangle of the nodes in service holds 16 ranks".)"""
+    dead = ('[[faults]]\nkind = "dead-board"\ntarget = "n1-0"\nat_ms = 3.0\n'
+            'duration_ms = 300.0\n')
+    res = run_experiment(load_experiment(experiment(tmp_path, job("big", 16, 50) + dead)))
+    big = res.jobs["big"]["oddl"]
+    assert big["iterations"] == 50 and res.invariant_violations == 0
+    [stop] = big["stops"]
+    assert stop["ran_on"] == stop["resumed_on"] == "big: 16 ranks, grid 4 x 4 at row 0, col 0"
+    assert big["jct_s"] > 0.3  # it waited for n1-0
+    assert [(f["kind"], f["recovered"]) for f in res.networks["oddl"].faults] == [
+        ("dead-board", True)]
 
 
 def test_a_job_stopped_more_than_max_stops_times_fails_the_run(tmp_path: Path) -> None:
