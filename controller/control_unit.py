@@ -113,6 +113,7 @@ class ControlUnit:
         self.halted = False
         self.trace: Tracer | None = None  # the job runner's, while a trace is recorded
         self.unexpected_rx = dict.fromkeys(onic.ports, 0)  # per receiver, for the heartbeat
+        self.sent = 0  # control messages this unit has sent (its job's share of the bus)
         self.stats = {"requests": 0, "retries": 0, "grants": 0, "revoked": 0, "waits": 0,
                       "stale_grants": 0, "relayed": 0, "releases_overdue": 0,
                       "unexpected_rx": 0, "requests_refused": 0}
@@ -136,6 +137,7 @@ class ControlUnit:
         if tr is not None and tr.on:
             tr.add(TraceRow("send", self.node, m.port, _KIND[type(m)], self.clock.now_ns(), 0,
                             m.flow, m.hop, dst))
+        self.sent += 1
         self.bus.send(self.node, dst, m)
 
     def ports_view(self) -> dict[str, PortView]:

@@ -285,6 +285,10 @@ class JobRunner:
         return any(tx.current is not None for cu in self.units.values()
                    for tx in cu.tx.values())
 
+    def sent(self) -> int:
+        """Control messages this job's units have sent (on a bus that other jobs share)."""
+        return sum(cu.sent for cu in self.units.values())
+
     def stats(self) -> dict[str, int]:
         agg: dict[str, int] = {}
         for cu in self.units.values():

@@ -487,7 +487,8 @@ def _fabric_result(spec: NetworkSpec, adm: Admission, nodes: int, b: Backend,
         "mean_queued_s": round(sum(r.queued_s for r in recs.values()) / len(recs), 9)}
     stats = {"plan_s": round(stage1.plan_s, 4)} if isinstance(stage1, OddlStage1) else {}
     return NetworkResult(spec.name, spec.kind, makespan, sum(its) / len(its) / 1e9 if its
-                         else 0.0, len(its), sum(r.flows for r in recs.values()), 0,
+                         else 0.0, len(its), sum(r.flows for r in recs.values()),
+                         total.control_messages,
                          len(b.monitor.violations), stats, dist, bool(dist or faults), faults,
                          round(sum(r.t_resume_ns - r.t_last_ns for r in adm.recoveries) / 1e9,
                                9), fabric=fabric)

@@ -205,14 +205,13 @@ class SimBackend:
         runner.on_onics(w.bus, w.onics, w.lines)
         self.drill.arm()
         next_i = [spec.start]
-        sent0 = w.bus.sent
         cfg = self.tb.monitor
         patience = cfg.missed * health.period_ns  # a pending fault may cut an iteration
         stall_ns = spec.compute_ns + round(cfg.grace_ms * 1e6)
         progress = [(-1, -1), self.clock.now_ns()]
 
         def outcome() -> JobOutcome:
-            return self._outcome(runner, w.bus.sent - sent0)
+            return self._outcome(runner, runner.sent())
 
         def between(i: int) -> None:
             next_i[0] = i
@@ -247,7 +246,7 @@ class SimBackend:
                 for node in w.fabric.dead:
                     self._gone(node)
                 await run_in_process(runner, self.loop, on_iteration,
-                                     lambda: w.bus.sent - sent0, record_flows, between)
+                                     runner.sent, record_flows, between)
         except FlowFailed as e:
             if e.peer is not None:
                 health.flow_failed(e.peer, self.clock.now_ns(), str(e))

@@ -239,6 +239,9 @@ def test_isolated_partitions_keep_their_pace_while_a_shared_fabric_interferes(
     ft, ft1 = j["a"]["fattree"]["iteration_time_s"], alone.jobs["a"]["fattree"]["iteration_time_s"]
     assert ft > ft1 * 1.2
     assert 0.25 < both.networks["oddl"].fabric["utilisation"] < 0.5  # 8 of 16 nodes, not always
+    # each job's own control messages, counted once (before: 0 for the network)
+    assert both.networks["oddl"].control_messages == \
+        2 * alone.networks["oddl"].control_messages > 0
 
 
 def test_fifo_waits_in_order_and_smallest_first_overtakes(tmp_path: Path) -> None:
