@@ -98,7 +98,7 @@ class PartyTopics(BaseTopicPlugin):
 
 
 class _Broker(Broker):
-    """amqtt's broker, with three fixes (each method below says what amqtt 0.12 does wrong).
+    """amqtt's broker, with four fixes (each method below says what amqtt 0.12 does wrong).
     The first: a CONNECT is authenticated *before* the broker touches its session table.
     amqtt drops the session of a clean-session client id and takes a live one over before
     it asks the auth plugins, so that anyone, even a refused client, could disconnect a
@@ -183,6 +183,26 @@ class _Broker(Broker):
             elif connected and (handler := self._get_handler(session)):
                 running_tasks.append(asyncio.ensure_future(
                     handler.mqtt_publish(topic, broadcast["data"], qos, retain=False)))
+
+    async def _publish_retained_messages_for_subscription(
+            self, subscription: tuple[str, int], session: Session) -> None:
+        """The retained messages of a filter the party holds, and may read. amqtt 0.12
+        calls this at every CONNECT for every filter of *every* party, and sends without
+        asking the topic plugin: a node that connected got the dashboard's retained
+        telemetry, which it neither subscribed to nor may read."""
+        a_filter, qos = subscription
+        handler = self._get_handler(session)
+        if handler is None or all(s.client_id != session.client_id
+                                  for s, _ in self._subscriptions.get(a_filter, ())):
+            return  # another party's filter: nothing awaited, so amqtt's walk stays valid
+        sends = []
+        for topic, retained in list(self._retained_messages.items()):
+            if self._matches(topic, a_filter) and await self._topic_filtering(
+                    session, topic=topic, action=Action.RECEIVE):
+                sends.append(asyncio.ensure_future(handler.mqtt_publish(
+                    retained.topic, retained.data, min(qos, retained.qos or qos), retain=True)))
+        if sends:
+            await asyncio.wait(sends)
 
 
 _AUTH = f"{__name__}.PartyAuth"

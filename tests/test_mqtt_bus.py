@@ -300,3 +300,38 @@ def test_every_subscriber_gets_every_message_while_parties_come_and_go() -> None
     sent = [str(i).encode() for i in range(n)] + [b"end"]
     assert cycles >= 10  # parties did come and go during the burst
     assert every == sent and one == sent
+
+
+def test_a_party_gets_only_the_retained_messages_it_subscribed_to_and_may_read() -> None:
+    """Retained messages reach a party that subscribes to them (a late dashboard sees the
+    last telemetry), and nobody else: amqtt 0.12, at every CONNECT, sent the newcomer the
+    retained messages of every other party's filters, unchecked, so a node got the
+    dashboard's telemetry, which it may not read."""
+    def client(broker: EmbeddedBroker, user: str) -> aiomqtt.Client:
+        return aiomqtt.Client("127.0.0.1", broker.port, identifier=user, username=user,
+                              password=PASSWORDS[user])
+
+    async def first(c: aiomqtt.Client) -> list[tuple[str, bytes]]:
+        async for m in c.messages:
+            return [(str(m.topic), bytes(m.payload))]  # type: ignore[arg-type]
+        return []
+
+    async def body(broker: EmbeddedBroker) -> tuple[list, list]:
+        async with client(broker, "oddl-dash") as dash:
+            await dash.subscribe("oddl/tb/telemetry/#", qos=1)
+            async with client(broker, "n1") as n1:
+                await n1.publish("oddl/tb/telemetry/n1", b"ports", qos=1, retain=True)
+                await n1.publish("oddl/tb/status/n1", b"online", qos=1, retain=True)
+            async with client(broker, "n0") as n0:
+                # what the broker pushed at CONNECT comes first on the stream, before the
+                # retained status this subscription brings
+                await n0.subscribe("oddl/tb/status/n1", qos=1)
+                node = await asyncio.wait_for(first(n0), 10)
+        async with client(broker, "oddl-dash") as late:
+            await late.subscribe("oddl/tb/telemetry/#", qos=1)
+            watcher = await asyncio.wait_for(first(late), 10)
+        return node, watcher
+
+    node, watcher = asyncio.run(_with_broker(body))
+    assert node == [("oddl/tb/status/n1", b"online")]
+    assert watcher == [("oddl/tb/telemetry/n1", b"ports")]
