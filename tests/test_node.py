@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import re
 import signal
 import socket
 import subprocess
@@ -360,3 +361,76 @@ def test_a_job_not_done_in_time_names_whom_it_waits_for() -> None:
     done = {n: JobEvent(JOB_VERSION, "j", "done", n) for n in ("a", "b")}
     assert _progress(spec, everyone, list(range(5)), {}, done) == \
         'every iteration recorded; no "done" from c, r'
+
+
+@contextlib.contextmanager
+def _stuck_node(config: Path, node: str) -> Iterator[list[str]]:
+    """A node program gone wrong: logged in as `node`, it beats, says "ready" to every job
+    and GRANTs every REQUEST (so its peers send, and need no retry), but never sends a
+    flow of its own nor reports. Yields the ids of the jobs it took."""
+    from oddl.controller.access import ctl_topic, health_topic
+    from oddl.controller.config import load_testbed
+    from oddl.controller.health import HEARTBEAT_VERSION, Heartbeat
+    from oddl.controller.messages import Grant, Request
+    from oddl.controller.wire import decode, encode
+
+    tb = load_testbed(config)
+    assert tb.broker.password_file is not None
+    pw = Path(tb.broker.password_file.replace("{user}", node)).read_text().strip()
+    port = int(tb.broker.url.rpartition(":")[2])
+    name = tb.testbed.name
+    jobs: list[str] = []
+    stop = threading.Event()
+
+    async def main() -> None:
+        async with aiomqtt.Client("127.0.0.1", port, identifier=node, username=node,
+                                  password=pw) as c:
+            await c.subscribe(run_topic(name), qos=1)
+            await c.subscribe(ctl_topic(name, node, "+"), qos=1)
+
+            async def take() -> None:
+                async for m in c.messages:
+                    raw = bytes(m.payload)  # type: ignore[arg-type]
+                    if m.topic.matches(run_topic(name)):
+                        jobs.append(msgspec.json.decode(raw, type=JobSpec).job)
+                        await c.publish(result_topic(name, node), msgspec.json.encode(
+                            JobEvent(JOB_VERSION, jobs[-1], "ready", node)), qos=1)
+                    elif isinstance(q := decode(raw), Request):
+                        await c.publish(ctl_topic(name, q.src, node), encode(Grant(
+                            q.flow, q.hop, node, q.src, q.port, q.channel, 2**62)))
+
+            taking = asyncio.ensure_future(take())
+            seq = 0
+            while not stop.is_set():  # alive to the watch all along
+                seq += 1
+                await c.publish(health_topic(name, node), msgspec.json.encode(
+                    Heartbeat(HEARTBEAT_VERSION, node, seq)))
+                await asyncio.sleep(0.1)
+            taking.cancel()
+
+    t = threading.Thread(target=lambda: asyncio.run(asyncio.wait_for(main(), 120)),
+                         daemon=True)
+    t.start()
+    try:
+        yield jobs
+    finally:
+        stop.set()
+        t.join(10)
+
+
+def test_a_job_a_live_node_never_reports_fails_naming_it(root: Path, tmp_path: Path) -> None:
+    """A node program that beats, says "ready" and grants, but never sends nor reports:
+    the job is stuck (its peers wait for its flows), though every node is alive. The run
+    fails once nothing has been heard for an iteration's compute plus `grace_ms`, naming
+    the ranks it waits for. (Before: it waited 5 s an iteration plus 30 s, and said only
+    "not done".)"""
+    out = tmp_path / "emu.toml"
+    with emulator(root, root / "hw_configs" / "prototype-4node.toml", out,
+                  "--external-node", "n1", limit_s=120), _stuck_node(out, "n1") as jobs:
+        r = _cli("run", "experiments/table1-resnet50.toml", "--backend", "hw",
+                 "--testbed", str(out), "--iterations", "3", "--out", str(tmp_path / "run"),
+                 root=root, timeout=100)
+    assert r.returncode == 1
+    assert jobs  # it took the job
+    assert re.search(r"job \S+: nothing heard for 5\.\d s: 0 iterations recorded; "
+                     r"iteration 0 not reported by n0, n1, n2, n3", r.stderr), r.stderr[-2000:]
