@@ -160,7 +160,6 @@ class _Broker(Broker):
             if not await self._handle_message_delivery(client_session, handler, message):
                 break  # a topic amqtt closes the connection for: nothing after it
 
-
     async def _run_broadcast(self, running_tasks: deque[asyncio.Task[Any]]) -> None:
         """One message to its subscribers, as amqtt 0.12 does, but over a snapshot of the
         subscription table. amqtt walks the live table and awaits the topic plugin on the

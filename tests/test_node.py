@@ -364,7 +364,7 @@ def test_a_job_not_done_in_time_names_whom_it_waits_for() -> None:
 
 
 @contextlib.contextmanager
-def _stuck_node(config: Path, node: str) -> Iterator[list[str]]:
+def _stuck_node(emu: Path, node: str) -> Iterator[list[str]]:
     """A node program gone wrong: logged in as `node`, it beats, says "ready" to every job
     and GRANTs every REQUEST (so its peers send, and need no retry), but never sends a
     flow of its own nor reports. Yields the ids of the jobs it took."""
@@ -374,7 +374,7 @@ def _stuck_node(config: Path, node: str) -> Iterator[list[str]]:
     from oddl.controller.messages import Grant, Request
     from oddl.controller.wire import decode, encode
 
-    tb = load_testbed(config)
+    tb = load_testbed(emu)
     assert tb.broker.password_file is not None
     pw = Path(tb.broker.password_file.replace("{user}", node)).read_text().strip()
     port = int(tb.broker.url.rpartition(":")[2])
