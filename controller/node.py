@@ -26,7 +26,7 @@ import contextlib
 import logging
 from collections import deque
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import msgspec
 from oddl.controller.access import (
@@ -64,6 +64,7 @@ MAX_VIOLATIONS_REPORTED = 50
 # over PYNQ.remote takes a job later than its emulated or local peers): one per node
 MAX_EARLY_EVENTS = MAX_NODES
 MAX_STOPPED = 64  # ids of jobs the controller stopped, remembered (one may come late)
+_C = TypeVar("_C", JobSpec, JobStop)  # what the controller sends a node
 
 
 class NodeBus(Bus, Protocol):
@@ -170,26 +171,32 @@ class NodeProgram:
     def _idle(self, msg: Any) -> None:
         log.debug("node %s: %r for no job of ours dropped", self.node, msg)
 
-    def _on_run(self, topic: str, payload: bytes) -> None:
+    def _from_controller(self, decoder: msgspec.json.Decoder[_C], topic: str,
+                         payload: bytes) -> _C | None:
+        """A job or a stop, of the version this node runs; anything else is counted,
+        logged and dropped (None)."""
         try:
-            spec = self._specs.decode(payload)
+            msg = decoder.decode(payload)
         except DECODE_ERRORS as e:
-            return self._reject(topic, e)
-        if spec.v != JOB_VERSION:
-            return self._reject(topic, f"job version {spec.v}, this node runs {JOB_VERSION}")
-        if self.node not in spec.nodes or spec.job in self.stopped:
+            self._reject(topic, e)
+            return None
+        if msg.v != JOB_VERSION:
+            self._reject(topic, f"job version {msg.v}, this node runs {JOB_VERSION}")
+            return None
+        return msg
+
+    def _on_run(self, topic: str, payload: bytes) -> None:
+        spec = self._from_controller(self._specs, topic, payload)
+        if spec is None or self.node not in spec.nodes or spec.job in self.stopped:
             return
         if self._jobs.full():  # a newer job replaces one not yet started
             self._jobs.get_nowait()
         self._jobs.put_nowait(spec)
 
     def _on_stop(self, topic: str, payload: bytes) -> None:
-        try:
-            stop = self._stops.decode(payload)
-        except DECODE_ERRORS as e:
-            return self._reject(topic, e)
-        if stop.v != JOB_VERSION:
-            return self._reject(topic, f"job version {stop.v}, this node runs {JOB_VERSION}")
+        stop = self._from_controller(self._stops, topic, payload)
+        if stop is None:
+            return
         self.stopped.append(stop.job)  # not started yet: it never will be
         job = self._job
         if job is not None and job.spec.job == stop.job and not job.finished.done():
