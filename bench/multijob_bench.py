@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from oddl.controller.config import load_experiment  # noqa: E402
-from oddl.controller.runner import run_jobs  # noqa: E402
+from oddl.controller.runner import run_experiment  # noqa: E402
 
 
 def main() -> None:
@@ -33,7 +33,7 @@ def main() -> None:
         one = dataclasses.replace(ctx, experiment=ctx.experiment.model_copy(
             update={"networks": [spec]}))
         t = time.perf_counter()
-        res = run_jobs(one)
+        res = run_experiment(one)
         r = res.networks[spec.name]
         out[spec.name] = {"wall_s": round(time.perf_counter() - t, 1), **r.fabric,
                           "iterations": r.iterations, "flows": r.flows,

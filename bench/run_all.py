@@ -20,7 +20,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from oddl.controller.api import grid_testbed, network_run, run  # noqa: E402
+from oddl.controller.api import grid_testbed, network, run  # noqa: E402
 from oddl.controller.collectives import build  # noqa: E402
 from oddl.controller.config import load_experiment, load_testbed  # noqa: E402
 from oddl.controller.topology import Grid  # noqa: E402
@@ -31,11 +31,11 @@ RESNET = model_spec("resnet50").grad_bytes()
 
 def events_per_second(iterations: int) -> dict[str, float]:
     ctx = load_experiment(ROOT / "experiments/table1-resnet50.toml")
-    net = network_run(ctx, ctx.experiment.networks[0].name)
-    t = time.perf_counter()
-    net.run(iterations, 220_000_000, None, None, False)
-    wall = time.perf_counter() - t
-    ev = net.backend.loop.events  # type: ignore[attr-defined]
+    with network(ctx, ctx.experiment.networks[0].name, iterations, 220_000_000) as net:
+        t = time.perf_counter()
+        net.admission.run()
+        wall = time.perf_counter() - t
+        ev = net.backend.loop.events  # type: ignore[attr-defined]
     return {"iterations": iterations, "events": ev, "wall_s": wall, "events_per_s": ev / wall}
 
 
@@ -54,17 +54,17 @@ def table1_full() -> dict[str, float]:
 def grid4096_iteration() -> dict[str, float]:
     ctx = load_experiment(ROOT / "experiments/grid4096-resnet50-hd.toml")
     t = time.perf_counter()
-    net = network_run(ctx, ctx.experiment.networks[0].name)
-    setup = time.perf_counter() - t
-    t = time.perf_counter()
-    times = net.run(1, 0, None, None, False)
-    wall = time.perf_counter() - t
-    assert net.outcome is not None
-    return {"setup_s (plan+apply)": setup, "iteration_wall_s": wall,
-            "flows": net.outcome.flows,
-            "events": net.backend.loop.events,  # type: ignore[attr-defined]
-            "allreduce_ms (virtual)": (times[0][1] - times[0][0]) / 1e6,
-            "violations": len(net.monitor.violations)}
+    with network(ctx, ctx.experiment.networks[0].name, 1, 0) as net:
+        setup = time.perf_counter() - t  # the back end and the inventory
+        t = time.perf_counter()
+        [rec] = net.admission.run().values()  # stage 1 (plan, apply) and one iteration
+        wall = time.perf_counter() - t
+        return {"setup_s (open, inventory)": setup, "plan_s": net.stage1.plan_s,
+                "iteration_wall_s (plan, apply, run)": wall,
+                "flows": net.admission.outcomes[0].flows,
+                "events": net.backend.loop.events,  # type: ignore[attr-defined]
+                "allreduce_ms (virtual)": rec.iteration_ns[0] / 1e6,
+                "violations": len(net.backend.monitor.violations)}
 
 
 def plan4096() -> dict[str, float]:
@@ -99,11 +99,11 @@ def messages_per_flow(sizes: list[int]) -> list[dict[str, float]]:
                     "dataset_samples": 1, "batch_per_node": 1, "compute_time_ms": 0},
                 "networks": [{"name": "oddl", "kind": "oddl", "strategy": "matched"}]})
             ctx = LoadedExperiment(Path("-"), exp, Path("-"), tb)
-            net = network_run(ctx, exp.networks[0].name)
-            net.run(1, 0, None, None, False)
-            assert net.outcome is not None
-            flows, msgs = net.outcome.flows, net.outcome.control_messages
-            hops = flows + net.outcome.stats["relayed"]
+            with network(ctx, exp.networks[0].name, 1, 0) as net:
+                net.admission.run()
+                out = net.admission.outcomes[0]
+            flows, msgs = out.flows, out.control_messages
+            hops = flows + out.stats["relayed"]
             out.append({"nodes": n, "collective": coll, "flows": flows, "hops": hops,
                         "messages": msgs, "per_flow": msgs / flows, "per_hop": msgs / hops,
                         "per_node": msgs / n})

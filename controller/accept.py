@@ -9,18 +9,12 @@ from __future__ import annotations
 
 import importlib.util
 import os
-import signal
-import subprocess
-import sys
-import tempfile
-import threading
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from pathlib import Path
 
 from oddl.controller.config import Testbed
-from oddl.controller.lock import TestbedLock
+from oddl.controller.session import session
 
 
 def suite_dir() -> Path:
@@ -48,51 +42,6 @@ CHECKS = {
 
 class AcceptError(RuntimeError):
     pass
-
-
-@contextmanager
-def emulated(testbed: Path, faults: list[str], workdir: Path,
-             say: Callable[[str], None], log: Path | None = None) -> Iterator[Path]:
-    """`oddl emulate TESTBED` as a child process (exactly what a user would start by hand);
-    yields the emu config it writes, stops it with SIGINT on the way out. Its log goes to
-    `log` (default `workdir/emulator.log`): a pipe nobody reads fills up, and the emulator
-    then freezes in its next write (a burst of warnings did it)."""
-    out = workdir / f"{testbed.stem}-emu.toml"
-    log = log or workdir / "emulator.log"
-    cmd = [sys.executable, "-m", "oddl.controller.cli", "emulate", str(testbed), "--out", str(out)]
-    for f in faults:
-        cmd += ["--fault", f]
-    with log.open("w") as err:
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, text=True)
-    killer = threading.Timer(60, proc.kill)  # it must come up within a minute
-    killer.start()
-    try:
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            if line.strip().startswith("fault:"):
-                say(f"emulator {line.strip()}")
-            if line.strip() == "ready":
-                break
-        killer.cancel()
-        if proc.poll() is not None:
-            raise AcceptError(f"emulator exited ({proc.returncode}): "
-                              f"{log.read_text(errors='replace').strip()[-2000:]}")
-        # what it says from here on ("stopped") is drained, never left to fill the pipe
-        threading.Thread(target=proc.stdout.read, daemon=True).start()
-        yield out
-    finally:
-        killer.cancel()
-        stop_emulator(proc)
-
-
-def stop_emulator(proc: subprocess.Popen[str]) -> None:
-    """Ctrl-C, as a user stops `oddl emulate`; killed if it has not stopped in 20 s."""
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGINT)
-        try:
-            proc.wait(20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
 
 
 def check_only(only: list[str]) -> None:
@@ -123,18 +72,14 @@ def run(testbed_path: Path, tb: Testbed, backend: str, report: Path, only: list[
     if faults and backend != "emu":
         raise AcceptError("--fault is for --backend emu (real devices bring their own)")
     t0 = time.perf_counter()
-    if backend == "emu":
-        # a private emulated copy of the testbed: nothing shared, nothing to lock
-        with tempfile.TemporaryDirectory(prefix="oddl-accept-") as d, \
-                emulated(testbed_path, faults, Path(d), say) as cfg:
-            say(f"emulated {tb.name}: {cfg}")
-            report.mkdir(parents=True, exist_ok=True)
-            rc = pytest.main(pytest_args(cfg, report, only))
-    else:
-        # TestbedBusy names the holder; a refused run leaves no report folder behind
-        with TestbedLock(tb.name, purpose=f"oddl accept (pid {os.getpid()})").acquire(wait_s):
-            report.mkdir(parents=True, exist_ok=True)
-            rc = pytest.main(pytest_args(testbed_path, report, only))
+    # emu: a private emulated copy of the testbed (nothing shared, nothing to lock); hw:
+    # the lock (TestbedBusy names the holder; a refused run leaves no report folder)
+    with session(testbed_path, tb, backend, f"oddl accept (pid {os.getpid()})",
+                 faults=faults, wait_s=wait_s, say=say) as s:
+        if s.testbed != testbed_path:
+            say(f"emulated {tb.name}: {s.testbed}")
+        report.mkdir(parents=True, exist_ok=True)
+        rc = pytest.main(pytest_args(s.testbed, report, only))
     summary = report / "summary.json"
     if summary.exists():
         import json

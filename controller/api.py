@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -26,17 +27,35 @@ from oddl.controller.config import (
     load_experiment,
     load_testbed,
 )
+from oddl.controller.figures import iteration_parts, jct_cdf, paper_rows, run_figure, save
 from oddl.controller.plan import Plan
 from oddl.controller.planner import plan_job
 from oddl.controller.results import RunStore, make_run_dir, read_store, write_manifest
-from oddl.controller.runner import NetworkRun, RunFailed, RunResult, run_experiment
+from oddl.controller.runner import Network, Progress, RunFailed, RunResult, run_experiment
+from oddl.controller.runner import lone_network as network
+from oddl.controller.session import session
 from oddl.controller.topology import Grid
+from oddl.controller.trace import Timeline
 from oddl.controller.workloads import model_spec
 
-__all__ = ["ConfigError", "LoadedExperiment", "NetworkRun", "Plan", "RunFailed",
-           "RunResult", "Testbed", "grid_testbed", "load_experiment", "load_testbed",
-           "network_run", "plan",
-           "read_run", "run", "run_async"]
+__all__ = [
+    "ConfigError",
+    "LoadedExperiment",
+    "Network",
+    "Plan",
+    "RunFailed",
+    "RunResult",
+    "Testbed",
+    "check",
+    "grid_testbed",
+    "load_experiment",
+    "load_testbed",
+    "network",
+    "plan",
+    "read_run",
+    "run",
+    "run_async",
+]
 
 
 def grid_testbed(rows: int, cols: int, wavelengths: int | None = None,
@@ -78,25 +97,94 @@ def plan(testbed: Testbed | str | Path, experiment: LoadedExperiment | None = No
     return p
 
 
+def check(path: str | Path) -> str:
+    """`oddl check`: a testbed, experiment or sweep config validated as what loads it would,
+    and an experiment's ODDL networks planned as stage 1 would (one workload on the whole
+    testbed; several jobs: the partitions of those that start at once, checked isolated);
+    each point of a sweep generated. Returns the one-line verdict; raises ConfigError with
+    every issue (file, field, reason)."""
+    from oddl.controller.admission import JobRequest, plan_partitions
+    from oddl.controller.config import ConfigIssue, kind_of
+    from oddl.controller.plan import PlanError
+    from oddl.controller.sweep import load_sweep, make_testbed, points
+
+    path = Path(path)
+    kind = kind_of(path)
+    if kind == "sweep":
+        sw, tb_path = load_sweep(path)
+        template = load_testbed(tb_path).model_dump()
+        shapes = {(p["nodes"], p["line_rate_gbps"]) for p in points(sw)}
+        for n, rate in sorted(shapes):
+            try:
+                make_testbed(template, n, rate)
+            except ValueError as e:
+                raise ConfigError([ConfigIssue(str(path), "nodes", str(e))]) from None
+        return (f"OK {path}: sweep {sw.name} on {tb_path}: {len(points(sw))} points "
+                f"({len(shapes)} generated testbeds)")
+    if kind == "testbed":
+        tb = load_testbed(path)
+        return (f"OK {path}: {tb.name}, {tb.grid.rows} x {tb.grid.cols} grid, {tb.n_nodes} "
+                f"nodes, {len(tb.wss)} WSSs, {len(tb.optical.wavelengths())} wavelengths")
+    ctx = load_experiment(path)
+    tb = ctx.testbed
+    grid = Grid.from_testbed(tb)
+    for spec in (s for s in ctx.experiment.networks if s.kind == "oddl"):
+        try:
+            if ctx.jobs:
+                plan_partitions(tb, grid, [JobRequest.of(j) for j in ctx.jobs],
+                                ctx.experiment.policy, spec)
+            else:
+                plan(tb, ctx, spec.strategy)
+        except PlanError as e:
+            raise ConfigError([ConfigIssue(str(path), f"networks.{spec.name}",
+                                           f"cannot be planned on {ctx.testbed_path}: {e}")]
+                              ) from None
+    jobs = f", {len(ctx.jobs)} jobs" if ctx.jobs else ""
+    return f"OK {path}: experiment {ctx.experiment.name} on {tb.name}{jobs}"
+
+
 def run(experiment: LoadedExperiment | str | Path, backend: str = "sim",
-        iterations: int | None = None, out: str | Path | None = None) -> RunResult:
-    """Run every network of an experiment (`oddl run`); with `out`, into a run directory
-    (manifest, results.sqlite with every iteration, summary.json)."""
+        iterations: int | None = None, out: str | Path | None = None, *,
+        progress: Progress | None = None, trace: Timeline | None = None,
+        publish: bool = False, say: Callable[[str], None] = print) -> RunResult:
+    """Run every network of an experiment (`oddl run`): emu on a sim testbed starts a
+    private emulator of it, hw holds the testbed lock, `publish` tells a sim run's
+    watchers (controller/session.py). With `out`, into a run directory: manifest.json,
+    results.sqlite (every iteration as it completes: a killed run keeps them),
+    summary.json, plot.png (one workload) or jct-cdf.png (several jobs), and for an
+    emulated run the emulator's log."""
     ctx = experiment if isinstance(experiment, LoadedExperiment) else \
         load_experiment(experiment)
-    if out is None:
-        return run_experiment(ctx, backend, None, iterations)
-    run_dir = make_run_dir(Path(out), ctx.experiment.name)
-    write_manifest(run_dir, {"experiment": ctx.path, "testbed": ctx.testbed_path},
-                   {"seed": ctx.experiment.seed, "backend": backend,
-                    "experiment": ctx.experiment.model_dump()})
-    store = RunStore(run_dir / "results.sqlite")
+    exp = ctx.experiment
+    run_dir = make_run_dir(Path(out), exp.name) if out is not None else None
+    store = None
+    if run_dir is not None:
+        write_manifest(run_dir, {"experiment": ctx.path, "testbed": ctx.testbed_path},
+                       {"seed": exp.seed, "backend": backend,
+                        "experiment": exp.model_dump(),
+                        "testbed": ctx.testbed.model_dump(exclude={"nodes", "wss"})})
+        store = RunStore(run_dir / "results.sqlite")
     try:
-        res = run_experiment(ctx, backend, store, iterations)
+        with session(ctx.testbed_path, ctx.testbed, backend, f"oddl run {ctx.path}",
+                     publish=publish, say=say,
+                     log=run_dir / "emulator.log" if run_dir is not None else None) as s:
+            if s.testbed != ctx.testbed_path:  # the emulator's config
+                ctx = load_experiment(ctx.path, s.testbed)
+            res = run_experiment(ctx, backend, store, iterations, progress, trace=trace,
+                                 announce=s.announce)
     finally:
-        store.close()
-    res.run_dir = str(run_dir)
-    (run_dir / "summary.json").write_text(json.dumps(res.to_json_obj(), indent=1))
+        if store is not None:
+            store.close()
+    if run_dir is not None:
+        res.run_dir = str(run_dir)
+        (run_dir / "summary.json").write_text(json.dumps(res.summary(exp.reference),
+                                                         indent=1))
+        save(jct_cdf(f"{exp.name} ({backend}): {len(res.jobs)} jobs", res.jobs)
+             if res.jobs else run_figure(
+                 f"{exp.name} ({backend})",
+                 iteration_parts(read_store(run_dir / "results.sqlite"), res.training_min()),
+                 paper_rows(exp.reference, res.training_min(), res.ratio)),
+             run_dir / ("jct-cdf.png" if res.jobs else "plot.png"))
     return res
 
 
@@ -105,7 +193,8 @@ async def run_async(experiment: LoadedExperiment | str | Path, backend: str = "s
                     ) -> RunResult:
     """`run` from a running event loop (a notebook's): the sim back end keeps its own
     virtual clock, so the run goes to a worker thread and your loop stays responsive."""
-    return await asyncio.to_thread(run, experiment, backend, iterations, out)
+    return await asyncio.to_thread(run, experiment, backend, iterations, out,
+                                   say=lambda _line: None)
 
 
 def read_run(run_dir: str | Path) -> dict[str, Any]:
@@ -115,17 +204,3 @@ def read_run(run_dir: str | Path) -> dict[str, Any]:
     return {"manifest": json.loads((d / "manifest.json").read_text()),
             "summary": json.loads(summary.read_text()) if summary.exists() else None,
             "networks": read_store(d / "results.sqlite")}
-
-
-def network_run(ctx: LoadedExperiment, network: str, backend: str = "sim",
-                checker_mode: str = "raise") -> NetworkRun:
-    """One network of an experiment, stage 1 applied, ready to `run(...)` (benchmarks)."""
-    spec = next((s for s in ctx.experiment.networks if s.name == network), None)
-    if spec is None:
-        raise ValueError(f"{ctx.experiment.name} has no network {network!r}")
-    w, tb = ctx.workload, ctx.testbed
-    sched = build(spec.collective or w.collective, tb.n_nodes,
-                  model_spec(w.model).grad_bytes(w.bytes_per_param), tb.grid.rows,
-                  tb.grid.cols, spec.degree, spec.bidirectional)
-    return NetworkRun(ctx, spec, Grid.from_testbed(tb), sched, backend, checker_mode)
-

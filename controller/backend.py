@@ -15,7 +15,7 @@ from typing import Any, Protocol
 
 from oddl.controller.config import FaultSpec
 from oddl.controller.devices import ONic, WSSDevice
-from oddl.controller.health import Health
+from oddl.controller.health import Diagnosis, Health
 from oddl.controller.invariants import InvariantChecker
 from oddl.controller.job import JobSpec
 from oddl.controller.trace import TraceRow
@@ -25,6 +25,11 @@ FlowRow = tuple[int, int, str, str, int, int, int, int]  # id, step, src, dst, B
 
 class RunFailed(RuntimeError):
     """The run could not go on; the message says what failed and where."""
+
+
+class Stalled(RuntimeError):
+    """A virtual-time run with nothing left to happen: every rank waits for something that
+    will never come (raised by the virtual clock's loop, caught by the runner by type)."""
 
 
 class JobStopped(RuntimeError):
@@ -87,23 +92,52 @@ class Injected:
     retries: int = 0
 
 
+@dataclass(frozen=True)
+class StopRule:
+    """When a job stops for a fault: the controller's one rule, which every back end applies.
+    A fault that concerns the job's nodes, found after it was planned (`since`: the
+    diagnoses it was planned round), stops it before its next iteration; if the iteration
+    cannot reach its end, `patience_ns` after the fault was found (the iteration is cut
+    short and runs again). The back end raises `JobStopped` with `why()`."""
+
+    health: Health
+    nodes: frozenset[str]
+    since: int
+    patience_ns: int
+
+    def pending(self) -> list[Diagnosis]:
+        """Everything found since the plan that concerns the job (what explains a failure)."""
+        return self.health.pending(self.nodes, self.since)
+
+    def faults(self) -> list[Diagnosis]:
+        """What stops it: the pending faults a new plan must go round."""
+        return self.health.actionable(self.nodes, self.since)
+
+    def why(self) -> str:
+        return "; ".join(map(str, self.faults()))
+
+    def overdue(self, now_ns: int) -> bool:
+        """A fault has kept the iteration from its end for `patience_ns`: cut it short."""
+        act = self.faults()
+        return bool(act) and now_ns - act[0].t_ns >= self.patience_ns
+
+
 class Backend(Protocol):
-    """`run_job` runs iterations spec.start .. spec.iterations - 1 and reports each. When
-    `health` has a diagnosis pending it stops at the next iteration boundary (or, if the
-    iteration cannot finish, cuts it short) and raises `JobStopped`. Several `run_job`s
-    may run at once, for jobs on disjoint nodes (controller/admission.py)."""
+    """`run_job` runs iterations spec.start .. spec.iterations - 1 and reports each, and
+    stops the job as `stop` says (raising `JobStopped`). Several `run_job`s may run at
+    once, for jobs on disjoint nodes (controller/admission.py)."""
 
     name: str
     loop: asyncio.AbstractEventLoop
     onics: Mapping[str, ONic]
     wss: Mapping[str, WSSDevice]
     monitor: InvariantChecker  # the invariants this back end can watch from the controller
-    health: Health | None  # the live inventory (None: a model with nothing to watch)
+    health: Health  # the live inventory (`Unwatched` for a model with nothing to watch)
     injected: list[Injected]  # the drill's faults so far (sim, emu)
     # tells the bus's watchers (controller/telemetry.py); None: nobody is told
     announce: Announce | None
 
     async def run_job(self, spec: JobSpec, on_iteration: OnIteration,
-                      record_flows: bool) -> JobOutcome: ...
+                      record_flows: bool, stop: StopRule) -> JobOutcome: ...
 
     def close(self) -> None: ...

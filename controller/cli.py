@@ -13,7 +13,7 @@ from typing import Any
 
 import click
 from oddl.controller.catalog import BACKENDS, STRATEGIES
-from oddl.controller.config import ConfigError, ConfigIssue, load_experiment, load_testbed
+from oddl.controller.config import ConfigError, load_experiment, load_testbed
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
@@ -46,27 +46,12 @@ def main() -> None:
 @main.command()
 @click.argument("file", type=click.Path(path_type=Path))
 def check(file: Path) -> None:
-    """Validate a testbed (or experiment) config: OK, or every error with its field. An
-    experiment's ODDL networks are planned too (nothing is applied)."""
-    from oddl.controller.api import plan
-    from oddl.controller.config import kind_of
-    from oddl.controller.plan import PlanError
+    """Validate a testbed, experiment or sweep config: OK, or every error with its field.
+    An experiment's ODDL networks are planned too (nothing is applied)."""
+    from oddl.controller.api import check as check_config
 
     try:
-        if kind_of(file) in ("experiment", "sweep"):
-            ctx = load_experiment(file)
-            try:
-                if any(n.kind == "oddl" for n in ctx.experiment.networks):
-                    plan(ctx.testbed, ctx)
-            except PlanError as e:
-                raise ConfigError([ConfigIssue(str(file), "networks", f"cannot be planned on "
-                                               f"{ctx.testbed_path}: {e}")]) from None
-            click.echo(f"OK {file}: experiment {ctx.experiment.name} on {ctx.testbed.name}")
-        else:
-            tb = load_testbed(file)
-            click.echo(f"OK {file}: {tb.name}, {tb.grid.rows} x {tb.grid.cols} grid, "
-                       f"{tb.n_nodes} nodes, {len(tb.wss)} WSSs, "
-                       f"{len(tb.optical.wavelengths())} wavelengths")
+        click.echo(check_config(file))
     except ConfigError as e:
         _config_fail(e)
 
@@ -195,11 +180,8 @@ def compat(jobs: tuple[str, ...], link_gbps: float, as_json: bool, plot: Path | 
 
 
 def _jobs_report(res: Any, run_dir: Path, backend: str, as_json: bool) -> None:
-    """Several jobs: per network JCT summary, per job JCT and queueing, the JCT CDF."""
-    from oddl.controller.figures import jct_cdf, save
-
-    save(jct_cdf(f"{res.experiment} ({backend}): {len(res.jobs)} jobs", res.jobs),
-         run_dir / "jct-cdf.png")
+    """Several jobs: per network JCT summary, per job JCT and queueing (the JCT CDF is in
+    the run directory)."""
     if as_json:
         click.echo(json.dumps(res.to_json_obj()))
         return
@@ -299,16 +281,12 @@ def run(experiment: Path, backend: str, out: Path | None, iterations: int | None
         testbed: Path | None, as_json: bool, trace_file: Path | None,
         trace_iterations: int, publish: bool) -> None:
     """Run an experiment: every network on the same workload, results in a run directory."""
-    from oddl.controller.figures import iteration_parts, paper_rows, run_figure, save
+    from oddl.controller import api
+    from oddl.controller.figures import paper_rows
+    from oddl.controller.lock import TestbedBusy
     from oddl.controller.plan import PlanError
-    from oddl.controller.results import (
-        RunDirTaken,
-        RunStore,
-        make_run_dir,
-        read_store,
-        write_manifest,
-    )
-    from oddl.controller.runner import RunFailed, Timeline, run_experiment
+    from oddl.controller.results import RunDirTaken, make_run_dir
+    from oddl.controller.runner import Timeline
 
     try:
         ctx = load_experiment(experiment, testbed)
@@ -320,11 +298,6 @@ def run(experiment: Path, backend: str, out: Path | None, iterations: int | None
     except RunDirTaken as e:
         click.echo(f"error: {e}", err=True)
         sys.exit(2)
-    write_manifest(run_dir, {"experiment": ctx.path, "testbed": ctx.testbed_path},
-                   {"seed": ctx.experiment.seed, "backend": backend,
-                    "experiment": ctx.experiment.model_dump(),
-                    "testbed": ctx.testbed.model_dump(exclude={"nodes", "wss"})})
-    store = RunStore(run_dir / "results.sqlite")
     prog = Progress(TextColumn("{task.description:<12}"), BarColumn(), MofNCompleteColumn(),
                     TimeElapsedColumn(), console=err, transient=as_json,
                     disable=not err.is_terminal and as_json)
@@ -340,68 +313,32 @@ def run(experiment: Path, backend: str, out: Path | None, iterations: int | None
             last[0] = now
             prog.update(tasks[name], completed=done)
 
-    import contextlib
-    import tempfile
-
-    from oddl.controller.accept import emulated
-    from oddl.controller.lock import TestbedBusy, TestbedLock
-
     try:
-        with contextlib.ExitStack() as stack:
-            if backend == "emu" and ctx.testbed.testbed.backend == "sim":
-                # emulate the experiment's testbed (as `oddl emulate` would), run against it
-                d = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="oddl-emu-")))
-                cfg = stack.enter_context(emulated(ctx.testbed_path, [], d, err.print,
-                                                  log=run_dir / "emulator.log"))
-                ctx = load_experiment(experiment, cfg)
-            elif backend == "hw":
-                stack.enter_context(TestbedLock(ctx.testbed.name, f"oddl run {experiment}"))
-            from oddl.controller.registry import run_announcer
-
-            announcer = run_announcer(backend, ctx.testbed) if publish else None
-            if announcer is not None:
-                stack.callback(announcer.close)
-            with prog:
-                res = run_experiment(ctx, backend, store, iterations, progress,
-                                     trace=timeline,
-                                     announce=announcer.announce if announcer else None)
+        with prog:
+            res = api.run(ctx, backend, iterations, run_dir, progress=progress,
+                          trace=timeline, publish=publish, say=err.print)
     except TestbedBusy as e:
-        store.close()
         click.echo(f"error: {e}", err=True)
         sys.exit(3)
     except PlanError as e:
-        store.close()
         click.echo(f"error: {experiment}: networks: cannot be planned: {e}", err=True)
         sys.exit(2)
     except Exception as e:  # a device, the broker, credentials: say which, keep what ran
-        store.close()
         if os.environ.get("ODDL_DEBUG"):
             raise
-        why = str(e) if isinstance(e, (RunFailed, RuntimeError)) else f"{type(e).__name__}: {e}"
+        why = str(e) if isinstance(e, RuntimeError) else f"{type(e).__name__}: {e}"
         click.echo(f"error: run failed: {why}\n(completed iterations are in "
                    f"{run_dir / 'results.sqlite'}; ODDL_DEBUG=1 shows the traceback)",
                    err=True)
         sys.exit(1)
-    store.close()
-    res.run_dir = str(run_dir)
     if timeline is not None and trace_file is not None:
         timeline.chrome.write(trace_file)
         err.print(f"trace: {trace_file} ({len(timeline.chrome.events())} events; "
                   f"open it in https://ui.perfetto.dev or chrome://tracing)")
-    summary = {**res.to_json_obj(), "compute_ns": res.compute_ns,
-               "calibration": res.calibration, "iterations_simulated": res.iterations,
-               "iterations_total": res.total_iterations,
-               "stats": {n: r.stats for n, r in res.networks.items()},
-               "violations": res.violations[:50], "reference": ctx.experiment.reference}
-    (run_dir / "summary.json").write_text(json.dumps(summary, indent=1))
     if res.jobs:
         _jobs_report(res, run_dir, backend, as_json)
         sys.exit(1 if res.invariant_violations else 0)
-    training_min = {n: r.training_time_s / 60 for n, r in res.networks.items()}
-    paper = paper_rows(ctx.experiment.reference, training_min, res.ratio)
-    save(run_figure(f"{ctx.experiment.name} ({backend})",
-                    iteration_parts(read_store(run_dir / "results.sqlite"), training_min),
-                    paper), run_dir / "plot.png")
+    paper = paper_rows(ctx.experiment.reference, res.training_min(), res.ratio)
     if as_json:
         click.echo(json.dumps(res.to_json_obj()))
     else:
@@ -669,6 +606,7 @@ def accept(testbed: Path, backend: str | None, report: Path | None, only: tuple[
     """Pass or fail a testbed, device by device, with the measured figures."""
     from oddl.controller import accept as acc
     from oddl.controller.lock import TestbedBusy
+    from oddl.controller.session import EmulatorFailed
 
     try:
         tb = load_testbed(testbed)
@@ -680,7 +618,7 @@ def accept(testbed: Path, backend: str | None, report: Path | None, only: tuple[
     try:
         rc = acc.run(testbed, tb, backend, report, list(only), list(faults), wait_s,
                      lambda line: click.echo(line))
-    except (acc.AcceptError, TestbedBusy) as e:
+    except (acc.AcceptError, EmulatorFailed, TestbedBusy) as e:
         click.echo(f"error: {e}", err=True)
         sys.exit(3 if isinstance(e, TestbedBusy) else 2)
     if backend == "hw" and (report / "summary.json").exists():  # for the lab's dashboard

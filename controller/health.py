@@ -83,8 +83,10 @@ class _Node:
 class Health:
     """The live inventory: who beats, what their boards say, what is broken.
 
-    `diagnoses` keeps every conclusion in order; `pending()` returns the ones no recovery
-    has handled yet (the runner marks them `handled`)."""
+    `diagnoses` keeps every conclusion in order; a job planned when there were `since` of
+    them went round those in force, and is stopped only for later ones (`pending`)."""
+
+    watched = True  # there is something to watch (a model back end has not: `Unwatched`)
 
     def __init__(self, cfg: Monitor, nodes: Iterable[str], tuning_ns: int,
                  wss_of: Mapping[tuple[str, str], str]) -> None:
@@ -100,7 +102,6 @@ class Health:
         self.tuning_ns = tuning_ns
         self.nodes: dict[str, _Node] = {n: _Node(0) for n in nodes}
         self.diagnoses: list[Diagnosis] = []
-        self.handled = 0
         self.beats = 0
         self.rejected = 0  # heartbeats that were no heartbeat of a node of ours
         self.bus_down_since: int | None = None  # every node silent: the broker, not them
@@ -247,16 +248,15 @@ class Health:
         node = d.target.partition("/")[0]
         return node in nodes if node in self.nodes else True
 
-    def pending(self, nodes: Collection[str] | None = None) -> list[Diagnosis]:
-        """Diagnoses no recovery has handled yet (those that concern `nodes`, if given)."""
-        return [d for d in self.diagnoses[self.handled:]
-                if nodes is None or self.touches(d, nodes)]
+    def pending(self, nodes: Collection[str], since: int = 0) -> list[Diagnosis]:
+        """The diagnoses from the `since`-th on that concern a job on `nodes`."""
+        return [d for d in self.diagnoses[since:] if self.touches(d, nodes)]
 
-    def actionable(self, nodes: Collection[str] | None = None) -> list[Diagnosis]:
+    def actionable(self, nodes: Collection[str], since: int = 0) -> list[Diagnosis]:
         """Pending diagnoses a new plan must go round (a slow transmitter is recorded, and
-        a bus outage waited out, not planned round); those that concern `nodes`, if given:
-        a job beside others is stopped for its own faults only."""
-        return [d for d in self.pending(nodes) if self._in_force(d)]
+        a bus outage waited out, not planned round): a job beside others is stopped for
+        its own faults only."""
+        return [d for d in self.pending(nodes, since) if self._in_force(d)]
 
     def _in_force(self, d: Diagnosis) -> bool:
         """A fault a plan must go round, not since healed."""
@@ -279,6 +279,16 @@ class Health:
                      frozenset(d.target for d in now if d.kind in AVOID_WSS),
                      frozenset(tuple(d.target.split("/", 1)) for d in now  # type: ignore[misc]
                                if d.kind in AVOID_LINK))
+
+
+class Unwatched(Health):
+    """A model back end's health (a baseline network): nothing beats, nothing is polled,
+    nothing is ever diagnosed; the runner treats it as any other."""
+
+    watched = False
+
+    def __init__(self) -> None:
+        super().__init__(Monitor(), (), 0, {})
 
 
 def read_heartbeat(node: str, seq: int, onic: Any, runner: Any) -> Heartbeat:

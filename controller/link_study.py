@@ -10,7 +10,7 @@ way, so all k jobs share it. The same jobs then run with the link shared
   profiles measured on the link, `oddl compat`);
 - `mltcp`: MLTCP's weights;
 
-every run through the multi-job runner (`run_jobs`), so the admission, time shifts and
+every run through the multi-job runner (`run_experiment`), so the admission, time shifts and
 flow solver are the ones an experiment uses. Each job's iteration time is the mean of its
 second half of iterations (past MLTCP's convergence); a speed-up is the fair iteration time
 over the policy's. Jobs under fair and MLTCP start `JITTER_MS` apart (job k at k x 1 ms), as
@@ -30,7 +30,7 @@ from oddl.controller.api import grid_testbed
 from oddl.controller.compat import compatibility
 from oddl.controller.config import Experiment, JobEntry, LoadedExperiment
 from oddl.controller.results import RunStore, read_store
-from oddl.controller.runner import run_jobs
+from oddl.controller.runner import run_experiment
 
 JITTER_MS = 1.0
 UNFAIR = {2: (0.6, 0.4), 3: (0.5, 0.3, 0.2)}  # the talk's 60/40, and a 3-job analogue
@@ -93,7 +93,7 @@ def _run(tb: Any, entries: list[JobEntry], net: dict[str, Any]) -> dict[str, lis
     with tempfile.TemporaryDirectory() as d:
         store = RunStore(Path(d) / "results.sqlite")
         try:
-            run_jobs(LoadedExperiment(Path(d), exp, Path(d), tb, tuple(entries)), store=store)
+            run_experiment(LoadedExperiment(Path(d), exp, Path(d), tb, tuple(entries)), store=store)
         finally:
             store.close()
         jobs = read_store(Path(d) / "results.sqlite")[net["name"]]["jobs"]

@@ -155,3 +155,11 @@ class ChromeTrace:
     def write(self, path: Path) -> Path:
         path.write_text(json.dumps({"traceEvents": self.events(), "displayTimeUnit": "ns"}))
         return path
+
+
+@dataclass
+class Timeline:
+    """What `oddl run --trace` asks for: the first `iterations` of every network."""
+
+    iterations: int
+    chrome: ChromeTrace = field(default_factory=ChromeTrace)

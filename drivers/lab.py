@@ -39,7 +39,14 @@ from oddl.controller.access import (
     status_topic,
     stop_topic,
 )
-from oddl.controller.backend import Iteration, JobOutcome, JobStopped, OnIteration, RunFailed
+from oddl.controller.backend import (
+    Iteration,
+    JobOutcome,
+    JobStopped,
+    OnIteration,
+    RunFailed,
+    StopRule,
+)
 from oddl.controller.clock import Clock
 from oddl.controller.config import FaultSpec, Testbed
 from oddl.controller.health import Health, Heartbeat
@@ -145,20 +152,34 @@ class LabBackend:
         self.onics: dict[str, DriverONic] = {}
         self.wss: dict[str, WSSDriver] = {}
         try:
-            for n in nodes:
-                try:
-                    drv = self.loop.run_until_complete(
-                        asyncio.to_thread(open_board, addr[n], n, nodes))
-                except Exception as e:
-                    raise RunFailed(f"board {n} ({addr[n]}): {e}") from e
-                self.onics[n] = DriverONic(drv, ports_of(grid, n))
-            for w in tb.wss:
-                if not w.serial:
-                    raise RunFailed(f"WSS {w.id}: no serial port in the testbed config")
-                self.wss[w.id] = WSSDriver(w.serial)
+            self._open(grid, nodes, addr)
         except BaseException:
             self.close()
             raise
+
+    def _open(self, grid: Grid, nodes: list[str], addr: Mapping[str, str | None]) -> None:
+        """Every board at once (each its own PYNQ.remote connection, in a thread), then
+        every WSS's serial port; every failure gathered and named in one error."""
+        async def boards() -> list[ONicDriver | BaseException]:
+            return await asyncio.gather(*(asyncio.to_thread(open_board, addr[n], n, nodes)
+                                          for n in nodes), return_exceptions=True)
+
+        failed = []
+        for n, drv in zip(nodes, self.loop.run_until_complete(boards()), strict=True):
+            if isinstance(drv, BaseException):
+                failed.append(f"board {n} ({addr[n]}): {drv}")
+            else:
+                self.onics[n] = DriverONic(drv, ports_of(grid, n))
+        for w in self.tb.wss:
+            try:
+                if not w.serial:
+                    raise Unreachable("no serial port in the testbed config")
+                self.wss[w.id] = WSSDriver(w.serial)
+            except Exception as e:
+                failed.append(f"WSS {w.id} ({w.serial}): {e}")
+        if failed:
+            raise RunFailed(f"{len(failed)} of the testbed's devices cannot be opened:\n  "
+                            + "\n  ".join(failed))
 
     # --- the controller's connection ---------------------------------------------------
     async def _connect(self) -> MQTTBus:
@@ -270,7 +291,7 @@ class LabBackend:
 
     # --- a job -------------------------------------------------------------------------
     async def run_job(self, spec: JobSpec, on_iteration: OnIteration,
-                      record_flows: bool) -> JobOutcome:
+                      record_flows: bool, stop: StopRule) -> JobOutcome:
         """Publish the job; record each iteration once every rank has reported it; stop
         it when the watch finds a fault. A job of which nothing is heard for an iteration's
         compute plus `grace_ms`, its nodes alive, is stuck: the run fails, naming whom it
@@ -291,8 +312,7 @@ class LabBackend:
         if spec.job in self._out:
             raise RunFailed(f"job {spec.job} is already out")
         events: asyncio.Queue[JobEvent | None] = asyncio.Queue(MAX_EVENTS)
-        health, tick = self.health, self.health.tick_ns / 1e9
-        patience = self.tb.monitor.missed * health.period_ns
+        tick = self.health.tick_ns / 1e9
         ready_s = ready_within_s(spec)
         t_ready = time.monotonic() + ready_s
         t_heard = time.monotonic()  # the last news of the job: a rank ready, reporting, done
@@ -315,13 +335,12 @@ class LabBackend:
                 if len(ready) == len(spec.nodes) and time.monotonic() - t_heard > stall_s:
                     raise RunFailed(f"job {spec.job}: nothing heard for {stall_s:.1f} s: "
                                     f"{_progress(spec, ready, recorded, reports, done)}")
-                act = health.actionable(spec.nodes)
-                if not act:
+                if not stop.faults():
                     mark = len(recorded)
-                elif len(recorded) > mark or self.clock.now_ns() - act[0].t_ns >= patience:
+                elif len(recorded) > mark or stop.overdue(self.clock.now_ns()):
                     # at an iteration boundary, or the fault keeps the iteration from one
                     raise stopped(f"iteration {spec.start + len(recorded)} cut short: "
-                                  f"{'; '.join(map(str, act))}")
+                                  f"{stop.why()}")
                 try:
                     ev = await asyncio.wait_for(events.get(), tick)
                 except TimeoutError:
@@ -340,7 +359,7 @@ class LabBackend:
                     t_heard = time.monotonic()
                 elif ev.kind == "failed":
                     # a symptom of what the watch found
-                    if found := health.pending(spec.nodes):
+                    if found := stop.pending():
                         raise stopped(f"iteration {spec.start + len(recorded)} cut short: "
                                       f"node {ev.node}: {ev.error}; "
                                       f"{'; '.join(map(str, found))}")

@@ -27,11 +27,12 @@ from oddl.controller.backend import (
     JobStopped,
     OnIteration,
     RunFailed,
+    StopRule,
 )
 from oddl.controller.clock import Clock
 from oddl.controller.config import FaultSpec, NetworkSpec, Testbed
 from oddl.controller.control_unit import FlowFailed
-from oddl.controller.health import Health, Heartbeat, Heartbeats, read_heartbeat
+from oddl.controller.health import Health, Heartbeat, Heartbeats, Unwatched, read_heartbeat
 from oddl.controller.invariants import InvariantChecker
 from oddl.controller.job import JobRunner, JobSpec, step_sync
 from oddl.controller.messages import Flow
@@ -198,16 +199,14 @@ class SimBackend:
         self.health.beat(hb, self.clock.now_ns())
 
     async def run_job(self, spec: JobSpec, on_iteration: OnIteration,
-                      record_flows: bool) -> JobOutcome:
+                      record_flows: bool, stop: StopRule) -> JobOutcome:
         w, health = self.world, self.health
         self.monitor.new_job(spec.job, spec.tag, spec.nodes)
         runner = JobRunner(spec, self.clock, self.monitor, lambda *_: None)
         runner.on_onics(w.bus, w.onics, w.lines)
         self.drill.arm()
         next_i = [spec.start]
-        cfg = self.tb.monitor
-        patience = cfg.missed * health.period_ns  # a pending fault may cut an iteration
-        stall_ns = spec.compute_ns + round(cfg.grace_ms * 1e6)
+        stall_ns = spec.compute_ns + round(self.tb.monitor.grace_ms * 1e6)
         progress = [(-1, -1), self.clock.now_ns()]
 
         def outcome() -> JobOutcome:
@@ -215,9 +214,8 @@ class SimBackend:
 
         def between(i: int) -> None:
             next_i[0] = i
-            if act := health.actionable(spec.nodes):
-                raise JobStopped(f"stopped before iteration {i}: "
-                                 f"{'; '.join(map(str, act))}", i, False,
+            if stop.faults():
+                raise JobStopped(f"stopped before iteration {i}: {stop.why()}", i, False,
                                  outcome())
             self.drill.at_iteration(i)
 
@@ -228,11 +226,10 @@ class SimBackend:
             mark = (w.bus.sent, w.fabric.transfers)
             if mark != progress[0]:
                 progress[0], progress[1] = mark, now
-            act = health.actionable(spec.nodes)
-            if act and now - act[0].t_ns >= patience:
-                runner.fail(JobStopped(f"iteration {next_i[0]} cut short: "
-                                f"{'; '.join(map(str, act))}", next_i[0], True, outcome(),
-                                len(self.monitor.undelivered())))
+            if stop.overdue(now):
+                runner.fail(JobStopped(f"iteration {next_i[0]} cut short: {stop.why()}",
+                                       next_i[0], True, outcome(),
+                                       len(self.monitor.undelivered())))
             elif now - progress[1] > stall_ns:
                 missing = self.monitor.undelivered()
                 runner.fail(RunFailed(f"the run stalled for {(now - progress[1]) / 1e6:.0f} ms: "
@@ -293,7 +290,7 @@ class ModelBackend:
         self.onics: dict[str, Any] = {}
         self.wss: dict[str, Any] = {}
         self.monitor = InvariantChecker(mode=checker_mode)
-        self.health = None
+        self.health = Unwatched()
         self.injected: list[Any] = []
         self._switch: FlowNetwork | None = None  # one network, every job's flows on it
         self._runners: dict[str, JobRunner] = {}  # node -> the runner of the job on it
@@ -302,7 +299,7 @@ class ModelBackend:
         self._runners[flow.dst].deliver(flow)
 
     async def run_job(self, spec: JobSpec, on_iteration: OnIteration,
-                      record_flows: bool) -> JobOutcome:
+                      record_flows: bool, stop: StopRule) -> JobOutcome:
         """Jobs run at once share the one network's links, max-min fair."""
         from oddl.sim.baselines import build_network
 

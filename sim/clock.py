@@ -17,6 +17,8 @@ import selectors
 from collections.abc import Callable
 from typing import Any
 
+from oddl.controller.backend import Stalled
+
 
 class VHandle(list):  # type: ignore[type-arg]
     """[t_ns, seq, callback, args]; cancel() clears the callback."""
@@ -115,7 +117,7 @@ class VirtualClockLoop(asyncio.BaseEventLoop):
             self._now_ns = max(self._now_ns, limit_ns or 0)
             return
         if not vheap:
-            raise RuntimeError("virtual-time loop is idle with nothing scheduled: deadlock")
+            raise Stalled("virtual-time loop is idle with nothing scheduled: deadlock")
 
     def _process_events(self, event_list: list[Any]) -> None:
         return None

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from oddl.controller.accept import stop_emulator
+from oddl.controller.session import stop_emulator
 from oddl.controller.api import grid_testbed
 from oddl.controller.arbiter import Arbiter
 from oddl.controller.clock import Clock

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -137,6 +138,20 @@ def test_check_cli_ok(root: Path) -> None:
     assert r.exit_code == 0
     assert r.output.startswith("OK ")
     assert "4 nodes, 1 WSSs, 2 wavelengths" in r.output
+
+
+SHIPPED = sorted((Path(__file__).parent.parent / d / f).relative_to(
+    Path(__file__).parent.parent) for d in ("experiments", "hw_configs")
+    for f in os.listdir(Path(__file__).parent.parent / d) if f.endswith(".toml"))
+
+
+@pytest.mark.parametrize("config", SHIPPED, ids=str)
+def test_every_shipped_config_passes_check(root: Path, config: Path) -> None:
+    """Reproducer: `oddl check experiments/multijob-1024.toml` ended in a traceback
+    (ValueError: several jobs, not one workload), and every sweep was refused."""
+    r = CliRunner().invoke(main, ["check", str(root / config)])
+    assert r.exit_code == 0, r.output
+    assert r.output.startswith(f"OK {root / config}: "), r.output
 
 
 def test_a_log_level_that_is_none_is_refused(root: Path) -> None:

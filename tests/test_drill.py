@@ -22,7 +22,8 @@ from oddl.controller.config import (
     fault_issues,
 )
 from oddl.controller.results import RunStore, read_store
-from oddl.controller.runner import MAX_RECOVERIES, RunResult, run_experiment
+from oddl.controller.admission import MAX_STOPS
+from oddl.controller.runner import RunResult, run_experiment
 
 from tests.helpers import make_testbed
 
@@ -296,4 +297,4 @@ def test_random_drills_keep_every_iteration_and_break_no_invariant(
         assert r.iterations == 6 and done == list(range(6))
         assert res.invariant_violations == 0, res.violations[:3]
         grace = tb.monitor.grace_ms / 1e3
-        assert r.fault_time_s <= MAX_RECOVERIES * (grace + 0.1)
+        assert r.fault_time_s <= len(faults) * 2 * MAX_STOPS * (grace + 0.1)

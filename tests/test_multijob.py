@@ -5,6 +5,7 @@ baseline."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -410,5 +411,6 @@ def test_several_jobs_and_a_fault_on_the_emulated_testbed(root: Path, tmp_path: 
     # once, which the watch takes for the bus ("broker-restart"), and says so; it passes
     assert ("dead-board", True) in rows and all(k in ("dead-board", "broker-restart") and ok
                                                 for k, ok in rows), rows
-    for n in jobs["b"]["nodes"]:  # the node programs say so at ODDL_LOG=info
-        assert f"node {n}: job mj-oddl-b done" in emulator
+    for n in jobs["b"]["nodes"]:  # the node programs say so at ODDL_LOG=info (a job id:
+        # the experiment, this run's process and time, the network, the job)
+        assert re.search(rf"node {n}: job mj-\d+-\d+-oddl-b done", emulator), emulator

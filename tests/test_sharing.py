@@ -14,7 +14,7 @@ from oddl.controller.api import grid_testbed
 from oddl.controller.compat import Profile, best_placement, shift_against, time_shifts
 from oddl.controller.config import Experiment, JobEntry, LoadedExperiment, NetworkSpec
 from oddl.controller.link_study import comm_gaps
-from oddl.controller.runner import run_jobs
+from oddl.controller.runner import run_experiment
 from oddl.controller.workloads import model_spec
 from oddl.sim.electrical import max_min_rates
 from pydantic import ValidationError
@@ -94,7 +94,7 @@ def test_the_runner_shifts_an_arriving_job_as_cassini_says() -> None:
     def run(cassini: bool) -> dict[str, dict[str, Any]]:
         exp = Experiment(name="c", testbed="-", jobs=es,
                          networks=[{**TWO_RACKS, "cassini": cassini}])
-        return run_jobs(LoadedExperiment(Path("."), exp, Path("."), tb, tuple(es))).jobs
+        return run_experiment(LoadedExperiment(Path("."), exp, Path("."), tb, tuple(es))).jobs
 
     shifted, plain = run(True), run(False)
     assert shifted["a"]["m"]["cassini"] == {"shift_ms": 0.0, "score": 1.0,
