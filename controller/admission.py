@@ -43,7 +43,8 @@ from oddl.controller.clock import Clock
 from oddl.controller.collectives import Schedule
 from oddl.controller.compat import Arrival, Profile, shift_against
 from oddl.controller.config import JobEntry, NetworkSpec
-from oddl.controller.health import AVOID_LINK, AVOID_NODE, AVOID_WSS, Diagnosis, Health, Watch
+from oddl.controller.faultkinds import DIAGNOSES
+from oddl.controller.health import Diagnosis, Health, Watch
 from oddl.controller.invariants import MAX_TAG
 from oddl.controller.job import (
     JOB_VERSION,
@@ -103,7 +104,6 @@ class JobRequest:
         return self.collective == "hier2d"
 
 
-AVOID = AVOID_NODE + AVOID_WSS + AVOID_LINK  # what a plan goes round
 MAX_STOPS = 3  # a job stopped for faults more often than this fails the run
 
 
@@ -421,7 +421,7 @@ class Admission:
             placed = self.placer.place(set(self.free), health, self.queue)
         except RunFailed as e:  # it can never run again
             st = self._stopped.get(self.queue[0].name) if self.queue else None
-            why = "; ".join(str(d) for d in st.found if d.kind in AVOID) if st else ""
+            why = "; ".join(str(d) for d in st.found if DIAGNOSES.get(d.kind)) if st else ""
             self._fail(RunFailed(f"{self.spec.name}: {why}: {e}" if why else
                                  f"{self.spec.name}: {e}"))
             return
@@ -476,7 +476,8 @@ class Admission:
             found = "; ".join(map(str, self.health.actionable(part.nodes)))
             return RunFailed(f"{self.spec.name}: job {req.name}: no plan round {found}: {e}")
         if isinstance(e, PlanError):  # the config's doing: the CLI says so
-            return PlanError(f"job {req.name} on {part.describe()}: {e}")
+            return e if part.shape == WHOLE else \
+                PlanError(f"job {req.name} on {part.describe()}: {e}")
         return RunFailed(f"{self.spec.name}: job {req.name} on {part.describe()}: {e}")
 
     def _look_again(self) -> None:

@@ -128,7 +128,9 @@ def check(path: str | Path) -> str:
     ctx = load_experiment(path)
     tb = ctx.testbed
     grid = Grid.from_testbed(tb)
-    for spec in (s for s in ctx.experiment.networks if s.kind == "oddl"):
+    for i, spec in enumerate(ctx.experiment.networks):
+        if spec.kind != "oddl":
+            continue
         try:
             if ctx.jobs:
                 plan_partitions(tb, grid, [JobRequest.of(j) for j in ctx.jobs],
@@ -136,7 +138,7 @@ def check(path: str | Path) -> str:
             else:
                 plan(tb, ctx, spec.strategy)
         except PlanError as e:
-            raise ConfigError([ConfigIssue(str(path), f"networks.{spec.name}",
+            raise ConfigError([ConfigIssue(str(path), f"networks[{i}]",
                                            f"cannot be planned on {ctx.testbed_path}: {e}")]
                               ) from None
     jobs = f", {len(ctx.jobs)} jobs" if ctx.jobs else ""

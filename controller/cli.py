@@ -14,6 +14,7 @@ from typing import Any
 import click
 from oddl.controller.catalog import BACKENDS, STRATEGIES
 from oddl.controller.config import ConfigError, load_experiment, load_testbed
+from oddl.controller.faultkinds import cli_help
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
@@ -403,8 +404,7 @@ def run(experiment: Path, backend: str, out: Path | None, iterations: int | None
 @click.option("--out", type=click.Path(path_type=Path), default=None,
               help="where to write the emu testbed config (default: <testbed>-emu.toml)")
 @click.option("--fault", "faults", multiple=True,
-              help="slow-tx:NODE/PORT:NS | wss-route:WSS:IN/CH:OUT | dead-board:NODE | "
-                   "corrupt-link:NODE/PORT | dac-not-ready:DAC (repeatable)")
+              help=f"{cli_help()} (repeatable)")
 @click.option("--external-node", "external", multiple=True,
               help="serve this board without its node program: `oddl node EMU.toml --node "
                    "ID` runs it, as on a lab's host (repeatable)")

@@ -30,6 +30,7 @@ from oddl.controller.catalog import (
     StrategyName,
 )
 from oddl.controller.collectives import optinc_levels
+from oddl.controller.faultkinds import FAULT_KINDS, KINDS
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 C_NM = 299_792.458  # speed of light in nm * THz
@@ -686,13 +687,7 @@ class NetworkSpec(_Model):
         return data
 
 
-FAULT_KINDS = ("dead-board", "dead-wss", "slow-tx", "wss-route", "corrupt-link",
-               "control-loss", "broker-restart", "dac-not-ready")
 FaultKind = Literal[FAULT_KINDS]  # type: ignore[valid-type]
-# what each kind's target names: a node, a node's port, a WSS, the bus, the broker, a DAC
-FAULT_TARGETS = {"dead-board": "NODE", "dead-wss": "WSS", "slow-tx": "NODE/PORT",
-                 "wss-route": "WSS", "corrupt-link": "NODE/PORT", "control-loss": "bus",
-                 "broker-restart": "broker", "dac-not-ready": "qick"}
 
 
 class FaultSpec(_Model):
@@ -722,9 +717,7 @@ class FaultSpec(_Model):
         if self.at_iteration is not None and self.at_ms is not None:
             raise ValueError("give at most one of at_iteration and at_ms (neither: from the "
                              "start)")
-        need = {"slow-tx": ("tune_ns",), "wss-route": ("input", "channel", "output"),
-                "dac-not-ready": ("dac",)}.get(self.kind, ())
-        missing = [f for f in need if getattr(self, f) is None]
+        missing = [f for f in KINDS[self.kind].needs if getattr(self, f) is None]
         if missing:
             raise ValueError(f"{self.kind} needs {', '.join(missing)}")
         if self.kind == "control-loss" and not (self.drop_probability
@@ -752,7 +745,7 @@ def fault_issues(faults: list[FaultSpec], tb: Testbed) -> list[tuple[str, str]]:
     n_ch = len(tb.optical.wavelengths())
     for i, f in enumerate(faults):
         at = f"faults[{i}]"
-        want = FAULT_TARGETS[f.kind]
+        want = KINDS[f.kind].target
         node, _, port = f.target.partition("/")
         if want == "NODE":
             if f.target not in nodes:

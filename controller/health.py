@@ -32,6 +32,7 @@ import msgspec
 from oddl.controller.access import NAME_PATTERN
 from oddl.controller.clock import Clock
 from oddl.controller.config import Monitor
+from oddl.controller.faultkinds import DIAGNOSES, avoided
 from oddl.controller.planner import Avoid
 
 log = logging.getLogger(__name__)
@@ -56,9 +57,7 @@ class Heartbeat(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 
 
 # what a diagnosis makes the planner avoid
-AVOID_NODE = ("dead-board", "unresponsive")
-AVOID_WSS = ("dead-wss", "wss-route")
-AVOID_LINK = ("corrupt-link",)
+AVOID_NODE, AVOID_WSS, AVOID_LINK = avoided("node"), avoided("wss"), avoided("link")
 
 
 @dataclass(frozen=True)
@@ -260,7 +259,7 @@ class Health:
 
     def _in_force(self, d: Diagnosis) -> bool:
         """A fault a plan must go round, not since healed."""
-        return d.kind in AVOID_NODE + AVOID_WSS + AVOID_LINK and (d.kind, d.target) in self._seen
+        return DIAGNOSES.get(d.kind) is not None and (d.kind, d.target) in self._seen
 
     def out_of_service(self) -> set[str]:
         """The nodes a new partition must leave out: those a fault not since healed

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from oddl.controller.backend import Injected, RunFailed
+from oddl.controller.faultkinds import KINDS
 from oddl.controller.health import Diagnosis
 
 SHRINKABLE = ("ring", "hd")  # collectives that are defined for any number of ranks
@@ -75,14 +76,8 @@ class FaultRow:
         return dict(self.__dict__)
 
 
-# the diagnoses that are the arbiter's finding of each kind of injected fault
-FOUND_AS = {"dead-board": ("dead-board", "unresponsive"), "dead-wss": ("dead-wss", "wss-route"),
-            "wss-route": ("dead-wss", "wss-route"), "corrupt-link": ("corrupt-link",),
-            "slow-tx": ("slow-tx",), "broker-restart": ("broker-restart",)}
-
-
 def _explains(x: Injected, d: Diagnosis) -> bool:
-    return (d.t_ns >= x.at_ns and d.kind in FOUND_AS.get(x.spec.kind, ())
+    return (d.t_ns >= x.at_ns and d.kind in KINDS[x.spec.kind].found_as
             and d.target == x.spec.target)
 
 

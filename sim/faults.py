@@ -26,7 +26,8 @@ from collections.abc import Callable
 from typing import Any
 
 from oddl.controller.backend import Injected
-from oddl.controller.config import FAULT_KINDS, FaultSpec, Testbed, fault_issues
+from oddl.controller.config import FaultSpec, Testbed, fault_issues
+from oddl.controller.faultkinds import FAULT_KINDS, KINDS
 from pydantic import ValidationError
 
 log = logging.getLogger(__name__)
@@ -34,11 +35,6 @@ log = logging.getLogger(__name__)
 
 class FaultSpecError(ValueError):
     pass
-
-
-_ARGS = {"slow-tx": "NODE/PORT:NS", "wss-route": "WSS:IN/CH:OUT", "dead-board": "NODE",
-         "dead-wss": "WSS", "corrupt-link": "NODE/PORT", "dac-not-ready": "DAC",
-         "control-loss": "bus:DROP_PROBABILITY", "broker-restart": "broker"}
 
 
 def parse_fault(spec: str, tb: Testbed) -> FaultSpec:
@@ -63,7 +59,7 @@ def parse_fault(spec: str, tb: Testbed) -> FaultSpec:
             raise ValueError
         f = FaultSpec(**kw)
     except (ValueError, ValidationError):
-        raise FaultSpecError(f"fault {spec!r}: expected {kind}:{_ARGS[kind]}") from None
+        raise FaultSpecError(f"fault {spec!r}: expected {kind}:{KINDS[kind].cli}") from None
     issues = fault_issues([f], tb)
     if issues:
         raise FaultSpecError(f"fault {spec!r}: " + "; ".join(r for _p, r in issues))

@@ -12,7 +12,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from oddl.controller.session import stop_emulator
 from oddl.controller.api import grid_testbed
 from oddl.controller.arbiter import Arbiter
 from oddl.controller.clock import Clock
@@ -21,6 +20,7 @@ from oddl.controller.config import FaultSpec, Testbed
 from oddl.controller.control_unit import ControlUnit
 from oddl.controller.job import timing_of
 from oddl.controller.messages import Flow
+from oddl.controller.session import stop_emulator
 from oddl.controller.topology import Grid
 from oddl.sim import backend as sim_backend
 from oddl.sim.clock import VirtualClockLoop

@@ -13,6 +13,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from oddl.controller import config
+from oddl.controller.admission import MAX_STOPS
 from oddl.controller.backend import RunFailed
 from oddl.controller.config import (
     ConfigError,
@@ -22,7 +23,6 @@ from oddl.controller.config import (
     fault_issues,
 )
 from oddl.controller.results import RunStore, read_store
-from oddl.controller.admission import MAX_STOPS
 from oddl.controller.runner import RunResult, run_experiment
 
 from tests.helpers import make_testbed

@@ -128,18 +128,25 @@ def test_one_wavelength_too_few_for_the_plan_is_caught_by_check(tmp_path: Path) 
     exp.write_text(TABLE1.replace('testbed = "../hw_configs/prototype-4node.toml"',
                                   'testbed = "tb.toml"'))
     code, out = _check(exp)
-    assert code == 2 and f"{exp}: networks: cannot be planned" in out, out
+    assert code == 2 and f"{exp}: networks[0]: cannot be planned" in out, out
     r = CliRunner().invoke(main, ["run", str(exp), "--iterations", "1", "--out",
                                   str(tmp_path / "run")])
     assert r.exit_code == 2 and "cannot be planned" in r.output and r.exception is not None
     assert isinstance(r.exception, SystemExit)
 
 
-def test_a_sweep_given_to_run_or_check_points_to_sweep(tmp_path: Path) -> None:
-    for cmd in (["check"], ["run"]):
-        r = CliRunner().invoke(main, [*cmd, str(ROOT / "experiments" / "scaling-sweep.toml")])
-        assert r.exit_code == 2 and "this is a sweep: run it with `oddl sweep`" in r.output, \
-            r.output
+def test_a_sweep_given_to_run_points_to_sweep_and_check_validates_it(tmp_path: Path) -> None:
+    r = CliRunner().invoke(main, ["run", str(ROOT / "experiments" / "scaling-sweep.toml")])
+    assert r.exit_code == 2 and "this is a sweep: run it with `oddl sweep`" in r.output, \
+        r.output
+    r = CliRunner().invoke(main, ["check", str(ROOT / "experiments" / "scaling-sweep.toml")])
+    assert r.exit_code == 0 and "sweep scaling-sweep" in r.output, r.output
+    bad = tmp_path / "s.toml"
+    bad.write_text((ROOT / "experiments" / "scaling-sweep.toml").read_text().replace(
+        "../hw_configs/", str(ROOT / "hw_configs") + "/").replace("nodes = [", "nodes = [3, "))
+    r = CliRunner().invoke(main, ["check", str(bad)])
+    assert r.exit_code == 2 and f"{bad}: " in r.output, r.output
+    assert "node count 3: a power of two" in r.output, r.output
 
 
 @pytest.mark.parametrize("n", ["0", "-1"])
