@@ -33,16 +33,19 @@ from oddl.sim.broker import EmbeddedBroker, free_port  # noqa: E402
 
 
 def remote_register_ops(pairs: int = 2000) -> dict[str, float]:
+    """Register writes and reads through PYNQ.remote to a board `oddl emulate` serves."""
+    from oddl.controller.config import load_testbed
+    from oddl.controller.session import emulated
     from oddl.fpga import regmap as R
     from pynq import MMIO
     from pynq.pl_server.remote_device import RemoteDevice
 
-    from tests.test_pynq_remote import Emulator
-
-    with Emulator() as emu:
-        rd = RemoteDevice(0, "127.0.0.1", port=emu.server.port)
-        m = MMIO(R.IP_BASE, R.IP_RANGE, device=rd)
-        off = R.BY_NAME["NODE_ID"].offset
+    with tempfile.TemporaryDirectory() as d, emulated(
+            ROOT / "hw_configs" / "prototype-4node.toml", [], Path(d), print) as cfg:
+        board = load_testbed(cfg).nodes[0].board or ""
+        host, _, port = board.removeprefix("grpc://").rpartition(":")
+        m = MMIO(R.IP_BASE, R.IP_RANGE, device=RemoteDevice(0, host, port=int(port)))
+        off = R.BY_NAME["TXH_BYTES"].offset  # read-write, and idle until a START
         t = time.perf_counter()
         for i in range(pairs):
             m.write(off, i)

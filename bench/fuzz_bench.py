@@ -23,7 +23,7 @@ import msgspec
 from oddl.controller.control_unit import Timing
 from oddl.controller.job import JOB_VERSION, JobSpec
 
-from tests import fuzz_targets as F
+from bench import fuzz_targets as F
 
 HANG_S = 10.0
 

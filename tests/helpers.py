@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import pynq
 from oddl.controller.api import grid_testbed
 from oddl.controller.arbiter import Arbiter
 from oddl.controller.clock import Clock
@@ -19,11 +20,15 @@ from oddl.controller.collectives import Schedule, Step
 from oddl.controller.config import FaultSpec, Testbed
 from oddl.controller.control_unit import ControlUnit
 from oddl.controller.job import timing_of
-from oddl.controller.messages import Flow
+from oddl.controller.messages import Flow, Grant
 from oddl.controller.session import stop_emulator
 from oddl.controller.topology import Grid
+from oddl.drivers.onic import ONicDriver
+from oddl.fpga import regmap as R
 from oddl.sim import backend as sim_backend
 from oddl.sim.clock import VirtualClockLoop
+from oddl.sim.onic_board import ONicBoard
+from oddl.sim.pynq_device import BASE_ADDR, EmulatedONicDevice
 
 
 def make_testbed(rows: int, cols: int, wavelengths: int | None = None, **optical: Any) -> Testbed:
@@ -148,3 +153,49 @@ def emulated_grid(root: Path, d: Path, rows: int = 2, cols: int = 2, limit_s: fl
                                                                     exclude_none=True)))
     with emulator(root, tb, d / "emu.toml", limit_s=limit_s):
         yield d / "emu.toml"
+
+
+def check_chrome(events: list[dict[str, Any]]) -> None:
+    """What any of our trace files must hold, whichever back end wrote it."""
+    starts = {e["id"]: e for e in events if e["ph"] == "s"}
+    ends = [e for e in events if e["ph"] == "f"]
+    assert ends and len(starts) == len(ends)
+    for f in ends:  # every arrow from a send to its receipt, later and elsewhere
+        s = starts[f["id"]]
+        assert f["ts"] >= s["ts"] and (s["pid"], f["bp"]) != (f["pid"], "")
+        assert s["pid"] != f["pid"]
+    threads = {e["args"]["name"] for e in events if e["name"] == "thread_name"}
+    assert {"port H", "control", "iterations"} <= threads
+    for e in events:
+        if e["ph"] == "X":
+            assert e["dur"] >= 0 and e["ts"] >= -1e-9, e
+
+
+class Bench:
+    """Four emulated boards on a 1 x 4 row, each behind its own pynq device."""
+
+    def __init__(self, design_version: int = R.DESIGN_VERSION) -> None:
+        tb = make_testbed(1, 4, wavelengths=3, tuning_time_ns=10.5, guard_time_ns=2,
+                          propagation_ns=50)
+        self.grid = Grid.from_testbed(tb)
+        self.loop = VirtualClockLoop()
+        self.clock = Clock(self.loop)
+        self.st = sim_backend.build(tb, self.grid, self.clock, checker_mode="record")
+        self.st.wss["wss-row0"].set_table([[1, 2, 3], [2, 3, 0], [3, 0, 1], [0, 1, 2]])
+        idx = {n: i for i, n in enumerate(self.grid.nodes)}
+        self.boards = [ONicBoard(self.st.fabric, n, idx, design_version=design_version)
+                       for n in self.grid.nodes]
+        self.devs = [EmulatedONicDevice(b) for b in self.boards]
+        self.mmio = [pynq.MMIO(BASE_ADDR, R.IP_RANGE, device=d) for d in self.devs]
+        self.drv = [ONicDriver(m, n, self.grid.nodes) for m, n in zip(self.mmio, self.grid.nodes,
+                                                                     strict=True)]
+
+    def run_ns(self, ns: int) -> None:
+        self.loop.run_until_complete(asyncio.sleep(ns * 1e-9))
+
+    def grant(self, src: int, dst: int, flow: int, ch: int, nbytes: int | None = None) -> None:
+        """Tell the checker about a grant (as the bus would) and the flow (as a workload)."""
+        n = self.grid.nodes
+        if nbytes is not None:
+            self.st.checker.flow_started(Flow(flow, n[src], n[dst], nbytes))
+        self.st.checker.on_message(n[src], Grant(flow, 0, n[dst], n[src], "H", ch, 10**15))

@@ -29,8 +29,7 @@ from oddl.controller.telemetry import (
     RunNote,
 )
 
-from tests.helpers import emulated_grid
-from tests.test_trace import check_chrome
+from tests.helpers import check_chrome, emulated_grid
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 ARTIFACTS = Path(__file__).resolve().parent.parent / "test-artifacts"

@@ -12,8 +12,7 @@ from oddl.controller.config import load_testbed
 from oddl.fpga import regmap as R
 from oddl.sim.faults import FaultSpecError, install, parse_fault
 
-from tests.helpers import emulator
-from tests.test_onic_board import Bench
+from tests.helpers import Bench, emulator
 
 
 def _tb(root: Path):  # type: ignore[no-untyped-def]

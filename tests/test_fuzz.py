@@ -16,7 +16,7 @@ from oddl.drivers.wss import WSSDriver, WSSError, WSSProtocolError, WSSTimeout
 from oddl.sim.wss import WSSModel
 from oddl.sim.wss_serial import SerialWSS
 
-from tests import fuzz_targets as F
+from bench import fuzz_targets as F
 
 FAST = settings(max_examples=300, deadline=None,
                 suppress_health_check=[HealthCheck.function_scoped_fixture])

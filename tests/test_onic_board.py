@@ -2,56 +2,20 @@
 
 from __future__ import annotations
 
-import asyncio
 import struct
 from collections.abc import Iterator
 from contextlib import contextmanager
 
 import pynq
 import pytest
-from oddl.controller.clock import Clock
 from oddl.controller.devices import DeviceRefused
-from oddl.controller.messages import Flow, Grant
-from oddl.controller.topology import Grid
 from oddl.drivers.onic import IdentityMismatch, ONicDriver
 from oddl.fpga import regmap as R
 from oddl.fpga.countaction import Program, collective_steps, streamer
-from oddl.sim import backend as sim_backend
-from oddl.sim.clock import VirtualClockLoop
 from oddl.sim.onic_board import PLACEHOLDER_HASH, ONicBoard
 from oddl.sim.pynq_device import BASE_ADDR, EmulatedONicDevice
 
-from tests.helpers import make_testbed
-
-
-class Bench:
-    """Four emulated boards on a 1 x 4 row, each behind its own pynq device."""
-
-    def __init__(self, design_version: int = R.DESIGN_VERSION) -> None:
-        tb = make_testbed(1, 4, wavelengths=3, tuning_time_ns=10.5, guard_time_ns=2,
-                          propagation_ns=50)
-        self.grid = Grid.from_testbed(tb)
-        self.loop = VirtualClockLoop()
-        self.clock = Clock(self.loop)
-        self.st = sim_backend.build(tb, self.grid, self.clock, checker_mode="record")
-        self.st.wss["wss-row0"].set_table([[1, 2, 3], [2, 3, 0], [3, 0, 1], [0, 1, 2]])
-        idx = {n: i for i, n in enumerate(self.grid.nodes)}
-        self.boards = [ONicBoard(self.st.fabric, n, idx, design_version=design_version)
-                       for n in self.grid.nodes]
-        self.devs = [EmulatedONicDevice(b) for b in self.boards]
-        self.mmio = [pynq.MMIO(BASE_ADDR, R.IP_RANGE, device=d) for d in self.devs]
-        self.drv = [ONicDriver(m, n, self.grid.nodes) for m, n in zip(self.mmio, self.grid.nodes,
-                                                                     strict=True)]
-
-    def run_ns(self, ns: int) -> None:
-        self.loop.run_until_complete(asyncio.sleep(ns * 1e-9))
-
-    def grant(self, src: int, dst: int, flow: int, ch: int, nbytes: int | None = None) -> None:
-        """Tell the checker about a grant (as the bus would) and the flow (as a workload)."""
-        n = self.grid.nodes
-        if nbytes is not None:
-            self.st.checker.flow_started(Flow(flow, n[src], n[dst], nbytes))
-        self.st.checker.on_message(n[src], Grant(flow, 0, n[dst], n[src], "H", ch, 10**15))
+from tests.helpers import Bench
 
 
 def test_identity_block_through_pynq() -> None:

@@ -17,7 +17,7 @@ from oddl.fpga.overlay import (
     placeholder_bit,
 )
 
-from tests.test_onic_board import Bench
+from tests.helpers import Bench
 
 
 def test_shipped_overlay_is_current_and_marked_placeholder() -> None:

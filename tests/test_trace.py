@@ -18,24 +18,10 @@ from oddl.controller.results import RunStore, read_store
 from oddl.controller.runner import Timeline, run_experiment
 from oddl.controller.trace import MAX_ROWS, TraceRow
 
+from tests.helpers import check_chrome
+
 TABLE1 = "experiments/table1-resnet50.toml"
 K = 2  # iterations traced, of 3 run
-
-
-def check_chrome(events: list[dict[str, Any]]) -> None:
-    """What any of our trace files must hold, whichever back end wrote it."""
-    starts = {e["id"]: e for e in events if e["ph"] == "s"}
-    ends = [e for e in events if e["ph"] == "f"]
-    assert ends and len(starts) == len(ends)
-    for f in ends:  # every arrow from a send to its receipt, later and elsewhere
-        s = starts[f["id"]]
-        assert f["ts"] >= s["ts"] and (s["pid"], f["bp"]) != (f["pid"], "")
-        assert s["pid"] != f["pid"]
-    threads = {e["args"]["name"] for e in events if e["name"] == "thread_name"}
-    assert {"port H", "control", "iterations"} <= threads
-    for e in events:
-        if e["ph"] == "X":
-            assert e["dur"] >= 0 and e["ts"] >= -1e-9, e
 
 
 @pytest.fixture(scope="module")
