@@ -14,6 +14,8 @@ from pathlib import Path
 import pytest
 from oddl.controller.lock import TestbedBusy, TestbedLock
 
+pytestmark = pytest.mark.realtime  # brokers, emulators, sockets: the wall clock
+
 PROTO = "hw_configs/prototype-4node.toml"
 
 

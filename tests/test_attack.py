@@ -18,6 +18,7 @@ from pathlib import Path
 
 import aiomqtt
 import msgspec
+import pytest
 from oddl.controller.access import CONTROLLER, DASHBOARD, ctl_topic, result_topic, run_topic
 from oddl.controller.config import load_testbed
 from oddl.controller.job import JOB_VERSION, JobEvent, JobSpec
@@ -26,6 +27,8 @@ from oddl.controller.wire import encode
 from oddl.drivers.mqtt import password_of
 
 from tests.helpers import emulator
+
+pytestmark = pytest.mark.realtime  # brokers, emulators, sockets: the wall clock
 
 
 async def _attack(port: int, tb: str, dash_pw: str, run: subprocess.Popen[str]) -> dict:

@@ -43,6 +43,7 @@ def test_no_real_sockets() -> None:
     loop.close()
 
 
+@pytest.mark.realtime
 def test_real_loop_timer_sees_the_instant_it_was_due() -> None:
     """Device time: a timer that a busy loop runs late still acts at its due instant, and
     what it schedules counts from there; anything else sees the real now."""

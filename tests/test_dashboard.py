@@ -31,6 +31,8 @@ from oddl.controller.telemetry import (
 
 from tests.helpers import check_chrome, emulated_grid
 
+pytestmark = pytest.mark.realtime  # brokers, emulators, sockets: the wall clock
+
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 ARTIFACTS = Path(__file__).resolve().parent.parent / "test-artifacts"
 

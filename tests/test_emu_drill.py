@@ -20,6 +20,8 @@ import tomli_w
 
 from tests.helpers import emulated_grid
 
+pytestmark = pytest.mark.realtime  # brokers, emulators, sockets: the wall clock
+
 P_MS = 100.0  # the default heartbeat period
 
 

@@ -20,6 +20,8 @@ from pynq.pl_server.remote_device import RemoteDevice
 
 from tests.helpers import emulator
 
+pytestmark = pytest.mark.realtime  # brokers, emulators, sockets: the wall clock
+
 
 def test_emulate_serves_the_prototype(root: Path, tmp_path: Path) -> None:
     out = tmp_path / "emu.toml"

@@ -116,6 +116,7 @@ def test_table_output(root: Path, tmp_path: Path) -> None:
     assert "invariant violations: 0" in r.output
 
 
+@pytest.mark.realtime
 def test_killed_run_keeps_completed_iterations(root: Path, tmp_path: Path) -> None:
     out = tmp_path / "run"
     proc = subprocess.Popen([sys.executable, "-m", "oddl.controller.cli", "run", str(root / TABLE1),

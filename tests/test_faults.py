@@ -83,6 +83,7 @@ def test_corrupting_link_counts_crc_errors() -> None:
     assert b.drv[2].counters("H")["rx_errors"] == 0
 
 
+@pytest.mark.realtime
 def test_dead_board_does_not_answer(root: Path, tmp_path: Path) -> None:
     from pynq.pl_server.remote_device import RemoteDevice
 

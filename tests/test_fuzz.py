@@ -80,6 +80,7 @@ def wss() -> Iterator[tuple[SerialWSS, WSSDriver]]:
     inst.close()
 
 
+@pytest.mark.realtime
 @settings(max_examples=120, deadline=None,
           suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(st.text(alphabet=st.characters(max_codepoint=0x7E, blacklist_characters="\n\r"),

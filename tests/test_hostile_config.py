@@ -185,6 +185,7 @@ def test_count_action_range_is_bounded_before_it_is_expanded(tmp_path: Path) -> 
     assert r.exit_code == 2 and "at most 4096" in r.output, r.output
 
 
+@pytest.mark.realtime
 def test_run_against_a_testbed_that_is_gone_is_an_error_not_a_traceback(tmp_path: Path
                                                                          ) -> None:
     """Reproducer: `oddl run` gave a traceback on a killed emulator (its boards gone)."""

@@ -166,6 +166,7 @@ def test_cli_product_json_and_plots(tmp_path: Path) -> None:
     assert (tmp_path / "h.png").read_bytes()[:4] == b"\x89PNG"
 
 
+@pytest.mark.realtime
 def test_qick_pyro_make_proxy_against_the_emulated_soc() -> None:
     from oddl.sim.qick_pyro import QickPyroServer
 

@@ -38,8 +38,9 @@ from tests.helpers import make_testbed
 
 MOSQUITTO = shutil.which("mosquitto") or (
     "/usr/sbin/mosquitto" if Path("/usr/sbin/mosquitto").exists() else None)
-pytestmark = pytest.mark.skipif(MOSQUITTO is None, reason="mosquitto is not installed "
-                                "(.ci/run installs it; apt-get install mosquitto)")
+pytestmark = [pytest.mark.realtime,
+              pytest.mark.skipif(MOSQUITTO is None, reason="mosquitto is not installed "
+                                 "(.ci/run installs it; apt-get install mosquitto)")]
 
 
 def _start(conf: Path, port: int) -> subprocess.Popen[bytes]:

@@ -23,6 +23,8 @@ from oddl.sim.broker import EmbeddedBroker
 
 from tests.helpers import make_testbed, schedule_for
 
+pytestmark = pytest.mark.realtime  # brokers, emulators, sockets: the wall clock
+
 
 def test_codec_round_trip_and_rejections() -> None:
     msgs = [Request(1, 0, "a", "b", "H", 2, 100, "a", "c", 3, 4, 5),

@@ -182,6 +182,7 @@ def test_admitting_a_job_writes_only_its_entries_and_reads_everyone_back() -> No
     b.close()
 
 
+@pytest.mark.realtime
 def test_partial_update_over_the_serial_line_touches_named_inputs_only() -> None:
     inst = SerialWSS(WSSModel("wss-row0", 4, 2)).start()
     try:
@@ -373,6 +374,7 @@ def test_cli_run_json_has_jobs_and_a_jct_cdf_and_plan_prints_partitions(tmp_path
 
 # --- on the emulated testbed --------------------------------------------------------------
 
+@pytest.mark.realtime
 def test_several_jobs_and_a_fault_on_the_emulated_testbed(root: Path, tmp_path: Path) -> None:
     """The same admission on emu: the node programs run two jobs at once on disjoint
     columns, each with its own results. A board under a dies (its node program with it);

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import aiomqtt
 import msgspec
+import pytest
 from oddl.controller import config
 from oddl.controller.access import (
     CONTROLLER,
@@ -37,6 +38,8 @@ from oddl.sim import backend as sim_backend
 from oddl.sim.broker import EmbeddedBroker
 
 from tests.helpers import emulator, make_testbed
+
+pytestmark = pytest.mark.realtime  # brokers, emulators, sockets: the wall clock
 
 TIMING = Timing(11, 2, 50, 1000, 1000, 5000, 3)
 

@@ -20,6 +20,8 @@ from pynq.pl_server.remote_device import RemoteDevice
 
 from tests.helpers import make_testbed
 
+pytestmark = pytest.mark.realtime  # brokers, emulators, sockets: the wall clock
+
 
 class Emulator:
     """The emulator side in its own thread and loop, as `oddl emulate` would run it."""

@@ -9,6 +9,8 @@ import socket
 import pytest
 from oddl.sim.realtime import SpinSelector, new_loop
 
+pytestmark = pytest.mark.realtime  # brokers, emulators, sockets: the wall clock
+
 
 @pytest.mark.parametrize("spin_s", [0.0, 0.002])
 def test_ready_socket_is_reported_even_with_a_zero_timeout(spin_s: float) -> None:

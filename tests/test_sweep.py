@@ -7,6 +7,7 @@ import csv
 import json
 from pathlib import Path
 
+import pytest
 from click.testing import CliRunner
 from oddl.controller.cli import main
 from oddl.controller.sweep import grid_shape, load_sweep, run_sweep, speedups
@@ -69,6 +70,7 @@ def test_sweep_cli_writes_table_speedups_and_plots(root: Path, tmp_path: Path) -
     assert "oddl speedup over each network" in r.output
 
 
+@pytest.mark.realtime
 def test_dask_cluster_gives_the_same_rows_as_the_pool(root: Path, tmp_path: Path) -> None:
     from distributed import LocalCluster
 

@@ -18,6 +18,8 @@ from oddl.sim.clock import VirtualClockLoop
 from oddl.sim.wss import WSSModel
 from oddl.sim.wss_serial import SerialWSS
 
+pytestmark = pytest.mark.realtime  # brokers, emulators, sockets: the wall clock
+
 GOOD = [[1, 2], [0, 3], [3, 0], [2, 1]]
 
 
