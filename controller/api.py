@@ -24,6 +24,7 @@ from oddl.controller.config import (
     ConfigError,
     LoadedExperiment,
     Testbed,
+    grid_testbed,
     load_experiment,
     load_testbed,
 )
@@ -56,24 +57,6 @@ __all__ = [
     "run",
     "run_async",
 ]
-
-
-def grid_testbed(rows: int, cols: int, wavelengths: int | None = None,
-                 control: dict[str, Any] | None = None, **optical: Any) -> Testbed:
-    """A generated rows x cols testbed (a WSS per row and column, nodes n{row}-{col}, a
-    50 GHz grid of `wavelengths`, default one less than the larger side), for studies at
-    any size; `optical` and `control` override the config's sections (control default:
-    the prototype's 1 us FPGA network)."""
-    w = wavelengths if wavelengths is not None else max(rows, cols, 2) - 1
-    return Testbed.model_validate({
-        "testbed": {"name": f"t{rows}x{cols}"},
-        "grid": {"rows": rows, "cols": cols},
-        "optical": {"line_rate_gbps": 100, "tuning_time_ns": 10.5,
-                    "wavelength_grid": {"start_nm": 1530.33, "spacing_ghz": 50, "count": w},
-                    **optical},
-        "control": {"latency_ns": 1000, **(control or {})},  # the prototype's FPGA network
-        "generate": {"nodes": "n{row}-{col}", "wss": True},
-    }).expanded()
 
 
 def plan(testbed: Testbed | str | Path, experiment: LoadedExperiment | None = None,

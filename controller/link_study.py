@@ -26,9 +26,8 @@ from pathlib import Path
 from typing import Any
 
 from oddl.controller import registry
-from oddl.controller.api import grid_testbed
 from oddl.controller.compat import compatibility
-from oddl.controller.config import Experiment, JobEntry, LoadedExperiment
+from oddl.controller.config import Experiment, JobEntry, LoadedExperiment, grid_testbed
 from oddl.controller.results import RunStore, read_store
 from oddl.controller.runner import run_experiment
 

@@ -87,9 +87,8 @@ def on_a_link(jobs: Sequence[tuple[str, str, int]], link_gbps: float,
     on a two-rack network whose racks are joined by one link of R Gb/s, half its ranks in
     each rack (a ring crosses the link once each way), and its measured demand on that
     link (rack 0 to rack 1)."""
-    from oddl.controller.admission import JobRequest
-    from oddl.controller.config import JobEntry
     from oddl.controller.job import built_schedule
+    from oddl.controller.workloads import alltoall_bytes, compute_ms, model_spec
 
     half = max((r + 1) // 2 for _n, _m, r in jobs)
     nodes = [f"r{k}-{i}" for k in (0, 1) for i in range(half)]
@@ -98,11 +97,10 @@ def on_a_link(jobs: Sequence[tuple[str, str, int]], link_gbps: float,
     out = []
     for name, model, r in jobs:
         ranks = nodes[:(r + 1) // 2] + nodes[half:half + r // 2]
-        req = JobRequest.of(JobEntry(name=name, model=model, collective=collective,
-                                     ranks=r, iterations=2, batch_per_node=batch_per_node))
-        schedule = built_schedule(req.collective, r, req.size, 1, r, spec.degree,
-                                  spec.bidirectional, req.alltoall)
+        schedule = built_schedule(collective, r, model_spec(model).grad_bytes(), 1, r,
+                                  spec.degree, spec.bidirectional,
+                                  alltoall_bytes(model, batch_per_node, r))
         measured = link_profiles(spec, nodes, link_gbps, name, ranks, schedule,
-                                 req.compute_ns)
+                                 round(compute_ms(model, batch_per_node) * 1e6))
         out.append(measured[("l2s", 0, 0)])
     return out
