@@ -15,18 +15,18 @@ import sys
 import time
 from pathlib import Path
 
-from oddl.controller.arbiter import Arbiter
-from oddl.controller.collectives import build
-from oddl.controller.config import (
+from oddl.controller.base.collectives import build
+from oddl.controller.base.config import (
     Experiment,
     FaultSpec,
     LoadedExperiment,
     load_experiment,
     load_testbed,
 )
-from oddl.controller.planner import Avoid
-from oddl.controller.runner import run_experiment
-from oddl.controller.topology import Grid
+from oddl.controller.base.topology import Grid
+from oddl.controller.experiments.runner import run_experiment
+from oddl.controller.stage1.arbiter import Arbiter
+from oddl.controller.stage1.planner import Avoid
 from oddl.sim.backend import SimBackend
 
 ROOT = Path(__file__).resolve().parent.parent

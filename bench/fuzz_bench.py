@@ -20,8 +20,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import msgspec
-from oddl.controller.control_unit import Timing
-from oddl.controller.job import JOB_VERSION, JobSpec
+from oddl.controller.stage2.control_unit import Timing
+from oddl.controller.stage2.job import JOB_VERSION, JobSpec
 
 from bench import fuzz_targets as F
 

@@ -11,10 +11,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 import msgspec
-from oddl.controller.config import ConfigError, load_experiment, load_testbed
-from oddl.controller.health import Heartbeat
-from oddl.controller.job import DECODE_ERRORS, JOB_VERSION, JobEvent, JobSpec, JobStop
-from oddl.controller.wire import BusDecodeError, decode
+from oddl.controller.base.config import ConfigError, load_experiment, load_testbed
+from oddl.controller.service.health import Heartbeat
+from oddl.controller.stage2.job import DECODE_ERRORS, JOB_VERSION, JobEvent, JobSpec, JobStop
+from oddl.controller.stage2.wire import BusDecodeError, decode
 from oddl.fpga.countaction import CountActionError, compile_program, decompile, parse
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -20,11 +20,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from oddl.controller.api import grid_testbed, network, run  # noqa: E402
-from oddl.controller.collectives import build  # noqa: E402
-from oddl.controller.config import load_experiment, load_testbed  # noqa: E402
-from oddl.controller.topology import Grid  # noqa: E402
-from oddl.controller.workloads import model_spec  # noqa: E402
+from oddl.controller.base.collectives import build  # noqa: E402
+from oddl.controller.base.config import load_experiment, load_testbed  # noqa: E402
+from oddl.controller.base.topology import Grid  # noqa: E402
+from oddl.controller.operator.api import grid_testbed, network, run  # noqa: E402
+from oddl.controller.stage2.workloads import model_spec  # noqa: E402
 
 RESNET = model_spec("resnet50").grad_bytes()
 
@@ -68,7 +68,7 @@ def grid4096_iteration() -> dict[str, float]:
 
 
 def plan4096() -> dict[str, float]:
-    from oddl.controller.planner import plan_job
+    from oddl.controller.stage1.planner import plan_job
 
     tb = load_testbed(ROOT / "hw_configs/grid-4096.toml")
     grid = Grid.from_testbed(tb)
@@ -91,7 +91,7 @@ def messages_per_flow(sizes: list[int]) -> list[dict[str, float]]:
         for coll in ("hd", "ring"):
             if coll == "ring" and n > 256:
                 continue  # ring on 4096 nodes is 8190 steps: not an HD-scale benchmark
-            from oddl.controller.config import Experiment, LoadedExperiment
+            from oddl.controller.base.config import Experiment, LoadedExperiment
 
             exp = Experiment.model_validate({
                 "name": "m", "testbed": "-", "workload": {
@@ -112,7 +112,7 @@ def messages_per_flow(sizes: list[int]) -> list[dict[str, float]]:
 
 def register_ops(n: int = 50_000) -> dict[str, float]:
     """pynq MMIO write+read pairs on an emulated board (the sim back end's register path)."""
-    from oddl.controller.clock import Clock
+    from oddl.controller.base.clock import Clock
     from oddl.fpga import regmap as R
     from oddl.sim.backend import build
     from oddl.sim.clock import VirtualClockLoop

@@ -11,10 +11,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from oddl.controller.backend import Announce, Backend
-from oddl.controller.config import FaultSpec, NetworkSpec, QickPhotonics, Testbed
-from oddl.controller.node import NodeProgram
-from oddl.controller.topology import Grid
+from oddl.controller.base.config import FaultSpec, NetworkSpec, QickPhotonics, Testbed
+from oddl.controller.base.topology import Grid
+from oddl.controller.service.backend import Announce, Backend
+from oddl.controller.service.node import NodeProgram
 
 
 def open_backend(name: str, tb: Testbed, grid: Grid, *, faults: list[FaultSpec] | None = None,
@@ -61,7 +61,7 @@ def run_announcer(name: str, tb: Testbed) -> Any:
 
 def open_watch(tb: Testbed) -> Any:
     """`oddl dashboard`: a read-only connection to the testbed's bus, as the dashboard."""
-    from oddl.controller.access import DASHBOARD
+    from oddl.controller.base.access import DASHBOARD
     from oddl.drivers.mqtt import bus_from_config
 
     return bus_from_config(tb.name, tb.broker, DASHBOARD, readonly=True)

@@ -15,9 +15,9 @@ import contextlib
 import logging
 import threading
 
-from oddl.controller.access import CONTROLLER
-from oddl.controller.config import Testbed
-from oddl.controller.telemetry import note_topic
+from oddl.controller.base.access import CONTROLLER
+from oddl.controller.base.config import Testbed
+from oddl.controller.base.telemetry import note_topic
 from oddl.drivers.mqtt import BusError, bus_from_config
 
 log = logging.getLogger(__name__)

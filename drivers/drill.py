@@ -18,9 +18,9 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from oddl.controller.backend import Injected, RunFailed
-from oddl.controller.clock import Clock
-from oddl.controller.config import Emulator, FaultSpec
+from oddl.controller.base.clock import Clock
+from oddl.controller.base.config import Emulator, FaultSpec
+from oddl.controller.service.backend import Injected, RunFailed
 
 log = logging.getLogger(__name__)
 TIMEOUT_S = 5.0

@@ -8,8 +8,8 @@ the controller records them.
 
 The controller keeps one connection to the broker for the whole run, as `oddl-ctl`: jobs
 out, results, heartbeats and the nodes' statuses (their last wills) in. Several jobs may
-be out at once, on disjoint nodes (controller/admission.py); each result goes to its own
-job. The heartbeats and wills feed the arbiter's `Health` (controller/health.py), as they
+be out at once, on disjoint nodes (controller/service/admission.py); each result goes to its own
+job. The heartbeats and wills feed the arbiter's `Health` (controller/service/health.py), as they
 do in sim. When it finds a fault, the job is stopped (`job/stop`: its node programs drop
 it at once) at the next recorded iteration, or after `missed` periods if none comes; the
 runner re-plans and publishes the job again from the first iteration not recorded. The nodes
@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
-from oddl.controller.access import (
+from oddl.controller.base.access import (
     CONTROLLER,
     health_topic,
     results,
@@ -39,7 +39,11 @@ from oddl.controller.access import (
     status_topic,
     stop_topic,
 )
-from oddl.controller.backend import (
+from oddl.controller.base.clock import Clock
+from oddl.controller.base.config import FaultSpec, Testbed
+from oddl.controller.base.telemetry import note_topic
+from oddl.controller.base.topology import Grid
+from oddl.controller.service.backend import (
     Iteration,
     JobOutcome,
     JobStopped,
@@ -47,15 +51,18 @@ from oddl.controller.backend import (
     RunFailed,
     StopRule,
 )
-from oddl.controller.clock import Clock
-from oddl.controller.config import FaultSpec, Testbed
-from oddl.controller.health import Health, Heartbeat
-from oddl.controller.invariants import InvariantChecker
-from oddl.controller.job import JOB_VERSION, JobEvent, JobSpec, JobStop, from_its_node, step_sync
-from oddl.controller.telemetry import note_topic
-from oddl.controller.topology import Grid
-from oddl.controller.trace import TraceRow
-from oddl.controller.wire import worth_logging
+from oddl.controller.service.health import Health, Heartbeat
+from oddl.controller.stage2.invariants import InvariantChecker
+from oddl.controller.stage2.job import (
+    JOB_VERSION,
+    JobEvent,
+    JobSpec,
+    JobStop,
+    from_its_node,
+    step_sync,
+)
+from oddl.controller.stage2.trace import TraceRow
+from oddl.controller.stage2.wire import worth_logging
 from oddl.drivers.drill import RemoteDrill
 from oddl.drivers.mqtt import BusError, MQTTBus, bus_from_config
 from oddl.drivers.onic import DriverONic, ONicDriver, open_onic
@@ -215,7 +222,7 @@ class LabBackend:
         return self.bus
 
     def announce(self, kind: str, payload: bytes) -> None:
-        """A note for the testbed's watchers (controller/telemetry.py), on our connection
+        """A note for the testbed's watchers (controller/base/telemetry.py), on our connection
         (kept for it, the last 64, until there is one)."""
         topic, retain = note_topic(self.tb.name, kind)
         if self.bus is not None and self.loop.is_running() and not self.bus.lost.is_set():

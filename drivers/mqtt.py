@@ -1,7 +1,7 @@
 """The control bus over MQTT (paho on the asyncio loop), behind the same `Bus` interface as
 the sim bus, plus the raw topics a node program needs on the same connection.
 
-Topics and who may use them: controller/access.py and docs/mqtt.md. QoS 0 for control
+Topics and who may use them: controller/base/access.py and docs/mqtt.md. QoS 0 for control
 messages: the protocol carries its own time-outs, retries and leases, and QoS 1's
 at-least-once adds a broker round trip per message without removing the need for them.
 Status is QoS 1 and retained, so a late subscriber sees who is alive; the broker publishes
@@ -28,9 +28,9 @@ from pathlib import Path
 from typing import Any
 
 import paho.mqtt.client as mqtt
-from oddl.controller.access import check_name, ctl_topic, status_topic
-from oddl.controller.messages import ControlMessage
-from oddl.controller.wire import BusDecodeError, decode, encode, worth_logging
+from oddl.controller.base.access import check_name, ctl_topic, status_topic
+from oddl.controller.base.messages import ControlMessage
+from oddl.controller.stage2.wire import BusDecodeError, decode, encode, worth_logging
 
 log = logging.getLogger(__name__)
 
@@ -404,7 +404,7 @@ async def request_grant_rtt(bus: Any, n: int, warmup: int = 20, timeout_s: float
                             a: str = "n0", b: str = "n1") -> list[float]:
     """REQUEST a -> b, b GRANTs at once, through the bus's broker: n round trips (seconds),
     after `warmup` discarded ones. `bus` is an MQTTBus not yet started."""
-    from oddl.controller.messages import Grant, Request
+    from oddl.controller.base.messages import Grant, Request
 
     sent: dict[int, float] = {}
     samples: list[float] = []

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from oddl.controller.devices import DeviceRefused
+from oddl.controller.base.devices import DeviceRefused
 from oddl.fpga import regmap as R
 from oddl.fpga.countaction import Program, compile_program, decompile, image_writes
 from oddl.fpga.overlay import check_ip_dict

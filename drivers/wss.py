@@ -7,7 +7,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 import serial
-from oddl.controller.devices import DeviceRefused
+from oddl.controller.base.devices import DeviceRefused
 
 _IDN = re.compile(r"^ODDL,WSS,(?P<id>[^,]+),(?P<ports>\d+)x(?P<channels>\d+),(?P<fw>\S+)$")
 _ERR = re.compile(r'^ERR (?P<code>-?\d+),"(?P<text>[^"]*)"$')

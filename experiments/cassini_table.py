@@ -10,7 +10,7 @@ import argparse
 import json
 import time
 
-from oddl.controller.link_study import LinkJob, on_one_link
+from oddl.controller.experiments.link_study import LinkJob, on_one_link
 
 # the talk's combinations, its speed-ups from unfairness, and its verdicts
 TALK = [

@@ -19,7 +19,11 @@ from dataclasses import dataclass
 from typing import Any
 
 import pynq
-from oddl.controller.backend import (
+from oddl.controller.base.clock import Clock
+from oddl.controller.base.config import FaultSpec, NetworkSpec, Testbed
+from oddl.controller.base.messages import Flow
+from oddl.controller.base.topology import Grid
+from oddl.controller.service.backend import (
     Announce,
     FlowRow,
     Iteration,
@@ -29,14 +33,10 @@ from oddl.controller.backend import (
     RunFailed,
     StopRule,
 )
-from oddl.controller.clock import Clock
-from oddl.controller.config import FaultSpec, NetworkSpec, Testbed
-from oddl.controller.control_unit import FlowFailed
-from oddl.controller.health import Health, Heartbeat, Heartbeats, Unwatched, read_heartbeat
-from oddl.controller.invariants import InvariantChecker
-from oddl.controller.job import JobRunner, JobSpec, step_sync
-from oddl.controller.messages import Flow
-from oddl.controller.topology import Grid
+from oddl.controller.service.health import Health, Heartbeat, Heartbeats, Unwatched, read_heartbeat
+from oddl.controller.stage2.control_unit import FlowFailed
+from oddl.controller.stage2.invariants import InvariantChecker
+from oddl.controller.stage2.job import JobRunner, JobSpec, step_sync
 from oddl.drivers.onic import DriverONic, ONicDriver
 from oddl.fpga import regmap as R
 from oddl.sim.bus import LocalBus

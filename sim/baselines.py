@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from oddl.controller.clock import Clock
-from oddl.controller.messages import Flow
+from oddl.controller.base.clock import Clock
+from oddl.controller.base.messages import Flow
 from oddl.sim.electrical import ElectricalSwitch, FlowNetwork
 from oddl.sim.sharing import sharing_of
 

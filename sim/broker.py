@@ -1,5 +1,5 @@
 """The zero-setup MQTT broker: amqtt embedded in process, on 127.0.0.1 only, holding every
-party to its own identity and topics (controller/access.py), as Mosquitto does in a lab
+party to its own identity and topics (controller/base/access.py), as Mosquitto does in a lab
 with the files `oddl broker-config` writes."""
 
 from __future__ import annotations
@@ -25,8 +25,8 @@ from amqtt.mqtt.protocol.broker_handler import BrokerProtocolHandler
 from amqtt.plugins.base import BaseAuthPlugin, BaseTopicPlugin
 from amqtt.session import Session
 from amqtt.utils import gen_client_id
-from oddl.controller.access import Rule, permits, rules
-from oddl.controller.wire import worth_logging
+from oddl.controller.base.access import Rule, permits, rules
+from oddl.controller.stage2.wire import worth_logging
 
 log = logging.getLogger(__name__)
 
@@ -66,7 +66,7 @@ class PartyAuth(BaseAuthPlugin):
 
 
 class PartyTopics(BaseTopicPlugin):
-    """Each party reads and writes only the topics controller/access.py gives it."""
+    """Each party reads and writes only the topics controller/base/access.py gives it."""
 
     @dataclass
     class Config:

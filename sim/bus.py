@@ -9,8 +9,8 @@ import logging
 import random
 from collections.abc import Callable
 
-from oddl.controller.clock import Clock
-from oddl.controller.messages import ControlMessage
+from oddl.controller.base.clock import Clock
+from oddl.controller.base.messages import ControlMessage
 
 log = logging.getLogger(__name__)
 

@@ -17,7 +17,7 @@ import selectors
 from collections.abc import Callable
 from typing import Any
 
-from oddl.controller.backend import Stalled
+from oddl.controller.service.backend import Stalled
 
 
 class VHandle(list):  # type: ignore[type-arg]

@@ -22,7 +22,7 @@ from collections.abc import Callable
 from typing import Any
 
 import uvicorn
-from oddl.controller.config import FaultSpec, Testbed, fault_issues
+from oddl.controller.base.config import FaultSpec, Testbed, fault_issues
 from oddl.sim.faults import Drill, Injected
 from pydantic import ValidationError
 from starlette.applications import Starlette

@@ -12,8 +12,8 @@ import math
 from collections.abc import Callable
 
 import numpy as np
-from oddl.controller.clock import Clock
-from oddl.controller.messages import Flow
+from oddl.controller.base.clock import Clock
+from oddl.controller.base.messages import Flow
 from oddl.sim.sharing import Fair, Sharing
 
 

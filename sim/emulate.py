@@ -20,11 +20,11 @@ from pathlib import Path
 from typing import Any
 
 import tomli_w
-from oddl.controller.access import EMULATOR, new_passwords, probe_ns, write_private
-from oddl.controller.clock import Clock
-from oddl.controller.config import FaultSpec, Testbed
-from oddl.controller.node import NodeProgram
-from oddl.controller.topology import Grid
+from oddl.controller.base.access import EMULATOR, new_passwords, probe_ns, write_private
+from oddl.controller.base.clock import Clock
+from oddl.controller.base.config import FaultSpec, Testbed
+from oddl.controller.base.topology import Grid
+from oddl.controller.service.node import NodeProgram
 from oddl.sim import backend as sim_backend
 from oddl.sim.broker import EmbeddedBroker, free_port
 from oddl.sim.faults import Drill, install

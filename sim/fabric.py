@@ -10,12 +10,12 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
-from oddl.controller.clock import Clock
-from oddl.controller.config import Testbed
-from oddl.controller.devices import DeviceRefused
-from oddl.controller.invariants import InvariantChecker
-from oddl.controller.messages import Flow
-from oddl.controller.topology import Grid
+from oddl.controller.base.clock import Clock
+from oddl.controller.base.config import Testbed
+from oddl.controller.base.devices import DeviceRefused
+from oddl.controller.base.messages import Flow
+from oddl.controller.base.topology import Grid
+from oddl.controller.stage2.invariants import InvariantChecker
 from oddl.sim.wss import WSSModel
 
 

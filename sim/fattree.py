@@ -16,8 +16,8 @@ import math
 import zlib
 from collections.abc import Callable
 
-from oddl.controller.clock import Clock
-from oddl.controller.messages import Flow
+from oddl.controller.base.clock import Clock
+from oddl.controller.base.messages import Flow
 from oddl.sim.electrical import FlowNetwork
 
 

@@ -25,9 +25,9 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from oddl.controller.backend import Injected
-from oddl.controller.config import FaultSpec, Testbed, fault_issues
-from oddl.controller.faultkinds import FAULT_KINDS, KINDS
+from oddl.controller.base.config import FaultSpec, Testbed, fault_issues
+from oddl.controller.base.faultkinds import FAULT_KINDS, KINDS
+from oddl.controller.service.backend import Injected
 from pydantic import ValidationError
 
 log = logging.getLogger(__name__)

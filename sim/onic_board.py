@@ -12,8 +12,8 @@ import hashlib
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from oddl.controller.devices import DeviceRefused
-from oddl.controller.messages import Flow
+from oddl.controller.base.devices import DeviceRefused
+from oddl.controller.base.messages import Flow
 from oddl.fpga import regmap as R
 from oddl.fpga.countaction import ACTION_NAMES
 from oddl.fpga.overlay import placeholder_bit

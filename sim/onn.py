@@ -26,7 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-from oddl.controller.collectives import optinc_levels
+from oddl.controller.base.collectives import optinc_levels
 from oddl.sim.mzi import Components, Mesh, decompose
 from scipy.optimize import least_squares
 

@@ -15,9 +15,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from oddl.controller.clock import Clock
-from oddl.controller.collectives import optinc_levels
-from oddl.controller.messages import Flow
+from oddl.controller.base.clock import Clock
+from oddl.controller.base.collectives import optinc_levels
+from oddl.controller.base.messages import Flow
 from oddl.sim.electrical import FlowNetwork
 
 

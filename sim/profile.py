@@ -2,7 +2,7 @@
 
 The job runs alone on the network model (the same collective engine and flow solver as a
 run), for two iterations; the links its flows cross are watched, and the second
-iteration's load on each, as a fraction of the link, is its profile (controller/compat.py):
+iteration's load on each, as a fraction of the link, is its profile (controller/service/compat.py):
 an iteration that starts as every later one does, not the first.
 """
 
@@ -13,12 +13,12 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
-from oddl.controller.clock import Clock
-from oddl.controller.collectives import Schedule
-from oddl.controller.compat import Profile
-from oddl.controller.config import NetworkSpec
-from oddl.controller.messages import Flow
-from oddl.controller.workloads import CollectiveEngine
+from oddl.controller.base.clock import Clock
+from oddl.controller.base.collectives import Schedule
+from oddl.controller.base.config import NetworkSpec
+from oddl.controller.base.messages import Flow
+from oddl.controller.service.compat import Profile
+from oddl.controller.stage2.workloads import CollectiveEngine
 from oddl.sim.baselines import build_network
 from oddl.sim.clock import VirtualClockLoop
 
@@ -87,8 +87,8 @@ def on_a_link(jobs: Sequence[tuple[str, str, int]], link_gbps: float,
     on a two-rack network whose racks are joined by one link of R Gb/s, half its ranks in
     each rack (a ring crosses the link once each way), and its measured demand on that
     link (rack 0 to rack 1)."""
-    from oddl.controller.job import built_schedule
-    from oddl.controller.workloads import alltoall_bytes, compute_ms, model_spec
+    from oddl.controller.stage2.job import built_schedule
+    from oddl.controller.stage2.workloads import alltoall_bytes, compute_ms, model_spec
 
     half = max((r + 1) // 2 for _n, _m, r in jobs)
     nodes = [f"r{k}-{i}" for k in (0, 1) for i in range(half)]

@@ -12,7 +12,7 @@ from __future__ import annotations
 import struct
 
 import grpc
-from oddl.controller.devices import DeviceRefused
+from oddl.controller.base.devices import DeviceRefused
 from oddl.sim.pynq_device import EmulatedONicDevice
 from pynq.remote import mmio_pb2, mmio_pb2_grpc, remote_device_pb2, remote_device_pb2_grpc
 

@@ -23,8 +23,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from oddl.controller.invariants import tag_of
-from oddl.controller.messages import Flow
+from oddl.controller.base.messages import Flow
+from oddl.controller.stage2.invariants import tag_of
 
 
 class Sharing:

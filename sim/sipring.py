@@ -20,8 +20,8 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
-from oddl.controller.clock import Clock
-from oddl.controller.messages import Flow
+from oddl.controller.base.clock import Clock
+from oddl.controller.base.messages import Flow
 from oddl.sim.electrical import FlowNetwork
 
 

@@ -2,7 +2,7 @@
 
 Each node has `degree` ports of `link_gbps`; port k of node i is a fixed fibre to node
 i + jump_k (mod N), the jumps chosen by TotientPerms as TopoOpt's released code chooses
-them (controller/jumps.py), so the topology is a union of ring permutations with diameter
+them (controller/base/jumps.py), so the topology is a union of ring permutations with diameter
 O(d N^(1/d)); `jumps` says which, `topology` its diameter and mean hop count. Nothing is
 reconfigured during training. A flow takes a fewest-hops path over the jumps (TopoOpt's
 coin change) and is forwarded by the hosts on the way: every hop holds link capacity and
@@ -13,9 +13,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from oddl.controller.clock import Clock
-from oddl.controller.jumps import JumpSet, jump_routes, totient_jumps
-from oddl.controller.messages import Flow
+from oddl.controller.base.clock import Clock
+from oddl.controller.base.jumps import JumpSet, jump_routes, totient_jumps
+from oddl.controller.base.messages import Flow
 from oddl.sim.electrical import FlowNetwork
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from oddl.controller.devices import DeviceRefused
+from oddl.controller.base.devices import DeviceRefused
 
 
 class WSSModel:

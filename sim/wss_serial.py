@@ -13,7 +13,7 @@ import threading
 import time
 import tty
 
-from oddl.controller.devices import DeviceRefused
+from oddl.controller.base.devices import DeviceRefused
 from oddl.sim.wss import WSSModel
 
 FIRMWARE = "fw0.1"

@@ -13,16 +13,16 @@ from pathlib import Path
 from typing import Any
 
 import pynq
-from oddl.controller.api import grid_testbed
-from oddl.controller.arbiter import Arbiter
-from oddl.controller.clock import Clock
-from oddl.controller.collectives import Schedule, Step
-from oddl.controller.config import FaultSpec, Testbed
-from oddl.controller.control_unit import ControlUnit
-from oddl.controller.job import timing_of
-from oddl.controller.messages import Flow, Grant
-from oddl.controller.session import stop_emulator
-from oddl.controller.topology import Grid
+from oddl.controller.base.clock import Clock
+from oddl.controller.base.collectives import Schedule, Step
+from oddl.controller.base.config import FaultSpec, Testbed
+from oddl.controller.base.messages import Flow, Grant
+from oddl.controller.base.topology import Grid
+from oddl.controller.operator.api import grid_testbed
+from oddl.controller.operator.session import stop_emulator
+from oddl.controller.stage1.arbiter import Arbiter
+from oddl.controller.stage2.control_unit import ControlUnit
+from oddl.controller.stage2.job import timing_of
 from oddl.drivers.onic import ONicDriver
 from oddl.fpga import regmap as R
 from oddl.sim import backend as sim_backend
@@ -123,7 +123,7 @@ def emulator(root: Path, testbed: Path, out: Path, *args: str, limit_s: float = 
              ) -> Iterator[tuple[subprocess.Popen[str], list[str]]]:
     """`oddl emulate` as a user starts it: yields the process and its lines up to "ready";
     killed after `limit_s` whatever happens (never hangs the suite), stopped on exit."""
-    proc = subprocess.Popen([sys.executable, "-m", "oddl.controller.cli", "emulate", str(testbed),
+    proc = subprocess.Popen([sys.executable, "-m", "oddl.controller", "emulate", str(testbed),
                              "--out", str(out), *args], cwd=root, stdout=subprocess.PIPE,
                             text=True)
     killer = threading.Timer(limit_s, proc.kill)

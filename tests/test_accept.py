@@ -12,7 +12,7 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import pytest
-from oddl.controller.lock import TestbedBusy, TestbedLock
+from oddl.controller.service.lock import TestbedBusy, TestbedLock
 
 pytestmark = pytest.mark.realtime  # brokers, emulators, sockets: the wall clock
 
@@ -32,7 +32,7 @@ def relaxed(root: Path, tmp_path: Path, name: str = PROTO, p99_ms: float = 10_00
 
 def accept(root: Path, *args: str, env: dict[str, str] | None = None
            ) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "oddl.controller.cli", "accept", *args],
+    return subprocess.run([sys.executable, "-m", "oddl.controller", "accept", *args],
                           cwd=root, capture_output=True, text=True, timeout=300,
                           env={**os.environ, **(env or {})})
 

@@ -19,11 +19,11 @@ from pathlib import Path
 import aiomqtt
 import msgspec
 import pytest
-from oddl.controller.access import CONTROLLER, DASHBOARD, ctl_topic, result_topic, run_topic
-from oddl.controller.config import load_testbed
-from oddl.controller.job import JOB_VERSION, JobEvent, JobSpec
-from oddl.controller.messages import Grant, Release, Request
-from oddl.controller.wire import encode
+from oddl.controller.base.access import CONTROLLER, DASHBOARD, ctl_topic, result_topic, run_topic
+from oddl.controller.base.config import load_testbed
+from oddl.controller.base.messages import Grant, Release, Request
+from oddl.controller.stage2.job import JOB_VERSION, JobEvent, JobSpec
+from oddl.controller.stage2.wire import encode
 from oddl.drivers.mqtt import password_of
 
 from tests.helpers import emulator
@@ -84,7 +84,7 @@ def test_attacks_during_a_run_change_nothing(root: Path, tmp_path: Path) -> None
         tb = load_testbed(out)
         port = int(tb.broker.url.rsplit(":", 1)[1])
         run = subprocess.Popen(
-            [sys.executable, "-m", "oddl.controller.cli", "run",
+            [sys.executable, "-m", "oddl.controller", "run",
              "experiments/table1-resnet50.toml", "--backend", "hw", "--testbed", str(out),
              "--iterations", "10", "--json", "--out", str(tmp_path / "run")],
             cwd=root, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)

@@ -6,12 +6,12 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from oddl.controller.clock import Clock
-from oddl.controller.collectives import check_balanced, halving_doubling, ring, totient_rings
-from oddl.controller.config import NetworkSpec
-from oddl.controller.jumps import totient_jumps
-from oddl.controller.messages import Flow
-from oddl.controller.workloads import CollectiveEngine
+from oddl.controller.base.clock import Clock
+from oddl.controller.base.collectives import check_balanced, halving_doubling, ring, totient_rings
+from oddl.controller.base.config import NetworkSpec
+from oddl.controller.base.jumps import totient_jumps
+from oddl.controller.base.messages import Flow
+from oddl.controller.stage2.workloads import CollectiveEngine
 from oddl.sim.baselines import build_network
 from oddl.sim.clock import VirtualClockLoop
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
-from oddl.controller.clock import Clock
+from oddl.controller.base.clock import Clock
 from oddl.sim.clock import VirtualClockLoop
 
 

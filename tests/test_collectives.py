@@ -1,7 +1,7 @@
 from __future__ import annotations
 
 import pytest
-from oddl.controller.collectives import build, check_balanced, halving_doubling, ring
+from oddl.controller.base.collectives import build, check_balanced, halving_doubling, ring
 
 
 @pytest.mark.parametrize("kind,n,rows,cols", [("hd", 8, 2, 4), ("ring", 6, 2, 3),

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from oddl.controller.control_unit import FlowFailed
+from oddl.controller.stage2.control_unit import FlowFailed
 
 from tests.helpers import control_loss, make_testbed, run_flows
 
@@ -122,8 +122,8 @@ def test_a_request_flood_from_a_peer_is_bounded_and_starves_nobody() -> None:
     """Reproducer (issue 13): 4,588 REQUESTs from one peer stalled a run; the request
     queue had no bound. A peer now holds at most MAX_QUEUED_PER_SENDER places in a
     receiver's queue: the rest are refused and counted, and every honest flow arrives."""
-    from oddl.controller.control_unit import MAX_QUEUED_PER_SENDER
-    from oddl.controller.messages import Request
+    from oddl.controller.base.messages import Request
+    from oddl.controller.stage2.control_unit import MAX_QUEUED_PER_SENDER
 
     flows = [(s, 0, 20_000, 0) for s in (1, 2)] * 3
 

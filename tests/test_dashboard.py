@@ -18,16 +18,16 @@ import httpx
 import msgspec
 import pytest
 import tomli_w
-from oddl.controller.config import load_testbed
-from oddl.controller.dashboard import View
-from oddl.controller.health import Heartbeat
-from oddl.controller.telemetry import (
+from oddl.controller.base.config import load_testbed
+from oddl.controller.base.telemetry import (
     TELEMETRY_VERSION,
     IterationNote,
     PortsNote,
     PortView,
     RunNote,
 )
+from oddl.controller.operator.dashboard import View
+from oddl.controller.service.health import Heartbeat
 
 from tests.helpers import check_chrome, emulated_grid
 
@@ -39,7 +39,7 @@ ARTIFACTS = Path(__file__).resolve().parent.parent / "test-artifacts"
 
 @contextlib.contextmanager
 def dashboard(root: Path, emu: Path, *args: str) -> Iterator[str]:
-    proc = subprocess.Popen([sys.executable, "-m", "oddl.controller.cli", "dashboard",
+    proc = subprocess.Popen([sys.executable, "-m", "oddl.controller", "dashboard",
                              str(emu), "--port", "0", *args], cwd=root,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     killer = threading.Timer(120, proc.kill)
@@ -92,7 +92,7 @@ def test_the_page_shows_a_live_run_and_its_fault(root: Path, emu: Path,
         for n in ("n0-0", "n0-1", "n1-0", "n1-1"):
             expect(page.locator(f"#node-{n}")).to_have_class("node ok", timeout=10_000)
             expect(page.locator(f"#node-{n} .port")).to_have_count(2)  # H and V
-        run = subprocess.Popen([sys.executable, "-m", "oddl.controller.cli", "run", str(exp),
+        run = subprocess.Popen([sys.executable, "-m", "oddl.controller", "run", str(exp),
                                 "--backend", "emu", "--testbed", str(emu), "--json",
                                 "--out", str(tmp_path / "run"), "--trace", str(trace)],
                                cwd=root, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -128,7 +128,7 @@ def test_the_page_shows_a_live_run_and_its_fault(root: Path, emu: Path,
 
 
 def test_beyond_loopback_needs_a_token(root: Path, emu: Path, tmp_path: Path) -> None:
-    r = subprocess.run([sys.executable, "-m", "oddl.controller.cli", "dashboard", str(emu),
+    r = subprocess.run([sys.executable, "-m", "oddl.controller", "dashboard", str(emu),
                         "--host", "0.0.0.0", "--port", "0"], cwd=root, capture_output=True,
                        text=True, timeout=60)
     assert r.returncode == 2 and "needs a token" in r.stderr
@@ -192,8 +192,8 @@ def test_a_sim_run_and_an_acceptance_result_reach_the_dashboard(root: Path, emu:
                                                                  tmp_path: Path) -> None:
     """`oddl run --publish` (sim, virtual time) and `oddl accept`'s note, through the
     emulated testbed's broker, as the lab's would go through Mosquitto."""
+    from oddl.controller.base.telemetry import accept_note
     from oddl.controller.registry import open_announcer
-    from oddl.controller.telemetry import accept_note
 
     exp = tmp_path / "sim.toml"
     exp.write_text(tomli_w.dumps({
@@ -204,7 +204,7 @@ def test_a_sim_run_and_an_acceptance_result_reach_the_dashboard(root: Path, emu:
         "networks": [{"name": "oddl", "kind": "oddl"},
                      {"name": "electrical", "kind": "electrical"}]}))
     with dashboard(root, emu) as url:
-        r = subprocess.run([sys.executable, "-m", "oddl.controller.cli", "run", str(exp),
+        r = subprocess.run([sys.executable, "-m", "oddl.controller", "run", str(exp),
                             "--publish", "--json", "--out", str(tmp_path / "run")],
                            cwd=root, capture_output=True, text=True, timeout=120)
         assert r.returncode == 0, r.stderr[-2000:]

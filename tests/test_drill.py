@@ -12,18 +12,18 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from oddl.controller import config
-from oddl.controller.admission import MAX_STOPS
-from oddl.controller.backend import RunFailed
-from oddl.controller.config import (
+from oddl.controller.base import config
+from oddl.controller.base.config import (
     ConfigError,
     Experiment,
     LoadedExperiment,
     Monitor,
     fault_issues,
 )
-from oddl.controller.results import RunStore, read_store
-from oddl.controller.runner import RunResult, run_experiment
+from oddl.controller.experiments.results import RunStore, read_store
+from oddl.controller.experiments.runner import RunResult, run_experiment
+from oddl.controller.service.admission import MAX_STOPS
+from oddl.controller.service.backend import RunFailed
 
 from tests.helpers import make_testbed
 
@@ -200,7 +200,7 @@ def test_a_broker_that_never_returns_stops_the_run_after_the_grace(tmp_path: Pat
 
 
 def test_old_faults_table_and_bad_targets_are_config_errors(tmp_path: Path) -> None:
-    from oddl.controller.config import load_experiment
+    from oddl.controller.base.config import load_experiment
 
     tb = tmp_path / "tb.toml"
     import tomli_w

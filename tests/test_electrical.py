@@ -6,8 +6,8 @@ import asyncio
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from oddl.controller.clock import Clock
-from oddl.controller.messages import Flow
+from oddl.controller.base.clock import Clock
+from oddl.controller.base.messages import Flow
 from oddl.sim.clock import VirtualClockLoop
 from oddl.sim.electrical import ElectricalSwitch, max_min_rates
 

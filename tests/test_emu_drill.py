@@ -42,7 +42,7 @@ def drill(root: Path, emu: Path, tmp: Path, faults: list[dict[str, Any]],
                      "compute_time_ms": 5.0},
         "networks": [{"name": "oddl", "kind": "oddl"}],
         "faults": faults}))
-    r = subprocess.run([sys.executable, "-m", "oddl.controller.cli", "run", str(exp),
+    r = subprocess.run([sys.executable, "-m", "oddl.controller", "run", str(exp),
                         "--backend", "emu", "--testbed", str(emu), "--json",
                         "--out", str(tmp / "run")],
                        cwd=root, capture_output=True, text=True, timeout=120)
@@ -126,9 +126,9 @@ def test_a_board_that_dies_mid_run_is_found_and_the_job_shrinks(
 def test_a_drill_against_a_testbed_without_an_emulator_is_refused() -> None:
     import asyncio
 
-    from oddl.controller.backend import RunFailed
-    from oddl.controller.clock import Clock
-    from oddl.controller.config import FaultSpec
+    from oddl.controller.base.clock import Clock
+    from oddl.controller.base.config import FaultSpec
+    from oddl.controller.service.backend import RunFailed
     from oddl.drivers.drill import RemoteDrill
 
     loop = asyncio.new_event_loop()
@@ -142,7 +142,7 @@ def test_a_drill_against_a_testbed_without_an_emulator_is_refused() -> None:
 
 
 def test_emulate_refuses_a_broker_that_is_down_from_the_start(root: Path) -> None:
-    r = subprocess.run([sys.executable, "-m", "oddl.controller.cli", "emulate",
+    r = subprocess.run([sys.executable, "-m", "oddl.controller", "emulate",
                         "hw_configs/prototype-4node.toml", "--fault", "broker-restart:broker"],
                        cwd=root, capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and "drill it while a job runs" in r.stderr

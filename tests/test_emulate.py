@@ -10,7 +10,7 @@ from pathlib import Path
 
 import aiomqtt
 import pytest
-from oddl.controller.config import load_testbed
+from oddl.controller.base.config import load_testbed
 from oddl.drivers.mqtt import password_of
 from oddl.drivers.onic import ONicDriver
 from oddl.drivers.wss import WSSDriver
@@ -72,7 +72,7 @@ def test_run_table1_on_the_emulated_testbed(root: Path, tmp_path: Path) -> None:
     WSS over its pseudo-terminal and each other over MQTT, in real time."""
     import json
 
-    r = subprocess.run([sys.executable, "-m", "oddl.controller.cli", "run",
+    r = subprocess.run([sys.executable, "-m", "oddl.controller", "run",
                         "experiments/table1-resnet50.toml", "--backend", "emu",
                         "--iterations", "3", "--json", "--out", str(tmp_path / "run")],
                        cwd=root, capture_output=True, text=True, timeout=300)
@@ -96,7 +96,7 @@ def test_one_emulator_serves_job_after_job(root: Path, tmp_path: Path) -> None:
     with emulator(root, root / "hw_configs" / "prototype-4node.toml", out,
                   limit_s=240) as (proc, _):
         for k in range(2):
-            r = subprocess.run([sys.executable, "-m", "oddl.controller.cli", "run",
+            r = subprocess.run([sys.executable, "-m", "oddl.controller", "run",
                                 "experiments/table1-resnet50.toml", "--backend", "emu",
                                 "--testbed", str(out), "--iterations", "2", "--json",
                                 "--out", str(tmp_path / f"run{k}")],

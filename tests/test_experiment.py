@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from oddl.controller.cli import main
-from oddl.controller.config import load_experiment
-from oddl.controller.results import read_store
-from oddl.controller.runner import run_experiment
+from oddl.controller.base.config import load_experiment
+from oddl.controller.experiments.results import read_store
+from oddl.controller.experiments.runner import run_experiment
+from oddl.controller.operator.cli import main
 
 TABLE1 = "experiments/table1-resnet50.toml"
 
@@ -119,7 +119,7 @@ def test_table_output(root: Path, tmp_path: Path) -> None:
 @pytest.mark.realtime
 def test_killed_run_keeps_completed_iterations(root: Path, tmp_path: Path) -> None:
     out = tmp_path / "run"
-    proc = subprocess.Popen([sys.executable, "-m", "oddl.controller.cli", "run", str(root / TABLE1),
+    proc = subprocess.Popen([sys.executable, "-m", "oddl.controller", "run", str(root / TABLE1),
                              "--out", str(out), "--json"], cwd=root,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     db = out / "results.sqlite"

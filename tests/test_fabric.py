@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import pytest
-from oddl.controller.clock import Clock
-from oddl.controller.devices import DeviceRefused
-from oddl.controller.invariants import InvariantViolation
-from oddl.controller.messages import Flow, Grant
-from oddl.controller.topology import Grid
+from oddl.controller.base.clock import Clock
+from oddl.controller.base.devices import DeviceRefused
+from oddl.controller.base.messages import Flow, Grant
+from oddl.controller.base.topology import Grid
+from oddl.controller.stage2.invariants import InvariantViolation
 from oddl.sim import backend as sim_backend
 from oddl.sim.clock import VirtualClockLoop
 from oddl.sim.wss import WSSModel

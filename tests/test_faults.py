@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from oddl.controller.cli import main
-from oddl.controller.config import load_testbed
+from oddl.controller.base.config import load_testbed
+from oddl.controller.operator.cli import main
 from oddl.fpga import regmap as R
 from oddl.sim.faults import FaultSpecError, install, parse_fault
 

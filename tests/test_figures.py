@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from oddl.controller.cli import main
-from oddl.controller.collectives import build
-from oddl.controller.config import ConfigError
-from oddl.controller.figures import paper_rows, plan_figure, run_figure, wire_ns
-from oddl.controller.plan import Plan
-from oddl.controller.sweep import load_sweep
+from oddl.controller.base.collectives import build
+from oddl.controller.base.config import ConfigError
+from oddl.controller.experiments.figures import paper_rows, plan_figure, run_figure, wire_ns
+from oddl.controller.experiments.sweep import load_sweep
+from oddl.controller.operator.cli import main
+from oddl.controller.stage1.plan import Plan
 
 TABLE1 = "experiments/table1-resnet50.toml"
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from oddl.controller.cli import main
+from oddl.controller.operator.cli import main
 
 ROOT = Path(__file__).resolve().parent.parent
 PROTO = (ROOT / "hw_configs" / "prototype-4node.toml").read_text()

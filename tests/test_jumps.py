@@ -12,11 +12,11 @@ import pytest
 from click.testing import CliRunner
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from oddl.controller.cli import main
-from oddl.controller.clock import Clock
-from oddl.controller.collectives import build, check_balanced
-from oddl.controller.config import NetworkSpec
-from oddl.controller.jumps import JumpSet, candidate_jumps, jump_routes, totient_jumps
+from oddl.controller.base.clock import Clock
+from oddl.controller.base.collectives import build, check_balanced
+from oddl.controller.base.config import NetworkSpec
+from oddl.controller.base.jumps import JumpSet, candidate_jumps, jump_routes, totient_jumps
+from oddl.controller.operator.cli import main
 from oddl.sim.baselines import build_network
 from oddl.sim.clock import VirtualClockLoop
 
@@ -123,7 +123,7 @@ def test_plan_prints_the_jumps_diameter_and_mean_hops(root: Path) -> None:
 
 
 def test_bidirectional_with_one_port_is_a_config_error(tmp_path: Path, root: Path) -> None:
-    from oddl.controller.config import ConfigError, load_experiment
+    from oddl.controller.base.config import ConfigError, load_experiment
 
     exp = tmp_path / "e.toml"
     exp.write_text((root / "experiments" / "table1-resnet50.toml").read_text().replace(

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from click.testing import CliRunner
-from oddl.controller.cli import main
+from oddl.controller.operator.cli import main
 from oddl.drivers.lightning import (
     FULL,
     SEGMENTS,

@@ -14,7 +14,7 @@ from pathlib import Path
 import aiomqtt
 import msgspec
 import pytest
-from oddl.controller.access import (
+from oddl.controller.base.access import (
     CONTROLLER,
     ctl_topic,
     health_topic,
@@ -22,14 +22,14 @@ from oddl.controller.access import (
     run_topic,
     write_mosquitto,
 )
-from oddl.controller.clock import Clock
-from oddl.controller.control_unit import Timing
-from oddl.controller.health import Heartbeat
-from oddl.controller.job import JOB_VERSION, JobEvent, JobSpec
-from oddl.controller.messages import Grant, Release
-from oddl.controller.node import NodeProgram
-from oddl.controller.topology import Grid
-from oddl.controller.wire import encode
+from oddl.controller.base.clock import Clock
+from oddl.controller.base.messages import Grant, Release
+from oddl.controller.base.topology import Grid
+from oddl.controller.service.health import Heartbeat
+from oddl.controller.service.node import NodeProgram
+from oddl.controller.stage2.control_unit import Timing
+from oddl.controller.stage2.job import JOB_VERSION, JobEvent, JobSpec
+from oddl.controller.stage2.wire import encode
 from oddl.drivers.mqtt import BusError, MQTTBus
 from oddl.sim import backend as sim_backend
 from oddl.sim.broker import free_port
@@ -181,7 +181,7 @@ def _tls_files(d: Path) -> tuple[Path, Path, Path]:
 
 
 def test_tls_and_password_from_config(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from oddl.controller.config import Broker
+    from oddl.controller.base.config import Broker
     from oddl.drivers.mqtt import bus_from_config
 
     ca, cert, key = _tls_files(tmp_path)

@@ -9,14 +9,14 @@ import socket
 
 import aiomqtt
 import pytest
-from oddl.controller.access import ctl_topic, new_passwords, result_topic, results
-from oddl.controller.arbiter import Arbiter
-from oddl.controller.clock import Clock
-from oddl.controller.control_unit import ControlUnit
-from oddl.controller.job import timing_of
-from oddl.controller.messages import Flow, Grant, Release, Request
-from oddl.controller.topology import Grid
-from oddl.controller.wire import BusDecodeError, decode, encode
+from oddl.controller.base.access import ctl_topic, new_passwords, result_topic, results
+from oddl.controller.base.clock import Clock
+from oddl.controller.base.messages import Flow, Grant, Release, Request
+from oddl.controller.base.topology import Grid
+from oddl.controller.stage1.arbiter import Arbiter
+from oddl.controller.stage2.control_unit import ControlUnit
+from oddl.controller.stage2.job import timing_of
+from oddl.controller.stage2.wire import BusDecodeError, decode, encode
 from oddl.drivers.mqtt import MQTTBus
 from oddl.sim import backend as sim_backend
 from oddl.sim.broker import EmbeddedBroker

@@ -17,8 +17,8 @@ from pathlib import Path
 import aiomqtt
 import msgspec
 import pytest
-from oddl.controller import config
-from oddl.controller.access import (
+from oddl.controller.base import config
+from oddl.controller.base.access import (
     CONTROLLER,
     DASHBOARD,
     new_passwords,
@@ -28,11 +28,11 @@ from oddl.controller.access import (
     status_topic,
     stop_topic,
 )
-from oddl.controller.clock import Clock
-from oddl.controller.control_unit import Timing
-from oddl.controller.job import JOB_VERSION, JobEvent, JobRunner, JobSpec, JobStop
-from oddl.controller.node import NodeProgram
-from oddl.controller.topology import Grid
+from oddl.controller.base.clock import Clock
+from oddl.controller.base.topology import Grid
+from oddl.controller.service.node import NodeProgram
+from oddl.controller.stage2.control_unit import Timing
+from oddl.controller.stage2.job import JOB_VERSION, JobEvent, JobRunner, JobSpec, JobStop
 from oddl.drivers.mqtt import MQTTBus
 from oddl.sim import backend as sim_backend
 from oddl.sim.broker import EmbeddedBroker
@@ -89,7 +89,7 @@ def test_node_program_reports_a_failing_job_and_serves_the_next() -> None:
 
 
 def _cli(*args: str, root: Path, timeout: float = 200) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "oddl.controller.cli", *args], cwd=root,
+    return subprocess.run([sys.executable, "-m", "oddl.controller", *args], cwd=root,
                           capture_output=True, text=True, timeout=timeout)
 
 
@@ -98,7 +98,7 @@ def _oddl_node(root: Path, config: Path, node: str, limit_s: float
                ) -> Iterator[subprocess.Popen[str]]:
     """`oddl node CONFIG --node NODE` as a lab starts it, once it says "ready"; killed
     after `limit_s` whatever happens (never hangs the suite)."""
-    proc = subprocess.Popen([sys.executable, "-m", "oddl.controller.cli", "node",
+    proc = subprocess.Popen([sys.executable, "-m", "oddl.controller", "node",
                              str(config), "--node", node], cwd=root, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     killer = threading.Timer(limit_s, proc.kill)
@@ -151,7 +151,7 @@ def test_a_board_without_its_node_program_is_named(root: Path, tmp_path: Path) -
 
 def test_emulate_refuses_an_unknown_external_node(root: Path) -> None:
     from click.testing import CliRunner
-    from oddl.controller.cli import main
+    from oddl.controller.operator.cli import main
 
     r = CliRunner().invoke(main, ["emulate", str(root / "hw_configs" / "prototype-4node.toml"),
                                   "--external-node", "n9"])
@@ -371,11 +371,11 @@ def _stuck_node(emu: Path, node: str) -> Iterator[list[str]]:
     """A node program gone wrong: logged in as `node`, it beats, says "ready" to every job
     and GRANTs every REQUEST (so its peers send, and need no retry), but never sends a
     flow of its own nor reports. Yields the ids of the jobs it took."""
-    from oddl.controller.access import ctl_topic, health_topic
-    from oddl.controller.config import load_testbed
-    from oddl.controller.health import HEARTBEAT_VERSION, Heartbeat
-    from oddl.controller.messages import Grant, Request
-    from oddl.controller.wire import decode, encode
+    from oddl.controller.base.access import ctl_topic, health_topic
+    from oddl.controller.base.config import load_testbed
+    from oddl.controller.base.messages import Grant, Request
+    from oddl.controller.service.health import HEARTBEAT_VERSION, Heartbeat
+    from oddl.controller.stage2.wire import decode, encode
 
     tb = load_testbed(emu)
     assert tb.broker.password_file is not None

@@ -8,7 +8,7 @@ from contextlib import contextmanager
 
 import pynq
 import pytest
-from oddl.controller.devices import DeviceRefused
+from oddl.controller.base.devices import DeviceRefused
 from oddl.drivers.onic import IdentityMismatch, ONicDriver
 from oddl.fpga import regmap as R
 from oddl.fpga.countaction import Program, collective_steps, streamer
@@ -247,7 +247,7 @@ def test_driver_routes_round_trip_and_transactions(
 
 
 def test_delivered_counts_only_the_final_leg() -> None:
-    from oddl.controller.messages import Flow as F
+    from oddl.controller.base.messages import Flow as F
     from oddl.fpga.countaction import step_sync
 
     b = Bench()

@@ -9,11 +9,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 from click.testing import CliRunner
-from oddl.controller.cli import main
-from oddl.controller.clock import Clock
-from oddl.controller.collectives import build, check_balanced
-from oddl.controller.config import ConfigError, NetworkSpec, load_experiment
-from oddl.controller.workloads import CollectiveEngine
+from oddl.controller.base.clock import Clock
+from oddl.controller.base.collectives import build, check_balanced
+from oddl.controller.base.config import ConfigError, NetworkSpec, load_experiment
+from oddl.controller.operator.cli import main
+from oddl.controller.stage2.workloads import CollectiveEngine
 from oddl.sim.baselines import build_network
 from oddl.sim.clock import VirtualClockLoop
 from oddl.sim.mzi import Components, decompose

@@ -9,12 +9,12 @@ import pytest
 from click.testing import CliRunner
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from oddl.controller.cli import main
-from oddl.controller.collectives import build
-from oddl.controller.config import load_testbed
-from oddl.controller.plan import Plan, PlanError
-from oddl.controller.planner import plan_job
-from oddl.controller.topology import Grid
+from oddl.controller.base.collectives import build
+from oddl.controller.base.config import load_testbed
+from oddl.controller.base.topology import Grid
+from oddl.controller.operator.cli import main
+from oddl.controller.stage1.plan import Plan, PlanError
+from oddl.controller.stage1.planner import plan_job
 
 from tests.helpers import make_testbed, schedule_for
 

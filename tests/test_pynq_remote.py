@@ -8,8 +8,8 @@ import time
 from collections.abc import Iterator
 
 import pytest
-from oddl.controller.clock import Clock
-from oddl.controller.devices import DeviceRefused
+from oddl.controller.base.clock import Clock
+from oddl.controller.base.devices import DeviceRefused
 from oddl.drivers.onic import ONicDriver
 from oddl.fpga import regmap as R
 from oddl.sim.onic_board import ONicBoard
@@ -33,7 +33,7 @@ class Emulator:
 
     def _run(self) -> None:
         asyncio.set_event_loop(self.loop)
-        from oddl.controller.topology import Grid
+        from oddl.controller.base.topology import Grid
         from oddl.sim import backend as sim_backend
 
         tb = make_testbed(1, 4, wavelengths=3)

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from oddl.controller.cli import main
-from oddl.controller.sweep import grid_shape, load_sweep, run_sweep, speedups
+from oddl.controller.experiments.sweep import grid_shape, load_sweep, run_sweep, speedups
+from oddl.controller.operator.cli import main
 
 SWEEP = """
 name = "t"

@@ -12,11 +12,11 @@ from typing import Any
 
 import msgspec
 import pytest
-from oddl.controller.config import load_experiment
-from oddl.controller.job import JobEvent
-from oddl.controller.results import RunStore, read_store
-from oddl.controller.runner import Timeline, run_experiment
-from oddl.controller.trace import MAX_ROWS, TraceRow
+from oddl.controller.base.config import load_experiment
+from oddl.controller.experiments.results import RunStore, read_store
+from oddl.controller.experiments.runner import Timeline, run_experiment
+from oddl.controller.stage2.job import JobEvent
+from oddl.controller.stage2.trace import MAX_ROWS, TraceRow
 
 from tests.helpers import check_chrome
 
@@ -85,7 +85,7 @@ def test_messages_and_firings_match_the_run(traced: tuple[Any, ...]) -> None:
 
 def test_trace_cli_writes_a_file(root: Path, tmp_path: Path) -> None:
     from click.testing import CliRunner
-    from oddl.controller.cli import main
+    from oddl.controller.operator.cli import main
 
     f = tmp_path / "t.json"
     r = CliRunner().invoke(main, ["run", str(root / TABLE1), "--iterations", "2", "--out",
@@ -114,7 +114,7 @@ def test_trace_rows_on_the_wire_are_bounded() -> None:
 def test_names_on_the_wire_are_whole_topic_levels(name: str) -> None:
     """Reproducer: msgspec's `pattern` searches, so the unanchored name rule let "n/0"
     through as "n" in heartbeats, job events and trace rows alike."""
-    from oddl.controller.health import Heartbeat
+    from oddl.controller.service.health import Heartbeat
 
     for payload, t in ((["fire", name, "", "slot 0", 1], TraceRow),
                        ({"v": 5, "job": "j", "kind": "ready", "node": name}, JobEvent),

@@ -6,12 +6,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from oddl.controller.arbiter import Arbiter
-from oddl.controller.clock import Clock
-from oddl.controller.collectives import build
-from oddl.controller.config import load_testbed
-from oddl.controller.devices import DeviceRefused
-from oddl.controller.topology import Grid
+from oddl.controller.base.clock import Clock
+from oddl.controller.base.collectives import build
+from oddl.controller.base.config import load_testbed
+from oddl.controller.base.devices import DeviceRefused
+from oddl.controller.base.topology import Grid
+from oddl.controller.stage1.arbiter import Arbiter
 from oddl.drivers.wss import WSSDriver, WSSError, WSSProtocolError, WSSTimeout
 from oddl.sim import backend as sim_backend
 from oddl.sim.clock import VirtualClockLoop

@@ -16,7 +16,7 @@ pytestmark = pytest.mark.acceptance
 
 def test_control_rtt(bench: Bench, figure) -> None:  # type: ignore[no-untyped-def]
     """REQUEST -> GRANT through the testbed's MQTT broker (with its authentication/TLS)."""
-    from oddl.controller.access import CONTROLLER, probe_ns
+    from oddl.controller.base.access import CONTROLLER, probe_ns
     from oddl.drivers.mqtt import bus_from_config
 
     tb, spec = bench.tb, bench.spec

@@ -1,0 +1,54 @@
+"""What oddl knows by name: models, collectives, planning strategies, networks, back ends.
+
+Each list is written here once; the config types (`Literal`s), the CLI choices and the
+builders' dispatch tables derive from it, and tests hold the dispatch tables to it.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+# parameters (millions), ODDL-SPEC / the usual published counts
+MODELS: dict[str, float] = {
+    "resnet50": 25.56,
+    "vgg11": 132.86,
+    "vgg16": 138.36,
+    "vgg19": 143.67,
+    "bert": 110.0,  # BERT-base
+    "bert-large": 340.0,
+    "dlrm": 2.37,  # the dense MLPs only (all-reduced); its embeddings stay where they are
+}
+# forward multiply-accumulates per sample, G (the usual published counts: ResNet-50 and VGG
+# at 224 x 224; BERT-large: 340 M parameters x a 128-token sequence); a multi-job
+# experiment scales the Table 1 calibration by them (docs/model.md, workloads.compute_ms)
+MODEL_GMACS: dict[str, float] = {
+    "resnet50": 4.1,
+    "vgg11": 7.6,
+    "vgg16": 15.5,
+    "vgg19": 19.6,
+    "bert": 14.1,  # 110 M x 128 tokens
+    "bert-large": 43.5,
+    "dlrm": 0.0024,  # the MLPs and the pairwise interactions (docs/model.md)
+}
+# bytes each sample's embedding lookups put on the network, each way: DLRM's MLPerf
+# configuration, 26 tables of 128-float vectors; the forward all-to-all sends them, the
+# backward one their gradients (docs/model.md)
+EMBEDDING_BYTES: dict[str, int] = {"dlrm": 26 * 128 * 4}
+COLLECTIVES = ("ring", "hd", "hier2d", "totientrings")
+IN_NETWORK = "optinc"  # OptINC's all-reduce: a network's own, never a workload's
+STRATEGIES = ("cyclic", "matched", "totientperms")
+POLICIES = ("fifo", "smallest-first")  # the order queued jobs are admitted in
+SHAPES = ("any", "row", "col", "grid")  # a job's placement hint (controller/stage1/placement.py)
+SHARINGS = ("fair", "weighted", "mltcp")  # how jobs share a link (sim/sharing.py)
+NETWORK_KINDS = ("oddl", "electrical", "fattree", "sipring", "topoopt", "optinc")
+BACKENDS = ("sim", "emu", "hw")
+
+ModelName = Literal[tuple(MODELS)]  # type: ignore[valid-type]
+CollectiveName = Literal[COLLECTIVES]  # type: ignore[valid-type]
+NetworkCollective = Literal[(*COLLECTIVES, IN_NETWORK)]  # type: ignore[valid-type]
+StrategyName = Literal[STRATEGIES]  # type: ignore[valid-type]
+NetworkKind = Literal[NETWORK_KINDS]  # type: ignore[valid-type]
+BackendName = Literal[BACKENDS]  # type: ignore[valid-type]
+PolicyName = Literal[POLICIES]  # type: ignore[valid-type]
+ShapeName = Literal[SHAPES]  # type: ignore[valid-type]
+SharingName = Literal[SHARINGS]  # type: ignore[valid-type]

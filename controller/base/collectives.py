@@ -1,0 +1,201 @@
+"""All-reduce collectives as per-rank step lists.
+
+Each rank runs its steps in order; a rank's step s+1 starts when every byte it expects in
+step s has arrived (the count-action condition). Byte counts are exact integers: chunks
+split S as evenly as possible, so every byte of the gradient is accounted for.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from oddl.controller.base.jumps import totient_jumps
+
+
+@dataclass(frozen=True, slots=True)
+class Step:
+    sends: tuple[tuple[int, int], ...]  # (dst rank, bytes)
+    recv_bytes: int  # bytes this rank must receive before its next step
+    phase: str
+
+
+Schedule = list[list[Step]]  # schedule[rank] = that rank's steps
+
+
+def _split(total: int, parts: int) -> list[int]:
+    q, r = divmod(total, parts)
+    return [q + (1 if i < r else 0) for i in range(parts)]
+
+
+def ring(n: int, size: int, members: list[int] | None = None, phase: str = "ring",
+         sched: Schedule | None = None, base: int | None = None) -> Schedule:
+    """Ring all-reduce: reduce-scatter then all-gather, 2(n-1) steps of S/n."""
+    ranks = members if members is not None else list(range(n))
+    k = len(ranks)
+    sched = sched if sched is not None else [[] for _ in range(n)]
+    if k == 1:
+        return sched
+    chunks = _split(size, k)
+    for s in range(2 * (k - 1)):
+        for i, r in enumerate(ranks):
+            send_chunk = (i - s) % k
+            recv_chunk = (i - 1 - s) % k
+            sched[r].append(Step(((ranks[(i + 1) % k], chunks[send_chunk]),),
+                                 chunks[recv_chunk], f"{phase}-{'rs' if s < k - 1 else 'ag'}"))
+    return sched
+
+
+def halving_doubling(n: int, size: int) -> Schedule:
+    """Recursive halving reduce-scatter, then recursive doubling all-gather (the paper's HD).
+
+    For n not a power of two (a job shrunk round a dead rank), the n - p ranks over the
+    largest power of two p first hand their whole gradient to a partner among the first
+    n - p (a fold), the p run HD, and the partners hand the result back (an unfold): the
+    usual reduction, 2 S more bytes on those pairs. Every rank has the same number of
+    steps (empty ones where it waits), since a flow counts at its sender's step index."""
+    if n < 1:
+        raise ValueError(f"halving-doubling needs at least one rank, got {n}")
+    p = 1 << (n.bit_length() - 1)
+    if p == n:
+        return _hd(n, size)
+    core = _hd(p, size)
+    idle = [Step((), 0, "hd-wait")] * len(core[0])
+    sched: Schedule = []
+    for r in range(p):
+        folded = r < n - p
+        sched.append([Step((), size if folded else 0, "hd-fold"), *core[r],
+                      Step(((p + r, size),) if folded else (), 0, "hd-unfold")])
+    for e in range(p, n):
+        sched.append([Step(((e - p, size),), 0, "hd-fold"), *idle,
+                      Step((), size, "hd-unfold")])
+    return sched
+
+
+def _hd(n: int, size: int) -> Schedule:
+    logn = n.bit_length() - 1
+    sched: Schedule = [[] for _ in range(n)]
+    for r in range(n):
+        lo, hi = 0, size  # the segment this rank is responsible for, [lo, hi)
+        rs: list[Step] = []
+        segs: list[tuple[int, int, int]] = []
+        for k in range(logn):
+            partner = r ^ (1 << k)
+            mid = lo + (hi - lo) // 2
+            keep_low = not (r >> k) & 1
+            keep = (lo, mid) if keep_low else (mid, hi)
+            give = (mid, hi) if keep_low else (lo, mid)
+            rs.append(Step(((partner, give[1] - give[0]),), keep[1] - keep[0], f"hd-rs{k}"))
+            segs.append((partner, give[1] - give[0], keep[1] - keep[0]))
+            lo, hi = keep
+        ag = [Step(((p, kept),), gave, f"hd-ag{k}")
+              for k, (p, gave, kept) in reversed(list(enumerate(segs)))]
+        sched[r] = rs + ag
+    return sched
+
+
+def hierarchical_2d(rows: int, cols: int, size: int) -> Schedule:
+    """Row reduce-scatter, column all-reduce of each row-shard, row all-gather (ring based)."""
+    n = rows * cols
+    sched: Schedule = [[] for _ in range(n)]
+    shard = _split(size, cols)
+    for r in range(rows):
+        members = [r * cols + c for c in range(cols)]
+        tmp = ring(n, size, members, "row", None)
+        for m in members:
+            sched[m] += tmp[m][: cols - 1]  # reduce-scatter half
+    for c in range(cols):
+        members = [r * cols + c for r in range(rows)]
+        # after the row reduce-scatter rank (r, c) owns shard (c + 1) % cols
+        ring(n, shard[(c + 1) % cols], members, "col", sched)
+    for r in range(rows):
+        members = [r * cols + c for c in range(cols)]
+        tmp = ring(n, size, members, "row", None)
+        for m in members:
+            sched[m] += tmp[m][cols - 1:]  # all-gather half
+    return sched
+
+
+def totient_rings(n: int, size: int, jumps: list[int]) -> Schedule:
+    """TopoOpt's all-reduce: one ring per TotientPerms jump (rank i sends to i + j), each
+    ring reducing its own 1/d of the gradient, all in lockstep: 2(n-1) steps, d sends each,
+    so a degree-d direct-connect topology uses all d links, each ring one hop per step."""
+    if not jumps:
+        raise ValueError("totient rings need at least one jump")
+    parts = _split(size, len(jumps))
+    sched: Schedule = [[] for _ in range(n)]
+    if n == 1:
+        return sched
+    per_ring = []
+    for j, part in zip(jumps, parts, strict=True):
+        order = [(k * j) % n for k in range(n)]  # the ring's rank order (gcd(j, n) = 1)
+        per_ring.append(ring(n, part, order, f"ring+{j}"))
+    for r in range(n):
+        for s in range(2 * (n - 1)):
+            steps = [sr[r][s] for sr in per_ring]
+            sched[r].append(Step(tuple(x for st in steps for x in st.sends),
+                                 sum(st.recv_bytes for st in steps), f"totient-{s}"))
+    return sched
+
+
+def in_network(n: int, size: int) -> Schedule:
+    """OptINC's all-reduce: one step, every rank streams its whole gradient into the fabric
+    and receives the mean. The fabric is not a rank, so the step is written as a send to
+    the next rank; only a network that averages in flight (kind optinc) runs it."""
+    if n == 1:
+        return [[]]
+    return [[Step((((r + 1) % n, size),), size, "optinc")] for r in range(n)]
+
+
+def optinc_levels(servers: int, ports: int) -> list[int]:
+    """OptINC's units: [N] when one unit of `ports` serves all N servers; [group size,
+    groups] for the two-level cascade of seeds/004 Fig. 5."""
+    if servers < 1 or ports < 2:
+        raise ValueError(f"{servers} servers, {ports} ports per unit")
+    if servers <= ports:
+        return [servers]
+    if servers % ports or servers // ports > ports:
+        raise ValueError(f"{servers} servers: a two-level OptINC of {ports}-port units "
+                         f"serves a multiple of {ports} up to {ports * ports}")
+    return [ports, servers // ports]
+
+
+def build(kind: str, n: int, size: int, rows: int, cols: int, degree: int = 4,
+          bidirectional: bool = False) -> Schedule:
+    if kind == "ring":
+        return ring(n, size)
+    if kind == "totientrings":
+        return totient_rings(n, size, totient_jumps(n, degree, bidirectional=bidirectional))
+    if kind == "hd":
+        return halving_doubling(n, size)
+    if kind == "optinc":
+        return in_network(n, size)
+    if kind == "hier2d":
+        if rows * cols != n:
+            raise ValueError(f"hier2d needs the job on the whole {rows} x {cols} grid")
+        return hierarchical_2d(rows, cols, size)
+    raise ValueError(f"unknown collective {kind!r}")
+
+
+def with_alltoall(sched: Schedule, per_pair: int) -> Schedule:
+    """An all-to-all step before the all-reduce: every rank sends `per_pair` bytes to
+    every other (DLRM's embedding exchange, forward and backward together)."""
+    n = len(sched)
+    if per_pair <= 0 or n < 2:
+        return sched
+    return [[Step(tuple((d, per_pair) for d in range(n) if d != r), per_pair * (n - 1),
+                  "alltoall"), *steps] for r, steps in enumerate(sched)]
+
+
+def check_balanced(sched: Schedule) -> None:
+    """Every byte a rank expects is sent to it by someone (a schedule sanity check)."""
+    n = len(sched)
+    sent = [0] * n
+    expected = [0] * n
+    for r, steps in enumerate(sched):
+        for st in steps:
+            expected[r] += st.recv_bytes
+            for dst, b in st.sends:
+                sent[dst] += b
+    if sent != expected:
+        bad = next(i for i in range(n) if sent[i] != expected[i])
+        raise AssertionError(f"rank {bad} expects {expected[bad]} bytes but is sent {sent[bad]}")

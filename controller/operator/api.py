@@ -1,0 +1,203 @@
+"""oddl's public API, for scripts and notebooks (docs/api.md has a worked example).
+
+    from oddl.controller.operator import api
+
+    ctx = api.load_experiment("experiments/table1-resnet50.toml")
+    result = api.run(ctx, iterations=50, out="runs/t1")   # or: await api.run_async(...)
+    print(result.ratio, api.read_run("runs/t1")["networks"]["oddl"]["iterations"][0])
+
+Everything here is data in, data out: configs are pydantic models, a plan is a `Plan`
+(printable, diffable, JSON), a run is a `RunResult` plus a run directory that
+`read_run` reads back. The names below are kept stable; anything else may change.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from oddl.controller.base.collectives import build
+from oddl.controller.base.config import (
+    ConfigError,
+    LoadedExperiment,
+    Testbed,
+    grid_testbed,
+    load_experiment,
+    load_testbed,
+)
+from oddl.controller.base.topology import Grid
+from oddl.controller.experiments.figures import (
+    iteration_parts,
+    jct_cdf,
+    paper_rows,
+    run_figure,
+    save,
+)
+from oddl.controller.experiments.results import RunStore, make_run_dir, read_store, write_manifest
+from oddl.controller.experiments.runner import (
+    Network,
+    Progress,
+    RunFailed,
+    RunResult,
+    run_experiment,
+)
+from oddl.controller.experiments.runner import lone_network as network
+from oddl.controller.operator.session import session
+from oddl.controller.stage1.plan import Plan
+from oddl.controller.stage1.planner import plan_job
+from oddl.controller.stage2.trace import Timeline
+from oddl.controller.stage2.workloads import model_spec
+
+__all__ = [
+    "ConfigError",
+    "LoadedExperiment",
+    "Network",
+    "Plan",
+    "RunFailed",
+    "RunResult",
+    "Testbed",
+    "check",
+    "grid_testbed",
+    "load_experiment",
+    "load_testbed",
+    "network",
+    "plan",
+    "read_run",
+    "run",
+    "run_async",
+]
+
+
+def plan(testbed: Testbed | str | Path, experiment: LoadedExperiment | None = None,
+         strategy: str | None = None) -> Plan:
+    """Stage 1's plan for an experiment's workload on a testbed (default: halving-doubling
+    of ResNet-50 over every node), validated; nothing is applied."""
+    tb = testbed if isinstance(testbed, Testbed) else load_testbed(testbed)
+    if experiment is not None:
+        w = experiment.workload
+        nets = [s for s in experiment.experiment.networks if s.kind == "oddl"]
+        strat = strategy or (nets[0].strategy if nets else "matched")
+        model, coll, bpp, name = w.model, w.collective, w.bytes_per_param, \
+            experiment.experiment.name
+    else:
+        strat, model, coll, bpp, name = strategy or "matched", "resnet50", "hd", 4, "hd-all"
+    grid = Grid.from_testbed(tb)
+    sched = build(coll, tb.n_nodes, model_spec(model).grad_bytes(bpp), tb.grid.rows,
+                  tb.grid.cols)
+    p = plan_job(tb, grid, sched, name, strat)
+    p.validate(grid)
+    return p
+
+
+def check(path: str | Path) -> str:
+    """`oddl check`: a testbed, experiment or sweep config validated as what loads it would,
+    and an experiment's ODDL networks planned as stage 1 would (one workload on the whole
+    testbed; several jobs: the partitions of those that start at once, checked isolated);
+    each point of a sweep generated. Returns the one-line verdict; raises ConfigError with
+    every issue (file, field, reason)."""
+    from oddl.controller.base.config import ConfigIssue, kind_of
+    from oddl.controller.experiments.sweep import load_sweep, make_testbed, points
+    from oddl.controller.service.admission import JobRequest, plan_partitions
+    from oddl.controller.stage1.plan import PlanError
+
+    path = Path(path)
+    kind = kind_of(path)
+    if kind == "sweep":
+        sw, tb_path = load_sweep(path)
+        template = load_testbed(tb_path).model_dump()
+        shapes = {(p["nodes"], p["line_rate_gbps"]) for p in points(sw)}
+        for n, rate in sorted(shapes):
+            try:
+                make_testbed(template, n, rate)
+            except ValueError as e:
+                raise ConfigError([ConfigIssue(str(path), "nodes", str(e))]) from None
+        return (f"OK {path}: sweep {sw.name} on {tb_path}: {len(points(sw))} points "
+                f"({len(shapes)} generated testbeds)")
+    if kind == "testbed":
+        tb = load_testbed(path)
+        return (f"OK {path}: {tb.name}, {tb.grid.rows} x {tb.grid.cols} grid, {tb.n_nodes} "
+                f"nodes, {len(tb.wss)} WSSs, {len(tb.optical.wavelengths())} wavelengths")
+    ctx = load_experiment(path)
+    tb = ctx.testbed
+    grid = Grid.from_testbed(tb)
+    for i, spec in enumerate(ctx.experiment.networks):
+        if spec.kind != "oddl":
+            continue
+        try:
+            if ctx.jobs:
+                plan_partitions(tb, grid, [JobRequest.of(j) for j in ctx.jobs],
+                                ctx.experiment.policy, spec)
+            else:
+                plan(tb, ctx, spec.strategy)
+        except PlanError as e:
+            raise ConfigError([ConfigIssue(str(path), f"networks[{i}]",
+                                           f"cannot be planned on {ctx.testbed_path}: {e}")]
+                              ) from None
+    jobs = f", {len(ctx.jobs)} jobs" if ctx.jobs else ""
+    return f"OK {path}: experiment {ctx.experiment.name} on {tb.name}{jobs}"
+
+
+def run(experiment: LoadedExperiment | str | Path, backend: str = "sim",
+        iterations: int | None = None, out: str | Path | None = None, *,
+        progress: Progress | None = None, trace: Timeline | None = None,
+        publish: bool = False, say: Callable[[str], None] = print) -> RunResult:
+    """Run every network of an experiment (`oddl run`): emu on a sim testbed starts a
+    private emulator of it, hw holds the testbed lock, `publish` tells a sim run's
+    watchers (controller/operator/session.py). With `out`, into a run directory: manifest.json,
+    results.sqlite (every iteration as it completes: a killed run keeps them),
+    summary.json, plot.png (one workload) or jct-cdf.png (several jobs), and for an
+    emulated run the emulator's log."""
+    ctx = experiment if isinstance(experiment, LoadedExperiment) else \
+        load_experiment(experiment)
+    exp = ctx.experiment
+    run_dir = make_run_dir(Path(out), exp.name) if out is not None else None
+    store = None
+    if run_dir is not None:
+        write_manifest(run_dir, {"experiment": ctx.path, "testbed": ctx.testbed_path},
+                       {"seed": exp.seed, "backend": backend,
+                        "experiment": exp.model_dump(),
+                        "testbed": ctx.testbed.model_dump(exclude={"nodes", "wss"})})
+        store = RunStore(run_dir / "results.sqlite")
+    try:
+        with session(ctx.testbed_path, ctx.testbed, backend, f"oddl run {ctx.path}",
+                     publish=publish, say=say,
+                     log=run_dir / "emulator.log" if run_dir is not None else None) as s:
+            if s.testbed != ctx.testbed_path:  # the emulator's config
+                ctx = load_experiment(ctx.path, s.testbed)
+            res = run_experiment(ctx, backend, store, iterations, progress, trace=trace,
+                                 announce=s.announce)
+    finally:
+        if store is not None:
+            store.close()
+    if run_dir is not None:
+        res.run_dir = str(run_dir)
+        (run_dir / "summary.json").write_text(json.dumps(res.summary(exp.reference),
+                                                         indent=1))
+        save(jct_cdf(f"{exp.name} ({backend}): {len(res.jobs)} jobs", res.jobs)
+             if res.jobs else run_figure(
+                 f"{exp.name} ({backend})",
+                 iteration_parts(read_store(run_dir / "results.sqlite"), res.training_min()),
+                 paper_rows(exp.reference, res.training_min(), res.ratio)),
+             run_dir / ("jct-cdf.png" if res.jobs else "plot.png"))
+    return res
+
+
+async def run_async(experiment: LoadedExperiment | str | Path, backend: str = "sim",
+                    iterations: int | None = None, out: str | Path | None = None
+                    ) -> RunResult:
+    """`run` from a running event loop (a notebook's): the sim back end keeps its own
+    virtual clock, so the run goes to a worker thread and your loop stays responsive."""
+    return await asyncio.to_thread(run, experiment, backend, iterations, out,
+                                   say=lambda _line: None)
+
+
+def read_run(run_dir: str | Path) -> dict[str, Any]:
+    """A run directory: its manifest, summary and every recorded iteration (per network)."""
+    d = Path(run_dir)
+    summary = d / "summary.json"
+    return {"manifest": json.loads((d / "manifest.json").read_text()),
+            "summary": json.loads(summary.read_text()) if summary.exists() else None,
+            "networks": read_store(d / "results.sqlite")}

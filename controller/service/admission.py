@@ -1,0 +1,668 @@
+"""Jobs on one network: arrivals, a queue, placement, stage 1 per job, the watch, stops for
+faults, departures. The one orchestration of every run.
+
+An experiment of one workload is a one-job admission: its job holds the whole testbed
+(`WholeTestbed`), its ranks the first nodes in grid order. An experiment of several jobs
+(docs/multijob.md) places each on a rectangle of free nodes (`Rectangles`): it arrives at
+its time, waits in the queue until a partition holds it (FIFO, or smallest first), gets
+its own stage 1 beside the running jobs (ODDL: its WSS entries, routes and count-action
+programs only, read back with everyone else's), runs its iterations, and gives its nodes
+back when it leaves. Every job runs on the back end's one clock at once, so jobs that
+share a network's links (the baselines) slow each other down exactly as much as the flow
+model says; ODDL's isolated partitions do not.
+
+A fault stops only the jobs it concerns (`StopRule`, applied by every back end). Such a job
+waits until the watch has settled, the bus is back and its light has landed (`grace_ms` at
+most), gives its partition back, and goes on from its first iteration not recorded: at the
+head of the queue, on nodes in service (several jobs), or on the whole testbed with its
+dead ranks replaced per the experiment's `recovery` policy and everything else that failed
+planned round (one job). A job is stopped at most `MAX_STOPS` times.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field, replace
+from typing import Any, Literal, Protocol
+
+import msgspec
+from oddl.controller.base.clock import Clock
+from oddl.controller.base.collectives import Schedule
+from oddl.controller.base.config import JobEntry, NetworkSpec
+from oddl.controller.base.faultkinds import DIAGNOSES
+from oddl.controller.base.telemetry import (
+    TELEMETRY_VERSION,
+    IterationNote,
+    RunNote,
+    health_note,
+    plan_note,
+)
+from oddl.controller.base.topology import Grid
+from oddl.controller.service.backend import (
+    Backend,
+    Iteration,
+    JobOutcome,
+    JobStopped,
+    RunFailed,
+    Stalled,
+    StopRule,
+)
+from oddl.controller.service.compat import Arrival, Profile, shift_against
+from oddl.controller.service.health import Diagnosis, Health, Watch
+from oddl.controller.service.recovery import Recovery, replace_ranks
+from oddl.controller.stage1.arbiter import Arbiter, DeviceFailed
+from oddl.controller.stage1.placement import Partition, place
+from oddl.controller.stage1.plan import Plan, PlanError
+from oddl.controller.stage1.planner import NO_FAULTS, Avoid, plan_job
+from oddl.controller.stage2.invariants import MAX_TAG
+from oddl.controller.stage2.job import (
+    JOB_VERSION,
+    JobSpec,
+    built_schedule,
+    job_id,
+    nic_programs,
+    timing_of,
+    wire_routes,
+)
+from oddl.controller.stage2.trace import Timeline
+from oddl.controller.stage2.workloads import alltoall_bytes, compute_ms, model_spec
+
+
+@dataclass(frozen=True)
+class JobRequest:
+    """A job as the queue holds it: what it needs, and for how long."""
+
+    name: str
+    model: str
+    collective: str
+    ranks: int
+    iterations: int
+    compute_ns: int
+    arrival_ns: int
+    shape: str
+    size: int  # gradient bytes
+    alltoall: int = 0  # bytes per rank pair per iteration (DLRM's embedding exchange)
+    weight: float = 1.0  # its share of a link shared by weight
+    shift_ns: int = 0  # its first iteration starts this long after it starts (CASSINI)
+
+    @classmethod
+    def of(cls, e: JobEntry) -> JobRequest:
+        ms = e.compute_time_ms if e.compute_time_ms is not None else \
+            compute_ms(e.model, e.batch_per_node)
+        return cls(e.name, e.model, e.collective, e.ranks, e.total_iterations(),
+                   round(ms * 1e6), round(e.arrival_ms * 1e6), e.shape,
+                   model_spec(e.model).grad_bytes(e.bytes_per_param),
+                   alltoall_bytes(e.model, e.batch_per_node, e.ranks), e.weight,
+                   round(e.shift_ms * 1e6))
+
+    @property
+    def exact(self) -> bool:
+        """2-D hierarchical needs its whole rectangle (no spare cells)."""
+        return self.collective == "hier2d"
+
+
+MAX_STOPS = 3  # a job stopped for faults more often than this fails the run
+
+
+@dataclass
+class JobRecord:
+    """One job's life on one network."""
+
+    name: str
+    arrival_ns: int
+    partition: Partition | None = None
+    start_ns: int | None = None
+    end_ns: int | None = None
+    iteration_ns: list[int] = field(default_factory=list)
+    flows: int = 0
+    # CASSINI (a network with `cassini`): the start delay chosen against the jobs running
+    # at its start, and the worst shared link's score with it and without
+    cassini: Arrival | None = None
+    placed_ns: int = 0  # when its partition was last given it
+    held_ns: int = 0  # node-ns held on partitions it has left (stopped for a fault)
+    # each stop for a fault: when, why, where it ran, the iteration it went on from
+    stops: list[dict[str, Any]] = field(default_factory=list)
+    plan: Plan | None = None  # its latest stage 1 (ODDL)
+
+    @property
+    def jct_s(self) -> float:
+        assert self.end_ns is not None
+        return (self.end_ns - self.arrival_ns) / 1e9
+
+    @property
+    def queued_s(self) -> float:
+        assert self.start_ns is not None
+        return (self.start_ns - self.arrival_ns) / 1e9
+
+    def public(self) -> dict[str, Any]:
+        its = sorted(self.iteration_ns)
+        p = self.partition
+        return {"jct_s": round(self.jct_s, 9), "queued_s": round(self.queued_s, 9),
+                "iterations": len(its),
+                "iteration_time_s": round(sum(its) / len(its) / 1e9, 9) if its else None,
+                "iteration_p99_s": round(percentile(its, 99) / 1e9, 9) if its else None,
+                "nodes": len(p.nodes) if p else 0, "shape": p.shape if p else None} \
+            | ({"cassini": asdict(self.cassini)} if self.cassini else {}) \
+            | ({"stops": self.stops} if self.stops else {})
+
+    def node_ns(self) -> int:
+        """Node-ns it held its partitions for."""
+        p = self.partition
+        return self.held_ns + (len(p.nodes) * ((self.end_ns or 0) - self.placed_ns)
+                               if p is not None else 0)
+
+
+def percentile(xs: list[int] | list[float], q: float) -> float:
+    """Nearest-rank percentile of sorted values."""
+    return xs[max(0, math.ceil(q / 100 * len(xs)) - 1)]
+
+
+Routes = dict[str, dict[str, tuple[str, int, str]]]
+
+
+class Stage1(Protocol):
+    """What a network does when a job is placed and when it leaves (ODDL: plan round
+    `avoid`, apply and read back its partition; a baseline: nothing to configure)."""
+
+    plan_s: float  # time spent planning, every job's
+
+    def admit(self, req: JobRequest, part: Partition, schedule: Schedule, avoid: Avoid
+              ) -> tuple[Routes, bool, Plan | None]: ...
+    def release(self, job: str, gone: Avoid = NO_FAULTS) -> None: ...
+    def tables(self) -> dict[str, list[list[int | None]]]: ...
+
+
+class NoStage1:
+    plan_s = 0.0
+
+    def admit(self, req: JobRequest, part: Partition, schedule: Schedule, avoid: Avoid
+              ) -> tuple[Routes, bool, Plan | None]:
+        return {}, False, None
+
+    def release(self, job: str, gone: Avoid = NO_FAULTS) -> None:
+        pass
+
+    def tables(self) -> dict[str, list[list[int | None]]]:
+        return {}
+
+
+class OddlStage1:
+    """The arbiter per job: plan within the partition, admit beside the running jobs."""
+
+    def __init__(self, arbiter: Arbiter, spec: NetworkSpec) -> None:
+        self.arbiter, self.spec = arbiter, spec
+        self.plan_s = 0.0
+
+    def admit(self, req: JobRequest, part: Partition, schedule: Schedule, avoid: Avoid
+              ) -> tuple[Routes, bool, Plan | None]:
+        t = time.perf_counter()
+        # a rectangle is closed under relaying; the whole testbed relays anywhere
+        within = None if part.shape == WHOLE else frozenset(part.nodes)
+        plan = self.arbiter.plan(schedule, self.spec.strategy, job=req.name,
+                                 relay=self.spec.relay, ranks=list(part.ranks), avoid=avoid,
+                                 within=within)
+        self.plan_s += time.perf_counter() - t
+        programs = nic_programs(schedule, part.ranks)
+        self.arbiter.admit(plan, programs)
+        return wire_routes(plan), programs is not None, plan
+
+    def release(self, job: str, gone: Avoid = NO_FAULTS) -> None:
+        self.arbiter.release(job, gone)
+
+    def tables(self) -> dict[str, list[list[int | None]]]:
+        return self.arbiter.tables()
+
+
+def admissible(grid: Grid, free: set[str], queue: list[JobRequest], policy: str
+               ) -> list[tuple[JobRequest, Partition]]:
+    """The queued jobs that start now and where, in policy order. FIFO starts none past
+    the first that does not fit (no overtaking); smallest-first tries each, smallest
+    first. `free` loses the nodes placed."""
+    order = sorted(queue, key=lambda r: (r.ranks, r.arrival_ns, r.name)) \
+        if policy == "smallest-first" else list(queue)
+    out = []
+    for req in order:
+        part = place(grid, free, req.name, req.ranks, req.shape, req.exact)
+        if part is None:
+            if policy == "fifo":
+                break
+            continue
+        free -= set(part.nodes)
+        out.append((req, part))
+    return out
+
+
+class Placer(Protocol):
+    """Where queued jobs start now, if anywhere: (the request as it starts, its nodes).
+    Raises RunFailed if a job can never be placed again."""
+
+    def place(self, free: set[str], health: Health, queue: list[JobRequest]
+              ) -> list[tuple[JobRequest, Partition]]: ...
+
+
+class Rectangles:
+    """Several jobs: each on a rectangle of free nodes in service (`admissible`)."""
+
+    def __init__(self, grid: Grid, policy: str) -> None:
+        self.grid, self.policy = grid, policy
+
+    def place(self, free: set[str], health: Health, queue: list[JobRequest]
+              ) -> list[tuple[JobRequest, Partition]]:
+        return admissible(self.grid, free - health.out_of_service(), queue, self.policy)
+
+
+WHOLE = "testbed"  # a lone job's partition shape: every live node of the testbed
+
+
+class WholeTestbed:
+    """One job: it holds the whole testbed, its ranks the first nodes in grid order and the
+    rest its relays. After a fault its dead ranks are replaced per the experiment's
+    `recovery` policy (controller/service/recovery.py); dead relays, WSSs and links are planned
+    round."""
+
+    def __init__(self, grid: Grid, recovery: str) -> None:
+        self.grid, self.recovery = grid, recovery
+        self.ranks: list[str] = []
+
+    def place(self, free: set[str], health: Health, queue: list[JobRequest]
+              ) -> list[tuple[JobRequest, Partition]]:
+        if not queue or len(free) < len(self.grid.nodes):
+            return []
+        req = queue[0]
+        dead = health.avoid().nodes
+        if not self.ranks:
+            self.ranks = list(self.grid.nodes[: req.ranks])
+        ranks, coll = replace_ranks(self.ranks, set(dead), self.grid.nodes, self.recovery,
+                                    req.collective)
+        self.ranks = ranks
+        g = self.grid
+        spare = tuple(n for n in g.nodes if n not in ranks and n not in dead)
+        return [(replace(req, ranks=len(ranks), collective=coll),
+                 Partition(req.name, WHOLE, tuple(range(g.rows)), tuple(range(g.cols)),
+                           tuple(ranks), spare))]
+
+
+def schedule_of(req: JobRequest, part: Partition, spec: NetworkSpec) -> Schedule:
+    """The job's collective on its partition's rows and columns."""
+    return built_schedule(req.collective, req.ranks, req.size, len(part.rows),
+                          len(part.cols), spec.degree, spec.bidirectional, req.alltoall)
+
+
+def plan_partitions(tb: Any, grid: Grid, requests: list[JobRequest], policy: str,
+                    spec: NetworkSpec) -> tuple[list[tuple[Partition, Plan]], list[JobRequest]]:
+    """What stage 1 gives the jobs that fit at once, as if all had arrived and none had
+    left (`oddl plan --job`): each job's partition and plan, checked isolated from every
+    other's; and the jobs that would wait."""
+    queue = sorted(requests, key=lambda r: (r.arrival_ns, r.name))
+    placed = admissible(grid, set(grid.nodes), queue, policy)
+    out: list[tuple[Partition, Plan]] = []
+    for req, part in placed:
+        plan = plan_job(tb, grid, schedule_of(req, part, spec), req.name, spec.strategy,
+                        spec.relay, list(part.ranks), within=frozenset(part.nodes))
+        plan.validate(grid)
+        clash = [c for _p, other in out for c in plan.conflicts(other, grid)]
+        if clash:
+            raise PlanError("; ".join(clash[:5]))
+        out.append((part, plan))
+    started = {r.name for r, _ in placed}
+    return out, [r for r in queue if r.name not in started]
+
+
+OnJob = Callable[[JobRecord, Iteration], None]  # a job's iteration, as it completes
+# a job's demand on each link it uses, measured alone (sim/profile.py): name, ranks'
+# nodes, schedule, compute per iteration (ns)
+Profiler = Callable[[str, Sequence[str], Schedule, int], dict[object, Profile]]
+
+
+@dataclass
+class _Stopped:
+    """A job stopped for a fault, until it goes on."""
+
+    t_stop_ns: int
+    t_last_ns: int  # its latest iteration recorded
+    stop: JobStopped
+    found: list[Diagnosis]
+    replan: bool  # something to go round (else: the same plan again, e.g. a bus blink)
+
+
+class Admission:
+    """Runs the jobs of one network on its back end, every job on the one clock."""
+
+    def __init__(self, backend: Backend, grid: Grid, requests: list[JobRequest],
+                 placer: Placer, stage1: Stage1, spec: NetworkSpec, testbed: Any,
+                 run_name: str, experiment: str, on_iteration: OnJob | None = None,
+                 profiler: Profiler | None = None, trace: Timeline | None = None,
+                 record_flows: bool = False) -> None:
+        if len(requests) > MAX_TAG:
+            raise RunFailed(f"{len(requests)} jobs: at most {MAX_TAG} in one run")
+        self.b, self.grid, self.placer, self.stage1 = backend, grid, placer, stage1
+        # run_name: unique to this run (job ids are never reused: a node program refuses
+        # a job stopped before); experiment: as the watchers are told
+        self.spec, self.tb, self.run_name, self.experiment = spec, testbed, run_name, experiment
+        self.health = backend.health
+        self.requests = sorted(requests, key=lambda r: (r.arrival_ns, r.name))
+        self.records = {r.name: JobRecord(r.name, r.arrival_ns) for r in requests}
+        # flow ids carry a job's tag; 0: the testbed's only job
+        first = 0 if len(requests) == 1 else 1
+        self.tags = {r.name: k for k, r in enumerate(self.requests, start=first)}
+        self.on_iteration = on_iteration
+        self.profiler = profiler  # CASSINI's start delays, against the running jobs
+        self.trace, self.record_flows = trace, record_flows
+        self._profiles: dict[str, dict[object, Profile]] = {}  # the running jobs'
+        self._began: dict[str, int] = {}  # when each running job's latest iteration began
+        self.free = set(grid.nodes)
+        self.queue: list[JobRequest] = []
+        self.running = 0
+        self.resume: dict[str, int] = {}  # a stopped job's first iteration not recorded
+        self.recoveries: list[Recovery] = []  # each stopped job's, once it goes on
+        self.outcomes: list[JobOutcome] = []  # every attempt's, stopped ones too
+        self.last_spec: dict[str, JobSpec] = {}  # each job's latest, as handed out
+        self._stopped: dict[str, _Stopped] = {}
+        self._rules: dict[str, StopRule] = {}  # each running job's
+        self._tries: dict[str, int] = {}  # a job's stage 1s a device failed, in a row
+        self._last: dict[str, int] = {}  # when each job's latest iteration was recorded
+        self._said = (-1, -1)  # diagnoses and injected faults the watchers were told of
+        self.watch: Watch | None = None
+        self.clock = Clock(backend.loop)
+        self.t0 = 0
+        self.left = len(requests)
+        self._done: asyncio.Future[None] | None = None
+        self._stuck_ns: int | None = None  # since when nothing runs and nothing fits
+        self._recheck: asyncio.TimerHandle | None = None  # the next look at the queue
+
+    # --- the run -----------------------------------------------------------------------
+    def run(self) -> dict[str, JobRecord]:
+        loop = self.b.loop
+        self._done = loop.create_future()
+        self.t0 = self.clock.now_ns()
+        total = sum(r.iterations for r in self.requests)
+        self._say("run", lambda: RunNote(TELEMETRY_VERSION, self.experiment, self.spec.name,
+                                         self.b.name, "started", total))
+        for req in self.requests:
+            self.clock.call_at_ns(self.t0 + req.arrival_ns, self._arrive, req)
+        if not self.requests:
+            self._done.set_result(None)
+        if self.health.watched:  # the WSSs polled for the tables written, beats judged
+            self.watch = Watch(self.clock, self.health, self.b.wss).start()
+        state: Literal["finished", "failed"] = "failed"
+        try:
+            loop.run_until_complete(self._done)
+            state = "finished"
+        except Stalled as e:
+            missing = self.b.monitor.undelivered()
+            raise RunFailed(f"{self.spec.name}: the run stalled with nothing left to do; "
+                            f"{len(missing)} flows undelivered, e.g. ids {missing[:5]}"
+                            ) from e
+        finally:
+            if self.watch is not None:
+                self.watch.stop()
+            if self._recheck is not None:
+                self._recheck.cancel()
+            self._say_health()
+            done = sum(len(r.iteration_ns) for r in self.records.values())
+            self._say("run", lambda: RunNote(TELEMETRY_VERSION, self.experiment,
+                                             self.spec.name, self.b.name, state, total,
+                                             f"{done} iterations"))
+        return self.records
+
+    def _arrive(self, req: JobRequest) -> None:
+        self.queue.append(req)
+        self._admit()
+
+    def _admit(self) -> None:
+        """Start every queued job that can start now on nodes in service. While nodes are
+        out of service, look again every heartbeat period: one that comes back (a board
+        that beats again) may be what the head of the queue waits for."""
+        health = self.health
+        try:
+            placed = self.placer.place(set(self.free), health, self.queue)
+        except RunFailed as e:  # it can never run again
+            st = self._stopped.get(self.queue[0].name) if self.queue else None
+            why = "; ".join(str(d) for d in st.found if DIAGNOSES.get(d.kind)) if st else ""
+            self._fail(RunFailed(f"{self.spec.name}: {why}: {e}" if why else
+                                 f"{self.spec.name}: {e}"))
+            return
+        for req, part in placed:
+            self.queue[:] = [q for q in self.queue if q.name != req.name]
+            self.free -= set(part.nodes)
+            try:
+                self._start(req, part)
+            except DeviceFailed as e:  # found while applying: go round it too
+                self.free |= set(part.nodes)
+                self._device_failed(req, e)
+                return
+            except Exception as e:  # a job that cannot start fails the run, saying which
+                self._fail(self._cannot_start(req, part, e))
+                return
+        self._tries.clear()
+        down = health.out_of_service()
+        now = self.clock.now_ns()
+        if not self.queue or self.running:
+            self._stuck_ns = None
+        elif self._stuck_ns is None:  # every node free, and still none fits
+            self._stuck_ns = now
+        grace_ns = self.tb.monitor.grace_ms * 1e6
+        if self._stuck_ns is not None and (not down or now - self._stuck_ns >= grace_ns):
+            req = self.queue[0]
+            shape = "" if req.shape == "any" else f"{req.shape} "
+            self._fail(RunFailed(
+                f"{self.spec.name}: job {req.name}: no {shape}rectangle of the nodes in "
+                f"service holds {req.ranks} ranks; out of service: {', '.join(sorted(down))}"
+                f" (waited {(now - self._stuck_ns) / 1e6:.0f} ms for them, grace_ms)"))
+        elif self.queue and down and self._recheck is None:
+            self._recheck = self.clock.call_later_ns(health.period_ns, self._look_again)
+
+    def _device_failed(self, req: JobRequest, e: DeviceFailed) -> None:
+        """A device failed its part of a job's stage 1: the watch is told, and the job is
+        placed and planned again round it (a bounded number of times)."""
+        tries = self._tries[req.name] = self._tries.get(req.name, 0) + 1
+        if tries > len(self.b.wss) + len(self.grid.nodes):
+            self._fail(RunFailed(f"{self.spec.name}: job {req.name}: stage 1 failed "
+                                 f"{tries} times; the last: {e}"))
+            return
+        now = self.clock.now_ns()
+        if e.what == "WSS":
+            self.health.wss_answer(e.target, now, f"no answer to the apply: {e}")
+        else:
+            self.health.will(e.target, now)
+        self.queue.insert(0, req)
+        self._admit()
+
+    def _cannot_start(self, req: JobRequest, part: Partition, e: Exception) -> Exception:
+        if req.name in self._stopped:
+            found = "; ".join(map(str, self.health.actionable(part.nodes)))
+            return RunFailed(f"{self.spec.name}: job {req.name}: no plan round {found}: {e}")
+        if isinstance(e, PlanError):  # the config's doing: the CLI says so
+            return e if part.shape == WHOLE else \
+                PlanError(f"job {req.name} on {part.describe()}: {e}")
+        return RunFailed(f"{self.spec.name}: job {req.name} on {part.describe()}: {e}")
+
+    def _look_again(self) -> None:
+        self._recheck = None
+        if self._done is not None and not self._done.done():
+            self._admit()
+
+    def _start(self, req: JobRequest, part: Partition) -> None:
+        rec = self.records[req.name]
+        schedule = schedule_of(req, part, self.spec)
+        since = len(self.health.diagnoses)  # what its plan goes round
+        routes, nic_sync, plan = self.stage1.admit(req, part, schedule, self.health.avoid())
+        rec.plan = plan
+        if plan is not None:
+            self._say("plan", lambda: plan_note(self.spec.name, plan))
+        now = self.clock.now_ns()
+        rec.partition, rec.placed_ns = part, now - self.t0
+        if rec.start_ns is None:
+            rec.start_ns = rec.placed_ns
+        if req.name in self._stopped:  # it goes on, after a fault
+            st = self._stopped.pop(req.name)
+            self.recoveries.append(Recovery(st.t_stop_ns, now, st.t_last_ns, st.found,
+                                            st.stop.lost, st.stop.flows_lost, st.replan))
+            rec.stops[-1]["resumed_on"] = part.describe()
+        self.running += 1
+        self._watch_tables()
+        shift_ns = self._shift(req, part, schedule, rec)
+        attempt = f"r{len(rec.stops)}" if rec.stops else ""  # a stopped id is not reused
+        in_grid = set(part.nodes)
+        trace_its = self.trace.iterations if self.trace is not None else 0
+        spec = JobSpec(JOB_VERSION, job_id(self.run_name, self.spec.name, req.name, attempt),
+                       req.collective, req.size, len(part.rows), len(part.cols),
+                       self.spec.degree, self.spec.bidirectional, list(part.ranks),
+                       [n for n in self.grid.nodes if n in in_grid], req.iterations,
+                       req.compute_ns, nic_sync, timing_of(self.tb), routes,
+                       start=self.resume.get(req.name, 0), trace_iterations=trace_its,
+                       tag=self.tags[req.name], alltoall=req.alltoall, weight=req.weight)
+        self.last_spec[req.name] = spec
+        stop = self._rules[req.name] = StopRule(
+            self.health, frozenset(part.nodes), since,
+            self.tb.monitor.missed * self.health.period_ns)
+
+        def on_iteration(it: Iteration) -> None:
+            rec.iteration_ns.append(it.t_end - it.t_start)
+            self._last[req.name] = self.clock.now_ns()
+            if req.name in self._began:
+                self._began[req.name] = it.t_end  # the next one begins as this one ends
+            if self.on_iteration is not None:
+                self.on_iteration(rec, it)
+            self._say("iteration", lambda: IterationNote(
+                TELEMETRY_VERSION, self.spec.name, it.iteration,
+                (it.t_end - it.t_start) / 1e6, it.control_messages, self.run_name))
+            if (len(self.health.diagnoses), len(self.b.injected)) != self._said:
+                self._say_health()
+            if self.trace is not None:  # rows come late: the last RELEASEs with the next one
+                name = self.spec.name
+                self.trace.chrome.rows[name] += it.trace
+                if it.iteration < self.trace.iterations:
+                    self.trace.chrome.iterations[name].append(
+                        (it.iteration, it.t_start, it.t_end))
+
+        task = self.b.loop.create_task(self._run(spec, on_iteration, shift_ns, stop))
+        task.add_done_callback(lambda t: self._finish(req, part, t))
+
+    def _shift(self, req: JobRequest, part: Partition, schedule: Schedule,
+               rec: JobRecord) -> int:
+        """The job's start delay (ns): its own `shift_ms`; or, with a profiler, CASSINI's
+        against the jobs running now, each at its phase (controller/service/compat.py)."""
+        if self.profiler is None:
+            return req.shift_ns
+        mine = self.profiler(req.name, part.ranks, schedule, req.compute_ns)
+        now = self.clock.now_ns()
+        running: dict[object, list[tuple[Profile, float]]] = {}
+        for job, links in self._profiles.items():
+            phase_ms = (now - self._began[job]) / 1e6
+            for link, p in links.items():
+                running.setdefault(link, []).append((p, phase_ms))
+        rec.cassini = shift_against(mine, running)
+        shift_ns = round(rec.cassini.shift_ms * 1e6)
+        self._profiles[req.name], self._began[req.name] = mine, now + shift_ns
+        return shift_ns
+
+    async def _run(self, spec: JobSpec, on_iteration: Callable[[Iteration], None],
+                   shift_ns: int, stop: StopRule) -> Any:
+        """A time shift (CASSINI): the job holds its nodes, and its first iteration starts
+        `shift_ns` late, so that its communication interleaves with its neighbours'."""
+        if shift_ns:
+            await asyncio.sleep(shift_ns / 1e9)  # the back end's clock (virtual in sim)
+        return await self.b.run_job(spec, on_iteration, self.record_flows, stop)
+
+    def _finish(self, req: JobRequest, part: Partition, task: asyncio.Task[Any]) -> None:
+        rec = self.records[req.name]
+        self._profiles.pop(req.name, None)
+        self._began.pop(req.name, None)
+        exc = task.exception()
+        if isinstance(exc, JobStopped) and len(rec.stops) < MAX_STOPS:
+            # it holds its partition (and counts as running) until `_stop` gives it back
+            stopping = self.b.loop.create_task(self._stop(req, part, exc))
+            stopping.add_done_callback(self._failed)
+            return
+        self.running -= 1
+        if isinstance(exc, JobStopped):
+            exc = RunFailed(f"{self.spec.name}: job {req.name}: stopped for faults "
+                            f"{len(rec.stops) + 1} times; the last: {exc}")
+        if exc is not None:
+            self._fail(exc)
+            return
+        out = task.result()
+        self.outcomes.append(out)
+        if self.trace is not None:
+            self.trace.chrome.rows[self.spec.name] += out.trace
+        rec.end_ns, rec.flows = self.clock.now_ns() - self.t0, rec.flows + out.flows
+        try:
+            self.stage1.release(req.name)
+        except Exception as e:  # in a done callback: raised, it would only be logged
+            self._fail(RunFailed(f"{self.spec.name}: job {req.name} left: {e}"))
+            return
+        self._watch_tables()
+        self.free |= set(part.nodes)
+        self.left -= 1
+        if self.left == 0 and self._done is not None and not self._done.done():
+            self._done.set_result(None)
+        else:
+            self._admit()
+
+    async def _stop(self, req: JobRequest, part: Partition, stop: JobStopped) -> None:
+        """A job stopped for a fault on its partition: once the watch has settled, the bus
+        is back and the job's light has landed (`grace_ms` at most; a bus still down then
+        fails the run), the partition goes back to the pool and the job to the head of
+        the queue."""
+        health, now = self.health, self.clock.now_ns()
+        rec = self.records[req.name]
+        self.outcomes.append(stop.outcome)
+        rec.flows += stop.outcome.flows
+        rec.held_ns += len(part.nodes) * (now - self.t0 - rec.placed_ns)
+        mon = self.tb.monitor
+        waited_ns = 0
+        while True:
+            # judged first: a board not yet found dead would be asked if it is dark
+            if health.settled() and health.bus_down_since is None and not any(
+                    self.b.onics[n].transmitting() for n in part.nodes
+                    if not health.is_dead(n)):
+                break
+            if waited_ns >= mon.grace_ms * 1e6:
+                if health.bus_down_since is not None:
+                    raise RunFailed(f"{self.spec.name}: job {req.name}: {stop}; the bus "
+                                    f"did not come back within grace_ms = {mon.grace_ms:g}")
+                break
+            await asyncio.sleep(health.period_ns / 1e9)
+            waited_ns += health.period_ns
+        self.stage1.release(req.name, health.avoid())
+        self._watch_tables()
+        self.free |= set(part.nodes)
+        rule = self._rules[req.name]
+        self._stopped[req.name] = _Stopped(now, self._last.get(req.name, now), stop,
+                                           rule.pending(), bool(rule.faults()))
+        self.resume[req.name] = stop.next_iteration
+        rec.stops.append({"at_s": round((now - self.t0) / 1e9, 9), "why": str(stop),
+                          "ran_on": part.describe(), "from_iteration": stop.next_iteration})
+        self.running -= 1
+        self._say_health()
+        self.queue.insert(0, req)
+        self._admit()
+
+    # --- the watch and the watchers ----------------------------------------------------
+    def _watch_tables(self) -> None:
+        if self.watch is not None:
+            self.watch.expected = self.stage1.tables()
+
+    def _say(self, kind: str, note: Callable[[], Any]) -> None:
+        """Tell the bus's watchers (the dashboard), if the back end tells anybody (the
+        note is built only then: this runs every iteration)."""
+        if self.b.announce is not None:
+            self.b.announce(kind, msgspec.json.encode(note()))
+
+    def _say_health(self) -> None:
+        h = self.health
+        self._said = (len(h.diagnoses), len(self.b.injected))
+        self._say("health", lambda: health_note(self.spec.name, h.diagnoses,
+                                                self.b.injected))
+
+    def _failed(self, task: asyncio.Task[None]) -> None:
+        if not task.cancelled() and task.exception() is not None:
+            self._fail(task.exception())  # type: ignore[arg-type]
+
+    def _fail(self, e: BaseException) -> None:
+        if self._done is not None and not self._done.done():
+            self._done.set_exception(e)

@@ -1,0 +1,143 @@
+"""The back-end interface: what the control plane needs of a testbed, whichever runs it.
+
+A back end (sim: models in process on a virtual clock; emu and hw: devices reached through
+pynq, pyserial and MQTT, stage 2 in `oddl node` beside each O-NIC) gives the arbiter its
+O-NICs and WSSs for stage 1 and runs a job's stage 2. It is built in one module per back
+end and looked up once, in `controller.registry`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from oddl.controller.base.config import FaultSpec
+from oddl.controller.base.devices import ONic, WSSDevice
+from oddl.controller.service.health import Diagnosis, Health
+from oddl.controller.stage2.invariants import InvariantChecker
+from oddl.controller.stage2.job import JobSpec
+from oddl.controller.stage2.trace import TraceRow
+
+FlowRow = tuple[int, int, str, str, int, int, int, int]  # id, step, src, dst, B, hops, t0, t1
+
+
+class RunFailed(RuntimeError):
+    """The run could not go on; the message says what failed and where."""
+
+
+class Stalled(RuntimeError):
+    """A virtual-time run with nothing left to happen: every rank waits for something that
+    will never come (raised by the virtual clock's loop, caught by the runner by type)."""
+
+
+class JobStopped(RuntimeError):
+    """The job stopped for a fault before its last iteration. Iterations before
+    `next_iteration` are recorded; `lost` says whether one was cut short (its flows in
+    flight failed, `flows_lost` of them; they run again with the iteration)."""
+
+    def __init__(self, why: str, next_iteration: int, lost: bool, outcome: JobOutcome,
+                 flows_lost: int = 0) -> None:
+        super().__init__(why)
+        self.next_iteration = next_iteration
+        self.lost = lost
+        self.outcome = outcome
+        self.flows_lost = flows_lost
+
+
+@dataclass
+class Iteration:
+    """One completed iteration, as the job's slowest rank saw it."""
+
+    iteration: int
+    t_start: int
+    t_end: int
+    control_messages: int  # during this iteration
+    flows: list[FlowRow] = field(default_factory=list)  # when the back end records them
+    trace: list[TraceRow] = field(default_factory=list)  # while the job traces (trace.py)
+
+
+@dataclass
+class JobOutcome:
+    control_messages: int
+    flows: int
+    stats: dict[str, Any]
+    violations: list[str]
+    trace: list[TraceRow] = field(default_factory=list)  # recorded after the last iteration
+
+
+OnIteration = Callable[[Iteration], None]
+Announce = Callable[[str, bytes], None]  # a note for the bus's watchers: kind, payload
+
+# what a clean run has none of: junk and forgeries refused, messages lost, flows asked for
+# again, grants that lapsed or came too late, transfers nobody granted
+DISTURBANCES = ("rejected", "unexpected", "dropped", "retries", "revoked", "stale_grants",
+                "unexpected_rx", "requests_refused", "releases_overdue")
+
+
+def disturbance(stats: Mapping[str, Any]) -> dict[str, int]:
+    """The disturbance counters a run's stats hold (only those that are not zero)."""
+    return {k: int(stats[k]) for k in DISTURBANCES if stats.get(k)}
+
+
+@dataclass
+class Injected:
+    """A drill's fault as it happened: when it began (and ended), on the back end's clock,
+    and the REQUEST retries the control units made while it lasted."""
+
+    spec: FaultSpec
+    at_ns: int
+    until_ns: int | None = None
+    retries: int = 0
+
+
+@dataclass(frozen=True)
+class StopRule:
+    """When a job stops for a fault: the controller's one rule, which every back end applies.
+    A fault that concerns the job's nodes, found after it was planned (`since`: the
+    diagnoses it was planned round), stops it before its next iteration; if the iteration
+    cannot reach its end, `patience_ns` after the fault was found (the iteration is cut
+    short and runs again). The back end raises `JobStopped` with `why()`."""
+
+    health: Health
+    nodes: frozenset[str]
+    since: int
+    patience_ns: int
+
+    def pending(self) -> list[Diagnosis]:
+        """Everything found since the plan that concerns the job (what explains a failure)."""
+        return self.health.pending(self.nodes, self.since)
+
+    def faults(self) -> list[Diagnosis]:
+        """What stops it: the pending faults a new plan must go round."""
+        return self.health.actionable(self.nodes, self.since)
+
+    def why(self) -> str:
+        return "; ".join(map(str, self.faults()))
+
+    def overdue(self, now_ns: int) -> bool:
+        """A fault has kept the iteration from its end for `patience_ns`: cut it short."""
+        act = self.faults()
+        return bool(act) and now_ns - act[0].t_ns >= self.patience_ns
+
+
+class Backend(Protocol):
+    """`run_job` runs iterations spec.start .. spec.iterations - 1 and reports each, and
+    stops the job as `stop` says (raising `JobStopped`). Several `run_job`s may run at
+    once, for jobs on disjoint nodes (controller/service/admission.py)."""
+
+    name: str
+    loop: asyncio.AbstractEventLoop
+    onics: Mapping[str, ONic]
+    wss: Mapping[str, WSSDevice]
+    monitor: InvariantChecker  # the invariants this back end can watch from the controller
+    health: Health  # the live inventory (`Unwatched` for a model with nothing to watch)
+    injected: list[Injected]  # the drill's faults so far (sim, emu)
+    # tells the bus's watchers (controller/base/telemetry.py); None: nobody is told
+    announce: Announce | None
+
+    async def run_job(self, spec: JobSpec, on_iteration: OnIteration,
+                      record_flows: bool, stop: StopRule) -> JobOutcome: ...
+
+    def close(self) -> None: ...

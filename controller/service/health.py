@@ -1,0 +1,365 @@
+"""The arbiter's live inventory at run time: heartbeats in, diagnosed faults out.
+
+Every node program sends a `Heartbeat` each `[monitor] heartbeat_ms`, read from its board's
+registers (CRC errors per receiver, the ERROR flags, the last tuning time per transmitter)
+and its control units (transfers nobody granted). The arbiter's `Health` keeps the last of
+each, hears last wills and the WSSs' answers to a poll, and turns evidence into
+`Diagnosis` rows (ODDL-SPEC stage 1, step 4):
+
+    dead-board    NODE        silent for `missed` periods, or its last will
+    corrupt-link  NODE/PORT   its CRC errors grew in `crc_periods` heartbeats in a row
+    dead-wss      WSS         no answer to the poll, or a table other than the one written
+    wss-route     WSS         transfers arrive at a receiver that granted none (misrouted
+                              light: the table reads back right)
+    slow-tx       NODE/PORT   a transmitter took more than twice its tuning time
+    unresponsive  NODE        its peers' REQUESTs time out again and again: a flow failed
+                              after every retry naming it, in two attempts of the job,
+                              while it still beats (once may be the bus blinking)
+    broker-restart broker     every node went silent at once: the bus, not the nodes
+
+The same code runs in every back end: on the virtual clock in sim, on the real loop for
+the heartbeats that `oddl node` publishes over MQTT.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Collection, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Annotated, Any
+
+import msgspec
+from oddl.controller.base.access import NAME_PATTERN
+from oddl.controller.base.clock import Clock
+from oddl.controller.base.config import Monitor
+from oddl.controller.base.faultkinds import DIAGNOSES, avoided
+from oddl.controller.stage1.planner import Avoid
+
+log = logging.getLogger(__name__)
+
+HEARTBEAT_VERSION = 1
+_Name = Annotated[str, msgspec.Meta(pattern=NAME_PATTERN, max_length=64)]
+_Count = Annotated[int, msgspec.Meta(ge=0, le=1 << 62)]
+_Port = Annotated[str, msgspec.Meta(pattern=r"^[HV]$")]
+
+
+class Heartbeat(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """One node's health, from its board's registers and its control units."""
+
+    v: int
+    node: _Name
+    seq: _Count
+    crc_errors: Annotated[dict[_Port, _Count], msgspec.Meta(max_length=2)] = {}
+    tune_ns: Annotated[dict[_Port, _Count], msgspec.Meta(max_length=2)] = {}
+    error_flags: _Count = 0  # the board's ERROR register (refused transfers, route misses)
+    unexpected_rx: Annotated[dict[_Port, _Count], msgspec.Meta(max_length=2)] = {}
+    job: Annotated[str, msgspec.Meta(max_length=128)] = ""  # the job it runs, if any
+
+
+# what a diagnosis makes the planner avoid
+AVOID_NODE, AVOID_WSS, AVOID_LINK = avoided("node"), avoided("wss"), avoided("link")
+
+
+@dataclass(frozen=True)
+class Diagnosis:
+    kind: str
+    target: str
+    t_ns: int  # when the arbiter concluded it
+    evidence: str
+
+    def __str__(self) -> str:
+        return f"{self.kind} {self.target} ({self.evidence})"
+
+
+@dataclass
+class _Node:
+    last_ns: int
+    beat: Heartbeat | None = None
+    back_by_ns: int = 0  # after a bus outage: not judged silent before this
+    crc_rising: dict[str, int] = field(default_factory=dict)  # port -> beats in a row
+
+
+class Health:
+    """The live inventory: who beats, what their boards say, what is broken.
+
+    `diagnoses` keeps every conclusion in order; a job planned when there were `since` of
+    them went round those in force, and is stopped only for later ones (`pending`)."""
+
+    watched = True  # there is something to watch (a model back end has not: `Unwatched`)
+
+    def __init__(self, cfg: Monitor, nodes: Iterable[str], tuning_ns: int,
+                 wss_of: Mapping[tuple[str, str], str]) -> None:
+        """wss_of: (node, port) -> the WSS that port's light goes through."""
+        self.cfg = cfg
+        self.wss_of = dict(wss_of)
+        self.period_ns = round(cfg.heartbeat_ms * 1e6)
+        # judged every quarter period: a node is dead once its `missed`-th beat is due, so
+        # it is found within `missed` periods of its death, and a live one (a beat every
+        # period) would need 1.75 periods of jitter to be taken for dead
+        self.tick_ns = max(1, self.period_ns // 4)
+        self.silence_ns = cfg.missed * self.period_ns - self.tick_ns
+        self.tuning_ns = tuning_ns
+        self.nodes: dict[str, _Node] = {n: _Node(0) for n in nodes}
+        self.diagnoses: list[Diagnosis] = []
+        self.beats = 0
+        self.rejected = 0  # heartbeats that were no heartbeat of a node of ours
+        self.bus_down_since: int | None = None  # every node silent: the broker, not them
+        self._seen: set[tuple[str, str]] = set()
+        self._suspects: dict[str, tuple[int, str]] = {}  # peer -> (since, why)
+        self._strikes: dict[str, int] = {}  # peer -> jobs cut short naming it
+
+    # --- evidence ----------------------------------------------------------------------
+    def start(self, now_ns: int) -> None:
+        """A node is given `missed` periods from now to be heard (a fresh watch)."""
+        for st in self.nodes.values():
+            st.last_ns = max(st.last_ns, now_ns)
+
+    def beat(self, hb: Heartbeat, now_ns: int) -> None:
+        st = self.nodes.get(hb.node)
+        if st is None:
+            self.rejected += 1
+            return
+        self.beats += 1
+        if ("dead-board", hb.node) in self._seen:  # back (a board restarted): usable again
+            log.warning("health: %s beats again", hb.node)  # from the next plan on
+            self.forget("dead-board", hb.node)
+            st.crc_rising.clear()
+            st.beat = None
+        prev = st.beat
+        st.last_ns = now_ns
+        st.beat = hb
+        if prev is not None:
+            for port, n in hb.crc_errors.items():
+                rising = n > prev.crc_errors.get(port, 0)
+                st.crc_rising[port] = st.crc_rising.get(port, 0) + 1 if rising else 0
+                if st.crc_rising[port] >= self.cfg.crc_periods:
+                    self._conclude("corrupt-link", f"{hb.node}/{port}", now_ns,
+                                   f"CRC errors rose in {st.crc_rising[port]} heartbeats, "
+                                   f"now {n}")
+            for port, n in hb.unexpected_rx.items():
+                if n > prev.unexpected_rx.get(port, 0):
+                    self.misrouted(hb.node, port, now_ns)
+        for port, t in hb.tune_ns.items():
+            if t > 2 * self.tuning_ns:
+                self._conclude("slow-tx", f"{hb.node}/{port}", now_ns,
+                               f"tuning took {t} ns, spec {self.tuning_ns} ns")
+        if self.bus_down_since is not None:
+            log.warning("health: heartbeats again after %.1f ms: the bus is back",
+                        (now_ns - self.bus_down_since) / 1e6)
+            self.bus_down_since = None
+            self.forget("broker-restart", "broker")
+            # the others reconnect on their own back-off: `grace_ms` to be heard again
+            back_by = now_ns + round(self.cfg.grace_ms * 1e6)
+            for other in self.nodes.values():
+                if other is not st:
+                    other.back_by_ns = back_by
+
+    def bus_lost(self, now_ns: int, why: str) -> None:
+        """The arbiter's own connection to the bus broke: nobody can be heard (until a
+        heartbeat comes through again)."""
+        if self.bus_down_since is None:
+            self.bus_down_since = now_ns
+            self._conclude("broker-restart", "broker", now_ns, why)
+
+    def will(self, node: str, now_ns: int) -> None:
+        if node in self.nodes:
+            self._conclude("dead-board", node, now_ns, "its last will")
+
+    def wss_answer(self, wss: str, now_ns: int, error: str | None) -> None:
+        if error is not None:
+            self._conclude("dead-wss", wss, now_ns, error)
+
+    def flow_failed(self, peer: str, now_ns: int, why: str) -> None:
+        """A flow failed after all its retries to `peer`: dead, unless it still beats
+        (judged by `check` once its silence could have shown)."""
+        if peer in self.nodes and not self.is_dead(peer):
+            self._suspects[peer] = (now_ns, why)
+            self._strikes[peer] = self._strikes.get(peer, 0) + 1
+
+    def misrouted(self, node: str, port: str, now_ns: int) -> None:
+        """Someone's light arrived at `node`/`port` ungranted: that group's WSS misroutes."""
+        wss = self.wss_of.get((node, port))
+        if wss is not None:
+            self._conclude("wss-route", wss, now_ns, f"{node}/{port} received transfers it "
+                                                     f"never granted")
+
+    # --- judgement ---------------------------------------------------------------------
+    def check(self, now_ns: int) -> list[Diagnosis]:
+        """Silence and suspicion, judged at `now_ns`; returns new diagnoses."""
+        before = len(self.diagnoses)
+        limit = self.silence_ns
+        silent = [n for n, st in self.nodes.items() if now_ns - st.last_ns >= limit
+                  and now_ns >= st.back_by_ns and not self.is_dead(n)]
+        alive = [n for n in self.nodes if not self.is_dead(n)]
+        # the bus demonstrably works while someone was heard within the last period
+        # (and a lone node has nobody to be compared with)
+        bus_ok = len(alive) == 1 or any(now_ns - self.nodes[n].last_ns <= self.period_ns
+                                        for n in alive)
+        if silent and bus_ok:
+            for n in silent:
+                quiet = f"{(now_ns - self.nodes[n].last_ns) / 1e6:.1f} ms"
+                self._conclude("dead-board", n, now_ns, f"silent for {quiet}" if
+                               self.nodes[n].beat is not None else f"never heard in {quiet} "
+                               f"(is `oddl node` running beside its board?)")
+        elif silent and len(silent) == len(alive) and self.bus_down_since is None:
+            # nobody is heard: the broker, not every board at once
+            self.bus_down_since = max(self.nodes[n].last_ns for n in silent)
+            self._conclude("broker-restart", "broker", now_ns,
+                           f"all {len(silent)} nodes silent for {self.cfg.missed} periods")
+        for peer, (t, why) in list(self._suspects.items()):
+            if self.is_dead(peer):
+                del self._suspects[peer]
+            elif now_ns - t >= limit and self.bus_down_since is None:
+                del self._suspects[peer]  # it beats on: the second time, it does not answer
+                if (now_ns - self.nodes[peer].last_ns < limit and self._strikes[peer] >= 2
+                        and not self._bus_was_down(t)):
+                    self._conclude("unresponsive", peer, now_ns, why)
+        return self.diagnoses[before:]
+
+    def _bus_was_down(self, since_ns: int) -> bool:
+        return any(d.kind == "broker-restart" and d.t_ns >= since_ns - self.period_ns
+                   for d in self.diagnoses)
+
+    def _conclude(self, kind: str, target: str, now_ns: int, evidence: str) -> None:
+        if (kind, target) in self._seen:
+            return
+        self._seen.add((kind, target))
+        d = Diagnosis(kind, target, now_ns, evidence)
+        self.diagnoses.append(d)
+        log.warning("health: %s", d)
+
+    def forget(self, kind: str, target: str) -> None:
+        """A fault that healed (the broker back, a board back): it may be diagnosed again."""
+        self._seen.discard((kind, target))
+
+    # --- what the planner and the runner ask -------------------------------------------
+    def is_dead(self, node: str) -> bool:
+        return (("dead-board", node) in self._seen or ("unresponsive", node) in self._seen)
+
+    def is_out(self, wss: str) -> bool:
+        return ("dead-wss", wss) in self._seen or ("wss-route", wss) in self._seen
+
+    def touches(self, d: Diagnosis, nodes: Collection[str]) -> bool:
+        """Does `d` concern a job on `nodes`: one of them, a link of one, a WSS one of them
+        sends through, or (the bus) everyone?"""
+        if d.kind in AVOID_WSS:
+            return any(w == d.target and n in nodes for (n, _p), w in self.wss_of.items())
+        node = d.target.partition("/")[0]
+        return node in nodes if node in self.nodes else True
+
+    def pending(self, nodes: Collection[str], since: int = 0) -> list[Diagnosis]:
+        """The diagnoses from the `since`-th on that concern a job on `nodes`."""
+        return [d for d in self.diagnoses[since:] if self.touches(d, nodes)]
+
+    def actionable(self, nodes: Collection[str], since: int = 0) -> list[Diagnosis]:
+        """Pending diagnoses a new plan must go round (a slow transmitter is recorded, and
+        a bus outage waited out, not planned round): a job beside others is stopped for
+        its own faults only."""
+        return [d for d in self.pending(nodes, since) if self._in_force(d)]
+
+    def _in_force(self, d: Diagnosis) -> bool:
+        """A fault a plan must go round, not since healed."""
+        return DIAGNOSES.get(d.kind) is not None and (d.kind, d.target) in self._seen
+
+    def out_of_service(self) -> set[str]:
+        """The nodes a new partition must leave out: those a fault not since healed
+        concerns (dead, a bad link, behind a failed WSS)."""
+        live = [d for d in self.diagnoses if self._in_force(d)]
+        return {n for n in self.nodes if any(self.touches(d, (n,)) for d in live)}
+
+    def settled(self) -> bool:
+        """Nothing left to conclude: no suspect is being judged."""
+        return not self._suspects
+
+    def avoid(self) -> Avoid:
+        """What a plan must go round: every diagnosis not since healed."""
+        now = [d for d in self.diagnoses if (d.kind, d.target) in self._seen]
+        return Avoid(frozenset(d.target for d in now if d.kind in AVOID_NODE),
+                     frozenset(d.target for d in now if d.kind in AVOID_WSS),
+                     frozenset(tuple(d.target.split("/", 1)) for d in now  # type: ignore[misc]
+                               if d.kind in AVOID_LINK))
+
+
+class Unwatched(Health):
+    """A model back end's health (a baseline network): nothing beats, nothing is polled,
+    nothing is ever diagnosed; the runner treats it as any other."""
+
+    watched = False
+
+    def __init__(self) -> None:
+        super().__init__(Monitor(), (), 0, {})
+
+
+def read_heartbeat(node: str, seq: int, onic: Any, runner: Any) -> Heartbeat:
+    """What a node program reads from its board (a devices.ONic) and its control units
+    (the JobRunner of the job it runs, if any) each period."""
+    h = onic.health()
+    cu = runner.units.get(node) if runner is not None else None
+    return Heartbeat(HEARTBEAT_VERSION, node, seq, h["crc_errors"], h["tune_ns"],
+                     h["error_flags"], dict(cu.unexpected_rx) if cu is not None else {},
+                     runner.spec.job if runner is not None else "")
+
+
+class Heartbeats:
+    """A node program's heartbeat: every period, read the board and send what it says."""
+
+    def __init__(self, clock: Clock, period_ns: int, read: Callable[[int], Heartbeat | None],
+                 send: Callable[[Heartbeat], None]) -> None:
+        self.clock, self.period_ns, self.read, self.send = clock, period_ns, read, send
+        self.seq = 0
+        self._timer: Any = None
+
+    def start(self) -> Heartbeats:
+        self._tick()
+        return self
+
+    def _tick(self) -> None:
+        hb = self.read(self.seq)
+        if hb is not None:  # a dead board says nothing
+            self.seq += 1
+            self.send(hb)
+        self._timer = self.clock.call_later_ns(self.period_ns, self._tick)
+
+    def stop(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+
+class Watch:
+    """The arbiter's side of the watch: every period it polls each WSS in use (the
+    table it wrote must read back) and judges the heartbeats."""
+
+    def __init__(self, clock: Clock, health: Health,
+                 wss: Mapping[str, Any]) -> None:
+        self.clock, self.health, self.wss = clock, health, wss
+        self.expected: dict[str, list[list[int | None]]] = {}  # WSS -> table written
+        self._timer: Any = None
+        self._ticks = 0
+
+    def start(self) -> Watch:
+        self.health.start(self.clock.now_ns())
+        self._timer = self.clock.call_later_ns(self.health.tick_ns, self._tick)
+        return self
+
+    def _tick(self) -> None:
+        now = self.clock.now_ns()
+        self._ticks += 1
+        for wid, want in self.expected.items() if self._ticks % 4 == 0 else ():
+            if self.health.is_out(wid):
+                continue
+            try:
+                got = self.wss[wid].get_table()
+            except Exception as e:  # a WSS that does not answer, whatever the transport says
+                self.health.wss_answer(wid, now, f"no answer to the poll: {e}")
+                continue
+            if [list(r[: len(w)]) for r, w in zip(got, want, strict=False)] != want:
+                self.health.wss_answer(wid, now, "reads back a table other than the one "
+                                                 "written")
+        self.health.check(now)
+        self._timer = self.clock.call_later_ns(self.health.tick_ns, self._tick)
+
+    def stop(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None

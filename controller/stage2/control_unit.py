@@ -1,0 +1,414 @@
+"""Stage 2: the per-O-NIC control unit.
+
+Each unit owns its transmitters (per port: idle / requesting / sending, the current
+wavelength, a flow queue) and its receivers (per port: the granted request, a FCFS queue of
+requests) and nothing global. A flow costs REQUEST, GRANT and RELEASE with the next-hop
+receiver only. Robustness, so that lost or late messages never lose, duplicate or hang a
+flow:
+- a REQUEST unanswered within the timeout is sent again (same flow id, idempotent at the
+  receiver); a repeat for a queued request is answered WAIT, which resets the retry count;
+- a GRANT is a lease: the transmitter uses it only if it can start before `expires_ns`,
+  and the receiver revokes it if no data has started by then;
+- the receiver frees itself when the data has arrived and RELEASE has come, or when the
+  data has arrived and RELEASE is overdue;
+- after `max_retries` the flow fails with an error that names it.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from oddl.controller.base.clock import Clock
+from oddl.controller.base.devices import Bus, ONic
+from oddl.controller.base.messages import ControlMessage, Flow, Grant, Release, Request, Wait
+from oddl.controller.base.telemetry import PortView
+from oddl.controller.stage1.plan import Route
+from oddl.controller.stage2.trace import REQUESTING as T_REQUESTING
+from oddl.controller.stage2.trace import SENDING as T_SENDING
+from oddl.controller.stage2.trace import TUNING as T_TUNING
+from oddl.controller.stage2.trace import WAITING as T_WAITING
+from oddl.controller.stage2.trace import Tracer, TraceRow
+from oddl.controller.stage2.wire import worth_logging
+
+log = logging.getLogger(__name__)
+
+IDLE, REQUESTING, SENDING = "idle", "requesting", "sending"
+_DONE_MEMORY = 4096  # delivered (flow, hop) keys remembered per receiver for deduplication
+MAX_QUEUED = 4096  # REQUESTs waiting at one receiver port (a group is at most 4096 nodes)
+MAX_QUEUED_PER_SENDER = 4  # one flow per transmitter at a time, and stale repeats
+_KIND = {Request: "REQUEST", Grant: "GRANT", Release: "RELEASE", Wait: "WAIT"}
+
+
+@dataclass(frozen=True, slots=True)
+class Timing:
+    tuning_ns: int
+    guard_ns: int
+    propagation_ns: int
+    request_timeout_ns: int
+    release_timeout_ns: int
+    lease_ns: int
+    max_retries: int
+
+
+class FlowFailed(RuntimeError):
+    """A flow could not be scheduled; the run must stop and say which (and, when a peer
+    never answered, which peer)."""
+
+    def __init__(self, message: str, peer: str | None = None) -> None:
+        super().__init__(message)
+        self.peer = peer
+
+
+class _Tx:
+    __slots__ = ("channel", "current", "port", "queue", "retries", "route", "shown", "since",
+                 "state", "timer")
+
+    def __init__(self, port: str) -> None:
+        self.port = port
+        self.queue: deque[Flow] = deque()
+        self.state = IDLE
+        self.channel: int | None = None
+        self.current: Flow | None = None
+        self.route: Route | None = None
+        self.retries = 0
+        self.timer = None
+        self.shown: str | None = None  # the state the trace and dashboard see, since when
+        self.since = 0
+
+
+class _Rx:
+    __slots__ = ("data_done", "done", "done_order", "granted", "lease_timer", "port", "queue",
+                 "queued", "release_timer", "released")
+
+    def __init__(self, port: str) -> None:
+        self.port = port
+        self.granted: Request | None = None
+        self.queue: deque[Request] = deque()
+        self.queued: set[tuple[int, int]] = set()
+        self.done: set[tuple[int, int]] = set()
+        self.done_order: deque[tuple[int, int]] = deque()
+        self.data_done = False
+        self.released = False
+        self.lease_timer = None
+        self.release_timer = None
+
+
+class ControlUnit:
+    def __init__(self, node: str, clock: Clock, bus: Bus, onic: ONic,
+                 routes: dict[str, Route], timing: Timing,
+                 deliver: Callable[[Flow], None], fail: Callable[[Exception], None]) -> None:
+        self.node = node
+        self.clock = clock
+        self.bus = bus
+        self.onic = onic
+        self.routes = routes
+        self.t = timing
+        self.deliver = deliver
+        self.fail = fail
+        self.tx = {p: _Tx(p) for p in onic.ports}
+        self.rx = {p: _Rx(p) for p in onic.ports}
+        self.halted = False
+        self.trace: Tracer | None = None  # the job runner's, while a trace is recorded
+        self.unexpected_rx = dict.fromkeys(onic.ports, 0)  # per receiver, for the heartbeat
+        self.sent = 0  # control messages this unit has sent (its job's share of the bus)
+        self.stats = {"requests": 0, "retries": 0, "grants": 0, "revoked": 0, "waits": 0,
+                      "stale_grants": 0, "relayed": 0, "releases_overdue": 0,
+                      "unexpected_rx": 0, "requests_refused": 0}
+        onic.attach(self)
+        bus.attach(node, self.on_message)
+
+    # --- the trace --------------------------------------------------------------------
+    def _show(self, tx: _Tx, state: str | None, at: int | None = None) -> None:
+        """The transmitter is in `state` from `at` (now): the trace gets the slice it left
+        (and the dashboard sees the state)."""
+        tr = self.trace
+        now = self.clock.now_ns() if at is None else at
+        if tr is not None and tx.shown is not None and tr.on and tx.current is not None:
+            f, r = tx.current, tx.route
+            tr.add(TraceRow("state", self.node, tx.port, tx.shown, tx.since, now, f.id, f.hop,
+                            r.next_hop if r is not None else ""))
+        tx.shown, tx.since = state, now
+
+    def _send(self, dst: str, m: ControlMessage) -> None:
+        tr = self.trace
+        if tr is not None and tr.on:
+            tr.add(TraceRow("send", self.node, m.port, _KIND[type(m)], self.clock.now_ns(), 0,
+                            m.flow, m.hop, dst))
+        self.sent += 1
+        self.bus.send(self.node, dst, m)
+
+    def ports_view(self) -> dict[str, PortView]:
+        """Each transmitter now, for the dashboard (controller/base/telemetry.py)."""
+        now = self.clock.now_ns()
+        out = {}
+        for p, tx in self.tx.items():
+            state = tx.shown or IDLE
+            if state == T_SENDING and now < tx.since:
+                state = T_TUNING  # the channel locks at `since`
+            f, r = tx.current, tx.route
+            out[p] = PortView(state, -1 if tx.channel is None else tx.channel,  # type: ignore[arg-type]
+                              f.id if f is not None else -1,
+                              r.next_hop if r is not None and f is not None else "",
+                              max(len(tx.queue) - 1, 0))
+        return out
+
+    def in_flight(self) -> int:
+        return (sum(tx.current is not None for tx in self.tx.values())
+                + sum(rx.granted is not None for rx in self.rx.values()))
+
+    # --- transmit side ----------------------------------------------------------------
+    def submit(self, flow: Flow) -> None:
+        if self.halted:
+            return
+        route = self.routes.get(flow.dst)
+        if route is None:
+            self.fail(FlowFailed(f"{self.node}: no route to {flow.dst} for {flow!r}"))
+            return
+        tx = self.tx[route.port]
+        tx.queue.append(flow)
+        if tx.state == IDLE:
+            self._next(tx)
+
+    def _next(self, tx: _Tx) -> None:
+        self._show(tx, None)  # the end of the flow it carried, if any
+        if not tx.queue:
+            tx.state = IDLE
+            tx.current = None
+            return
+        flow = tx.queue[0]
+        tx.current = flow
+        tx.route = self.routes[flow.dst]
+        tx.state = REQUESTING
+        tx.retries = 0
+        self._show(tx, T_REQUESTING)
+        self._request(tx)
+
+    def _request(self, tx: _Tx) -> None:
+        f, r = tx.current, tx.route
+        assert f is not None and r is not None
+        self.stats["requests"] += 1
+        self._send(r.next_hop, Request(f.id, f.hop, self.node, r.next_hop, tx.port, r.channel,
+                                       f.nbytes, f.src, f.dst, f.iteration, f.step,
+                                       f.t_submit))
+        tx.timer = self.clock.call_later_ns(self.t.request_timeout_ns, self._request_timeout,
+                                            tx, f)
+
+    def _request_timeout(self, tx: _Tx, flow: Flow) -> None:
+        if self.halted or tx.current is not flow or tx.state != REQUESTING:
+            return
+        tx.retries += 1
+        self.stats["retries"] += 1
+        if tx.retries > self.t.max_retries:
+            assert tx.route is not None
+            self.fail(FlowFailed(
+                f"{self.node}: flow {flow.id} ({flow.src}->{flow.dst}, hop {flow.hop} via "
+                f"{tx.route.next_hop}, {flow.nbytes} B) got no GRANT after "
+                f"{self.t.max_retries} retries", tx.route.next_hop))
+            return
+        self._request(tx)
+
+    def _on_grant(self, g: Grant) -> None:
+        tx = self.tx.get(g.port)
+        f = tx.current if tx else None
+        if tx is None or f is None or tx.state != REQUESTING or (f.id, f.hop) != (g.flow, g.hop):
+            return  # duplicate or stale: we are past this flow
+        now = self.clock.now_ns()
+        tune = 0 if tx.channel == g.channel else self.t.tuning_ns
+        if now + tune + self.t.propagation_ns > g.expires_ns:
+            self.stats["stale_grants"] += 1
+            return  # the lease would lapse before our data reaches the receiver: re-request
+        if tx.timer is not None:
+            tx.timer.cancel()
+            tx.timer = None
+        tx.state = SENDING
+        if tune:  # the O-NIC tunes and starts the moment the channel locks
+            self._show(tx, T_TUNING, now)
+            self._show(tx, T_SENDING, now + tune)
+            tx.channel = g.channel
+            self.onic.tune_and_send(tx.port, g.channel, f)
+        else:
+            self._show(tx, T_SENDING, now)
+            self.onic.send(tx.port, f)
+
+    def on_tx_done(self, port: str, flow: Flow) -> None:
+        if self.halted:
+            return
+        tx = self.tx[port]
+        r = tx.route
+        assert r is not None
+        self._send(r.next_hop, Release(flow.id, flow.hop, self.node, r.next_hop, port))
+        tx.queue.popleft()
+        self._next(tx)
+
+    def _on_wait(self, w: Wait) -> None:
+        tx = self.tx.get(w.port)
+        f = tx.current if tx else None
+        if tx is not None and f is not None and (f.id, f.hop) == (w.flow, w.hop):
+            self.stats["waits"] += 1
+            tx.retries = 0
+            if tx.shown != T_WAITING:
+                self._show(tx, T_WAITING)
+
+    # --- receive side -----------------------------------------------------------------
+    def _on_request(self, q: Request) -> None:
+        rx = self.rx.get(q.port)
+        if rx is None:
+            log.warning("%s: request for unknown port %r dropped", self.node, q.port)
+            return
+        key = (q.flow, q.hop)
+        g = rx.granted
+        if g is not None and (g.flow, g.hop) == key:
+            if not rx.data_done and not self.onic.rx_receiving(q.port, q.flow, q.hop):
+                self._grant(rx, q)  # our GRANT was lost: grant again with a fresh lease
+            return
+        if key in rx.done:
+            return
+        if key in rx.queued:
+            self._send(q.src, Wait(q.flow, q.hop, self.node, q.src, q.port, len(rx.queue)))
+            return
+        if g is None:
+            self._grant(rx, q)
+        elif (len(rx.queue) >= MAX_QUEUED
+              or sum(r.src == q.src for r in rx.queue) >= MAX_QUEUED_PER_SENDER):
+            # a sender's transmitter asks for one flow at a time: more is a peer gone bad
+            # (or a flood), and must not grow the queue nor starve the others
+            self.stats["requests_refused"] += 1
+            if worth_logging(self.stats["requests_refused"]):
+                log.warning("%s/%s: REQUESTs over the bound refused (%d so far; latest "
+                            "from %s)", self.node, q.port, self.stats["requests_refused"],
+                            q.src)
+        else:
+            rx.queue.append(q)
+            rx.queued.add(key)
+
+    def _grant(self, rx: _Rx, q: Request) -> None:
+        rx.granted = q
+        rx.data_done = False
+        rx.released = False
+        expires = self.clock.now_ns() + self.t.lease_ns
+        self.stats["grants"] += 1
+        self._send(q.src, Grant(q.flow, q.hop, self.node, q.src, q.port, q.channel, expires))
+        if rx.lease_timer is not None:
+            rx.lease_timer.cancel()
+        rx.lease_timer = self.clock.call_at_ns(expires + self.t.propagation_ns + 1,
+                                               self._lease_check, rx, q)
+
+    def _lease_check(self, rx: _Rx, q: Request) -> None:
+        rx.lease_timer = None
+        if self.halted:
+            return
+        if rx.granted is not q or rx.data_done:
+            return
+        if self.onic.rx_receiving(rx.port, q.flow, q.hop):
+            return  # data is arriving
+        self.stats["revoked"] += 1
+        rx.granted = None
+        self._grant_next(rx)
+
+    def _grant_next(self, rx: _Rx) -> None:
+        while rx.queue:
+            q = rx.queue.popleft()
+            rx.queued.discard((q.flow, q.hop))
+            if (q.flow, q.hop) not in rx.done:
+                self._grant(rx, q)
+                return
+        rx.granted = None
+
+    def on_rx_done(self, port: str, flow_id_lo: int, nbytes: int) -> None:
+        """The O-NIC took a whole transfer: it must be the one this receiver granted."""
+        if self.halted:
+            return
+        rx = self.rx[port]
+        g = rx.granted
+        if g is None or g.flow & 0xFFFFFFFF != flow_id_lo:
+            self.stats["unexpected_rx"] += 1
+            self.unexpected_rx[port] += 1
+            log.error("%s/%s: received flow %#x that was not granted (granted %r)", self.node,
+                      port, flow_id_lo, g)
+            return
+        if nbytes != g.nbytes:
+            self.fail(FlowFailed(f"{self.node}/{port}: flow {g.flow} arrived with {nbytes} of "
+                                 f"{g.nbytes} bytes"))
+            return
+        key = (g.flow, g.hop)
+        if key not in rx.done:
+            rx.done.add(key)
+            rx.done_order.append(key)
+            if len(rx.done_order) > _DONE_MEMORY:
+                rx.done.discard(rx.done_order.popleft())
+        rx.data_done = True
+        if rx.lease_timer is not None:
+            rx.lease_timer.cancel()
+            rx.lease_timer = None
+        if rx.released:
+            self._free(rx)
+        else:
+            rx.release_timer = self.clock.call_later_ns(self.t.release_timeout_ns,
+                                                        self._release_overdue, rx, g)
+        flow = g.as_flow()
+        if flow.dst == self.node:
+            self.deliver(flow)
+        else:
+            self.stats["relayed"] += 1
+            self.submit(flow.next_hop_copy())
+
+    def _on_release(self, m: Release) -> None:
+        rx = self.rx.get(m.port)
+        if rx is None:
+            return
+        g = rx.granted
+        if g is None or (g.flow, g.hop) != (m.flow, m.hop):
+            return
+        rx.released = True
+        if rx.data_done:
+            self._free(rx)
+
+    def _release_overdue(self, rx: _Rx, g: Request) -> None:
+        rx.release_timer = None
+        if self.halted:
+            return
+        if rx.granted is g and rx.data_done:
+            self.stats["releases_overdue"] += 1
+            self._free(rx)
+
+    def _free(self, rx: _Rx) -> None:
+        if rx.release_timer is not None:
+            rx.release_timer.cancel()
+            rx.release_timer = None
+        rx.granted = None
+        self._grant_next(rx)
+
+    def halt(self) -> None:
+        """The job is over here (done, failed or stopped for a fault): answer nothing,
+        start nothing; the timers of its flows lapse unheard."""
+        self.halted = True
+        for tx in self.tx.values():
+            if tx.timer is not None:
+                tx.timer.cancel()
+        for rx in self.rx.values():
+            for t in (rx.lease_timer, rx.release_timer):
+                if t is not None:
+                    t.cancel()
+
+    # --- dispatch ---------------------------------------------------------------------
+    def on_message(self, m: ControlMessage) -> None:
+        if self.halted:
+            return
+        tr = self.trace
+        if tr is not None and tr.on:
+            tr.add(TraceRow("recv", self.node, m.port, _KIND.get(type(m), "?"),
+                            self.clock.now_ns(), 0, m.flow, m.hop, m.src))
+        t = type(m)
+        if t is Request:
+            self._on_request(m)  # type: ignore[arg-type]
+        elif t is Grant:
+            self._on_grant(m)  # type: ignore[arg-type]
+        elif t is Release:
+            self._on_release(m)  # type: ignore[arg-type]
+        elif t is Wait:
+            self._on_wait(m)  # type: ignore[arg-type]
+        else:
+            log.warning("%s: unknown control message %r dropped", self.node, m)

@@ -1,0 +1,314 @@
+"""A training job's stage 2: what the controller hands the nodes, and the one job runner.
+
+The controller applies stage 1 (WSS tables, routes, count-action programs, read back), then
+hands a `JobSpec` to whoever runs stage 2: the sim back end in process (one runner for
+every node), or the node programs beside the O-NICs (`oddl node`, one runner per node,
+over MQTT). Either way the same `JobRunner` drives the same control units against the
+same O-NIC driver, wires the count-action engine to the collective's steps and accounts
+for the iterations.
+
+    oddl/<testbed>/job/run            JobSpec    (QoS 1; the controller's only)
+    oddl/<testbed>/job/stop           JobStop    (QoS 1; the controller's only: one job of
+                                                  several ends now)
+    oddl/<testbed>/job/result/<node>  JobEvent   (QoS 1; "ready", one "iteration" per
+                                                  iteration, then "done" or "failed")
+
+JSON via msgspec, versioned, never pickle; every size and count a peer can send is
+bounded by the types below (controller/base/access.py says who may publish what).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import re
+from collections.abc import Callable, Mapping, Sequence
+from typing import Annotated, Literal, Protocol, TypeVar
+
+import msgspec
+from oddl.controller.base.access import NAME_PATTERN
+from oddl.controller.base.clock import Clock
+from oddl.controller.base.collectives import Schedule, build, with_alltoall
+from oddl.controller.base.config import Testbed
+from oddl.controller.base.devices import Bus, InterruptLine, ONic
+from oddl.controller.base.messages import Flow
+from oddl.controller.stage1.plan import Plan, Route
+from oddl.controller.stage2.control_unit import ControlUnit, Timing
+from oddl.controller.stage2.invariants import MAX_TAG, InvariantChecker
+from oddl.controller.stage2.trace import MAX_ROWS, Tracer, TraceRow
+from oddl.controller.stage2.workloads import CollectiveEngine
+from oddl.fpga.countaction import Program
+from oddl.fpga.countaction import step_sync as sync_program
+from oddl.fpga.regmap import N_MODULES
+
+JOB_VERSION = 8
+
+
+# what decoding a job-topic payload may raise: msgspec's own errors, and (found by
+# bench/fuzz_bench.py) RecursionError on deep nesting and UnicodeDecodeError on bad UTF-8
+DECODE_ERRORS = (msgspec.DecodeError, msgspec.ValidationError, RecursionError,
+                 UnicodeDecodeError)
+
+
+class _FromNode(Protocol):
+    node: str
+
+
+M = TypeVar("M", bound=_FromNode)
+
+
+def from_its_node(decoder: msgspec.json.Decoder[M], topic: str, payload: bytes) -> M | str:
+    """A node's message (an event, a heartbeat) decoded and held to the node its topic
+    names, since the broker vouches for the topic only; or why it is refused."""
+    try:
+        msg = decoder.decode(payload)
+    except DECODE_ERRORS as e:
+        return str(e)
+    if msg.node != topic.rpartition("/")[2]:
+        return f"{type(msg).__name__} of {msg.node!r} on another's topic"
+    return msg
+
+
+MAX_NODES = 1 << 16
+MAX_ITERATIONS = 10_000_000
+Name = Annotated[str, msgspec.Meta(pattern=NAME_PATTERN, max_length=64)]
+Count = Annotated[int, msgspec.Meta(ge=0, le=1 << 62)]
+Nodes = Annotated[list[Name], msgspec.Meta(max_length=MAX_NODES)]
+Text = Annotated[str, msgspec.Meta(max_length=4096)]
+JobId = Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")]
+
+
+def job_id(*parts: object) -> str:
+    """A job id from its parts (experiment, network, ...), as the job topics accept it."""
+    s = re.sub(r"[^A-Za-z0-9_.-]+", "_", "-".join(str(p) for p in parts)).strip("_.-")
+    return (s or "job")[-128:].lstrip("_.-") or "job"
+
+
+class JobSpec(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    v: int
+    job: JobId
+    collective: Name
+    size: Count
+    rows: Annotated[int, msgspec.Meta(ge=1, le=MAX_NODES)]
+    cols: Annotated[int, msgspec.Meta(ge=1, le=MAX_NODES)]
+    degree: Annotated[int, msgspec.Meta(ge=0, le=MAX_NODES)]
+    bidirectional: bool
+    ranks: Nodes
+    nodes: Nodes
+    iterations: Annotated[int, msgspec.Meta(ge=1, le=MAX_ITERATIONS)]
+    compute_ns: Count
+    nic_sync: bool
+    timing: Timing
+    # node -> dst -> (port, channel, next hop)
+    routes: dict[Name, dict[Name, tuple[Annotated[str, msgspec.Meta(max_length=2)],
+                                        Annotated[int, msgspec.Meta(ge=0, le=4096)], Name]]]
+    # the first iteration to run (a job resumed after a fault goes on where it stopped);
+    # it runs iterations start .. iterations - 1
+    start: Annotated[int, msgspec.Meta(ge=0, le=MAX_ITERATIONS)] = 0
+    # the control units record a timeline of iterations 0 .. trace_iterations - 1
+    # (controller/stage2/trace.py); the nodes send it with their iteration events
+    trace_iterations: Annotated[int, msgspec.Meta(ge=0, le=MAX_ITERATIONS)] = 0
+    # a job beside others (controller/service/admission.py): its flow ids carry this tag, so the
+    # invariant checker tells the jobs' flows apart; 0: the testbed's only job
+    tag: Annotated[int, msgspec.Meta(ge=0, le=MAX_TAG)] = 0
+    # bytes each rank sends every other before the all-reduce (DLRM's embeddings)
+    alltoall: Count = 0
+    # its share of a link it shares with other jobs, where the network shares by weight
+    weight: Annotated[float, msgspec.Meta(gt=0, le=1000)] = 1.0
+
+
+class JobStop(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """The controller ends one job (a fault, a failure, its run stopping), while its
+    others run on: the job's node programs drop it at once."""
+
+    v: int
+    job: JobId
+    why: Text = ""
+
+
+class JobEvent(msgspec.Struct, omit_defaults=True, forbid_unknown_fields=True):
+    v: int
+    job: JobId
+    kind: Literal["ready", "iteration", "done", "failed"]
+    node: Name
+    iteration: Annotated[int, msgspec.Meta(ge=-1, le=MAX_ITERATIONS)] = -1
+    t_start: int = 0
+    t_end: int = 0
+    control_messages: Count = 0
+    error: Text = ""
+    stats: Annotated[dict[Name, int], msgspec.Meta(max_length=64)] = {}
+    # the first few the node's monitor recorded
+    violations: Annotated[list[Text], msgspec.Meta(max_length=50)] = []
+    trace: Annotated[list[TraceRow], msgspec.Meta(max_length=MAX_ROWS)] = []
+
+
+def timing_of(tb: Testbed) -> Timing:
+    """The control units' timing, from the testbed config: the one place it is derived."""
+    o, c = tb.optical, tb.control
+    return Timing(math.ceil(o.tuning_time_ns), math.ceil(o.guard_time_ns),
+                  math.ceil(o.propagation_ns), math.ceil(c.request_timeout_ns),
+                  math.ceil(c.request_timeout_ns), math.ceil(c.grant_lease_ns), c.max_retries)
+
+
+def wire_routes(plan: Plan) -> dict[str, dict[str, tuple[str, int, str]]]:
+    return {n: {d: (r.port, r.channel, r.next_hop) for d, r in routes.items()}
+            for n, routes in plan.routes.items()}
+
+
+@functools.lru_cache(maxsize=64)
+def built_schedule(collective: str, n: int, size: int, rows: int, cols: int,
+                   degree: int, bidirectional: bool, alltoall: int = 0) -> Schedule:
+    """A collective's schedule, built once per shape (several jobs share shapes)."""
+    return with_alltoall(build(collective, n, size, rows, cols, degree, bidirectional),
+                         alltoall)
+
+
+def nic_programs(schedule: Schedule, ranks: Sequence[str]) -> dict[str, Program] | None:
+    """Step synchronisation on the O-NICs' count-action engines, a program per rank's
+    node, when the schedule fits them; None: the host counts deliveries."""
+    if not all(0 < len(s) <= N_MODULES and all(x.recv_bytes > 0 for x in s)
+               for s in schedule):
+        return None
+    return {n: sync_program([x.recv_bytes for x in schedule[r]]) for r, n in enumerate(ranks)}
+
+
+def schedule_of(spec: JobSpec) -> Schedule:
+    return built_schedule(spec.collective, len(spec.ranks), spec.size, spec.rows, spec.cols,
+                          spec.degree, spec.bidirectional, spec.alltoall)
+
+
+OnIteration = Callable[[int, int, int], None]  # iteration, t_start, t_end (the host's clock)
+
+
+class JobRunner:
+    """Stage 2 of one job on the ranks and O-NICs one host owns.
+
+    `begin(i)` starts iteration i on the local ranks (compute, then the collective's
+    steps); when every local rank has all its bytes, `on_iteration` is told, and the host
+    decides when the next iteration begins (at once in process; on a node program, when
+    every rank has reported, which it hears on the bus).
+    """
+
+    def __init__(self, spec: JobSpec, clock: Clock, monitor: InvariantChecker | None,
+                 on_iteration: OnIteration, local: list[str] | None = None) -> None:
+        self.spec = spec
+        self.clock = clock
+        self.monitor = monitor
+        self.on_iteration = on_iteration
+        self.fail: Callable[[BaseException], None] = self._raise  # the host's, once it runs
+        self.submit: Callable[[Flow], None] = self._no_network
+        ranks = spec.ranks if local is None else [r for r in spec.ranks if r in local]
+        self.engine = CollectiveEngine(clock, schedule_of(spec), spec.ranks,
+                                       lambda f: self.submit(f),
+                                       monitor.flow_started if monitor is not None else None,
+                                       spec.nic_sync, ranks, spec.tag)
+        self.units: dict[str, ControlUnit] = {}
+        self.trace = Tracer() if spec.trace_iterations else None
+        self._lines: list[InterruptLine] = []
+        self._onics: list[ONic] = []
+
+    @staticmethod
+    def _raise(e: BaseException) -> None:
+        raise e
+
+    @staticmethod
+    def _no_network(f: Flow) -> None:
+        raise RuntimeError(f"{f!r}: the job runner has no network attached")
+
+    def deliver(self, flow: Flow) -> None:
+        """A flow's last leg has arrived at its destination. A monitor that does not see
+        the light (no fabric model) is told here; one that does, was told by the fabric."""
+        m = self.monitor
+        if m is not None and not m.sees_light:
+            m.on_arrival(self.clock.now_ns(), flow.dst, flow, flow.nbytes)
+        self.engine.on_delivered(flow)
+
+    def on_onics(self, bus: Bus, onics: Mapping[str, ONic],
+                 lines: Mapping[str, InterruptLine]) -> JobRunner:
+        """ODDL: a control unit per O-NIC this host owns, on its board's interrupt line;
+        each local rank's steps advanced by its count-action engine (or counted here)."""
+        spec, timing = self.spec, self.spec.timing
+        missing = [n for n in spec.nodes if n in onics and n not in lines]
+        if missing:
+            raise ValueError(f"no interrupt line for {', '.join(missing)}")
+        for n in (n for n in spec.nodes if n in onics):
+            routes = {d: Route(*r) for d, r in spec.routes.get(n, {}).items()}
+            self.units[n] = ControlUnit(n, self.clock, bus, onics[n], routes, timing,
+                                        self.deliver, lambda e: self.fail(e))
+            self.units[n].trace = self.trace
+            lines[n].connect(onics[n].on_interrupt)
+            self._lines.append(lines[n])
+            self._onics.append(onics[n])
+        if spec.nic_sync:
+            for n in self.units:
+                if n in self.engine.rank_of:
+                    onics[n].on_module_fired = functools.partial(self._fired, n)
+        units = self.units
+        self.submit = lambda f: units[f.src].submit(f)
+        return self
+
+    def _fired(self, node: str, slot: int) -> None:
+        tr = self.trace
+        if tr is not None and tr.on:
+            tr.add(TraceRow("fire", node, "", f"slot {slot}", self.clock.now_ns()))
+        try:
+            self.engine.module_fired(node, slot)
+        except RuntimeError as e:  # in an interrupt callback: raised, it would only be logged
+            self.fail(e)
+
+    def gone(self, node: str) -> None:
+        """`node`'s program died with its board (a drill's dead board): its control unit
+        answers nothing, and its O-NIC's count-action fires reach no host."""
+        cu = self.units.get(node)
+        if cu is not None:
+            cu.halt()
+            cu.onic.on_module_fired = None
+
+    def on_network(self, submit: Callable[[Flow], None]) -> JobRunner:
+        """A flow-level network model (the baselines): it calls `deliver` on arrival."""
+        self.submit = submit
+        return self
+
+    def begin(self, i: int) -> None:
+        tr = self.trace
+        if tr is not None:
+            if i < self.spec.trace_iterations:
+                tr.on = True
+            elif tr.on:  # the last RELEASEs of the traced ones land during this compute
+                self.clock.call_later_ns(self.spec.compute_ns, setattr, tr, "on", False)
+        self.engine.start_iteration(i, self.spec.compute_ns,
+                                    lambda t_end: self.on_iteration(i, self.engine.t_start,
+                                                                    t_end))
+
+    def transmitting(self) -> bool:
+        """A transmitter here still has a flow (its TX_DONE, and RELEASE, to come)."""
+        return any(tx.current is not None for cu in self.units.values()
+                   for tx in cu.tx.values())
+
+    def sent(self) -> int:
+        """Control messages this job's units have sent (on a bus that other jobs share)."""
+        return sum(cu.sent for cu in self.units.values())
+
+    def stats(self) -> dict[str, int]:
+        agg: dict[str, int] = {}
+        for cu in self.units.values():
+            for k, v in cu.stats.items():
+                agg[k] = agg.get(k, 0) + v
+        return agg
+
+    def close(self) -> None:
+        """Stop, and give the boards back: no step runs and no control unit answers any
+        more, interrupt lines disconnected, count-action unwired."""
+        self.engine.halted = True
+        for cu in self.units.values():
+            cu.halt()
+        for line in self._lines:
+            line.disconnect()
+        for onic in self._onics:
+            onic.on_module_fired = None
+        self._lines.clear()
+        self._onics.clear()
+
+
+def step_sync(spec: JobSpec) -> str:
+    return "o-nic count-action" if spec.nic_sync else "host"

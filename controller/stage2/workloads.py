@@ -1,0 +1,187 @@
+"""Data-parallel training workloads: gradient sizes, iteration counts, the step engine."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from oddl.controller.base.catalog import EMBEDDING_BYTES, MODEL_GMACS, MODELS
+from oddl.controller.base.clock import Clock
+from oddl.controller.base.collectives import Schedule
+from oddl.controller.base.config import Workload
+from oddl.controller.base.messages import Flow
+from oddl.controller.stage2.invariants import TAG_SHIFT
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    name: str
+    params_m: float
+
+    def grad_bytes(self, bytes_per_param: int = 4) -> int:
+        return round(self.params_m * 1e6 * bytes_per_param)
+
+
+def model_spec(name: str) -> ModelSpec:
+    if name not in MODELS:
+        raise ValueError(f"unknown model {name!r}; known: {', '.join(MODELS)}")
+    return ModelSpec(name, MODELS[name])
+
+
+# Table 1's calibration (docs/model.md): 220.8742 ms of compute per iteration of 256
+# ResNet-50 images on the paper's GPUs
+MS_PER_RESNET50_SAMPLE = 220.8742 / 256
+
+
+def compute_ms(model: str, batch_per_node: int) -> float:
+    """A job's compute per iteration when its config gives none: the Table 1 calibration
+    scaled by the model's forward MACs (as experiments/jocn-1024-vgg19.toml derives 132 ms
+    for VGG-19 at batch 32)."""
+    return batch_per_node * MS_PER_RESNET50_SAMPLE * MODEL_GMACS[model] / MODEL_GMACS["resnet50"]
+
+
+def alltoall_bytes(model: str, batch_per_node: int, ranks: int) -> int:
+    """Bytes each rank sends each other per iteration in a model's all-to-all (DLRM: the
+    embedding tables spread over the ranks, each rank sends every other the lookups its
+    tables did for that rank's batch, forward, and their gradients, backward); 0 for the
+    models that only all-reduce."""
+    return 2 * math.ceil(batch_per_node * EMBEDDING_BYTES.get(model, 0) / ranks) \
+        if ranks > 1 else 0
+
+
+def iterations_per_epoch(w: Workload, n_nodes: int) -> int:
+    return math.ceil(w.dataset_samples / (w.batch_per_node * n_nodes))
+
+
+def total_iterations(w: Workload, n_nodes: int) -> int:
+    return math.ceil(w.epochs * iterations_per_epoch(w, n_nodes))
+
+
+class CollectiveEngine:
+    """Runs iterations: compute, then the all-reduce steps, rank by rank.
+
+    A rank's step s+1 starts when every byte it expects in step s has arrived: exactly
+    the count-action condition (count received bytes; target: the step's size; action:
+    start the next step's transfers). An engine drives the ranks its host owns (`local`;
+    all of them in process): a node program drives its own rank, and flow ids are unique
+    across hosts without a shared counter (rank r numbers its k-th flow k * n + r).
+    """
+
+    def __init__(self, clock: Clock, schedule: Schedule, ranks: list[str],
+                 submit: Callable[[Flow], None], on_flow_start: Callable[[Flow], None] | None
+                 = None, nic_sync: bool = False, local: list[str] | None = None,
+                 tag: int = 0) -> None:
+        """nic_sync: step completion comes from each O-NIC's count-action engine
+        (`module_fired`), not from counting deliveries here."""
+        self.clock = clock
+        self.schedule = schedule
+        self.ranks = ranks
+        self.rank_of = {n: i for i, n in enumerate(ranks)}
+        self.local = [self.rank_of[n] for n in (ranks if local is None else local)]
+        self.submit = submit
+        self.on_flow_start = on_flow_start
+        self.flows = 0  # started here, all iterations
+        self.seq = [0] * len(ranks)
+        self.iteration = -1
+        self.step: list[int] = [0] * len(ranks)
+        self.issued: list[int] = [-1] * len(ranks)
+        self.recv: list[list[int]] = []
+        self.pending = 0
+        self.on_done: Callable[[int], None] | None = None
+        self.on_delivered_hook: Callable[[Flow, int], None] | None = None
+        self.t_start = 0
+        self.nic_sync = nic_sync
+        self.fired: list[list[bool]] = []
+        # what came for the next iteration before this host started it (peers start an
+        # iteration when they hear the last rank finish; hearing takes a message)
+        self.early: list[Flow] = []
+        self.early_fired: list[tuple[int, int]] = []
+        self.halted = False  # the job stopped here: no step runs, no flow starts
+        self.id_base = tag << TAG_SHIFT  # a job beside others: its flows' ids are its own
+
+    def start_iteration(self, iteration: int, compute_ns: int,
+                        on_done: Callable[[int], None]) -> None:
+        self.iteration = iteration
+        self.on_done = on_done
+        for r in self.local:
+            self.step[r] = 0
+            self.issued[r] = -1
+        self.recv = [[0] * len(s) for s in self.schedule]
+        if self.nic_sync:
+            self.fired = [[False] * len(s) for s in self.schedule]
+        self.pending = len(self.local)
+        self.t_start = self.clock.now_ns()
+        early, self.early = self.early, []
+        for f in early:
+            self.on_delivered(f)
+        for r, slot in self.early_fired:
+            self.fired[r][slot] = True
+        self.early_fired.clear()
+        for r in self.local:
+            self.clock.call_later_ns(compute_ns, self._run_steps, r)
+
+    def _run_steps(self, r: int) -> None:
+        if self.halted:
+            return
+        steps = self.schedule[r]
+        while True:
+            s = self.step[r]
+            if s >= len(steps):
+                self.pending -= 1
+                if self.pending == 0 and self.on_done is not None:
+                    self.on_done(self.clock.now_ns())
+                return
+            if self.issued[r] < s:
+                self.issued[r] = s
+                src = self.ranks[r]
+                now = self.clock.now_ns()
+                n = len(self.ranks)
+                for dst_rank, nbytes in steps[s].sends:
+                    f = Flow(self.id_base | (self.seq[r] * n + r), src, self.ranks[dst_rank],
+                             nbytes, self.iteration, s, 0, now)
+                    self.seq[r] += 1
+                    self.flows += 1
+                    if self.on_flow_start is not None:
+                        self.on_flow_start(f)
+                    self.submit(f)
+            if not (self.fired[r][s] if self.nic_sync else
+                    self.recv[r][s] >= steps[s].recv_bytes):
+                return  # count not reached: wait for the O-NIC (or on_delivered)
+            self.step[r] = s + 1
+
+    def on_delivered(self, flow: Flow) -> None:
+        if self.halted:
+            return
+        if flow.iteration != self.iteration:  # a peer that started the next iteration first
+            self.early.append(flow)
+            return
+        r = self.rank_of[flow.dst]
+        s = flow.step
+        if self.on_delivered_hook is not None:
+            self.on_delivered_hook(flow, self.clock.now_ns())
+        got = self.recv[r][s] + flow.nbytes
+        self.recv[r][s] = got
+        if self.nic_sync:
+            return
+        if s == self.step[r] and self.issued[r] == s and got >= self.schedule[r][s].recv_bytes:
+            self.step[r] = s + 1
+            self._run_steps(r)
+
+    def module_fired(self, node: str, slot: int) -> None:
+        """The O-NIC of `node` says: every byte of step `slot` has arrived."""
+        if self.halted:
+            return
+        r = self.rank_of[node]
+        if self.iteration < 0 or self.step[r] >= len(self.schedule[r]):
+            # not begun here, or done here: the next iteration's step
+            self.early_fired.append((r, slot))
+            return
+        if self.recv[r][slot] != self.schedule[r][slot].recv_bytes:
+            raise RuntimeError(f"{node}: count-action fired for step {slot} with "
+                               f"{self.recv[r][slot]} of {self.schedule[r][slot].recv_bytes} "
+                               f"bytes delivered")
+        self.fired[r][slot] = True
+        if slot == self.step[r] and self.issued[r] == slot:
+            self.step[r] = slot + 1
+            self._run_steps(r)
