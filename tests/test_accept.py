@@ -146,7 +146,7 @@ def test_second_run_on_a_held_testbed_is_refused_naming_the_holder(root: Path,
 
 
 def test_lock_is_released_when_its_holder_dies(tmp_path: Path) -> None:
-    code = ("import sys,time; from controller.lock import TestbedLock; "
+    code = ("import sys,time; from oddl.controller.service.lock import TestbedLock; "
             f"TestbedLock('tb', 'holder', __import__('pathlib').Path({str(tmp_path)!r}))"
             ".acquire(); print('held', flush=True); time.sleep(60)")
     p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)

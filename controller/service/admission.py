@@ -359,7 +359,6 @@ class Admission:
         self.resume: dict[str, int] = {}  # a stopped job's first iteration not recorded
         self.recoveries: list[Recovery] = []  # each stopped job's, once it goes on
         self.outcomes: list[JobOutcome] = []  # every attempt's, stopped ones too
-        self.last_spec: dict[str, JobSpec] = {}  # each job's latest, as handed out
         self._stopped: dict[str, _Stopped] = {}
         self._rules: dict[str, StopRule] = {}  # each running job's
         self._tries: dict[str, int] = {}  # a job's stage 1s a device failed, in a row
@@ -515,7 +514,6 @@ class Admission:
                        req.compute_ns, nic_sync, timing_of(self.tb), routes,
                        start=self.resume.get(req.name, 0), trace_iterations=trace_its,
                        tag=self.tags[req.name], alltoall=req.alltoall, weight=req.weight)
-        self.last_spec[req.name] = spec
         stop = self._rules[req.name] = StopRule(
             self.health, frozenset(part.nodes), since,
             self.tb.monitor.missed * self.health.period_ns)
