@@ -1,0 +1,8 @@
+"""The `oddl` command line: a thin layer over `oddl.controller.operator.api`, one module a
+command group (configs and experiments; the testbed and its services; the devices' own
+tools)."""
+
+from oddl.controller.operator.cli import devices, experiments, lab
+from oddl.controller.operator.cli.main import main
+
+__all__ = ["devices", "experiments", "lab", "main"]

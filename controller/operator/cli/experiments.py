@@ -1,0 +1,448 @@
+"""`oddl check`, `plan`, `compat`, `run`, `sweep`: configs, plans and experiments."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import click
+from oddl.controller.base.catalog import BACKENDS, STRATEGIES
+from oddl.controller.base.config import ConfigError, load_experiment, load_testbed
+from oddl.controller.operator.cli.main import _config_fail, console, err, main
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+
+@main.command()
+@click.argument("file", type=click.Path(path_type=Path))
+def check(file: Path) -> None:
+    """Validate a testbed, experiment or sweep config: OK, or every error with its field.
+    An experiment's ODDL networks are planned too (nothing is applied)."""
+    from oddl.controller.operator.api import check as check_config
+
+    try:
+        click.echo(check_config(file))
+    except ConfigError as e:
+        _config_fail(e)
+
+
+@main.command()
+@click.argument("testbed", type=click.Path(path_type=Path))
+@click.option("--job", "job", type=click.Path(path_type=Path), default=None,
+              help="experiment whose workload the plan serves (default: HD over all nodes)")
+@click.option("--strategy", type=click.Choice(STRATEGIES),
+              default=None, help="override the experiment's strategy")
+@click.option("--json", "as_json", is_flag=True, help="print the plan as JSON")
+@click.option("--plot", type=click.Path(path_type=Path), default=None,
+              help="PNG: each WSS table as a heat map (input x wavelength -> output)")
+def plan(testbed: Path, job: Path | None, strategy: str | None, as_json: bool,
+         plot: Path | None) -> None:
+    """Stage 1: print the plan (placement, WSS tables, routes), validated."""
+    from oddl.controller.base.collectives import build
+    from oddl.controller.base.topology import Grid
+    from oddl.controller.stage1.plan import PlanError
+    from oddl.controller.stage1.planner import plan_job
+    from oddl.controller.stage2.workloads import model_spec
+
+    try:
+        if job is not None:
+            ctx = load_experiment(job, testbed)
+            if ctx.jobs:
+                _plan_jobs(ctx, strategy, as_json, plot)
+                return
+            tb, w = ctx.testbed, ctx.workload
+            nets = [s for s in ctx.experiment.networks if s.kind == "oddl"]
+            strat = strategy or (nets[0].strategy if nets else "matched")
+            model, coll, bpp, name = w.model, w.collective, w.bytes_per_param, ctx.experiment.name
+        else:
+            tb = load_testbed(testbed)
+            strat, model, coll, bpp, name = strategy or "matched", "resnet50", "hd", 4, "hd-all"
+    except ConfigError as e:
+        _config_fail(e)
+        return
+    t0 = time.perf_counter()
+    grid = Grid.from_testbed(tb)
+    try:
+        sched = build(coll, tb.n_nodes, model_spec(model).grad_bytes(bpp), tb.grid.rows,
+                      tb.grid.cols)
+        p = plan_job(tb, grid, sched, name, strat)
+        p.validate(grid)
+    except (PlanError, ValueError) as e:
+        click.echo(f"error: {e}", err=True)
+        sys.exit(1)
+    dt = time.perf_counter() - t0
+    if plot is not None:
+        from oddl.controller.experiments.figures import plan_figure, save
+
+        save(plan_figure(p), plot)
+        click.echo(f"wrote {plot}", err=True)
+    if as_json:
+        click.echo(p.to_json())
+    else:
+        click.echo("\n".join(p.summary_lines()))
+        if strat == "totientperms":  # what the jumps cost a flow inside each WSS's group
+            from oddl.controller.base.jumps import JumpSet, totient_jumps
+
+            sizes = sorted({len(grid.groups[(t.axis, t.index)].members) for t in p.wss})
+            w = len(tb.optical.wavelengths())
+            click.echo("\ntotientperms, per WSS group: " + "; ".join(
+                str(JumpSet.of(n, totient_jumps(n, w))) for n in sizes))
+        click.echo(f"\nvalid: no collisions, {len(p.demand)} pairs routable "
+                   f"(planned in {dt:.2f} s)")
+
+
+@main.command()
+@click.option("--job", "jobs", multiple=True, required=True,
+              help="MODEL[:RANKS] (measured on a link of --link-gbps, RANKS default 4), or "
+                   "NAME:ITER_MS:COMM_MS[:DEMAND], a raw profile; DEMAND is the share of the "
+                   "link it uses while communicating (default 1)")
+@click.option("--link-gbps", type=click.FloatRange(min=0, min_open=True, max=1e5),
+              default=100.0, show_default=True, help="the shared link (model jobs)")
+@click.option("--json", "as_json", is_flag=True, help="print score, rotations, shifts_ms")
+@click.option("--plot", type=click.Path(path_type=Path), default=None,
+              help="PNG: the unified circle, each job's demand as rotated")
+def compat(jobs: tuple[str, ...], link_gbps: float, as_json: bool, plot: Path | None
+           ) -> None:
+    """CASSINI's compatibility of jobs sharing one link: the score, the best rotations on
+    the unified circle and the time shifts that realise them."""
+    from oddl.controller.registry import profiles_on_a_link
+    from oddl.controller.service.compat import compatibility, parse_job, parse_model_job, rolled
+
+    try:
+        models = [parse_model_job(j) for j in jobs]
+        if all(models):
+            seen: dict[str, int] = {}
+            named = []
+            for model, ranks in models:  # type: ignore[misc]
+                seen[model] = seen.get(model, 0) + 1
+                named.append((model if seen[model] == 1 else f"{model}-{seen[model]}", model,
+                              ranks))
+            profiles = profiles_on_a_link(named, link_gbps)
+        elif any(models):
+            raise ValueError("--job: give models (MODEL[:RANKS]) or raw profiles "
+                             "(NAME:ITER_MS:COMM_MS[:DEMAND]), not both")
+        else:
+            profiles = [parse_job(j) for j in jobs]
+    except ValueError as e:
+        click.echo(f"error: {e}", err=True)
+        sys.exit(2)
+    for p in profiles:
+        busy = sum(1 for x in p.demand if x > 0.01) / len(p.demand)
+        click.echo(f"{p.name}: iteration {p.iteration_ms:.3f} ms, on the link "
+                   f"{busy:.1%} of it", err=True)
+    c = compatibility(profiles)
+    if plot is not None:
+        from oddl.controller.experiments.figures import circle_figure, save
+
+        save(circle_figure([p.name for p in profiles], rolled(profiles, c), c.score,
+                           c.perimeter_ms), plot)
+        click.echo(f"wrote {plot}", err=True)
+    if as_json:
+        click.echo(json.dumps({"score": c.score, "rotations": dict(zip(
+            (p.name for p in profiles), c.rotations_deg, strict=True)),
+            "shifts_ms": dict(zip((p.name for p in profiles), c.shifts_ms, strict=True)),
+            "perimeter_ms": c.perimeter_ms}))
+        return
+    click.echo(f"unified circle: {c.perimeter_ms:g} ms; compatibility score {c.score:.4f}"
+               f" ({'compatible' if c.score >= 1 - 1e-9 else 'not compatible'})")
+    for p, rot, s in zip(profiles, c.rotations_deg, c.shifts_ms, strict=True):
+        click.echo(f"  {p.name}: rotate {rot:.1f} deg = start {s:g} ms later")
+
+
+def _jobs_report(res: Any, run_dir: Path, backend: str, as_json: bool) -> None:
+    """Several jobs: per network JCT summary, per job JCT and queueing (the JCT CDF is in
+    the run directory)."""
+    if as_json:
+        click.echo(json.dumps(res.to_json_obj()))
+        return
+    nets = list(res.networks)
+    t = Table(title=f"{res.experiment}: {len(res.jobs)} jobs ({backend})")
+    for col in ("network", "mean JCT", "p99 JCT", "mean queued", "makespan", "utilisation",
+                "iterations", "violations"):
+        t.add_column(col, justify="left" if col == "network" else "right")
+    for n, r in res.networks.items():
+        f = r.fabric
+        t.add_row(n, f"{f['mean_jct_s']:.3f} s", f"{f['p99_jct_s']:.3f} s",
+                  f"{f['mean_queued_s']:.3f} s", f"{f['makespan_s']:.3f} s",
+                  f"{f['utilisation']:.1%}", str(r.iterations), str(r.invariant_violations))
+    console.print(t)
+    jt = Table(title="per job: JCT (queued) / mean iteration")
+    jt.add_column("job")
+    jt.add_column("nodes", justify="right")
+    for n in nets:
+        jt.add_column(n, justify="right")
+    for job, per in res.jobs.items():
+        first = next(iter(per.values()))
+        jt.add_row(job, f"{first['nodes']} {first['shape']}", *(
+            f"{per[n]['jct_s']:.3f} s ({per[n]['queued_s']:.3f}) / "
+            f"{per[n]['iteration_time_s'] * 1e3:.2f} ms" for n in nets))
+    console.print(jt)
+    console.print(f"invariant violations: {res.invariant_violations}; wall {res.wall_s:.1f} s; "
+                  f"results in {run_dir} (jct-cdf.png)")
+
+
+def _plan_jobs(ctx: Any, strategy: str | None, as_json: bool, plot: Path | None) -> None:
+    """`oddl plan --job` for several jobs: each job's partition and plan."""
+    from oddl.controller.base.config import NetworkSpec
+    from oddl.controller.base.topology import Grid
+    from oddl.controller.service.admission import JobRequest, plan_partitions
+    from oddl.controller.stage1.plan import PlanError
+
+    tb = ctx.testbed
+    nets = [s for s in ctx.experiment.networks if s.kind == "oddl"]
+    spec = nets[0] if nets else NetworkSpec(name="oddl", kind="oddl")
+    if strategy is not None:
+        spec = spec.model_copy(update={"strategy": strategy})
+    grid = Grid.from_testbed(tb)
+    t0 = time.perf_counter()
+    try:
+        plans, waiting = plan_partitions(tb, grid, [JobRequest.of(j) for j in ctx.jobs],
+                                         ctx.experiment.policy, spec)
+    except (PlanError, ValueError) as e:
+        click.echo(f"error: {e}", err=True)
+        sys.exit(1)
+    dt = time.perf_counter() - t0
+    if plot is not None:
+        from oddl.controller.experiments.figures import partition_figure, save
+
+        cells = {grid.coord[n]: part.job for part, _ in plans for n in part.nodes}
+        save(partition_figure(f"{ctx.experiment.name} on {tb.name}: the partitions of the "
+                              f"jobs that start at once", tb.grid.rows, tb.grid.cols, cells),
+             plot)
+        click.echo(f"wrote {plot}", err=True)
+    if as_json:
+        click.echo(json.dumps({"jobs": {p.job: {"partition": {
+            "shape": p.shape, "rows": list(p.rows), "cols": list(p.cols),
+            "ranks": list(p.ranks), "spare": list(p.spare)}, "plan": plan.to_dict()}
+            for p, plan in plans}, "waiting": [r.name for r in waiting]}, indent=1))
+        return
+    click.echo(f"{ctx.experiment.name} on {tb.name}: {len(plans)} jobs start at once "
+               f"({ctx.experiment.policy}), strategy {spec.strategy}")
+    for part, plan in plans:
+        used = sorted({t.wss for t in plan.wss})
+        click.echo(f"  {part.describe()}; {max((len(t.labels) for t in plan.wss), default=0)}"
+                   f" channels on {len(used)} WSSs ({', '.join(used[:4])}"
+                   f"{' ...' if len(used) > 4 else ''})")
+    if waiting:
+        click.echo(f"waiting for nodes: {', '.join(r.name for r in waiting[:20])}"
+                   f"{' ...' if len(waiting) > 20 else ''}")
+    click.echo(f"\nisolated: no two jobs share a node (rank, relay or receiver) or a WSS "
+               f"(output port, wavelength) (planned in {dt:.2f} s)")
+
+
+@main.command()
+@click.argument("experiment", type=click.Path(path_type=Path))
+@click.option("--backend", type=click.Choice(BACKENDS), default="sim")
+@click.option("--out", type=click.Path(path_type=Path), default=None,
+              help="run directory (default: runs/<experiment>-<time>)")
+@click.option("--iterations", type=click.IntRange(min=1), default=None,
+              help="simulate only N iterations and extrapolate the training time")
+@click.option("--testbed", type=click.Path(path_type=Path), default=None,
+              help="use this testbed instead of the experiment's")
+@click.option("--json", "as_json", is_flag=True, help="stdout: exactly one JSON object")
+@click.option("--trace", "trace_file", type=click.Path(path_type=Path), default=None,
+              help="write a timeline of stage 2 (Chrome trace-event JSON; Perfetto opens it)")
+@click.option("--trace-iterations", type=click.IntRange(1, 1000), default=2, show_default=True,
+              help="how many iterations, from the first, --trace records")
+@click.option("--publish", is_flag=True,
+              help="sim: tell the testbed's bus (its dashboard) as the run goes; emu and hw "
+                   "runs always do")
+def run(experiment: Path, backend: str, out: Path | None, iterations: int | None,
+        testbed: Path | None, as_json: bool, trace_file: Path | None,
+        trace_iterations: int, publish: bool) -> None:
+    """Run an experiment: every network on the same workload, results in a run directory."""
+    from oddl.controller.experiments.figures import paper_rows
+    from oddl.controller.experiments.results import RunDirTaken, make_run_dir
+    from oddl.controller.experiments.runner import Timeline
+    from oddl.controller.operator import api
+    from oddl.controller.service.lock import TestbedBusy
+    from oddl.controller.stage1.plan import PlanError
+
+    try:
+        ctx = load_experiment(experiment, testbed)
+    except ConfigError as e:
+        _config_fail(e)
+        return
+    try:
+        run_dir = make_run_dir(out, ctx.experiment.name)
+    except RunDirTaken as e:
+        click.echo(f"error: {e}", err=True)
+        sys.exit(2)
+    prog = Progress(TextColumn("{task.description:<12}"), BarColumn(), MofNCompleteColumn(),
+                    TimeElapsedColumn(), console=err, transient=as_json,
+                    disable=not err.is_terminal and as_json)
+    tasks: dict[str, int] = {}
+    last = [0.0]
+    timeline = Timeline(trace_iterations) if trace_file is not None else None
+
+    def progress(name: str, done: int, total: int) -> None:
+        if name not in tasks:
+            tasks[name] = prog.add_task(name, total=total)
+        now = time.monotonic()
+        if done == total or now - last[0] > 0.1:
+            last[0] = now
+            prog.update(tasks[name], completed=done)
+
+    try:
+        with prog:
+            res = api.run(ctx, backend, iterations, run_dir, progress=progress,
+                          trace=timeline, publish=publish, say=err.print)
+    except TestbedBusy as e:
+        click.echo(f"error: {e}", err=True)
+        sys.exit(3)
+    except PlanError as e:
+        click.echo(f"error: {experiment}: networks: cannot be planned: {e}", err=True)
+        sys.exit(2)
+    except Exception as e:  # a device, the broker, credentials: say which, keep what ran
+        if os.environ.get("ODDL_DEBUG"):
+            raise
+        why = str(e) if isinstance(e, RuntimeError) else f"{type(e).__name__}: {e}"
+        click.echo(f"error: run failed: {why}\n(completed iterations are in "
+                   f"{run_dir / 'results.sqlite'}; ODDL_DEBUG=1 shows the traceback)",
+                   err=True)
+        sys.exit(1)
+    if timeline is not None and trace_file is not None:
+        timeline.chrome.write(trace_file)
+        err.print(f"trace: {trace_file} ({len(timeline.chrome.events())} events; "
+                  f"open it in https://ui.perfetto.dev or chrome://tracing)")
+    if res.jobs:
+        _jobs_report(res, run_dir, backend, as_json)
+        sys.exit(1 if res.invariant_violations else 0)
+    paper = paper_rows(ctx.experiment.reference, res.training_min(), res.ratio)
+    if as_json:
+        click.echo(json.dumps(res.to_json_obj()))
+    else:
+        t = Table(title=f"{ctx.experiment.name} on {ctx.testbed.name} ({backend})")
+        for col in ("network", "training time", "iteration time", "iterations", "flows",
+                    "control msgs", "ratio to electrical", "disturbed"):
+            t.add_column(col, justify="right" if col != "network" else "left")
+        el = next((r for r in res.networks.values() if r.kind == "electrical"), None)
+        for r in res.networks.values():
+            ratio = f"{r.training_time_s / el.training_time_s:.5f}" if el else "-"
+            t.add_row(r.name, f"{r.training_time_s / 60:.2f} min",
+                      f"{r.iteration_time_s * 1e3:.4f} ms", str(r.iterations), str(r.flows),
+                      str(r.control_messages), ratio,
+                      (f"YES: {', '.join(f'{k} {v}' for k, v in r.disturbance.items())}"
+                       if r.disturbed else "no"))
+        console.print(t)
+        faults = [(r.name, f) for r in res.networks.values() for f in r.faults]
+        if faults:
+            ft = Table(title="faults")
+            for col in ("network", "fault", "at", "detected after", "recovered after",
+                        "re-plans", "iterations lost", "flows retried"):
+                ft.add_column(col, justify="left" if col in ("network", "fault") else "right")
+
+            def ms(ns: int | None) -> str:
+                return "-" if ns is None else f"{ns / 1e6:.3f} ms"
+            for name, f in faults:
+                ft.add_row(name, f"{f['kind']} {f['target']}", ms(f["at_ns"]),
+                           ms(f["detected_after_ns"]), ms(f["recovered_after_ns"]),
+                           str(f["replans"]), str(f["iterations_lost"]),
+                           str(f["flows_retried"]))
+            console.print(ft)
+        if paper:
+            pt = Table(title=f"beside the paper: {ctx.experiment.reference.get('paper', '')}")
+            for col in ("figure", "ours", "paper", "difference"):
+                pt.add_column(col, justify="left" if col == "figure" else "right")
+            for p in paper:
+                ours = "-" if p.ours is None else f"{p.ours:.{3 if p.unit else 5}f}"
+                pt.add_row(p.what, f"{ours} {p.unit}".strip(), f"{p.paper:g} {p.unit}".strip(),
+                           p.difference)
+            console.print(pt)
+        console.print(res.calibration)
+        if res.iterations < res.total_iterations:
+            console.print(f"simulated {res.iterations} of {res.total_iterations} iterations; "
+                      f"training time extrapolated")
+        console.print(f"invariant violations: {res.invariant_violations}; wall {res.wall_s:.1f} s; "
+                  f"results in {run_dir}")
+    for r in res.networks.values():
+        if r.faults:
+            click.echo(f"warning: {r.name}: {len(r.faults)} faults during the run: "
+                       + "; ".join(f"{f['kind']} {f['target']}" for f in r.faults[:8]),
+                       err=True)
+        if r.disturbed:
+            click.echo(f"warning: {r.name}: the run was disturbed ({r.disturbance}; threshold "
+                       f"{ctx.experiment.disturbance_threshold} of {r.control_messages} "
+                       f"control messages): its figures are not a clean measurement", err=True)
+    if res.invariant_violations:
+        sys.exit(1)
+
+
+@main.command()
+@click.argument("sweep_file", metavar="SWEEP", type=click.Path(path_type=Path))
+@click.option("--jobs", type=int, default=1, help="local worker processes")
+@click.option("--cluster", default=None,
+              help="a Dask scheduler address (tcp://HOST:PORT or tls://...) to run on")
+@click.option("--out", type=click.Path(path_type=Path), default=None,
+              help="output directory (default: sweeps/<name>-<time>); rerun into the same "
+                   "one to resume: points already in its points.jsonl are kept")
+def sweep(sweep_file: Path, jobs: int, cluster: str | None, out: Path | None) -> None:
+    """Run networks x models x node counts x line rates; write the table and the plots."""
+    from oddl.controller.experiments.sweep import (
+        load_sweep,
+        points,
+        run_sweep,
+        speedups,
+        write_outputs,
+    )
+
+    try:
+        sw, tb_path = load_sweep(sweep_file)
+    except ConfigError as e:
+        _config_fail(e)
+        return
+    out = out or Path("sweeps") / f"{sw.name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    total = len(points(sw))
+    t0 = time.perf_counter()
+    where = f"Dask cluster {cluster}" if cluster else f"{jobs} local process(es)"
+    err.print(f"{sw.name}: {total} points on {where}")
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                  TimeElapsedColumn(), console=err) as bar:
+        task = bar.add_task("sweep", total=total)
+
+        def progress(row: dict, done: int, total: int) -> None:
+            bar.update(task, completed=done, description=(
+                f"{row['network']} {row['model']} {row['nodes']}n "
+                f"{row['line_rate_gbps']:g}G"))
+
+        journal = out / "points.jsonl"
+        done_before = sum(1 for _ in journal.open()) if journal.exists() else 0
+        if done_before:
+            err.print(f"resuming: {done_before} points already in {journal}")
+        try:
+            rows = run_sweep(sw, tb_path, jobs, cluster, progress, journal)
+        except Exception as e:  # a failed point names itself; finished points are kept
+            kept = sum(1 for _ in journal.open()) if journal.exists() else 0
+            click.echo(f"error: sweep point failed: {e}", err=True)
+            click.echo(f"{kept} finished points kept in {journal}", err=True)
+            sys.exit(1)
+    files = write_outputs(sw, rows, out)
+    r = Table(title=f"{sw.name}: one iteration per point")
+    for col in ("network", "model", "nodes", "Gb/s", "iteration ms", "ctl msgs/node",
+                "plan ms", "wall s"):
+        r.add_column(col, justify="left" if col in ("network", "model") else "right")
+    for x in rows:
+        r.add_row(x["network"], x["model"], str(x["nodes"]), f"{x['line_rate_gbps']:g}",
+                  f"{x['iteration_ms']:.3f}", f"{x['control_msgs_per_node']:g}",
+                  "-" if x["plan_ms"] is None else f"{x['plan_ms']:.1f}", f"{x['wall_s']:.1f}")
+    console.print(r)
+    t = Table(title=f"{sw.reference} speedup over each network (iteration time)")
+    marks = sw.paper_marks()
+    for col in ("model", "nodes", "Gb/s", "over", "speedup", "comm only", "paper"):
+        t.add_column(col, justify="right" if col not in ("model", "over") else "left")
+    for s in speedups(sw, rows):
+        v, upto = marks.get(s["over"], (None, False))
+        t.add_row(s["model"], str(s["nodes"]), f"{s['line_rate_gbps']:g}", s["over"],
+                  f"{s['speedup']:.3f}x",
+                  f"{s['comm_speedup']:.3f}x" if s["comm_speedup"] else "-",
+                  "-" if v is None else f"{'up to ' if upto else ''}{v:g}x")
+    console.print(t)
+    bad = sum(r["invariant_violations"] for r in rows)
+    click.echo(f"{len(rows)} points in {time.perf_counter() - t0:.1f} s wall; "
+               f"invariant violations: {bad}; wrote {', '.join(str(f) for f in files)}")
+    if bad:
+        sys.exit(1)

@@ -1,0 +1,253 @@
+"""`oddl emulate`, `node`, `dashboard`, `broker-config`, `accept`: the testbed and its
+services."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+import click
+from oddl.controller.base.config import ConfigError, load_testbed
+from oddl.controller.base.faultkinds import cli_help
+from oddl.controller.operator.cli.main import _config_fail, main
+
+
+@main.command()
+@click.argument("testbed", type=click.Path(path_type=Path))
+@click.option("--out", type=click.Path(path_type=Path), default=None,
+              help="where to write the emu testbed config (default: <testbed>-emu.toml)")
+@click.option("--fault", "faults", multiple=True,
+              help=f"{cli_help()} (repeatable)")
+@click.option("--external-node", "external", multiple=True,
+              help="serve this board without its node program: `oddl node EMU.toml --node "
+                   "ID` runs it, as on a lab's host (repeatable)")
+@click.option("--spin-us", type=click.FloatRange(min=0), default=2000, show_default=True,
+              help="poll instead of sleeping for this long after device activity and "
+                   "before a device timer (0: always sleep; docs/emu-run.md)")
+def emulate(testbed: Path, out: Path | None, faults: tuple[str, ...],
+            external: tuple[str, ...], spin_us: float) -> None:
+    """Serve the testbed's devices on 127.0.0.1 (PYNQ.remote, serial ptys, MQTT) until Ctrl-C."""
+    import asyncio
+
+    from oddl.sim.emulate import serve
+    from oddl.sim.faults import FaultSpecError, parse_fault
+
+    try:
+        tb = load_testbed(testbed)
+    except ConfigError as e:
+        _config_fail(e)
+        return
+    try:
+        parsed = [parse_fault(f, tb) for f in faults]
+    except FaultSpecError as e:
+        click.echo(f"error: {e}", err=True)
+        sys.exit(2)
+    if any(f.kind == "broker-restart" for f in parsed):
+        click.echo("error: --fault broker-restart: a broker that is down from the start "
+                   "serves nobody; drill it while a job runs ([[faults]] in the experiment, "
+                   "or POST to the control endpoint: docs/faults.md)", err=True)
+        sys.exit(2)
+    unknown = sorted(set(external) - {n.id for n in tb.expanded().nodes})
+    if unknown:
+        click.echo(f"error: --external-node: {', '.join(unknown)} is not a node of {tb.name}",
+                   err=True)
+        sys.exit(2)
+    out = out or Path(f"{testbed.stem}-emu.toml")
+    if not out.parent.is_dir():
+        click.echo(f"error: --out {out}: directory {out.parent} does not exist", err=True)
+        sys.exit(2)
+    from oddl.sim.realtime import new_loop
+
+    with asyncio.Runner(loop_factory=lambda: new_loop(spin_us * 1e-6,
+                                                      collect_when_idle=True)) as runner:
+        runner.run(serve(tb, str(testbed), out, lambda line: click.echo(line), parsed,
+                         set(external)))
+
+
+@main.command()
+@click.argument("testbed", type=click.Path(path_type=Path))
+@click.option("--node", "node_id", required=True, help="the node whose O-NIC this runs beside")
+@click.option("--irq-pin", default=None,
+              help="on the board itself (board = 'local'): the overlay's interrupt pin for "
+                   "pynq.Interrupt (default: poll IRQ_STATUS)")
+def node(testbed: Path, node_id: str, irq_pin: str | None) -> None:
+    """Stage 2 beside one O-NIC: its control units, for every job the controller publishes.
+
+    Runs until Ctrl-C (or SIGTERM, as systemd stops it); docs/deploy.md."""
+    import asyncio
+    import signal
+
+    from oddl.controller.registry import node_program
+
+    try:
+        tb = load_testbed(testbed)
+    except ConfigError as e:
+        _config_fail(e)
+        return
+
+    async def serve() -> None:
+        try:
+            prog = await node_program(tb, node_id, irq_pin=irq_pin).start()
+        except Exception as e:  # the board or the broker: say which, exit non-zero
+            click.echo(f"error: node {node_id}: {e}", err=True)
+            sys.exit(2)
+        stop = asyncio.Event()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            asyncio.get_running_loop().add_signal_handler(sig, stop.set)
+        click.echo(f"node {node_id} of {tb.name}: ready")
+        stopped = asyncio.ensure_future(stop.wait())
+        serving = asyncio.ensure_future(prog.wait())
+        await asyncio.wait({stopped, serving}, return_when="FIRST_COMPLETED")
+        if serving.done():  # not asked to stop: it lost the broker (systemd restarts it)
+            stopped.cancel()
+            click.echo(f"error: node {node_id}: stopped serving: {serving.exception()!r}",
+                       err=True)
+            sys.exit(1)
+        await prog.stop()
+        click.echo(f"node {node_id}: stopped after {prog.jobs_run} jobs")
+
+    asyncio.run(serve())
+
+
+@main.command()
+@click.argument("testbed", type=click.Path(path_type=Path))
+@click.option("--port", type=click.IntRange(0, 65535), default=8050, show_default=True,
+              help="0: any free port (the URL is printed)")
+@click.option("--host", default="127.0.0.1", show_default=True,
+              help="listen address; anything but loopback needs --token-file")
+@click.option("--token-file", type=click.Path(path_type=Path), default=None,
+              help="a file holding the token every request must carry (?token=...)")
+def dashboard(testbed: Path, port: int, host: str, token_file: Path | None) -> None:
+    """A live web page of the testbed from its MQTT bus: ports, WSS tables, iterations,
+    health, faults, the last acceptance result (docs/dashboard.md)."""
+    import asyncio
+    import signal
+
+    from oddl.controller.operator.dashboard import Dashboard
+    from oddl.controller.registry import open_watch
+
+    try:
+        tb = load_testbed(testbed)
+    except ConfigError as e:
+        _config_fail(e)
+        return
+    token = None
+    if token_file is not None:
+        try:
+            token = token_file.read_text().strip()
+        except OSError as e:
+            click.echo(f"error: --token-file {token_file}: {e.strerror or e}", err=True)
+            sys.exit(2)
+        if len(token) < 16:
+            click.echo(f"error: --token-file {token_file}: a token of 16 characters or more",
+                       err=True)
+            sys.exit(2)
+    try:
+        dash = Dashboard(tb, open_watch(tb), host, port, token)
+    except (ValueError, OSError) as e:
+        click.echo(f"error: {e}", err=True)
+        sys.exit(2)
+
+    async def serve() -> None:
+        task = asyncio.ensure_future(dash.serve(
+            lambda url: click.echo(f"dashboard of {tb.name}: {url}")))
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            asyncio.get_running_loop().add_signal_handler(sig, task.cancel)
+        try:
+            await task
+        except asyncio.CancelledError:
+            pass
+        except Exception as e:  # the broker or the port: say which
+            click.echo(f"error: dashboard: {e}", err=True)
+            sys.exit(1)
+
+    asyncio.run(serve())
+
+
+@main.command("broker-config")
+@click.argument("testbed", type=click.Path(path_type=Path))
+@click.option("--out", type=click.Path(path_type=Path), required=True,
+              help="directory for mosquitto.conf, passwd, acl and secrets/ (mode 0700)")
+@click.option("--port", type=click.IntRange(1, 65535), default=1883, show_default=True)
+@click.option("--bind", default="127.0.0.1", show_default=True,
+              help="listen address (a lab's broker listens on its control network)")
+def broker_config(testbed: Path, out: Path, port: int, bind: str) -> None:
+    """Mosquitto's password and access-rule files for a testbed: each party (controller,
+    every node, emulator, dashboard) its own password, speaking only as itself."""
+    import ipaddress
+
+    from oddl.controller.base.access import write_mosquitto
+
+    try:
+        tb = load_testbed(testbed)
+        ipaddress.ip_address(bind)
+    except ConfigError as e:
+        _config_fail(e)
+        return
+    except ValueError:
+        click.echo(f"error: --bind {bind!r} is not an IP address", err=True)
+        sys.exit(2)
+    try:
+        files = write_mosquitto(tb.name, [n.id for n in tb.nodes], out, port, bind)
+    except OSError as e:
+        click.echo(f"error: --out {out}: {e.strerror or e}", err=True)
+        sys.exit(2)
+    parties = [k.removeprefix("secrets/") for k in files if k.startswith("secrets/")]
+    click.echo(f"{files['mosquitto.conf']}: mosquitto -c {files['mosquitto.conf']}")
+    click.echo(f"{len(parties)} parties ({', '.join(parties[:6])}"
+               f"{', ...' if len(parties) > 6 else ''}): each one's password in "
+               f"{out / 'secrets'}/<party>; give each party only its own "
+               f"([broker] password_file or password_env, docs/mqtt.md)")
+
+
+@main.command()
+@click.argument("testbed", type=click.Path(path_type=Path))
+@click.option("--backend", type=click.Choice(["emu", "hw"]), default=None,
+              help="emu: start `oddl emulate TESTBED` and accept that; hw: the devices the "
+                   "config names (default: emu for a sim testbed, else hw)")
+@click.option("--report", type=click.Path(path_type=Path), default=None,
+              help="report directory (default: accept-<testbed>-<time>)")
+@click.option("--only", "only", multiple=True,
+              help="run only this check (repeatable): reachable, identity, registers, "
+                   "tuning, routes, loopback, control-rtt, countaction, lightning")
+@click.option("--fault", "faults", multiple=True, help="emu: inject a device fault "
+              "(see `oddl emulate --help`)")
+@click.option("--wait", "wait_s", type=float, default=0.0,
+              help="seconds to wait for a testbed another run holds (default: refuse)")
+def accept(testbed: Path, backend: str | None, report: Path | None, only: tuple[str, ...],
+           faults: tuple[str, ...], wait_s: float) -> None:
+    """Pass or fail a testbed, device by device, with the measured figures."""
+    from oddl.controller.operator import accept as acc
+    from oddl.controller.operator.session import EmulatorFailed
+    from oddl.controller.service.lock import TestbedBusy
+
+    try:
+        tb = load_testbed(testbed)
+    except ConfigError as e:
+        _config_fail(e)
+        return
+    backend = backend or ("emu" if tb.testbed.backend == "sim" else "hw")
+    report = report or Path(f"accept-{tb.name}-{time.strftime('%Y%m%d-%H%M%S')}")
+    try:
+        rc = acc.run(testbed, tb, backend, report, list(only), list(faults), wait_s,
+                     lambda line: click.echo(line))
+    except (acc.AcceptError, EmulatorFailed, TestbedBusy) as e:
+        click.echo(f"error: {e}", err=True)
+        sys.exit(3 if isinstance(e, TestbedBusy) else 2)
+    if backend == "hw" and (report / "summary.json").exists():  # for the lab's dashboard
+        # (an emu acceptance runs on a private emulator: nobody watches its bus)
+        import msgspec
+        from oddl.controller.base.telemetry import accept_note
+        from oddl.controller.registry import open_announcer
+
+        note = accept_note(tb.name, json.loads((report / "summary.json").read_text()),
+                           time.strftime("%Y-%m-%d %H:%M:%S"))
+        try:
+            announcer = open_announcer(tb)
+            announcer.announce("accept", msgspec.json.encode(note))
+            announcer.close()
+        except Exception as e:  # the verdict stands; only the dashboard misses it
+            click.echo(f"warning: the result was not published on the bus: {e}", err=True)
+    sys.exit(rc)
