@@ -199,6 +199,28 @@ def test_a_broker_that_never_returns_stops_the_run_after_the_grace(tmp_path: Pat
         run(ctx)
 
 
+def test_the_time_the_arbiter_spends_on_the_devices_is_not_the_nodes_silence() -> None:
+    """Reproducer (an emu run in CI, on a starved machine): stage 1 held the controller's
+    loop for longer than `missed` heartbeat periods while the node programs beat on, and
+    the first look after it found every node silent: a "broker-restart" nobody injected.
+    The admission tells the watch how long it was blind (`Health.blind`)."""
+    from oddl.controller.service.health import HEARTBEAT_VERSION, Health, Heartbeat
+
+    def watch() -> Health:
+        h = Health(Monitor(heartbeat_ms=100), ["a", "b"], 10, {})
+        for n in ("a", "b"):
+            h.beat(Heartbeat(HEARTBEAT_VERSION, n, 0), 0)
+        return h
+
+    busy_ns = 400_000_000  # applying a plan, deaf
+    deaf = watch()
+    assert [d.kind for d in deaf.check(busy_ns)] == ["broker-restart"]
+    told = watch()
+    told.blind(busy_ns)
+    assert told.check(busy_ns) == [] and told.check(busy_ns + 200_000_000) == []
+    assert [d.kind for d in told.check(busy_ns + 300_000_000)] == ["broker-restart"]
+
+
 def test_old_faults_table_and_bad_targets_are_config_errors(tmp_path: Path) -> None:
     from oddl.controller.base.config import load_experiment
 

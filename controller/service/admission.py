@@ -488,7 +488,10 @@ class Admission:
         rec = self.records[req.name]
         schedule = schedule_of(req, part, self.spec)
         since = len(self.health.diagnoses)  # what its plan goes round
+        t = self.clock.now_ns()
         routes, nic_sync, plan = self.stage1.admit(req, part, schedule, self.health.avoid())
+        # the devices' time (emu, hw: the loop heard nothing meanwhile; sim: none passes)
+        self.health.blind(self.clock.now_ns() - t)
         rec.plan = plan
         if plan is not None:
             self._say("plan", lambda: plan_note(self.spec.name, plan))

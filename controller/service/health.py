@@ -114,6 +114,12 @@ class Health:
         for st in self.nodes.values():
             st.last_ns = max(st.last_ns, now_ns)
 
+    def blind(self, ns: int) -> None:
+        """The arbiter could hear nobody for `ns` (its loop was busy applying a plan to the
+        devices): that silence is its own, not the nodes'."""
+        for st in self.nodes.values():
+            st.last_ns += ns
+
     def beat(self, hb: Heartbeat, now_ns: int) -> None:
         st = self.nodes.get(hb.node)
         if st is None:
