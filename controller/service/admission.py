@@ -87,6 +87,7 @@ class JobRequest:
     alltoall: int = 0  # bytes per rank pair per iteration (DLRM's embedding exchange)
     weight: float = 1.0  # its share of a link shared by weight
     shift_ns: int = 0  # its first iteration starts this long after it starts (CASSINI)
+    priority: int = 0  # the service's queue: higher first, then by arrival
 
     @classmethod
     def of(cls, e: JobEntry) -> JobRequest:
@@ -312,6 +313,8 @@ def plan_partitions(tb: Any, grid: Grid, requests: list[JobRequest], policy: str
 
 
 OnJob = Callable[[JobRecord, Iteration], None]  # a job's iteration, as it completes
+# the service: a job has ended: its record, "finished" | "failed" | "cancelled", why
+OnEnd = Callable[[JobRecord, str, str], None]
 # a job's demand on each link it uses, measured alone (sim/profile.py): name, ranks'
 # nodes, schedule, compute per iteration (ns)
 Profiler = Callable[[str, Sequence[str], Schedule, int], dict[object, Profile]]
@@ -329,13 +332,16 @@ class _Stopped:
 
 
 class Admission:
-    """Runs the jobs of one network on its back end, every job on the one clock."""
+    """Runs the jobs of one network on its back end, every job on the one clock: a run's
+    (`run`: the jobs given, a job that cannot go on fails the run) or the service's
+    (`open`, then `submit` and `cancel` as people ask; a job that cannot go on ends alone,
+    told to `on_end`)."""
 
     def __init__(self, backend: Backend, grid: Grid, requests: list[JobRequest],
                  placer: Placer, stage1: Stage1, spec: NetworkSpec, testbed: Any,
                  run_name: str, experiment: str, on_iteration: OnJob | None = None,
                  profiler: Profiler | None = None, trace: Timeline | None = None,
-                 record_flows: bool = False) -> None:
+                 record_flows: bool = False, on_end: OnEnd | None = None) -> None:
         if len(requests) > MAX_TAG:
             raise RunFailed(f"{len(requests)} jobs: at most {MAX_TAG} in one run")
         self.b, self.grid, self.placer, self.stage1 = backend, grid, placer, stage1
@@ -350,7 +356,9 @@ class Admission:
         self.tags = {r.name: k for k, r in enumerate(self.requests, start=first)}
         self.on_iteration = on_iteration
         self.profiler = profiler  # CASSINI's start delays, against the running jobs
-        self.trace, self.record_flows = trace, record_flows
+        self.trace, self.record_flows, self.on_end = trace, record_flows, on_end
+        self._tasks: dict[str, asyncio.Task[Any]] = {}  # each running job's
+        self._cancelling: dict[str, str] = {}  # job -> who cancels it, while it stops
         self._profiles: dict[str, dict[object, Profile]] = {}  # the running jobs'
         self._began: dict[str, int] = {}  # when each running job's latest iteration began
         self.free = set(grid.nodes)
@@ -373,10 +381,23 @@ class Admission:
         self._recheck: asyncio.TimerHandle | None = None  # the next look at the queue
 
     # --- the run -----------------------------------------------------------------------
+    def open(self) -> None:
+        """The clock's origin, and the watch: the WSSs polled for the tables written,
+        beats judged."""
+        self.t0 = self.clock.now_ns()
+        if self.health.watched:
+            self.watch = Watch(self.clock, self.health, self.b.wss).start()
+
+    def close(self) -> None:
+        if self.watch is not None:
+            self.watch.stop()
+        if self._recheck is not None:
+            self._recheck.cancel()
+
     def run(self) -> dict[str, JobRecord]:
         loop = self.b.loop
         self._done = loop.create_future()
-        self.t0 = self.clock.now_ns()
+        self.open()
         total = sum(r.iterations for r in self.requests)
         self._say("run", lambda: RunNote(TELEMETRY_VERSION, self.experiment, self.spec.name,
                                          self.b.name, "started", total))
@@ -384,8 +405,6 @@ class Admission:
             self.clock.call_at_ns(self.t0 + req.arrival_ns, self._arrive, req)
         if not self.requests:
             self._done.set_result(None)
-        if self.health.watched:  # the WSSs polled for the tables written, beats judged
-            self.watch = Watch(self.clock, self.health, self.b.wss).start()
         state: Literal["finished", "failed"] = "failed"
         try:
             loop.run_until_complete(self._done)
@@ -396,10 +415,7 @@ class Admission:
                             f"{len(missing)} flows undelivered, e.g. ids {missing[:5]}"
                             ) from e
         finally:
-            if self.watch is not None:
-                self.watch.stop()
-            if self._recheck is not None:
-                self._recheck.cancel()
+            self.close()
             self._say_health()
             done = sum(len(r.iteration_ns) for r in self.records.values())
             self._say("run", lambda: RunNote(TELEMETRY_VERSION, self.experiment,
@@ -407,8 +423,66 @@ class Admission:
                                              f"{done} iterations"))
         return self.records
 
+    def submit(self, req: JobRequest, resume: int = 0) -> None:
+        """The service: a job arrives now, to go on from iteration `resume` (one an earlier
+        arbiter recorded)."""
+        used = {t for n, t in self.tags.items() if self.records[n].end_ns is None}
+        tag = next((k for k in range(1, MAX_TAG + 1) if k not in used), None)
+        if tag is None:
+            raise RunFailed(f"{len(used)} jobs already: at most {MAX_TAG} at once")
+        self.records[req.name] = JobRecord(req.name, self.clock.now_ns() - self.t0)
+        self.tags[req.name] = tag
+        self.left += 1
+        if resume:
+            self.resume[req.name] = resume
+        self._arrive(req)
+
+    def cancel(self, name: str, why: str) -> bool:
+        """The service: end a queued or running job now (False: it is not here)."""
+        queued = next((q for q in self.queue if q.name == name), None)
+        if queued is not None:
+            self.queue.remove(queued)
+            self._end(name, None, "cancelled", why)
+            return True
+        task = self._tasks.get(name)
+        if task is None or name in self._cancelling:
+            return False
+        self._cancelling[name] = why
+        task.cancel()  # a stopping job is ended once it has stopped
+        return True
+
     def _arrive(self, req: JobRequest) -> None:
-        self.queue.append(req)
+        """Into the queue by priority (higher first), then arrival."""
+        at = next((i for i, q in enumerate(self.queue) if q.priority < req.priority),
+                  len(self.queue))
+        self.queue.insert(at, req)
+        self._admit()
+
+    def _lose(self, name: str, part: Partition | None, e: BaseException) -> None:
+        """A job that cannot go on: in a run, the run fails; in the service, that job ends
+        alone (failed) and the others go on."""
+        if self.on_end is None:
+            self._fail(e)
+            return
+        self._end(name, part, "failed", str(e))
+
+    def _end(self, name: str, part: Partition | None, state: str, why: str) -> None:
+        """The service: a job leaves without finishing; its partition (if it held one)
+        goes back, unless a device refused to clear it."""
+        rec = self.records[name]
+        rec.end_ns = self.clock.now_ns() - self.t0
+        self._tasks.pop(name, None)
+        self._cancelling.pop(name, None)
+        if part is not None:
+            try:
+                self.stage1.release(name, self.health.avoid())
+                self.free |= set(part.nodes)
+            except Exception as e:  # its nodes stay out of the pool: say so
+                why += f"; its partition was not given back: {e}"
+            self._watch_tables()
+        self.left -= 1
+        assert self.on_end is not None
+        self.on_end(rec, state, why)
         self._admit()
 
     def _admit(self) -> None:
@@ -433,8 +507,9 @@ class Admission:
                 self.free |= set(part.nodes)
                 self._device_failed(req, e)
                 return
-            except Exception as e:  # a job that cannot start fails the run, saying which
-                self._fail(self._cannot_start(req, part, e))
+            except Exception as e:  # a job that cannot start fails, saying which
+                self.free |= set(part.nodes)
+                self._lose(req.name, None, self._cannot_start(req, part, e))
                 return
         self._tries.clear()
         down = health.out_of_service()
@@ -445,9 +520,9 @@ class Admission:
             self._stuck_ns = now
         grace_ns = self.tb.monitor.grace_ms * 1e6
         if self._stuck_ns is not None and (not down or now - self._stuck_ns >= grace_ns):
-            req = self.queue[0]
+            req = self.queue.pop(0) if self.on_end is not None else self.queue[0]
             shape = "" if req.shape == "any" else f"{req.shape} "
-            self._fail(RunFailed(
+            self._lose(req.name, None, RunFailed(
                 f"{self.spec.name}: job {req.name}: no {shape}rectangle of the nodes in "
                 f"service holds {req.ranks} ranks; out of service: {', '.join(sorted(down))}"
                 f" (waited {(now - self._stuck_ns) / 1e6:.0f} ms for them, grace_ms)"))
@@ -459,8 +534,9 @@ class Admission:
         placed and planned again round it (a bounded number of times)."""
         tries = self._tries[req.name] = self._tries.get(req.name, 0) + 1
         if tries > len(self.b.wss) + len(self.grid.nodes):
-            self._fail(RunFailed(f"{self.spec.name}: job {req.name}: stage 1 failed "
-                                 f"{tries} times; the last: {e}"))
+            self._lose(req.name, None, RunFailed(
+                f"{self.spec.name}: job {req.name}: stage 1 failed {tries} times; the last: "
+                f"{e}"))
             return
         now = self.clock.now_ns()
         if e.what == "WSS":
@@ -540,7 +616,8 @@ class Admission:
                     self.trace.chrome.iterations[name].append(
                         (it.iteration, it.t_start, it.t_end))
 
-        task = self.b.loop.create_task(self._run(spec, on_iteration, shift_ns, stop))
+        task = self._tasks[req.name] = self.b.loop.create_task(
+            self._run(spec, on_iteration, shift_ns, stop))
         task.add_done_callback(lambda t: self._finish(req, part, t))
 
     def _shift(self, req: JobRequest, part: Partition, schedule: Schedule,
@@ -573,32 +650,40 @@ class Admission:
         rec = self.records[req.name]
         self._profiles.pop(req.name, None)
         self._began.pop(req.name, None)
+        if task.cancelled():  # the service cancelled it
+            self.running -= 1
+            self._end(req.name, part, "cancelled", self._cancelling.get(req.name, ""))
+            return
         exc = task.exception()
         if isinstance(exc, JobStopped) and len(rec.stops) < MAX_STOPS:
             # it holds its partition (and counts as running) until `_stop` gives it back
             stopping = self.b.loop.create_task(self._stop(req, part, exc))
-            stopping.add_done_callback(self._failed)
+            stopping.add_done_callback(lambda t: self._stopped_or_lost(req, part, t))
             return
         self.running -= 1
         if isinstance(exc, JobStopped):
             exc = RunFailed(f"{self.spec.name}: job {req.name}: stopped for faults "
                             f"{len(rec.stops) + 1} times; the last: {exc}")
         if exc is not None:
-            self._fail(exc)
+            self._lose(req.name, part, exc)
             return
         out = task.result()
         self.outcomes.append(out)
         if self.trace is not None:
             self.trace.chrome.rows[self.spec.name] += out.trace
         rec.end_ns, rec.flows = self.clock.now_ns() - self.t0, rec.flows + out.flows
+        self._tasks.pop(req.name, None)
         try:
             self.stage1.release(req.name)
         except Exception as e:  # in a done callback: raised, it would only be logged
-            self._fail(RunFailed(f"{self.spec.name}: job {req.name} left: {e}"))
+            self._lose(req.name, None, RunFailed(f"{self.spec.name}: job {req.name} left: "
+                                                 f"{e}"))
             return
         self._watch_tables()
         self.free |= set(part.nodes)
         self.left -= 1
+        if self.on_end is not None:
+            self.on_end(rec, "finished", "")
         if self.left == 0 and self._done is not None and not self._done.done():
             self._done.set_result(None)
         else:
@@ -640,8 +725,18 @@ class Admission:
                           "ran_on": part.describe(), "from_iteration": stop.next_iteration})
         self.running -= 1
         self._say_health()
+        self._tasks.pop(req.name, None)
+        if req.name in self._cancelling:  # cancelled while it stopped
+            self._end(req.name, None, "cancelled", self._cancelling[req.name])
+            return
         self.queue.insert(0, req)
         self._admit()
+
+    def _stopped_or_lost(self, req: JobRequest, part: Partition, task: asyncio.Task[None]
+                         ) -> None:
+        if not task.cancelled() and task.exception() is not None:
+            self.running -= 1
+            self._lose(req.name, part, task.exception())  # type: ignore[arg-type]
 
     # --- the watch and the watchers ----------------------------------------------------
     def _watch_tables(self) -> None:
@@ -659,10 +754,6 @@ class Admission:
         self._said = (len(h.diagnoses), len(self.b.injected))
         self._say("health", lambda: health_note(self.spec.name, h.diagnoses,
                                                 self.b.injected))
-
-    def _failed(self, task: asyncio.Task[None]) -> None:
-        if not task.cancelled() and task.exception() is not None:
-            self._fail(task.exception())  # type: ignore[arg-type]
 
     def _fail(self, e: BaseException) -> None:
         if self._done is not None and not self._done.done():
