@@ -382,11 +382,9 @@ class Admission:
 
     # --- the run -----------------------------------------------------------------------
     def open(self) -> None:
-        """The clock's origin, and the watch: the WSSs polled for the tables written,
-        beats judged."""
+        """The clock's origin (the watch starts with the first job: before it, nobody is
+        bound to beat)."""
         self.t0 = self.clock.now_ns()
-        if self.health.watched:
-            self.watch = Watch(self.clock, self.health, self.b.wss).start()
 
     def close(self) -> None:
         if self.watch is not None:
@@ -563,6 +561,8 @@ class Admission:
     def _start(self, req: JobRequest, part: Partition) -> None:
         rec = self.records[req.name]
         schedule = schedule_of(req, part, self.spec)
+        if self.watch is None and self.health.watched:  # WSSs polled, beats judged
+            self.watch = Watch(self.clock, self.health, self.b.wss).start()
         since = len(self.health.diagnoses)  # what its plan goes round
         t = self.clock.now_ns()
         routes, nic_sync, plan = self.stage1.admit(req, part, schedule, self.health.avoid())

@@ -1,0 +1,195 @@
+"""`oddl arbiter` over an emulated 2 x 2 grid: people submit, cancel, wait; the service keeps
+their jobs apart, refuses what it must, and survives its own `kill -9`."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from tests.helpers import emulated_grid
+
+pytestmark = pytest.mark.realtime  # an emulator, an arbiter, HTTP: the wall clock
+
+JOB = """name = "{name}"
+testbed = "-"
+iterations = {iterations}
+[workload]
+model = "resnet50"
+collective = "ring"
+ranks = {ranks}
+epochs = 1
+dataset_samples = 1000
+batch_per_node = 32
+compute_time_ms = 10.0
+"""
+
+
+@pytest.fixture(scope="module")
+def emu(root: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    with emulated_grid(root, tmp_path_factory.mktemp("arbiter-emu")) as out:
+        yield out
+
+
+class Arbiter:
+    """`oddl arbiter` as an operator starts it; its URL once it says "ready"."""
+
+    def __init__(self, root: Path, emu: Path, state: Path) -> None:
+        self.state = state
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "oddl.controller", "arbiter", str(emu), "--state",
+             str(state), "--user", "alice", "--user", "bob", "--user", "eve:observer",
+             "--port", "0"], cwd=root, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            text=True)
+        killer = threading.Timer(60, self.proc.kill)  # it must come up within a minute
+        killer.start()
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline().strip()
+        killer.cancel()
+        assert line.startswith("ready http://127.0.0.1:"), (line, self.proc.stderr.read()
+                                                             if self.proc.stderr else "")
+        self.url = line.removeprefix("ready ")
+        threading.Thread(target=self.proc.stdout.read, daemon=True).start()
+
+    def token(self, user: str) -> str:
+        return (self.state / "tokens" / user).read_text().strip()
+
+    def call(self, user: str | None, method: str, path: str, **kw: Any) -> httpx.Response:
+        headers = {"Authorization": f"Bearer {self.token(user)}"} if user else {}
+        return httpx.request(method, self.url + path, headers=headers, timeout=30, **kw)
+
+    def submit(self, user: str, name: str, iterations: int, ranks: int = 2) -> str:
+        r = self.call(user, "POST", "/jobs", json={"experiment": JOB.format(
+            name=name, iterations=iterations, ranks=ranks)})
+        assert r.status_code == 201, r.text
+        return str(r.json()["job"])
+
+    def cli(self, user: str, *args: str) -> subprocess.CompletedProcess[str]:
+        env = {**os.environ, "ODDL_ARBITER": self.url,
+               "ODDL_TOKEN_FILE": str(self.state / "tokens" / user)}
+        return subprocess.run([sys.executable, "-m", "oddl.controller", *args], env=env,
+                              capture_output=True, text=True, timeout=120)
+
+    def until_done(self, user: str, job: str, n: int) -> None:
+        """Until `job` has recorded `n` iterations (a minute at most)."""
+        t_end = time.monotonic() + 60
+        while self.call(user, "GET", f"/jobs/{job}").json()["iterations_done"] < n:
+            assert time.monotonic() < t_end, f"{job}: fewer than {n} iterations in 60 s"
+            time.sleep(0.05)
+
+    def stop(self, sig: int = signal.SIGINT) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            try:
+                self.proc.wait(20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+@pytest.fixture
+def arbiter(root: Path, emu: Path, tmp_path: Path) -> Iterator[Arbiter]:
+    a = Arbiter(root, emu, tmp_path / "state")
+    try:
+        yield a
+    finally:
+        a.stop()
+
+
+def test_two_users_jobs_run_at_once_apart_and_finish(arbiter: Arbiter) -> None:
+    a = arbiter.submit("alice", "a", 30)
+    b = arbiter.submit("bob", "b", 30)
+    done = {j: json.loads(arbiter.cli(u, "wait", j, "--json").stdout) for j, u in
+            ((a, "alice"), (b, "bob"))}
+    assert [(d["state"], d["iterations_done"]) for d in done.values()] == [("finished", 30)] * 2
+    assert done[a]["user"] == "alice" and done[b]["user"] == "bob"
+    # disjoint partitions (rows 0 and 1), at once: each started before the other ended
+    assert {done[a]["partition"].split(": ", 1)[1], done[b]["partition"].split(": ", 1)[1]} \
+        == {"2 ranks, row 1 x 2 at row 0, col 0", "2 ranks, row 1 x 2 at row 1, col 0"}
+    assert done[a]["started"] < done[b]["ended"] and done[b]["started"] < done[a]["ended"]
+    assert arbiter.call("eve", "GET", "/status").json()["invariant_violations"] == 0
+    listed = arbiter.cli("eve", "jobs")
+    assert listed.returncode == 0 and "alice" in listed.stdout and "bob" in listed.stdout
+
+
+def test_a_user_cannot_cancel_anothers_job(arbiter: Arbiter) -> None:
+    a = arbiter.submit("alice", "a", 60)
+    r = arbiter.cli("bob", "cancel", a)
+    assert r.returncode == 2 and f"403: job {a} is alice's, not bob's" in r.stderr, r.stderr
+    out = arbiter.cli("alice", "wait", a)
+    assert out.returncode == 0 and "finished; 60/60 iterations" in out.stdout, out.stdout
+    assert "queued by alice" in arbiter.cli("alice", "logs", a).stdout
+    assert arbiter.cli("bob", "logs", a).returncode == 2
+
+
+def test_cancelling_a_running_job_gives_its_nodes_to_the_next(arbiter: Arbiter) -> None:
+    big = arbiter.submit("alice", "big", 100_000, ranks=4)  # the whole grid, for ever
+    nxt = arbiter.submit("bob", "next", 10)  # waits for it
+    arbiter.until_done("alice", big, 3)
+    assert arbiter.call("bob", "GET", f"/jobs/{nxt}").json()["state"] == "queued"
+    r = arbiter.cli("alice", "cancel", big)
+    assert r.returncode == 0, r.stderr
+    assert json.loads(arbiter.cli("bob", "wait", nxt, "--json").stdout)["state"] == "finished"
+    gone = arbiter.cli("alice", "wait", big, "--json")
+    assert gone.returncode == 1 and json.loads(gone.stdout)["why"] == "cancelled by alice"
+
+
+def test_junk_and_strangers_get_a_4xx_and_change_nothing(arbiter: Arbiter) -> None:
+    before = arbiter.call("eve", "GET", "/jobs").json()
+    cases = [
+        (None, "GET", "/jobs", {}, 401),
+        ("alice", "POST", "/jobs", {"content": b"{not json"}, 400),
+        ("alice", "POST", "/jobs", {"content": b"[" * 300_000}, 413),
+        ("alice", "POST", "/jobs", {"json": {"experiment": 7}}, 422),
+        ("alice", "POST", "/jobs", {"json": {"experiment": "x = [", "priority": 0}}, 422),
+        ("alice", "POST", "/jobs", {"json": {"experiment": JOB.format(
+            name="huge", iterations=5, ranks=5)}}, 422),  # no rectangle of 2 x 2 holds 5
+        ("eve", "POST", "/jobs", {"json": {"experiment": JOB.format(
+            name="x", iterations=5, ranks=2)}}, 403),  # an observer reads only
+        ("alice", "DELETE", "/jobs/j999", {}, 404),
+    ]
+    for user, method, path, kw, status in cases:
+        r = arbiter.call(user, method, path, **kw)
+        assert r.status_code == status, (user, method, path, r.status_code, r.text)
+    bad = httpx.get(arbiter.url + "/jobs", headers={"Authorization": "Bearer forged"})
+    assert bad.status_code == 401
+    assert "can never run here" in arbiter.call("alice", "POST", "/jobs", json={
+        "experiment": JOB.format(name="huge", iterations=5, ranks=5)}).json()["error"]
+    assert arbiter.call("eve", "GET", "/jobs").json() == before
+    assert arbiter.call("eve", "GET", "/status").json()["rejected"] == len(cases) + 2
+
+
+def test_a_killed_arbiter_started_again_loses_no_job_and_records_no_iteration_twice(
+        root: Path, emu: Path, tmp_path: Path) -> None:
+    first = Arbiter(root, emu, tmp_path / "state")
+    try:
+        running = first.submit("alice", "long", 300)
+        queued = first.submit("bob", "after", 20, ranks=4)  # waits for the whole grid
+        first.until_done("alice", running, 20)
+    finally:
+        first.stop(signal.SIGKILL)
+    again = Arbiter(root, emu, tmp_path / "state")  # the same tokens, the same ledger
+    try:
+        for job, user, n in ((running, "alice", 300), (queued, "bob", 20)):
+            d = json.loads(again.cli(user, "wait", job, "--json").stdout)
+            assert (d["state"], d["iterations_done"]) == ("finished", n), d
+        log = again.cli("alice", "logs", running).stdout
+        assert "queued again by a new arbiter, from iteration" in log
+    finally:
+        again.stop()
+    db = sqlite3.connect(tmp_path / "state" / "arbiter.sqlite")
+    for job, n in ((running, 300), (queued, 20)):
+        its = [i for (i,) in db.execute("SELECT iteration FROM iterations WHERE job = ? "
+                                        "ORDER BY iteration", (job,))]
+        assert its == list(range(n))  # each once (the key), none missing
