@@ -20,8 +20,6 @@ import pytest
 
 from tests.helpers import emulated_grid
 
-pytestmark = pytest.mark.realtime  # an emulator, an arbiter, HTTP: the wall clock
-
 JOB = """name = "{name}"
 testbed = "-"
 iterations = {iterations}
@@ -107,6 +105,7 @@ def arbiter(root: Path, emu: Path, tmp_path: Path) -> Iterator[Arbiter]:
         a.stop()
 
 
+@pytest.mark.realtime  # an emulator, an arbiter, HTTP: the wall clock
 def test_two_users_jobs_run_at_once_apart_and_finish(arbiter: Arbiter) -> None:
     a = arbiter.submit("alice", "a", 30)
     b = arbiter.submit("bob", "b", 30)
@@ -123,6 +122,7 @@ def test_two_users_jobs_run_at_once_apart_and_finish(arbiter: Arbiter) -> None:
     assert listed.returncode == 0 and "alice" in listed.stdout and "bob" in listed.stdout
 
 
+@pytest.mark.realtime  # an emulator, an arbiter, HTTP: the wall clock
 def test_a_user_cannot_cancel_anothers_job(arbiter: Arbiter) -> None:
     a = arbiter.submit("alice", "a", 60)
     r = arbiter.cli("bob", "cancel", a)
@@ -133,6 +133,7 @@ def test_a_user_cannot_cancel_anothers_job(arbiter: Arbiter) -> None:
     assert arbiter.cli("bob", "logs", a).returncode == 2
 
 
+@pytest.mark.realtime  # an emulator, an arbiter, HTTP: the wall clock
 def test_cancelling_a_running_job_gives_its_nodes_to_the_next(arbiter: Arbiter) -> None:
     big = arbiter.submit("alice", "big", 100_000, ranks=4)  # the whole grid, for ever
     nxt = arbiter.submit("bob", "next", 10)  # waits for it
@@ -145,6 +146,7 @@ def test_cancelling_a_running_job_gives_its_nodes_to_the_next(arbiter: Arbiter) 
     assert gone.returncode == 1 and json.loads(gone.stdout)["why"] == "cancelled by alice"
 
 
+@pytest.mark.realtime  # an emulator, an arbiter, HTTP: the wall clock
 def test_junk_and_strangers_get_a_4xx_and_change_nothing(arbiter: Arbiter) -> None:
     before = arbiter.call("eve", "GET", "/jobs").json()
     cases = [
@@ -170,6 +172,7 @@ def test_junk_and_strangers_get_a_4xx_and_change_nothing(arbiter: Arbiter) -> No
     assert arbiter.call("eve", "GET", "/status").json()["rejected"] == len(cases) + 2
 
 
+@pytest.mark.realtime  # an emulator, an arbiter, HTTP: the wall clock
 def test_a_killed_arbiter_started_again_loses_no_job_and_records_no_iteration_twice(
         root: Path, emu: Path, tmp_path: Path) -> None:
     first = Arbiter(root, emu, tmp_path / "state")
@@ -193,3 +196,31 @@ def test_a_killed_arbiter_started_again_loses_no_job_and_records_no_iteration_tw
         its = [i for (i,) in db.execute("SELECT iteration FROM iterations WHERE job = ? "
                                         "ORDER BY iteration", (job,))]
         assert its == list(range(n))  # each once (the key), none missing
+
+
+@pytest.mark.parametrize("users", [["alice", "ops:operator", "eve:observer"]])
+def test_tokens_are_private_and_kept_across_starts(tmp_path: Path, users: list[str]) -> None:
+    from oddl.controller.operator.arbiter import tokens
+
+    first = tokens(tmp_path, users)
+    assert sorted((u.name, u.role) for u in first.values()) == [
+        ("alice", "user"), ("eve", "observer"), ("ops", "operator")]
+    d = tmp_path / "tokens"
+    assert d.stat().st_mode & 0o777 == 0o700
+    assert all((d / n).stat().st_mode & 0o777 == 0o600 for n in ("alice", "ops", "eve"))
+    assert tokens(tmp_path, users) == first  # a later start keeps them
+    with pytest.raises(ValueError, match="role 'root' is not one of operator, user, observer"):
+        tokens(tmp_path, ["mallory:root"])
+
+
+def test_the_arbiter_owns_devices_not_models(root: Path, tmp_path: Path) -> None:
+    from click.testing import CliRunner
+    from oddl.controller.operator.cli import main
+
+    r = CliRunner().invoke(main, ["arbiter", str(root / "hw_configs" / "prototype-4node.toml"),
+                                  "--state", str(tmp_path / "s"), "--user", "alice"])
+    assert r.exit_code == 2 and "testbed.backend: the arbiter owns devices" in r.output
+    r = CliRunner().invoke(main, ["arbiter", str(root / "hw_configs" / "prototype-4node.toml"),
+                                  "--state", str(tmp_path / "s"), "--user", "alice",
+                                  "--host", "0.0.0.0"])
+    assert r.exit_code == 2 and "--host 0.0.0.0: beyond loopback the API needs TLS" in r.output

@@ -273,15 +273,15 @@ def serve(testbed: Path, state: Path, users: list[str], host: str = "127.0.0.1",
     a crash does)."""
     import uvicorn
 
+    if not ipaddress.ip_address(host).is_loopback and tls is None:
+        raise ValueError(f"--host {host}: beyond loopback the API needs TLS (--tls-cert, "
+                         f"--tls-key) or a reverse proxy in front of 127.0.0.1 "
+                         f"(docs/arbiter.md)")
     tb = load_testbed(testbed)
     if tb.testbed.backend == "sim":
         raise ConfigError([ConfigIssue(
             str(testbed), "testbed.backend", "the arbiter owns devices: give an emu config "
             "(`oddl emulate TESTBED --out emu.toml`) or a lab's hw config")])
-    if not ipaddress.ip_address(host).is_loopback and tls is None:
-        raise ValueError(f"--host {host}: beyond loopback the API needs TLS (--tls-cert, "
-                         f"--tls-key) or a reverse proxy in front of 127.0.0.1 "
-                         f"(docs/arbiter.md)")
     state.mkdir(parents=True, exist_ok=True)
     state.chmod(0o700)
     users_by_token = tokens(state, users)
