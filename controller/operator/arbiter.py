@@ -17,6 +17,7 @@ unauthenticated request gets a 4xx, is counted, and changes nothing.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import hmac
 import ipaddress
@@ -321,7 +322,8 @@ def serve(testbed: Path, state: Path, users: list[str], host: str = "127.0.0.1",
                 await serving
                 svc.adm.close()
 
-            backend.loop.run_until_complete(main())
+            with contextlib.suppress(KeyboardInterrupt):  # uvicorn raises what stopped it
+                backend.loop.run_until_complete(main())
         finally:
             ledger.close()
             backend.close()
