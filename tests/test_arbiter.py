@@ -224,3 +224,26 @@ def test_the_arbiter_owns_devices_not_models(root: Path, tmp_path: Path) -> None
                                   "--state", str(tmp_path / "s"), "--user", "alice",
                                   "--host", "0.0.0.0"])
     assert r.exit_code == 2 and "--host 0.0.0.0: beyond loopback the API needs TLS" in r.output
+
+
+@pytest.mark.realtime  # an emulator, an arbiter, HTTP: the wall clock
+def test_oddl_run_on_hw_submits_to_the_testbeds_arbiter(arbiter: Arbiter, emu: Path,
+                                                        tmp_path: Path) -> None:
+    """Reproducer: `oddl run --backend hw` on a testbed an arbiter serves failed on the lock.
+    With the arbiter named it submits the ODDL network's job and waits; the baseline runs
+    here, as it does on every back end."""
+    exp = tmp_path / "e.toml"
+    exp.write_text(JOB.format(name="via-run", iterations=12, ranks=2).replace(
+        'testbed = "-"', f'testbed = "{emu}"') + '[[networks]]\nname = "oddl"\nkind = "oddl"\n'
+        '[[networks]]\nname = "electrical"\nkind = "electrical"\n')
+    cmd = ["run", str(exp), "--backend", "hw", "--json"]
+    held = arbiter.cli("alice", *cmd, "--out", str(tmp_path / "held"), "--arbiter", "")
+    assert held.returncode == 3 and "oddl arbiter" in held.stderr, held.stderr
+    assert "`oddl run --backend hw` submits to it" in held.stderr
+    r = arbiter.cli("alice", *cmd, "--out", str(tmp_path / "run"))
+    assert r.returncode == 0, r.stderr[-2000:]
+    out = json.loads(r.stdout)
+    assert out["networks"]["oddl"]["iterations"] == 12 and out["ratio"] > 0
+    assert out["networks"]["electrical"]["iterations"] == 12
+    [job] = arbiter.call("eve", "GET", "/jobs").json()["jobs"]
+    assert (job["user"], job["state"], job["iterations_done"]) == ("alice", "finished", 12)

@@ -23,6 +23,7 @@ from oddl.controller.base.collectives import build
 from oddl.controller.base.config import ConfigError, ConfigIssue, LoadedExperiment, NetworkSpec
 from oddl.controller.base.topology import Grid
 from oddl.controller.experiments.figures import wire_ns
+from oddl.controller.experiments.remote import ArbiterClient
 from oddl.controller.experiments.results import RunStore
 from oddl.controller.service.admission import (
     Admission,
@@ -233,6 +234,18 @@ def lone_network(ctx: LoadedExperiment, name: str, iterations: int, compute_ns: 
         yield net
 
 
+def _remote_result(spec: NetworkSpec, job: dict[str, Any], its: list[list[int]], full: int
+                   ) -> NetworkResult:
+    """The arbiter's job as the network's result (its iterations, extrapolated to the
+    workload's as a run of one job is)."""
+    ns = [t1 - t0 for _i, t0, t1 in its]
+    r = job["result"]
+    return NetworkResult(spec.name, spec.kind, sum(ns) * full / len(ns) / 1e9,
+                         sum(ns) / len(ns) / 1e9, len(ns), r["flows"], r["control_messages"],
+                         0, {"arbiter_job": job["job"], "partition": job["partition"],
+                             "stops": len(r.get("stops", []))})
+
+
 def network_result(net: Network, threshold: float, extrapolate_to: int | None) -> NetworkResult:
     """A network's figures, from every attempt of every job: iterations, flows, messages,
     the faults and what they cost, and the disturbance (`disturbed`: more of it than
@@ -280,10 +293,12 @@ def network_result(net: Network, threshold: float, extrapolate_to: int | None) -
 def run_experiment(ctx: LoadedExperiment, backend: str = "sim", store: RunStore | None = None,
                    iterations: int | None = None, progress: Progress | None = None,
                    checker_mode: str = "record", trace: Timeline | None = None,
-                   announce: Announce | None = None) -> RunResult:
+                   announce: Announce | None = None, remote: ArbiterClient | None = None
+                   ) -> RunResult:
     """Run every network of an experiment on the same jobs: its one workload (a job on the
     whole testbed, `iterations` of it, the training time extrapolated), or its several
-    jobs (docs/multijob.md: each placed, planned and admitted as it arrives)."""
+    jobs (docs/multijob.md: each placed, planned and admitted as it arrives). `remote`:
+    the testbed's arbiter runs the ODDL network's job (experiments/remote.py)."""
     t_wall = time.perf_counter()
     exp, tb = ctx.experiment, ctx.testbed
     grid = Grid.from_testbed(tb)
@@ -332,6 +347,13 @@ def run_experiment(ctx: LoadedExperiment, backend: str = "sim", store: RunStore 
                      "wire_ns": wire_ns(sched, spec.link_gbps or tb.optical.line_rate_gbps)}
         if store is not None:
             store.begin_network(name, spec.kind, meta)
+        if remote is not None and spec.kind == "oddl":
+            if ctx.jobs:
+                raise RunFailed("an arbiter takes experiments of one workload: submit each "
+                                "job (`oddl submit`)")
+            job, its = remote.run(ctx.path, name, compute_ns, store, progress)
+            results[name] = _remote_result(spec, job, its, full)
+            continue
         with network(ctx, spec, grid, reqs, backend, checker_mode, run_name,
                      announce=announce, on_iteration=functools.partial(on_iteration, name),
                      trace=trace, record_flows=exp.flow_records == "all") as net:

@@ -36,6 +36,7 @@ from oddl.controller.experiments.figures import (
     run_figure,
     save,
 )
+from oddl.controller.experiments.remote import ArbiterClient
 from oddl.controller.experiments.results import RunStore, make_run_dir, read_store, write_manifest
 from oddl.controller.experiments.runner import (
     Network,
@@ -143,10 +144,13 @@ def check(path: str | Path) -> str:
 def run(experiment: LoadedExperiment | str | Path, backend: str = "sim",
         iterations: int | None = None, out: str | Path | None = None, *,
         progress: Progress | None = None, trace: Timeline | None = None,
-        publish: bool = False, say: Callable[[str], None] = print) -> RunResult:
+        publish: bool = False, say: Callable[[str], None] = print,
+        arbiter: ArbiterClient | None = None) -> RunResult:
     """Run every network of an experiment (`oddl run`): emu on a sim testbed starts a
     private emulator of it, hw holds the testbed lock, `publish` tells a sim run's
-    watchers (controller/operator/session.py). With `out`, into a run directory: manifest.json,
+    watchers (controller/operator/session.py); hw with `arbiter`: the testbed's arbiter
+    runs the ODDL network's job (it holds the lock). With `out`, into a run directory:
+    manifest.json,
     results.sqlite (every iteration as it completes: a killed run keeps them),
     summary.json, plot.png (one workload) or jct-cdf.png (several jobs), and for an
     emulated run the emulator's log."""
@@ -162,13 +166,14 @@ def run(experiment: LoadedExperiment | str | Path, backend: str = "sim",
                         "testbed": ctx.testbed.model_dump(exclude={"nodes", "wss"})})
         store = RunStore(run_dir / "results.sqlite")
     try:
+        remote = arbiter if backend == "hw" else None
         with session(ctx.testbed_path, ctx.testbed, backend, f"oddl run {ctx.path}",
-                     publish=publish, say=say,
+                     publish=publish, say=say, locked=remote is not None,
                      log=run_dir / "emulator.log" if run_dir is not None else None) as s:
             if s.testbed != ctx.testbed_path:  # the emulator's config
                 ctx = load_experiment(ctx.path, s.testbed)
             res = run_experiment(ctx, backend, store, iterations, progress, trace=trace,
-                                 announce=s.announce)
+                                 announce=s.announce, remote=remote)
     finally:
         if store is not None:
             store.close()

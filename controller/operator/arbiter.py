@@ -154,7 +154,8 @@ class Service:
         self.ledger.iteration(rec.name, it.iteration, it.t_start, it.t_end)
 
     def on_end(self, rec: JobRecord, state: str, why: str) -> None:
-        result = rec.public() if rec.start_ns is not None and rec.end_ns is not None else {}
+        result = rec.public() | {"flows": rec.flows, "control_messages": rec.control_messages} \
+            if rec.start_ns is not None and rec.end_ns is not None else {}
         self.ledger.set(rec.name, state, ended=time.time(), why=why,
                         result=json.dumps(result))
         self.ledger.note(rec.name, f"{state}{': ' + why if why else ''}")
@@ -230,6 +231,18 @@ class Service:
             raise Refused(409, f"job {j['job']} is {j['state']}: nothing to cancel")
         return JSONResponse({"job": j["job"], "cancelled": True})
 
+    async def iterations(self, request: Request) -> Response:
+        """A job's recorded iterations, `[[i, t_start_ns, t_end_ns], ...]`, from `since`."""
+        self.who(request)
+        job = request.path_params["job"]
+        if self.ledger.job(job) is None:
+            raise Refused(404, f"no job {job}")
+        try:
+            since = int(request.query_params.get("since", "0"))
+        except ValueError:
+            raise Refused(400, "since: an iteration number") from None
+        return JSONResponse({"job": job, "iterations": self.ledger.timeline(job, since)})
+
     async def logs(self, request: Request) -> Response:
         user = self.who(request, "operator", "user")
         j = self.owned(user, request.path_params["job"])
@@ -263,6 +276,7 @@ class Service:
             Route("/jobs/{job}", guarded(self.job), methods=["GET"]),
             Route("/jobs/{job}", guarded(self.cancel), methods=["DELETE"]),
             Route("/jobs/{job}/logs", guarded(self.logs), methods=["GET"]),
+            Route("/jobs/{job}/iterations", guarded(self.iterations), methods=["GET"]),
             Route("/status", guarded(self.status), methods=["GET"]),
         ])
 

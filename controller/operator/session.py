@@ -41,16 +41,18 @@ class Session:
 @contextlib.contextmanager
 def session(testbed: Path, tb: Testbed, backend: str, purpose: str, *,
             faults: list[str] | None = None, publish: bool = False, wait_s: float = 0.0,
-            log: Path | None = None, say: Callable[[str], None] = print) -> Iterator[Session]:
+            log: Path | None = None, say: Callable[[str], None] = print,
+            locked: bool = False) -> Iterator[Session]:
     """Open what `backend` needs of the testbed at `testbed` (loaded as `tb`); `purpose`
     is what the lock says holds it; `faults` go to the emulator (`--fault`); its log goes
-    to `log` (default: beside its config, in a directory removed at the end)."""
+    to `log` (default: beside its config, in a directory removed at the end); `locked`:
+    the testbed's arbiter holds the lock, and runs what needs it."""
     with contextlib.ExitStack() as stack:
         path = testbed
         if backend == "emu" and tb.testbed.backend == "sim":
             d = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="oddl-emu-")))
             path = stack.enter_context(emulated(testbed, faults or [], d, say, log))
-        elif backend == "hw":
+        elif backend == "hw" and not locked:
             stack.enter_context(TestbedLock(tb.name, purpose).acquire(wait_s))
         announce = None
         if publish and backend == "sim":

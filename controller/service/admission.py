@@ -119,6 +119,7 @@ class JobRecord:
     end_ns: int | None = None
     iteration_ns: list[int] = field(default_factory=list)
     flows: int = 0
+    control_messages: int = 0
     # CASSINI (a network with `cassini`): the start delay chosen against the jobs running
     # at its start, and the worst shared link's score with it and without
     cassini: Arrival | None = None
@@ -672,6 +673,7 @@ class Admission:
         if self.trace is not None:
             self.trace.chrome.rows[self.spec.name] += out.trace
         rec.end_ns, rec.flows = self.clock.now_ns() - self.t0, rec.flows + out.flows
+        rec.control_messages += out.control_messages
         self._tasks.pop(req.name, None)
         try:
             self.stage1.release(req.name)
@@ -698,6 +700,7 @@ class Admission:
         rec = self.records[req.name]
         self.outcomes.append(stop.outcome)
         rec.flows += stop.outcome.flows
+        rec.control_messages += stop.outcome.control_messages
         rec.held_ns += len(part.nodes) * (now - self.t0 - rec.placed_ns)
         mon = self.tb.monitor
         waited_ns = 0

@@ -101,5 +101,11 @@ class Ledger:
         return [i for (i,) in self.db.execute(
             "SELECT iteration FROM iterations WHERE job = ? ORDER BY iteration", (job,))]
 
+    def timeline(self, job: str, since: int = 0, most: int = 10_000) -> list[list[int]]:
+        """Its iterations from `since`, `most` at a time: [iteration, t_start_ns, t_end_ns]."""
+        return [list(r) for r in self.db.execute(
+            "SELECT iteration, t_start_ns, t_end_ns FROM iterations WHERE job = ? AND "
+            "iteration >= ? ORDER BY iteration LIMIT ?", (job, since, most))]
+
     def close(self) -> None:
         self.db.close()

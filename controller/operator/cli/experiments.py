@@ -251,11 +251,17 @@ def _plan_jobs(ctx: Any, strategy: str | None, as_json: bool, plot: Path | None)
 @click.option("--publish", is_flag=True,
               help="sim: tell the testbed's bus (its dashboard) as the run goes; emu and hw "
                    "runs always do")
+@click.option("--arbiter", "arbiter_url", envvar="ODDL_ARBITER", default=None,
+              help="hw: the testbed's arbiter runs the ODDL network's job (or ODDL_ARBITER)")
+@click.option("--token-file", envvar="ODDL_TOKEN_FILE", default=None,
+              type=click.Path(path_type=Path), help="your token for it (or ODDL_TOKEN_FILE)")
 def run(experiment: Path, backend: str, out: Path | None, iterations: int | None,
         testbed: Path | None, as_json: bool, trace_file: Path | None,
-        trace_iterations: int, publish: bool) -> None:
+        trace_iterations: int, publish: bool, arbiter_url: str | None,
+        token_file: Path | None) -> None:
     """Run an experiment: every network on the same workload, results in a run directory."""
     from oddl.controller.experiments.figures import paper_rows
+    from oddl.controller.experiments.remote import ArbiterClient
     from oddl.controller.experiments.results import RunDirTaken, make_run_dir
     from oddl.controller.experiments.runner import Timeline
     from oddl.controller.operator import api
@@ -290,9 +296,14 @@ def run(experiment: Path, backend: str, out: Path | None, iterations: int | None
     try:
         with prog:
             res = api.run(ctx, backend, iterations, run_dir, progress=progress,
-                          trace=timeline, publish=publish, say=err.print)
+                          trace=timeline, publish=publish, say=err.print,
+                          arbiter=ArbiterClient(arbiter_url, token_file)
+                          if arbiter_url and token_file else None)
     except TestbedBusy as e:
-        click.echo(f"error: {e}", err=True)
+        hint = ("\n(an arbiter serves this testbed: with ODDL_ARBITER and ODDL_TOKEN_FILE, "
+                "or --arbiter and --token-file, `oddl run --backend hw` submits to it)"
+                if "oddl arbiter" in str(e) else "")
+        click.echo(f"error: {e}{hint}", err=True)
         sys.exit(3)
     except PlanError as e:
         click.echo(f"error: {experiment}: networks: cannot be planned: {e}", err=True)
