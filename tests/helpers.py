@@ -199,3 +199,23 @@ class Bench:
         if nbytes is not None:
             self.st.checker.flow_started(Flow(flow, n[src], n[dst], nbytes))
         self.st.checker.on_message(n[src], Grant(flow, 0, n[dst], n[src], "H", ch, 10**15))
+
+
+@contextlib.contextmanager
+def dashboard(root: Path, emu: Path, *args: str) -> Iterator[str]:
+    """`oddl dashboard` of the testbed at `emu`, as a user starts it: yields its URL."""
+    proc = subprocess.Popen([sys.executable, "-m", "oddl.controller", "dashboard",
+                             str(emu), "--port", "0", *args], cwd=root,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    killer = threading.Timer(120, proc.kill)
+    killer.start()
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        assert line.startswith("dashboard of"), (line, proc.stderr.read() if proc.stderr
+                                                 else "")
+        yield line.split(": ", 1)[1].strip()
+    finally:
+        killer.cancel()
+        proc.terminate()
+        proc.wait(10)

@@ -18,7 +18,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.helpers import emulated_grid
+from tests.helpers import dashboard, emulated_grid
 
 JOB = """name = "{name}"
 testbed = "-"
@@ -106,11 +106,21 @@ def arbiter(root: Path, emu: Path, tmp_path: Path) -> Iterator[Arbiter]:
 
 
 @pytest.mark.realtime  # an emulator, an arbiter, HTTP: the wall clock
-def test_two_users_jobs_run_at_once_apart_and_finish(arbiter: Arbiter) -> None:
-    a = arbiter.submit("alice", "a", 30)
-    b = arbiter.submit("bob", "b", 30)
-    done = {j: json.loads(arbiter.cli(u, "wait", j, "--json").stdout) for j, u in
-            ((a, "alice"), (b, "bob"))}
+def test_two_users_jobs_run_at_once_apart_and_finish(root: Path, emu: Path,
+                                                     arbiter: Arbiter) -> None:
+    with dashboard(root, emu) as url:
+        a = arbiter.submit("alice", "a", 30)
+        b = arbiter.submit("bob", "b", 30)
+        done = {j: json.loads(arbiter.cli(u, "wait", j, "--json").stdout) for j, u in
+                ((a, "alice"), (b, "bob"))}
+        # the dashboard shows the queue (a retained note: the latest, whenever it came)
+        t_end = time.monotonic() + 30
+        while not (q := httpx.get(url + "api/state").json()["queue"]) or \
+                [j["state"] for j in q["jobs"]] != ["finished", "finished"]:
+            assert time.monotonic() < t_end, q
+            time.sleep(0.05)
+    assert [(j["job"], j["user"], j["done"]) for j in q["jobs"]] == [
+        (a, "alice", 30), (b, "bob", 30)]
     assert [(d["state"], d["iterations_done"]) for d in done.values()] == [("finished", 30)] * 2
     assert done[a]["user"] == "alice" and done[b]["user"] == "bob"
     # disjoint partitions (rows 0 and 1), at once: each started before the other ended

@@ -4,12 +4,10 @@ what the bus said, junk included."""
 
 from __future__ import annotations
 
-import contextlib
 import json
 import shutil
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -29,31 +27,12 @@ from oddl.controller.base.telemetry import (
 from oddl.controller.operator.dashboard import View
 from oddl.controller.service.health import Heartbeat
 
-from tests.helpers import check_chrome, emulated_grid
+from tests.helpers import check_chrome, dashboard, emulated_grid
 
 pytestmark = pytest.mark.realtime  # brokers, emulators, sockets: the wall clock
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 ARTIFACTS = Path(__file__).resolve().parent.parent / "test-artifacts"
-
-
-@contextlib.contextmanager
-def dashboard(root: Path, emu: Path, *args: str) -> Iterator[str]:
-    proc = subprocess.Popen([sys.executable, "-m", "oddl.controller", "dashboard",
-                             str(emu), "--port", "0", *args], cwd=root,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    killer = threading.Timer(120, proc.kill)
-    killer.start()
-    try:
-        assert proc.stdout is not None
-        line = proc.stdout.readline()
-        assert line.startswith("dashboard of"), (line, proc.stderr.read() if proc.stderr
-                                                 else "")
-        yield line.split(": ", 1)[1].strip()
-    finally:
-        killer.cancel()
-        proc.terminate()
-        proc.wait(10)
 
 
 @pytest.fixture(scope="module")

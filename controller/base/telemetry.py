@@ -26,8 +26,8 @@ Name = Annotated[str, msgspec.Meta(pattern=NAME_PATTERN, max_length=64)]
 Text = Annotated[str, msgspec.Meta(max_length=512)]
 Count = Annotated[int, msgspec.Meta(ge=0, le=1 << 62)]
 PortState = Literal["idle", "requesting", "waiting for grant", "tuning", "sending"]
-NOTES = ("run", "plan", "iteration", "health", "accept")
-RETAINED = ("plan", "accept")
+NOTES = ("run", "plan", "iteration", "health", "accept", "queue")
+RETAINED = ("plan", "accept", "queue")
 
 
 def note_topic(tb: str, kind: str) -> tuple[str, bool]:
@@ -121,9 +121,28 @@ class AcceptNote(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     when: Text = ""
 
 
+class QueuedJob(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    job: Name
+    user: Name
+    state: Literal["queued", "running", "finished", "failed", "cancelled"]
+    ranks: Count
+    done: Count  # iterations recorded
+    iterations: Count
+    partition: Text = ""
+
+
+class QueueNote(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """The arbiter service's queue (`oddl arbiter`): every job not ended, and the latest
+    that have."""
+
+    v: int
+    testbed: Text
+    jobs: Annotated[list[QueuedJob], msgspec.Meta(max_length=256)] = []
+
+
 NOTE_TYPES: dict[str, type[Any]] = {"run": RunNote, "plan": PlanNote,
                                     "iteration": IterationNote, "health": HealthNote,
-                                    "accept": AcceptNote}
+                                    "accept": AcceptNote, "queue": QueueNote}
 
 
 def ports_note(node: str, ports: tuple[str, ...], runner: Any, sent: int) -> PortsNote:

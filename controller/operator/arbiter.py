@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, get_args
 
+import msgspec
 from oddl.controller import registry
 from oddl.controller.base.config import (
     ConfigError,
@@ -42,6 +43,7 @@ from oddl.controller.base.config import (
     Testbed,
     load_testbed,
 )
+from oddl.controller.base.telemetry import TELEMETRY_VERSION, QueuedJob, QueueNote
 from oddl.controller.base.topology import Grid
 from oddl.controller.service.admission import (
     Admission,
@@ -143,7 +145,24 @@ class Service:
         self.tb, self.ledger, self.users = tb, ledger, users
         self.grid = Grid.from_testbed(tb)
         self.rejected = 0  # requests refused: malformed, oversized, unauthenticated, forbidden
+        self._told = 0.0  # when the watchers were last told the queue
         self.adm = make(self)
+
+    def tell(self, now: bool = True) -> None:
+        """The queue, for the bus's watchers (the dashboard): at once on a change of state,
+        at most once a second for progress."""
+        t = time.monotonic()
+        if not now and t - self._told < 1.0:
+            return
+        self._told = t
+        js = self.ledger.jobs()
+        shown = [j for j in js if j["state"] in ("queued", "running")][:200]
+        shown += [j for j in js if j["state"] not in ("queued", "running")][-(256 - len(shown)):]
+        note = QueueNote(TELEMETRY_VERSION, self.tb.name, [QueuedJob(
+            j["job"], j["user"], j["state"], j["ranks"], j["iterations_done"], j["iterations"],
+            j["partition"] or "") for j in shown])
+        if self.adm.b.announce is not None:
+            self.adm.b.announce("queue", msgspec.json.encode(note))
 
     # --- what the orchestration tells -------------------------------------------------
     def on_iteration(self, rec: JobRecord, it: Iteration) -> None:
@@ -151,7 +170,11 @@ class Service:
             part = rec.partition.describe() if rec.partition else ""
             self.ledger.set(rec.name, "running", started=time.time(), partition=part)
             self.ledger.note(rec.name, f"running on {part}")
+            self.ledger.iteration(rec.name, it.iteration, it.t_start, it.t_end)
+            self.tell()
+            return
         self.ledger.iteration(rec.name, it.iteration, it.t_start, it.t_end)
+        self.tell(now=False)
 
     def on_end(self, rec: JobRecord, state: str, why: str) -> None:
         result = rec.public() | {"flows": rec.flows, "control_messages": rec.control_messages} \
@@ -159,6 +182,7 @@ class Service:
         self.ledger.set(rec.name, state, ended=time.time(), why=why,
                         result=json.dumps(result))
         self.ledger.note(rec.name, f"{state}{': ' + why if why else ''}")
+        self.tell()
 
     # --- requests ---------------------------------------------------------------------
     def who(self, request: Request, *roles: Role) -> User:
@@ -210,6 +234,7 @@ class Service:
         except RunFailed as e:  # as many jobs at once as the flow tags tell apart
             self.ledger.set(req.name, "failed", ended=time.time(), why=str(e))
             raise Refused(503, str(e)) from None
+        self.tell()
         return JSONResponse(self.ledger.job(req.name), status_code=201)
 
     async def jobs(self, request: Request) -> Response:
@@ -327,6 +352,7 @@ def serve(testbed: Path, state: Path, users: list[str], host: str = "127.0.0.1",
                     ledger.set(job, "queued")
                     ledger.note(job, f"queued again by a new arbiter, from iteration {done}")
                     svc.adm.submit(req, resume=done)
+                svc.tell()
                 serving = asyncio.ensure_future(server.serve())
                 while not server.started and not serving.done():
                     await asyncio.sleep(0.02)

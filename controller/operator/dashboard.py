@@ -172,7 +172,8 @@ class View:
         return {
             "testbed": self.testbed, "nodes": nodes, "status": dict(self.status),
             "plan": self.notes.get("plan"), "run": self.notes.get("run"),
-            "accept": self.notes.get("accept"), "job": self.job,
+            "accept": self.notes.get("accept"), "queue": self.notes.get("queue"),
+            "job": self.job,
             "iterations": {k: [list(p) for p in sorted(v)]
                            for k, (_, v) in self.iterations.items()},
             "health": self.health, "errors": list(self.errors),

@@ -112,6 +112,12 @@ function render(s) {
   $("msgs").textContent = String(s.totals.msgs_per_s);
   $("job").textContent = s.job ? `${s.job.job} (${s.job.collective}, ${s.job.ranks} ranks)` : "-";
   $("rejected").textContent = String(s.rejected);
+  if (s.queue) {
+    $("queue").replaceChildren(el("tr", {}, ...["job", "user", "state", "progress", "partition"]
+      .map((h) => el("th", {}, h))), ...s.queue.jobs.map((j) => el("tr", {class: j.state},
+      el("td", {}, j.job), el("td", {}, j.user), el("td", {}, j.state),
+      el("td", {}, `${j.done}/${j.iterations}`), el("td", {}, j.partition))));
+  }
   const a = s.accept;
   if (a) {
     const failed = a.checks.filter((c) => c.outcome === "failed" || c.outcome === "error");
