@@ -187,14 +187,14 @@ def test_a_killed_arbiter_started_again_loses_no_job_and_records_no_iteration_tw
         root: Path, emu: Path, tmp_path: Path) -> None:
     first = Arbiter(root, emu, tmp_path / "state")
     try:
-        running = first.submit("alice", "long", 300)
+        running = first.submit("alice", "long", 120)
         queued = first.submit("bob", "after", 20, ranks=4)  # waits for the whole grid
         first.until_done("alice", running, 20)
     finally:
         first.stop(signal.SIGKILL)
     again = Arbiter(root, emu, tmp_path / "state")  # the same tokens, the same ledger
     try:
-        for job, user, n in ((running, "alice", 300), (queued, "bob", 20)):
+        for job, user, n in ((running, "alice", 120), (queued, "bob", 20)):
             d = json.loads(again.cli(user, "wait", job, "--json").stdout)
             assert (d["state"], d["iterations_done"]) == ("finished", n), d
         log = again.cli("alice", "logs", running).stdout
@@ -202,7 +202,7 @@ def test_a_killed_arbiter_started_again_loses_no_job_and_records_no_iteration_tw
     finally:
         again.stop()
     db = sqlite3.connect(tmp_path / "state" / "arbiter.sqlite")
-    for job, n in ((running, 300), (queued, 20)):
+    for job, n in ((running, 120), (queued, 20)):
         its = [i for (i,) in db.execute("SELECT iteration FROM iterations WHERE job = ? "
                                         "ORDER BY iteration", (job,))]
         assert its == list(range(n))  # each once (the key), none missing
