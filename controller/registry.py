@@ -52,13 +52,6 @@ def open_announcer(tb: Testbed) -> Any:
     return BusAnnouncer(tb)
 
 
-def run_announcer(name: str, tb: Testbed) -> Any:
-    """`oddl run --publish` on back end `name`: an announcer for sim; None for emu and hw,
-    which tell the bus on the connection they run the job on (a second `oddl-ctl`
-    connection would take that one's session over)."""
-    return open_announcer(tb) if name == "sim" else None
-
-
 def open_watch(tb: Testbed) -> Any:
     """`oddl dashboard`: a read-only connection to the testbed's bus, as the dashboard."""
     from oddl.controller.base.access import DASHBOARD
