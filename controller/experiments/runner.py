@@ -31,6 +31,7 @@ from oddl.controller.service.admission import (
     JobRequest,
     NoStage1,
     OddlStage1,
+    OnJob,
     Placer,
     Rectangles,
     Stage1,
@@ -156,7 +157,7 @@ class Network:
 @contextlib.contextmanager
 def network(ctx: LoadedExperiment, spec: NetworkSpec, grid: Grid, requests: list[JobRequest],
             backend: str, checker_mode: str, run_name: str, *,
-            announce: Announce | None = None, on_iteration: Any = None,
+            announce: Announce | None = None, on_iteration: OnJob | None = None,
             trace: Timeline | None = None, record_flows: bool = False) -> Iterator[Network]:
     """A network ready to run its jobs: its back end open (and closed on the way out,
     whatever raised), stage 1's inventory taken (ODDL), the orchestration set up."""

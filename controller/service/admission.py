@@ -482,7 +482,17 @@ class Admission:
         self.left -= 1
         assert self.on_end is not None
         self.on_end(rec, state, why)
+        self._forget(name)
         self._admit()
+
+    def _forget(self, name: str) -> None:
+        """The service keeps nothing of a job that has ended (the ledger has it): a
+        long-lived arbiter's memory stays bounded."""
+        for held in (self.records, self.tags, self._rules, self._last, self.resume,
+                     self._stopped):
+            held.pop(name, None)  # type: ignore[attr-defined]
+        self.outcomes.clear()  # a run's figures; the service reports per job
+        self.recoveries.clear()
 
     def _admit(self) -> None:
         """Start every queued job that can start now on nodes in service. While nodes are
@@ -686,6 +696,7 @@ class Admission:
         self.left -= 1
         if self.on_end is not None:
             self.on_end(rec, "finished", "")
+            self._forget(req.name)
         if self.left == 0 and self._done is not None and not self._done.done():
             self._done.set_result(None)
         else:
