@@ -101,9 +101,9 @@ def messages_per_flow(sizes: list[int]) -> list[dict[str, float]]:
             ctx = LoadedExperiment(Path("-"), exp, Path("-"), tb)
             with network(ctx, exp.networks[0].name, 1, 0) as net:
                 net.admission.run()
-                out = net.admission.outcomes[0]
-            flows, msgs = out.flows, out.control_messages
-            hops = flows + out.stats["relayed"]
+                o = net.admission.outcomes[0]
+            flows, msgs = o.flows, o.control_messages
+            hops = flows + o.stats["relayed"]
             out.append({"nodes": n, "collective": coll, "flows": flows, "hops": hops,
                         "messages": msgs, "per_flow": msgs / flows, "per_hop": msgs / hops,
                         "per_node": msgs / n})
