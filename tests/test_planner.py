@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 
@@ -15,6 +16,7 @@ from oddl.controller.base.topology import Grid
 from oddl.controller.operator.cli import main
 from oddl.controller.stage1.plan import Plan, PlanError
 from oddl.controller.stage1.planner import plan_job
+from oddl.controller.stage2.workloads import model_spec
 
 from tests.helpers import make_testbed, schedule_for
 
@@ -118,3 +120,14 @@ def test_plan_cli_table_and_json(root: Path) -> None:
     r = CliRunner().invoke(main, ["plan", str(root / "hw_configs" / "prototype-4node.toml"),
                                   "--strategy", "cyclic"])
     assert r.exit_code == 1 and "cyclic needs" in r.output
+
+
+def test_the_grid_4096_plan_is_the_same_to_the_last_entry(root: Path) -> None:
+    """A golden digest of stage 1 on grid-4096 (HD, ResNet-50, matched): every WSS table,
+    label and route. It held when the planner stopped building every detour of every
+    route it did not need (4.2 s -> 0.5 s, issue 32)."""
+    tb = load_testbed(root / "hw_configs" / "grid-4096.toml")
+    sched = build("hd", tb.n_nodes, model_spec("resnet50").grad_bytes(), 64, 64)
+    p = plan_job(tb, Grid.from_testbed(tb), sched, strategy="matched")
+    digest = hashlib.sha256(json.dumps(p.to_dict(), sort_keys=True).encode()).hexdigest()
+    assert digest == "6baee73e4f091386f5064a40c05f0c46a53ad950c99ecd5f2df7fe7c6d749db2"

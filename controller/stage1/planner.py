@@ -19,6 +19,7 @@ agree along every path.
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from oddl.controller.base.catalog import STRATEGIES
@@ -94,34 +95,40 @@ class _Paths:
     def _ok(self, legs: list[Leg]) -> bool:
         return all(self._leg_ok(a, i, to) for a, i, _f, to in legs)
 
-    def options(self, node: str, dst: str) -> list[list[Leg]]:
-        """Every way through at most one detour, in order of preference."""
+    def options(self, node: str, dst: str) -> Iterator[list[Leg]]:
+        """Every way through at most one detour, in order of preference; made as asked for
+        (with nothing to go round, only the first is: the detours of a row are O(rows))."""
         at = self.grid.at
         (r, c), (rd, cd) = self.grid.coord[node], self.grid.coord[dst]
         if r == rd:
-            return [[("row", r, node, dst)]] + [
-                [("col", c, node, at[(x, c)]), ("row", x, at[(x, c)], at[(x, cd)]),
-                 ("col", cd, at[(x, cd)], dst)] for x in self._others(r, self.grid.rows)]
-        if c == cd:
-            return [[("col", c, node, dst)]] + [
-                [("row", r, node, at[(r, y)]), ("col", y, at[(r, y)], at[(rd, y)]),
-                 ("row", rd, at[(rd, y)], dst)] for y in self._others(c, self.grid.cols)]
-        row_first = [("row", r, node, at[(r, cd)]), ("col", cd, at[(r, cd)], dst)]
-        col_first = [("col", c, node, at[(rd, c)]), ("row", rd, at[(rd, c)], dst)]
-        return [row_first, col_first] if self.relay == "row-first" else [col_first, row_first]
+            yield [("row", r, node, dst)]
+            for x in self._others(r, self.grid.rows):
+                yield [("col", c, node, at[(x, c)]), ("row", x, at[(x, c)], at[(x, cd)]),
+                       ("col", cd, at[(x, cd)], dst)]
+        elif c == cd:
+            yield [("col", c, node, dst)]
+            for y in self._others(c, self.grid.cols):
+                yield [("row", r, node, at[(r, y)]), ("col", y, at[(r, y)], at[(rd, y)]),
+                       ("row", rd, at[(rd, y)], dst)]
+        else:
+            row_first = [("row", r, node, at[(r, cd)]), ("col", cd, at[(r, cd)], dst)]
+            col_first = [("col", c, node, at[(rd, c)]), ("row", rd, at[(rd, c)], dst)]
+            yield from ([row_first, col_first] if self.relay == "row-first"
+                        else [col_first, row_first])
 
     @staticmethod
-    def _others(k: int, n: int) -> list[int]:
-        return [(k + d) % n for d in range(1, n)]
+    def _others(k: int, n: int) -> Iterator[int]:
+        return ((k + d) % n for d in range(1, n))
 
     def legs(self, node: str, dst: str) -> list[Leg]:
         opts = self.options(node, dst)
-        if not self.avoid:
-            return opts[0]
+        first = next(opts)
+        if not self.avoid or self._ok(first):
+            return first
         for legs in opts:
             if self._ok(legs):
                 return legs
-        raise PlanError(f"{node} -> {dst}: no path around the faults ({self._why(opts[0])})")
+        raise PlanError(f"{node} -> {dst}: no path around the faults ({self._why(first)})")
 
     def _why(self, legs: list[Leg]) -> str:
         for a, i, _f, to in legs:
