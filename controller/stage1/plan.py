@@ -154,11 +154,14 @@ class Plan:
 
     # --- presentation -----------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
-        d["routes"] = {n: {dst: [r.port, r.channel, r.next_hop] for dst, r in rs.items()}
-                       for n, rs in self.routes.items()}
-        d["demand"] = [list(p) for p in self.demand]
-        return d
+        """As `from_dict` reads it (routes as [port, channel, next hop]); built field by
+        field: `asdict` deep-copied every route only to have it replaced."""
+        return {"testbed": self.testbed, "strategy": self.strategy, "relay": self.relay,
+                "wavelengths_nm": list(self.wavelengths_nm),
+                "jobs": [asdict(j) for j in self.jobs], "wss": [asdict(t) for t in self.wss],
+                "routes": {n: {dst: [r.port, r.channel, r.next_hop] for dst, r in rs.items()}
+                           for n, rs in self.routes.items()},
+                "demand": [list(p) for p in self.demand]}
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=1)
