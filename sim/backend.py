@@ -162,6 +162,7 @@ class SimBackend:
         self.monitor = w.checker
         self.health = Health(tb.monitor, grid.nodes, math.ceil(tb.optical.tuning_time_ns),
                              grid.wss_of())
+        self.health.start(self.clock.now_ns())  # every board beats from here on
         self._runners: dict[str, JobRunner] = {}  # node -> the runner of the job on it
         self._retired = 0  # REQUEST retries of the runners that are gone (the drill's count)
         self.drill = Drill(w, self.clock, faults or [], self._retries, self._effect)

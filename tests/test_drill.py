@@ -208,6 +208,7 @@ def test_the_time_the_arbiter_spends_on_the_devices_is_not_the_nodes_silence() -
 
     def watch() -> Health:
         h = Health(Monitor(heartbeat_ms=100), ["a", "b"], 10, {})
+        h.start(0)
         for n in ("a", "b"):
             h.beat(Heartbeat(HEARTBEAT_VERSION, n, 0), 0)
         return h
@@ -219,6 +220,13 @@ def test_the_time_the_arbiter_spends_on_the_devices_is_not_the_nodes_silence() -
     told.blind(busy_ns)
     assert told.check(busy_ns) == [] and told.check(busy_ns + 200_000_000) == []
     assert [d.kind for d in told.check(busy_ns + 300_000_000)] == ["broker-restart"]
+    # Reproducer (CI, test_node.py): an emu back end still connecting to its broker heard
+    # nobody, and the watch took that for every node silent. Silence counts once it listens.
+    connecting = Health(Monitor(heartbeat_ms=100), ["a", "b"], 10, {})
+    assert connecting.check(busy_ns) == []
+    connecting.start(busy_ns)
+    assert connecting.check(busy_ns + 200_000_000) == []
+    assert [d.kind for d in connecting.check(busy_ns + 300_000_000)] == ["broker-restart"]
 
 
 def test_old_faults_table_and_bad_targets_are_config_errors(tmp_path: Path) -> None:

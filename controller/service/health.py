@@ -107,10 +107,14 @@ class Health:
         self._seen: set[tuple[str, str]] = set()
         self._suspects: dict[str, tuple[int, str]] = {}  # peer -> (since, why)
         self._strikes: dict[str, int] = {}  # peer -> jobs cut short naming it
+        self.listening = False  # the back end hears the nodes (its bus is up): `start`
 
     # --- evidence ----------------------------------------------------------------------
     def start(self, now_ns: int) -> None:
-        """A node is given `missed` periods from now to be heard (a fresh watch)."""
+        """The back end hears the nodes from now (sim: from its start; emu and hw: once
+        its bus connection is up): a node is given `missed` periods from now to be heard.
+        Before, nobody's silence is judged (a slow connect is not every node dead)."""
+        self.listening = True
         for st in self.nodes.values():
             st.last_ns = max(st.last_ns, now_ns)
 
@@ -192,6 +196,8 @@ class Health:
     # --- judgement ---------------------------------------------------------------------
     def check(self, now_ns: int) -> list[Diagnosis]:
         """Silence and suspicion, judged at `now_ns`; returns new diagnoses."""
+        if not self.listening:
+            return []
         before = len(self.diagnoses)
         limit = self.silence_ns
         silent = [n for n, st in self.nodes.items() if now_ns - st.last_ns >= limit
@@ -344,7 +350,6 @@ class Watch:
         self._ticks = 0
 
     def start(self) -> Watch:
-        self.health.start(self.clock.now_ns())
         self._timer = self.clock.call_later_ns(self.health.tick_ns, self._tick)
         return self
 
