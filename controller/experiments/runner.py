@@ -19,7 +19,6 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from oddl.controller import registry
-from oddl.controller.base.collectives import build
 from oddl.controller.base.config import ConfigError, ConfigIssue, LoadedExperiment, NetworkSpec
 from oddl.controller.base.topology import Grid
 from oddl.controller.experiments.figures import wire_ns
@@ -49,7 +48,7 @@ from oddl.controller.service.backend import (
 from oddl.controller.service.recovery import fault_rows
 from oddl.controller.stage1.arbiter import Arbiter
 from oddl.controller.stage1.placement import fits
-from oddl.controller.stage2.job import job_id
+from oddl.controller.stage2.job import built_schedule, job_id
 from oddl.controller.stage2.trace import Timeline
 from oddl.controller.stage2.workloads import model_spec, total_iterations
 
@@ -304,6 +303,9 @@ def run_experiment(ctx: LoadedExperiment, backend: str = "sim", store: RunStore 
     exp, tb = ctx.experiment, ctx.testbed
     grid = Grid.from_testbed(tb)
     run_name = job_id(exp.name, os.getpid(), time.time_ns())
+    if remote is not None and ctx.jobs:
+        raise RunFailed("an arbiter takes experiments of one workload: submit each job "
+                        "(`oddl submit`)")
     if ctx.jobs:
         reqs = [JobRequest.of(e) for e in ctx.jobs]
         issues = [ConfigIssue(str(ctx.path), f"job {r.name!r}.shape",
@@ -341,17 +343,15 @@ def run_experiment(ctx: LoadedExperiment, backend: str = "sim", store: RunStore 
         if ctx.jobs:
             meta |= {"jobs": len(reqs), "policy": exp.policy}
         else:
-            w = ctx.workload
-            sched = build(spec.collective or w.collective, reqs[0].ranks, reqs[0].size,
-                          tb.grid.rows, tb.grid.cols, spec.degree, spec.bidirectional)
+            # the schedule the admission plans (built once: built_schedule keeps it)
+            sched = built_schedule(spec.collective or reqs[0].collective, reqs[0].ranks,
+                                   reqs[0].size, tb.grid.rows, tb.grid.cols, spec.degree,
+                                   spec.bidirectional)
             meta |= {"compute_ns": compute_ns,
                      "wire_ns": wire_ns(sched, spec.link_gbps or tb.optical.line_rate_gbps)}
         if store is not None:
             store.begin_network(name, spec.kind, meta)
         if remote is not None and spec.kind == "oddl":
-            if ctx.jobs:
-                raise RunFailed("an arbiter takes experiments of one workload: submit each "
-                                "job (`oddl submit`)")
             job, its = remote.run(ctx.path, name, compute_ns, store, progress)
             results[name] = _remote_result(spec, job, its, full)
             continue

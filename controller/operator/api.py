@@ -23,6 +23,7 @@ from oddl.controller.base.collectives import build
 from oddl.controller.base.config import (
     ConfigError,
     LoadedExperiment,
+    NetworkSpec,
     Testbed,
     grid_testbed,
     load_experiment,
@@ -73,22 +74,24 @@ __all__ = [
 
 
 def plan(testbed: Testbed | str | Path, experiment: LoadedExperiment | None = None,
-         strategy: str | None = None) -> Plan:
-    """Stage 1's plan for an experiment's workload on a testbed (default: halving-doubling
-    of ResNet-50 over every node), validated; nothing is applied."""
+         strategy: str | None = None, network: NetworkSpec | None = None) -> Plan:
+    """Stage 1's plan for an experiment's job on a testbed, as its ODDL `network` (default:
+    its first) would run it: the workload's ranks, the network's collective and relay
+    order (default: halving-doubling of ResNet-50 over every node); validated, nothing
+    applied."""
     tb = testbed if isinstance(testbed, Testbed) else load_testbed(testbed)
+    spec = network or NetworkSpec(name="oddl", kind="oddl")
+    model, coll, bpp, name, n = "resnet50", "hd", 4, "hd-all", tb.n_nodes
     if experiment is not None:
         w = experiment.workload
-        nets = [s for s in experiment.experiment.networks if s.kind == "oddl"]
-        strat = strategy or (nets[0].strategy if nets else "matched")
-        model, coll, bpp, name = w.model, w.collective, w.bytes_per_param, \
-            experiment.experiment.name
-    else:
-        strat, model, coll, bpp, name = strategy or "matched", "resnet50", "hd", 4, "hd-all"
+        spec = network or next((s for s in experiment.experiment.networks
+                                if s.kind == "oddl"), spec)
+        model, coll, bpp, name, n = w.model, spec.collective or w.collective, \
+            w.bytes_per_param, experiment.experiment.name, w.ranks or tb.n_nodes
     grid = Grid.from_testbed(tb)
-    sched = build(coll, tb.n_nodes, model_spec(model).grad_bytes(bpp), tb.grid.rows,
-                  tb.grid.cols)
-    p = plan_job(tb, grid, sched, name, strat)
+    sched = build(coll, n, model_spec(model).grad_bytes(bpp), tb.grid.rows, tb.grid.cols,
+                  spec.degree, spec.bidirectional)
+    p = plan_job(tb, grid, sched, name, strategy or spec.strategy, spec.relay)
     p.validate(grid)
     return p
 
@@ -132,7 +135,7 @@ def check(path: str | Path) -> str:
                 plan_partitions(tb, grid, [JobRequest.of(j) for j in ctx.jobs],
                                 ctx.experiment.policy, spec)
             else:
-                plan(tb, ctx, spec.strategy)
+                plan(tb, ctx, network=spec)
         except PlanError as e:
             raise ConfigError([ConfigIssue(str(path), f"networks[{i}]",
                                            f"cannot be planned on {ctx.testbed_path}: {e}")]
@@ -150,10 +153,9 @@ def run(experiment: LoadedExperiment | str | Path, backend: str = "sim",
     private emulator of it, hw holds the testbed lock, `publish` tells a sim run's
     watchers (controller/operator/session.py); hw with `arbiter`: the testbed's arbiter
     runs the ODDL network's job (it holds the lock). With `out`, into a run directory:
-    manifest.json,
-    results.sqlite (every iteration as it completes: a killed run keeps them),
-    summary.json, plot.png (one workload) or jct-cdf.png (several jobs), and for an
-    emulated run the emulator's log."""
+    manifest.json, results.sqlite (every iteration as it completes: a killed run keeps
+    them), summary.json, plot.png (one workload) or jct-cdf.png (several jobs), and for
+    an emulated run the emulator's log."""
     ctx = experiment if isinstance(experiment, LoadedExperiment) else \
         load_experiment(experiment)
     exp = ctx.experiment

@@ -441,7 +441,7 @@ class Admission:
         queued = next((q for q in self.queue if q.name == name), None)
         if queued is not None:
             self.queue.remove(queued)
-            self._end(name, None, "cancelled", why)
+            self._leave(name, None, "cancelled", why)
             return True
         task = self._tasks.get(name)
         if task is None or name in self._cancelling:
@@ -463,11 +463,13 @@ class Admission:
         if self.on_end is None:
             self._fail(e)
             return
-        self._end(name, part, "failed", str(e))
+        self._leave(name, part, "failed", str(e))
 
-    def _end(self, name: str, part: Partition | None, state: str, why: str) -> None:
-        """The service: a job leaves without finishing; its partition (if it held one)
-        goes back, unless a device refused to clear it."""
+    def _leave(self, name: str, part: Partition | None, state: str, why: str) -> None:
+        """A job leaves ("finished", or in the service "failed" or "cancelled"): its
+        partition (if it holds one) goes back, unless a device refuses to clear it (a run
+        then fails; the service keeps those nodes out and says so); the service is told;
+        the next jobs start, or the run is done."""
         rec = self.records[name]
         rec.end_ns = self.clock.now_ns() - self.t0
         self._tasks.pop(name, None)
@@ -475,15 +477,22 @@ class Admission:
         if part is not None:
             try:
                 self.stage1.release(name, self.health.avoid())
+            except Exception as e:  # in a done callback: raised, it would only be logged
+                if self.on_end is None:
+                    self._fail(RunFailed(f"{self.spec.name}: job {name} left: {e}"))
+                    return
+                why = (f"{why}; " if why else "") + f"its partition was not given back: {e}"
+            else:
                 self.free |= set(part.nodes)
-            except Exception as e:  # its nodes stay out of the pool: say so
-                why += f"; its partition was not given back: {e}"
             self._watch_tables()
         self.left -= 1
-        assert self.on_end is not None
-        self.on_end(rec, state, why)
-        self._forget(name)
-        self._admit()
+        if self.on_end is not None:
+            self.on_end(rec, state, why)
+            self._forget(name)
+        if self.left == 0 and self._done is not None and not self._done.done():
+            self._done.set_result(None)
+        else:
+            self._admit()
 
     def _forget(self, name: str) -> None:
         """The service keeps nothing of a job that has ended (the ledger has it): a
@@ -566,7 +575,7 @@ class Admission:
 
     def _look_again(self) -> None:
         self._recheck = None
-        if self._done is not None and not self._done.done():
+        if self._done is None or not self._done.done():  # the service, or a run going on
             self._admit()
 
     def _start(self, req: JobRequest, part: Partition) -> None:
@@ -663,7 +672,7 @@ class Admission:
         self._began.pop(req.name, None)
         if task.cancelled():  # the service cancelled it
             self.running -= 1
-            self._end(req.name, part, "cancelled", self._cancelling.get(req.name, ""))
+            self._leave(req.name, part, "cancelled", self._cancelling.get(req.name, ""))
             return
         exc = task.exception()
         if isinstance(exc, JobStopped) and len(rec.stops) < MAX_STOPS:
@@ -682,25 +691,9 @@ class Admission:
         self.outcomes.append(out)
         if self.trace is not None:
             self.trace.chrome.rows[self.spec.name] += out.trace
-        rec.end_ns, rec.flows = self.clock.now_ns() - self.t0, rec.flows + out.flows
+        rec.flows += out.flows
         rec.control_messages += out.control_messages
-        self._tasks.pop(req.name, None)
-        try:
-            self.stage1.release(req.name)
-        except Exception as e:  # in a done callback: raised, it would only be logged
-            self._lose(req.name, None, RunFailed(f"{self.spec.name}: job {req.name} left: "
-                                                 f"{e}"))
-            return
-        self._watch_tables()
-        self.free |= set(part.nodes)
-        self.left -= 1
-        if self.on_end is not None:
-            self.on_end(rec, "finished", "")
-            self._forget(req.name)
-        if self.left == 0 and self._done is not None and not self._done.done():
-            self._done.set_result(None)
-        else:
-            self._admit()
+        self._leave(req.name, part, "finished", "")
 
     async def _stop(self, req: JobRequest, part: Partition, stop: JobStopped) -> None:
         """A job stopped for a fault on its partition: once the watch has settled, the bus
@@ -741,7 +734,7 @@ class Admission:
         self._say_health()
         self._tasks.pop(req.name, None)
         if req.name in self._cancelling:  # cancelled while it stopped
-            self._end(req.name, None, "cancelled", self._cancelling[req.name])
+            self._leave(req.name, None, "cancelled", self._cancelling[req.name])
             return
         self.queue.insert(0, req)
         self._admit()

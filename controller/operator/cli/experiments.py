@@ -42,38 +42,27 @@ def check(file: Path) -> None:
 def plan(testbed: Path, job: Path | None, strategy: str | None, as_json: bool,
          plot: Path | None) -> None:
     """Stage 1: print the plan (placement, WSS tables, routes), validated."""
-    from oddl.controller.base.collectives import build
     from oddl.controller.base.topology import Grid
+    from oddl.controller.operator import api
     from oddl.controller.stage1.plan import PlanError
-    from oddl.controller.stage1.planner import plan_job
-    from oddl.controller.stage2.workloads import model_spec
 
     try:
-        if job is not None:
-            ctx = load_experiment(job, testbed)
-            if ctx.jobs:
-                _plan_jobs(ctx, strategy, as_json, plot)
-                return
-            tb, w = ctx.testbed, ctx.workload
-            nets = [s for s in ctx.experiment.networks if s.kind == "oddl"]
-            strat = strategy or (nets[0].strategy if nets else "matched")
-            model, coll, bpp, name = w.model, w.collective, w.bytes_per_param, ctx.experiment.name
-        else:
-            tb = load_testbed(testbed)
-            strat, model, coll, bpp, name = strategy or "matched", "resnet50", "hd", 4, "hd-all"
+        ctx = load_experiment(job, testbed) if job is not None else None
+        if ctx is not None and ctx.jobs:
+            _plan_jobs(ctx, strategy, as_json, plot)
+            return
+        tb = ctx.testbed if ctx is not None else load_testbed(testbed)
     except ConfigError as e:
         _config_fail(e)
         return
     t0 = time.perf_counter()
     grid = Grid.from_testbed(tb)
     try:
-        sched = build(coll, tb.n_nodes, model_spec(model).grad_bytes(bpp), tb.grid.rows,
-                      tb.grid.cols)
-        p = plan_job(tb, grid, sched, name, strat)
-        p.validate(grid)
+        p = api.plan(tb, ctx, strategy)
     except (PlanError, ValueError) as e:
         click.echo(f"error: {e}", err=True)
         sys.exit(1)
+    strat = p.strategy
     dt = time.perf_counter() - t0
     if plot is not None:
         from oddl.controller.experiments.figures import plan_figure, save
