@@ -146,6 +146,7 @@ class Service:
         self.grid = Grid.from_testbed(tb)
         self.rejected = 0  # requests refused: malformed, oversized, unauthenticated, forbidden
         self._told = 0.0  # when the watchers were last told the queue
+        self._on: dict[str, str] = {}  # each running job's partition, as the ledger has it
         self.adm = make(self)
 
     def tell(self, now: bool = True) -> None:
@@ -166,15 +167,13 @@ class Service:
 
     # --- what the orchestration tells -------------------------------------------------
     def on_iteration(self, rec: JobRecord, it: Iteration) -> None:
-        if not self.ledger.iterations(rec.name):
-            part = rec.partition.describe() if rec.partition else ""
-            self.ledger.set(rec.name, "running", started=time.time(), partition=part)
-            self.ledger.note(rec.name, f"running on {part}")
-            self.ledger.iteration(rec.name, it.iteration, it.t_start, it.t_end)
-            self.tell()
-            return
+        part = rec.partition.describe() if rec.partition else ""
+        moved = self._on.get(rec.name) != part  # its first iteration on this partition
+        if moved:
+            self._on[rec.name] = part
+            self.ledger.running(rec.name, part)
         self.ledger.iteration(rec.name, it.iteration, it.t_start, it.t_end)
-        self.tell(now=False)
+        self.tell(now=moved)
 
     def on_end(self, rec: JobRecord, state: str, why: str) -> None:
         result = rec.public() | {"flows": rec.flows, "control_messages": rec.control_messages} \
@@ -182,6 +181,7 @@ class Service:
         self.ledger.set(rec.name, state, ended=time.time(), why=why,
                         result=json.dumps(result))
         self.ledger.note(rec.name, f"{state}{': ' + why if why else ''}")
+        self._on.pop(rec.name, None)
         self.tell()
 
     # --- requests ---------------------------------------------------------------------
@@ -197,7 +197,11 @@ class Service:
         return user
 
     async def body(self, request: Request) -> dict[str, Any]:
-        if int(request.headers.get("content-length") or 0) > MAX_BODY:
+        try:
+            length = int(request.headers.get("content-length") or 0)
+        except ValueError:
+            raise Refused(400, "Content-Length: not a number") from None
+        if length > MAX_BODY:
             raise Refused(413, f"a body of at most {MAX_BODY} bytes")
         data = b""
         async for chunk in request.stream():

@@ -56,6 +56,13 @@ class Ledger:
                         (state, *fields.values(), job))
         self.db.commit()
 
+    def running(self, job: str, partition: str) -> None:
+        """On a partition (its first, or another after a stop): started once."""
+        self.db.execute("UPDATE jobs SET state = 'running', partition = ?, "
+                        "started = coalesce(started, ?) WHERE id = ?",
+                        (partition, time.time(), job))
+        self.note(job, f"running on {partition}")
+
     def iteration(self, job: str, i: int, t_start: int, t_end: int) -> None:
         self.db.execute("INSERT INTO iterations VALUES (?, ?, ?, ?)", (job, i, t_start, t_end))
         self.db.commit()
@@ -76,30 +83,30 @@ class Ledger:
             out.append((job, JobRequest(**json.loads(req)), done))
         return out
 
-    def jobs(self) -> list[dict[str, Any]]:
-        rows = self.db.execute("SELECT id, user, state, request, submitted, started, ended, "
-                               "partition, why, result FROM jobs ORDER BY seq").fetchall()
-        counts = dict(self.db.execute("SELECT job, count(*) FROM iterations GROUP BY job"))
+    def jobs(self, job: str | None = None) -> list[dict[str, Any]]:
+        """Every job (or the one named), in submission order, with its iterations done."""
+        where, args = ("WHERE id = ?", (job,)) if job is not None else ("", ())
+        rows = self.db.execute(
+            "SELECT id, user, state, request, submitted, started, ended, partition, why, "
+            "result, (SELECT count(*) FROM iterations WHERE iterations.job = jobs.id) "
+            f"FROM jobs {where} ORDER BY seq", args).fetchall()
         out = []
-        for job, user, state, req, sub, start, end, part, why, result in rows:
+        for job_, user, state, req, sub, start, end, part, why, result, done in rows:
             r = json.loads(req)
-            out.append({"job": job, "user": user, "state": state, "priority": r["priority"],
+            out.append({"job": job_, "user": user, "state": state, "priority": r["priority"],
                         "model": r["model"], "ranks": r["ranks"],
-                        "iterations": r["iterations"], "iterations_done": counts.get(job, 0),
+                        "iterations": r["iterations"], "iterations_done": done,
                         "partition": part, "submitted": sub, "started": start, "ended": end,
                         "why": why or "", "result": json.loads(result) if result else None})
         return out
 
     def job(self, job: str) -> dict[str, Any] | None:
-        return next((j for j in self.jobs() if j["job"] == job), None)
+        found = self.jobs(job)
+        return found[0] if found else None
 
     def logs(self, job: str) -> list[str]:
         return [f"{time.strftime('%H:%M:%S', time.localtime(t))} {line}" for t, line in
                 self.db.execute("SELECT t, line FROM log WHERE job = ? ORDER BY rowid", (job,))]
-
-    def iterations(self, job: str) -> list[int]:
-        return [i for (i,) in self.db.execute(
-            "SELECT iteration FROM iterations WHERE job = ? ORDER BY iteration", (job,))]
 
     def timeline(self, job: str, since: int = 0, most: int = 10_000) -> list[list[int]]:
         """Its iterations from `since`, `most` at a time: [iteration, t_start_ns, t_end_ns]."""
