@@ -26,6 +26,8 @@ class ArbiterClient:
 
     def call(self, method: str, path: str, body: dict[str, Any] | None = None
              ) -> dict[str, Any]:
+        """One request as the token's user; RunFailed with the service's reason if it
+        cannot be made or is refused."""
         try:
             token = self.token_file.read_text().strip()
             r = httpx.request(method, self.url.rstrip("/") + path, json=body, timeout=30,
@@ -37,7 +39,7 @@ class ArbiterClient:
                 why = r.json().get("error", r.text)
             except ValueError:
                 why = r.text
-            raise RunFailed(f"arbiter {self.url} refused ({r.status_code}): {why}")
+            raise RunFailed(f"arbiter {self.url}: {r.status_code}: {why}")
         out: dict[str, Any] = r.json()
         return out
 

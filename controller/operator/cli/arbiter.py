@@ -55,24 +55,14 @@ def _client_options(f: Any) -> Any:
 def _call(url: str, token_file: Path, method: str, path: str,
           body: dict[str, Any] | None = None) -> dict[str, Any]:
     """One request; a refusal is said, with the service's reason, and exits 2."""
-    import httpx
+    from oddl.controller.experiments.remote import ArbiterClient
+    from oddl.controller.service.backend import RunFailed
 
     try:
-        token = token_file.read_text().strip()
-        r = httpx.request(method, url.rstrip("/") + path, json=body, timeout=30,
-                          headers={"Authorization": f"Bearer {token}"})
-    except (OSError, httpx.HTTPError) as e:
-        click.echo(f"error: {url}: {e}", err=True)
+        return ArbiterClient(url, token_file).call(method, path, body)
+    except RunFailed as e:
+        click.echo(f"error: {e}", err=True)
         sys.exit(2)
-    if r.status_code >= 400:
-        try:
-            why = r.json().get("error", r.text)
-        except ValueError:
-            why = r.text
-        click.echo(f"error: {r.status_code}: {why}", err=True)
-        sys.exit(2)
-    out: dict[str, Any] = r.json()
-    return out
 
 
 @main.command()
