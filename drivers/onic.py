@@ -202,10 +202,10 @@ class DriverONic:
         self._mask = 0
         for name in self._IRQS:
             self._mask |= 1 << R.IRQ_BITS[name]
-        self._w(self._o["IRQ_ENABLE"], self._mask)
         stale = self._r(self._o["IRQ_STATUS"])
-        if stale:
+        if stale:  # cleared before enabling: a level line would interrupt for them
             self._w(self._o["IRQ_STATUS"], stale)  # W1C
+        self._w(self._o["IRQ_ENABLE"], self._mask)
 
     def transmitting(self) -> bool:
         """Is any transmitter tuning or sending (light still to land somewhere)?"""

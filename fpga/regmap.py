@@ -107,7 +107,8 @@ CA_STRIDE = 0x80
 IRQ_BITS = {"TX_DONE_H": 0, "TX_DONE_V": 1, "RX_DONE_H": 2, "RX_DONE_V": 3,
             "TUNED_H": 4, "TUNED_V": 5, "CA_FIRED": 6, "ERROR": 7}
 IRQ_MODULE_SHIFT = 16  # IRQ_STATUS bit 16 + m: count-action module m fired
-ERROR_BITS = {"TX_REFUSED_H": 0, "TX_REFUSED_V": 1, "ROUTE_MISS": 2, "BAD_CHANNEL": 3}
+ERROR_BITS = {"TX_REFUSED_H": 0, "TX_REFUSED_V": 1, "ROUTE_MISS": 2, "BAD_CHANNEL": 3,
+              "CA_LOOP": 4}  # CA_LOOP: a count-action chain passed its firing limit; cut
 
 REGISTERS: list[Reg] = [
     Reg("MAGIC", 0x000, "RO", "identifies an oddl O-NIC", MAGIC),

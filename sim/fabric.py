@@ -101,6 +101,8 @@ class Fabric:
         self.clock.call_at_ns(tx.tune_until, self._tuned, node, port, tx, channel)
 
     def _tuned(self, node: str, port: str, tx: Transmitter, channel: int) -> None:
+        if self.clock.now_ns() != tx.tune_until:
+            return  # re-tuned meanwhile: the laser locks once, on the last channel asked
         tx.channel = channel
         self.tuned_handlers[node](port, channel)
 

@@ -3,12 +3,16 @@ semantics, the count-action engine, the tunable transmitters and the transfer en
 the fabric model. Reached through pynq (sim/pynq_device.py), never called by the controller.
 
 Writes to RO registers are refused (DeviceRefused, like an AXI SLVERR), a transfer started
-while tuning or sending is refused and flagged in ERROR, as the hardware would.
+while tuning or sending is refused and flagged in ERROR, as the hardware would. The model
+follows the gateware (fpga/gateware/onic_ctrl.py) to the cycle's outcome: the count-action
+engine's order (breadth first, FIRE_LIMIT, 32-bit counts) is the RTL's, and a differential
+test drives both with the same register traffic.
 """
 
 from __future__ import annotations
 
 import hashlib
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -31,7 +35,9 @@ _IRQ_ENABLE = R.BY_NAME["IRQ_ENABLE"].offset
 _PLAIN_READ = frozenset(r.offset for r in R.REGISTERS if r.access != "SC"
                         and not r.name.startswith("CA") and not any(k in r.name for k in _SPECIAL))
 _PLAIN_WRITE = frozenset(r.offset for r in R.REGISTERS if r.access == "RW"
-                         and not r.name.startswith("CA"))
+                         and not r.name.startswith("CA") and r.offset != _IRQ_ENABLE)
+_NODE_ID = R.BY_NAME["NODE_ID"].offset
+FIRE_LIMIT = 64  # firings after one datapath event: a program looping on itself is cut there
 
 
 @dataclass
@@ -66,6 +72,8 @@ class ONicBoard:
         self.start_after_tune: set[str] = set()  # CA "start" issued while its port tunes
         self.tuning_pending: set[str] = set()  # ports whose lock has not been reported yet
         self._ca_index: dict[int, list[int]] | None = None
+        self._events: deque[tuple[int, int, int, int | None]] = deque()
+        self._fires = 0
         self.ts_hi_latch = 0
         self.streamed: list[tuple[int, int]] = []  # (t_ns, DAC) for Lightning
         self.on_irq: Callable[[], None] | None = None  # the board's interrupt line
@@ -116,12 +124,22 @@ class ONicBoard:
 
     def write(self, off: int, value: int) -> None:
         value &= 0xFFFFFFFF
-        if off in _PLAIN_WRITE:
+        if off in _PLAIN_WRITE:  # cannot change the interrupt line
             self.regs[off] = value
             return
         if R.ROUTE_BASE <= off < R.ROUTE_BASE + 8 * R.ROUTE_ENTRIES:
             self.routes[(off - R.ROUTE_BASE) // 4] = value
             return
+        self._write(off, value)
+        self._interrupt()  # a level line: a write may raise it (IRQ_ENABLE, an ERROR flag)
+
+    def load_bitstream_hash(self, digest: bytes) -> None:
+        """What configuring the FPGA with a bitstream leaves in the identity block."""
+        for i in range(8):
+            self.regs[R.BY_NAME[f"BITSTREAM_HASH{i}"].offset] = int.from_bytes(
+                digest[4 * i: 4 * i + 4], "big")
+
+    def _write(self, off: int, value: int) -> None:
         reg = R.BY_OFFSET.get(off)
         if reg is None:
             raise DeviceRefused(f"{self.node}: write to unmapped offset 0x{off:04X}")
@@ -163,8 +181,8 @@ class ONicBoard:
 
     def _tx_status(self, p: str) -> int:
         tx = self.fabric.tx[(self.node, p)]
-        tuning = self.clock.now_ns() < tx.tune_until
-        ch = tx.channel if tx.channel is not None else 0
+        tuning = p in self.tuning_pending  # until the laser's lock is reported
+        ch = tx.channel if tx.channel is not None and not tuning else 0
         return (int(tuning) | (int(tx.busy is not None) << 1)
                 | (int(tx.channel is not None and not tuning) << 2) | (ch << 8))
 
@@ -179,7 +197,6 @@ class ONicBoard:
         except DeviceRefused:
             self._flag("ERROR", R.ERROR_BITS[f"TX_REFUSED_{p}"])
             self._flag("IRQ_STATUS", R.IRQ_BITS["ERROR"])
-            self._interrupt()
             return
         self.tuning_pending.add(p)
 
@@ -221,7 +238,7 @@ class ONicBoard:
         self._set(f"TX{p}_SENT_LO", sent)
         self._set(f"TX{p}_SENT_HI", sent >> 32)
         self._flag("IRQ_STATUS", R.IRQ_BITS[f"TX_DONE_{p}"])
-        self.signal(3, R.PORTS.index(p), 1, None)
+        self.signal((3, R.PORTS.index(p), 1, None))
         self._interrupt()
 
     def _rx_done(self, p: str, flow: Flow) -> None:
@@ -246,10 +263,9 @@ class ONicBoard:
             r[off] = v
         r[_IRQ_STATUS] |= 1 << R.IRQ_BITS[f"RX_DONE_{p}"]
         pi = R.PORTS.index(p)
-        self.signal(1, pi, flow.nbytes, src)
-        self.signal(2, pi, 1, src)
-        if flow.dst == self.node:  # the final leg: the bytes belong to this node's step
-            self.signal(6, _ANY, flow.nbytes, flow.step)
+        final = r[o["DST"]] == r[_NODE_ID]  # the final leg: the bytes are this node's step's
+        self.signal((1, pi, flow.nbytes, src), (2, pi, 1, src),
+                    *[(6, _ANY, flow.nbytes, flow.step)] * final)
         self._interrupt()
 
     # --- count-action engine ----------------------------------------------------------
@@ -301,11 +317,24 @@ class ONicBoard:
             self._ca_index = idx
         return self._ca_index
 
-    def signal(self, sig: int, index: int, value: int, src: int | None) -> None:
-        """An event on the board: every armed module whose source matches counts it."""
+    def signal(self, *events: tuple[int, int, int, int | None]) -> None:
+        """Events on the board (signal, index, value, src), queued in order, then the queue
+        drained breadth first, as the gateware's event FIFO: a firing's `module[m].fired`
+        waits behind what is already queued."""
+        self._events.extend(events)
+        while self._events:
+            if not self._count(*self._events[0]):
+                self._events.clear()  # a loop, cut: what it queued is dropped
+                break
+            self._events.popleft()
+        self._fires = 0
+
+    def _count(self, sig: int, index: int, value: int, src: int | None) -> bool:
+        """Every armed module with a matching source counts the event once, in ascending
+        order; one that reaches its target fires before the next counts. False: cut."""
         mods = self._listeners().get(sig)
         if not mods:
-            return
+            return True
         for m in mods:
             mod = self.ca[m]
             if not mod.ctrl & 1:
@@ -319,35 +348,39 @@ class ONicBoard:
                 filt = w >> 16
                 if filt and (src is None or filt - 1 != src):
                     continue
-                mod.count += value
+                mod.count = (mod.count + value) & 0xFFFFFFFF
                 if mod.count >= mod.target > 0:
+                    if self._fires == FIRE_LIMIT:
+                        self._flag("ERROR", R.ERROR_BITS["CA_LOOP"])
+                        self._flag("IRQ_STATUS", R.IRQ_BITS["ERROR"])
+                        return False
+                    self._fires += 1
                     self._fire(m, mod)
                 break
+        return True
 
     def set_dac_valid(self, dac: int) -> None:
-        self.signal(4, dac, 1, None)
+        self.signal((4, dac, 1, None))
         self._interrupt()
 
     def _fire(self, m: int, mod: _CAModule) -> None:
         mod.fired = True
-        mod.fire_count += 1
+        mod.fire_count = (mod.fire_count + 1) & 0xFF
         if mod.ctrl & 2:
-            mod.count -= mod.target  # auto re-arm: keep counting past the target
+            mod.count = (mod.count - mod.target) & 0xFFFFFFFF  # auto re-arm: count on
         else:
             mod.ctrl &= ~1
         self.regs[_IRQ_STATUS] |= 1 << (R.IRQ_MODULE_SHIFT + m)
+        self._events.append((5, m, 1, None))
         for w in mod.act:
             a = ACTION_NAMES.get(w & 0xFF)
             idx, arg = (w >> 8) & 0xFF, w >> 16
-            if a is None:
-                continue
-            if a == "tune":
+            if a in ("tune", "start") and idx < len(R.PORTS):
                 p = R.PORTS[idx]
-                self._set(f"TX{p}_CHANNEL", arg)
-                self._tune(p)
-            elif a == "start":
-                p = R.PORTS[idx]
-                if p in self.tuning_pending:
+                if a == "tune":
+                    self._set(f"TX{p}_CHANNEL", arg)
+                    self._tune(p)
+                elif p in self.tuning_pending:
                     self.start_after_tune.add(p)  # the engine sequences: send once locked
                 else:
                     self._start(p)
@@ -355,12 +388,11 @@ class ONicBoard:
                 self.streamed.append((self.clock.now_ns(), idx))
             elif a == "irq":
                 self._flag("IRQ_STATUS", R.IRQ_BITS["CA_FIRED"])
-            elif a == "arm":
+            elif a == "arm" and idx < R.N_MODULES:
                 self.ca[idx].ctrl |= 1
-            elif a == "reset":
+            elif a == "reset" and idx < R.N_MODULES:
                 t = self.ca[idx]
                 t.count, t.fired, t.fire_count = 0, False, 0
-        self.signal(5, m, 1, None)
 
 
 class BoardLine:

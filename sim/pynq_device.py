@@ -137,10 +137,7 @@ def _download(self: EmulatedONicDevice, bitstream, parser=None) -> None:  # type
     """'Configure' the emulated FPGA: the hash register takes the bitstream's SHA-256."""
     from oddl.fpga.overlay import bitstream_hash
 
-    digest = bitstream_hash(bitstream.bitfile_name)
-    for i in range(8):
-        self.board.regs[R.BY_NAME[f"BITSTREAM_HASH{i}"].offset] = int.from_bytes(
-            digest[4 * i: 4 * i + 4], "big")
+    self.board.load_bitstream_hash(bitstream_hash(bitstream.bitfile_name))
     self.board.loaded_bitstream = bitstream.bitfile_name
     self.post_download(bitstream, parser)
 

@@ -1,0 +1,241 @@
+"""The O-NIC's gateware in the loop: `onic_ctrl` (fpga/gateware) simulated cycle by cycle in
+Amaranth's simulator, behind the same pynq `Device` as the Python board model, so the
+unmodified driver's register traffic reaches the RTL as AXI-Lite transactions.
+
+The optics stay modelled (sim/fabric.py): the harness plays the laser driver and the MAC,
+turning the IP's tune commands and transfer descriptors into fabric calls, and the fabric's
+lock, sent and received reports into the IP's strobes.
+
+The RTL is clocked only while it has work (a register access, a lock, a transfer ending, a
+DAC valid, the count-action events these queue), at the model's instant of that work, and
+is left unclocked in between. That is exact for this design: nothing in it counts cycles
+while idle (time comes from the `ts_ns` time base, set from the model's clock before each
+piece of work), so an idle span of any length leaves every register as it found it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from oddl.controller.base.messages import Flow
+from oddl.fpga import regmap as R
+from oddl.fpga.overlay import placeholder_bit
+from oddl.sim.fabric import Fabric
+
+CLOCK_HZ = 250e6  # PL0, as the overlay's .hwh sets it
+PLACEHOLDER_HASH = hashlib.sha256(placeholder_bit()).digest()
+_N_HDR = len(R.HEADER)
+
+
+class RtlError(RuntimeError):
+    """The RTL asked the optics for something the model refuses: a disagreement between
+    the gateware's view of a port and the fabric's, which the differential test hunts."""
+
+
+@dataclass
+class _Op:
+    kind: str  # read, write, lock, tx_done, rx_done, dac
+    port: int = 0
+    args: dict[str, int] = field(default_factory=dict)
+    result: int = 0
+    resp: int = 0
+    done: bool = False
+
+
+class RtlBoard:
+    """`ONicBoard`'s interface over the simulated RTL (read, write, set_dac_valid, on_irq)."""
+
+    def __init__(self, fabric: Fabric, node: str, node_index: dict[str, int],
+                 bitstream_hash: bytes = PLACEHOLDER_HASH,
+                 design_version: int = R.DESIGN_VERSION) -> None:
+        try:
+            from amaranth.sim import Simulator
+            from oddl.fpga.gateware.onic_ctrl import OnicCtrl
+        except ImportError as e:  # the gateware extra
+            raise RuntimeError(f"--board-model rtl needs Amaranth ({e}): "
+                               "pip install 'oddl[gateware]'") from None
+        self.fabric = fabric
+        self.clock = fabric.clock
+        self.node = node
+        self.nodes = sorted(node_index, key=node_index.get)  # type: ignore[arg-type]
+        self.index = node_index
+        self.ports = fabric.ports[node]
+        self.dut = OnicCtrl(design_version)
+        self.sim = Simulator(self.dut)
+        self.sim.add_clock(1 / CLOCK_HZ)
+        self.sim.add_testbench(self._bench, background=True)
+        self._ops: deque[_Op] = deque()
+        self._effects: list[tuple[str, int, Any]] = []
+        self._hash = bitstream_hash
+        self.cycles = 0
+        self.streamed: list[tuple[int, int]] = []
+        self.on_irq: Callable[[], None] | None = None
+        self.loaded_bitstream: str | None = None
+        self._seen_err = dict.fromkeys(R.PORTS, 0)
+        fabric.rx_handlers[node] = self._rx_done
+        fabric.tx_handlers[node] = self._tx_done
+        fabric.tuned_handlers[node] = self._tuned
+
+    # --- the interface the pynq device and the fabric use -----------------------------
+    def read(self, off: int) -> int:
+        op = self._run(_Op("read", args={"addr": off}))
+        return op.result
+
+    def write(self, off: int, value: int) -> None:
+        from oddl.controller.base.devices import DeviceRefused
+
+        op = self._run(_Op("write", args={"addr": off, "data": value & 0xFFFFFFFF}))
+        if op.resp:
+            reg = R.BY_OFFSET.get(off)
+            what = f"{reg.name} is read-only" if reg else f"unmapped offset 0x{off:04X}"
+            raise DeviceRefused(f"{self.node}: {what} (write refused: SLVERR)")
+        self._interrupt()
+
+    def set_dac_valid(self, dac: int) -> None:
+        self._run(_Op("dac", args={"index": dac}))
+        self._interrupt()
+
+    def load_bitstream_hash(self, digest: bytes) -> None:
+        self._hash = digest
+
+    def _tuned(self, p: str, ch: int) -> None:
+        self._run(_Op("lock", R.PORTS.index(p)))
+        self._interrupt()
+
+    def _tx_done(self, p: str, flow: Flow) -> None:
+        self._run(_Op("tx_done", R.PORTS.index(p)))
+        self._interrupt()
+
+    def _rx_done(self, p: str, flow: Flow) -> None:
+        rx = self.fabric.rx[(self.node, p)]
+        src = self.index[rx.src] if rx.src is not None else self.index[flow.src]
+        crc = rx.errors != self._seen_err[p]
+        self._seen_err[p] = rx.errors
+        hdr = R.header_words(flow.id, self.index[flow.src], flow.hop, flow.step,
+                             flow.iteration, flow.t_submit)
+        self._run(_Op("rx_done", R.PORTS.index(p), {
+            "src": src, "dst": self.index[flow.dst], "flow": flow.id & 0xFFFFFFFF,
+            "bytes": flow.nbytes, "hdr": sum(w << (32 * i) for i, w in enumerate(hdr)),
+            "crc_error": int(crc)}))
+        self._interrupt()
+
+    # --- the loop -----------------------------------------------------------------------
+    def _run(self, op: _Op) -> _Op:
+        self._ops.append(op)
+        while not op.done:
+            self.sim.advance()
+        effects, self._effects = self._effects, []
+        for kind, i, data in effects:
+            self._effect(kind, R.PORTS[i] if i >= 0 else "", data)
+        return op
+
+    def _effect(self, kind: str, p: str, data: Any) -> None:
+        from oddl.controller.base.devices import DeviceRefused
+
+        if kind == "stream":
+            self.streamed.append((self.clock.now_ns(), data))
+            return
+        try:
+            if kind == "tune":
+                self.fabric.tune(self.node, p, data)
+            else:
+                dst, nbytes, flow_lo, hdr = data
+                fid, src, hop, step, it, t_submit = R.header_unpack(flow_lo, hdr)
+                self.fabric.send(self.node, p, Flow(fid, self.nodes[src], self.nodes[dst],
+                                                    nbytes, it, step, hop, t_submit))
+        except DeviceRefused as e:
+            raise RtlError(f"{self.node}: the RTL's {kind} on {p} was refused by the "
+                           f"optics: {e}") from e
+
+    def _interrupt(self) -> None:
+        """The level line, looked at after each piece of work, as on the Python model."""
+        if self.on_irq is not None and self._line:
+            self.on_irq()
+
+    async def _bench(self, ctx: Any) -> None:
+        d = self.dut
+        ctx.set(d.node_id, self.index[self.node])
+        ctx.set(d.n_nodes, len(self.nodes))
+        ctx.set(d.n_channels, self.fabric.n_channels)
+        ctx.set(d.ports_present, sum(1 << i for i, p in enumerate(R.PORTS) if p in self.ports))
+        ctx.set(d.s_axi_wstrb, 0xF)
+        strobes = [(getattr(d, f"{p.lower()}_tune_valid"), getattr(d, f"{p.lower()}_tx_valid"))
+                   for p in R.PORTS]
+
+        async def tick() -> None:
+            await ctx.tick()
+            self.cycles += 1
+            for i, (tune, tx) in enumerate(strobes):
+                pl = R.PORTS[i].lower()
+                if ctx.get(tune):
+                    self._effects.append(("tune", i, ctx.get(getattr(d, f"{pl}_tune_channel"))))
+                if ctx.get(tx):
+                    hdr = ctx.get(getattr(d, f"{pl}_tx_hdr"))
+                    self._effects.append(("tx", i, (
+                        ctx.get(getattr(d, f"{pl}_tx_dst")), ctx.get(getattr(d, f"{pl}_tx_bytes")),
+                        ctx.get(getattr(d, f"{pl}_tx_flow")),
+                        [(hdr >> (32 * k)) & 0xFFFFFFFF for k in range(_N_HDR)])))
+            if ctx.get(d.stream_valid):
+                self._effects.append(("stream", -1, ctx.get(d.stream_dac)))
+
+        async def handshake(valid: Any, ready: Any) -> None:
+            ctx.set(valid, 1)
+            while True:
+                go = ctx.get(ready)
+                await tick()
+                if go:
+                    break
+            ctx.set(valid, 0)
+
+        while True:
+            await ctx.tick()
+            while self._ops:
+                op = self._ops.popleft()
+                a = op.args
+                ctx.set(d.ts_ns, self.clock.now_ns())
+                ctx.set(d.bitstream_hash, int.from_bytes(self._hash, "big"))
+                for p in R.PORTS:
+                    rx = self.fabric.rx.get((self.node, p))
+                    cur = rx.current if rx is not None else None
+                    ctx.set(getattr(d, f"{p.lower()}_rx_busy"), cur is not None)
+                    ctx.set(getattr(d, f"{p.lower()}_rx_cur_flow"),
+                            0 if cur is None else cur.id & 0xFFFFFFFF)
+                pl = R.PORTS[op.port].lower()
+                if op.kind == "write":
+                    ctx.set(d.s_axi_awaddr, a["addr"])
+                    ctx.set(d.s_axi_wdata, a["data"])
+                    ctx.set(d.s_axi_wvalid, 1)
+                    await handshake(d.s_axi_awvalid, d.s_axi_awready)
+                    ctx.set(d.s_axi_wvalid, 0)
+                    while not ctx.get(d.s_axi_bvalid):
+                        await tick()
+                    op.resp = ctx.get(d.s_axi_bresp)
+                    await handshake(d.s_axi_bready, d.s_axi_bvalid)
+                elif op.kind == "read":
+                    ctx.set(d.s_axi_araddr, a["addr"])
+                    await handshake(d.s_axi_arvalid, d.s_axi_arready)
+                    while not ctx.get(d.s_axi_rvalid):
+                        await tick()
+                    op.result, op.resp = ctx.get(d.s_axi_rdata), ctx.get(d.s_axi_rresp)
+                    await handshake(d.s_axi_rready, d.s_axi_rvalid)
+                else:
+                    if op.kind == "rx_done":
+                        for k, v in a.items():
+                            ctx.set(getattr(d, f"{pl}_rx_{k}"), v)
+                    if op.kind == "dac":
+                        ctx.set(d.dac_index, a["index"])
+                    strobe = {"lock": f"{pl}_tune_locked", "tx_done": f"{pl}_tx_done",
+                              "rx_done": f"{pl}_rx_done", "dac": "dac_valid"}[op.kind]
+                    ctx.set(getattr(d, strobe), 1)
+                    await tick()
+                    ctx.set(getattr(d, strobe), 0)
+                while ctx.get(d.busy):
+                    await tick()
+                self._line = bool(ctx.get(d.irq))
+                op.done = True
+
+    _line = False
