@@ -54,7 +54,7 @@ class World:
     """The modelled testbed: fabric, boards (with their drivers), WSSs, bus, checker."""
 
     fabric: Fabric
-    boards: dict[str, ONicBoard]
+    boards: dict[str, Any]  # ONicBoard, or RtlBoard (the gateware in the loop)
     onics: dict[str, DriverONic]
     lines: dict[str, BoardLine]
     wss: dict[str, WSSModel]
@@ -69,8 +69,11 @@ def build(tb: Testbed, grid: Grid, clock: Clock, seed: int = 0,
     index = {n: i for i, n in enumerate(grid.nodes)}
     boards: dict[str, ONicBoard] = {}
     onics: dict[str, DriverONic] = {}
+    board_class: Any = ONicBoard
+    if tb.testbed.board_model == "rtl":
+        from oddl.sim.rtl_board import RtlBoard as board_class
     for n in grid.nodes:
-        board = boards[n] = ONicBoard(fabric, n, index)
+        board = boards[n] = board_class(fabric, n, index)
         mmio = pynq.MMIO(BASE_ADDR, R.IP_RANGE, device=EmulatedONicDevice(board))
         onics[n] = DriverONic(ONicDriver(mmio, n, grid.nodes), fabric.ports[n])
     bus = LocalBus(clock, round(tb.control.latency_ns), seed, tap=checker.on_message)
@@ -259,7 +262,7 @@ class SimBackend:
 
     def _outcome(self, runner: JobRunner, sent: int) -> JobOutcome:
         w = self.world
-        fires = sum(m.fire_count for b in w.boards.values() for m in b.ca)
+        fires = sum(b.fires for b in w.boards.values())
         stats = {**runner.stats(), "dropped": w.bus.dropped, "step_sync": step_sync(runner.spec),
                  "count_action_fires": fires,
                  "messages_dropped": w.bus.dropped, "messages_delayed": w.bus.delayed,

@@ -73,7 +73,8 @@ class ONicBoard:
         self.tuning_pending: set[str] = set()  # ports whose lock has not been reported yet
         self._ca_index: dict[int, list[int]] | None = None
         self._events: deque[tuple[int, int, int, int | None]] = deque()
-        self._fires = 0
+        self._fires = 0  # in the current drain (FIRE_LIMIT)
+        self.fires = 0  # since power-on (a statistic; the registers keep 8 bits of it)
         self.ts_hi_latch = 0
         self.streamed: list[tuple[int, int]] = []  # (t_ns, DAC) for Lightning
         self.on_irq: Callable[[], None] | None = None  # the board's interrupt line
@@ -364,6 +365,7 @@ class ONicBoard:
         self._interrupt()
 
     def _fire(self, m: int, mod: _CAModule) -> None:
+        self.fires += 1
         mod.fired = True
         mod.fire_count = (mod.fire_count + 1) & 0xFF
         if mod.ctrl & 2:

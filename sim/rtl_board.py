@@ -16,11 +16,13 @@ piece of work), so an idle span of any length leaves every register as it found 
 from __future__ import annotations
 
 import hashlib
+import weakref
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from oddl.controller.base.devices import DeviceRefused
 from oddl.controller.base.messages import Flow
 from oddl.fpga import regmap as R
 from oddl.fpga.overlay import placeholder_bit
@@ -46,6 +48,143 @@ class _Op:
     done: bool = False
 
 
+class _Core:
+    """One elaborated, compiled `onic_ctrl` and its simulator. Compiling costs about 0.3 s,
+    so a core outlives its board: the next board takes it, reset to power-on."""
+
+    def __init__(self, design_version: int) -> None:
+        from amaranth.sim import Simulator
+        from oddl.fpga.gateware.onic_ctrl import OnicCtrl
+
+        self.dut = OnicCtrl(design_version)
+        self.sim = Simulator(self.dut)
+        self.sim.add_clock(1 / CLOCK_HZ)
+        self.sim.add_testbench(self._bench, background=True)
+        self.owner: Callable[[], RtlBoard | None] = lambda: None
+        self.ops: deque[_Op] = deque()
+        self.effects: list[tuple[str, int, Any]] = []
+        self.cycles = 0
+        self.fires = 0
+        self.line = False
+
+    def run(self, op: _Op) -> _Op:
+        self.ops.append(op)
+        while not op.done:
+            self.sim.advance()
+        return op
+
+    async def _bench(self, ctx: Any) -> None:
+        board = self.owner()
+        assert board is not None
+        d = self.dut
+        ctx.set(d.node_id, board.index[board.node])
+        ctx.set(d.n_nodes, len(board.nodes))
+        ctx.set(d.n_channels, board.fabric.n_channels)
+        ctx.set(d.ports_present, sum(1 << i for i, p in enumerate(R.PORTS) if p in board.ports))
+        ctx.set(d.s_axi_wstrb, 0xF)
+        pins = [{k: getattr(d, f"{p.lower()}_{k}") for k in (
+            "tune_valid", "tune_channel", "tx_valid", "tx_dst", "tx_bytes", "tx_flow", "tx_hdr",
+            "rx_busy", "rx_cur_flow", "tune_locked", "tx_done", "rx_done")} for p in R.PORTS]
+        del board  # held weakly: the board may go, and the core to the next one
+
+        async def tick() -> None:
+            await ctx.tick()
+            self.cycles += 1
+            if not ctx.get(d.strobe):
+                return
+            for i, pn in enumerate(pins):
+                if ctx.get(pn["tune_valid"]):
+                    self.effects.append(("tune", i, ctx.get(pn["tune_channel"])))
+                if ctx.get(pn["tx_valid"]):
+                    hdr = ctx.get(pn["tx_hdr"])
+                    self.effects.append(("tx", i, (
+                        ctx.get(pn["tx_dst"]), ctx.get(pn["tx_bytes"]), ctx.get(pn["tx_flow"]),
+                        [(hdr >> (32 * k)) & 0xFFFFFFFF for k in range(_N_HDR)])))
+            if ctx.get(d.fired):
+                self.fires += 1
+            if ctx.get(d.stream_valid):
+                self.effects.append(("stream", -1, ctx.get(d.stream_dac)))
+
+        async def handshake(valid: Any, ready: Any) -> None:
+            ctx.set(valid, 1)
+            while True:
+                go = ctx.get(ready)
+                await tick()
+                if go:
+                    break
+            ctx.set(valid, 0)
+
+        while True:
+            await ctx.tick()
+            while self.ops:
+                op = self.ops.popleft()
+                board = self.owner()
+                assert board is not None
+                a = op.args
+                ctx.set(d.ts_ns, board.clock.now_ns())
+                ctx.set(d.bitstream_hash, int.from_bytes(board.bitstream_hash, "big"))
+                for i, p in enumerate(R.PORTS):
+                    rx = board.fabric.rx.get((board.node, p))
+                    cur = rx.current if rx is not None else None
+                    ctx.set(pins[i]["rx_busy"], cur is not None)
+                    ctx.set(pins[i]["rx_cur_flow"], 0 if cur is None else cur.id & 0xFFFFFFFF)
+                del board
+                pn = pins[op.port]
+                if op.kind == "write":
+                    ctx.set(d.s_axi_awaddr, a["addr"])
+                    ctx.set(d.s_axi_wdata, a["data"])
+                    ctx.set(d.s_axi_wvalid, 1)
+                    await handshake(d.s_axi_awvalid, d.s_axi_awready)
+                    ctx.set(d.s_axi_wvalid, 0)
+                    while not ctx.get(d.s_axi_bvalid):
+                        await tick()
+                    op.resp = ctx.get(d.s_axi_bresp)
+                    await handshake(d.s_axi_bready, d.s_axi_bvalid)
+                elif op.kind == "read":
+                    ctx.set(d.s_axi_araddr, a["addr"])
+                    await handshake(d.s_axi_arvalid, d.s_axi_arready)
+                    while not ctx.get(d.s_axi_rvalid):
+                        await tick()
+                    op.result, op.resp = ctx.get(d.s_axi_rdata), ctx.get(d.s_axi_rresp)
+                    await handshake(d.s_axi_rready, d.s_axi_rvalid)
+                else:
+                    if op.kind == "rx_done":
+                        for k, v in a.items():
+                            ctx.set(getattr(d, f"{R.PORTS[op.port].lower()}_rx_{k}"), v)
+                    if op.kind == "dac":
+                        ctx.set(d.dac_index, a["index"])
+                    strobe = d.dac_valid if op.kind == "dac" else pn[{
+                        "lock": "tune_locked", "tx_done": "tx_done", "rx_done": "rx_done"}[op.kind]]
+                    ctx.set(strobe, 1)
+                    await tick()
+                    ctx.set(strobe, 0)
+                while ctx.get(d.busy):
+                    await tick()
+                self.line = bool(ctx.get(d.irq))
+                op.done = True
+
+
+_CORES: dict[int, list[_Core]] = {}
+
+
+def _take_core(board: RtlBoard, design_version: int) -> _Core:
+    """A core no live board holds, reset to power-on; or a new one."""
+    cores = _CORES.setdefault(design_version, [])
+    for core in cores:
+        if core.owner() is None:
+            core.sim.reset()
+            break
+    else:
+        core = _Core(design_version)
+        cores.append(core)
+    core.owner = weakref.ref(board)
+    core.ops.clear()
+    core.effects.clear()
+    core.cycles = core.fires = 0
+    core.line = False
+    return core
+
+
 class RtlBoard:
     """`ONicBoard`'s interface over the simulated RTL (read, write, set_dac_valid, on_irq)."""
 
@@ -53,10 +192,9 @@ class RtlBoard:
                  bitstream_hash: bytes = PLACEHOLDER_HASH,
                  design_version: int = R.DESIGN_VERSION) -> None:
         try:
-            from amaranth.sim import Simulator
-            from oddl.fpga.gateware.onic_ctrl import OnicCtrl
+            import amaranth  # noqa: F401
         except ImportError as e:  # the gateware extra
-            raise RuntimeError(f"--board-model rtl needs Amaranth ({e}): "
+            raise RuntimeError(f"the RTL board model needs Amaranth ({e}): "
                                "pip install 'oddl[gateware]'") from None
         self.fabric = fabric
         self.clock = fabric.clock
@@ -64,14 +202,8 @@ class RtlBoard:
         self.nodes = sorted(node_index, key=node_index.get)  # type: ignore[arg-type]
         self.index = node_index
         self.ports = fabric.ports[node]
-        self.dut = OnicCtrl(design_version)
-        self.sim = Simulator(self.dut)
-        self.sim.add_clock(1 / CLOCK_HZ)
-        self.sim.add_testbench(self._bench, background=True)
-        self._ops: deque[_Op] = deque()
-        self._effects: list[tuple[str, int, Any]] = []
-        self._hash = bitstream_hash
-        self.cycles = 0
+        self.bitstream_hash = bitstream_hash
+        self.core = _take_core(self, design_version)
         self.streamed: list[tuple[int, int]] = []
         self.on_irq: Callable[[], None] | None = None
         self.loaded_bitstream: str | None = None
@@ -80,14 +212,19 @@ class RtlBoard:
         fabric.tx_handlers[node] = self._tx_done
         fabric.tuned_handlers[node] = self._tuned
 
+    @property
+    def cycles(self) -> int:
+        return self.core.cycles
+
+    @property
+    def fires(self) -> int:
+        return self.core.fires
+
     # --- the interface the pynq device and the fabric use -----------------------------
     def read(self, off: int) -> int:
-        op = self._run(_Op("read", args={"addr": off}))
-        return op.result
+        return self._run(_Op("read", args={"addr": off})).result
 
     def write(self, off: int, value: int) -> None:
-        from oddl.controller.base.devices import DeviceRefused
-
         op = self._run(_Op("write", args={"addr": off, "data": value & 0xFFFFFFFF}))
         if op.resp:
             reg = R.BY_OFFSET.get(off)
@@ -100,7 +237,7 @@ class RtlBoard:
         self._interrupt()
 
     def load_bitstream_hash(self, digest: bytes) -> None:
-        self._hash = digest
+        self.bitstream_hash = digest
 
     def _tuned(self, p: str, ch: int) -> None:
         self._run(_Op("lock", R.PORTS.index(p)))
@@ -125,17 +262,14 @@ class RtlBoard:
 
     # --- the loop -----------------------------------------------------------------------
     def _run(self, op: _Op) -> _Op:
-        self._ops.append(op)
-        while not op.done:
-            self.sim.advance()
-        effects, self._effects = self._effects, []
+        core = self.core
+        core.run(op)
+        effects, core.effects = core.effects, []
         for kind, i, data in effects:
             self._effect(kind, R.PORTS[i] if i >= 0 else "", data)
         return op
 
     def _effect(self, kind: str, p: str, data: Any) -> None:
-        from oddl.controller.base.devices import DeviceRefused
-
         if kind == "stream":
             self.streamed.append((self.clock.now_ns(), data))
             return
@@ -153,89 +287,5 @@ class RtlBoard:
 
     def _interrupt(self) -> None:
         """The level line, looked at after each piece of work, as on the Python model."""
-        if self.on_irq is not None and self._line:
+        if self.on_irq is not None and self.core.line:
             self.on_irq()
-
-    async def _bench(self, ctx: Any) -> None:
-        d = self.dut
-        ctx.set(d.node_id, self.index[self.node])
-        ctx.set(d.n_nodes, len(self.nodes))
-        ctx.set(d.n_channels, self.fabric.n_channels)
-        ctx.set(d.ports_present, sum(1 << i for i, p in enumerate(R.PORTS) if p in self.ports))
-        ctx.set(d.s_axi_wstrb, 0xF)
-        strobes = [(getattr(d, f"{p.lower()}_tune_valid"), getattr(d, f"{p.lower()}_tx_valid"))
-                   for p in R.PORTS]
-
-        async def tick() -> None:
-            await ctx.tick()
-            self.cycles += 1
-            for i, (tune, tx) in enumerate(strobes):
-                pl = R.PORTS[i].lower()
-                if ctx.get(tune):
-                    self._effects.append(("tune", i, ctx.get(getattr(d, f"{pl}_tune_channel"))))
-                if ctx.get(tx):
-                    hdr = ctx.get(getattr(d, f"{pl}_tx_hdr"))
-                    self._effects.append(("tx", i, (
-                        ctx.get(getattr(d, f"{pl}_tx_dst")), ctx.get(getattr(d, f"{pl}_tx_bytes")),
-                        ctx.get(getattr(d, f"{pl}_tx_flow")),
-                        [(hdr >> (32 * k)) & 0xFFFFFFFF for k in range(_N_HDR)])))
-            if ctx.get(d.stream_valid):
-                self._effects.append(("stream", -1, ctx.get(d.stream_dac)))
-
-        async def handshake(valid: Any, ready: Any) -> None:
-            ctx.set(valid, 1)
-            while True:
-                go = ctx.get(ready)
-                await tick()
-                if go:
-                    break
-            ctx.set(valid, 0)
-
-        while True:
-            await ctx.tick()
-            while self._ops:
-                op = self._ops.popleft()
-                a = op.args
-                ctx.set(d.ts_ns, self.clock.now_ns())
-                ctx.set(d.bitstream_hash, int.from_bytes(self._hash, "big"))
-                for p in R.PORTS:
-                    rx = self.fabric.rx.get((self.node, p))
-                    cur = rx.current if rx is not None else None
-                    ctx.set(getattr(d, f"{p.lower()}_rx_busy"), cur is not None)
-                    ctx.set(getattr(d, f"{p.lower()}_rx_cur_flow"),
-                            0 if cur is None else cur.id & 0xFFFFFFFF)
-                pl = R.PORTS[op.port].lower()
-                if op.kind == "write":
-                    ctx.set(d.s_axi_awaddr, a["addr"])
-                    ctx.set(d.s_axi_wdata, a["data"])
-                    ctx.set(d.s_axi_wvalid, 1)
-                    await handshake(d.s_axi_awvalid, d.s_axi_awready)
-                    ctx.set(d.s_axi_wvalid, 0)
-                    while not ctx.get(d.s_axi_bvalid):
-                        await tick()
-                    op.resp = ctx.get(d.s_axi_bresp)
-                    await handshake(d.s_axi_bready, d.s_axi_bvalid)
-                elif op.kind == "read":
-                    ctx.set(d.s_axi_araddr, a["addr"])
-                    await handshake(d.s_axi_arvalid, d.s_axi_arready)
-                    while not ctx.get(d.s_axi_rvalid):
-                        await tick()
-                    op.result, op.resp = ctx.get(d.s_axi_rdata), ctx.get(d.s_axi_rresp)
-                    await handshake(d.s_axi_rready, d.s_axi_rvalid)
-                else:
-                    if op.kind == "rx_done":
-                        for k, v in a.items():
-                            ctx.set(getattr(d, f"{pl}_rx_{k}"), v)
-                    if op.kind == "dac":
-                        ctx.set(d.dac_index, a["index"])
-                    strobe = {"lock": f"{pl}_tune_locked", "tx_done": f"{pl}_tx_done",
-                              "rx_done": f"{pl}_rx_done", "dac": "dac_valid"}[op.kind]
-                    ctx.set(getattr(d, strobe), 1)
-                    await tick()
-                    ctx.set(getattr(d, strobe), 0)
-                while ctx.get(d.busy):
-                    await tick()
-                self._line = bool(ctx.get(d.irq))
-                op.done = True
-
-    _line = False

@@ -235,6 +235,9 @@ class Meta(_Model):
     name: str = Field(min_length=1)
     description: str = ""
     backend: BackendName = "sim"
+    # how sim and `oddl emulate` model each O-NIC: the Python board model, or the gateware
+    # (fpga/gateware) simulated cycle by cycle behind the same pynq device (docs/gateware.md)
+    board_model: Literal["python", "rtl"] = "python"
 
     @field_validator("name")
     @classmethod
@@ -304,6 +307,13 @@ class Testbed(_Model):
     generate: Generate | None = None
     nodes: list[Node] = Field(default_factory=list)
     wss: list[WSS] = Field(default_factory=list)
+
+    def with_board_model(self, model: str | None) -> Testbed:
+        """The same testbed with its O-NICs modelled as `model` (None: as configured)."""
+        if model is None or model == self.testbed.board_model:
+            return self
+        return self.model_copy(update={"testbed": self.testbed.model_copy(
+            update={"board_model": model})})
 
     def expanded(self) -> Testbed:
         """The same testbed with generated nodes/WSSs written out."""

@@ -51,7 +51,8 @@ def session(testbed: Path, tb: Testbed, backend: str, purpose: str, *,
         path = testbed
         if backend == "emu" and tb.testbed.backend == "sim":
             d = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="oddl-emu-")))
-            path = stack.enter_context(emulated(testbed, faults or [], d, say, log))
+            path = stack.enter_context(emulated(testbed, faults or [], d, say, log,
+                                                tb.testbed.board_model))
         elif backend == "hw" and not locked:
             stack.enter_context(TestbedLock(tb.name, purpose).acquire(wait_s))
         announce = None
@@ -64,14 +65,16 @@ def session(testbed: Path, tb: Testbed, backend: str, purpose: str, *,
 
 @contextlib.contextmanager
 def emulated(testbed: Path, faults: list[str], workdir: Path,
-             say: Callable[[str], None], log: Path | None = None) -> Iterator[Path]:
+             say: Callable[[str], None], log: Path | None = None,
+             board_model: str = "python") -> Iterator[Path]:
     """`oddl emulate TESTBED` as a child process; yields the emu config it writes, stops
     it with SIGINT on the way out. Its log goes to `log` (default `workdir/emulator.log`):
     a pipe nobody reads fills up, and the emulator then freezes in its next write (a burst
     of warnings did it)."""
     out = workdir / f"{testbed.stem}-emu.toml"
     log = log or workdir / "emulator.log"
-    cmd = [sys.executable, "-m", "oddl.controller", "emulate", str(testbed), "--out", str(out)]
+    cmd = [sys.executable, "-m", "oddl.controller", "emulate", str(testbed), "--out", str(out),
+           "--board-model", board_model]
     for f in faults:
         cmd += ["--fault", f]
     with log.open("w") as err:

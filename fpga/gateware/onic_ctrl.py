@@ -71,6 +71,8 @@ class OnicCtrl(wiring.Component):
             "s_axi_rvalid": Out(1), "s_axi_rready": In(1),
             "irq": Out(1),
             "busy": Out(1),  # the executor has work (for the co-simulation's clocking)
+            "strobe": Out(1),  # a tune, descriptor, stream or fired strobe is out
+            "fired": Out(1),  # a count-action module fired (one cycle; for statistics)
             "ts_ns": In(64), "node_id": In(16), "n_nodes": In(16), "n_channels": In(8),
             "ports_present": In(len(R.PORTS)), "bitstream_hash": In(256),
             "dac_valid": In(1), "dac_index": In(8),
@@ -287,7 +289,7 @@ class OnicCtrl(wiring.Component):
         busy = Signal()
         m.d.comb += busy.eq(events.r_rdy | Cat(*pend_lock, *pend_txd, *pend_rxd).any()
                             | pend_dac)
-        m.d.sync += [self.stream_valid.eq(0)]
+        m.d.sync += [self.stream_valid.eq(0), self.fired.eq(0)]
         ev_word = Signal(_EV_WIDTH)
         m.d.comb += Cat(ev_sig, ev_idx, ev_val, ev_has_src, ev_src).eq(ev_word)
 
@@ -395,6 +397,7 @@ class OnicCtrl(wiring.Component):
                     m.next = "IDLE"
             with m.State("FIRE"):
                 m.d.sync += [ca_fired[cur].eq(1), ca_nfire[cur].eq(ca_nfire[cur] + 1),
+                             self.fired.eq(1),
                              fires.eq(fires + 1), slot.eq(0)]
                 with m.If(ca_ctrl[cur][1]):  # auto re-arm: keep counting past the target
                     m.d.sync += ca_count[cur].eq(ca_count[cur] - ca_target[cur])
@@ -547,5 +550,8 @@ class OnicCtrl(wiring.Component):
         module_bits = ((1 << nm) - 1) << R.IRQ_MODULE_SHIFT
         m.d.comb += self.irq.eq((irq_status & (rw["IRQ_ENABLE"] | module_bits)).any())
         m.d.comb += self.busy.eq(busy | ~fsm.ongoing("IDLE"))
+        m.d.comb += self.strobe.eq(Cat(self.stream_valid, self.fired,
+                                       *(pin(p, k) for p in ports
+                                         for k in ("tune_valid", "tx_valid"))).any())
         return m
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import sys
@@ -244,10 +245,13 @@ def _plan_jobs(ctx: Any, strategy: str | None, as_json: bool, plot: Path | None)
               help="hw: the testbed's arbiter runs the ODDL network's job (or ODDL_ARBITER)")
 @click.option("--token-file", envvar="ODDL_TOKEN_FILE", default=None,
               type=click.Path(path_type=Path), help="your token for it (or ODDL_TOKEN_FILE)")
+@click.option("--board-model", type=click.Choice(["python", "rtl"]), default=None,
+              help="sim and emu: each O-NIC as the Python board model, or as the gateware "
+                   "simulated cycle by cycle (default: the testbed's; docs/gateware.md)")
 def run(experiment: Path, backend: str, out: Path | None, iterations: int | None,
         testbed: Path | None, as_json: bool, trace_file: Path | None,
         trace_iterations: int, publish: bool, arbiter_url: str | None,
-        token_file: Path | None) -> None:
+        token_file: Path | None, board_model: str | None) -> None:
     """Run an experiment: every network on the same workload, results in a run directory."""
     from oddl.controller.experiments.figures import paper_rows
     from oddl.controller.experiments.remote import ArbiterClient
@@ -262,6 +266,12 @@ def run(experiment: Path, backend: str, out: Path | None, iterations: int | None
     except ConfigError as e:
         _config_fail(e)
         return
+    if board_model is not None:
+        if backend == "hw":
+            click.echo("error: --board-model: a lab's boards are what they are (sim and emu "
+                       "model them)", err=True)
+            sys.exit(2)
+        ctx = dataclasses.replace(ctx, testbed=ctx.testbed.with_board_model(board_model))
     try:
         run_dir = make_run_dir(out, ctx.experiment.name)
     except RunDirTaken as e:

@@ -26,8 +26,11 @@ from oddl.controller.operator.cli.main import _config_fail, main
 @click.option("--spin-us", type=click.FloatRange(min=0), default=2000, show_default=True,
               help="poll instead of sleeping for this long after device activity and "
                    "before a device timer (0: always sleep; docs/emu-run.md)")
+@click.option("--board-model", type=click.Choice(["python", "rtl"]), default=None,
+              help="each O-NIC as the Python board model, or as the gateware simulated "
+                   "cycle by cycle (default: the testbed's board_model; docs/gateware.md)")
 def emulate(testbed: Path, out: Path | None, faults: tuple[str, ...],
-            external: tuple[str, ...], spin_us: float) -> None:
+            external: tuple[str, ...], spin_us: float, board_model: str | None) -> None:
     """Serve the testbed's devices on 127.0.0.1 (PYNQ.remote, serial ptys, MQTT) until Ctrl-C."""
     import asyncio
 
@@ -35,7 +38,7 @@ def emulate(testbed: Path, out: Path | None, faults: tuple[str, ...],
     from oddl.sim.faults import FaultSpecError, parse_fault
 
     try:
-        tb = load_testbed(testbed)
+        tb = load_testbed(testbed).with_board_model(board_model)
     except ConfigError as e:
         _config_fail(e)
         return
