@@ -17,6 +17,7 @@ from oddl.fpga import regmap as R
 OVERLAY_DIR = Path(__file__).resolve().parent / "overlays"
 BITFILE = OVERLAY_DIR / "oddl_onic.bit"
 PLACEHOLDER_MAGIC = b"ODDL PLACEHOLDER BITSTREAM: not an FPGA configuration"
+IRQ_PIN = "pl_ps_irq0"  # the PS input onic_ctrl's interrupt line drives
 
 
 class OverlayMismatch(RuntimeError):
@@ -52,7 +53,13 @@ def hwh_text(base: int = R.IP_BASE, addr_range: int = R.IP_RANGE, ip_name: str =
       <MEMORYMAP>
         <MEMRANGE ADDRESSBLOCK="reg0" BASENAME="C_S_AXI_BASEADDR" BASEVALUE="0x{base:08X}" HIGHNAME="C_S_AXI_HIGHADDR" HIGHVALUE="0x{hi:08X}" INSTANCE="{ip_name}" IS_DATA="TRUE" IS_INSTRUCTION="TRUE" MASTERBUSINTERFACE="M_AXI_HPM0_FPD" MEMTYPE="REGISTER" SLAVEBUSINTERFACE="s_axi"/>
       </MEMORYMAP>
-      <PORTS/>
+      <PORTS>
+        <PORT DIR="I" LEFT="0" NAME="{IRQ_PIN}" RIGHT="0" SENSITIVITY="LEVEL_HIGH" SIGIS="INTERRUPT" SIGNAME="{ip_name}_irq">
+          <CONNECTIONS>
+            <CONNECTION INSTANCE="{ip_name}" PORT="irq"/>
+          </CONNECTIONS>
+        </PORT>
+      </PORTS>
       <BUSINTERFACES>
         <BUSINTERFACE BUSNAME="ps_M_AXI_HPM0_FPD" DATAWIDTH="32" NAME="M_AXI_HPM0_FPD" TYPE="MASTER" VLNV="xilinx.com:interface:aximm:1.0">
           <PORTMAPS/>
@@ -65,7 +72,13 @@ def hwh_text(base: int = R.IP_BASE, addr_range: int = R.IP_RANGE, ip_name: str =
         <PARAMETER NAME="C_S_AXI_HIGHADDR" VALUE="0x{hi:08X}"/>
       </PARAMETERS>
       <MEMORYMAP/>
-      <PORTS/>
+      <PORTS>
+        <PORT DIR="O" NAME="irq" SENSITIVITY="LEVEL_HIGH" SIGIS="INTERRUPT" SIGNAME="{ip_name}_irq">
+          <CONNECTIONS>
+            <CONNECTION INSTANCE="zynq_ultra_ps_e_0" PORT="{IRQ_PIN}"/>
+          </CONNECTIONS>
+        </PORT>
+      </PORTS>
       <BUSINTERFACES>
         <BUSINTERFACE BUSNAME="ps_M_AXI_HPM0_FPD" DATAWIDTH="32" NAME="s_axi" TYPE="SLAVE" VLNV="xilinx.com:interface:aximm:1.0">
           <PORTMAPS/>

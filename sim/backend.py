@@ -274,6 +274,8 @@ class SimBackend:
         self.drill.finish()
         for b in self._beats:
             b.stop()
+        for board in self.world.boards.values():
+            board.close()
         self.loop.close()
 
 

@@ -164,6 +164,9 @@ class ONicBoard:
             return
         self.regs[off] = value
 
+    def close(self) -> None:
+        """Nothing to let go of (the RTL board hands its simulator on)."""
+
     # --- transmitter / transfer engine ------------------------------------------------
     def _r(self, name: str) -> int:
         return self.regs[R.BY_NAME[name].offset]

@@ -220,6 +220,10 @@ class RtlBoard:
     def fires(self) -> int:
         return self.core.fires
 
+    def close(self) -> None:
+        """Hand the compiled core on to the next board (it is reset when taken)."""
+        self.core.owner = lambda: None
+
     # --- the interface the pynq device and the fabric use -----------------------------
     def read(self, off: int) -> int:
         return self._run(_Op("read", args={"addr": off})).result

@@ -21,6 +21,8 @@ in that order of priority. Count-action semantics, which the Python board model 
 
 from __future__ import annotations
 
+from typing import Any
+
 from amaranth import Array, Cat, Const, Module, Mux, Signal
 from amaranth.lib import fifo, wiring
 from amaranth.lib.memory import Memory
@@ -293,9 +295,11 @@ class OnicCtrl(wiring.Component):
         ev_word = Signal(_EV_WIDTH)
         m.d.comb += Cat(ev_sig, ev_idx, ev_val, ev_has_src, ev_src).eq(ev_word)
 
-        def push(sig: int, idx: object, val: object, src: object = None) -> list:
-            word = Cat(Const(sig, 3), idx, val, Const(src is not None, 1),
-                       src if src is not None else Const(0, 24))
+        def push(sig: int, idx: Any, val: Any, src: Any = None) -> list[Any]:
+            def wide(v: Any, n: int) -> Any:  # each field at its own width, zero-extended
+                return Cat(v, Const(0, n - len(v))) if len(v) < n else v[:n]
+            word = Cat(Const(sig, 3), wide(idx, 8), wide(val, 32), Const(src is not None, 1),
+                       wide(src if src is not None else Const(0, 24), 24))
             return [events.w_en.eq(1), events.w_data.eq(word)]
 
         with m.FSM(name="executor") as fsm:
@@ -379,8 +383,8 @@ class OnicCtrl(wiring.Component):
                     m.next = "IDLE"
 
             with m.State("SCAN"):
-                err_terms.append(Mux(fsm.ongoing("SCAN") & fire_now & (fires == FIRE_LIMIT),
-                                     1 << R.ERROR_BITS["CA_LOOP"], 0))
+                flag(R.ERROR_BITS["CA_LOOP"], fsm.ongoing("SCAN") & fire_now
+                     & (fires == FIRE_LIMIT))
                 with m.If(~pending_mods.any()):
                     m.next = "IDLE"
                 with m.Elif(fire_now):

@@ -1,0 +1,89 @@
+"""From the Amaranth design to Verilog, to a Yosys synthesis for Zynq UltraScale+, and to the
+Vivado project that makes the real bitstream (`oddl gateware ...`; docs/gateware.md).
+
+Yosys (Debian's `yosys`) gives the resource figures; the bitstream itself needs Vivado,
+which a lab runs with vivado/build_onic.tcl.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from oddl.fpga import regmap as R
+
+VIVADO_TCL = Path(__file__).resolve().parent / "vivado" / "build_onic.tcl"
+TOP = R.IP_NAME
+CLOCK_MHZ = 250  # PL0, as the overlay's .hwh declares
+
+
+class GatewareError(RuntimeError):
+    """A tool the gateware flow needs is missing or failed: which, and its last words."""
+
+
+def verilog_text(component: Any = None, name: str = TOP) -> str:
+    """The design as Verilog (Amaranth's back end; the top's ports keep their names)."""
+    from amaranth.back import verilog
+    from oddl.fpga.gateware.onic_ctrl import OnicCtrl
+
+    return verilog.convert(component if component is not None else OnicCtrl(), name=name,
+                           emit_src=False)
+
+
+def write_verilog(out: Path, component: Any = None, name: str = TOP) -> Path:
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / f"{name}.v"
+    path.write_text(verilog_text(component, name))
+    return path
+
+
+_FF = re.compile(r"^FD[RSCP]E$")
+_LUT = re.compile(r"^LUT[1-6]$")
+_BRAM = {"RAMB18E2": 0.5, "RAMB36E2": 1.0}  # in 36 Kb blocks
+_LUTRAM = re.compile(r"^RAM(32|64|128|256)[MXSD]")
+
+
+def synth(verilog: Path, top: str = TOP, yosys: str = "yosys") -> dict[str, Any]:
+    """Yosys `synth_xilinx` for Zynq UltraScale+ (an IP in a block design: no I/O buffers):
+    {"luts", "ffs", "brams" (36 Kb blocks), "lutram", "dsps", "cells"}."""
+    exe = shutil.which(yosys)
+    if exe is None:
+        raise GatewareError(f"{yosys} is not installed (Debian: apt-get install yosys)")
+    with tempfile.TemporaryDirectory(prefix="oddl-synth-") as d:
+        stat = Path(d) / "stat.json"
+        script = (f"read_verilog {verilog}; synth_xilinx -family xcup -flatten -noiopad "
+                  f"-top {top}; tee -q -o {stat} stat -json")
+        proc = subprocess.run([exe, "-q", "-p", script], capture_output=True, text=True)
+        if proc.returncode != 0 or not stat.is_file():
+            raise GatewareError(f"yosys failed ({proc.returncode}): "
+                                f"{(proc.stderr or proc.stdout).strip()[-2000:]}")
+        cells: dict[str, int] = json.loads(stat.read_text())["design"]["num_cells_by_type"]
+    return {
+        "luts": sum(n for c, n in cells.items() if _LUT.match(c)),
+        "ffs": sum(n for c, n in cells.items() if _FF.match(c)),
+        "brams": sum(n * _BRAM[c] for c, n in cells.items() if c in _BRAM),
+        "lutram": sum(n for c, n in cells.items() if _LUTRAM.match(c)),
+        "dsps": sum(n for c, n in cells.items() if c.startswith("DSP48")),
+        "cells": dict(sorted(cells.items())),
+    }
+
+
+def recipe() -> dict[str, Any]:
+    """What vivado/build_onic.tcl declares: the IP's address, range, master and interrupt
+    (read from the script, so that a test holds it to regmap and the shipped .hwh)."""
+    text = VIVADO_TCL.read_text()
+
+    def setting(name: str) -> str:
+        m = re.search(rf"^set {name} (\S+)", text, re.M)
+        if m is None:
+            raise GatewareError(f"{VIVADO_TCL.name}: no `set {name}`")
+        return m.group(1)
+
+    return {"ip_name": setting("ip_name"), "base": int(setting("ip_base"), 16),
+            "range": int(setting("ip_range"), 16), "master": setting("axi_master"),
+            "irq": setting("irq_pin"), "clock_mhz": int(setting("pl_clock_mhz"))}

@@ -1,0 +1,85 @@
+# The real O-NIC bitstream: a Zynq UltraScale+ PS with onic_ctrl on M_AXI_HPM0_FPD and its
+# interrupt on pl_ps_irq0, built by Vivado in batch mode (docs/gateware.md):
+#
+#   oddl gateware verilog --out build/rtl
+#   vivado -mode batch -source fpga/gateware/vivado/build_onic.tcl \
+#          -tclargs build/rtl/onic_ctrl.v build/vivado xczu7ev-ffvc1156-2-e
+#
+# It writes build/vivado/oddl_onic.bit and oddl_onic.hwh: copy both over
+# fpga/overlays/ (or point `oddl node --bitfile` at them). The address map and interrupt
+# below are checked against fpga/regmap.py and the shipped .hwh by tests/test_gateware.py.
+#
+# What this script does not do for you: the MAC and the tunable-laser driver of your board
+# are not in oddl. Their ports on onic_ctrl (h_*/v_* tune, tx, rx) are tied off here, which
+# builds and boots (registers, route table, count-action engine, interrupts all work) but
+# moves no light. Connect them to your board's MAC and laser driver in the block design,
+# as docs/gateware.md describes, before a run.
+
+set ip_name onic_ctrl
+set ip_base 0xA0000000
+set ip_range 0x10000
+set axi_master M_AXI_HPM0_FPD
+set irq_pin pl_ps_irq0
+set pl_clock_mhz 250
+
+set rtl [lindex $argv 0]
+set out [lindex $argv 1]
+set part [expr {[llength $argv] > 2 ? [lindex $argv 2] : "xczu7ev-ffvc1156-2-e"}]
+file mkdir $out
+
+create_project -force oddl_onic $out/project -part $part
+add_files -norecurse $rtl
+# the board's nanosecond time base (onic_ctrl's ts_ns): a counter at PL0, 4 ns a tick
+set tb [open $out/oddl_timebase.v w]
+puts $tb {module oddl_timebase(input clk, input resetn, output reg [63:0] ts_ns);
+  always @(posedge clk) ts_ns <= resetn ? ts_ns + 64'd4 : 64'd0;
+endmodule}
+close $tb
+add_files -norecurse $out/oddl_timebase.v
+update_compile_order -fileset sources_1
+
+create_bd_design oddl_onic
+set ps [create_bd_cell -type ip -vlnv xilinx.com:ip:zynq_ultra_ps_e zynq_ultra_ps_e_0]
+set_property -dict [list \
+    CONFIG.PSU__USE__M_AXI_GP0 {1} CONFIG.PSU__USE__M_AXI_GP1 {0} CONFIG.PSU__USE__M_AXI_GP2 {0} \
+    CONFIG.PSU__USE__IRQ0 {1} \
+    CONFIG.PSU__FPGA_PL0_ENABLE {1} \
+    CONFIG.PSU__CRL_APB__PL0_REF_CTRL__FREQMHZ $pl_clock_mhz] $ps
+set ip [create_bd_cell -type module -reference $ip_name $ip_name]
+set timebase [create_bd_cell -type module -reference oddl_timebase oddl_timebase_0]
+set reset [create_bd_cell -type ip -vlnv xilinx.com:ip:proc_sys_reset proc_sys_reset_0]
+
+apply_bd_automation -rule xilinx.com:bd_rule:axi4 -config [list \
+    Master /zynq_ultra_ps_e_0/$axi_master Slave /$ip_name/s_axi \
+    Clk_master {Auto} Clk_slave {Auto} Clk_xbar {Auto}] [get_bd_intf_pins $ip_name/s_axi]
+connect_bd_net [get_bd_pins zynq_ultra_ps_e_0/pl_clk0] [get_bd_pins oddl_timebase_0/clk]
+connect_bd_net [get_bd_pins proc_sys_reset_0/peripheral_aresetn] \
+    [get_bd_pins oddl_timebase_0/resetn]
+connect_bd_net [get_bd_pins oddl_timebase_0/ts_ns] [get_bd_pins $ip_name/ts_ns]
+connect_bd_net [get_bd_pins $ip_name/irq] [get_bd_pins zynq_ultra_ps_e_0/$irq_pin]
+
+# straps: a 4-node testbed, 64 channels, both ports (edit for yours; NODE_ID is
+# rewritten by the driver's stage 1 anyway)
+foreach {pin value width} {node_id 0 16 n_nodes 4 16 n_channels 64 8 ports_present 3 2} {
+    set c [create_bd_cell -type ip -vlnv xilinx.com:ip:xlconstant const_$pin]
+    set_property -dict [list CONFIG.CONST_WIDTH $width CONFIG.CONST_VAL $value] $c
+    connect_bd_net [get_bd_pins const_$pin/dout] [get_bd_pins $ip_name/$pin]
+}
+
+set seg [get_bd_addr_segs -of_objects [get_bd_addr_spaces zynq_ultra_ps_e_0/Data] \
+    -filter "NAME =~ *$ip_name*"]
+set_property offset $ip_base $seg
+set_property range $ip_range $seg
+validate_bd_design
+save_bd_design
+
+make_wrapper -files [get_files oddl_onic.bd] -top
+add_files -norecurse [glob $out/project/oddl_onic.gen/sources_1/bd/oddl_onic/hdl/oddl_onic_wrapper.v]
+set_property top oddl_onic_wrapper [current_fileset]
+launch_runs impl_1 -to_step write_bitstream -jobs 4
+wait_on_run impl_1
+
+file copy -force [glob $out/project/oddl_onic.runs/impl_1/*.bit] $out/oddl_onic.bit
+file copy -force [glob $out/project/oddl_onic.gen/sources_1/bd/oddl_onic/hw_handoff/oddl_onic.hwh] \
+    $out/oddl_onic.hwh
+puts "oddl: wrote $out/oddl_onic.bit and $out/oddl_onic.hwh"

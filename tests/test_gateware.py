@@ -1,0 +1,288 @@
+"""The O-NIC gateware (fpga/gateware/onic_ctrl.py): against the Python board model, register
+for register, and on its own in Amaranth's simulator."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import re
+import xml.etree.ElementTree as ET
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from oddl.controller.base.clock import Clock
+from oddl.controller.base.devices import DeviceRefused
+from oddl.controller.base.topology import Grid
+from oddl.fpga import regmap as R
+from oddl.fpga.gateware.build import recipe, synth, verilog_text, write_verilog
+from oddl.fpga.overlay import BITFILE, IRQ_PIN
+from oddl.sim import backend as sim_backend
+from oddl.sim.clock import VirtualClockLoop
+
+from tests.helpers import make_testbed
+
+# --- the differential test ----------------------------------------------------------------
+
+_N = 4  # a 2 x 2 grid: every node has both ports
+
+
+class World:
+    """A 2 x 2 testbed whose boards are `model`; every WSS passes light to the other node."""
+
+    def __init__(self, model: str) -> None:
+        tb = make_testbed(2, 2, wavelengths=3, tuning_time_ns=10.5, guard_time_ns=2,
+                          propagation_ns=50).with_board_model(model)
+        grid = Grid.from_testbed(tb)
+        self.loop = VirtualClockLoop()
+        self.w = sim_backend.build(tb, grid, Clock(self.loop), checker_mode="record")
+        for wss in self.w.wss.values():
+            wss.set_table([[1, 1, 1], [0, 0, 0]])
+        self.boards = [self.w.boards[n] for n in grid.nodes]
+        self.irqs: list[tuple[int, int, int]] = []  # (time, board, IRQ_STATUS it cleared)
+        for i, b in enumerate(self.boards):
+            b.on_irq = self._handler(i)
+
+    def _handler(self, i: int) -> Callable[[], None]:
+        off = R.BY_NAME["IRQ_STATUS"].offset
+
+        def on_irq() -> None:  # as the driver's: read, clear what was read
+            b = self.boards[i]
+            status = b.read(off)
+            b.write(off, status)
+            self.irqs.append((self.w.fabric.clock.now_ns(), i, status))
+        return on_irq
+
+    def do(self, op: tuple[Any, ...]) -> Any:
+        kind, *a = op
+        if kind == "time":
+            self.loop.run_until_complete(asyncio.sleep(a[0] * 1e-9))
+            return None
+        b = self.boards[a[0]]
+        if kind == "read":
+            return b.read(a[1])
+        if kind == "dac":
+            b.set_dac_valid(a[1])
+            return None
+        try:
+            b.write(a[1], a[2])
+        except DeviceRefused:
+            return "refused"
+        return None
+
+    def state(self) -> dict[str, Any]:
+        f = self.w.fabric
+        return {"tx": {k: (t.channel, t.busy and t.busy.id, t.sent_bytes, t.tunes)
+                       for k, t in f.tx.items()},
+                "rx": {k: (r.rx_bytes, r.errors) for k, r in f.rx.items()},
+                "transfers": f.transfers, "irqs": self.irqs,
+                "streamed": [b.streamed for b in self.boards],
+                "fires": [b.fires for b in self.boards]}
+
+    def close(self) -> None:
+        for b in self.boards:
+            b.close()
+        self.loop.close()
+
+
+def _src(sig: int, idx: int, filt: int) -> int:
+    return sig | idx << 8 | filt << 16
+
+
+def _act(act: int, idx: int, arg: int) -> int:
+    return act | idx << 8 | arg << 16
+
+
+def _field(name: str) -> st.SearchStrategy[int]:
+    """Values that make things happen in this register (and some that should not)."""
+    small = st.integers(0, 5)
+    if name.endswith("_CHANNEL"):
+        return st.integers(0, 4)
+    if name.endswith("_CMD"):
+        return st.integers(0, 3)
+    if name.endswith(("_START", "_RESET")):
+        return st.integers(0, 1)
+    if name.endswith(("_DST", "_HDR1")):
+        return small
+    if name.endswith("_BYTES"):
+        return st.integers(1, 4000)
+    if name.endswith("_CTRL"):
+        return st.integers(0, 3)
+    if name.endswith("_TARGET"):
+        return st.sampled_from([1, 1, 2, 3, 0, 1500])
+    if "_SRC" in name and name.startswith("CA"):  # mostly signals that happen here
+        return st.builds(_src, st.sampled_from([1, 2, 3, 4, 5, 5, 6, 0, 7]),
+                         st.sampled_from([0, 1, 2, 0, 1, 3]), st.sampled_from([0, 0, 0, 1, 2]))
+    if "_ACT" in name:
+        return st.builds(_act, st.sampled_from([1, 2, 3, 4, 5, 6, 5, 6, 0, 7]),
+                         st.sampled_from([0, 1, 2, 0, 1, 17]), st.integers(0, 4))
+    return st.integers(0, 2**32 - 1)
+
+
+# the registers worth writing: everything but the other CA modules, a few routes, holes
+_TARGETS = [r for r in R.REGISTERS if not r.name.startswith("CA") or (r.name[2] in "012"
+            and r.name[3] == "_")]
+_ROUTE = [R.ROUTE_BASE + 4 * k for k in (0, 1, 2, 3, 2047)]
+_HOLES = [0x0F0, 0x3FFC, R.CA_BASE + 0x14, R.IP_RANGE - 4]
+_reg_write = st.sampled_from(_TARGETS).flatmap(
+    lambda r: st.tuples(st.just("write"), st.integers(0, _N - 1), st.just(r.offset),
+                        _field(r.name)))
+_other_write = st.tuples(st.just("write"), st.integers(0, _N - 1),
+                         st.sampled_from(_ROUTE + _HOLES), st.integers(0, 2**32 - 1))
+_read = st.tuples(st.just("read"), st.integers(0, _N - 1),
+                  st.sampled_from([r.offset for r in _TARGETS] + _ROUTE + _HOLES))
+_op = st.one_of(_reg_write, _reg_write, _reg_write, _other_write, _read,
+                st.tuples(st.just("time"), st.integers(1, 3000)),
+                st.tuples(st.just("dac"), st.integers(0, _N - 1), st.integers(0, 9)))
+
+
+def _everything(world: World) -> list[list[int]]:
+    return [[b.read(r.offset) for r in _TARGETS if r.name not in ("TS_LO", "TS_HI")]
+            + [b.read(o) for o in _ROUTE] for b in world.boards]
+
+
+def differ(ops: list[tuple[Any, ...]], dump: bool = True) -> str | None:
+    """Run `ops` on both models; the first difference, or None (`dump`: and then every
+    register of every board)."""
+    gc.collect()  # boards of earlier examples hand their compiled RTL on
+    py, rtl = World("python"), World("rtl")
+    try:
+        for k, op in enumerate(ops):
+            a, b = py.do(op), rtl.do(op)
+            if a != b:
+                return f"op {k} {op}: python {a!r}, rtl {b!r}"
+        if py.state() != rtl.state():
+            return f"state: python {py.state()}, rtl {rtl.state()}"
+        if dump and _everything(py) != _everything(rtl):
+            return "registers differ at the end"
+        return None
+    finally:
+        py.close()
+        rtl.close()
+
+
+# the CA registers of module 0 alone, so that random programs meet their own events
+_CA0 = [r for r in R.REGISTERS if r.name.startswith("CA0_")]
+_ca0_write = st.sampled_from(_CA0).flatmap(
+    lambda r: st.tuples(st.just("write"), st.integers(0, _N - 1), st.just(r.offset),
+                        _field(r.name)))
+
+
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(st.one_of(_op, _ca0_write, _read), min_size=5, max_size=60))
+def test_the_rtl_and_the_python_board_agree_on_any_register_traffic(
+        ops: list[tuple[Any, ...]]) -> None:
+    """Every read-back, refusal, interrupt (and what its handler cleared), transfer and
+    firing the same; the full register dump is left to the written-out cases (it costs
+    0.9 s of RTL an example)."""
+    assert differ(ops, dump=False) is None
+
+
+def test_a_transfer_and_a_count_action_chain_agree_cycle_for_outcome() -> None:
+    """The traffic the generator reaches only by luck, written out: a tuned transfer whose
+    TX_DONE fires module 0, which tunes V and starts it; module 1 counts module 0's firings
+    and re-arms it; module 2 loops on itself until the firing limit cuts it."""
+    ca = R.ca
+    h = {n: R.BY_NAME[n].offset for n in R.BY_NAME}
+    ops: list[tuple[Any, ...]] = [
+        ("write", 0, h["IRQ_ENABLE"], 0xFF),
+        ("write", 0, ca(0, "SRC0"), _src(3, 0, 0)), ("write", 0, ca(0, "TARGET"), 1),
+        ("write", 0, ca(0, "ACT0"), _act(1, 1, 2)), ("write", 0, ca(0, "ACT1"), _act(2, 1, 0)),
+        ("write", 0, ca(0, "ACT2"), _act(4, 0, 0)), ("write", 0, ca(0, "CTRL"), 1),
+        ("write", 0, ca(1, "SRC0"), _src(5, 0, 0)), ("write", 0, ca(1, "TARGET"), 1),
+        ("write", 0, ca(1, "ACT0"), _act(5, 0, 0)), ("write", 0, ca(1, "CTRL"), 3),
+        ("write", 0, h["TXV_DST"], 2), ("write", 0, h["TXV_BYTES"], 500),
+        ("write", 0, h["TXH_DST"], 1), ("write", 0, h["TXH_BYTES"], 1000),
+        ("write", 0, h["TXH_CHANNEL"], 1), ("write", 0, h["TXH_CMD"], 3),
+        ("time", 500), ("read", 0, h["TXH_STATUS"]), ("time", 3000),
+        ("read", 0, h["TXV_STATUS"]), ("read", 0, ca(0, "STATUS")), ("read", 0, h["ERROR"]),
+        ("write", 1, ca(2, "SRC0"), _src(5, 2, 0)), ("write", 1, ca(2, "SRC1"), _src(4, 1, 0)),
+        ("write", 1, ca(2, "TARGET"), 1), ("write", 1, ca(2, "CTRL"), 3),
+        ("dac", 1, 1), ("read", 1, h["ERROR"]), ("read", 1, ca(2, "STATUS")),
+    ]
+    assert differ(ops) is None
+    w = World("rtl")
+    try:
+        for op in ops:
+            w.do(op)
+        assert w.boards[1].read(h["ERROR"]) & 1 << R.ERROR_BITS["CA_LOOP"]
+        assert w.boards[0].read(h["TXV_DONE_COUNT"]) == 1  # the engine's own transfer
+        assert w.boards[0].read(h["RXH_DONE_COUNT"]) == 0
+        assert w.boards[1].read(h["RXH_DONE_COUNT"]) == 1
+    finally:
+        w.close()
+
+
+# --- the Verilog, under an HDL simulator ----------------------------------------------------
+
+def _sim_verilog(out: Path) -> Path:
+    """The Verilog the build writes, with its time-zero trigger set by an `initial`: Icarus
+    does not run `always @*` blocks for a declaration's initial value, so without it the
+    combinational outputs read X until an input changes (simulation only)."""
+    text = re.sub(r"reg (\\\$auto\$verilog_backend\.cc:\d+:dump_module\$\d+ ) = 0;",
+                  r"reg \1;\n  initial \1 = 1'h0;", verilog_text())
+    path = out / "onic_ctrl.v"
+    path.write_text(text)
+    return path
+
+
+@pytest.mark.realtime
+def test_the_register_suite_passes_under_icarus_with_cocotb(tmp_path: Path,
+                                                             monkeypatch: Any) -> None:
+    """tests/rtl/onic_cocotb.py: cocotbext-axi's AXI-Lite master against the Verilog."""
+    from cocotb_tools.runner import get_runner
+
+    monkeypatch.syspath_prepend(Path(__file__).parent / "rtl")  # the runner passes sys.path
+    runner = get_runner("icarus")
+    runner.build(sources=[_sim_verilog(tmp_path)], hdl_toplevel="onic_ctrl",
+                 build_dir=tmp_path / "build", timescale=("1ns", "1ps"))
+    results = runner.test(hdl_toplevel="onic_ctrl", test_module="onic_cocotb",
+                          build_dir=tmp_path / "build", test_dir=tmp_path)
+    cases = {tc.get("name"): tc.find("failure") for tc in ET.parse(results).iter("testcase")}
+    assert set(cases) == {"identity_and_access_kinds", "tune_lock_start_done_and_the_interrupt",
+                          "a_count_action_module_fires_and_interrupts"}
+    assert {n: f.get("message") for n, f in cases.items() if f is not None} == {}
+
+
+# --- synthesis and the Vivado recipe ---------------------------------------------------------
+
+@pytest.mark.realtime
+def test_synthesis_reports_the_resources_yosys_maps(tmp_path: Path) -> None:
+    """The flow `oddl gateware synth` runs (2 min on onic_ctrl), on an 8-bit accumulator:
+    8 flip-flops, some LUTs, no BRAM or DSP."""
+    from amaranth import Module
+    from amaranth.lib import wiring
+    from amaranth.lib.wiring import In, Out
+
+    class Acc(wiring.Component):
+        def __init__(self) -> None:
+            super().__init__({"a": In(8), "q": Out(8)})
+
+        def elaborate(self, platform: Any) -> Module:
+            m = Module()
+            m.d.sync += self.q.eq(self.q + self.a)
+            return m
+
+    res = synth(write_verilog(tmp_path, Acc(), "acc"), "acc")
+    assert res["ffs"] == 8 and res["luts"] > 0 and res["brams"] == res["dsps"] == 0
+
+
+def test_the_vivado_recipe_declares_the_address_map_and_interrupt_of_the_overlay() -> None:
+    r = recipe()
+    assert (r["ip_name"], r["base"], r["range"]) == (R.IP_NAME, R.IP_BASE, R.IP_RANGE)
+    assert r["master"] == "M_AXI_HPM0_FPD" and r["irq"] == IRQ_PIN
+    hwh = ET.fromstring(BITFILE.with_suffix(".hwh").read_text())
+    mem = next(m for m in hwh.iter("MEMRANGE") if m.get("INSTANCE") == R.IP_NAME)
+    assert int(mem.get("BASEVALUE"), 16) == r["base"]
+    assert int(mem.get("HIGHVALUE"), 16) == r["base"] + r["range"] - 1
+    assert mem.get("MASTERBUSINTERFACE") == r["master"]
+    ip = next(m for m in hwh.iter("MODULE") if m.get("INSTANCE") == R.IP_NAME)
+    irq = next(p for p in ip.iter("PORT") if p.get("SIGIS") == "INTERRUPT")
+    conn = irq.find("CONNECTIONS/CONNECTION")
+    assert (irq.get("NAME"), conn.get("INSTANCE"), conn.get("PORT")) == \
+        ("irq", "zynq_ultra_ps_e_0", r["irq"])
+    assert f"PL0_REF_CTRL__ACT_FREQMHZ\" VALUE=\"{r['clock_mhz']}\"" in ET.tostring(
+        hwh, encoding="unicode").replace("'", '"')
