@@ -63,7 +63,8 @@ class _Core:
         self.owner: Callable[[], RtlBoard | None] = lambda: None
         self.ops: deque[_Op] = deque()
         self.effects: list[tuple[str, int, Any]] = []
-        self.cycles = 0
+        self.cycles = 0  # for the board that holds it
+        self.total = 0  # since it was compiled
         self.fires = 0
         self.line = False
 
@@ -90,6 +91,7 @@ class _Core:
         async def tick() -> None:
             await ctx.tick()
             self.cycles += 1
+            self.total += 1
             if not ctx.get(d.strobe):
                 return
             for i, pn in enumerate(pins):
@@ -165,6 +167,11 @@ class _Core:
 
 
 _CORES: dict[int, list[_Core]] = {}
+
+
+def cycles_simulated() -> int:
+    """Clock cycles simulated by every core in this process (bench/gateware_bench.py)."""
+    return sum(c.total for cores in _CORES.values() for c in cores)
 
 
 def _take_core(board: RtlBoard, design_version: int) -> _Core:
