@@ -15,7 +15,6 @@ piece of work), so an idle span of any length leaves every register as it found 
 
 from __future__ import annotations
 
-import hashlib
 import weakref
 from collections import deque
 from collections.abc import Callable
@@ -25,11 +24,10 @@ from typing import Any
 from oddl.controller.base.devices import DeviceRefused
 from oddl.controller.base.messages import Flow
 from oddl.fpga import regmap as R
-from oddl.fpga.overlay import placeholder_bit
 from oddl.sim.fabric import Fabric
+from oddl.sim.onic_board import PLACEHOLDER_HASH
 
 CLOCK_HZ = 250e6  # PL0, as the overlay's .hwh sets it
-PLACEHOLDER_HASH = hashlib.sha256(placeholder_bit()).digest()
 _N_HDR = len(R.HEADER)
 
 
