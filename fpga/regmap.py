@@ -25,6 +25,7 @@ N_CHANNELS = 64
 N_MODULES = 16
 N_SLOTS = 8  # counter sources and actions per count-action module
 ROUTE_ENTRIES = 1024
+CA_FIRE_LIMIT = 64  # count-action firings after one datapath event; beyond: ERROR.CA_LOOP
 
 
 @dataclass(frozen=True)

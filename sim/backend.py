@@ -67,7 +67,7 @@ def build(tb: Testbed, grid: Grid, clock: Clock, seed: int = 0,
     checker = InvariantChecker(mode=checker_mode)
     fabric = Fabric(tb, grid, clock, checker)
     index = {n: i for i, n in enumerate(grid.nodes)}
-    boards: dict[str, ONicBoard] = {}
+    boards: dict[str, Any] = {}
     onics: dict[str, DriverONic] = {}
     board_class: Any = ONicBoard
     if tb.testbed.board_model == "rtl":

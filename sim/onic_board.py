@@ -5,7 +5,7 @@ the fabric model. Reached through pynq (sim/pynq_device.py), never called by the
 Writes to RO registers are refused (DeviceRefused, like an AXI SLVERR), a transfer started
 while tuning or sending is refused and flagged in ERROR, as the hardware would. The model
 follows the gateware (fpga/gateware/onic_ctrl.py) to the cycle's outcome: the count-action
-engine's order (breadth first, FIRE_LIMIT, 32-bit counts) is the RTL's, and a differential
+engine's order (breadth first, CA_FIRE_LIMIT, 32-bit counts) is the RTL's, and a differential
 test drives both with the same register traffic.
 """
 
@@ -37,7 +37,6 @@ _PLAIN_READ = frozenset(r.offset for r in R.REGISTERS if r.access != "SC"
 _PLAIN_WRITE = frozenset(r.offset for r in R.REGISTERS if r.access == "RW"
                          and not r.name.startswith("CA") and r.offset != _IRQ_ENABLE)
 _NODE_ID = R.BY_NAME["NODE_ID"].offset
-FIRE_LIMIT = 64  # firings after one datapath event: a program looping on itself is cut there
 
 
 @dataclass
@@ -73,7 +72,7 @@ class ONicBoard:
         self.tuning_pending: set[str] = set()  # ports whose lock has not been reported yet
         self._ca_index: dict[int, list[int]] | None = None
         self._events: deque[tuple[int, int, int, int | None]] = deque()
-        self._fires = 0  # in the current drain (FIRE_LIMIT)
+        self._fires = 0  # in the current drain (R.CA_FIRE_LIMIT)
         self.fires = 0  # since power-on (a statistic; the registers keep 8 bits of it)
         self.ts_hi_latch = 0
         self.streamed: list[tuple[int, int]] = []  # (t_ns, DAC) for Lightning
@@ -354,7 +353,7 @@ class ONicBoard:
                     continue
                 mod.count = (mod.count + value) & 0xFFFFFFFF
                 if mod.count >= mod.target > 0:
-                    if self._fires == FIRE_LIMIT:
+                    if self._fires == R.CA_FIRE_LIMIT:
                         self._flag("ERROR", R.ERROR_BITS["CA_LOOP"])
                         self._flag("IRQ_STATUS", R.IRQ_BITS["ERROR"])
                         return False

@@ -28,16 +28,19 @@ from amaranth.lib import fifo, wiring
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 from oddl.fpga import regmap as R
+from oddl.fpga.countaction import ACTIONS, SIGNALS
 
 ADDR_BITS = 16  # 64 KiB
 N_HDR = len(R.HEADER)
-FIRE_LIMIT = 64  # firings after one datapath event (4 per module)
+FIRE_LIMIT = R.CA_FIRE_LIMIT
 # queued count-action events: a datapath event queues at most 3, each firing 1
 EVENT_DEPTH = FIRE_LIMIT + 4
 ANY_PORT = len(R.PORTS)  # index code of rx[any]
-SIG = {"rx_bytes": 1, "rx_transfers": 2, "tx_done": 3, "dac_valid": 4, "fired": 5,
-       "delivered": 6}
-ACT = {"tune": 1, "start": 2, "stream": 3, "irq": 4, "arm": 5, "reset": 6}
+# the engine's codes, as fpga/countaction.py compiles them
+SIG = {"rx_bytes": SIGNALS["rx", "bytes"], "rx_transfers": SIGNALS["rx", "transfers"],
+       "tx_done": SIGNALS["tx", "done"], "dac_valid": SIGNALS["DAC", "valid"],
+       "fired": SIGNALS["module", "fired"], "delivered": SIGNALS["rx", "delivered"]}
+ACT = ACTIONS
 OKAY, SLVERR = 0, 2
 # event entry: sig (3) | index (8) | value (32) | has_src (1) | src (24)
 _EV_WIDTH = 3 + 8 + 32 + 1 + 24
@@ -224,6 +227,9 @@ class OnicCtrl(wiring.Component):
             with m.If(pending_mods[i]):
                 m.d.comb += first.eq(i)
         cur, slot = Signal(range(nm)), Signal(range(ns + 1))
+
+        def clear(t: Any) -> list[Any]:  # a module's RESET: count, fired and fire count
+            return [ca_count[t].eq(0), ca_fired[t].eq(0), ca_nfire[t].eq(0)]
         act_word = Signal(32)  # the slot the firing module runs this cycle
         m.d.comb += act_word.eq(Array(Array(row) for row in ca_act)[cur][slot[:3]])
         a, idx, arg = act_word[0:8], act_word[8:16], act_word[16:32]
@@ -437,9 +443,7 @@ class OnicCtrl(wiring.Component):
                         with m.Case(ACT["arm"]), m.If(idx < nm):
                             m.d.sync += ca_ctrl[idx[:4]].eq(ca_ctrl[idx[:4]] | 1)
                         with m.Case(ACT["reset"]), m.If(idx < nm):
-                            t = idx[:4]
-                            m.d.sync += [ca_count[t].eq(0), ca_fired[t].eq(0),
-                                         ca_nfire[t].eq(0)]
+                            m.d.sync += clear(idx[:4])
 
             with m.State("WRITE"):
                 ok = Signal()
@@ -455,8 +459,7 @@ class OnicCtrl(wiring.Component):
                         with m.Case(0x00):
                             m.d.sync += ca_ctrl[ca_wm].eq(wdata[0:2])
                         with m.Case(0x04), m.If(wdata[0]):
-                            m.d.sync += [ca_count[ca_wm].eq(0), ca_fired[ca_wm].eq(0),
-                                         ca_nfire[ca_wm].eq(0)]
+                            m.d.sync += clear(ca_wm)
                         with m.Case(0x0C):
                             m.d.sync += ca_target[ca_wm].eq(wdata)
                         for k in range(ns):
@@ -548,7 +551,7 @@ class OnicCtrl(wiring.Component):
                 out = out | t
             return out
 
-        m.d.comb += [irq_set.eq(any_of(irq_terms)) if irq_terms else irq_set.eq(0)]
+        m.d.comb += irq_set.eq(any_of(irq_terms))
         m.d.sync += irq_status.eq((irq_status & ~irq_clr) | irq_set)
         m.d.sync += error.eq((error & ~err_clr) | any_of(err_terms))
         module_bits = ((1 << nm) - 1) << R.IRQ_MODULE_SHIFT
