@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import re
+import shutil
 import xml.etree.ElementTree as ET
 from collections.abc import Callable
 from pathlib import Path
@@ -230,6 +231,8 @@ def _sim_verilog(out: Path) -> Path:
 
 
 @pytest.mark.realtime
+@pytest.mark.skipif(shutil.which("iverilog") is None,
+                    reason="needs Icarus Verilog (apt-get install iverilog; .ci/run installs it)")
 def test_the_register_suite_passes_under_icarus_with_cocotb(tmp_path: Path,
                                                              monkeypatch: Any) -> None:
     """tests/rtl/onic_cocotb.py: cocotbext-axi's AXI-Lite master against the Verilog."""
@@ -250,6 +253,8 @@ def test_the_register_suite_passes_under_icarus_with_cocotb(tmp_path: Path,
 # --- synthesis and the Vivado recipe ---------------------------------------------------------
 
 @pytest.mark.realtime
+@pytest.mark.skipif(shutil.which("yosys") is None,
+                    reason="needs Yosys (apt-get install yosys; .ci/run installs it)")
 def test_synthesis_reports_the_resources_yosys_maps(tmp_path: Path) -> None:
     """The flow `oddl gateware synth` runs (2 min on onic_ctrl), on an 8-bit accumulator:
     8 flip-flops, some LUTs, no BRAM or DSP."""
