@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import signal
@@ -195,3 +196,22 @@ def test_schedule_longer_than_the_engine_syncs_on_the_host(tmp_path: Path) -> No
     assert od.stats["step_sync"] == "host"  # 22 ring steps > 16 count-action modules
     assert od.stats["count_action_fires"] == 0
     assert res.invariant_violations == 0
+
+
+def test_a_baseline_that_fails_in_its_worker_process_fails_the_run_by_name(root: Path) -> None:
+    """The baselines run in processes of their own (`workers`): one that fails there ends
+    the run with its name and reason, not a hang or a bare traceback from another process."""
+    from oddl.controller.experiments.runner import RunFailed, _Aside, _lone_job
+
+    ctx = load_experiment(root / TABLE1)
+    spec = next(s for s in ctx.experiment.networks if s.kind == "electrical")
+    bad = [dataclasses.replace(_lone_job(ctx, 1, 0), collective="no-such-collective")]
+    seen: list[tuple[str, int, int]] = []
+    aside = _Aside(ctx, [spec], bad, "t", "raise", 0, 1, None,
+                   lambda *a: seen.append(a), 1, 1)
+    try:
+        with pytest.raises(RunFailed, match=r"network electrical: \w+Error"):
+            aside.results()
+    finally:
+        aside.close()
+    assert seen == []  # it never completed an iteration

@@ -45,7 +45,9 @@ FlowRow = tuple[int, int, str, str, int, int, int, int]  # flow, step, src, dst,
 class RunStore:
     def __init__(self, path: Path) -> None:
         self.path = path
-        self.db = sqlite3.connect(path)
+        # several writers (a run's networks in processes of their own: each commits its
+        # iterations): each waits its turn for the write lock
+        self.db = sqlite3.connect(path, timeout=60.0)
         self.db.execute("PRAGMA journal_mode=WAL")
         self.db.execute("PRAGMA synchronous=NORMAL")  # durable against a killed process
         self.db.executescript(SCHEMA)
@@ -94,9 +96,11 @@ class RunStore:
                         (network, int(disturbed), json.dumps(disturbance)))
         self.db.commit()
 
-    def close(self) -> None:
-        """Fold the WAL back so a finished run is one self-contained file."""
-        self.db.execute("PRAGMA journal_mode=DELETE")
+    def close(self, fold: bool = True) -> None:
+        """Fold the WAL back so a finished run is one self-contained file (`fold`: the
+        last writer; another's connection would find the file still in use)."""
+        if fold:
+            self.db.execute("PRAGMA journal_mode=DELETE")
         self.db.close()
 
 

@@ -12,10 +12,18 @@ import contextlib
 import dataclasses
 import functools
 import gc
+import logging
+import multiprocessing
+import multiprocessing.connection
 import os
+import threading
 import time
+import traceback
 from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
+from multiprocessing.connection import Connection
+from multiprocessing.process import BaseProcess
+from pathlib import Path
 from typing import Any
 
 from oddl.controller import registry
@@ -51,6 +59,8 @@ from oddl.controller.stage1.placement import fits
 from oddl.controller.stage2.job import built_schedule, job_id
 from oddl.controller.stage2.trace import Timeline
 from oddl.controller.stage2.workloads import model_spec, total_iterations
+
+log = logging.getLogger(__name__)
 
 __all__ = ["Network", "NetworkResult", "RunFailed", "RunResult", "Timeline", "lone_network",
            "run_experiment"]
@@ -290,15 +300,198 @@ def network_result(net: Network, threshold: float, extrapolate_to: int | None) -
                          round(fault_s, 9), fabric=fabric)
 
 
+class _Recorder:
+    """Each completed iteration into the store (committed at once) and the progress."""
+
+    def __init__(self, store: RunStore | None, several: bool, compute_ns: int,
+                 progress: Progress | None, total: int) -> None:
+        self.store, self.several, self.compute_ns = store, several, compute_ns
+        self.progress, self.total = progress, total
+        self.done: dict[str, int] = {}
+
+    def __call__(self, network: str, rec: JobRecord, it: Iteration) -> None:
+        n = self.done[network] = self.done.get(network, 0) + 1
+        if self.store is not None and self.several:
+            self.store.add_job_iteration(network, rec.name, it.iteration, it.t_start,
+                                         it.t_end)
+        elif self.store is not None:
+            self.store.add_iteration(network, it.iteration, it.t_start, it.t_end,
+                                     self.compute_ns, it.control_messages, it.flows)
+        if self.progress is not None:
+            self.progress(network, n, self.total)
+
+
+def _meta(ctx: LoadedExperiment, spec: NetworkSpec, reqs: list[JobRequest],
+          compute_ns: int) -> dict[str, Any]:
+    """What the store says of a network before it runs."""
+    meta: dict[str, Any] = {"spec": spec.model_dump()}
+    if ctx.jobs:
+        return meta | {"jobs": len(reqs), "policy": ctx.experiment.policy}
+    # the schedule the admission plans (built once: built_schedule keeps it)
+    r = reqs[0]
+    sched = built_schedule(spec.collective or r.collective, r.ranks, r.size,
+                           ctx.testbed.grid.rows, ctx.testbed.grid.cols, spec.degree,
+                           spec.bidirectional)
+    return meta | {"compute_ns": compute_ns,
+                   "wire_ns": wire_ns(sched, spec.link_gbps
+                                      or ctx.testbed.optical.line_rate_gbps)}
+
+
+def _begin(ctx: LoadedExperiment, spec: NetworkSpec, reqs: list[JobRequest], compute_ns: int,
+           store: RunStore | None) -> dict[str, Any]:
+    meta = _meta(ctx, spec, reqs, compute_ns)
+    if store is not None:
+        store.begin_network(spec.name, spec.kind, meta)
+    return meta
+
+
+def run_network(ctx: LoadedExperiment, spec: NetworkSpec, reqs: list[JobRequest], backend: str,
+                checker_mode: str, run_name: str, compute_ns: int, full: int,
+                store: RunStore | None, on_iteration: OnJob | None,
+                announce: Announce | None = None, trace: Timeline | None = None
+                ) -> tuple[NetworkResult, list[str], dict[str, dict[str, Any]]]:
+    """One network of an experiment, start to end: its result, the invariant violations
+    it saw, and (several jobs) each job's figures on it."""
+    name = spec.name
+    meta = _begin(ctx, spec, reqs, compute_ns, store)
+    with network(ctx, spec, Grid.from_testbed(ctx.testbed), reqs, backend, checker_mode,
+                 run_name, announce=announce, on_iteration=on_iteration, trace=trace,
+                 record_flows=ctx.experiment.flow_records == "all") as net:
+        recs = net.admission.run()
+    # closed: a drill's faults still in force are ended and counted
+    net.backend.monitor.finish(max((r.end_ns or 0) for r in recs.values())
+                               + net.admission.t0)
+    res = network_result(net, ctx.experiment.disturbance_threshold,
+                         None if ctx.jobs else full)
+    plan = next(iter(recs.values())).plan
+    if store is not None:
+        if plan is not None and not ctx.jobs:
+            store.begin_network(name, spec.kind, meta | {
+                "plan_summary": plan.summary_lines(max_wss=2, max_nodes=4)})
+        for rec in recs.values() if ctx.jobs else ():
+            store.set_job(name, rec.name, rec.arrival_ns, rec.start_ns, rec.end_ns,
+                          list(rec.partition.nodes) if rec.partition else [])
+        store.set_outcome(name, res.disturbed, res.disturbance)
+        store.add_faults(name, res.faults)
+    per_job = {rec.name: rec.public() for rec in recs.values()} if ctx.jobs else {}
+    return res, [f"{name}: {v}" for v in net.backend.monitor.violations], per_job
+
+
+def _aside_main(conn: Connection, ctx: LoadedExperiment, spec: NetworkSpec,
+                reqs: list[JobRequest], checker_mode: str, run_name: str, compute_ns: int,
+                full: int, store_path: Path | None, total: int) -> None:
+    """A worker process: one model network, its iterations into the run's store (a
+    connection of its own), its progress and then its result sent back."""
+    store = RunStore(store_path) if store_path is not None else None
+    try:
+        def progress(network: str, done: int, of: int) -> None:
+            conn.send(("progress", network, done, of))
+        rec = _Recorder(store, bool(ctx.jobs), compute_ns, progress, total)
+        out = run_network(ctx, spec, reqs, "sim", checker_mode, run_name, compute_ns, full,
+                          store, functools.partial(rec, spec.name))
+        conn.send(("result", spec.name, out))
+    except BaseException as e:  # whatever it is, the parent hears of it
+        conn.send(("error", spec.name, f"{type(e).__name__}: {e}",
+                   traceback.format_exc()))
+    finally:
+        if store is not None:
+            store.close(fold=False)  # the parent folds the WAL once every writer is done
+        conn.close()
+
+
+class _Aside:
+    """The model networks of an experiment, run in worker processes (spawned: nothing of
+    this process's state goes with them) while this one runs the ODDL networks. Their
+    progress reaches `progress` from a thread that listens to them; `results` waits for
+    them all, and fails with the first failure's message."""
+
+    def __init__(self, ctx: LoadedExperiment, specs: list[NetworkSpec],
+                 reqs: list[JobRequest], run_name: str, checker_mode: str, compute_ns: int,
+                 full: int, store_path: Path | None, progress: Progress | None,
+                 workers: int, total: int) -> None:
+        mp = multiprocessing.get_context("spawn")
+        self.progress = progress
+        self.queue = list(specs)
+        self.running: dict[str, tuple[BaseProcess, Connection]] = {}
+        self.out: dict[str, tuple[NetworkResult, list[str], dict[str, dict[str, Any]]]] = {}
+        self.failed: list[str] = []
+        self._args = (ctx, reqs, checker_mode, run_name, compute_ns, full, store_path, total)
+        self._mp, self._workers = mp, workers
+        self._lock = threading.Lock()
+        self._start_more()
+        self._listener = threading.Thread(target=self._listen, name="oddl-aside",
+                                          daemon=True)
+        self._listener.start()
+
+    def _start_more(self) -> None:
+        with self._lock:
+            while self.queue and len(self.running) < self._workers:
+                spec = self.queue.pop(0)
+                mine, theirs = self._mp.Pipe(duplex=False)
+                ctx, reqs, mode, name, cns, full, path, total = self._args
+                p = self._mp.Process(target=_aside_main, name=f"oddl-{spec.name}",
+                                     args=(theirs, ctx, spec, reqs, mode, name, cns, full,
+                                           path, total), daemon=True)
+                p.start()
+                theirs.close()
+                self.running[spec.name] = (p, mine)
+
+    def _listen(self) -> None:
+        while True:
+            with self._lock:
+                conns = {c: n for n, (_p, c) in self.running.items()}
+            if not conns:
+                return
+            for c in multiprocessing.connection.wait(list(conns)):
+                name = conns[c]  # type: ignore[index]
+                try:
+                    msg = c.recv()  # type: ignore[union-attr]
+                except EOFError:  # it died without a word (killed, out of memory)
+                    msg = ("error", name, "the worker process died", "")
+                if msg[0] == "progress":
+                    if self.progress is not None:
+                        self.progress(*msg[1:])
+                    continue
+                if msg[0] == "result":
+                    self.out[name] = msg[2]
+                else:
+                    log.error("network %s failed in its worker:\n%s", name, msg[3])
+                    self.failed.append(f"network {name}: {msg[2]}")
+                with self._lock:
+                    p, conn = self.running.pop(name)
+                conn.close()
+                p.join()
+                self._start_more()
+
+    def results(self) -> dict[str, tuple[NetworkResult, list[str],
+                                         dict[str, dict[str, Any]]]]:
+        self._listener.join()
+        if self.failed:
+            raise RunFailed("; ".join(self.failed))
+        return self.out
+
+    def close(self) -> None:
+        """Whatever is still running (this process failed first) is stopped."""
+        self.queue.clear()
+        with self._lock:
+            for p, _c in self.running.values():
+                p.terminate()
+        self._listener.join(timeout=10)
+
+
+
+
 def run_experiment(ctx: LoadedExperiment, backend: str = "sim", store: RunStore | None = None,
                    iterations: int | None = None, progress: Progress | None = None,
                    checker_mode: str = "record", trace: Timeline | None = None,
-                   announce: Announce | None = None, remote: ArbiterClient | None = None
-                   ) -> RunResult:
+                   announce: Announce | None = None, remote: ArbiterClient | None = None,
+                   workers: int = 0) -> RunResult:
     """Run every network of an experiment on the same jobs: its one workload (a job on the
     whole testbed, `iterations` of it, the training time extrapolated), or its several
     jobs (docs/multijob.md: each placed, planned and admitted as it arrives). `remote`:
-    the testbed's arbiter runs the ODDL network's job (experiments/remote.py)."""
+    the testbed's arbiter runs the ODDL network's job (experiments/remote.py).
+    `workers`: run the model networks (the baselines) in up to that many processes
+    beside this one, which runs the ODDL networks (0: all here, one after another)."""
     t_wall = time.perf_counter()
     exp, tb = ctx.experiment, ctx.testbed
     grid = Grid.from_testbed(tb)
@@ -322,65 +515,47 @@ def run_experiment(ctx: LoadedExperiment, backend: str = "sim", store: RunStore 
         n_iter = iterations or exp.iterations or full
         compute_ns, calibration = _calibrate(ctx, backend, grid, full, run_name)
         reqs = [_lone_job(ctx, n_iter, compute_ns)]
-    done = dict.fromkeys((s.name for s in exp.networks), 0)
-
-    def on_iteration(network: str, rec: JobRecord, it: Iteration) -> None:
-        done[network] += 1
-        if store is not None and ctx.jobs:
-            store.add_job_iteration(network, rec.name, it.iteration, it.t_start, it.t_end)
-        elif store is not None:
-            store.add_iteration(network, it.iteration, it.t_start, it.t_end, compute_ns,
-                                it.control_messages, it.flows)
-        if progress is not None:
-            progress(network, done[network], n_iter)
+    on_iteration = _Recorder(store, bool(ctx.jobs), compute_ns, progress, n_iter)
 
     results: dict[str, NetworkResult] = {}
     jobs: dict[str, dict[str, dict[str, Any]]] = {r.name: {} for r in reqs} if ctx.jobs else {}
-    violations: list[str] = []
-    for spec in exp.networks:
-        name = spec.name
-        meta: dict[str, Any] = {"spec": spec.model_dump()}
-        if ctx.jobs:
-            meta |= {"jobs": len(reqs), "policy": exp.policy}
-        else:
-            # the schedule the admission plans (built once: built_schedule keeps it)
-            sched = built_schedule(spec.collective or reqs[0].collective, reqs[0].ranks,
-                                   reqs[0].size, tb.grid.rows, tb.grid.cols, spec.degree,
-                                   spec.bidirectional)
-            meta |= {"compute_ns": compute_ns,
-                     "wire_ns": wire_ns(sched, spec.link_gbps or tb.optical.line_rate_gbps)}
-        if store is not None:
-            store.begin_network(name, spec.kind, meta)
-        if remote is not None and spec.kind == "oddl":
-            job, its = remote.run(ctx.path, name, compute_ns, store, progress)
-            results[name] = _remote_result(spec, job, its, full)
-            continue
-        with network(ctx, spec, grid, reqs, backend, checker_mode, run_name,
-                     announce=announce, on_iteration=functools.partial(on_iteration, name),
-                     trace=trace, record_flows=exp.flow_records == "all") as net:
-            recs = net.admission.run()
-        # closed: a drill's faults still in force are ended and counted
-        net.backend.monitor.finish(max((r.end_ns or 0) for r in recs.values())
-                                   + net.admission.t0)
-        res = results[name] = network_result(net, exp.disturbance_threshold,
-                                             None if ctx.jobs else full)
-        plan = next(iter(recs.values())).plan
-        if store is not None:
-            if plan is not None and not ctx.jobs:
-                store.begin_network(name, spec.kind, meta | {
-                    "plan_summary": plan.summary_lines(max_wss=2, max_nodes=4)})
-            for rec in recs.values() if ctx.jobs else ():
-                store.set_job(name, rec.name, rec.arrival_ns, rec.start_ns, rec.end_ns,
-                              list(rec.partition.nodes) if rec.partition else [])
-            store.set_outcome(name, res.disturbed, res.disturbance)
-            store.add_faults(name, res.faults)
-        for rec in recs.values() if ctx.jobs else ():
-            jobs[rec.name][name] = rec.public()
-        violations += [f"{name}: {v}" for v in net.backend.monitor.violations]
-
+    violations: dict[str, list[str]] = {}
+    # the model networks (baselines) beside the ODDL one, each in a process of its own:
+    # they share nothing with it but the jobs (docs/performance.md)
+    aside = [s for s in exp.networks if s.kind != "oddl"] \
+        if workers > 0 and remote is None and trace is None else []
+    elsewhere = {s.name for s in aside}
+    pool = _Aside(ctx, aside, reqs, run_name, checker_mode, compute_ns, full,
+                  store.path if store is not None else None, progress, workers, n_iter) \
+        if aside else None
+    try:
+        for spec in exp.networks:
+            if spec.name in elsewhere:
+                continue
+            if remote is not None and spec.kind == "oddl":
+                _begin(ctx, spec, reqs, compute_ns, store)
+                job, its = remote.run(ctx.path, spec.name, compute_ns, store, progress)
+                results[spec.name] = _remote_result(spec, job, its, full)
+                continue
+            results[spec.name], violations[spec.name], per_job = run_network(
+                ctx, spec, reqs, backend, checker_mode, run_name, compute_ns, full, store,
+                functools.partial(on_iteration, spec.name), announce, trace)
+            for job_name, pub in per_job.items():
+                jobs[job_name][spec.name] = pub
+        for name, (res, viols, per_job) in (pool.results() if pool else {}).items():
+            results[name], violations[name] = res, viols
+            for job_name, pub in per_job.items():
+                jobs[job_name][name] = pub
+    finally:
+        if pool is not None:
+            pool.close()
+    order = [s.name for s in exp.networks]  # the experiment's, whichever finished first
+    results = {n: results[n] for n in order}
+    jobs = {j: {n: per[n] for n in order if n in per} for j, per in jobs.items()}
+    flat = [v for s in exp.networks for v in violations.get(s.name, [])]
     oddl = next((r for r in results.values() if r.kind == "oddl"), None)
     el = next((r for r in results.values() if r.kind == "electrical"), None)
     ratio = oddl.training_time_s / el.training_time_s if oddl and el and not ctx.jobs else None
-    return RunResult(exp.name, backend, results, ratio, len(violations),
+    return RunResult(exp.name, backend, results, ratio, len(flat),
                      time.perf_counter() - t_wall, compute_ns, calibration, n_iter, full,
-                     violations=violations, jobs=jobs)
+                     violations=flat, jobs=jobs)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -144,18 +145,24 @@ def check(path: str | Path) -> str:
     return f"OK {path}: experiment {ctx.experiment.name} on {tb.name}{jobs}"
 
 
+def spare_cores() -> int:
+    """Cores this process may use beyond its own (its affinity, not the machine's)."""
+    return max(len(os.sched_getaffinity(0)) - 1, 0)
+
+
 def run(experiment: LoadedExperiment | str | Path, backend: str = "sim",
         iterations: int | None = None, out: str | Path | None = None, *,
         progress: Progress | None = None, trace: Timeline | None = None,
         publish: bool = False, say: Callable[[str], None] = print,
-        arbiter: ArbiterClient | None = None) -> RunResult:
+        arbiter: ArbiterClient | None = None, workers: int | None = None) -> RunResult:
     """Run every network of an experiment (`oddl run`): emu on a sim testbed starts a
     private emulator of it, hw holds the testbed lock, `publish` tells a sim run's
     watchers (controller/operator/session.py); hw with `arbiter`: the testbed's arbiter
     runs the ODDL network's job (it holds the lock). With `out`, into a run directory:
     manifest.json, results.sqlite (every iteration as it completes: a killed run keeps
     them), summary.json, plot.png (one workload) or jct-cdf.png (several jobs), and for
-    an emulated run the emulator's log."""
+    an emulated run the emulator's log. `workers`: processes for the model networks
+    beside the ODDL one (default: one per core beyond this one's; 0: all in this one)."""
     ctx = experiment if isinstance(experiment, LoadedExperiment) else \
         load_experiment(experiment)
     exp = ctx.experiment
@@ -175,7 +182,8 @@ def run(experiment: LoadedExperiment | str | Path, backend: str = "sim",
             if s.testbed != ctx.testbed_path:  # the emulator's config
                 ctx = load_experiment(ctx.path, s.testbed)
             res = run_experiment(ctx, backend, store, iterations, progress, trace=trace,
-                                 announce=s.announce, remote=remote)
+                                 announce=s.announce, remote=remote,
+                                 workers=spare_cores() if workers is None else workers)
     finally:
         if store is not None:
             store.close()

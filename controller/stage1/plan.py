@@ -7,11 +7,16 @@ destination along routes that agree with the WSS tables) before anything is appl
 
 from __future__ import annotations
 
-import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
+import msgspec
 from oddl.controller.base.topology import Grid
+
+
+def _fields(obj: Any) -> dict[str, Any]:
+    """A dataclass's fields, one level deep (its lists shared, not copied)."""
+    return {f.name: getattr(obj, f.name) for f in fields(obj)}
 
 
 class PlanError(Exception):
@@ -155,16 +160,18 @@ class Plan:
     # --- presentation -----------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
         """As `from_dict` reads it (routes as [port, channel, next hop]); built field by
-        field: `asdict` deep-copied every route only to have it replaced."""
+        field, sharing the tables' lists (`asdict` deep-copied 4096-node tables)."""
         return {"testbed": self.testbed, "strategy": self.strategy, "relay": self.relay,
                 "wavelengths_nm": list(self.wavelengths_nm),
-                "jobs": [asdict(j) for j in self.jobs], "wss": [asdict(t) for t in self.wss],
+                "jobs": [_fields(j) for j in self.jobs], "wss": [_fields(t) for t in self.wss],
                 "routes": {n: {dst: [r.port, r.channel, r.next_hop] for dst, r in rs.items()}
                            for n, rs in self.routes.items()},
                 "demand": [list(p) for p in self.demand]}
 
     def to_json(self) -> str:
-        return json.dumps(self.to_dict(), indent=1)
+        """Indented, to be read and diffed; msgspec's encoder: the standard library's
+        falls back to pure Python when indenting (0.9 s for grid-4096's plan)."""
+        return msgspec.json.format(msgspec.json.encode(self.to_dict()), indent=1).decode()
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> Plan:

@@ -248,10 +248,13 @@ def _plan_jobs(ctx: Any, strategy: str | None, as_json: bool, plot: Path | None)
 @click.option("--board-model", type=click.Choice(["python", "rtl"]), default=None,
               help="sim and emu: each O-NIC as the Python board model, or as the gateware "
                    "simulated cycle by cycle (default: the testbed's; docs/gateware.md)")
+@click.option("--workers", type=click.IntRange(min=0), default=None,
+              help="processes for the baseline networks beside the ODDL one (default: one "
+                   "per core beyond the first; 0: every network in this process)")
 def run(experiment: Path, backend: str, out: Path | None, iterations: int | None,
         testbed: Path | None, as_json: bool, trace_file: Path | None,
         trace_iterations: int, publish: bool, arbiter_url: str | None,
-        token_file: Path | None, board_model: str | None) -> None:
+        token_file: Path | None, board_model: str | None, workers: int | None) -> None:
     """Run an experiment: every network on the same workload, results in a run directory."""
     from oddl.controller.experiments.figures import paper_rows
     from oddl.controller.experiments.remote import ArbiterClient
@@ -297,7 +300,7 @@ def run(experiment: Path, backend: str, out: Path | None, iterations: int | None
             res = api.run(ctx, backend, iterations, run_dir, progress=progress,
                           trace=timeline, publish=publish, say=err.print,
                           arbiter=ArbiterClient(arbiter_url, token_file)
-                          if arbiter_url and token_file else None)
+                          if arbiter_url and token_file else None, workers=workers)
     except TestbedBusy as e:
         hint = ("\n(an arbiter serves this testbed: with ODDL_ARBITER and ODDL_TOKEN_FILE, "
                 "or --arbiter and --token-file, `oddl run --backend hw` submits to it)"
