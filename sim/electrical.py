@@ -14,11 +14,15 @@ from collections.abc import Callable
 import numpy as np
 from oddl.controller.base.clock import Clock
 from oddl.controller.base.messages import Flow
+from oddl.controller.stage2.invariants import tag_of
 from oddl.sim.sharing import Fair, Sharing
 
 
 class _Active:
-    __slots__ = ("done", "flow", "handle", "last", "lidx", "links", "rate", "remaining")
+    """A flow on the network (hashed by identity: the solver's dicts are keyed by it)."""
+
+    __slots__ = ("conn", "done", "flow", "handle", "last", "lidx", "links", "rate",
+                 "remaining")
 
     def __init__(self, flow: Flow, now: int, links: tuple[object, ...], lidx: np.ndarray):
         self.flow = flow
@@ -29,6 +33,7 @@ class _Active:
         self.lidx = lidx  # link indices, for the whole-network solve
         self.handle = None
         self.done = False
+        self.conn = (tag_of(flow.id), flow.src, flow.dst)  # its connection (sim/sharing.py)
 
 
 TIE = 1e-9  # relative: shares this close are one water level (floating-point noise)
@@ -52,29 +57,47 @@ def max_min_rates(flow_links: list[tuple[object, ...]], capacity: dict[object, f
     for i, ls in enumerate(flow_links):
         for link in ls:
             users.setdefault(link, []).append(i)
-    live = dict.fromkeys(users)  # insertion-ordered: deterministic
+    # unweighted, a link's share divides by its unfrozen users, counted as they freeze
+    # (the sum of so many 1.0s, exactly); weighted, their weights summed in order
+    count = None if weights else {link: len(u) for link, u in users.items()}
+
+    def share(link: object) -> float | None:
+        k = count[link] if count is not None else \
+            sum(w[i] for i in users[link] if not frozen[i])
+        return cap[link] / k if k > 0 else None
+
+    # each live link's share, in the links' first-seen order (deterministic); a share is
+    # computed again only when a flow on the link froze (nothing else changes it)
+    shares: dict[object, float] = {}
+    for link in users:
+        sh = share(link)
+        if sh is not None:
+            shares[link] = sh
     level = 0.0
-    while True:
-        shares = {}
-        for link in live:
-            k = sum(w[i] for i in users[link] if not frozen[i])
-            if k > 0:
-                shares[link] = cap[link] / k
-        if not shares:
-            return rate
+    while shares:
         level = max(level, min(shares.values()))
         sat = [link for link, sh in shares.items() if sh <= level * (1 + TIE)]
+        touched: dict[object, None] = {}
         for link in sat:
             for i in users[link]:
                 if frozen[i]:
                     continue
                 frozen[i] = True
-                rate[i] = w[i] * level
+                r = rate[i] = w[i] * level
                 for other in flow_links[i]:
-                    cap[other] -= rate[i]
-            del live[link]
-        for link in [k for k in live if k not in shares]:
-            del live[link]  # every user frozen: nothing left to share
+                    cap[other] -= r
+                    if count is not None:
+                        count[other] -= 1
+                    touched[other] = None
+            del shares[link]
+        for link in touched:
+            if link in shares:
+                sh = share(link)
+                if sh is None:
+                    del shares[link]  # every user frozen: nothing left to share
+                else:
+                    shares[link] = sh
+    return rate
 
 
 def max_min_arrays(rows: np.ndarray, cols: np.ndarray, nf: int, cap: np.ndarray,
@@ -131,10 +154,10 @@ class FlowNetwork:
         self.path = path
         self.latency_ns = math.ceil(latency_ns)
         self.deliver = deliver
-        self.users: dict[object, dict[int, _Active]] = {k: {} for k in capacity}
+        self.users: dict[object, dict[_Active, None]] = {k: {} for k in capacity}
         self.link_index = {k: i for i, k in enumerate(capacity)}
         self.cap_arr = np.array([capacity[k] for k in capacity], dtype=float)
-        self.active: dict[int, _Active] = {}
+        self.active: dict[_Active, None] = {}  # insertion-ordered: deterministic
         self.flows = 0
         self._dirty: list[_Active] = []
         self._whole = False  # the last solve found one big component
@@ -149,7 +172,7 @@ class FlowNetwork:
 
     def _sample(self, now: int) -> None:
         for link, series in self.watched.items():
-            load = sum(a.rate for a in self.users[link].values())
+            load = sum(a.rate for a in self.users[link])
             if abs(load - series[-1][1]) > TIE * max(load, 1e-12):
                 series.append((now, load))
 
@@ -158,7 +181,7 @@ class FlowNetwork:
         if not self.active:
             self._ticking = False
             return
-        self._rebalance(list(self.active.values()), self.clock.now_ns())
+        self._rebalance(list(self.active), self.clock.now_ns())
         self._sample(self.clock.now_ns())
         self.clock.call_later_ns(self.sharing.tick_ns, self._tick)
 
@@ -173,8 +196,8 @@ class FlowNetwork:
         a = _Active(flow, now, links, np.fromiter((li[k] for k in links), dtype=np.int64,
                                                   count=len(links)))
         for link in links:
-            self.users[link][id(a)] = a
-        self.active[id(a)] = a
+            self.users[link][a] = None
+        self.active[a] = None
         self.flows += 1
         self.sharing.submitted(flow)
         if self.sharing.tick_ns and not self._ticking:
@@ -193,20 +216,20 @@ class FlowNetwork:
     def _flush(self) -> None:
         now = self.clock.now_ns()
         seeds, self._dirty = self._dirty, []
-        done: set[int] = set()
+        done: set[_Active] = set()
         if self._whole and len(self.active) > self.GLOBAL_ABOVE:
-            self._rebalance(list(self.active.values()), now)  # still one big mesh
+            self._rebalance(list(self.active), now)  # still one big mesh
         else:
             self._whole = False
             for a in seeds:
-                if id(a) in done or a.done:
+                if a in done or a.done:
                     continue
                 comp = self._component(a, self.GLOBAL_ABOVE)
                 if comp is None:  # one big component: the whole network, vectorised
                     self._whole = True
-                    self._rebalance(list(self.active.values()), now)
+                    self._rebalance(list(self.active), now)
                     break
-                done.update(id(c) for c in comp)
+                done.update(comp)
                 self._rebalance(comp, now)
         if self.watched:
             self._sample(now)
@@ -217,7 +240,7 @@ class FlowNetwork:
     def _rates(self, comp: list[_Active], now: int) -> list[float]:
         if len(comp) == 1:
             return [min(self.capacity[k] for k in comp[0].links)]
-        w = self.sharing.weights(comp, self.active.values(), now)
+        w = self.sharing.weights(comp, self.active, now)
         if len(comp) > self.VECTORISE_ABOVE:  # on the flows' own link indices: links
             lens = [len(a.lidx) for a in comp]  # no flow of comp uses take no part
             rows = np.repeat(np.arange(len(comp)), lens)
@@ -229,18 +252,19 @@ class FlowNetwork:
 
     def _component(self, seed: _Active, limit: int) -> list[_Active] | None:
         """The flows sharing links with seed, transitively; None once it passes limit."""
-        seen = {id(seed): seed}
+        seen = {seed: None}  # insertion-ordered: the component in the order found
         stack = [seed]
+        users = self.users
         while stack:
             a = stack.pop()
             for link in a.links:
-                for b in self.users[link].values():
-                    if id(b) not in seen:
-                        seen[id(b)] = b
+                for b in users[link]:
+                    if b not in seen:
+                        seen[b] = None
                         stack.append(b)
-                        if len(seen) > limit:
-                            return None
-        return list(seen.values())
+                if len(seen) > limit:
+                    return None
+        return list(seen)
 
     def _rebalance(self, comp: list[_Active], now: int) -> None:
         rates = self._rates(comp, now)
@@ -258,13 +282,13 @@ class FlowNetwork:
     def _finish(self, a: _Active) -> None:
         now = self.clock.now_ns()
         a.done = True
-        del self.active[id(a)]
+        del self.active[a]
         self.sharing.finished(a.flow)
         for link in a.links:
             users = self.users[link]
-            del users[id(a)]
+            del users[a]
             if users:  # its neighbours share the freed capacity
-                self._touch(next(iter(users.values())), now)
+                self._touch(next(iter(users)), now)
         if self.watched:
             self._sample(now)
         self.clock.call_at_ns(now + self._latency(a.flow), self.deliver, a.flow)

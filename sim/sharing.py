@@ -54,12 +54,10 @@ def per_connection(comp: list[Any], w: list[float] | None) -> list[float] | None
     its weight divided by the flows on its connection; None: every weight 1."""
     conns: dict[tuple[int, str, str], int] = {}
     for a in comp:
-        key = (tag_of(a.flow.id), a.flow.src, a.flow.dst)
-        conns[key] = conns.get(key, 0) + 1
+        conns[a.conn] = conns.get(a.conn, 0) + 1
     if w is None and len(conns) == len(comp):
         return None
-    return [(1.0 if w is None else w[i]) / conns[(tag_of(a.flow.id), a.flow.src, a.flow.dst)]
-            for i, a in enumerate(comp)]
+    return [(1.0 if w is None else w[i]) / conns[a.conn] for i, a in enumerate(comp)]
 
 
 class Weighted(Sharing):
