@@ -6,9 +6,8 @@ Every operation is a short, fixed sequence of register reads and writes on `onic
 
 from __future__ import annotations
 
-import contextlib
 import logging
-from collections.abc import Iterator
+import struct
 from pathlib import Path
 from typing import Any
 
@@ -28,11 +27,23 @@ def _off(name: str) -> int:
     return R.BY_NAME[name].offset
 
 
+_ERROR = _off("ERROR")
+_IRQ_STATUS = _off("IRQ_STATUS")
+_CA_FIRED = 1 << R.IRQ_BITS["CA_FIRED"]
+
+
+_DESCRIPTOR = struct.Struct(f"<{3 + len(R.HEADER)}I")  # DST, BYTES, FLOW, HDR0..
+_TUNE = struct.Struct("<2I")  # CHANNEL, CMD
+
+
 class ONicDriver:
     def __init__(self, mmio: Any, node: str = "", nodes: list[str] | None = None) -> None:
         self.mmio = mmio
         self.node = node
         self.nodes = nodes or []
+        # per port: TX_DST, TX_CHANNEL, TX_START offsets and its ERROR.TX_REFUSED bit
+        self._tx = {p: (_off(f"TX{p}_DST"), _off(f"TX{p}_CHANNEL"), _off(f"TX{p}_START"),
+                        1 << R.ERROR_BITS[f"TX_REFUSED_{p}"]) for p in R.PORTS}
 
     # --- identity -----------------------------------------------------------------------
     def identity(self) -> dict[str, Any]:
@@ -68,12 +79,12 @@ class ONicDriver:
                        header: tuple[int, ...] = (0,) * len(R.HEADER)) -> None:
         """Load a transfer, then TUNE|THEN_START: the board sends once the channel locks
         (no host round trip between a 10 ns tune and the start)."""
-        words = (dst, nbytes, flow & 0xFFFFFFFF, *header)
-        self.mmio.write(_off(f"TX{port}_DST"), b"".join(w.to_bytes(4, "little") for w in words))
-        self.mmio.write(_off(f"TX{port}_CHANNEL"), channel.to_bytes(4, "little") + b"\x03\0\0\0")
-        bit = 1 << R.ERROR_BITS[f"TX_REFUSED_{port}"]
-        if self.mmio.read(_off("ERROR")) & bit:
-            self.mmio.write(_off("ERROR"), bit)  # W1C
+        dst_off, ch_off, _start, bit = self._tx[port]
+        mmio = self.mmio
+        mmio.write(dst_off, _DESCRIPTOR.pack(dst, nbytes, flow & 0xFFFFFFFF, *header))
+        mmio.write(ch_off, _TUNE.pack(channel, 3))
+        if mmio.read(_ERROR) & bit:
+            mmio.write(_ERROR, bit)  # W1C
             raise DeviceRefused(f"{self.node}/{port}: tune refused (busy)")
 
     def tx_status(self, port: str) -> dict[str, int | bool]:
@@ -90,12 +101,12 @@ class ONicDriver:
         DeviceRefused if the board refuses it."""
         if not 0 <= nbytes < 2**32:
             raise ValueError(f"{nbytes} bytes does not fit the 32-bit TX_BYTES register")
-        words = (dst, nbytes, flow & 0xFFFFFFFF, *header)
-        self.mmio.write(_off(f"TX{port}_DST"), b"".join(w.to_bytes(4, "little") for w in words))
-        self.mmio.write(_off(f"TX{port}_START"), 1)
-        bit = 1 << R.ERROR_BITS[f"TX_REFUSED_{port}"]
-        if self.mmio.read(_off("ERROR")) & bit:
-            self.mmio.write(_off("ERROR"), bit)  # W1C
+        dst_off, _ch, start_off, bit = self._tx[port]
+        mmio = self.mmio
+        mmio.write(dst_off, _DESCRIPTOR.pack(dst, nbytes, flow & 0xFFFFFFFF, *header))
+        mmio.write(start_off, 1)
+        if mmio.read(_ERROR) & bit:
+            mmio.write(_ERROR, bit)  # W1C
             raise DeviceRefused(f"{self.node}/{port}: transfer refused (tuning or busy)")
 
     def counters(self, port: str) -> dict[str, int]:
@@ -194,6 +205,10 @@ class DriverONic:
         self._w = driver.mmio.write
         self._r = driver.mmio.read
         self._o = {name: _off(name) for name in R.BY_NAME}
+        # per port: its TX_DONE and RX_DONE bits, RX_LAST_FLOW and RX_LAST_BYTES offsets
+        self._irq_ports = [(p, 1 << R.IRQ_BITS[f"TX_DONE_{p}"], 1 << R.IRQ_BITS[f"RX_DONE_{p}"],
+                            _off(f"RX{p}_LAST_FLOW"), _off(f"RX{p}_LAST_BYTES"))
+                           for p in ports]
 
     def attach(self, events: Any) -> None:
         """A new owner (a job) starts clean: what a previous one left pending is not its."""
@@ -226,33 +241,40 @@ class DriverONic:
                 "bitstream_hash": ident["bitstream_hash"], "ports": ",".join(self.ports)}
 
     def send(self, port: str, flow: Any) -> None:
-        with self._in_flight(port, flow):
+        prev = self._in_flight(port, flow)
+        try:
             self.d.start_transfer(port, self.index[flow.dst], flow.nbytes, flow.id,
                                   self._header(flow))
+        except DeviceRefused:
+            self._refused(port, prev)
+            raise
 
     def tune_and_send(self, port: str, channel: int, flow: Any) -> None:
-        with self._in_flight(port, flow):
+        prev = self._in_flight(port, flow)
+        try:
             self.d.tune_and_start(port, channel, self.index[flow.dst], flow.nbytes, flow.id,
                                   self._header(flow))
+        except DeviceRefused:
+            self._refused(port, prev)
+            raise
 
     def _header(self, flow: Any) -> tuple[int, ...]:
         return R.header_words(flow.id, self.index[flow.src], flow.hop, flow.step,
                               flow.iteration, flow.t_submit)
 
-    @contextlib.contextmanager
-    def _in_flight(self, port: str, flow: Any) -> Iterator[None]:
-        """The flow is in flight from the start command on; if the board refuses it, the
-        transfer it is still busy with stays the one in flight (its TX_DONE is coming)."""
+    def _in_flight(self, port: str, flow: Any) -> Any:
+        """The flow is in flight from the start command on (returns the one it replaces)."""
         prev = self.inflight.get(port)
         self.inflight[port] = flow
-        try:
-            yield
-        except DeviceRefused:
-            if prev is None:
-                self.inflight.pop(port, None)
-            else:
-                self.inflight[port] = prev
-            raise
+        return prev
+
+    def _refused(self, port: str, prev: Any) -> None:
+        """The board refused the start: the transfer it is still busy with stays the one
+        in flight (its TX_DONE is coming)."""
+        if prev is None:
+            self.inflight.pop(port, None)
+        else:
+            self.inflight[port] = prev
 
     def rx_receiving(self, port: str, flow: int, hop: int) -> bool:
         """Is this flow's light arriving now? (A receiver sees one leg of a flow only.)"""
@@ -272,23 +294,22 @@ class DriverONic:
         return self.d.read_countaction(self._ca_names)
 
     def on_interrupt(self) -> None:
-        o = self._o
-        status = self._r(o["IRQ_STATUS"])
+        r = self._r
+        status = r(_IRQ_STATUS)
         if not status:
             return
-        self._w(o["IRQ_STATUS"], status)  # W1C
-        for port in self.ports:
-            if status & (1 << R.IRQ_BITS[f"TX_DONE_{port}"]):
+        self._w(_IRQ_STATUS, status)  # W1C
+        for port, tx_bit, rx_bit, last_flow, last_bytes in self._irq_ports:
+            if status & tx_bit:
                 flow = self.inflight.pop(port, None)
                 if flow is None:  # the board finished a transfer nobody started: say so
                     log.warning("%s/%s: TX_DONE with no transfer in flight", self.node, port)
                 else:
                     self.events.on_tx_done(port, flow)
-            if status & (1 << R.IRQ_BITS[f"RX_DONE_{port}"]):
-                self.events.on_rx_done(port, self._r(o[f"RX{port}_LAST_FLOW"]),
-                                       self._r(o[f"RX{port}_LAST_BYTES"]))
+            if status & rx_bit:
+                self.events.on_rx_done(port, r(last_flow), r(last_bytes))
         # count-action fires last: a step completes only after its deliveries are handled
-        if status & (1 << R.IRQ_BITS["CA_FIRED"]):
+        if status & _CA_FIRED:
             fired = status >> R.IRQ_MODULE_SHIFT
             if self.on_module_fired is not None:
                 m = 0

@@ -80,6 +80,12 @@ class VirtualClockLoop(asyncio.BaseEventLoop):
         heapq.heappush(self._vheap, h)
         return h
 
+    def call_later_ns(self, delay_ns: int, cb: Callable[..., Any], *args: Any) -> VHandle:
+        self._seq += 1
+        h = VHandle((self._now_ns + delay_ns, self._seq, cb, args))
+        heapq.heappush(self._vheap, h)
+        return h
+
     def _advance(self) -> None:
         """Run model events in time order until something asyncio-level becomes runnable."""
         if self._ready:

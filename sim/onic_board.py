@@ -37,6 +37,7 @@ _PLAIN_READ = frozenset(r.offset for r in R.REGISTERS if r.access != "SC"
 _PLAIN_WRITE = frozenset(r.offset for r in R.REGISTERS if r.access == "RW"
                          and not r.name.startswith("CA") and r.offset != _IRQ_ENABLE)
 _NODE_ID = R.BY_NAME["NODE_ID"].offset
+_START = {R.BY_NAME[f"TX{p}_START"].offset: p for p in R.PORTS}  # SC: offset -> port
 
 
 @dataclass
@@ -86,6 +87,14 @@ class ONicBoard:
         self._bytes_off = {p: R.BY_NAME[f"TX{p}_BYTES"].offset for p in R.PORTS}
         self._rx_err = {p: R.BY_NAME[f"RX{p}_ERRORS"].offset for p in R.PORTS}
         self._seen_err = dict.fromkeys(R.PORTS, 0)
+        # per port: TX_DONE_COUNT, TX_SENT_LO, TX_SENT_HI, its IRQ bit, its index
+        self._tx_done_at = {p: (R.BY_NAME[f"TX{p}_DONE_COUNT"].offset,
+                                R.BY_NAME[f"TX{p}_SENT_LO"].offset,
+                                R.BY_NAME[f"TX{p}_SENT_HI"].offset,
+                                1 << R.IRQ_BITS[f"TX_DONE_{p}"], R.PORTS.index(p))
+                            for p in R.PORTS}
+        self._rx_irq = {p: (1 << R.IRQ_BITS[f"RX_DONE_{p}"], R.PORTS.index(p))
+                        for p in R.PORTS}
         self._rx_off = {p: {k: R.BY_NAME[f"RX{p}_{k}"].offset for k in (
             "BYTES_LO", "BYTES_HI", "SRC", "LAST_FLOW", "DST", "LAST_BYTES", "DONE_COUNT")}
             for p in R.PORTS}
@@ -130,7 +139,12 @@ class ONicBoard:
         if R.ROUTE_BASE <= off < R.ROUTE_BASE + 8 * R.ROUTE_ENTRIES:
             self.routes[(off - R.ROUTE_BASE) // 4] = value
             return
-        self._write(off, value)
+        start = _START.get(off)
+        if start is not None:  # TXn_START, the per-flow command
+            if value & 1:
+                self._start(start)
+        else:
+            self._write(off, value)
         self._interrupt()  # a level line: a write may raise it (IRQ_ENABLE, an ERROR flag)
 
     def load_bitstream_hash(self, digest: bytes) -> None:
@@ -236,12 +250,14 @@ class ONicBoard:
         self.fabric.send(self.node, p, flow)
 
     def _tx_done(self, p: str, flow: Flow) -> None:
-        self._set(f"TX{p}_DONE_COUNT", self._r(f"TX{p}_DONE_COUNT") + 1)
-        sent = (self._r(f"TX{p}_SENT_HI") << 32 | self._r(f"TX{p}_SENT_LO")) + flow.nbytes
-        self._set(f"TX{p}_SENT_LO", sent)
-        self._set(f"TX{p}_SENT_HI", sent >> 32)
-        self._flag("IRQ_STATUS", R.IRQ_BITS[f"TX_DONE_{p}"])
-        self.signal((3, R.PORTS.index(p), 1, None))
+        r = self.regs
+        done, lo, hi, bit, pi = self._tx_done_at[p]
+        r[done] = (r[done] + 1) & 0xFFFFFFFF
+        sent = (r[hi] << 32 | r[lo]) + flow.nbytes
+        r[lo] = sent & 0xFFFFFFFF
+        r[hi] = (sent >> 32) & 0xFFFFFFFF
+        r[_IRQ_STATUS] |= bit
+        self.signal((3, pi, 1, None))
         self._interrupt()
 
     def _rx_done(self, p: str, flow: Flow) -> None:
@@ -264,8 +280,8 @@ class ONicBoard:
                 flow.id, self.index[flow.src], flow.hop, flow.step, flow.iteration,
                 flow.t_submit), strict=True):
             r[off] = v
-        r[_IRQ_STATUS] |= 1 << R.IRQ_BITS[f"RX_DONE_{p}"]
-        pi = R.PORTS.index(p)
+        bit, pi = self._rx_irq[p]
+        r[_IRQ_STATUS] |= bit
         final = r[o["DST"]] == r[_NODE_ID]  # the final leg: the bytes are this node's step's
         self.signal((1, pi, flow.nbytes, src), (2, pi, 1, src),
                     *[(6, _ANY, flow.nbytes, flow.step)] * final)

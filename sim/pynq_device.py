@@ -163,8 +163,12 @@ class _Window:
         return self.first + 4 * idx
 
     def __getitem__(self, idx: int) -> int:
-        return self.board.read(self._at(idx))
+        if not 0 <= idx < self.words:
+            self._at(idx)  # raises
+        return self.board.read(self.first + 4 * idx)
 
     def __setitem__(self, idx: int, value: int) -> None:
-        self.board.write(self._at(idx), int(value) & 0xFFFFFFFF)
+        if not 0 <= idx < self.words:
+            self._at(idx)  # raises
+        self.board.write(self.first + 4 * idx, int(value) & 0xFFFFFFFF)
 

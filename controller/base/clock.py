@@ -36,9 +36,12 @@ class Clock:
         self.loop = loop
         native_at = getattr(loop, "call_at_ns", None)
         native_now = getattr(loop, "now_ns", None)
+        native_later = getattr(loop, "call_later_ns", None)
         if native_at is not None and native_now is not None:
             self.call_at_ns = native_at  # type: ignore[method-assign]
             self.now_ns = native_now  # type: ignore[method-assign]
+            if native_later is not None:
+                self.call_later_ns = native_later  # type: ignore[method-assign]
 
     def now_ns(self) -> int:
         due = _due.ns
