@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import struct
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +28,7 @@ def _off(name: str) -> int:
     return R.BY_NAME[name].offset
 
 
+_OFFSETS = {name: reg.offset for name, reg in R.BY_NAME.items()}
 _ERROR = _off("ERROR")
 _IRQ_STATUS = _off("IRQ_STATUS")
 _CA_FIRED = 1 << R.IRQ_BITS["CA_FIRED"]
@@ -37,10 +39,14 @@ _TUNE = struct.Struct("<2I")  # CHANNEL, CMD
 
 
 class ONicDriver:
-    def __init__(self, mmio: Any, node: str = "", nodes: list[str] | None = None) -> None:
+    def __init__(self, mmio: Any, node: str = "", nodes: list[str] | None = None,
+                 index: Mapping[str, int] | None = None) -> None:
+        """nodes: the testbed's, in NODE_ID order; index: node -> its NODE_ID (give the
+        testbed's one to every driver: at 4,096 nodes one each is 16 M entries)."""
         self.mmio = mmio
         self.node = node
         self.nodes = nodes or []
+        self.index = index if index is not None else {n: i for i, n in enumerate(self.nodes)}
         # per port: TX_DST, TX_CHANNEL, TX_START offsets and its ERROR.TX_REFUSED bit
         self._tx = {p: (_off(f"TX{p}_DST"), _off(f"TX{p}_CHANNEL"), _off(f"TX{p}_START"),
                         1 << R.ERROR_BITS[f"TX_REFUSED_{p}"]) for p in R.PORTS}
@@ -135,7 +141,7 @@ class ONicDriver:
         if len(routes) > R.ROUTE_ENTRIES:
             raise DeviceRefused(f"{self.node}: {len(routes)} routes, the table holds "
                                 f"{R.ROUTE_ENTRIES}")
-        idx = {n: i for i, n in enumerate(self.nodes)}
+        idx = self.index
         e = -1
         for e, dst in enumerate(sorted(routes, key=idx.__getitem__)):
             port, ch, nh = routes[dst]
@@ -196,7 +202,7 @@ class DriverONic:
         self.d = driver
         self.node = driver.node
         self.ports = ports
-        self.index = {n: i for i, n in enumerate(driver.nodes)}
+        self.index = driver.index
         self.inflight: dict[str, Any] = {}
         self.events: Any = None
         self.on_module_fired: Any = None  # called with the slot of each count-action firing
@@ -204,7 +210,7 @@ class DriverONic:
         self._ca_names: list[str] = []
         self._w = driver.mmio.write
         self._r = driver.mmio.read
-        self._o = {name: _off(name) for name in R.BY_NAME}
+        self._o = _OFFSETS
         # per port: its TX_DONE and RX_DONE bits, RX_LAST_FLOW and RX_LAST_BYTES offsets
         self._irq_ports = [(p, 1 << R.IRQ_BITS[f"TX_DONE_{p}"], 1 << R.IRQ_BITS[f"RX_DONE_{p}"],
                             _off(f"RX{p}_LAST_FLOW"), _off(f"RX{p}_LAST_BYTES"))

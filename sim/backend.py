@@ -73,9 +73,9 @@ def build(tb: Testbed, grid: Grid, clock: Clock, seed: int = 0,
     if tb.testbed.board_model == "rtl":
         from oddl.sim.rtl_board import RtlBoard as board_class
     for n in grid.nodes:
-        board = boards[n] = board_class(fabric, n, index)
+        board = boards[n] = board_class(fabric, n, index, grid.nodes)
         mmio = pynq.MMIO(BASE_ADDR, R.IP_RANGE, device=EmulatedONicDevice(board))
-        onics[n] = DriverONic(ONicDriver(mmio, n, grid.nodes), fabric.ports[n])
+        onics[n] = DriverONic(ONicDriver(mmio, n, grid.nodes, index), fabric.ports[n])
     bus = LocalBus(clock, round(tb.control.latency_ns), seed, tap=checker.on_message)
     return World(fabric, boards, onics, {n: BoardLine(b) for n, b in boards.items()},
                  dict(fabric.wss), bus, checker)

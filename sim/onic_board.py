@@ -53,12 +53,15 @@ class _CAModule:
 
 class ONicBoard:
     def __init__(self, fabric: Fabric, node: str, node_index: dict[str, int],
+                 nodes: list[str] | None = None,
                  bitstream_hash: bytes = PLACEHOLDER_HASH,
                  design_version: int = R.DESIGN_VERSION) -> None:
         self.fabric = fabric
         self.clock = fabric.clock
         self.node = node
-        self.nodes = sorted(node_index, key=node_index.get)  # type: ignore[arg-type]
+        # the testbed's nodes in index order (shared: give them, at 4,096 nodes)
+        self.nodes = nodes if nodes is not None else \
+            sorted(node_index, key=node_index.get)  # type: ignore[arg-type]
         self.index = node_index
         self.regs: dict[int, int] = {r.offset: r.reset for r in R.REGISTERS}
         self.regs[R.BY_NAME["DESIGN_VERSION"].offset] = design_version

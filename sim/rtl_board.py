@@ -194,6 +194,7 @@ class RtlBoard:
     """`ONicBoard`'s interface over the simulated RTL (read, write, set_dac_valid, on_irq)."""
 
     def __init__(self, fabric: Fabric, node: str, node_index: dict[str, int],
+                 nodes: list[str] | None = None,
                  bitstream_hash: bytes = PLACEHOLDER_HASH,
                  design_version: int = R.DESIGN_VERSION) -> None:
         try:
@@ -204,7 +205,9 @@ class RtlBoard:
         self.fabric = fabric
         self.clock = fabric.clock
         self.node = node
-        self.nodes = sorted(node_index, key=node_index.get)  # type: ignore[arg-type]
+        # the testbed's nodes in index order (shared: give them, at 4,096 nodes)
+        self.nodes = nodes if nodes is not None else \
+            sorted(node_index, key=node_index.get)  # type: ignore[arg-type]
         self.index = node_index
         self.ports = fabric.ports[node]
         self.bitstream_hash = bitstream_hash
