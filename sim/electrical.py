@@ -24,13 +24,13 @@ class _Active:
     __slots__ = ("conn", "done", "flow", "handle", "last", "lidx", "links", "rate",
                  "remaining")
 
-    def __init__(self, flow: Flow, now: int, links: tuple[object, ...], lidx: np.ndarray):
+    def __init__(self, flow: Flow, now: int, links: tuple[object, ...]):
         self.flow = flow
         self.remaining = float(flow.nbytes * 8)  # bits
         self.rate = 0.0  # bits per ns
         self.last = now
         self.links = links
-        self.lidx = lidx  # link indices, for the whole-network solve
+        self.lidx: np.ndarray | None = None  # link indices, once a vectorised solve needs them
         self.handle = None
         self.done = False
         self.conn = (tag_of(flow.id), flow.src, flow.dst)  # its connection (sim/sharing.py)
@@ -192,9 +192,7 @@ class FlowNetwork:
     def submit(self, flow: Flow) -> None:
         now = self.clock.now_ns()
         links = self.path(flow)
-        li = self.link_index
-        a = _Active(flow, now, links, np.fromiter((li[k] for k in links), dtype=np.int64,
-                                                  count=len(links)))
+        a = _Active(flow, now, links)
         for link in links:
             self.users[link][a] = None
         self.active[a] = None
@@ -242,9 +240,14 @@ class FlowNetwork:
             return [min(self.capacity[k] for k in comp[0].links)]
         w = self.sharing.weights(comp, self.active, now)
         if len(comp) > self.VECTORISE_ABOVE:  # on the flows' own link indices: links
-            lens = [len(a.lidx) for a in comp]  # no flow of comp uses take no part
+            li = self.link_index
+            for a in comp:
+                if a.lidx is None:
+                    a.lidx = np.fromiter((li[k] for k in a.links), dtype=np.int64,
+                                         count=len(a.links))
+            lens = [len(a.lidx) for a in comp]  # type: ignore[arg-type]
             rows = np.repeat(np.arange(len(comp)), lens)
-            cols = np.concatenate([a.lidx for a in comp])
+            cols = np.concatenate([a.lidx for a in comp])  # type: ignore[misc]
             return max_min_arrays(rows, cols, len(comp), self.cap_arr,
                                   None if w is None else np.asarray(w)).tolist()
         caps = {link: self.capacity[link] for a in comp for link in a.links}

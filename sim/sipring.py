@@ -41,6 +41,7 @@ class SipRing(FlowNetwork):
         self.degree = degree
         self.reconfig_ns = math.ceil(reconfig_ns)
         self.partner: dict[str, str] = {}
+        self._paths: dict[tuple[str, str], tuple[object, ...]] = {}
         self.reconfigs = 0
         node_gbps = degree * self.lambda_gbps
         seg_gbps = wavelengths * self.lambda_gbps
@@ -54,14 +55,21 @@ class SipRing(FlowNetwork):
         super().__init__(clock, cap, self._path, latency_ns, deliver)
 
     def _path(self, f: Flow) -> tuple[object, ...]:
-        a, b = self.pos[f.src], self.pos[f.dst]
+        key = (f.src, f.dst)
+        path = self._paths.get(key)
+        if path is None:  # a ring all-reduce asks for the same n pairs 2(n - 1) times
+            path = self._paths[key] = self._route(f.src, f.dst)
+        return path
+
+    def _route(self, src: str, dst: str) -> tuple[object, ...]:
+        a, b = self.pos[src], self.pos[dst]
         n = self.n
         fwd = (b - a) % n
         if fwd <= n - fwd:
             segs = [("cw", (a + k) % n) for k in range(fwd)]
         else:
             segs = [("ccw", (a - k - 1) % n) for k in range(n - fwd)]
-        return (("tx", f.src), *segs, ("rx", f.dst))
+        return (("tx", src), *segs, ("rx", dst))
 
     def hops(self, src: str, dst: str) -> int:
         d = (self.pos[dst] - self.pos[src]) % self.n

@@ -215,3 +215,20 @@ def test_a_baseline_that_fails_in_its_worker_process_fails_the_run_by_name(root:
     finally:
         aside.close()
     assert seen == []  # it never completed an iteration
+
+
+def test_a_run_tunes_the_collector_and_gives_it_back(root: Path) -> None:
+    """During a run the young generation is larger and what was set up is frozen out of the
+    collector's passes (docs/performance.md); after it, a long-lived process (the arbiter,
+    the emulator) has its collector as it was, nothing left frozen to leak."""
+    import gc
+
+    from oddl.controller.experiments.runner import GC_YOUNG, lone_network
+
+    before = gc.get_threshold()
+    with lone_network(load_experiment(root / TABLE1), "oddl", 1, 0) as net:
+        assert gc.get_threshold()[0] == GC_YOUNG
+        assert gc.get_freeze_count() > 0  # the boards, the fabric, the plan's inputs
+        net.admission.run()
+    assert gc.get_threshold() == before
+    assert gc.get_freeze_count() == 0

@@ -36,12 +36,18 @@ def ring(n: int, size: int, members: list[int] | None = None, phase: str = "ring
     if k == 1:
         return sched
     chunks = _split(size, k)
+    names = (f"{phase}-rs", f"{phase}-ag")
+    # steps are immutable values: one object per distinct step (a 1,024-rank ring has
+    # 2 M steps but a few thousand distinct ones)
+    seen: dict[tuple[int, int, int, str], Step] = {}
     for s in range(2 * (k - 1)):
+        name = names[s >= k - 1]
         for i, r in enumerate(ranks):
-            send_chunk = (i - s) % k
-            recv_chunk = (i - 1 - s) % k
-            sched[r].append(Step(((ranks[(i + 1) % k], chunks[send_chunk]),),
-                                 chunks[recv_chunk], f"{phase}-{'rs' if s < k - 1 else 'ag'}"))
+            key = (ranks[(i + 1) % k], chunks[(i - s) % k], chunks[(i - 1 - s) % k], name)
+            st = seen.get(key)
+            if st is None:
+                st = seen[key] = Step(((key[0], key[1]),), key[2], name)
+            sched[r].append(st)
     return sched
 
 

@@ -1,0 +1,184 @@
+"""Every speed figure of issue 32, each in a fresh process (its wall time and its own peak
+RSS, from wait4), printed beside its target. Figures printed, nothing asserted.
+
+    python bench/speed_bench.py            # all (about 4 min on 2 cores)
+    python bench/speed_bench.py --quick    # without the three long runs
+    python bench/speed_bench.py --beyond   # also the 16,384-node grid (128 x 128)
+
+docs/performance.md has the figures before and after, and where the time goes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+ODDL = [sys.executable, "-c", "from oddl.controller.operator.cli import main; main()"]
+
+# in-process measurements, each run as `python -c` in a fresh interpreter: JSON on stdout
+EVENTS = """
+import json, time
+from oddl.controller.base.config import load_experiment
+from oddl.controller.operator.api import network
+ctx = load_experiment("experiments/table1-resnet50.toml")
+with network(ctx, "oddl", {its}, 220_000_000) as net:
+    t = time.perf_counter(); net.admission.run(); wall = time.perf_counter() - t
+    ev = net.backend.loop.events
+print(json.dumps({{"events": ev, "flows": net.admission.outcomes[0].flows, "wall_s": wall}}))
+"""
+PLAN = """
+import json, time
+from oddl.controller.base.collectives import build
+from oddl.controller.base.config import load_testbed
+from oddl.controller.base.topology import Grid
+from oddl.controller.stage1.planner import plan_job
+from oddl.controller.stage2.workloads import model_spec
+tb = load_testbed("{testbed}")
+grid = Grid.from_testbed(tb)
+t = time.perf_counter()
+sched = build("hd", tb.n_nodes, model_spec("resnet50").grad_bytes(), tb.grid.rows, tb.grid.cols)
+t_sched = time.perf_counter() - t
+t = time.perf_counter()
+p = plan_job(tb, grid, sched, strategy="matched")
+t_plan = time.perf_counter() - t
+print(json.dumps({{"schedule_s": t_sched, "plan_s": t_plan}}))
+"""
+ITERATION = """
+import json, time
+from oddl.controller.base.config import load_experiment
+from oddl.controller.operator.api import network
+ctx = load_experiment("{experiment}")
+t = time.perf_counter()
+with network(ctx, "oddl", 1, 0) as net:
+    setup = time.perf_counter() - t
+    [rec] = net.admission.run().values()
+print(json.dumps({{"setup_s": setup, "plan_s": net.stage1.plan_s,
+                  "total_s": time.perf_counter() - t, "flows": net.admission.outcomes[0].flows,
+                  "allreduce_ms": rec.iteration_ns[0] / 1e6,
+                  "violations": len(net.backend.monitor.violations)}}))
+"""
+BEYOND_TB = """
+[testbed]
+name = "grid-16384"
+description = "128 x 128 ODDL grid (bench/speed_bench.py --beyond)"
+backend = "sim"
+[grid]
+rows = 128
+cols = 128
+[optical]
+line_rate_gbps = 100
+tuning_time_ns = 10.5
+guard_time_ns = 2.0
+propagation_ns = 100.0
+wavelength_grid = { start_nm = 1530.33, spacing_ghz = 50, count = 128 }
+[control]
+kind = "100GbE"
+latency_ns = 1000
+request_timeout_ns = 50000
+max_retries = 20
+grant_lease_ns = 100000
+[generate]
+nodes = "n{row}-{col}"
+wss = true
+"""
+BEYOND_EXP = """
+name = "grid16384-resnet50-hd"
+testbed = "grid-16384.toml"
+seed = 1
+iterations = 1
+flow_records = "none"
+[workload]
+model = "resnet50"
+collective = "hd"
+epochs = 1
+dataset_samples = 1281167
+batch_per_node = 32
+compute_time_ms = 100
+[[networks]]
+name = "oddl"
+kind = "oddl"
+strategy = "matched"
+"""
+
+
+def measure(cmd: list[str]) -> tuple[float, float, str]:
+    """Wall seconds, peak RSS (MB) of that process alone, and its stdout."""
+    with tempfile.TemporaryFile() as out:
+        t = time.perf_counter()
+        p = subprocess.Popen(cmd, cwd=ROOT, stdout=out, stderr=subprocess.DEVNULL)
+        _pid, status, usage = os.wait4(p.pid, 0)
+        wall = time.perf_counter() - t
+        out.seek(0)
+        text = out.read().decode()
+    if os.waitstatus_to_exitcode(status) != 0:
+        raise RuntimeError(f"{' '.join(cmd)} failed:\n{text[-2000:]}")
+    return wall, usage.ru_maxrss / 1024, text
+
+
+def python(snippet: str) -> tuple[float, float, dict[str, float]]:
+    wall, rss, text = measure([sys.executable, "-c", snippet])
+    return wall, rss, json.loads(text.strip().splitlines()[-1])
+
+
+def row(what: str, figure: str, target: str) -> dict[str, str]:
+    print(f"{what:<52} {figure:<34} target {target}", flush=True)
+    return {"what": what, "figure": figure, "target": target}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true", help="skip Table 1, the sweep, multi-job")
+    ap.add_argument("--beyond", action="store_true", help="also the 16,384-node grid")
+    ap.add_argument("--json", action="store_true")
+    a = ap.parse_args()
+    rows = []
+    with tempfile.TemporaryDirectory() as d:
+        if not a.quick:
+            wall, rss, _ = measure([*ODDL, "run", "experiments/table1-resnet50.toml",
+                                    "--out", f"{d}/t1"])
+            rows.append(row("Table 1, `oddl run` (README's main command)",
+                            f"{wall:.1f} s, {rss:.0f} MB", "<= 15 s"))
+        _w, _r, ev = python(EVENTS.format(its=5000))
+        rows.append(row("simulated events/s (Table 1 ODDL, 5,000 iterations)",
+                        f"{ev['events'] / ev['wall_s']:,.0f} ({ev['events'] / ev['flows']:.1f}"
+                        f"/flow, {ev['wall_s'] / ev['flows'] * 1e6:.1f} us/flow)", ">= 300k"))
+        wall, rss, it = python(ITERATION.format(experiment="experiments/grid4096-resnet50-hd.toml"))
+        rows.append(row("grid-4096, one HD iteration with setup",
+                        f"{wall:.1f} s ({it['setup_s']:.1f} setup, {it['plan_s']:.2f} plan), "
+                        f"{rss:.0f} MB", "<= 8 s, <= 800 MB"))
+        _w, _r, pl = python(PLAN.format(testbed="hw_configs/grid-4096.toml"))
+        rows.append(row("stage-1 plan of grid-4096, in process",
+                        f"{pl['plan_s']:.2f} s (+ {pl['schedule_s']:.2f} s HD schedule)",
+                        "<= 0.5 s"))
+        wall, _rss, _ = measure([*ODDL, "plan", "hw_configs/grid-4096.toml", "--json"])
+        rows.append(row("`oddl plan hw_configs/grid-4096.toml --json`", f"{wall:.2f} s",
+                        "<= 1 s"))
+        if not a.quick:
+            wall, _rss, _ = measure([*ODDL, "sweep", "experiments/jocn-1024-vgg19.toml",
+                                     "--jobs", "2", "--out", f"{d}/jocn"])
+            rows.append(row("`oddl sweep experiments/jocn-1024-vgg19.toml --jobs 2`",
+                            f"{wall:.1f} s", "<= 45 s"))
+            wall, rss, _ = measure([*ODDL, "run", "experiments/multijob-1024.toml",
+                                    "--out", f"{d}/mj"])
+            rows.append(row("`oddl run experiments/multijob-1024.toml`",
+                            f"{wall:.1f} s, {rss:.0f} MB", "<= 30 s"))
+        if a.beyond:
+            (Path(d) / "grid-16384.toml").write_text(BEYOND_TB)
+            (Path(d) / "e.toml").write_text(BEYOND_EXP)
+            wall, rss, it = python(ITERATION.format(experiment=f"{d}/e.toml"))
+            rows.append(row("grid-16384 (128 x 128): plan and one HD iteration",
+                            f"{wall:.1f} s ({it['plan_s']:.2f} plan), {rss:.0f} MB, "
+                            f"{it['flows']:,} flows", "within 24 GB"))
+    if a.json:
+        print(json.dumps(rows, indent=1))
+
+
+if __name__ == "__main__":
+    main()
