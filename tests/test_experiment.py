@@ -223,11 +223,12 @@ def test_a_run_tunes_the_collector_and_gives_it_back(root: Path) -> None:
     the emulator) has its collector as it was, nothing left frozen to leak."""
     import gc
 
-    from oddl.controller.experiments.runner import GC_YOUNG, lone_network
+    from oddl.controller.base.collector import YOUNG
+    from oddl.controller.experiments.runner import lone_network
 
     before = gc.get_threshold()
     with lone_network(load_experiment(root / TABLE1), "oddl", 1, 0) as net:
-        assert gc.get_threshold()[0] == GC_YOUNG
+        assert gc.get_threshold()[0] == YOUNG
         assert gc.get_freeze_count() > 0  # the boards, the fabric, the plan's inputs
         net.admission.run()
     assert gc.get_threshold() == before

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from oddl.controller import registry
+from oddl.controller.base import collector
 from oddl.controller.base.config import ConfigError, ConfigIssue, LoadedExperiment, NetworkSpec
 from oddl.controller.base.topology import Grid
 from oddl.controller.experiments.figures import wire_ns
@@ -61,7 +62,6 @@ from oddl.controller.stage2.trace import Timeline
 from oddl.controller.stage2.workloads import model_spec, total_iterations
 
 log = logging.getLogger(__name__)
-GC_YOUNG = 10_000  # allocations between young collections during a run
 
 __all__ = ["Network", "NetworkResult", "RunFailed", "RunResult", "Timeline", "lone_network",
            "run_experiment"]
@@ -175,7 +175,7 @@ def network(ctx: LoadedExperiment, spec: NetworkSpec, grid: Grid, requests: list
     # a network's own collective (OptINC's in-network one, SiP-ML's ring) for every job
     mine = [dataclasses.replace(r, collective=spec.collective or r.collective)
             for r in requests]
-    with _collector_for_a_run():
+    with collector.tuned():
         b: Backend = registry.open_backend(
             backend, tb, grid, faults=exp.faults, seed=exp.seed, checker_mode=checker_mode,
             announce=announce) if spec.kind == "oddl" else \
@@ -200,21 +200,6 @@ def network(ctx: LoadedExperiment, spec: NetworkSpec, grid: Grid, requests: list
             yield Network(spec, b, stage1, adm)
         finally:
             b.close()
-
-
-@contextlib.contextmanager
-def _collector_for_a_run() -> Iterator[None]:
-    """A run allocates small objects by the million (flows, events, messages), most of
-    them short-lived: the collector's default young generation (700 allocations) made it
-    scan the survivors thousands of times a second (a third of a 1,024-node ring's run).
-    Restored, and what was frozen thawed, when the run ends."""
-    thresholds = gc.get_threshold()
-    gc.set_threshold(GC_YOUNG, *thresholds[1:])
-    try:
-        yield
-    finally:
-        gc.unfreeze()
-        gc.set_threshold(*thresholds)
 
 
 def _lone_job(ctx: LoadedExperiment, iterations: int, compute_ns: int) -> JobRequest:

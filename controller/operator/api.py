@@ -18,8 +18,9 @@ import json
 import os
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from oddl.controller.base import collector
 from oddl.controller.base.collectives import build
 from oddl.controller.base.config import (
     ConfigError,
@@ -31,28 +32,29 @@ from oddl.controller.base.config import (
     load_testbed,
 )
 from oddl.controller.base.topology import Grid
-from oddl.controller.experiments.figures import (
-    iteration_parts,
-    jct_cdf,
-    paper_rows,
-    run_figure,
-    save,
-)
-from oddl.controller.experiments.remote import ArbiterClient
-from oddl.controller.experiments.results import RunStore, make_run_dir, read_store, write_manifest
-from oddl.controller.experiments.runner import (
-    Network,
-    Progress,
-    RunFailed,
-    RunResult,
-    run_experiment,
-)
-from oddl.controller.experiments.runner import lone_network as network
-from oddl.controller.operator.session import session
 from oddl.controller.stage1.plan import Plan
 from oddl.controller.stage1.planner import plan_job
-from oddl.controller.stage2.trace import Timeline
 from oddl.controller.stage2.workloads import model_spec
+
+if TYPE_CHECKING:
+    from oddl.controller.experiments.remote import ArbiterClient
+    from oddl.controller.experiments.runner import Network, Progress, RunFailed, RunResult
+    from oddl.controller.experiments.runner import lone_network as network
+    from oddl.controller.stage2.trace import Timeline
+
+# the runner and what it stands on (numpy, the back ends, matplotlib, httpx) load on first
+# use: `oddl plan` and `oddl check` need none of them (docs/performance.md)
+_LAZY = {"Network": "Network", "RunFailed": "RunFailed", "RunResult": "RunResult",
+         "network": "lone_network"}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        from oddl.controller.experiments import runner
+
+        return getattr(runner, _LAZY[name])
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
 
 __all__ = [
     "ConfigError",
@@ -90,10 +92,11 @@ def plan(testbed: Testbed | str | Path, experiment: LoadedExperiment | None = No
         model, coll, bpp, name, n = w.model, spec.collective or w.collective, \
             w.bytes_per_param, experiment.experiment.name, w.ranks or tb.n_nodes
     grid = Grid.from_testbed(tb)
-    sched = build(coll, n, model_spec(model).grad_bytes(bpp), tb.grid.rows, tb.grid.cols,
-                  spec.degree, spec.bidirectional)
-    p = plan_job(tb, grid, sched, name, strategy or spec.strategy, spec.relay)
-    p.validate(grid)
+    with collector.tuned():
+        sched = build(coll, n, model_spec(model).grad_bytes(bpp), tb.grid.rows, tb.grid.cols,
+                      spec.degree, spec.bidirectional)
+        p = plan_job(tb, grid, sched, name, strategy or spec.strategy, spec.relay)
+        p.validate(grid)
     return p
 
 
@@ -163,6 +166,22 @@ def run(experiment: LoadedExperiment | str | Path, backend: str = "sim",
     them), summary.json, plot.png (one workload) or jct-cdf.png (several jobs), and for
     an emulated run the emulator's log. `workers`: processes for the model networks
     beside the ODDL one (default: one per core beyond this one's; 0: all in this one)."""
+    from oddl.controller.experiments.figures import (
+        iteration_parts,
+        jct_cdf,
+        paper_rows,
+        run_figure,
+        save,
+    )
+    from oddl.controller.experiments.results import (
+        RunStore,
+        make_run_dir,
+        read_store,
+        write_manifest,
+    )
+    from oddl.controller.experiments.runner import run_experiment
+    from oddl.controller.operator.session import session
+
     ctx = experiment if isinstance(experiment, LoadedExperiment) else \
         load_experiment(experiment)
     exp = ctx.experiment
@@ -211,6 +230,8 @@ async def run_async(experiment: LoadedExperiment | str | Path, backend: str = "s
 
 def read_run(run_dir: str | Path) -> dict[str, Any]:
     """A run directory: its manifest, summary and every recorded iteration (per network)."""
+    from oddl.controller.experiments.results import read_store
+
     d = Path(run_dir)
     summary = d / "summary.json"
     return {"manifest": json.loads((d / "manifest.json").read_text()),

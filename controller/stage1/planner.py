@@ -120,6 +120,19 @@ class _Paths:
     def _others(k: int, n: int) -> Iterator[int]:
         return ((k + d) % n for d in range(1, n))
 
+    def first(self, node: str, dst: str) -> Leg:
+        """The first leg of the preferred way (what `legs(...)[0]` is with no faults),
+        without the generator: a 4,096-node plan asks 100,000 times."""
+        at = self.grid.at
+        (r, c), (rd, cd) = self.grid.coord[node], self.grid.coord[dst]
+        if r == rd:
+            return ("row", r, node, dst)
+        if c == cd:
+            return ("col", c, node, dst)
+        if self.relay == "row-first":
+            return ("row", r, node, at[(r, cd)])
+        return ("col", c, node, at[(rd, c)])
+
     def legs(self, node: str, dst: str) -> list[Leg]:
         opts = self.options(node, dst)
         first = next(opts)
@@ -199,6 +212,7 @@ def plan_job(tb: Testbed, grid: Grid, schedule: Schedule, job: str = "job0",
         raise PlanError(f"job {job}: rank on dead node {', '.join(dead)}")
     coord = grid.coord
     paths = _Paths(grid, avoid, relay)
+    first_leg = paths.first if not avoid else (lambda n, d: paths.legs(n, d)[0])
     wl = tb.optical.wavelengths()
     w_count = len(wl)
 
@@ -238,7 +252,7 @@ def plan_job(tb: Testbed, grid: Grid, schedule: Schedule, job: str = "job0",
         demand.add((src, dst))
         node, legs_taken = src, 0
         while node != dst:  # leg by leg, as each node on the way will send it
-            axis, idx, _a, to = paths.legs(node, dst)[0]
+            axis, idx, _a, to = first_leg(node, dst)
             k = 1 if axis == "row" else 0
             want(axis, idx, s, coord[node][k], coord[to][k], nbytes)
             node, legs_taken = to, legs_taken + 1
@@ -296,7 +310,7 @@ def plan_job(tb: Testbed, grid: Grid, schedule: Schedule, job: str = "job0",
     routes: dict[str, dict[str, Route]] = {}
 
     def route(node: str, dst: str) -> Route:
-        axis, idx, _a, to = paths.legs(node, dst)[0]
+        axis, idx, _a, to = first_leg(node, dst)
         k = 1 if axis == "row" else 0
         key, port, i, t = (axis, idx), H if axis == "row" else V, coord[node][k], coord[to][k]
         gr = routing.get(key)
