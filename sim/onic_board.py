@@ -26,17 +26,20 @@ from oddl.sim.fabric import Fabric
 # power-on: the board boots the shipped (placeholder) overlay, as a flashed board would
 PLACEHOLDER_HASH = hashlib.sha256(placeholder_bit()).digest()
 
-_SPECIAL = ("TS_", "_STATUS", "_CUR_FLOW")
+# read as the device's state, not storage (IRQ_STATUS is storage, read per interrupt)
+_COMPUTED = {"TS_LO", "TS_HI"} | {f"{d}{p}_{k}" for p in R.PORTS for d, k in (
+    ("TX", "STATUS"), ("RX", "STATUS"), ("RX", "CUR_FLOW"))}
 _IRQ_STATUS = R.BY_NAME["IRQ_STATUS"].offset
 _ANY = len(R.PORTS)  # index code of rx[any]
 _MODULE_BITS = ((1 << R.N_MODULES) - 1) << R.IRQ_MODULE_SHIFT  # signalled with CA_FIRED
 _IRQ_ENABLE = R.BY_NAME["IRQ_ENABLE"].offset
 # registers that are plain storage on read / on write: the fast path of the bus decode
 _PLAIN_READ = frozenset(r.offset for r in R.REGISTERS if r.access != "SC"
-                        and not r.name.startswith("CA") and not any(k in r.name for k in _SPECIAL))
+                        and not r.name.startswith("CA") and r.name not in _COMPUTED)
 _PLAIN_WRITE = frozenset(r.offset for r in R.REGISTERS if r.access == "RW"
                          and not r.name.startswith("CA") and r.offset != _IRQ_ENABLE)
 _NODE_ID = R.BY_NAME["NODE_ID"].offset
+_W1C = frozenset(r.offset for r in R.REGISTERS if r.access == "W1C")
 _START = {R.BY_NAME[f"TX{p}_START"].offset: p for p in R.PORTS}  # SC: offset -> port
 
 
@@ -146,6 +149,8 @@ class ONicBoard:
         if start is not None:  # TXn_START, the per-flow command
             if value & 1:
                 self._start(start)
+        elif off in _W1C:  # IRQ_STATUS and ERROR, cleared per interrupt and per refusal
+            self.regs[off] &= ~value
         else:
             self._write(off, value)
         self._interrupt()  # a level line: a write may raise it (IRQ_ENABLE, an ERROR flag)
