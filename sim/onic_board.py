@@ -54,6 +54,10 @@ class _CAModule:
     act: list[int] = field(default_factory=lambda: [0] * R.N_SLOTS)
 
 
+# a module listening to a signal: its number, itself, its sources' (index, filter) on it
+_Listener = tuple[int, _CAModule, tuple[tuple[int, int], ...]]
+
+
 class ONicBoard:
     def __init__(self, fabric: Fabric, node: str, node_index: dict[str, int],
                  nodes: list[str] | None = None,
@@ -77,7 +81,7 @@ class ONicBoard:
         self.ports = fabric.ports[node]
         self.start_after_tune: set[str] = set()  # CA "start" issued while its port tunes
         self.tuning_pending: set[str] = set()  # ports whose lock has not been reported yet
-        self._ca_index: dict[int, list[int]] | None = None
+        self._ca_index: dict[int, list[_Listener]] | None = None
         self._events: deque[tuple[int, int, int, int | None]] = deque()
         self._fires = 0  # in the current drain (R.CA_FIRE_LIMIT)
         self.fires = 0  # since power-on (a statistic; the registers keep 8 bits of it)
@@ -333,14 +337,16 @@ class ONicBoard:
         elif f.startswith("ACT"):
             mod.act[int(f[3:])] = v
 
-    def _listeners(self) -> dict[int, list[int]]:
-        """signal -> modules with a source on it (rebuilt after the engine is reprogrammed)."""
+    def _listeners(self) -> dict[int, list[_Listener]]:
+        """signal -> each module with a source on it, ascending, with those sources'
+        (index, filter) in slot order (rebuilt after the engine is reprogrammed)."""
         if self._ca_index is None:
-            idx: dict[int, list[int]] = {}
+            idx: dict[int, list[_Listener]] = {}
             for m, mod in enumerate(self.ca):
-                for w in mod.src:
-                    if w & 0xFF and m not in idx.get(w & 0xFF, []):
-                        idx.setdefault(w & 0xFF, []).append(m)
+                for sig in dict.fromkeys(w & 0xFF for w in mod.src if w & 0xFF):
+                    conds = tuple(((w >> 8) & 0xFF, w >> 16) for w in mod.src
+                                  if (w & 0xFF) == sig)
+                    idx.setdefault(sig, []).append((m, mod, conds))
             self._ca_index = idx
         return self._ca_index
 
@@ -362,17 +368,12 @@ class ONicBoard:
         mods = self._listeners().get(sig)
         if not mods:
             return True
-        for m in mods:
-            mod = self.ca[m]
+        for m, mod, conds in mods:
             if not mod.ctrl & 1:
                 continue
-            for w in mod.src:
-                if (w & 0xFF) != sig:
-                    continue
-                widx = (w >> 8) & 0xFF
+            for widx, filt in conds:
                 if widx != index and not (sig == 6 and widx == _ANY):
                     continue
-                filt = w >> 16
                 if filt and (src is None or filt - 1 != src):
                     continue
                 mod.count = (mod.count + value) & 0xFFFFFFFF
