@@ -107,23 +107,33 @@ def max_min_arrays(rows: np.ndarray, cols: np.ndarray, nf: int, cap: np.ndarray,
     equals the minimum at once, so symmetric traffic takes a few rounds, not one per link."""
     nl = len(cap)
     cap = cap.astype(float)
-    w = np.ones(nf) if weights is None else np.asarray(weights, dtype=float)
+    # unweighted: a link's users counted (exact integers, as the sum of their 1.0 weights
+    # would be) and a frozen flow's rate the level itself: the same numbers, fewer passes
+    w = None if weights is None else np.asarray(weights, dtype=float)
     rate = np.zeros(nf)
     live = np.ones(nl, dtype=bool)
+    share = np.empty(nl)
     level = 0.0
     while len(rows):
-        users = np.bincount(cols, weights=w[rows], minlength=nl)
+        users = np.bincount(cols, minlength=nl) if w is None else \
+            np.bincount(cols, weights=w[rows], minlength=nl)
         ok = live & (users > 0)
-        share = np.divide(cap, users, out=np.full(nl, np.inf), where=ok)
+        share.fill(np.inf)
+        np.divide(cap, users, out=share, where=ok)
         s = level = max(level, float(share.min()))  # the water level never falls
         sat = ok & (share <= s * (1 + TIE))
         frozen = np.zeros(nf, dtype=bool)
         frozen[rows[sat[cols]]] = True
-        rate[frozen] = s * w[frozen]
         gone = frozen[rows]
-        cap -= s * np.bincount(cols[gone], weights=w[rows[gone]], minlength=nl)
+        if w is None:
+            rate[frozen] = s
+            cap -= s * np.bincount(cols[gone], minlength=nl)
+        else:
+            rate[frozen] = s * w[frozen]
+            cap -= s * np.bincount(cols[gone], weights=w[rows[gone]], minlength=nl)
         live &= ~sat
-        rows, cols = rows[~gone], cols[~gone]  # only unfrozen flows' entries remain
+        keep = ~gone
+        rows, cols = rows[keep], cols[keep]  # only unfrozen flows' entries remain
     return rate
 
 
@@ -158,6 +168,7 @@ class FlowNetwork:
         self.link_index = {k: i for i, k in enumerate(capacity)}
         self.cap_arr = np.array([capacity[k] for k in capacity], dtype=float)
         self.active: dict[_Active, None] = {}  # insertion-ordered: deterministic
+        self.conns: dict[tuple[int, str, str], int] = {}  # active flows per connection
         self.flows = 0
         self._dirty: list[_Active] = []
         self._whole = False  # the last solve found one big component
@@ -196,6 +207,7 @@ class FlowNetwork:
         for link in links:
             self.users[link][a] = None
         self.active[a] = None
+        self.conns[a.conn] = self.conns.get(a.conn, 0) + 1
         self.flows += 1
         self.sharing.submitted(flow)
         if self.sharing.tick_ns and not self._ticking:
@@ -238,7 +250,8 @@ class FlowNetwork:
     def _rates(self, comp: list[_Active], now: int) -> list[float]:
         if len(comp) == 1:
             return [min(self.capacity[k] for k in comp[0].links)]
-        w = self.sharing.weights(comp, self.active, now)
+        whole = len(comp) == len(self.active)  # every active flow: their counts are kept
+        w = self.sharing.weights(comp, self.active, now, self.conns if whole else None)
         if len(comp) > self.VECTORISE_ABOVE:  # on the flows' own link indices: links
             li = self.link_index
             for a in comp:
@@ -286,6 +299,11 @@ class FlowNetwork:
         now = self.clock.now_ns()
         a.done = True
         del self.active[a]
+        n = self.conns[a.conn] - 1
+        if n:
+            self.conns[a.conn] = n
+        else:
+            del self.conns[a.conn]
         self.sharing.finished(a.flow)
         for link in a.links:
             users = self.users[link]

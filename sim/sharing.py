@@ -20,7 +20,7 @@ the water level. These policies give the weights:
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from oddl.controller.base.messages import Flow
@@ -40,21 +40,28 @@ class Sharing:
 
     def finished(self, flow: Flow) -> None: ...
 
-    def weights(self, comp: list[Any], active: Iterable[Any], now: int) -> list[float] | None:
-        return per_connection(comp, None)
+    def weights(self, comp: list[Any], active: Iterable[Any], now: int,
+                conns: Mapping[Any, int] | None = None) -> list[float] | None:
+        """Each flow of `comp`'s weight (None: all 1); `conns`: the flows on each
+        connection, when the network already counts them (comp is every active flow)."""
+        return per_connection(comp, None, conns)
 
 
 Fair = Sharing
 
 
-def per_connection(comp: list[Any], w: list[float] | None) -> list[float] | None:
+def per_connection(comp: list[Any], w: list[float] | None,
+                   conns: Mapping[Any, int] | None = None) -> list[float] | None:
     """A job's flows from one rank to one peer are one connection (a collective keeps one
     per peer, and ECMP hashes it so): a rank whose next step's data queues behind this
     step's on the same connection does not get a second share of the link. Each flow gets
-    its weight divided by the flows on its connection; None: every weight 1."""
-    conns: dict[tuple[int, str, str], int] = {}
-    for a in comp:
-        conns[a.conn] = conns.get(a.conn, 0) + 1
+    its weight divided by the flows on its connection; None: every weight 1. `conns`:
+    those counts, when the caller keeps them (comp is every active flow)."""
+    if conns is None:
+        counted: dict[tuple[int, str, str], int] = {}
+        for a in comp:
+            counted[a.conn] = counted.get(a.conn, 0) + 1
+        conns = counted
     if w is None and len(conns) == len(comp):
         return None
     return [(1.0 if w is None else w[i]) / conns[a.conn] for i, a in enumerate(comp)]
@@ -69,8 +76,10 @@ class Weighted(Sharing):
     def join(self, tag: int, weight: float) -> None:
         self.by_tag[tag] = weight
 
-    def weights(self, comp: list[Any], active: Iterable[Any], now: int) -> list[float] | None:
-        return per_connection(comp, [self.by_tag.get(tag_of(a.flow.id), 1.0) for a in comp])
+    def weights(self, comp: list[Any], active: Iterable[Any], now: int,
+                conns: Mapping[Any, int] | None = None) -> list[float] | None:
+        return per_connection(comp, [self.by_tag.get(tag_of(a.flow.id), 1.0) for a in comp],
+                              conns)
 
 
 class MLTCP(Sharing):
@@ -100,7 +109,8 @@ class MLTCP(Sharing):
         total = self.per_iteration.get(tag)
         return min(1.0, (self.done.get(tag, 0.0) + inflight) / total) if total else 0.0
 
-    def weights(self, comp: list[Any], active: Iterable[Any], now: int) -> list[float] | None:
+    def weights(self, comp: list[Any], active: Iterable[Any], now: int,
+                conns: Mapping[Any, int] | None = None) -> list[float] | None:
         inflight: dict[int, float] = {}
         for a in active:
             tag = tag_of(a.flow.id)
@@ -108,7 +118,8 @@ class MLTCP(Sharing):
                 sent = a.flow.nbytes * 8 - a.remaining + a.rate * (now - a.last)
                 inflight[tag] = inflight.get(tag, 0.0) + sent
         f = {t: self.slope * self.ratio(t, b) + self.intercept for t, b in inflight.items()}
-        return per_connection(comp, [f.get(tag_of(a.flow.id), self.intercept) for a in comp])
+        return per_connection(comp, [f.get(tag_of(a.flow.id), self.intercept) for a in comp],
+                              conns)
 
 
 def sharing_of(kind: str, slope: float = 1.0, intercept: float = 1.0,
