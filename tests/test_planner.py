@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -131,3 +133,20 @@ def test_the_grid_4096_plan_is_the_same_to_the_last_entry(root: Path) -> None:
     p = plan_job(tb, Grid.from_testbed(tb), sched, strategy="matched")
     digest = hashlib.sha256(json.dumps(p.to_dict(), sort_keys=True).encode()).hexdigest()
     assert digest == "6baee73e4f091386f5064a40c05f0c46a53ad950c99ecd5f2df7fe7c6d749db2"
+
+
+def test_planning_loads_no_runner(root: Path) -> None:
+    """`oddl plan` and `oddl check` stand on the configs and the planner only: the runner
+    and what it loads (numpy, matplotlib, httpx, pynq) wait for a run (issue 32: half of
+    `oddl plan --json`'s second was imports)."""
+    code = ("import sys\n"
+            "from oddl.controller.operator import api\n"
+            "from oddl.controller.operator.cli import main\n"
+            f"api.plan({str(root / 'hw_configs/prototype-4node.toml')!r})\n"
+            "print(sorted(m for m in ('numpy', 'matplotlib', 'httpx', 'pynq') "
+            "if m in sys.modules))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True).stdout
+    assert out.strip() == "[]"
+    from oddl.controller.operator import api
+    assert api.RunResult.__name__ == "RunResult" and callable(api.network)  # still there
