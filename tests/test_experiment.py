@@ -233,3 +233,17 @@ def test_a_run_tunes_the_collector_and_gives_it_back(root: Path) -> None:
         net.admission.run()
     assert gc.get_threshold() == before
     assert gc.get_freeze_count() == 0
+
+
+def test_a_baseline_in_a_worker_still_tells_the_bus(root: Path) -> None:
+    """A published run's notes for the dashboard (`announce`): a baseline run in a worker
+    process has its notes relayed by this one, the same notes as when it runs here."""
+    def notes(workers: int) -> list[tuple[str, bytes]]:
+        got: list[tuple[str, bytes]] = []
+        run_experiment(load_experiment(root / TABLE1), iterations=3, workers=workers,
+                       announce=lambda kind, payload: got.append((kind, payload)))
+        return [(k, p) for k, p in got if b"electrical" in p]
+
+    here, there = notes(0), notes(1)
+    assert here and len(there) == len(here)
+    assert {k for k, _ in there} == {k for k, _ in here}

@@ -385,16 +385,21 @@ def run_network(ctx: LoadedExperiment, spec: NetworkSpec, reqs: list[JobRequest]
 
 def _aside_main(conn: Connection, ctx: LoadedExperiment, spec: NetworkSpec,
                 reqs: list[JobRequest], checker_mode: str, run_name: str, compute_ns: int,
-                full: int, store_path: Path | None, total: int) -> None:
+                full: int, store_path: Path | None, total: int, announcing: bool) -> None:
     """A worker process: one model network, its iterations into the run's store (a
-    connection of its own), its progress and then its result sent back."""
+    connection of its own), its progress and notes for the bus's watchers (`announcing`)
+    relayed to the parent, then its result sent back."""
     store = RunStore(store_path) if store_path is not None else None
     try:
         def progress(network: str, done: int, of: int) -> None:
             conn.send(("progress", network, done, of))
+
+        def announce(kind: str, payload: bytes) -> None:
+            conn.send(("announce", kind, payload))
         rec = _Recorder(store, bool(ctx.jobs), compute_ns, progress, total)
         out = run_network(ctx, spec, reqs, "sim", checker_mode, run_name, compute_ns, full,
-                          store, functools.partial(rec, spec.name))
+                          store, functools.partial(rec, spec.name),
+                          announce if announcing else None)
         conn.send(("result", spec.name, out))
     except BaseException as e:  # whatever it is, the parent hears of it
         conn.send(("error", spec.name, f"{type(e).__name__}: {e}",
@@ -408,20 +413,22 @@ def _aside_main(conn: Connection, ctx: LoadedExperiment, spec: NetworkSpec,
 class _Aside:
     """The model networks of an experiment, run in worker processes (spawned: nothing of
     this process's state goes with them) while this one runs the ODDL networks. Their
-    progress reaches `progress` from a thread that listens to them; `results` waits for
-    them all, and fails with the first failure's message."""
+    progress reaches `progress`, and their notes `announce` (both must take calls from
+    another thread), from a thread that listens to them; `results` waits for them all,
+    and fails with the first failure's message."""
 
     def __init__(self, ctx: LoadedExperiment, specs: list[NetworkSpec],
                  reqs: list[JobRequest], run_name: str, checker_mode: str, compute_ns: int,
                  full: int, store_path: Path | None, progress: Progress | None,
-                 workers: int, total: int) -> None:
+                 workers: int, total: int, announce: Announce | None = None) -> None:
         mp = multiprocessing.get_context("spawn")
-        self.progress = progress
+        self.progress, self.announce = progress, announce
         self.queue = list(specs)
         self.running: dict[str, tuple[BaseProcess, Connection]] = {}
         self.out: dict[str, tuple[NetworkResult, list[str], dict[str, dict[str, Any]]]] = {}
         self.failed: list[str] = []
-        self._args = (ctx, reqs, checker_mode, run_name, compute_ns, full, store_path, total)
+        self._args = (ctx, reqs, checker_mode, run_name, compute_ns, full, store_path, total,
+                      announce is not None)
         self._mp, self._workers = mp, workers
         self._lock = threading.Lock()
         self._start_more()
@@ -434,10 +441,9 @@ class _Aside:
             while self.queue and len(self.running) < self._workers:
                 spec = self.queue.pop(0)
                 mine, theirs = self._mp.Pipe(duplex=False)
-                ctx, reqs, mode, name, cns, full, path, total = self._args
+                ctx, reqs, *rest = self._args
                 p = self._mp.Process(target=_aside_main, name=f"oddl-{spec.name}",
-                                     args=(theirs, ctx, spec, reqs, mode, name, cns, full,
-                                           path, total), daemon=True)
+                                     args=(theirs, ctx, spec, reqs, *rest), daemon=True)
                 p.start()
                 theirs.close()
                 self.running[spec.name] = (p, mine)
@@ -457,6 +463,10 @@ class _Aside:
                 if msg[0] == "progress":
                     if self.progress is not None:
                         self.progress(*msg[1:])
+                    continue
+                if msg[0] == "announce":
+                    if self.announce is not None:
+                        self.announce(*msg[1:])
                     continue
                 if msg[0] == "result":
                     self.out[name] = msg[2]
@@ -487,17 +497,36 @@ class _Aside:
 
 
 
+# flows a run simulates from which its baselines go to worker processes by default: a
+# process costs about a second of a core to start (imports), a baseline ~10 us a flow
+PARALLEL_FROM = 100_000
+
+
+def _spare_cores() -> int:
+    """Cores this process may use beyond its own (its affinity, not the machine's)."""
+    return max(len(os.sched_getaffinity(0)) - 1, 0)
+
+
+def _flows(ctx: LoadedExperiment, reqs: list[JobRequest]) -> int:
+    """The flows the run's jobs send (each network's collective aside: an estimate)."""
+    rows, cols = ctx.testbed.grid.rows, ctx.testbed.grid.cols
+    return sum(r.iterations * sum(len(st.sends) for steps in built_schedule(
+        r.collective, r.ranks, r.size, rows, cols, 4, False, r.alltoall) for st in steps)
+        for r in reqs)
+
+
 def run_experiment(ctx: LoadedExperiment, backend: str = "sim", store: RunStore | None = None,
                    iterations: int | None = None, progress: Progress | None = None,
                    checker_mode: str = "record", trace: Timeline | None = None,
                    announce: Announce | None = None, remote: ArbiterClient | None = None,
-                   workers: int = 0) -> RunResult:
+                   workers: int | None = 0) -> RunResult:
     """Run every network of an experiment on the same jobs: its one workload (a job on the
     whole testbed, `iterations` of it, the training time extrapolated), or its several
     jobs (docs/multijob.md: each placed, planned and admitted as it arrives). `remote`:
     the testbed's arbiter runs the ODDL network's job (experiments/remote.py).
     `workers`: run the model networks (the baselines) in up to that many processes
-    beside this one, which runs the ODDL networks (0: all here, one after another)."""
+    beside this one, which runs the ODDL networks (0: all here, one after another; None:
+    one per spare core when the run is long enough to pay for starting them)."""
     t_wall = time.perf_counter()
     exp, tb = ctx.experiment, ctx.testbed
     grid = Grid.from_testbed(tb)
@@ -522,6 +551,8 @@ def run_experiment(ctx: LoadedExperiment, backend: str = "sim", store: RunStore 
         compute_ns, calibration = _calibrate(ctx, backend, grid, full, run_name)
         reqs = [_lone_job(ctx, n_iter, compute_ns)]
     on_iteration = _Recorder(store, bool(ctx.jobs), compute_ns, progress, n_iter)
+    if workers is None:
+        workers = _spare_cores() if _flows(ctx, reqs) >= PARALLEL_FROM else 0
 
     results: dict[str, NetworkResult] = {}
     jobs: dict[str, dict[str, dict[str, Any]]] = {r.name: {} for r in reqs} if ctx.jobs else {}
@@ -532,8 +563,8 @@ def run_experiment(ctx: LoadedExperiment, backend: str = "sim", store: RunStore 
         if workers > 0 and remote is None and trace is None else []
     elsewhere = {s.name for s in aside}
     pool = _Aside(ctx, aside, reqs, run_name, checker_mode, compute_ns, full,
-                  store.path if store is not None else None, progress, workers, n_iter) \
-        if aside else None
+                  store.path if store is not None else None, progress, workers, n_iter,
+                  announce) if aside else None
     try:
         for spec in exp.networks:
             if spec.name in elsewhere:

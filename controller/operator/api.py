@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -148,11 +147,6 @@ def check(path: str | Path) -> str:
     return f"OK {path}: experiment {ctx.experiment.name} on {tb.name}{jobs}"
 
 
-def spare_cores() -> int:
-    """Cores this process may use beyond its own (its affinity, not the machine's)."""
-    return max(len(os.sched_getaffinity(0)) - 1, 0)
-
-
 def run(experiment: LoadedExperiment | str | Path, backend: str = "sim",
         iterations: int | None = None, out: str | Path | None = None, *,
         progress: Progress | None = None, trace: Timeline | None = None,
@@ -165,7 +159,8 @@ def run(experiment: LoadedExperiment | str | Path, backend: str = "sim",
     manifest.json, results.sqlite (every iteration as it completes: a killed run keeps
     them), summary.json, plot.png (one workload) or jct-cdf.png (several jobs), and for
     an emulated run the emulator's log. `workers`: processes for the model networks
-    beside the ODDL one (default: one per core beyond this one's; 0: all in this one)."""
+    beside the ODDL one (default: one per spare core, for a run long enough to pay for
+    starting them; 0: all in this one)."""
     from oddl.controller.experiments.figures import (
         iteration_parts,
         jct_cdf,
@@ -202,7 +197,7 @@ def run(experiment: LoadedExperiment | str | Path, backend: str = "sim",
                 ctx = load_experiment(ctx.path, s.testbed)
             res = run_experiment(ctx, backend, store, iterations, progress, trace=trace,
                                  announce=s.announce, remote=remote,
-                                 workers=spare_cores() if workers is None else workers)
+                                 workers=workers)
     finally:
         if store is not None:
             store.close()

@@ -250,7 +250,8 @@ def _plan_jobs(ctx: Any, strategy: str | None, as_json: bool, plot: Path | None)
                    "simulated cycle by cycle (default: the testbed's; docs/gateware.md)")
 @click.option("--workers", type=click.IntRange(min=0), default=None,
               help="processes for the baseline networks beside the ODDL one (default: one "
-                   "per core beyond the first; 0: every network in this process)")
+                   "per spare core, for a run of 100,000 flows or more; 0: every network "
+                   "in this process)")
 def run(experiment: Path, backend: str, out: Path | None, iterations: int | None,
         testbed: Path | None, as_json: bool, trace_file: Path | None,
         trace_iterations: int, publish: bool, arbiter_url: str | None,
