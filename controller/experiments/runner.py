@@ -508,11 +508,19 @@ def _spare_cores() -> int:
 
 
 def _flows(ctx: LoadedExperiment, reqs: list[JobRequest]) -> int:
-    """The flows the run's jobs send (each network's collective aside: an estimate)."""
+    """About the flows the run's jobs send (each network's own collective aside; a job
+    whose schedule depends on where it lands, as hier2d's, counted as halving-doubling)."""
     rows, cols = ctx.testbed.grid.rows, ctx.testbed.grid.cols
-    return sum(r.iterations * sum(len(st.sends) for steps in built_schedule(
-        r.collective, r.ranks, r.size, rows, cols, 4, False, r.alltoall) for st in steps)
-        for r in reqs)
+
+    def per_iteration(r: JobRequest) -> int:
+        try:
+            sched = built_schedule(r.collective, r.ranks, r.size, rows, cols, 4, False,
+                                   r.alltoall)
+        except ValueError:
+            sched = built_schedule("hd", r.ranks, r.size, rows, cols, 4, False, r.alltoall)
+        return sum(len(st.sends) for steps in sched for st in steps)
+
+    return sum(r.iterations * per_iteration(r) for r in reqs)
 
 
 def run_experiment(ctx: LoadedExperiment, backend: str = "sim", store: RunStore | None = None,
