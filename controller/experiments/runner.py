@@ -397,6 +397,7 @@ def _aside_main(conn: Connection, ctx: LoadedExperiment, spec: NetworkSpec,
         def announce(kind: str, payload: bytes) -> None:
             conn.send(("announce", kind, payload))
         rec = _Recorder(store, bool(ctx.jobs), compute_ns, progress, total)
+        # a model network has no devices: the back end's name does not reach it
         out = run_network(ctx, spec, reqs, "sim", checker_mode, run_name, compute_ns, full,
                           store, functools.partial(rec, spec.name),
                           announce if announcing else None)
@@ -495,8 +496,6 @@ class _Aside:
         self._listener.join(timeout=10)
 
 
-
-
 # flows a run simulates from which its baselines go to worker processes by default: a
 # process costs about a second of a core to start (imports), a baseline ~10 us a flow
 PARALLEL_FROM = 100_000
@@ -565,7 +564,7 @@ def run_experiment(ctx: LoadedExperiment, backend: str = "sim", store: RunStore 
     results: dict[str, NetworkResult] = {}
     jobs: dict[str, dict[str, dict[str, Any]]] = {r.name: {} for r in reqs} if ctx.jobs else {}
     violations: dict[str, list[str]] = {}
-    # the model networks (baselines) beside the ODDL one, each in a process of its own:
+    # the model networks (baselines) beside the ODDL one, in up to `workers` processes:
     # they share nothing with it but the jobs (docs/performance.md)
     aside = [s for s in exp.networks if s.kind != "oddl"] \
         if workers > 0 and remote is None and trace is None else []

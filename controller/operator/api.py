@@ -43,15 +43,11 @@ if TYPE_CHECKING:
 
 # the runner and what it stands on (numpy, the back ends, matplotlib, httpx) load on first
 # use: `oddl plan` and `oddl check` need none of them (docs/performance.md)
-_LAZY = {"Network": "Network", "RunFailed": "RunFailed", "RunResult": "RunResult",
-         "network": "lone_network"}
-
-
 def __getattr__(name: str) -> Any:
-    if name in _LAZY:
+    if name in ("Network", "RunFailed", "RunResult", "network"):
         from oddl.controller.experiments import runner
 
-        return getattr(runner, _LAZY[name])
+        return getattr(runner, "lone_network" if name == "network" else name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
@@ -196,8 +192,7 @@ def run(experiment: LoadedExperiment | str | Path, backend: str = "sim",
             if s.testbed != ctx.testbed_path:  # the emulator's config
                 ctx = load_experiment(ctx.path, s.testbed)
             res = run_experiment(ctx, backend, store, iterations, progress, trace=trace,
-                                 announce=s.announce, remote=remote,
-                                 workers=workers)
+                                 announce=s.announce, remote=remote, workers=workers)
     finally:
         if store is not None:
             store.close()
