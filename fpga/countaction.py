@@ -230,6 +230,9 @@ class _Parser:
         self.skip_nl()
         t = self.next()
         if t.kind == "num":
+            if len(t.value) > len(str(MAX_TARGET)):  # before int(): 4,300 digits raise
+                raise self.err(f"a number of {len(t.value)} digits: the engine's registers "
+                               f"are 32-bit (at most {MAX_TARGET})", t)
             return int(t.value)
         if t.kind == "ident":
             if t.value in env:

@@ -54,6 +54,9 @@ BAD = [
      1, 66, "module 'y' is not defined"),
     ("modul x {};", 1, 1, "expected 'module' or 'param'"),
     ("module x { counts: { sum rx[H].bytes $ } };", 1, 38, "unexpected character '$'"),
+    # issue 33: a literal over Python's 4,300-digit limit was a ValueError traceback
+    ("module x { counts: { sum rx[H].bytes } targets: { " + "9" * 5000 + " } };", 1, 51,
+     "a number of 5000 digits: the engine's registers are 32-bit"),
 ]
 
 
