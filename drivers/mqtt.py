@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import paho.mqtt.client as mqtt
-from oddl.controller.base.access import check_name, ctl_topic, status_topic
+from oddl.controller.base.access import check_name, ctl_topic, read_secret, status_topic
 from oddl.controller.base.messages import ControlMessage
 from oddl.controller.stage2.wire import BusDecodeError, decode, encode, worth_logging
 
@@ -451,8 +451,8 @@ def password_of(broker: Any, user: str) -> str | None:
             if mode & (stat.S_IRWXG | stat.S_IRWXO):
                 raise CredentialsError(f"broker password file {path} is readable by others "
                                        f"(mode {mode & 0o777:o}): chmod 600 it")
-            return path.read_text(encoding="utf-8").strip()
-        except (OSError, UnicodeError) as e:
+            return read_secret(path)
+        except OSError as e:
             raise CredentialsError(f"broker password file for {user}: {e}") from None
     if broker.password_env:
         raise CredentialsError(f"broker password for {user}: environment variable "

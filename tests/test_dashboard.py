@@ -16,6 +16,7 @@ import httpx
 import msgspec
 import pytest
 import tomli_w
+from click.testing import CliRunner
 from oddl.controller.base.config import load_testbed
 from oddl.controller.base.telemetry import (
     TELEMETRY_VERSION,
@@ -24,6 +25,7 @@ from oddl.controller.base.telemetry import (
     PortView,
     RunNote,
 )
+from oddl.controller.operator.cli import main
 from oddl.controller.operator.dashboard import View
 from oddl.controller.service.health import Heartbeat
 
@@ -205,3 +207,21 @@ def test_a_sim_run_and_an_acceptance_result_reach_the_dashboard(root: Path, emu:
     assert len(s["plan"]["wss"]) == 4 and s["plan"]["network"] == "oddl"
     assert s["accept"]["passed"] is False
     assert [c["outcome"] for c in s["accept"]["checks"]] == ["passed", "failed"]
+
+
+@pytest.mark.parametrize(("content", "why"), [
+    (None, "longer than 4096 bytes: not a token file"),  # /dev/zero: endless
+    (b"\xff\xfe" * 20, "not UTF-8 text"),
+])
+def test_a_token_file_that_is_no_token_is_refused_at_once(root: Path, tmp_path: Path,
+                                                          content: bytes | None,
+                                                          why: str) -> None:
+    """Reproducer (issue 33, defect 19): `--token-file /dev/zero` read GBs and ended in a
+    MemoryError traceback. A token file is read up to 4 KiB, as every secret is."""
+    path = Path("/dev/zero") if content is None else tmp_path / "tok"
+    if content is not None:
+        path.write_bytes(content)
+    r = CliRunner().invoke(main, ["dashboard", str(root / "hw_configs/prototype-4node.toml"),
+                                  "--host", "0.0.0.0", "--token-file", str(path)])
+    assert r.exit_code == 2, r.output
+    assert f"--token-file {path}: " in r.output and why in r.output

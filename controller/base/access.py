@@ -215,3 +215,19 @@ def write_private(path: Path, text: str) -> None:
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     with os.fdopen(fd, "w") as f:
         f.write(text)
+
+
+MAX_SECRET_BYTES = 4096  # a token or password file; /dev/zero must not be read for GBs
+
+
+def read_secret(path: Path) -> str:
+    """A token or password from its file, stripped; OSError naming the reason when it
+    cannot be one (unreadable, longer than MAX_SECRET_BYTES, not text)."""
+    with path.open("rb") as f:
+        raw = f.read(MAX_SECRET_BYTES + 1)
+    if len(raw) > MAX_SECRET_BYTES:
+        raise OSError(f"longer than {MAX_SECRET_BYTES} bytes: not a token file")
+    try:
+        return raw.decode().strip()
+    except UnicodeDecodeError:
+        raise OSError("not UTF-8 text: not a token file") from None

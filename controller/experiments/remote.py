@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from oddl.controller.base.access import read_secret
 from oddl.controller.experiments.results import RunStore
 from oddl.controller.service.backend import RunFailed
 
@@ -29,7 +30,7 @@ class ArbiterClient:
         """One request as the token's user; RunFailed with the service's reason if it
         cannot be made or is refused."""
         try:
-            token = self.token_file.read_text().strip()
+            token = read_secret(self.token_file)
             r = httpx.request(method, self.url.rstrip("/") + path, json=body, timeout=30,
                               headers={"Authorization": f"Bearer {token}"})
         except (OSError, httpx.HTTPError) as e:

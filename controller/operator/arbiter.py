@@ -34,6 +34,7 @@ from typing import Any, Literal, get_args
 
 import msgspec
 from oddl.controller import registry
+from oddl.controller.base.access import read_secret
 from oddl.controller.base.config import (
     ConfigError,
     ConfigIssue,
@@ -103,7 +104,7 @@ def tokens(state: Path, users: list[str]) -> dict[str, User]:
             fd = os.open(f, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
             os.write(fd, secrets.token_urlsafe(32).encode())
             os.close(fd)
-        out[f.read_text().strip()] = User(name, role)  # type: ignore[arg-type]
+        out[read_secret(f)] = User(name, role)  # type: ignore[arg-type]
     return out
 
 

@@ -128,6 +128,7 @@ def dashboard(testbed: Path, port: int, host: str, token_file: Path | None) -> N
     import asyncio
     import signal
 
+    from oddl.controller.base.access import read_secret
     from oddl.controller.operator.dashboard import Dashboard
     from oddl.controller.registry import open_watch
 
@@ -139,7 +140,7 @@ def dashboard(testbed: Path, port: int, host: str, token_file: Path | None) -> N
     token = None
     if token_file is not None:
         try:
-            token = token_file.read_text().strip()
+            token = read_secret(token_file)
         except OSError as e:
             click.echo(f"error: --token-file {token_file}: {e.strerror or e}", err=True)
             sys.exit(2)
