@@ -9,9 +9,11 @@ answers nothing.
 from __future__ import annotations
 
 import os
+import re
 import threading
 import time
 import tty
+from collections import deque
 
 from oddl.controller.base.devices import DeviceRefused
 from oddl.sim.wss import WSSModel
@@ -21,6 +23,14 @@ FIRMWARE = "fw0.1"
 
 INPUT_BUFFER = 4096  # bytes of one command line the instrument holds
 ERROR_QUEUE = 32  # entries, as a SCPI instrument keeps
+LOG_LINES = 1024  # the last command lines kept for protocol tests (a flood must not grow it)
+_NUMBER = re.compile(r"[0-9]{1,6}")  # a port: decimal digits only, no sign, no '_'
+
+
+def _port(text: str) -> int | None:
+    """A port number as the instrument's parser reads one (Python's int() would also take
+    '+1', ' 1' and '1_0'); None if it is not one."""
+    return int(text) if _NUMBER.fullmatch(text) else None
 
 class SerialWSS:
     def __init__(self, model: WSSModel, reconfig_ms: float = 0.0) -> None:
@@ -30,7 +40,7 @@ class SerialWSS:
                                                for _ in range(model.ports)]
         self.errors: list[tuple[int, str]] = []
         self.mode = "normal"  # "normal" | "garbage" | "silent" | "babble"
-        self.log: list[str] = []  # every command line received, for protocol tests
+        self.log: deque[str] = deque(maxlen=LOG_LINES)  # the last command lines received
         self._master, self._slave = os.openpty()
         tty.setraw(self._slave)
         self.path = os.ttyname(self._slave)
@@ -127,9 +137,8 @@ class SerialWSS:
             parts = [p.strip() for p in args.split(",")] if args.strip() else []
             if not parts:
                 return self._err(-109, f"{head} needs an input port")
-            try:
-                i = int(parts[0])
-            except ValueError:
+            i = _port(parts[0])
+            if i is None:
                 return self._err(-109, f"input port {parts[0]!r} is not a number")
             if not 0 <= i < m.ports:
                 return self._err(-222, f"input port {i} out of range (0-{m.ports - 1})")
@@ -145,9 +154,8 @@ class SerialWSS:
                 if o == "-":
                     row.append(None)
                     continue
-                try:
-                    v = int(o)
-                except ValueError:
+                v = _port(o)
+                if v is None:
                     return self._err(-109, f"output {o!r} is not a number or '-'")
                 if not 0 <= v < m.ports:
                     return self._err(-222, f"output port {v} out of range (0-{m.ports - 1})")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -35,11 +36,11 @@ def test_identify_and_exact_protocol(inst: SerialWSS) -> None:
     assert (d.id, d.ports, d.channels) == ("wss-row0", 4, 2)
     inst.log.clear()
     d.set_table(GOOD)
-    assert inst.log == ["ROUT:CLR", "ROUT:ROW 0,1,2", "ROUT:ROW 1,0,3", "ROUT:ROW 2,3,0",
-                        "ROUT:ROW 3,2,1", "ROUT:APPL"]
+    assert list(inst.log) == ["ROUT:CLR", "ROUT:ROW 0,1,2", "ROUT:ROW 1,0,3",
+                              "ROUT:ROW 2,3,0", "ROUT:ROW 3,2,1", "ROUT:APPL"]
     inst.log.clear()
     assert d.get_table() == GOOD
-    assert inst.log == [f"ROUT:ROW? {i}" for i in range(4)]
+    assert list(inst.log) == [f"ROUT:ROW? {i}" for i in range(4)]
     assert inst.model.table == GOOD
     d.close()
 
@@ -66,7 +67,22 @@ def test_instrument_errors(inst: SerialWSS) -> None:
         d.query("ROUT:ROW 0,9,1")
     with pytest.raises(WSSError, match=r"-109 .*'x' is not a number"):
         d.query("ROUT:ROW 0,x")
+    # issue 33, defect 20: Python's int() reads these; the instrument's parser does not
+    for row, bad in (("ROUT:ROW 0,+1", "output '+1'"), ("ROUT:ROW +0,1", "input port '+0'"),
+                     ("ROUT:ROW 0,1_0", "output '1_0'"), ("ROUT:ROW? 0_0", "input port")):
+        with pytest.raises(WSSError, match=rf"-109 .*{re.escape(bad)}.* is not a number"):
+            d.query(row)
     d.close()
+
+
+def test_the_command_log_keeps_the_last_lines_only(inst: SerialWSS) -> None:
+    """Reproducer (issue 33, defect 9): 250,000 long lines took the emulator from 188 MB to
+    1,155 MB; the instrument keeps the last LOG_LINES of them."""
+    from oddl.sim.wss_serial import LOG_LINES
+
+    for k in range(LOG_LINES + 50):
+        inst.handle(f"*IDN? {k}".encode())
+    assert len(inst.log) == LOG_LINES and inst.log[-1] == f"*IDN? {LOG_LINES + 49}"
 
 
 def test_garbage_reply_is_a_protocol_error(inst: SerialWSS) -> None:
