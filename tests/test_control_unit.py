@@ -138,3 +138,27 @@ def test_a_request_flood_from_a_peer_is_bounded_and_starves_nobody() -> None:
     assert res.error is None, res.error
     assert res.delivered == dict.fromkeys(range(len(flows)), 1)
     assert cu.stats["requests_refused"] >= 5000 - MAX_QUEUED_PER_SENDER - 1
+
+
+def test_stray_grants_and_releases_from_a_job_peer_are_counted_as_disturbance() -> None:
+    """Reproducer (issue 33, defect 10): 15,000 well-formed GRANTs and RELEASEs from a job's
+    peer, for flows in flight nowhere, were dropped without a trace. Now each is counted
+    (`stray`, a disturbance), and every honest flow still arrives once."""
+    from oddl.controller.base.messages import Grant, Release
+    from oddl.controller.service.backend import disturbance
+
+    flows = [(s, 0, 20_000, 0) for s in (1, 2)] * 3
+
+    def forge(clock, bus) -> None:  # type: ignore[no-untyped-def]
+        def burst() -> None:
+            for i in range(500):  # as n0-3, its own identity, flows nobody has
+                bus.send("n0-3", "n0-0", Grant(10**9 + i, 0, "n0-3", "n0-0", "H", 0, 10**12))
+                bus.send("n0-3", "n0-1", Release(10**9 + i, 0, "n0-3", "n0-1", "H"))
+        clock.call_at_ns(100, burst)
+
+    res = run_flows(make_testbed(1, 4), flows, "cyclic", inject=forge)
+    assert res.error is None, res.error
+    assert res.delivered == dict.fromkeys(range(len(flows)), 1)
+    stray = sum(cu.stats["stray"] for cu in res.cus.values())
+    assert stray == 1000
+    assert disturbance({"stray": stray}) == {"stray": 1000}

@@ -190,7 +190,7 @@ def test_partial_update_over_the_serial_line_touches_named_inputs_only() -> None
         d.set_table([[1, None], [0, None], [None, None], [None, None]])
         inst.log.clear()
         d.set_rows({2: [3, None], 3: [2, None]})
-        assert inst.log == ["ROUT:COPY", "ROUT:ROW 2,3,-", "ROUT:ROW 3,2,-", "ROUT:APPL"]
+        assert list(inst.log) == ["ROUT:COPY", "ROUT:ROW 2,3,-", "ROUT:ROW 3,2,-", "ROUT:APPL"]
         assert d.get_table() == [[1, None], [0, None], [3, None], [2, None]]
         assert inst.model.changes == [1, 1, 1, 1]
         d.close()

@@ -26,6 +26,7 @@ from oddl.controller.base.devices import Bus, ONic
 from oddl.controller.base.messages import ControlMessage, Flow, Grant, Release, Request, Wait
 from oddl.controller.base.telemetry import PortView
 from oddl.controller.stage1.plan import Route
+from oddl.controller.stage2.invariants import tag_of
 from oddl.controller.stage2.trace import REQUESTING as T_REQUESTING
 from oddl.controller.stage2.trace import SENDING as T_SENDING
 from oddl.controller.stage2.trace import TUNING as T_TUNING
@@ -114,9 +115,13 @@ class ControlUnit:
         self.trace: Tracer | None = None  # the job runner's, while a trace is recorded
         self.unexpected_rx = dict.fromkeys(onic.ports, 0)  # per receiver, for the heartbeat
         self.sent = 0  # control messages this unit has sent (its job's share of the bus)
+        self.tag = 0  # the job's, in its flow ids' high bits (stage2/invariants.py)
+        # stray: GRANTs and RELEASEs of this job that match nothing here (a duplicate after
+        # a retry, or a peer gone bad): dropped and counted, a run's disturbance; late: an
+        # earlier job's last ones, which may land after the node has a new job
         self.stats = {"requests": 0, "retries": 0, "grants": 0, "revoked": 0, "waits": 0,
                       "stale_grants": 0, "relayed": 0, "releases_overdue": 0,
-                      "unexpected_rx": 0, "requests_refused": 0}
+                      "unexpected_rx": 0, "requests_refused": 0, "stray": 0, "late": 0}
         onic.attach(self)
         bus.attach(node, self.on_message)
 
@@ -214,7 +219,8 @@ class ControlUnit:
         tx = self.tx.get(g.port)
         f = tx.current if tx else None
         if tx is None or f is None or tx.state != REQUESTING or (f.id, f.hop) != (g.flow, g.hop):
-            return  # duplicate or stale: we are past this flow
+            self._stray(g)  # duplicate or stale (we are past this flow), or forged
+            return
         now = self.clock.now_ns()
         tune = 0 if tx.channel == g.channel else self.t.tuning_ns
         if now + tune + self.t.propagation_ns > g.expires_ns:
@@ -357,14 +363,23 @@ class ControlUnit:
 
     def _on_release(self, m: Release) -> None:
         rx = self.rx.get(m.port)
-        if rx is None:
-            return
-        g = rx.granted
-        if g is None or (g.flow, g.hop) != (m.flow, m.hop):
+        g = rx.granted if rx is not None else None
+        if rx is None or g is None or (g.flow, g.hop) != (m.flow, m.hop):
+            self._stray(m)
             return
         rx.released = True
         if rx.data_done:
             self._free(rx)
+
+    def _stray(self, m: ControlMessage) -> None:
+        if tag_of(m.flow) != self.tag:
+            self.stats["late"] += 1
+            return
+        self.stats["stray"] += 1
+        if worth_logging(self.stats["stray"]):
+            log.warning("%s: %s for flow %d hop %d from %s matches nothing here (%d so "
+                        "far)", self.node, _KIND.get(type(m), "?"), m.flow, m.hop, m.src,
+                        self.stats["stray"])
 
     def _release_overdue(self, rx: _Rx, g: Request) -> None:
         rx.release_timer = None

@@ -236,6 +236,7 @@ class JobRunner:
             self.units[n] = ControlUnit(n, self.clock, bus, onics[n], routes, timing,
                                         self.deliver, lambda e: self.fail(e))
             self.units[n].trace = self.trace
+            self.units[n].tag = spec.tag
             lines[n].connect(onics[n].on_interrupt)
             self._lines.append(lines[n])
             self._onics.append(onics[n])
