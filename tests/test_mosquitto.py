@@ -275,3 +275,30 @@ def test_a_node_program_rides_out_a_mosquitto_restart(tmp_path: Path) -> None:
     assert events[-1].kind == "done", events[-1]
     assert [e.iteration for e in events if e.kind == "iteration"] == [0, 1, 2]
     assert beat.node == node and set(beat.crc_errors) == {"H", "V"}
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the defect is Mosquitto started as root")
+def test_the_printed_command_starts_mosquitto_as_root(root: Path) -> None:
+    """Reproducer (issue 33, defect 18): as root, `mosquitto -c` as `oddl broker-config`
+    printed it failed ("Unable to open pwfile"): Mosquitto drops to the user `mosquitto`,
+    which could not read the root-owned 0600 files. Written where that user can pass."""
+    import tempfile
+
+    from click.testing import CliRunner
+    from oddl.controller.operator.cli import main
+
+    base = Path(tempfile.mkdtemp(dir="/var/tmp"))  # /tmp/pytest-of-root is 0700
+    try:
+        base.chmod(0o755)
+        port = free_port()
+        tb = str(root / "hw_configs/prototype-4node.toml")
+        r = CliRunner().invoke(main, ["broker-config", tb, "--out", str(base / "b"),
+                                      "--port", str(port)])
+        assert r.exit_code == 0, r.output
+        assert "drops to the user `mosquitto`" in r.output and "cannot pass" not in r.output
+        conf = r.output.split("mosquitto -c ")[1].split()[0]
+        proc = _start(Path(conf), port)  # as printed, no `user root`
+        proc.terminate()
+        proc.wait(timeout=10)
+    finally:
+        shutil.rmtree(base)

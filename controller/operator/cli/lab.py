@@ -4,6 +4,7 @@ services."""
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -170,6 +171,27 @@ def dashboard(testbed: Path, port: int, host: str, token_file: Path | None) -> N
     asyncio.run(serve())
 
 
+def _as_root(out: Path, files: dict[str, Path]) -> str:
+    """Mosquitto started as root drops to the user `mosquitto`, which could not open the
+    0600 root-owned passwd ("Unable to open pwfile"): the broker's own files (not the
+    parties' secrets) go to that user, and what is still in its way is said."""
+    import pwd
+
+    try:
+        user = pwd.getpwnam("mosquitto")
+    except KeyError:
+        return ("as root, Mosquitto drops to the user `mosquitto`, which this host does not "
+                "have: run it as the user who owns " + str(out))
+    for path in (out, files["mosquitto.conf"], files["passwd"], files["acl"]):
+        os.chown(path, user.pw_uid, user.pw_gid)
+    blocked = [p for p in out.resolve().parents
+               if p.stat().st_uid != user.pw_uid and not p.stat().st_mode & 0o001]
+    return (f"as root, Mosquitto drops to the user `mosquitto`: it now owns {out}, its "
+            f"conf, passwd and acl (the secrets stay yours)" + (
+                f"; it cannot pass {blocked[0]} (mode {blocked[0].stat().st_mode & 0o777:o}):"
+                f" chmod o+x it, or write the files elsewhere" if blocked else ""))
+
+
 @main.command("broker-config")
 @click.argument("testbed", type=click.Path(path_type=Path))
 @click.option("--out", type=click.Path(path_type=Path), required=True,
@@ -200,6 +222,8 @@ def broker_config(testbed: Path, out: Path, port: int, bind: str) -> None:
         sys.exit(2)
     parties = [k.removeprefix("secrets/") for k in files if k.startswith("secrets/")]
     click.echo(f"{files['mosquitto.conf']}: mosquitto -c {files['mosquitto.conf']}")
+    if os.geteuid() == 0:
+        click.echo(_as_root(out, files))
     click.echo(f"{len(parties)} parties ({', '.join(parties[:6])}"
                f"{', ...' if len(parties) > 6 else ''}): each one's password in "
                f"{out / 'secrets'}/<party>; give each party only its own "
