@@ -45,6 +45,9 @@ TESTBEDS = [
      "party on the control bus"),
     ("broker bind not an address", PROTO + '\n[broker]\nbind = "not an address"\n',
      "broker.bind", "not an IP address"),
+    # issue 33, defect 15: passed check, and the run then called n1 dead
+    ("propagation of seconds", PROTO.replace("propagation_ns = 50.0", "propagation_ns = 2.1e9"),
+     "optical.propagation_ns", "less than or equal to 1000000"),
 ]
 
 
@@ -109,6 +112,8 @@ def test_experiment_testbed_resolves_against_its_own_directory(tmp_path: Path,
     (("training_time_min = 97.3", "training_time_min = 1e300"),
      "workload.calibrate.training_time_min", "less than or equal to"),
     (('name = "table1-resnet50"', 'name = "../../x"'), "name", "should match pattern"),
+    (("oddl_min = 97.8", "oddl_min = nan"), "reference",  # issue 33, defect 15
+     "oddl_min = nan: a paper's figure is a finite number"),
 ])
 def test_bad_experiment_is_named(tmp_path: Path, change: tuple[str, str], field: str,
                                  why: str) -> None:

@@ -75,7 +75,10 @@ class Optical(_Model):
     line_rate_gbps: float = Field(gt=0, description="per optical port")
     tuning_time_ns: float = Field(gt=0, description="transmitter wavelength switching time")
     guard_time_ns: float = Field(default=2.0, ge=0, description="idle gap after each burst")
-    propagation_ns: float = Field(default=50.0, ge=0, description="fibre + WSS, one hop")
+    # at most 1 ms (200 km of fibre): beyond, every control time-out would call the
+    # boards dead (issue 33: 2.1e9 passed check)
+    propagation_ns: float = Field(default=50.0, ge=0, le=1e6,
+                                  description="fibre + WSS, one hop")
     wavelengths_nm: list[float] | None = Field(default=None, min_length=1, max_length=512)
     wavelength_grid: WavelengthGrid | None = None
 
@@ -820,6 +823,15 @@ class Experiment(_Model):
         "its disturbance events (junk refused, messages lost, retries, lapsed grants, "
         "unexpected transfers) exceed this share of its control messages")
     reference: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("reference")
+    @classmethod
+    def _finite(cls, v: dict[str, Any]) -> dict[str, Any]:
+        """The paper's figures are printed beside ours: a number, finite (nan passed)."""
+        for k, x in v.items():
+            if isinstance(x, float) and not math.isfinite(x):
+                raise ValueError(f"{k} = {x}: a paper's figure is a finite number")
+        return v
 
     @model_validator(mode="after")
     def _names(self) -> Experiment:
