@@ -31,6 +31,19 @@ from oddl.controller.stage2.wire import worth_logging
 log = logging.getLogger(__name__)
 
 
+class _OurRefusals(logging.Filter):
+    """amqtt logs a warning for every CONNECT our broker refuses ("Failed to initialize
+    client session: refused: ..."), on top of ours: a wrong-password flood wrote 4.3 MB in
+    10 s. Ours is counted and throttled (`_Broker.refused`); amqtt's echo of it is dropped."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith(
+            "Failed to initialize client session: refused: ")
+
+
+logging.getLogger("amqtt.broker").addFilter(_OurRefusals())
+
+
 def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket() as s:
         s.bind((host, 0))
@@ -123,8 +136,9 @@ class _Broker(Broker):
                 why = f"{user}: may not leave a will on {session.will_topic}"
         if why is not None:
             self.refused += 1
-            log.warning("broker: connection from %s:%s refused: %s", remote_address,
-                        remote_port, why)
+            if worth_logging(self.refused):
+                log.warning("broker: connection from %s:%s refused: %s (%d refused so far)",
+                            remote_address, remote_port, why, self.refused)
             await ConnackPacket.build(0, BAD_USERNAME_PASSWORD).to_stream(writer)
             await writer.close()
             raise AMQTTError(f"refused: {why}")

@@ -334,3 +334,23 @@ def test_a_party_gets_only_the_retained_messages_it_subscribed_to_and_may_read()
     node, watcher = asyncio.run(_with_broker(body))
     assert node == [("oddl/tb/status/n1", b"online")]
     assert watcher == [("oddl/tb/telemetry/n1", b"ports")]
+
+
+def test_a_flood_of_refused_connects_is_counted_and_logged_throttled(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """Reproducer (issue 33, defect 12): each refused CONNECT wrote two log lines (4.3 MB in
+    10 s of a wrong-password flood). Each is counted; the log has the first ones and then
+    one line per thousand."""
+    async def go(broker: EmbeddedBroker) -> int:
+        for _ in range(60):
+            with contextlib.suppress(aiomqtt.MqttError):
+                async with aiomqtt.Client("127.0.0.1", broker.port, identifier="n0",
+                                          username="n0", password="wrong", timeout=5):
+                    pass
+        return broker.refused
+
+    caplog.set_level(logging.INFO)
+    assert asyncio.run(_with_broker(go)) == 60
+    lines = [r for r in caplog.records if "refused" in r.getMessage().lower()
+             or "refus" in str(r.exc_info or "")]
+    assert 0 < len(lines) <= 21, [r.getMessage() for r in lines][:25]
