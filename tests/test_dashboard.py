@@ -225,3 +225,27 @@ def test_a_token_file_that_is_no_token_is_refused_at_once(root: Path, tmp_path: 
                                   "--host", "0.0.0.0", "--token-file", str(path)])
     assert r.exit_code == 2, r.output
     assert f"--token-file {path}: " in r.output and why in r.output
+
+
+def test_the_websocket_is_for_the_dashboards_own_page_only(root: Path) -> None:
+    """Reproducer (issue 33, defect 8): /ws accepted any Origin, so in loopback mode any web
+    page the operator opened could read the testbed's state through it."""
+    from oddl.controller.operator.dashboard import Dashboard
+    from oddl.drivers.mqtt import MQTTBus
+    from starlette.testclient import TestClient
+    from starlette.websockets import WebSocketDisconnect
+
+    tb = load_testbed(root / "hw_configs/prototype-4node.toml")
+    dash = Dashboard(tb, MQTTBus(tb.name, "127.0.0.1", 1, user="oddl-dash", readonly=True))
+    client = TestClient(dash.app)
+    host = {"host": "127.0.0.1:8050"}
+    with client.websocket_connect("/ws", headers=host | {"origin": "http://127.0.0.1:8050"}
+                                  ) as ws:
+        assert "nodes" in ws.receive_json()  # its own page
+    with client.websocket_connect("/ws", headers=host) as ws:  # a client, not a browser
+        assert "nodes" in ws.receive_json()
+    for evil in ("http://evil.example", "http://127.0.0.1:9999", "null"):
+        with pytest.raises(WebSocketDisconnect) as ei, \
+                client.websocket_connect("/ws", headers=host | {"origin": evil}):
+            pass
+        assert ei.value.code == 1008

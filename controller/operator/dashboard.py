@@ -242,6 +242,13 @@ class Dashboard:
         return JSONResponse(self.view.snapshot())
 
     async def _ws(self, ws: WebSocket) -> None:
+        # a browser says which page opens the socket: only the dashboard's own may (any
+        # page the operator has open could otherwise read the testbed over loopback);
+        # clients that are not browsers send no Origin
+        origin = ws.headers.get("origin")
+        if origin is not None and origin != f"http://{ws.headers.get('host')}":
+            await ws.close(code=1008)  # before accept: the handshake is refused
+            return
         await ws.accept()
         sent, t_sent = -1, 0.0
         with contextlib.suppress(WebSocketDisconnect, RuntimeError):
