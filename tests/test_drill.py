@@ -136,7 +136,8 @@ def test_a_dead_wss_is_found_by_its_poll_and_routed_round() -> None:
     assert res.networks["oddl"].iterations == 6 and res.invariant_violations == 0
     row = only_row(res)
     assert row["kind"] == "dead-wss" and row["replans"] == 1
-    assert row["detected_after_ns"] == 7_000_000  # polled every period: at 40 ms
+    # polled every period (10 ms): dead at the `missed` (3)-th unanswered poll, at 60 ms
+    assert row["detected_after_ns"] == 27_000_000
 
 
 def test_a_corrupting_link_is_found_by_its_crc_errors_and_avoided() -> None:
@@ -328,3 +329,22 @@ def test_random_drills_keep_every_iteration_and_break_no_invariant(
         assert res.invariant_violations == 0, res.violations[:3]
         grace = tb.monitor.grace_ms / 1e3
         assert r.fault_time_s <= len(faults) * 2 * MAX_STOPS * (grace + 0.1)
+
+
+def test_one_unanswered_wss_poll_is_not_a_dead_wss() -> None:
+    """Reproducer (issue 33, defect 11): a 3 s pause of the emulator failed the run as
+    "dead-wss" - one missed poll was taken for a death. A WSS is dead at its `missed`-th
+    unanswered poll in a row, as a board is after `missed` silent periods."""
+    from oddl.controller.service.health import Health
+
+    tb = grid_tb(2, 2)
+    h = Health(tb.monitor, ["n0-0", "n0-1", "n1-0", "n1-1"], 10, {})
+    for t in range(1, tb.monitor.missed):
+        h.wss_answer("wss-row0", t, "no answer to the poll: timed out", silent=True)
+    h.wss_answer("wss-row0", 10, None)  # it answered again: the count starts over
+    for t in range(1, tb.monitor.missed):
+        h.wss_answer("wss-row0", 10 + t, "no answer to the poll: timed out", silent=True)
+    assert not h.is_out("wss-row0") and h.diagnoses == []
+    h.wss_answer("wss-row0", 20, "no answer to the poll: timed out", silent=True)
+    assert h.is_out("wss-row0")
+    assert h.diagnoses[0].evidence.endswith(f"({tb.monitor.missed} polls in a row)")

@@ -8,7 +8,8 @@ each, hears last wills and the WSSs' answers to a poll, and turns evidence into
 
     dead-board    NODE        silent for `missed` periods, or its last will
     corrupt-link  NODE/PORT   its CRC errors grew in `crc_periods` heartbeats in a row
-    dead-wss      WSS         no answer to the poll, or a table other than the one written
+    dead-wss      WSS         `missed` polls in a row unanswered, or a table other than the
+                              one written
     wss-route     WSS         transfers arrive at a receiver that granted none (misrouted
                               light: the table reads back right)
     slow-tx       NODE/PORT   a transmitter took more than twice its tuning time
@@ -107,6 +108,7 @@ class Health:
         self._seen: set[tuple[str, str]] = set()
         self._suspects: dict[str, tuple[int, str]] = {}  # peer -> (since, why)
         self._strikes: dict[str, int] = {}  # peer -> jobs cut short naming it
+        self._wss_missed: dict[str, int] = {}  # WSS -> polls unanswered in a row
         self.listening = False  # the back end hears the nodes (its bus is up): `start`
 
     # --- evidence ----------------------------------------------------------------------
@@ -175,9 +177,20 @@ class Health:
         if node in self.nodes:
             self._conclude("dead-board", node, now_ns, "its last will")
 
-    def wss_answer(self, wss: str, now_ns: int, error: str | None) -> None:
-        if error is not None:
-            self._conclude("dead-wss", wss, now_ns, error)
+    def wss_answer(self, wss: str, now_ns: int, error: str | None,
+                   silent: bool = False) -> None:
+        """A WSS's answer (`error`: none, or a wrong one). `silent`: it did not answer a
+        poll: dead only at the `missed`-th poll in a row, as a board is after `missed`
+        periods (one slow answer, a paused emulator, is not a dead WSS)."""
+        if error is None:
+            self._wss_missed.pop(wss, None)
+            return
+        if silent:
+            n = self._wss_missed[wss] = self._wss_missed.get(wss, 0) + 1
+            if n < self.cfg.missed:
+                return
+            error = f"{error} ({n} polls in a row)"
+        self._conclude("dead-wss", wss, now_ns, error)
 
     def flow_failed(self, peer: str, now_ns: int, why: str) -> None:
         """A flow failed after all its retries to `peer`: dead, unless it still beats
@@ -362,11 +375,11 @@ class Watch:
             try:
                 got = self.wss[wid].get_table()
             except Exception as e:  # a WSS that does not answer, whatever the transport says
-                self.health.wss_answer(wid, now, f"no answer to the poll: {e}")
+                self.health.wss_answer(wid, now, f"no answer to the poll: {e}", silent=True)
                 continue
-            if [list(r[: len(w)]) for r, w in zip(got, want, strict=False)] != want:
-                self.health.wss_answer(wid, now, "reads back a table other than the one "
-                                                 "written")
+            self.health.wss_answer(
+                wid, now, None if [list(r[: len(w)]) for r, w in zip(got, want, strict=False)]
+                == want else "reads back a table other than the one written")
         self.health.check(now)
         self._timer = self.clock.call_later_ns(self.health.tick_ns, self._tick)
 
