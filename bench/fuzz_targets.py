@@ -70,6 +70,18 @@ def image_json(raw: bytes) -> None:
         decompile(json.loads(raw))
 
 
+def image_round_trip(raw: bytes) -> None:
+    """What decompile accepts prints as text (`oddl countaction decompile`) that parses
+    back to the same registers; anything else is a failure (issue 33, defect 14)."""
+    try:
+        prog = decompile(json.loads(raw))
+    except (ValueError, RecursionError, CountActionError):
+        return
+    back = parse(prog.text(), dict(prog.params))
+    if compile_program(back)["modules"] != compile_program(prog)["modules"]:
+        raise AssertionError("decompile -> text -> parse changed the registers")
+
+
 def mutate(seed: bytes, rng: random.Random, n: int = 4) -> bytes:
     """A few byte-level edits: flips, insertions of interesting tokens, cuts."""
     b = bytearray(seed)
@@ -110,4 +122,5 @@ TARGETS: dict[str, Callable[[bytes], None]] = {
     "job topics": job_topic,
     "count-action text": program_text,
     "count-action image": image_json,
+    "image round trip": image_round_trip,
 }

@@ -626,7 +626,7 @@ def _decompile(image: dict[str, Any]) -> Program:
     if image.get("design") != R.DESIGN_NAME:
         raise CountActionError(f"image is for design {image.get('design')!r}, not "
                                f"{R.DESIGN_NAME!r}")
-    mods = sorted(image["modules"], key=lambda d: d["slot"])
+    mods = _image_modules(image.get("modules"))
     names = [d.get("name") or f"mod{d['slot']}" for d in mods]
     prog = Program(params=_image_params(image.get("params", {})))
     for d, name in zip(mods, names, strict=True):
@@ -667,6 +667,35 @@ def _decompile(image: dict[str, Any]) -> Program:
         prog.modules.append(m)
     check(prog)
     return prog
+
+
+_REGISTERS = {"CTRL", "TARGET", *(f"{k}{j}" for k in ("SRC", "ACT") for j in range(R.N_SLOTS))}
+_NAME = re.compile(r"[A-Za-z_][A-Za-z_0-9]{0,63}")  # what the language's parser takes
+
+
+def _image_modules(mods: Any) -> list[dict[str, Any]]:
+    """The image's modules, checked as the engine and the language would take them: a
+    slot each (0..N_MODULES-1, once), a name the parser reads back, 32-bit registers."""
+    if not isinstance(mods, list) or not 0 < len(mods) <= R.N_MODULES:
+        raise CountActionError(f"image modules: a list of 1 to {R.N_MODULES}")
+    seen: set[Any] = set()
+    for d in mods:
+        if not isinstance(d, dict):
+            raise CountActionError("image modules: each an object")
+        slot, name, regs = d.get("slot"), d.get("name"), d.get("registers")
+        if type(slot) is not int or not 0 <= slot < R.N_MODULES or slot in seen:
+            raise CountActionError(f"image module slot {slot!r}: 0..{R.N_MODULES - 1}, once")
+        seen.add(slot)
+        if name is not None and not (isinstance(name, str) and _NAME.fullmatch(name)):
+            raise CountActionError(f"image module {slot}: name {name!r} is not an identifier")
+        if not isinstance(regs, dict) or not set(regs) <= _REGISTERS or not all(
+                type(v) is int and 0 <= v <= 0xFFFFFFFF for v in regs.values()):
+            raise CountActionError(f"image module {slot}: registers are CTRL, TARGET, SRCn "
+                                   f"and ACTn, each a 32-bit unsigned integer")
+    names = [d.get("name") or f"mod{d['slot']}" for d in mods]
+    if len(set(names)) != len(names):
+        raise CountActionError(f"image modules: names {names} are not unique")
+    return sorted(mods, key=lambda d: d["slot"])
 
 
 def _image_params(params: Any) -> dict[str, int]:
