@@ -29,6 +29,8 @@ from oddl.controller.base.access import Rule, permits, rules
 from oddl.controller.stage2.wire import worth_logging
 
 log = logging.getLogger(__name__)
+CONNECT_TIMEOUT_S = 5.0  # a connection that has not sent its CONNECT by then is closed
+WAITING_PER_ADDRESS = 64  # connections from one address waiting to send their CONNECT
 
 
 class _OurRefusals(logging.Filter):
@@ -121,13 +123,45 @@ class _Broker(Broker):
                  nodes: list[str]) -> None:
         super().__init__(config)
         self.refused = 0
+        self.connect_timeout_s = CONNECT_TIMEOUT_S
+        # per address, the connections still to send their CONNECT (oldest first)
+        self._waiting: dict[str, dict[int, Any]] = {}
         self.writers: weakref.WeakSet[Any] = weakref.WeakSet()  # open connections (`stop`)
         self.parties, self.testbed, self.nodes = parties, testbed, nodes
 
+    async def _connect(self, reader: Any, writer: Any, address: str) -> Any:
+        """The connection's CONNECT, within `connect_timeout_s`. At most WAITING_PER_ADDRESS
+        connections from one address wait to send theirs: a newcomer beyond that closes
+        the one waiting longest (a party sends its CONNECT at once; 4,100 idle connections
+        took every slot and locked every party out)."""
+        waiting = self._waiting.setdefault(address, {})
+        if len(waiting) >= WAITING_PER_ADDRESS:
+            oldest = next(iter(waiting))
+            with contextlib.suppress(Exception):
+                await waiting.pop(oldest).close()
+        key = id(writer)
+        waiting[key] = writer
+        try:
+            return await asyncio.wait_for(BrokerProtocolHandler.init_from_connect(
+                reader, writer, self.plugins_manager), self.connect_timeout_s)
+        except Exception as e:  # idle, evicted, or not MQTT: refused, counted, throttled
+            self.refused += 1
+            why = (f"no CONNECT within {self.connect_timeout_s:g} s"
+                   if isinstance(e, TimeoutError) else f"no CONNECT ({type(e).__name__})")
+            if worth_logging(self.refused):
+                log.warning("broker: connection from %s refused: %s (%d refused so far)",
+                            address, why, self.refused)
+            with contextlib.suppress(Exception):
+                await writer.close()
+            raise AMQTTError(f"refused: {why}") from None
+        finally:
+            waiting.pop(key, None)
+            if not waiting:
+                self._waiting.pop(address, None)
+
     async def _initialize_client_session(self, reader: Any, writer: Any, remote_address: str,
                                          remote_port: int) -> Any:
-        handler, session = await BrokerProtocolHandler.init_from_connect(
-            reader, writer, self.plugins_manager)
+        handler, session = await self._connect(reader, writer, remote_address)
         why = refusal(self.parties, session)
         if why is None and session.will_flag:
             user = session.username or ""
@@ -226,8 +260,10 @@ class EmbeddedBroker:
     """An amqtt broker bound to loopback that admits only the testbed's parties."""
 
     def __init__(self, testbed: str, nodes: list[str], passwords: Mapping[str, str],
-                 host: str = "127.0.0.1", port: int | None = None) -> None:
+                 host: str = "127.0.0.1", port: int | None = None,
+                 connect_timeout_s: float = CONNECT_TIMEOUT_S) -> None:
         self.host = host
+        self.connect_timeout_s = connect_timeout_s
         self.port = port or free_port(host)
         self.testbed, self.nodes = testbed, list(nodes)
         self._parties = {u: _digest(p) for u, p in passwords.items()}
@@ -250,6 +286,7 @@ class EmbeddedBroker:
                         _TOPICS: {"testbed": self.testbed, "nodes": self.nodes}},
         }
         self._broker = _Broker(config, self._parties, self.testbed, self.nodes)
+        self._broker.connect_timeout_s = self.connect_timeout_s
         await self._broker.start()
         return self
 

@@ -354,3 +354,40 @@ def test_a_flood_of_refused_connects_is_counted_and_logged_throttled(
     lines = [r for r in caplog.records if "refused" in r.getMessage().lower()
              or "refus" in str(r.exc_info or "")]
     assert 0 < len(lines) <= 21, [r.getMessage() for r in lines][:25]
+
+
+def test_idle_connections_cannot_lock_the_parties_out() -> None:
+    """Reproducer (issue 33, defect 3): about 4,100 idle TCP connections, no credentials
+    needed, took every slot of the embedded broker and locked every party out. Now one
+    that sends no CONNECT is closed after the broker's CONNECT timeout, at most 64 per
+    address wait at once (a newcomer closes the one waiting longest), and a party that
+    connects meanwhile gets in."""
+    from oddl.sim.broker import WAITING_PER_ADDRESS
+
+    async def go() -> tuple[int, int]:
+        broker = await EmbeddedBroker("tb", NODES, PASSWORDS, connect_timeout_s=1.0).start()
+        idle = [await asyncio.open_connection("127.0.0.1", broker.port) for _ in range(300)]
+        try:
+            got: asyncio.Queue[object] = asyncio.Queue()
+            a, b = _bus(broker, "n0"), _bus(broker, "n1")
+            b.attach("n1", got.put_nowait)
+            await a.start()
+            await b.start()
+            a.send("n0", "n1", Request(5, 0, "n0", "n1", "H", 1, 64))
+            assert await asyncio.wait_for(got.get(), 10) == Request(5, 0, "n0", "n1", "H", 1,
+                                                                     64)
+            await a.close()
+            await b.close()
+            # every idle one is closed: the evicted at once, the last ones at the timeout
+            closed = 0
+            for r, _w in idle:
+                closed += await asyncio.wait_for(r.read(), 10) == b""
+            return closed, broker.refused
+        finally:
+            for _r, w in idle:
+                w.close()
+            await broker.stop()
+
+    closed, refused = asyncio.run(go())
+    assert closed == 300 and refused >= 300
+    assert WAITING_PER_ADDRESS < 300
