@@ -300,7 +300,7 @@ def scenario(draw: st.DrawFn) -> tuple[config.Testbed, list[dict[str, Any]], str
             draw(st.sampled_from(["relay", "spare", "shrink"])))
 
 
-@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(scenario())
 def test_random_drills_keep_every_iteration_and_break_no_invariant(
         sc: tuple[config.Testbed, list[dict[str, Any]], str, str]) -> None:

@@ -172,7 +172,7 @@ _ca0_write = st.sampled_from(_CA0).flatmap(
                         _field(r.name)))
 
 
-@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(st.one_of(_op, _ca0_write, _read), min_size=5, max_size=60))
 def test_the_rtl_and_the_python_board_agree_on_any_register_traffic(
         ops: list[tuple[Any, ...]]) -> None:
