@@ -716,8 +716,11 @@ class Admission:
                 break
             if waited_ns >= mon.grace_ms * 1e6:
                 if health.bus_down_since is not None:
+                    down_s = (self.clock.now_ns() - health.bus_down_since) / 1e9
                     raise RunFailed(f"{self.spec.name}: job {req.name}: {stop}; the bus "
-                                    f"did not come back within grace_ms = {mon.grace_ms:g}")
+                                    f"did not come back within grace_ms = {mon.grace_ms:g}: "
+                                    f"the broker ({self.tb.broker.url}) unreachable for "
+                                    f"{down_s:.1f} s (is its emulator or Mosquitto running?)")
                 break
             await asyncio.sleep(health.period_ns / 1e9)
             waited_ns += health.period_ns
