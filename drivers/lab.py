@@ -59,6 +59,7 @@ from oddl.controller.stage2.job import (
     JobSpec,
     JobStop,
     from_its_node,
+    schedule_of,
     step_sync,
 )
 from oddl.controller.stage2.trace import TraceRow
@@ -71,6 +72,7 @@ from oddl.fpga import regmap as R
 from oddl.fpga.overlay import BITFILE
 
 log = logging.getLogger(__name__)
+CLOCK_SLACK = 0.01  # how far a node's clock may run ahead of this one's (1 %, generous)
 READY_MIN_S = 3.0
 MAX_EVENTS = 1 << 16  # results of one job waiting to be read (a peer can send no more)
 CONTROLLER_KEEPALIVE_S = 10  # a hung controller is given up 15 s on
@@ -332,7 +334,13 @@ class LabBackend:
         await self._heard_from(spec)
         self._out[spec.job] = (spec, events)
         ended = False
+        # what a rank can truthfully report: the flows its schedule starts an iteration
+        sched = schedule_of(spec)
+        per_iteration = {n: sum(len(st.sends) for st in sched[r])
+                         for r, n in enumerate(spec.ranks)}
+        reported_ns = 0  # the recorded iterations' lengths, as the nodes report them
         try:
+            t_published = time.monotonic_ns()
             await bus.publish(run_topic(tb), msgspec.json.encode(spec), qos=1)
             self.drill.at_iteration(spec.start)
             mark = len(recorded)
@@ -387,8 +395,19 @@ class LabBackend:
                         self._reject("result", f"iteration {ev.iteration} from {ev.node}: "
                                                f"already recorded or out of range")
                         continue
+                    claimed = ev.stats.get("flows", flows.get(ev.node, 0))
+                    if not (0 <= claimed <= per_iteration[ev.node] * (ev.iteration + 1
+                                                                      - spec.start)
+                            and ev.t_start <= ev.t_end):
+                        self._reject("result", f"iteration {ev.iteration} from {ev.node}: "
+                                               f"{claimed} flows, {ev.t_end - ev.t_start} ns")
+                        raise RunFailed(
+                            f"node {ev.node}: its report of iteration {ev.iteration} cannot "
+                            f"be true ({claimed} flows where its schedule starts "
+                            f"{per_iteration[ev.node]} an iteration; t_start {ev.t_start}, "
+                            f"t_end {ev.t_end}): its reports are not to be trusted")
                     sent[ev.node] = ev.control_messages
-                    flows[ev.node] = ev.stats.get("flows", flows.get(ev.node, 0))
+                    flows[ev.node] = claimed
                     trace += ev.trace
                     got = reports.setdefault(ev.iteration, {})
                     got[ev.node] = ev
@@ -397,6 +416,18 @@ class LabBackend:
                         del reports[ev.iteration]
                         recorded.append(ev.iteration)
                         slow = max(got.values(), key=lambda e: e.t_end - e.t_start)
+                        # iterations follow one another: together they cannot have taken
+                        # longer than this controller has waited since it sent the job
+                        reported_ns += slow.t_end - slow.t_start
+                        waited_ns = time.monotonic_ns() - t_published
+                        if reported_ns > waited_ns * (1 + CLOCK_SLACK) + 1_000_000:
+                            self._reject("result", f"iteration {ev.iteration} from "
+                                                   f"{slow.node}: too long")
+                            raise RunFailed(
+                                f"node {slow.node}: its reports add up to "
+                                f"{reported_ns / 1e9:.3f} s of iterations, but the job was "
+                                f"sent {waited_ns / 1e9:.3f} s ago: its reports are not to "
+                                f"be trusted")
                         msgs = sum(sent.values())
                         on_iteration(Iteration(ev.iteration, slow.t_start, slow.t_end,
                                                msgs - last_msgs, trace=trace))

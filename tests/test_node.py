@@ -93,14 +93,34 @@ def _cli(*args: str, root: Path, timeout: float = 200) -> subprocess.CompletedPr
                           capture_output=True, text=True, timeout=timeout)
 
 
+# a node program gone bad (issue 33): it runs its board honestly and lies in its reports
+_LIAR = """
+import sys
+from oddl.controller.service import node as N
+
+honest = N._NodeJob._iteration
+def lying(self, i, t_start, t_end):
+    if {lie!r} == "time":
+        honest(self, i, t_start, t_end + 1_000_000_000)  # 1 s more than it took
+    else:
+        self.runner.engine.flows = 10**15  # and so many flows
+        honest(self, i, t_start, t_end)
+N._NodeJob._iteration = lying
+from oddl.controller.operator.cli import main
+sys.argv = ["oddl", *sys.argv[1:]]
+main()
+"""
+
+
 @contextlib.contextmanager
-def _oddl_node(root: Path, config: Path, node: str, limit_s: float
+def _oddl_node(root: Path, config: Path, node: str, limit_s: float, lie: str | None = None
                ) -> Iterator[subprocess.Popen[str]]:
     """`oddl node CONFIG --node NODE` as a lab starts it, once it says "ready"; killed
-    after `limit_s` whatever happens (never hangs the suite)."""
-    proc = subprocess.Popen([sys.executable, "-m", "oddl.controller", "node",
-                             str(config), "--node", node], cwd=root, text=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    after `limit_s` whatever happens (never hangs the suite). `lie`: its reports do."""
+    head = ["-m", "oddl.controller"] if lie is None else ["-c", _LIAR.format(lie=lie)]
+    proc = subprocess.Popen([sys.executable, *head, "node", str(config), "--node", node],
+                            cwd=root, text=True, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE)
     killer = threading.Timer(limit_s, proc.kill)
     killer.start()
     try:
@@ -135,6 +155,29 @@ def test_hw_run_with_oddl_node_beside_a_board(root: Path, tmp_path: Path) -> Non
             assert "stopped after 1 jobs" in node.stdout.read()  # type: ignore[union-attr]
         proc.send_signal(signal.SIGINT)
         assert proc.wait(20) == 0
+
+
+@pytest.mark.parametrize(("lie", "said"), [
+    ("time", r"node n1: its reports add up to 1\.\d+ s of iterations, but the job was sent "
+             r"0\.\d+ s ago"),
+    ("flows", r"node n1: its report of iteration 0 cannot be true \(1000000000000000 flows "
+              r"where its schedule starts 4 an iteration"),
+])
+def test_a_node_whose_reports_cannot_be_true_is_named(root: Path, tmp_path: Path, lie: str,
+                                                       said: str) -> None:
+    """Reproducer (issue 33, defect 5): a node that added 1 s to each iteration it reported
+    gave 1,261 ms an iteration and a ratio of 5.41, exit 0, unflagged (50 of those
+    iterations were longer than the run); one claiming 10^15 flows passed too. Reports are
+    held to what the controller knows: its own clock and the job's schedule."""
+    out = tmp_path / "emu.toml"
+    with emulator(root, root / "hw_configs" / "prototype-4node.toml", out,
+                  "--external-node", "n1", limit_s=120) as _, \
+            _oddl_node(root, out, "n1", 100, lie=lie):
+        r = _cli("run", "experiments/table1-resnet50.toml", "--backend", "hw", "--testbed",
+                 str(out), "--iterations", "3", "--out", str(tmp_path / "run"), root=root)
+    assert r.returncode == 1, r.stdout[-500:]
+    assert re.search(said, r.stderr), r.stderr[-2000:]
+    assert "its reports are not to be trusted" in r.stderr
 
 
 def test_a_board_without_its_node_program_is_named(root: Path, tmp_path: Path) -> None:
