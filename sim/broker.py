@@ -168,6 +168,13 @@ class _Broker(Broker):
             if not permits(rules(self.testbed, user, self.nodes), "write",
                            session.will_topic or ""):
                 why = f"{user}: may not leave a will on {session.will_topic}"
+        if why is None and session.client_id in self._sessions:
+            live, _ = self._sessions[session.client_id]
+            if live.transitions.state == "connected":
+                # a party's second session would have taken the first one's subscriptions
+                # and left it connected, deaf (amqtt 0.12): refused, the first goes on
+                why = (f"{session.client_id} is connected already (one session a party: "
+                       f"two controllers never drive one testbed)")
         if why is not None:
             self.refused += 1
             if worth_logging(self.refused):

@@ -391,3 +391,29 @@ def test_idle_connections_cannot_lock_the_parties_out() -> None:
     closed, refused = asyncio.run(go())
     assert closed == 300 and refused >= 300
     assert WAITING_PER_ADDRESS < 300
+
+
+def test_a_second_session_of_a_party_is_refused_and_the_first_hears_on() -> None:
+    """Reproducer (issue 33, defect 1): a second CONNECT with a party's own credentials took
+    the live session's subscriptions and left it connected, deaf ("flow ... got no GRANT",
+    a frozen dashboard, a second controller killing the first). One session a party: the
+    second is refused, and the first still hears what is sent to it."""
+    async def go(broker: EmbeddedBroker) -> tuple[object, int]:
+        got: asyncio.Queue[object] = asyncio.Queue()
+        a, b = _bus(broker, "n0"), _bus(broker, "n1")
+        b.attach("n1", got.put_nowait)
+        await a.start()
+        await b.start()
+        refused0 = broker.refused
+        with pytest.raises(aiomqtt.MqttError):  # n1's own credentials, a second time
+            async with aiomqtt.Client("127.0.0.1", broker.port, identifier="n1",
+                                      username="n1", password=PASSWORDS["n1"], timeout=5):
+                pass
+        a.send("n0", "n1", Request(5, 0, "n0", "n1", "H", 1, 64))
+        heard = await asyncio.wait_for(got.get(), 10)
+        await a.close()
+        await b.close()
+        return heard, broker.refused - refused0
+
+    heard, refused = asyncio.run(_with_broker(go))
+    assert heard == Request(5, 0, "n0", "n1", "H", 1, 64) and refused == 1
