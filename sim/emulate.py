@@ -154,8 +154,9 @@ async def start(tb: Testbed, host: str = "127.0.0.1", faults: list[FaultSpec] | 
         emu.wss[wid] = SerialWSS(model).start()
     if tb.broker.url == "embedded":  # credentials of this run's own, for every party
         emu.passwords = new_passwords(grid.nodes)
+        # where the testbed says ([broker] bind: 127.0.0.1 unless configured otherwise)
         emu.broker = await EmbeddedBroker(tb.name, list(grid.nodes), emu.passwords,
-                                          host).start()
+                                          tb.broker.bind).start()
     # stage 2 beside each board: the `oddl node` program on the board's local registers
     # and its interrupt line, logged in as its node; the fabric's monitor (which sees the
     # light) judges every job, as it judges a sim run

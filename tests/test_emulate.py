@@ -107,3 +107,26 @@ def test_one_emulator_serves_job_after_job(root: Path, tmp_path: Path) -> None:
             assert oddl["invariant_violations"] == 0, f"job {k}"
         proc.send_signal(signal.SIGINT)
         assert proc.wait(20) == 0
+
+
+def test_the_embedded_broker_listens_where_the_testbed_says(root: Path, tmp_path: Path
+                                                            ) -> None:
+    """Reproducer (issue 33, defect 15): `[broker] bind` was accepted and `oddl emulate`
+    ignored it. 127.0.0.2 is loopback too, and nothing else listens there."""
+    tb_path = tmp_path / "tb.toml"
+    tb_path.write_text((root / "hw_configs" / "prototype-4node.toml").read_text()
+                       + '\n[broker]\nbind = "127.0.0.2"\n')
+    out = tmp_path / "emu.toml"
+    with emulator(root, tb_path, out) as _:
+        tb = load_testbed(out)
+        assert tb.broker.url.startswith("mqtt://127.0.0.2:")
+        port = int(tb.broker.url.rsplit(":", 1)[1])
+
+        async def connect(host: str) -> None:
+            async with aiomqtt.Client(host, port, identifier="oddl-ctl", username="oddl-ctl",
+                                      password=password_of(tb.broker, "oddl-ctl")) as c:
+                await c.publish("oddl/probe/x", b"x")
+
+        asyncio.run(connect("127.0.0.2"))
+        with pytest.raises(aiomqtt.MqttError):
+            asyncio.run(connect("127.0.0.1"))
