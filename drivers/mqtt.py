@@ -28,8 +28,16 @@ from pathlib import Path
 from typing import Any
 
 import paho.mqtt.client as mqtt
-from oddl.controller.base.access import check_name, ctl_topic, read_secret, status_topic
+from oddl.controller.base.access import (
+    CONTROLLER,
+    check_name,
+    ctl_topic,
+    read_secret,
+    status_topic,
+    telemetry_topic,
+)
 from oddl.controller.base.messages import ControlMessage
+from oddl.controller.base.telemetry import RETAINED
 from oddl.controller.stage2.wire import BusDecodeError, decode, encode, worth_logging
 
 log = logging.getLogger(__name__)
@@ -79,6 +87,7 @@ class MQTTBus:
         self.received = 0
         self.rejected = 0  # not a control message, or not addressed as its topic says
         self.unexpected = 0  # from no peer of ours, or for no attached node
+        self.stale = 0  # retained where nothing is kept: an earlier party's leftovers
         self.stalls = 0  # times the socket was full and the rest waited for writability
         self._prefix = f"oddl/{testbed}/node/"
         self._status = status_topic(testbed, user)
@@ -291,7 +300,23 @@ class MQTTBus:
             self.lost.set()
 
     def _on_message(self, client: mqtt.Client, userdata: Any, m: mqtt.MQTTMessage) -> None:
+        if m.retain and not self._kept(m.topic):
+            # a broker keeps whatever a party publishes retained, on any topic it may write;
+            # only statuses and the controller's standing notes are kept on purpose: the
+            # rest is a leftover (junk a node left would be every later run's "disturbance")
+            self.stale += 1
+            if worth_logging(self.stale):
+                log.warning("mqtt: %s: a retained message on %s, where nothing is kept: "
+                            "dropped (%d so far)", self.user, m.topic, self.stale)
+            return
         self._inbox.append((m.topic, m.payload))  # handled once paho is out of its read
+
+    def _kept(self, topic: str) -> bool:
+        """Is `topic` one where a retained message is meant (a status, a standing note)?"""
+        if topic.startswith(status_topic(self.testbed, "")):
+            return True
+        note = telemetry_topic(self.testbed, CONTROLLER) + "/"
+        return topic.startswith(note) and topic[len(note):] in RETAINED
 
     def _on_publish(self, client: mqtt.Client, userdata: Any, mid: int, rc: Any = None,
                     props: Any = None) -> None:

@@ -417,3 +417,29 @@ def test_a_second_session_of_a_party_is_refused_and_the_first_hears_on() -> None
 
     heard, refused = asyncio.run(_with_broker(go))
     assert heard == Request(5, 0, "n0", "n1", "H", 1, 64) and refused == 1
+
+
+def test_a_retained_leftover_is_dropped_not_taken_for_this_runs_junk() -> None:
+    """Reproducer (issue 33, defect 16): a node's retained junk stayed on the broker, and
+    every later run was flagged disturbed by it until the broker restarted. Only statuses
+    and the controller's standing notes are retained on purpose; a retained message
+    anywhere else reaches a newcomer as a leftover: dropped and counted as such."""
+    async def go(broker: EmbeddedBroker) -> tuple[list[bytes], int, int]:
+        async with aiomqtt.Client("127.0.0.1", broker.port, identifier="n2", username="n2",
+                                  password=PASSWORDS["n2"]) as bad:
+            await bad.publish(result_topic("tb", "n2"), b"junk", qos=1, retain=True)
+        heard: list[bytes] = []
+        fresh = asyncio.Event()
+        ctl = _bus(broker, "oddl-ctl")
+        ctl.on(results("tb"), lambda _t, p: (heard.append(p), fresh.set()))
+        await ctl.start()
+        # a message published now, after the leftover, is heard: the leftover came first
+        async with aiomqtt.Client("127.0.0.1", broker.port, identifier="n0", username="n0",
+                                  password=PASSWORDS["n0"]) as n0:
+            await n0.publish(result_topic("tb", "n0"), b"fresh", qos=1)
+        await asyncio.wait_for(fresh.wait(), 10)
+        await ctl.close()
+        return heard, ctl.stale, ctl.rejected
+
+    heard, stale, rejected = asyncio.run(_with_broker(go))
+    assert heard == [b"fresh"] and stale == 1 and rejected == 0
