@@ -123,6 +123,7 @@ def test_bad_experiment_is_named(tmp_path: Path, change: tuple[str, str], field:
         f'testbed = "{ROOT / "hw_configs" / "prototype-4node.toml"}"'))
     code, out = _check(exp)
     assert code == 2 and f"{exp}: {field}: " in out and why in out, out
+    assert out.count(why) == 1  # said once, though both networks would run it
 
 
 def test_one_wavelength_too_few_for_the_plan_is_caught_by_check(tmp_path: Path) -> None:
@@ -206,3 +207,23 @@ def test_run_against_a_testbed_that_is_gone_is_an_error_not_a_traceback(tmp_path
                                   "--out", str(tmp_path / "run")])
     assert r.exit_code == 1 and "error: run failed:" in r.output, r.output
     assert isinstance(r.exception, SystemExit)
+
+
+@pytest.mark.parametrize(("change", "field", "why"), [
+    (('collective = "hd"', 'collective = "ring"'), "workload.collective",
+     "ring on 4096 ranks is 33,546,240 flows an iteration, more than 4,000,000"),
+    (('strategy = "matched"', 'strategy = "matched"\ncollective = "totientrings"'),
+     "networks[0].collective", "totientrings on 4096 ranks is 134,184,960 flows"),
+])
+def test_a_run_too_big_to_hold_is_refused_by_check_up_front(tmp_path: Path, change: tuple,
+                                                            field: str, why: str) -> None:
+    """Reproducer (issue 33, defect 6): `oddl check` of the grid-4096 experiment with a ring
+    took 110 s and 8.2 GB (totientrings over 120 s and 11 GB), building what the run
+    would hold. A ring's flows grow as n^2: the estimate refuses it at once, naming why."""
+    exp = tmp_path / "e.toml"
+    exp.write_text((ROOT / "experiments" / "grid4096-resnet50-hd.toml").read_text()
+                   .replace(*change).replace('testbed = "../hw_configs/grid-4096.toml"',
+                                             f'testbed = "{ROOT / "hw_configs/grid-4096.toml"}"'))
+    code, out = _check(exp)
+    assert code == 2 and f"{exp}: {field}: " in out and why in out, out
+    assert out.count(why) == 1  # said once, though both networks would run it

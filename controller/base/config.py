@@ -165,6 +165,9 @@ class Broker(_Model):
 
 
 MAX_NODES = 65_536  # the job topics' bound (controller/stage2/job.py): 256 x 256
+# a ring's flows grow as n^2: 2 M at 1,024 ranks (SiP-ML's ring, jocn-1024-vgg19) runs in
+# half a minute; 4,096 ranks' 33 M took check 110 s and 8 GB (issue 33)
+MAX_FLOWS_PER_ITERATION = 4_000_000
 MAX_FILE_BYTES = 16 << 20  # a grid-4096 testbed written out is ~1 MB
 
 
@@ -900,6 +903,20 @@ def load_experiment(path: str | Path, testbed: str | Path | None = None) -> Load
                     optinc_levels(n, s.ports)
                 except ValueError as e:
                     issues.append(ConfigIssue(str(path), f"networks[{i}].ports", str(e)))
+    for i, s in enumerate(exp.networks):  # what a run would hold, refused up front
+        for what, coll, n in ([("workload.collective", s.collective or w.collective,
+                                w.ranks or tb.n_nodes)] if w is not None else
+                              [(f"{_where(exp, k)}.collective", s.collective or j.collective,
+                                j.ranks) for k, j in enumerate(jobs)]):
+            flows = 2 * (n - 1) * n * (s.degree if coll == "totientrings" else 1) \
+                if coll in ("ring", "totientrings") else 0
+            if flows > MAX_FLOWS_PER_ITERATION and not any(
+                    x.path == what and coll in x.reason for x in issues):
+                issues.append(ConfigIssue(
+                    str(path), what if s.collective is None else f"networks[{i}].collective",
+                    f"{coll} on {n} ranks is {flows:,} flows an iteration, more than "
+                    f"{MAX_FLOWS_PER_ITERATION:,} (every one is simulated, and its schedule "
+                    f"held): halving-doubling or hier2d at this size"))
     if w is not None and (w.ranks or 0) > tb.n_nodes:
         issues.append(ConfigIssue(str(path), "workload.ranks", f"{w.ranks} ranks "
                                   f"but {tb.name} has {tb.n_nodes} nodes"))
