@@ -158,8 +158,8 @@ def test_hw_run_with_oddl_node_beside_a_board(root: Path, tmp_path: Path) -> Non
 
 
 @pytest.mark.parametrize(("lie", "said"), [
-    ("time", r"node n1: its reports add up to 1\.\d+ s of iterations, but the job was sent "
-             r"0\.\d+ s ago"),
+    ("time", r"node n1: its reports add up to \d+\.\d+ s of iterations, but the job was "
+             r"sent \d+\.\d+ s ago"),  # 1 s more than the time since (a slow machine too)
     ("flows", r"node n1: its report of iteration 0 cannot be true \(1000000000000000 flows "
               r"where its schedule starts 4 an iteration"),
 ])
