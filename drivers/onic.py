@@ -85,13 +85,8 @@ class ONicDriver:
                        header: tuple[int, ...] = (0,) * len(R.HEADER)) -> None:
         """Load a transfer, then TUNE|THEN_START: the board sends once the channel locks
         (no host round trip between a 10 ns tune and the start)."""
-        dst_off, ch_off, _start, bit = self._tx[port]
-        mmio = self.mmio
-        mmio.write(dst_off, _DESCRIPTOR.pack(dst, nbytes, flow & 0xFFFFFFFF, *header))
-        mmio.write(ch_off, _TUNE.pack(channel, 3))
-        if mmio.read(_ERROR) & bit:
-            mmio.write(_ERROR, bit)  # W1C
-            raise DeviceRefused(f"{self.node}/{port}: tune refused (busy)")
+        self._command(port, (dst, nbytes, flow, header), 1, _TUNE.pack(channel, 3),
+                      "tune refused (busy)")
 
     def tx_status(self, port: str) -> dict[str, int | bool]:
         s = self.mmio.read(_off(f"TX{port}_STATUS"))
@@ -105,15 +100,24 @@ class ONicDriver:
                        header: tuple[int, ...] = (0,) * len(R.HEADER)) -> None:
         """Load and start a transfer (one block write, START, one status read);
         DeviceRefused if the board refuses it."""
+        self._command(port, (dst, nbytes, flow, header), 2, 1,
+                      "transfer refused (tuning or busy)")
+
+    def _command(self, port: str, transfer: tuple[int, int, int, tuple[int, ...]], which: int,
+                 data: int | bytes, refused: str) -> None:
+        """The transfer's descriptor in one block write, then the command (`which`: 1 the
+        CHANNEL+CMD pair, 2 START), then ERROR read once: DeviceRefused, the flag cleared
+        (W1C), if the board refused it."""
+        dst, nbytes, flow, header = transfer
         if not 0 <= nbytes < 2**32:
             raise ValueError(f"{nbytes} bytes does not fit the 32-bit TX_BYTES register")
-        dst_off, _ch, start_off, bit = self._tx[port]
-        mmio = self.mmio
-        mmio.write(dst_off, _DESCRIPTOR.pack(dst, nbytes, flow & 0xFFFFFFFF, *header))
-        mmio.write(start_off, 1)
+        tx = self._tx[port]
+        mmio, bit = self.mmio, tx[3]
+        mmio.write(tx[0], _DESCRIPTOR.pack(dst, nbytes, flow & 0xFFFFFFFF, *header))
+        mmio.write(tx[which], data)
         if mmio.read(_ERROR) & bit:
             mmio.write(_ERROR, bit)  # W1C
-            raise DeviceRefused(f"{self.node}/{port}: transfer refused (tuning or busy)")
+            raise DeviceRefused(f"{self.node}/{port}: {refused}")
 
     def counters(self, port: str) -> dict[str, int]:
         rd = self.mmio.read

@@ -129,6 +129,15 @@ class _Broker(Broker):
         self.writers: weakref.WeakSet[Any] = weakref.WeakSet()  # open connections (`stop`)
         self.parties, self.testbed, self.nodes = parties, testbed, nodes
 
+    def _refuse(self, peer: str, why: str) -> AMQTTError:
+        """A CONNECT refused: counted, logged (the first 20, then one a thousand), and the
+        error amqtt is to end the connection with (its own log of it is filtered)."""
+        self.refused += 1
+        if worth_logging(self.refused):
+            log.warning("broker: connection from %s refused: %s (%d refused so far)", peer,
+                        why, self.refused)
+        return AMQTTError(f"refused: {why}")
+
     async def _connect(self, reader: Any, writer: Any, address: str) -> Any:
         """The connection's CONNECT, within `connect_timeout_s`. At most WAITING_PER_ADDRESS
         connections from one address wait to send theirs: a newcomer beyond that closes
@@ -144,16 +153,12 @@ class _Broker(Broker):
         try:
             return await asyncio.wait_for(BrokerProtocolHandler.init_from_connect(
                 reader, writer, self.plugins_manager), self.connect_timeout_s)
-        except Exception as e:  # idle, evicted, or not MQTT: refused, counted, throttled
-            self.refused += 1
+        except Exception as e:  # idle, evicted, or not MQTT
             why = (f"no CONNECT within {self.connect_timeout_s:g} s"
                    if isinstance(e, TimeoutError) else f"no CONNECT ({type(e).__name__})")
-            if worth_logging(self.refused):
-                log.warning("broker: connection from %s refused: %s (%d refused so far)",
-                            address, why, self.refused)
             with contextlib.suppress(Exception):
                 await writer.close()
-            raise AMQTTError(f"refused: {why}") from None
+            raise self._refuse(address, why) from None
         finally:
             waiting.pop(key, None)
             if not waiting:
@@ -176,13 +181,9 @@ class _Broker(Broker):
                 why = (f"{session.client_id} is connected already (one session a party: "
                        f"two controllers never drive one testbed)")
         if why is not None:
-            self.refused += 1
-            if worth_logging(self.refused):
-                log.warning("broker: connection from %s:%s refused: %s (%d refused so far)",
-                            remote_address, remote_port, why, self.refused)
             await ConnackPacket.build(0, BAD_USERNAME_PASSWORD).to_stream(writer)
             await writer.close()
-            raise AMQTTError(f"refused: {why}")
+            raise self._refuse(f"{remote_address}:{remote_port}", why)
         # from here on, amqtt's own (0.12 broker.py `_initialize_client_session`)
         if session.clean_session:
             await self._delete_session(session.client_id)

@@ -43,6 +43,12 @@ _W1C = frozenset(r.offset for r in R.REGISTERS if r.access == "W1C")
 _START = {R.BY_NAME[f"TX{p}_START"].offset: p for p in R.PORTS}  # SC: offset -> port
 
 
+def in_index_order(node_index: dict[str, int], nodes: list[str] | None) -> list[str]:
+    """The testbed's nodes in NODE_ID order: `nodes` when given (a testbed's boards share
+    one list: at 4,096 nodes a copy each was 16 M entries), else derived."""
+    return nodes if nodes is not None else sorted(node_index, key=node_index.__getitem__)
+
+
 @dataclass
 class _CAModule:
     ctrl: int = 0
@@ -66,9 +72,7 @@ class ONicBoard:
         self.fabric = fabric
         self.clock = fabric.clock
         self.node = node
-        # the testbed's nodes in index order (shared: give them, at 4,096 nodes)
-        self.nodes = nodes if nodes is not None else \
-            sorted(node_index, key=node_index.get)  # type: ignore[arg-type]
+        self.nodes = in_index_order(node_index, nodes)
         self.index = node_index
         self.regs: dict[int, int] = {r.offset: r.reset for r in R.REGISTERS}
         self.regs[R.BY_NAME["DESIGN_VERSION"].offset] = design_version
@@ -171,21 +175,15 @@ class ONicBoard:
             raise DeviceRefused(f"{self.node}: write to unmapped offset 0x{off:04X}")
         if reg.access == "RO":
             raise DeviceRefused(f"{self.node}: {reg.name} is read-only (write refused)")
-        name = reg.name
-        if reg.access == "W1C":
-            self.regs[off] &= ~value
-            return
+        name = reg.name  # (TXn_START and the W1C registers: `write` takes them)
         if name.startswith("CA"):
             self._ca_write(name, value)
             return
         if reg.access == "SC":
-            if value & 1:
-                if name.endswith("_CMD"):
-                    self._tune(name[2])
-                    if value & 2 and name[2] in self.tuning_pending:
-                        self.start_after_tune.add(name[2])
-                elif name.endswith("_START"):
-                    self._start(name[2])
+            if value & 1 and name.endswith("_CMD"):
+                self._tune(name[2])
+                if value & 2 and name[2] in self.tuning_pending:
+                    self.start_after_tune.add(name[2])
             return
         self.regs[off] = value
 

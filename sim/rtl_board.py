@@ -25,7 +25,7 @@ from oddl.controller.base.devices import DeviceRefused
 from oddl.controller.base.messages import Flow
 from oddl.fpga import regmap as R
 from oddl.sim.fabric import Fabric
-from oddl.sim.onic_board import PLACEHOLDER_HASH
+from oddl.sim.onic_board import PLACEHOLDER_HASH, in_index_order
 
 CLOCK_HZ = 250e6  # PL0, as the overlay's .hwh sets it
 _N_HDR = len(R.HEADER)
@@ -205,9 +205,7 @@ class RtlBoard:
         self.fabric = fabric
         self.clock = fabric.clock
         self.node = node
-        # the testbed's nodes in index order (shared: give them, at 4,096 nodes)
-        self.nodes = nodes if nodes is not None else \
-            sorted(node_index, key=node_index.get)  # type: ignore[arg-type]
+        self.nodes = in_index_order(node_index, nodes)
         self.index = node_index
         self.ports = fabric.ports[node]
         self.bitstream_hash = bitstream_hash
