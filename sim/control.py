@@ -21,7 +21,7 @@ import hmac
 from collections.abc import Callable
 from typing import Any
 
-import uvicorn
+from oddl.controller.base import http
 from oddl.controller.base.config import FaultSpec, Testbed, fault_issues
 from oddl.sim.faults import Drill, Injected
 from pydantic import ValidationError
@@ -68,9 +68,7 @@ class ControlEndpoint:
             Route("/faults", self._inject, methods=["POST"]),
             Route("/faults/{i:int}", self._revert, methods=["DELETE"]),
         ], middleware=[Middleware(_Token, token=token)])
-        self.server = uvicorn.Server(uvicorn.Config(
-            self.app, host="127.0.0.1", port=port, log_level="warning", lifespan="off",
-            limit_concurrency=16, access_log=False))
+        self.server = http.server(self.app, "127.0.0.1", port)
         self._task: asyncio.Task[None] | None = None
 
     @property

@@ -316,7 +316,7 @@ def serve(testbed: Path, state: Path, users: list[str], host: str = "127.0.0.1",
           say: Callable[[str], None] = print) -> None:
     """Run the service until SIGINT or SIGTERM (a clean stop keeps every job's state, as
     a crash does)."""
-    import uvicorn
+    from oddl.controller.base import http  # uvicorn: only to serve
 
     if not ipaddress.ip_address(host).is_loopback and tls is None:
         raise ValueError(f"--host {host}: beyond loopback the API needs TLS (--tls-cert, "
@@ -346,10 +346,8 @@ def serve(testbed: Path, state: Path, users: list[str], host: str = "127.0.0.1",
                                  svc.on_iteration, on_end=svc.on_end)
 
             svc = Service(tb, ledger, users_by_token, make)
-            cfg = uvicorn.Config(svc.app(), host=host, port=port, log_level="warning",
-                                 lifespan="off", ssl_certfile=tls[0] if tls else None,
+            server = http.server(svc.app(), host, port, ssl_certfile=tls[0] if tls else None,
                                  ssl_keyfile=tls[1] if tls else None)
-            server = uvicorn.Server(cfg)
 
             async def main() -> None:
                 svc.adm.open()

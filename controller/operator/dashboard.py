@@ -26,7 +26,7 @@ from typing import Any
 from urllib.parse import parse_qs
 
 import msgspec
-import uvicorn
+from oddl.controller.base import http
 from oddl.controller.base.access import CONTROLLER
 from oddl.controller.base.config import Testbed
 from oddl.controller.base.telemetry import NOTE_TYPES, PortsNote
@@ -44,6 +44,7 @@ from starlette.websockets import WebSocket, WebSocketDisconnect
 
 log = logging.getLogger(__name__)
 PUSH_HZ = 5
+MAX_WATCHERS = 32  # open websockets: one more is told to try later (1013)
 MAX_POINTS = 2000  # iterations kept per network for the plot
 MAX_ERRORS = 20  # node failures kept
 MAX_NETWORKS = 16  # networks whose iterations and health are kept
@@ -225,9 +226,8 @@ class Dashboard:
             Route("/", self._index), Route("/api/state", self._state),
             WebSocketRoute("/ws", self._ws), Mount("/static", StaticFiles(directory=ASSETS)),
         ], middleware=middleware)
-        self.server = uvicorn.Server(uvicorn.Config(
-            self.app, host=host, port=port, log_level="warning", lifespan="off",
-            limit_concurrency=64, access_log=False, ws_max_size=4096))
+        self.server = http.server(self.app, host, port, ws_max_size=4096)
+        self.watchers = 0
 
     @property
     def url(self) -> str:
@@ -250,14 +250,21 @@ class Dashboard:
             await ws.close(code=1008)  # before accept: the handshake is refused
             return
         await ws.accept()
+        if self.watchers >= MAX_WATCHERS:  # a browser retries (app.js); the API still answers
+            await ws.close(code=1013, reason=f"{MAX_WATCHERS} watchers already: try later")
+            return
+        self.watchers += 1
         sent, t_sent = -1, 0.0
-        with contextlib.suppress(WebSocketDisconnect, RuntimeError):
-            while True:
-                # beat ages move even when nothing is said: a push at least once a second
-                if self.view.version != sent or time.monotonic() - t_sent >= 1.0:
-                    sent, t_sent = self.view.version, time.monotonic()
-                    await ws.send_json(self.view.snapshot())
-                await asyncio.sleep(1 / PUSH_HZ)
+        try:
+            with contextlib.suppress(WebSocketDisconnect, RuntimeError):
+                while True:
+                    # beat ages move even when nothing is said: a push at least once a second
+                    if self.view.version != sent or time.monotonic() - t_sent >= 1.0:
+                        sent, t_sent = self.view.version, time.monotonic()
+                        await ws.send_json(self.view.snapshot())
+                    await asyncio.sleep(1 / PUSH_HZ)
+        finally:
+            self.watchers -= 1
 
     async def serve(self, ready: Any = None) -> None:
         """Connect to the bus, serve until stopped; `ready(url)` once listening."""
