@@ -141,6 +141,16 @@ def test_one_wavelength_too_few_for_the_plan_is_caught_by_check(tmp_path: Path) 
     assert isinstance(r.exception, SystemExit)
 
 
+def test_a_testbed_checked_alone_is_planned_as_oddl_plan_would(tmp_path: Path) -> None:
+    """Reproducer (issue 33, defect 15): the one-wavelength testbed passed `check` alone
+    (only an experiment on it was planned)."""
+    tb = tmp_path / "tb.toml"
+    tb.write_text(re.sub(r"wavelengths_nm = \[.*\]", "wavelengths_nm = [1550.12]", PROTO))
+    code, out = _check(tb)
+    assert code == 2 and f"{tb}: optical: the default job (halving-doubling over every " \
+        "node, as `oddl plan` plans it) cannot be planned with 1 wavelength: n0 -> n2" in out, out
+
+
 def test_a_sweep_given_to_run_points_to_sweep_and_check_validates_it(tmp_path: Path) -> None:
     r = CliRunner().invoke(main, ["run", str(ROOT / "experiments" / "scaling-sweep.toml")])
     assert r.exit_code == 2 and "this is a sweep: run it with `oddl sweep`" in r.output, \

@@ -121,8 +121,16 @@ def check(path: str | Path) -> str:
                 f"({len(shapes)} generated testbeds)")
     if kind == "testbed":
         tb = load_testbed(path)
+        n_ch = len(tb.optical.wavelengths())
+        try:
+            plan(tb)  # what `oddl plan TESTBED` plans: a testbed no job plans on is wrong
+        except PlanError as e:
+            raise ConfigError([ConfigIssue(
+                str(path), "optical", f"the default job (halving-doubling over every node, "
+                f"as `oddl plan` plans it) cannot be planned with {n_ch} wavelength"
+                f"{'s' * (n_ch != 1)}: {e}")]) from None
         return (f"OK {path}: {tb.name}, {tb.grid.rows} x {tb.grid.cols} grid, {tb.n_nodes} "
-                f"nodes, {len(tb.wss)} WSSs, {len(tb.optical.wavelengths())} wavelengths")
+                f"nodes, {len(tb.wss)} WSSs, {n_ch} wavelengths")
     ctx = load_experiment(path)
     tb = ctx.testbed
     grid = Grid.from_testbed(tb)
