@@ -52,6 +52,7 @@ from oddl.controller.service.backend import (
     StopRule,
 )
 from oddl.controller.service.health import Health, Heartbeat
+from oddl.controller.service.node import LOST_BROKER
 from oddl.controller.stage2.invariants import InvariantChecker
 from oddl.controller.stage2.job import (
     JOB_VERSION,
@@ -76,6 +77,7 @@ CLOCK_SLACK = 0.01  # how far a node's clock may run ahead of this one's (1 %, g
 READY_MIN_S = 3.0
 MAX_EVENTS = 1 << 16  # results of one job waiting to be read (a peer can send no more)
 CONTROLLER_KEEPALIVE_S = 10  # a hung controller is given up 15 s on
+PAUSED_S = 1.0  # a turn of the job's wait this much late: the controller was not running
 
 
 def ready_within_s(spec: JobSpec) -> float:
@@ -149,6 +151,7 @@ class LabBackend:
         self._heard: set[str] = set()  # nodes heard from: their "offline" is a last will
         self._beating: set[str] = set()  # nodes heard on this connection (since the broker)
         self._connection = 0  # connections lost so far
+        self.paused = (0.0, 0.0)  # the controller's last pause: (ended, seconds; monotonic)
         # the jobs out, by id: each its spec and its results, waiting to be read (None:
         # the broker went away)
         self._out: dict[str, tuple[JobSpec, asyncio.Queue[JobEvent | None]]] = {}
@@ -344,7 +347,16 @@ class LabBackend:
             await bus.publish(run_topic(tb), msgspec.json.encode(spec), qos=1)
             self.drill.at_iteration(spec.start)
             mark = len(recorded)
+            t_turn = time.monotonic()
             while len(done) < len(spec.nodes):
+                now = time.monotonic()
+                if now - t_turn > tick + PAUSED_S:
+                    # this process was not running (stopped, starved): the silence is ours
+                    gap = now - t_turn - tick
+                    t_heard, t_ready, self.paused = t_heard + gap, t_ready + gap, (now, gap)
+                    log.warning("controller: not running for %.1f s (stopped or starved); "
+                                "nobody's silence in that time is counted", gap)
+                t_turn = now
                 if self.drill.error is not None:
                     raise RunFailed(f"drill: {self.drill.error}")
                 if len(ready) == len(spec.nodes) and time.monotonic() - t_heard > stall_s:
@@ -367,8 +379,8 @@ class LabBackend:
                             f"`oddl emulate` serving {tb}?)") from None
                     continue
                 if ev is None:
-                    raise stopped(f"iteration {spec.start + len(recorded)} cut short: the "
-                                  f"broker went away")
+                    raise stopped(f"iteration {spec.start + len(recorded)} cut short: "
+                                  f"{self._why_lost()}")
                 if ev.kind == "ready" and ev.node not in ready:
                     ready.add(ev.node)
                     t_heard = time.monotonic()
@@ -378,6 +390,12 @@ class LabBackend:
                         raise stopped(f"iteration {spec.start + len(recorded)} cut short: "
                                       f"node {ev.node}: {ev.error}; "
                                       f"{'; '.join(map(str, found))}")
+                    if ev.error == LOST_BROKER and not bus.lost.is_set():
+                        raise RunFailed(
+                            f"node {ev.node}: {ev.error}, while the broker was up (the "
+                            f"controller's connection held): another login as {ev.node} "
+                            f"took its session over (Mosquitto does: a second node program "
+                            f"for {ev.node}?), or {ev.node}'s network dropped")
                     raise RunFailed(f"node {ev.node}: {ev.error}")
                 elif ev.kind == "done":
                     if len(recorded) < spec.iterations - spec.start:
@@ -444,6 +462,16 @@ class LabBackend:
         out = self._outcome(spec, done, self.rejected - rejected0)
         out.trace = trace
         return out
+
+    def _why_lost(self) -> str:
+        """Why the controller's connection went: its own pause, if it had just been
+        stopped for longer than the broker waits for a silent party (1.5 keepalives)."""
+        at, gap = self.paused
+        if gap > 1.5 * CONTROLLER_KEEPALIVE_S and time.monotonic() - at < 5.0:
+            return (f"the controller was not running for {gap:.1f} s (stopped or starved), "
+                    f"and the broker gave its connection up after "
+                    f"{1.5 * CONTROLLER_KEEPALIVE_S:g} s of silence")
+        return "the broker went away"
 
     def _reject(self, topic: object, why: object) -> None:
         self.rejected += 1

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import logging
 import re
+import time
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -12,6 +14,7 @@ from oddl.controller.base.devices import DeviceRefused
 _IDN = re.compile(r"^ODDL,WSS,(?P<id>[^,]+),(?P<ports>\d+)x(?P<channels>\d+),(?P<fw>\S+)$")
 _ERR = re.compile(r'^ERR (?P<code>-?\d+),"(?P<text>[^"]*)"$')
 MAX_REPLY = 8192  # the longest reply is a row of a 4096-channel table: far less
+log = logging.getLogger(__name__)
 
 
 class WSSTimeout(TimeoutError):
@@ -36,6 +39,7 @@ class WSSDriver:
                     if isinstance(port, str) else port)
         self.where = port if isinstance(port, str) else getattr(port, "port", "serial")
         self.timeout = timeout
+        self.garbled = 0  # lines of noise skipped
         ident = self.identify()
         m = _IDN.match(ident)
         assert m is not None  # identify() validated it
@@ -47,10 +51,43 @@ class WSSDriver:
         self.ser.close()
 
     def query(self, command: str) -> str:
-        """Send one line, read one reply line; ERR replies raise WSSError."""
+        """Send one line, read one reply line; ERR replies raise WSSError. Lines that are
+        no reply at all (not printable ASCII: noise on the line) are skipped and counted
+        (`garbled`), within the one time-out."""
         self.ser.reset_input_buffer()
         self.ser.write(command.encode("ascii") + b"\n")
-        # one deadline and one length for the whole reply (readline's time-out is per byte:
+        deadline, junk = time.monotonic() + self.timeout, b""
+        while True:
+            try:
+                raw = self._line(command)
+            except WSSTimeout:
+                if junk:
+                    raise WSSProtocolError(f"{self.where}: garbled reply {junk!r} to "
+                                           f"{command!r} (only noise within {self.timeout} s)"
+                                           ) from None
+                raise
+            try:
+                reply = raw.decode("ascii").strip()
+            except UnicodeDecodeError:
+                reply = "\x00"
+            if reply.isprintable():
+                break
+            self.garbled, junk = self.garbled + 1, raw
+            if self.garbled & (self.garbled - 1) == 0:  # 1, 2, 4, ...: noise is not a flood
+                log.warning("%s: garbled line %r skipped (%d so far): a noisy serial line?",
+                            self.where, raw[:40], self.garbled)
+            if time.monotonic() > deadline:
+                raise WSSProtocolError(f"{self.where}: garbled reply {raw!r} to {command!r} "
+                                       f"(only noise within {self.timeout} s)")
+        m = _ERR.match(reply)
+        if m:
+            raise WSSError(int(m["code"]), m["text"], command)
+        if reply.startswith("ERR"):
+            raise WSSProtocolError(f"{self.where}: malformed error reply {reply!r}")
+        return reply
+
+    def _line(self, command: str) -> bytes:
+        # one deadline and one length for the whole line (readline's time-out is per byte:
         # a device streaming bytes without an end of line held it forever)
         raw = self.ser.read_until(b"\n", MAX_REPLY)
         if not raw:
@@ -62,19 +99,7 @@ class WSSDriver:
                                        f"{raw[:40]!r}...")
             raise WSSTimeout(f"{self.where}: partial reply {raw[:200]!r} to {command!r} "
                              f"(no end of line within {self.timeout} s)")
-        try:
-            reply = raw.decode("ascii").strip()
-        except UnicodeDecodeError:
-            raise WSSProtocolError(f"{self.where}: garbled reply {raw!r} to {command!r}") \
-                from None
-        if not reply.isprintable():
-            raise WSSProtocolError(f"{self.where}: garbled reply {raw!r} to {command!r}")
-        m = _ERR.match(reply)
-        if m:
-            raise WSSError(int(m["code"]), m["text"], command)
-        if reply.startswith("ERR"):
-            raise WSSProtocolError(f"{self.where}: malformed error reply {reply!r}")
-        return reply
+        return raw
 
     def _ok(self, command: str) -> None:
         reply = self.query(command)

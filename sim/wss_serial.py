@@ -2,8 +2,8 @@
 
 The instrument runs on the pty's master end (a thread); the driver opens the slave path with
 unmodified pyserial. The table logic is the WSS model's, so it refuses what the model
-refuses. Faults for tests and acceptance: `mode = "garbage"` answers noise, `"silent"`
-answers nothing.
+refuses. Faults for tests and acceptance: `mode = "garbage"` answers noise, `"noise"` sends
+a line of it before each reply, `"silent"` answers nothing.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ class SerialWSS:
         self.staged: list[list[int | None]] = [[None] * model.channels
                                                for _ in range(model.ports)]
         self.errors: list[tuple[int, str]] = []
-        self.mode = "normal"  # "normal" | "garbage" | "silent" | "babble"
+        self.mode = "normal"  # "normal" | "garbage" | "noise" | "silent" | "babble"
         self.log: deque[str] = deque(maxlen=LOG_LINES)  # the last command lines received
         self._master, self._slave = os.openpty()
         tty.setraw(self._slave)
@@ -93,6 +93,8 @@ class SerialWSS:
                     continue
                 if self.mode == "garbage":
                     reply = "\x8f\x02#&%@\x99"
+                if self.mode == "noise":  # a noisy line: junk before the reply
+                    os.write(self._master, b"\x8f\x02#&%@\x99\n")
                 os.write(self._master, reply.encode("latin-1") + b"\n")
 
     def _babble(self, seconds: float = 60.0) -> None:

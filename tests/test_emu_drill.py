@@ -6,6 +6,7 @@ serves a lab's drills day after day."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import subprocess
 import sys
@@ -146,3 +147,49 @@ def test_emulate_refuses_a_broker_that_is_down_from_the_start(root: Path) -> Non
                         "hw_configs/prototype-4node.toml", "--fault", "broker-restart:broker"],
                        cwd=root, capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and "drill it while a job runs" in r.stderr
+
+
+def test_a_controller_stopped_for_a_while_blames_no_node(root: Path, emu: Path,
+                                                         tmp_path: Path) -> None:
+    """Reproducer (issue 33, defect 17): a controller stopped (SIGSTOP) for longer than a
+    job's stall limit (compute + grace_ms: 5.1 s here) failed the run as "nothing heard
+    ... not reported by" every node, the moment it ran again. Its own pause is no one's
+    silence: the run goes on."""
+    import signal
+    import sqlite3
+    import time
+
+    exp = tmp_path / "paused.toml"
+    exp.write_text(tomli_w.dumps({
+        "name": "paused", "testbed": str(emu), "iterations": 90,
+        "workload": {"model": "resnet50", "collective": "hd", "epochs": 1,
+                     "dataset_samples": 1_000_000, "batch_per_node": 64,
+                     "compute_time_ms": 100.0},
+        "networks": [{"name": "oddl", "kind": "oddl"}]}))
+    out = tmp_path / "run"
+    run = subprocess.Popen([sys.executable, "-m", "oddl.controller", "run", str(exp),
+                            "--backend", "emu", "--testbed", str(emu), "--json",
+                            "--out", str(out)], cwd=root, stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 60
+        recorded = 0
+        while recorded < 3:  # the job is running: some iterations are in the store
+            assert run.poll() is None and time.monotonic() < deadline, run.communicate()
+            stores = list(out.glob("*/results.sqlite")) + list(out.glob("results.sqlite"))
+            if stores:
+                with contextlib.suppress(sqlite3.Error):
+                    db = sqlite3.connect(f"file:{stores[0]}?mode=ro", uri=True)
+                    recorded = db.execute("SELECT COUNT(*) FROM iterations").fetchone()[0]
+                    db.close()
+            time.sleep(0.1)
+        run.send_signal(signal.SIGSTOP)
+        time.sleep(7.0)  # the stimulus: longer than the stall limit, shorter than keepalive
+        run.send_signal(signal.SIGCONT)
+        stdout, stderr = run.communicate(timeout=120)
+    finally:
+        run.kill()
+    assert run.returncode == 0, stderr[-3000:]
+    oddl = json.loads(stdout)["networks"]["oddl"]
+    assert oddl["iterations"] == 90 and oddl["invariant_violations"] == 0
+    assert "controller: not running for " in stderr

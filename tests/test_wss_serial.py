@@ -93,6 +93,18 @@ def test_garbage_reply_is_a_protocol_error(inst: SerialWSS) -> None:
     d.close()
 
 
+def test_noise_on_the_line_is_skipped_and_counted_not_taken_for_the_reply(
+        inst: SerialWSS) -> None:
+    """Reproducer (issue 33, defect 17): noise on the WSS's serial line read as its answer,
+    so the watch's polls failed and the WSS was called dead."""
+    d = WSSDriver(inst.path)
+    d.set_table(GOOD)
+    inst.mode = "noise"
+    assert d.get_table() == GOOD
+    assert d.garbled == 4  # one line of noise before each of the 4 replies
+    d.close()
+
+
 def test_silence_is_a_timeout_naming_the_command(inst: SerialWSS) -> None:
     d = WSSDriver(inst.path, timeout=0.2)
     inst.mode = "silent"

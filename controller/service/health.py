@@ -374,8 +374,8 @@ class Watch:
                 continue
             try:
                 got = self.wss[wid].get_table()
-            except Exception as e:  # a WSS that does not answer, whatever the transport says
-                self.health.wss_answer(wid, now, f"no answer to the poll: {e}", silent=True)
+            except Exception as e:  # no answer, or none that reads, whatever the transport
+                self.health.wss_answer(wid, now, f"the poll failed: {e}", silent=True)
                 continue
             self.health.wss_answer(
                 wid, now, None if [list(r[: len(w)]) for r, w in zip(got, want, strict=False)]

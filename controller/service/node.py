@@ -261,7 +261,7 @@ class NodeProgram:
                     # starts and no transmitter lights; then back on the broker, waiting
                     # for the next job (the controller re-sends it, or another)
                     if self._job is not None:
-                        await self._job.abort("the broker went away")
+                        await self._job.abort(LOST_BROKER)
                     log.warning("node %s: lost the broker; the board is idle; "
                                 "reconnecting", self.node)
                     await bus.reconnect()
@@ -283,6 +283,11 @@ class NodeProgram:
                 self.beats.stop()
             if self._job is not None:  # the board safe: no transfer started, lines given back
                 await self._job.abort("the node program stopped")
+
+
+# what a node says when its connection goes: a broker that went away, or (MQTT 3.1.1 tells
+# no difference) one that closed this connection because another logged in as this node
+LOST_BROKER = "lost its connection to the broker"
 
 
 class _NodeJob:
