@@ -1,5 +1,7 @@
-"""10^5 generated hostile inputs against every decoder a peer or a file reaches (issue 13):
-control messages, job-topic payloads, count-action text and images, configs. Prints, per
+"""10^5 generated hostile inputs against every decoder a peer or a file reaches (issues 13
+and 33): control messages, job-topic payloads, nodes' reports, count-action text and images
+(and their decompile round trip), the arbiter's and the drill endpoint's HTTP bodies,
+configs. Prints, per
 target: accepted, refused with a clean error, tracebacks (anything else), hangs (an input
 that took over 10 s), and the peak memory of the process.
 
@@ -44,11 +46,14 @@ def main() -> None:
         Timing(1, 1, 1, 1, 1, 1, 1), {}))
     # (name, share of n, input generator, target)
     plan = [
-        ("control message", 0.35, lambda: F.mutate(ctl_seed, rng, 8), F.control_message),
-        ("job topics", 0.35, lambda: F.mutate(job_seed, rng, 8), F.job_topic),
+        ("control message", 0.30, lambda: F.mutate(ctl_seed, rng, 8), F.control_message),
+        ("job topics", 0.33, lambda: F.mutate(job_seed, rng, 8), F.job_topic),
         ("count-action text", 0.12, lambda: F.mutate(F.PROGRAM.encode(), rng), F.program_text),
         ("count-action image", 0.05, lambda: F.mutate_image(rng), F.image_json),
         ("image round trip", 0.03, lambda: F.mutate_image(rng), F.image_round_trip),
+        ("node report", 0.05, lambda: F.mutate(F.REPORT, rng, 8), F.node_report),
+        ("HTTP body", 0.02, lambda: F.mutate(rng.choice((F.SUBMIT, F.FAULT)), rng),
+         F.http_body),
         ("testbed config", 0.05, lambda: F.mutate(F.TESTBED, rng),
          lambda raw: F.config_file(raw, tmp / "t", False)),
         ("experiment config", 0.05, lambda: F.mutate(exp_seed, rng),

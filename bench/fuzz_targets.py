@@ -11,9 +11,23 @@ from collections.abc import Callable
 from pathlib import Path
 
 import msgspec
-from oddl.controller.base.config import ConfigError, load_experiment, load_testbed
+from oddl.controller.base.config import (
+    ConfigError,
+    FaultSpec,
+    fault_issues,
+    load_experiment,
+    load_testbed,
+)
 from oddl.controller.service.health import Heartbeat
-from oddl.controller.stage2.job import DECODE_ERRORS, JOB_VERSION, JobEvent, JobSpec, JobStop
+from oddl.controller.stage2.job import (
+    DECODE_ERRORS,
+    JOB_VERSION,
+    JobEvent,
+    JobSpec,
+    JobStop,
+    from_its_node,
+    untrue,
+)
 from oddl.controller.stage2.wire import BusDecodeError, decode
 from oddl.fpga.countaction import CountActionError, compile_program, decompile, parse
 
@@ -22,6 +36,12 @@ TESTBED = (ROOT / "hw_configs" / "prototype-4node.toml").read_bytes()
 EXPERIMENT = (ROOT / "experiments" / "table1-resnet50.toml").read_bytes()
 PROGRAM = (ROOT / "fpga" / "programs" / "synchronized_data_streamer.ca").read_text()
 IMAGE = compile_program(parse(PROGRAM))
+
+# seeds a peer would send: a rank's report, a submitted job, a drill's fault
+REPORT = json.dumps({"v": JOB_VERSION, "job": "j", "kind": "iteration", "node": "n1",
+                     "iteration": 0, "t_start": 1, "t_end": 2, "stats": {"flows": 3}}).encode()
+SUBMIT = (ROOT / "experiments" / "table1-resnet50.toml").read_bytes()
+FAULT = b'{"kind": "slow-tx", "target": "n1/H", "tune_ns": 500, "at_iteration": 2}'
 
 # the reproducers of issue 13, kept whatever the generators find
 CORPUS: list[bytes] = [
@@ -51,6 +71,31 @@ def job_topic(raw: bytes) -> None:
     for dec in (_specs, _stops, _events, _beats):
         with contextlib.suppress(*DECODE_ERRORS):
             dec.decode(raw)
+
+
+_TB = load_testbed(ROOT / "hw_configs" / "prototype-4node.toml")
+
+
+def node_report(raw: bytes) -> None:
+    """A node's result as the controller takes it: decoded, held to its own topic, then
+    held to what its schedule allows (issue 33, defect 5)."""
+    ev = from_its_node(_events, "oddl/t/job/result/n1", raw)
+    if not isinstance(ev, str) and ev.kind == "iteration":
+        untrue(ev, 0, 3, ev.stats.get("flows", 0))
+
+
+def http_body(raw: bytes) -> None:
+    """What the arbiter's POST /jobs and the drill endpoint's POST /faults do with a body:
+    a job refused with its status (Refused), a fault with its fields (ValidationError, or
+    the issues of a config's [[faults]] entry)."""
+    from oddl.controller.base.topology import Grid
+    from oddl.controller.operator.arbiter import Refused, job_request
+    from pydantic import ValidationError
+
+    with contextlib.suppress(Refused):
+        job_request(raw.decode("utf-8", "replace"), Grid.from_testbed(_TB), _TB, "j1", 0)
+    with contextlib.suppress(ValidationError):
+        fault_issues([FaultSpec.model_validate_json(raw)], _TB)
 
 
 def config_file(raw: bytes, where: Path, experiment: bool = False) -> None:
@@ -123,4 +168,6 @@ TARGETS: dict[str, Callable[[bytes], None]] = {
     "count-action text": program_text,
     "count-action image": image_json,
     "image round trip": image_round_trip,
+    "node report": node_report,
+    "HTTP body": http_body,
 }

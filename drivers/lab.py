@@ -62,6 +62,7 @@ from oddl.controller.stage2.job import (
     from_its_node,
     schedule_of,
     step_sync,
+    untrue,
 )
 from oddl.controller.stage2.trace import TraceRow
 from oddl.controller.stage2.wire import worth_logging
@@ -414,16 +415,12 @@ class LabBackend:
                                                f"already recorded or out of range")
                         continue
                     claimed = ev.stats.get("flows", flows.get(ev.node, 0))
-                    if not (0 <= claimed <= per_iteration[ev.node] * (ev.iteration + 1
-                                                                      - spec.start)
-                            and ev.t_start <= ev.t_end):
+                    if why := untrue(ev, spec.start, per_iteration[ev.node], claimed):
                         self._reject("result", f"iteration {ev.iteration} from {ev.node}: "
-                                               f"{claimed} flows, {ev.t_end - ev.t_start} ns")
+                                               f"{why}")
                         raise RunFailed(
                             f"node {ev.node}: its report of iteration {ev.iteration} cannot "
-                            f"be true ({claimed} flows where its schedule starts "
-                            f"{per_iteration[ev.node]} an iteration; t_start {ev.t_start}, "
-                            f"t_end {ev.t_end}): its reports are not to be trusted")
+                            f"be true ({why}): its reports are not to be trusted")
                     sent[ev.node] = ev.control_messages
                     flows[ev.node] = claimed
                     trace += ev.trace

@@ -69,6 +69,17 @@ def from_its_node(decoder: msgspec.json.Decoder[M], topic: str, payload: bytes) 
     return msg
 
 
+def untrue(ev: JobEvent, start: int, per_iteration: int, claimed: int) -> str | None:
+    """Why a rank's report of an iteration cannot be true, or None: `claimed` flows so far
+    (its stats) against the `per_iteration` its schedule starts since iteration `start`,
+    and its times in order. (Its length against the controller's clock is the caller's.)"""
+    if not 0 <= claimed <= per_iteration * (ev.iteration + 1 - start):
+        return f"{claimed} flows where its schedule starts {per_iteration} an iteration"
+    if ev.t_start > ev.t_end:
+        return f"t_start {ev.t_start} after t_end {ev.t_end}"
+    return None
+
+
 MAX_NODES = 1 << 16
 MAX_ITERATIONS = 10_000_000
 Name = Annotated[str, msgspec.Meta(pattern=NAME_PATTERN, max_length=64)]
