@@ -1,7 +1,9 @@
 """The emu and hw back ends: a testbed's devices through the drivers a lab runs.
 
-The controller opens every board (PYNQ.remote `grpc://HOST:PORT`, or `local`) to apply
-stage 1 and read it back, each WSS over its serial port, and hands jobs to the node
+The controller opens every board at `grpc://HOST:PORT` (PYNQ.remote) to apply stage 1 and
+read it back; a board that is `local` (its node program's alone, no port open) gets its
+stage 1 from its node program, with the job (drivers/local_board.py). It opens each WSS
+over its serial port, and hands jobs to the node
 programs beside the boards over MQTT (`oddl node`; `oddl emulate` runs them for its
 emulated boards). It never touches a per-flow register: the nodes report iterations, and
 the controller records them.
@@ -41,6 +43,7 @@ from oddl.controller.base.access import (
 )
 from oddl.controller.base.clock import Clock
 from oddl.controller.base.config import FaultSpec, Testbed
+from oddl.controller.base.devices import ONic
 from oddl.controller.base.telemetry import note_topic
 from oddl.controller.base.topology import Grid
 from oddl.controller.service.backend import (
@@ -67,6 +70,7 @@ from oddl.controller.stage2.job import (
 from oddl.controller.stage2.trace import TraceRow
 from oddl.controller.stage2.wire import worth_logging
 from oddl.drivers.drill import RemoteDrill
+from oddl.drivers.local_board import LocalBoard
 from oddl.drivers.mqtt import BusError, MQTTBus, bus_from_config
 from oddl.drivers.onic import DriverONic, ONicDriver, open_onic
 from oddl.drivers.wss import WSSDriver
@@ -162,7 +166,8 @@ class LabBackend:
         self._decode_beat = msgspec.json.Decoder(Heartbeat)
         nodes = list(grid.nodes)
         addr = {n.id: n.board for n in tb.nodes}
-        self.onics: dict[str, DriverONic] = {}
+        self.onics: dict[str, ONic] = {}
+        self.local: set[str] = set()  # boards only their node programs touch
         self.wss: dict[str, WSSDriver] = {}
         try:
             self._open(grid, nodes, addr)
@@ -173,12 +178,18 @@ class LabBackend:
     def _open(self, grid: Grid, nodes: list[str], addr: Mapping[str, str | None]) -> None:
         """Every board at once (each its own PYNQ.remote connection, in a thread), then
         every WSS's serial port; every failure gathered and named in one error."""
+        remote = [n for n in nodes if addr[n] != "local"]
+        for n in nodes:
+            if addr[n] == "local":  # its node program's alone: stage 1 goes through it
+                self.onics[n] = LocalBoard(n, ports_of(grid, n), self.health)
+                self.local.add(n)
+
         async def boards() -> list[ONicDriver | BaseException]:
             return await asyncio.gather(*(asyncio.to_thread(open_board, addr[n], n, nodes)
-                                          for n in nodes), return_exceptions=True)
+                                          for n in remote), return_exceptions=True)
 
         failed = []
-        for n, drv in zip(nodes, self.loop.run_until_complete(boards()), strict=True):
+        for n, drv in zip(remote, self.loop.run_until_complete(boards()), strict=True):
             if isinstance(drv, BaseException):
                 failed.append(f"board {n} ({addr[n]}): {drv}")
             else:
@@ -310,6 +321,8 @@ class LabBackend:
         compute plus `grace_ms`, its nodes alive, is stuck: the run fails, naming whom it
         waits for."""
         tb = self.tb.name
+        if self.local & set(spec.nodes):  # their node programs apply their stage 1
+            spec = msgspec.structs.replace(spec, boards=sorted(self.local & set(spec.nodes)))
         stall_s = spec.compute_ns / 1e9 + self.tb.monitor.grace_ms / 1e3
         bus = await self._connect()
         self.drill.arm()
@@ -404,6 +417,10 @@ class LabBackend:
                             f"node {ev.node} said its job was done after "
                             f"{len(recorded)} of {spec.iterations - spec.start} iterations")
                     done[ev.node] = ev
+                    if n_tampered := ev.stats.get("board_tampered", 0):
+                        log.warning("node %s: another writer changed its board's registers "
+                                    "%d times during job %s (restored; an open PYNQ.remote "
+                                    "port? docs/deploy.md)", ev.node, n_tampered, spec.job)
                     t_heard = time.monotonic()
                     sent[ev.node] = ev.control_messages
                     trace += ev.trace

@@ -179,7 +179,9 @@ class MQTTBus:
         if rc.is_failure:
             self._drop()
             raise BusError(f"mqtt: {self.user}: the broker at {self.host}:{self.port} "
-                           f"refused the connection: {rc}")
+                           f"refused the connection: {rc}" + (
+                               f" (a session as {self.user} is connected already: one "
+                               f"program a party)" if "identifier" in str(rc).lower() else ""))
         self._started = True
         for node in self.handlers:
             self.client.subscribe(ctl_topic(self.testbed, node, "+"), qos=QOS_CTL)

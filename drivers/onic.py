@@ -211,6 +211,7 @@ class DriverONic:
         self.events: Any = None
         self.on_module_fired: Any = None  # called with the slot of each count-action firing
         self._mask = 0
+        self.tampered = 0  # times the interrupt enables were found changed under it
         self._ca_names: list[str] = []
         self._w = driver.mmio.write
         self._r = driver.mmio.read
@@ -238,8 +239,17 @@ class DriverONic:
 
     def health(self) -> dict[str, Any]:
         """What a heartbeat carries from the registers: CRC errors per receiver, the last
-        tuning time per transmitter, the ERROR flags."""
+        tuning time per transmitter, the ERROR flags. And the interrupt enables this driver
+        set, checked: a board whose enables someone else cleared hears nothing and wedges
+        its job (another writer over an open PYNQ.remote port, docs/deploy.md); they are
+        restored, and counted (`tampered`)."""
         r, o = self._r, self._o
+        if self._mask and r(o["IRQ_ENABLE"]) != self._mask:
+            self.tampered += 1
+            log.warning("board %s: IRQ_ENABLE is not what its driver set (0x%x): someone "
+                        "else writes its registers (an open PYNQ.remote port?); restored "
+                        "(%d times)", self.node, self._mask, self.tampered)
+            self._w(o["IRQ_ENABLE"], self._mask)
         return {"crc_errors": {p: r(o[f"RX{p}_ERRORS"]) for p in self.ports},
                 "tune_ns": {p: r(o[f"TX{p}_TUNE_NS"]) for p in self.ports},
                 "error_flags": r(o["ERROR"])}

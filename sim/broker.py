@@ -19,7 +19,7 @@ from typing import Any
 from amqtt.broker import Broker
 from amqtt.contexts import Action
 from amqtt.errors import AMQTTError
-from amqtt.mqtt.connack import BAD_USERNAME_PASSWORD, ConnackPacket
+from amqtt.mqtt.connack import BAD_USERNAME_PASSWORD, IDENTIFIER_REJECTED, ConnackPacket
 from amqtt.mqtt.constants import QOS_1, QOS_2
 from amqtt.mqtt.protocol.broker_handler import BrokerProtocolHandler
 from amqtt.plugins.base import BaseAuthPlugin, BaseTopicPlugin
@@ -30,6 +30,7 @@ from oddl.controller.stage2.wire import worth_logging
 
 log = logging.getLogger(__name__)
 CONNECT_TIMEOUT_S = 5.0  # a connection that has not sent its CONNECT by then is closed
+LEAVING_S = 1.0  # a live session of a CONNECT's client id may take this long to go
 WAITING_PER_ADDRESS = 64  # connections from one address waiting to send their CONNECT
 
 
@@ -173,15 +174,22 @@ class _Broker(Broker):
             if not permits(rules(self.testbed, user, self.nodes), "write",
                            session.will_topic or ""):
                 why = f"{user}: may not leave a will on {session.will_topic}"
+        code = BAD_USERNAME_PASSWORD
         if why is None and session.client_id in self._sessions:
             live, _ = self._sessions[session.client_id]
-            if live.transitions.state == "connected":
+            # a party that has just left (its DISCONNECT not yet handled) comes back at once
+            for _ in range(round(LEAVING_S / 0.01)):
+                if live.transitions.state != "connected":
+                    break
+                await asyncio.sleep(0.01)
+            else:
                 # a party's second session would have taken the first one's subscriptions
                 # and left it connected, deaf (amqtt 0.12): refused, the first goes on
                 why = (f"{session.client_id} is connected already (one session a party: "
                        f"two controllers never drive one testbed)")
+                code = IDENTIFIER_REJECTED
         if why is not None:
-            await ConnackPacket.build(0, BAD_USERNAME_PASSWORD).to_stream(writer)
+            await ConnackPacket.build(0, code).to_stream(writer)
             await writer.close()
             raise self._refuse(f"{remote_address}:{remote_port}", why)
         # from here on, amqtt's own (0.12 broker.py `_initialize_client_session`)

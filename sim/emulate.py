@@ -104,10 +104,12 @@ class Emulation:
         prog = self.nodes.pop(node, None)
         if prog is not None:  # at once, as with the board's power
             await prog.crash()
-        await self.boards[node].stop()
+        if node in self.boards:
+            await self.boards[node].stop()
 
     async def _revive(self, node: str) -> None:
-        await self.boards[node].start()
+        if node in self.boards:
+            await self.boards[node].start()
         self.nodes[node] = await self.revive(node)
 
     def endpoints(self) -> dict[str, Any]:
@@ -137,8 +139,11 @@ class Emulation:
 
 
 async def start(tb: Testbed, host: str = "127.0.0.1", faults: list[FaultSpec] | None = None,
-                external: set[str] | frozenset[str] = frozenset()) -> Emulation:
-    """external: boards whose node program runs elsewhere (`oddl node` over PYNQ.remote)."""
+                external: set[str] | frozenset[str] = frozenset(),
+                local_boards: bool = False) -> Emulation:
+    """external: boards whose node program runs elsewhere (`oddl node` over PYNQ.remote).
+    local_boards: the others open no PYNQ.remote port; the emu config names them `local`
+    (their node programs, here, apply their stage 1: drivers/local_board.py)."""
     loop = asyncio.get_running_loop()
     grid = Grid.from_testbed(tb)
     emu = Emulation(external=frozenset(external))
@@ -148,6 +153,8 @@ async def start(tb: Testbed, host: str = "127.0.0.1", faults: list[FaultSpec] | 
                         lambda: sum(p.retries() for p in emu.nodes.values()), emu.effect)
     dead = {f.target for f in faults or [] if f.kind == "dead-board"}
     for node, board in emu.world.boards.items():
+        if local_boards and node not in external:
+            continue
         server = RemoteBoardServer(EmulatedONicDevice(board), host, free_port(host))
         emu.boards[node] = server if node in dead else await server.start()  # dead: silent
     for wid, model in emu.world.wss.items():
@@ -228,7 +235,8 @@ def emu_config(tb: Testbed, emu: Emulation, source: str, secrets: Path | None = 
         d["control"] |= {"kind": "mqtt", "latency_ns": emu.control_hop_ns}
     d["testbed"]["description"] = f"emulated by `oddl emulate {source}`"
     for n in d["nodes"]:
-        n["board"] = f"grpc://127.0.0.1:{emu.boards[n['id']].port}"
+        server = emu.boards.get(n["id"])
+        n["board"] = f"grpc://127.0.0.1:{server.port}" if server is not None else "local"
     for w in d["wss"]:
         w["serial"] = emu.wss[w["id"]].path
     if emu.broker is not None:
@@ -249,8 +257,9 @@ def emu_config(tb: Testbed, emu: Emulation, source: str, secrets: Path | None = 
 
 async def serve(tb: Testbed, source: str, out: Path, say: Any,
                 faults: list[FaultSpec] | None = None,
-                external: set[str] | frozenset[str] = frozenset()) -> None:
-    emu = await start(tb, faults=faults, external=external)
+                external: set[str] | frozenset[str] = frozenset(),
+                local_boards: bool = False) -> None:
+    emu = await start(tb, faults=faults, external=external, local_boards=local_boards)
     for f in faults or []:
         say(f"fault: {f}")
     stop = asyncio.Event()

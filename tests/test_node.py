@@ -180,6 +180,69 @@ def test_a_node_whose_reports_cannot_be_true_is_named(root: Path, tmp_path: Path
     assert "its reports are not to be trusted" in r.stderr
 
 
+def test_a_lab_with_no_pynq_remote_port_gets_its_stage1_through_the_node_programs(
+        root: Path, tmp_path: Path) -> None:
+    """Issue 33, defect 4: with `board = "local"` the controller opens no board; each node
+    program applies its own board's routes and count-action program from the job, over the
+    authenticated bus, and reads them back (without that, no transfer would find a route
+    and the run would stall)."""
+    out = tmp_path / "emu.toml"
+    with emulator(root, root / "hw_configs" / "prototype-4node.toml", out,
+                  "--local-boards") as (_, lines):
+        assert not [x for x in lines if "PYNQ.remote" in x], lines  # no port open
+        boards = {n.id: n.board for n in config.load_testbed(out).nodes}
+        assert boards == dict.fromkeys(("n0", "n1", "n2", "n3"), "local")
+        r = _cli("run", "experiments/table1-resnet50.toml", "--backend", "hw", "--testbed",
+                 str(out), "--iterations", "3", "--json", "--out", str(tmp_path / "run"),
+                 root=root)
+    assert r.returncode == 0, r.stderr[-2000:]
+    oddl = json.loads(r.stdout)["networks"]["oddl"]
+    assert (oddl["iterations"], oddl["flows"], oddl["invariant_violations"]) == (3, 48, 0)
+
+
+def test_a_board_whose_interrupts_another_writer_disables_is_restored_and_named(
+        root: Path, tmp_path: Path) -> None:
+    """Reproducer (issue 33, defect 4): IRQ_ENABLE = 0 written on n2 over its PYNQ.remote
+    port wedged the run, and the error blamed n3. The node program checks the enables it
+    set with every heartbeat, restores them, and the run says who was disturbed."""
+    import sqlite3
+    import time
+
+    from oddl.drivers.lab import open_board
+    from oddl.fpga import regmap as R
+
+    out, run_dir = tmp_path / "emu.toml", tmp_path / "run"
+    exp = tmp_path / "e.toml"
+    exp.write_text((root / "experiments" / "table1-resnet50.toml").read_text().replace(
+        'testbed = "../hw_configs/prototype-4node.toml"', f'testbed = "{out}"'))
+    with emulator(root, root / "hw_configs" / "prototype-4node.toml", out):
+        run = subprocess.Popen([sys.executable, "-m", "oddl.controller", "run", str(exp),
+                                "--backend", "emu", "--testbed", str(out), "--iterations",
+                                "40", "--json", "--out", str(run_dir)], cwd=root,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        try:
+            deadline, recorded = time.monotonic() + 60, 0
+            while recorded < 2:  # the job runs: the node's driver has set its enables
+                assert run.poll() is None and time.monotonic() < deadline, run.communicate()
+                with contextlib.suppress(sqlite3.Error, StopIteration):
+                    db = sqlite3.connect(f"file:{next(run_dir.glob('**/results.sqlite'))}"
+                                         f"?mode=ro", uri=True)
+                    recorded = db.execute("SELECT COUNT(*) FROM iterations").fetchone()[0]
+                    db.close()
+                time.sleep(0.05)
+            addr = next(n.board for n in config.load_testbed(out).nodes if n.id == "n2")
+            board = open_board(addr, "n2", ["n0", "n1", "n2", "n3"])
+            board.mmio.write(R.BY_NAME["IRQ_ENABLE"].offset, 0)  # the attack
+            stdout, stderr = run.communicate(timeout=120)
+        finally:
+            run.kill()
+    assert run.returncode == 0, stderr[-3000:]
+    oddl = json.loads(stdout)["networks"]["oddl"]
+    assert oddl["iterations"] == 40 and oddl["disturbed"]
+    assert oddl["disturbance"]["board_tampered"] >= 1
+    assert "node n2: another writer changed its board's registers" in stderr
+
+
 def test_a_board_without_its_node_program_is_named(root: Path, tmp_path: Path) -> None:
     out = tmp_path / "emu.toml"
     with emulator(root, root / "hw_configs" / "prototype-4node.toml", out,

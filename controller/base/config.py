@@ -824,7 +824,8 @@ class Experiment(_Model):
     disturbance_threshold: float = Field(
         default=0.001, ge=0, le=1e6, description="a network's run is flagged disturbed when "
         "its disturbance events (junk refused, messages lost, retries, lapsed grants, "
-        "unexpected transfers) exceed this share of its control messages")
+        "unexpected transfers) exceed this share of its control messages, or a board's "
+        "registers were changed by another writer")
     reference: dict[str, Any] = Field(default_factory=dict)
 
     @field_validator("reference")

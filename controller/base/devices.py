@@ -27,6 +27,7 @@ class ONicEvents(Protocol):
 class ONic(Protocol):
     node: str
     ports: tuple[str, ...]
+    tampered: int  # its registers found changed by another writer (and restored)
 
     def attach(self, events: ONicEvents) -> None: ...
     def identity(self) -> dict[str, str]: ...

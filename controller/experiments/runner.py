@@ -298,7 +298,9 @@ def network_result(net: Network, threshold: float, extrapolate_to: int | None) -
             "makespan_s": round(makespan, 9),
             "utilisation": round(held / (nodes * makespan), 6) if makespan else 0.0,
             "mean_queued_s": round(sum(r.queued_s for r in recs.values()) / len(recs), 9)}
-    disturbed = sum(dist.values()) > threshold * max(total.control_messages, 1)
+    # a board's registers changed by another writer is never noise, whatever its share
+    disturbed = sum(dist.values()) > threshold * max(total.control_messages, 1) or \
+        bool(dist.get("board_tampered"))
     return NetworkResult(net.spec.name, net.spec.kind, training_s,
                          sum(its) / len(its) / 1e9 if its else 0.0, len(its),
                          sum(r.flows for r in recs.values()), total.control_messages,

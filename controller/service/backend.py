@@ -73,7 +73,8 @@ Announce = Callable[[str, bytes], None]  # a note for the bus's watchers: kind, 
 # what a clean run has none of: junk and forgeries refused, messages lost, flows asked for
 # again, grants that lapsed or came too late, transfers nobody granted
 DISTURBANCES = ("rejected", "unexpected", "dropped", "retries", "revoked", "stale_grants",
-                "unexpected_rx", "requests_refused", "releases_overdue", "stray")
+                "unexpected_rx", "requests_refused", "releases_overdue", "stray",
+                "board_tampered")
 
 
 def disturbance(stats: Mapping[str, Any]) -> dict[str, int]:

@@ -53,6 +53,8 @@ from oddl.controller.stage2.job import (
     JobSpec,
     JobStop,
     from_its_node,
+    nic_programs,
+    schedule_of,
     step_sync,
 )
 from oddl.controller.stage2.trace import TraceRow
@@ -310,7 +312,8 @@ class _NodeJob:
 
     def _junk(self) -> dict[str, int]:
         b = self.prog.bus
-        return {"rejected": b.rejected + self.prog.rejected, "unexpected": b.unexpected}
+        return {"rejected": b.rejected + self.prog.rejected, "unexpected": b.unexpected,
+                "board_tampered": self.prog.onic.tampered}
 
     def sent(self) -> int:
         return self.prog.bus.sent - self.sent0
@@ -387,6 +390,8 @@ class _NodeJob:
                                              local=[prog.node])
             runner.fail = self._fail
             bus.peers = set(spec.nodes)
+            if prog.node in spec.boards:  # the controller cannot reach this board
+                self._stage1()
             runner.on_onics(bus, {prog.node: prog.onic}, {prog.node: prog.line})
             await self._publish("ready")
             await self._wait(self.all_ready.wait())
@@ -419,10 +424,30 @@ class _NodeJob:
             if runner is not None:
                 prog.retries_done += runner.stats().get("retries", 0)
                 runner.close()
+            if prog.node in spec.boards:  # its light is gone with the job's routes
+                with contextlib.suppress(Exception):
+                    prog.onic.load_routes({})
             bus.attach(prog.node, prog._idle)
             bus.peers = None
             if prog._job is self:
                 prog._job = None
+
+    def _stage1(self) -> None:
+        """This board's part of stage 1, which the controller cannot write itself: its
+        routes and its count-action program, from the job; read back before "ready"."""
+        node, onic, spec = self.prog.node, self.prog.onic, self.spec
+        routes = dict(spec.routes.get(node, {}))
+        onic.load_routes(routes)
+        programs = nic_programs(schedule_of(spec), spec.ranks) if spec.nic_sync else None
+        program = programs.get(node) if programs else None
+        if program is not None:
+            onic.load_countaction(program)
+        back = onic.read_routes()
+        if back != routes:
+            bad = [d for d in routes if back.get(d) != routes[d]][:3]
+            raise RuntimeError(f"board {node}: routes differ on read-back, e.g. {bad}")
+        if program is not None and onic.read_countaction().modules != program.modules:
+            raise RuntimeError(f"board {node}: count-action program differs on read-back")
 
     async def _wait(self, aw: Any) -> None:
         """Wait for `aw`, unless the job fails first."""

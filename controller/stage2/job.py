@@ -126,6 +126,10 @@ class JobSpec(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     alltoall: Count = 0
     # its share of a link it shares with other jobs, where the network shares by weight
     weight: Annotated[float, msgspec.Meta(gt=0, le=1000)] = 1.0
+    # nodes whose boards the controller cannot reach (board = "local"): each one's node
+    # program applies its board's routes and count-action program itself, reads them
+    # back, and clears the routes when the job ends (drivers/local_board.py)
+    boards: Nodes = []
 
 
 class JobStop(msgspec.Struct, frozen=True, forbid_unknown_fields=True):

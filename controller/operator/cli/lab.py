@@ -24,6 +24,10 @@ from oddl.controller.operator.cli.main import _config_fail, main
 @click.option("--external-node", "external", multiple=True,
               help="serve this board without its node program: `oddl node EMU.toml --node "
                    "ID` runs it, as on a lab's host (repeatable)")
+@click.option("--local-boards", is_flag=True,
+              help="open no PYNQ.remote port for the boards whose node programs run here: "
+                   "the emu config names them `local`, and stage 1 reaches them through "
+                   "their node programs, as in a lab with its ports closed (docs/deploy.md)")
 @click.option("--spin-us", type=click.FloatRange(min=0), default=2000, show_default=True,
               help="poll instead of sleeping for this long after device activity and "
                    "before a device timer (0: always sleep; docs/emu-run.md)")
@@ -31,7 +35,8 @@ from oddl.controller.operator.cli.main import _config_fail, main
               help="each O-NIC as the Python board model, or as the gateware simulated "
                    "cycle by cycle (default: the testbed's board_model; docs/gateware.md)")
 def emulate(testbed: Path, out: Path | None, faults: tuple[str, ...],
-            external: tuple[str, ...], spin_us: float, board_model: str | None) -> None:
+            external: tuple[str, ...], local_boards: bool, spin_us: float,
+            board_model: str | None) -> None:
     """Serve the testbed's devices on 127.0.0.1 (PYNQ.remote, serial ptys, MQTT) until Ctrl-C."""
     import asyncio
 
@@ -67,7 +72,7 @@ def emulate(testbed: Path, out: Path | None, faults: tuple[str, ...],
     with asyncio.Runner(loop_factory=lambda: new_loop(spin_us * 1e-6,
                                                       collect_when_idle=True)) as runner:
         runner.run(serve(tb, str(testbed), out, lambda line: click.echo(line), parsed,
-                         set(external)))
+                         set(external), local_boards))
 
 
 @main.command()

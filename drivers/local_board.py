@@ -1,0 +1,77 @@
+"""A board only its own node program touches (`board = "local"` in the testbed config).
+
+A lab that opens no PYNQ.remote port (docs/deploy.md: an open port lets any process that
+reaches it write any register) runs each `oddl node` on its board's own processor, with pynq
+MMIO. The controller then reaches the board only through that program, over the
+authenticated bus: the job it publishes names the board in `JobSpec.boards`, and the node
+program applies the board's part of stage 1 itself (its routes from the job's routes, its
+count-action program from the job's schedule), reads both back, and says "ready" only if
+they match; it clears the routes when the job ends.
+
+Here is what the controller's stage 1 holds for such a board: what it was given, for the
+arbiter's bookkeeping (its read-back is the node program's, above); its identity is the
+node program's to check (it opened the board, held to the design version); whether it still
+transmits, its last heartbeat's word.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from oddl.controller.base.devices import ONicEvents
+from oddl.controller.base.messages import Flow
+from oddl.controller.service.health import Health
+from oddl.fpga.countaction import Program
+
+VIA_NODE = "through its node program (board = local)"
+
+
+class LocalBoard:
+    """The controller's side of a board that only its node program touches."""
+
+    def __init__(self, node: str, ports: tuple[str, ...], health: Health) -> None:
+        self.node, self.ports, self.health = node, ports, health
+        self.tampered = 0  # counted by the node program, beside the board
+        self.on_module_fired = None
+        self._routes: dict[str, tuple[str, int, str]] = {}
+        self._program = Program()
+
+    def identity(self) -> dict[str, str]:
+        return {"node": self.node, "reached": VIA_NODE}
+
+    def load_routes(self, routes: dict[str, tuple[str, int, str]]) -> None:
+        self._routes = dict(routes)
+
+    def read_routes(self) -> dict[str, tuple[str, int, str]]:
+        return dict(self._routes)
+
+    def load_countaction(self, prog: Program) -> None:
+        self._program = prog
+
+    def read_countaction(self) -> Program:
+        return self._program
+
+    def transmitting(self) -> bool:
+        beat = self.health.nodes[self.node].beat
+        return beat is not None and beat.transmitting
+
+    # stage 2 is the node program's: the controller never drives a board
+    def attach(self, events: ONicEvents) -> None:
+        raise RuntimeError(f"{self.node}: its board is its node program's ({VIA_NODE})")
+
+    def send(self, port: str, flow: Flow) -> None:
+        self.attach(None)  # type: ignore[arg-type]
+
+    def tune_and_send(self, port: str, channel: int, flow: Flow) -> None:
+        self.attach(None)  # type: ignore[arg-type]
+
+    def rx_receiving(self, port: str, flow: int, hop: int) -> bool:
+        self.attach(None)  # type: ignore[arg-type]
+        return False
+
+    def health(self) -> dict[str, Any]:
+        self.attach(None)  # type: ignore[arg-type]
+        return {}
+
+    def on_interrupt(self) -> None:
+        self.attach(None)  # type: ignore[arg-type]
