@@ -213,12 +213,24 @@ def test_a_board_whose_interrupts_another_writer_disables_is_restored_and_named(
 
     out, run_dir = tmp_path / "emu.toml", tmp_path / "run"
     exp = tmp_path / "e.toml"
-    exp.write_text((root / "experiments" / "table1-resnet50.toml").read_text().replace(
-        'testbed = "../hw_configs/prototype-4node.toml"', f'testbed = "{out}"'))
+    exp.write_text(f"""name = "tampered"
+testbed = "{out}"
+iterations = 20
+[workload]
+model = "resnet50"
+collective = "hd"
+epochs = 1
+dataset_samples = 1000000
+batch_per_node = 64
+compute_time_ms = 20.0
+[[networks]]
+name = "oddl"
+kind = "oddl"
+""")
     with emulator(root, root / "hw_configs" / "prototype-4node.toml", out):
         run = subprocess.Popen([sys.executable, "-m", "oddl.controller", "run", str(exp),
-                                "--backend", "emu", "--testbed", str(out), "--iterations",
-                                "40", "--json", "--out", str(run_dir)], cwd=root,
+                                "--backend", "emu", "--testbed", str(out), "--json",
+                                "--out", str(run_dir)], cwd=root,
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         try:
             deadline, recorded = time.monotonic() + 60, 0
@@ -238,7 +250,7 @@ def test_a_board_whose_interrupts_another_writer_disables_is_restored_and_named(
             run.kill()
     assert run.returncode == 0, stderr[-3000:]
     oddl = json.loads(stdout)["networks"]["oddl"]
-    assert oddl["iterations"] == 40 and oddl["disturbed"]
+    assert oddl["iterations"] == 20 and oddl["disturbed"]
     assert oddl["disturbance"]["board_tampered"] >= 1
     assert "node n2: another writer changed its board's registers" in stderr
 
