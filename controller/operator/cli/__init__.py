@@ -2,7 +2,7 @@
 command group (configs and experiments; the testbed and its services; the devices' own
 tools)."""
 
-from oddl.controller.operator.cli import arbiter, devices, experiments, gateware, lab
+from oddl.controller.operator.cli import arbiter, devices, experiments, gateware, lab, verify
 from oddl.controller.operator.cli.main import main
 
-__all__ = ["arbiter", "devices", "experiments", "gateware", "lab", "main"]
+__all__ = ["arbiter", "devices", "experiments", "gateware", "lab", "main", "verify"]
