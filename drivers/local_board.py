@@ -56,22 +56,23 @@ class LocalBoard:
         return beat is not None and beat.transmitting
 
     # stage 2 is the node program's: the controller never drives a board
-    def attach(self, events: ONicEvents) -> None:
+    def _not_mine(self) -> Any:
         raise RuntimeError(f"{self.node}: its board is its node program's ({VIA_NODE})")
 
+    def attach(self, events: ONicEvents) -> None:
+        self._not_mine()
+
     def send(self, port: str, flow: Flow) -> None:
-        self.attach(None)  # type: ignore[arg-type]
+        self._not_mine()
 
     def tune_and_send(self, port: str, channel: int, flow: Flow) -> None:
-        self.attach(None)  # type: ignore[arg-type]
+        self._not_mine()
 
     def rx_receiving(self, port: str, flow: int, hop: int) -> bool:
-        self.attach(None)  # type: ignore[arg-type]
-        return False
+        return self._not_mine()  # type: ignore[no-any-return]
 
     def health(self) -> dict[str, Any]:
-        self.attach(None)  # type: ignore[arg-type]
-        return {}
+        return self._not_mine()  # type: ignore[no-any-return]
 
     def on_interrupt(self) -> None:
-        self.attach(None)  # type: ignore[arg-type]
+        self._not_mine()
