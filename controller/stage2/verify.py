@@ -141,9 +141,6 @@ class _ONic:
     def rx_receiving(self, port: str, flow: int, hop: int) -> bool:
         return (flow, hop) in self.arriving[port]
 
-    def transmitting(self) -> bool:
-        return bool(self.busy)
-
     def _start(self, port: str, channel: int | None, tune: int, flow: Flow) -> None:
         w = self.world
         now = w.clock.now
