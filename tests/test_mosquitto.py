@@ -302,3 +302,47 @@ def test_the_printed_command_starts_mosquitto_as_root(root: Path) -> None:
         proc.wait(timeout=10)
     finally:
         shutil.rmtree(base)
+
+
+def test_a_node_whose_session_is_taken_over_says_it_lost_its_connection(
+        mosquitto: tuple[int, dict[str, str]]) -> None:
+    """Reproducer (issue 33, defect 17): a second login with a node's credentials takes
+    its session over on Mosquitto (as MQTT says), and the node's job failed with "the
+    broker went away", though the broker never did. MQTT 3.1.1 tells the node no reason:
+    it says what it knows (its connection went), and the controller, whose own connection
+    held, adds the two explanations (drivers/lab.py)."""
+    from oddl.controller.service.node import LOST_BROKER
+
+    port, pw = mosquitto
+    node = "n0"  # a party the fixture's broker knows; its board: a model board's
+
+    async def main() -> JobEvent:
+        tb = make_testbed(1, 2)
+        world = sim_backend.build(tb, Grid.from_testbed(tb), Clock(asyncio.get_running_loop()))
+        board = tb.nodes[0].id
+        prog = await NodeProgram("tb", node, world.onics[board], world.lines[board],
+                                 MQTTBus("tb", "127.0.0.1", port, user=node,
+                                         password=pw[node]), heartbeat_s=0.05).start()
+        try:
+            async with aiomqtt.Client("127.0.0.1", port, identifier=CONTROLLER,
+                                      username=CONTROLLER, password=pw[CONTROLLER]) as ctl:
+                await ctl.subscribe(results("tb"), qos=1)
+                await ctl.publish(run_topic("tb"), msgspec.json.encode(JobSpec(
+                    JOB_VERSION, "long", "hd", 1000, 1, 1, 4, False, [node], [node], 100_000,
+                    10_000_000, False, Timing(11, 2, 50, 1000, 1000, 5000, 3), {})), qos=1)
+                taken = False
+                async for m in ctl.messages:
+                    ev = msgspec.json.decode(bytes(m.payload), type=JobEvent)
+                    if ev.kind == "iteration" and not taken:
+                        taken = True  # the job runs: a second login as the node
+                        async with aiomqtt.Client("127.0.0.1", port, identifier=node,
+                                                  username=node, password=pw[node]):
+                            await asyncio.wait_for(prog.bus.lost.wait(), 20)
+                    elif ev.kind == "failed":
+                        return ev
+            raise AssertionError("no failed event")
+        finally:
+            await prog.stop()
+
+    ev = asyncio.run(asyncio.wait_for(main(), 60))
+    assert ev.node == node and ev.error == LOST_BROKER == "lost its connection to the broker"
