@@ -4,6 +4,7 @@ copies of it found, each with the trace that shows it (issue 34)."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import msgspec
@@ -88,3 +89,45 @@ def test_the_command_prints_the_figures_and_fails_on_a_bad_fault() -> None:
     r = CliRunner().invoke(main, ["verify", "stage2", "--faults", "loss,melt"])
     assert r.exit_code == 2 and "unknown faults ['melt']" in r.output
     assert set(FAULTS) == {"loss", "dup", "reorder", "delay"}
+
+
+EXPERIMENT = """name = "conformance"
+testbed = "{testbed}"
+iterations = 1
+[workload]
+model = "resnet50"
+collective = "hd"
+epochs = 1
+dataset_samples = 1000000
+batch_per_node = 64
+compute_time_ms = 1.0
+[[networks]]
+name = "oddl"
+kind = "oddl"
+"""
+
+
+def test_a_recorded_sim_run_is_a_behaviour_of_the_model_and_a_reordered_one_is_not(
+        root: Path, tmp_path: Path) -> None:
+    """Issue 34, part 3: the stage-2 messages a run delivered, replayed in the order it
+    delivered them through the model's world, must each be a message the model has sent
+    by then; a GRANT moved before its REQUEST is not."""
+    import dataclasses
+
+    from oddl.controller.operator import api
+
+    exp = tmp_path / "e.toml"
+    exp.write_text(EXPERIMENT.format(testbed=root / "hw_configs/prototype-4node.toml"))
+    rec = api.record_stage2(exp)
+    out = rec.replay()
+    assert out["conformant"], out
+    # 16 flows, each REQUEST, GRANT, RELEASE; the timeline ends before the last RELEASEs
+    assert out["flows"] == 16 and out["messages"] + out["left_in_flight"] == 48
+    d = list(rec.deliveries)
+    i = next(i for i, x in enumerate(d) if x[2] == "GRANT")
+    j = max(k for k in range(i) if d[k][2] == "REQUEST" and d[k][3] == d[i][3])
+    d.insert(j, d.pop(i))
+    bad = dataclasses.replace(rec, deliveries=d).replay()
+    assert not bad["conformant"] and "the model never sends it" in bad["why"], bad
+    r = CliRunner().invoke(main, ["verify", "trace", str(exp), "--json"])
+    assert r.exit_code == 0 and json.loads(r.output)["conformant"], r.output

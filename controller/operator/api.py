@@ -14,8 +14,11 @@ Everything here is data in, data out: configs are pydantic models, a plan is a `
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import functools
 import json
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -93,6 +96,77 @@ def plan(testbed: Testbed | str | Path, experiment: LoadedExperiment | None = No
         p = plan_job(tb, grid, sched, name, strategy or spec.strategy, spec.relay)
         p.validate(grid)
     return p
+
+
+@dataclass(frozen=True)
+class Recording:
+    """A run's stage-2 deliveries, in the order they happened, and what replaying them
+    through the model needs: the job's nodes, routes, flows and timing."""
+
+    backend: str
+    deliveries: list[tuple[str, str, str, int, int]]  # receiver, sender, kind, flow, hop
+    nodes: list[str]
+    routes: dict[str, dict[str, Any]]
+    flows: dict[int, Any]
+    timing: Any
+    line_rate_gbps: float
+
+    def replay(self) -> dict[str, Any]:
+        from oddl.controller.stage2.verify import replay
+
+        rate = self.line_rate_gbps
+        v = replay(self.deliveries, self.nodes, self.routes, self.flows, self.timing,
+                   functools.partial(_transfer_ns, rate))
+        return {"backend": self.backend, "flows": len(self.flows), **dataclasses.asdict(v)}
+
+
+def _transfer_ns(gbps: float, nbytes: int) -> int:
+    return round(nbytes * 8 / gbps)
+
+
+def record_stage2(experiment: str | Path, backend: str = "sim",
+                  testbed: str | Path | None = None) -> Recording:
+    """One iteration of an experiment's ODDL network run on `backend`, its stage-2
+    messages recorded by the timeline (`oddl run --trace`): `oddl verify trace`."""
+    from oddl.controller.base.messages import Flow
+    from oddl.controller.experiments.runner import Timeline, run_experiment
+    from oddl.controller.stage1.plan import Route
+    from oddl.controller.stage2.job import timing_of, wire_routes
+
+    ctx = load_experiment(experiment, testbed)
+    if ctx.jobs:
+        raise ValueError(f"{experiment}: give an experiment of one workload, not [[jobs]]")
+    oddl = next((s for s in ctx.experiment.networks if s.kind == "oddl"), None)
+    if oddl is None:
+        raise ValueError(f"{experiment}: no ODDL network to record")
+    if ctx.workload.calibrate is not None:
+        raise ValueError(f"{experiment}: give workload.compute_time_ms (a calibration runs "
+                         f"other networks)")
+    ctx = dataclasses.replace(ctx, experiment=ctx.experiment.model_copy(
+        update={"networks": [oddl], "faults": []}))
+    timeline = Timeline(1)
+    run_experiment(ctx, backend, None, 1, trace=timeline)
+    rows = sorted((r for r in timeline.chrome.rows[oddl.name] if r.kind == "recv"),
+                  key=lambda r: r.t0)
+    tb, w = ctx.testbed, ctx.workload
+    p = plan(tb, ctx, network=oddl)
+    ranks = p.jobs[0].ranks
+    sched = build(oddl.collective or w.collective, len(ranks),
+                  model_spec(w.model).grad_bytes(w.bytes_per_param), tb.grid.rows,
+                  tb.grid.cols, oddl.degree, oddl.bidirectional)
+    flows: dict[int, Any] = {}
+    n = len(ranks)
+    for r, steps in enumerate(sched):  # rank r numbers its k-th flow k * n + r
+        k = 0
+        for s, st in enumerate(steps):
+            for dst, nbytes in st.sends:
+                flows[k * n + r] = Flow(k * n + r, ranks[r], ranks[dst], nbytes, 0, s)
+                k += 1
+    return Recording(backend, [(r.node, r.peer, r.what, r.flow, r.hop) for r in rows],
+                     list(Grid.from_testbed(tb).nodes),
+                     {x: {d: Route(*r) for d, r in rs.items()}
+                      for x, rs in wire_routes(p).items()},
+                     flows, timing_of(tb), tb.optical.line_rate_gbps)
 
 
 def check(path: str | Path) -> str:

@@ -121,13 +121,13 @@ class _ONic:
 
     def __init__(self, world: World, node: str) -> None:
         self.world, self.node = world, node
-        self.ports = ("H",)
+        self.ports = ("H", "V")
         self.tampered = 0
         self.on_module_fired = None
         self.events: Any = None
         self.busy: dict[str, int] = {}  # port -> the end of its transfer
-        self.channel: dict[str, int | None] = {"H": None}
-        self.arriving: dict[str, list[tuple[int, int]]] = {"H": []}  # (flow, hop) lit now
+        self.channel: dict[str, int | None] = dict.fromkeys(self.ports)
+        self.arriving: dict[str, list[tuple[int, int]]] = {p: [] for p in self.ports}
 
     def attach(self, events: Any) -> None:
         self.events = events
@@ -154,7 +154,7 @@ class _ONic:
                       f"which reaches no receiver")
             return
         self.channel[port] = channel
-        start, end = now + tune, now + tune + BYTES_NS
+        start, end = now + tune, now + tune + w.transfer_ns(flow.nbytes)
         self.busy[port] = end
         prop = w.timing.propagation_ns
         rx = w.onics[dst]
@@ -192,12 +192,22 @@ class Config:
         return f"{self.name}: " + ", ".join("->".join(p) for p in self.flows)
 
 
+def _fixed(nbytes: int) -> int:
+    return BYTES_NS
+
+
 class World:
-    """The control units of one configuration, their clock, bus and O-NICs: one state."""
+    """The control units of one configuration, their clock, bus and O-NICs: one state.
+    `routes` and `transfer_ns` (a real job's, for a replay) stand in for the small
+    testbed's; `submit` False leaves the flows to be submitted by the caller."""
 
     def __init__(self, cfg: Config, faults: frozenset[str],
-                 unit: type[ControlUnit] = ControlUnit, timing: Timing = TIMING) -> None:
+                 unit: type[ControlUnit] = ControlUnit, timing: Timing = TIMING,
+                 routes: dict[str, dict[str, Route]] | None = None,
+                 transfer_ns: Callable[[int], int] | None = None,
+                 submit: bool = True) -> None:
         self.cfg, self.faults, self.timing = cfg, faults, timing
+        self.transfer_ns = transfer_ns or _fixed  # picklable: states are copied so
         self.clock = _Clock()
         self.bus = _Bus(self)
         self.inflight: list[_InFlight] = []
@@ -206,21 +216,23 @@ class World:
         self.delivered: dict[int, int] = {}
         self.violations: list[str] = []
         self.failed: str | None = None
-        n = len(cfg.nodes)
-        pos = {x: i for i, x in enumerate(cfg.nodes)}
-        # the WSS: from node i, channel (j - i) % n - 1 reaches node j
-        self.wire = {(a, "H", (pos[b] - pos[a]) % n - 1): b for a in cfg.nodes
-                     for b in cfg.nodes if a != b}
-        routes: dict[str, dict[str, Route]] = {x: {} for x in cfg.nodes}
-        for path in cfg.flows:
-            for k, hop in enumerate(path[:-1]):
-                nxt = path[k + 1]
-                routes[hop].setdefault(path[-1], Route("H", (pos[nxt] - pos[hop]) % n - 1, nxt))
+        if routes is None:
+            # the small testbed's WSS: from node i, channel (j - i) % n - 1 reaches node j
+            n = len(cfg.nodes)
+            pos = {x: i for i, x in enumerate(cfg.nodes)}
+            routes = {x: {} for x in cfg.nodes}
+            for path in cfg.flows:
+                for k, hop in enumerate(path[:-1]):
+                    nxt = path[k + 1]
+                    routes[hop].setdefault(path[-1],
+                                           Route("H", (pos[nxt] - pos[hop]) % n - 1, nxt))
+        self.wire = {(a, r.port, r.channel): r.next_hop for a, rs in routes.items()
+                     for r in rs.values()}
         self.onics = {x: _ONic(self, x) for x in cfg.nodes}
-        self.units = {x: unit(x, self.clock, self.bus, self.onics[x], routes[x],  # type: ignore[arg-type]
+        self.units = {x: unit(x, self.clock, self.bus, self.onics[x], routes.get(x, {}),  # type: ignore[arg-type]
                               timing, self._deliver, self._fail) for x in cfg.nodes}
         self.flows = [Flow(i + 1, p[0], p[-1], 1000) for i, p in enumerate(cfg.flows)]
-        for f in self.flows:
+        for f in self.flows if submit else ():
             self.units[f.src].submit(f)
 
     # what the units report
@@ -273,11 +285,7 @@ class World:
             assert t is not None
             if any(m.deadline < t.due for m in self.inflight):
                 self.budget["delay"] -= 1
-            heapq.heappop(self.clock.heap)
-            self.clock.now = t.due
-            t.fn(*t.args)
-            return f"t={t.due}: {_owner(t.fn)}: {_TIMERS.get(t.fn.__name__, t.fn.__name__)}" \
-                + "".join(f" (flow {a.id} hop {a.hop})" for a in t.args if isinstance(a, Flow))
+            return self.fire()
         m = self.inflight[i]
         what = f"{_KIND[type(m.msg)]} {m.src}->{m.dst} flow {m.msg.flow} hop {m.msg.hop}"
         if kind == "lose":
@@ -292,6 +300,14 @@ class World:
         late = " (late)" if m.deadline < self.clock.now else ""
         return f"t={self.clock.now}: {what}{' (a copy)' if kind == 'dup' else late}"
 
+    def fire(self) -> str:
+        """The earliest timer fires: time moves to it."""
+        t = heapq.heappop(self.clock.heap)
+        self.clock.now = t.due
+        t.fn(*t.args)
+        return f"t={t.due}: {_owner(t.fn)}: {_TIMERS.get(t.fn.__name__, t.fn.__name__)}" \
+            + "".join(f" (flow {a.id} hop {a.hop})" for a in t.args if isinstance(a, Flow))
+
     def done(self) -> bool:
         return self.failed is not None or len(self.delivered) == len(self.flows)
 
@@ -299,16 +315,17 @@ class World:
         """What distinguishes this state from another (statistics and logs aside)."""
         units = []
         for x, u in sorted(self.units.items()):
-            tx = u.tx["H"]
-            rx = u.rx["H"]
-            units.append((x, u.halted, tx.state, tx.channel, repr(tx.current),
-                          tuple(map(repr, tx.queue)), tx.retries, repr(rx.granted),
-                          tuple(map(repr, rx.queue)), tuple(sorted(rx.done)), rx.data_done,
-                          rx.released))
+            units.append((x, u.halted))
+            for p in ("H", "V"):
+                tx, rx = u.tx[p], u.rx[p]
+                units.append((tx.state, tx.channel, repr(tx.current), tuple(map(repr, tx.queue)),
+                              tx.retries, repr(rx.granted), tuple(map(repr, rx.queue)),
+                              tuple(sorted(rx.done)), rx.data_done, rx.released))
         timers = tuple(sorted((t.due, _owner(t.fn), t.fn.__name__, _args(t.args))
                               for t in self.clock.heap if not t.cancelled))
         flight = tuple(sorted((m.src, m.dst, repr(m.msg), m.deadline) for m in self.inflight))
-        light = tuple((x, tuple(o.busy.items()), o.channel["H"], tuple(o.arriving["H"]))
+        light = tuple((x, tuple(sorted(o.busy.items())), tuple(o.channel.values()),
+                       tuple(map(tuple, o.arriving.values())))
                       for x, o in sorted(self.onics.items()))
         return (self.clock.now, tuple(units), timers, flight, light,
                 tuple(sorted(self.delivered.items())), tuple(sorted(self.budget.items())),
@@ -419,3 +436,62 @@ def verify(nodes: int = 3, flows: int = 1, faults: Iterable[str] = FAULTS,
             "states": sum(v.states for v in verdicts),
             "violations": sum(len(v.violations) for v in verdicts),
             "seconds": round(time.perf_counter() - t0, 2)}
+
+
+# --- conformance: a recorded run replayed through the model ------------------------------
+Delivery = tuple[str, str, str, int, int]  # receiver, sender, REQUEST/GRANT/..., flow, hop
+
+
+@dataclass
+class Conformance:
+    messages: int  # deliveries replayed, in the order the run recorded them
+    conformant: bool
+    why: str = ""
+    timers: int = 0  # model timers fired between them (time moving on)
+    left_in_flight: int = 0  # messages the model sent that the run never delivered
+
+
+def replay(deliveries: list[Delivery], nodes: Iterable[str],
+           routes: dict[str, dict[str, Route]], flows: dict[int, Flow], timing: Timing,
+           transfer_ns: Callable[[int], int], max_timers: int = 100_000) -> Conformance:
+    """Whether a run's recorded deliveries are a behaviour of the model: each one, in the
+    recorded order, must be a message the model's units have in flight by then, firing
+    the model's timers (time moving on) until it is; a flow enters when its first REQUEST
+    does (the collective engine, which submits it, is outside the model). At the end every
+    flow that entered is delivered once, and no property is broken on the way."""
+    w = World(Config("replay", tuple(nodes), ()), frozenset({"reorder"}), timing=timing,
+              routes=routes, transfer_ns=transfer_ns, submit=False)
+    entered: set[int] = set()
+    fired = 0
+    for k, (dst, src, kind, flow, hop) in enumerate(deliveries):
+        here = f"delivery {k} ({kind} {src}->{dst} flow {flow} hop {hop})"
+        if kind == "REQUEST" and hop == 0 and flow not in entered:
+            f = flows.get(flow)
+            if f is None or f.src != src:
+                return Conformance(k, False, f"{here}: no flow of the job starts so", fired)
+            entered.add(flow)
+            w.units[src].submit(Flow(f.id, f.src, f.dst, f.nbytes, f.iteration, f.step))
+        while True:
+            i = next((i for i, m in enumerate(w.inflight)
+                      if (m.dst, m.src, _KIND[type(m.msg)], m.msg.flow, m.msg.hop)
+                      == (dst, src, kind, flow, hop)), None)
+            if i is not None or w.violations or w.failed is not None:
+                break
+            if w.clock.next() is None or fired >= max_timers:
+                return Conformance(k, False, f"{here}: the model never sends it", fired)
+            w.fire()
+            fired += 1
+        if w.violations or w.failed is not None:
+            return Conformance(k, False, f"{here}: {(w.violations or [w.failed])[0]}", fired)
+        w.do("deliver", i)  # type: ignore[arg-type]
+    while w.clock.next() is not None and fired < max_timers and not w.violations:
+        w.fire()  # the last transfers land
+        fired += 1
+    n = len(deliveries)
+    if w.violations:
+        return Conformance(n, False, w.violations[0], fired)
+    missing = sorted(entered - set(w.delivered))
+    if missing:
+        return Conformance(n, False, f"flows {missing[:5]} entered and were never delivered",
+                           fired)
+    return Conformance(n, True, "", fired, len(w.inflight))

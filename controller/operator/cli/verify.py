@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+from pathlib import Path
 
 import click
 from oddl.controller.operator.cli.main import main
@@ -45,3 +46,34 @@ def stage2(nodes: int, flows: int, faults: str, max_states: int, as_json: bool) 
         click.echo(f"{out['states']} states, {out['violations']} violations, "
                    f"{out['seconds']} s")
     sys.exit(1 if out["violations"] else 0)
+
+
+@verify.command("trace")
+@click.argument("experiment", type=click.Path(path_type=Path))
+@click.option("--backend", type=click.Choice(["sim", "emu"]), default="sim", show_default=True)
+@click.option("--testbed", type=click.Path(path_type=Path), default=None,
+              help="the testbed to run on (emu: `oddl emulate`'s config)")
+@click.option("--json", "as_json", is_flag=True, help="print the verdict as JSON")
+def trace(experiment: Path, backend: str, testbed: Path | None, as_json: bool) -> None:
+    """Run one iteration of EXPERIMENT's ODDL network, record its stage-2 messages, and
+    replay them through the model: is what happened one of the model's behaviours?"""
+    from oddl.controller.base.config import ConfigError
+    from oddl.controller.operator import api
+    from oddl.controller.operator.cli.main import _config_fail
+
+    try:
+        out = api.record_stage2(experiment, backend, testbed).replay()
+    except ConfigError as e:
+        _config_fail(e)
+        return
+    except ValueError as e:
+        click.echo(f"error: {e}", err=True)
+        sys.exit(2)
+    if as_json:
+        click.echo(json.dumps(out, indent=1))
+    else:
+        verdict = "conformant" if out["conformant"] else f"NOT conformant: {out['why']}"
+        click.echo(f"{backend}: {out['messages']} deliveries of {out['flows']} flows replayed "
+                   f"({out['timers']} model timers, {out['left_in_flight']} messages the "
+                   f"record ends before): {verdict}")
+    sys.exit(0 if out["conformant"] else 1)
