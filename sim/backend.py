@@ -233,7 +233,8 @@ class SimBackend:
             if stop.overdue(now):
                 runner.fail(JobStopped(f"iteration {next_i[0]} cut short: {stop.why()}",
                                        next_i[0], True, outcome(),
-                                       len(self.monitor.undelivered())))
+                                       len(self.monitor.undelivered()),
+                                       runner.engine.carry_of(next_i[0])))
             elif now - progress[1] > stall_ns:
                 missing = self.monitor.undelivered()
                 runner.fail(RunFailed(f"the run stalled for {(now - progress[1]) / 1e6:.0f} ms: "
@@ -252,7 +253,8 @@ class SimBackend:
             if e.peer is not None:
                 health.flow_failed(e.peer, self.clock.now_ns(), str(e))
             raise JobStopped(f"iteration {next_i[0]} cut short: {e}", next_i[0], True,
-                             outcome(), len(self.monitor.undelivered())) from e
+                             outcome(), len(self.monitor.undelivered()),
+                             runner.engine.carry_of(next_i[0])) from e
         finally:
             timer[0].cancel()
             self._retired += runner.stats().get("retries", 0)

@@ -85,7 +85,8 @@ def test_a_dead_relay_is_routed_round_through_the_other_dimension() -> None:
         "dead-board", "n2-2", 1, True)
     assert 0 < row["detected_after_ns"] <= detection_bound_ns(row["at_ns"])
     assert row["recovered_after_ns"] >= row["detected_after_ns"]
-    assert row["iterations_lost"] == 1 and row["flows_retried"] > 0
+    # every rank lives: the iteration cut goes on from where it stopped (issue 34)
+    assert row["iterations_lost"] == 0 and row["flows_retried"] > 0
     assert r.fault_time_s > 0
 
 
@@ -138,6 +139,31 @@ def test_a_dead_wss_is_found_by_its_poll_and_routed_round() -> None:
     assert row["kind"] == "dead-wss" and row["replans"] == 1
     # polled every period (10 ms): dead at the `missed` (3)-th unanswered poll, at 60 ms
     assert row["detected_after_ns"] == 27_000_000
+    assert row["iterations_lost"] == 0  # issue 34: was 1 (the iteration in flight cut)
+
+
+def test_the_iteration_a_fault_cuts_goes_on_with_what_it_delivered() -> None:
+    """Issue 34, part 1: a fault that leaves every rank alive (here a dead WSS, found
+    mid-iteration) loses no iteration: the flows already delivered are kept, only the
+    others are sent again on their new routes, no flow is delivered twice or lost (the
+    checker sees each), and the iteration's time includes the recovery."""
+    clean = run(drill(grid_tb(2, 2), [])).networks["oddl"]
+    ctx = drill(grid_tb(2, 2), [{"kind": "dead-wss", "target": "wss-row0", "at_ms": 33}])
+    with tempfile.TemporaryDirectory() as d:
+        store = RunStore(Path(d) / "r.sqlite")
+        res = run_experiment(ctx, store=store, checker_mode="record")
+        store.close()
+        its = read_store(Path(d) / "r.sqlite")["oddl"]["iterations"]
+    r, row = res.networks["oddl"], only_row(res)
+    assert r.iterations == 6 and res.invariant_violations == 0
+    assert [i[0] for i in its] == list(range(6))
+    assert row["iterations_lost"] == 0 and row["replans"] == 1
+    # only what was not delivered started again: fewer than an iteration's flows
+    per_iteration = clean.flows // 6
+    assert 0 < r.flows - clean.flows < per_iteration
+    # the cut iteration kept its start: its time holds the recovery
+    longest = max(t_end - t_start for _, t_start, t_end, *_ in its)
+    assert longest >= row["recovered_after_ns"] - row["detected_after_ns"]
 
 
 def test_a_corrupting_link_is_found_by_its_crc_errors_and_avoided() -> None:
@@ -189,7 +215,7 @@ def test_a_broker_restart_is_waited_out_and_the_job_resumes_on_the_same_plan() -
     assert res.networks["oddl"].iterations == 6 and res.invariant_violations == 0
     row = only_row(res)
     assert row["kind"] == "broker-restart" and row["replans"] == 0
-    assert row["iterations_lost"] == 1
+    assert row["iterations_lost"] == 0  # every rank lives: the iteration goes on
     assert row["recovered_after_ns"] >= 50_000_000  # not before the broker is back
 
 

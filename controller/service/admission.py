@@ -330,6 +330,7 @@ class _Stopped:
     stop: JobStopped
     found: list[Diagnosis]
     replan: bool  # something to go round (else: the same plan again, e.g. a bus blink)
+    ranks: tuple[str, ...] = ()  # where its ranks were: a carry holds only on the same
 
 
 class Admission:
@@ -595,11 +596,18 @@ class Admission:
         rec.partition, rec.placed_ns = part, now - self.t0
         if rec.start_ns is None:
             rec.start_ns = rec.placed_ns
+        carry: tuple[int, list[tuple[int, int, int]]] | None = None
         if req.name in self._stopped:  # it goes on, after a fault
             st = self._stopped.pop(req.name)
+            # every rank where it was (none died): the cut iteration goes on from where
+            # it stopped, with what was delivered; else it runs again in full
+            if st.stop.carry is not None and st.ranks == tuple(part.ranks):
+                carry = st.stop.carry
             self.recoveries.append(Recovery(st.t_stop_ns, now, st.t_last_ns, st.found,
-                                            st.stop.lost, st.stop.flows_lost, st.replan))
+                                            st.stop.lost and carry is None,
+                                            st.stop.flows_lost, st.replan))
             rec.stops[-1]["resumed_on"] = part.describe()
+            rec.stops[-1]["carried_flows"] = len(carry[1]) if carry else 0
         self.running += 1
         self._watch_tables()
         shift_ns = self._shift(req, part, schedule, rec)
@@ -610,9 +618,13 @@ class Admission:
                        req.collective, req.size, len(part.rows), len(part.cols),
                        self.spec.degree, self.spec.bidirectional, list(part.ranks),
                        [n for n in self.grid.nodes if n in in_grid], req.iterations,
-                       req.compute_ns, nic_sync, timing_of(self.tb), routes,
+                       req.compute_ns,
+                       # the O-NICs' counts start at zero: what a carry delivered is counted
+                       # by the host
+                       nic_sync and carry is None, timing_of(self.tb), routes,
                        start=self.resume.get(req.name, 0), trace_iterations=trace_its,
-                       tag=self.tags[req.name], alltoall=req.alltoall, weight=req.weight)
+                       tag=self.tags[req.name], alltoall=req.alltoall, weight=req.weight,
+                       carry=carry[1] if carry else [], carry_t0=carry[0] if carry else 0)
         stop = self._rules[req.name] = StopRule(
             self.health, frozenset(part.nodes), since,
             self.tb.monitor.missed * self.health.period_ns)
@@ -729,7 +741,8 @@ class Admission:
         self.free |= set(part.nodes)
         rule = self._rules[req.name]
         self._stopped[req.name] = _Stopped(now, self._last.get(req.name, now), stop,
-                                           rule.pending(), bool(rule.faults()))
+                                           rule.pending(), bool(rule.faults()),
+                                           tuple(part.ranks))
         self.resume[req.name] = stop.next_iteration
         rec.stops.append({"at_s": round((now - self.t0) / 1e9, 9), "why": str(stop),
                           "ran_on": part.describe(), "from_iteration": stop.next_iteration})

@@ -38,12 +38,17 @@ class JobStopped(RuntimeError):
     flight failed, `flows_lost` of them; they run again with the iteration)."""
 
     def __init__(self, why: str, next_iteration: int, lost: bool, outcome: JobOutcome,
-                 flows_lost: int = 0) -> None:
+                 flows_lost: int = 0,
+                 carry: tuple[int, list[tuple[int, int, int]]] | None = None) -> None:
+        """carry: the cut iteration's start and its flows delivered (engine.carry_of):
+        where the back end knows them, the iteration goes on from there when every rank
+        is still alive, and is not lost."""
         super().__init__(why)
         self.next_iteration = next_iteration
         self.lost = lost
         self.outcome = outcome
         self.flows_lost = flows_lost
+        self.carry = carry
 
 
 @dataclass

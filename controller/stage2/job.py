@@ -130,6 +130,12 @@ class JobSpec(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     # program applies its board's routes and count-action program itself, reads them
     # back, and clears the routes when the job ends (drivers/local_board.py)
     boards: Nodes = []
+    # a job resumed after a fault that left every rank alive: the flows of iteration
+    # `start` already delivered, as (rank, step, index in the step's sends), are not sent
+    # again, its compute is not redone, and it keeps its first start (carry_t0, the
+    # host's clock): the iteration is not lost, and its time includes the recovery
+    carry: Annotated[list[tuple[int, int, int]], msgspec.Meta(max_length=1 << 22)] = []
+    carry_t0: Annotated[int, msgspec.Meta(ge=0)] = 0
 
 
 class JobStop(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -292,9 +298,12 @@ class JobRunner:
                 tr.on = True
             elif tr.on:  # the last RELEASEs of the traced ones land during this compute
                 self.clock.call_later_ns(self.spec.compute_ns, setattr, tr, "on", False)
-        self.engine.start_iteration(i, self.spec.compute_ns,
+        spec = self.spec
+        carry = spec.carry if i == spec.start else ()
+        self.engine.start_iteration(i, spec.compute_ns,
                                     lambda t_end: self.on_iteration(i, self.engine.t_start,
-                                                                    t_end))
+                                                                    t_end),
+                                    carry, spec.carry_t0 if carry else None)
 
     def transmitting(self) -> bool:
         """A transmitter here still has a flow (its TX_DONE, and RELEASE, to come)."""

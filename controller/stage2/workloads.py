@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from oddl.controller.base.catalog import EMBEDDING_BYTES, MODEL_GMACS, MODELS
@@ -99,19 +99,39 @@ class CollectiveEngine:
         self.early_fired: list[tuple[int, int]] = []
         self.halted = False  # the job stopped here: no step runs, no flow starts
         self.id_base = tag << TAG_SHIFT  # a job beside others: its flows' ids are its own
+        # this iteration's flows started here, by id: (rank, step, index in the step's
+        # sends); the ids delivered here; the flows a resumed iteration carries
+        self.index: dict[int, tuple[int, int, int]] = {}
+        self.got: list[int] = []
+        self.carry: frozenset[tuple[int, int, int]] = frozenset()
 
     def start_iteration(self, iteration: int, compute_ns: int,
-                        on_done: Callable[[int], None]) -> None:
+                        on_done: Callable[[int], None],
+                        carry: Iterable[tuple[int, int, int]] = (),
+                        t0: int | None = None) -> None:
+        """carry: flows of this iteration delivered before a fault stopped it (a resumed
+        job): counted as arrived, not sent again; the compute was done, and the
+        iteration began at `t0`."""
         self.iteration = iteration
         self.on_done = on_done
         for r in self.local:
             self.step[r] = 0
             self.issued[r] = -1
         self.recv = [[0] * len(s) for s in self.schedule]
+        self.index.clear()
+        self.got.clear()
+        self.carry = frozenset(carry)
+        if self.carry:
+            compute_ns = 0
+            local = set(self.local)
+            for r, s, j in self.carry:
+                dst, nbytes = self.schedule[r][s].sends[j]
+                if dst in local:
+                    self.recv[dst][s] += nbytes
         if self.nic_sync:
             self.fired = [[False] * len(s) for s in self.schedule]
         self.pending = len(self.local)
-        self.t_start = self.clock.now_ns()
+        self.t_start = self.clock.now_ns() if t0 is None else t0
         early, self.early = self.early, []
         for f in early:
             self.on_delivered(f)
@@ -137,9 +157,12 @@ class CollectiveEngine:
                 src = self.ranks[r]
                 now = self.clock.now_ns()
                 n = len(self.ranks)
-                for dst_rank, nbytes in steps[s].sends:
+                for j, (dst_rank, nbytes) in enumerate(steps[s].sends):
+                    if self.carry and (r, s, j) in self.carry:
+                        continue  # delivered before the job was stopped
                     f = Flow(self.id_base | (self.seq[r] * n + r), src, self.ranks[dst_rank],
                              nbytes, self.iteration, s, 0, now)
+                    self.index[f.id] = (r, s, j)
                     self.seq[r] += 1
                     self.flows += 1
                     if self.on_flow_start is not None:
@@ -158,6 +181,7 @@ class CollectiveEngine:
             return
         r = self.rank_of[flow.dst]
         s = flow.step
+        self.got.append(flow.id)
         if self.on_delivered_hook is not None:
             self.on_delivered_hook(flow, self.clock.now_ns())
         got = self.recv[r][s] + flow.nbytes
@@ -167,6 +191,15 @@ class CollectiveEngine:
         if s == self.step[r] and self.issued[r] == s and got >= self.schedule[r][s].recv_bytes:
             self.step[r] = s + 1
             self._run_steps(r)
+
+    def carry_of(self, iteration: int) -> tuple[int, list[tuple[int, int, int]]] | None:
+        """What a job stopped in `iteration` may carry into its resumption: the
+        iteration's start and its flows delivered so far; None if some rank had not
+        finished its compute (the iteration is redone then)."""
+        if self.iteration != iteration or any(self.issued[r] < 0 for r in self.local):
+            return None
+        got = {self.index[i] for i in self.got if i in self.index} | self.carry
+        return self.t_start, sorted(got)
 
     def module_fired(self, node: str, slot: int) -> None:
         """The O-NIC of `node` says: every byte of step `slot` has arrived."""
