@@ -55,7 +55,7 @@ class Heartbeat(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     error_flags: _Count = 0  # the board's ERROR register (refused transfers, route misses)
     unexpected_rx: Annotated[dict[_Port, _Count], msgspec.Meta(max_length=2)] = {}
     job: Annotated[str, msgspec.Meta(max_length=128)] = ""  # the job it runs, if any
-    transmitting: bool = False  # a transmitter tuning or sending: light still to land
+    transmitting: bool = False  # a transmitter has a flow: light still to land
 
 
 # what a diagnosis makes the planner avoid
@@ -323,7 +323,8 @@ def read_heartbeat(node: str, seq: int, onic: Any, runner: Any) -> Heartbeat:
     cu = runner.units.get(node) if runner is not None else None
     return Heartbeat(HEARTBEAT_VERSION, node, seq, h["crc_errors"], h["tune_ns"],
                      h["error_flags"], dict(cu.unexpected_rx) if cu is not None else {},
-                     runner.spec.job if runner is not None else "", onic.transmitting())
+                     runner.spec.job if runner is not None else "",
+                     runner is not None and runner.transmitting())
 
 
 class Heartbeats:
