@@ -99,10 +99,9 @@ class CollectiveEngine:
         self.early_fired: list[tuple[int, int]] = []
         self.halted = False  # the job stopped here: no step runs, no flow starts
         self.id_base = tag << TAG_SHIFT  # a job beside others: its flows' ids are its own
-        # this iteration's flows started here, by id: (rank, step, index in the step's
-        # sends); the ids delivered here; the flows a resumed iteration carries
-        self.index: dict[int, tuple[int, int, int]] = {}
-        self.got: list[int] = []
+        # this iteration's flows delivered here, as (source rank, step, destination rank);
+        # the flows a resumed iteration carries, as (rank, step, index in its sends)
+        self.got: list[tuple[int, int, int]] = []
         self.carry: frozenset[tuple[int, int, int]] = frozenset()
 
     def start_iteration(self, iteration: int, compute_ns: int,
@@ -118,7 +117,6 @@ class CollectiveEngine:
             self.step[r] = 0
             self.issued[r] = -1
         self.recv = [[0] * len(s) for s in self.schedule]
-        self.index.clear()
         self.got.clear()
         self.carry = frozenset(carry)
         if self.carry:
@@ -162,7 +160,6 @@ class CollectiveEngine:
                         continue  # delivered before the job was stopped
                     f = Flow(self.id_base | (self.seq[r] * n + r), src, self.ranks[dst_rank],
                              nbytes, self.iteration, s, 0, now)
-                    self.index[f.id] = (r, s, j)
                     self.seq[r] += 1
                     self.flows += 1
                     if self.on_flow_start is not None:
@@ -181,7 +178,7 @@ class CollectiveEngine:
             return
         r = self.rank_of[flow.dst]
         s = flow.step
-        self.got.append(flow.id)
+        self.got.append((self.rank_of[flow.src], s, r))
         if self.on_delivered_hook is not None:
             self.on_delivered_hook(flow, self.clock.now_ns())
         got = self.recv[r][s] + flow.nbytes
@@ -198,7 +195,11 @@ class CollectiveEngine:
         finished its compute (the iteration is redone then)."""
         if self.iteration != iteration or any(self.issued[r] < 0 for r in self.local):
             return None
-        got = {self.index[i] for i in self.got if i in self.index} | self.carry
+        got = set(self.carry)
+        for r, s, dst in self.got:
+            # the index in the step's sends: the first to that peer not counted yet
+            got.add(next((r, s, j) for j, (d, _b) in enumerate(self.schedule[r][s].sends)
+                         if d == dst and (r, s, j) not in got))
         return self.t_start, sorted(got)
 
     def module_fired(self, node: str, slot: int) -> None:
