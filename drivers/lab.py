@@ -83,6 +83,7 @@ READY_MIN_S = 3.0
 MAX_EVENTS = 1 << 16  # results of one job waiting to be read (a peer can send no more)
 CONTROLLER_KEEPALIVE_S = 10  # a hung controller is given up 15 s on
 PAUSED_S = 1.0  # a turn of the job's wait this much late: the controller was not running
+CARRY_WAIT_S = 2.0  # how long a stopped job's ranks may take to say what they delivered
 
 
 def ready_within_s(spec: JobSpec) -> float:
@@ -450,7 +451,9 @@ class LabBackend:
                         slow = max(got.values(), key=lambda e: e.t_end - e.t_start)
                         # iterations follow one another: together they cannot have taken
                         # longer than this controller has waited since it sent the job
-                        reported_ns += slow.t_end - slow.t_start
+                        # (a resumed job's first began before that: it is not counted)
+                        if not (spec.carried and ev.iteration == spec.start):
+                            reported_ns += slow.t_end - slow.t_start
                         waited_ns = time.monotonic_ns() - t_published
                         if reported_ns > waited_ns * (1 + CLOCK_SLACK) + 1_000_000:
                             self._reject("result", f"iteration {ev.iteration} from "
@@ -467,6 +470,11 @@ class LabBackend:
                         last_msgs = msgs
                         self.drill.at_iteration(ev.iteration + 1)
             ended = True
+        except JobStopped as e:
+            if e.lost and not bus.lost.is_set():  # what the cut iteration delivered
+                e.carry = await self._carry(spec, events, bus, e.next_iteration)
+                ended = True  # the stop is out
+            raise
         finally:
             del self._out[spec.job]
             if not ended and not bus.lost.is_set():  # its node programs drop it at once
@@ -476,6 +484,44 @@ class LabBackend:
         out = self._outcome(spec, done, self.rejected - rejected0)
         out.trace = trace
         return out
+
+    async def _carry(self, spec: JobSpec, events: asyncio.Queue[JobEvent | None],
+                     bus: MQTTBus, iteration: int
+                     ) -> tuple[int, list[tuple[int, int, int]]] | None:
+        """Stop the job, and gather from its ranks' node programs what iteration
+        `iteration` delivered to each (their "failed" events); None unless every rank
+        answers within CARRY_WAIT_S, alive, in that iteration, with flows that are its own
+        to report (a rank reports only what reached it)."""
+        stop = JobStop(JOB_VERSION, spec.job, "its run stopped")
+        with contextlib.suppress(BusError):
+            await bus.publish(stop_topic(self.tb.name), msgspec.json.encode(stop), qos=1)
+        if any(self.health.is_dead(n) for n in spec.ranks):
+            return None  # its iteration runs again in full
+        rank = {n: r for r, n in enumerate(spec.ranks)}
+        sched = schedule_of(spec)
+        got: dict[str, JobEvent] = {}
+        t_end = time.monotonic() + CARRY_WAIT_S
+        while len(got) < len(rank):
+            try:
+                ev = await asyncio.wait_for(events.get(), max(0.0, t_end - time.monotonic()))
+            except TimeoutError:
+                return None
+            if ev is None:
+                return None
+            if ev.kind != "failed" or ev.node not in rank:
+                continue
+            if not ev.carried or ev.iteration != iteration:
+                return None
+            for r, s, j in ev.carry:  # each within the schedule, and sent to this rank
+                sends = sched[r][s].sends if 0 <= r < len(sched) and 0 <= s < len(
+                    sched[r]) else []
+                if not 0 <= j < len(sends) or sends[j][0] != rank[ev.node]:
+                    self._reject("result", f"{ev.node}: a carry of {(r, s, j)}, no flow "
+                                           f"of its to report")
+                    return None
+            got[ev.node] = ev
+        return (min(ev.carry_t0 for ev in got.values()),
+                sorted({(r, s, j) for ev in got.values() for r, s, j in ev.carry}))
 
     def _why_lost(self) -> str:
         """Why the controller's connection went: its own pause, if it had just been

@@ -607,7 +607,7 @@ class Admission:
                                             st.stop.lost and carry is None,
                                             st.stop.flows_lost, st.replan))
             rec.stops[-1]["resumed_on"] = part.describe()
-            rec.stops[-1]["carried_flows"] = len(carry[1]) if carry else 0
+            rec.stops[-1]["carried_flows"] = len(carry[1]) if carry else None
         self.running += 1
         self._watch_tables()
         shift_ns = self._shift(req, part, schedule, rec)
@@ -624,7 +624,8 @@ class Admission:
                        nic_sync and carry is None, timing_of(self.tb), routes,
                        start=self.resume.get(req.name, 0), trace_iterations=trace_its,
                        tag=self.tags[req.name], alltoall=req.alltoall, weight=req.weight,
-                       carry=carry[1] if carry else [], carry_t0=carry[0] if carry else 0)
+                       carried=carry is not None, carry=carry[1] if carry else [],
+                       carry_t0=carry[0] if carry else 0)
         stop = self._rules[req.name] = StopRule(
             self.health, frozenset(part.nodes), since,
             self.tb.monitor.missed * self.health.period_ns)

@@ -418,8 +418,15 @@ class _NodeJob:
             raise
         except Exception as e:  # the controller and the peers hear why; the node serves on
             log.warning("node %s: job %s failed: %s", prog.node, spec.job, e)
+            # what the iteration in flight delivered here, for its resumption
+            carry = runner.engine.carry_of(runner.engine.iteration) \
+                if runner is not None and prog.node in spec.ranks and \
+                runner.engine.iteration >= 0 else None
+            more: dict[str, Any] = {} if carry is None else {
+                "iteration": runner.engine.iteration,  # type: ignore[union-attr]
+                "carried": True, "carry_t0": carry[0], "carry": carry[1]}
             with contextlib.suppress(Exception):
-                await self._publish("failed", error=str(e)[:4096])
+                await self._publish("failed", error=str(e)[:4096], **more)
         finally:
             if runner is not None:
                 prog.retries_done += runner.stats().get("retries", 0)

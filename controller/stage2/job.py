@@ -130,10 +130,11 @@ class JobSpec(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     # program applies its board's routes and count-action program itself, reads them
     # back, and clears the routes when the job ends (drivers/local_board.py)
     boards: Nodes = []
-    # a job resumed after a fault that left every rank alive: the flows of iteration
-    # `start` already delivered, as (rank, step, index in the step's sends), are not sent
-    # again, its compute is not redone, and it keeps its first start (carry_t0, the
-    # host's clock): the iteration is not lost, and its time includes the recovery
+    # a job resumed after a fault that left every rank alive (`carried`): the flows of
+    # iteration `start` already delivered, as (rank, step, index in the step's sends),
+    # are not sent again, its compute goes on from its first start (carry_t0, the host's
+    # clock), which it keeps: the iteration is not lost, its time holds the recovery
+    carried: bool = False
     carry: Annotated[list[tuple[int, int, int]], msgspec.Meta(max_length=1 << 22)] = []
     carry_t0: Annotated[int, msgspec.Meta(ge=0)] = 0
 
@@ -161,6 +162,12 @@ class JobEvent(msgspec.Struct, omit_defaults=True, forbid_unknown_fields=True):
     # the first few the node's monitor recorded
     violations: Annotated[list[Text], msgspec.Meta(max_length=50)] = []
     trace: Annotated[list[TraceRow], msgspec.Meta(max_length=MAX_ROWS)] = []
+    # a job stopped mid-iteration `iteration`, its rank done computing: the flows
+    # delivered to it (rank, step, index in the step's sends) and when the iteration
+    # began here; the controller carries them into the job's resumption (JobSpec.carry)
+    carried: bool = False
+    carry: Annotated[list[tuple[int, int, int]], msgspec.Meta(max_length=1 << 16)] = []
+    carry_t0: Annotated[int, msgspec.Meta(ge=0)] = 0
 
 
 def timing_of(tb: Testbed) -> Timing:
@@ -299,11 +306,12 @@ class JobRunner:
             elif tr.on:  # the last RELEASEs of the traced ones land during this compute
                 self.clock.call_later_ns(self.spec.compute_ns, setattr, tr, "on", False)
         spec = self.spec
-        carry = spec.carry if i == spec.start else ()
+        resumed = spec.carried and i == spec.start
         self.engine.start_iteration(i, spec.compute_ns,
                                     lambda t_end: self.on_iteration(i, self.engine.t_start,
                                                                     t_end),
-                                    carry, spec.carry_t0 if carry else None)
+                                    spec.carry if resumed else (),
+                                    spec.carry_t0 if resumed else None)
 
     def transmitting(self) -> bool:
         """A transmitter here still has a flow (its TX_DONE, and RELEASE, to come)."""

@@ -108,9 +108,10 @@ class CollectiveEngine:
                         on_done: Callable[[int], None],
                         carry: Iterable[tuple[int, int, int]] = (),
                         t0: int | None = None) -> None:
-        """carry: flows of this iteration delivered before a fault stopped it (a resumed
-        job): counted as arrived, not sent again; the compute was done, and the
-        iteration began at `t0`."""
+        """A resumed job's first iteration (`t0`: when it first began): `carry`, the
+        flows it delivered before a fault stopped it, count as arrived and are not sent
+        again; and the compute goes on as it was (a fault of the network does not stop
+        the GPUs): what is left of it from t0, if anything."""
         self.iteration = iteration
         self.on_done = on_done
         for r in self.local:
@@ -119,8 +120,8 @@ class CollectiveEngine:
         self.recv = [[0] * len(s) for s in self.schedule]
         self.got.clear()
         self.carry = frozenset(carry)
-        if self.carry:
-            compute_ns = 0
+        if t0 is not None:
+            compute_ns = max(0, t0 + compute_ns - self.clock.now_ns())
             local = set(self.local)
             for r, s, j in self.carry:
                 dst, nbytes = self.schedule[r][s].sends[j]
@@ -190,10 +191,10 @@ class CollectiveEngine:
             self._run_steps(r)
 
     def carry_of(self, iteration: int) -> tuple[int, list[tuple[int, int, int]]] | None:
-        """What a job stopped in `iteration` may carry into its resumption: the
-        iteration's start and its flows delivered so far; None if some rank had not
-        finished its compute (the iteration is redone then)."""
-        if self.iteration != iteration or any(self.issued[r] < 0 for r in self.local):
+        """What a job stopped in `iteration` may carry into its resumption: when the
+        iteration began, and its flows delivered here so far; None if this engine is not
+        in that iteration."""
+        if self.iteration != iteration:
             return None
         got = set(self.carry)
         for r, s, dst in self.got:
