@@ -86,7 +86,7 @@ class SerialWSS:
                          else self.handle(bytes(buf).rstrip(b"\r")))
                 overrun = False
                 buf.clear()
-                if self.mode == "silent":
+                if self.mode == "silent" or self.model.dead:  # a dead WSS answers nothing
                     continue
                 if self.mode == "babble":  # a broken device: bytes, and never an end of line
                     self._babble()

@@ -69,6 +69,20 @@ def test_a_corrupting_link_is_found_by_its_crc_errors_and_routed_round(
     assert row["iterations_lost"] == 0
 
 
+def test_a_dead_wss_answers_nothing_is_found_and_routed_round(root: Path, emu: Path,
+                                                               tmp_path: Path) -> None:
+    """An emulated dead WSS answered its serial polls as if alive (the instrument read the
+    model's table directly), so an emu run never found it and failed "nothing heard".
+    Now it is silent, as a dead instrument is: found at the `missed`-th poll, routed round,
+    and the iteration it cut goes on (issue 34)."""
+    oddl = drill(root, emu, tmp_path, [{"kind": "dead-wss", "target": "wss-row0",
+                                        "at_iteration": 2}])
+    assert oddl["iterations"] == 6 and oddl["invariant_violations"] == 0
+    row = only_row(oddl)
+    assert (row["kind"], row["replans"], row["recovered"]) == ("dead-wss", 1, True)
+    assert row["iterations_lost"] == 0
+
+
 def test_a_broker_restart_is_waited_out_and_the_job_resumes(
         root: Path, emu: Path, tmp_path: Path) -> None:
     oddl = drill(root, emu, tmp_path, [{"kind": "broker-restart", "target": "broker",
