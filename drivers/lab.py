@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import dataclasses
 import logging
 import math
 import time
@@ -83,7 +84,7 @@ READY_MIN_S = 3.0
 MAX_EVENTS = 1 << 16  # results of one job waiting to be read (a peer can send no more)
 CONTROLLER_KEEPALIVE_S = 10  # a hung controller is given up 15 s on
 PAUSED_S = 1.0  # a turn of the job's wait this much late: the controller was not running
-CARRY_WAIT_S = 2.0  # how long a stopped job's ranks may take to say what they delivered
+MAX_CARRYING = 16  # stopped jobs whose ranks may still say what they delivered
 
 
 def ready_within_s(spec: JobSpec) -> float:
@@ -91,6 +92,17 @@ def ready_within_s(spec: JobSpec) -> float:
     is what a silent peer would cost anyway (at least a few seconds)."""
     t = spec.timing
     return max(READY_MIN_S, t.request_timeout_ns * (t.max_retries + 1) / 1e9)
+
+
+@dataclasses.dataclass
+class _Carrying:
+    """A stopped job whose ranks are saying what its cut iteration delivered."""
+
+    stop: JobStopped
+    spec: JobSpec
+    iteration: int
+    got: dict[str, JobEvent] = dataclasses.field(default_factory=dict)
+    done: asyncio.Event = dataclasses.field(default_factory=asyncio.Event)
 
 
 class Unreachable(RuntimeError):
@@ -158,6 +170,7 @@ class LabBackend:
         self._beating: set[str] = set()  # nodes heard on this connection (since the broker)
         self._connection = 0  # connections lost so far
         self.paused = (0.0, 0.0)  # the controller's last pause: (ended, seconds; monotonic)
+        self._carrying: dict[str, _Carrying] = {}  # stopped jobs whose carry is gathered
         # the jobs out, by id: each its spec and its results, waiting to be read (None:
         # the broker went away)
         self._out: dict[str, tuple[JobSpec, asyncio.Queue[JobEvent | None]]] = {}
@@ -303,6 +316,9 @@ class LabBackend:
         ev = from_its_node(self._decode_event, topic, payload)
         if isinstance(ev, str):
             return self._reject(topic, ev)
+        carrying = self._carrying.get(ev.job)
+        if carrying is not None and ev.kind == "failed":
+            self._take_carry(carrying, ev)
         out = self._out.get(ev.job)
         if out is None:
             return
@@ -471,9 +487,18 @@ class LabBackend:
                         self.drill.at_iteration(ev.iteration + 1)
             ended = True
         except JobStopped as e:
-            if e.lost and not bus.lost.is_set():  # what the cut iteration delivered
-                e.carry = await self._carry(spec, events, bus, e.next_iteration)
-                ended = True  # the stop is out
+            if e.lost and not any(self.health.is_dead(n) for n in spec.ranks):
+                # what the cut iteration delivered: each rank's node program says, in its
+                # "failed" event, now, or (the broker gone) once it hears us again
+                c = self._carrying[spec.job] = _Carrying(e, spec, e.next_iteration)
+                e.carrying = c.done
+                while len(self._carrying) > MAX_CARRYING:
+                    del self._carrying[next(iter(self._carrying))]
+                if not bus.lost.is_set():
+                    stop = JobStop(JOB_VERSION, spec.job, "its run stopped")
+                    with contextlib.suppress(BusError):
+                        await bus.publish(stop_topic(tb), msgspec.json.encode(stop), qos=1)
+                    ended = True  # the stop is out
             raise
         finally:
             del self._out[spec.job]
@@ -485,43 +510,30 @@ class LabBackend:
         out.trace = trace
         return out
 
-    async def _carry(self, spec: JobSpec, events: asyncio.Queue[JobEvent | None],
-                     bus: MQTTBus, iteration: int
-                     ) -> tuple[int, list[tuple[int, int, int]]] | None:
-        """Stop the job, and gather from its ranks' node programs what iteration
-        `iteration` delivered to each (their "failed" events); None unless every rank
-        answers within CARRY_WAIT_S, alive, in that iteration, with flows that are its own
-        to report (a rank reports only what reached it)."""
-        stop = JobStop(JOB_VERSION, spec.job, "its run stopped")
-        with contextlib.suppress(BusError):
-            await bus.publish(stop_topic(self.tb.name), msgspec.json.encode(stop), qos=1)
-        if any(self.health.is_dead(n) for n in spec.ranks):
-            return None  # its iteration runs again in full
-        rank = {n: r for r, n in enumerate(spec.ranks)}
-        sched = schedule_of(spec)
-        got: dict[str, JobEvent] = {}
-        t_end = time.monotonic() + CARRY_WAIT_S
-        while len(got) < len(rank):
-            try:
-                ev = await asyncio.wait_for(events.get(), max(0.0, t_end - time.monotonic()))
-            except TimeoutError:
-                return None
-            if ev is None:
-                return None
-            if ev.kind != "failed" or ev.node not in rank:
-                continue
-            if not ev.carried or ev.iteration != iteration:
-                return None
-            for r, s, j in ev.carry:  # each within the schedule, and sent to this rank
-                sends = sched[r][s].sends if 0 <= r < len(sched) and 0 <= s < len(
-                    sched[r]) else []
-                if not 0 <= j < len(sends) or sends[j][0] != rank[ev.node]:
-                    self._reject("result", f"{ev.node}: a carry of {(r, s, j)}, no flow "
-                                           f"of its to report")
-                    return None
-            got[ev.node] = ev
-        return (min(ev.carry_t0 for ev in got.values()),
-                sorted({(r, s, j) for ev in got.values() for r, s, j in ev.carry}))
+    def _take_carry(self, c: _Carrying, ev: JobEvent) -> None:
+        """One rank's share of what a stopped job's cut iteration delivered: the flows
+        that reached it, each one sent to it by the schedule; the carry is the union once
+        every rank has said (JobStopped.carry, for the job's resumption)."""
+        rank = {n: r for r, n in enumerate(c.spec.ranks)}
+        if c.done.is_set() or ev.node not in rank or ev.node in c.got:
+            return
+        if not ev.carried or ev.iteration != c.iteration:
+            c.done.set()  # a rank elsewhere (or with nothing to say): no carry
+            return
+        sched = schedule_of(c.spec)
+        for r, s, j in ev.carry:
+            sends = sched[r][s].sends if 0 <= r < len(sched) and 0 <= s < len(sched[r]) \
+                else []
+            if not 0 <= j < len(sends) or sends[j][0] != rank[ev.node]:
+                self._reject("result", f"{ev.node}: a carry of {(r, s, j)}, no flow of its "
+                                       f"to report")
+                c.done.set()
+                return
+        c.got[ev.node] = ev
+        if len(c.got) == len(rank):
+            c.stop.carry = (min(e.carry_t0 for e in c.got.values()),
+                            sorted({(r, s, j) for e in c.got.values() for r, s, j in e.carry}))
+            c.done.set()
 
     def _why_lost(self) -> str:
         """Why the controller's connection went: its own pause, if it had just been

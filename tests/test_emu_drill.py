@@ -89,7 +89,9 @@ def test_a_broker_restart_is_waited_out_and_the_job_resumes(
                                         "at_iteration": 2, "duration_ms": 500}])
     assert oddl["iterations"] == 6 and oddl["invariant_violations"] == 0
     row = only_row(oddl)
-    assert (row["kind"], row["replans"], row["iterations_lost"]) == ("broker-restart", 0, 1)
+    # every rank lives: once the broker is back, each rank's node program tells the
+    # controller what the cut iteration delivered, and it goes on (issue 34)
+    assert (row["kind"], row["replans"], row["iterations_lost"]) == ("broker-restart", 0, 0)
     # the controller's own connection broke: found at once; back after the broker
     assert row["detected_after_ns"] is not None and row["detected_after_ns"] >= 0
     assert row["recovered_after_ns"] >= 500e6

@@ -22,6 +22,7 @@ planned round (one job). A job is stopped at most `MAX_STOPS` times.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 import time
 from collections.abc import Callable, Sequence
@@ -106,6 +107,7 @@ class JobRequest:
 
 
 MAX_STOPS = 3  # a job stopped for faults more often than this fails the run
+CARRY_WAIT_S = 2.0  # how long a stopped job's ranks may take to say what they delivered
 
 
 @dataclass
@@ -737,6 +739,9 @@ class Admission:
                 break
             await asyncio.sleep(health.period_ns / 1e9)
             waited_ns += health.period_ns
+        if stop.carrying is not None:  # its ranks say what the cut iteration delivered
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.carrying.wait(), CARRY_WAIT_S)
         self.stage1.release(req.name, health.avoid())
         self._watch_tables()
         self.free |= set(part.nodes)

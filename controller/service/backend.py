@@ -49,6 +49,8 @@ class JobStopped(RuntimeError):
         self.outcome = outcome
         self.flows_lost = flows_lost
         self.carry = carry
+        # set when the back end knows whether there is a carry (its ranks must say)
+        self.carrying: asyncio.Event | None = None
 
 
 @dataclass

@@ -112,6 +112,8 @@ class NodeProgram:
         self.heartbeat_s = heartbeat_s  # the testbed's [monitor] heartbeat_ms
         self.beats: Heartbeats | None = None
         self.reconnects = 0
+        # a job the broker's loss cut: its "failed" event, said again to the controller
+        self.carry_note: tuple[str, bytes] | None = None
         self.retries_done = 0  # REQUEST retries of the jobs this program has finished
         self._specs = msgspec.json.Decoder(JobSpec)
         self._events = msgspec.json.Decoder(JobEvent)
@@ -234,6 +236,12 @@ class NodeProgram:
             fut.add_done_callback(lambda f: f.cancelled() or f.exception())
 
     def _on_controller(self, topic: str, payload: bytes) -> None:
+        if payload == b"online" and self.carry_note is not None:
+            # a job the broker's loss cut: what it delivered here, for its resumption (the
+            # first telling went while the controller could not hear)
+            note, self.carry_note = self.carry_note, None
+            fut = asyncio.ensure_future(self.bus.publish(*note, qos=1))
+            fut.add_done_callback(lambda f: f.cancelled() or f.exception())
         if payload == b"offline" and self._job is not None and not self._job.finished.done():
             self.jobs_cancelled += 1
             log.warning("node %s: the controller is gone: job %s cancelled", self.node,
@@ -425,6 +433,10 @@ class _NodeJob:
             more: dict[str, Any] = {} if carry is None else {
                 "iteration": runner.engine.iteration,  # type: ignore[union-attr]
                 "carried": True, "carry_t0": carry[0], "carry": carry[1]}
+            if more and str(e) == LOST_BROKER:  # said again once the controller is back
+                prog.carry_note = (result_topic(prog.testbed, prog.node), self.enc.encode(
+                    JobEvent(JOB_VERSION, spec.job, "failed", prog.node, error=LOST_BROKER,
+                             **more)))
             with contextlib.suppress(Exception):
                 await self._publish("failed", error=str(e)[:4096], **more)
         finally:
