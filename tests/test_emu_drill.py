@@ -19,7 +19,7 @@ import httpx
 import pytest
 import tomli_w
 
-from tests.helpers import emulated_grid
+from tests.helpers import emulated_grid, write_experiment
 
 pytestmark = pytest.mark.realtime  # brokers, emulators, sockets: the wall clock
 
@@ -34,15 +34,8 @@ def emu(root: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
 
 def drill(root: Path, emu: Path, tmp: Path, faults: list[dict[str, Any]],
           recovery: str = "relay", iterations: int = 6) -> dict[str, Any]:
-    exp = tmp / "drill.toml"
-    exp.write_text(tomli_w.dumps({
-        "name": "emu-drill", "testbed": str(emu), "iterations": iterations,
-        "recovery": recovery,
-        "workload": {"model": "resnet50", "collective": "hd", "epochs": 1,
-                     "dataset_samples": 1_000_000, "batch_per_node": 64,
-                     "compute_time_ms": 5.0},
-        "networks": [{"name": "oddl", "kind": "oddl"}],
-        "faults": faults}))
+    exp = write_experiment(tmp / "drill.toml", emu, name="emu-drill", iterations=iterations,
+                           recovery=recovery, faults=faults)
     r = subprocess.run([sys.executable, "-m", "oddl.controller", "run", str(exp),
                         "--backend", "emu", "--testbed", str(emu), "--json",
                         "--out", str(tmp / "run")],
@@ -181,13 +174,8 @@ def test_a_controller_stopped_for_a_while_blames_no_node(root: Path, emu: Path,
     tb["monitor"] = {**tb.get("monitor", {}), "grace_ms": 1500.0}
     short = tmp_path / "emu.toml"
     short.write_text(tomli_w.dumps(tb))
-    exp = tmp_path / "paused.toml"
-    exp.write_text(tomli_w.dumps({
-        "name": "paused", "testbed": str(short), "iterations": 30,
-        "workload": {"model": "resnet50", "collective": "hd", "epochs": 1,
-                     "dataset_samples": 1_000_000, "batch_per_node": 64,
-                     "compute_time_ms": 100.0},
-        "networks": [{"name": "oddl", "kind": "oddl"}]}))
+    exp = write_experiment(tmp_path / "paused.toml", short, name="paused", iterations=30,
+                           compute_ms=100.0)
     out = tmp_path / "run"
     run = subprocess.Popen([sys.executable, "-m", "oddl.controller", "run", str(exp),
                             "--backend", "emu", "--testbed", str(short), "--json",
@@ -223,13 +211,8 @@ def test_a_recorded_emu_run_is_a_behaviour_of_the_model(root: Path, emu: Path,
     programs' clocks) replayed through the model checker's world."""
     from oddl.controller.operator import api
 
-    exp = tmp_path / "e.toml"
-    exp.write_text(tomli_w.dumps({
-        "name": "conformance", "testbed": str(emu), "iterations": 1,
-        "workload": {"model": "resnet50", "collective": "hd", "epochs": 1,
-                     "dataset_samples": 1_000_000, "batch_per_node": 64,
-                     "compute_time_ms": 1.0},
-        "networks": [{"name": "oddl", "kind": "oddl"}]}))
+    exp = write_experiment(tmp_path / "e.toml", emu, name="conformance", iterations=1,
+                           compute_ms=1.0)
     out = api.record_stage2(exp, "emu").replay()
     assert out["conformant"], out
     assert out["messages"] >= 3 * out["flows"] - out["left_in_flight"] > 0

@@ -37,7 +37,7 @@ from oddl.drivers.mqtt import MQTTBus
 from oddl.sim import backend as sim_backend
 from oddl.sim.broker import EmbeddedBroker
 
-from tests.helpers import emulator, make_testbed
+from tests.helpers import emulator, make_testbed, write_experiment
 
 pytestmark = pytest.mark.realtime  # brokers, emulators, sockets: the wall clock
 
@@ -212,21 +212,8 @@ def test_a_board_whose_interrupts_another_writer_disables_is_restored_and_named(
     from oddl.fpga import regmap as R
 
     out, run_dir = tmp_path / "emu.toml", tmp_path / "run"
-    exp = tmp_path / "e.toml"
-    exp.write_text(f"""name = "tampered"
-testbed = "{out}"
-iterations = 20
-[workload]
-model = "resnet50"
-collective = "hd"
-epochs = 1
-dataset_samples = 1000000
-batch_per_node = 64
-compute_time_ms = 20.0
-[[networks]]
-name = "oddl"
-kind = "oddl"
-""")
+    exp = write_experiment(tmp_path / "e.toml", out, name="tampered", iterations=20,
+                           compute_ms=20.0)
     with emulator(root, root / "hw_configs" / "prototype-4node.toml", out):
         run = subprocess.Popen([sys.executable, "-m", "oddl.controller", "run", str(exp),
                                 "--backend", "emu", "--testbed", str(out), "--json",

@@ -14,6 +14,8 @@ from oddl.controller.operator.cli import main
 from oddl.controller.stage2.control_unit import ControlUnit
 from oddl.controller.stage2.verify import FAULTS, configurations, explore, verify
 
+from tests.helpers import write_experiment
+
 TWO_SENDERS = configurations(3, 1)[1]
 
 
@@ -91,20 +93,6 @@ def test_the_command_prints_the_figures_and_fails_on_a_bad_fault() -> None:
     assert set(FAULTS) == {"loss", "dup", "reorder", "delay"}
 
 
-EXPERIMENT = """name = "conformance"
-testbed = "{testbed}"
-iterations = 1
-[workload]
-model = "resnet50"
-collective = "hd"
-epochs = 1
-dataset_samples = 1000000
-batch_per_node = 64
-compute_time_ms = 1.0
-[[networks]]
-name = "oddl"
-kind = "oddl"
-"""
 
 
 def test_a_recorded_sim_run_is_a_behaviour_of_the_model_and_a_reordered_one_is_not(
@@ -116,8 +104,8 @@ def test_a_recorded_sim_run_is_a_behaviour_of_the_model_and_a_reordered_one_is_n
 
     from oddl.controller.operator import api
 
-    exp = tmp_path / "e.toml"
-    exp.write_text(EXPERIMENT.format(testbed=root / "hw_configs/prototype-4node.toml"))
+    exp = write_experiment(tmp_path / "e.toml", root / "hw_configs/prototype-4node.toml",
+                           iterations=1, compute_ms=1.0)
     rec = api.record_stage2(exp)
     out = rec.replay()
     assert out["conformant"], out
