@@ -93,8 +93,6 @@ def test_the_command_prints_the_figures_and_fails_on_a_bad_fault() -> None:
     assert set(FAULTS) == {"loss", "dup", "reorder", "delay"}
 
 
-
-
 def test_a_recorded_sim_run_is_a_behaviour_of_the_model_and_a_reordered_one_is_not(
         root: Path, tmp_path: Path) -> None:
     """Issue 34, part 3: the stage-2 messages a run delivered, replayed in the order it
