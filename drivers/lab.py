@@ -43,6 +43,7 @@ from oddl.controller.base.access import (
     stop_topic,
 )
 from oddl.controller.base.clock import Clock
+from oddl.controller.base.collectives import Schedule
 from oddl.controller.base.config import FaultSpec, Testbed
 from oddl.controller.base.devices import ONic
 from oddl.controller.base.telemetry import note_topic
@@ -99,8 +100,9 @@ class _Carrying:
     """A stopped job whose ranks are saying what its cut iteration delivered."""
 
     stop: JobStopped
-    spec: JobSpec
     iteration: int
+    rank: dict[str, int]  # the job's ranks, by node
+    sched: Schedule  # the job's: what each rank was sent
     got: dict[str, JobEvent] = dataclasses.field(default_factory=dict)
     done: asyncio.Event = dataclasses.field(default_factory=asyncio.Event)
 
@@ -490,7 +492,8 @@ class LabBackend:
             if e.lost and not any(self.health.is_dead(n) for n in spec.ranks):
                 # what the cut iteration delivered: each rank's node program says, in its
                 # "failed" event, now, or (the broker gone) once it hears us again
-                c = self._carrying[spec.job] = _Carrying(e, spec, e.next_iteration)
+                c = self._carrying[spec.job] = _Carrying(
+                    e, e.next_iteration, {n: r for r, n in enumerate(spec.ranks)}, sched)
                 e.carrying = c.done
                 while len(self._carrying) > MAX_CARRYING:
                     del self._carrying[next(iter(self._carrying))]
@@ -514,13 +517,12 @@ class LabBackend:
         """One rank's share of what a stopped job's cut iteration delivered: the flows
         that reached it, each one sent to it by the schedule; the carry is the union once
         every rank has said (JobStopped.carry, for the job's resumption)."""
-        rank = {n: r for r, n in enumerate(c.spec.ranks)}
+        rank, sched = c.rank, c.sched
         if c.done.is_set() or ev.node not in rank or ev.node in c.got:
             return
         if not ev.carried or ev.iteration != c.iteration:
             c.done.set()  # a rank elsewhere (or with nothing to say): no carry
             return
-        sched = schedule_of(c.spec)
         for r, s, j in ev.carry:
             sends = sched[r][s].sends if 0 <= r < len(sched) and 0 <= s < len(sched[r]) \
                 else []

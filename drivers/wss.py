@@ -17,6 +17,15 @@ MAX_REPLY = 8192  # the longest reply is a row of a 4096-channel table: far less
 log = logging.getLogger(__name__)
 
 
+def _text(raw: bytes) -> str | None:
+    """A line as a reply: printable ASCII, stripped; None if it is noise."""
+    try:
+        reply = raw.decode("ascii").strip()
+    except UnicodeDecodeError:
+        return None
+    return reply if reply.isprintable() else None
+
+
 class WSSTimeout(TimeoutError):
     pass
 
@@ -66,11 +75,8 @@ class WSSDriver:
                                            f"{command!r} (only noise within {self.timeout} s)"
                                            ) from None
                 raise
-            try:
-                reply = raw.decode("ascii").strip()
-            except UnicodeDecodeError:
-                reply = "\x00"
-            if reply.isprintable():
+            reply = _text(raw)
+            if reply is not None:
                 break
             self.garbled, junk = self.garbled + 1, raw
             if self.garbled & (self.garbled - 1) == 0:  # 1, 2, 4, ...: noise is not a flood

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from oddl.controller.base import collector
-from oddl.controller.base.collectives import build
+from oddl.controller.base.collectives import Schedule, build
 from oddl.controller.base.config import (
     ConfigError,
     LoadedExperiment,
@@ -82,20 +82,28 @@ def plan(testbed: Testbed | str | Path, experiment: LoadedExperiment | None = No
     applied."""
     tb = testbed if isinstance(testbed, Testbed) else load_testbed(testbed)
     spec = network or NetworkSpec(name="oddl", kind="oddl")
-    model, coll, bpp, name, n = "resnet50", "hd", 4, "hd-all", tb.n_nodes
     if experiment is not None:
-        w = experiment.workload
         spec = network or next((s for s in experiment.experiment.networks
                                 if s.kind == "oddl"), spec)
-        model, coll, bpp, name, n = w.model, spec.collective or w.collective, \
-            w.bytes_per_param, experiment.experiment.name, w.ranks or tb.n_nodes
     grid = Grid.from_testbed(tb)
     with collector.tuned():
-        sched = build(coll, n, model_spec(model).grad_bytes(bpp), tb.grid.rows, tb.grid.cols,
-                      spec.degree, spec.bidirectional)
+        sched, name = _schedule(tb, experiment, spec)
         p = plan_job(tb, grid, sched, name, strategy or spec.strategy, spec.relay)
         p.validate(grid)
     return p
+
+
+def _schedule(tb: Testbed, experiment: LoadedExperiment | None, spec: NetworkSpec
+              ) -> tuple[Schedule, str]:
+    """The job `plan` plans: the workload's collective on its ranks (default: ResNet-50's
+    halving-doubling over every node), and its name."""
+    model, coll, bpp, name, n = "resnet50", "hd", 4, "hd-all", tb.n_nodes
+    if experiment is not None:
+        w = experiment.workload
+        model, coll, bpp, name, n = w.model, spec.collective or w.collective, \
+            w.bytes_per_param, experiment.experiment.name, w.ranks or tb.n_nodes
+    return build(coll, n, model_spec(model).grad_bytes(bpp), tb.grid.rows, tb.grid.cols,
+                 spec.degree, spec.bidirectional), name
 
 
 @dataclass(frozen=True)
@@ -128,10 +136,10 @@ def record_stage2(experiment: str | Path, backend: str = "sim",
                   testbed: str | Path | None = None) -> Recording:
     """One iteration of an experiment's ODDL network run on `backend`, its stage-2
     messages recorded by the timeline (`oddl run --trace`): `oddl verify trace`."""
-    from oddl.controller.base.messages import Flow
     from oddl.controller.experiments.runner import Timeline, run_experiment
     from oddl.controller.stage1.plan import Route
     from oddl.controller.stage2.job import timing_of, wire_routes
+    from oddl.controller.stage2.workloads import first_flows
 
     ctx = load_experiment(experiment, testbed)
     if ctx.jobs:
@@ -148,20 +156,9 @@ def record_stage2(experiment: str | Path, backend: str = "sim",
     run_experiment(ctx, backend, None, 1, trace=timeline)
     rows = sorted((r for r in timeline.chrome.rows[oddl.name] if r.kind == "recv"),
                   key=lambda r: r.t0)
-    tb, w = ctx.testbed, ctx.workload
+    tb = ctx.testbed
     p = plan(tb, ctx, network=oddl)
-    ranks = p.jobs[0].ranks
-    sched = build(oddl.collective or w.collective, len(ranks),
-                  model_spec(w.model).grad_bytes(w.bytes_per_param), tb.grid.rows,
-                  tb.grid.cols, oddl.degree, oddl.bidirectional)
-    flows: dict[int, Any] = {}
-    n = len(ranks)
-    for r, steps in enumerate(sched):  # rank r numbers its k-th flow k * n + r
-        k = 0
-        for s, st in enumerate(steps):
-            for dst, nbytes in st.sends:
-                flows[k * n + r] = Flow(k * n + r, ranks[r], ranks[dst], nbytes, 0, s)
-                k += 1
+    flows = first_flows(_schedule(tb, ctx, oddl)[0], p.jobs[0].ranks)
     return Recording(backend, [(r.node, r.peer, r.what, r.flow, r.hop) for r in rows],
                      list(Grid.from_testbed(tb).nodes),
                      {x: {d: Route(*r) for d, r in rs.items()}

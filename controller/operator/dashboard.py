@@ -250,7 +250,7 @@ class Dashboard:
             await ws.close(code=1008)  # before accept: the handshake is refused
             return
         await ws.accept()
-        if self.watchers >= MAX_WATCHERS:  # a browser retries (app.js); the API still answers
+        if self.watchers >= MAX_WATCHERS:  # the page retries (dashboard.js); the API still answers
             await ws.close(code=1013, reason=f"{MAX_WATCHERS} watchers already: try later")
             return
         self.watchers += 1

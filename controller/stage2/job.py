@@ -162,9 +162,9 @@ class JobEvent(msgspec.Struct, omit_defaults=True, forbid_unknown_fields=True):
     # the first few the node's monitor recorded
     violations: Annotated[list[Text], msgspec.Meta(max_length=50)] = []
     trace: Annotated[list[TraceRow], msgspec.Meta(max_length=MAX_ROWS)] = []
-    # a job stopped mid-iteration `iteration`, its rank done computing: the flows
-    # delivered to it (rank, step, index in the step's sends) and when the iteration
-    # began here; the controller carries them into the job's resumption (JobSpec.carry)
+    # a job stopped mid-iteration `iteration`: the flows delivered to this rank (rank,
+    # step, index in the step's sends) and when the iteration began here; the controller
+    # carries them into the job's resumption (JobSpec.carry)
     carried: bool = False
     carry: Annotated[list[tuple[int, int, int]], msgspec.Meta(max_length=1 << 16)] = []
     carry_t0: Annotated[int, msgspec.Meta(ge=0)] = 0

@@ -91,7 +91,6 @@ class _Clock:
 
 @dataclass
 class _InFlight:
-    seq: int
     src: str
     dst: str
     msg: ControlMessage
@@ -110,8 +109,7 @@ class _Bus:
     def send(self, src: str, dst: str, msg: ControlMessage) -> None:
         w = self.world
         self.sent += 1
-        w.flight_seq += 1
-        w.inflight.append(_InFlight(w.flight_seq, src, dst, msg, w.clock.now + LATENCY_NS))
+        w.inflight.append(_InFlight(src, dst, msg, w.clock.now + LATENCY_NS))
 
 
 class _ONic:
@@ -199,19 +197,18 @@ def _fixed(nbytes: int) -> int:
 class World:
     """The control units of one configuration, their clock, bus and O-NICs: one state.
     `routes` and `transfer_ns` (a real job's, for a replay) stand in for the small
-    testbed's; `submit` False leaves the flows to be submitted by the caller."""
+    testbed's; a configuration's flows are submitted at once (a replay's config has none:
+    it submits each as the run did)."""
 
     def __init__(self, cfg: Config, faults: frozenset[str],
                  unit: type[ControlUnit] = ControlUnit, timing: Timing = TIMING,
                  routes: dict[str, dict[str, Route]] | None = None,
-                 transfer_ns: Callable[[int], int] | None = None,
-                 submit: bool = True) -> None:
+                 transfer_ns: Callable[[int], int] | None = None) -> None:
         self.cfg, self.faults, self.timing = cfg, faults, timing
         self.transfer_ns = transfer_ns or _fixed  # picklable: states are copied so
         self.clock = _Clock()
         self.bus = _Bus(self)
         self.inflight: list[_InFlight] = []
-        self.flight_seq = 0
         self.budget = {f: BUDGET for f in ("loss", "dup", "delay") if f in faults}
         self.delivered: dict[int, int] = {}
         self.violations: list[str] = []
@@ -232,7 +229,7 @@ class World:
         self.units = {x: unit(x, self.clock, self.bus, self.onics[x], routes.get(x, {}),  # type: ignore[arg-type]
                               timing, self._deliver, self._fail) for x in cfg.nodes}
         self.flows = [Flow(i + 1, p[0], p[-1], 1000) for i, p in enumerate(cfg.flows)]
-        for f in self.flows if submit else ():
+        for f in self.flows:
             self.units[f.src].submit(f)
 
     # what the units report
@@ -460,7 +457,7 @@ def replay(deliveries: list[Delivery], nodes: Iterable[str],
     does (the collective engine, which submits it, is outside the model). At the end every
     flow that entered is delivered once, and no property is broken on the way."""
     w = World(Config("replay", tuple(nodes), ()), frozenset({"reorder"}), timing=timing,
-              routes=routes, transfer_ns=transfer_ns, submit=False)
+              routes=routes, transfer_ns=transfer_ns)
     entered: set[int] = set()
     fired = 0
     for k, (dst, src, kind, flow, hop) in enumerate(deliveries):

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from oddl.controller.base.catalog import EMBEDDING_BYTES, MODEL_GMACS, MODELS
@@ -56,6 +56,20 @@ def iterations_per_epoch(w: Workload, n_nodes: int) -> int:
 
 def total_iterations(w: Workload, n_nodes: int) -> int:
     return math.ceil(w.epochs * iterations_per_epoch(w, n_nodes))
+
+
+def first_flows(schedule: Schedule, ranks: Sequence[str]) -> dict[int, Flow]:
+    """A lone job's first iteration as the engine numbers its flows (rank r's k-th flow
+    k * n + r, tag 0), by id: what a recorded run's flow ids stand for."""
+    out: dict[int, Flow] = {}
+    n = len(ranks)
+    for r, steps in enumerate(schedule):
+        k = 0
+        for s, st in enumerate(steps):
+            for dst, nbytes in st.sends:
+                out[k * n + r] = Flow(k * n + r, ranks[r], ranks[dst], nbytes, 0, s)
+                k += 1
+    return out
 
 
 class CollectiveEngine:
@@ -196,11 +210,15 @@ class CollectiveEngine:
         in that iteration."""
         if self.iteration != iteration:
             return None
-        got = set(self.carry)
+        local = set(self.local)
+        # what was carried in and reached a rank here, and what reached one since
+        got = {(r, s, j) for r, s, j in self.carry if self.schedule[r][s].sends[j][0] in local}
         for r, s, dst in self.got:
             # the index in the step's sends: the first to that peer not counted yet
-            got.add(next((r, s, j) for j, (d, _b) in enumerate(self.schedule[r][s].sends)
-                         if d == dst and (r, s, j) not in got))
+            j = next((j for j, (d, _b) in enumerate(self.schedule[r][s].sends)
+                      if d == dst and (r, s, j) not in got), None)
+            if j is not None:
+                got.add((r, s, j))
         return self.t_start, sorted(got)
 
     def module_fired(self, node: str, slot: int) -> None:
