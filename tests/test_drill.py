@@ -96,6 +96,18 @@ def test_a_dead_rank_stops_a_relay_only_run_with_what_to_do() -> None:
         run(ctx)
 
 
+def test_a_wss_that_dies_unseen_does_not_break_the_release() -> None:
+    """Found by the random drills: a WSS dead but not yet found (its `missed` polls not
+    all missed) when a job stops for another fault failed the release with a bare
+    DeviceFailed. A device that does not answer the release is the watch's to hear of:
+    the others are released, and the run says what it could not go round."""
+    ctx = drill(grid_tb(1, 2, 1), [{"kind": "dead-wss", "target": "wss-row0", "at_ms": 11.0},
+                                   {"kind": "dead-board", "target": "n0-0", "at_ms": 0.0}])
+    with pytest.raises(RunFailed, match=r"dead-wss wss-row0 \(no answer to the release: .*"
+                                        r"rank 0 on n0-0: dead"):
+        run(ctx)
+
+
 def test_a_dead_rank_moves_to_a_spare() -> None:
     ctx = drill(grid_tb(2, 2), [{"kind": "dead-board", "target": "n0-1", "at_iteration": 2}],
                 ranks=3, recovery="spare")

@@ -175,7 +175,7 @@ class Stage1(Protocol):
 
     def admit(self, req: JobRequest, part: Partition, schedule: Schedule, avoid: Avoid
               ) -> tuple[Routes, bool, Plan | None]: ...
-    def release(self, job: str, gone: Avoid = NO_FAULTS) -> None: ...
+    def release(self, job: str, gone: Avoid = NO_FAULTS) -> list[DeviceFailed]: ...
     def tables(self) -> dict[str, list[list[int | None]]]: ...
 
 
@@ -186,8 +186,8 @@ class NoStage1:
               ) -> tuple[Routes, bool, Plan | None]:
         return {}, False, None
 
-    def release(self, job: str, gone: Avoid = NO_FAULTS) -> None:
-        pass
+    def release(self, job: str, gone: Avoid = NO_FAULTS) -> list[DeviceFailed]:
+        return []
 
     def tables(self) -> dict[str, list[list[int | None]]]:
         return {}
@@ -213,8 +213,8 @@ class OddlStage1:
         self.arbiter.admit(plan, programs)
         return wire_routes(plan), programs is not None, plan
 
-    def release(self, job: str, gone: Avoid = NO_FAULTS) -> None:
-        self.arbiter.release(job, gone)
+    def release(self, job: str, gone: Avoid = NO_FAULTS) -> list[DeviceFailed]:
+        return self.arbiter.release(job, gone)
 
     def tables(self) -> dict[str, list[list[int | None]]]:
         return self.arbiter.tables()
@@ -479,7 +479,7 @@ class Admission:
         self._cancelling.pop(name, None)
         if part is not None:
             try:
-                self.stage1.release(name, self.health.avoid())
+                self._release(name)
             except Exception as e:  # in a done callback: raised, it would only be logged
                 if self.on_end is None:
                     self._fail(RunFailed(f"{self.spec.name}: job {name} left: {e}"))
@@ -559,13 +559,23 @@ class Admission:
                 f"{self.spec.name}: job {req.name}: stage 1 failed {tries} times; the last: "
                 f"{e}"))
             return
-        now = self.clock.now_ns()
-        if e.what == "WSS":
-            self.health.wss_answer(e.target, now, f"no answer to the apply: {e}")
-        else:
-            self.health.will(e.target, now)
+        self._tell(e, "apply")
         self.queue.insert(0, req)
         self._admit()
+
+    def _tell(self, e: DeviceFailed, when: str) -> None:
+        """A device did not answer stage 1 (`when`: the apply, the release): dead."""
+        now = self.clock.now_ns()
+        if e.what == "WSS":
+            self.health.wss_answer(e.target, now, f"no answer to the {when}: {e}")
+        else:
+            self.health.will(e.target, now)
+
+    def _release(self, job: str) -> None:
+        """A job's stage 1 undone, round what is known to be out; what does not answer
+        is the watch's to hear of."""
+        for e in self.stage1.release(job, self.health.avoid()):
+            self._tell(e, "release")
 
     def _cannot_start(self, req: JobRequest, part: Partition, e: Exception) -> Exception:
         if req.name in self._stopped:
@@ -742,7 +752,7 @@ class Admission:
         if stop.carrying is not None:  # its ranks say what the cut iteration delivered
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.carrying.wait(), CARRY_WAIT_S)
-        self.stage1.release(req.name, health.avoid())
+        self._release(req.name)
         self._watch_tables()
         self.free |= set(part.nodes)
         rule = self._rules[req.name]

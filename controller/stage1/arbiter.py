@@ -128,20 +128,30 @@ class Arbiter:
                     out[w][i] = list(row)
         return out
 
-    def release(self, job: str, gone: Avoid = NO_FAULTS) -> None:
+    def release(self, job: str, gone: Avoid = NO_FAULTS) -> list[DeviceFailed]:
         """A job has left: its WSS inputs blocked, its nodes' routes cleared; its nodes and
-        channels are free for the next. The devices in `gone` (dead, out) are not asked."""
+        channels are free for the next. The devices in `gone` (dead, out) are not asked;
+        one that fails to answer is skipped (it holds no light either) and returned, for
+        the watch to be told, and the others are released all the same."""
         plan = self.live.pop(job)
+        failed: list[DeviceFailed] = []
         for wss, rows in plan.rows(self.grid).items():
             if wss in gone.wss:
                 continue
-            with _device("WSS", wss):
-                self.wss[wss].set_rows({i: [None] * len(r) for i, r in rows.items()})
+            try:
+                with _device("WSS", wss):
+                    self.wss[wss].set_rows({i: [None] * len(r) for i, r in rows.items()})
+            except DeviceFailed as e:
+                failed.append(e)
         for node in plan.nodes():
             if node in gone.nodes:
                 continue
-            with _device("O-NIC", node):
-                self.onics[node].load_routes({})
+            try:
+                with _device("O-NIC", node):
+                    self.onics[node].load_routes({})
+            except DeviceFailed as e:
+                failed.append(e)
+        return failed
 
     def _load(self, plan: Plan, programs: dict[str, Program] | None) -> None:
         for node, routes in plan.routes.items():
