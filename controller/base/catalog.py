@@ -8,6 +8,25 @@ from __future__ import annotations
 
 from typing import Literal
 
+# GPT-style Transformers: (layers, hidden, heads, sequence length, vocabulary), the
+# published configurations (docs/model.md gives the sources); they train data-parallel or
+# hybrid-parallel (controller/base/parallelism.py), their compute from their FLOPs
+TRANSFORMERS: dict[str, tuple[int, int, int, int, int]] = {
+    "gpt2": (12, 768, 12, 1024, 50257),  # GPT-2 small, Radford et al. 2019
+    "gpt2-xl": (48, 1600, 25, 1024, 50257),  # GPT-2 1.5 B, Radford et al. 2019
+    "gpt3-1.3b": (24, 2048, 24, 2048, 50257),  # GPT-3 XL, Brown et al. 2020, Table 2.1
+    "gpt3-6.7b": (32, 4096, 32, 2048, 50257),  # GPT-3 6.7B, Brown et al. 2020, Table 2.1
+    "megatron-8.3b": (72, 3072, 32, 1024, 51200),  # Shoeybi et al. 2019, Table 1
+}
+
+
+def transformer_params(model: str) -> int:
+    """Parameters of a GPT-style model: 12 l h^2 + 13 l h per layer (weights, biases, layer
+    norms) and (V + s) h of embeddings (Narayanan et al. SC'21's count)."""
+    L, h, _a, s, V = TRANSFORMERS[model]
+    return 12 * L * h * h + 13 * L * h + (V + s) * h
+
+
 # parameters (millions), ODDL-SPEC / the usual published counts
 MODELS: dict[str, float] = {
     "resnet50": 25.56,
@@ -17,6 +36,7 @@ MODELS: dict[str, float] = {
     "bert": 110.0,  # BERT-base
     "bert-large": 340.0,
     "dlrm": 2.37,  # the dense MLPs only (all-reduced); its embeddings stay where they are
+    **{m: transformer_params(m) / 1e6 for m in TRANSFORMERS},
 }
 # forward multiply-accumulates per sample, G (the usual published counts: ResNet-50 and VGG
 # at 224 x 224; BERT-large: 340 M parameters x a 128-token sequence); a multi-job

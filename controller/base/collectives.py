@@ -14,9 +14,21 @@ from oddl.controller.base.jumps import totient_jumps
 
 @dataclass(frozen=True, slots=True)
 class Step:
+    """One step of a rank: compute for `compute_ns`, start `sends`, then wait until
+    `recv_bytes` have arrived for this step. A flow counts at the receiver's step `at[j]`
+    (its header's slot); none given, at the sender's own step index, as every collective
+    has it (its ranks move in lockstep). A pipeline's stages do not: 1F1B sends an
+    activation forward before the gradient it waits for comes back."""
+
     sends: tuple[tuple[int, int], ...]  # (dst rank, bytes)
     recv_bytes: int  # bytes this rank must receive before its next step
     phase: str
+    compute_ns: int = 0
+    at: tuple[int, ...] = ()  # the receiver's step each send counts in (default: this one)
+
+    def slot(self, j: int, s: int) -> int:
+        """The receiver's step send j counts in, this being step s of its sender."""
+        return self.at[j] if self.at else s
 
 
 Schedule = list[list[Step]]  # schedule[rank] = that rank's steps
@@ -193,15 +205,20 @@ def with_alltoall(sched: Schedule, per_pair: int) -> Schedule:
 
 
 def check_balanced(sched: Schedule) -> None:
-    """Every byte a rank expects is sent to it by someone (a schedule sanity check)."""
-    n = len(sched)
-    sent = [0] * n
-    expected = [0] * n
+    """Every byte a rank expects in each of its steps is sent to it, for that step, by
+    someone (a schedule sanity check)."""
+    sent: dict[tuple[int, int], int] = {}
+    for steps in sched:
+        for s, st in enumerate(steps):
+            for j, (dst, b) in enumerate(st.sends):
+                key = (dst, st.slot(j, s))
+                sent[key] = sent.get(key, 0) + b
     for r, steps in enumerate(sched):
-        for st in steps:
-            expected[r] += st.recv_bytes
-            for dst, b in st.sends:
-                sent[dst] += b
-    if sent != expected:
-        bad = next(i for i in range(n) if sent[i] != expected[i])
-        raise AssertionError(f"rank {bad} expects {expected[bad]} bytes but is sent {sent[bad]}")
+        for s, st in enumerate(steps):
+            got = sent.pop((r, s), 0)
+            if got != st.recv_bytes:
+                raise AssertionError(f"rank {r} step {s} expects {st.recv_bytes} bytes but is "
+                                     f"sent {got}")
+    if sent:
+        (r, s), b = next(iter(sent.items()))
+        raise AssertionError(f"rank {r} is sent {b} bytes for step {s}, which it does not have")

@@ -19,6 +19,7 @@ from typing import Any, Literal
 from oddl.controller.base.access import RESERVED, check_name
 from oddl.controller.base.catalog import (
     IN_NETWORK,
+    TRANSFORMERS,
     BackendName,
     CollectiveName,
     ModelName,
@@ -31,6 +32,7 @@ from oddl.controller.base.catalog import (
 )
 from oddl.controller.base.collectives import optinc_levels
 from oddl.controller.base.faultkinds import FAULT_KINDS, KINDS
+from oddl.controller.base.parallelism import A100_TFLOPS, Hybrid
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 C_NM = 299_792.458  # speed of light in nm * THz
@@ -525,12 +527,54 @@ class Calibration(_Model):
     training_time_min: float = Field(gt=0, le=1e9, allow_inf_nan=False)
 
 
+class Parallelism(_Model):
+    """A Transformer's split over its ranks (controller/base/parallelism.py): tensor x
+    pipeline x data = ranks; each replica trains micro_batches x micro_batch_size
+    sequences an iteration, its compute from the model's FLOPs at gpu_tflops."""
+
+    data: int = Field(ge=1, le=65536)
+    tensor: int = Field(default=1, ge=1, le=65536)
+    pipeline: int = Field(default=1, ge=1, le=65536)
+    micro_batches: int | None = Field(
+        default=None, ge=1, le=4096,
+        description="default 4 x pipeline (GPipe: the bubble is small from there)")
+    micro_batch_size: int = Field(default=1, ge=1, le=4096, description="sequences")
+    gpu_tflops: float = Field(default=A100_TFLOPS, gt=0, le=1e6, allow_inf_nan=False,
+                              description="sustained FLOP rate (default: A100 BF16 peak)")
+
+    @property
+    def ranks(self) -> int:
+        return self.tensor * self.pipeline * self.data
+
+    def hybrid(self, model: str, bytes_per_param: int) -> Hybrid:
+        return Hybrid(model, self.tensor, self.pipeline, self.data,
+                      self.micro_batches or 4 * self.pipeline, self.micro_batch_size,
+                      self.gpu_tflops, bytes_per_param)
+
+
+def _hybrid_compute(parallelism: Parallelism | None, model: str, batch_per_node: int | None,
+                    compute_time_ms: float | None, calibrated: bool) -> None:
+    """What a workload says of its batch and compute, with a split or without one."""
+    if parallelism is None:
+        if batch_per_node is None:
+            raise ValueError("batch_per_node: give it")
+        return
+    if model not in TRANSFORMERS:
+        raise ValueError(f"parallelism: {model} is not a Transformer; hybrid parallelism "
+                         f"takes one of {', '.join(TRANSFORMERS)}")
+    if batch_per_node is not None or compute_time_ms is not None or calibrated:
+        raise ValueError("parallelism: a replica's batch is micro_batches x micro_batch_size "
+                         "and its compute comes from the model's FLOPs: give no "
+                         "batch_per_node, compute_time_ms or calibrate")
+
+
 class Workload(_Model):
     model: ModelName
     collective: CollectiveName
     epochs: float = Field(gt=0, le=1e6, allow_inf_nan=False)
     dataset_samples: int = Field(gt=0)
-    batch_per_node: int = Field(gt=0)
+    batch_per_node: int | None = Field(default=None, gt=0,
+                                       description="required without parallelism")
     bytes_per_param: int = Field(default=4, gt=0)
     ranks: int | None = Field(default=None, ge=1, le=65536,
                               description="the job's ranks, on the testbed's first nodes in "
@@ -538,12 +582,24 @@ class Workload(_Model):
                                           "spares and relays")
     compute_time_ms: float | None = Field(default=None, ge=0)
     calibrate: Calibration | None = None
+    parallelism: Parallelism | None = Field(
+        default=None, description="a Transformer's tensor, pipeline and data split")
 
     @model_validator(mode="after")
     def _compute(self) -> Workload:
-        if (self.compute_time_ms is None) == (self.calibrate is None):
+        _hybrid_compute(self.parallelism, self.model, self.batch_per_node,
+                        self.compute_time_ms, self.calibrate is not None)
+        if self.parallelism is None and (self.compute_time_ms is None) == \
+                (self.calibrate is None):
             raise ValueError("give exactly one of compute_time_ms or calibrate")
         return self
+
+    def samples_per_iteration(self, n_nodes: int) -> int:
+        p = self.parallelism
+        if p is not None:
+            return p.data * (p.micro_batches or 4 * p.pipeline) * p.micro_batch_size
+        assert self.batch_per_node is not None
+        return self.batch_per_node * (self.ranks or n_nodes)
 
 
 JOB_NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
@@ -575,6 +631,8 @@ class JobEntry(_Model):
     shift_ms: float = Field(default=0.0, ge=0, le=1e7, allow_inf_nan=False,
                             description="a time shift: its first iteration starts this long "
                                         "after the job starts (CASSINI; `oddl compat`)")
+    parallelism: Parallelism | None = Field(
+        default=None, description="a Transformer's tensor, pipeline and data split")
 
     @model_validator(mode="after")
     def _length(self) -> JobEntry:
@@ -582,14 +640,20 @@ class JobEntry(_Model):
             raise ValueError("give exactly one of iterations or epochs")
         if self.epochs is not None and self.dataset_samples is None:
             raise ValueError("epochs needs dataset_samples")
+        _hybrid_compute(self.parallelism, self.model,
+                        self.batch_per_node if "batch_per_node" in self.model_fields_set
+                        else 32 if self.parallelism is None else None,
+                        self.compute_time_ms, False)
         return self
 
     def total_iterations(self) -> int:
         if self.iterations is not None:
             return self.iterations
         assert self.epochs is not None and self.dataset_samples is not None
-        return math.ceil(self.epochs * math.ceil(
-            self.dataset_samples / (self.batch_per_node * self.ranks)))
+        p = self.parallelism
+        per = p.data * (p.micro_batches or 4 * p.pipeline) * p.micro_batch_size \
+            if p is not None else self.batch_per_node * self.ranks
+        return math.ceil(self.epochs * math.ceil(self.dataset_samples / per))
 
 
 TRACE_COLUMNS = ("arrival_ms", "model", "ranks", "iterations")  # required; any other
@@ -921,6 +985,13 @@ def load_experiment(path: str | Path, testbed: str | Path | None = None) -> Load
     if w is not None and (w.ranks or 0) > tb.n_nodes:
         issues.append(ConfigIssue(str(path), "workload.ranks", f"{w.ranks} ranks "
                                   f"but {tb.name} has {tb.n_nodes} nodes"))
+    if w is not None and w.parallelism is not None:
+        issues += [ConfigIssue(str(path), f"workload.{p}", r) for p, r in parallelism_issues(
+            w.parallelism, w.model, w.collective, w.ranks or tb.n_nodes, tb)]
+        if exp.recovery == "shrink":
+            issues.append(ConfigIssue(str(path), "recovery", "a hybrid-parallel job cannot "
+                                      "shrink (tensor x pipeline x data is its rank count): "
+                                      "'spare' or 'relay'"))
     issues += _job_issues(path, exp, jobs, tb)
     if issues:
         raise ConfigError(issues)
@@ -949,6 +1020,28 @@ def _job_issues(path: Path, exp: Experiment, jobs: list[JobEntry],
         if j.ranks > tb.n_nodes:
             out.append(ConfigIssue(str(path), f"{at}.ranks", f"{j.ranks} ranks but {tb.name} "
                                    f"has {tb.n_nodes} nodes: the job can never start"))
+        if j.parallelism is not None:
+            out += [ConfigIssue(str(path), f"{at}.{p}", r) for p, r in parallelism_issues(
+                j.parallelism, j.model, j.collective, j.ranks, tb)]
+    return out
+
+
+def parallelism_issues(par: Parallelism, model: str, collective: str, ranks: int,
+                       tb: Testbed) -> list[tuple[str, str]]:
+    """(field, why) for a hybrid split its model, its ranks or the grid cannot take."""
+    out = [(f"parallelism.{f}", why) for f, why in par.hybrid(model, 4).problems()]
+    if par.ranks != ranks:
+        out.append(("parallelism", f"tensor {par.tensor} x pipeline {par.pipeline} x data "
+                                   f"{par.data} = {par.ranks} ranks, but the job has {ranks}"))
+    cols = tb.grid.cols
+    if par.tensor > 1 and cols % par.tensor:
+        out.append(("parallelism.tensor", f"a tensor group of {par.tensor} ranks would "
+                    f"straddle two rows of {tb.name}'s {cols}-column grid (ranks fill it row "
+                    f"by row, a group keeps to one WSS row): tensor must divide {cols}"))
+    if collective == "hier2d" and par.data > 1:
+        out.append(("collective", "hier2d needs the job's whole grid; a data-parallel group "
+                                  "of a hybrid job all-reduces with ring, hd or "
+                                  "totientrings"))
     return out
 
 

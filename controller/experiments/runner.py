@@ -206,7 +206,9 @@ def _lone_job(ctx: LoadedExperiment, iterations: int, compute_ns: int) -> JobReq
     """An experiment's one workload as the job it is: the whole testbed's."""
     w, tb = ctx.workload, ctx.testbed
     return JobRequest(w.model, w.model, w.collective, w.ranks or tb.n_nodes, iterations,
-                      compute_ns, 0, "any", model_spec(w.model).grad_bytes(w.bytes_per_param))
+                      compute_ns, 0, "any", model_spec(w.model).grad_bytes(w.bytes_per_param),
+                      hybrid=w.parallelism.hybrid(w.model, w.bytes_per_param)
+                      if w.parallelism else None)
 
 
 def _calibrate(ctx: LoadedExperiment, backend: str, grid: Grid, full: int,
@@ -215,6 +217,9 @@ def _calibrate(ctx: LoadedExperiment, backend: str, grid: Grid, full: int,
     calibration network's training takes the target time (its communication measured
     over 3 iterations with no compute)."""
     w = ctx.workload
+    if w.parallelism is not None:
+        return 0, (f"compute from {w.model}'s FLOPs at {w.parallelism.gpu_tflops} TFLOP/s, "
+                   f"between the transfers (docs/model.md)")
     if w.calibrate is None:
         return round((w.compute_time_ms or 0.0) * 1e6), \
             f"compute {w.compute_time_ms} ms/iteration (given)"
@@ -547,8 +552,10 @@ def run_experiment(ctx: LoadedExperiment, backend: str = "sim", store: RunStore 
         reqs = [JobRequest.of(e) for e in ctx.jobs]
         issues = [ConfigIssue(str(ctx.path), f"job {r.name!r}.shape",
                               f"no {r.shape} rectangle of {tb.grid.rows} x {tb.grid.cols} "
-                              f"holds {r.ranks} ranks{' exactly (hier2d)' if r.exact else ''}")
-                  for r in reqs if not fits(grid, r.ranks, r.shape, r.exact)]
+                              f"holds {r.ranks} ranks{' exactly (hier2d)' if r.exact else ''}"
+                              + (f" in rows of whole tensor groups of {r.group}"
+                                 if r.group > 1 else ""))
+                  for r in reqs if not fits(grid, r.ranks, r.shape, r.exact, r.group)]
         if issues:
             raise ConfigError(issues)
         full = n_iter = sum(r.iterations for r in reqs)

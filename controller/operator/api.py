@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from oddl.controller.base import collector
-from oddl.controller.base.collectives import Schedule, build
+from oddl.controller.base.collectives import Schedule
 from oddl.controller.base.config import (
     ConfigError,
     LoadedExperiment,
@@ -36,6 +36,7 @@ from oddl.controller.base.config import (
 from oddl.controller.base.topology import Grid
 from oddl.controller.stage1.plan import Plan
 from oddl.controller.stage1.planner import plan_job
+from oddl.controller.stage2.job import built_schedule
 from oddl.controller.stage2.workloads import model_spec
 
 if TYPE_CHECKING:
@@ -98,12 +99,14 @@ def _schedule(tb: Testbed, experiment: LoadedExperiment | None, spec: NetworkSpe
     """The job `plan` plans: the workload's collective on its ranks (default: ResNet-50's
     halving-doubling over every node), and its name."""
     model, coll, bpp, name, n = "resnet50", "hd", 4, "hd-all", tb.n_nodes
+    hybrid = None
     if experiment is not None:
         w = experiment.workload
         model, coll, bpp, name, n = w.model, spec.collective or w.collective, \
             w.bytes_per_param, experiment.experiment.name, w.ranks or tb.n_nodes
-    return build(coll, n, model_spec(model).grad_bytes(bpp), tb.grid.rows, tb.grid.cols,
-                 spec.degree, spec.bidirectional), name
+        hybrid = w.parallelism.hybrid(model, bpp) if w.parallelism else None
+    return built_schedule(coll, n, model_spec(model).grad_bytes(bpp), tb.grid.rows,
+                          tb.grid.cols, spec.degree, spec.bidirectional, 0, hybrid), name
 
 
 @dataclass(frozen=True)

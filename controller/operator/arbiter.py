@@ -120,19 +120,20 @@ def job_request(text: str, grid: Grid, tb: Testbed, name: str, priority: int) ->
     w = exp.workload
     if w is None:
         raise Refused(422, "submit an experiment of one [workload] (a job), not [[jobs]]")
-    if w.compute_time_ms is None:
+    if w.compute_time_ms is None and w.parallelism is None:
         raise Refused(422, "workload.compute_time_ms: give it (the arbiter calibrates nothing)")
     try:
         entry = JobEntry(name="job", model=w.model, collective=w.collective,
                          ranks=w.ranks or tb.n_nodes, iterations=exp.iterations,
                          epochs=None if exp.iterations else w.epochs,
                          dataset_samples=None if exp.iterations else w.dataset_samples,
-                         batch_per_node=w.batch_per_node, bytes_per_param=w.bytes_per_param,
-                         compute_time_ms=w.compute_time_ms)
+                         bytes_per_param=w.bytes_per_param, compute_time_ms=w.compute_time_ms,
+                         parallelism=w.parallelism,
+                         **({"batch_per_node": w.batch_per_node} if w.batch_per_node else {}))
     except ValidationError as e:
         raise Refused(422, f"not a job: {e}") from None
     req = JobRequest.of(entry)
-    if not fits(grid, req.ranks, req.shape, req.exact):
+    if not fits(grid, req.ranks, req.shape, req.exact, req.group):
         raise Refused(422, f"no rectangle of {tb.name}'s {tb.grid.rows} x {tb.grid.cols} grid "
                            f"holds {req.ranks} ranks: this job can never run here")
     return dataclasses.replace(req, name=name, priority=priority)

@@ -34,6 +34,7 @@ from oddl.controller.base.clock import Clock
 from oddl.controller.base.collectives import Schedule
 from oddl.controller.base.config import JobEntry, NetworkSpec
 from oddl.controller.base.faultkinds import DIAGNOSES
+from oddl.controller.base.parallelism import Hybrid
 from oddl.controller.base.telemetry import (
     TELEMETRY_VERSION,
     IterationNote,
@@ -89,21 +90,28 @@ class JobRequest:
     weight: float = 1.0  # its share of a link shared by weight
     shift_ns: int = 0  # its first iteration starts this long after it starts (CASSINI)
     priority: int = 0  # the service's queue: higher first, then by arrival
+    hybrid: Hybrid | None = None  # a Transformer's split: its steps hold its compute
 
     @classmethod
     def of(cls, e: JobEntry) -> JobRequest:
+        hybrid = e.parallelism.hybrid(e.model, e.bytes_per_param) if e.parallelism else None
         ms = e.compute_time_ms if e.compute_time_ms is not None else \
-            compute_ms(e.model, e.batch_per_node)
+            0.0 if hybrid is not None else compute_ms(e.model, e.batch_per_node)
         return cls(e.name, e.model, e.collective, e.ranks, e.total_iterations(),
                    round(ms * 1e6), round(e.arrival_ms * 1e6), e.shape,
                    model_spec(e.model).grad_bytes(e.bytes_per_param),
-                   alltoall_bytes(e.model, e.batch_per_node, e.ranks), e.weight,
-                   round(e.shift_ms * 1e6))
+                   alltoall_bytes(e.model, e.batch_per_node, e.ranks) if hybrid is None
+                   else 0, e.weight, round(e.shift_ms * 1e6), hybrid=hybrid)
 
     @property
     def exact(self) -> bool:
         """2-D hierarchical needs its whole rectangle (no spare cells)."""
         return self.collective == "hier2d"
+
+    @property
+    def group(self) -> int:
+        """Ranks that keep to one WSS row: a hybrid job's tensor group."""
+        return self.hybrid.tensor if self.hybrid is not None else 1
 
 
 MAX_STOPS = 3  # a job stopped for faults more often than this fails the run
@@ -229,7 +237,7 @@ def admissible(grid: Grid, free: set[str], queue: list[JobRequest], policy: str
         if policy == "smallest-first" else list(queue)
     out = []
     for req in order:
-        part = place(grid, free, req.name, req.ranks, req.shape, req.exact)
+        part = place(grid, free, req.name, req.ranks, req.shape, req.exact, req.group)
         if part is None:
             if policy == "fifo":
                 break
@@ -292,7 +300,8 @@ class WholeTestbed:
 def schedule_of(req: JobRequest, part: Partition, spec: NetworkSpec) -> Schedule:
     """The job's collective on its partition's rows and columns."""
     return built_schedule(req.collective, req.ranks, req.size, len(part.rows),
-                          len(part.cols), spec.degree, spec.bidirectional, req.alltoall)
+                          len(part.cols), spec.degree, spec.bidirectional, req.alltoall,
+                          req.hybrid)
 
 
 def plan_partitions(tb: Any, grid: Grid, requests: list[JobRequest], policy: str,
@@ -637,7 +646,7 @@ class Admission:
                        start=self.resume.get(req.name, 0), trace_iterations=trace_its,
                        tag=self.tags[req.name], alltoall=req.alltoall, weight=req.weight,
                        carried=carry is not None, carry=carry[1] if carry else [],
-                       carry_t0=carry[0] if carry else 0)
+                       carry_t0=carry[0] if carry else 0, hybrid=req.hybrid)
         stop = self._rules[req.name] = StopRule(
             self.health, frozenset(part.nodes), since,
             self.tb.monitor.missed * self.health.period_ns)

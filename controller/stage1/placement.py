@@ -42,20 +42,23 @@ class Partition:
                 f"{len(self.rows)} x {len(self.cols)} at row {r0}, col {c0}")
 
 
-def _shapes(ranks: int, rows: int, cols: int, hint: str, exact: bool) -> list[tuple[int, int]]:
+def _shapes(ranks: int, rows: int, cols: int, hint: str, exact: bool,
+            group: int = 1) -> list[tuple[int, int]]:
     """Rectangles (r, c) that hold `ranks`, best first: a row segment, a column segment,
     then sub-grids nearest to square with least waste; `exact`: no spare cells (2-D
-    hierarchical needs its whole rectangle)."""
+    hierarchical needs its whole rectangle); `group`: each run of that many consecutive
+    ranks (a hybrid job's tensor group) keeps to one row."""
     out: list[tuple[int, int]] = []
     if hint in ("any", "row") and ranks <= cols:
         out.append((1, ranks))
-    if hint in ("any", "col") and ranks <= rows and ranks > 1:
+    if hint in ("any", "col") and ranks <= rows and ranks > 1 and group == 1:
         out.append((ranks, 1))
     if hint in ("any", "grid"):
         grids = []
         for r in range(2, rows + 1):
             c = -(-ranks // r)
-            if c < 2 or c > cols or (exact and r * c != ranks) or r * c - ranks >= c:
+            if c < 2 or c > cols or (exact and r * c != ranks) or r * c - ranks >= c \
+                    or c % group:
                 continue
             grids.append((r * c - ranks, abs(r - c), -c, r, c))
         out += [(r, c) for *_k, r, c in sorted(grids)]
@@ -63,7 +66,7 @@ def _shapes(ranks: int, rows: int, cols: int, hint: str, exact: bool) -> list[tu
 
 
 def place(grid: Grid, free: set[str], job: str, ranks: int, hint: str = "any",
-          exact: bool = False) -> Partition | None:
+          exact: bool = False, group: int = 1) -> Partition | None:
     """The first free rectangle of the best shape for `ranks` nodes, or None (the job
     waits). First fit, scanning rows then columns, on a summed-area table of free cells."""
     R, C = grid.rows, grid.cols
@@ -73,7 +76,7 @@ def place(grid: Grid, free: set[str], job: str, ranks: int, hint: str = "any",
             r, c = grid.coord[n]
             occ[r + 1, c + 1] = 1
     occ = occ.cumsum(0).cumsum(1)
-    for h, w in _shapes(ranks, R, C, hint, exact):
+    for h, w in _shapes(ranks, R, C, hint, exact, group):
         busy = occ[h:, w:] - occ[:-h, w:] - occ[h:, :-w] + occ[:-h, :-w]
         hits = np.argwhere(busy == 0)
         if len(hits):
@@ -85,6 +88,7 @@ def place(grid: Grid, free: set[str], job: str, ranks: int, hint: str = "any",
     return None
 
 
-def fits(grid: Grid, ranks: int, hint: str = "any", exact: bool = False) -> bool:
+def fits(grid: Grid, ranks: int, hint: str = "any", exact: bool = False,
+         group: int = 1) -> bool:
     """Whether the job fits the empty grid at all (else it could never start)."""
-    return bool(_shapes(ranks, grid.rows, grid.cols, hint, exact))
+    return bool(_shapes(ranks, grid.rows, grid.cols, hint, exact, group))

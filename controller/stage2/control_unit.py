@@ -6,7 +6,9 @@ requests) and nothing global. A flow costs REQUEST, GRANT and RELEASE with the n
 receiver only. Robustness, so that lost or late messages never lose, duplicate or hang a
 flow:
 - a REQUEST unanswered within the timeout is sent again (same flow id, idempotent at the
-  receiver); a repeat for a queued request is answered WAIT, which resets the retry count;
+  receiver); a receiver busy with another flow queues it and answers WAIT, at once and to
+  every repeat, which resets the retry count: a repeat after a WAIT is a poll, not a retry
+  (a pipeline's transfers outlast the timeout; waiting for one is no disturbance);
 - a GRANT is a lease: the transmitter uses it only if it can start before `expires_ns`,
   and the receiver revokes it if no data has started by then;
 - the receiver frees itself when the data has arrived and RELEASE has come, or when the
@@ -65,7 +67,7 @@ class FlowFailed(RuntimeError):
 
 class _Tx:
     __slots__ = ("channel", "current", "port", "queue", "retries", "route", "shown", "since",
-                 "state", "timer")
+                 "state", "timer", "waited")
 
     def __init__(self, port: str) -> None:
         self.port = port
@@ -75,6 +77,7 @@ class _Tx:
         self.current: Flow | None = None
         self.route: Route | None = None
         self.retries = 0
+        self.waited = False  # a WAIT came since the latest REQUEST
         self.timer = None
         self.shown: str | None = None  # the state the trace and dashboard see, since when
         self.since = 0
@@ -119,7 +122,8 @@ class ControlUnit:
         # stray: GRANTs and RELEASEs of this job that match nothing here (a duplicate after
         # a retry, or a peer gone bad): dropped and counted, a run's disturbance; late: an
         # earlier job's last ones, which may land after the node has a new job
-        self.stats = {"requests": 0, "retries": 0, "grants": 0, "revoked": 0, "waits": 0,
+        self.stats = {"requests": 0, "retries": 0, "polls": 0, "grants": 0, "revoked": 0,
+                      "waits": 0,
                       "stale_grants": 0, "relayed": 0, "releases_overdue": 0,
                       "unexpected_rx": 0, "requests_refused": 0, "stray": 0, "late": 0}
         onic.attach(self)
@@ -195,6 +199,7 @@ class ControlUnit:
         f, r = tx.current, tx.route
         assert f is not None and r is not None
         self.stats["requests"] += 1
+        tx.waited = False
         self._send(r.next_hop, Request(f.id, f.hop, self.node, r.next_hop, tx.port, r.channel,
                                        f.nbytes, f.src, f.dst, f.iteration, f.step,
                                        f.t_submit))
@@ -205,7 +210,7 @@ class ControlUnit:
         if self.halted or tx.current is not flow or tx.state != REQUESTING:
             return
         tx.retries += 1
-        self.stats["retries"] += 1
+        self.stats["polls" if tx.waited else "retries"] += 1
         if tx.retries > self.t.max_retries:
             assert tx.route is not None
             self.fail(FlowFailed(
@@ -255,6 +260,7 @@ class ControlUnit:
         if tx is not None and f is not None and (f.id, f.hop) == (w.flow, w.hop):
             self.stats["waits"] += 1
             tx.retries = 0
+            tx.waited = True
             if tx.shown != T_WAITING:
                 self._show(tx, T_WAITING)
 
@@ -289,6 +295,7 @@ class ControlUnit:
         else:
             rx.queue.append(q)
             rx.queued.add(key)
+            self._send(q.src, Wait(q.flow, q.hop, self.node, q.src, q.port, len(rx.queue)))
 
     def _grant(self, rx: _Rx, q: Request) -> None:
         rx.granted = q

@@ -32,6 +32,7 @@ from oddl.controller.base.collectives import Schedule, build, with_alltoall
 from oddl.controller.base.config import Testbed
 from oddl.controller.base.devices import Bus, InterruptLine, ONic
 from oddl.controller.base.messages import Flow
+from oddl.controller.base.parallelism import Hybrid
 from oddl.controller.stage1.plan import Plan, Route
 from oddl.controller.stage2.control_unit import ControlUnit, Timing
 from oddl.controller.stage2.invariants import MAX_TAG, InvariantChecker
@@ -137,6 +138,9 @@ class JobSpec(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     carried: bool = False
     carry: Annotated[list[tuple[int, int, int]], msgspec.Meta(max_length=1 << 22)] = []
     carry_t0: Annotated[int, msgspec.Meta(ge=0)] = 0
+    # a Transformer split tensor x pipeline x data (controller/base/parallelism.py): its
+    # steps carry their compute, `collective` is its data-parallel all-reduce
+    hybrid: Hybrid | None = None
 
 
 class JobStop(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -185,8 +189,12 @@ def wire_routes(plan: Plan) -> dict[str, dict[str, tuple[str, int, str]]]:
 
 @functools.lru_cache(maxsize=64)
 def built_schedule(collective: str, n: int, size: int, rows: int, cols: int,
-                   degree: int, bidirectional: bool, alltoall: int = 0) -> Schedule:
-    """A collective's schedule, built once per shape (several jobs share shapes)."""
+                   degree: int, bidirectional: bool, alltoall: int = 0,
+                   hybrid: Hybrid | None = None) -> Schedule:
+    """A job's schedule, built once per shape (several jobs share shapes): its collective,
+    or its hybrid split with the collective as its data-parallel all-reduce."""
+    if hybrid is not None:
+        return hybrid.schedule(collective)
     return with_alltoall(build(collective, n, size, rows, cols, degree, bidirectional),
                          alltoall)
 
@@ -202,7 +210,7 @@ def nic_programs(schedule: Schedule, ranks: Sequence[str]) -> dict[str, Program]
 
 def schedule_of(spec: JobSpec) -> Schedule:
     return built_schedule(spec.collective, len(spec.ranks), spec.size, spec.rows, spec.cols,
-                          spec.degree, spec.bidirectional, spec.alltoall)
+                          spec.degree, spec.bidirectional, spec.alltoall, spec.hybrid)
 
 
 OnIteration = Callable[[int, int, int], None]  # iteration, t_start, t_end (the host's clock)

@@ -1,4 +1,4 @@
-"""Data-parallel training workloads: gradient sizes, iteration counts, the step engine."""
+"""Training workloads: gradient sizes, compute, iteration counts, the step engine."""
 
 from __future__ import annotations
 
@@ -6,11 +6,12 @@ import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
-from oddl.controller.base.catalog import EMBEDDING_BYTES, MODEL_GMACS, MODELS
+from oddl.controller.base.catalog import EMBEDDING_BYTES, MODEL_GMACS, MODELS, TRANSFORMERS
 from oddl.controller.base.clock import Clock
 from oddl.controller.base.collectives import Schedule
 from oddl.controller.base.config import Workload
 from oddl.controller.base.messages import Flow
+from oddl.controller.base.parallelism import A100_TFLOPS, sequence_flops
 from oddl.controller.stage2.invariants import TAG_SHIFT
 
 
@@ -37,7 +38,10 @@ MS_PER_RESNET50_SAMPLE = 220.8742 / 256
 def compute_ms(model: str, batch_per_node: int) -> float:
     """A job's compute per iteration when its config gives none: the Table 1 calibration
     scaled by the model's forward MACs (as experiments/jocn-1024-vgg19.toml derives 132 ms
-    for VGG-19 at batch 32)."""
+    for VGG-19 at batch 32); a Transformer's from its FLOPs at one GPU rate, as its
+    hybrid-parallel split has it (docs/model.md)."""
+    if model in TRANSFORMERS:
+        return batch_per_node * sequence_flops(model) / (A100_TFLOPS * 1e9)
     return batch_per_node * MS_PER_RESNET50_SAMPLE * MODEL_GMACS[model] / MODEL_GMACS["resnet50"]
 
 
@@ -51,7 +55,7 @@ def alltoall_bytes(model: str, batch_per_node: int, ranks: int) -> int:
 
 
 def iterations_per_epoch(w: Workload, n_nodes: int) -> int:
-    return math.ceil(w.dataset_samples / (w.batch_per_node * n_nodes))
+    return math.ceil(w.dataset_samples / w.samples_per_iteration(n_nodes))
 
 
 def total_iterations(w: Workload, n_nodes: int) -> int:
@@ -66,18 +70,19 @@ def first_flows(schedule: Schedule, ranks: Sequence[str]) -> dict[int, Flow]:
     for r, steps in enumerate(schedule):
         k = 0
         for s, st in enumerate(steps):
-            for dst, nbytes in st.sends:
-                out[k * n + r] = Flow(k * n + r, ranks[r], ranks[dst], nbytes, 0, s)
+            for j, (dst, nbytes) in enumerate(st.sends):
+                out[k * n + r] = Flow(k * n + r, ranks[r], ranks[dst], nbytes, 0, st.slot(j, s))
                 k += 1
     return out
 
 
 class CollectiveEngine:
-    """Runs iterations: compute, then the all-reduce steps, rank by rank.
+    """Runs iterations: compute, then the schedule's steps, rank by rank.
 
     A rank's step s+1 starts when every byte it expects in step s has arrived: exactly
     the count-action condition (count received bytes; target: the step's size; action:
-    start the next step's transfers). An engine drives the ranks its host owns (`local`;
+    start the next step's transfers), after the step's own compute, if it has any (a
+    pipeline's layers between its transfers). An engine drives the ranks its host owns (`local`;
     all of them in process): a node program drives its own rank, and flow ids are unique
     across hosts without a shared counter (rank r numbers its k-th flow k * n + r).
     """
@@ -100,6 +105,7 @@ class CollectiveEngine:
         self.iteration = -1
         self.step: list[int] = [0] * len(ranks)
         self.issued: list[int] = [-1] * len(ranks)
+        self.computed: list[int] = [-1] * len(ranks)  # the last step whose compute began
         self.recv: list[list[int]] = []
         self.pending = 0
         self.on_done: Callable[[int], None] | None = None
@@ -131,6 +137,7 @@ class CollectiveEngine:
         for r in self.local:
             self.step[r] = 0
             self.issued[r] = -1
+            self.computed[r] = -1
         self.recv = [[0] * len(s) for s in self.schedule]
         self.got.clear()
         self.carry = frozenset(carry)
@@ -138,9 +145,10 @@ class CollectiveEngine:
             compute_ns = max(0, t0 + compute_ns - self.clock.now_ns())
             local = set(self.local)
             for r, s, j in self.carry:
-                dst, nbytes = self.schedule[r][s].sends[j]
+                st = self.schedule[r][s]
+                dst, nbytes = st.sends[j]
                 if dst in local:
-                    self.recv[dst][s] += nbytes
+                    self.recv[dst][st.slot(j, s)] += nbytes
         if self.nic_sync:
             self.fired = [[False] * len(s) for s in self.schedule]
         self.pending = len(self.local)
@@ -166,15 +174,20 @@ class CollectiveEngine:
                     self.on_done(self.clock.now_ns())
                 return
             if self.issued[r] < s:
+                st = steps[s]
+                if st.compute_ns and self.computed[r] < s and not self._carried(r, s):
+                    self.computed[r] = s
+                    self.clock.call_later_ns(st.compute_ns, self._run_steps, r)
+                    return
                 self.issued[r] = s
                 src = self.ranks[r]
                 now = self.clock.now_ns()
                 n = len(self.ranks)
-                for j, (dst_rank, nbytes) in enumerate(steps[s].sends):
+                for j, (dst_rank, nbytes) in enumerate(st.sends):
                     if self.carry and (r, s, j) in self.carry:
                         continue  # delivered before the job was stopped
                     f = Flow(self.id_base | (self.seq[r] * n + r), src, self.ranks[dst_rank],
-                             nbytes, self.iteration, s, 0, now)
+                             nbytes, self.iteration, st.slot(j, s), 0, now)
                     self.seq[r] += 1
                     self.flows += 1
                     if self.on_flow_start is not None:
@@ -184,6 +197,12 @@ class CollectiveEngine:
                     self.recv[r][s] >= steps[s].recv_bytes):
                 return  # count not reached: wait for the O-NIC (or on_delivered)
             self.step[r] = s + 1
+
+    def _carried(self, r: int, s: int) -> bool:
+        """Step s of rank r was done before the job stopped (a send of it was carried):
+        its compute is not done again."""
+        return bool(self.carry) and any((r, s, j) in self.carry
+                                        for j in range(len(self.schedule[r][s].sends)))
 
     def on_delivered(self, flow: Flow) -> None:
         if self.halted:
@@ -213,12 +232,19 @@ class CollectiveEngine:
         local = set(self.local)
         # what was carried in and reached a rank here, and what reached one since
         got = {(r, s, j) for r, s, j in self.carry if self.schedule[r][s].sends[j][0] in local}
-        for r, s, dst in self.got:
-            # the index in the step's sends: the first to that peer not counted yet
-            j = next((j for j, (d, _b) in enumerate(self.schedule[r][s].sends)
-                      if d == dst and (r, s, j) not in got), None)
-            if j is not None:
-                got.add((r, s, j))
+        sent_at: dict[int, dict[tuple[int, int], list[tuple[int, int]]]] = {}
+        for r, slot, dst in self.got:
+            # the sender's step and index in its sends: the first to that peer, counting in
+            # that slot, not counted yet
+            index = sent_at.get(r)
+            if index is None:
+                index = sent_at[r] = {}
+                for s, st in enumerate(self.schedule[r]):
+                    for j, (d, _b) in enumerate(st.sends):
+                        index.setdefault((st.slot(j, s), d), []).append((s, j))
+            sj = next((sj for sj in index.get((slot, dst), ()) if (r, *sj) not in got), None)
+            if sj is not None:
+                got.add((r, *sj))
         return self.t_start, sorted(got)
 
     def module_fired(self, node: str, slot: int) -> None:
