@@ -39,17 +39,18 @@ def make_testbed(rows: int, cols: int, wavelengths: int | None = None, **optical
 
 
 def write_experiment(path: Path, testbed: Path | str, *, name: str = "exp",
-                     iterations: int = 6, compute_ms: float = 5.0, **more: Any) -> Path:
+                     iterations: int = 6, compute_ms: float = 5.0,
+                     workload: dict[str, Any] | None = None, **more: Any) -> Path:
     """An experiment of ResNet-50 by halving-doubling on `testbed`'s ODDL network alone,
-    `compute_ms` a step (no calibration), as the tests run it; `more`: top-level keys
-    (faults, recovery, ...)."""
+    `compute_ms` a step (no calibration), as the tests run it; `workload`: another;
+    `more`: top-level keys (faults, recovery, ...)."""
     import tomli_w
 
     path.write_text(tomli_w.dumps({
         "name": name, "testbed": str(testbed), "iterations": iterations, **more,
-        "workload": {"model": "resnet50", "collective": "hd", "epochs": 1,
-                     "dataset_samples": 1_000_000, "batch_per_node": 64,
-                     "compute_time_ms": compute_ms},
+        "workload": workload or {"model": "resnet50", "collective": "hd", "epochs": 1,
+                                 "dataset_samples": 1_000_000, "batch_per_node": 64,
+                                 "compute_time_ms": compute_ms},
         "networks": [{"name": "oddl", "kind": "oddl"}]}))
     return path
 

@@ -94,6 +94,27 @@ def plan(testbed: Testbed | str | Path, experiment: LoadedExperiment | None = No
     return p
 
 
+def layout(p: Plan, experiment: LoadedExperiment | None = None) -> dict[str, Any]:
+    """What `oddl plan` shows beside the tables: each node's optical degree against the
+    ODDL network's `degree`, and a hybrid job's groups as the nodes they were placed on
+    (each tensor group in one WSS row)."""
+    spec = next((s for s in experiment.experiment.networks if s.kind == "oddl"), None) \
+        if experiment is not None else None
+    limit = spec.degree if spec is not None else NetworkSpec(name="oddl", kind="oddl").degree
+    deg = p.degrees()
+    out: dict[str, Any] = {"degree": deg, "degree_limit": limit,
+                           "over_degree": [n for n, d in deg.items() if d > limit]}
+    w = experiment.experiment.workload if experiment is not None else None
+    if w is not None and w.parallelism is not None:
+        ranks = p.jobs[0].ranks
+        grid = Grid.from_testbed(experiment.testbed)  # type: ignore[union-attr]
+        out["parallelism"] = {
+            kind: [{"ranks": g, "nodes": [ranks[r] for r in g],
+                    "rows": sorted({grid.coord[ranks[r]][0] for r in g})} for g in groups]
+            for kind, groups in w.parallelism.hybrid(w.model, 4).groups().items()}
+    return out
+
+
 def _schedule(tb: Testbed, experiment: LoadedExperiment | None, spec: NetworkSpec
               ) -> tuple[Schedule, str]:
     """The job `plan` plans: the workload's collective on its ranks (default: ResNet-50's

@@ -157,6 +157,15 @@ class Plan:
                 for w, o, ch in sorted(self.lights(grid) & other.lights(grid))]
         return out
 
+    def degrees(self) -> dict[str, int]:
+        """Each node's optical degree: the nodes its light reaches directly (the next hops
+        of its routes, its own flows' and those it relays), as SiP-ML counts a GPU's
+        lightpaths; every node of the plan, 0 for one that only receives."""
+        out = dict.fromkeys(sorted(self.nodes()), 0)
+        for n, rs in self.routes.items():
+            out[n] = len({r.next_hop for r in rs.values()})
+        return out
+
     # --- presentation -----------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
         """As `from_dict` reads it (routes as [port, channel, next hop]); built field by

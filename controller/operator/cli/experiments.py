@@ -70,10 +70,24 @@ def plan(testbed: Path, job: Path | None, strategy: str | None, as_json: bool,
 
         save(plan_figure(p), plot)
         click.echo(f"wrote {plot}", err=True)
+    lay = api.layout(p, ctx)
     if as_json:
-        click.echo(p.to_json())
+        import msgspec
+
+        click.echo(msgspec.json.format(msgspec.json.encode({**p.to_dict(), **lay}),
+                                       indent=1).decode())
     else:
         click.echo("\n".join(p.summary_lines()))
+        degs = lay["degree"]
+        click.echo(f"\noptical degree (nodes a node's light reaches directly): max "
+                   f"{max(degs.values(), default=0)}, limit {lay['degree_limit']}"
+                   + (f"; over it: {', '.join(lay['over_degree'][:8])}"
+                      if lay["over_degree"] else ""))
+        for kind, groups in lay.get("parallelism", {}).items():
+            click.echo(f"{kind} groups: " + "; ".join(
+                f"{' '.join(g['nodes'])} (row{'s' * (len(g['rows']) > 1)} "
+                f"{', '.join(map(str, g['rows']))})" for g in groups[:4])
+                + (f"; ... {len(groups) - 4} more" if len(groups) > 4 else ""))
         if strat == "totientperms":  # what the jumps cost a flow inside each WSS's group
             from oddl.controller.base.jumps import JumpSet, totient_jumps
 

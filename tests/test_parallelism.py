@@ -1,0 +1,136 @@
+"""Hybrid parallelism (issue 35): GPT-style Transformers split tensor x pipeline x data, as
+steps every back end runs; checked against the model, the ranks and the grid."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+from oddl.controller.operator.cli import main
+from oddl.controller.base.catalog import TRANSFORMERS
+from oddl.controller.base.collectives import check_balanced
+from oddl.controller.base.config import ConfigError, load_experiment
+from oddl.controller.base.parallelism import ACTIVATION_BYTES, Hybrid
+from oddl.controller.experiments.runner import run_experiment
+
+from tests.helpers import write_experiment
+
+GRID64 = "hw_configs/grid-64.toml"
+
+
+def gpt(parallelism: dict[str, int] | None = None, model: str = "gpt2",
+        collective: str = "ring", **more: object) -> dict[str, object]:
+    w: dict[str, object] = {"model": model, "collective": collective, "epochs": 1,
+                            "dataset_samples": 1_000_000, **more}
+    if parallelism is not None:
+        w["parallelism"] = parallelism
+    else:
+        w |= {"batch_per_node": 8, "compute_time_ms": 0.0}
+    return w
+
+
+@pytest.mark.parametrize("t, p, d, m", [(4, 2, 8, 4), (2, 3, 2, 5), (1, 4, 1, 2),
+                                        (3, 1, 2, 1), (1, 1, 4, 1)])
+def test_every_byte_a_step_waits_for_is_sent_to_it(t: int, p: int, d: int, m: int) -> None:
+    h = Hybrid("gpt2", t, p, d, m, 1, 312.0)
+    check_balanced(h.schedule("ring"))
+    check_balanced(h.schedule("hd"))
+
+
+def test_a_stage_runs_1f1b_and_its_compute_is_the_models_flops() -> None:
+    """Stage 0 of 2 runs one forward ahead (warm-up), then alternates; stage 1 alternates
+    from the start. A rank's compute adds up to three forward passes of its share."""
+    L, hid, _a, s, V = TRANSFORMERS["gpt2"]
+    h = Hybrid("gpt2", 2, 2, 1, 3, 2, 100.0)
+    sched = h.schedule("ring")
+    order = []
+    for st in sched[0]:  # rank 0: stage 0, tensor 0
+        if st.phase.startswith("pp-"):
+            order.append(st.phase)
+    assert order == ["pp-send-act", "pp-send-act", "pp-recv-grad", "pp-send-act",
+                     "pp-recv-grad", "pp-recv-grad"]
+    b = 2
+    layer = 24 * b * s * hid * hid + 4 * b * s * s * hid
+    for r, head in ((0, 0), (2, 2 * b * s * hid * V)):  # stage 0; stage 1 has the logits
+        want = 3 * h.micro_batches * (L // 2 * layer + head) / 2 / (100e12) * 1e9
+        got = sum(st.compute_ns for st in sched[r])
+        assert abs(got - want) / want < 1e-3, (r, got, want)
+    # a pipeline send counts at the receiver's receive: after its own, not in lockstep
+    sends = [(k, st) for k, st in enumerate(sched[0]) if st.phase == "pp-send-act"]
+    assert sends[1][1].at[0] != sends[1][0]
+    assert sched[2][sends[1][1].at[0]].recv_bytes == b * s * hid * ACTIVATION_BYTES
+
+
+def test_gpt_on_grid64_tensor4_pipeline2_data8_runs_clean_with_more_flows(
+        root: Path, tmp_path: Path) -> None:
+    """The issue's check: 64 ranks, T = 4, P = 2, D = 8, on sim: 0 violations, and more
+    flows an iteration than the same model trained data-parallel."""
+    par = {"tensor": 4, "pipeline": 2, "data": 8, "micro_batches": 2}
+    runs = {}
+    for name, w in (("hybrid", gpt(par)), ("data", gpt())):
+        exp = write_experiment(tmp_path / f"{name}.toml", root / GRID64, name=name,
+                               iterations=1, workload=w)
+        runs[name] = run_experiment(load_experiment(exp), iterations=1, checker_mode="raise")
+    hyb, dp = runs["hybrid"].networks["oddl"], runs["data"].networks["oddl"]
+    assert runs["hybrid"].invariant_violations == 0 and not hyb.disturbed, hyb.disturbance
+    assert hyb.flows > dp.flows == 2 * 63 * 64
+    # tensor rings (2 x 3 steps, 4 sublayer all-reduces a layer and pass, 6 layers a
+    # stage), pipeline transfers, the data-parallel rings of 8
+    tp = 64 * 2 * 2 * (2 * 6) * 6
+    assert hyb.flows == tp + 2 * 2 * 32 + 64 * 14
+    assert "FLOPs" in runs["hybrid"].calibration
+
+
+def test_plan_reports_every_nodes_degree_and_the_groups(root: Path, tmp_path: Path) -> None:
+    exp = write_experiment(tmp_path / "h.toml", root / GRID64, workload=gpt(
+        {"tensor": 4, "pipeline": 2, "data": 8}))
+    r = CliRunner().invoke(main, ["plan", str(root / GRID64), "--job", str(exp), "--json"])
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.output)
+    assert len(out["degree"]) == 64 and out["over_degree"] == []
+    assert 0 < max(out["degree"].values()) <= out["degree_limit"] == 4
+    groups = out["parallelism"]
+    assert len(groups["tensor"]) == 16 and all(len(g["rows"]) == 1 for g in groups["tensor"])
+    assert all(len(g["nodes"]) == 8 for g in groups["data"])
+    r = CliRunner().invoke(main, ["plan", str(root / GRID64), "--job", str(exp)])
+    assert "optical degree" in r.output and "tensor groups: n0-0 n0-1 n0-2 n0-3 (row 0)" \
+        in r.output
+
+
+@pytest.mark.parametrize("par, model, collective, field, why", [
+    ({"tensor": 4, "pipeline": 2, "data": 4}, "gpt2", "ring", "workload.parallelism",
+     "= 32 ranks, but the job has 64"),
+    ({"tensor": 16, "pipeline": 1, "data": 4}, "gpt2", "ring", "workload.parallelism.tensor",
+     "straddle two rows"),
+    ({"tensor": 8, "pipeline": 1, "data": 8}, "gpt2", "ring", "workload.parallelism.tensor",
+     "12 attention heads do not split over 8"),
+    ({"tensor": 2, "pipeline": 2, "data": 16}, "gpt2", "hier2d", "workload.collective",
+     "hier2d needs"),
+])
+def test_a_split_that_cannot_be_is_a_config_error_naming_the_field(
+        root: Path, tmp_path: Path, par: dict[str, int], model: str, collective: str,
+        field: str, why: str) -> None:
+    exp = write_experiment(tmp_path / "bad.toml", root / GRID64,
+                           workload=gpt(par, model, collective))
+    with pytest.raises(ConfigError) as e:
+        load_experiment(exp)
+    assert any(i.path == field and why in i.reason for i in e.value.issues), e.value.issues
+
+
+def test_a_split_the_model_cannot_take(root: Path, tmp_path: Path) -> None:
+    exp = write_experiment(tmp_path / "p.toml", root / GRID64, workload=gpt(
+        {"tensor": 1, "pipeline": 32, "data": 2}, "gpt3-1.3b"))
+    with pytest.raises(ConfigError) as e:
+        load_experiment(exp)
+    assert [(i.path, "24 layers do not split into 32" in i.reason) for i in e.value.issues] \
+        == [("workload.parallelism.pipeline", True)]
+    exp = write_experiment(tmp_path / "r.toml", root / GRID64, workload=gpt(
+        {"data": 64}, "resnet50"))
+    with pytest.raises(ConfigError, match="resnet50 is not a Transformer"):
+        load_experiment(exp)
+    exp = write_experiment(tmp_path / "b.toml", root / GRID64, workload=gpt(
+        {"data": 64}, batch_per_node=4))
+    with pytest.raises(ConfigError, match="give no batch_per_node"):
+        load_experiment(exp)
