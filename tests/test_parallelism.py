@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from oddl.controller.operator.cli import main
 from oddl.controller.base.catalog import TRANSFORMERS
 from oddl.controller.base.collectives import check_balanced
 from oddl.controller.base.config import ConfigError, load_experiment
 from oddl.controller.base.parallelism import ACTIVATION_BYTES, Hybrid
 from oddl.controller.experiments.runner import run_experiment
+from oddl.controller.operator.cli import main
 
 from tests.helpers import write_experiment
 
@@ -134,3 +134,21 @@ def test_a_split_the_model_cannot_take(root: Path, tmp_path: Path) -> None:
         {"data": 64}, batch_per_node=4))
     with pytest.raises(ConfigError, match="give no batch_per_node"):
         load_experiment(exp)
+
+
+def test_the_timeline_shows_each_ranks_tensor_pipeline_and_data_phases(
+        root: Path, tmp_path: Path) -> None:
+    exp = write_experiment(tmp_path / "t.toml", root / GRID64, iterations=1, workload=gpt(
+        {"tensor": 2, "pipeline": 2, "data": 2, "micro_batches": 2}, ranks=8))
+    out = tmp_path / "trace.json"
+    r = CliRunner().invoke(main, ["run", str(exp), "--trace", str(out),
+                                  "--trace-iterations", "1"])
+    assert r.exit_code == 0, r.output
+    events = json.loads(out.read_text())["traceEvents"]
+    phases = [e for e in events if e.get("cat") == "phase"]
+    assert all(e["dur"] > 0 for e in phases)
+    names = {e["name"].split("-")[0] for e in phases}
+    assert names == {"compute", "tp", "pp", "dp"}
+    threads = {e["pid"] for e in events if e.get("name") == "thread_name"
+               and e["args"]["name"] == "phases"}
+    assert len(threads) == 8  # one track per rank

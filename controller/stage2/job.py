@@ -42,7 +42,7 @@ from oddl.fpga.countaction import Program
 from oddl.fpga.countaction import step_sync as sync_program
 from oddl.fpga.regmap import N_MODULES
 
-JOB_VERSION = 8
+JOB_VERSION = 9
 
 
 # what decoding a job-topic payload may raise: msgspec's own errors, and (found by
@@ -240,6 +240,8 @@ class JobRunner:
                                        spec.nic_sync, ranks, spec.tag)
         self.units: dict[str, ControlUnit] = {}
         self.trace = Tracer() if spec.trace_iterations else None
+        if self.trace is not None:
+            self.engine.on_phase = self._phase
         self._lines: list[InterruptLine] = []
         self._onics: list[ONic] = []
 
@@ -283,6 +285,11 @@ class JobRunner:
         units = self.units
         self.submit = lambda f: units[f.src].submit(f)
         return self
+
+    def _phase(self, rank: int, what: str, t0: int, t1: int) -> None:
+        tr = self.trace
+        if tr is not None and tr.on:
+            tr.add(TraceRow("phase", self.spec.ranks[rank], "", what[:32], t0, t1))
 
     def _fired(self, node: str, slot: int) -> None:
         tr = self.trace

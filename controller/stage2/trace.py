@@ -38,9 +38,11 @@ class TraceRow(msgspec.Struct, frozen=True, array_like=True, forbid_unknown_fiel
     send:  `node` sent message `what` (REQUEST, ...) to `peer` at t0, for flow/hop
     recv:  `node` took message `what` from `peer` at t0
     fire:  count-action module `what` of `node` fired at t0
+    phase: `node`'s rank was in phase `what` of its schedule (a tensor all-reduce, a
+           pipeline transfer, the data-parallel all-reduce, compute) from t0 to t1
     """
 
-    kind: Literal["state", "send", "recv", "fire"]
+    kind: Literal["state", "send", "recv", "fire", "phase"]
     node: _Name
     port: _Short
     what: _Short
@@ -105,7 +107,8 @@ class ChromeTrace:
             if (pid, tid) not in named:
                 named.add((pid, tid))
                 ev.append({"ph": "M", "name": "thread_name", "pid": pid, "tid": tid,
-                           "args": {"name": track if track in ("control", "iterations")
+                           "args": {"name": track if track in ("control", "iterations",
+                                                                "phases")
                                     else f"port {track}"}})
             return {"pid": pid, "tid": tid}
 
@@ -122,6 +125,10 @@ class ChromeTrace:
                     ev.append({"ph": "X", "name": r.what, "ts": us(r.t0),
                                "dur": (r.t1 - r.t0) / 1e3, "cat": "port",
                                "args": {**args, "to": r.peer}, **where(net, r.node, r.port)})
+                elif r.kind == "phase":
+                    ev.append({"ph": "X", "name": r.what, "ts": us(r.t0),
+                               "dur": (r.t1 - r.t0) / 1e3, "cat": "phase",
+                               **where(net, r.node, "phases")})
                 elif r.kind == "fire":
                     ev.append({"ph": "i", "s": "t", "name": f"count-action {r.what} fired",
                                "ts": us(r.t0), "cat": "count-action",

@@ -123,6 +123,10 @@ class CollectiveEngine:
         # the flows a resumed iteration carries, as (rank, step, index in its sends)
         self.got: list[tuple[int, int, int]] = []
         self.carry: frozenset[tuple[int, int, int]] = frozenset()
+        # the timeline's phases (`oddl run --trace`): told (rank, phase, t0, t1) as each of
+        # a rank's runs of same-named steps, or its compute, ends
+        self.on_phase: Callable[[int, str, int, int], None] | None = None
+        self._phase: dict[int, tuple[str, int]] = {}
 
     def start_iteration(self, iteration: int, compute_ns: int,
                         on_done: Callable[[int], None],
@@ -169,6 +173,8 @@ class CollectiveEngine:
         while True:
             s = self.step[r]
             if s >= len(steps):
+                if self.on_phase is not None:
+                    self._enter(r, "")
                 self.pending -= 1
                 if self.pending == 0 and self.on_done is not None:
                     self.on_done(self.clock.now_ns())
@@ -177,8 +183,12 @@ class CollectiveEngine:
                 st = steps[s]
                 if st.compute_ns and self.computed[r] < s and not self._carried(r, s):
                     self.computed[r] = s
+                    if self.on_phase is not None:
+                        self._enter(r, "compute")
                     self.clock.call_later_ns(st.compute_ns, self._run_steps, r)
                     return
+                if self.on_phase is not None:
+                    self._enter(r, st.phase)
                 self.issued[r] = s
                 src = self.ranks[r]
                 now = self.clock.now_ns()
@@ -197,6 +207,19 @@ class CollectiveEngine:
                     self.recv[r][s] >= steps[s].recv_bytes):
                 return  # count not reached: wait for the O-NIC (or on_delivered)
             self.step[r] = s + 1
+
+    def _enter(self, r: int, phase: str) -> None:
+        """Rank r goes into `phase` ("": it is done): the one it leaves is told."""
+        now = self.clock.now_ns()
+        was = self._phase.get(r)
+        if was is not None and was[0] == phase:
+            return
+        if was is not None and self.on_phase is not None and now > was[1]:
+            self.on_phase(r, was[0], was[1], now)
+        if phase:
+            self._phase[r] = (phase, now)
+        else:
+            self._phase.pop(r, None)
 
     def _carried(self, r: int, s: int) -> bool:
         """Step s of rank r was done before the job stopped (a send of it was carried):
