@@ -20,6 +20,7 @@ from typing import Any
 
 import pynq
 from oddl.controller.base.clock import Clock
+from oddl.controller.base.collectives import traffic
 from oddl.controller.base.config import FaultSpec, NetworkSpec, Testbed
 from oddl.controller.base.messages import Flow
 from oddl.controller.base.topology import Grid
@@ -36,7 +37,7 @@ from oddl.controller.service.backend import (
 from oddl.controller.service.health import Health, Heartbeat, Heartbeats, Unwatched, read_heartbeat
 from oddl.controller.stage2.control_unit import FlowFailed
 from oddl.controller.stage2.invariants import InvariantChecker
-from oddl.controller.stage2.job import JobRunner, JobSpec, step_sync
+from oddl.controller.stage2.job import JobRunner, JobSpec, schedule_of, step_sync
 from oddl.drivers.onic import DriverONic, ONicDriver
 from oddl.fpga import regmap as R
 from oddl.sim.bus import LocalBus
@@ -313,9 +314,11 @@ class ModelBackend:
 
         self.monitor.new_job(spec.job, spec.tag, spec.nodes)
         runner = JobRunner(spec, self.clock, self.monitor, lambda *_: None)
-        if self._switch is None:
-            self._switch = build_network(self.spec, self.clock, self.ranks,
-                                         self.tb.optical.line_rate_gbps, self._deliver)
+        if self._switch is None:  # placed by the first job's traffic, where it places
+            pairs = traffic(schedule_of(spec))
+            self._switch = build_network(
+                self.spec, self.clock, self.ranks, self.tb.optical.line_rate_gbps,
+                self._deliver, {(spec.ranks[a], spec.ranks[b]): n for (a, b), n in pairs.items()})
         switch = self._switch
         switch.sharing.join(spec.tag, spec.weight)
         runner.on_network(switch.submit)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from oddl.controller.base.clock import Clock
@@ -12,17 +12,20 @@ from oddl.sim.sharing import sharing_of
 
 
 def build_network(spec: Any, clock: Clock, ranks: list[str], line_rate_gbps: float,
-                  deliver: Callable[[Flow], None]) -> FlowNetwork:
-    """A flow-level network for a NetworkSpec of kind electrical/fattree/sipring/topoopt/
-    optinc, sharing its links as the spec says."""
-    net = _network(spec, clock, ranks, line_rate_gbps, deliver)
+                  deliver: Callable[[Flow], None],
+                  traffic: Mapping[tuple[str, str], int] | None = None) -> FlowNetwork:
+    """A flow-level network for a NetworkSpec of kind electrical/fattree/sipring/sipocs/
+    topoopt/optinc, sharing its links as the spec says; `traffic` (bytes per node pair, the
+    first job's), where the network places by it (SiP-ML's ring order)."""
+    net = _network(spec, clock, ranks, line_rate_gbps, deliver, traffic or {})
     net.sharing = sharing_of(spec.sharing, spec.mltcp_slope, spec.mltcp_intercept,
                              round(spec.mltcp_tick_us * 1e3))
     return net
 
 
 def _network(spec: Any, clock: Clock, ranks: list[str], line_rate_gbps: float,
-             deliver: Callable[[Flow], None]) -> FlowNetwork:
+             deliver: Callable[[Flow], None],
+             traffic: Mapping[tuple[str, str], int]) -> FlowNetwork:
     if spec.kind == "electrical":
         return ElectricalSwitch(clock, ranks, line_rate_gbps, spec.latency_ns, deliver)
     if spec.kind == "fattree":
@@ -30,11 +33,12 @@ def _network(spec: Any, clock: Clock, ranks: list[str], line_rate_gbps: float,
 
         return FatTree(clock, ranks, line_rate_gbps, spec.latency_ns, deliver,
                        spec.hosts_per_leaf, spec.spines, spec.oversubscription)
-    if spec.kind == "sipring":
-        from oddl.sim.sipring import SipRing
+    if spec.kind in ("sipring", "sipocs"):
+        from oddl.sim.sipring import SipRing, ring_order
 
         return SipRing(clock, ranks, line_rate_gbps, spec.latency_ns, deliver,
-                       spec.wavelengths, spec.degree, spec.reconfig_ns)
+                       spec.wavelengths, spec.degree, spec.reconfig_ns, spec.link_gbps,
+                       ring_order(ranks, traffic), ocs=spec.kind == "sipocs")
     if spec.kind == "topoopt":
         from oddl.sim.topoopt import TopoOpt
 

@@ -14,6 +14,7 @@ from oddl.controller.base.messages import Flow
 from oddl.controller.stage2.workloads import CollectiveEngine
 from oddl.sim.baselines import build_network
 from oddl.sim.clock import VirtualClockLoop
+from oddl.sim.sipring import ring_order
 
 RATE = 100.0  # Gb/s: 1 byte = 0.08 ns
 LAT = 1000
@@ -83,12 +84,52 @@ def test_sipring_ring_closed_form() -> None:
 
 def test_sipring_hd_closed_form_when_segments_have_room() -> None:
     # step k: partner 2^k segments away; 64 x 25 Gb/s per segment carries the <= 4 flows
-    # crossing it at full rate. Every step but the turnaround changes partner: retune.
+    # crossing it at full rate. The reduce-scatter tunes a lightpath to each of the 3
+    # partners; with 4 transceivers each stays tuned, and the all-gather reuses them
     t, net = allreduce_ns("sipring", N, S, "hd", wavelengths=64, degree=4, reconfig_ns=5_000)
     sizes = [S // 2, S // 4, S // 8]
     steps = [*sizes, *reversed(sizes)]
-    assert t == sum(ns(b) + LAT for b in steps) + 5 * 5_000
-    assert net.reconfigs == N * 5
+    assert t == sum(ns(b) + LAT for b in steps) + 3 * 5_000
+    assert net.reconfigs == N * 3 and net.max_lightpaths == 3 and net.blocked == 0
+
+
+def test_sipml_degree_limits_the_lightpaths_a_node_holds() -> None:
+    """Two transceivers for three HD partners: the third partner takes the least recently
+    used lightpath (retuned), and the all-gather retunes back. Node I/O is the same
+    (2 x 50 Gb/s), so the time differs by the retunes only."""
+    t2, net2 = allreduce_ns("sipring", N, S, "hd", wavelengths=64, degree=2,
+                            reconfig_ns=5_000)
+    t4, _ = allreduce_ns("sipring", N, S, "hd", wavelengths=64, degree=4, reconfig_ns=5_000)
+    assert net2.max_lightpaths == 2
+    # rs0, rs1 tune; rs2 evicts rs0's; ag2 and ag1 reuse; ag0 evicts again
+    assert net2.reconfigs == N * 4 and t2 == t4 + 5_000
+
+
+def test_sipml_places_the_ring_by_traffic() -> None:
+    """SiP-ML's placement: halving-doubling's heaviest partners (xor 1, then xor 2) are
+    ring neighbours: a Gray code, not the rank order."""
+    ranks = [f"h{i}" for i in range(8)]
+    sched = halving_doubling(8, S)
+    traffic: dict[tuple[str, str], int] = {}
+    for r, steps in enumerate(sched):
+        for st in steps:
+            for d, b in st.sends:
+                traffic[(ranks[r], ranks[d])] = traffic.get((ranks[r], ranks[d]), 0) + b
+    assert ring_order(ranks, traffic) == [f"h{i}" for i in (0, 1, 3, 2, 6, 7, 5, 4)]
+    assert ring_order(ranks, {}) == ranks
+    # the ring all-reduce: rank order is already SiP-ML's
+    ring_traffic = {(ranks[i], ranks[(i + 1) % 8]): 1 for i in range(8)}
+    assert ring_order(ranks, ring_traffic) == ranks
+
+
+def test_sipocs_has_no_segments_to_share() -> None:
+    # one wavelength per fibre starves SiP-Ring's far partners; SiP-OCS's circuits do not
+    # cross segments: HD there costs its closed form at the node rate
+    ocs, net = allreduce_ns("sipocs", N, S, "hd", degree=4, reconfig_ns=0, wavelengths=1)
+    ring1, _ = allreduce_ns("sipring", N, S, "hd", degree=4, reconfig_ns=0, wavelengths=1)
+    sizes = [S // 2, S // 4, S // 8]
+    assert ocs == sum(ns(b) + LAT for b in [*sizes, *reversed(sizes)]) < ring1
+    assert net.hops("h0", "h5") == 1
 
 
 def test_sipring_segments_bottleneck_far_partners() -> None:

@@ -60,7 +60,7 @@ STRATEGIES = ("cyclic", "matched", "totientperms")
 POLICIES = ("fifo", "smallest-first")  # the order queued jobs are admitted in
 SHAPES = ("any", "row", "col", "grid")  # a job's placement hint (controller/stage1/placement.py)
 SHARINGS = ("fair", "weighted", "mltcp")  # how jobs share a link (sim/sharing.py)
-NETWORK_KINDS = ("oddl", "electrical", "fattree", "sipring", "topoopt", "optinc")
+NETWORK_KINDS = ("oddl", "electrical", "fattree", "sipring", "sipocs", "topoopt", "optinc")
 BACKENDS = ("sim", "emu", "hw")
 
 ModelName = Literal[tuple(MODELS)]  # type: ignore[valid-type]

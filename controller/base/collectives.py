@@ -204,6 +204,17 @@ def with_alltoall(sched: Schedule, per_pair: int) -> Schedule:
                   "alltoall"), *steps] for r, steps in enumerate(sched)]
 
 
+def traffic(sched: Schedule) -> dict[tuple[int, int], int]:
+    """Bytes each (sender, receiver) rank pair exchanges an iteration: the job's traffic
+    matrix, which placements follow (SiP-ML's ring order, TopoOpt's direct links)."""
+    out: dict[tuple[int, int], int] = {}
+    for r, steps in enumerate(sched):
+        for st in steps:
+            for dst, b in st.sends:
+                out[(r, dst)] = out.get((r, dst), 0) + b
+    return out
+
+
 def check_balanced(sched: Schedule) -> None:
     """Every byte a rank expects in each of its steps is sent to it, for that step, by
     someone (a schedule sanity check)."""

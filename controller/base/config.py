@@ -717,14 +717,18 @@ class NetworkSpec(_Model):
     spines: int = Field(default=8, ge=1, description="fattree")
     oversubscription: float = Field(default=1.0, gt=0, description="fattree")
     wavelengths: int = Field(default=64, ge=1, description="sipring: channels per fibre")
-    degree: int = Field(default=4, ge=1, description="sipring: transceivers per node; "
-                                                     "topoopt: ports per node")
+    degree: int = Field(default=4, ge=1, description="sipring, sipocs: transceivers per "
+                                                     "node; topoopt: ports per node; oddl: "
+                                                     "the optical degree `oddl plan` checks")
     bidirectional: bool = Field(
         default=False, description="topoopt and totientrings: TotientPerms' bidirectional "
                                    "mode, degree / 2 jumps each with its reverse")
-    reconfig_ns: float = Field(default=25_000.0, ge=0, description="sipring: MRR retuning")
+    reconfig_ns: float = Field(default=25_000.0, ge=0,
+                               description="sipring, sipocs: MRR retuning")
     link_gbps: float | None = Field(default=None, gt=0,
-                                    description="topoopt: per port (default: the line rate)")
+                                    description="topoopt: per port (default: the line "
+                                                "rate); sipring, sipocs: per transceiver "
+                                                "(default: the line rate / degree)")
     transceivers: int = Field(default=4, ge=1, le=64,
                               description="optinc: transceivers per server (M)")
     ports: int = Field(default=32, ge=2, le=4096,
