@@ -43,6 +43,15 @@ def open_model(spec: NetworkSpec, tb: Testbed, ranks: list[str],
     return ModelBackend(spec, tb, ranks, checker_mode, announce)
 
 
+def search_split(spec: NetworkSpec, base: Any, collective: str, nodes: list[str],
+                 line_rate_gbps: float, cols: int | None = None) -> Any:
+    """`oddl plan --search`: the best tensor x pipeline x data split of a Transformer job
+    on a network's flow model (TopoOpt: with its topology; SiP-ML: within its degree)."""
+    from oddl.sim.search import search
+
+    return search(spec, base, collective, nodes, line_rate_gbps, cols)
+
+
 def open_announcer(tb: Testbed) -> Any:
     """The controller's notes on the testbed's bus from a thread and a connection of their
     own (`.announce`, `.close()`): for a sim run (a virtual-time loop does no network I/O)

@@ -47,6 +47,7 @@ from oddl.sim.fabric import Fabric
 from oddl.sim.faults import Drill
 from oddl.sim.onic_board import BoardLine, ONicBoard
 from oddl.sim.pynq_device import BASE_ADDR, EmulatedONicDevice
+from oddl.sim.topoopt import Topology
 from oddl.sim.wss import WSSModel
 
 
@@ -315,10 +316,13 @@ class ModelBackend:
         self.monitor.new_job(spec.job, spec.tag, spec.nodes)
         runner = JobRunner(spec, self.clock, self.monitor, lambda *_: None)
         if self._switch is None:  # placed by the first job's traffic, where it places
+            r = spec.ranks
             pairs = traffic(schedule_of(spec))
+            links = [(r[a], r[b]) for a, b in Topology.of(spec.hybrid, self.spec.degree).links] \
+                if spec.hybrid is not None and self.spec.kind == "topoopt" else None
             self._switch = build_network(
                 self.spec, self.clock, self.ranks, self.tb.optical.line_rate_gbps,
-                self._deliver, {(spec.ranks[a], spec.ranks[b]): n for (a, b), n in pairs.items()})
+                self._deliver, {(r[a], r[b]): n for (a, b), n in pairs.items()}, links)
         switch = self._switch
         switch.sharing.join(spec.tag, spec.weight)
         runner.on_network(switch.submit)

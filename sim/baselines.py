@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from oddl.controller.base.clock import Clock
@@ -13,11 +13,13 @@ from oddl.sim.sharing import sharing_of
 
 def build_network(spec: Any, clock: Clock, ranks: list[str], line_rate_gbps: float,
                   deliver: Callable[[Flow], None],
-                  traffic: Mapping[tuple[str, str], int] | None = None) -> FlowNetwork:
+                  traffic: Mapping[tuple[str, str], int] | None = None,
+                  links: Sequence[tuple[str, str]] | None = None) -> FlowNetwork:
     """A flow-level network for a NetworkSpec of kind electrical/fattree/sipring/sipocs/
     topoopt/optinc, sharing its links as the spec says; `traffic` (bytes per node pair, the
-    first job's), where the network places by it (SiP-ML's ring order)."""
-    net = _network(spec, clock, ranks, line_rate_gbps, deliver, traffic or {})
+    first job's), where the network places by it (SiP-ML's ring order); `links`, TopoOpt's
+    topology for a hybrid job."""
+    net = _network(spec, clock, ranks, line_rate_gbps, deliver, traffic or {}, links)
     net.sharing = sharing_of(spec.sharing, spec.mltcp_slope, spec.mltcp_intercept,
                              round(spec.mltcp_tick_us * 1e3))
     return net
@@ -25,7 +27,8 @@ def build_network(spec: Any, clock: Clock, ranks: list[str], line_rate_gbps: flo
 
 def _network(spec: Any, clock: Clock, ranks: list[str], line_rate_gbps: float,
              deliver: Callable[[Flow], None],
-             traffic: Mapping[tuple[str, str], int]) -> FlowNetwork:
+             traffic: Mapping[tuple[str, str], int],
+             links: Sequence[tuple[str, str]] | None = None) -> FlowNetwork:
     if spec.kind == "electrical":
         return ElectricalSwitch(clock, ranks, line_rate_gbps, spec.latency_ns, deliver)
     if spec.kind == "fattree":
@@ -43,7 +46,7 @@ def _network(spec: Any, clock: Clock, ranks: list[str], line_rate_gbps: float,
         from oddl.sim.topoopt import TopoOpt
 
         return TopoOpt(clock, ranks, line_rate_gbps, spec.latency_ns, deliver, spec.degree,
-                       spec.link_gbps, spec.bidirectional)
+                       spec.link_gbps, spec.bidirectional, links)
     if spec.kind == "optinc":
         from oddl.sim.optinc import OptINCNetwork
 

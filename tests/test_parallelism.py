@@ -14,6 +14,8 @@ from oddl.controller.base.config import ConfigError, load_experiment
 from oddl.controller.base.parallelism import ACTIVATION_BYTES, Hybrid
 from oddl.controller.experiments.runner import run_experiment
 from oddl.controller.operator.cli import main
+from oddl.sim.search import splits
+from oddl.sim.topoopt import Topology
 
 from tests.helpers import write_experiment
 
@@ -152,3 +154,56 @@ def test_the_timeline_shows_each_ranks_tensor_pipeline_and_data_phases(
     threads = {e["pid"] for e in events if e.get("name") == "thread_name"
                and e["args"]["name"] == "phases"}
     assert len(threads) == 8  # one track per rank
+
+
+def test_topoopt_topology_gives_each_model_parallel_pair_a_fibre() -> None:
+    h = Hybrid("gpt2", 4, 2, 2, 2, 1, 312.0)
+    topo = Topology.of(h, 4)
+    # tensor rings: 4 groups x 4 fibres; pipelines: 8 pairs, both ways; data: 8 groups of
+    # 2 on the 2 ports left (4 - tensor - pipeline), where TotientPerms has one jump
+    assert topo.mp_ports == 2 and topo.dp_jumps == (1,)
+    assert len(topo.links) == 16 + 16 + 16
+    with pytest.raises(ValueError, match="none is left for the data-parallel"):
+        Topology.of(Hybrid("gpt2", 4, 3, 2, 3, 1, 312.0), 3)
+
+
+def test_splits_follow_the_model_and_the_row() -> None:
+    assert [str(s) for s in splits("gpt2", 8, cols=4)] == [
+        "T1 P1 D8", "T1 P2 D4", "T1 P4 D2", "T2 P1 D4", "T2 P2 D2", "T2 P4 D1",
+        "T4 P1 D2", "T4 P2 D1"]  # no T8: a group of 8 does not keep to a row of 4
+
+
+def test_search_finds_a_split_whose_run_takes_the_predicted_time(
+        root: Path, tmp_path: Path) -> None:
+    """`oddl plan --search`: TopoOpt's best split (every split timed on its own
+    topology, and the alternation) and SiP-Ring's within its degree; running the found
+    split on TopoOpt takes the time the search predicted."""
+    import tomli_w
+
+    exp = tmp_path / "s.toml"
+    body = {"name": "s", "testbed": str(root / GRID64), "iterations": 1,
+            "workload": gpt({"data": 8, "micro_batches": 2}, ranks=8),
+            "networks": [{"name": "topoopt", "kind": "topoopt", "degree": 3,
+                          "collective": "totientrings"},
+                         {"name": "sipring", "kind": "sipring", "degree": 2}]}
+    exp.write_text(tomli_w.dumps(body))
+    r = CliRunner().invoke(main, ["plan", str(root / GRID64), "--job", str(exp), "--search",
+                                  "--json"])
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.output)
+    topo, sip = out["topoopt"], out["sipring"]
+    own = topo["rounds"][-1]
+    assert topo["iteration_ms"] == min(c["iteration_ms"] for c in own if c["iteration_ms"])
+    assert topo["rounds"][0][0] | {"iteration_ms": 0} == {
+        "tensor": 1, "pipeline": 1, "data": 8, "iteration_ms": 0}  # it starts from DP
+    over = [c for c in sip["rounds"][0] if c["iteration_ms"] is None]
+    assert over and all("lightpaths a GPU, more than its 2" in c["why_not"] for c in over)
+    assert sip["best"] not in [{k: c[k] for k in ("tensor", "pipeline", "data")}
+                               for c in over]
+    best = topo["best"]
+    body["workload"] = gpt({**best, "micro_batches": 2}, ranks=8)
+    body["networks"] = body["networks"][:1]
+    exp.write_text(tomli_w.dumps(body))
+    res = run_experiment(load_experiment(exp), iterations=1, checker_mode="raise")
+    assert res.networks["topoopt"].iteration_time_s * 1e3 == pytest.approx(
+        topo["iteration_ms"], abs=1e-5)

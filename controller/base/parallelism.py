@@ -108,8 +108,18 @@ class Hybrid(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
             n += V * h
         return math.ceil(n / self.tensor)
 
-    def schedule(self, dp_collective: str) -> Schedule:
-        return hybrid_schedule(self, dp_collective)
+    def mp_peers(self) -> int:
+        """The most ranks one rank sends model-parallel traffic to: its tensor ring's next,
+        and its pipeline neighbours (one at either end of the pipeline, two between)."""
+        return (self.tensor > 1) + min(self.pipeline - 1, 2)
+
+    def dp_ports(self, degree: int) -> int:
+        """A degree-`degree` node's ports left for the data-parallel all-reduce once each
+        model-parallel peer has its own (TopoOpt's split; TotientPerms' jumps)."""
+        return max(1, degree - self.mp_peers())
+
+    def schedule(self, dp_collective: str, degree: int = 4) -> Schedule:
+        return hybrid_schedule(self, dp_collective, degree)
 
 
 @dataclass
@@ -178,10 +188,11 @@ def _stage_ops(h: Hybrid, p: int) -> list[_Op]:
     return ops
 
 
-def hybrid_schedule(h: Hybrid, dp_collective: str) -> Schedule:
+def hybrid_schedule(h: Hybrid, dp_collective: str, degree: int = 4) -> Schedule:
     """Every rank's steps for one iteration: its stage's 1F1B micro-batches (tensor-ring
     all-reduces, pipeline transfers, compute between), then the data-parallel all-reduce
-    of its share of the gradient (`dp_collective` over the `data` replicas)."""
+    of its share of the gradient (`dp_collective` over the `data` replicas; TotientPerms'
+    rings on the ports a degree-`degree` node has left, `dp_ports`)."""
     problems = h.problems()
     if problems:
         raise ValueError("; ".join(f"{f}: {why}" for f, why in problems))
@@ -223,8 +234,9 @@ def hybrid_schedule(h: Hybrid, dp_collective: str) -> Schedule:
                         out.append(step((), op.nbytes, op.phase, 0, ()))
                     else:
                         out.append(step((), 0, op.phase, op.compute_ns, ()))
-    for p in range(P):
-        grads = build(dp_collective, D, h.stage_params(p) * h.bytes_per_param, 1, D)
+    for p in range(P if D > 1 else 0):
+        grads = build(dp_collective, D, h.stage_params(p) * h.bytes_per_param, 1, D,
+                      h.dp_ports(degree))
         for t in range(T):
             members = [h.rank(d, p, t) for d in range(D)]
             for d, r in enumerate(members):

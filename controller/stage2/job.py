@@ -194,7 +194,7 @@ def built_schedule(collective: str, n: int, size: int, rows: int, cols: int,
     """A job's schedule, built once per shape (several jobs share shapes): its collective,
     or its hybrid split with the collective as its data-parallel all-reduce."""
     if hybrid is not None:
-        return hybrid.schedule(collective)
+        return hybrid.schedule(collective, degree)
     return with_alltoall(build(collective, n, size, rows, cols, degree, bidirectional),
                          alltoall)
 

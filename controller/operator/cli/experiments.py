@@ -40,8 +40,11 @@ def check(file: Path) -> None:
 @click.option("--json", "as_json", is_flag=True, help="print the plan as JSON")
 @click.option("--plot", type=click.Path(path_type=Path), default=None,
               help="PNG: each WSS table as a heat map (input x wavelength -> output)")
+@click.option("--search", is_flag=True,
+              help="the best tensor x pipeline x data split of the --job's Transformer on "
+                   "its TopoOpt (with the topology) and SiP-ML networks (within the degree)")
 def plan(testbed: Path, job: Path | None, strategy: str | None, as_json: bool,
-         plot: Path | None) -> None:
+         plot: Path | None, search: bool) -> None:
     """Stage 1: print the plan (placement, WSS tables, routes), validated."""
     from oddl.controller.base.topology import Grid
     from oddl.controller.operator import api
@@ -49,6 +52,11 @@ def plan(testbed: Path, job: Path | None, strategy: str | None, as_json: bool,
 
     try:
         ctx = load_experiment(job, testbed) if job is not None else None
+        if search:
+            if ctx is None or ctx.jobs:
+                raise click.UsageError("--search needs --job EXPERIMENT of one [workload]")
+            _search(ctx, as_json)
+            return
         if ctx is not None and ctx.jobs:
             _plan_jobs(ctx, strategy, as_json, plot)
             return
@@ -187,6 +195,50 @@ def _jobs_report(res: Any, run_dir: Path, backend: str, as_json: bool) -> None:
     console.print(jt)
     console.print(f"invariant violations: {res.invariant_violations}; wall {res.wall_s:.1f} s; "
                   f"results in {run_dir} (jct-cdf.png)")
+
+
+def _search(ctx: Any, as_json: bool) -> None:
+    """`oddl plan --search`: TopoOpt's strategy-and-topology search, SiP-ML's split within
+    its degree, on each such network of the experiment."""
+    from oddl.controller import registry
+    from oddl.controller.base.config import Parallelism
+
+    w, tb = ctx.workload, ctx.testbed
+    nets = [s for s in ctx.experiment.networks if s.kind in ("topoopt", "sipring", "sipocs")]
+    if not nets:
+        click.echo(f"error: {ctx.path} has no topoopt, sipring or sipocs network to search "
+                   f"a split for", err=True)
+        sys.exit(2)
+    n = w.ranks or tb.n_nodes
+    base = (w.parallelism or Parallelism(data=n)).hybrid(w.model, w.bytes_per_param)
+    from oddl.controller.base.topology import Grid
+
+    nodes = list(Grid.from_testbed(tb).nodes)
+    out = []
+    try:
+        for spec in nets:
+            t0 = time.perf_counter()
+            r = registry.search_split(spec, base, w.collective, nodes,
+                                      tb.optical.line_rate_gbps)
+            out.append((r, time.perf_counter() - t0))
+    except ValueError as e:
+        click.echo(f"error: {e}", err=True)
+        sys.exit(1)
+    if as_json:
+        click.echo(json.dumps({r.network: r.to_dict() for r, _s in out}, indent=1))
+        return
+    for r, secs in out:
+        click.echo(f"{r.network} ({r.kind}, degree {r.degree}): best {r.best}, "
+                   f"{r.iteration_ms:.3f} ms an iteration (predicted; {r.found_by}; "
+                   f"searched in {secs:.1f} s)")
+        if r.topology:
+            click.echo(f"  topology: {r.topology}")
+        for k, row in enumerate(r.rounds):
+            what = "each on its own topology" if r.kind == "topoopt" and k == len(
+                r.rounds) - 1 else f"round {k + 1}"
+            click.echo(f"  {what}: " + ", ".join(
+                f"{c.split} {c.iteration_ms:.2f} ms" if c.iteration_ms is not None
+                else f"{c.split} - ({c.why_not})" for c in row))
 
 
 def _plan_jobs(ctx: Any, strategy: str | None, as_json: bool, plot: Path | None) -> None:
