@@ -155,12 +155,14 @@ def test_control_units_schedule_flows_over_mqtt() -> None:
             await asyncio.sleep(0.01)
         for b in buses.values():
             await b.close()
-        return delivered, st.checker, (count("sent"), count("received"))
+        waits = sum(cu.stats["waits"] for cu in cus.values())
+        return delivered, st.checker, (count("sent"), count("received"), waits)
 
-    delivered, checker, (sent, received) = asyncio.run(_with_broker(body, tb.name))
+    delivered, checker, (sent, received, waits) = asyncio.run(_with_broker(body, tb.name))
     assert delivered == dict.fromkeys(range(len(pairs)), 1)
     assert checker.violations == [] and checker.undelivered() == []  # type: ignore[attr-defined]
-    assert sent == received == 3 * len(pairs)
+    # REQUEST, GRANT, RELEASE a flow, and a WAIT for each request a busy receiver queued
+    assert sent == received == 3 * len(pairs) + waits and waits < len(pairs)
 
 
 def test_last_will_marks_a_vanished_controller_offline() -> None:
