@@ -110,6 +110,8 @@ def test_plan_reports_every_nodes_degree_and_the_groups(root: Path, tmp_path: Pa
      "12 attention heads do not split over 8"),
     ({"tensor": 2, "pipeline": 2, "data": 16}, "gpt2", "hier2d", "workload.collective",
      "hier2d needs"),
+    ({"tensor": 4, "pipeline": 2, "data": 8, "micro_batches": 4096}, "gpt2", "ring",
+     "workload.parallelism", "steps an iteration over the ranks"),
 ])
 def test_a_split_that_cannot_be_is_a_config_error_naming_the_field(
         root: Path, tmp_path: Path, par: dict[str, int], model: str, collective: str,
@@ -207,3 +209,21 @@ def test_search_finds_a_split_whose_run_takes_the_predicted_time(
     res = run_experiment(load_experiment(exp), iterations=1, checker_mode="raise")
     assert res.networks["topoopt"].iteration_time_s * 1e3 == pytest.approx(
         topo["iteration_ms"], abs=1e-5)
+
+
+def test_a_node_refuses_a_split_it_must_not_build() -> None:
+    """A job's split comes over the bus: a node builds its schedule only for a split its
+    ranks and model allow, within the bound on a schedule's size."""
+    import msgspec
+    from oddl.controller.stage2.control_unit import Timing
+    from oddl.controller.stage2.job import JOB_VERSION, JobSpec, refused
+
+    ranks = [f"n{i}" for i in range(8)]
+    spec = JobSpec(JOB_VERSION, "j", "ring", 0, 2, 4, 4, False, ranks, ranks, 1, 0, False,
+                   Timing(11, 2, 50, 1000, 1000, 1000, 3), {},
+                   hybrid=Hybrid("gpt2", 2, 2, 2, 2, 1, 312.0))
+    assert refused(spec) is None
+    for h, why in ((Hybrid("gpt2", 2, 2, 4, 2, 1, 312.0), "a split of 16 ranks"),
+                   (Hybrid("gpt2", 8, 1, 1, 2, 1, 312.0), "12 attention heads"),
+                   (Hybrid("gpt2", 2, 2, 2, 60000, 1, 312.0), "steps an iteration")):
+        assert why in (refused(msgspec.structs.replace(spec, hybrid=h)) or "")

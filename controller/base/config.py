@@ -1042,6 +1042,11 @@ def parallelism_issues(par: Parallelism, model: str, collective: str, ranks: int
         out.append(("parallelism.tensor", f"a tensor group of {par.tensor} ranks would "
                     f"straddle two rows of {tb.name}'s {cols}-column grid (ranks fill it row "
                     f"by row, a group keeps to one WSS row): tensor must divide {cols}"))
+    steps = par.hybrid(model, 4).steps_per_rank() * ranks
+    if steps > MAX_FLOWS_PER_ITERATION:
+        out.append(("parallelism", f"up to {steps:,} steps an iteration over the ranks, more "
+                                   f"than {MAX_FLOWS_PER_ITERATION:,} (every one is "
+                                   f"simulated): fewer micro_batches or a smaller model"))
     if collective == "hier2d" and par.data > 1:
         out.append(("collective", "hier2d needs the job's whole grid; a data-parallel group "
                                   "of a hybrid job all-reduces with ring, hd or "

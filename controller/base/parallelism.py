@@ -96,6 +96,14 @@ class Hybrid(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
                                     f"{self.pipeline} equal stages"))
         return out
 
+    def steps_per_rank(self) -> int:
+        """An upper bound on a rank's steps an iteration (its schedule's length): what a
+        split may cost to build and to run is bounded before it is built."""
+        L = TRANSFORMERS[self.model][0] if self.model in TRANSFORMERS else 0
+        ring = 2 * (self.tensor - 1) if self.tensor > 1 else 1
+        return 2 * self.micro_batches * (4 * ring * L // self.pipeline + 3) + \
+            2 * self.data + 2 * math.ceil(math.log2(self.data)) + 2
+
     def stage_params(self, p: int) -> int:
         """Parameters one tensor rank of stage p holds (and all-reduces over the data
         group): its layers' share, and the embedding on the first stage and the tied

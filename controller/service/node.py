@@ -54,6 +54,7 @@ from oddl.controller.stage2.job import (
     JobStop,
     from_its_node,
     nic_programs,
+    refused,
     schedule_of,
     step_sync,
 )
@@ -193,6 +194,9 @@ class NodeProgram:
         spec = self._from_controller(self._specs, topic, payload)
         if spec is None or self.node not in spec.nodes or spec.job in self.stopped:
             return
+        why = refused(spec)
+        if why is not None:
+            return self._reject(topic, why)
         if self._jobs.full():  # a newer job replaces one not yet started
             self._jobs.get_nowait()
         self._jobs.put_nowait(spec)

@@ -29,7 +29,7 @@ import msgspec
 from oddl.controller.base.access import NAME_PATTERN
 from oddl.controller.base.clock import Clock
 from oddl.controller.base.collectives import Schedule, build, with_alltoall
-from oddl.controller.base.config import Testbed
+from oddl.controller.base.config import MAX_FLOWS_PER_ITERATION, Testbed
 from oddl.controller.base.devices import Bus, InterruptLine, ONic
 from oddl.controller.base.messages import Flow
 from oddl.controller.base.parallelism import Hybrid
@@ -206,6 +206,20 @@ def nic_programs(schedule: Schedule, ranks: Sequence[str]) -> dict[str, Program]
                for s in schedule):
         return None
     return {n: sync_program([x.recv_bytes for x in schedule[r]]) for r, n in enumerate(ranks)}
+
+
+def refused(spec: JobSpec) -> str | None:
+    """Why a node must not build this job's schedule (a hybrid split that its ranks, its
+    model or the bound on a schedule's size do not allow), or None."""
+    h = spec.hybrid
+    if h is None:
+        return None
+    why = [f"{f}: {w}" for f, w in h.problems()]
+    if h.ranks != len(spec.ranks):
+        why.append(f"a split of {h.ranks} ranks for a job of {len(spec.ranks)}")
+    if h.steps_per_rank() * len(spec.ranks) > MAX_FLOWS_PER_ITERATION:
+        why.append(f"up to {h.steps_per_rank() * len(spec.ranks):,} steps an iteration")
+    return "; ".join(why) or None
 
 
 def schedule_of(spec: JobSpec) -> Schedule:
