@@ -227,3 +227,27 @@ def test_a_node_refuses_a_split_it_must_not_build() -> None:
                    (Hybrid("gpt2", 8, 1, 1, 2, 1, 312.0), "12 attention heads"),
                    (Hybrid("gpt2", 2, 2, 2, 60000, 1, 312.0), "steps an iteration")):
         assert why in (refused(msgspec.structs.replace(spec, hybrid=h)) or "")
+
+
+def test_the_arbiter_takes_a_hybrid_job_and_refuses_a_split_the_testbed_cannot(
+        root: Path) -> None:
+    from oddl.controller.base.config import load_testbed
+    from oddl.controller.base.topology import Grid
+    from oddl.controller.operator.arbiter import Refused, job_request
+
+    tb = load_testbed(root / GRID64)
+    grid = Grid.from_testbed(tb)
+    text = """name = "h"
+iterations = 2
+[workload]
+model = "gpt2"
+collective = "ring"
+epochs = 1
+dataset_samples = 1000
+ranks = 16
+parallelism = { tensor = 4, pipeline = 2, data = %d }
+"""
+    req = job_request(text % 2, grid, tb, "alice-1", 0)
+    assert req.hybrid is not None and req.group == 4 and req.compute_ns == 0
+    with pytest.raises(Refused, match="= 32 ranks, but the job has 16"):
+        job_request(text % 4, grid, tb, "alice-2", 0)

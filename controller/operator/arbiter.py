@@ -43,6 +43,7 @@ from oddl.controller.base.config import (
     NetworkSpec,
     Testbed,
     load_testbed,
+    parallelism_issues,
 )
 from oddl.controller.base.telemetry import TELEMETRY_VERSION, QueuedJob, QueueNote
 from oddl.controller.base.topology import Grid
@@ -132,6 +133,10 @@ def job_request(text: str, grid: Grid, tb: Testbed, name: str, priority: int) ->
                          **({"batch_per_node": w.batch_per_node} if w.batch_per_node else {}))
     except ValidationError as e:
         raise Refused(422, f"not a job: {e}") from None
+    if w.parallelism is not None:
+        bad = parallelism_issues(w.parallelism, w.model, w.collective, entry.ranks, tb)
+        if bad:
+            raise Refused(422, "; ".join(f"workload.{f}: {why}" for f, why in bad))
     req = JobRequest.of(entry)
     if not fits(grid, req.ranks, req.shape, req.exact, req.group):
         raise Refused(422, f"no rectangle of {tb.name}'s {tb.grid.rows} x {tb.grid.cols} grid "
