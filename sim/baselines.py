@@ -21,7 +21,8 @@ def build_network(spec: Any, clock: Clock, ranks: list[str], line_rate_gbps: flo
     topology for a hybrid job."""
     net = _network(spec, clock, ranks, line_rate_gbps, deliver, traffic or {}, links)
     net.sharing = sharing_of(spec.sharing, spec.mltcp_slope, spec.mltcp_intercept,
-                             round(spec.mltcp_tick_us * 1e3))
+                             round(spec.mltcp_tick_us * 1e3), round(spec.cc_tick_us * 1e3))
+    net.sharing.attach(net)
     return net
 
 

@@ -192,6 +192,7 @@ class FlowNetwork:
         if not self.active:
             self._ticking = False
             return
+        self.sharing.step(self.clock.now_ns())
         self._rebalance(list(self.active), self.clock.now_ns())
         self._sample(self.clock.now_ns())
         self.clock.call_later_ns(self.sharing.tick_ns, self._tick)
@@ -210,6 +211,7 @@ class FlowNetwork:
         self.conns[a.conn] = self.conns.get(a.conn, 0) + 1
         self.flows += 1
         self.sharing.submitted(flow)
+        self.sharing.added(a)
         if self.sharing.tick_ns and not self._ticking:
             self._ticking = True
             self.clock.call_later_ns(self.sharing.tick_ns, self._tick)
@@ -248,6 +250,8 @@ class FlowNetwork:
         return self.latency_ns
 
     def _rates(self, comp: list[_Active], now: int) -> list[float]:
+        if self.sharing.controls_rates:
+            return self.sharing.rates(comp)
         if len(comp) == 1:
             return [min(self.capacity[k] for k in comp[0].links)]
         whole = len(comp) == len(self.active)  # every active flow: their counts are kept
@@ -305,6 +309,7 @@ class FlowNetwork:
         else:
             del self.conns[a.conn]
         self.sharing.finished(a.flow)
+        self.sharing.removed(a)
         for link in a.links:
             users = self.users[link]
             del users[a]

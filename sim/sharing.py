@@ -32,6 +32,8 @@ class Sharing:
 
     name = "fair"
     tick_ns = 0  # re-solve this often while flows are active (0: on flow events only)
+    # the rates are a congestion-control law's (sim/congestion.py), not max-min shares
+    controls_rates = False
 
     def join(self, tag: int, weight: float) -> None:
         """Job `tag` starts on the network with this weight (used by `Weighted`)."""
@@ -39,6 +41,21 @@ class Sharing:
     def submitted(self, flow: Flow) -> None: ...
 
     def finished(self, flow: Flow) -> None: ...
+
+    def attach(self, net: Any) -> None:
+        """The network whose links it shares (a law needs their capacities and queues)."""
+
+    def added(self, a: Any) -> None:
+        """A flow (the solver's `_Active`) is on the network."""
+
+    def removed(self, a: Any) -> None:
+        """A flow has left the network."""
+
+    def step(self, now: int) -> None:
+        """Every `tick_ns` while flows are active, before the rates are solved again."""
+
+    def rates(self, comp: list[Any]) -> list[float]:
+        raise NotImplementedError("only a congestion-control law sets the rates")
 
     def weights(self, comp: list[Any], active: Iterable[Any], now: int,
                 conns: Mapping[Any, int] | None = None) -> list[float] | None:
@@ -123,11 +140,20 @@ class MLTCP(Sharing):
 
 
 def sharing_of(kind: str, slope: float = 1.0, intercept: float = 1.0,
-               tick_ns: int = 100_000) -> Sharing:
+               tick_ns: int = 100_000, cc_tick_ns: int = 2_000, seed: int = 0) -> Sharing:
+    """The policy by name: fluid (fair, weighted, mltcp) or a congestion-control law
+    (dcqcn, tcp, and MLTCP on either: mltcp-dcqcn, mltcp-tcp)."""
     if kind == "fair":
         return Fair()
     if kind == "weighted":
         return Weighted()
     if kind == "mltcp":
         return MLTCP(slope, intercept, tick_ns)
-    raise ValueError(f"unknown sharing {kind!r} (fair, weighted or mltcp)")
+    law = kind.removeprefix("mltcp-")
+    if law in ("dcqcn", "tcp"):
+        from oddl.sim.congestion import CongestionControl
+
+        return CongestionControl(law, cc_tick_ns, seed=seed, mltcp=MLTCP(
+            slope, intercept, tick_ns) if kind.startswith("mltcp-") else None)
+    raise ValueError(f"unknown sharing {kind!r} (fair, weighted, mltcp, dcqcn, tcp, "
+                     f"mltcp-dcqcn or mltcp-tcp)")

@@ -741,6 +741,8 @@ class NetworkSpec(_Model):
     mltcp_intercept: float = Field(default=1.0, gt=0, le=100, allow_inf_nan=False)
     mltcp_tick_us: float = Field(default=100.0, ge=1, le=1e6, allow_inf_nan=False,
                                  description="mltcp: how often the weights follow the ratio")
+    cc_tick_us: float = Field(default=2.0, ge=0.1, le=1000, allow_inf_nan=False,
+                              description="dcqcn, tcp: the congestion-control model's step")
     cassini: bool = Field(
         default=False, description="several jobs: each job's start is delayed as CASSINI's "
                                    "geometry says against the jobs running beside it (its "

@@ -1,0 +1,111 @@
+"""Congestion control on shared links (issue 36): DCQCN and TCP Reno as laws with queues,
+ECN and loss, held to known behaviour (docs/congestion.md)."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+
+import pytest
+from oddl.controller.base.clock import Clock
+from oddl.controller.base.messages import Flow
+from oddl.sim.clock import VirtualClockLoop
+from oddl.sim.congestion import CongestionControl, Reno
+from oddl.sim.electrical import ElectricalSwitch
+
+RATE = 100.0  # Gb/s
+
+
+def switch(law: str, n: int, latency_ns: float = 1000.0, tick_ns: int = 2_000,
+           **kw: object) -> tuple[VirtualClockLoop, Clock, ElectricalSwitch, CongestionControl]:
+    loop = VirtualClockLoop()
+    clock = Clock(loop)
+    net = ElectricalSwitch(clock, [f"h{i}" for i in range(n)], RATE, latency_ns,
+                           lambda f: None)
+    cc = CongestionControl(law, tick_ns, seed=1, **kw)  # type: ignore[arg-type]
+    net.sharing = cc
+    cc.attach(net)
+    return loop, clock, net, cc
+
+
+def run_for(loop: VirtualClockLoop, seconds: float) -> None:
+    loop.run_until_complete(loop.create_task(asyncio.sleep(seconds)))
+    loop.close()
+
+
+def jain(xs: list[float]) -> float:
+    return sum(xs) ** 2 / (len(xs) * sum(x * x for x in xs))
+
+
+def test_two_dcqcn_flows_converge_to_a_fair_share_without_loss() -> None:
+    """A second flow joins one at the line rate into the same port: both cut hard (the
+    queue passes Kmax), then recover; from 20 ms on the link is full again and shared
+    fairly (Jain's index over each 10 ms), and PFC loses nothing."""
+    loop, clock, net, cc = switch("dcqcn", 3)
+    net.submit(Flow(1, "h0", "h2", 10**10))
+    clock.call_later_ns(5_000_000, net.submit, Flow(2, "h1", "h2", 10**10))
+    seen: list[tuple[int, list[float]]] = []
+
+    def sample() -> None:
+        if len(cc.conn) == 2:
+            seen.append((clock.now_ns() - 5_000_000,
+                         [float(cc.goodput[s]) for s in sorted(cc.conn.values())]))
+        clock.call_later_ns(100_000, sample)
+
+    clock.call_soon(sample)
+    run_for(loop, 0.045)
+
+    def window(lo_ms: int, hi_ms: int) -> list[float]:
+        w = [r for t, r in seen if lo_ms * 1e6 <= t < hi_ms * 1e6]
+        return [sum(r[k] for r in w) / len(w) for k in (0, 1)]
+
+    assert sum(window(0, 5)) < 0.8 * RATE  # the cut: not the fluid's instant fair share
+    for lo in (20, 30):
+        a, b = window(lo, lo + 10)
+        assert a + b > 0.95 * RATE and jain([a, b]) > 0.98, (lo, a, b)
+    assert cc.stats["cnps"] > 0 and cc.stats["losses"] == 0
+    assert cc.stats["dropped_bytes"] == 0 and cc.stats["max_queue_bytes"] <= 375_000
+
+
+@pytest.mark.parametrize("p", [4e-3, 2.5e-4])
+def test_reno_follows_the_mathis_law_under_random_loss(p: float) -> None:
+    """One Reno flow, random loss p a segment, 100 us round trip, a link far from full:
+    throughput = MSS / RTT x C / sqrt(p) (Mathis et al. 1997, C = sqrt(3/2) for periodic
+    loss). The fluid sawtooth's constant comes out 8-16% above sqrt(3/2) (its own,
+    sqrt(2), is 15% above): held within 20%, and p 16 times smaller is 4 times faster."""
+    loop, clock, net, cc = switch("tcp", 2, latency_ns=50_000, tick_ns=20_000,
+                                  random_loss=p)
+    net.submit(Flow(1, "h0", "h1", 10**12))
+    run_for(loop, 0.3)
+    a = next(iter(net.active))
+    gbps = (a.flow.nbytes * 8 - a.remaining) / 0.3e9
+    mathis = Reno().mss * 8 / 100_000 * math.sqrt(1.5 / p)
+    assert mathis < gbps < 1.2 * mathis, (gbps, mathis)
+    assert cc.stats["losses"] > 20
+
+
+@pytest.mark.parametrize("law", ["tcp", "dcqcn"])
+def test_an_incast_of_eight_flows_fills_the_port_and_shares_it(law: str) -> None:
+    """Eight senders, 4 MB each, into one receiver's port: the fluid prediction is the
+    port full (8 x 4 MB at 100 Gb/s = 2.56 ms) and each sender an eighth. Reno fills the
+    port's buffer, loses segments at its tail and keeps the port full. DCQCN's PFC pauses
+    the senders instead and loses nothing, but its first CNPs (alpha = 1) halve every
+    sender several times over before the queue drains, and the recovery (40 Mb/s a step)
+    leaves the port part idle: 1.69x the fluid time here (docs/congestion.md)."""
+    loop, clock, net, cc = switch(law, 9, tick_ns=1_000)
+    done: dict[int, int] = {}
+    net.deliver = lambda f: done.setdefault(f.id, clock.now_ns())  # type: ignore[method-assign]
+    for i in range(8):
+        net.submit(Flow(i, f"h{i}", "h8", 4_000_000))
+    run_for(loop, 0.01)
+    assert len(done) == 8
+    ideal = 8 * 4_000_000 * 8 / RATE
+    last = max(done.values())
+    assert ideal < last < (1.1 if law == "tcp" else 1.8) * ideal, (last, ideal)
+    # no sender starved: the first done no sooner than half the last
+    assert min(done.values()) > 0.5 * last
+    if law == "tcp":
+        assert cc.stats["losses"] > 0 and cc.stats["dropped_bytes"] > 0
+    else:
+        assert cc.stats["losses"] == 0 and cc.stats["dropped_bytes"] == 0
+        assert cc.stats["cnps"] > 0
