@@ -72,9 +72,9 @@ def test_reno_follows_the_mathis_law_under_random_loss(p: float) -> None:
     """One Reno flow, random loss p a segment, 100 us round trip, a link far from full:
     throughput = MSS / RTT x C / sqrt(p) (Mathis et al. 1997, C = sqrt(3/2) for periodic
     loss). The fluid sawtooth's constant comes out 8-16% above sqrt(3/2) (its own,
-    sqrt(2), is 15% above): held within 20%, and p 16 times smaller is 4 times faster."""
-    loop, clock, net, cc = switch("tcp", 2, latency_ns=50_000, tick_ns=20_000,
-                                  random_loss=p)
+    sqrt(2), is 15% above): held within 20%, at p and at p / 16 (4 times faster)."""
+    loop, _clock, net, cc = switch("tcp", 2, latency_ns=50_000, tick_ns=20_000,
+                                   random_loss=p)
     net.submit(Flow(1, "h0", "h1", 10**12))
     run_for(loop, 0.3)
     a = next(iter(net.active))
