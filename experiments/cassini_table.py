@@ -1,7 +1,10 @@
 """The talk's table (seeds 003): job combinations on one shared link, fair vs unfair vs
 CASSINI-shifted vs MLTCP, beside the talk's speed-ups and verdicts (docs/cassini.md).
 
-    python experiments/cassini_table.py [--iterations N] [--json]
+    python experiments/cassini_table.py [--iterations N] [--law fluid|dcqcn|tcp] [--json]
+
+`--law`: the link shared max-min (the fluid model, default), or by DCQCN or TCP Reno with
+queues, marks and losses (sim/congestion.py; `--cc-tick-us` its step).
 """
 
 from __future__ import annotations
@@ -10,7 +13,7 @@ import argparse
 import json
 import time
 
-from oddl.controller.experiments.link_study import LinkJob, on_one_link
+from oddl.controller.experiments.link_study import LAWS, LinkJob, on_one_link
 
 # the talk's combinations, its speed-ups from unfairness, and its verdicts
 TALK = [
@@ -25,14 +28,16 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--iterations", type=int, default=40)
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--law", choices=LAWS, default="fluid")
+    ap.add_argument("--cc-tick-us", type=float, default=2.0)
     a = ap.parse_args()
     rows = []
     for models, talk, talk_ok in TALK:
         t = time.perf_counter()
         jobs = [LinkJob(f"{m}-{k}" if models.count(m) > 1 else m, m)
                 for k, m in enumerate(models, start=1)]
-        o = on_one_link(jobs, a.iterations)
-        rows.append({"jobs": [j.name for j in jobs], "talk_unfair": talk,
+        o = on_one_link(jobs, a.iterations, law=a.law, cc_tick_us=a.cc_tick_us)
+        rows.append({"jobs": [j.name for j in jobs], "law": a.law, "talk_unfair": talk,
                      "talk_compatible": talk_ok, "score": o.score,
                      "compatible": o.compatible(), "shifts_ms": o.shifts_ms,
                      "fair_iteration_ms": {j: round(s * 1e3, 3)

@@ -22,6 +22,8 @@ what reached them: ECN marks (DCQCN's CNPs), losses (Reno's halvings).
   RTT the path's base round trip plus its queues; each ACK grows W by 1/W (by 1 in slow
   start); a loss halves W, at most once per RTT (fast recovery, no time-outs). Losses are
   the tail drops of full queues, and `random_loss` per segment on top (the Mathis check).
+- **Weights** (a job's `weight`, the talk's unfair 60/40) scale a job's increase by its
+  weight over the jobs' mean, as MulTCP makes one connection as aggressive as several.
 - **MLTCP** (Rajasekaran et al., HotNets 2024) on either: the increase is scaled by
   F = slope x bytes_ratio + intercept, bytes_ratio the bytes the job has sent in this
   iteration over what it sends per iteration (`mltcp`): Reno's W += F / W an ACK, DCQCN's
@@ -97,6 +99,7 @@ class CongestionControl(Sharing):
         self.random_loss = random_loss
         self.mltcp = mltcp
         self.rng = np.random.default_rng(seed)
+        self.weight: dict[int, float] = {}  # job tag -> its weight (`join`)
         self.net: FlowNetwork | None = None
         self.conn: dict[tuple[int, str, str], int] = {}  # connection -> its slot
         self.flows: dict[int, list[Any]] = {}  # slot -> its active flows (_Active)
@@ -206,17 +209,24 @@ class CongestionControl(Sharing):
                          np.asarray(cols, dtype=np.int64))
         return self._csr
 
-    def step(self, now: int) -> None:
-        """One tick: links load and queue, senders hear marks and losses and react."""
+    def step(self, now: int) -> bool:
+        """One tick: links load and queue, senders hear marks and losses and react. False
+        when nothing will change until a flow comes or goes: every connection sends at
+        its line rate, no link is over its capacity, no queue holds anything (the network
+        then stops ticking)."""
         assert self.net is not None and self.queue is not None
         if not self.flows:
-            return
+            return False
         dt = float(self.tick_ns)
         slots, rows, cols = self._index()
         n = len(slots)
         cap = self.net.cap_arr
         x = self.rate[slots]
         arrive = np.bincount(cols, weights=x[rows], minlength=len(cap))  # bits/ns
+        if not self.queue.any() and (arrive <= cap * (1 + 1e-9)).all() and \
+                (x >= self.line[slots] * (1 - 1e-9)).all():
+            self.goodput[slots] = x
+            return False
         buf = self.links.buffer_bytes * 8
         q = self.queue + (arrive - cap) * dt
         over = np.maximum(q - buf, 0.0)  # beyond the buffer: dropped, or paused (PFC)
@@ -239,19 +249,28 @@ class CongestionControl(Sharing):
         else:
             self.stats["dropped_bytes"] += float((x * (1 - kept)).sum() * dt / 8)
             self._reno(slots, rows, cols, x, kept, q, dt)
+        return True
+
+    def join(self, tag: int, weight: float) -> None:
+        self.weight[tag] = weight
 
     def _scale(self, slots: np.ndarray) -> np.ndarray:
-        """MLTCP's factor per connection (1 without it)."""
+        """Each connection's increase factor: its job's weight over the jobs' mean (a
+        job weighted 0.6 against 0.4 grows 1.2 against 0.8: MulTCP's way of being
+        unfair), times MLTCP's F where MLTCP runs."""
+        tags = [tag_of(self.flows[int(s)][0].flow.id) for s in slots]
+        mean = sum(self.weight.values()) / len(self.weight) if self.weight else 1.0
+        f = np.array([self.weight.get(t, 1.0) / mean for t in tags])
         if self.mltcp is None:
-            return np.ones(len(slots))
+            return f
         inflight: dict[int, float] = {}
         for s in slots:
             for a in self.flows[int(s)]:
                 tag = tag_of(a.flow.id)
                 inflight[tag] = inflight.get(tag, 0.0) + a.flow.nbytes * 8 - a.remaining
         m = self.mltcp
-        return np.array([m.slope * m.ratio(t, inflight.get(t, 0.0)) + m.intercept
-                         for t in (tag_of(self.flows[int(s)][0].flow.id) for s in slots)])
+        return f * np.array([m.slope * m.ratio(t, inflight.get(t, 0.0)) + m.intercept
+                             for t in tags])
 
     def _dcqcn(self, slots: np.ndarray, rows: np.ndarray, cols: np.ndarray, x: np.ndarray,
                q: np.ndarray, dt: float) -> None:

@@ -192,8 +192,11 @@ class FlowNetwork:
         if not self.active:
             self._ticking = False
             return
-        self.sharing.step(self.clock.now_ns())
+        busy = self.sharing.step(self.clock.now_ns())
         self._rebalance(list(self.active), self.clock.now_ns())
+        if not busy:
+            self._ticking = False  # a flow's coming or going starts it again
+            return
         self._sample(self.clock.now_ns())
         self.clock.call_later_ns(self.sharing.tick_ns, self._tick)
 
@@ -310,6 +313,9 @@ class FlowNetwork:
             del self.conns[a.conn]
         self.sharing.finished(a.flow)
         self.sharing.removed(a)
+        if self.sharing.tick_ns and self.active and not self._ticking:
+            self._ticking = True
+            self.clock.call_later_ns(self.sharing.tick_ns, self._tick)
         for link in a.links:
             users = self.users[link]
             del users[a]

@@ -51,8 +51,10 @@ class Sharing:
     def removed(self, a: Any) -> None:
         """A flow has left the network."""
 
-    def step(self, now: int) -> None:
-        """Every `tick_ns` while flows are active, before the rates are solved again."""
+    def step(self, now: int) -> bool:
+        """Every `tick_ns` while flows are active, before the rates are solved again;
+        False: nothing changes until a flow comes or goes (stop ticking till then)."""
+        return True
 
     def rates(self, comp: list[Any]) -> list[float]:
         raise NotImplementedError("only a congestion-control law sets the rates")

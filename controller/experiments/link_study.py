@@ -59,8 +59,16 @@ class Outcome:
         return all(s >= 1.0 - 1e-3 for s in self.speedup("unfair").values())
 
 
+LAWS = ("fluid", "dcqcn", "tcp")  # how the link is shared: max-min, or a law (docs)
+
+
 def on_one_link(jobs: list[LinkJob], iterations: int = 40, line_rate_gbps: float = 100.0,
-                mltcp: tuple[float, float] = (1.0, 1.0)) -> Outcome:
+                mltcp: tuple[float, float] = (1.0, 1.0), law: str = "fluid",
+                cc_tick_us: float = 2.0) -> Outcome:
+    """`law`: the link shared max-min (fluid), or by DCQCN or TCP Reno, under which the
+    unfair run weights each job's increase and MLTCP scales it (sim/congestion.py)."""
+    if law not in LAWS:
+        raise ValueError(f"law {law!r}: one of {', '.join(LAWS)}")
     if any(j.ranks < 2 or j.ranks % 2 for j in jobs):
         raise ValueError("each job needs an even number of ranks, half in each rack")
     cols = sum(j.ranks // 2 for j in jobs)
@@ -70,8 +78,11 @@ def on_one_link(jobs: list[LinkJob], iterations: int = 40, line_rate_gbps: float
     c = compatibility(profiles)
     weights = UNFAIR.get(len(jobs), tuple(1.0 / (k + 1) for k in range(len(jobs))))
     jitter = [k * JITTER_MS for k in range(len(jobs))]
-    runs = {"fair": ("fair", jitter, None), "unfair": ("weighted", jitter, weights),
-            "cassini": ("fair", list(c.shifts_ms), None), "mltcp": ("mltcp", jitter, None)}
+    fair = "fair" if law == "fluid" else law
+    runs = {"fair": (fair, jitter, None),
+            "unfair": ("weighted" if law == "fluid" else law, jitter, weights),
+            "cassini": (fair, list(c.shifts_ms), None),
+            "mltcp": ("mltcp" if law == "fluid" else f"mltcp-{law}", jitter, None)}
     out: dict[str, dict[str, float]] = {}
     for policy, (sharing, shifts, w) in runs.items():
         entries = [JobEntry(name=j.name, model=j.model, collective="ring", ranks=j.ranks,
@@ -80,7 +91,7 @@ def on_one_link(jobs: list[LinkJob], iterations: int = 40, line_rate_gbps: float
                    for k, (j, s) in enumerate(zip(jobs, shifts, strict=True))]
         net = {"name": policy, "kind": "fattree", "hosts_per_leaf": cols, "spines": 1,
                "oversubscription": cols, "sharing": sharing, "mltcp_slope": mltcp[0],
-               "mltcp_intercept": mltcp[1]}
+               "mltcp_intercept": mltcp[1], "cc_tick_us": cc_tick_us}
         out[policy] = {j: sum(its) / len(its) / 1e9
                        for j, its in _iterations(tb, entries, net).items()}
     return Outcome(out, c.score, dict(zip((j.name for j in jobs), c.shifts_ms, strict=True)))
