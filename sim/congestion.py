@@ -223,7 +223,8 @@ class CongestionControl(Sharing):
         cap = self.net.cap_arr
         x = self.rate[slots]
         arrive = np.bincount(cols, weights=x[rows], minlength=len(cap))  # bits/ns
-        if not self.queue.any() and (arrive <= cap * (1 + 1e-9)).all() and \
+        if not self.random_loss and not self.queue.any() and \
+                (arrive <= cap * (1 + 1e-9)).all() and \
                 (x >= self.line[slots] * (1 - 1e-9)).all():
             self.goodput[slots] = x
             return False
