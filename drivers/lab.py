@@ -569,6 +569,9 @@ class LabBackend:
         return JobOutcome(sum(ev.control_messages for ev in done.values()), flows, stats,
                           violations)
 
+    def pause(self, job: str, ns: int) -> bool:
+        return False  # ODDL: a job's partition is its own, no link to share
+
     def close(self) -> None:
         if not self.loop.is_closed():
             self.loop.run_until_complete(self._disconnect())

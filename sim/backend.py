@@ -99,9 +99,11 @@ def _holding(runners: dict[str, JobRunner], nodes: list[str], runner: JobRunner
 async def run_in_process(runner: JobRunner, loop: asyncio.AbstractEventLoop,
                          on_iteration: OnIteration, sent: Callable[[], int],
                          record_flows: bool,
-                         between: Callable[[int], None] = lambda i: None) -> None:
+                         between: Callable[[int], None] = lambda i: None,
+                         pause: Callable[[], int] = lambda: 0) -> None:
     """Every rank is here: iteration i + 1 begins the instant the last rank ends i
-    (`between(i + 1)` first: it may stop the job there by raising)."""
+    (`between(i + 1)` first: it may stop the job there by raising), or `pause()` ns
+    later."""
     spec = runner.spec
     done: asyncio.Future[None] = loop.create_future()
     rows: list[FlowRow] = []
@@ -134,7 +136,11 @@ async def run_in_process(runner: JobRunner, loop: asyncio.AbstractEventLoop,
         last[0] = msgs
         rows.clear()
         if i + 1 < spec.iterations:
-            begin(i + 1)
+            ns = pause()
+            if ns > 0:
+                runner.clock.call_later_ns(ns, begin, i + 1)
+            else:
+                begin(i + 1)
         elif not done.done():
             done.set_result(None)
 
@@ -169,6 +175,7 @@ class SimBackend:
                              grid.wss_of())
         self.health.start(self.clock.now_ns())  # every board beats from here on
         self._runners: dict[str, JobRunner] = {}  # node -> the runner of the job on it
+        self._pauses: dict[str, int] = {}  # running job -> ns its next iteration waits
         self._retired = 0  # REQUEST retries of the runners that are gone (the drill's count)
         self.drill = Drill(w, self.clock, faults or [], self._retries, self._effect)
         self.injected = self.drill.injected
@@ -274,6 +281,9 @@ class SimBackend:
                  "tunes": sum(t.tunes for t in w.fabric.tx.values())}
         return JobOutcome(sent, runner.engine.flows, stats, list(self.monitor.violations))
 
+    def pause(self, job: str, ns: int) -> bool:
+        return False  # ODDL: a job's partition is its own, no link to share
+
     def close(self) -> None:
         self.drill.finish()
         for b in self._beats:
@@ -304,6 +314,7 @@ class ModelBackend:
         self.injected: list[Any] = []
         self._switch: FlowNetwork | None = None  # one network, every job's flows on it
         self._runners: dict[str, JobRunner] = {}  # node -> the runner of the job on it
+        self._pauses: dict[str, int] = {}  # running job -> ns its next iteration waits
 
     def _deliver(self, flow: Flow) -> None:
         self._runners[flow.dst].deliver(flow)
@@ -327,13 +338,28 @@ class ModelBackend:
         switch.sharing.join(spec.tag, spec.weight)
         runner.on_network(switch.submit)
         flows0 = switch.flows
-        with _holding(self._runners, spec.ranks, runner):
-            await run_in_process(runner, self.loop, on_iteration, lambda: 0, record_flows)
+        self._pauses[spec.job] = 0
+        try:
+            with _holding(self._runners, spec.ranks, runner):
+                await run_in_process(runner, self.loop, on_iteration, lambda: 0, record_flows,
+                                     pause=lambda: self._take_pause(spec.job))
+        finally:
+            self._pauses.pop(spec.job, None)
         if spec.tag:
             self.monitor.job_left(spec.tag, self.clock.now_ns())
         return JobOutcome(0, runner.engine.flows,
                           {"transfers": switch.flows - flows0, **switch.describe()},
                           list(self.monitor.violations))
+
+    def pause(self, job: str, ns: int) -> bool:
+        if job not in self._pauses:
+            return False
+        self._pauses[job] += ns
+        return True
+
+    def _take_pause(self, job: str) -> int:
+        ns, self._pauses[job] = self._pauses[job], 0
+        return ns
 
     def close(self) -> None:
         self.loop.close()

@@ -52,11 +52,19 @@ from oddl.controller.service.backend import (
     Stalled,
     StopRule,
 )
-from oddl.controller.service.compat import Arrival, Profile, shift_against
+from oddl.controller.service.compat import (
+    Arrival,
+    Profile,
+    Realignment,
+    best_placement,
+    phase_score,
+    realign,
+    shift_against,
+)
 from oddl.controller.service.health import Diagnosis, Health, Watch
 from oddl.controller.service.recovery import Recovery, replace_ranks
 from oddl.controller.stage1.arbiter import Arbiter, DeviceFailed
-from oddl.controller.stage1.placement import Partition, place
+from oddl.controller.stage1.placement import Partition, candidates, place
 from oddl.controller.stage1.plan import Plan, PlanError
 from oddl.controller.stage1.planner import NO_FAULTS, Avoid, plan_job
 from oddl.controller.stage2.invariants import MAX_TAG
@@ -115,6 +123,7 @@ class JobRequest:
 
 
 MAX_STOPS = 3  # a job stopped for faults more often than this fails the run
+PLACEMENTS = 4  # CASSINI: the candidate placements a job's demand is measured on
 CARRY_WAIT_S = 2.0  # how long a stopped job's ranks may take to say what they delivered
 
 
@@ -134,6 +143,7 @@ class JobRecord:
     # at its start, and the worst shared link's score with it and without
     cassini: Arrival | None = None
     placed_ns: int = 0  # when its partition was last given it
+    paused_ms: list[float] = field(default_factory=list)  # CASSINI's re-alignments of it
     held_ns: int = 0  # node-ns held on partitions it has left (stopped for a fault)
     # each stop for a fault: when, why, where it ran, the iteration it went on from
     stops: list[dict[str, Any]] = field(default_factory=list)
@@ -157,7 +167,9 @@ class JobRecord:
                 "iteration_time_s": round(sum(its) / len(its) / 1e9, 9) if its else None,
                 "iteration_p99_s": round(percentile(its, 99) / 1e9, 9) if its else None,
                 "nodes": len(p.nodes) if p else 0, "shape": p.shape if p else None} \
-            | ({"cassini": asdict(self.cassini)} if self.cassini else {}) \
+            | ({"cassini": {k: v for k, v in asdict(self.cassini).items()
+                            if k != "paused_ms" or v}} if self.cassini else {}) \
+            | ({"paused_ms": self.paused_ms} if self.paused_ms else {}) \
             | ({"stops": self.stops} if self.stops else {})
 
     def node_ns(self) -> int:
@@ -374,6 +386,10 @@ class Admission:
         self._cancelling: dict[str, str] = {}  # job -> who cancels it, while it stops
         self._profiles: dict[str, dict[object, Profile]] = {}  # the running jobs'
         self._began: dict[str, int] = {}  # when each running job's latest iteration began
+        self._spec_ids: dict[str, str] = {}  # job -> the id its back end runs it as
+        self._pending_pause: dict[str, int] = {}  # job -> ns its next iteration waits
+        self._measured: dict[str, dict[object, Profile]] = {}  # placed by its profile
+        self._starting: dict[str, int] = {}  # job -> its start delay (ns), while in it
         self.free = set(grid.nodes)
         self.queue: list[JobRequest] = []
         self.running = 0
@@ -528,8 +544,11 @@ class Admission:
             self._fail(RunFailed(f"{self.spec.name}: {why}: {e}" if why else
                                  f"{self.spec.name}: {e}"))
             return
-        for req, part in placed:
+        for k, (req, part) in enumerate(placed):
             self.queue[:] = [q for q in self.queue if q.name != req.name]
+            if self.profiler is not None and self._profiles:
+                part = self._place_by_profile(req, part, {n for j, (_r, p) in enumerate(
+                    placed) if j != k for n in p.nodes})
             self.free -= set(part.nodes)
             try:
                 self._start(req, part)
@@ -647,6 +666,7 @@ class Admission:
                        tag=self.tags[req.name], alltoall=req.alltoall, weight=req.weight,
                        carried=carry is not None, carry=carry[1] if carry else [],
                        carry_t0=carry[0] if carry else 0, hybrid=req.hybrid)
+        self._spec_ids[req.name] = spec.job
         stop = self._rules[req.name] = StopRule(
             self.health, frozenset(part.nodes), since,
             self.tb.monitor.missed * self.health.period_ns)
@@ -654,8 +674,8 @@ class Admission:
         def on_iteration(it: Iteration) -> None:
             rec.iteration_ns.append(it.t_end - it.t_start)
             self._last[req.name] = self.clock.now_ns()
-            if req.name in self._began:
-                self._began[req.name] = it.t_end  # the next one begins as this one ends
+            if req.name in self._began:  # the next one begins as this one ends, or paused
+                self._began[req.name] = it.t_end + self._pending_pause.pop(req.name, 0)
             if self.on_iteration is not None:
                 self.on_iteration(rec, it)
             self._say("iteration", lambda: IterationNote(
@@ -671,7 +691,7 @@ class Admission:
                         (it.iteration, it.t_start, it.t_end))
 
         task = self._tasks[req.name] = self.b.loop.create_task(
-            self._run(spec, on_iteration, shift_ns, stop))
+            self._run(req.name, spec, on_iteration, shift_ns, stop))
         task.add_done_callback(lambda t: self._finish(req, part, t))
 
     def _shift(self, req: JobRequest, part: Partition, schedule: Schedule,
@@ -680,30 +700,106 @@ class Admission:
         against the jobs running now, each at its phase (controller/service/compat.py)."""
         if self.profiler is None:
             return req.shift_ns
-        mine = self.profiler(req.name, part.ranks, schedule, req.compute_ns)
+        mine = self._measured.pop(req.name, None) or \
+            self.profiler(req.name, part.ranks, schedule, req.compute_ns)
         now = self.clock.now_ns()
         running: dict[object, list[tuple[Profile, float]]] = {}
         for job, links in self._profiles.items():
             phase_ms = (now - self._began[job]) / 1e6
             for link, p in links.items():
                 running.setdefault(link, []).append((p, phase_ms))
-        rec.cassini = shift_against(mine, running)
-        shift_ns = round(rec.cassini.shift_ms * 1e6)
-        self._profiles[req.name], self._began[req.name] = mine, now + shift_ns
+        kept = shift_against(mine, running)  # its best delay, the running jobs unmoved
+        self._profiles[req.name] = mine
+        moved = self._realign(req.name)
+        # re-aligning pauses running jobs: worth it only where it scores better
+        if moved is None or min((c.score for c in moved.shifts.links.values()),
+                                default=1.0) <= kept.score + 1e-9:
+            rec.cassini = kept
+            shift_ns = round(kept.shift_ms * 1e6)
+        else:
+            given = self._pause(moved.pauses_ns)
+            shift_ns = moved.delay_ns
+            rec.cassini = Arrival(round(shift_ns / 1e6, 6), round(min(
+                c.score for c in moved.shifts.links.values()), 9), kept.unshifted_score,
+                {j: round(ns / 1e6, 6) for j, ns in given.items()})
+        self._began[req.name] = now + shift_ns
         return shift_ns
 
-    async def _run(self, spec: JobSpec, on_iteration: Callable[[Iteration], None],
+    def _place_by_profile(self, req: JobRequest, part: Partition, taken: set[str]
+                          ) -> Partition:
+        """CASSINI's placement: of up to PLACEMENTS free rectangles (the first fit among
+        them), the one whose shared links are most compatible with the running jobs'
+        (`best_placement`, each candidate's demand measured alone on it); its profile is
+        kept for its start delay."""
+        cands = [part, *(c for c in candidates(
+            self.grid, self.free - taken, req.name, req.ranks, req.shape, req.exact,
+            req.group, PLACEMENTS) if c.nodes != part.nodes)][:PLACEMENTS]
+        assert self.profiler is not None
+        measured = [self.profiler(req.name, c.ranks, schedule_of(req, c, self.spec),
+                                  req.compute_ns) for c in cands]
+        running: dict[object, list[Profile]] = {}
+        for links in self._profiles.values():
+            for link, p in links.items():
+                running.setdefault(link, []).append(p)
+        k = best_placement(measured, running)  # type: ignore[arg-type]
+        self._measured[req.name] = measured[k]
+        return cands[k]
+
+    def _realign(self, joining: str | None) -> Realignment | None:
+        """CASSINI's shifts for every job sharing links now, as pauses (None: no two
+        jobs share a link, or a loop of the affinity graph asks two shifts of a job:
+        CASSINI then moves none)."""
+        shared = [j for j, links in self._profiles.items() if any(
+            link in other for k, other in self._profiles.items() if k != j for link in links)]
+        if len(shared) < 2:
+            return None
+        r = realign({j: self._profiles[j] for j in shared},
+                    {j: t for j, t in self._began.items() if j in shared},
+                    self.clock.now_ns(), joining)
+        return None if r.shifts.disagree else r
+
+    def _pause(self, pauses_ns: dict[str, int]) -> dict[str, int]:
+        """Pause running jobs before their next iteration (ModelBackend: the baselines; a
+        job still in its start delay waits that much longer), and count it in each one's
+        record; the pauses given."""
+        given = {}
+        for job, ns in pauses_ns.items():
+            if ns <= 0:
+                continue
+            if job in self._starting:
+                self._starting[job] += ns
+                self._began[job] += ns
+            elif self.b.pause(self._spec_ids[job], ns):
+                self._pending_pause[job] = self._pending_pause.get(job, 0) + ns
+            else:
+                continue
+            self.records[job].paused_ms.append(round(ns / 1e6, 6))
+            given[job] = ns
+        return given
+
+    async def _run(self, name: str, spec: JobSpec, on_iteration: Callable[[Iteration], None],
                    shift_ns: int, stop: StopRule) -> Any:
         """A time shift (CASSINI): the job holds its nodes, and its first iteration starts
-        `shift_ns` late, so that its communication interleaves with its neighbours'."""
-        if shift_ns:
-            await asyncio.sleep(shift_ns / 1e9)  # the back end's clock (virtual in sim)
+        `shift_ns` late, so that its communication interleaves with its neighbours' (later
+        still if CASSINI re-aligns it meanwhile: `_starting`)."""
+        self._starting[name] = shift_ns
+        t0 = self.clock.now_ns()
+        while (left := t0 + self._starting[name] - self.clock.now_ns()) > 0:
+            await asyncio.sleep(left / 1e9)  # the back end's clock (virtual in sim)
+        self._starting.pop(name, None)
         return await self.b.run_job(spec, on_iteration, self.record_flows, stop)
 
     def _finish(self, req: JobRequest, part: Partition, task: asyncio.Task[Any]) -> None:
         rec = self.records[req.name]
         self._profiles.pop(req.name, None)
         self._began.pop(req.name, None)
+        self._pending_pause.pop(req.name, None)
+        self._spec_ids.pop(req.name, None)
+        if self.profiler is not None:  # the jobs left re-align as CASSINI's shifts say,
+            moved = self._realign(None)  # where that scores better than they run now
+            if moved is not None and min(c.score for c in moved.shifts.links.values()) > \
+                    phase_score(self._profiles, self._began, self.clock.now_ns()) + 1e-9:
+                self._pause(moved.pauses_ns)
         if task.cancelled():  # the service cancelled it
             self.running -= 1
             self._leave(req.name, part, "cancelled", self._cancelling.get(req.name, ""))

@@ -148,4 +148,9 @@ class Backend(Protocol):
     async def run_job(self, spec: JobSpec, on_iteration: OnIteration,
                       record_flows: bool, stop: StopRule) -> JobOutcome: ...
 
+    def pause(self, job: str, ns: int) -> bool:
+        """Delay a running job's next iteration by `ns` (CASSINI re-aligns jobs that share
+        links); False where no job shares a link (ODDL's back ends)."""
+        ...
+
     def close(self) -> None: ...

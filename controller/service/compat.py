@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 from oddl.controller.base.catalog import MODELS
@@ -172,6 +172,7 @@ class Shifts:
     shifts_ms: dict[str, float]
     links: dict[str, Compatibility]  # per shared link (by its name)
     loops: list[str]
+    disagree: int = 0  # loops whose two shifts differ (the shifts cannot all hold)
 
 
 def time_shifts(on_link: dict[str, list[Profile]]) -> Shifts:
@@ -193,6 +194,7 @@ def time_shifts(on_link: dict[str, list[Profile]]) -> Shifts:
     shift: dict[str, float] = {}
     parent: dict[str, tuple[str, str] | None] = {}
     loops: list[str] = []
+    disagree = 0
     used: set[str] = set()
     for root in sorted(period):
         if root in shift:
@@ -215,9 +217,10 @@ def time_shifts(on_link: dict[str, list[Profile]]) -> Shifts:
                         continue
                     gap = abs(want - shift[k]) % period[k]
                     gap = min(gap, period[k] - gap)
+                    disagree += gap >= 1e-6
                     loops.append(f"{_cycle(parent, j, link, k)}: shifts for {k} "
                                  f"{'agree' if gap < 1e-6 else f'differ by {gap:.3f} ms'}")
-    return Shifts({j: round(s, 6) for j, s in sorted(shift.items())}, comp, loops)
+    return Shifts({j: round(s, 6) for j, s in sorted(shift.items())}, comp, loops, disagree)
 
 
 def _cycle(parent: dict[str, tuple[str, str] | None], j: str, link: str, k: str) -> str:
@@ -266,6 +269,9 @@ class Arrival:
     shift_ms: float
     score: float
     unshifted_score: float
+    # the running jobs it re-aligned, and the pause (ms) each one took (CASSINI's agent
+    # pauses them where that scores better than the newcomer's delay alone)
+    paused_ms: dict[str, float] = field(default_factory=dict)
 
 
 def shift_against(new: dict[object, Profile],
@@ -292,3 +298,67 @@ def shift_against(new: dict[object, Profile],
     best = max(range(PER_ITERATION), key=lambda k: (round(worst[k], 9), round(mean[k], 9), -k))
     return Arrival(round(float(delays[best]), 6), round(float(worst[best]), 9),
                    round(float(worst[0]), 9))
+
+
+@dataclass(frozen=True)
+class Realignment:
+    """CASSINI's re-alignment of the jobs that share links, when one arrives or leaves:
+    each running job's pause before its next iteration, the arriving job's start delay
+    (ns), and the affinity graph's shifts they realise."""
+
+    pauses_ns: dict[str, int]
+    delay_ns: int
+    shifts: Shifts
+
+
+def realign(profiles: dict[str, dict[object, Profile]], began: dict[str, int], now: int,
+            joining: str | None = None, candidates: int = PER_ITERATION) -> Realignment:
+    """The pauses that put every job's iterations where `time_shifts` wants them: job j's
+    next iteration should begin at T0 + shift_j (mod its iteration). A running job's next
+    iteration would begin as its current one ends (its profile's iteration after it
+    began, or now); it pauses until the next such instant, the arriving job waits for
+    its own. Of `candidates` choices of T0 over one iteration, the one with the shortest
+    longest pause, then the least pausing in all, is taken."""
+    on_link: dict[str, list[Profile]] = {}
+    for _job, links in sorted(profiles.items()):
+        for link, p in links.items():
+            on_link.setdefault(repr(link), []).append(p)
+    sh = time_shifts(on_link)
+    period = {j: round(next(iter(links.values())).iteration_ms * 1e6)
+              for j, links in profiles.items() if links}
+    moving = [j for j in sh.shifts_ms if j in period and j != joining and j in began]
+    nxt = {j: max(now, began[j] + period[j]) for j in moving}
+    ref = joining if joining in period else (moving[0] if moving else None)
+    if ref is None:
+        return Realignment({}, 0, sh)
+    best: tuple[tuple[int, int], dict[str, int], int] | None = None
+    for k in range(candidates):
+        t0 = now + k * period[ref] // candidates
+        pauses = {j: (t0 + round(sh.shifts_ms[j] * 1e6) - nxt[j]) % period[j] for j in moving}
+        delay = (t0 + round(sh.shifts_ms.get(joining, 0.0) * 1e6) - now) % period[joining] \
+            if joining in period else 0
+        key = (max([*pauses.values(), delay]), sum(pauses.values()) + delay)
+        if best is None or key < best[0]:
+            best = (key, pauses, delay)
+    assert best is not None
+    return Realignment({j: ns for j, ns in best[1].items() if ns > 0}, best[2], sh)
+
+
+def phase_score(profiles: dict[str, dict[object, Profile]], began: dict[str, int],
+                now: int) -> float:
+    """The worst score, over the links two or more of these jobs share, of the jobs as
+    they run now: each one's profile rotated to its phase (how long since its latest
+    iteration began). 1.0 where nothing is shared."""
+    on_link: dict[object, list[tuple[Profile, float]]] = {}
+    for job, links in profiles.items():
+        for link, p in links.items():
+            on_link.setdefault(link, []).append((p, (now - began[job]) / 1e6))
+    worst = 1.0
+    for jobs in on_link.values():
+        if len(jobs) < 2:
+            continue
+        _periods, width, rolled = _circle([p for p, _ in jobs])
+        total = sum(np.roll(r, -round(phase / width)) for r, (_p, phase)
+                    in zip(rolled, jobs, strict=True))
+        worst = min(worst, score_of(total))
+    return round(float(worst), 9)

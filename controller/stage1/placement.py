@@ -88,6 +88,34 @@ def place(grid: Grid, free: set[str], job: str, ranks: int, hint: str = "any",
     return None
 
 
+def candidates(grid: Grid, free: set[str], job: str, ranks: int, hint: str = "any",
+               exact: bool = False, group: int = 1, limit: int = 4) -> list[Partition]:
+    """Up to `limit` free rectangles for the job, in `place`'s order (its choice first),
+    spread over the free positions of each shape: what CASSINI's placement chooses
+    among (controller/service/compat.best_placement)."""
+    R, C = grid.rows, grid.cols
+    occ = np.zeros((R + 1, C + 1), dtype=np.int32)
+    for n in grid.nodes:
+        if n not in free:
+            r, c = grid.coord[n]
+            occ[r + 1, c + 1] = 1
+    occ = occ.cumsum(0).cumsum(1)
+    out: list[Partition] = []
+    for h, w in _shapes(ranks, R, C, hint, exact, group):
+        busy = occ[h:, w:] - occ[:-h, w:] - occ[h:, :-w] + occ[:-h, :-w]
+        hits = np.argwhere(busy == 0)
+        step = max(1, len(hits) // limit)
+        for r0, c0 in (tuple(int(x) for x in hits[k]) for k in range(0, len(hits), step)):
+            cells = [grid.at[(r0 + i, c0 + j)] for i in range(h) for j in range(w)]
+            shape = "row" if h == 1 else "col" if w == 1 else "grid"
+            out.append(Partition(job, shape, tuple(range(r0, r0 + h)),
+                                 tuple(range(c0, c0 + w)), tuple(cells[:ranks]),
+                                 tuple(cells[ranks:])))
+            if len(out) >= limit:
+                return out
+    return out
+
+
 def fits(grid: Grid, ranks: int, hint: str = "any", exact: bool = False,
          group: int = 1) -> bool:
     """Whether the job fits the empty grid at all (else it could never start)."""
