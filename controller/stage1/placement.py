@@ -69,30 +69,15 @@ def place(grid: Grid, free: set[str], job: str, ranks: int, hint: str = "any",
           exact: bool = False, group: int = 1) -> Partition | None:
     """The first free rectangle of the best shape for `ranks` nodes, or None (the job
     waits). First fit, scanning rows then columns, on a summed-area table of free cells."""
-    R, C = grid.rows, grid.cols
-    occ = np.zeros((R + 1, C + 1), dtype=np.int32)
-    for n in grid.nodes:
-        if n not in free:
-            r, c = grid.coord[n]
-            occ[r + 1, c + 1] = 1
-    occ = occ.cumsum(0).cumsum(1)
-    for h, w in _shapes(ranks, R, C, hint, exact, group):
-        busy = occ[h:, w:] - occ[:-h, w:] - occ[h:, :-w] + occ[:-h, :-w]
-        hits = np.argwhere(busy == 0)
-        if len(hits):
-            r0, c0 = (int(x) for x in hits[0])
-            cells = [grid.at[(r0 + i, c0 + j)] for i in range(h) for j in range(w)]
-            shape = "row" if h == 1 else "col" if w == 1 else "grid"
-            return Partition(job, shape, tuple(range(r0, r0 + h)), tuple(range(c0, c0 + w)),
-                             tuple(cells[:ranks]), tuple(cells[ranks:]))
-    return None
+    found = candidates(grid, free, job, ranks, hint, exact, group, limit=1)
+    return found[0] if found else None
 
 
 def candidates(grid: Grid, free: set[str], job: str, ranks: int, hint: str = "any",
                exact: bool = False, group: int = 1, limit: int = 4) -> list[Partition]:
-    """Up to `limit` free rectangles for the job, in `place`'s order (its choice first),
-    spread over the free positions of each shape: what CASSINI's placement chooses
-    among (controller/service/compat.best_placement)."""
+    """Up to `limit` free rectangles for the job, `place`'s choice first, then others
+    spread over the free positions of each shape: what CASSINI's placement chooses among
+    (controller/service/compat.best_placement)."""
     R, C = grid.rows, grid.cols
     occ = np.zeros((R + 1, C + 1), dtype=np.int32)
     for n in grid.nodes:
@@ -104,8 +89,8 @@ def candidates(grid: Grid, free: set[str], job: str, ranks: int, hint: str = "an
     for h, w in _shapes(ranks, R, C, hint, exact, group):
         busy = occ[h:, w:] - occ[:-h, w:] - occ[h:, :-w] + occ[:-h, :-w]
         hits = np.argwhere(busy == 0)
-        step = max(1, len(hits) // limit)
-        for r0, c0 in (tuple(int(x) for x in hits[k]) for k in range(0, len(hits), step)):
+        for k in range(0, len(hits), max(1, len(hits) // limit)):
+            r0, c0 = (int(x) for x in hits[k])
             cells = [grid.at[(r0 + i, c0 + j)] for i in range(h) for j in range(w)]
             shape = "row" if h == 1 else "col" if w == 1 else "grid"
             out.append(Partition(job, shape, tuple(range(r0, r0 + h)),
