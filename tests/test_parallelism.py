@@ -11,6 +11,7 @@ from click.testing import CliRunner
 from oddl.controller.base.catalog import TRANSFORMERS
 from oddl.controller.base.collectives import check_balanced
 from oddl.controller.base.config import ConfigError, load_experiment
+from oddl.controller.base.messages import Flow
 from oddl.controller.base.parallelism import ACTIVATION_BYTES, Hybrid
 from oddl.controller.experiments.runner import run_experiment
 from oddl.controller.operator.cli import main
@@ -251,3 +252,45 @@ parallelism = { tensor = 4, pipeline = 2, data = %d }
     assert req.hybrid is not None and req.group == 4 and req.compute_ns == 0
     with pytest.raises(Refused, match="= 32 ranks, but the job has 16"):
         job_request(text % 4, grid, tb, "alice-2", 0)
+
+
+def test_a_hybrid_iteration_cut_short_goes_on_with_what_was_delivered() -> None:
+    """Recovery keeps the iteration (issue 34) for a pipeline too, whose flows count at
+    the receiver's step, not their sender's: the carry names each delivered flow by its
+    sender's step, and the resumed iteration sends only the rest."""
+    import asyncio
+
+    from oddl.controller.base.clock import Clock
+    from oddl.controller.stage2.workloads import CollectiveEngine
+    from oddl.sim.clock import VirtualClockLoop
+
+    h = Hybrid("gpt2", 2, 2, 2, 2, 1, 312.0)
+    sched = h.schedule("ring")
+    ranks = [f"n{i}" for i in range(h.ranks)]
+    total = sum(len(st.sends) for steps in sched for st in steps)
+
+    def engine(clock: Clock) -> tuple[CollectiveEngine, list[int]]:
+        sent: list[int] = []
+        eng: CollectiveEngine
+
+        def submit(f: Flow) -> None:
+            sent.append(f.id)
+            clock.call_later_ns(20_000, eng.on_delivered, f)
+
+        eng = CollectiveEngine(clock, sched, ranks, submit)
+        return eng, sent
+
+    loop = VirtualClockLoop()
+    clock = Clock(loop)
+    first, _sent = engine(clock)
+    first.start_iteration(0, 0, lambda t: None)
+    loop.run_until_complete(asyncio.sleep(0.004))  # cut short mid-iteration
+    first.halted = True
+    carry = first.carry_of(0)
+    assert carry is not None and 0 < len(carry[1]) < total
+    done: asyncio.Future[int] = loop.create_future()
+    second, sent2 = engine(clock)
+    second.start_iteration(0, 0, done.set_result, carry[1], carry[0])
+    loop.run_until_complete(done)
+    loop.close()
+    assert len(sent2) == total - len(carry[1])
