@@ -26,6 +26,7 @@ from oddl.controller.base.catalog import MODELS
 
 MAX_BINS = 7200  # angles the circle is cut into at most (coarser steps beyond)
 PER_ITERATION = 200  # bins in the shortest iteration, at most
+CHUNK = 1 << 18  # rotations x bins scored in one matrix (2 MB of floats)
 EXHAUSTIVE = 50_000  # rotation combinations tried one by one at most
 
 
@@ -136,11 +137,20 @@ def compatibility(profiles: list[Profile], capacity: float = 1.0) -> Compatibili
     options = [range(1)] + [range(t) for t in periods[1:]]
     best: tuple[float, tuple[int, ...]] = (-math.inf, (0,) * len(profiles))
     if len(profiles) <= 3 and math.prod(len(o) for o in options) <= EXHAUSTIVE:
-        for shifts in itertools.product(*options):
-            s = score_of(sum(np.roll(r, k) for r, k in zip(rolled, shifts, strict=True)),
-                         capacity)
-            if s > best[0] + 1e-12:
-                best = (s, shifts)
+        # every rotation of the last job at once (a row of the matrix per rotation), in
+        # the order itertools.product would visit them: the first best wins, as before
+        last, ks = rolled[-1], np.asarray(options[-1])
+        rows = max(1, CHUNK // bins)  # rotations per matrix: memory stays bounded
+        for head in itertools.product(*options[:-1]):
+            base = sum((np.roll(r, k) for r, k in zip(rolled[:-1], head, strict=True)),
+                       np.zeros(bins))
+            for lo in range(0, len(ks), rows):
+                at = (np.arange(bins)[None, :] - ks[lo:lo + rows, None]) % bins
+                excess = np.maximum(base[None, :] + last[at] - capacity, 0).sum(axis=1)
+                scores = 1.0 - excess / (bins * capacity)
+                for i in np.flatnonzero(scores > best[0] + 1e-12):
+                    if scores[i] > best[0] + 1e-12:
+                        best = (float(scores[i]), (*head, int(ks[lo + i])))
     else:
         shifts = [0] * len(profiles)
         total = sum(rolled)
