@@ -294,3 +294,26 @@ def test_a_hybrid_iteration_cut_short_goes_on_with_what_was_delivered() -> None:
     loop.run_until_complete(done)
     loop.close()
     assert len(sent2) == total - len(carry[1])
+
+
+def test_a_hybrid_job_among_several_keeps_each_tensor_group_in_a_row(
+        root: Path, tmp_path: Path) -> None:
+    """[[jobs]]: a hybrid job's rectangle is as wide as a whole number of its tensor
+    groups (the testbed's row need not be), and the job runs."""
+    import tomli_w
+
+    exp = tmp_path / "jobs.toml"
+    exp.write_text(tomli_w.dumps({
+        "name": "mj", "testbed": str(root / GRID64),
+        "jobs": [{"name": "gpt", "model": "gpt2", "ranks": 12, "iterations": 2,
+                  "parallelism": {"tensor": 3, "pipeline": 2, "data": 2,
+                                  "micro_batches": 2}},
+                 {"name": "resnet", "model": "resnet50", "ranks": 8, "iterations": 2}],
+        "networks": [{"name": "oddl", "kind": "oddl"}]}))
+    r = CliRunner().invoke(main, ["plan", str(root / GRID64), "--job", str(exp), "--json"])
+    assert r.exit_code == 0, r.output
+    gpt = json.loads(r.output)["jobs"]["gpt"]["partition"]
+    # 3 x 4 would be squarer; a tensor group of 3 keeps to a row of a 4 x 3 rectangle
+    assert (len(gpt["rows"]), len(gpt["cols"])) == (4, 3)
+    res = run_experiment(load_experiment(exp), checker_mode="raise")
+    assert res.invariant_violations == 0 and res.jobs["gpt"]["oddl"]["iterations"] == 2

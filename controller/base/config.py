@@ -1028,19 +1028,21 @@ def _job_issues(path: Path, exp: Experiment, jobs: list[JobEntry],
                                    f"has {tb.n_nodes} nodes: the job can never start"))
         if j.parallelism is not None:
             out += [ConfigIssue(str(path), f"{at}.{p}", r) for p, r in parallelism_issues(
-                j.parallelism, j.model, j.collective, j.ranks, tb)]
+                j.parallelism, j.model, j.collective, j.ranks, tb, whole_grid=False)]
     return out
 
 
 def parallelism_issues(par: Parallelism, model: str, collective: str, ranks: int,
-                       tb: Testbed) -> list[tuple[str, str]]:
-    """(field, why) for a hybrid split its model, its ranks or the grid cannot take."""
+                       tb: Testbed, whole_grid: bool = True) -> list[tuple[str, str]]:
+    """(field, why) for a hybrid split its model, its ranks or the grid cannot take;
+    `whole_grid`: its ranks fill the testbed's rows (one workload), else a rectangle of
+    its own, whose width the placement fits to the tensor groups ([[jobs]])."""
     out = [(f"parallelism.{f}", why) for f, why in par.hybrid(model, 4).problems()]
     if par.ranks != ranks:
         out.append(("parallelism", f"tensor {par.tensor} x pipeline {par.pipeline} x data "
                                    f"{par.data} = {par.ranks} ranks, but the job has {ranks}"))
     cols = tb.grid.cols
-    if par.tensor > 1 and cols % par.tensor:
+    if whole_grid and par.tensor > 1 and cols % par.tensor:
         out.append(("parallelism.tensor", f"a tensor group of {par.tensor} ranks would "
                     f"straddle two rows of {tb.name}'s {cols}-column grid (ranks fill it row "
                     f"by row, a group keeps to one WSS row): tensor must divide {cols}"))

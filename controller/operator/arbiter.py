@@ -134,7 +134,8 @@ def job_request(text: str, grid: Grid, tb: Testbed, name: str, priority: int) ->
     except ValidationError as e:
         raise Refused(422, f"not a job: {e}") from None
     if w.parallelism is not None:
-        bad = parallelism_issues(w.parallelism, w.model, w.collective, entry.ranks, tb)
+        bad = parallelism_issues(w.parallelism, w.model, w.collective, entry.ranks, tb,
+                                 whole_grid=False)  # its own rectangle, as [[jobs]]
         if bad:
             raise Refused(422, "; ".join(f"workload.{f}: {why}" for f, why in bad))
     req = JobRequest.of(entry)
