@@ -337,7 +337,7 @@ class ModelBackend:
         switch = self._switch
         switch.sharing.join(spec.tag, spec.weight)
         runner.on_network(switch.submit)
-        flows0 = switch.flows
+        flows0, law0 = switch.flows, switch.sharing.describe()  # this job's share of both
         self._pauses[spec.job] = 0
         try:
             with _holding(self._runners, spec.ranks, runner):
@@ -347,8 +347,9 @@ class ModelBackend:
             self._pauses.pop(spec.job, None)
         if spec.tag:
             self.monitor.job_left(spec.tag, self.clock.now_ns())
+        law = {k: round(v - law0.get(k, 0), 1) for k, v in switch.sharing.describe().items()}
         return JobOutcome(0, runner.engine.flows,
-                          {"transfers": switch.flows - flows0, **switch.describe()},
+                          {"transfers": switch.flows - flows0, **switch.describe(), **law},
                           list(self.monitor.violations))
 
     def pause(self, job: str, ns: int) -> bool:

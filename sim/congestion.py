@@ -74,12 +74,9 @@ class Reno:
     initial_window: float = 10.0
 
 
-@dataclass(frozen=True)
-class Links:
-    """A switch port's buffer (a Trident II's 12 MB shared by 32 ports, as in the DCQCN
-    paper's testbed: 375 KB a port)."""
-
-    buffer_bytes: float = 375_000
+# a switch port's buffer: a Trident II's 12 MB shared by 32 ports, as in the DCQCN
+# paper's testbed
+PORT_BUFFER_BYTES = 375_000
 
 
 class CongestionControl(Sharing):
@@ -87,15 +84,17 @@ class CongestionControl(Sharing):
 
     controls_rates = True
 
-    def __init__(self, law: str, tick_ns: int = 2_000, links: Links = Links(),
-                 dcqcn: Dcqcn = Dcqcn(), reno: Reno = Reno(), random_loss: float = 0.0,
-                 seed: int = 0, mltcp: MLTCP | None = None) -> None:
+    def __init__(self, law: str, tick_ns: int = 2_000,
+                 buffer_bytes: float = PORT_BUFFER_BYTES, dcqcn: Dcqcn = Dcqcn(),
+                 reno: Reno = Reno(), random_loss: float = 0.0, seed: int = 0,
+                 mltcp: MLTCP | None = None) -> None:
         if law not in ("dcqcn", "tcp"):
             raise ValueError(f"unknown congestion control {law!r} (dcqcn or tcp)")
         if tick_ns < 1 or not 0 <= random_loss < 1:
             raise ValueError("a tick of at least 1 ns and a random loss in [0, 1)")
         self.name = law if mltcp is None else f"mltcp-{law}"
-        self.law, self.tick_ns, self.links, self.d, self.r = law, tick_ns, links, dcqcn, reno
+        self.law, self.tick_ns, self.d, self.r = law, tick_ns, dcqcn, reno
+        self.buffer_bits = buffer_bytes * 8
         self.random_loss = random_loss
         self.mltcp = mltcp
         self.rng = np.random.default_rng(seed)
@@ -121,6 +120,11 @@ class CongestionControl(Sharing):
         self._csr: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
         self.stats = {"cnps": 0, "losses": 0, "dropped_bytes": 0.0, "max_queue_bytes": 0.0,
                       "paused_bytes": 0.0}
+
+    def describe(self) -> dict[str, float]:
+        """What the law has done so far: CNPs, losses, bytes dropped or paused (counters:
+        a job's stats are what they grew by while it ran)."""
+        return {k: v for k, v in self.stats.items() if k != "max_queue_bytes"}
 
     # --- the flow solver's side -------------------------------------------------------
     def attach(self, net: FlowNetwork) -> None:
@@ -228,7 +232,7 @@ class CongestionControl(Sharing):
                 (x >= self.line[slots] * (1 - 1e-9)).all():
             self.goodput[slots] = x
             return False
-        buf = self.links.buffer_bytes * 8
+        buf = self.buffer_bits
         q = self.queue + (arrive - cap) * dt
         over = np.maximum(q - buf, 0.0)  # beyond the buffer: dropped, or paused (PFC)
         q = np.clip(q, 0.0, buf)
@@ -330,7 +334,8 @@ class CongestionControl(Sharing):
         r = self.r
         n = len(slots)
         seg = r.mss * 8
-        cap = self.net.cap_arr if self.net is not None else np.ones(1)
+        assert self.net is not None
+        cap = self.net.cap_arr
         delay = np.bincount(rows, weights=(q / cap)[cols], minlength=n)  # queueing, ns
         rtt = self.base_rtt[slots] + delay
         w = self.window[slots]

@@ -59,6 +59,10 @@ class Sharing:
     def rates(self, comp: list[Any]) -> list[float]:
         raise NotImplementedError("only a congestion-control law sets the rates")
 
+    def describe(self) -> dict[str, float]:
+        """Counters a run reports (a law's CNPs, losses, queues; none for the fluid)."""
+        return {}
+
     def weights(self, comp: list[Any], active: Iterable[Any], now: int,
                 conns: Mapping[Any, int] | None = None) -> list[float] | None:
         """Each flow of `comp`'s weight (None: all 1); `conns`: the flows on each

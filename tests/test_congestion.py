@@ -5,10 +5,13 @@ from __future__ import annotations
 
 import asyncio
 import math
+from pathlib import Path
 
 import pytest
 from oddl.controller.base.clock import Clock
+from oddl.controller.base.config import Experiment, JobEntry, LoadedExperiment, grid_testbed
 from oddl.controller.base.messages import Flow
+from oddl.controller.experiments.runner import run_experiment
 from oddl.sim.clock import VirtualClockLoop
 from oddl.sim.congestion import CongestionControl, Reno
 from oddl.sim.electrical import ElectricalSwitch
@@ -110,3 +113,22 @@ def test_an_incast_of_eight_flows_fills_the_port_and_shares_it(law: str) -> None
     else:
         assert cc.stats["losses"] == 0 and cc.stats["dropped_bytes"] == 0
         assert cc.stats["cnps"] > 0
+
+
+@pytest.mark.parametrize("law, counter", [("dcqcn", "cnps"), ("tcp", "losses")])
+def test_jobs_on_a_shared_uplink_run_under_the_law_and_say_what_it_did(
+        law: str, counter: str) -> None:
+    """The runner's path: two jobs whose rings cross one 100 Gb/s uplink, under each law:
+    both finish, slower than alone, and the network's stats count the law's reactions."""
+    es = [JobEntry(name=n, model="resnet50", collective="ring", ranks=2, shape="col",
+                   iterations=3, compute_time_ms=1.0, arrival_ms=t)
+          for n, t in (("a", 0.0), ("b", 0.5))]
+    net = {"name": "m", "kind": "fattree", "hosts_per_leaf": 2, "spines": 1,
+           "oversubscription": 2, "latency_ns": 1000, "sharing": law, "cc_tick_us": 5.0}
+    res = run_experiment(LoadedExperiment(Path("."), Experiment(
+        name="cc", testbed="-", jobs=es, networks=[net]), Path("."), grid_testbed(2, 2),
+        tuple(es)))
+    m = res.networks["m"]
+    assert all(res.jobs[j]["m"]["iterations"] == 3 for j in "ab")
+    assert all(res.jobs[j]["m"]["iteration_time_s"] > 9.18e-3 for j in "ab")  # > alone
+    assert m.stats[counter] > 0
