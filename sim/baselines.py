@@ -7,8 +7,9 @@ from typing import Any
 
 from oddl.controller.base.clock import Clock
 from oddl.controller.base.messages import Flow
+from oddl.sim.congestion import CongestionControl
 from oddl.sim.electrical import ElectricalSwitch, FlowNetwork
-from oddl.sim.sharing import sharing_of
+from oddl.sim.sharing import MLTCP, sharing_of
 
 
 def build_network(spec: Any, clock: Clock, ranks: list[str], line_rate_gbps: float,
@@ -20,8 +21,15 @@ def build_network(spec: Any, clock: Clock, ranks: list[str], line_rate_gbps: flo
     first job's), where the network places by it (SiP-ML's ring order); `links`, TopoOpt's
     topology for a hybrid job."""
     net = _network(spec, clock, ranks, line_rate_gbps, deliver, traffic or {}, links)
-    net.sharing = sharing_of(spec.sharing, spec.mltcp_slope, spec.mltcp_intercept,
-                             round(spec.mltcp_tick_us * 1e3), round(spec.cc_tick_us * 1e3))
+    law = spec.sharing.removeprefix("mltcp-")
+    mltcp_tick = round(spec.mltcp_tick_us * 1e3)
+    if law in ("dcqcn", "tcp"):  # a congestion-control law, MLTCP on it or not
+        net.sharing = CongestionControl(law, round(spec.cc_tick_us * 1e3), mltcp=MLTCP(
+            spec.mltcp_slope, spec.mltcp_intercept, mltcp_tick)
+            if spec.sharing != law else None)
+    else:
+        net.sharing = sharing_of(spec.sharing, spec.mltcp_slope, spec.mltcp_intercept,
+                                 mltcp_tick)
     net.sharing.attach(net)
     return net
 

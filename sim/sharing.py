@@ -146,20 +146,12 @@ class MLTCP(Sharing):
 
 
 def sharing_of(kind: str, slope: float = 1.0, intercept: float = 1.0,
-               tick_ns: int = 100_000, cc_tick_ns: int = 2_000, seed: int = 0) -> Sharing:
-    """The policy by name: fluid (fair, weighted, mltcp) or a congestion-control law
-    (dcqcn, tcp, and MLTCP on either: mltcp-dcqcn, mltcp-tcp)."""
+               tick_ns: int = 100_000) -> Sharing:
+    """A fluid policy by name (the laws: sim/congestion.py)."""
     if kind == "fair":
         return Fair()
     if kind == "weighted":
         return Weighted()
     if kind == "mltcp":
         return MLTCP(slope, intercept, tick_ns)
-    law = kind.removeprefix("mltcp-")
-    if law in ("dcqcn", "tcp"):
-        from oddl.sim.congestion import CongestionControl
-
-        return CongestionControl(law, cc_tick_ns, seed=seed, mltcp=MLTCP(
-            slope, intercept, tick_ns) if kind.startswith("mltcp-") else None)
-    raise ValueError(f"unknown sharing {kind!r} (fair, weighted, mltcp, dcqcn, tcp, "
-                     f"mltcp-dcqcn or mltcp-tcp)")
+    raise ValueError(f"unknown fluid sharing {kind!r} (fair, weighted or mltcp)")
