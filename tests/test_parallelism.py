@@ -210,6 +210,9 @@ def test_search_finds_a_split_whose_run_takes_the_predicted_time(
     res = run_experiment(load_experiment(exp), iterations=1, checker_mode="raise")
     assert res.networks["topoopt"].iteration_time_s * 1e3 == pytest.approx(
         topo["iteration_ms"], abs=1e-5)
+    r = CliRunner().invoke(main, ["plan", str(root / GRID64), "--job",
+                                  str(root / "experiments/table1-resnet50.toml"), "--search"])
+    assert r.exit_code == 2 and "splits a Transformer" in r.output
 
 
 def test_a_node_refuses_a_split_it_must_not_build() -> None:

@@ -201,9 +201,14 @@ def _search(ctx: Any, as_json: bool) -> None:
     """`oddl plan --search`: TopoOpt's strategy-and-topology search, SiP-ML's split within
     its degree, on each such network of the experiment."""
     from oddl.controller import registry
+    from oddl.controller.base.catalog import TRANSFORMERS
     from oddl.controller.base.config import Parallelism
 
     w, tb = ctx.workload, ctx.testbed
+    if w.model not in TRANSFORMERS:
+        click.echo(f"error: {ctx.path}: --search splits a Transformer ({', '.join(TRANSFORMERS)}"
+                   f"), not {w.model}", err=True)
+        sys.exit(2)
     nets = [s for s in ctx.experiment.networks if s.kind in ("topoopt", "sipring", "sipocs")]
     if not nets:
         click.echo(f"error: {ctx.path} has no topoopt, sipring or sipocs network to search "
