@@ -2,7 +2,7 @@
 `[[faults]]` entry to `oddl emulate`'s control endpoint while the job runs; the watch
 (heartbeats and wills over MQTT, WSS polls over serial) finds it, the job stops, is
 re-planned round it and resumes. One emulator of a 2 x 2 grid serves every drill, as one
-serves a lab's drills day after day."""
+serves a lab's drills day after day (and, last, a hybrid-parallel job: issue 35)."""
 
 from __future__ import annotations
 
