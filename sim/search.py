@@ -4,7 +4,9 @@
   from pure data parallelism and its topology (`Topology.of`: a fibre per model-parallel
   pair, TotientPerms over each data-parallel group); on that topology, time every split;
   take the fastest, build its topology, and time every split again; stop when the best
-  split keeps its place (at most `rounds` rounds).
+  split keeps its place (at most `rounds` rounds). Alternation can stop at a local
+  optimum, so a last round times each split on its own topology; the better is the
+  answer (`found_by`).
 - SiP-ML (seeds/000-001): the split is constrained by the degree: a split whose GPUs need
   more lightpaths at once than they have transceivers is left out, with the reason.
 

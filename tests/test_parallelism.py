@@ -315,7 +315,9 @@ def test_a_hybrid_job_among_several_keeps_each_tensor_group_in_a_row(
         "networks": [{"name": "oddl", "kind": "oddl"}]}))
     r = CliRunner().invoke(main, ["plan", str(root / GRID64), "--job", str(exp), "--json"])
     assert r.exit_code == 0, r.output
-    gpt = json.loads(r.output)["jobs"]["gpt"]["partition"]
+    jobs = json.loads(r.output)["jobs"]
+    assert set(jobs["gpt"]["degree"]) >= set(jobs["gpt"]["partition"]["ranks"])
+    gpt = jobs["gpt"]["partition"]
     # 3 x 4 would be squarer; a tensor group of 3 keeps to a row of a 4 x 3 rectangle
     assert (len(gpt["rows"]), len(gpt["cols"])) == (4, 3)
     res = run_experiment(load_experiment(exp), checker_mode="raise")

@@ -278,7 +278,8 @@ def _plan_jobs(ctx: Any, strategy: str | None, as_json: bool, plot: Path | None)
     if as_json:
         click.echo(json.dumps({"jobs": {p.job: {"partition": {
             "shape": p.shape, "rows": list(p.rows), "cols": list(p.cols),
-            "ranks": list(p.ranks), "spare": list(p.spare)}, "plan": plan.to_dict()}
+            "ranks": list(p.ranks), "spare": list(p.spare)}, "plan": plan.to_dict(),
+            "degree": plan.degrees()}
             for p, plan in plans}, "waiting": [r.name for r in waiting]}, indent=1))
         return
     click.echo(f"{ctx.experiment.name} on {tb.name}: {len(plans)} jobs start at once "
