@@ -238,10 +238,11 @@ class CongestionControl(Sharing):
         q = np.clip(q, 0.0, buf)
         self.queue = q
         self.stats["max_queue_bytes"] = max(self.stats["max_queue_bytes"], float(q.max()) / 8)
-        with np.errstate(divide="ignore", invalid="ignore"):
-            lost = np.where(arrive > 0, over / (arrive * dt), 0.0)  # share of arrivals
-            depart = np.where(q > 0, cap, np.minimum(arrive, cap))
-            serve = np.where(arrive > 0, depart / arrive, 1.0)
+        # a link on an active connection's path has arrivals (no rate is ever 0); one
+        # without has none to share, and `over` is 0 there
+        seen = np.maximum(arrive, 1e-300)
+        lost = over / (seen * dt)  # the share of what arrives that the buffer turns away
+        serve = np.where(q > 0, cap, np.minimum(arrive, cap)) / seen
         # a connection's share: what its slowest link serves of it, less what is lost
         through = np.full(n, np.inf)
         np.minimum.at(through, rows, serve[cols])  # over 1: a queue drains
