@@ -215,10 +215,15 @@ class FlowNetwork:
         self.flows += 1
         self.sharing.submitted(flow)
         self.sharing.added(a)
-        if self.sharing.tick_ns and not self._ticking:
+        self._keep_ticking()
+        self._touch(a, now)
+
+    def _keep_ticking(self) -> None:
+        """A policy that moves with time (MLTCP, a law) re-solves every tick while flows
+        are active; a flow's coming or going starts the ticks again."""
+        if self.sharing.tick_ns and self.active and not self._ticking:
             self._ticking = True
             self.clock.call_later_ns(self.sharing.tick_ns, self._tick)
-        self._touch(a, now)
 
     def _touch(self, a: _Active, now: int) -> None:
         """Mark a's component for re-solving; one solve per instant, after every submit and
@@ -313,9 +318,7 @@ class FlowNetwork:
             del self.conns[a.conn]
         self.sharing.finished(a.flow)
         self.sharing.removed(a)
-        if self.sharing.tick_ns and self.active and not self._ticking:
-            self._ticking = True
-            self.clock.call_later_ns(self.sharing.tick_ns, self._tick)
+        self._keep_ticking()
         for link in a.links:
             users = self.users[link]
             del users[a]

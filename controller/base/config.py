@@ -546,10 +546,18 @@ class Parallelism(_Model):
     def ranks(self) -> int:
         return self.tensor * self.pipeline * self.data
 
+    @property
+    def batches(self) -> int:
+        """Micro-batches an iteration: as given, or 4 x pipeline."""
+        return self.micro_batches or 4 * self.pipeline
+
+    @property
+    def samples_per_iteration(self) -> int:
+        return self.data * self.batches * self.micro_batch_size
+
     def hybrid(self, model: str, bytes_per_param: int) -> Hybrid:
-        return Hybrid(model, self.tensor, self.pipeline, self.data,
-                      self.micro_batches or 4 * self.pipeline, self.micro_batch_size,
-                      self.gpu_tflops, bytes_per_param)
+        return Hybrid(model, self.tensor, self.pipeline, self.data, self.batches,
+                      self.micro_batch_size, self.gpu_tflops, bytes_per_param)
 
 
 def _hybrid_compute(parallelism: Parallelism | None, model: str, batch_per_node: int | None,
@@ -597,7 +605,7 @@ class Workload(_Model):
     def samples_per_iteration(self, n_nodes: int) -> int:
         p = self.parallelism
         if p is not None:
-            return p.data * (p.micro_batches or 4 * p.pipeline) * p.micro_batch_size
+            return p.samples_per_iteration
         assert self.batch_per_node is not None
         return self.batch_per_node * (self.ranks or n_nodes)
 
@@ -651,8 +659,7 @@ class JobEntry(_Model):
             return self.iterations
         assert self.epochs is not None and self.dataset_samples is not None
         p = self.parallelism
-        per = p.data * (p.micro_batches or 4 * p.pipeline) * p.micro_batch_size \
-            if p is not None else self.batch_per_node * self.ranks
+        per = p.samples_per_iteration if p is not None else self.batch_per_node * self.ranks
         return math.ceil(self.epochs * math.ceil(self.dataset_samples / per))
 
 

@@ -57,6 +57,7 @@ from oddl.controller.service.compat import (
     Profile,
     Realignment,
     best_placement,
+    on_links,
     phase_score,
     realign,
     shift_against,
@@ -703,12 +704,8 @@ class Admission:
         mine = self._measured.pop(req.name, None) or \
             self.profiler(req.name, part.ranks, schedule, req.compute_ns)
         now = self.clock.now_ns()
-        running: dict[object, list[tuple[Profile, float]]] = {}
-        for job, links in self._profiles.items():
-            phase_ms = (now - self._began[job]) / 1e6
-            for link, p in links.items():
-                running.setdefault(link, []).append((p, phase_ms))
-        kept = shift_against(mine, running)  # its best delay, the running jobs unmoved
+        kept = shift_against(mine, on_links(self._profiles, self._began, now))  # the
+        # newcomer's best delay, the running jobs unmoved
         self._profiles[req.name] = mine
         moved = self._realign(req.name)
         # re-aligning pauses running jobs: worth it only where it scores better
@@ -737,10 +734,8 @@ class Admission:
         assert self.profiler is not None
         measured = [self.profiler(req.name, c.ranks, schedule_of(req, c, self.spec),
                                   req.compute_ns) for c in cands]
-        running: dict[object, list[Profile]] = {}
-        for links in self._profiles.values():
-            for link, p in links.items():
-                running.setdefault(link, []).append(p)
+        running = {link: [p for p, _phase in jobs] for link, jobs in on_links(
+            self._profiles, self._began, self.clock.now_ns()).items()}
         k = best_placement(measured, running)  # type: ignore[arg-type]
         self._measured[req.name] = measured[k]
         return cands[k]

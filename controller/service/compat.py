@@ -300,8 +300,7 @@ def shift_against(new: dict[object, Profile],
     for i, link in enumerate(shared):
         others = running[link]
         _periods, width, rolled = _circle([new[link], *(p for p, _ in others)])
-        rest = sum(np.roll(r, -round(phase / width)) for r, (_p, phase)
-                   in zip(rolled[1:], others, strict=True))
+        rest = _at_phase(rolled[1:], [phase for _p, phase in others], width)
         for k, d in enumerate(delays):
             scores[i, k] = score_of(rest + np.roll(rolled[0], round(d / width)))
     worst, mean = scores.min(axis=0), scores.mean(axis=0)
@@ -354,21 +353,31 @@ def realign(profiles: dict[str, dict[object, Profile]], began: dict[str, int], n
     return Realignment({j: ns for j, ns in best[1].items() if ns > 0}, best[2], sh)
 
 
+def on_links(profiles: dict[str, dict[object, Profile]], began: dict[str, int],
+             now: int) -> dict[object, list[tuple[Profile, float]]]:
+    """Per link, each job's profile on it and its phase now: ms since its latest
+    iteration began (`began`, ns)."""
+    out: dict[object, list[tuple[Profile, float]]] = {}
+    for job, links in profiles.items():
+        for link, p in links.items():
+            out.setdefault(link, []).append((p, (now - began[job]) / 1e6))
+    return out
+
+
+def _at_phase(rolled: list[np.ndarray], phases_ms: list[float], width: float) -> np.ndarray:
+    """The jobs' demand summed around the circle, each rotated back by its phase."""
+    return sum((np.roll(r, -round(ph / width)) for r, ph in zip(rolled, phases_ms,
+                                                               strict=True)),
+               np.zeros(len(rolled[0])))
+
+
 def phase_score(profiles: dict[str, dict[object, Profile]], began: dict[str, int],
                 now: int) -> float:
     """The worst score, over the links two or more of these jobs share, of the jobs as
-    they run now: each one's profile rotated to its phase (how long since its latest
-    iteration began). 1.0 where nothing is shared."""
-    on_link: dict[object, list[tuple[Profile, float]]] = {}
-    for job, links in profiles.items():
-        for link, p in links.items():
-            on_link.setdefault(link, []).append((p, (now - began[job]) / 1e6))
+    they run now, each one's profile rotated to its phase. 1.0 where nothing is shared."""
     worst = 1.0
-    for jobs in on_link.values():
-        if len(jobs) < 2:
-            continue
-        _periods, width, rolled = _circle([p for p, _ in jobs])
-        total = sum(np.roll(r, -round(phase / width)) for r, (_p, phase)
-                    in zip(rolled, jobs, strict=True))
-        worst = min(worst, score_of(total))
+    for jobs in on_links(profiles, began, now).values():
+        if len(jobs) >= 2:
+            _periods, width, rolled = _circle([p for p, _ in jobs])
+            worst = min(worst, score_of(_at_phase(rolled, [ph for _p, ph in jobs], width)))
     return round(float(worst), 9)
