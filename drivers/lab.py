@@ -46,6 +46,7 @@ from oddl.controller.base.clock import Clock
 from oddl.controller.base.collectives import Schedule
 from oddl.controller.base.config import FaultSpec, Testbed
 from oddl.controller.base.devices import ONic
+from oddl.controller.base.lifecycle import close_loop
 from oddl.controller.base.telemetry import note_topic
 from oddl.controller.base.topology import Grid
 from oddl.controller.service.backend import (
@@ -574,8 +575,10 @@ class LabBackend:
 
     def close(self) -> None:
         if not self.loop.is_closed():
-            self.loop.run_until_complete(self._disconnect())
-            self.loop.close()
+            try:
+                self.loop.run_until_complete(self._disconnect())
+            finally:
+                close_loop(self.loop)
         for w in self.wss.values():
             w.close()
 

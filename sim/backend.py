@@ -22,6 +22,7 @@ import pynq
 from oddl.controller.base.clock import Clock
 from oddl.controller.base.collectives import traffic
 from oddl.controller.base.config import FaultSpec, NetworkSpec, Testbed
+from oddl.controller.base.lifecycle import close_loop
 from oddl.controller.base.messages import Flow
 from oddl.controller.base.topology import Grid
 from oddl.controller.service.backend import (
@@ -110,7 +111,7 @@ async def run_in_process(runner: JobRunner, loop: asyncio.AbstractEventLoop,
     last = [0]
 
     def fail(exc: BaseException) -> None:
-        if not done.done():
+        if not done.done() and not loop.is_closed():
             done.set_exception(exc)
 
     def loop_error(_loop: Any, context: dict[str, Any]) -> None:
@@ -290,7 +291,7 @@ class SimBackend:
             b.stop()
         for board in self.world.boards.values():
             board.close()
-        self.loop.close()
+        close_loop(self.loop)  # a stopped run's tasks end first, none destroyed pending
 
 
 class ModelBackend:
@@ -363,4 +364,4 @@ class ModelBackend:
         return ns
 
     def close(self) -> None:
-        self.loop.close()
+        close_loop(self.loop)

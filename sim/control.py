@@ -16,7 +16,6 @@ with the field and the reason, and nothing is injected.
 
 from __future__ import annotations
 
-import asyncio
 import hmac
 from collections.abc import Callable
 from typing import Any
@@ -68,28 +67,18 @@ class ControlEndpoint:
             Route("/faults", self._inject, methods=["POST"]),
             Route("/faults/{i:int}", self._revert, methods=["DELETE"]),
         ], middleware=[Middleware(_Token, token=token)])
-        self.server = http.server(self.app, "127.0.0.1", port)
-        self._task: asyncio.Task[None] | None = None
+        self.http = http.HttpService(self.app, "127.0.0.1", port)
 
     @property
     def url(self) -> str:
-        port = self.server.servers[0].sockets[0].getsockname()[1]
-        return f"http://127.0.0.1:{port}"
+        return self.http.url
 
     async def start(self) -> ControlEndpoint:
-        self._task = asyncio.create_task(self.server.serve())
-        while not self.server.started:
-            if self._task.done():
-                self._task.result()  # why it could not bind
-                raise RuntimeError("the control endpoint stopped while starting")
-            await asyncio.sleep(0.01)
+        await self.http.start()
         return self
 
     async def stop(self) -> None:
-        if self._task is not None:
-            self.server.should_exit = True
-            await self._task
-            self._task = None
+        await self.http.stop()
 
     async def _list(self, request: Request) -> Response:
         return JSONResponse([row(i, x) for i, x in enumerate(self.drill.injected)])

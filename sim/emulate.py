@@ -13,7 +13,6 @@ import gc
 import logging
 import secrets as secrets_
 import shutil
-import signal
 import statistics
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,6 +22,7 @@ import tomli_w
 from oddl.controller.base.access import EMULATOR, new_passwords, probe_ns, write_private
 from oddl.controller.base.clock import Clock
 from oddl.controller.base.config import FaultSpec, Testbed
+from oddl.controller.base.lifecycle import Services
 from oddl.controller.base.topology import Grid
 from oddl.controller.service.node import NodeProgram
 from oddl.sim import backend as sim_backend
@@ -138,15 +138,16 @@ class Emulation:
             self.qick.stop()
 
 
-async def start(tb: Testbed, host: str = "127.0.0.1", faults: list[FaultSpec] | None = None,
-                external: set[str] | frozenset[str] = frozenset(),
-                local_boards: bool = False) -> Emulation:
-    """external: boards whose node program runs elsewhere (`oddl node` over PYNQ.remote).
+async def start(tb: Testbed, emu: Emulation, host: str = "127.0.0.1",
+                faults: list[FaultSpec] | None = None, local_boards: bool = False
+                ) -> Emulation:
+    """Start every device of `emu` (its `stop` stops what has started, also part-way).
+    emu.external: boards whose node program runs elsewhere (`oddl node` over PYNQ.remote).
     local_boards: the others open no PYNQ.remote port; the emu config names them `local`
     (their node programs, here, apply their stage 1: drivers/local_board.py)."""
     loop = asyncio.get_running_loop()
     grid = Grid.from_testbed(tb)
-    emu = Emulation(external=frozenset(external))
+    external = emu.external
     # the devices answer hand-driven probes too (acceptance checks): record, never raise
     emu.world = sim_backend.build(tb, grid, Clock(loop), checker_mode="record")
     emu.drill = install(emu.world, Clock(loop), faults or [],
@@ -259,32 +260,32 @@ async def serve(tb: Testbed, source: str, out: Path, say: Any,
                 faults: list[FaultSpec] | None = None,
                 external: set[str] | frozenset[str] = frozenset(),
                 local_boards: bool = False) -> None:
-    emu = await start(tb, faults=faults, external=external, local_boards=local_boards)
-    for f in faults or []:
-        say(f"fault: {f}")
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
+    """Serve until a signal: every device started, then stopped in the reverse order (its
+    credentials last); "stopped" said on the way out, whatever ended it."""
+    emu = Emulation(external=frozenset(external))
     secrets = out.with_name(f".{out.name}.secrets")
     try:
-        emu.write_secrets(secrets)
-        out.write_text(tomli_w.dumps(emu_config(tb, emu, source, secrets)))
-        ep = emu.endpoints()
-        for n, url in ep["boards"].items():
-            say(f"board {n}: {url} (PYNQ.remote)")
-        for w, path in ep["wss"].items():
-            say(f"wss {w}: {path} (serial)")
-        say(f"broker: {ep['broker'] or tb.broker.url}")
-        if ep["qick"]:
-            say(f"qick: {ep['qick']} (qick.pyro)")
-        say(f"control: {emu.control.url} (faults while a job runs; token in {secrets})")
-        say(f"config: {out}")
-        gc.collect()
-        gc.freeze()  # the long-lived models and servers: never scanned again
-        say("ready")
-        await stop.wait()
+        async with Services(f"emulator of {tb.name}") as services:
+            services.add("its credentials", lambda: shutil.rmtree(secrets, ignore_errors=True))
+            services.add("its devices, broker and node programs", emu.stop)
+            await start(tb, emu, faults=faults, local_boards=local_boards)
+            for f in faults or []:
+                say(f"fault: {f}")
+            emu.write_secrets(secrets)
+            out.write_text(tomli_w.dumps(emu_config(tb, emu, source, secrets)))
+            ep = emu.endpoints()
+            for n, url in ep["boards"].items():
+                say(f"board {n}: {url} (PYNQ.remote)")
+            for w, path in ep["wss"].items():
+                say(f"wss {w}: {path} (serial)")
+            say(f"broker: {ep['broker'] or tb.broker.url}")
+            if ep["qick"]:
+                say(f"qick: {ep['qick']} (qick.pyro)")
+            say(f"control: {emu.control.url} (faults while a job runs; token in {secrets})")
+            say(f"config: {out}")
+            gc.collect()
+            gc.freeze()  # the long-lived models and servers: never scanned again
+            say("ready")
+            await services.run()
     finally:
-        await emu.stop()
-        shutil.rmtree(secrets, ignore_errors=True)
         say("stopped")

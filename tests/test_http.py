@@ -12,7 +12,7 @@ import httpx
 import pytest
 import websockets
 from oddl.controller.base.config import load_testbed
-from oddl.controller.base.http import server
+from oddl.controller.base.http import HttpService
 from oddl.controller.operator.dashboard import MAX_WATCHERS, Dashboard
 from oddl.drivers.mqtt import MQTTBus
 from oddl.sim.control import ControlEndpoint
@@ -26,20 +26,15 @@ pytestmark = pytest.mark.realtime  # sockets
 
 
 @contextlib.asynccontextmanager
-async def serving(srv: object) -> AsyncIterator[str]:
-    task = asyncio.create_task(srv.serve())  # type: ignore[attr-defined]
-    while not srv.started:  # type: ignore[attr-defined]
-        assert not task.done(), task.result()
-        await asyncio.sleep(0.01)
-    port = srv.servers[0].sockets[0].getsockname()[1]  # type: ignore[attr-defined]
+async def serving(srv: HttpService) -> AsyncIterator[str]:
+    await srv.start()
     try:
-        yield f"127.0.0.1:{port}"
+        yield f"127.0.0.1:{srv.port}"
     finally:
         for w in _KEPT:
             w.close()
         _KEPT.clear()
-        srv.should_exit = True  # type: ignore[attr-defined]
-        await task
+        await srv.stop()
 
 
 _KEPT: list[asyncio.StreamWriter] = []  # a writer collected closes its connection
@@ -66,7 +61,7 @@ def test_idle_connections_do_not_close_the_drill_endpoint(root: Path) -> None:
     tb = load_testbed(root / "hw_configs/prototype-4node.toml")
 
     async def go() -> int:
-        async with serving(ControlEndpoint(tb, Drill(None, None, []), "t").server) as addr:
+        async with serving(ControlEndpoint(tb, Drill(None, None, []), "t").http) as addr:
             await _hang(addr, 40, b"")
             async with httpx.AsyncClient(base_url=f"http://{addr}") as c:
                 r = await c.get("/faults", headers={"authorization": "Bearer t"})
@@ -83,7 +78,7 @@ def test_half_sent_requests_and_open_websockets_do_not_close_the_dashboard(root:
     dash = Dashboard(tb, MQTTBus(tb.name, "127.0.0.1", 1, user="oddl-dash", readonly=True))
 
     async def go() -> tuple[int, int, int | None]:
-        async with serving(dash.server) as addr:
+        async with serving(dash.http) as addr:
             await _hang(addr, 64, HALF)
             socks = [await websockets.connect(f"ws://{addr}/ws") for _ in range(70)]
             over = socks[MAX_WATCHERS]
@@ -105,7 +100,7 @@ def test_a_request_that_never_arrives_whole_is_closed_and_the_longest_waiting_go
         return PlainTextResponse("ok" + (await request.body()).decode())
 
     app = Starlette(routes=[Route("/", ok, methods=["GET", "POST"])])
-    srv = server(app, "127.0.0.1", 0, request_timeout_s=0.5, max_waiting=8)
+    srv = HttpService(app, "127.0.0.1", 0, request_timeout_s=0.5, max_waiting=8)
 
     async def go() -> tuple[list[bytes], list[bytes], int, bytes]:
         async with serving(srv) as addr:

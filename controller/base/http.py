@@ -10,11 +10,18 @@ instead:
 - at most `max_waiting` connections may be waiting for their request to arrive; one more
   closes the longest waiting;
 so a connection that is served is never refused for the ones that are not.
+
+`HttpService` is the one lifecycle of each: started (listening) before it is registered
+for its stop, stopped by the service scaffold (controller/base/lifecycle.py), never by
+uvicorn's own signal handling.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import socket
+from collections.abc import Iterator
 from typing import Any
 
 import h11
@@ -78,11 +85,85 @@ class _Bounded(H11Protocol):
             self.transport.close()
 
 
+class _Server(uvicorn.Server):
+    """uvicorn's server without its signal handling: the service scaffold stops it (a
+    signal taken by uvicorn was raised again after its stop, as a KeyboardInterrupt)."""
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
 def server(app: Any, host: str, port: int, *, request_timeout_s: float = REQUEST_TIMEOUT_S,
            max_waiting: int = MAX_WAITING, **config: Any) -> uvicorn.Server:
     """A uvicorn server for `app` with the bounds above (`config`: uvicorn.Config's own)."""
     protocol = type("BoundedH11", (_Bounded,), {"request_timeout_s": request_timeout_s,
                                                  "max_waiting": max_waiting})
-    return uvicorn.Server(uvicorn.Config(app, host=host, port=port, http=protocol,
-                                         log_level="warning", lifespan="off",
-                                         access_log=False, **config))
+    return _Server(uvicorn.Config(app, host=host, port=port, http=protocol,
+                                  log_level="warning", lifespan="off", access_log=False,
+                                  **config))
+
+
+class HttpService:
+    """One HTTP server on the running loop: `await start()` returns once it listens (or
+    raises why it cannot, e.g. the port is taken), `await stop()` closes it."""
+
+    def __init__(self, app: Any, host: str, port: int, **config: Any) -> None:
+        self.host = host
+        self.server = server(app, host, port, **config)
+        self.tls = bool(config.get("ssl_certfile"))
+        self._task: asyncio.Task[None] | None = None
+
+    @property
+    def port(self) -> int:
+        return int(self.server.servers[0].sockets[0].getsockname()[1])
+
+    @property
+    def url(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"{'https' if self.tls else 'http'}://{host}:{self.port}"
+
+    async def start(self) -> HttpService:
+        """Bound here, so that a taken port is an OSError that says so (uvicorn's own
+        bind logs it and exits the process)."""
+        cfg = self.server.config
+        family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            sock.bind((self.host, cfg.port))
+        except OSError as e:
+            sock.close()
+            raise OSError(f"cannot listen on {self.host}:{cfg.port}: "
+                          f"{e.strerror or e}") from None
+        self._task = asyncio.create_task(self._serve(sock))
+        while not self.server.started:
+            if self._task.done():
+                self._task.result()
+                raise OSError(f"{self.host}:{cfg.port}: the server stopped while starting")
+            await asyncio.sleep(0.01)
+        return self
+
+    async def _serve(self, sock: socket.socket) -> None:
+        try:
+            await self.server.serve(sockets=[sock])
+        except SystemExit:  # uvicorn's way to say it could not start: logged already
+            raise OSError(f"the server on {self.host} could not start") from None
+        finally:
+            sock.close()
+
+    async def wait(self) -> None:
+        """Until the server ends by itself (it never does unless it fails)."""
+        if self._task is not None:
+            await asyncio.shield(self._task)
+
+    async def stop(self) -> None:
+        if self._task is None:
+            return
+        self.server.should_exit = True
+        try:
+            await asyncio.wait_for(asyncio.shield(self._task), 5.0)
+        except TimeoutError:  # open connections that will not close: closed for them
+            self.server.force_exit = True
+            await self._task
+        self._task = None

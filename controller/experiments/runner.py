@@ -29,6 +29,7 @@ from typing import Any
 from oddl.controller import registry
 from oddl.controller.base import collector
 from oddl.controller.base.config import ConfigError, ConfigIssue, LoadedExperiment, NetworkSpec
+from oddl.controller.base.lifecycle import sigint_ignored
 from oddl.controller.base.topology import Grid
 from oddl.controller.experiments.figures import wire_ns
 from oddl.controller.experiments.remote import ArbiterClient
@@ -439,6 +440,7 @@ class _Aside:
                       announce is not None)
         self._mp, self._workers = mp, workers
         self._lock = threading.Lock()
+        self._closing = False
         self._start_more()
         self._listener = threading.Thread(target=self._listen, name="oddl-aside",
                                           daemon=True)
@@ -452,7 +454,10 @@ class _Aside:
                 ctx, reqs, *rest = self._args
                 p = self._mp.Process(target=_aside_main, name=f"oddl-{spec.name}",
                                      args=(theirs, ctx, spec, reqs, *rest), daemon=True)
-                p.start()
+                # born deaf to a terminal's Ctrl-C (it reaches the whole process group):
+                # this process stops its workers itself, on the way out
+                with sigint_ignored():
+                    p.start()
                 theirs.close()
                 self.running[spec.name] = (p, mine)
 
@@ -478,6 +483,8 @@ class _Aside:
                     continue
                 if msg[0] == "result":
                     self.out[name] = msg[2]
+                elif self._closing:  # stopped by us: no failure of its own
+                    pass
                 else:
                     log.error("network %s failed in its worker:\n%s", name, msg[3])
                     self.failed.append(f"network {name}: {msg[2]}")
@@ -497,6 +504,7 @@ class _Aside:
     def close(self) -> None:
         """Whatever is still running (this process failed first) is stopped."""
         self.queue.clear()
+        self._closing = True
         with self._lock:
             for p, _c in self.running.values():
                 p.terminate()

@@ -16,8 +16,6 @@ unauthenticated request gets a 4xx, is counted, and changes nothing.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import dataclasses
 import hmac
 import ipaddress
@@ -45,6 +43,7 @@ from oddl.controller.base.config import (
     load_testbed,
     parallelism_issues,
 )
+from oddl.controller.base.lifecycle import Services, Stopped
 from oddl.controller.base.telemetry import TELEMETRY_VERSION, QueuedJob, QueueNote
 from oddl.controller.base.topology import Grid
 from oddl.controller.service.admission import (
@@ -353,27 +352,30 @@ def serve(testbed: Path, state: Path, users: list[str], host: str = "127.0.0.1",
                                  svc.on_iteration, on_end=svc.on_end)
 
             svc = Service(tb, ledger, users_by_token, make)
-            server = http.server(svc.app(), host, port, ssl_certfile=tls[0] if tls else None,
-                                 ssl_keyfile=tls[1] if tls else None)
+            api = http.HttpService(svc.app(), host, port,
+                                   ssl_certfile=tls[0] if tls else None,
+                                   ssl_keyfile=tls[1] if tls else None)
 
             async def main() -> None:
-                svc.adm.open()
-                for job, req, done in ledger.unfinished():  # what the last arbiter left
-                    ledger.set(job, "queued")
-                    ledger.note(job, f"queued again by a new arbiter, from iteration {done}")
-                    svc.adm.submit(req, resume=done)
-                svc.tell()
-                serving = asyncio.ensure_future(server.serve())
-                while not server.started and not serving.done():
-                    await asyncio.sleep(0.02)
-                if server.started:
-                    bound = server.servers[0].sockets[0].getsockname()[1]
-                    say(f"ready {'https' if tls else 'http'}://{host}:{bound}")
-                await serving
-                svc.adm.close()
+                async with Services(f"arbiter of {tb.name}") as services:
+                    svc.adm.open()
+                    services.add("the orchestration of jobs", svc.adm.close)
+                    for job, req, done in ledger.unfinished():  # what the last one left
+                        ledger.set(job, "queued")
+                        ledger.note(job, f"queued again by a new arbiter, from iteration "
+                                         f"{done}")
+                        svc.adm.submit(req, resume=done)
+                    svc.tell()
+                    await services.start("its API", api.start(), api.stop)
+                    say(f"ready {api.url}")
+                    await services.run(api.wait())
 
-            with contextlib.suppress(KeyboardInterrupt):  # uvicorn raises what stopped it
+            try:
                 backend.loop.run_until_complete(main())
+            except Stopped as e:
+                e.notes.append(f"every job's state is kept in {state} (a new arbiter on it "
+                               f"goes on with them)")
+                raise
         finally:
             ledger.close()
             backend.close()

@@ -29,6 +29,7 @@ import msgspec
 from oddl.controller.base import http
 from oddl.controller.base.access import CONTROLLER
 from oddl.controller.base.config import Testbed
+from oddl.controller.base.lifecycle import Services
 from oddl.controller.base.telemetry import NOTE_TYPES, PortsNote
 from oddl.controller.base.topology import Grid
 from oddl.controller.service.health import Heartbeat
@@ -226,14 +227,12 @@ class Dashboard:
             Route("/", self._index), Route("/api/state", self._state),
             WebSocketRoute("/ws", self._ws), Mount("/static", StaticFiles(directory=ASSETS)),
         ], middleware=middleware)
-        self.server = http.server(self.app, host, port, ws_max_size=4096)
+        self.http = http.HttpService(self.app, host, port, ws_max_size=4096)
         self.watchers = 0
 
     @property
     def url(self) -> str:
-        host, port = self.server.servers[0].sockets[0].getsockname()[:2]
-        host = f"[{host}]" if ":" in host else host
-        return f"http://{host}:{port}/" + (f"?token={self.token}" if self.token else "")
+        return f"{self.http.url}/" + (f"?token={self.token}" if self.token else "")
 
     async def _index(self, request: Any) -> Response:
         return FileResponse(ASSETS / "index.html")
@@ -266,21 +265,7 @@ class Dashboard:
         finally:
             self.watchers -= 1
 
-    async def serve(self, ready: Any = None) -> None:
-        """Connect to the bus, serve until stopped; `ready(url)` once listening."""
-        await self.bus.start()
-        task = asyncio.create_task(self.server.serve())
-        try:
-            while not self.server.started:
-                if task.done():
-                    task.result()
-                    raise RuntimeError("the dashboard's server stopped while starting")
-                await asyncio.sleep(0.01)
-            if ready is not None:
-                ready(self.url)
-            await task
-        finally:
-            self.server.should_exit = True
-            with contextlib.suppress(Exception):
-                await task
-            await self.bus.close()
+    async def serve(self, services: Services) -> None:
+        """Connect to the bus and listen, each registered with `services` for its stop."""
+        await services.start("bus connection", self.bus.start(), self.bus.close)
+        await services.start("web server", self.http.start(), self.http.stop)

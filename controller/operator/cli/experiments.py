@@ -13,6 +13,7 @@ from typing import Any
 import click
 from oddl.controller.base.catalog import BACKENDS, STRATEGIES
 from oddl.controller.base.config import ConfigError, load_experiment, load_testbed
+from oddl.controller.base.lifecycle import Stopped
 from oddl.controller.operator.cli.main import _config_fail, console, err, main
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
@@ -374,6 +375,9 @@ def run(experiment: Path, backend: str, out: Path | None, iterations: int | None
                           trace=timeline, publish=publish, say=err.print,
                           arbiter=ArbiterClient(arbiter_url, token_file)
                           if arbiter_url and token_file else None, workers=workers)
+    except Stopped as e:
+        e.notes.append(f"every completed iteration is in {run_dir / 'results.sqlite'}")
+        raise
     except TestbedBusy as e:
         hint = ("\n(an arbiter serves this testbed: with ODDL_ARBITER and ODDL_TOKEN_FILE, "
                 "or --arbiter and --token-file, `oddl run --backend hw` submits to it)"

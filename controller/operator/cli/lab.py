@@ -12,7 +12,8 @@ from pathlib import Path
 import click
 from oddl.controller.base.config import ConfigError, load_testbed
 from oddl.controller.base.faultkinds import cli_help
-from oddl.controller.operator.cli.main import _config_fail, main
+from oddl.controller.base.lifecycle import Services
+from oddl.controller.operator.cli.main import _config_fail, fail, main
 
 
 @main.command()
@@ -86,7 +87,6 @@ def node(testbed: Path, node_id: str, irq_pin: str | None) -> None:
 
     Runs until Ctrl-C (or SIGTERM, as systemd stops it); docs/deploy.md."""
     import asyncio
-    import signal
 
     from oddl.controller.registry import node_program
 
@@ -96,26 +96,24 @@ def node(testbed: Path, node_id: str, irq_pin: str | None) -> None:
         _config_fail(e)
         return
 
+    try:
+        prog = node_program(tb, node_id, irq_pin=irq_pin)
+    except Exception as e:  # the board: say why, exit non-zero
+        fail(f"node {node_id}: {e}")
+
     async def serve() -> None:
-        try:
-            prog = await node_program(tb, node_id, irq_pin=irq_pin).start()
-        except Exception as e:  # the board or the broker: say which, exit non-zero
-            click.echo(f"error: node {node_id}: {e}", err=True)
-            sys.exit(2)
-        stop = asyncio.Event()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            asyncio.get_running_loop().add_signal_handler(sig, stop.set)
-        click.echo(f"node {node_id} of {tb.name}: ready")
-        stopped = asyncio.ensure_future(stop.wait())
-        serving = asyncio.ensure_future(prog.wait())
-        await asyncio.wait({stopped, serving}, return_when="FIRST_COMPLETED")
-        if serving.done():  # not asked to stop: it lost the broker (systemd restarts it)
-            stopped.cancel()
-            click.echo(f"error: node {node_id}: stopped serving: {serving.exception()!r}",
-                       err=True)
-            sys.exit(1)
-        await prog.stop()
-        click.echo(f"node {node_id}: stopped after {prog.jobs_run} jobs")
+        async with Services(f"node {node_id}") as services:
+            try:
+                await services.start("node program", prog.start(), prog.stop)
+            except Exception as e:  # the board or the broker: say which, exit non-zero
+                fail(f"node {node_id}: {e}")
+            click.echo(f"node {node_id} of {tb.name}: ready")
+            try:
+                await services.run(prog.wait())
+            except Exception as e:  # not asked to stop: it lost the broker (systemd
+                fail(f"node {node_id}: stopped serving: {e!r}", 1)  # restarts it)
+            finally:
+                click.echo(f"node {node_id}: stopped after {prog.jobs_run} jobs")
 
     asyncio.run(serve())
 
@@ -132,7 +130,6 @@ def dashboard(testbed: Path, port: int, host: str, token_file: Path | None) -> N
     """A live web page of the testbed from its MQTT bus: ports, WSS tables, iterations,
     health, faults, the last acceptance result (docs/dashboard.md)."""
     import asyncio
-    import signal
 
     from oddl.controller.base.access import read_secret
     from oddl.controller.operator.dashboard import Dashboard
@@ -161,17 +158,13 @@ def dashboard(testbed: Path, port: int, host: str, token_file: Path | None) -> N
         sys.exit(2)
 
     async def serve() -> None:
-        task = asyncio.ensure_future(dash.serve(
-            lambda url: click.echo(f"dashboard of {tb.name}: {url}")))
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            asyncio.get_running_loop().add_signal_handler(sig, task.cancel)
-        try:
-            await task
-        except asyncio.CancelledError:
-            pass
-        except Exception as e:  # the broker or the port: say which
-            click.echo(f"error: dashboard: {e}", err=True)
-            sys.exit(1)
+        async with Services(f"dashboard of {tb.name}") as services:
+            try:
+                await dash.serve(services)
+            except Exception as e:  # the broker or the port: say which
+                fail(f"dashboard: {e}", 1)
+            click.echo(f"dashboard of {tb.name}: {dash.url}")
+            await services.run(dash.http.wait())
 
     asyncio.run(serve())
 
