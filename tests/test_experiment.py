@@ -154,6 +154,34 @@ def test_killed_run_keeps_completed_iterations(root: Path, tmp_path: Path) -> No
     assert all(r[2] > r[1] for r in its)
 
 
+def test_a_reader_of_the_store_does_not_break_the_run(root: Path, tmp_path: Path) -> None:
+    """Reproducer (issue 43): results.sqlite held open by a reader (sqlite3, pandas) made
+    the run fail at its end with "database is locked", exit 1 and no summary. Here a reader
+    opens it at the first iteration and holds a read transaction to the end."""
+    from oddl.controller.operator import api
+
+    out = tmp_path / "run"
+    readers: list[sqlite3.Connection] = []
+
+    def progress(network: str, done: int, total: int) -> None:
+        if not readers:
+            c = sqlite3.connect(f"file:{out / 'results.sqlite'}?mode=ro", uri=True)
+            c.execute("BEGIN")
+            c.execute("SELECT COUNT(*) FROM iterations").fetchone()  # a snapshot, held
+            readers.append(c)
+
+    res = api.run(load_experiment(root / TABLE1), iterations=30, out=out, progress=progress,
+                  say=lambda _line: None, workers=0)
+    assert readers and res.invariant_violations == 0
+    assert json.loads((out / "summary.json").read_text())["networks"]["oddl"]["iterations"] \
+        == 30
+    readers[0].rollback()  # the reader moves on and sees every iteration
+    n = readers[0].execute("SELECT COUNT(*) FROM iterations").fetchone()[0]
+    readers[0].close()
+    assert n == 60  # both networks, 30 each
+    assert len(read_store(out / "results.sqlite")["oddl"]["iterations"]) == 30
+
+
 def test_bad_experiment_reference_is_a_clear_error(tmp_path: Path) -> None:
     p = tmp_path / "e.toml"
     p.write_text('name = "x"\ntestbed = "missing.toml"\n[workload]\nmodel = "resnet50"\n'

@@ -3,7 +3,10 @@ controller/experiments/figures.py).
 
 The store is SQLite in WAL mode with one commit per iteration: a run killed at any moment
 leaves every completed iteration (and its flows) readable; the iteration being simulated
-is lost whole, never half-written.
+is lost whole, never half-written. Readers never block it (WAL), and a writer waits its
+turn (the busy timeout) rather than failing: watching a run with `sqlite3` or pandas is
+safe. A reader open when the run ends keeps `results.sqlite-wal` beside the file until it
+closes.
 """
 
 from __future__ import annotations
@@ -96,11 +99,11 @@ class RunStore:
                         (network, int(disturbed), json.dumps(disturbance)))
         self.db.commit()
 
-    def close(self, fold: bool = True) -> None:
-        """Fold the WAL back so a finished run is one self-contained file (`fold`: the
-        last writer; another's connection would find the file still in use)."""
-        if fold:
-            self.db.execute("PRAGMA journal_mode=DELETE")
+    def close(self) -> None:
+        """The last connection to close folds the WAL into the file (SQLite does it); while
+        someone reads the store, the WAL stays beside it until they are done. Never a
+        change of journal mode here: that needs the file alone, and a reader (sqlite3,
+        pandas) holding it open failed the run at its very end ("database is locked")."""
         self.db.close()
 
 

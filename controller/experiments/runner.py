@@ -415,7 +415,7 @@ def _aside_main(conn: Connection, ctx: LoadedExperiment, spec: NetworkSpec,
                    traceback.format_exc()))
     finally:
         if store is not None:
-            store.close(fold=False)  # the parent folds the WAL once every writer is done
+            store.close()
         conn.close()
 
 

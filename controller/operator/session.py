@@ -13,6 +13,7 @@ Everything opened is closed on the way out, whatever raised, in the reverse orde
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import signal
 import subprocess
 import sys
@@ -78,7 +79,10 @@ def emulated(testbed: Path, faults: list[str], workdir: Path,
     for f in faults:
         cmd += ["--fault", f]
     with log.open("w") as err:
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, text=True)
+        # a session of its own: a terminal's Ctrl-C reaches this process, which stops it
+        # (once, in order); and it goes with this process if this one is killed
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, text=True,
+                                start_new_session=True, preexec_fn=_die_with_parent)
     killer = threading.Timer(60, proc.kill)  # it must come up within a minute
     killer.start()
     try:
@@ -98,6 +102,13 @@ def emulated(testbed: Path, faults: list[str], workdir: Path,
     finally:
         killer.cancel()
         stop_emulator(proc)
+
+
+def _die_with_parent() -> None:
+    """In the child, before exec: SIGTERM when its parent dies (Linux's PDEATHSIG), so a
+    `kill -9`ed run leaves no private emulator behind."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
 
 
 def stop_emulator(proc: subprocess.Popen[str]) -> None:

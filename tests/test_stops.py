@@ -1,0 +1,115 @@
+"""Every command stops the same way on SIGINT (a terminal's Ctrl-C, sent to the whole
+process group) and SIGTERM: within seconds, one line saying what was stopped and where the
+partial results are, exit 128 + the signal, never a traceback (issue 43).
+
+Reproducers: a virtual-time run went on after Ctrl-C (or stopped with "Event loop is
+closed" and a worker's failure logged); `oddl arbiter` printed KeyboardInterrupt and
+"Task was destroyed but it is pending"."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+from oddl.controller.experiments.results import read_store
+
+from tests.helpers import emulator
+
+pytestmark = pytest.mark.realtime  # processes and signals: the wall clock
+
+TABLE1 = "experiments/table1-resnet50.toml"
+
+
+def _start(root: Path, *args: str) -> subprocess.Popen[str]:
+    """`oddl ...` in a process group of its own, as a terminal runs a command."""
+    return subprocess.Popen([sys.executable, "-m", "oddl.controller", *args], cwd=root,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+
+
+def _stop(proc: subprocess.Popen[str], sig: int) -> tuple[int, str, float]:
+    """The signal to the whole group; its exit status, stderr and seconds to stop."""
+    t0 = time.monotonic()
+    os.killpg(proc.pid, sig)
+    try:
+        _out, err = proc.communicate(timeout=30)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        _out, err = proc.communicate()
+        pytest.fail(f"still running 30 s after {signal.Signals(sig).name}: {err[-2000:]}")
+    return proc.returncode, err, time.monotonic() - t0
+
+
+def _iterations(db: Path, network: str = "oddl") -> int:
+    if not db.exists():
+        return 0
+    try:
+        c = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+        try:
+            return int(c.execute("SELECT COUNT(*) FROM iterations WHERE network = ?",
+                                 (network,)).fetchone()[0])
+        finally:
+            c.close()
+    except sqlite3.OperationalError:  # not yet created
+        return 0
+
+
+def _until(what: str, ok: object, proc: subprocess.Popen[str], limit_s: float = 120) -> None:
+    t_end = time.monotonic() + limit_s
+    while not ok():  # type: ignore[operator]
+        assert proc.poll() is None, f"ended before {what}: {proc.stderr.read()[-2000:]}"  # type: ignore[union-attr]
+        assert time.monotonic() < t_end, f"no {what} within {limit_s} s"
+        time.sleep(0.05)  # polling the store, not a timing assumption
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_a_virtual_time_run_stops_halfway_and_keeps_its_iterations(
+        root: Path, tmp_path: Path, sig: int) -> None:
+    out = tmp_path / "run"
+    proc = _start(root, "run", TABLE1, "--iterations", "100000", "--out", str(out))
+    db = out / "results.sqlite"
+    _until("20 iterations of each network",  # the baseline's in its worker process
+           lambda: min(_iterations(db), _iterations(db, "electrical")) >= 20, proc)
+    code, err, secs = _stop(proc, sig)
+    assert code == 128 + sig, err[-2000:]
+    assert "Traceback" not in err and "failed in its worker" not in err, err[-3000:]
+    name = signal.Signals(sig).name
+    assert f"stopped ({name}): every completed iteration is in {db}" in err
+    data = read_store(db)
+    for net in ("oddl", "electrical"):  # the worker's network too, none half-written
+        its = data[net]["iterations"]
+        assert [r[0] for r in its] == list(range(len(its)))
+    assert len(data["oddl"]["iterations"]) >= 20
+    assert secs < 20
+
+
+def test_an_emulated_run_stops_and_takes_its_emulator_with_it(root: Path, tmp_path: Path
+                                                             ) -> None:
+    out = tmp_path / "run"
+    proc = _start(root, "run", TABLE1, "--backend", "emu", "--iterations", "5000", "--out",
+                  str(out))
+    db = out / "results.sqlite"
+    _until("an iteration on the emulated boards", lambda: _iterations(db) >= 1, proc)
+    code, err, _secs = _stop(proc, signal.SIGINT)
+    assert code == 130, err[-2000:]
+    assert "Traceback" not in err and "stopped (SIGINT)" in err, err[-3000:]
+    log = (out / "emulator.log").read_text()
+    assert "Traceback" not in log, log[-3000:]
+    assert _iterations(db) >= 1
+
+
+def test_the_emulator_stops_on_sigterm_and_takes_its_secrets(root: Path, tmp_path: Path
+                                                            ) -> None:
+    out = tmp_path / "emu.toml"
+    with emulator(root, root / "hw_configs" / "prototype-4node.toml", out) as (proc, _):
+        secrets = out.with_name(f".{out.name}.secrets")
+        assert secrets.is_dir()
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(20) == 143
+        assert not secrets.exists()
