@@ -66,6 +66,7 @@ from oddl.controller.stage2.job import (
     JobSpec,
     JobStop,
     from_its_node,
+    quiet_ns,
     schedule_of,
     step_sync,
     untrue,
@@ -343,7 +344,7 @@ class LabBackend:
         tb = self.tb.name
         if self.local & set(spec.nodes):  # their node programs apply their stage 1
             spec = msgspec.structs.replace(spec, boards=sorted(self.local & set(spec.nodes)))
-        stall_s = spec.compute_ns / 1e9 + self.tb.monitor.grace_ms / 1e3
+        stall_s = quiet_ns(spec) / 1e9 + self.tb.monitor.grace_ms / 1e3
         bus = await self._connect()
         self.drill.arm()
         ready: set[str] = set()

@@ -38,7 +38,7 @@ from oddl.controller.service.backend import (
 from oddl.controller.service.health import Health, Heartbeat, Heartbeats, Unwatched, read_heartbeat
 from oddl.controller.stage2.control_unit import FlowFailed
 from oddl.controller.stage2.invariants import InvariantChecker
-from oddl.controller.stage2.job import JobRunner, JobSpec, schedule_of, step_sync
+from oddl.controller.stage2.job import JobRunner, JobSpec, quiet_ns, schedule_of, step_sync
 from oddl.drivers.onic import DriverONic, ONicDriver
 from oddl.fpga import regmap as R
 from oddl.sim.bus import LocalBus
@@ -220,7 +220,7 @@ class SimBackend:
         runner.on_onics(w.bus, w.onics, w.lines)
         self.drill.arm()
         next_i = [spec.start]
-        stall_ns = spec.compute_ns + round(self.tb.monitor.grace_ms * 1e6)
+        stall_ns = quiet_ns(spec) + round(self.tb.monitor.grace_ms * 1e6)
         progress = [(-1, -1), self.clock.now_ns()]
 
         def outcome() -> JobOutcome:

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from oddl.controller.base.devices import DeviceRefused
+from oddl.controller.base.extras import require
 from oddl.controller.base.messages import Flow
 from oddl.fpga import regmap as R
 from oddl.sim.fabric import Fabric
@@ -197,11 +198,7 @@ class RtlBoard:
                  nodes: list[str] | None = None,
                  bitstream_hash: bytes = PLACEHOLDER_HASH,
                  design_version: int = R.DESIGN_VERSION) -> None:
-        try:
-            import amaranth  # noqa: F401
-        except ImportError as e:  # the gateware extra
-            raise RuntimeError(f"the RTL board model needs Amaranth ({e}): "
-                               "pip install 'oddl[gateware]'") from None
+        require("gateware", "the RTL board model (board_model = \"rtl\")")
         self.fabric = fabric
         self.clock = fabric.clock
         self.node = node

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
+import pytest
 from click.testing import CliRunner
 from oddl.controller.base.messages import Grant, Release
 from oddl.controller.operator.cli import main
@@ -120,3 +121,21 @@ def test_a_recorded_sim_run_is_a_behaviour_of_the_model_and_a_reordered_one_is_n
     assert not bad["conformant"] and "the model never sends it" in bad["why"], bad
     r = CliRunner().invoke(main, ["verify", "trace", str(exp), "--json"])
     assert r.exit_code == 0 and json.loads(r.output)["conformant"], r.output
+
+
+def test_a_record_that_lost_events_gives_no_verdict(root: Path, tmp_path: Path,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """Reproducer (issue 43): `oddl verify trace` of grid4096 or gpt-hybrid-64 said "NOT
+    conformant: flows [...] never delivered": the nodes' record of the iteration is bounded
+    (trace.MAX_ROWS a report) and the rest was dropped. A record that lost events must say
+    so, and give no verdict. (The bound is lowered here so that Table 1's iteration is over
+    it: the same thing, at a size the suite can afford.)"""
+    from oddl.controller.stage2 import trace
+
+    monkeypatch.setattr(trace, "MAX_ROWS", 40)
+    exp = write_experiment(tmp_path / "e.toml", root / "hw_configs/prototype-4node.toml",
+                           iterations=1, compute_ms=1.0)
+    r = CliRunner().invoke(main, ["verify", "trace", str(exp)])
+    assert r.exit_code == 2, r.output
+    assert "the iteration's record is incomplete" in r.output and "no verdict" in r.output
+    assert "conformant" not in r.output

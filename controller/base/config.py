@@ -46,7 +46,8 @@ class ConfigIssue:
     reason: str
 
     def __str__(self) -> str:
-        return f"{self.file}: {self.path or '<root>'}: {self.reason}"
+        return f"{self.file}: {self.path}: {self.reason}" if self.path else \
+            f"{self.file}: {self.reason}"
 
 
 class ConfigError(Exception):
@@ -497,8 +498,15 @@ def kind_of(path: Path) -> str:
     return "testbed"
 
 
+def field_issues(e: ValidationError) -> list[tuple[str, str]]:
+    """(field path, reason) of each of a validation's errors, in our words: no "Value
+    error, " prefix, no link to pydantic's pages."""
+    return [(_fmt_loc(err["loc"]), re.sub(r"^(Value error|Assertion failed), ", "",
+                                          err["msg"])) for err in e.errors()]
+
+
 def _pydantic_issues(path: Path, e: ValidationError) -> list[ConfigIssue]:
-    return [ConfigIssue(str(path), _fmt_loc(err["loc"]), err["msg"]) for err in e.errors()]
+    return [ConfigIssue(str(path), f, why) for f, why in field_issues(e)]
 
 
 def load_testbed(path: str | Path) -> Testbed:
@@ -745,7 +753,10 @@ class NetworkSpec(_Model):
                                     "by the jobs' weights, or MLTCP")
     mltcp_slope: float = Field(default=1.0, ge=0, le=100, allow_inf_nan=False,
                                description="mltcp: F = slope x bytes_ratio + intercept")
-    mltcp_intercept: float = Field(default=1.0, gt=0, le=100, allow_inf_nan=False)
+    # at least 0.001: the weights (intercept to slope + intercept) then differ by at most
+    # 1e5, so a flow's rate stays a number (1e-300 made one job's rate 1e-300 of a link's,
+    # and its finish time overflowed)
+    mltcp_intercept: float = Field(default=1.0, ge=0.001, le=100, allow_inf_nan=False)
     mltcp_tick_us: float = Field(default=100.0, ge=1, le=1e6, allow_inf_nan=False,
                                  description="mltcp: how often the weights follow the ratio")
     cc_tick_us: float = Field(default=2.0, ge=0.1, le=1000, allow_inf_nan=False,
@@ -956,6 +967,10 @@ def load_experiment(path: str | Path, testbed: str | Path | None = None) -> Load
     if "models" in data and not _is_experiment(data):
         raise ConfigError([ConfigIssue(str(path), "", "this is a sweep: run it with `oddl "
                                        "sweep`")])
+    if not _is_experiment(data) and {"grid", "nodes", "optical"} & set(data):
+        raise ConfigError([ConfigIssue(str(path), "", "this is a testbed, not an experiment "
+                                       "(`oddl check` checks either; experiments/ has "
+                                       "experiments to run on it)")])
     if isinstance(data.get("faults"), dict):
         raise ConfigError([ConfigIssue(str(path), "faults", OLD_FAULTS)])
     try:
@@ -969,7 +984,8 @@ def load_experiment(path: str | Path, testbed: str | Path | None = None) -> Load
         if testbed or not e.issues or e.issues[0].path:
             raise
         raise ConfigError([ConfigIssue(str(path), "testbed",
-                                       f"{tb_path}: {e.issues[0].reason}")]) from None
+                                       f"{tb_path.resolve()}: {e.issues[0].reason}")]
+                          ) from None
     issues = [ConfigIssue(str(path), p, r) for p, r in fault_issues(exp.faults, tb)]
     w = exp.workload
     jobs = list(exp.jobs) + (load_trace(path.parent / exp.jobs_trace) if exp.jobs_trace

@@ -40,6 +40,7 @@ from oddl.controller.base.collectives import Schedule, Step, build
 # half of it end to end (163 TFLOP/s, Narayanan et al. SC'21): a workload may say so
 A100_TFLOPS = 312.0
 ACTIVATION_BYTES = 2  # fp16 / bf16 activations and their gradients
+MAX_ITERATION_COMPUTE_S = 86_400.0  # a day: beyond, a rate was given in the wrong unit
 
 
 def sequence_flops(model: str) -> float:
@@ -94,7 +95,19 @@ class Hybrid(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
         if L % self.pipeline:
             out.append(("pipeline", f"{self.model}'s {L} layers do not split into "
                                     f"{self.pipeline} equal stages"))
+        secs = self.rank_compute_s()
+        if not secs <= MAX_ITERATION_COMPUTE_S:  # inf and nan too
+            out.append(("gpu_tflops", f"at {self.gpu_tflops:g} TFLOP/s a rank computes for "
+                                      f"{secs:.3g} s an iteration, more than a day: "
+                                      f"give the rate in TFLOP/s (an A100: {A100_TFLOPS:g})"))
         return out
+
+    def rank_compute_s(self) -> float:
+        """About how long a rank computes an iteration: its share of the replica's
+        micro-batches' FLOPs, at gpu_tflops (what bounds the figures before they are
+        built: ns counters, and a silence the watch must not take for a stall)."""
+        flops = sequence_flops(self.model) * self.micro_batches * self.micro_batch_size
+        return flops / (self.tensor * self.pipeline) / (self.gpu_tflops * 1e12)
 
     def steps_per_rank(self) -> int:
         """An upper bound on a rank's steps an iteration (its schedule's length): what a

@@ -29,6 +29,7 @@ from oddl.controller.base.config import (
     _read_toml,
     domain_issues,
 )
+from oddl.controller.base.extras import require
 from pydantic import Field, ValidationError, model_validator
 
 
@@ -177,10 +178,8 @@ def _local(tasks: list[dict[str, Any]], jobs: int) -> Iterator[dict[str, Any]]:
 
 
 def _dask(tasks: list[dict[str, Any]], address: str) -> Iterator[dict[str, Any]]:
-    try:
-        from distributed import Client, as_completed
-    except ImportError:
-        raise RuntimeError("--cluster needs Dask: pip install 'oddl[cluster]'") from None
+    require("cluster", "oddl sweep --cluster")
+    from distributed import Client, as_completed
 
     with Client(address) as client:
         futs = client.map(run_point, tasks, pure=False)

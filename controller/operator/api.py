@@ -152,6 +152,10 @@ class Recording:
         return {"backend": self.backend, "flows": len(self.flows), **dataclasses.asdict(v)}
 
 
+class TraceIncomplete(ValueError):
+    """A recorded iteration that lost events: no verdict can be given on it."""
+
+
 def _transfer_ns(gbps: float, nbytes: int) -> int:
     return round(nbytes * 8 / gbps)
 
@@ -163,6 +167,7 @@ def record_stage2(experiment: str | Path, backend: str = "sim",
     from oddl.controller.experiments.runner import Timeline, run_experiment
     from oddl.controller.stage1.plan import Route
     from oddl.controller.stage2.job import timing_of, wire_routes
+    from oddl.controller.stage2.trace import MAX_ROWS
     from oddl.controller.stage2.workloads import first_flows
 
     ctx = load_experiment(experiment, testbed)
@@ -177,7 +182,13 @@ def record_stage2(experiment: str | Path, backend: str = "sim",
     ctx = dataclasses.replace(ctx, experiment=ctx.experiment.model_copy(
         update={"networks": [oddl], "faults": []}))
     timeline = Timeline(1)
-    run_experiment(ctx, backend, None, 1, trace=timeline)
+    res = run_experiment(ctx, backend, None, 1, trace=timeline)
+    dropped = res.networks[oddl.name].stats.get("trace_dropped", 0)
+    if dropped:  # a partial record would make a false verdict: none is given
+        raise TraceIncomplete(
+            f"{experiment}: the iteration's record is incomplete: {dropped:,} of its events "
+            f"were over the bound of {MAX_ROWS:,} a node reports at once and were dropped, "
+            f"so no verdict can be given (check a smaller grid or job)")
     rows = sorted((r for r in timeline.chrome.rows[oddl.name] if r.kind == "recv"),
                   key=lambda r: r.t0)
     tb = ctx.testbed

@@ -40,6 +40,7 @@ from oddl.controller.base.config import (
     JobEntry,
     NetworkSpec,
     Testbed,
+    field_issues,
     load_testbed,
     parallelism_issues,
 )
@@ -115,8 +116,10 @@ def job_request(text: str, grid: Grid, tb: Testbed, name: str, priority: int) ->
         data = tomllib.loads(text)
         exp = Experiment.model_validate({"networks": [{"name": "oddl", "kind": "oddl"}],
                                          **data, "testbed": tb.name})
-    except (tomllib.TOMLDecodeError, ValidationError) as e:
-        raise Refused(422, f"not an experiment: {e}") from None
+    except tomllib.TOMLDecodeError as e:
+        raise Refused(422, f"not TOML: {e}") from None
+    except ValidationError as e:
+        raise Refused(422, "; ".join(f"{f}: {why}" for f, why in field_issues(e))) from None
     w = exp.workload
     if w is None:
         raise Refused(422, "submit an experiment of one [workload] (a job), not [[jobs]]")
@@ -131,7 +134,8 @@ def job_request(text: str, grid: Grid, tb: Testbed, name: str, priority: int) ->
                          parallelism=w.parallelism,
                          **({"batch_per_node": w.batch_per_node} if w.batch_per_node else {}))
     except ValidationError as e:
-        raise Refused(422, f"not a job: {e}") from None
+        raise Refused(422, "; ".join(f"workload.{f}: {why}" for f, why in field_issues(e))
+                      ) from None
     if w.parallelism is not None:
         bad = parallelism_issues(w.parallelism, w.model, w.collective, entry.ranks, tb,
                                  whole_grid=False)  # its own rectangle, as [[jobs]]

@@ -227,6 +227,14 @@ def schedule_of(spec: JobSpec) -> Schedule:
                           spec.degree, spec.bidirectional, spec.alltoall, spec.hybrid)
 
 
+def quiet_ns(spec: JobSpec) -> int:
+    """The longest a job's ranks may go on with no message while all is well: a step's
+    compute (a hybrid job's, from its FLOPs; the iteration's given compute otherwise).
+    A stall is only what lasts longer than this."""
+    steps = max((st.compute_ns for steps in schedule_of(spec) for st in steps), default=0)
+    return max(spec.compute_ns, steps)
+
+
 OnIteration = Callable[[int, int, int], None]  # iteration, t_start, t_end (the host's clock)
 
 
@@ -356,6 +364,8 @@ class JobRunner:
         for cu in self.units.values():
             for k, v in cu.stats.items():
                 agg[k] = agg.get(k, 0) + v
+        if self.trace is not None and self.trace.dropped:  # a timeline that is not whole
+            agg["trace_dropped"] = self.trace.dropped
         return agg
 
     def close(self) -> None:

@@ -9,7 +9,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 import click
-from oddl.controller.base.config import ConfigError, load_testbed
+from oddl.controller.base.config import ConfigError, field_issues, load_testbed
 from oddl.controller.operator.cli.main import _config_fail, main
 
 
@@ -82,10 +82,9 @@ def lightning(a: int | None, b: int | None, characterize: bool, samples: int,
         cfg = L.LightningConfig(dac_0=a, dac_1=b, **chans)
         prod, wave = L.multiply(soc, soccfg, cfg)
     except ValidationError as e:
-        for er in e.errors():
-            loc = ".".join(str(x) for x in er["loc"])
+        for loc, why in field_issues(e):
             name = {"dac_0": "--a", "dac_1": "--b"}.get(loc, loc)
-            click.echo(f"error: {name}: {er['msg']}", err=True)
+            click.echo(f"error: {name}: {why}", err=True)
         sys.exit(2)
     except (ValueError, L.NoOutput) as e:
         click.echo(f"error: {e}", err=True)

@@ -13,6 +13,7 @@ from typing import Any
 import click
 from oddl.controller.base.catalog import BACKENDS, STRATEGIES
 from oddl.controller.base.config import ConfigError, load_experiment, load_testbed
+from oddl.controller.base.extras import require
 from oddl.controller.base.lifecycle import Stopped
 from oddl.controller.operator.cli.main import _config_fail, console, err, main
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -349,6 +350,8 @@ def run(experiment: Path, backend: str, out: Path | None, iterations: int | None
                        "model them)", err=True)
             sys.exit(2)
         ctx = dataclasses.replace(ctx, testbed=ctx.testbed.with_board_model(board_model))
+    if ctx.testbed.testbed.board_model == "rtl":
+        require("gateware", "the RTL board model (--board-model rtl)")
     try:
         run_dir = make_run_dir(out, ctx.experiment.name)
     except RunDirTaken as e:
@@ -480,6 +483,8 @@ def sweep(sweep_file: Path, jobs: int, cluster: str | None, out: Path | None) ->
         write_outputs,
     )
 
+    if cluster:
+        require("cluster", "oddl sweep --cluster")
     try:
         sw, tb_path = load_sweep(sweep_file)
     except ConfigError as e:

@@ -3,16 +3,20 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 from pathlib import Path
 
 import click
-from oddl.controller.operator.cli.main import main
+from oddl.controller.base.extras import require
+from oddl.controller.operator.cli.main import fail, main
 
 
 @main.group()
 def gateware() -> None:
-    """The O-NIC's control IP (onic_ctrl) in Amaranth HDL: Verilog, synthesis, bitstream."""
+    """The O-NIC's control IP (onic_ctrl) in Amaranth HDL: Verilog, synthesis, bitstream
+    (the `gateware` extra: pip install "oddl[gateware]")."""
+    require("gateware", "oddl gateware")
 
 
 @gateware.command()
@@ -21,6 +25,12 @@ def gateware() -> None:
 def verilog(out: Path) -> None:
     """Write the IP as Verilog (what Vivado and Yosys read)."""
     from oddl.fpga.gateware.build import write_verilog
+
+    out = out.absolute()
+    if out.is_symlink() and not out.exists():
+        fail(f"--out {out}: a symbolic link to {os.readlink(out)}, which does not exist")
+    if out.exists() and not out.is_dir():
+        fail(f"--out {out}: not a directory (onic_ctrl.v is written into one)")
 
     click.echo(str(write_verilog(out)))
 

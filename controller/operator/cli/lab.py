@@ -11,6 +11,7 @@ from pathlib import Path
 
 import click
 from oddl.controller.base.config import ConfigError, load_testbed
+from oddl.controller.base.extras import require
 from oddl.controller.base.faultkinds import cli_help
 from oddl.controller.base.lifecycle import Services
 from oddl.controller.operator.cli.main import _config_fail, fail, main
@@ -49,6 +50,8 @@ def emulate(testbed: Path, out: Path | None, faults: tuple[str, ...],
     except ConfigError as e:
         _config_fail(e)
         return
+    if tb.testbed.board_model == "rtl":
+        require("gateware", "the RTL board model (--board-model rtl)")
     try:
         parsed = [parse_fault(f, tb) for f in faults]
     except FaultSpecError as e:

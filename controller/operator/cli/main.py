@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import sys
+from pathlib import Path
 from typing import Any, NoReturn
 
 import click
@@ -61,6 +62,10 @@ class _Oddl(click.Group):
         except BrokenPipeError:  # `oddl ... | head`: the reader has all it wants
             sys.stderr.close()
             sys.exit(0)
+        except OSError as e:
+            if e.filename is None or os.environ.get("ODDL_DEBUG"):
+                raise
+            fail(f"{Path(e.filename).absolute()}: {e.strerror or e}")
         except Exception as e:
             if os.environ.get("ODDL_DEBUG"):
                 raise
