@@ -146,6 +146,11 @@ class ONicDriver:
             raise DeviceRefused(f"{self.node}: {len(routes)} routes, the table holds "
                                 f"{R.ROUTE_ENTRIES}")
         idx = self.index
+        for dst, (_port, _ch, nh) in routes.items():
+            for name in (dst, nh):
+                if name not in idx:
+                    raise DeviceRefused(f"{self.node}: a route to {dst} (next hop {nh}): "
+                                        f"{name} is no node of this board's testbed")
         e = -1
         for e, dst in enumerate(sorted(routes, key=idx.__getitem__)):
             port, ch, nh = routes[dst]

@@ -237,3 +237,93 @@ def test_a_run_too_big_to_hold_is_refused_by_check_up_front(tmp_path: Path, chan
     code, out = _check(exp)
     assert code == 2 and f"{exp}: {field}: " in out and why in out, out
     assert out.count(why) == 1  # said once, though both networks would run it
+
+
+GPT = """name = "g"
+testbed = "{tb}"
+iterations = 2
+[workload]
+model = "gpt2"
+collective = "ring"
+epochs = 1
+dataset_samples = 1000
+parallelism = {{ data = 16, tensor = 2, pipeline = 2, gpu_tflops = {tflops} }}
+[[networks]]
+name = "oddl"
+kind = "oddl"
+{more}"""
+
+
+@pytest.mark.parametrize("tflops", ["1e-300", "1e-9"])
+def test_a_compute_rate_in_the_wrong_unit_is_named_by_check(tmp_path: Path, tflops: str
+                                                            ) -> None:
+    """Reproducer (issue 43): `gpu_tflops = 1e-300` was an OverflowError traceback in
+    check; 1e-9 passed check, then the run failed "stalled ... 0 flows undelivered"."""
+    exp = tmp_path / "g.toml"
+    exp.write_text(GPT.format(tb=ROOT / "hw_configs" / "grid-64.toml", tflops=tflops,
+                              more=""))
+    code, out = _check(exp)
+    assert code == 2, out
+    assert f"{exp}: workload.parallelism.gpu_tflops: at {float(tflops):g} TFLOP/s a rank " \
+        "computes for" in out and "more than a day" in out, out
+
+
+def test_a_compute_step_longer_than_the_grace_is_no_stall(tmp_path: Path) -> None:
+    """Reproducer (issue 43): a hybrid job's step computing longer than `grace_ms` (5 s) was
+    taken for a stalled run. At 0.05 TFLOP/s gpt2's micro-batch steps take ~10 s each."""
+    from oddl.controller.operator import api
+
+    exp = tmp_path / "g.toml"
+    exp.write_text(GPT.format(tb=ROOT / "hw_configs" / "grid-64.toml", tflops="0.05",
+                              more="").replace("iterations = 2", "iterations = 1"))
+    res = api.run(exp, iterations=1, say=lambda _line: None)
+    assert res.networks["oddl"].iterations == 1 and res.invariant_violations == 0
+    assert res.networks["oddl"].iteration_time_s > 10
+
+
+def test_an_mltcp_intercept_that_overflows_the_rates_is_refused(tmp_path: Path) -> None:
+    """Reproducer (issue 43): `mltcp_slope = 100, mltcp_intercept = 1e-300` passed check,
+    then the run died with an OverflowError."""
+    exp = tmp_path / "e.toml"
+    exp.write_text((ROOT / "experiments" / "cassini-fattree.toml").read_text().replace(
+        'sharing = "mltcp"', 'sharing = "mltcp"\nmltcp_slope = 100\nmltcp_intercept = 1e-300',
+        1).replace("../hw_configs/", str(ROOT / "hw_configs") + "/").replace(
+        "cassini-fattree-trace.csv", str(ROOT / "experiments" / "cassini-fattree-trace.csv")))
+    code, out = _check(exp)
+    assert code == 2 and "mltcp_intercept: Input should be greater than or equal to 0.001" \
+        in out, out
+
+
+def test_a_testbed_given_to_run_is_named_as_one(tmp_path: Path) -> None:
+    """Reproducer (issue 43): `oddl run TESTBED` printed 9 pydantic lines."""
+    tb = ROOT / "hw_configs" / "prototype-4node.toml"
+    r = CliRunner().invoke(main, ["run", str(tb)])
+    assert r.exit_code == 2, r.output
+    assert r.output.strip() == f"error: {tb}: this is a testbed, not an experiment " \
+        "(`oddl check` checks either; experiments/ has experiments to run on it)"
+
+
+@pytest.mark.parametrize("out", ["/dev/null", "/proc/1", "dangling"])
+def test_gateware_verilog_into_no_directory_is_one_line(tmp_path: Path, out: str) -> None:
+    """Reproducer (issue 43): --out /dev/null, /proc/1 or a dangling symlink: tracebacks."""
+    if out == "dangling":
+        out = str(tmp_path / "link")
+        Path(out).symlink_to(tmp_path / "gone")
+    r = CliRunner().invoke(main, ["gateware", "verilog", "--out", out])
+    assert r.exit_code == 2 and isinstance(r.exception, SystemExit), r.output
+    assert r.output.startswith("error: ") and r.output.count("\n") == 1, r.output
+
+
+def test_a_missing_extra_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Reproducer (issue 43): `oddl gateware synth` without [gateware] was a raw
+    "No module named 'amaranth'" traceback. (None in sys.modules: the import fails as if
+    the package were not installed.)"""
+    import sys
+
+    monkeypatch.setitem(sys.modules, "amaranth", None)
+    for args in (["gateware", "synth"],
+                 ["run", str(ROOT / "experiments" / "table1-resnet50.toml"), "--board-model",
+                  "rtl"]):
+        r = CliRunner().invoke(main, args)
+        assert r.exit_code == 2, r.output
+        assert 'which is not installed: pip install "oddl[gateware]"' in r.output, r.output

@@ -11,7 +11,7 @@ import socket
 import subprocess
 import sys
 import threading
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 
 import aiomqtt
@@ -422,6 +422,60 @@ def test_a_peers_ready_heard_before_the_job_itself_is_kept() -> None:
     with contextlib.suppress(TimeoutError):  # before the fix: no event after "ready"
         asyncio.run(asyncio.wait_for(main(), 20))
     assert [e.kind for e in events] == ["ready", "iteration", "done"]
+
+
+def test_a_job_sent_again_is_not_failed_by_its_earlier_attempts_news() -> None:
+    """Reproducer (issue 43): a job that failed on a node, sent again under the same id,
+    failed at once with the earlier attempt's failure: a peer's late "failed" had been
+    kept as news for a job not yet taken."""
+    tb = make_testbed(2, 2)
+    node, peer = "n0-0", "n0-1"
+    pw = new_passwords(n.id for n in tb.nodes)
+    events: list[JobEvent] = []
+
+    async def until(what: str, ok: Callable[[], bool]) -> None:
+        t_end = asyncio.get_running_loop().time() + 15
+        while not ok():
+            assert asyncio.get_running_loop().time() < t_end, f"no {what} within 15 s"
+            await asyncio.sleep(0.01)
+
+    async def main() -> None:
+        async with _node_program(tb, node, pw) as (broker, prog):
+            spec = JobSpec(JOB_VERSION, "j", "hd", 1000, 1, 1, 4, False, [node], [node, peer],
+                           1, 1000, False, TIMING, {})
+            async with aiomqtt.Client("127.0.0.1", broker.port, identifier=peer,
+                                      username=peer, password=pw[peer]) as p, \
+                    aiomqtt.Client("127.0.0.1", broker.port, identifier=CONTROLLER,
+                                   username=CONTROLLER, password=pw[CONTROLLER]) as ctl:
+                await ctl.subscribe(results("tb"), qos=1)
+
+                async def say(job: str, kind: str, error: str = "") -> None:
+                    await p.publish(result_topic("tb", peer), msgspec.json.encode(
+                        JobEvent(JOB_VERSION, job, kind, peer, error=error)), qos=1)
+
+                async def hear() -> None:
+                    async for m in ctl.messages:
+                        ev = msgspec.json.decode(bytes(m.payload), type=JobEvent)
+                        if ev.node == node:
+                            events.append(ev)
+
+                listening = asyncio.ensure_future(hear())
+                await ctl.publish(run_topic("tb"), msgspec.json.encode(spec), qos=1)
+                await until("ready", lambda: [e.kind for e in events] == ["ready"])
+                await say("j", "failed", "its board died")  # the first attempt fails
+                await until("failed", lambda: [e.kind for e in events] == ["ready", "failed"])
+                await say("j", "failed", "its board died")  # said again, late
+                await say("k", "ready")  # after it, from the same peer: a marker
+                await until("the late news", lambda: any(e.job == "k" for e in prog._early))
+                await ctl.publish(run_topic("tb"), msgspec.json.encode(spec), qos=1)
+                await say("j", "ready")
+                await until("the second attempt's end", lambda: events[-1].kind in (
+                    "done", "failed") and len(events) > 2)
+                listening.cancel()
+
+    asyncio.run(asyncio.wait_for(main(), 60))
+    assert [e.kind for e in events] == ["ready", "failed", "ready", "iteration", "done"], \
+        [(e.kind, e.error) for e in events]
 
 
 def test_a_count_action_fire_the_host_cannot_account_for_fails_the_job() -> None:

@@ -246,6 +246,18 @@ def test_driver_routes_round_trip_and_transactions(
     assert drv.read_routes() == routes
 
 
+def test_a_route_to_no_node_is_refused_by_name_and_writes_nothing(
+        rec: tuple[Bench, Recording, ONicDriver]) -> None:
+    """Reproducer (issue 43): a node program with `board = "local"` given a route to a node
+    that does not exist failed with just "'n9-9'" (a KeyError), part-way through writing."""
+    from oddl.controller.base.devices import DeviceRefused
+
+    _, dev, drv = rec
+    with dev.expect([]), pytest.raises(DeviceRefused, match=r"a route to n9-9 \(next hop "
+                                                          r"n0-1\): n9-9 is no node"):
+        drv.load_routes({"n0-1": ("H", 0, "n0-1"), "n9-9": ("H", 1, "n0-1")})
+
+
 def test_delivered_counts_only_the_final_leg() -> None:
     from oddl.controller.base.messages import Flow as F
     from oddl.fpga.countaction import step_sync

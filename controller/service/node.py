@@ -121,6 +121,9 @@ class NodeProgram:
         self._early: deque[JobEvent] = deque(maxlen=MAX_EARLY_EVENTS)
         self._stops = msgspec.json.Decoder(JobStop)
         self.stopped: deque[str] = deque(maxlen=MAX_STOPPED)
+        # jobs that ended here: their peers' late events are no news for a later job
+        # (one sent again under the same id failed at once with the earlier's "failed")
+        self.ended: deque[str] = deque(maxlen=MAX_STOPPED)
 
     async def start(self) -> NodeProgram:
         self._task = asyncio.create_task(self._serve(), name=f"oddl-node-{self.node}")
@@ -220,7 +223,8 @@ class NodeProgram:
         job = self._job
         if job is not None and job.spec.job == ev.job:
             job.on_event(ev)
-        elif ev.kind in ("ready", "failed") and ev.v == JOB_VERSION:
+        elif ev.kind in ("ready", "failed") and ev.v == JOB_VERSION \
+                and ev.job not in self.ended:
             self._early.append(ev)  # for a job this program has not taken yet
 
     def _read_health(self, seq: int) -> Heartbeat:
@@ -286,6 +290,8 @@ class NodeProgram:
                 if self._job is not None:
                     await self._job.abort(f"replaced by job {spec.job}")
                 self._job = _NodeJob(self, spec)
+                with contextlib.suppress(ValueError):
+                    self.ended.remove(spec.job)  # sent again: its peers' news is news
                 early, self._early = self._early, deque(maxlen=MAX_EARLY_EVENTS)
                 for ev in early:
                     if ev.job == spec.job:
@@ -452,6 +458,9 @@ class _NodeJob:
                     prog.onic.load_routes({})
             bus.attach(prog.node, prog._idle)
             bus.peers = None
+            prog.ended.append(spec.job)
+            prog._early = deque((e for e in prog._early if e.job != spec.job),
+                                maxlen=MAX_EARLY_EVENTS)
             if prog._job is self:
                 prog._job = None
 
