@@ -175,6 +175,7 @@ class LabBackend:
         self._connection = 0  # connections lost so far
         self.paused = (0.0, 0.0)  # the controller's last pause: (ended, seconds; monotonic)
         self._carrying: dict[str, _Carrying] = {}  # stopped jobs whose carry is gathered
+        self._moving: dict[str, float] = {}  # job out -> when its nodes last said they talk
         # the jobs out, by id: each its spec and its results, waiting to be read (None:
         # the broker went away)
         self._out: dict[str, tuple[JobSpec, asyncio.Queue[JobEvent | None]]] = {}
@@ -297,6 +298,9 @@ class LabBackend:
             return self._reject(topic, hb)
         self._heard.add(hb.node)
         self._beating.add(hb.node)
+        prev = self.health.nodes[hb.node].beat if hb.node in self.health.nodes else None
+        if hb.job in self._out and prev is not None and hb.sent > prev.sent:
+            self._moving[hb.job] = time.monotonic()  # its control units talk: it moves
         self.health.beat(hb, self.clock.now_ns())
 
     def _on_status(self, topic: str, payload: bytes) -> None:
@@ -394,8 +398,10 @@ class LabBackend:
                 t_turn = now
                 if self.drill.error is not None:
                     raise RunFailed(f"drill: {self.drill.error}")
+                t_heard = max(t_heard, self._moving.get(spec.job, 0.0))
                 if len(ready) == len(spec.nodes) and time.monotonic() - t_heard > stall_s:
-                    raise RunFailed(f"job {spec.job}: nothing heard for {stall_s:.1f} s: "
+                    raise RunFailed(f"job {spec.job}: no report and no control message for "
+                                    f"{stall_s:.1f} s: "
                                     f"{_progress(spec, ready, recorded, reports, done)}")
                 if not stop.faults():
                     mark = len(recorded)
@@ -408,6 +414,10 @@ class LabBackend:
                 except TimeoutError:
                     if len(ready) < len(spec.nodes) and time.monotonic() > t_ready:
                         missing = sorted(set(spec.nodes) - ready)
+                        if time.monotonic() < t_ready + self.tb.monitor.grace_ms / 1e3 and \
+                                all(n in self._beating and not self.health.is_dead(n)
+                                    for n in missing):
+                            continue  # they beat: busy (a loaded host), not gone
                         raise RunFailed(
                             f"no node program answered for {', '.join(missing)} within "
                             f"{ready_s:.1f} s (is `oddl node` running beside each board, or "
@@ -507,6 +517,7 @@ class LabBackend:
             raise
         finally:
             del self._out[spec.job]
+            self._moving.pop(spec.job, None)
             if not ended and not bus.lost.is_set():  # its node programs drop it at once
                 stop = JobStop(JOB_VERSION, spec.job, "its run stopped")
                 with contextlib.suppress(BusError):

@@ -263,9 +263,12 @@ class MQTTBus:
                 sock.close()
 
     async def _keepalive(self) -> None:
+        loop = asyncio.get_running_loop()
         while self.client.loop_misc() == mqtt.MQTT_ERR_SUCCESS and self._sock is not None:
             self._flush()
-            await asyncio.sleep(1)
+            # on whole seconds: the connections of one process (an emulator's 64) wake
+            # it once a second, not 64 times
+            await asyncio.sleep(1 - loop.time() % 1)
         log.warning("mqtt: %s: connection to the broker lost", self.user)
         self.lost.set()
 

@@ -33,6 +33,8 @@ from oddl.sim.pynq_remote import RemoteBoardServer
 from oddl.sim.wss_serial import SerialWSS
 
 log = logging.getLogger(__name__)
+BEATS_PER_S = 100  # the heartbeats of all node programs an emulator hosts, a second
+NODES_PER_SCALE = 16  # node programs an emulator hosts within the control timing's base
 
 
 @dataclass
@@ -65,6 +67,11 @@ class Emulation:
             write_private(where / party, pw)
         write_private(where / "_control", self.token)  # "_": no party can have this name
         return where
+
+    def busy(self) -> bool:
+        """Are the devices at work: a job on a node program here, or a board whose node
+        program runs elsewhere (whose jobs this emulator cannot see)?"""
+        return bool(self.external) or any(p.busy() for p in self.nodes.values())
 
     def refusal(self, f: FaultSpec) -> str | None:
         """Why this emulator cannot inject `f` while it runs (None: it can)."""
@@ -229,9 +236,19 @@ def emu_config(tb: Testbed, emu: Emulation, source: str, secrets: Path | None = 
     d["testbed"]["backend"] = "emu"
     # control messages cross a real MQTT broker here (~1 ms on loopback, tens of ms on a
     # loaded machine; not the modelled FPGA network's 1 us): time-outs and leases sized
-    # for it, so a busy CI machine slows a run down rather than failing its flows
-    d["control"] |= {"request_timeout_ns": 50_000_000, "grant_lease_ns": 250_000_000,
-                     "max_retries": 60}
+    # for it, so a busy CI machine slows a run down rather than failing its flows; and for
+    # the node programs it hosts, whose messages queue in its one broker (a 16-rank job on
+    # grid-64's: over a second as the job began, and every first REQUEST ran out of its
+    # 60 retries of 50 ms)
+    scale = max(1.0, len(tb.nodes) / NODES_PER_SCALE)
+    d["control"] |= {"request_timeout_ns": round(50_000_000 * scale),
+                     "grant_lease_ns": round(250_000_000 * scale), "max_retries": 60}
+    # one process hosts every node program here (a lab: a processor each): their
+    # heartbeats are kept to about BEATS_PER_S in all, or the emulator spends itself on
+    # them (64 nodes at the prototype's 100 ms starved grid-64's jobs); the watch's
+    # bounds (missed periods) scale with the period
+    d["monitor"]["heartbeat_ms"] = max(tb.monitor.heartbeat_ms, 1e3 * len(tb.nodes)
+                                       / BEATS_PER_S)
     if emu.control_hop_ns is not None:  # a sim run of this file models the emulated bus
         d["control"] |= {"kind": "mqtt", "latency_ns": emu.control_hop_ns}
     d["testbed"]["description"] = f"emulated by `oddl emulate {source}`"
@@ -269,6 +286,9 @@ async def serve(tb: Testbed, source: str, out: Path, say: Any,
             services.add("its credentials", lambda: shutil.rmtree(secrets, ignore_errors=True))
             services.add("its devices, broker and node programs", emu.stop)
             await start(tb, emu, faults=faults, local_boards=local_boards)
+            spin = getattr(asyncio.get_running_loop(), "spin", None)
+            if spin is not None:  # poll for device timing only while a job runs
+                spin.wanted = emu.busy
             for f in faults or []:
                 say(f"fault: {f}")
             emu.write_secrets(secrets)

@@ -11,8 +11,10 @@ millisecond bursts on a real clock. Two things of the host get in the way:
 - the garbage collector stops the world when it likes: measured during an emu run,
   11 young-generation collections per training iteration (~90 us each), one middle one
   (up to 1.9 ms) and now and then a full one (50 ms).
-So the selector polls instead of sleeping while the devices are busy: for `spin_s` after
-any activity and for the last `spin_s` before a timer falls due. Between bursts (a
+So the selector polls instead of sleeping while the devices are busy (`wanted()`: the
+emulator says when, a job running on them): for `spin_s` after any activity and for the
+last `spin_s` before a timer falls due. Idle, it sleeps (an idle grid-64 emulator spun a
+whole core before its heartbeats and keep-alives). Between bursts (a
 training step's compute) it sleeps as usual, and that is when it collects garbage
 (automatic collection off; the young generations when the loop is about to sleep for
 longer than `IDLE_S`, all of them every `FULL_EVERY`-th time, and a young collection
@@ -27,12 +29,14 @@ import gc
 import math
 import selectors
 import time
+from collections.abc import Callable
 from typing import Any
 
 DEFAULT_SPIN_S = 0.002
 IDLE_S = 0.010
 FULL_EVERY = 20
 MAX_YOUNG = 100_000
+WANTED_S = 0.01  # how often the owner is asked whether its devices are busy
 
 
 class SpinSelector(selectors.PollSelector):
@@ -43,6 +47,8 @@ class SpinSelector(selectors.PollSelector):
         self.collect_when_idle = collect_when_idle  # the owner has switched gc off
         self.collections = 0
         self._busy = 0.0  # when something last happened
+        self.wanted: Callable[[], bool] = lambda: True  # are the devices busy?
+        self._wanted = (0.0, True)  # its last answer, and when (asked every WANTED_S)
 
     def _collect(self, wait: float | None) -> None:
         young = gc.get_count()[0]
@@ -53,7 +59,16 @@ class SpinSelector(selectors.PollSelector):
         elif young > MAX_YOUNG:
             gc.collect(0)
 
+    def _busy_devices(self, now: float) -> bool:
+        if now - self._wanted[0] > WANTED_S:
+            self._wanted = (now, self.wanted())
+        return self._wanted[1]
+
     def select(self, timeout: float | None = None) -> list[tuple[Any, int]]:
+        if not self._busy_devices(time.monotonic()):  # idle: sleep (poll rounds up)
+            if self.collect_when_idle:
+                self._collect(timeout)
+            return super().select(timeout)
         now = time.monotonic()
         spin = self.spin_s
         deadline = float("inf") if timeout is None else now + max(timeout, 0.0)
@@ -88,4 +103,7 @@ def new_loop(spin_s: float = DEFAULT_SPIN_S, collect_when_idle: bool = False
     collect in the loop's idle moments instead (for a process that runs only this loop)."""
     if collect_when_idle:
         gc.disable()
-    return asyncio.SelectorEventLoop(SpinSelector(spin_s, collect_when_idle))
+    selector = SpinSelector(spin_s, collect_when_idle)
+    loop = asyncio.SelectorEventLoop(selector)
+    loop.spin = selector  # type: ignore[attr-defined]  # for its owner to set `wanted`
+    return loop

@@ -594,5 +594,6 @@ def test_a_job_a_live_node_never_reports_fails_naming_it(root: Path, tmp_path: P
                  root=root, timeout=100)
     assert r.returncode == 1
     assert jobs  # it took the job
-    assert re.search(r"job \S+: nothing heard for 5\.\d s: 0 iterations recorded; "
+    assert re.search(r"job \S+: no report and no control message for 5\.\d s: 0 "
+                     r"iterations recorded; "
                      r"iteration 0 not reported by n0, n1, n2, n3", r.stderr), r.stderr[-2000:]

@@ -55,6 +55,7 @@ from oddl.controller.service.backend import (
     RunFailed,
     disturbance,
 )
+from oddl.controller.service.health import LAG_FLOOR_NS
 from oddl.controller.service.recovery import fault_rows
 from oddl.controller.stage1.arbiter import Arbiter
 from oddl.controller.stage1.placement import fits
@@ -307,6 +308,16 @@ def network_result(net: Network, threshold: float, extrapolate_to: int | None) -
     # a board's registers changed by another writer is never noise, whatever its share
     disturbed = sum(dist.values()) > threshold * max(total.control_messages, 1) or \
         bool(dist.get("board_tampered"))
+    # a real-time back end on a loaded host: how late its loops ran (the controller's,
+    # the node programs'), said beside the figures; a lag of more than 1 % of an
+    # iteration (or LAG_FLOOR) skews them, and the run is disturbed
+    lag_ns = max(b.health.max_lag_ns.values())
+    if lag_ns:
+        stats["loop_lag_ms"] = {k: round(v / 1e6, 3) for k, v in b.health.max_lag_ns.items()}
+        mean_ns = sum(its) / len(its) if its else 0
+        if lag_ns > max(LAG_FLOOR_NS, mean_ns / 100):
+            disturbed = True
+            dist["host_lag_ms"] = round(lag_ns / 1e6)
     return NetworkResult(net.spec.name, net.spec.kind, training_s,
                          sum(its) / len(its) / 1e9 if its else 0.0, len(its),
                          sum(r.flows for r in recs.values()), total.control_messages,

@@ -626,10 +626,11 @@ class Admission:
         if self.watch is None and self.health.watched:  # WSSs polled, beats judged
             self.watch = Watch(self.clock, self.health, self.b.wss).start()
         since = len(self.health.diagnoses)  # what its plan goes round
-        t = self.clock.now_ns()
+        t = self.clock.loop_ns()
         routes, nic_sync, plan = self.stage1.admit(req, part, schedule, self.health.avoid())
-        # the devices' time (emu, hw: the loop heard nothing meanwhile; sim: none passes)
-        self.health.blind(self.clock.now_ns() - t)
+        # the devices' time (emu, hw: the loop heard nothing meanwhile; sim: none passes).
+        # On the loop's own clock: inside a timer, now_ns() stays at its due time
+        self.health.blind(self.clock.loop_ns() - t)
         rec.plan = plan
         if plan is not None:
             self._say("plan", lambda: plan_note(self.spec.name, plan))

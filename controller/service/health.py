@@ -56,6 +56,10 @@ class Heartbeat(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     unexpected_rx: Annotated[dict[_Port, _Count], msgspec.Meta(max_length=2)] = {}
     job: Annotated[str, msgspec.Meta(max_length=128)] = ""  # the job it runs, if any
     transmitting: bool = False  # a transmitter has a flow: light still to land
+    # how late its host's loop has been running its timers lately (a starved host, not a
+    # dying board: its silence is judged with this much more patience)
+    lag_ns: _Count = 0
+    sent: _Count = 0  # control messages its units have sent: a job that moves, if slowly
 
 
 # what a diagnosis makes the planner avoid
@@ -73,10 +77,17 @@ class Diagnosis:
         return f"{self.kind} {self.target} ({self.evidence})"
 
 
+# a host's loop running this late is loaded, not noise (timer jitter is well under it)
+LAG_FLOOR_NS = 1_000_000
+LAG_WINDOW = 8  # the controller's own ticks its lag is the worst of
+WARN_EVERY_NS = 30_000_000_000  # an overloaded host is said at most this often
+
+
 @dataclass
 class _Node:
     last_ns: int
     beat: Heartbeat | None = None
+    lag_ns: int = 0  # how late its host's loop ran, as its last heartbeat said
     back_by_ns: int = 0  # after a bus outage: not judged silent before this
     crc_rising: dict[str, int] = field(default_factory=dict)  # port -> beats in a row
 
@@ -111,6 +122,12 @@ class Health:
         self._strikes: dict[str, int] = {}  # peer -> jobs cut short naming it
         self._wss_missed: dict[str, int] = {}  # WSS -> polls unanswered in a row
         self.listening = False  # the back end hears the nodes (its bus is up): `start`
+        # how late the hosts' loops run: this controller's (its watch's ticks) and the
+        # nodes' (their heartbeats say); a silence is judged with that much more patience
+        self._own_lags: list[int] = []
+        self.max_lag_ns = {"controller": 0, "nodes": 0}
+        self._warned_ns = -WARN_EVERY_NS
+        self._excused = 0  # blind time not yet taken off the next own lag
 
     # --- evidence ----------------------------------------------------------------------
     def start(self, now_ns: int) -> None:
@@ -123,9 +140,11 @@ class Health:
 
     def blind(self, ns: int) -> None:
         """The arbiter could hear nobody for `ns` (its loop was busy applying a plan to the
-        devices): that silence is its own, not the nodes'."""
+        devices): that silence is its own, not the nodes', and its loop's lateness then
+        is no load of the host's."""
         for st in self.nodes.values():
             st.last_ns += ns
+        self._excused += ns
 
     def beat(self, hb: Heartbeat, now_ns: int) -> None:
         st = self.nodes.get(hb.node)
@@ -133,6 +152,8 @@ class Health:
             self.rejected += 1
             return
         self.beats += 1
+        st.lag_ns = hb.lag_ns
+        self.max_lag_ns["nodes"] = max(self.max_lag_ns["nodes"], hb.lag_ns)
         if ("dead-board", hb.node) in self._seen:  # back (a board restarted): usable again
             log.warning("health: %s beats again", hb.node)  # from the next plan on
             self.forget("dead-board", hb.node)
@@ -207,6 +228,43 @@ class Health:
             self._conclude("wss-route", wss, now_ns, f"{node}/{port} received transfers it "
                                                      f"never granted")
 
+    def own_lag(self, lag_ns: int, now_ns: int) -> None:
+        """How late this controller's loop ran its watch's tick at `now_ns` (less what it
+        was blind for, by its own doing)."""
+        lag_ns, self._excused = max(0, lag_ns - self._excused), 0
+        self._own_lags = [*self._own_lags[-(LAG_WINDOW - 1):], lag_ns]
+        self.max_lag_ns["controller"] = max(self.max_lag_ns["controller"], lag_ns)
+
+    def _patience(self, st: _Node) -> int:
+        """What a node's silence is forgiven beyond `missed` periods: twice the lag of
+        its host's loop or this one's, whichever is worse (a starved host beats late, a
+        dead board never), at most `grace_ms`; nothing for lag under LAG_FLOOR_NS."""
+        lag = max(st.lag_ns, max(self._own_lags, default=0))
+        return 0 if lag < LAG_FLOOR_NS else min(2 * lag, round(self.cfg.grace_ms * 1e6))
+
+    def _say_overload(self, now_ns: int) -> None:
+        """Once in a while: whose host is too busy to beat in time, and what to change."""
+        if now_ns - self._warned_ns < WARN_EVERY_NS:
+            return
+        half = self.period_ns // 2
+        own = max(self._own_lags, default=0)
+        late = sorted(((st.lag_ns, n) for n, st in self.nodes.items() if st.lag_ns > half),
+                      reverse=True)
+        if own <= half and not late:
+            return
+        self._warned_ns = now_ns
+        who = []
+        if own > half:
+            who.append(f"this controller's loop runs {own / 1e6:.0f} ms late")
+        if late:
+            names = ", ".join(n for _lag, n in late[:4])
+            who.append(f"{len(late)} node program{'s' * (len(late) > 1)}' hosts run up to "
+                       f"{late[0][0] / 1e6:.0f} ms late (e.g. {names})")
+        log.warning("health: the host is overloaded: %s, with heartbeats due every %.0f ms: "
+                    "their silences are judged with that much more patience (up to "
+                    "grace_ms); free the CPU, or raise [monitor] heartbeat_ms or missed in "
+                    "the testbed config", "; ".join(who), self.period_ns / 1e6)
+
     # --- judgement ---------------------------------------------------------------------
     def check(self, now_ns: int) -> list[Diagnosis]:
         """Silence and suspicion, judged at `now_ns`; returns new diagnoses."""
@@ -214,7 +272,9 @@ class Health:
             return []
         before = len(self.diagnoses)
         limit = self.silence_ns
-        silent = [n for n, st in self.nodes.items() if now_ns - st.last_ns >= limit
+        self._say_overload(now_ns)
+        silent = [n for n, st in self.nodes.items()
+                  if now_ns - st.last_ns >= limit + self._patience(st)
                   and now_ns >= st.back_by_ns and not self.is_dead(n)]
         alive = [n for n in self.nodes if not self.is_dead(n)]
         # the bus demonstrably works while someone was heard within the last period
@@ -224,6 +284,9 @@ class Health:
         if silent and bus_ok:
             for n in silent:
                 quiet = f"{(now_ns - self.nodes[n].last_ns) / 1e6:.1f} ms"
+                if (p := self._patience(self.nodes[n])) > 0:
+                    quiet += (f", beyond {self.cfg.missed} periods and the {p / 1e6:.0f} ms a "
+                              f"loaded host is given")
                 self._conclude("dead-board", n, now_ns, f"silent for {quiet}" if
                                self.nodes[n].beat is not None else f"never heard in {quiet} "
                                f"(is `oddl node` running beside its board?)")
@@ -316,36 +379,75 @@ class Unwatched(Health):
         super().__init__(Monitor(), (), 0, {})
 
 
-def read_heartbeat(node: str, seq: int, onic: Any, runner: Any) -> Heartbeat:
+def read_heartbeat(node: str, seq: int, onic: Any, runner: Any, lag_ns: int = 0,
+                   sent: int = 0) -> Heartbeat:
     """What a node program reads from its board (a devices.ONic) and its control units
-    (the JobRunner of the job it runs, if any) each period."""
+    (the JobRunner of the job it runs, if any) each period, and its host's loop lag."""
     h = onic.health()
     cu = runner.units.get(node) if runner is not None else None
     return Heartbeat(HEARTBEAT_VERSION, node, seq, h["crc_errors"], h["tune_ns"],
                      h["error_flags"], dict(cu.unexpected_rx) if cu is not None else {},
                      runner.spec.job if runner is not None else "",
-                     runner is not None and runner.transmitting())
+                     runner is not None and runner.transmitting(), lag_ns, sent)
+
+
+def loop_lag_ns(clock: Clock, due_ns: int) -> int:
+    """How late a timer due at `due_ns` runs: the loop's own time against the due time
+    (which `clock.now_ns()` gives inside the timer). 0 on a virtual loop."""
+    return max(0, clock.loop_ns() - due_ns)
 
 
 class Heartbeats:
-    """A node program's heartbeat: every period, read the board and send what it says."""
+    """A node program's heartbeat: every period, read the board and send what it says.
+
+    The ticks fall on whole periods of the clock, plus `phase_ns` while a controller
+    listens (the node programs one host runs, an emulator's 64, spread over the period: a
+    burst of 64 beats delayed their control messages); `slow` (no controller listens):
+    every `SLOW_NS` at most, for the dashboards, all in one wake-up of their host.
+    `lag_ns`: how late this host's loop ran the latest tick,
+    the worst of the last `LAG_TICKS` (0 on a virtual clock), said in each heartbeat."""
+
+    SLOW_NS = 2_000_000_000
+    LAG_TICKS = 8
 
     def __init__(self, clock: Clock, period_ns: int, read: Callable[[int], Heartbeat | None],
-                 send: Callable[[Heartbeat], None]) -> None:
+                 send: Callable[[Heartbeat], None], phase_ns: int = 0) -> None:
         self.clock, self.period_ns, self.read, self.send = clock, period_ns, read, send
+        self.phase_ns = phase_ns % period_ns
         self.seq = 0
+        self.slow = False
         self._timer: Any = None
+        self._due = 0
+        self._lags: list[int] = []
+
+    @property
+    def lag_ns(self) -> int:
+        return max(self._lags, default=0)
 
     def start(self) -> Heartbeats:
         self._tick()
         return self
 
+    def hurry(self) -> None:
+        """Beat now, and every period from here on (a controller came to listen)."""
+        self.slow = False
+        if self._timer is not None:
+            self._timer.cancel()
+            self._tick()
+
     def _tick(self) -> None:
+        if self._due:
+            self._lags = [*self._lags[-(self.LAG_TICKS - 1):], loop_lag_ns(self.clock,
+                                                                           self._due)]
         hb = self.read(self.seq)
         if hb is not None:  # a dead board says nothing
             self.seq += 1
             self.send(hb)
-        self._timer = self.clock.call_later_ns(self.period_ns, self._tick)
+        period, phase = (max(self.period_ns, self.SLOW_NS), 0) if self.slow else \
+            (self.period_ns, self.phase_ns)
+        now = max(self.clock.now_ns(), self.clock.loop_ns())  # late: no catching up
+        self._due = ((now - phase) // period + 1) * period + phase
+        self._timer = self.clock.call_at_ns(self._due, self._tick)
 
     def stop(self) -> None:
         if self._timer is not None:
@@ -370,6 +472,7 @@ class Watch:
 
     def _tick(self) -> None:
         now = self.clock.now_ns()
+        self.health.own_lag(loop_lag_ns(self.clock, now), now)
         self._ticks += 1
         for wid, want in self.expected.items() if self._ticks % 4 == 0 else ():
             if self.health.is_out(wid):
@@ -383,7 +486,10 @@ class Watch:
                 wid, now, None if [list(r[: len(w)]) for r, w in zip(got, want, strict=False)]
                 == want else "reads back a table other than the one written")
         self.health.check(now)
-        self._timer = self.clock.call_later_ns(self.health.tick_ns, self._tick)
+        # from the loop's now: a late tick is not followed by others that catch up (each
+        # would read as the loop's lag what is the first one's)
+        self._timer = self.clock.call_at_ns(max(now, self.clock.loop_ns())
+                                            + self.health.tick_ns, self._tick)
 
     def stop(self) -> None:
         if self._timer is not None:

@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import zlib
 from collections import deque
 from collections.abc import Callable
 from typing import Any, Protocol, TypeVar
@@ -66,6 +67,7 @@ MAX_VIOLATIONS_REPORTED = 50
 # peers' "ready" and "failed" events heard before this program had their job (a board
 # over PYNQ.remote takes a job later than its emulated or local peers): one per node
 MAX_EARLY_EVENTS = MAX_NODES
+NOTE_EVERY = 10  # beats between two ports notes that say nothing new
 MAX_STOPPED = 64  # ids of jobs the controller stopped, remembered (one may come late)
 _C = TypeVar("_C", JobSpec, JobStop)  # what the controller sends a node
 
@@ -121,6 +123,8 @@ class NodeProgram:
         self._early: deque[JobEvent] = deque(maxlen=MAX_EARLY_EVENTS)
         self._stops = msgspec.json.Decoder(JobStop)
         self.stopped: deque[str] = deque(maxlen=MAX_STOPPED)
+        self._note = b""  # the last ports note said
+        self.controller = "unknown"  # its status on the bus: online, offline
         # jobs that ended here: their peers' late events are no news for a later job
         # (one sent again under the same id failed at once with the earlier's "failed")
         self.ended: deque[str] = deque(maxlen=MAX_STOPPED)
@@ -151,6 +155,10 @@ class NodeProgram:
                 await self._task
             self._task = None
         await self.bus.close()
+
+    def busy(self) -> bool:
+        """A job on this node (taken, or waiting to be)."""
+        return self._job is not None or not self._jobs.empty()
 
     def retries(self) -> int:
         """REQUEST retries of every job so far, the running one's included."""
@@ -229,21 +237,34 @@ class NodeProgram:
 
     def _read_health(self, seq: int) -> Heartbeat:
         job = self._job
-        return read_heartbeat(self.node, seq, self.onic, job.runner if job else None)
+        return read_heartbeat(self.node, seq, self.onic, job.runner if job else None,
+                              self.beats.lag_ns if self.beats is not None else 0,
+                              self.bus.sent)
 
     def _send_health(self, hb: Heartbeat) -> None:
         if self.bus.lost.is_set():
             return
         job = self._job
-        note = ports_note(self.node, self.onic.ports, job.runner if job else None,
-                          self.bus.sent)
-        for topic, payload in ((health_topic(self.testbed, self.node), msgspec.json.encode(hb)),
-                               (telemetry_topic(self.testbed, self.node),
-                                msgspec.json.encode(note))):
+        note = msgspec.json.encode(ports_note(self.node, self.onic.ports,
+                                              job.runner if job else None, self.bus.sent))
+        out = [(health_topic(self.testbed, self.node), msgspec.json.encode(hb))]
+        # the ports when they change, and every NOTE_EVERY-th beat for a new watcher: an
+        # idle node says little (64 of them in one emulator said 640 notes a second)
+        if note != self._note or hb.seq % NOTE_EVERY == 0:
+            self._note = note
+            out.append((telemetry_topic(self.testbed, self.node), note))
+        for topic, payload in out:
             fut = asyncio.ensure_future(self.bus.publish(topic, payload, qos=0))
             fut.add_done_callback(lambda f: f.cancelled() or f.exception())
 
     def _on_controller(self, topic: str, payload: bytes) -> None:
+        if payload in (b"online", b"offline"):
+            self.controller = payload.decode()
+        if self.beats is not None:  # nobody judges silence while no controller listens
+            if payload == b"online":
+                self.beats.hurry()
+            elif payload == b"offline":
+                self.beats.slow = True
         if payload == b"online" and self.carry_note is not None:
             # a job the broker's loss cut: what it delivered here, for its resumption (the
             # first telling went while the controller could not hear)
@@ -264,9 +285,12 @@ class NodeProgram:
         bus.on(results(tb), self._on_result)
         bus.on(status_topic(tb, CONTROLLER), self._on_controller)
         await bus.start()
-        self.beats = Heartbeats(Clock(asyncio.get_running_loop()),
-                                round(self.heartbeat_s * 1e9), self._read_health,
-                                self._send_health).start()
+        loop = asyncio.get_running_loop()
+        period = round(self.heartbeat_s * 1e9)
+        self.beats = Heartbeats(Clock(loop), period, self._read_health, self._send_health,
+                                phase_ns=zlib.crc32(self.node.encode()) % period)
+        self.beats.slow = self.controller != "online"
+        self.beats.start()
         self._ready.set()
         lost = asyncio.ensure_future(bus.lost.wait())
         try:
