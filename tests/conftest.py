@@ -10,3 +10,13 @@ ROOT = Path(__file__).resolve().parent.parent
 @pytest.fixture(scope="session")
 def root() -> Path:
     return ROOT
+
+
+@pytest.fixture(scope="session", autouse=True)
+def own_lock_dir(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """The suite's testbed locks in a folder of its own (inherited by every process it
+    starts): a run or an arbiter elsewhere on the machine holds the machine-wide folder's
+    (issue 43: a running arbiter failed 6 tests)."""
+    import os
+
+    os.environ["ODDL_LOCK_DIR"] = str(tmp_path_factory.mktemp("locks"))

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import signal
+import sqlite3
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import aiomqtt
@@ -21,6 +23,17 @@ from pynq.pl_server.remote_device import RemoteDevice
 from tests.helpers import emulator
 
 pytestmark = pytest.mark.realtime  # brokers, emulators, sockets: the wall clock
+
+
+def _iterations(db: Path) -> int:
+    try:
+        c = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+        try:
+            return int(c.execute("SELECT COUNT(*) FROM iterations").fetchone()[0])
+        finally:
+            c.close()
+    except sqlite3.OperationalError:  # not there yet
+        return 0
 
 
 def test_emulate_serves_the_prototype(root: Path, tmp_path: Path) -> None:
@@ -84,6 +97,10 @@ def test_run_table1_on_the_emulated_testbed(root: Path, tmp_path: Path) -> None:
     assert oddl["control_messages"] >= 3 * 48  # REQUEST, GRANT, RELEASE per flow, real
     # real time adds the network round trips the model does not have: never faster
     assert oddl["iteration_time_s"] > d["networks"]["electrical"]["iteration_time_s"]
+    # how late the loops ran is said beside the figures (issue 43: a loaded host's run)
+    lag = json.loads((tmp_path / "run" / "summary.json").read_text())["stats"]["oddl"][
+        "loop_lag_ms"]
+    assert set(lag) == {"controller", "nodes"} and all(v >= 0 for v in lag.values())
 
 
 def test_one_emulator_serves_job_after_job(root: Path, tmp_path: Path) -> None:
@@ -105,6 +122,28 @@ def test_one_emulator_serves_job_after_job(root: Path, tmp_path: Path) -> None:
             oddl = json.loads(r.stdout)["networks"]["oddl"]
             assert (oddl["iterations"], oddl["flows"]) == (2, 32)
             assert oddl["invariant_violations"] == 0, f"job {k}"
+        # issue 43: a second run on the same emulator while one runs is refused, naming
+        # the holder (it failed on the WSS's serial port, "not an oddl WSS identity")
+        first = subprocess.Popen([sys.executable, "-m", "oddl.controller", "run",
+                                  "experiments/table1-resnet50.toml", "--backend", "emu",
+                                  "--testbed", str(out), "--iterations", "100000", "--out",
+                                  str(tmp_path / "long")], cwd=root,
+                                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            db, t_end = tmp_path / "long" / "results.sqlite", time.monotonic() + 60
+            while not _iterations(db):  # an iteration recorded: it holds the testbed
+                assert time.monotonic() < t_end and first.poll() is None
+                time.sleep(0.05)  # polling its store, not a timing assumption
+            r = subprocess.run([sys.executable, "-m", "oddl.controller", "run",
+                                "experiments/table1-resnet50.toml", "--backend", "emu",
+                                "--testbed", str(out), "--iterations", "2", "--out",
+                                str(tmp_path / "second")], cwd=root, capture_output=True,
+                               text=True, timeout=60)
+            assert r.returncode == 3, r.stderr[-2000:]
+            assert "is in use by oddl run experiments/table1-resnet50.toml" in r.stderr
+        finally:
+            first.send_signal(signal.SIGINT)
+            assert first.wait(30) == 130
         proc.send_signal(signal.SIGINT)
         assert proc.wait(20) == 130  # a clean stop by SIGINT
 

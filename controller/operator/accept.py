@@ -72,8 +72,9 @@ def run(testbed_path: Path, tb: Testbed, backend: str, report: Path, only: list[
     if faults and backend != "emu":
         raise AcceptError("--fault is for --backend emu (real devices bring their own)")
     t0 = time.perf_counter()
-    # emu: a private emulated copy of the testbed (nothing shared, nothing to lock); hw:
-    # the lock (TestbedBusy names the holder; a refused run leaves no report folder)
+    # emu on a testbed: a private emulated copy (nothing shared, nothing to lock); an emu
+    # config (an emulator serving) and hw: the lock (TestbedBusy names the holder; a
+    # refused run leaves no report folder)
     with session(testbed_path, tb, backend, f"oddl accept (pid {os.getpid()})",
                  faults=faults, wait_s=wait_s, say=say) as s:
         if s.testbed != testbed_path:

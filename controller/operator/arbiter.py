@@ -56,7 +56,7 @@ from oddl.controller.service.admission import (
 )
 from oddl.controller.service.backend import Iteration, RunFailed
 from oddl.controller.service.ledger import Ledger
-from oddl.controller.service.lock import TestbedLock
+from oddl.controller.service.lock import TestbedLock, lock_name
 from oddl.controller.stage1.arbiter import Arbiter
 from oddl.controller.stage1.placement import fits
 from oddl.controller.stage2.job import job_id
@@ -341,7 +341,7 @@ def serve(testbed: Path, state: Path, users: list[str], host: str = "127.0.0.1",
     state.chmod(0o700)
     users_by_token = tokens(state, users)
     grid = Grid.from_testbed(tb)
-    with TestbedLock(tb.name, f"oddl arbiter (pid {os.getpid()})").acquire():
+    with TestbedLock(lock_name(tb), f"oddl arbiter (pid {os.getpid()})").acquire():
         backend = registry.open_backend(tb.testbed.backend, tb, grid)
         ledger = Ledger(state / "arbiter.sqlite")
         try:

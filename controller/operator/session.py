@@ -3,7 +3,8 @@
 - `emu` on a testbed of the sim back end: a private `oddl emulate` of it, as a child
   process (exactly what a user would start by hand); the run addresses the emu config it
   writes. (An emu config names an emulator already serving: nothing to start.)
-- `hw`: the testbed lock (`TestbedBusy` names its holder).
+- `hw`, and `emu` on an emu config (an emulator already serving, perhaps to others): the
+  testbed lock (`TestbedBusy` names its holder).
 - a published sim run: an announcer on the testbed's bus (emu and hw runs tell it on the
   connection they run the job on).
 
@@ -26,7 +27,7 @@ from pathlib import Path
 from oddl.controller import registry
 from oddl.controller.base.config import Testbed
 from oddl.controller.service.backend import Announce
-from oddl.controller.service.lock import TestbedLock
+from oddl.controller.service.lock import TestbedLock, lock_name
 
 
 class EmulatorFailed(RuntimeError):
@@ -54,8 +55,8 @@ def session(testbed: Path, tb: Testbed, backend: str, purpose: str, *,
             d = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="oddl-emu-")))
             path = stack.enter_context(emulated(testbed, faults or [], d, say, log,
                                                 tb.testbed.board_model))
-        elif backend == "hw" and not locked:
-            stack.enter_context(TestbedLock(tb.name, purpose).acquire(wait_s))
+        elif backend != "sim" and not locked:  # a lab's, or an emulator already serving
+            stack.enter_context(TestbedLock(lock_name(tb), purpose).acquire(wait_s))
         announce = None
         if publish and backend == "sim":
             announcer = registry.open_announcer(tb)
