@@ -28,6 +28,7 @@ import contextlib
 import dataclasses
 import logging
 import math
+import os
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -169,6 +170,9 @@ class LabBackend:
         self.drill = RemoteDrill(tb.emulator, faults or [], self.clock)
         self.injected = self.drill.injected
         self.bus: MQTTBus | None = None
+        # this controller's life on the bus, said with its status and in its jobs: the
+        # nodes drop jobs of the ones before it (their start time first: newer sorts later)
+        self.session = f"{time.time_ns():020d}-{os.getpid()}"
         self._connecting = asyncio.Lock()
         self._heard: set[str] = set()  # nodes heard from: their "offline" is a last will
         self._beating: set[str] = set()  # nodes heard on this connection (since the broker)
@@ -190,6 +194,7 @@ class LabBackend:
         self.wss: dict[str, WSSDriver] = {}
         try:
             self._open(grid, nodes, addr)
+            self._take_over()
         except BaseException:
             self.close()
             raise
@@ -224,6 +229,17 @@ class LabBackend:
             raise RunFailed(f"{len(failed)} of the testbed's devices cannot be opened:\n  "
                             + "\n  ".join(failed))
 
+    def _take_over(self) -> None:
+        """The testbed as this controller finds it, made its own: an earlier controller's
+        WSS rows and board routes (a killed run's, an arbiter's) cleared, so that nothing
+        of its jobs lights a path, and what this one reads back is what it wrote. (Its
+        node programs drop its jobs themselves: our session is newer.)"""
+        for w in self.wss.values():
+            w.set_table([[None] * w.channels for _ in range(w.ports)])
+        for n, onic in self.onics.items():
+            if n not in self.local:
+                onic.load_routes({})
+
     # --- the controller's connection ---------------------------------------------------
     async def _connect(self) -> MQTTBus:
         """The one connection, opened at the first job; after a lost broker, back within
@@ -234,7 +250,7 @@ class LabBackend:
                 # the nodes cancel every job when our status goes "offline": a clean exit,
                 # a crash (the will), or (keepalive) a controller that hangs
                 bus = bus_from_config(tb, self.tb.broker, CONTROLLER,
-                                      keepalive=CONTROLLER_KEEPALIVE_S)
+                                      keepalive=CONTROLLER_KEEPALIVE_S, session=self.session)
                 bus.on(health_topic(tb, "+"), self._on_health)
                 bus.on(status_topic(tb, "+"), self._on_status)
                 bus.on(results(tb), self._on_result)
@@ -305,6 +321,7 @@ class LabBackend:
 
     def _on_status(self, topic: str, payload: bytes) -> None:
         party = topic.rpartition("/")[2]
+        payload = payload.partition(b" ")[0]  # a party's session, if it says one
         if payload == b"online":
             self._heard.add(party)
         elif payload == b"offline" and party in self._heard:  # a retained one of a node
@@ -346,6 +363,7 @@ class LabBackend:
         compute plus `grace_ms`, its nodes alive, is stuck: the run fails, naming whom it
         waits for."""
         tb = self.tb.name
+        spec = msgspec.structs.replace(spec, controller=self.session)
         if self.local & set(spec.nodes):  # their node programs apply their stage 1
             spec = msgspec.structs.replace(spec, boards=sorted(self.local & set(spec.nodes)))
         stall_s = quiet_ns(spec) / 1e9 + self.tb.monitor.grace_ms / 1e3

@@ -72,8 +72,10 @@ class MQTTBus:
                  tls_context: ssl.SSLContext | None = None,
                  tap: Callable[[str, ControlMessage], None] | None = None,
                  keepalive: int = 60, connect_timeout: float = 10.0,
-                 readonly: bool = False) -> None:
-        """readonly: a watcher (the dashboard) that may write nothing, not even a status."""
+                 readonly: bool = False, session: str = "") -> None:
+        """readonly: a watcher (the dashboard) that may write nothing, not even a status.
+        session: said after its status ("online SESSION", "offline SESSION"), so that a
+        party's earlier life is told apart from this one (a controller's: its jobs)."""
         self.testbed = testbed
         self.readonly = readonly
         self.tap = tap  # an observer of every delivered message (the invariant checker)
@@ -91,6 +93,7 @@ class MQTTBus:
         self.stalls = 0  # times the socket was full and the rest waited for writability
         self._prefix = f"oddl/{testbed}/node/"
         self._status = status_topic(testbed, user)
+        self._said = (b" " + session.encode()) if session else b""  # after each status
         self._inbox: list[tuple[str, bytes]] = []
         self._acks: dict[int, asyncio.Future[None]] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -109,7 +112,7 @@ class MQTTBus:
         if tls_context is not None:
             c.tls_set_context(tls_context)
         if not readonly:
-            c.will_set(self._status, b"offline", qos=QOS_STATUS, retain=True)
+            c.will_set(self._status, b"offline" + self._said, qos=QOS_STATUS, retain=True)
         c.on_socket_open = self._on_open
         c.on_socket_close = self._on_close
         c.on_connect = self._on_connect
@@ -188,7 +191,8 @@ class MQTTBus:
         for topic_filter in self.raw:
             self.client.subscribe(topic_filter, qos=1)
         if not self.readonly:
-            self.client.publish(self._status, b"online", qos=QOS_STATUS, retain=True)
+            self.client.publish(self._status, b"online" + self._said, qos=QOS_STATUS,
+                                retain=True)
         self._flush()
         self._misc = loop.create_task(self._keepalive())
         return self
@@ -240,8 +244,8 @@ class MQTTBus:
             self._misc.cancel()
         try:
             if not self.readonly:
-                info = self.client.publish(self._status, b"offline", qos=QOS_STATUS,
-                                           retain=True)
+                info = self.client.publish(self._status, b"offline" + self._said,
+                                           qos=QOS_STATUS, retain=True)
                 self._flush()
                 deadline = time.monotonic() + timeout
                 while not info.is_published() and self._sock is not None:
@@ -505,10 +509,11 @@ def broker_params(broker: Any, user: str, port: int | None = None) -> dict[str, 
 def bus_from_config(testbed: str, broker: Any, user: str, port: int | None = None,
                     tap: Callable[[str, ControlMessage], None] | None = None,
                     password: str | None = None, keepalive: int = 60,
-                    readonly: bool = False) -> MQTTBus:
+                    readonly: bool = False, session: str = "") -> MQTTBus:
     """An MQTTBus for a testbed's `[broker]`, logged in as `user` (its password from the
     config's source unless given)."""
     p = broker_params(broker, user, port)
     if password is not None:
         p["password"] = password
-    return MQTTBus(testbed, **p, user=user, tap=tap, keepalive=keepalive, readonly=readonly)
+    return MQTTBus(testbed, **p, user=user, tap=tap, keepalive=keepalive, readonly=readonly,
+                   session=session)

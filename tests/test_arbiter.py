@@ -127,9 +127,11 @@ def test_two_users_jobs_run_at_once_apart_and_finish(root: Path, emu: Path,
     assert {done[a]["partition"].split(": ", 1)[1], done[b]["partition"].split(": ", 1)[1]} \
         == {"2 ranks, row 1 x 2 at row 0, col 0", "2 ranks, row 1 x 2 at row 1, col 0"}
     assert done[a]["started"] < done[b]["ended"] and done[b]["started"] < done[a]["ended"]
-    assert arbiter.call("eve", "GET", "/status").json()["invariant_violations"] == 0
+    status = arbiter.call("eve", "GET", "/status").json()
+    assert status["invariant_violations"] == 0 and status["first_violations"] == []
     listed = arbiter.cli("eve", "jobs")
     assert listed.returncode == 0 and "alice" in listed.stdout and "bob" in listed.stdout
+    assert listed.stdout.split()[:4] == ["job", "user", "state", "done/of"]  # a header
 
 
 @pytest.mark.realtime  # an emulator, an arbiter, HTTP: the wall clock

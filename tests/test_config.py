@@ -197,3 +197,16 @@ def test_broker_section_errors(tmp_path: Path, broker: str, reason: str) -> None
 def test_broker_defaults_to_embedded_on_loopback(root: Path) -> None:
     b = load_testbed(root / "hw_configs" / "prototype-4node.toml").broker
     assert (b.url, b.bind) == ("embedded", "127.0.0.1")
+
+
+def test_a_job_file_is_checked_as_a_job(root: Path, tmp_path: Path) -> None:
+    """Reproducer (issue 43): `oddl check` took a job file (a [workload] without testbed or
+    networks, what `oddl submit` takes) for a broken experiment."""
+    r = CliRunner().invoke(main, ["check", str(root / "experiments" / "job-resnet50-16.toml")])
+    assert r.exit_code == 0, r.output
+    assert "a job for an arbiter (`oddl submit`): resnet50, ring, 16 ranks" in r.output
+    bad = tmp_path / "j.toml"
+    bad.write_text((root / "experiments" / "job-resnet50-16.toml").read_text().replace(
+        "ranks = 16", "ranks = -3"))
+    r = CliRunner().invoke(main, ["check", str(bad)])
+    assert r.exit_code == 2 and f"{bad}: workload.ranks: " in r.output, r.output

@@ -135,3 +135,16 @@ strategy = "cyclic"
     assert sorted(x["network"] for x in rows) == ["electrical", "oddl"]
     journal = [json.loads(x) for x in (out / "points.jsonl").read_text().splitlines()]
     assert [j["network"] for j in journal] == ["electrical", "oddl"]  # electrical ran once
+
+
+def test_a_sweep_of_one_network_prints_no_empty_speedup_table(root: Path,
+                                                               tmp_path: Path) -> None:
+    """Reproducer (issue 43): a one-network sweep printed a speed-up table with no row."""
+    one = SWEEP.split("[[networks]]\nname = \"fattree\"")[0].replace(
+        '["resnet50", "vgg19"]', '["resnet50"]').replace("[4, 16]", "[4]").replace(
+        "[100, 200]", "[100]")
+    r = CliRunner().invoke(main, ["sweep", str(_sweep(root, tmp_path, one)), "--out",
+                                  str(tmp_path / "out")])
+    assert r.exit_code == 0, r.output
+    assert "speedup over each network" not in r.output
+    assert "1 points in" in r.output

@@ -492,7 +492,8 @@ def kind_of(path: Path) -> str:
     except ConfigError:
         return "testbed"
     if _is_experiment(data):
-        return "experiment"
+        return "job" if "testbed" not in data and "networks" not in data and \
+            "workload" in data else "experiment"
     if "models" in data or "line_rates_gbps" in data:
         return "sweep"
     return "testbed"
@@ -503,6 +504,28 @@ def field_issues(e: ValidationError) -> list[tuple[str, str]]:
     error, " prefix, no link to pydantic's pages."""
     return [(_fmt_loc(err["loc"]), re.sub(r"^(Value error|Assertion failed), ", "",
                                           err["msg"])) for err in e.errors()]
+
+
+def job_experiment(data: dict[str, Any], testbed: str, path: str = "job") -> Experiment:
+    """A job for an arbiter (an experiment of one `[workload]` without `testbed` and
+    `networks`: they are the arbiter's) as the experiment it runs; ConfigError names the
+    field and why."""
+    try:
+        exp = Experiment.model_validate({"networks": [{"name": "oddl", "kind": "oddl"}],
+                                         **data, "testbed": testbed})
+    except ValidationError as e:
+        raise ConfigError([ConfigIssue(path, f, why) for f, why in field_issues(e)]) from None
+    if exp.workload is None:
+        raise ConfigError([ConfigIssue(path, "workload", "a job is one [workload] (for "
+                                       "[[jobs]], `oddl run` an experiment)")])
+    return exp
+
+
+def load_job(path: str | Path) -> Experiment:
+    """A job file (`oddl submit`'s), checked as far as it can be without the arbiter's
+    testbed."""
+    path = Path(path)
+    return job_experiment(_read_toml(path), "-", str(path))
 
 
 def _pydantic_issues(path: Path, e: ValidationError) -> list[ConfigIssue]:

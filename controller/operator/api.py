@@ -207,7 +207,7 @@ def check(path: str | Path) -> str:
     testbed; several jobs: the partitions of those that start at once, checked isolated);
     each point of a sweep generated. Returns the one-line verdict; raises ConfigError with
     every issue (file, field, reason)."""
-    from oddl.controller.base.config import ConfigIssue, kind_of
+    from oddl.controller.base.config import ConfigIssue, kind_of, load_job
     from oddl.controller.experiments.sweep import load_sweep, make_testbed, points
     from oddl.controller.service.admission import JobRequest, plan_partitions
     from oddl.controller.stage1.plan import PlanError
@@ -225,6 +225,12 @@ def check(path: str | Path) -> str:
                 raise ConfigError([ConfigIssue(str(path), "nodes", str(e))]) from None
         return (f"OK {path}: sweep {sw.name} on {tb_path}: {len(points(sw))} points "
                 f"({len(shapes)} generated testbeds)")
+    if kind == "job":
+        w = load_job(path).workload
+        assert w is not None
+        return (f"OK {path}: a job for an arbiter (`oddl submit`): {w.model}, {w.collective}, "
+                f"{w.ranks or 'every'} ranks; its testbed is the arbiter's, which checks "
+                f"the rest when it is submitted")
     if kind == "testbed":
         tb = load_testbed(path)
         n_ch = len(tb.optical.wavelengths())

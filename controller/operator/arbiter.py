@@ -67,6 +67,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 log = logging.getLogger(__name__)
+FIRST = 10  # the violations /status shows in full (each: when, what, where, which job)
 MAX_BODY = 256 * 1024  # a submitted experiment, and anything else a client sends
 Role = Literal["operator", "user", "observer"]
 ROLES: tuple[str, ...] = get_args(Role)
@@ -295,7 +296,8 @@ class Service:
             states[j["state"]] = states.get(j["state"], 0) + 1
         return JSONResponse({"testbed": self.tb.name, "rejected": self.rejected,
                              "jobs": states, "free_nodes": len(self.adm.free),
-                             "invariant_violations": len(self.adm.b.monitor.violations)})
+                             "invariant_violations": len(self.adm.b.monitor.violations),
+                             "first_violations": self.adm.b.monitor.violations[:FIRST]})
 
     def app(self) -> Starlette:
         def guarded(fn: Callable[[Request], Awaitable[Response]]

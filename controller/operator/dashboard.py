@@ -32,7 +32,7 @@ from oddl.controller.base.config import Testbed
 from oddl.controller.base.lifecycle import Services
 from oddl.controller.base.telemetry import NOTE_TYPES, PortsNote
 from oddl.controller.base.topology import Grid
-from oddl.controller.service.health import Heartbeat
+from oddl.controller.service.health import Heartbeat, Heartbeats
 from oddl.controller.stage2.job import DECODE_ERRORS, JobEvent, JobSpec
 from oddl.controller.stage2.wire import worth_logging
 from starlette.applications import Starlette
@@ -101,9 +101,10 @@ class View:
     def _feed(self, where: list[str], payload: bytes) -> None:
         kind, rest = where[0], where[1:]
         if kind == "status" and len(rest) == 1:
-            if payload not in (b"online", b"offline"):
+            state = payload.partition(b" ")[0]  # "online SESSION": a controller says its
+            if state not in (b"online", b"offline") or len(payload) > 64:
                 raise ValueError(f"status {payload[:20]!r}")
-            self.status[rest[0]] = payload.decode()
+            self.status[rest[0]] = state.decode()
         elif kind == "health" and len(rest) == 1:
             hb = self._dec_beat.decode(payload)
             self._own(hb.node, rest[0])
@@ -154,11 +155,14 @@ class View:
     def snapshot(self) -> dict[str, Any]:
         now = _now_ms()
         nodes = {}
+        # node programs beat slowly while no controller listens (Heartbeats.slow)
+        period = self.period_ms if self.status.get(CONTROLLER) == "online" else \
+            max(self.period_ms, Heartbeats.SLOW_NS / 1e6)
         for n in sorted(self.known):
             seen = self.beats.get(n)
             age = now - seen[0] if seen else None
             status = self.status.get(n, "unknown")
-            silent = age is None or age > 3 * self.period_ms
+            silent = age is None or age > 3 * period
             p = self.ports.get(n)
             nodes[n] = {
                 "status": status,

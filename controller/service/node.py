@@ -125,6 +125,7 @@ class NodeProgram:
         self.stopped: deque[str] = deque(maxlen=MAX_STOPPED)
         self._note = b""  # the last ports note said
         self.controller = "unknown"  # its status on the bus: online, offline
+        self.session = ""  # the controller's session it follows (its latest "online")
         # jobs that ended here: their peers' late events are no news for a later job
         # (one sent again under the same id failed at once with the earlier's "failed")
         self.ended: deque[str] = deque(maxlen=MAX_STOPPED)
@@ -208,6 +209,10 @@ class NodeProgram:
         why = refused(spec)
         if why is not None:
             return self._reject(topic, why)
+        if spec.controller < self.session:
+            return self._reject(topic, f"job {spec.job} of an earlier controller")
+        if spec.controller > self.session:  # a new controller, before its status came
+            self._on_controller(topic, b"online " + spec.controller.encode())
         if self._jobs.full():  # a newer job replaces one not yet started
             self._jobs.get_nowait()
         self._jobs.put_nowait(spec)
@@ -248,9 +253,11 @@ class NodeProgram:
         note = msgspec.json.encode(ports_note(self.node, self.onic.ports,
                                               job.runner if job else None, self.bus.sent))
         out = [(health_topic(self.testbed, self.node), msgspec.json.encode(hb))]
-        # the ports when they change, and every NOTE_EVERY-th beat for a new watcher: an
-        # idle node says little (64 of them in one emulator said 640 notes a second)
-        if note != self._note or hb.seq % NOTE_EVERY == 0:
+        # the ports when they change, and every NOTE_EVERY-th beat (every slow one) for a
+        # new watcher: an idle node says little (64 of them in one emulator said 640
+        # notes a second)
+        slow = self.beats is not None and self.beats.slow
+        if note != self._note or slow or hb.seq % NOTE_EVERY == 0:
             self._note = note
             out.append((telemetry_topic(self.testbed, self.node), note))
         for topic, payload in out:
@@ -258,24 +265,41 @@ class NodeProgram:
             fut.add_done_callback(lambda f: f.cancelled() or f.exception())
 
     def _on_controller(self, topic: str, payload: bytes) -> None:
-        if payload in (b"online", b"offline"):
-            self.controller = payload.decode()
+        """The controller's status: "online SESSION" or "offline SESSION". A new session
+        is a new controller: a job of an earlier one still here is a leftover, dropped
+        (its state belongs to its controller); an earlier session's "offline" (its last
+        will, after the new one came) is no news."""
+        state, _, session = payload.decode(errors="replace").partition(" ")
+        if state not in ("online", "offline"):
+            return self._reject(topic, f"a status {payload[:32]!r}")
+        if session < self.session or (state == "offline" and session != self.session):
+            return  # an earlier controller's, said late: the one we follow is up
+        self.session = session  # sessions begin with their start time: newer sort later
+        self.controller = state
         if self.beats is not None:  # nobody judges silence while no controller listens
-            if payload == b"online":
+            if state == "online":
                 self.beats.hurry()
-            elif payload == b"offline":
+            else:
                 self.beats.slow = True
-        if payload == b"online" and self.carry_note is not None:
+        job = self._job
+        if state == "online" and self.carry_note is not None:
             # a job the broker's loss cut: what it delivered here, for its resumption (the
             # first telling went while the controller could not hear)
             note, self.carry_note = self.carry_note, None
             fut = asyncio.ensure_future(self.bus.publish(*note, qos=1))
             fut.add_done_callback(lambda f: f.cancelled() or f.exception())
-        if payload == b"offline" and self._job is not None and not self._job.finished.done():
+        if job is None or job.finished.done():
+            return
+        if state == "offline":
             self.jobs_cancelled += 1
             log.warning("node %s: the controller is gone: job %s cancelled", self.node,
-                        self._job.spec.job)
-            self._job.cancel("its controller is gone")
+                        job.spec.job)
+            job.cancel("its controller is gone")
+        elif job.spec.controller and job.spec.controller != session:
+            self.jobs_cancelled += 1
+            log.warning("node %s: another controller took the testbed over: job %s of an "
+                        "earlier one dropped", self.node, job.spec.job)
+            job.cancel("another controller took the testbed over")
 
     async def _serve(self) -> None:
         bus, tb = self.bus, self.testbed
@@ -445,13 +469,17 @@ class _NodeJob:
                     break
                 await asyncio.sleep(0.001)
             await asyncio.gather(*self.pending)
-            bad = monitor.violations[bad_before:]
             junk = {k: v - self.junk0[k] for k, v in self._junk().items()}
             if spec.tag:  # beside others: its books close as it leaves
                 monitor.job_left(spec.tag, runner.clock.now_ns())
+            # its own; a testbed's monitor (an emulator's) also sees others' jobs, perhaps
+            # leftovers of a controller gone: theirs are counted apart, never as its own
+            bad = monitor.of_job(spec.job, bad_before)
+            elsewhere = len(monitor.violations) - bad_before - len(bad)
             await self._publish("done", control_messages=self.sent(),
                                 stats={**runner.stats(), **junk, "flows": runner.engine.flows,
-                                       "violations": len(bad)},
+                                       "violations": len(bad)}
+                                | ({"violations_of_other_jobs": elsewhere} if elsewhere else {}),
                                 violations=bad[:MAX_VIOLATIONS_REPORTED], trace=self._trace())
             prog.jobs_run += 1
             log.info("node %s: job %s done (%s step sync)", prog.node, spec.job,

@@ -14,10 +14,14 @@ lit, is a violation: ODDL promises each job physically isolated resources.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from oddl.controller.base.messages import ControlMessage, Flow, Grant
+from oddl.controller.stage2.wire import worth_logging
+
+log = logging.getLogger(__name__)
 
 
 class InvariantViolation(AssertionError):
@@ -36,6 +40,7 @@ def tag_of(flow_id: int) -> int:
 class InvariantChecker:
     mode: str = "raise"  # "raise" | "record"
     violations: list[str] = field(default_factory=list)
+    jobs: list[str] = field(default_factory=list)  # the job each violation concerns
     # (node, port) -> (flow, hop, channel) of the last GRANT that node received on that port
     grants: dict[tuple[str, str], tuple[int, int, int]] = field(default_factory=dict)
     # (flow, hop) -> the receiver node that granted it, until its light arrives
@@ -80,7 +85,8 @@ class InvariantChecker:
         missing = [] if self.partial else sorted(mine - self.delivered)
         if missing:
             self.violation(t_ns, f"job {self.names.get(tag, tag)}: {len(missing)} started "
-                                 f"flows never delivered, e.g. {missing[:5]}")
+                                 f"flows never delivered, e.g. {missing[:5]}",
+                           job=self.names.get(tag, str(tag)))
         self._forget(tag)
 
     def _forget(self, tag: int) -> None:
@@ -101,13 +107,26 @@ class InvariantChecker:
         if other is not None and other != tag:
             self.violation(t_ns, f"{node}: {what} {flow!r} of job {self.names.get(tag, tag)} "
                                  f"on a node of job {self.names.get(other, other)}: "
-                                 f"jobs share it")
+                                 f"jobs share it", flow.id)
 
-    def violation(self, t_ns: int, what: str) -> None:
-        msg = f"t={t_ns} ns: {what}"
+    def violation(self, t_ns: int, what: str, flow: int | None = None,
+                  job: str | None = None) -> None:
+        """Record (and log) a violation: when, what and where, and the job it concerns
+        (`job`, or the one whose tag `flow` carries; `jobs` keeps it beside each)."""
+        if job is None:
+            job = (self.names.get(tag_of(flow)) if flow is not None else None) or self.job
+        msg = f"t={t_ns} ns: {what}" + (f" [job {job}]" if job else "")
         self.violations.append(msg)
+        self.jobs.append(job)
+        if len(self.violations) <= 20 or worth_logging(len(self.violations)):
+            log.warning("invariant violation: %s (%d so far)", msg, len(self.violations))
         if self.mode == "raise":
             raise InvariantViolation(msg)
+
+    def of_job(self, job: str, since: int = 0) -> list[str]:
+        """The violations from the `since`-th on that concern `job` (or no job at all)."""
+        return [v for v, j in zip(self.violations[since:], self.jobs[since:], strict=True)
+                if j in (job, "")]
 
     # bus tap: called for every message actually delivered
     def on_message(self, dst: str, m: ControlMessage) -> None:
@@ -117,7 +136,7 @@ class InvariantChecker:
 
     def flow_started(self, flow: Flow) -> None:
         if flow.id in self.started:
-            self.violation(flow.t_submit, f"flow {flow.id} started twice")
+            self.violation(flow.t_submit, f"flow {flow.id} started twice", flow.id)
         self.started[flow.id] = (flow.dst, flow.nbytes)
 
     def on_send(self, t_ns: int, node: str, port: str, channel: int | None, tuning: bool,
@@ -126,15 +145,17 @@ class InvariantChecker:
         if self.owner:
             self._foreign(t_ns, node, flow, "sends")
         if busy:
-            self.violation(t_ns, f"{node}/{port}: transmitter sends {flow!r} while sending")
+            self.violation(t_ns, f"{node}/{port}: transmitter sends {flow!r} while sending",
+                           flow.id)
         if tuning:
-            self.violation(t_ns, f"{node}/{port}: transmitter sends {flow!r} while tuning")
+            self.violation(t_ns, f"{node}/{port}: transmitter sends {flow!r} while tuning",
+                           flow.id)
         g = self.grants.get((node, port))
         if g is None or g[0] != flow.id or g[1] != flow.hop:
-            self.violation(t_ns, f"{node}/{port}: sends {flow!r} without a GRANT for it")
+            self.violation(t_ns, f"{node}/{port}: sends {flow!r} without a GRANT for it", flow.id)
         elif g[2] != channel:
             self.violation(t_ns, f"{node}/{port}: sends {flow!r} on channel {channel}, "
-                                 f"granted channel {g[2]}")
+                                 f"granted channel {g[2]}", flow.id)
 
     def on_light(self, t_ns: int, wss: str, out: int | None, channel: int | None,
                  occupied_by: Flow | None, rx_busy_with: Flow | None, flow: Flow,
@@ -151,30 +172,30 @@ class InvariantChecker:
                                          f"{self.names.get(tag, tag)}: jobs share it")
         if to_node is not None and granter is not None and granter != to_node:
             self.violation(t_ns, f"{wss}: {flow!r} lands on {to_node} but {granter} granted it "
-                                 f"(misrouted)")
+                                 f"(misrouted)", flow.id)
         if out is None:
             self.violation(t_ns, f"{wss}: {flow!r} sent on channel {channel} into a blocked "
-                                 f"input (the light goes nowhere)")
+                                 f"input (the light goes nowhere)", flow.id)
         elif occupied_by is not None:
             self.violation(t_ns, f"{wss}: (out {out}, channel {channel}) carries {flow!r} and "
-                                 f"{occupied_by!r} at once")
+                                 f"{occupied_by!r} at once", flow.id)
         if rx_busy_with is not None:
             self.violation(t_ns, f"{wss} out {out}: receiver gets {flow!r} while receiving "
-                                 f"{rx_busy_with!r}")
+                                 f"{rx_busy_with!r}", flow.id)
 
     def on_arrival(self, t_ns: int, node: str, flow: Flow, nbytes: int) -> None:
         if flow.dst != node:
             return  # a relay leg; the final leg is what counts
         if flow.id in self.delivered:
-            self.violation(t_ns, f"{node}: {flow!r} delivered twice")
+            self.violation(t_ns, f"{node}: {flow!r} delivered twice", flow.id)
         if flow.id not in self.started:
             if not self.partial:
-                self.violation(t_ns, f"{node}: {flow!r} arrived but was never started")
+                self.violation(t_ns, f"{node}: {flow!r} arrived but was never started", flow.id)
             self.delivered.add(flow.id)
             return
         _dst, size = self.started[flow.id]
         if nbytes != size:
-            self.violation(t_ns, f"{node}: {flow!r} arrived with {nbytes} of {size} bytes")
+            self.violation(t_ns, f"{node}: {flow!r} arrived with {nbytes} of {size} bytes", flow.id)
         self.delivered.add(flow.id)
 
     def undelivered(self) -> list[int]:

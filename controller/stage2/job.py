@@ -141,6 +141,9 @@ class JobSpec(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     # a Transformer split tensor x pipeline x data (controller/base/parallelism.py): its
     # steps carry their compute, `collective` is its data-parallel all-reduce
     hybrid: Hybrid | None = None
+    # the controller's session that sent it (its status says "online SESSION"): a node
+    # drops a job of a controller that a newer one has taken the testbed over from
+    controller: Annotated[str, msgspec.Meta(max_length=64)] = ""
 
 
 class JobStop(msgspec.Struct, frozen=True, forbid_unknown_fields=True):

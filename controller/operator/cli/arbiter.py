@@ -88,6 +88,7 @@ def jobs(as_json: bool, url: str, token_file: Path) -> None:
     if as_json:
         click.echo(json.dumps(js))
         return
+    click.echo(f"{'job':>5} {'user':<12} {'state':<9} {'done':>6}/{'of':<6} partition")
     for j in js:
         click.echo(f"{j['job']:>5} {j['user']:<12} {j['state']:<9} {j['iterations_done']:>6}/"
                    f"{j['iterations']:<6} {j['partition'] or '-'}"

@@ -300,7 +300,10 @@ def _plan_jobs(ctx: Any, strategy: str | None, as_json: bool, plot: Path | None)
 
 @main.command()
 @click.argument("experiment", type=click.Path(path_type=Path))
-@click.option("--backend", type=click.Choice(BACKENDS), default="sim")
+@click.option("--backend", type=click.Choice(BACKENDS), default="sim", show_default=True,
+              help="sim: the testbed modelled in virtual time; emu: its devices emulated "
+                   "(`oddl emulate`, started privately for a testbed, or the one an emu "
+                   "config names) in real time; hw: a lab's boards")
 @click.option("--out", type=click.Path(path_type=Path), default=None,
               help="run directory (default: runs/<experiment>-<time>)")
 @click.option("--iterations", type=click.IntRange(min=1), default=None,
@@ -447,11 +450,19 @@ def run(experiment: Path, backend: str, out: Path | None, iterations: int | None
                            p.difference)
             console.print(pt)
         console.print(res.calibration)
+        for r in res.networks.values():  # a real-time run: how loaded its hosts were
+            if (lag := r.stats.get("loop_lag_ms")) is not None:
+                console.print(f"{r.name}: loops ran up to {lag['controller']:.1f} ms late "
+                              f"(controller), {lag['nodes']:.1f} ms (node programs)" + (
+                                  ": a loaded host, its figures are skewed"
+                                  if "host_lag_ms" in r.disturbance else ""))
         if res.iterations < res.total_iterations:
             console.print(f"simulated {res.iterations} of {res.total_iterations} iterations; "
                       f"training time extrapolated")
         console.print(f"invariant violations: {res.invariant_violations}; wall {res.wall_s:.1f} s; "
                   f"results in {run_dir}")
+        for v in res.violations[:5]:  # the first ones, each with its job (summary.json: 50)
+            console.print(f"  {v}", highlight=False)
     for r in res.networks.values():
         if r.faults:
             click.echo(f"warning: {r.name}: {len(r.faults)} faults during the run: "
@@ -525,17 +536,19 @@ def sweep(sweep_file: Path, jobs: int, cluster: str | None, out: Path | None) ->
                   f"{x['iteration_ms']:.3f}", f"{x['control_msgs_per_node']:g}",
                   "-" if x["plan_ms"] is None else f"{x['plan_ms']:.1f}", f"{x['wall_s']:.1f}")
     console.print(r)
+    ups = speedups(sw, rows)  # none with one network: nothing to compare it with
     t = Table(title=f"{sw.reference} speedup over each network (iteration time)")
     marks = sw.paper_marks()
     for col in ("model", "nodes", "Gb/s", "over", "speedup", "comm only", "paper"):
         t.add_column(col, justify="right" if col not in ("model", "over") else "left")
-    for s in speedups(sw, rows):
+    for s in ups:
         v, upto = marks.get(s["over"], (None, False))
         t.add_row(s["model"], str(s["nodes"]), f"{s['line_rate_gbps']:g}", s["over"],
                   f"{s['speedup']:.3f}x",
                   f"{s['comm_speedup']:.3f}x" if s["comm_speedup"] else "-",
                   "-" if v is None else f"{'up to ' if upto else ''}{v:g}x")
-    console.print(t)
+    if ups:
+        console.print(t)
     bad = sum(r["invariant_violations"] for r in rows)
     click.echo(f"{len(rows)} points in {time.perf_counter() - t0:.1f} s wall; "
                f"invariant violations: {bad}; wrote {', '.join(str(f) for f in files)}")

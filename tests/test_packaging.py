@@ -1,0 +1,84 @@
+"""The wheel, as a user installs it (issue 43). Reproducer: the wheel's `oddl` did not
+start ("No module named 'oddl.controller.operator.cli'"): the package list was written by
+hand and left the entry point's package out; editable installs hid it.
+
+The wheel is built from this checkout and installed into a fresh venv; its dependencies
+come from this interpreter's site-packages through a path file (a path, not a site
+directory: their own .pth files, this checkout's editable install among them, are not
+run), so that only the wheel provides `oddl`. Every command runs from `/`."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import sysconfig
+import venv
+import zipfile
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.realtime  # a build, a venv, subprocesses
+
+
+@pytest.fixture(scope="module")
+def wheel_venv(root: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    d = tmp_path_factory.mktemp("wheel")
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w",
+                    str(d / "dist"), str(root)], check=True, capture_output=True, timeout=300)
+    (whl,) = (d / "dist").glob("oddl-*.whl")
+    env = d / "venv"
+    venv.create(env, with_pip=False)
+    site = Path(sysconfig.get_path("purelib", vars={"base": str(env),
+                                                     "platbase": str(env)}))
+    (site / "deps.pth").write_text(sysconfig.get_path("purelib") + "\n")
+    subprocess.run([sys.executable, "-m", "pip", "--python", str(env / "bin" / "python"),
+                    "install", "--no-deps", "-q", str(whl)], check=True, capture_output=True,
+                   timeout=300)
+    with zipfile.ZipFile(whl) as z:  # the shipped data the commands need
+        names = set(z.namelist())
+    assert {"oddl/controller/operator/cli/main.py", "oddl/fpga/overlays/oddl_onic.hwh",
+            "oddl/controller/operator/web/index.html", "oddl/acceptance/plugin.py"} <= names
+    return env
+
+
+def _oddl(env: Path, *args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([str(env / "bin" / "oddl"), *args], cwd="/", capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def test_the_wheel_alone_runs_its_commands_from_anywhere(root: Path, tmp_path: Path,
+                                                         wheel_venv: Path) -> None:
+    where = subprocess.run([str(wheel_venv / "bin" / "python"), "-c",
+                            "import oddl.controller, oddl.sim; print(oddl.controller.__file__, "
+                            "oddl.sim.__file__)"], cwd="/", capture_output=True, text=True)
+    assert where.returncode == 0, where.stderr
+    assert all(p.startswith(str(wheel_venv)) for p in where.stdout.split()), where.stdout
+    r = _oddl(wheel_venv, "--help")
+    assert r.returncode == 0 and "oddl: the ODDL optical interconnect" in r.stdout, r.stderr
+    r = _oddl(wheel_venv, "check", str(root / "hw_configs" / "prototype-4node.toml"))
+    assert r.returncode == 0 and r.stdout.startswith("OK "), r.stderr
+    r = _oddl(wheel_venv, "accept", str(root / "hw_configs" / "prototype-4node.toml"),
+              "--backend", "emu", "--report", str(tmp_path / "accept"))
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    summary = json.loads((tmp_path / "accept" / "summary.json").read_text())
+    assert summary["verdict"] == "PASS" and summary["counts"]["failed"] == 0
+    r = _oddl(wheel_venv, "run", str(root / "experiments" / "table1-resnet50.toml"),
+              "--iterations", "50", "--json", "--out", str(tmp_path / "run"))
+    assert r.returncode == 0, r.stderr[-2000:]
+    oddl = json.loads(r.stdout)["networks"]["oddl"]
+    assert oddl["iterations"] == 50 and oddl["invariant_violations"] == 0
+
+
+def test_a_missing_extra_is_named_by_the_wheels_oddl(wheel_venv: Path) -> None:
+    """Without the gateware extra (Amaranth hidden: None in sys.modules makes its import
+    fail as if it were not installed), `oddl gateware synth` names the extra, exit 2."""
+    r = subprocess.run([str(wheel_venv / "bin" / "python"), "-c",
+                        "import sys; sys.modules['amaranth'] = None; sys.argv = ['oddl', "
+                        "'gateware', 'synth']; from oddl.controller.operator.cli.main import "
+                        "entry; entry()"], cwd="/", capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.strip() == ('error: oddl gateware needs the O-NIC gateware (Amaranth HDL '
+                                'and its Yosys), which is not installed: pip install '
+                                '"oddl[gateware]"')
