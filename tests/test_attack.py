@@ -104,5 +104,8 @@ def test_attacks_during_a_run_change_nothing(root: Path, tmp_path: Path) -> None
     # again (a poll after a WAIT, a retry without) where the wait or the machine was long
     st = json.loads((tmp_path / "run" / "summary.json").read_text())["stats"]["oddl"]
     assert oddl["control_messages"] == 3 * 160 + st["waits"] + st["polls"] + st["retries"]
-    assert oddl["disturbed"] is False, oddl["disturbance"]
+    # nothing the attacker sent is counted: no junk refused, no transfer nobody granted,
+    # no register changed (a loaded machine may still retry, and say so)
+    assert not {"rejected", "unexpected", "unexpected_rx", "board_tampered"} & set(
+        oddl["disturbance"]), oddl["disturbance"]
     assert seen["specs"] == 1 and seen["published"] > 200 and seen["refused"] >= 3

@@ -212,10 +212,11 @@ def test_checker_flags_cross_job_receivers_relays_and_lights() -> None:
     c.on_send(2, "n1", "H", None, False, False, fb)  # b relayed by a's node
     c.on_light(3, "w", 2, 1, None, None, fa, "n2")  # a lands on b's node
     assert [v.split(": ", 1)[1] for v in c.violations] == [
-        "w: (out 1, channel 0) carries light of jobs a and b: jobs share it",
-        f"n1: sends {fb!r} of job b on a node of job a: jobs share it",
-        f"n1/H: sends {fb!r} without a GRANT for it",
-        f"n2: receives {fa!r} of job a on a node of job b: jobs share it"]
+        "w: (out 1, channel 0) carries light of jobs a and b: jobs share it [job a]",
+        f"n1: sends {fb!r} of job b on a node of job a: jobs share it [job b]",
+        f"n1/H: sends {fb!r} without a GRANT for it [job b]",
+        f"n2: receives {fa!r} of job a on a node of job b: jobs share it [job a]"]
+    assert c.of_job("b") == c.violations[1:3]  # each job's own, for its report
     c.job_left(1, 9)
     assert "job a: 0" not in " ".join(c.violations)
 

@@ -31,6 +31,7 @@ from oddl.controller.base import collector
 from oddl.controller.base.config import ConfigError, ConfigIssue, LoadedExperiment, NetworkSpec
 from oddl.controller.base.lifecycle import sigint_ignored
 from oddl.controller.base.topology import Grid
+from oddl.controller.experiments.estimate import estimate, refuse_if_too_big
 from oddl.controller.experiments.figures import wire_ns
 from oddl.controller.experiments.remote import ArbiterClient
 from oddl.controller.experiments.results import RunStore
@@ -556,14 +557,16 @@ def run_experiment(ctx: LoadedExperiment, backend: str = "sim", store: RunStore 
                    iterations: int | None = None, progress: Progress | None = None,
                    checker_mode: str = "record", trace: Timeline | None = None,
                    announce: Announce | None = None, remote: ArbiterClient | None = None,
-                   workers: int | None = 0) -> RunResult:
+                   workers: int | None = 0, force: bool = False) -> RunResult:
     """Run every network of an experiment on the same jobs: its one workload (a job on the
     whole testbed, `iterations` of it, the training time extrapolated), or its several
     jobs (docs/multijob.md: each placed, planned and admitted as it arrives). `remote`:
     the testbed's arbiter runs the ODDL network's job (experiments/remote.py).
     `workers`: run the model networks (the baselines) in up to that many processes
     beside this one, which runs the ODDL networks (0: all here, one after another; None:
-    one per spare core when the run is long enough to pay for starting them)."""
+    one per spare core when the run is long enough to pay for starting them). A run that
+    would take hours, or more memory than is free, is refused up front (estimate.py)
+    unless `force`."""
     t_wall = time.perf_counter()
     exp, tb = ctx.experiment, ctx.testbed
     grid = Grid.from_testbed(tb)
@@ -583,10 +586,15 @@ def run_experiment(ctx: LoadedExperiment, backend: str = "sim", store: RunStore 
             raise ConfigError(issues)
         full = n_iter = sum(r.iterations for r in reqs)
         compute_ns, calibration = 0, "compute per job (docs/multijob.md)"
+        if not force:
+            refuse_if_too_big(estimate(ctx, reqs, _flows(ctx, reqs)))
     else:
         w = ctx.workload
         full = total_iterations(w, w.ranks or tb.n_nodes)
         n_iter = iterations or exp.iterations or full
+        if not force:  # before the calibration, which runs a network too
+            refuse_if_too_big(estimate(ctx, [_lone_job(ctx, n_iter, 0)],
+                                       _flows(ctx, [_lone_job(ctx, n_iter, 0)])))
         compute_ns, calibration = _calibrate(ctx, backend, grid, full, run_name)
         reqs = [_lone_job(ctx, n_iter, compute_ns)]
     on_iteration = _Recorder(store, bool(ctx.jobs), compute_ns, progress, n_iter)

@@ -161,7 +161,7 @@ def _transfer_ns(gbps: float, nbytes: int) -> int:
 
 
 def record_stage2(experiment: str | Path, backend: str = "sim",
-                  testbed: str | Path | None = None) -> Recording:
+                  testbed: str | Path | None = None, force: bool = False) -> Recording:
     """One iteration of an experiment's ODDL network run on `backend`, its stage-2
     messages recorded by the timeline (`oddl run --trace`): `oddl verify trace`."""
     from oddl.controller.experiments.runner import Timeline, run_experiment
@@ -182,7 +182,7 @@ def record_stage2(experiment: str | Path, backend: str = "sim",
     ctx = dataclasses.replace(ctx, experiment=ctx.experiment.model_copy(
         update={"networks": [oddl], "faults": []}))
     timeline = Timeline(1)
-    res = run_experiment(ctx, backend, None, 1, trace=timeline)
+    res = run_experiment(ctx, backend, None, 1, trace=timeline, force=force)
     dropped = res.networks[oddl.name].stats.get("trace_dropped", 0)
     if dropped:  # a partial record would make a false verdict: none is given
         raise TraceIncomplete(
@@ -267,7 +267,8 @@ def run(experiment: LoadedExperiment | str | Path, backend: str = "sim",
         iterations: int | None = None, out: str | Path | None = None, *,
         progress: Progress | None = None, trace: Timeline | None = None,
         publish: bool = False, say: Callable[[str], None] = print,
-        arbiter: ArbiterClient | None = None, workers: int | None = None) -> RunResult:
+        arbiter: ArbiterClient | None = None, workers: int | None = None,
+        force: bool = False) -> RunResult:
     """Run every network of an experiment (`oddl run`): emu on a sim testbed starts a
     private emulator of it, hw holds the testbed lock, `publish` tells a sim run's
     watchers (controller/operator/session.py); hw with `arbiter`: the testbed's arbiter
@@ -276,7 +277,8 @@ def run(experiment: LoadedExperiment | str | Path, backend: str = "sim",
     them), summary.json, plot.png (one workload) or jct-cdf.png (several jobs), and for
     an emulated run the emulator's log. `workers`: processes for the model networks
     beside the ODDL one (default: one per spare core, for a run long enough to pay for
-    starting them; 0: all in this one)."""
+    starting them; 0: all in this one). A run that would take hours or more memory than
+    is free raises TooBig (with the estimate) unless `force`."""
     from oddl.controller.experiments.figures import (
         iteration_parts,
         jct_cdf,
@@ -312,7 +314,8 @@ def run(experiment: LoadedExperiment | str | Path, backend: str = "sim",
             if s.testbed != ctx.testbed_path:  # the emulator's config
                 ctx = load_experiment(ctx.path, s.testbed)
             res = run_experiment(ctx, backend, store, iterations, progress, trace=trace,
-                                 announce=s.announce, remote=remote, workers=workers)
+                                 announce=s.announce, remote=remote, workers=workers,
+                                 force=force)
     finally:
         if store is not None:
             store.close()

@@ -325,6 +325,9 @@ def _plan_jobs(ctx: Any, strategy: str | None, as_json: bool, plot: Path | None)
 @click.option("--board-model", type=click.Choice(["python", "rtl"]), default=None,
               help="sim and emu: each O-NIC as the Python board model, or as the gateware "
                    "simulated cycle by cycle (default: the testbed's; docs/gateware.md)")
+@click.option("--force", is_flag=True,
+              help="run it even if the estimate says it would take more than an hour or "
+                   "more memory than is free (refused otherwise, with the estimate)")
 @click.option("--workers", type=click.IntRange(min=0), default=None,
               help="processes for the baseline networks beside the ODDL one (default: one "
                    "per spare core, for a run of 100,000 flows or more; 0: every network "
@@ -332,8 +335,10 @@ def _plan_jobs(ctx: Any, strategy: str | None, as_json: bool, plot: Path | None)
 def run(experiment: Path, backend: str, out: Path | None, iterations: int | None,
         testbed: Path | None, as_json: bool, trace_file: Path | None,
         trace_iterations: int, publish: bool, arbiter_url: str | None,
-        token_file: Path | None, board_model: str | None, workers: int | None) -> None:
+        token_file: Path | None, board_model: str | None, workers: int | None,
+        force: bool) -> None:
     """Run an experiment: every network on the same workload, results in a run directory."""
+    from oddl.controller.experiments.estimate import TooBig
     from oddl.controller.experiments.figures import paper_rows
     from oddl.controller.experiments.remote import ArbiterClient
     from oddl.controller.experiments.results import RunDirTaken, make_run_dir
@@ -380,7 +385,8 @@ def run(experiment: Path, backend: str, out: Path | None, iterations: int | None
             res = api.run(ctx, backend, iterations, run_dir, progress=progress,
                           trace=timeline, publish=publish, say=err.print,
                           arbiter=ArbiterClient(arbiter_url, token_file)
-                          if arbiter_url and token_file else None, workers=workers)
+                          if arbiter_url and token_file else None, workers=workers,
+                          force=force)
     except Stopped as e:
         e.notes.append(f"every completed iteration is in {run_dir / 'results.sqlite'}")
         raise
@@ -392,6 +398,9 @@ def run(experiment: Path, backend: str, out: Path | None, iterations: int | None
         sys.exit(3)
     except PlanError as e:
         click.echo(f"error: {experiment}: networks: cannot be planned: {e}", err=True)
+        sys.exit(2)
+    except TooBig as e:
+        click.echo(f"error: {experiment}: {e}", err=True)
         sys.exit(2)
     except Exception as e:  # a device, the broker, credentials: say which, keep what ran
         if os.environ.get("ODDL_DEBUG"):

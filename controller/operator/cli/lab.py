@@ -31,8 +31,10 @@ from oddl.controller.operator.cli.main import _config_fail, fail, main
                    "the emu config names them `local`, and stage 1 reaches them through "
                    "their node programs, as in a lab with its ports closed (docs/deploy.md)")
 @click.option("--spin-us", type=click.FloatRange(min=0), default=2000, show_default=True,
-              help="poll instead of sleeping for this long after device activity and "
-                   "before a device timer (0: always sleep; docs/emu-run.md)")
+              envvar="ODDL_EMU_SPIN_US",
+              help="while a job runs, poll instead of sleeping for this long after device "
+                   "activity and before a device timer: device timing within microseconds, "
+                   "for a core (0: always sleep; or ODDL_EMU_SPIN_US; docs/emu-run.md)")
 @click.option("--board-model", type=click.Choice(["python", "rtl"]), default=None,
               help="each O-NIC as the Python board model, or as the gateware simulated "
                    "cycle by cycle (default: the testbed's board_model; docs/gateware.md)")

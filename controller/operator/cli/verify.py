@@ -54,7 +54,11 @@ def stage2(nodes: int, flows: int, faults: str, max_states: int, as_json: bool) 
 @click.option("--testbed", type=click.Path(path_type=Path), default=None,
               help="the testbed to run on (emu: `oddl emulate`'s config)")
 @click.option("--json", "as_json", is_flag=True, help="print the verdict as JSON")
-def trace(experiment: Path, backend: str, testbed: Path | None, as_json: bool) -> None:
+@click.option("--force", is_flag=True,
+              help="record it even if the estimate says it would take more than an hour "
+                   "or more memory than is free")
+def trace(experiment: Path, backend: str, testbed: Path | None, as_json: bool,
+          force: bool) -> None:
     """Run one iteration of EXPERIMENT's ODDL network, record its stage-2 messages, and
     replay them through the model: is what happened one of the model's behaviours?"""
     from oddl.controller.base.config import ConfigError
@@ -62,7 +66,7 @@ def trace(experiment: Path, backend: str, testbed: Path | None, as_json: bool) -
     from oddl.controller.operator.cli.main import _config_fail
 
     try:
-        out = api.record_stage2(experiment, backend, testbed).replay()
+        out = api.record_stage2(experiment, backend, testbed, force).replay()
     except ConfigError as e:
         _config_fail(e)
         return

@@ -1,0 +1,95 @@
+"""What a run will cost, said before it starts: its wall time and memory on this machine,
+from the flows it simulates and the nodes it models.
+
+The figures are this code's, measured on the 2-core machines here (docs/performance.md):
+an ODDL flow through the control units and the board models ~60 us, a baseline's flow
+~10 us, a congestion-control step ~100 us; the models of a node ~130 KB (grid-4096: 550
+MB). An estimate, not a promise: a run beyond `LIMIT_S` or the memory the machine has
+free is refused up front, saying so, unless forced (`oddl run --force`). Reproducers
+(issue 43): a 64 x 1000 grid exhausted 4 GB in a minute; `cc_tick_us = 0.1` on a 200-job
+trace ran on with no word of its hours.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from oddl.controller.base.config import LoadedExperiment
+from oddl.controller.service.admission import JobRequest
+
+ODDL_FLOW_S = 60e-6
+MODEL_FLOW_S = 10e-6
+CC_STEP_S = 100e-6
+NODE_BYTES = 130_000
+FLOW_ROW_BYTES = 120  # a recorded flow, held until its iteration is stored
+LIMIT_S = 3600.0
+
+
+@dataclass(frozen=True)
+class Estimate:
+    seconds: float
+    memory_bytes: int
+    parts: tuple[str, ...]  # what each figure comes from
+
+    def __str__(self) -> str:
+        return (f"about {_duration(self.seconds)} and {self.memory_bytes / 1e9:.1f} GB "
+                f"({'; '.join(self.parts)})")
+
+
+class TooBig(ValueError):
+    """A run that would take longer than LIMIT_S or more memory than is free."""
+
+
+def _duration(s: float) -> str:
+    return f"{s / 3600:.1f} h" if s >= 3600 else f"{s / 60:.0f} min" if s >= 60 else \
+        f"{s:.0f} s"
+
+
+def available_bytes() -> int:
+    """Memory this machine has free now (MemAvailable), or its total where unknown."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
+def estimate(ctx: LoadedExperiment, reqs: list[JobRequest], flows: int) -> Estimate:
+    """A run of `reqs` (`flows` of them in all, each network's) on every network of
+    `ctx`'s experiment."""
+    exp, tb = ctx.experiment, ctx.testbed
+    secs, parts = 0.0, []
+    for spec in exp.networks:
+        if spec.kind == "oddl":
+            secs += flows * ODDL_FLOW_S
+            parts.append(f"{spec.name}: {flows:,} flows through the control units")
+        else:
+            secs += flows * MODEL_FLOW_S
+            if spec.sharing in ("dcqcn", "tcp", "mltcp-dcqcn", "mltcp-tcp"):
+                # the least simulated time: every byte of every job through the links of
+                # its ranks, one after the other; each step is the law's tick
+                rate = (spec.link_gbps or tb.optical.line_rate_gbps) * 1e9 / 8
+                busy_s = sum(r.iterations * 2 * r.size / rate for r in reqs)
+                steps = busy_s / (spec.cc_tick_us * 1e-6)
+                secs += steps * CC_STEP_S
+                parts.append(f"{spec.name}: {spec.sharing} in {steps:,.0f} steps of "
+                             f"{spec.cc_tick_us:g} us at least")
+    per_iteration = flows // max(1, sum(r.iterations for r in reqs))
+    memory = tb.n_nodes * NODE_BYTES * (1 + sum(s.kind == "oddl" for s in exp.networks)) \
+        + per_iteration * FLOW_ROW_BYTES
+    parts.append(f"{tb.n_nodes:,} nodes modelled")
+    return Estimate(secs, memory, tuple(parts))
+
+
+def refuse_if_too_big(est: Estimate) -> None:
+    """TooBig, saying why and how to go on anyway."""
+    free = available_bytes()
+    if est.seconds > LIMIT_S or est.memory_bytes > free:
+        what = "longer than an hour" if est.seconds > LIMIT_S else \
+            f"more memory than the {free / 1e9:.1f} GB free"
+        raise TooBig(f"this run would take {what}: {est}; --force runs it anyway, or "
+                     f"--iterations N runs fewer")
