@@ -3,9 +3,11 @@ from the flows it simulates and the nodes it models.
 
 The figures are this code's, measured on the 2-core machines here (docs/performance.md):
 an ODDL flow through the control units and the board models ~60 us, a baseline's flow
-~10 us, a congestion-control step ~100 us; the models of a node ~130 KB (grid-4096: 550
-MB). An estimate, not a promise: a run beyond `LIMIT_S` or the memory the machine has
-free is refused up front, saying so, unless forced (`oddl run --force`). Reproducers
+~10 us, a congestion-control step ~100 us, a node of an ODDL network ~4 ms (its board,
+its plan, its heartbeats: grid-4096's iteration 18 s, a 64 x 1000 grid's 7 min); the
+models of a node ~130 KB (grid-4096: 550 MB). An estimate, not a promise: a run beyond
+`LIMIT_S` or the memory the machine has free is refused up front, saying so, unless
+forced (`oddl run --force`). Reproducers
 (issue 43): a 64 x 1000 grid exhausted 4 GB in a minute; `cc_tick_us = 0.1` on a 200-job
 trace ran on with no word of its hours.
 """
@@ -20,6 +22,7 @@ from oddl.controller.service.admission import JobRequest
 
 ODDL_FLOW_S = 60e-6
 MODEL_FLOW_S = 10e-6
+ODDL_NODE_S = 4e-3
 CC_STEP_S = 100e-6
 NODE_BYTES = 130_000
 FLOW_ROW_BYTES = 120  # a recorded flow, held until its iteration is stored
@@ -65,8 +68,9 @@ def estimate(ctx: LoadedExperiment, reqs: list[JobRequest], flows: int) -> Estim
     secs, parts = 0.0, []
     for spec in exp.networks:
         if spec.kind == "oddl":
-            secs += flows * ODDL_FLOW_S
-            parts.append(f"{spec.name}: {flows:,} flows through the control units")
+            secs += flows * ODDL_FLOW_S + tb.n_nodes * ODDL_NODE_S
+            parts.append(f"{spec.name}: {flows:,} flows through the control units, "
+                         f"{tb.n_nodes:,} boards")
         else:
             secs += flows * MODEL_FLOW_S
             if spec.sharing in ("dcqcn", "tcp", "mltcp-dcqcn", "mltcp-tcp"):

@@ -55,7 +55,7 @@ class Heartbeat(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     error_flags: _Count = 0  # the board's ERROR register (refused transfers, route misses)
     unexpected_rx: Annotated[dict[_Port, _Count], msgspec.Meta(max_length=2)] = {}
     job: Annotated[str, msgspec.Meta(max_length=128)] = ""  # the job it runs, if any
-    transmitting: bool = False  # a transmitter has a flow: light still to land
+    transmitting: bool = False  # a transmitter of its has a flow: light still to land
     # how late its host's loop has been running its timers lately (a starved host, not a
     # dying board: its silence is judged with this much more patience)
     lag_ns: _Count = 0
@@ -388,7 +388,8 @@ def read_heartbeat(node: str, seq: int, onic: Any, runner: Any, lag_ns: int = 0,
     return Heartbeat(HEARTBEAT_VERSION, node, seq, h["crc_errors"], h["tune_ns"],
                      h["error_flags"], dict(cu.unexpected_rx) if cu is not None else {},
                      runner.spec.job if runner is not None else "",
-                     runner is not None and runner.transmitting(), lag_ns, sent)
+                     cu is not None and any(tx.current is not None for tx in cu.tx.values()),
+                     lag_ns, sent)
 
 
 def loop_lag_ns(clock: Clock, due_ns: int) -> int:
