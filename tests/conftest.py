@@ -20,3 +20,7 @@ def own_lock_dir(tmp_path_factory: pytest.TempPathFactory) -> None:
     import os
 
     os.environ["ODDL_LOCK_DIR"] = str(tmp_path_factory.mktemp("locks"))
+    # the suite's emulators sleep between device events instead of spinning for device
+    # timing within microseconds (bench/emu_bench.py measures that): several run at once
+    # on 2 cores, and a spinning one takes a core from the others
+    os.environ.setdefault("ODDL_EMU_SPIN_US", "0")

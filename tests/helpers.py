@@ -139,7 +139,8 @@ def run_flows(tb: Testbed, pairs: list[tuple[int, int, int, int]], strategy: str
 def emulator(root: Path, testbed: Path, out: Path, *args: str, limit_s: float = 60
              ) -> Iterator[tuple[subprocess.Popen[str], list[str]]]:
     """`oddl emulate` as a user starts it: yields the process and its lines up to "ready";
-    killed after `limit_s` whatever happens (never hangs the suite), stopped on exit."""
+    killed if it has not come up within `limit_s` (never hangs the suite), stopped on
+    exit (a module's emulator serves for as long as its tests take)."""
     proc = subprocess.Popen([sys.executable, "-m", "oddl.controller", "emulate", str(testbed),
                              "--out", str(out), *args], cwd=root, stdout=subprocess.PIPE,
                             text=True)
@@ -152,6 +153,7 @@ def emulator(root: Path, testbed: Path, out: Path, *args: str, limit_s: float = 
             lines.append(line.strip())
             if line.strip() == "ready":
                 break
+        killer.cancel()
         assert lines and lines[-1] == "ready", lines
         yield proc, lines
     finally:

@@ -9,10 +9,13 @@ import re
 import subprocess
 import sys
 import xml.etree.ElementTree as ET
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from oddl.controller.service.lock import TestbedBusy, TestbedLock
+
+from tests.helpers import emulator
 
 pytestmark = pytest.mark.realtime  # brokers, emulators, sockets: the wall clock
 
@@ -45,8 +48,17 @@ def outcomes(report: Path, kind: str) -> dict[str, str]:
     return {c["check"]: c["message"] for c in summary(report)["checks"] if c["outcome"] == kind}
 
 
-def test_healthy_emulated_prototype_passes(root: Path, tmp_path: Path) -> None:
-    r = accept(root, relaxed(root, tmp_path), "--report", str(tmp_path / "r"))
+@pytest.fixture(scope="module")
+def proto(root: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """One `oddl emulate` of the (relaxed) prototype, serving the checks that need no
+    fault of their own, as a lab's emulator serves acceptance after acceptance."""
+    d = tmp_path_factory.mktemp("accept-emu")
+    with emulator(root, Path(relaxed(root, d)), d / "emu.toml"):
+        yield d / "emu.toml"
+
+
+def test_healthy_emulated_prototype_passes(root: Path, tmp_path: Path, proto: Path) -> None:
+    r = accept(root, str(proto), "--report", str(tmp_path / "r"))
     tmp_path = tmp_path / "r"
     assert r.returncode == 0, r.stdout + r.stderr
     s = summary(tmp_path)
@@ -67,40 +79,55 @@ def test_healthy_emulated_prototype_passes(root: Path, tmp_path: Path) -> None:
     assert "**PASS**" in md and "worst tuning time = 11 ns" in md
 
 
-@pytest.mark.parametrize("fault,check,message", [
+# each fault's check, the message naming the device; the faults on distinct devices, so
+# that one acceptance of a testbed with all of them fails exactly their checks
+FAULTS = [
     ("slow-tx:n1/H:25", "test_tuning_time[n1/H]",
      "n1/H tunes slower than 10.5 ns: 1565.941 -> 1546.5377 nm: 25 ns"),
     ("wss-route:wss-row0:0/1:3", "test_wss_route[wss-row0:in0/ch1]",
      "wss-row0 in 0 (n0) on 1546.5377 nm: expected at n2, light landed at n3"),
-    ("dead-board:n2", "test_board_reachable[n2]", "board n2 (grpc://127.0.0.1:"),
     ("corrupt-link:n3/H", "test_link_loopback[n3/H]",
      "n3/H loopback: 1000000 of 1000000 B, 1 CRC errors"),
-])
-def test_each_fault_fails_exactly_its_check(root: Path, tmp_path: Path, fault: str,
-                                            check: str, message: str) -> None:
-    r = accept(root, relaxed(root, tmp_path), "--fault", fault, "--report", str(tmp_path / "r"))
+]
+
+
+def test_each_fault_fails_exactly_its_check(root: Path, tmp_path: Path) -> None:
+    args = [a for fault, _c, _m in FAULTS for a in ("--fault", fault)]
+    r = accept(root, relaxed(root, tmp_path), *args, "--report", str(tmp_path / "r"))
     tmp_path = tmp_path / "r"
     assert r.returncode == 1, r.stdout + r.stderr
     failed = outcomes(tmp_path, "failed")
-    assert list(failed) == [check]
-    assert failed[check].startswith(message), failed[check]
-    assert f"FAIL {check}: {message}" in r.stdout
+    assert sorted(failed) == sorted(check for _f, check, _m in FAULTS)
+    for _fault, check, message in FAULTS:
+        assert failed[check].startswith(message), failed[check]
+        assert f"FAIL {check}: {message}" in r.stdout
     assert summary(tmp_path)["verdict"] == "FAIL"
-    if fault.startswith("dead-board"):  # what needs n2 is skipped, naming the cause
-        skipped = outcomes(tmp_path, "skipped")
-        assert skipped.pop("test_lightning_accuracy") == "the testbed config has no [qick] board"
-        assert "test_identity[n2]" in skipped and "test_link_loopback[n2/H]" in skipped
-        assert all("n2, which is unreachable" in m for m in skipped.values())
-        assert "test_identity[n1]" not in skipped
 
 
-def test_only_selects_checks(root: Path, tmp_path: Path) -> None:
-    r = accept(root, PROTO, "--only", "tuning", "--only", "identity", "--report",
+def test_a_dead_board_fails_its_check_and_skips_what_needs_it(root: Path,
+                                                              tmp_path: Path) -> None:
+    r = accept(root, relaxed(root, tmp_path), "--fault", "dead-board:n2", "--report",
+               str(tmp_path / "r"))
+    tmp_path = tmp_path / "r"
+    assert r.returncode == 1, r.stdout + r.stderr
+    failed = outcomes(tmp_path, "failed")
+    assert list(failed) == ["test_board_reachable[n2]"]
+    assert failed["test_board_reachable[n2]"].startswith("board n2 (grpc://127.0.0.1:")
+    skipped = outcomes(tmp_path, "skipped")  # what needs n2 is skipped, naming the cause
+    assert skipped.pop("test_lightning_accuracy") == "the testbed config has no [qick] board"
+    assert "test_identity[n2]" in skipped and "test_link_loopback[n2/H]" in skipped
+    assert all("n2, which is unreachable" in m for m in skipped.values())
+    assert "test_identity[n1]" not in skipped
+
+
+def test_only_selects_checks(root: Path, tmp_path: Path, proto: Path) -> None:
+    r = accept(root, str(proto), "--only", "tuning", "--only", "identity", "--report",
                str(tmp_path))
     assert r.returncode == 0, r.stdout + r.stderr
     assert sorted({c["check"].split("[")[0] for c in summary(tmp_path)["checks"]}) == [
         "test_identity", "test_tuning_time"]
-    r = accept(root, PROTO, "--only", "warp-drive", "--report", str(tmp_path / "refused"))
+    r = accept(root, str(proto), "--only", "warp-drive", "--report",
+               str(tmp_path / "refused"))
     assert r.returncode == 2 and "unknown check(s) warp-drive" in r.stderr
     assert not (tmp_path / "refused").exists()  # a refused run leaves nothing behind
 
@@ -171,8 +198,8 @@ def test_lock_waits_for_the_holder(tmp_path: Path) -> None:
     b.release()
 
 
-def test_lightning_check_over_qick_pyro_and_a_dac_that_never_gets_ready(root: Path,
-                                                                       tmp_path: Path) -> None:
+def test_lightning_check_over_qick_pyro_and_a_dac_that_never_gets_ready(
+        root: Path, tmp_path: Path, proto: Path) -> None:
     qick = relaxed(root, tmp_path, "hw_configs/prototype-4node-qick.toml")
     Path(qick).write_text(re.sub(r"(?m)^lightning_samples = .*$", "lightning_samples = 64",
                                  Path(qick).read_text()))  # the suite's time: 64 are plenty
@@ -187,17 +214,20 @@ def test_lightning_check_over_qick_pyro_and_a_dac_that_never_gets_ready(root: Pa
     msg = outcomes(tmp_path / "bad", "failed")["test_lightning_accuracy"]
     assert "64 of 64 runs put no light on the detector" in msg and "pyro://127.0.0.1:" in msg
     # the plain prototype has no QICK board: the check skips, saying so
-    r = accept(root, PROTO, "--only", "lightning", "--report", str(tmp_path / "none"))
+    r = accept(root, str(proto), "--only", "lightning", "--report", str(tmp_path / "none"))
     assert r.returncode == 0 and summary(tmp_path / "none")["verdict"] == "NOTHING CHECKED"
     assert outcomes(tmp_path / "none", "skipped") == {
         "test_lightning_accuracy": "the testbed config has no [qick] board"}
 
 
-def test_a_control_bus_slower_than_its_spec_fails_the_round_trip_check(root: Path,
-                                                                       tmp_path: Path) -> None:
-    # no broker answers in a microsecond: the check must fail, naming figure and spec
-    r = accept(root, relaxed(root, tmp_path, p99_ms=0.001), "--only", "control-rtt",
-               "--report", str(tmp_path / "r"))
+def test_a_control_bus_slower_than_its_spec_fails_the_round_trip_check(
+        root: Path, tmp_path: Path, proto: Path) -> None:
+    # no broker answers in a microsecond: the check must fail, naming figure and spec (the
+    # emulator's config, its acceptance spec tightened)
+    strict = tmp_path / "emu.toml"
+    strict.write_text(re.sub(r"(?m)^control_rtt_p99_ms = .*$", "control_rtt_p99_ms = 0.001",
+                             proto.read_text()))
+    r = accept(root, str(strict), "--only", "control-rtt", "--report", str(tmp_path / "r"))
     assert r.returncode == 1
     msg = outcomes(tmp_path / "r", "failed")["test_control_rtt"]
     assert re.match(r"control round trip p99 \d+\.\d{3} ms > 0\.001 ms \(broker "

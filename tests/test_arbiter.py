@@ -210,6 +210,31 @@ def test_a_killed_arbiter_started_again_loses_no_job_and_records_no_iteration_tw
         assert its == list(range(n))  # each once (the key), none missing
 
 
+@pytest.mark.realtime  # an emulator, two arbiters, HTTP: the wall clock
+def test_a_new_arbiter_on_an_emulator_a_killed_one_served_starts_clean(
+        root: Path, emu: Path, tmp_path: Path) -> None:
+    """Reproducer (issue 43): a long-lived emulator faked invariant violations for a second
+    arbiter (`/status` said 100, 150 after kill -9 restarts), its node reports naming a job
+    of an arbiter long gone. The nodes drop an earlier controller's job when a newer one
+    comes (its session, in its status and its jobs); the new arbiter clears the WSS rows
+    and routes it finds; each node reports its own job's violations."""
+    first = Arbiter(root, emu, tmp_path / "a")
+    try:
+        first.until_done("alice", first.submit("alice", "forever", 100_000), 3)
+    finally:
+        first.stop(signal.SIGKILL)  # its job is still on the nodes, its will not yet said
+    fresh = Arbiter(root, emu, tmp_path / "b")
+    try:
+        jobs = [fresh.submit("alice", f"j{k}", 10) for k in range(2)]
+        for job in jobs:
+            d = json.loads(fresh.cli("alice", "wait", job, "--json").stdout)
+            assert (d["state"], d["iterations_done"]) == ("finished", 10), d
+        status = fresh.call("alice", "GET", "/status").json()
+        assert (status["invariant_violations"], status["first_violations"]) == (0, []), status
+    finally:
+        fresh.stop()
+
+
 @pytest.mark.parametrize("users", [["alice", "ops:operator", "eve:observer"]])
 def test_tokens_are_private_and_kept_across_starts(tmp_path: Path, users: list[str]) -> None:
     from oddl.controller.operator.arbiter import tokens

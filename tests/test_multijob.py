@@ -200,7 +200,9 @@ def test_partial_update_over_the_serial_line_touches_named_inputs_only() -> None
 
 # --- the checker knows jobs -------------------------------------------------------------
 
-def test_checker_flags_cross_job_receivers_relays_and_lights() -> None:
+def test_checker_flags_cross_job_receivers_relays_and_lights(
+        caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level("WARNING", "oddl.controller.stage2.invariants")
     c = InvariantChecker(mode="record")
     c.new_job("a", 1, ["n0", "n1"])
     c.new_job("b", 2, ["n2", "n3"])
@@ -212,11 +214,14 @@ def test_checker_flags_cross_job_receivers_relays_and_lights() -> None:
     c.on_send(2, "n1", "H", None, False, False, fb)  # b relayed by a's node
     c.on_light(3, "w", 2, 1, None, None, fa, "n2")  # a lands on b's node
     assert [v.split(": ", 1)[1] for v in c.violations] == [
-        "w: (out 1, channel 0) carries light of jobs a and b: jobs share it [job a]",
+        "w: (out 1, channel 0) carries light of jobs a and b: jobs share it [job b]",
         f"n1: sends {fb!r} of job b on a node of job a: jobs share it [job b]",
         f"n1/H: sends {fb!r} without a GRANT for it [job b]",
         f"n2: receives {fa!r} of job a on a node of job b: jobs share it [job a]"]
-    assert c.of_job("b") == c.violations[1:3]  # each job's own, for its report
+    assert c.of_job("b") == c.violations[:3]  # each job's own, for its report
+    # each logged as it happens: when, what, where, which job (issue 43: a count alone)
+    said = [r.getMessage() for r in caplog.records]
+    assert len(said) == 4 and said[2] == f"invariant violation: {c.violations[2]} (3 so far)"
     c.job_left(1, 9)
     assert "job a: 0" not in " ".join(c.violations)
 

@@ -169,7 +169,7 @@ class InvariantChecker:
                 if had != tag and had in self.names:
                     self.violation(t_ns, f"{wss}: (out {out}, channel {channel}) carries light "
                                          f"of jobs {self.names[had]} and "
-                                         f"{self.names.get(tag, tag)}: jobs share it")
+                                         f"{self.names.get(tag, tag)}: jobs share it", flow.id)
         if to_node is not None and granter is not None and granter != to_node:
             self.violation(t_ns, f"{wss}: {flow!r} lands on {to_node} but {granter} granted it "
                                  f"(misrouted)", flow.id)
