@@ -59,6 +59,9 @@ class Arbiter:
                                                              if self.proc.stderr else "")
         self.url = line.removeprefix("ready ")
         threading.Thread(target=self.proc.stdout.read, daemon=True).start()
+        self.err: list[str] = []  # what it says on stderr, drained (a full pipe blocks it)
+        threading.Thread(target=lambda: self.err.extend(self.proc.stderr or ()),
+                         daemon=True).start()
 
     def token(self, user: str) -> str:
         return (self.state / "tokens" / user).read_text().strip()
@@ -87,6 +90,8 @@ class Arbiter:
             time.sleep(0.05)
 
     def stop(self, sig: int = signal.SIGINT) -> None:
+        """Ctrl-C (issue 43: it printed KeyboardInterrupt and "Task was destroyed but it is
+        pending"): stopped cleanly, exit 130, its state kept; or `sig`."""
         if self.proc.poll() is None:
             self.proc.send_signal(sig)
             try:
@@ -94,6 +99,15 @@ class Arbiter:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+            if sig == signal.SIGINT:
+                t_end = time.monotonic() + 5
+                while not any("stopped (SIGINT)" in e for e in self.err):
+                    assert time.monotonic() < t_end, self.err[-20:]
+                    time.sleep(0.01)  # the drain thread has the last lines
+                said = "".join(self.err)
+                assert self.proc.returncode == 130, said[-2000:]
+                assert "Traceback" not in said and "destroyed" not in said, said[-3000:]
+                assert f"every job's state is kept in {self.state}" in said
 
 
 @pytest.fixture
