@@ -93,17 +93,18 @@ def main() -> None:
                 job = {"experiment": JOB.read_text().replace("ranks = 16", f"ranks = {ranks}")
                        .replace("iterations = 20", f"iterations = {a.iterations}")}
 
-                def until(jid: str, done: int) -> dict[str, Any]:
+                def until(jid: str, done: int | None) -> dict[str, Any]:
+                    """Until `done` iterations are recorded (None: until the job ends)."""
                     while True:
                         j = httpx.get(f"{url}/jobs/{jid}", headers=head).json()
-                        if j["iterations_done"] >= done or j["state"] not in (
-                                "queued", "running"):
+                        if j["state"] not in ("queued", "running") or (
+                                done is not None and j["iterations_done"] >= done):
                             return j
                         time.sleep(0.1)
 
                 t0 = time.monotonic()
                 jid = httpx.post(f"{url}/jobs", json=job, headers=head).json()["job"]
-                j = until(jid, a.iterations)
+                j = until(jid, None)
                 log = (d / "arbiter.log").read_text()
                 print(f"{ranks}-rank job, {a.iterations} iterations"
                       f"{'' if a.quiet_host else ', a core kept busy'}: {j['state']} in "
