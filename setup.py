@@ -9,6 +9,8 @@ from setuptools import find_packages, setup
 
 # the top-level folders and the names they install as (`oddl` itself is a namespace)
 ROOTS = {
+    "oddl.app": "app",
+    "oddl.studies": "studies",
     "oddl.controller": "controller",
     "oddl.fpga": "fpga",
     "oddl.drivers": "drivers",

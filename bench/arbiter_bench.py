@@ -24,8 +24,8 @@ import tomli_w
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from oddl.app.session import emulated, stop_emulator  # noqa: E402
 from oddl.controller.base.config import grid_testbed  # noqa: E402
-from oddl.controller.operator.session import emulated, stop_emulator  # noqa: E402
 
 JOB = """name = "bench"
 testbed = "-"
@@ -75,7 +75,7 @@ def main() -> None:
         tb.write_text(tomli_w.dumps(grid_testbed(2, 2).model_dump(mode="json",
                                                                    exclude_none=True)))
         with emulated(tb, [], Path(d), print) as emu:
-            arb = subprocess.Popen([sys.executable, "-m", "oddl.controller", "arbiter",
+            arb = subprocess.Popen([sys.executable, "-m", "oddl.app", "arbiter",
                                     str(emu), "--state", f"{d}/state", "--user", "alice",
                                     "--user", "flood:observer", "--port", "0"],
                                    stdout=subprocess.PIPE, text=True)

@@ -49,7 +49,7 @@ def started(cmd: list[str], until: str, log: Path) -> Iterator[tuple[subprocess.
                                                                        str]]:
     """A command whose stdout says `until` once it serves; its stderr into `log`."""
     with log.open("w") as err:
-        proc = subprocess.Popen([sys.executable, "-m", "oddl.controller", *cmd],
+        proc = subprocess.Popen([sys.executable, "-m", "oddl.app", *cmd],
                                 stdout=subprocess.PIPE, stderr=err, text=True, cwd=ROOT)
     assert proc.stdout is not None
     line = ""

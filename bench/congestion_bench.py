@@ -1,4 +1,4 @@
-"""The congestion-control model (sim/congestion.py, issue 36): what an incast of N flows
+"""The congestion-control model (sim/networks/congestion.py, issue 36): what an incast of N flows
 into one 100 Gb/s port does under each law, and what the model costs in wall time.
 
     python bench/congestion_bench.py [--tick-us T]
@@ -17,8 +17,8 @@ import time
 from oddl.controller.base.clock import Clock
 from oddl.controller.base.messages import Flow
 from oddl.sim.clock import VirtualClockLoop
-from oddl.sim.congestion import CongestionControl
-from oddl.sim.electrical import ElectricalSwitch
+from oddl.sim.networks.congestion import CongestionControl
+from oddl.sim.networks.electrical import ElectricalSwitch
 
 RATE = 100.0
 SIZE = 4_000_000

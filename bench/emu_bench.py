@@ -29,13 +29,13 @@ sys.path.insert(0, str(ROOT))
 from oddl.acceptance.plugin import percentile  # noqa: E402
 from oddl.controller.base.access import CONTROLLER, new_passwords, probe_ns, write_mosquitto  # noqa: E402
 from oddl.drivers.mqtt import MQTTBus, request_grant_rtt  # noqa: E402
-from oddl.sim.broker import EmbeddedBroker, free_port  # noqa: E402
+from oddl.sim.devices.broker import EmbeddedBroker, free_port  # noqa: E402
 
 
 def remote_register_ops(pairs: int = 2000) -> dict[str, float]:
     """Register writes and reads through PYNQ.remote to a board `oddl emulate` serves."""
+    from oddl.app.session import emulated
     from oddl.controller.base.config import load_testbed
-    from oddl.controller.operator.session import emulated
     from oddl.fpga import regmap as R
     from pynq import MMIO
     from pynq.pl_server.remote_device import RemoteDevice
@@ -103,7 +103,7 @@ def mosquitto_rtt() -> dict[str, float] | str:
 
 
 def table1(backend: str, testbed: Path | None, out: Path) -> dict[str, float]:
-    cmd = [sys.executable, "-m", "oddl.controller", "run", "experiments/table1-resnet50.toml",
+    cmd = [sys.executable, "-m", "oddl.app", "run", "experiments/table1-resnet50.toml",
            "--backend", backend, "--iterations", "50", "--json", "--out", str(out)]
     if testbed is not None:
         cmd += ["--testbed", str(testbed)]

@@ -15,6 +15,7 @@ import sys
 import time
 from pathlib import Path
 
+from oddl.app.experiments.runner import run_experiment
 from oddl.controller.base.collectives import build
 from oddl.controller.base.config import (
     Experiment,
@@ -24,7 +25,6 @@ from oddl.controller.base.config import (
     load_testbed,
 )
 from oddl.controller.base.topology import Grid
-from oddl.controller.experiments.runner import run_experiment
 from oddl.controller.stage1.arbiter import Arbiter
 from oddl.controller.stage1.planner import Avoid
 from oddl.sim.backend import SimBackend

@@ -14,8 +14,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from oddl.app.experiments.sweep import run_point  # noqa: E402
 from oddl.controller.base.config import _read_toml  # noqa: E402
-from oddl.controller.experiments.sweep import run_point  # noqa: E402
 
 NETWORKS = [
     {"name": "electrical", "kind": "electrical"},

@@ -88,8 +88,8 @@ def http_body(raw: bytes) -> None:
     """What the arbiter's POST /jobs and the drill endpoint's POST /faults do with a body:
     a job refused with its status (Refused), a fault with its fields (ValidationError, or
     the issues of a config's [[faults]] entry)."""
+    from oddl.app.queue import Refused, job_request
     from oddl.controller.base.topology import Grid
-    from oddl.controller.operator.arbiter import Refused, job_request
     from pydantic import ValidationError
 
     with contextlib.suppress(Refused):

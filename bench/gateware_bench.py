@@ -17,9 +17,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from oddl.app.experiments.runner import run_experiment  # noqa: E402
 from oddl.controller.base.config import load_experiment  # noqa: E402
-from oddl.controller.experiments.runner import run_experiment  # noqa: E402
-from oddl.sim.rtl_board import CLOCK_HZ, cycles_simulated  # noqa: E402
+from oddl.sim.devices.rtl_board import CLOCK_HZ, cycles_simulated  # noqa: E402
 
 
 def main() -> None:

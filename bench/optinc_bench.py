@@ -17,8 +17,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from oddl.sim.onn import CHIP, AveragingUnit
-from oddl.sim.training import compare
+from oddl.studies.onn import CHIP, AveragingUnit
+from oddl.studies.training import compare
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -37,7 +37,7 @@ def main() -> None:
     if not quick:
         with tempfile.TemporaryDirectory() as d:
             t = time.perf_counter()
-            subprocess.run([sys.executable, "-m", "oddl.controller", "sweep",
+            subprocess.run([sys.executable, "-m", "oddl.app", "sweep",
                             str(ROOT / "experiments" / "optinc-vs-ring.toml"), "--jobs", "2"],
                            cwd=d, check=True, capture_output=True)
             print(f"optinc-vs-ring sweep (30 points): {time.perf_counter() - t:.1f} s wall")

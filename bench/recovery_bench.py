@@ -15,8 +15,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from oddl.app.experiments.runner import run_experiment
 from oddl.controller.base.config import Experiment, LoadedExperiment, Monitor
-from oddl.controller.experiments.runner import run_experiment
 
 from tests.helpers import make_testbed
 

@@ -20,10 +20,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from oddl.app.api import grid_testbed, network, run  # noqa: E402
 from oddl.controller.base.collectives import build  # noqa: E402
 from oddl.controller.base.config import load_experiment, load_testbed  # noqa: E402
 from oddl.controller.base.topology import Grid  # noqa: E402
-from oddl.controller.operator.api import grid_testbed, network, run  # noqa: E402
 from oddl.controller.stage2.workloads import model_spec  # noqa: E402
 
 RESNET = model_spec("resnet50").grad_bytes()

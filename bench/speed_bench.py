@@ -20,13 +20,13 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-ODDL = [sys.executable, "-c", "from oddl.controller.operator.cli import main; main()"]
+ODDL = [sys.executable, "-c", "from oddl.app.cli import main; main()"]
 
 # in-process measurements, each run as `python -c` in a fresh interpreter: JSON on stdout
 EVENTS = """
 import json, time
 from oddl.controller.base.config import load_experiment
-from oddl.controller.operator.api import network
+from oddl.app.api import network
 ctx = load_experiment("experiments/table1-resnet50.toml")
 with network(ctx, "oddl", {its}, 220_000_000) as net:
     t = time.perf_counter(); net.admission.run(); wall = time.perf_counter() - t
@@ -53,7 +53,7 @@ print(json.dumps({{"schedule_s": t_sched, "plan_s": t_plan}}))
 ITERATION = """
 import json, time
 from oddl.controller.base.config import load_experiment
-from oddl.controller.operator.api import network
+from oddl.app.api import network
 ctx = load_experiment("{experiment}")
 t = time.perf_counter()
 with network(ctx, "oddl", 1, 0) as net:

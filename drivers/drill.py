@@ -1,5 +1,5 @@
 """A drill on the emulated testbed: an experiment's `[[faults]]` injected into a running
-`oddl emulate` when each is due, through its control endpoint (sim/control.py).
+`oddl emulate` when each is due, through its control endpoint (sim/devices/control.py).
 
 A drill lasts as long as its run: faults with no `duration_ms` end when the run does.
 `at_ms` counts from the first job's start; `at_iteration` is when that iteration begins

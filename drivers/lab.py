@@ -47,7 +47,6 @@ from oddl.controller.base.clock import Clock
 from oddl.controller.base.collectives import Schedule
 from oddl.controller.base.config import FaultSpec, Testbed
 from oddl.controller.base.devices import ONic
-from oddl.controller.base.lifecycle import close_loop
 from oddl.controller.base.telemetry import note_topic
 from oddl.controller.base.topology import Grid
 from oddl.controller.service.backend import (
@@ -60,6 +59,7 @@ from oddl.controller.service.backend import (
 )
 from oddl.controller.service.health import Health, Heartbeat
 from oddl.controller.service.node import LOST_BROKER
+from oddl.controller.serving.lifecycle import close_loop
 from oddl.controller.stage2.invariants import InvariantChecker
 from oddl.controller.stage2.job import (
     JOB_VERSION,

@@ -4,7 +4,7 @@ CASSINI-shifted vs MLTCP, beside the talk's speed-ups and verdicts (docs/cassini
     python experiments/cassini_table.py [--iterations N] [--law fluid|dcqcn|tcp] [--json]
 
 `--law`: the link shared max-min (the fluid model, default), or by DCQCN or TCP Reno with
-queues, marks and losses (sim/congestion.py; `--cc-tick-us` its step).
+queues, marks and losses (sim/networks/congestion.py; `--cc-tick-us` its step).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import argparse
 import json
 import time
 
-from oddl.controller.experiments.link_study import LAWS, LinkJob, on_one_link
+from oddl.app.experiments.link_study import LAWS, LinkJob, on_one_link
 
 # the talk's combinations, its speed-ups from unfairness, and its verdicts
 TALK = [

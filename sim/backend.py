@@ -1,6 +1,6 @@
 """The sim back end: the device models in process, the real drivers on top, a virtual clock.
 
-Each O-NIC is a register-accurate board (sim/onic_board.py) registered as a pynq device;
+Each O-NIC is a register-accurate board (sim/devices/onic_board.py) registered as a pynq device;
 the control units reach it through pynq MMIO and drivers/onic.py exactly as they reach a
 real board, and take its interrupt line as `oddl node` does. WSSs are the in-process model;
 the bus is the in-process bus with modelled latency and faults. Stage 2 runs in this
@@ -22,7 +22,6 @@ import pynq
 from oddl.controller.base.clock import Clock
 from oddl.controller.base.collectives import traffic
 from oddl.controller.base.config import FaultSpec, NetworkSpec, Testbed
-from oddl.controller.base.lifecycle import close_loop
 from oddl.controller.base.messages import Flow
 from oddl.controller.base.topology import Grid
 from oddl.controller.service.backend import (
@@ -36,20 +35,21 @@ from oddl.controller.service.backend import (
     StopRule,
 )
 from oddl.controller.service.health import Health, Heartbeat, Heartbeats, Unwatched, read_heartbeat
+from oddl.controller.serving.lifecycle import close_loop
 from oddl.controller.stage2.control_unit import FlowFailed
 from oddl.controller.stage2.invariants import InvariantChecker
 from oddl.controller.stage2.job import JobRunner, JobSpec, quiet_ns, schedule_of, step_sync
 from oddl.drivers.onic import DriverONic, ONicDriver
 from oddl.fpga import regmap as R
-from oddl.sim.bus import LocalBus
 from oddl.sim.clock import VirtualClockLoop
-from oddl.sim.electrical import FlowNetwork
-from oddl.sim.fabric import Fabric
-from oddl.sim.faults import Drill
-from oddl.sim.onic_board import BoardLine, ONicBoard
-from oddl.sim.pynq_device import BASE_ADDR, EmulatedONicDevice
-from oddl.sim.topoopt import Topology
-from oddl.sim.wss import WSSModel
+from oddl.sim.devices.bus import LocalBus
+from oddl.sim.devices.fabric import Fabric
+from oddl.sim.devices.faults import Drill
+from oddl.sim.devices.onic_board import BoardLine, ONicBoard
+from oddl.sim.devices.pynq_device import BASE_ADDR, EmulatedONicDevice
+from oddl.sim.devices.wss import WSSModel
+from oddl.sim.networks.electrical import FlowNetwork
+from oddl.sim.networks.topoopt import Topology
 
 
 @dataclass
@@ -74,7 +74,7 @@ def build(tb: Testbed, grid: Grid, clock: Clock, seed: int = 0,
     onics: dict[str, DriverONic] = {}
     board_class: Any = ONicBoard
     if tb.testbed.board_model == "rtl":
-        from oddl.sim.rtl_board import RtlBoard as board_class
+        from oddl.sim.devices.rtl_board import RtlBoard as board_class
     for n in grid.nodes:
         board = boards[n] = board_class(fabric, n, index, grid.nodes)
         mmio = pynq.MMIO(BASE_ADDR, R.IP_RANGE, device=EmulatedONicDevice(board))
@@ -323,7 +323,7 @@ class ModelBackend:
     async def run_job(self, spec: JobSpec, on_iteration: OnIteration,
                       record_flows: bool, stop: StopRule) -> JobOutcome:
         """Jobs run at once share the one network's links, max-min fair."""
-        from oddl.sim.baselines import build_network
+        from oddl.sim.networks.baselines import build_network
 
         self.monitor.new_job(spec.job, spec.tag, spec.nodes)
         runner = JobRunner(spec, self.clock, self.monitor, lambda *_: None)

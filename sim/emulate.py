@@ -22,15 +22,15 @@ import tomli_w
 from oddl.controller.base.access import EMULATOR, new_passwords, probe_ns, write_private
 from oddl.controller.base.clock import Clock
 from oddl.controller.base.config import FaultSpec, Testbed
-from oddl.controller.base.lifecycle import Services
 from oddl.controller.base.topology import Grid
 from oddl.controller.service.node import NodeProgram
+from oddl.controller.serving.lifecycle import Services
 from oddl.sim import backend as sim_backend
-from oddl.sim.broker import EmbeddedBroker, free_port
-from oddl.sim.faults import Drill, install
-from oddl.sim.pynq_device import EmulatedONicDevice
-from oddl.sim.pynq_remote import RemoteBoardServer
-from oddl.sim.wss_serial import SerialWSS
+from oddl.sim.devices.broker import EmbeddedBroker, free_port
+from oddl.sim.devices.faults import Drill, install
+from oddl.sim.devices.pynq_device import EmulatedONicDevice
+from oddl.sim.devices.pynq_remote import RemoteBoardServer
+from oddl.sim.devices.wss_serial import SerialWSS
 
 log = logging.getLogger(__name__)
 BEATS_PER_S = 100  # the heartbeats of all node programs an emulator hosts, a second
@@ -202,15 +202,15 @@ async def start(tb: Testbed, emu: Emulation, host: str = "127.0.0.1",
         await emu.observer.start()
         w.checker.partial = True
     if tb.qick is not None:
-        from oddl.sim.qick_pyro import QickPyroServer
-        from oddl.sim.qick_soc import Photonics
+        from oddl.sim.devices.qick_pyro import QickPyroServer
+        from oddl.sim.devices.qick_soc import Photonics
 
         stuck = {f.dac for f in faults or [] if f.kind == "dac-not-ready"}
         n_dacs = max(tb.qick.dac_channels) + 1
         photonics = Photonics.from_config(tb.qick.photonics,
                                           [g not in stuck for g in range(n_dacs)])
         emu.qick = await asyncio.to_thread(QickPyroServer(photonics, host, n_dacs=n_dacs).start)
-    from oddl.sim.control import ControlEndpoint
+    from oddl.sim.devices.control import ControlEndpoint
 
     emu.control = await ControlEndpoint(tb, emu.drill, emu.token, emu.refusal).start()
     return emu

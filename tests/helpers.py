@@ -13,13 +13,13 @@ from pathlib import Path
 from typing import Any
 
 import pynq
+from oddl.app.api import grid_testbed
+from oddl.app.session import stop_emulator
 from oddl.controller.base.clock import Clock
 from oddl.controller.base.collectives import Schedule, Step
 from oddl.controller.base.config import FaultSpec, Testbed
 from oddl.controller.base.messages import Flow, Grant
 from oddl.controller.base.topology import Grid
-from oddl.controller.operator.api import grid_testbed
-from oddl.controller.operator.session import stop_emulator
 from oddl.controller.stage1.arbiter import Arbiter
 from oddl.controller.stage2.control_unit import ControlUnit
 from oddl.controller.stage2.job import timing_of
@@ -27,8 +27,8 @@ from oddl.drivers.onic import ONicDriver
 from oddl.fpga import regmap as R
 from oddl.sim import backend as sim_backend
 from oddl.sim.clock import VirtualClockLoop
-from oddl.sim.onic_board import ONicBoard
-from oddl.sim.pynq_device import BASE_ADDR, EmulatedONicDevice
+from oddl.sim.devices.onic_board import ONicBoard
+from oddl.sim.devices.pynq_device import BASE_ADDR, EmulatedONicDevice
 
 
 def make_testbed(rows: int, cols: int, wavelengths: int | None = None, **optical: Any) -> Testbed:
@@ -141,7 +141,7 @@ def emulator(root: Path, testbed: Path, out: Path, *args: str, limit_s: float = 
     """`oddl emulate` as a user starts it: yields the process and its lines up to "ready";
     killed if it has not come up within `limit_s` (never hangs the suite), stopped on
     exit (a module's emulator serves for as long as its tests take)."""
-    proc = subprocess.Popen([sys.executable, "-m", "oddl.controller", "emulate", str(testbed),
+    proc = subprocess.Popen([sys.executable, "-m", "oddl.app", "emulate", str(testbed),
                              "--out", str(out), *args], cwd=root, stdout=subprocess.PIPE,
                             text=True)
     killer = threading.Timer(limit_s, proc.kill)
@@ -223,7 +223,7 @@ class Bench:
 @contextlib.contextmanager
 def dashboard(root: Path, emu: Path, *args: str) -> Iterator[str]:
     """`oddl dashboard` of the testbed at `emu`, as a user starts it: yields its URL."""
-    proc = subprocess.Popen([sys.executable, "-m", "oddl.controller", "dashboard",
+    proc = subprocess.Popen([sys.executable, "-m", "oddl.app", "dashboard",
                              str(emu), "--port", "0", *args], cwd=root,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     killer = threading.Timer(120, proc.kill)

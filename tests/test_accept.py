@@ -35,7 +35,7 @@ def relaxed(root: Path, tmp_path: Path, name: str = PROTO, p99_ms: float = 10_00
 
 def accept(root: Path, *args: str, env: dict[str, str] | None = None
            ) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "oddl.controller", "accept", *args],
+    return subprocess.run([sys.executable, "-m", "oddl.app", "accept", *args],
                           cwd=root, capture_output=True, text=True, timeout=300,
                           env={**os.environ, **(env or {})})
 

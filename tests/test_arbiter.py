@@ -46,7 +46,7 @@ class Arbiter:
     def __init__(self, root: Path, emu: Path, state: Path) -> None:
         self.state = state
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "oddl.controller", "arbiter", str(emu), "--state",
+            [sys.executable, "-m", "oddl.app", "arbiter", str(emu), "--state",
              str(state), "--user", "alice", "--user", "bob", "--user", "eve:observer",
              "--port", "0"], cwd=root, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
             text=True)
@@ -79,7 +79,7 @@ class Arbiter:
     def cli(self, user: str, *args: str) -> subprocess.CompletedProcess[str]:
         env = {**os.environ, "ODDL_ARBITER": self.url,
                "ODDL_TOKEN_FILE": str(self.state / "tokens" / user)}
-        return subprocess.run([sys.executable, "-m", "oddl.controller", *args], env=env,
+        return subprocess.run([sys.executable, "-m", "oddl.app", *args], env=env,
                               capture_output=True, text=True, timeout=120)
 
     def until_done(self, user: str, job: str, n: int) -> None:
@@ -251,7 +251,7 @@ def test_a_new_arbiter_on_an_emulator_a_killed_one_served_starts_clean(
 
 @pytest.mark.parametrize("users", [["alice", "ops:operator", "eve:observer"]])
 def test_tokens_are_private_and_kept_across_starts(tmp_path: Path, users: list[str]) -> None:
-    from oddl.controller.operator.arbiter import tokens
+    from oddl.app.queue import tokens
 
     first = tokens(tmp_path, users)
     assert sorted((u.name, u.role) for u in first.values()) == [
@@ -266,7 +266,7 @@ def test_tokens_are_private_and_kept_across_starts(tmp_path: Path, users: list[s
 
 def test_the_arbiter_owns_devices_not_models(root: Path, tmp_path: Path) -> None:
     from click.testing import CliRunner
-    from oddl.controller.operator.cli import main
+    from oddl.app.cli import main
 
     r = CliRunner().invoke(main, ["arbiter", str(root / "hw_configs" / "prototype-4node.toml"),
                                   "--state", str(tmp_path / "s"), "--user", "alice"])

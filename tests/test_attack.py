@@ -84,7 +84,7 @@ def test_attacks_during_a_run_change_nothing(root: Path, tmp_path: Path) -> None
         tb = load_testbed(out)
         port = int(tb.broker.url.rsplit(":", 1)[1])
         run = subprocess.Popen(
-            [sys.executable, "-m", "oddl.controller", "run",
+            [sys.executable, "-m", "oddl.app", "run",
              "experiments/table1-resnet50.toml", "--backend", "hw", "--testbed", str(out),
              "--iterations", "10", "--json", "--out", str(tmp_path / "run")],
             cwd=root, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)

@@ -12,9 +12,9 @@ from oddl.controller.base.config import NetworkSpec
 from oddl.controller.base.jumps import totient_jumps
 from oddl.controller.base.messages import Flow
 from oddl.controller.stage2.workloads import CollectiveEngine
-from oddl.sim.baselines import build_network
 from oddl.sim.clock import VirtualClockLoop
-from oddl.sim.sipring import ring_order
+from oddl.sim.networks.baselines import build_network
+from oddl.sim.networks.sipring import ring_order
 
 RATE = 100.0  # Gb/s: 1 byte = 0.08 ns
 LAT = 1000

@@ -1,4 +1,4 @@
-"""CASSINI's compatibility score and rotations (controller/service/compat.py), on hand-worked
+"""CASSINI's compatibility score and rotations (controller/stage1/compat.py), on hand-worked
 circles."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from oddl.controller.service.compat import Profile, compatibility
+from oddl.controller.stage1.compat import Profile, compatibility
 
 P = Profile.on_off
 
@@ -58,7 +58,7 @@ def test_oddl_compat_json_plot_and_bad_specs(tmp_path: Path) -> None:
     import json
 
     from click.testing import CliRunner
-    from oddl.controller.operator.cli import main
+    from oddl.app.cli import main
 
     r = CliRunner().invoke(main, ["compat", "--job", "a:100:60", "--job", "b:100:60:1",
                                   "--json", "--plot", str(tmp_path / "c.png")])

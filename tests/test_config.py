@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from oddl.app.cli import main
 from oddl.controller.base.config import ConfigError, load_experiment, load_testbed
-from oddl.controller.operator.cli import main
 
 PROTO = """
 [testbed]

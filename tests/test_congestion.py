@@ -8,13 +8,13 @@ import math
 from pathlib import Path
 
 import pytest
+from oddl.app.experiments.runner import run_experiment
 from oddl.controller.base.clock import Clock
 from oddl.controller.base.config import Experiment, JobEntry, LoadedExperiment, grid_testbed
 from oddl.controller.base.messages import Flow
-from oddl.controller.experiments.runner import run_experiment
 from oddl.sim.clock import VirtualClockLoop
-from oddl.sim.congestion import CongestionControl, Reno
-from oddl.sim.electrical import ElectricalSwitch
+from oddl.sim.networks.congestion import CongestionControl, Reno
+from oddl.sim.networks.electrical import ElectricalSwitch
 
 RATE = 100.0  # Gb/s
 

@@ -9,7 +9,7 @@ import pytest
 from click.testing import CliRunner
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from oddl.controller.operator.cli import main
+from oddl.app.cli import main
 from oddl.fpga import regmap as R
 from oddl.fpga.countaction import (
     CountActionError,

@@ -17,6 +17,8 @@ import msgspec
 import pytest
 import tomli_w
 from click.testing import CliRunner
+from oddl.app.cli import main
+from oddl.app.dashboard import View
 from oddl.controller.base.config import load_testbed
 from oddl.controller.base.telemetry import (
     TELEMETRY_VERSION,
@@ -25,8 +27,6 @@ from oddl.controller.base.telemetry import (
     PortView,
     RunNote,
 )
-from oddl.controller.operator.cli import main
-from oddl.controller.operator.dashboard import View
 from oddl.controller.service.health import Heartbeat
 
 from tests.helpers import check_chrome, dashboard, emulated_grid
@@ -73,7 +73,7 @@ def test_the_page_shows_a_live_run_and_its_fault(root: Path, emu: Path,
         for n in ("n0-0", "n0-1", "n1-0", "n1-1"):
             expect(page.locator(f"#node-{n}")).to_have_class("node ok", timeout=10_000)
             expect(page.locator(f"#node-{n} .port")).to_have_count(2)  # H and V
-        run = subprocess.Popen([sys.executable, "-m", "oddl.controller", "run", str(exp),
+        run = subprocess.Popen([sys.executable, "-m", "oddl.app", "run", str(exp),
                                 "--backend", "emu", "--testbed", str(emu), "--json",
                                 "--out", str(tmp_path / "run"), "--trace", str(trace)],
                                cwd=root, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -109,7 +109,7 @@ def test_the_page_shows_a_live_run_and_its_fault(root: Path, emu: Path,
 
 
 def test_beyond_loopback_needs_a_token(root: Path, emu: Path, tmp_path: Path) -> None:
-    r = subprocess.run([sys.executable, "-m", "oddl.controller", "dashboard", str(emu),
+    r = subprocess.run([sys.executable, "-m", "oddl.app", "dashboard", str(emu),
                         "--host", "0.0.0.0", "--port", "0"], cwd=root, capture_output=True,
                        text=True, timeout=60)
     assert r.returncode == 2 and "needs a token" in r.stderr
@@ -173,8 +173,8 @@ def test_a_sim_run_and_an_acceptance_result_reach_the_dashboard(root: Path, emu:
                                                                  tmp_path: Path) -> None:
     """`oddl run --publish` (sim, virtual time) and `oddl accept`'s note, through the
     emulated testbed's broker, as the lab's would go through Mosquitto."""
+    from oddl.app.registry import open_announcer
     from oddl.controller.base.telemetry import accept_note
-    from oddl.controller.registry import open_announcer
 
     exp = tmp_path / "sim.toml"
     exp.write_text(tomli_w.dumps({
@@ -185,7 +185,7 @@ def test_a_sim_run_and_an_acceptance_result_reach_the_dashboard(root: Path, emu:
         "networks": [{"name": "oddl", "kind": "oddl"},
                      {"name": "electrical", "kind": "electrical"}]}))
     with dashboard(root, emu) as url:
-        r = subprocess.run([sys.executable, "-m", "oddl.controller", "run", str(exp),
+        r = subprocess.run([sys.executable, "-m", "oddl.app", "run", str(exp),
                             "--publish", "--json", "--out", str(tmp_path / "run")],
                            cwd=root, capture_output=True, text=True, timeout=120)
         assert r.returncode == 0, r.stderr[-2000:]
@@ -230,7 +230,7 @@ def test_a_token_file_that_is_no_token_is_refused_at_once(root: Path, tmp_path: 
 def test_the_websocket_is_for_the_dashboards_own_page_only(root: Path) -> None:
     """Reproducer (issue 33, defect 8): /ws accepted any Origin, so in loopback mode any web
     page the operator opened could read the testbed's state through it."""
-    from oddl.controller.operator.dashboard import Dashboard
+    from oddl.app.dashboard import Dashboard
     from oddl.drivers.mqtt import MQTTBus
     from starlette.testclient import TestClient
     from starlette.websockets import WebSocketDisconnect

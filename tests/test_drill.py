@@ -12,6 +12,8 @@ from typing import Any
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from oddl.app.experiments.results import RunStore, read_store
+from oddl.app.experiments.runner import RunResult, run_experiment
 from oddl.controller.base import config
 from oddl.controller.base.config import (
     ConfigError,
@@ -20,8 +22,6 @@ from oddl.controller.base.config import (
     Monitor,
     fault_issues,
 )
-from oddl.controller.experiments.results import RunStore, read_store
-from oddl.controller.experiments.runner import RunResult, run_experiment
 from oddl.controller.service.admission import MAX_STOPS
 from oddl.controller.service.backend import RunFailed
 

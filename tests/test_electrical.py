@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from oddl.controller.base.clock import Clock
 from oddl.controller.base.messages import Flow
 from oddl.sim.clock import VirtualClockLoop
-from oddl.sim.electrical import ElectricalSwitch, max_min_rates
+from oddl.sim.networks.electrical import ElectricalSwitch, max_min_rates
 
 
 def test_max_min_hand_worked() -> None:

@@ -36,7 +36,7 @@ def drill(root: Path, emu: Path, tmp: Path, faults: list[dict[str, Any]],
           recovery: str = "relay", iterations: int = 6) -> dict[str, Any]:
     exp = write_experiment(tmp / "drill.toml", emu, name="emu-drill", iterations=iterations,
                            recovery=recovery, faults=faults)
-    r = subprocess.run([sys.executable, "-m", "oddl.controller", "run", str(exp),
+    r = subprocess.run([sys.executable, "-m", "oddl.app", "run", str(exp),
                         "--backend", "emu", "--testbed", str(emu), "--json",
                         "--out", str(tmp / "run")],
                        cwd=root, capture_output=True, text=True, timeout=120)
@@ -154,7 +154,7 @@ def test_a_drill_against_a_testbed_without_an_emulator_is_refused() -> None:
 
 
 def test_emulate_refuses_a_broker_that_is_down_from_the_start(root: Path) -> None:
-    r = subprocess.run([sys.executable, "-m", "oddl.controller", "emulate",
+    r = subprocess.run([sys.executable, "-m", "oddl.app", "emulate",
                         "hw_configs/prototype-4node.toml", "--fault", "broker-restart:broker"],
                        cwd=root, capture_output=True, text=True, timeout=60)
     assert r.returncode == 2 and "drill it while a job runs" in r.stderr
@@ -177,7 +177,7 @@ def test_a_controller_stopped_for_a_while_blames_no_node(root: Path, emu: Path,
     exp = write_experiment(tmp_path / "paused.toml", short, name="paused", iterations=30,
                            compute_ms=100.0)
     out = tmp_path / "run"
-    run = subprocess.Popen([sys.executable, "-m", "oddl.controller", "run", str(exp),
+    run = subprocess.Popen([sys.executable, "-m", "oddl.app", "run", str(exp),
                             "--backend", "emu", "--testbed", str(short), "--json",
                             "--out", str(out)], cwd=root, stdout=subprocess.PIPE,
                            stderr=subprocess.PIPE, text=True)
@@ -209,7 +209,7 @@ def test_a_recorded_emu_run_is_a_behaviour_of_the_model(root: Path, emu: Path,
                                                         tmp_path: Path) -> None:
     """Issue 34, part 3: an emu run's stage-2 deliveries (over the broker, on the node
     programs' clocks) replayed through the model checker's world."""
-    from oddl.controller.operator import api
+    from oddl.app import api
 
     exp = write_experiment(tmp_path / "e.toml", emu, name="conformance", iterations=1,
                            compute_ms=1.0)
@@ -229,7 +229,7 @@ def test_a_hybrid_parallel_job_runs_on_the_emulated_boards(
                                      "dataset_samples": 1000, "parallelism": {
                                          "tensor": 2, "pipeline": 2, "data": 1,
                                          "micro_batches": 2}})
-    r = subprocess.run([sys.executable, "-m", "oddl.controller", "run", str(exp),
+    r = subprocess.run([sys.executable, "-m", "oddl.app", "run", str(exp),
                         "--backend", "emu", "--testbed", str(emu), "--json",
                         "--out", str(tmp_path / "run")],
                        cwd=root, capture_output=True, text=True, timeout=120)

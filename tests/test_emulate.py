@@ -85,7 +85,7 @@ def test_run_table1_on_the_emulated_testbed(root: Path, tmp_path: Path) -> None:
     WSS over its pseudo-terminal and each other over MQTT, in real time."""
     import json
 
-    r = subprocess.run([sys.executable, "-m", "oddl.controller", "run",
+    r = subprocess.run([sys.executable, "-m", "oddl.app", "run",
                         "experiments/table1-resnet50.toml", "--backend", "emu",
                         "--iterations", "3", "--json", "--out", str(tmp_path / "run")],
                        cwd=root, capture_output=True, text=True, timeout=300)
@@ -113,7 +113,7 @@ def test_one_emulator_serves_job_after_job(root: Path, tmp_path: Path) -> None:
     with emulator(root, root / "hw_configs" / "prototype-4node.toml", out,
                   limit_s=240) as (proc, _):
         for k in range(2):
-            r = subprocess.run([sys.executable, "-m", "oddl.controller", "run",
+            r = subprocess.run([sys.executable, "-m", "oddl.app", "run",
                                 "experiments/table1-resnet50.toml", "--backend", "emu",
                                 "--testbed", str(out), "--iterations", "2", "--json",
                                 "--out", str(tmp_path / f"run{k}")],
@@ -124,7 +124,7 @@ def test_one_emulator_serves_job_after_job(root: Path, tmp_path: Path) -> None:
             assert oddl["invariant_violations"] == 0, f"job {k}"
         # issue 43: a second run on the same emulator while one runs is refused, naming
         # the holder (it failed on the WSS's serial port, "not an oddl WSS identity")
-        first = subprocess.Popen([sys.executable, "-m", "oddl.controller", "run",
+        first = subprocess.Popen([sys.executable, "-m", "oddl.app", "run",
                                   "experiments/table1-resnet50.toml", "--backend", "emu",
                                   "--testbed", str(out), "--iterations", "100000", "--out",
                                   str(tmp_path / "long")], cwd=root,
@@ -134,7 +134,7 @@ def test_one_emulator_serves_job_after_job(root: Path, tmp_path: Path) -> None:
             while not _iterations(db):  # an iteration recorded: it holds the testbed
                 assert time.monotonic() < t_end and first.poll() is None
                 time.sleep(0.05)  # polling its store, not a timing assumption
-            r = subprocess.run([sys.executable, "-m", "oddl.controller", "run",
+            r = subprocess.run([sys.executable, "-m", "oddl.app", "run",
                                 "experiments/table1-resnet50.toml", "--backend", "emu",
                                 "--testbed", str(out), "--iterations", "2", "--out",
                                 str(tmp_path / "second")], cwd=root, capture_output=True,

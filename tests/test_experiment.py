@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from oddl.app.cli import main
+from oddl.app.experiments.results import read_store
+from oddl.app.experiments.runner import run_experiment
 from oddl.controller.base.config import load_experiment
-from oddl.controller.experiments.results import read_store
-from oddl.controller.experiments.runner import run_experiment
-from oddl.controller.operator.cli import main
 
 TABLE1 = "experiments/table1-resnet50.toml"
 
@@ -120,7 +120,7 @@ def test_table_output(root: Path, tmp_path: Path) -> None:
 @pytest.mark.realtime
 def test_killed_run_keeps_completed_iterations(root: Path, tmp_path: Path) -> None:
     out = tmp_path / "run"
-    proc = subprocess.Popen([sys.executable, "-m", "oddl.controller", "run", str(root / TABLE1),
+    proc = subprocess.Popen([sys.executable, "-m", "oddl.app", "run", str(root / TABLE1),
                              "--out", str(out), "--json"], cwd=root,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     db = out / "results.sqlite"
@@ -158,7 +158,7 @@ def test_a_reader_of_the_store_does_not_break_the_run(root: Path, tmp_path: Path
     """Reproducer (issue 43): results.sqlite held open by a reader (sqlite3, pandas) made
     the run fail at its end with "database is locked", exit 1 and no summary. Here a reader
     opens it at the first iteration and holds a read transaction to the end."""
-    from oddl.controller.operator import api
+    from oddl.app import api
 
     out = tmp_path / "run"
     readers: list[sqlite3.Connection] = []
@@ -229,7 +229,7 @@ def test_schedule_longer_than_the_engine_syncs_on_the_host(tmp_path: Path) -> No
 def test_a_baseline_that_fails_in_its_worker_process_fails_the_run_by_name(root: Path) -> None:
     """The baselines run in processes of their own (`workers`): one that fails there ends
     the run with its name and reason, not a hang or a bare traceback from another process."""
-    from oddl.controller.experiments.runner import RunFailed, _Aside, _lone_job
+    from oddl.app.experiments.runner import RunFailed, _Aside, _lone_job
 
     ctx = load_experiment(root / TABLE1)
     spec = next(s for s in ctx.experiment.networks if s.kind == "electrical")
@@ -251,8 +251,8 @@ def test_a_run_tunes_the_collector_and_gives_it_back(root: Path) -> None:
     the emulator) has its collector as it was, nothing left frozen to leak."""
     import gc
 
-    from oddl.controller.base.collector import YOUNG
-    from oddl.controller.experiments.runner import lone_network
+    from oddl.app.collector import YOUNG
+    from oddl.app.experiments.runner import lone_network
 
     before = gc.get_threshold()
     with lone_network(load_experiment(root / TABLE1), "oddl", 1, 0) as net:

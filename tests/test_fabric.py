@@ -10,7 +10,7 @@ from oddl.controller.base.topology import Grid
 from oddl.controller.stage2.invariants import InvariantViolation
 from oddl.sim import backend as sim_backend
 from oddl.sim.clock import VirtualClockLoop
-from oddl.sim.wss import WSSModel
+from oddl.sim.devices.wss import WSSModel
 
 from tests.helpers import make_testbed
 

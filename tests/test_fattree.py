@@ -7,13 +7,13 @@ from pathlib import Path
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from oddl.app.experiments.runner import run_experiment
 from oddl.controller.base.clock import Clock
 from oddl.controller.base.config import load_experiment
 from oddl.controller.base.messages import Flow
-from oddl.controller.experiments.runner import run_experiment
 from oddl.sim.clock import VirtualClockLoop
-from oddl.sim.electrical import max_min_rates, max_min_rates_np
-from oddl.sim.fattree import FatTree
+from oddl.sim.networks.electrical import max_min_rates, max_min_rates_np
+from oddl.sim.networks.fattree import FatTree
 
 
 @settings(max_examples=80, deadline=None)

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from oddl.app.cli import main
 from oddl.controller.base.config import load_testbed
-from oddl.controller.operator.cli import main
 from oddl.fpga import regmap as R
-from oddl.sim.faults import FaultSpecError, install, parse_fault
+from oddl.sim.devices.faults import FaultSpecError, install, parse_fault
 
 from tests.helpers import Bench, emulator
 

@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from oddl.app.cli import main
+from oddl.app.experiments.figures import paper_rows, plan_figure, run_figure, wire_ns
+from oddl.app.experiments.sweep import load_sweep
 from oddl.controller.base.collectives import build
 from oddl.controller.base.config import ConfigError
-from oddl.controller.experiments.figures import paper_rows, plan_figure, run_figure, wire_ns
-from oddl.controller.experiments.sweep import load_sweep
-from oddl.controller.operator.cli import main
 from oddl.controller.stage1.plan import Plan
 
 TABLE1 = "experiments/table1-resnet50.toml"

@@ -13,8 +13,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from oddl.drivers.wss import WSSDriver, WSSError, WSSProtocolError, WSSTimeout
-from oddl.sim.wss import WSSModel
-from oddl.sim.wss_serial import SerialWSS
+from oddl.sim.devices.wss import WSSModel
+from oddl.sim.devices.wss_serial import SerialWSS
 
 from bench import fuzz_targets as F
 

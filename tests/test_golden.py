@@ -21,9 +21,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from oddl.app.experiments.results import RunStore, read_store
+from oddl.app.experiments.runner import run_experiment
 from oddl.controller.base.config import load_experiment
-from oddl.controller.experiments.results import RunStore, read_store
-from oddl.controller.experiments.runner import run_experiment
 
 ROOT = Path(__file__).resolve().parent.parent
 GOLDEN = ROOT / "tests" / "data" / "golden"

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from oddl.controller.operator.cli import main
+from oddl.app.cli import main
 
 ROOT = Path(__file__).resolve().parent.parent
 PROTO = (ROOT / "hw_configs" / "prototype-4node.toml").read_text()
@@ -205,7 +205,7 @@ def test_count_action_range_is_bounded_before_it_is_expanded(tmp_path: Path) -> 
 def test_run_against_a_testbed_that_is_gone_is_an_error_not_a_traceback(tmp_path: Path
                                                                          ) -> None:
     """Reproducer: `oddl run` gave a traceback on a killed emulator (its boards gone)."""
-    from oddl.sim.broker import free_port
+    from oddl.sim.devices.broker import free_port
 
     tb = tmp_path / "gone.toml"
     text = PROTO.replace('backend = "sim"', 'backend = "hw"')
@@ -271,7 +271,7 @@ def test_a_compute_rate_in_the_wrong_unit_is_named_by_check(tmp_path: Path, tflo
 def test_a_compute_step_longer_than_the_grace_is_no_stall(tmp_path: Path) -> None:
     """Reproducer (issue 43): a hybrid job's step computing longer than `grace_ms` (5 s) was
     taken for a stalled run. At 0.05 TFLOP/s gpt2's micro-batch steps take ~10 s each."""
-    from oddl.controller.operator import api
+    from oddl.app import api
 
     exp = tmp_path / "g.toml"
     exp.write_text(GPT.format(tb=ROOT / "hw_configs" / "grid-64.toml", tflops="0.05",

@@ -11,12 +11,12 @@ from pathlib import Path
 import httpx
 import pytest
 import websockets
+from oddl.app.dashboard import MAX_WATCHERS, Dashboard
 from oddl.controller.base.config import load_testbed
-from oddl.controller.base.http import HttpService
-from oddl.controller.operator.dashboard import MAX_WATCHERS, Dashboard
+from oddl.controller.serving.http import HttpService
 from oddl.drivers.mqtt import MQTTBus
-from oddl.sim.control import ControlEndpoint
-from oddl.sim.faults import Drill
+from oddl.sim.devices.control import ControlEndpoint
+from oddl.sim.devices.faults import Drill
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import PlainTextResponse

@@ -12,13 +12,13 @@ import pytest
 from click.testing import CliRunner
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from oddl.app.cli import main
 from oddl.controller.base.clock import Clock
 from oddl.controller.base.collectives import build, check_balanced
 from oddl.controller.base.config import NetworkSpec
 from oddl.controller.base.jumps import JumpSet, candidate_jumps, jump_routes, totient_jumps
-from oddl.controller.operator.cli import main
-from oddl.sim.baselines import build_network
 from oddl.sim.clock import VirtualClockLoop
+from oddl.sim.networks.baselines import build_network
 
 
 def test_candidates_per_group_size() -> None:

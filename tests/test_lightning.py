@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from click.testing import CliRunner
-from oddl.controller.operator.cli import main
+from oddl.app.cli import main
 from oddl.drivers.lightning import (
     FULL,
     SEGMENTS,
@@ -21,7 +21,7 @@ from oddl.drivers.lightning import (
     multiply,
     operand_pairs,
 )
-from oddl.sim.qick_soc import MAXV, EmulatedQickSoc, Photonics
+from oddl.sim.devices.qick_soc import MAXV, EmulatedQickSoc, Photonics
 from pydantic import ValidationError
 from qick import QickConfig
 
@@ -168,7 +168,7 @@ def test_cli_product_json_and_plots(tmp_path: Path) -> None:
 
 @pytest.mark.realtime
 def test_qick_pyro_make_proxy_against_the_emulated_soc() -> None:
-    from oddl.sim.qick_pyro import QickPyroServer
+    from oddl.sim.devices.qick_pyro import QickPyroServer
 
     srv = QickPyroServer(Photonics(**IDEAL)).start()
     try:

@@ -32,7 +32,7 @@ from oddl.controller.stage2.job import JOB_VERSION, JobEvent, JobSpec
 from oddl.controller.stage2.wire import encode
 from oddl.drivers.mqtt import BusError, MQTTBus
 from oddl.sim import backend as sim_backend
-from oddl.sim.broker import free_port
+from oddl.sim.devices.broker import free_port
 
 from tests.helpers import make_testbed
 
@@ -285,7 +285,7 @@ def test_the_printed_command_starts_mosquitto_as_root(root: Path) -> None:
     import tempfile
 
     from click.testing import CliRunner
-    from oddl.controller.operator.cli import main
+    from oddl.app.cli import main
 
     base = Path(tempfile.mkdtemp(dir="/var/tmp"))  # /tmp/pytest-of-root is 0700
     try:

@@ -19,7 +19,7 @@ from oddl.controller.stage2.job import timing_of
 from oddl.controller.stage2.wire import BusDecodeError, decode, encode
 from oddl.drivers.mqtt import MQTTBus
 from oddl.sim import backend as sim_backend
-from oddl.sim.broker import EmbeddedBroker
+from oddl.sim.devices.broker import EmbeddedBroker
 
 from tests.helpers import make_testbed, schedule_for
 
@@ -218,7 +218,7 @@ def test_a_burst_bigger_than_the_socket_buffer_arrives_whole_and_in_order() -> N
 
 def test_no_broker_is_a_clear_error() -> None:
     from oddl.drivers.mqtt import BusError
-    from oddl.sim.broker import free_port
+    from oddl.sim.devices.broker import free_port
 
     port = free_port()  # nothing listens here
 
@@ -364,7 +364,7 @@ def test_idle_connections_cannot_lock_the_parties_out() -> None:
     that sends no CONNECT is closed after the broker's CONNECT timeout, at most 64 per
     address wait at once (a newcomer closes the one waiting longest), and a party that
     connects meanwhile gets in."""
-    from oddl.sim.broker import WAITING_PER_ADDRESS
+    from oddl.sim.devices.broker import WAITING_PER_ADDRESS
 
     async def go() -> tuple[int, int]:
         broker = await EmbeddedBroker("tb", NODES, PASSWORDS, connect_timeout_s=1.0).start()

@@ -9,11 +9,11 @@ import re
 from pathlib import Path
 
 import pytest
+from oddl.app.experiments.runner import run_experiment
 from oddl.controller.base.collectives import build
 from oddl.controller.base.config import ConfigError, load_experiment
 from oddl.controller.base.messages import Flow
 from oddl.controller.base.topology import Grid
-from oddl.controller.experiments.runner import run_experiment
 from oddl.controller.service.admission import JobRequest
 from oddl.controller.service.backend import RunFailed
 from oddl.controller.stage1.arbiter import ApplyError, Arbiter
@@ -21,8 +21,8 @@ from oddl.controller.stage1.placement import place
 from oddl.controller.stage2.invariants import TAG_SHIFT, InvariantChecker
 from oddl.drivers.wss import WSSDriver
 from oddl.sim.backend import SimBackend
-from oddl.sim.wss import WSSModel
-from oddl.sim.wss_serial import SerialWSS
+from oddl.sim.devices.wss import WSSModel
+from oddl.sim.devices.wss_serial import SerialWSS
 
 from tests.helpers import make_testbed
 
@@ -352,8 +352,8 @@ def test_a_multi_job_fault_is_timed_in_ms(tmp_path: Path) -> None:
 
 def test_cli_run_json_has_jobs_and_a_jct_cdf_and_plan_prints_partitions(tmp_path: Path) -> None:
     from click.testing import CliRunner
-    from oddl.controller.experiments.results import read_store
-    from oddl.controller.operator.cli import main
+    from oddl.app.cli import main
+    from oddl.app.experiments.results import read_store
 
     exp = experiment(tmp_path, job("a", 8, 2, shape="grid") + job("b", 4, 2, arrival_ms=0.5)
                      + job("c", 8, 1, arrival_ms=1))
@@ -391,18 +391,19 @@ def test_several_jobs_and_a_fault_on_the_emulated_testbed(root: Path, tmp_path: 
     import subprocess
     import sys
 
-    from oddl.controller.experiments.results import read_store
+    from oddl.app.experiments.results import read_store
 
     dead = '[[faults]]\nkind = "dead-board"\ntarget = "n1-0"\nat_ms = 300\n'
     exp = experiment(tmp_path, job("a", 4, 8, compute_ms=40.0, shape="col")
                      + job("b", 4, 30, compute_ms=40.0, shape="col") + dead)
-    r = subprocess.run([sys.executable, "-m", "oddl.controller", "run", str(exp),
+    r = subprocess.run([sys.executable, "-m", "oddl.app", "run", str(exp),
                         "--backend", "emu", "--json", "--out", str(tmp_path / "run")],
                        cwd=root, capture_output=True, text=True, timeout=300,
                        env=os.environ | {"ODDL_LOG": "info"})
     emulator = (tmp_path / "run" / "emulator.log").read_text()  # kept in the run directory
     assert r.returncode == 0, r.stderr[-3000:] + "\nemulator:\n" + emulator[-3000:]
-    assert "Traceback" not in emulator  # e.g. a broadcast lost in the broker (sim/broker.py)
+    # e.g. a broadcast lost in the broker (sim/devices/broker.py)
+    assert "Traceback" not in emulator
     out = json.loads(r.stdout)
     assert out["backend"] == "emu" and out["invariant_violations"] == 0
     a, b = out["jobs"]["a"]["oddl"], out["jobs"]["b"]["oddl"]

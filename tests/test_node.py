@@ -35,7 +35,7 @@ from oddl.controller.stage2.control_unit import Timing
 from oddl.controller.stage2.job import JOB_VERSION, JobEvent, JobRunner, JobSpec, JobStop
 from oddl.drivers.mqtt import MQTTBus
 from oddl.sim import backend as sim_backend
-from oddl.sim.broker import EmbeddedBroker
+from oddl.sim.devices.broker import EmbeddedBroker
 
 from tests.helpers import emulator, make_testbed, write_experiment
 
@@ -89,7 +89,7 @@ def test_node_program_reports_a_failing_job_and_serves_the_next() -> None:
 
 
 def _cli(*args: str, root: Path, timeout: float = 200) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "oddl.controller", *args], cwd=root,
+    return subprocess.run([sys.executable, "-m", "oddl.app", *args], cwd=root,
                           capture_output=True, text=True, timeout=timeout)
 
 
@@ -106,7 +106,7 @@ def lying(self, i, t_start, t_end):
         self.runner.engine.flows = 10**15  # and so many flows
         honest(self, i, t_start, t_end)
 N._NodeJob._iteration = lying
-from oddl.controller.operator.cli import main
+from oddl.app.cli import main
 sys.argv = ["oddl", *sys.argv[1:]]
 main()
 """
@@ -117,7 +117,7 @@ def _oddl_node(root: Path, config: Path, node: str, limit_s: float, lie: str | N
                ) -> Iterator[subprocess.Popen[str]]:
     """`oddl node CONFIG --node NODE` as a lab starts it, once it says "ready"; killed
     after `limit_s` whatever happens (never hangs the suite). `lie`: its reports do."""
-    head = ["-m", "oddl.controller"] if lie is None else ["-c", _LIAR.format(lie=lie)]
+    head = ["-m", "oddl.app"] if lie is None else ["-c", _LIAR.format(lie=lie)]
     proc = subprocess.Popen([sys.executable, *head, "node", str(config), "--node", node],
                             cwd=root, text=True, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE)
@@ -215,7 +215,7 @@ def test_a_board_whose_interrupts_another_writer_disables_is_restored_and_named(
     exp = write_experiment(tmp_path / "e.toml", out, name="tampered", iterations=20,
                            compute_ms=20.0)
     with emulator(root, root / "hw_configs" / "prototype-4node.toml", out):
-        run = subprocess.Popen([sys.executable, "-m", "oddl.controller", "run", str(exp),
+        run = subprocess.Popen([sys.executable, "-m", "oddl.app", "run", str(exp),
                                 "--backend", "emu", "--testbed", str(out), "--json",
                                 "--out", str(run_dir)], cwd=root,
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -256,7 +256,7 @@ def test_a_board_without_its_node_program_is_named(root: Path, tmp_path: Path) -
 
 def test_emulate_refuses_an_unknown_external_node(root: Path) -> None:
     from click.testing import CliRunner
-    from oddl.controller.operator.cli import main
+    from oddl.app.cli import main
 
     r = CliRunner().invoke(main, ["emulate", str(root / "hw_configs" / "prototype-4node.toml"),
                                   "--external-node", "n9"])

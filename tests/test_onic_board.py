@@ -12,8 +12,8 @@ from oddl.controller.base.devices import DeviceRefused
 from oddl.drivers.onic import IdentityMismatch, ONicDriver
 from oddl.fpga import regmap as R
 from oddl.fpga.countaction import Program, collective_steps, streamer
-from oddl.sim.onic_board import PLACEHOLDER_HASH, ONicBoard
-from oddl.sim.pynq_device import BASE_ADDR, EmulatedONicDevice
+from oddl.sim.devices.onic_board import PLACEHOLDER_HASH, ONicBoard
+from oddl.sim.devices.pynq_device import BASE_ADDR, EmulatedONicDevice
 
 from tests.helpers import Bench
 

@@ -9,16 +9,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 from click.testing import CliRunner
+from oddl.app.cli import main
 from oddl.controller.base.clock import Clock
 from oddl.controller.base.collectives import build, check_balanced
 from oddl.controller.base.config import ConfigError, NetworkSpec, load_experiment
-from oddl.controller.operator.cli import main
 from oddl.controller.stage2.workloads import CollectiveEngine
-from oddl.sim.baselines import build_network
 from oddl.sim.clock import VirtualClockLoop
-from oddl.sim.mzi import Components, decompose
-from oddl.sim.onn import AveragingUnit, OptINC, quantise, realise
-from oddl.sim.training import compare
+from oddl.sim.networks.baselines import build_network
+from oddl.studies.mzi import Components, decompose
+from oddl.studies.onn import AveragingUnit, OptINC, quantise, realise
+from oddl.studies.training import compare
 from pydantic import ValidationError
 from scipy.stats import unitary_group
 

@@ -1,5 +1,5 @@
 """The wheel, as a user installs it (issue 43). Reproducer: the wheel's `oddl` did not
-start ("No module named 'oddl.controller.operator.cli'"): the package list was written by
+start ("No module named 'oddl.app.cli'"): the package list was written by
 hand and left the entry point's package out; editable installs hid it.
 
 The wheel is built from this checkout and installed into a fresh venv; its dependencies
@@ -38,8 +38,8 @@ def wheel_venv(root: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
                    timeout=300)
     with zipfile.ZipFile(whl) as z:  # the shipped data the commands need
         names = set(z.namelist())
-    assert {"oddl/controller/operator/cli/main.py", "oddl/fpga/overlays/oddl_onic.hwh",
-            "oddl/controller/operator/web/index.html", "oddl/acceptance/plugin.py"} <= names
+    assert {"oddl/app/cli/main.py", "oddl/fpga/overlays/oddl_onic.hwh",
+            "oddl/app/web/index.html", "oddl/acceptance/plugin.py"} <= names
     return env
 
 
@@ -80,7 +80,7 @@ def test_a_missing_extra_is_named_by_the_wheels_oddl(wheel_venv: Path) -> None:
     fail as if it were not installed), `oddl gateware synth` names the extra, exit 2."""
     r = subprocess.run([str(wheel_venv / "bin" / "python"), "-c",
                         "import sys; sys.modules['amaranth'] = None; sys.argv = ['oddl', "
-                        "'gateware', 'synth']; from oddl.controller.operator.cli.main import "
+                        "'gateware', 'synth']; from oddl.app.cli.main import "
                         "entry; entry()"], cwd="/", capture_output=True, text=True, timeout=60)
     assert r.returncode == 2, r.stderr
     assert r.stderr.strip() == ('error: oddl gateware needs the O-NIC gateware (Amaranth HDL '

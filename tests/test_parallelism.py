@@ -8,15 +8,15 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from oddl.app.cli import main
+from oddl.app.experiments.runner import run_experiment
 from oddl.controller.base.catalog import TRANSFORMERS
 from oddl.controller.base.collectives import check_balanced
 from oddl.controller.base.config import ConfigError, load_experiment
 from oddl.controller.base.messages import Flow
 from oddl.controller.base.parallelism import ACTIVATION_BYTES, Hybrid
-from oddl.controller.experiments.runner import run_experiment
-from oddl.controller.operator.cli import main
-from oddl.sim.search import splits
-from oddl.sim.topoopt import Topology
+from oddl.sim.networks.search import splits
+from oddl.sim.networks.topoopt import Topology
 
 from tests.helpers import write_experiment
 
@@ -235,9 +235,9 @@ def test_a_node_refuses_a_split_it_must_not_build() -> None:
 
 def test_the_arbiter_takes_a_hybrid_job_and_refuses_a_split_the_testbed_cannot(
         root: Path) -> None:
+    from oddl.app.queue import Refused, job_request
     from oddl.controller.base.config import load_testbed
     from oddl.controller.base.topology import Grid
-    from oddl.controller.operator.arbiter import Refused, job_request
 
     tb = load_testbed(root / GRID64)
     grid = Grid.from_testbed(tb)

@@ -12,10 +12,10 @@ import pytest
 from click.testing import CliRunner
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from oddl.app.cli import main
 from oddl.controller.base.collectives import build
 from oddl.controller.base.config import load_testbed
 from oddl.controller.base.topology import Grid
-from oddl.controller.operator.cli import main
 from oddl.controller.stage1.plan import Plan, PlanError
 from oddl.controller.stage1.planner import plan_job
 from oddl.controller.stage2.workloads import model_spec
@@ -140,13 +140,13 @@ def test_planning_loads_no_runner(root: Path) -> None:
     and what it loads (numpy, matplotlib, httpx, pynq) wait for a run (issue 32: half of
     `oddl plan --json`'s second was imports)."""
     code = ("import sys\n"
-            "from oddl.controller.operator import api\n"
-            "from oddl.controller.operator.cli import main\n"
+            "from oddl.app import api\n"
+            "from oddl.app.cli import main\n"
             f"api.plan({str(root / 'hw_configs/prototype-4node.toml')!r})\n"
             "print(sorted(m for m in ('numpy', 'matplotlib', 'httpx', 'pynq') "
             "if m in sys.modules))\n")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True).stdout
     assert out.strip() == "[]"
-    from oddl.controller.operator import api
+    from oddl.app import api
     assert api.RunResult.__name__ == "RunResult" and callable(api.network)  # still there

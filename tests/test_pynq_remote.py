@@ -12,9 +12,9 @@ from oddl.controller.base.clock import Clock
 from oddl.controller.base.devices import DeviceRefused
 from oddl.drivers.onic import ONicDriver
 from oddl.fpga import regmap as R
-from oddl.sim.onic_board import ONicBoard
-from oddl.sim.pynq_device import EmulatedONicDevice
-from oddl.sim.pynq_remote import RemoteBoardServer
+from oddl.sim.devices.onic_board import ONicBoard
+from oddl.sim.devices.pynq_device import EmulatedONicDevice
+from oddl.sim.devices.pynq_remote import RemoteBoardServer
 from pynq import MMIO
 from pynq.pl_server.remote_device import RemoteDevice
 

@@ -7,7 +7,7 @@ import selectors
 import socket
 
 import pytest
-from oddl.sim.realtime import SpinSelector, new_loop
+from oddl.sim.devices.realtime import SpinSelector, new_loop
 
 pytestmark = pytest.mark.realtime  # brokers, emulators, sockets: the wall clock
 

@@ -1,4 +1,4 @@
-"""What a run opens of its testbed (controller/operator/session.py, drivers/lab.py): every
+"""What a run opens of its testbed (app/session.py, drivers/lab.py): every
 device at once, every failure named; the lock for hw, taken before anything is opened."""
 
 from __future__ import annotations
@@ -7,10 +7,9 @@ import time
 from pathlib import Path
 
 import pytest
-from oddl.controller import registry
+from oddl.app import api, registry
 from oddl.controller.base.config import load_experiment, load_testbed
 from oddl.controller.base.topology import Grid
-from oddl.controller.operator import api
 from oddl.controller.service.backend import RunFailed
 from oddl.controller.service.lock import TestbedBusy, TestbedLock
 

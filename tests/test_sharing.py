@@ -10,13 +10,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from oddl.app.api import grid_testbed
+from oddl.app.experiments.link_study import comm_gaps
+from oddl.app.experiments.runner import run_experiment
 from oddl.controller.base.config import Experiment, JobEntry, LoadedExperiment, NetworkSpec
-from oddl.controller.experiments.link_study import comm_gaps
-from oddl.controller.experiments.runner import run_experiment
-from oddl.controller.operator.api import grid_testbed
-from oddl.controller.service.compat import Profile, best_placement, shift_against, time_shifts
+from oddl.controller.stage1.compat import Profile, best_placement, shift_against, time_shifts
 from oddl.controller.stage2.workloads import model_spec
-from oddl.sim.electrical import max_min_rates
+from oddl.sim.networks.electrical import max_min_rates
 from pydantic import ValidationError
 
 TWO_RACKS = {"name": "m", "kind": "fattree", "hosts_per_leaf": 2, "spines": 1,
@@ -135,7 +135,7 @@ def test_sharing_is_refused_on_oddl_and_bad_weights_named() -> None:
 
 def test_compat_measures_model_jobs_and_names_bad_specs(root: Path) -> None:
     def compat(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "oddl.controller", "compat", *args],
+        return subprocess.run([sys.executable, "-m", "oddl.app", "compat", *args],
                               cwd=root, capture_output=True, text=True, timeout=120)
 
     r = compat("--job", "resnet50:2", "--job", "resnet50:2", "--json")

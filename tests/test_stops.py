@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
-from oddl.controller.experiments.results import read_store
+from oddl.app.experiments.results import read_store
 
 from tests.helpers import emulator
 
@@ -28,7 +28,7 @@ TABLE1 = "experiments/table1-resnet50.toml"
 
 def _start(root: Path, *args: str) -> subprocess.Popen[str]:
     """`oddl ...` in a process group of its own, as a terminal runs a command."""
-    return subprocess.Popen([sys.executable, "-m", "oddl.controller", *args], cwd=root,
+    return subprocess.Popen([sys.executable, "-m", "oddl.app", *args], cwd=root,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             start_new_session=True)
 

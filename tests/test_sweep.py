@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
-from oddl.controller.experiments.sweep import grid_shape, load_sweep, run_sweep, speedups
-from oddl.controller.operator.cli import main
+from oddl.app.cli import main
+from oddl.app.experiments.sweep import grid_shape, load_sweep, run_sweep, speedups
 
 SWEEP = """
 name = "t"

@@ -12,9 +12,9 @@ from typing import Any
 
 import msgspec
 import pytest
+from oddl.app.experiments.results import RunStore, read_store
+from oddl.app.experiments.runner import Timeline, run_experiment
 from oddl.controller.base.config import load_experiment
-from oddl.controller.experiments.results import RunStore, read_store
-from oddl.controller.experiments.runner import Timeline, run_experiment
 from oddl.controller.stage2.job import JobEvent
 from oddl.controller.stage2.trace import MAX_ROWS, TraceRow
 
@@ -86,7 +86,7 @@ def test_messages_and_firings_match_the_run(traced: tuple[Any, ...]) -> None:
 
 def test_trace_cli_writes_a_file(root: Path, tmp_path: Path) -> None:
     from click.testing import CliRunner
-    from oddl.controller.operator.cli import main
+    from oddl.app.cli import main
 
     f = tmp_path / "t.json"
     r = CliRunner().invoke(main, ["run", str(root / TABLE1), "--iterations", "2", "--out",

@@ -10,8 +10,8 @@ from typing import Any
 import msgspec
 import pytest
 from click.testing import CliRunner
+from oddl.app.cli import main
 from oddl.controller.base.messages import Grant, Release
-from oddl.controller.operator.cli import main
 from oddl.controller.stage2.control_unit import ControlUnit
 from oddl.controller.stage2.verify import FAULTS, configurations, explore, verify
 
@@ -101,7 +101,7 @@ def test_a_recorded_sim_run_is_a_behaviour_of_the_model_and_a_reordered_one_is_n
     by then; a GRANT moved before its REQUEST is not."""
     import dataclasses
 
-    from oddl.controller.operator import api
+    from oddl.app import api
 
     exp = write_experiment(tmp_path / "e.toml", root / "hw_configs/prototype-4node.toml",
                            iterations=1, compute_ms=1.0)

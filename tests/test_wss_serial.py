@@ -16,8 +16,8 @@ from oddl.controller.stage1.arbiter import Arbiter
 from oddl.drivers.wss import WSSDriver, WSSError, WSSProtocolError, WSSTimeout
 from oddl.sim import backend as sim_backend
 from oddl.sim.clock import VirtualClockLoop
-from oddl.sim.wss import WSSModel
-from oddl.sim.wss_serial import SerialWSS
+from oddl.sim.devices.wss import WSSModel
+from oddl.sim.devices.wss_serial import SerialWSS
 
 pytestmark = pytest.mark.realtime  # brokers, emulators, sockets: the wall clock
 
@@ -78,7 +78,7 @@ def test_instrument_errors(inst: SerialWSS) -> None:
 def test_the_command_log_keeps_the_last_lines_only(inst: SerialWSS) -> None:
     """Reproducer (issue 33, defect 9): 250,000 long lines took the emulator from 188 MB to
     1,155 MB; the instrument keeps the last LOG_LINES of them."""
-    from oddl.sim.wss_serial import LOG_LINES
+    from oddl.sim.devices.wss_serial import LOG_LINES
 
     for k in range(LOG_LINES + 50):
         inst.handle(f"*IDN? {k}".encode())

@@ -19,7 +19,7 @@ Topics carry their sender, so that a broker's access rules can hold it to its na
     oddl/<tb>/telemetry/oddl-ctl/<kind>  the controller's notes for watchers   (QoS 0)
 
 The same rules are written out for Mosquitto (`oddl broker-config`) and enforced by the
-embedded broker (sim/broker.py). A broker cannot know which nodes a job has: the
+embedded broker (sim/devices/broker.py). A broker cannot know which nodes a job has: the
 controller and the node programs hold results to the job's nodes themselves.
 """
 

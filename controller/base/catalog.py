@@ -59,8 +59,8 @@ IN_NETWORK = "optinc"  # OptINC's all-reduce: a network's own, never a workload'
 STRATEGIES = ("cyclic", "matched", "totientperms")
 POLICIES = ("fifo", "smallest-first")  # the order queued jobs are admitted in
 SHAPES = ("any", "row", "col", "grid")  # a job's placement hint (controller/stage1/placement.py)
-# how jobs share a link: fluid (sim/sharing.py) or by a congestion-control law
-# (sim/congestion.py), MLTCP on either
+# how jobs share a link: fluid (sim/networks/sharing.py) or by a congestion-control law
+# (sim/networks/congestion.py), MLTCP on either
 SHARINGS = ("fair", "weighted", "mltcp", "dcqcn", "tcp", "mltcp-dcqcn", "mltcp-tcp")
 NETWORK_KINDS = ("oddl", "electrical", "fattree", "sipring", "sipocs", "topoopt", "optinc")
 BACKENDS = ("sim", "emu", "hw")

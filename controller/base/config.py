@@ -255,7 +255,7 @@ class Meta(_Model):
 
 
 class QickPhotonics(_Model):
-    """The emulated photonic path behind a QICK board (sim/qick_soc.py)."""
+    """The emulated photonic path behind a QICK board (sim/devices/qick_soc.py)."""
 
     extinction_ratio_db: float = Field(default=20.0, gt=0, description="modulators")
     full_scale: float = Field(default=0.8, gt=0, le=1.0,

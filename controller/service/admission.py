@@ -52,7 +52,10 @@ from oddl.controller.service.backend import (
     Stalled,
     StopRule,
 )
-from oddl.controller.service.compat import (
+from oddl.controller.service.health import Diagnosis, Health, Watch
+from oddl.controller.service.recovery import Recovery, replace_ranks
+from oddl.controller.stage1.arbiter import Arbiter, DeviceFailed
+from oddl.controller.stage1.compat import (
     Arrival,
     Profile,
     Realignment,
@@ -62,9 +65,6 @@ from oddl.controller.service.compat import (
     realign,
     shift_against,
 )
-from oddl.controller.service.health import Diagnosis, Health, Watch
-from oddl.controller.service.recovery import Recovery, replace_ranks
-from oddl.controller.stage1.arbiter import Arbiter, DeviceFailed
 from oddl.controller.stage1.placement import Partition, candidates, place
 from oddl.controller.stage1.plan import Plan, PlanError
 from oddl.controller.stage1.planner import NO_FAULTS, Avoid, plan_job
@@ -340,7 +340,7 @@ def plan_partitions(tb: Any, grid: Grid, requests: list[JobRequest], policy: str
 OnJob = Callable[[JobRecord, Iteration], None]  # a job's iteration, as it completes
 # the service: a job has ended: its record, "finished" | "failed" | "cancelled", why
 OnEnd = Callable[[JobRecord, str, str], None]
-# a job's demand on each link it uses, measured alone (sim/profile.py): name, ranks'
+# a job's demand on each link it uses, measured alone (sim/networks/profile.py): name, ranks'
 # nodes, schedule, compute per iteration (ns)
 Profiler = Callable[[str, Sequence[str], Schedule, int], dict[object, Profile]]
 
@@ -699,7 +699,7 @@ class Admission:
     def _shift(self, req: JobRequest, part: Partition, schedule: Schedule,
                rec: JobRecord) -> int:
         """The job's start delay (ns): its own `shift_ms`; or, with a profiler, CASSINI's
-        against the jobs running now, each at its phase (controller/service/compat.py)."""
+        against the jobs running now, each at its phase (controller/stage1/compat.py)."""
         if self.profiler is None:
             return req.shift_ns
         mine = self._measured.pop(req.name, None) or \

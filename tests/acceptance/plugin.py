@@ -26,9 +26,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from oddl.app.registry import open_board
 from oddl.controller.base.config import ConfigError, Testbed, load_testbed
 from oddl.controller.base.topology import Grid
-from oddl.controller.registry import open_board
 
 NO_TESTBED = ("hardware acceptance: no --testbed given (run `oddl accept TESTBED` or "
               "`pytest tests/acceptance --testbed FILE`)")

@@ -11,7 +11,7 @@ pytestmark = pytest.mark.acceptance
 def test_lightning_accuracy(bench: Bench, figure) -> None:  # type: ignore[no-untyped-def]
     """Random operand pairs (corners included) through the board: share of products
     exactly right, within one LSB, worst error; a run with no light fails by name."""
-    from oddl.controller.registry import open_soc
+    from oddl.app.registry import open_soc
     from oddl.drivers.lightning import LightningConfig, characterize, operand_pairs
 
     q = bench.tb.qick

@@ -1,0 +1,96 @@
+"""`oddl accept`: lock the testbed, (for emu) start the emulator, run the acceptance suite.
+
+The suite is plain pytest (oddl.acceptance, kept in tests/acceptance, with its `oddl` plugin);
+this module only decides what it runs against, holds the testbed lock for the duration,
+and asks pytest for the JUnit XML beside the plugin's summary.json / summary.md.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from oddl.app.session import session
+from oddl.controller.base.config import Testbed
+
+
+def suite_dir() -> Path:
+    """Where the installed checks are (oddl.acceptance, kept in tests/acceptance): found,
+    not imported, so the control plane does not depend on the suite."""
+    spec = importlib.util.find_spec("oddl.acceptance")
+    if spec is None or not spec.submodule_search_locations:
+        raise AcceptError("the acceptance checks (oddl.acceptance) are not installed")
+    return Path(next(iter(spec.submodule_search_locations)))
+
+
+# --only names -> the check functions they select
+CHECKS = {
+    "reachable": "test_board_reachable",
+    "identity": "test_identity",
+    "registers": "test_register_readback",
+    "tuning": "test_tuning_time",
+    "routes": "test_wss_route",
+    "loopback": "test_link_loopback",
+    "control-rtt": "test_control_rtt",
+    "countaction": "test_countaction_readback",
+    "lightning": "test_lightning_accuracy",
+}
+
+
+class AcceptError(RuntimeError):
+    pass
+
+
+def check_only(only: list[str]) -> None:
+    unknown = [o for o in only if o not in CHECKS]
+    if unknown:
+        raise AcceptError(f"--only: unknown check(s) {', '.join(unknown)} (known: "
+                          f"{', '.join(CHECKS)})")
+
+
+def pytest_args(config: Path, report: Path, only: list[str]) -> list[str]:
+    suite = suite_dir()
+    # importlib mode: the installed suite's folder never goes onto sys.path
+    args = [str(suite), "--testbed", str(config), "--accept-report", str(report),
+            f"--junitxml={report / 'junit.xml'}", "-o", "junit_family=xunit2",
+            "-p", "no:cacheprovider", "-q", "-rfs", "--rootdir", str(suite),
+            "--import-mode=importlib"]
+    if only:
+        args += ["-k", " or ".join(CHECKS[o] for o in only)]
+    return args
+
+
+def run(testbed_path: Path, tb: Testbed, backend: str, report: Path, only: list[str],
+        faults: list[str], wait_s: float, say: Callable[[str], None]) -> int:
+    """The suite's exit code: 0 all passed, 1 a check failed, 2 it could not run."""
+    import pytest
+
+    check_only(only)
+    if faults and backend != "emu":
+        raise AcceptError("--fault is for --backend emu (real devices bring their own)")
+    t0 = time.perf_counter()
+    # emu on a testbed: a private emulated copy (nothing shared, nothing to lock); an emu
+    # config (an emulator serving) and hw: the lock (TestbedBusy names the holder; a
+    # refused run leaves no report folder)
+    with session(testbed_path, tb, backend, f"oddl accept (pid {os.getpid()})",
+                 faults=faults, wait_s=wait_s, say=say) as s:
+        if s.testbed != testbed_path:
+            say(f"emulated {tb.name}: {s.testbed}")
+        report.mkdir(parents=True, exist_ok=True)
+        rc = pytest.main(pytest_args(s.testbed, report, only))
+    summary = report / "summary.json"
+    if summary.exists():
+        import json
+
+        d = json.loads(summary.read_text())
+        for c in d["checks"]:
+            if c["outcome"] == "failed":
+                say(f"FAIL {c['check']}: {c['message']}")
+        say(f"{d['verdict']}: {d['counts']['passed']} passed, {d['counts']['failed']} "
+            f"failed, {d['counts']['skipped']} skipped")
+    say(f"acceptance of {tb.name} ({backend}) took {time.perf_counter() - t0:.1f} s; "
+        f"report: {report}")
+    return {0: 0, 1: 1}.get(int(rc), 2)

@@ -1,0 +1,311 @@
+"""`oddl lightning`, `countaction`, `optinc`, `regmap`: the devices' own tools."""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from dataclasses import asdict
+from pathlib import Path
+
+import click
+from oddl.app.cli.main import _config_fail, main
+from oddl.controller.base.config import ConfigError, field_issues, load_testbed
+
+
+@main.command()
+@click.option("--a", "a", type=int, default=None, help="operand a, 0..255 (dac_0)")
+@click.option("--b", "b", type=int, default=None, help="operand b, 0..255 (dac_1)")
+@click.option("--characterize", is_flag=True, help="sweep operand pairs, report accuracy")
+@click.option("--samples", type=int, default=4096, help="pairs for --characterize "
+              "(65536: all)")
+@click.option("--testbed", type=click.Path(path_type=Path), default=None,
+              help="a testbed with a [qick] board (its soc and photonics)")
+@click.option("--soc", "soc_spec", default=None,
+              help="emulated | local | pyro://HOST:PORT/NAME (default: the testbed's, "
+                   "else emulated)")
+@click.option("--noise", type=float, default=None, help="emulated: noise rms (ADC LSB)")
+@click.option("--seed", type=int, default=0, help="emulated noise and --characterize pairs")
+@click.option("--plot", type=click.Path(path_type=Path), default=None, help="PNG to write")
+@click.option("--json", "as_json", is_flag=True, help="stdout: one JSON object")
+def lightning(a: int | None, b: int | None, characterize: bool, samples: int,
+              testbed: Path | None, soc_spec: str | None, noise: float | None, seed: int,
+              plot: Path | None, as_json: bool) -> None:
+    """Lightning's photonic multiply on a QICK board: product = round(a * b / 255)."""
+    from oddl.app.registry import open_soc
+    from oddl.controller.base.config import QickPhotonics
+    from oddl.drivers import lightning as L
+    from pydantic import ValidationError
+
+    qick = None
+    if testbed is not None:
+        try:
+            qick = load_testbed(testbed).qick
+        except ConfigError as e:
+            _config_fail(e)
+            return
+        if qick is None:
+            click.echo(f"error: {testbed}: no [qick] board in this testbed", err=True)
+            sys.exit(2)
+    ph_cfg = qick.photonics if qick is not None else QickPhotonics()
+    if noise is not None:
+        ph_cfg = ph_cfg.model_copy(update={"noise_rms_lsb": noise})
+    spec = soc_spec or (qick.soc if qick is not None else "emulated")
+    chans = {"dac_channels": qick.dac_channels, "adc_channel": qick.adc_channel} \
+        if qick is not None else {}
+    try:
+        soc, soccfg = open_soc(spec, ph_cfg, seed)
+        if characterize:
+            pairs = L.operand_pairs(samples, seed)
+            base = L.LightningConfig(dac_0=0, dac_1=0, **chans)
+            rep = L.characterize(soc, soccfg, pairs, base)
+            if plot is not None:
+                L.plot_accuracy(pairs, rep["errors"], plot)
+            rep = {k: v for k, v in rep.items() if k != "errors"}
+            rep |= {"soc": spec, "published_accuracy": 0.9925}
+            if as_json:
+                click.echo(json.dumps(rep))
+                return
+            click.echo(f"{rep['pairs']} operand pairs on {spec} in {rep['wall_s']:.1f} s "
+                       f"({rep['pairs_per_s']:.0f}/s)")
+            click.echo(f"accuracy as Lightning measures it (100 - 100 RMSE, normalised): "
+                       f"{rep['rmse_accuracy']:.2f}% (published: 99.25%)")
+            click.echo(f"exact: {100 * rep['exact']:.2f}%; within 1 LSB: "
+                       f"{100 * rep['within_1_lsb']:.2f}%")
+            click.echo(f"mean |error| {rep['mean_abs_error_lsb']:.4f} LSB; worst "
+                       f"{rep['worst_error_lsb']} LSB at a, b = {rep['worst_pair']}"
+                       + (f"; no output: {rep['no_output']}" if rep["no_output"] else ""))
+            return
+        if a is None or b is None:
+            click.echo("error: give --a and --b (or --characterize)", err=True)
+            sys.exit(2)
+        cfg = L.LightningConfig(dac_0=a, dac_1=b, **chans)
+        prod, wave = L.multiply(soc, soccfg, cfg)
+    except ValidationError as e:
+        for loc, why in field_issues(e):
+            name = {"dac_0": "--a", "dac_1": "--b"}.get(loc, loc)
+            click.echo(f"error: {name}: {why}", err=True)
+        sys.exit(2)
+    except (ValueError, L.NoOutput) as e:
+        click.echo(f"error: {e}", err=True)
+        sys.exit(1 if isinstance(e, L.NoOutput) else 2)
+    if plot is not None:
+        L.LightningSignalProcessing(soccfg, cfg).plot_waveform(wave, plot)
+    d = prod.as_dict() | {"soc": spec}
+    if as_json:
+        click.echo(json.dumps(d))
+        return
+    click.echo(f"{a} x {b} / 255 = {prod.product}  (exact: {d['expected']}; decoded "
+               f"{d['raw_product']:.3f}, fraction {d['decoded_fraction']:.6f})")
+    click.echo("levels (ADC): " + ", ".join(f"{k} {v:.1f}" for k, v in prod.levels.items()))
+
+
+@main.group()
+def countaction() -> None:
+    """Count-action programs for the O-NIC engine (Lightning's abstraction)."""
+
+
+def _parse_params(params: tuple[str, ...]) -> dict[str, int]:
+    out = {}
+    for p in params:
+        k, _, v = p.partition("=")
+        if not re.fullmatch(r"[0-9]{1,18}", v.strip()):
+            raise click.BadParameter(f"{p!r}: use NAME=INTEGER", param_hint="--param")
+        out[k.strip()] = int(v)
+    return out
+
+
+def _board_params(testbed: Path) -> dict[str, int]:
+    """What the target board knows of itself: num_DACs, its QICK board's generators."""
+    from oddl.app.registry import open_soc
+
+    tb = load_testbed(testbed)
+    if tb.qick is None:
+        raise click.BadParameter(f"{testbed}: no [qick] board to take num_DACs from; give "
+                                 "--param num_DACs=N", param_hint="--testbed")
+    _soc, soccfg = open_soc(tb.qick.soc, tb.qick.photonics)
+    return {"num_DACs": len(soccfg["gens"])}
+
+
+def _load_program(file: Path, params: tuple[str, ...], testbed: Path | None = None,
+                  free: bool = False):  # type: ignore[no-untyped-def]
+    """(program, free parameters): the board's values where the program uses them, then
+    --param's over them; free parameters are an error unless `free`."""
+    from oddl.fpga.countaction import CountActionError, parse, parse_template
+
+    try:
+        text, given = file.read_text(), _parse_params(params)
+        if testbed is not None:  # bind what the program leaves free, from the board
+            _prog, unbound = parse_template(text, given, str(file))
+            board = _board_params(testbed)
+            given = {**{k: board[k] for k in unbound if k in board}, **given}
+        if free:
+            return parse_template(text, given, str(file))
+        return parse(text, given, str(file)), []
+    except OSError as e:
+        click.echo(f"error: {file}: {e.strerror}", err=True)
+        sys.exit(2)
+    except CountActionError as e:
+        click.echo(f"error: {e}", err=True)
+        sys.exit(2)
+    except ConfigError as e:
+        _config_fail(e)
+        sys.exit(2)
+
+
+PARAM_HELP = "NAME=VALUE for a program parameter"
+TESTBED_HELP = "bind num_DACs from this testbed's QICK board (its generator count)"
+
+
+@countaction.command("check")
+@click.argument("file", type=click.Path(path_type=Path))
+@click.option("--param", "params", multiple=True, help=PARAM_HELP)
+def ca_check(file: Path, params: tuple[str, ...]) -> None:
+    """Parse and check a program, listing the parameters it leaves free; errors give
+    file:line:column."""
+    prog, free = _load_program(file, params, free=True)
+    bound = ", ".join(f"{k} = {v}" for k, v in prog.params.items())
+    n = len(prog.modules)
+    click.echo(f"OK {file}: {n} module{'' if n == 1 else 's'} "
+               f"({', '.join(m.name for m in prog.modules)})"
+               + (f"; bound: {bound}" if bound else "")
+               + (f"; free parameters: {', '.join(free)}" if free else ""))
+
+
+@countaction.command("compile")
+@click.argument("file", type=click.Path(path_type=Path))
+@click.option("--param", "params", multiple=True, help=PARAM_HELP)
+@click.option("--testbed", type=click.Path(path_type=Path), default=None, help=TESTBED_HELP)
+@click.option("--json", "as_json", is_flag=True, help="the image as JSON (default: a table)")
+def ca_compile(file: Path, params: tuple[str, ...], testbed: Path | None,
+               as_json: bool) -> None:
+    """Compile to the register image of the O-NIC count-action engine."""
+    from oddl.fpga import regmap as R
+    from oddl.fpga.countaction import compile_program, image_writes
+
+    img = compile_program(_load_program(file, params, testbed)[0])
+    if as_json:
+        click.echo(json.dumps(img, indent=1))
+        return
+    if img["params"]:
+        click.echo("# " + ", ".join(f"{k} = {v}" for k, v in img["params"].items()))
+    for off, val in image_writes(img):
+        click.echo(f"0x{off:04X} {R.BY_OFFSET[off].name:<14} 0x{val:08X}")
+
+
+@countaction.command("decompile")
+@click.argument("image", type=click.Path(path_type=Path))
+def ca_decompile(image: Path) -> None:
+    """Turn a register image (JSON) back into count-action text."""
+    from oddl.fpga.countaction import CountActionError, decompile
+
+    try:
+        click.echo(decompile(json.loads(image.read_text())).text(), nl=False)
+    except (OSError, ValueError, RecursionError, CountActionError) as e:
+        click.echo(f"error: {image}: {e}", err=True)
+        sys.exit(2)
+
+
+@main.group()
+def optinc() -> None:
+    """OptINC (seeds/004): gradients averaged by an optical neural network in flight."""
+
+
+@optinc.command("train")
+@click.option("--servers", type=click.IntRange(1, 1024), default=8, show_default=True)
+@click.option("--ports", type=click.IntRange(2, 64), default=32, show_default=True,
+              help="servers one unit averages; more servers make a two-level cascade")
+@click.option("--epochs", type=click.IntRange(1, 1000), default=30, show_default=True)
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--ideal", is_flag=True, help="ideal components (no DAC rounding, noise, loss)")
+@click.option("--plot", type=click.Path(path_type=Path), default=None,
+              help="accuracy per epoch, exact and optical, as a PNG")
+@click.option("--json", "as_json", is_flag=True, help="stdout: exactly one JSON object")
+def optinc_train(servers: int, ports: int, epochs: int, seed: int, ideal: bool,
+                 plot: Path | None, as_json: bool) -> None:
+    """Data-parallel SGD on scikit-learn's digits: exact vs optical gradient averaging."""
+    from oddl.studies.mzi import Components
+    from oddl.studies.onn import CHIP
+    from oddl.studies.training import compare
+
+    comp = Components() if ideal else CHIP
+    try:
+        ex, op, fabric = compare(servers, comp, ports, epochs, seed)
+    except ValueError as e:
+        click.echo(f"error: {e}", err=True)
+        sys.exit(2)
+    out = {"servers": servers, "levels": fabric.levels, "epochs": epochs, "seed": seed,
+           "exact_accuracy": ex.final, "optical_accuracy": op.final,
+           "exact_curve": ex.accuracy, "optical_curve": op.accuracy,
+           "replica_drift": op.drift[-1], "matrix_error": fabric.matrix_error,
+           "components": asdict(comp)}
+    if plot is not None:
+        _plot_curves(plot, ex.accuracy, op.accuracy, servers)
+    if as_json:
+        click.echo(json.dumps(out))
+        return
+    click.echo(f"{servers} servers ({' x '.join(map(str, fabric.levels))}), {epochs} epochs: "
+               f"test accuracy exact {ex.final:.4f}, optical {op.final:.4f} "
+               f"(replicas apart by at most {op.drift[-1]:.2g}; chip matrix error "
+               f"{fabric.matrix_error:.2g})")
+
+
+def _plot_curves(path: Path, exact: list[float], optical: list[float], servers: int) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    ep = range(1, len(exact) + 1)
+    ax.plot(ep, exact, label="exact mean (ring all-reduce)")
+    ax.plot(ep, optical, label="OptINC (quantised, noisy, calibrated)", linestyle="--")
+    ax.set_xlabel("epoch")
+    ax.set_ylabel("test accuracy")
+    ax.set_title(f"digits, {servers} servers")
+    ax.ticklabel_format(useOffset=False)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+@optinc.command("mesh")
+@click.option("--size", type=click.IntRange(2, 32), default=8, show_default=True)
+@click.option("--seed", type=int, default=0, show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="stdout: exactly one JSON object")
+def optinc_mesh(size: int, seed: int, as_json: bool) -> None:
+    """Decompose a random unitary into an MZI mesh and back; average `size` servers on a
+    calibrated chip."""
+    import numpy as np
+    from oddl.studies.mzi import decompose
+    from oddl.studies.onn import CHIP, OptINC
+    from scipy.stats import unitary_group
+
+    u = unitary_group.rvs(size, random_state=seed)
+    mesh = decompose(u)
+    fabric = OptINC(size, size, CHIP, seed)
+    unit = fabric.units[0]
+    x = np.random.default_rng(seed).uniform(-1, 1, (size, 4096))
+    avg_err = float(np.abs(fabric.average(x, 1.0) - x.mean(axis=0)).max())
+    out = {"size": size, "mzis": len(mesh.mzis), "depth": mesh.depth,
+           "decomposition_error": float(np.abs(mesh.matrix() - u).max()),
+           "matrix_error_uncalibrated": unit.error_before,
+           "matrix_error_calibrated": unit.error_after,
+           "averaging_error": avg_err, "lsb": 1 / (2 ** (CHIP.output_bits - 1) - 1)}
+    if as_json:
+        click.echo(json.dumps(out))
+        return
+    click.echo(f"{size} x {size} unitary: {out['mzis']} MZIs, depth {out['depth']}, "
+               f"rebuilt to {out['decomposition_error']:.1e}")
+    click.echo(f"averaging chip: matrix error {unit.error_before:.2e} uncalibrated, "
+               f"{unit.error_after:.2e} calibrated; average of {size} servers within "
+               f"{avg_err:.4f} of full scale (1 LSB = {out['lsb']:.4f})")
+
+
+@main.command()
+def regmap() -> None:
+    """Print the O-NIC register map as a markdown table."""
+    from oddl.fpga import regmap as R
+
+    click.echo(R.markdown(), nl=False)

@@ -1,0 +1,69 @@
+"""`oddl gateware verilog | synth | recipe`: the O-NIC's gateware (fpga/gateware)."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import click
+from oddl.app.cli.main import fail, main
+from oddl.controller.base.extras import require
+
+
+@main.group()
+def gateware() -> None:
+    """The O-NIC's control IP (onic_ctrl) in Amaranth HDL: Verilog, synthesis, bitstream
+    (the `gateware` extra: pip install "oddl[gateware]")."""
+    require("gateware", "oddl gateware")
+
+
+@gateware.command()
+@click.option("--out", type=click.Path(path_type=Path), required=True,
+              help="directory for onic_ctrl.v")
+def verilog(out: Path) -> None:
+    """Write the IP as Verilog (what Vivado and Yosys read)."""
+    from oddl.fpga.gateware.build import write_verilog
+
+    out = out.absolute()
+    if out.is_symlink() and not out.exists():
+        fail(f"--out {out}: a symbolic link to {os.readlink(out)}, which does not exist")
+    if out.exists() and not out.is_dir():
+        fail(f"--out {out}: not a directory (onic_ctrl.v is written into one)")
+
+    click.echo(str(write_verilog(out)))
+
+
+@gateware.command()
+@click.option("--verilog", "source", type=click.Path(path_type=Path, exists=True),
+              default=None, help="synthesise this Verilog (default: generate it)")
+@click.option("--json", "as_json", is_flag=True, help="stdout: exactly one JSON object")
+def synth(source: Path | None, as_json: bool) -> None:
+    """Yosys synth_xilinx for Zynq UltraScale+: LUTs, flip-flops, BRAMs, DSPs (about 2 min)."""
+    import tempfile
+
+    from oddl.fpga.gateware.build import CLOCK_MHZ, GatewareError, synth, write_verilog
+
+    try:
+        with tempfile.TemporaryDirectory(prefix="oddl-gw-") as d:
+            res = synth(source or write_verilog(Path(d)))
+    except GatewareError as e:
+        click.echo(f"error: {e}", err=True)
+        sys.exit(2)
+    if as_json:
+        click.echo(json.dumps({k: res[k] for k in ("luts", "ffs", "brams", "dsps", "lutram")}))
+        return
+    click.echo(f"onic_ctrl for Zynq UltraScale+ (Yosys synth_xilinx, designed for "
+               f"{CLOCK_MHZ} MHz): {res['luts']} LUTs, {res['ffs']} flip-flops, "
+               f"{res['brams']:g} BRAM36, {res['lutram']} LUTRAM cells, {res['dsps']} DSPs")
+
+
+@gateware.command()
+def recipe() -> None:
+    """Where the Vivado recipe is, and how a lab runs it for the real bitstream."""
+    from oddl.fpga.gateware.build import VIVADO_TCL
+
+    click.echo(f"{VIVADO_TCL}\n\n  oddl gateware verilog --out build/rtl\n"
+               f"  vivado -mode batch -source {VIVADO_TCL} \\\n"
+               "         -tclargs build/rtl/onic_ctrl.v build/vivado [PART]\n")

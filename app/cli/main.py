@@ -1,0 +1,99 @@
+"""The `oddl` command group, and what every command shares: the consoles, and one voice
+for how a command ends badly.
+
+Every command answers a wrong file, a bad field, a missing extra or an impossible size the
+same way (`file: field: reason`, or one sentence; exit 2), a failure of the devices or of
+the run in one line (exit 1), and a stop (SIGINT, SIGTERM) with what it stopped (exit 130
+or 143): never with a traceback (ODDL_DEBUG=1 shows it).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Any, NoReturn
+
+import click
+from oddl.controller.base.config import ConfigError
+from oddl.controller.base.extras import MissingExtra, extra_of
+from oddl.controller.serving.lifecycle import Stopped, as_stopped, raise_on_signals
+from rich.console import Console
+
+err = Console(stderr=True)
+console = Console(width=None if sys.stdout.isatty() else 120)
+
+
+def _config_fail(e: ConfigError) -> NoReturn:
+    for issue in e.issues:
+        click.echo(f"error: {issue}", err=True)
+    sys.exit(2)
+
+
+def fail(message: str, code: int = 2) -> NoReturn:
+    """One sentence on stderr, and the exit status."""
+    click.echo(f"error: {message}", err=True)
+    sys.exit(code)
+
+
+class _Oddl(click.Group):
+    """The group whose `main` turns whatever a command raises into one voice."""
+
+    def main(self, *args: Any, **kwargs: Any) -> Any:  # type: ignore[override]
+        kwargs["standalone_mode"] = False
+        try:
+            rv = super().main(*args, **kwargs)
+        except click.exceptions.Abort as e:  # click's own Ctrl-C (a prompt)
+            _stopped(as_stopped(e.__cause__ or KeyboardInterrupt()))
+        except KeyboardInterrupt as e:
+            _stopped(as_stopped(e))
+        except click.ClickException as e:
+            e.show()
+            sys.exit(e.exit_code)
+        except ConfigError as e:
+            _config_fail(e)
+        except MissingExtra as e:
+            fail(str(e))
+        except ModuleNotFoundError as e:
+            extra = extra_of(e)
+            if extra is None or os.environ.get("ODDL_DEBUG"):
+                raise
+            fail(str(MissingExtra(extra, "this command")))
+        except BrokenPipeError:  # `oddl ... | head`: the reader has all it wants
+            sys.stderr.close()
+            sys.exit(0)
+        except OSError as e:
+            if e.filename is None or os.environ.get("ODDL_DEBUG"):
+                raise
+            fail(f"{Path(e.filename).absolute()}: {e.strerror or e}")
+        except Exception as e:
+            if os.environ.get("ODDL_DEBUG"):
+                raise
+            fail(f"{type(e).__name__}: {e} (ODDL_DEBUG=1 shows the traceback)", 1)
+        sys.exit(rv if isinstance(rv, int) else 0)
+
+
+def _stopped(e: Stopped) -> NoReturn:
+    click.echo(e.line(), err=True)
+    sys.exit(e.exit_code)
+
+
+@click.group(cls=_Oddl)
+@click.version_option(package_name="oddl")
+def main() -> None:
+    """oddl: the ODDL optical interconnect testbed controller.
+
+    ODDL_LOG=info (or debug) says more on stderr; warnings are always said. Ctrl-C (or
+    SIGTERM) stops any command cleanly: exit 130 (143)."""
+    import logging
+
+    level = os.environ.get("ODDL_LOG", "warning").upper()
+    if level not in ("DEBUG", "INFO", "WARNING", "ERROR"):
+        raise click.UsageError(f"ODDL_LOG={level.lower()}: one of debug, info, warning, error")
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+
+def entry() -> None:
+    """The `oddl` program: signals become stops (`Stopped`), then the command group."""
+    raise_on_signals()
+    main()

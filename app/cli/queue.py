@@ -1,0 +1,133 @@
+"""`oddl arbiter` (the service that owns a testbed) and its clients: `oddl submit`, `jobs`,
+`cancel`, `wait`, `logs`. The clients find the service by `--arbiter URL --token-file F`,
+or ODDL_ARBITER and ODDL_TOKEN_FILE."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import click
+from oddl.app.cli.main import _config_fail, main
+from oddl.controller.base.config import ConfigError
+
+
+@main.command()
+@click.argument("testbed", type=click.Path(path_type=Path))
+@click.option("--state", "state", type=click.Path(path_type=Path), required=True,
+              help="its state directory: the job ledger (SQLite) and the users' tokens")
+@click.option("--user", "users", multiple=True, required=True,
+              help="NAME[:ROLE], role operator, user (default) or observer (repeatable)")
+@click.option("--port", type=click.IntRange(0, 65535), default=8060, show_default=True)
+@click.option("--host", default="127.0.0.1", show_default=True,
+              help="beyond loopback only with --tls-cert and --tls-key")
+@click.option("--tls-cert", type=click.Path(path_type=Path), default=None)
+@click.option("--tls-key", type=click.Path(path_type=Path), default=None)
+def arbiter(testbed: Path, state: Path, users: tuple[str, ...], port: int, host: str,
+            tls_cert: Path | None, tls_key: Path | None) -> None:
+    """The long-lived service that owns a testbed (emu or hw): people submit jobs to it,
+    which run at once in isolated partitions; it survives its own crash (docs/arbiter.md)."""
+    from oddl.app.queue import serve
+    from oddl.controller.service.lock import TestbedBusy
+
+    try:
+        serve(testbed, state, list(users), host, port,
+              (tls_cert, tls_key) if tls_cert and tls_key else None,
+              say=lambda line: click.echo(line))
+    except ConfigError as e:
+        _config_fail(e)
+    except (ValueError, TestbedBusy) as e:
+        click.echo(f"error: {e}", err=True)
+        sys.exit(3 if isinstance(e, TestbedBusy) else 2)
+
+
+def _client_options(f: Any) -> Any:
+    f = click.option("--arbiter", "url", envvar="ODDL_ARBITER", required=True,
+                     help="the service's URL (or ODDL_ARBITER)")(f)
+    return click.option("--token-file", envvar="ODDL_TOKEN_FILE", required=True,
+                        type=click.Path(path_type=Path),
+                        help="your token (or ODDL_TOKEN_FILE)")(f)
+
+
+def _call(url: str, token_file: Path, method: str, path: str,
+          body: dict[str, Any] | None = None) -> dict[str, Any]:
+    """One request; a refusal is said, with the service's reason, and exits 2."""
+    from oddl.app.experiments.remote import ArbiterClient
+    from oddl.controller.service.backend import RunFailed
+
+    try:
+        return ArbiterClient(url, token_file).call(method, path, body)
+    except RunFailed as e:
+        click.echo(f"error: {e}", err=True)
+        sys.exit(2)
+
+
+@main.command()
+@click.argument("experiment", type=click.Path(path_type=Path, exists=True, dir_okay=False))
+@click.option("--priority", type=click.IntRange(-1000, 1000), default=0, show_default=True)
+@click.option("--json", "as_json", is_flag=True)
+@_client_options
+def submit(experiment: Path, priority: int, as_json: bool, url: str, token_file: Path
+           ) -> None:
+    """Queue an experiment's job on the arbiter's testbed."""
+    j = _call(url, token_file, "POST", "/jobs",
+              {"experiment": experiment.read_text(), "priority": priority})
+    click.echo(json.dumps(j) if as_json else f"{j['job']} queued ({j['ranks']} ranks, "
+               f"{j['iterations']} iterations, priority {j['priority']})")
+
+
+@main.command()
+@click.option("--json", "as_json", is_flag=True)
+@_client_options
+def jobs(as_json: bool, url: str, token_file: Path) -> None:
+    """The arbiter's jobs: queued, running and ended, each with its user and progress."""
+    js = _call(url, token_file, "GET", "/jobs")["jobs"]
+    if as_json:
+        click.echo(json.dumps(js))
+        return
+    click.echo(f"{'job':>5} {'user':<12} {'state':<9} {'done':>6}/{'of':<6} partition")
+    for j in js:
+        click.echo(f"{j['job']:>5} {j['user']:<12} {j['state']:<9} {j['iterations_done']:>6}/"
+                   f"{j['iterations']:<6} {j['partition'] or '-'}"
+                   f"{'  ' + j['why'] if j['why'] else ''}")
+
+
+@main.command()
+@click.argument("job")
+@_client_options
+def cancel(job: str, url: str, token_file: Path) -> None:
+    """Cancel a queued or running job (your own; an operator's: anyone's)."""
+    _call(url, token_file, "DELETE", f"/jobs/{job}")
+    click.echo(f"{job} cancelled")
+
+
+@main.command()
+@click.argument("job")
+@click.option("--json", "as_json", is_flag=True)
+@_client_options
+def wait(job: str, as_json: bool, url: str, token_file: Path) -> None:
+    """Until the job ends; then its results. Exit 0 if it finished, 1 if not."""
+    while True:
+        j = _call(url, token_file, "GET", f"/jobs/{job}")
+        if j["state"] in ("finished", "failed", "cancelled"):
+            break
+        time.sleep(0.2)
+    if as_json:
+        click.echo(json.dumps(j))
+    else:
+        r = j["result"] or {}
+        click.echo(f"{job} {j['state']}{': ' + j['why'] if j['why'] else ''}; "
+                   f"{j['iterations_done']}/{j['iterations']} iterations"
+                   + (f", JCT {r['jct_s']:.3f} s" if r.get("jct_s") is not None else ""))
+    sys.exit(0 if j["state"] == "finished" else 1)
+
+
+@main.command()
+@click.argument("job")
+@_client_options
+def logs(job: str, url: str, token_file: Path) -> None:
+    """A job's log (your own; an operator's: anyone's)."""
+    click.echo("\n".join(_call(url, token_file, "GET", f"/jobs/{job}/logs")["log"]))

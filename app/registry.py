@@ -1,0 +1,133 @@
+"""The one place a back end is chosen: names to the modules that build them.
+
+The control plane asks here for a back end, a board, or a node program, and never imports
+`oddl.sim` or `oddl.drivers` itself (an import contract holds this; docs/api.md). Each
+back end's module is imported only when that back end is asked for, so a lab's hw run
+loads no model and a sim run opens no socket.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from oddl.controller.base.config import FaultSpec, NetworkSpec, QickPhotonics, Testbed
+from oddl.controller.base.topology import Grid
+from oddl.controller.service.backend import Announce, Backend
+from oddl.controller.service.node import NodeProgram
+
+
+def open_backend(name: str, tb: Testbed, grid: Grid, *, faults: list[FaultSpec] | None = None,
+                 seed: int = 0, checker_mode: str = "record",
+                 announce: Announce | None = None) -> Backend:
+    """The ODDL network's back end: `sim` (models in process), `emu` or `hw` (devices
+    through the drivers; `emu` is `oddl emulate`'s, `hw` a lab's). emu and hw tell the
+    bus's watchers on their own connection; sim through `announce` if given."""
+    if name == "sim":
+        from oddl.sim.backend import SimBackend
+
+        return SimBackend(tb, grid, faults, seed, checker_mode, announce)
+    if name in ("emu", "hw"):
+        from oddl.drivers.lab import LabBackend
+
+        return LabBackend(tb, grid, name, checker_mode, faults)
+    raise ValueError(f"unknown back end {name!r} (sim, emu or hw)")
+
+
+def open_model(spec: NetworkSpec, tb: Testbed, ranks: list[str],
+               checker_mode: str = "record", announce: Announce | None = None) -> Backend:
+    """A baseline network (electrical, fat-tree, SiP-Ring, TopoOpt): a model in every back
+    end, since a lab has no such hardware beside its ODDL testbed."""
+    from oddl.sim.backend import ModelBackend
+
+    return ModelBackend(spec, tb, ranks, checker_mode, announce)
+
+
+def search_split(spec: NetworkSpec, base: Any, collective: str, nodes: list[str],
+                 line_rate_gbps: float, cols: int | None = None) -> Any:
+    """`oddl plan --search`: the best tensor x pipeline x data split of a Transformer job
+    on a network's flow model (TopoOpt: with its topology; SiP-ML: within its degree)."""
+    from oddl.sim.networks.search import search
+
+    return search(spec, base, collective, nodes, line_rate_gbps, cols)
+
+
+def open_announcer(tb: Testbed) -> Any:
+    """The controller's notes on the testbed's bus from a thread and a connection of their
+    own (`.announce`, `.close()`): for a sim run (a virtual-time loop does no network I/O)
+    and for what `oddl accept` found."""
+    from oddl.drivers.announce import BusAnnouncer
+
+    return BusAnnouncer(tb)
+
+
+def open_watch(tb: Testbed) -> Any:
+    """`oddl dashboard`: a read-only connection to the testbed's bus, as the dashboard."""
+    from oddl.controller.base.access import DASHBOARD
+    from oddl.drivers.mqtt import bus_from_config
+
+    return bus_from_config(tb.name, tb.broker, DASHBOARD, readonly=True)
+
+
+def open_board(addr: str | None, node: str, nodes: list[str]) -> Any:
+    """A board's register driver (acceptance checks, diagnostics): its .hwh held to the
+    register map and its identity to the design version; raises why it cannot."""
+    from oddl.drivers.lab import open_board as _open
+
+    return _open(addr, node, nodes)
+
+
+def open_soc(spec: str, photonics: QickPhotonics | None = None, seed: int = 0
+             ) -> tuple[Any, Any]:
+    """A QICK board for Lightning: 'emulated' (the photonic multiplier model in process,
+    from the testbed's [qick.photonics]), 'local' or pyro://HOST:PORT/NAME (the driver)."""
+    if spec == "emulated":
+        from oddl.sim.devices.qick_soc import EmulatedQickSoc, Photonics
+
+        soc = EmulatedQickSoc(Photonics.from_config(photonics or QickPhotonics(), seed=seed))
+        return soc, soc
+    from oddl.drivers.lightning import open_soc as _open
+
+    return _open(spec)
+
+
+def node_program(tb: Testbed, node: str, bitfile: Path | None = None,
+                 irq_pin: str | None = None) -> NodeProgram:
+    """`oddl node`: this node's program on its board as the testbed config addresses it
+    (`local`: pynq MMIO and pynq's `Interrupt` on `irq_pin`; grpc://: PYNQ.remote, the
+    interrupt line polled), logged in to the config's broker as the node itself."""
+    from oddl.drivers.irq import PolledLine, PynqLine
+    from oddl.drivers.lab import open_board as _open
+    from oddl.drivers.lab import ports_of
+    from oddl.drivers.mqtt import bus_from_config
+    from oddl.drivers.onic import DriverONic
+    from oddl.fpga.overlay import BITFILE
+
+    grid = Grid.from_testbed(tb)
+    addr = {n.id: n.board for n in tb.nodes}
+    if node not in addr:
+        raise ValueError(f"{tb.name} has no node {node!r} (it has {', '.join(addr)})")
+    drv = _open(addr[node], node, list(grid.nodes), bitfile or BITFILE)
+    line: Any = PynqLine(irq_pin) if addr[node] == "local" and irq_pin else PolledLine(
+        drv.mmio, node)
+    return NodeProgram(
+        tb.name, node, DriverONic(drv, ports_of(grid, node)), line,
+        bus_from_config(tb.name, tb.broker, node), heartbeat_s=tb.monitor.heartbeat_ms / 1e3)
+
+
+def profiles_on_a_link(jobs: list[tuple[str, str, int]], link_gbps: float) -> list[Any]:
+    """`oddl compat --job MODEL[:RANKS]`: each job's demand on a link of `link_gbps`,
+    measured from its simulated iteration (the flow-level model: sim/networks/profile.py)."""
+    from oddl.sim.networks.profile import on_a_link
+
+    return on_a_link(jobs, link_gbps)
+
+
+def link_profiles(spec: Any, nodes: list[str], line_rate_gbps: float) -> Any:
+    """CASSINI in the multi-job runner: a function measuring a job's demand on each link of
+    the network `spec` it uses, alone (sim/networks/profile.py), for `Admission`'s profiler."""
+    import functools
+
+    from oddl.sim.networks.profile import link_profiles as measure
+
+    return functools.partial(measure, spec, nodes, line_rate_gbps)

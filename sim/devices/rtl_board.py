@@ -1,0 +1,298 @@
+"""The O-NIC's gateware in the loop: `onic_ctrl` (fpga/gateware) simulated cycle by cycle in
+Amaranth's simulator, behind the same pynq `Device` as the Python board model, so the
+unmodified driver's register traffic reaches the RTL as AXI-Lite transactions.
+
+The optics stay modelled (sim/devices/fabric.py): the harness plays the laser driver and the MAC,
+turning the IP's tune commands and transfer descriptors into fabric calls, and the fabric's
+lock, sent and received reports into the IP's strobes.
+
+The RTL is clocked only while it has work (a register access, a lock, a transfer ending, a
+DAC valid, the count-action events these queue), at the model's instant of that work, and
+is left unclocked in between. That is exact for this design: nothing in it counts cycles
+while idle (time comes from the `ts_ns` time base, set from the model's clock before each
+piece of work), so an idle span of any length leaves every register as it found it.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from oddl.controller.base.devices import DeviceRefused
+from oddl.controller.base.extras import require
+from oddl.controller.base.messages import Flow
+from oddl.fpga import regmap as R
+from oddl.sim.devices.fabric import Fabric
+from oddl.sim.devices.onic_board import PLACEHOLDER_HASH, in_index_order
+
+CLOCK_HZ = 250e6  # PL0, as the overlay's .hwh sets it
+_N_HDR = len(R.HEADER)
+
+
+class RtlError(RuntimeError):
+    """The RTL asked the optics for something the model refuses: a disagreement between
+    the gateware's view of a port and the fabric's, which the differential test hunts."""
+
+
+@dataclass
+class _Op:
+    kind: str  # read, write, lock, tx_done, rx_done, dac
+    port: int = 0
+    args: dict[str, int] = field(default_factory=dict)
+    result: int = 0
+    resp: int = 0
+    done: bool = False
+
+
+class _Core:
+    """One elaborated, compiled `onic_ctrl` and its simulator. Compiling costs about 0.3 s,
+    so a core outlives its board: the next board takes it, reset to power-on."""
+
+    def __init__(self, design_version: int) -> None:
+        from amaranth.sim import Simulator
+        from oddl.fpga.gateware.onic_ctrl import OnicCtrl
+
+        self.dut = OnicCtrl(design_version)
+        self.sim = Simulator(self.dut)
+        self.sim.add_clock(1 / CLOCK_HZ)
+        self.sim.add_testbench(self._bench, background=True)
+        self.owner: Callable[[], RtlBoard | None] = lambda: None
+        self.ops: deque[_Op] = deque()
+        self.effects: list[tuple[str, int, Any]] = []
+        self.cycles = 0  # for the board that holds it
+        self.total = 0  # since it was compiled
+        self.fires = 0
+        self.line = False
+
+    def run(self, op: _Op) -> _Op:
+        self.ops.append(op)
+        while not op.done:
+            self.sim.advance()
+        return op
+
+    async def _bench(self, ctx: Any) -> None:
+        board = self.owner()
+        assert board is not None
+        d = self.dut
+        ctx.set(d.node_id, board.index[board.node])
+        ctx.set(d.n_nodes, len(board.nodes))
+        ctx.set(d.n_channels, board.fabric.n_channels)
+        ctx.set(d.ports_present, sum(1 << i for i, p in enumerate(R.PORTS) if p in board.ports))
+        ctx.set(d.s_axi_wstrb, 0xF)
+        pins = [{k: getattr(d, f"{p.lower()}_{k}") for k in (
+            "tune_valid", "tune_channel", "tx_valid", "tx_dst", "tx_bytes", "tx_flow", "tx_hdr",
+            "rx_busy", "rx_cur_flow", "tune_locked", "tx_done", "rx_done")} for p in R.PORTS]
+        del board  # held weakly: the board may go, and the core to the next one
+
+        async def tick() -> None:
+            await ctx.tick()
+            self.cycles += 1
+            self.total += 1
+            if not ctx.get(d.strobe):
+                return
+            for i, pn in enumerate(pins):
+                if ctx.get(pn["tune_valid"]):
+                    self.effects.append(("tune", i, ctx.get(pn["tune_channel"])))
+                if ctx.get(pn["tx_valid"]):
+                    hdr = ctx.get(pn["tx_hdr"])
+                    self.effects.append(("tx", i, (
+                        ctx.get(pn["tx_dst"]), ctx.get(pn["tx_bytes"]), ctx.get(pn["tx_flow"]),
+                        [(hdr >> (32 * k)) & 0xFFFFFFFF for k in range(_N_HDR)])))
+            if ctx.get(d.fired):
+                self.fires += 1
+            if ctx.get(d.stream_valid):
+                self.effects.append(("stream", -1, ctx.get(d.stream_dac)))
+
+        async def handshake(valid: Any, ready: Any) -> None:
+            ctx.set(valid, 1)
+            while True:
+                go = ctx.get(ready)
+                await tick()
+                if go:
+                    break
+            ctx.set(valid, 0)
+
+        while True:
+            await ctx.tick()
+            while self.ops:
+                op = self.ops.popleft()
+                board = self.owner()
+                assert board is not None
+                a = op.args
+                ctx.set(d.ts_ns, board.clock.now_ns())
+                ctx.set(d.bitstream_hash, int.from_bytes(board.bitstream_hash, "big"))
+                for i, p in enumerate(R.PORTS):
+                    rx = board.fabric.rx.get((board.node, p))
+                    cur = rx.current if rx is not None else None
+                    ctx.set(pins[i]["rx_busy"], cur is not None)
+                    ctx.set(pins[i]["rx_cur_flow"], 0 if cur is None else cur.id & 0xFFFFFFFF)
+                del board
+                pn = pins[op.port]
+                if op.kind == "write":
+                    ctx.set(d.s_axi_awaddr, a["addr"])
+                    ctx.set(d.s_axi_wdata, a["data"])
+                    ctx.set(d.s_axi_wvalid, 1)
+                    await handshake(d.s_axi_awvalid, d.s_axi_awready)
+                    ctx.set(d.s_axi_wvalid, 0)
+                    while not ctx.get(d.s_axi_bvalid):
+                        await tick()
+                    op.resp = ctx.get(d.s_axi_bresp)
+                    await handshake(d.s_axi_bready, d.s_axi_bvalid)
+                elif op.kind == "read":
+                    ctx.set(d.s_axi_araddr, a["addr"])
+                    await handshake(d.s_axi_arvalid, d.s_axi_arready)
+                    while not ctx.get(d.s_axi_rvalid):
+                        await tick()
+                    op.result, op.resp = ctx.get(d.s_axi_rdata), ctx.get(d.s_axi_rresp)
+                    await handshake(d.s_axi_rready, d.s_axi_rvalid)
+                else:
+                    if op.kind == "rx_done":
+                        for k, v in a.items():
+                            ctx.set(getattr(d, f"{R.PORTS[op.port].lower()}_rx_{k}"), v)
+                    if op.kind == "dac":
+                        ctx.set(d.dac_index, a["index"])
+                    strobe = d.dac_valid if op.kind == "dac" else pn[{
+                        "lock": "tune_locked", "tx_done": "tx_done", "rx_done": "rx_done"}[op.kind]]
+                    ctx.set(strobe, 1)
+                    await tick()
+                    ctx.set(strobe, 0)
+                while ctx.get(d.busy):
+                    await tick()
+                self.line = bool(ctx.get(d.irq))
+                op.done = True
+
+
+_CORES: dict[int, list[_Core]] = {}
+
+
+def cycles_simulated() -> int:
+    """Clock cycles simulated by every core in this process (bench/gateware_bench.py)."""
+    return sum(c.total for cores in _CORES.values() for c in cores)
+
+
+def _take_core(board: RtlBoard, design_version: int) -> _Core:
+    """A core no live board holds, reset to power-on; or a new one."""
+    cores = _CORES.setdefault(design_version, [])
+    for core in cores:
+        if core.owner() is None:
+            core.sim.reset()
+            break
+    else:
+        core = _Core(design_version)
+        cores.append(core)
+    core.owner = weakref.ref(board)
+    core.ops.clear()
+    core.effects.clear()
+    core.cycles = core.fires = 0
+    core.line = False
+    return core
+
+
+class RtlBoard:
+    """`ONicBoard`'s interface over the simulated RTL (read, write, set_dac_valid, on_irq)."""
+
+    def __init__(self, fabric: Fabric, node: str, node_index: dict[str, int],
+                 nodes: list[str] | None = None,
+                 bitstream_hash: bytes = PLACEHOLDER_HASH,
+                 design_version: int = R.DESIGN_VERSION) -> None:
+        require("gateware", "the RTL board model (board_model = \"rtl\")")
+        self.fabric = fabric
+        self.clock = fabric.clock
+        self.node = node
+        self.nodes = in_index_order(node_index, nodes)
+        self.index = node_index
+        self.ports = fabric.ports[node]
+        self.bitstream_hash = bitstream_hash
+        self.core = _take_core(self, design_version)
+        self.streamed: list[tuple[int, int]] = []
+        self.on_irq: Callable[[], None] | None = None
+        self.loaded_bitstream: str | None = None
+        self._seen_err = dict.fromkeys(R.PORTS, 0)
+        fabric.rx_handlers[node] = self._rx_done
+        fabric.tx_handlers[node] = self._tx_done
+        fabric.tuned_handlers[node] = self._tuned
+
+    @property
+    def cycles(self) -> int:
+        return self.core.cycles
+
+    @property
+    def fires(self) -> int:
+        return self.core.fires
+
+    def close(self) -> None:
+        """Hand the compiled core on to the next board (it is reset when taken)."""
+        self.core.owner = lambda: None
+
+    # --- the interface the pynq device and the fabric use -----------------------------
+    def read(self, off: int) -> int:
+        return self._run(_Op("read", args={"addr": off})).result
+
+    def write(self, off: int, value: int) -> None:
+        op = self._run(_Op("write", args={"addr": off, "data": value & 0xFFFFFFFF}))
+        if op.resp:
+            reg = R.BY_OFFSET.get(off)
+            what = f"{reg.name} is read-only" if reg else f"unmapped offset 0x{off:04X}"
+            raise DeviceRefused(f"{self.node}: {what} (write refused: SLVERR)")
+        self._interrupt()
+
+    def set_dac_valid(self, dac: int) -> None:
+        self._run(_Op("dac", args={"index": dac}))
+        self._interrupt()
+
+    def load_bitstream_hash(self, digest: bytes) -> None:
+        self.bitstream_hash = digest
+
+    def _tuned(self, p: str, ch: int) -> None:
+        self._run(_Op("lock", R.PORTS.index(p)))
+        self._interrupt()
+
+    def _tx_done(self, p: str, flow: Flow) -> None:
+        self._run(_Op("tx_done", R.PORTS.index(p)))
+        self._interrupt()
+
+    def _rx_done(self, p: str, flow: Flow) -> None:
+        rx = self.fabric.rx[(self.node, p)]
+        src = self.index[rx.src] if rx.src is not None else self.index[flow.src]
+        crc = rx.errors != self._seen_err[p]
+        self._seen_err[p] = rx.errors
+        hdr = R.header_words(flow.id, self.index[flow.src], flow.hop, flow.step,
+                             flow.iteration, flow.t_submit)
+        self._run(_Op("rx_done", R.PORTS.index(p), {
+            "src": src, "dst": self.index[flow.dst], "flow": flow.id & 0xFFFFFFFF,
+            "bytes": flow.nbytes, "hdr": sum(w << (32 * i) for i, w in enumerate(hdr)),
+            "crc_error": int(crc)}))
+        self._interrupt()
+
+    # --- the loop -----------------------------------------------------------------------
+    def _run(self, op: _Op) -> _Op:
+        core = self.core
+        core.run(op)
+        effects, core.effects = core.effects, []
+        for kind, i, data in effects:
+            self._effect(kind, R.PORTS[i] if i >= 0 else "", data)
+        return op
+
+    def _effect(self, kind: str, p: str, data: Any) -> None:
+        if kind == "stream":
+            self.streamed.append((self.clock.now_ns(), data))
+            return
+        try:
+            if kind == "tune":
+                self.fabric.tune(self.node, p, data)
+            else:
+                dst, nbytes, flow_lo, hdr = data
+                fid, src, hop, step, it, t_submit = R.header_unpack(flow_lo, hdr)
+                self.fabric.send(self.node, p, Flow(fid, self.nodes[src], self.nodes[dst],
+                                                    nbytes, it, step, hop, t_submit))
+        except DeviceRefused as e:
+            raise RtlError(f"{self.node}: the RTL's {kind} on {p} was refused by the "
+                           f"optics: {e}") from e
+
+    def _interrupt(self) -> None:
+        """The level line, looked at after each piece of work, as on the Python model."""
+        if self.on_irq is not None and self.core.line:
+            self.on_irq()

@@ -1,0 +1,347 @@
+"""The ideal one-tier electrical switch: non-blocking, one full-duplex link per node.
+
+Flow-level fluid model: each active flow crosses its source's uplink and its destination's
+downlink; rates are max-min fair over those links (progressive filling), recomputed only
+on the connected component of flows a change touches, so permutation traffic costs O(1)
+per flow. A flow's last bit reaches the destination `latency_ns` after it leaves.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import numpy as np
+from oddl.controller.base.clock import Clock
+from oddl.controller.base.messages import Flow
+from oddl.controller.stage2.invariants import tag_of
+from oddl.sim.networks.sharing import Fair, Sharing
+
+
+class _Active:
+    """A flow on the network (hashed by identity: the solver's dicts are keyed by it)."""
+
+    __slots__ = ("conn", "done", "flow", "handle", "last", "lidx", "links", "rate",
+                 "remaining")
+
+    def __init__(self, flow: Flow, now: int, links: tuple[object, ...]):
+        self.flow = flow
+        self.remaining = float(flow.nbytes * 8)  # bits
+        self.rate = 0.0  # bits per ns
+        self.last = now
+        self.links = links
+        self.lidx: np.ndarray | None = None  # link indices, once a vectorised solve needs them
+        self.handle = None
+        self.done = False
+        # its connection (sim/networks/sharing.py)
+        self.conn = (tag_of(flow.id), flow.src, flow.dst)
+
+
+TIE = 1e-9  # relative: shares this close are one water level (floating-point noise)
+
+
+def max_min_rates(flow_links: list[tuple[object, ...]], capacity: dict[object, float],
+                  weights: list[float] | None = None) -> list[float]:
+    """Progressive filling: raise all unfrozen rates together until links saturate; with
+    weights, flow i's rate is weights[i] x the water level (weighted max-min).
+
+    The water level never falls: a link left with a rounding residue of capacity and an
+    unfrozen flow saturates at the current level (in exact arithmetic that flow would
+    have frozen with the others), instead of starving the flow at a near-zero rate.
+    """
+    n = len(flow_links)
+    w = weights or [1.0] * n
+    rate = [0.0] * n
+    frozen = [False] * n
+    cap = dict(capacity)
+    users: dict[object, list[int]] = {}
+    for i, ls in enumerate(flow_links):
+        for link in ls:
+            users.setdefault(link, []).append(i)
+    # unweighted, a link's share divides by its unfrozen users, counted as they freeze
+    # (the sum of so many 1.0s, exactly); weighted, their weights summed in order
+    count = None if weights else {link: len(u) for link, u in users.items()}
+
+    def share(link: object) -> float | None:
+        k = count[link] if count is not None else \
+            sum(w[i] for i in users[link] if not frozen[i])
+        return cap[link] / k if k > 0 else None
+
+    # each live link's share, in the links' first-seen order (deterministic); a share is
+    # computed again only when a flow on the link froze (nothing else changes it)
+    shares: dict[object, float] = {}
+    for link in users:
+        sh = share(link)
+        if sh is not None:
+            shares[link] = sh
+    level = 0.0
+    while shares:
+        level = max(level, min(shares.values()))
+        sat = [link for link, sh in shares.items() if sh <= level * (1 + TIE)]
+        touched: dict[object, None] = {}
+        for link in sat:
+            for i in users[link]:
+                if frozen[i]:
+                    continue
+                frozen[i] = True
+                r = rate[i] = w[i] * level
+                for other in flow_links[i]:
+                    cap[other] -= r
+                    if count is not None:
+                        count[other] -= 1
+                    touched[other] = None
+            del shares[link]
+        for link in touched:
+            if link in shares:
+                sh = share(link)
+                if sh is None:
+                    del shares[link]  # every user frozen: nothing left to share
+                else:
+                    shares[link] = sh
+    return rate
+
+
+def max_min_arrays(rows: np.ndarray, cols: np.ndarray, nf: int, cap: np.ndarray,
+                   weights: np.ndarray | None = None) -> np.ndarray:
+    """Progressive filling on an incidence list (entry e: flow rows[e] crosses link
+    cols[e]), weighted as `max_min_rates`. Each round saturates every link whose share
+    equals the minimum at once, so symmetric traffic takes a few rounds, not one per link."""
+    nl = len(cap)
+    cap = cap.astype(float)
+    # unweighted: a link's users counted (exact integers, as the sum of their 1.0 weights
+    # would be) and a frozen flow's rate the level itself: the same numbers, fewer passes
+    w = None if weights is None else np.asarray(weights, dtype=float)
+    rate = np.zeros(nf)
+    live = np.ones(nl, dtype=bool)
+    share = np.empty(nl)
+    level = 0.0
+    while len(rows):
+        users = np.bincount(cols, minlength=nl) if w is None else \
+            np.bincount(cols, weights=w[rows], minlength=nl)
+        ok = live & (users > 0)
+        share.fill(np.inf)
+        np.divide(cap, users, out=share, where=ok)
+        s = level = max(level, float(share.min()))  # the water level never falls
+        sat = ok & (share <= s * (1 + TIE))
+        frozen = np.zeros(nf, dtype=bool)
+        frozen[rows[sat[cols]]] = True
+        gone = frozen[rows]
+        if w is None:
+            rate[frozen] = s
+            cap -= s * np.bincount(cols[gone], minlength=nl)
+        else:
+            rate[frozen] = s * w[frozen]
+            cap -= s * np.bincount(cols[gone], weights=w[rows[gone]], minlength=nl)
+        live &= ~sat
+        keep = ~gone
+        rows, cols = rows[keep], cols[keep]  # only unfrozen flows' entries remain
+    return rate
+
+
+def max_min_rates_np(flow_links: list[tuple[object, ...]], capacity: dict[object, float]
+                     ) -> list[float]:
+    """Progressive filling, vectorised (numpy): the same answer as `max_min_rates`."""
+    links = list(capacity)
+    idx = {k: i for i, k in enumerate(links)}
+    rows = np.repeat(np.arange(len(flow_links)), [len(ls) for ls in flow_links])
+    cols = np.fromiter((idx[k] for ls in flow_links for k in ls), dtype=np.int64,
+                       count=len(rows))
+    cap = np.array([capacity[k] for k in links], dtype=float)
+    return max_min_arrays(rows, cols, len(flow_links), cap).tolist()
+
+
+class FlowNetwork:
+    """Flows on fixed link paths, rates max-min fair, recomputed per connected component."""
+
+    name = "flow-network"
+    VECTORISE_ABOVE = 64  # flows in a component; below it the plain solver is faster
+    GLOBAL_ABOVE = 256  # a component this big: solve every active flow at once (vectorised)
+
+    def __init__(self, clock: Clock, capacity: dict[object, float],
+                 path: Callable[[Flow], tuple[object, ...]], latency_ns: float,
+                 deliver: Callable[[Flow], None]) -> None:
+        self.clock = clock
+        self.capacity = capacity  # bits per ns (Gb/s)
+        self.path = path
+        self.latency_ns = math.ceil(latency_ns)
+        self.deliver = deliver
+        self.users: dict[object, dict[_Active, None]] = {k: {} for k in capacity}
+        self.link_index = {k: i for i, k in enumerate(capacity)}
+        self.cap_arr = np.array([capacity[k] for k in capacity], dtype=float)
+        self.active: dict[_Active, None] = {}  # insertion-ordered: deterministic
+        self.conns: dict[tuple[int, str, str], int] = {}  # active flows per connection
+        self.flows = 0
+        self._dirty: list[_Active] = []
+        self._whole = False  # the last solve found one big component
+        self.sharing: Sharing = Fair()  # who gets how much of a shared link
+        self._ticking = False
+        # link -> (t_ns, total rate) each time it changed, for the links being watched
+        self.watched: dict[object, list[tuple[int, float]]] = {}
+
+    def watch(self, link: object) -> None:
+        """Record `link`'s load over time (a job's communication profile:
+        sim/networks/profile.py)."""
+        self.watched[link] = [(self.clock.now_ns(), 0.0)]
+
+    def _sample(self, now: int) -> None:
+        for link, series in self.watched.items():
+            load = sum(a.rate for a in self.users[link])
+            if abs(load - series[-1][1]) > TIE * max(load, 1e-12):
+                series.append((now, load))
+
+    def _tick(self) -> None:
+        """A policy whose weights move as flows progress (MLTCP): re-solve every flow."""
+        if not self.active:
+            self._ticking = False
+            return
+        busy = self.sharing.step(self.clock.now_ns())
+        self._rebalance(list(self.active), self.clock.now_ns())
+        if not busy:
+            self._ticking = False  # a flow's coming or going starts it again
+            return
+        self._sample(self.clock.now_ns())
+        self.clock.call_later_ns(self.sharing.tick_ns, self._tick)
+
+    def describe(self) -> dict[str, int | float]:
+        """What a run reports about the topology beside its timings (none by default)."""
+        return {}
+
+    def submit(self, flow: Flow) -> None:
+        now = self.clock.now_ns()
+        links = self.path(flow)
+        a = _Active(flow, now, links)
+        for link in links:
+            self.users[link][a] = None
+        self.active[a] = None
+        self.conns[a.conn] = self.conns.get(a.conn, 0) + 1
+        self.flows += 1
+        self.sharing.submitted(flow)
+        self.sharing.added(a)
+        self._keep_ticking()
+        self._touch(a, now)
+
+    def _keep_ticking(self) -> None:
+        """A policy that moves with time (MLTCP, a law) re-solves every tick while flows
+        are active; a flow's coming or going starts the ticks again."""
+        if self.sharing.tick_ns and self.active and not self._ticking:
+            self._ticking = True
+            self.clock.call_later_ns(self.sharing.tick_ns, self._tick)
+
+    def _touch(self, a: _Active, now: int) -> None:
+        """Mark a's component for re-solving; one solve per instant, after every submit and
+        finish of that instant (a collective step starts or ends hundreds of flows at once:
+        solving after each would be quadratic)."""
+        if not self._dirty:
+            self.clock.call_at_ns(now, self._flush)
+        self._dirty.append(a)
+
+    def _flush(self) -> None:
+        now = self.clock.now_ns()
+        seeds, self._dirty = self._dirty, []
+        done: set[_Active] = set()
+        if self._whole and len(self.active) > self.GLOBAL_ABOVE:
+            self._rebalance(list(self.active), now)  # still one big mesh
+        else:
+            self._whole = False
+            for a in seeds:
+                if a in done or a.done:
+                    continue
+                comp = self._component(a, self.GLOBAL_ABOVE)
+                if comp is None:  # one big component: the whole network, vectorised
+                    self._whole = True
+                    self._rebalance(list(self.active), now)
+                    break
+                done.update(comp)
+                self._rebalance(comp, now)
+        if self.watched:
+            self._sample(now)
+
+    def _latency(self, flow: Flow) -> int:
+        return self.latency_ns
+
+    def _rates(self, comp: list[_Active], now: int) -> list[float]:
+        if self.sharing.controls_rates:
+            return self.sharing.rates(comp)
+        if len(comp) == 1:
+            return [min(self.capacity[k] for k in comp[0].links)]
+        whole = len(comp) == len(self.active)  # every active flow: their counts are kept
+        w = self.sharing.weights(comp, self.active, now, self.conns if whole else None)
+        if len(comp) > self.VECTORISE_ABOVE:  # on the flows' own link indices: links
+            li = self.link_index
+            for a in comp:
+                if a.lidx is None:
+                    a.lidx = np.fromiter((li[k] for k in a.links), dtype=np.int64,
+                                         count=len(a.links))
+            lens = [len(a.lidx) for a in comp]  # type: ignore[arg-type]
+            rows = np.repeat(np.arange(len(comp)), lens)
+            cols = np.concatenate([a.lidx for a in comp])  # type: ignore[misc]
+            return max_min_arrays(rows, cols, len(comp), self.cap_arr,
+                                  None if w is None else np.asarray(w)).tolist()
+        caps = {link: self.capacity[link] for a in comp for link in a.links}
+        return max_min_rates([a.links for a in comp], caps, w)
+
+    def _component(self, seed: _Active, limit: int) -> list[_Active] | None:
+        """The flows sharing links with seed, transitively; None once it passes limit."""
+        seen = {seed: None}  # insertion-ordered: the component in the order found
+        stack = [seed]
+        users = self.users
+        while stack:
+            a = stack.pop()
+            for link in a.links:
+                for b in users[link]:
+                    if b not in seen:
+                        seen[b] = None
+                        stack.append(b)
+                if len(seen) > limit:
+                    return None
+        return list(seen)
+
+    def _rebalance(self, comp: list[_Active], now: int) -> None:
+        rates = self._rates(comp, now)
+        for a, r in zip(comp, rates, strict=True):
+            if a.handle is not None and abs(r - a.rate) <= TIE * r:
+                continue  # unchanged (up to rounding): keep its finish event
+            a.remaining -= a.rate * (now - a.last)  # progress is settled on a change only
+            a.last = now
+            a.rate = r
+            if a.handle is not None:
+                a.handle.cancel()
+            t_end = now + max(0, math.ceil(a.remaining / r - 1e-6))
+            a.handle = self.clock.call_at_ns(t_end, self._finish, a)
+
+    def _finish(self, a: _Active) -> None:
+        now = self.clock.now_ns()
+        a.done = True
+        del self.active[a]
+        n = self.conns[a.conn] - 1
+        if n:
+            self.conns[a.conn] = n
+        else:
+            del self.conns[a.conn]
+        self.sharing.finished(a.flow)
+        self.sharing.removed(a)
+        self._keep_ticking()
+        for link in a.links:
+            users = self.users[link]
+            del users[a]
+            if users:  # its neighbours share the freed capacity
+                self._touch(next(iter(users)), now)
+        if self.watched:
+            self._sample(now)
+        self.clock.call_at_ns(now + self._latency(a.flow), self.deliver, a.flow)
+
+
+class ElectricalSwitch(FlowNetwork):
+    """The ideal one-tier switch: a flow crosses only its source's up and destination's
+    down link, each at the line rate."""
+
+    name = "electrical"
+
+    def __init__(self, clock: Clock, nodes: list[str], rate_gbps: float, latency_ns: float,
+                 deliver: Callable[[Flow], None]) -> None:
+        cap: dict[object, float] = {}
+        for n in nodes:
+            cap[("up", n)] = rate_gbps
+            cap[("down", n)] = rate_gbps
+        super().__init__(clock, cap, lambda f: (("up", f.src), ("down", f.dst)), latency_ns,
+                         deliver)
