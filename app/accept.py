@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from oddl.app import registry
 from oddl.app.session import session
 from oddl.controller.base.config import Testbed
 
@@ -69,8 +70,11 @@ def run(testbed_path: Path, tb: Testbed, backend: str, report: Path, only: list[
     import pytest
 
     check_only(only)
-    if faults and backend != "emu":
-        raise AcceptError("--fault is for --backend emu (real devices bring their own)")
+    if faults and not (registry.kind(backend).faults_at_start
+                       and not registry.serves(tb).devices):
+        raise AcceptError("--fault is for --backend emu on a testbed it emulates privately "
+                          "(real devices bring their own; an emulator already serving takes "
+                          "faults at its control endpoint)")
     t0 = time.perf_counter()
     # emu on a testbed: a private emulated copy (nothing shared, nothing to lock); an emu
     # config (an emulator serving) and hw: the lock (TestbedBusy names the holder; a

@@ -307,7 +307,9 @@ def run(experiment: LoadedExperiment | str | Path, backend: str = "sim",
                         "testbed": ctx.testbed.model_dump(exclude={"nodes", "wss"})})
         store = RunStore(run_dir / "results.sqlite")
     try:
-        remote = arbiter if backend == "hw" else None
+        from oddl.app import registry
+
+        remote = arbiter if registry.kind(backend).served_by_arbiter else None
         with session(ctx.testbed_path, ctx.testbed, backend, f"oddl run {ctx.path}",
                      publish=publish, say=say, locked=remote is not None,
                      log=run_dir / "emulator.log" if run_dir is not None else None) as s:

@@ -17,7 +17,6 @@ unauthenticated request gets a 4xx, is counted, and changes nothing.
 from __future__ import annotations
 
 import dataclasses
-import hmac
 import ipaddress
 import json
 import logging
@@ -55,13 +54,15 @@ from oddl.controller.service.admission import (
     Rectangles,
 )
 from oddl.controller.service.backend import Iteration, RunFailed
-from oddl.controller.service.lock import TestbedLock, lock_name
+from oddl.controller.service.lock import TestbedLock
+from oddl.controller.serving import http
 from oddl.controller.serving.lifecycle import Services, Stopped
 from oddl.controller.stage1.arbiter import Arbiter
 from oddl.controller.stage1.placement import fits
 from oddl.controller.stage2.job import job_id
 from pydantic import ValidationError
 from starlette.applications import Starlette
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
@@ -198,12 +199,9 @@ class Service:
 
     # --- requests ---------------------------------------------------------------------
     def who(self, request: Request, *roles: Role) -> User:
-        auth = request.headers.get("authorization", "")
-        token = auth.removeprefix("Bearer ").strip() if auth.startswith("Bearer ") else ""
-        user = next((u for t, u in self.users.items()
-                     if token and hmac.compare_digest(t.encode(), token.encode())), None)
-        if user is None:
-            raise Refused(401, "no valid token (Authorization: Bearer TOKEN)")
+        """The user the request's token names (`http.BearerToken` has checked it), if
+        their role may do this."""
+        user: User = request.scope["party"]
         if roles and user.role not in roles:
             raise Refused(403, f"{user.name} ({user.role}) may not do this")
         return user
@@ -320,7 +318,13 @@ class Service:
             Route("/jobs/{job}/logs", guarded(self.logs), methods=["GET"]),
             Route("/jobs/{job}/iterations", guarded(self.iterations), methods=["GET"]),
             Route("/status", guarded(self.status), methods=["GET"]),
-        ])
+        ], middleware=[Middleware(http.BearerToken, tokens=self.users,
+                                  refused=self._unknown)])
+
+    def _unknown(self, why: str) -> None:
+        """A request with no valid token: counted and logged, as any refusal."""
+        self.rejected += 1
+        log.warning("arbiter: a request refused (401): %s", why)
 
 
 def serve(testbed: Path, state: Path, users: list[str], host: str = "127.0.0.1",
@@ -328,14 +332,13 @@ def serve(testbed: Path, state: Path, users: list[str], host: str = "127.0.0.1",
           say: Callable[[str], None] = print) -> None:
     """Run the service until SIGINT or SIGTERM (a clean stop keeps every job's state, as
     a crash does)."""
-    from oddl.controller.serving import http  # uvicorn: only to serve
 
     if not ipaddress.ip_address(host).is_loopback and tls is None:
         raise ValueError(f"--host {host}: beyond loopback the API needs TLS (--tls-cert, "
                          f"--tls-key) or a reverse proxy in front of 127.0.0.1 "
                          f"(docs/arbiter.md)")
     tb = load_testbed(testbed)
-    if tb.testbed.backend == "sim":
+    if not registry.serves(tb).devices:
         raise ConfigError([ConfigIssue(
             str(testbed), "testbed.backend", "the arbiter owns devices: give an emu config "
             "(`oddl emulate TESTBED --out emu.toml`) or a lab's hw config")])
@@ -343,7 +346,7 @@ def serve(testbed: Path, state: Path, users: list[str], host: str = "127.0.0.1",
     state.chmod(0o700)
     users_by_token = tokens(state, users)
     grid = Grid.from_testbed(tb)
-    with TestbedLock(lock_name(tb), f"oddl arbiter (pid {os.getpid()})").acquire():
+    with TestbedLock(registry.lock_name(tb), f"oddl arbiter (pid {os.getpid()})").acquire():
         backend = registry.open_backend(tb.testbed.backend, tb, grid)
         ledger = Ledger(state / "arbiter.sqlite")
         try:

@@ -1,6 +1,8 @@
-"""The one place a back end is chosen: names to the modules that build them.
+"""The one place a back end is chosen: names to the modules that build them, and what
+each back end is (`KINDS`: a table of capabilities; nothing else compares a back end's
+name).
 
-The control plane asks here for a back end, a board, or a node program, and never imports
+The application asks here for a back end, a board, or a node program, and never imports
 `oddl.sim` or `oddl.drivers` itself (an import contract holds this; docs/api.md). Each
 back end's module is imported only when that back end is asked for, so a lab's hw run
 loads no model and a sim run opens no socket.
@@ -8,6 +10,7 @@ loads no model and a sim run opens no socket.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -17,21 +20,75 @@ from oddl.controller.service.backend import Announce, Backend
 from oddl.controller.service.node import NodeProgram
 
 
+@dataclass(frozen=True)
+class Kind:
+    """What a back end is, and what it needs and offers."""
+
+    name: str
+    devices: bool  # real device I/O through the drivers (a lab's, or an emulator's)
+    private_emulator: bool  # on a testbed of models: a private `oddl emulate` of it
+    locks: bool  # takes the testbed's lock (another run or an arbiter holds devices)
+    says_itself: bool  # tells the bus's watchers on its own connection (else: announce)
+    faults_at_start: bool  # takes `--fault` at its start (an emulator's)
+    models_boards: bool  # its boards are models: `--board-model` chooses which
+    served_by_arbiter: bool  # a lab's arbiter may run its ODDL job (`oddl run` with one)
+    real_time: bool  # runs on the wall clock (its loops' lag is said)
+
+
+KINDS = {
+    "sim": Kind("sim", devices=False, private_emulator=False, locks=False, says_itself=False,
+                faults_at_start=False, models_boards=True, served_by_arbiter=False,
+                real_time=False),
+    "emu": Kind("emu", devices=True, private_emulator=True, locks=True, says_itself=True,
+                faults_at_start=True, models_boards=True, served_by_arbiter=False,
+                real_time=True),
+    "hw": Kind("hw", devices=True, private_emulator=False, locks=True, says_itself=True,
+               faults_at_start=False, models_boards=False, served_by_arbiter=True,
+               real_time=True),
+}
+
+
+def kind(name: str) -> Kind:
+    """A back end's capabilities; ValueError for a name that is none."""
+    if name not in KINDS:
+        raise ValueError(f"unknown back end {name!r} ({', '.join(KINDS)})")
+    return KINDS[name]
+
+
+def serves(tb: Testbed) -> Kind:
+    """What a testbed config's own back end is (`[testbed] backend`): a model (sim), an
+    emulator serving (emu), a lab (hw)."""
+    return kind(tb.testbed.backend)
+
+
+def default_backend(tb: Testbed) -> str:
+    """The back end that checks a testbed's devices: a private emulator of a model's; the
+    devices themselves where they serve (a lab's, or an emulator's, as a lab's)."""
+    return "hw" if serves(tb).devices else "emu"
+
+
+def lock_name(tb: Testbed) -> str:
+    """What the testbed lock is named after: a lab's testbed by its name; an emulated one
+    (an emu config) by its name and its emulator's broker, since two emulators of one
+    testbed are two testbeds, and neither is the lab's."""
+    if serves(tb).private_emulator:
+        return f"{tb.name}@{tb.broker.url.removeprefix('mqtt://')}"
+    return tb.name
+
+
 def open_backend(name: str, tb: Testbed, grid: Grid, *, faults: list[FaultSpec] | None = None,
                  seed: int = 0, checker_mode: str = "record",
                  announce: Announce | None = None) -> Backend:
     """The ODDL network's back end: `sim` (models in process), `emu` or `hw` (devices
     through the drivers; `emu` is `oddl emulate`'s, `hw` a lab's). emu and hw tell the
     bus's watchers on their own connection; sim through `announce` if given."""
-    if name == "sim":
-        from oddl.sim.backend import SimBackend
-
-        return SimBackend(tb, grid, faults, seed, checker_mode, announce)
-    if name in ("emu", "hw"):
+    if kind(name).devices:
         from oddl.drivers.lab import LabBackend
 
         return LabBackend(tb, grid, name, checker_mode, faults)
-    raise ValueError(f"unknown back end {name!r} (sim, emu or hw)")
+    from oddl.sim.backend import SimBackend
+
+    return SimBackend(tb, grid, faults, seed, checker_mode, announce)
 
 
 def open_model(spec: NetworkSpec, tb: Testbed, ranks: list[str],

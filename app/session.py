@@ -27,7 +27,7 @@ from pathlib import Path
 from oddl.app import registry
 from oddl.controller.base.config import Testbed
 from oddl.controller.service.backend import Announce
-from oddl.controller.service.lock import TestbedLock, lock_name
+from oddl.controller.service.lock import TestbedLock
 
 
 class EmulatorFailed(RuntimeError):
@@ -51,14 +51,15 @@ def session(testbed: Path, tb: Testbed, backend: str, purpose: str, *,
     the testbed's arbiter holds the lock, and runs what needs it."""
     with contextlib.ExitStack() as stack:
         path = testbed
-        if backend == "emu" and tb.testbed.backend == "sim":
+        what = registry.kind(backend)
+        if what.private_emulator and not registry.serves(tb).devices:
             d = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="oddl-emu-")))
             path = stack.enter_context(emulated(testbed, faults or [], d, say, log,
                                                 tb.testbed.board_model))
-        elif backend != "sim" and not locked:  # a lab's, or an emulator already serving
-            stack.enter_context(TestbedLock(lock_name(tb), purpose).acquire(wait_s))
+        elif what.locks and not locked:  # a lab's, or an emulator already serving
+            stack.enter_context(TestbedLock(registry.lock_name(tb), purpose).acquire(wait_s))
         announce = None
-        if publish and backend == "sim":
+        if publish and not what.says_itself:
             announcer = registry.open_announcer(tb)
             stack.callback(announcer.close)
             announce = announcer.announce

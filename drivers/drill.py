@@ -21,6 +21,7 @@ import httpx
 from oddl.controller.base.clock import Clock
 from oddl.controller.base.config import Emulator, FaultSpec
 from oddl.controller.service.backend import Injected, RunFailed
+from oddl.controller.service.drill import DrillPlan
 
 log = logging.getLogger(__name__)
 TIMEOUT_S = 5.0
@@ -44,7 +45,7 @@ class RemoteDrill:
         self.error: str | None = None  # the emulator refused a fault: the run stops
         self._index: dict[int, int] = {}  # id(row) -> the emulator's index
         self._tasks: set[asyncio.Future[Any]] = set()
-        self._armed = False
+        self.plan = DrillPlan(self.faults, clock, self._go)
         self.client: httpx.AsyncClient | None = None
         if not self.faults:
             return
@@ -58,17 +59,11 @@ class RemoteDrill:
 
     def arm(self) -> None:
         """Timed faults count from now (the first job's start)."""
-        if self._armed or self.client is None:
-            return
-        self._armed = True
-        for f in self.faults:
-            if f.at_iteration is None:
-                self.clock.call_later_ns(round(f.start_ms * 1e6), self._go, f)
+        if self.client is not None:
+            self.plan.arm()
 
     def at_iteration(self, i: int) -> None:
-        for f in self.faults:
-            if f.at_iteration == i and not any(x.spec is f for x in self.injected):
-                self._go(f)
+        self.plan.at_iteration(i)
 
     def _go(self, f: FaultSpec) -> None:
         x = Injected(f, self.clock.now_ns())  # when it was due; the answer corrects it

@@ -27,7 +27,6 @@ import collections
 import contextlib
 import dataclasses
 import logging
-import math
 import os
 import time
 from collections.abc import Mapping
@@ -165,8 +164,7 @@ class LabBackend:
         # and where a fabric model exists, the emulator's own monitor judges it)
         self.monitor = InvariantChecker(mode=checker_mode)
         self.rejected = 0  # result, health and status messages that were none of ours
-        self.health = Health(tb.monitor, grid.nodes, math.ceil(tb.optical.tuning_time_ns),
-                             grid.wss_of())
+        self.health = Health.of(tb, grid)
         self.drill = RemoteDrill(tb.emulator, faults or [], self.clock)
         self.injected = self.drill.injected
         self.bus: MQTTBus | None = None

@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import functools
-import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -172,8 +171,7 @@ class SimBackend:
         self.onics = w.onics
         self.wss = w.wss
         self.monitor = w.checker
-        self.health = Health(tb.monitor, grid.nodes, math.ceil(tb.optical.tuning_time_ns),
-                             grid.wss_of())
+        self.health = Health.of(tb, grid)
         self.health.start(self.clock.now_ns())  # every board beats from here on
         self._runners: dict[str, JobRunner] = {}  # node -> the runner of the job on it
         self._pauses: dict[str, int] = {}  # running job -> ns its next iteration waits

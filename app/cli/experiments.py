@@ -353,7 +353,9 @@ def run(experiment: Path, backend: str, out: Path | None, iterations: int | None
         _config_fail(e)
         return
     if board_model is not None:
-        if backend == "hw":
+        from oddl.app.registry import kind
+
+        if not kind(backend).models_boards:
             click.echo("error: --board-model: a lab's boards are what they are (sim and emu "
                        "model them)", err=True)
             sys.exit(2)

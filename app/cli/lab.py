@@ -251,6 +251,7 @@ def accept(testbed: Path, backend: str | None, report: Path | None, only: tuple[
            faults: tuple[str, ...], wait_s: float) -> None:
     """Pass or fail a testbed, device by device, with the measured figures."""
     from oddl.app import accept as acc
+    from oddl.app import registry
     from oddl.app.session import EmulatorFailed
     from oddl.controller.service.lock import TestbedBusy
 
@@ -259,7 +260,7 @@ def accept(testbed: Path, backend: str | None, report: Path | None, only: tuple[
     except ConfigError as e:
         _config_fail(e)
         return
-    backend = backend or ("emu" if tb.testbed.backend == "sim" else "hw")
+    backend = backend or registry.default_backend(tb)
     report = report or Path(f"accept-{tb.name}-{time.strftime('%Y%m%d-%H%M%S')}")
     try:
         rc = acc.run(testbed, tb, backend, report, list(only), list(faults), wait_s,
@@ -267,8 +268,8 @@ def accept(testbed: Path, backend: str | None, report: Path | None, only: tuple[
     except (acc.AcceptError, EmulatorFailed, TestbedBusy) as e:
         click.echo(f"error: {e}", err=True)
         sys.exit(3 if isinstance(e, TestbedBusy) else 2)
-    if backend == "hw" and (report / "summary.json").exists():  # for the lab's dashboard
-        # (an emu acceptance runs on a private emulator: nobody watches its bus)
+    if registry.serves(tb).devices and (report / "summary.json").exists():
+        # for the testbed's dashboard (a private emulator's bus has no watcher)
         import msgspec
         from oddl.app.registry import open_announcer
         from oddl.controller.base.telemetry import accept_note

@@ -25,6 +25,7 @@ the heartbeats that `oddl node` publishes over MQTT.
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Annotated, Any
@@ -32,8 +33,9 @@ from typing import Annotated, Any
 import msgspec
 from oddl.controller.base.access import NAME_PATTERN
 from oddl.controller.base.clock import Clock
-from oddl.controller.base.config import Monitor
+from oddl.controller.base.config import Monitor, Testbed
 from oddl.controller.base.faultkinds import DIAGNOSES, avoided
+from oddl.controller.base.topology import Grid
 from oddl.controller.stage1.planner import Avoid
 
 log = logging.getLogger(__name__)
@@ -128,6 +130,13 @@ class Health:
         self.max_lag_ns = {"controller": 0, "nodes": 0}
         self._warned_ns = -WARN_EVERY_NS
         self._excused = 0  # blind time not yet taken off the next own lag
+
+    @classmethod
+    def of(cls, tb: Testbed, grid: Grid) -> Health:
+        """The watch of a testbed's ODDL network, as every back end keeps it (the core
+        builds it; each back end feeds it what it hears)."""
+        return cls(tb.monitor, grid.nodes, math.ceil(tb.optical.tuning_time_ns),
+                   grid.wss_of())
 
     # --- evidence ----------------------------------------------------------------------
     def start(self, now_ns: int) -> None:

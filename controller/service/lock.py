@@ -20,8 +20,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-from oddl.controller.base.config import Testbed
-
 
 class TestbedBusy(RuntimeError):
     __test__ = False  # not a pytest class
@@ -34,15 +32,6 @@ class TestbedBusy(RuntimeError):
                f"{holder.get('user', '?')}@{holder.get('host', '?')}, since {since})")
         waited = f" after waiting {waited_s:.0f} s" if waited_s else ""
         super().__init__(f"testbed {testbed!r} is in use by {who}{waited}")
-
-
-def lock_name(tb: Testbed) -> str:
-    """What the lock is named after: a lab's testbed by its name; an emulated one (an emu
-    config) by its name and its emulator's broker, since two emulators of one testbed are
-    two testbeds, and neither is the lab's."""
-    if tb.testbed.backend == "emu":
-        return f"{tb.name}@{tb.broker.url.removeprefix('mqtt://')}"
-    return tb.name
 
 
 def lock_dir() -> Path:

@@ -20,12 +20,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hmac
 import socket
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
+from urllib.parse import parse_qs
 
 import h11
 import uvicorn
+from starlette.responses import JSONResponse
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 REQUEST_TIMEOUT_S = 10.0  # a request of ours is at most 64 KiB, sent at once by any client
@@ -167,3 +170,45 @@ class HttpService:
             self.server.force_exit = True
             await self._task
         self._task = None
+
+
+class BearerToken:
+    """Who is asking, for every HTTP service of ours: each request (and websocket) carries
+    a token, `Authorization: Bearer TOKEN` (or `?token=TOKEN` where `query`: a browser's
+    page); the party it names goes into `scope["party"]`, compared in constant time with
+    every known token (none matched sooner than another). Without a known one: 401, or a
+    websocket closed (1008), said to `refused(why)` (a service counts them), and nothing
+    behind it runs. `tokens` is read at each request: a token revoked is gone at once."""
+
+    def __init__(self, app: Any, tokens: Mapping[str, Any], *, query: bool = False,
+                 hint: str = "Authorization: Bearer TOKEN",
+                 refused: Callable[[str], None] = lambda why: None) -> None:
+        self.app, self.tokens, self.query, self.hint = app, tokens, query, hint
+        self.refused = refused
+
+    def party(self, given: str) -> Any:
+        found = None
+        g = given.encode()
+        for token, party in list(self.tokens.items()):
+            if hmac.compare_digest(token.encode(), g):
+                found = party
+        return found if given else None
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] not in ("http", "websocket"):
+            return await self.app(scope, receive, send)
+        auth = dict(scope.get("headers") or []).get(b"authorization", b"").decode("latin-1")
+        given = auth.removeprefix("Bearer ").strip() if auth.startswith("Bearer ") else ""
+        if not given and self.query:
+            given = (parse_qs(scope.get("query_string", b"").decode("latin-1"))
+                     .get("token") or [""])[0]
+        party = self.party(given)
+        if party is None:
+            self.refused(f"no valid token ({self.hint})")
+            if scope["type"] == "websocket":
+                await send({"type": "websocket.close", "code": 1008})
+                return None
+            return await JSONResponse({"error": f"no valid token ({self.hint})"}, 401)(
+                scope, receive, send)
+        scope["party"] = party
+        return await self.app(scope, receive, send)

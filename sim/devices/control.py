@@ -16,7 +16,6 @@ with the field and the reason, and nothing is injected.
 
 from __future__ import annotations
 
-import hmac
 from collections.abc import Callable
 from typing import Any
 
@@ -26,7 +25,6 @@ from oddl.sim.devices.faults import Drill, Injected
 from pydantic import ValidationError
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
-from starlette.middleware.base import BaseHTTPMiddleware, RequestResponseEndpoint
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
@@ -41,19 +39,6 @@ def row(i: int, x: Injected) -> dict[str, Any]:
             "at_ns": x.at_ns, "until_ns": x.until_ns, "retries": x.retries}
 
 
-class _Token(BaseHTTPMiddleware):
-    def __init__(self, app: Any, token: str) -> None:
-        super().__init__(app)
-        self.token = f"Bearer {token}".encode()
-
-    async def dispatch(self, request: Request, call_next: RequestResponseEndpoint) -> Response:
-        given = request.headers.get("authorization", "").encode()
-        if not hmac.compare_digest(given, self.token):
-            return JSONResponse({"error": "a bearer token is needed (the emu config's "
-                                          "[emulator] token_file)"}, 401)
-        return await call_next(request)
-
-
 class ControlEndpoint:
     """One uvicorn server on the emulator's loop, started and stopped with it."""
 
@@ -66,7 +51,8 @@ class ControlEndpoint:
             Route("/faults", self._list, methods=["GET"]),
             Route("/faults", self._inject, methods=["POST"]),
             Route("/faults/{i:int}", self._revert, methods=["DELETE"]),
-        ], middleware=[Middleware(_Token, token=token)])
+        ], middleware=[Middleware(http.BearerToken, tokens={token: "operator"},
+                                  hint="the emu config's [emulator] token_file")])
         self.http = http.HttpService(self.app, "127.0.0.1", port)
 
     @property

@@ -28,6 +28,7 @@ from typing import Any
 from oddl.controller.base.config import FaultSpec, Testbed, fault_issues
 from oddl.controller.base.faultkinds import FAULT_KINDS, KINDS
 from oddl.controller.service.backend import Injected
+from oddl.controller.service.drill import DrillPlan
 from pydantic import ValidationError
 
 log = logging.getLogger(__name__)
@@ -79,26 +80,12 @@ class Drill:
         self.effect = effect
         self.injected: list[Injected] = []
         self._retries0: dict[int, int] = {}
-        self._armed = False
+        self.plan = DrillPlan(self.faults, clock, self.inject)
+        self.arm, self.at_iteration = self.plan.arm, self.plan.at_iteration
         for f in self.faults:
             if f.kind == "dac-not-ready":
                 raise FaultSpecError(f"{f}: the QICK DAC fault is the emulator's "
                                      f"(`oddl emulate --fault dac-not-ready:DAC`)")
-
-    def arm(self) -> None:
-        """Timed faults count from now (the first job's start); untimed ones begin now."""
-        if self._armed:
-            return
-        self._armed = True
-        t0 = self.clock.now_ns()
-        for f in self.faults:
-            if f.at_iteration is None:
-                self.clock.call_at_ns(t0 + round(f.start_ms * 1e6), self.inject, f)
-
-    def at_iteration(self, i: int) -> None:
-        for f in self.faults:
-            if f.at_iteration == i and not any(x.spec is f for x in self.injected):
-                self.inject(f)
 
     def inject(self, f: FaultSpec) -> None:
         now = self.clock.now_ns()
