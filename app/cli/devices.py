@@ -9,7 +9,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 import click
-from oddl.app.cli.main import _config_fail, main
+from oddl.app.cli.main import _config_fail, emit, main
 from oddl.controller.base.config import ConfigError, field_issues, load_testbed
 
 
@@ -64,7 +64,7 @@ def lightning(a: int | None, b: int | None, characterize: bool, samples: int,
             rep = {k: v for k, v in rep.items() if k != "errors"}
             rep |= {"soc": spec, "published_accuracy": 0.9925}
             if as_json:
-                click.echo(json.dumps(rep))
+                emit(rep)
                 return
             click.echo(f"{rep['pairs']} operand pairs on {spec} in {rep['wall_s']:.1f} s "
                        f"({rep['pairs_per_s']:.0f}/s)")
@@ -93,7 +93,7 @@ def lightning(a: int | None, b: int | None, characterize: bool, samples: int,
         L.LightningSignalProcessing(soccfg, cfg).plot_waveform(wave, plot)
     d = prod.as_dict() | {"soc": spec}
     if as_json:
-        click.echo(json.dumps(d))
+        emit(d)
         return
     click.echo(f"{a} x {b} / 255 = {prod.product}  (exact: {d['expected']}; decoded "
                f"{d['raw_product']:.3f}, fraction {d['decoded_fraction']:.6f})")
@@ -185,7 +185,7 @@ def ca_compile(file: Path, params: tuple[str, ...], testbed: Path | None,
 
     img = compile_program(_load_program(file, params, testbed)[0])
     if as_json:
-        click.echo(json.dumps(img, indent=1))
+        emit(img, indent=1)
         return
     if img["params"]:
         click.echo("# " + ", ".join(f"{k} = {v}" for k, v in img["params"].items()))
@@ -242,7 +242,7 @@ def optinc_train(servers: int, ports: int, epochs: int, seed: int, ideal: bool,
     if plot is not None:
         _plot_curves(plot, ex.accuracy, op.accuracy, servers)
     if as_json:
-        click.echo(json.dumps(out))
+        emit(out)
         return
     click.echo(f"{servers} servers ({' x '.join(map(str, fabric.levels))}), {epochs} epochs: "
                f"test accuracy exact {ex.final:.4f}, optical {op.final:.4f} "
@@ -294,7 +294,7 @@ def optinc_mesh(size: int, seed: int, as_json: bool) -> None:
            "matrix_error_calibrated": unit.error_after,
            "averaging_error": avg_err, "lsb": 1 / (2 ** (CHIP.output_bits - 1) - 1)}
     if as_json:
-        click.echo(json.dumps(out))
+        emit(out)
         return
     click.echo(f"{size} x {size} unitary: {out['mzis']} MZIs, depth {out['depth']}, "
                f"rebuilt to {out['decomposition_error']:.1e}")

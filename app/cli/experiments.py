@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 import sys
 import time
@@ -11,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import click
-from oddl.app.cli.main import _config_fail, console, err, main
+from oddl.app.cli.main import _config_fail, console, emit, err, main
 from oddl.controller.base.catalog import BACKENDS, STRATEGIES
 from oddl.controller.base.config import ConfigError, load_experiment, load_testbed
 from oddl.controller.base.extras import require
@@ -82,10 +81,7 @@ def plan(testbed: Path, job: Path | None, strategy: str | None, as_json: bool,
         click.echo(f"wrote {plot}", err=True)
     lay = api.layout(p, ctx)
     if as_json:
-        import msgspec
-
-        click.echo(msgspec.json.format(msgspec.json.encode({**p.to_dict(), **lay}),
-                                       indent=1).decode())
+        emit({**p.to_dict(), **lay}, indent=1)
     else:
         click.echo("\n".join(p.summary_lines()))
         degs = lay["degree"]
@@ -156,10 +152,10 @@ def compat(jobs: tuple[str, ...], link_gbps: float, as_json: bool, plot: Path | 
                            c.perimeter_ms), plot)
         click.echo(f"wrote {plot}", err=True)
     if as_json:
-        click.echo(json.dumps({"score": c.score, "rotations": dict(zip(
+        emit({"score": c.score, "rotations": dict(zip(
             (p.name for p in profiles), c.rotations_deg, strict=True)),
             "shifts_ms": dict(zip((p.name for p in profiles), c.shifts_ms, strict=True)),
-            "perimeter_ms": c.perimeter_ms}))
+            "perimeter_ms": c.perimeter_ms})
         return
     click.echo(f"unified circle: {c.perimeter_ms:g} ms; compatibility score {c.score:.4f}"
                f" ({'compatible' if c.score >= 1 - 1e-9 else 'not compatible'})")
@@ -171,7 +167,7 @@ def _jobs_report(res: Any, run_dir: Path, backend: str, as_json: bool) -> None:
     """Several jobs: per network JCT summary, per job JCT and queueing (the JCT CDF is in
     the run directory)."""
     if as_json:
-        click.echo(json.dumps(res.to_json_obj()))
+        emit(res.to_json_obj())
         return
     nets = list(res.networks)
     t = Table(title=f"{res.experiment}: {len(res.jobs)} jobs ({backend})")
@@ -232,7 +228,7 @@ def _search(ctx: Any, as_json: bool) -> None:
         click.echo(f"error: {e}", err=True)
         sys.exit(1)
     if as_json:
-        click.echo(json.dumps({r.network: r.to_dict() for r, _s in out}, indent=1))
+        emit({r.network: r.to_dict() for r, _s in out}, indent=1)
         return
     for r, secs in out:
         click.echo(f"{r.network} ({r.kind}, degree {r.degree}): best {r.best}, "
@@ -278,11 +274,11 @@ def _plan_jobs(ctx: Any, strategy: str | None, as_json: bool, plot: Path | None)
              plot)
         click.echo(f"wrote {plot}", err=True)
     if as_json:
-        click.echo(json.dumps({"jobs": {p.job: {"partition": {
+        emit({"jobs": {p.job: {"partition": {
             "shape": p.shape, "rows": list(p.rows), "cols": list(p.cols),
             "ranks": list(p.ranks), "spare": list(p.spare)}, "plan": plan.to_dict(),
             "degree": plan.degrees()}
-            for p, plan in plans}, "waiting": [r.name for r in waiting]}, indent=1))
+            for p, plan in plans}, "waiting": [r.name for r in waiting]}, indent=1)
         return
     click.echo(f"{ctx.experiment.name} on {tb.name}: {len(plans)} jobs start at once "
                f"({ctx.experiment.policy}), strategy {spec.strategy}")
@@ -421,7 +417,7 @@ def run(experiment: Path, backend: str, out: Path | None, iterations: int | None
         sys.exit(1 if res.invariant_violations else 0)
     paper = paper_rows(ctx.experiment.reference, res.training_min(), res.ratio)
     if as_json:
-        click.echo(json.dumps(res.to_json_obj()))
+        emit(res.to_json_obj())
     else:
         t = Table(title=f"{ctx.experiment.name} on {ctx.testbed.name} ({backend})")
         for col in ("network", "training time", "iteration time", "iterations", "flows",

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 from pathlib import Path
 
 import click
-from oddl.app.cli.main import fail, main
+from oddl.app.cli.main import emit, fail, main
 from oddl.controller.base.extras import require
 
 
@@ -52,7 +51,7 @@ def synth(source: Path | None, as_json: bool) -> None:
         click.echo(f"error: {e}", err=True)
         sys.exit(2)
     if as_json:
-        click.echo(json.dumps({k: res[k] for k in ("luts", "ffs", "brams", "dsps", "lutram")}))
+        emit({k: res[k] for k in ("luts", "ffs", "brams", "dsps", "lutram")})
         return
     click.echo(f"onic_ctrl for Zynq UltraScale+ (Yosys synth_xilinx, designed for "
                f"{CLOCK_MHZ} MHz): {res['luts']} LUTs, {res['ffs']} flip-flops, "

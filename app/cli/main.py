@@ -30,6 +30,16 @@ def _config_fail(e: ConfigError) -> NoReturn:
     sys.exit(2)
 
 
+def emit(obj: Any, indent: int | None = None) -> None:
+    """A command's `--json` answer: exactly one JSON object on stdout, nothing else
+    there (the structs and paths it holds as their builtins)."""
+    import json
+
+    import msgspec
+
+    click.echo(json.dumps(msgspec.to_builtins(obj, enc_hook=str), indent=indent))
+
+
 def fail(message: str, code: int = 2) -> NoReturn:
     """One sentence on stderr, and the exit status."""
     click.echo(f"error: {message}", err=True)

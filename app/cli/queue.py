@@ -4,14 +4,13 @@ or ODDL_ARBITER and ODDL_TOKEN_FILE."""
 
 from __future__ import annotations
 
-import json
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import click
-from oddl.app.cli.main import _config_fail, main
+from oddl.app.cli.main import _config_fail, emit, main
 from oddl.controller.base.config import ConfigError
 
 
@@ -75,8 +74,11 @@ def submit(experiment: Path, priority: int, as_json: bool, url: str, token_file:
     """Queue an experiment's job on the arbiter's testbed."""
     j = _call(url, token_file, "POST", "/jobs",
               {"experiment": experiment.read_text(), "priority": priority})
-    click.echo(json.dumps(j) if as_json else f"{j['job']} queued ({j['ranks']} ranks, "
-               f"{j['iterations']} iterations, priority {j['priority']})")
+    if as_json:
+        emit(j)
+        return
+    click.echo(f"{j['job']} queued ({j['ranks']} ranks, {j['iterations']} iterations, "
+               f"priority {j['priority']})")
 
 
 @main.command()
@@ -86,7 +88,7 @@ def jobs(as_json: bool, url: str, token_file: Path) -> None:
     """The arbiter's jobs: queued, running and ended, each with its user and progress."""
     js = _call(url, token_file, "GET", "/jobs")["jobs"]
     if as_json:
-        click.echo(json.dumps(js))
+        emit(js)
         return
     click.echo(f"{'job':>5} {'user':<12} {'state':<9} {'done':>6}/{'of':<6} partition")
     for j in js:
@@ -116,7 +118,7 @@ def wait(job: str, as_json: bool, url: str, token_file: Path) -> None:
             break
         time.sleep(0.2)
     if as_json:
-        click.echo(json.dumps(j))
+        emit(j)
     else:
         r = j["result"] or {}
         click.echo(f"{job} {j['state']}{': ' + j['why'] if j['why'] else ''}; "

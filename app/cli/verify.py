@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
 import click
-from oddl.app.cli.main import main
+from oddl.app.cli.main import emit, main
 
 
 @main.group()
@@ -35,7 +34,7 @@ def stage2(nodes: int, flows: int, faults: str, max_states: int, as_json: bool) 
         click.echo(f"error: --faults: {e}", err=True)
         sys.exit(2)
     if as_json:
-        click.echo(json.dumps(out, indent=1))
+        emit(out, indent=1)
     else:
         for c in out["configurations"]:
             cut = "" if c["complete"] else " (cut at --max-states)"
@@ -74,7 +73,7 @@ def trace(experiment: Path, backend: str, testbed: Path | None, as_json: bool,
         click.echo(f"error: {e}", err=True)
         sys.exit(2)
     if as_json:
-        click.echo(json.dumps(out, indent=1))
+        emit(out, indent=1)
     else:
         verdict = "conformant" if out["conformant"] else f"NOT conformant: {out['why']}"
         click.echo(f"{backend}: {out['messages']} deliveries of {out['flows']} flows replayed "

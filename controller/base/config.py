@@ -91,6 +91,12 @@ class Optical(_Model):
             raise ValueError("give exactly one of wavelengths_nm or wavelength_grid")
         return self
 
+    @property
+    def tuning_ns(self) -> int:
+        """The transmitter's tuning in whole ns, as the devices and the control units
+        count it (rounded up: never faster than the spec): the one place it is rounded."""
+        return math.ceil(self.tuning_time_ns)
+
     def wavelengths(self) -> list[float]:
         if self.wavelengths_nm is not None:
             return list(self.wavelengths_nm)

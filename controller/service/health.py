@@ -25,7 +25,6 @@ the heartbeats that `oddl node` publishes over MQTT.
 from __future__ import annotations
 
 import logging
-import math
 from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Annotated, Any
@@ -135,7 +134,7 @@ class Health:
     def of(cls, tb: Testbed, grid: Grid) -> Health:
         """The watch of a testbed's ODDL network, as every back end keeps it (the core
         builds it; each back end feeds it what it hears)."""
-        return cls(tb.monitor, grid.nodes, math.ceil(tb.optical.tuning_time_ns),
+        return cls(tb.monitor, grid.nodes, tb.optical.tuning_ns,
                    grid.wss_of())
 
     # --- evidence ----------------------------------------------------------------------

@@ -180,7 +180,7 @@ class JobEvent(msgspec.Struct, omit_defaults=True, forbid_unknown_fields=True):
 def timing_of(tb: Testbed) -> Timing:
     """The control units' timing, from the testbed config: the one place it is derived."""
     o, c = tb.optical, tb.control
-    return Timing(math.ceil(o.tuning_time_ns), math.ceil(o.guard_time_ns),
+    return Timing(o.tuning_ns, math.ceil(o.guard_time_ns),
                   math.ceil(o.propagation_ns), math.ceil(c.request_timeout_ns),
                   math.ceil(c.request_timeout_ns), math.ceil(c.grant_lease_ns), c.max_retries)
 

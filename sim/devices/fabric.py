@@ -50,7 +50,7 @@ class Fabric:
         checker.sees_light = True
         o = tb.optical
         self.rate = o.line_rate_gbps  # bits per ns
-        self.tuning_ns = math.ceil(o.tuning_time_ns)
+        self.tuning_ns = o.tuning_ns
         self.guard_ns = math.ceil(o.guard_time_ns)
         self.prop_ns = math.ceil(o.propagation_ns)
         n_ch = self.n_channels = len(o.wavelengths())
