@@ -1,5 +1,14 @@
-"""The operator's side: the `oddl` CLI (a thin layer over `api`), the public API (the one
-writer of a run directory), the session that opens what a run needs of its testbed
-(emulator, lock, announcer), the dashboard and the acceptance runner. The application
-layer: back ends only through `oddl.app.registry`, but for the CLI commands that
-are a back end's own (`emulate`, `lightning`, `optinc`)."""
+"""The application: what people use, above the back ends (it reaches them only through
+`registry`, but for the CLI commands that are a back end's own, `emulate` and `lightning`).
+
+- `cli/`: the `oddl` command line, a thin layer over `api`;
+- `api`: the public API (the one writer of a run directory);
+- `session`: what a run needs of its testbed (a private emulator, the lock, an announcer);
+- `registry`: the one place a back end is chosen, and the table of what each one is;
+- `experiments/`: the runner, run directories, sweeps, figures, link studies, estimates;
+- `queue`: the arbiter as a service (`oddl arbiter`), and `ledger`, its durable state;
+- `dashboard`: the testbed's live page (and `web/`, its assets);
+- `accept`: the acceptance runner (the checks are `oddl.acceptance`);
+- `stores`: how oddl's SQLite files are opened, each with its schema's version;
+- `collector`: the garbage collector tuned for a run's long-lived models.
+"""

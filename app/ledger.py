@@ -8,14 +8,15 @@ is recorded once (the key is the job and the iteration).
 from __future__ import annotations
 
 import json
-import sqlite3
 import time
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from oddl.app.stores import open_store
 from oddl.controller.service.admission import JobRequest
 
+SCHEMA_VERSION = 1  # PRAGMA user_version: a newer one is refused (app/stores.py)
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS jobs (
     id TEXT PRIMARY KEY, seq INTEGER UNIQUE, user TEXT, state TEXT, request TEXT,
@@ -32,11 +33,7 @@ MAX_LOG = 1000  # lines kept per job
 
 class Ledger:
     def __init__(self, path: Path) -> None:
-        self.db = sqlite3.connect(path)
-        self.db.execute("PRAGMA journal_mode=WAL")
-        self.db.execute("PRAGMA synchronous=NORMAL")  # durable against a killed process
-        self.db.executescript(SCHEMA)
-        self.db.commit()
+        self.db = open_store(path, SCHEMA, SCHEMA_VERSION, "arbiter's ledger")
 
     def next_id(self) -> str:
         """The next job's id: j1, j2, ..."""

@@ -1,5 +1,3 @@
-"""The software/FPGA contract of the O-NIC: register map, count-action language, overlays.
-
-The register map and the count-action compiler land with the FPGA issue; until then the
-controller reaches O-NICs through `controller.devices.ONic`.
-"""
+"""The software/FPGA contract of the O-NIC: `regmap` (the register map), `countaction`
+(the count-action language and its compiler), `overlay` (the overlay's metadata and its
+check), and `gateware/`, the IP behind them."""

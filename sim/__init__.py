@@ -1,1 +1,5 @@
-"""Everything emulated: virtual clock, optical fabric, device models, baseline networks."""
+"""The simulated back end, in parts: `devices/` (the device models and the emulated
+devices' servers), `networks/` (the flow-level network models the baselines run on),
+`backend` (the sim back end over both, and the baselines' back end), `clock` (the
+virtual-time loop) and `emulate` (the `oddl emulate` program, which serves the devices).
+"""

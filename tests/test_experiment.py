@@ -275,3 +275,27 @@ def test_a_baseline_in_a_worker_still_tells_the_bus(root: Path) -> None:
     here, there = notes(0), notes(1)
     assert here and len(there) == len(here)
     assert {k for k, _ in there} == {k for k, _ in here}
+
+
+def test_a_store_of_a_newer_schema_is_refused_in_one_line(tmp_path: Path) -> None:
+    """Issue 45: the SQLite stores carried no schema version; a file of a newer oddl is
+    now refused, never half-read or written over (the results store, the ledger)."""
+    from oddl.app.experiments.results import RunStore
+    from oddl.app.ledger import Ledger
+    from oddl.app.stores import StoreError
+
+    for path, open_it in ((tmp_path / "results.sqlite", RunStore),
+                          (tmp_path / "arbiter.sqlite", Ledger)):
+        db = sqlite3.connect(path)
+        db.execute("PRAGMA user_version = 99")
+        db.commit()
+        db.close()
+        with pytest.raises(StoreError, match=rf"{path.name}: a .* of schema 99, written by "
+                                             r"a newer oddl; this one reads schema 1"):
+            open_it(path)
+    with pytest.raises(StoreError, match="schema 99"):
+        read_store(tmp_path / "results.sqlite")
+    fresh = RunStore(tmp_path / "new.sqlite")
+    fresh.close()
+    assert sqlite3.connect(tmp_path / "new.sqlite").execute(
+        "PRAGMA user_version").fetchone()[0] == 1

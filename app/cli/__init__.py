@@ -1,6 +1,8 @@
-"""The `oddl` command line: a thin layer over `oddl.app.api`, one module a
-command group (configs and experiments; the testbed and its services; the devices' own
-tools)."""
+"""The `oddl` command line, a thin layer over `oddl.app.api`: `main` (the group, and how
+every command ends: its one voice for errors and stops), and a module a command group:
+`experiments` (check, plan, compat, run, sweep), `lab` (emulate, node, dashboard,
+broker-config, accept), `queue` (the arbiter and its clients), `verify`, `gateware`, and
+`devices` (lightning, optinc, countaction, regmap)."""
 
 from oddl.app.cli import devices, experiments, gateware, lab, queue, verify
 from oddl.app.cli.main import main

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 import click
+from oddl.app.stores import StoreError
 from oddl.controller.base.config import ConfigError
 from oddl.controller.base.extras import MissingExtra, extra_of
 from oddl.controller.serving.lifecycle import Stopped, as_stopped, raise_on_signals
@@ -62,7 +63,7 @@ class _Oddl(click.Group):
             sys.exit(e.exit_code)
         except ConfigError as e:
             _config_fail(e)
-        except MissingExtra as e:
+        except (MissingExtra, StoreError) as e:
             fail(str(e))
         except ModuleNotFoundError as e:
             extra = extra_of(e)

@@ -21,6 +21,9 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from oddl.app.stores import check_version, open_store
+
+SCHEMA_VERSION = 1  # PRAGMA user_version: a newer one is refused (app/stores.py)
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS networks (name TEXT PRIMARY KEY, kind TEXT, meta TEXT);
 CREATE TABLE IF NOT EXISTS iterations (
@@ -50,11 +53,7 @@ class RunStore:
         self.path = path
         # several writers (a run's networks in processes of their own: each commits its
         # iterations): each waits its turn for the write lock
-        self.db = sqlite3.connect(path, timeout=60.0)
-        self.db.execute("PRAGMA journal_mode=WAL")
-        self.db.execute("PRAGMA synchronous=NORMAL")  # durable against a killed process
-        self.db.executescript(SCHEMA)
-        self.db.commit()
+        self.db = open_store(path, SCHEMA, SCHEMA_VERSION, "run's results store")
 
     def begin_network(self, name: str, kind: str, meta: dict[str, Any]) -> None:
         self.db.execute("INSERT OR REPLACE INTO networks VALUES (?, ?, ?)",
@@ -111,6 +110,7 @@ def read_store(path: Path) -> dict[str, Any]:
     """Everything completed so far, per network (works on a store left by a killed run)."""
     db = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
     try:
+        check_version(db, path, SCHEMA_VERSION, "run's results store")
         out: dict[str, Any] = {}
         tables = {r[0] for r in db.execute("SELECT name FROM sqlite_master")}
         for name, kind, meta in db.execute("SELECT name, kind, meta FROM networks"):

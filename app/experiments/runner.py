@@ -560,7 +560,7 @@ def run_experiment(ctx: LoadedExperiment, backend: str = "sim", store: RunStore 
     """Run every network of an experiment on the same jobs: its one workload (a job on the
     whole testbed, `iterations` of it, the training time extrapolated), or its several
     jobs (docs/multijob.md: each placed, planned and admitted as it arrives). `remote`:
-    the testbed's arbiter runs the ODDL network's job (experiments/remote.py).
+    the testbed's arbiter runs the ODDL network's job (app/experiments/remote.py).
     `workers`: run the model networks (the baselines) in up to that many processes
     beside this one, which runs the ODDL networks (0: all here, one after another; None:
     one per spare core when the run is long enough to pay for starting them). A run that

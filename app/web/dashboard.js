@@ -1,4 +1,4 @@
-// oddl dashboard: renders the picture the server pushes over /ws (controller/dashboard.py).
+// oddl dashboard: renders the picture the server pushes over /ws (app/dashboard.py).
 "use strict";
 const token = new URLSearchParams(location.search).get("token");
 const q = token ? "?token=" + encodeURIComponent(token) : "";

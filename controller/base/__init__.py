@@ -1,4 +1,6 @@
-"""The vocabulary every part of the control plane shares: configs and their schemas, the
-catalogue of names, fault kinds, the grid and its WSS groups, collectives and jumps,
-control messages, device interfaces, the clock, bus topics and rights, telemetry notes.
-It imports nothing of the control plane's above it (only `oddl.fpga`)."""
+"""The vocabulary every part of the control plane shares: `config` (testbeds, experiments
+and their schemas), `catalog` (the names), `faultkinds`, `topology` (the grid and its WSS
+groups), `collectives` and `jumps`, `messages` (control messages), `devices` (the device
+interfaces), `clock`, `access` (bus topics and rights), `telemetry` (notes), `parallelism`
+(hybrid splits) and `extras` (the optional installs). It imports nothing of the control
+plane's above it (only `oddl.fpga`)."""

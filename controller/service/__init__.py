@@ -1,5 +1,5 @@
-"""The arbiter at run time: the one orchestration of jobs (`admission`: arrivals, placement,
-stage 1 per job, stops for faults, recovery), the live inventory (`health`), the
-back-end interface every back end implements (`backend`), the node program beside each
-O-NIC, the testbed lock and CASSINI's compatibility. Imports the core below it
-(`stage2`, `stage1`, `base`) and `oddl.fpga`, never a back end."""
+"""The arbiter at run time: `admission` (the one orchestration of jobs: arrivals,
+placement, stage 1 per job, stops for faults), `recovery` (what a fault costs and where a
+job goes on), `health` (the live inventory), `backend` (the interface every back end
+implements), `drill` (when a drill's faults begin), `node` (the node program beside each
+O-NIC) and `lock` (the testbed lock). Imports the core below it, never a back end."""

@@ -1,4 +1,5 @@
-"""ODDL stage 2, while a job runs: the O-NIC control unit (REQUEST / GRANT / RELEASE, per
-flow), the job spec and the one job runner, the workloads' collective engine, the wire
-format of control messages, the invariant checker and stage-2 timelines. Imports
-`stage1`, `base` and `oddl.fpga` only."""
+"""ODDL stage 2, while a job runs: `control_unit` (REQUEST / GRANT / RELEASE, per flow),
+`job` (the job spec and the one job runner), `workloads` (the collective engine), `wire`
+(the control messages' format), `invariants` (the checker), `trace` (timelines) and
+`verify` (the model checker over every interleaving). Imports `stage1`, `base` and
+`oddl.fpga` only."""
