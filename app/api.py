@@ -107,7 +107,8 @@ def layout(p: Plan, experiment: LoadedExperiment | None = None) -> dict[str, Any
     w = experiment.experiment.workload if experiment is not None else None
     if w is not None and w.parallelism is not None:
         ranks = p.jobs[0].ranks
-        grid = Grid.from_testbed(experiment.testbed)  # type: ignore[union-attr]
+        assert experiment is not None  # `w` is its workload
+        grid = Grid.from_testbed(experiment.testbed)
         out["parallelism"] = {
             kind: [{"ranks": g, "nodes": [ranks[r] for r in g],
                     "rows": sorted({grid.coord[ranks[r]][0] for r in g})} for g in groups]

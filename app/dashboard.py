@@ -27,12 +27,12 @@ import msgspec
 from oddl.controller.base.access import CONTROLLER
 from oddl.controller.base.config import Testbed
 from oddl.controller.base.telemetry import NOTE_TYPES, PortsNote
+from oddl.controller.base.throttle import worth_logging
 from oddl.controller.base.topology import Grid
 from oddl.controller.service.health import Heartbeat, Heartbeats
 from oddl.controller.serving import http
 from oddl.controller.serving.lifecycle import Services
 from oddl.controller.stage2.job import DECODE_ERRORS, JobEvent, JobSpec
-from oddl.controller.stage2.wire import worth_logging
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.middleware.trustedhost import TrustedHostMiddleware

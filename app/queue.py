@@ -27,7 +27,7 @@ import tomllib
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, get_args
+from typing import Any, Literal, cast, get_args
 
 import msgspec
 from oddl.app import registry
@@ -107,7 +107,7 @@ def tokens(state: Path, users: list[str]) -> dict[str, User]:
             fd = os.open(f, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
             os.write(fd, secrets.token_urlsafe(32).encode())
             os.close(fd)
-        out[read_secret(f)] = User(name, role)  # type: ignore[arg-type]
+        out[read_secret(f)] = User(name, cast(Role, role))  # one of ROLES: checked above
     return out
 
 
@@ -127,6 +127,8 @@ def job_request(text: str, grid: Grid, tb: Testbed, name: str, priority: int) ->
         raise Refused(422, "submit an experiment of one [workload] (a job), not [[jobs]]")
     if w.compute_time_ms is None and w.parallelism is None:
         raise Refused(422, "workload.compute_time_ms: give it (the arbiter calibrates nothing)")
+    # its batch where it gives one (JobEntry's default otherwise)
+    batch: dict[str, Any] = {"batch_per_node": w.batch_per_node} if w.batch_per_node else {}
     try:
         entry = JobEntry(name="job", model=w.model, collective=w.collective,
                          ranks=w.ranks or tb.n_nodes, iterations=exp.iterations,
@@ -134,7 +136,7 @@ def job_request(text: str, grid: Grid, tb: Testbed, name: str, priority: int) ->
                          dataset_samples=None if exp.iterations else w.dataset_samples,
                          bytes_per_param=w.bytes_per_param, compute_time_ms=w.compute_time_ms,
                          parallelism=w.parallelism,
-                         **({"batch_per_node": w.batch_per_node} if w.batch_per_node else {}))
+                         **batch)
     except ValidationError as e:
         raise Refused(422, "; ".join(f"workload.{f}: {why}" for f, why in field_issues(e))
                       ) from None

@@ -47,6 +47,7 @@ from oddl.controller.base.collectives import Schedule
 from oddl.controller.base.config import FaultSpec, Testbed
 from oddl.controller.base.devices import ONic
 from oddl.controller.base.telemetry import note_topic
+from oddl.controller.base.throttle import worth_logging
 from oddl.controller.base.topology import Grid
 from oddl.controller.service.backend import (
     Iteration,
@@ -72,7 +73,6 @@ from oddl.controller.stage2.job import (
     untrue,
 )
 from oddl.controller.stage2.trace import TraceRow
-from oddl.controller.stage2.wire import worth_logging
 from oddl.drivers.drill import RemoteDrill
 from oddl.drivers.local_board import LocalBoard
 from oddl.drivers.mqtt import BusError, MQTTBus, bus_from_config
@@ -526,18 +526,18 @@ class LabBackend:
                 while len(self._carrying) > MAX_CARRYING:
                     del self._carrying[next(iter(self._carrying))]
                 if not bus.lost.is_set():
-                    stop = JobStop(JOB_VERSION, spec.job, "its run stopped")
+                    halt = JobStop(JOB_VERSION, spec.job, "its run stopped")
                     with contextlib.suppress(BusError):
-                        await bus.publish(stop_topic(tb), msgspec.json.encode(stop), qos=1)
+                        await bus.publish(stop_topic(tb), msgspec.json.encode(halt), qos=1)
                     ended = True  # the stop is out
             raise
         finally:
             del self._out[spec.job]
             self._moving.pop(spec.job, None)
             if not ended and not bus.lost.is_set():  # its node programs drop it at once
-                stop = JobStop(JOB_VERSION, spec.job, "its run stopped")
+                halt = JobStop(JOB_VERSION, spec.job, "its run stopped")
                 with contextlib.suppress(BusError):
-                    await bus.publish(stop_topic(tb), msgspec.json.encode(stop), qos=1)
+                    await bus.publish(stop_topic(tb), msgspec.json.encode(halt), qos=1)
         out = self._outcome(spec, done, self.rejected - rejected0)
         out.trace = trace
         return out

@@ -119,7 +119,8 @@ class LightningControl(AveragerProgram):
         operands = (c.dac_0, c.dac_1)
         for k, seg in enumerate(SEGMENTS):
             for i, ch in enumerate(c.dac_channels):
-                code = operands[i] if seg[i] is None else seg[i]
+                fixed = seg[i]
+                code = operands[i] if fixed is None else fixed
                 if code == 0:
                     continue  # a dark modulator: no pulse
                 self.set_pulse_registers(ch=ch, style="const", freq=0, phase=0,
@@ -128,7 +129,7 @@ class LightningControl(AveragerProgram):
         self.wait_all()
         self.sync_all(100)
 
-    def run(self, soc: Any) -> np.ndarray:  # type: ignore[override]
+    def run(self, soc: Any) -> np.ndarray:
         """Play it once; the decimated readout window, (samples, 2) I/Q."""
         data = np.asarray(self.acquire_decimated(soc, progress=False)[0])
         return data.T if data.ndim == 2 and data.shape[0] == 2 != data.shape[1] else data
@@ -224,8 +225,8 @@ def operand_pairs(samples: int, seed: int = 0) -> list[tuple[int, int]]:
         return [(a, b) for a in range(FULL + 1) for b in range(FULL + 1)]
     rng = np.random.default_rng(seed)
     corners = [(0, 0), (0, FULL), (FULL, 0), (FULL, FULL)]
-    rest = [tuple(int(v) for v in p) for p in rng.integers(0, FULL + 1, (samples, 2))]
-    return (corners + rest)[:samples]  # type: ignore[return-value]
+    rest = [(int(a), int(b)) for a, b in rng.integers(0, FULL + 1, (samples, 2))]
+    return (corners + rest)[:samples]
 
 
 def characterize(soc: Any, soccfg: Any, pairs: list[tuple[int, int]],

@@ -16,6 +16,7 @@ transmits, its last heartbeat's word.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from oddl.controller.base.devices import ONicEvents
@@ -30,9 +31,11 @@ class LocalBoard:
     """The controller's side of a board that only its node program touches."""
 
     def __init__(self, node: str, ports: tuple[str, ...], health: Health) -> None:
-        self.node, self.ports, self.health = node, ports, health
+        # the watch it reads its transmitters from: not `health`, which is the board's
+        # (an ONic's) own method, refused here as every stage-2 call is
+        self.node, self.ports, self.watch = node, ports, health
         self.tampered = 0  # counted by the node program, beside the board
-        self.on_module_fired = None
+        self.on_module_fired: Callable[[int], None] | None = None
         self._routes: dict[str, tuple[str, int, str]] = {}
         self._program = Program()
 
@@ -52,7 +55,7 @@ class LocalBoard:
         return self._program
 
     def transmitting(self) -> bool:
-        beat = self.health.nodes[self.node].beat
+        beat = self.watch.nodes[self.node].beat
         return beat is not None and beat.transmitting
 
     # stage 2 is the node program's: the controller never drives a board
@@ -69,10 +72,10 @@ class LocalBoard:
         self._not_mine()
 
     def rx_receiving(self, port: str, flow: int, hop: int) -> bool:
-        return self._not_mine()  # type: ignore[no-any-return]
+        return self._not_mine()
 
     def health(self) -> dict[str, Any]:
-        return self._not_mine()  # type: ignore[no-any-return]
+        return self._not_mine()
 
     def on_interrupt(self) -> None:
         self._not_mine()

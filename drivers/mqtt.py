@@ -38,7 +38,8 @@ from oddl.controller.base.access import (
 )
 from oddl.controller.base.messages import ControlMessage
 from oddl.controller.base.telemetry import RETAINED
-from oddl.controller.stage2.wire import BusDecodeError, decode, encode, worth_logging
+from oddl.controller.base.throttle import worth_logging
+from oddl.controller.stage2.wire import BusDecodeError, decode, encode
 
 log = logging.getLogger(__name__)
 
@@ -318,7 +319,7 @@ class MQTTBus:
                 log.warning("mqtt: %s: a retained message on %s, where nothing is kept: "
                             "dropped (%d so far)", self.user, m.topic, self.stale)
             return
-        self._inbox.append((m.topic, m.payload))  # handled once paho is out of its read
+        self._inbox.append((m.topic, bytes(m.payload)))  # handled once paho is out of its read
 
     def _kept(self, topic: str) -> bool:
         """Is `topic` one where a retained message is meant (a status, a standing note)?"""

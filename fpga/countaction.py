@@ -363,7 +363,7 @@ class _Parser:
             fld = self.ident("a field").value
         return name, idx, fld
 
-    def _expand(self, parse_one) -> list:  # type: ignore[no-untyped-def]
+    def _expand(self, parse_one) -> list:
         start = self.i
         items = [parse_one({})] if not self._peek_loop() else []
         if items:

@@ -219,7 +219,7 @@ class SimBackend:
         self.drill.arm()
         next_i = [spec.start]
         stall_ns = quiet_ns(spec) + round(self.tb.monitor.grace_ms * 1e6)
-        progress = [(-1, -1), self.clock.now_ns()]
+        progress: list[Any] = [(-1, -1), self.clock.now_ns()]  # (bus, fabric) marks, when
 
         def outcome() -> JobOutcome:
             return self._outcome(runner, runner.sent())

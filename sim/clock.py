@@ -11,6 +11,7 @@ as they would from any asyncio callback.
 from __future__ import annotations
 
 import asyncio
+import collections
 import heapq
 import math
 import selectors
@@ -20,7 +21,7 @@ from typing import Any
 from oddl.controller.service.backend import Stalled
 
 
-class VHandle(list):  # type: ignore[type-arg]
+class VHandle(list):
     """[t_ns, seq, callback, args]; cancel() clears the callback."""
 
     __slots__ = ()
@@ -52,12 +53,17 @@ class _VirtualSelector(selectors.BaseSelector):
     def close(self) -> None:
         self._map.clear()
 
-    def get_map(self) -> dict[Any, selectors.SelectorKey]:  # type: ignore[override]
+    def get_map(self) -> dict[Any, selectors.SelectorKey]:
         return self._map
 
 
 class VirtualClockLoop(asyncio.BaseEventLoop):
     """asyncio loop whose `time()` is virtual; run_until_complete finishes in CPU time."""
+
+    # asyncio's BaseEventLoop keeps these (its ready callbacks, its timers); typeshed
+    # does not declare them
+    _ready: collections.deque[asyncio.Handle]
+    _scheduled: list[asyncio.TimerHandle]
 
     def __init__(self) -> None:
         super().__init__()

@@ -14,6 +14,7 @@ import logging
 import secrets as secrets_
 import shutil
 import statistics
+from collections.abc import Coroutine
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -89,6 +90,7 @@ class Emulation:
         Run in order, one after the other, on the emulator's loop."""
         if self.control is None:  # at start: `start` leaves dead boards out itself
             return
+        step: Coroutine[Any, Any, object]
         if f.kind == "dead-board":
             step = self._kill(f.target) if on else self._revive(f.target)
         elif f.kind == "broker-restart" and self.broker is not None:

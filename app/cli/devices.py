@@ -7,6 +7,7 @@ import re
 import sys
 from dataclasses import asdict
 from pathlib import Path
+from typing import Any
 
 import click
 from oddl.app.cli.main import _config_fail, emit, main
@@ -51,7 +52,8 @@ def lightning(a: int | None, b: int | None, characterize: bool, samples: int,
     if noise is not None:
         ph_cfg = ph_cfg.model_copy(update={"noise_rms_lsb": noise})
     spec = soc_spec or (qick.soc if qick is not None else "emulated")
-    chans = {"dac_channels": qick.dac_channels, "adc_channel": qick.adc_channel} \
+    chans: dict[str, Any] = {"dac_channels": qick.dac_channels,
+                             "adc_channel": qick.adc_channel} \
         if qick is not None else {}
     try:
         soc, soccfg = open_soc(spec, ph_cfg, seed)
@@ -128,7 +130,7 @@ def _board_params(testbed: Path) -> dict[str, int]:
 
 
 def _load_program(file: Path, params: tuple[str, ...], testbed: Path | None = None,
-                  free: bool = False):  # type: ignore[no-untyped-def]
+                  free: bool = False):
     """(program, free parameters): the board's values where the program uses them, then
     --param's over them; free parameters are an error unless `free`."""
     from oddl.fpga.countaction import CountActionError, parse, parse_template
@@ -292,7 +294,8 @@ def optinc_mesh(size: int, seed: int, as_json: bool) -> None:
            "decomposition_error": float(np.abs(mesh.matrix() - u).max()),
            "matrix_error_uncalibrated": unit.error_before,
            "matrix_error_calibrated": unit.error_after,
-           "averaging_error": avg_err, "lsb": 1 / (2 ** (CHIP.output_bits - 1) - 1)}
+           "averaging_error": avg_err,
+           "lsb": 1 / (2 ** (CHIP.output_bits - 1) - 1) if CHIP.output_bits else None}
     if as_json:
         emit(out)
         return

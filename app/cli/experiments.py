@@ -15,7 +15,14 @@ from oddl.controller.base.catalog import BACKENDS, STRATEGIES
 from oddl.controller.base.config import ConfigError, load_experiment, load_testbed
 from oddl.controller.base.extras import require
 from oddl.controller.serving.lifecycle import Stopped
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import (
+    BarColumn,
+    MofNCompleteColumn,
+    Progress,
+    TaskID,
+    TextColumn,
+    TimeElapsedColumn,
+)
 from rich.table import Table
 
 
@@ -127,7 +134,7 @@ def compat(jobs: tuple[str, ...], link_gbps: float, as_json: bool, plot: Path | 
         if all(models):
             seen: dict[str, int] = {}
             named = []
-            for model, ranks in models:  # type: ignore[misc]
+            for model, ranks in filter(None, models):
                 seen[model] = seen.get(model, 0) + 1
                 named.append((model if seen[model] == 1 else f"{model}-{seen[model]}", model,
                               ranks))
@@ -366,7 +373,7 @@ def run(experiment: Path, backend: str, out: Path | None, iterations: int | None
     prog = Progress(TextColumn("{task.description:<12}"), BarColumn(), MofNCompleteColumn(),
                     TimeElapsedColumn(), console=err, transient=as_json,
                     disable=not err.is_terminal and as_json)
-    tasks: dict[str, int] = {}
+    tasks: dict[str, TaskID] = {}
     last = [0.0]
     timeline = Timeline(trace_iterations) if trace_file is not None else None
 

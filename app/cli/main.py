@@ -50,7 +50,7 @@ def fail(message: str, code: int = 2) -> NoReturn:
 class _Oddl(click.Group):
     """The group whose `main` turns whatever a command raises into one voice."""
 
-    def main(self, *args: Any, **kwargs: Any) -> Any:  # type: ignore[override]
+    def main(self, *args: Any, **kwargs: Any) -> Any:
         kwargs["standalone_mode"] = False
         try:
             rv = super().main(*args, **kwargs)

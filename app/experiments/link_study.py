@@ -28,7 +28,13 @@ from typing import Any
 from oddl.app import registry
 from oddl.app.experiments.results import RunStore, read_store
 from oddl.app.experiments.runner import run_experiment
-from oddl.controller.base.config import Experiment, JobEntry, LoadedExperiment, grid_testbed
+from oddl.controller.base.config import (
+    Experiment,
+    JobEntry,
+    LoadedExperiment,
+    NetworkSpec,
+    grid_testbed,
+)
 from oddl.controller.stage1.compat import compatibility
 
 JITTER_MS = 1.0
@@ -99,7 +105,8 @@ def on_one_link(jobs: list[LinkJob], iterations: int = 40, line_rate_gbps: float
 
 def _run(tb: Any, entries: list[JobEntry], net: dict[str, Any]) -> dict[str, list[Any]]:
     """Each job's (iteration, t_start, t_end) rows, as the run's store recorded them."""
-    exp = Experiment(name="link", testbed="-", jobs=entries, networks=[net])
+    exp = Experiment(name="link", testbed="-", jobs=entries,
+                     networks=[NetworkSpec.model_validate(net)])
     with tempfile.TemporaryDirectory() as d:
         store = RunStore(Path(d) / "results.sqlite")
         try:

@@ -50,7 +50,7 @@ class ArbiterClient:
         """Submit the experiment's job, follow it to its end: (the job, its iterations as
         [i, t_start_ns, t_end_ns]); RunFailed if it did not finish."""
         job = self.call("POST", "/jobs", {"experiment": experiment.read_text()})
-        jid, its = job["job"], []
+        jid, its = job["job"], list[list[int]]()
         while True:
             job = self.call("GET", f"/jobs/{jid}")
             new = self.call("GET", f"/jobs/{jid}/iterations?since={len(its)}")["iterations"]

@@ -24,7 +24,7 @@ from dataclasses import asdict, dataclass, field
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from oddl.app import collector, registry
 from oddl.app.experiments.estimate import estimate, refuse_if_too_big
@@ -482,10 +482,12 @@ class _Aside:
                 conns = {c: n for n, (_p, c) in self.running.items()}
             if not conns:
                 return
-            for c in multiprocessing.connection.wait(list(conns)):
-                name = conns[c]  # type: ignore[index]
+            for ready in multiprocessing.connection.wait(list(conns)):
+                c = cast(Connection, ready)  # the pipes given, one of them
+                name = conns[c]
+                msg: tuple[Any, ...]
                 try:
-                    msg = c.recv()  # type: ignore[union-attr]
+                    msg = c.recv()
                 except EOFError:  # it died without a word (killed, out of memory)
                     msg = ("error", name, "the worker process died", "")
                 if msg[0] == "progress":

@@ -96,15 +96,19 @@ def probe_ns(tb: str) -> str:
     return f"{tb}/probe"
 
 
+Access = Literal["read", "write"]
+
+
 @dataclass(frozen=True)
 class Rule:
-    access: Literal["read", "write"]
+    access: Access
     topic: str  # an MQTT filter: '+' one level, '#' the rest
 
 
 def rules(tb: str, party: str, nodes: Iterable[str]) -> list[Rule]:
     """What `party` may read and write on testbed `tb`."""
-    r, w = "read", "write"
+    r: Access = "read"
+    w: Access = "write"
     if party == CONTROLLER:
         return [Rule(w, run_topic(tb)), Rule(w, stop_topic(tb)), Rule(r, results(tb)),
                 Rule(w, status_topic(tb, party)), Rule(r, status_topic(tb, "+")),

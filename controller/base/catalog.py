@@ -6,7 +6,7 @@ builders' dispatch tables derive from it, and tests hold the dispatch tables to 
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import TYPE_CHECKING, Literal, TypeAlias
 
 # GPT-style Transformers: (layers, hidden, heads, sequence length, vocabulary), the
 # published configurations (docs/model.md gives the sources); they train data-parallel or
@@ -65,12 +65,25 @@ SHARINGS = ("fair", "weighted", "mltcp", "dcqcn", "tcp", "mltcp-dcqcn", "mltcp-t
 NETWORK_KINDS = ("oddl", "electrical", "fattree", "sipring", "sipocs", "topoopt", "optinc")
 BACKENDS = ("sim", "emu", "hw")
 
-ModelName = Literal[tuple(MODELS)]  # type: ignore[valid-type]
-CollectiveName = Literal[COLLECTIVES]  # type: ignore[valid-type]
-NetworkCollective = Literal[(*COLLECTIVES, IN_NETWORK)]  # type: ignore[valid-type]
-StrategyName = Literal[STRATEGIES]  # type: ignore[valid-type]
-NetworkKind = Literal[NETWORK_KINDS]  # type: ignore[valid-type]
-BackendName = Literal[BACKENDS]  # type: ignore[valid-type]
-PolicyName = Literal[POLICIES]  # type: ignore[valid-type]
-ShapeName = Literal[SHAPES]  # type: ignore[valid-type]
-SharingName = Literal[SHARINGS]  # type: ignore[valid-type]
+# the config's fields take these names: Literals built from the tuples above (one source),
+# which pydantic checks at run time; to the type checker each is a str
+if TYPE_CHECKING:
+    ModelName: TypeAlias = str
+    CollectiveName: TypeAlias = str
+    NetworkCollective: TypeAlias = str
+    StrategyName: TypeAlias = str
+    NetworkKind: TypeAlias = str
+    BackendName: TypeAlias = str
+    PolicyName: TypeAlias = str
+    ShapeName: TypeAlias = str
+    SharingName: TypeAlias = str
+else:
+    ModelName = Literal[tuple(MODELS)]
+    CollectiveName = Literal[COLLECTIVES]
+    NetworkCollective = Literal[(*COLLECTIVES, IN_NETWORK)]
+    StrategyName = Literal[STRATEGIES]
+    NetworkKind = Literal[NETWORK_KINDS]
+    BackendName = Literal[BACKENDS]
+    PolicyName = Literal[POLICIES]
+    ShapeName = Literal[SHAPES]
+    SharingName = Literal[SHARINGS]

@@ -73,12 +73,12 @@ def jump_routes(n: int, jumps: list[int]) -> list[tuple[int, ...]]:
         for j in jumps:
             v = (u + j) % n
             if route[v] is None:
-                route[v] = (*route[u], j)  # type: ignore[misc]
+                route[v] = (*route[u], j)  # type: ignore[misc]  # u was reached: its route is set
                 q.append(v)
     missing = [v for v in range(n) if route[v] is None]
     if missing:
         raise ValueError(f"jumps {jumps} do not connect {n} nodes (offset {missing[0]})")
-    return route  # type: ignore[return-value]
+    return route  # type: ignore[return-value]  # every node is reached (jumps generate the group)
 
 
 @dataclass(frozen=True, slots=True)

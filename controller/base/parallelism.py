@@ -232,6 +232,7 @@ def hybrid_schedule(h: Hybrid, dp_collective: str, degree: int = 4) -> Schedule:
         st = memo.get(key)
         if st is None:
             sends, recv, phase, ns, at = key
+            # (type: ignore below: the memo's key is the step's fields)
             st = memo[key] = Step(sends, recv, phase, ns, at)  # type: ignore[arg-type]
         return st
 

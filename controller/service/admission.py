@@ -528,7 +528,7 @@ class Admission:
         long-lived arbiter's memory stays bounded."""
         for held in (self.records, self.tags, self._rules, self._last, self.resume,
                      self._stopped):
-            held.pop(name, None)  # type: ignore[attr-defined]
+            held.pop(name, None)
         self.outcomes.clear()  # a run's figures; the service reports per job
         self.recoveries.clear()
 
@@ -737,6 +737,7 @@ class Admission:
                                   req.compute_ns) for c in cands]
         running = {link: [p for p, _phase in jobs] for link, jobs in on_links(
             self._profiles, self._began, self.clock.now_ns()).items()}
+        # (type: ignore below: profiles by link: the same shape)
         k = best_placement(measured, running)  # type: ignore[arg-type]
         self._measured[req.name] = measured[k]
         return cands[k]
@@ -876,6 +877,7 @@ class Admission:
                          ) -> None:
         if not task.cancelled() and task.exception() is not None:
             self.running -= 1
+            # (type: ignore below: not None: checked above)
             self._lose(req.name, part, task.exception())  # type: ignore[arg-type]
 
     # --- the watch and the watchers ----------------------------------------------------

@@ -135,15 +135,27 @@ class Backend(Protocol):
     stops the job as `stop` says (raising `JobStopped`). Several `run_job`s may run at
     once, for jobs on disjoint nodes (controller/service/admission.py)."""
 
-    name: str
-    loop: asyncio.AbstractEventLoop
-    onics: Mapping[str, ONic]
-    wss: Mapping[str, WSSDevice]
-    monitor: InvariantChecker  # the invariants this back end can watch from the controller
-    health: Health  # the live inventory (`Unwatched` for a model with nothing to watch)
-    injected: list[Injected]  # the drill's faults so far (sim, emu)
-    # tells the bus's watchers (controller/base/telemetry.py); None: nobody is told
-    announce: Announce | None
+    # what the orchestration reads of it (read-only: each back end holds its own kinds)
+    @property
+    def name(self) -> str: ...
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop: ...
+    @property
+    def onics(self) -> Mapping[str, ONic]: ...
+    @property
+    def wss(self) -> Mapping[str, WSSDevice]: ...
+    @property
+    def monitor(self) -> InvariantChecker:
+        """The invariants this back end can watch from the controller."""
+    @property
+    def health(self) -> Health:
+        """The live inventory (`Unwatched` for a model with nothing to watch)."""
+    @property
+    def injected(self) -> list[Injected]:
+        """The drill's faults so far (sim, emu)."""
+    @property
+    def announce(self) -> Announce | None:
+        """Tells the bus's watchers (controller/base/telemetry.py); None: nobody is told."""
 
     async def run_job(self, spec: JobSpec, on_iteration: OnIteration,
                       record_flows: bool, stop: StopRule) -> JobOutcome: ...

@@ -373,6 +373,7 @@ class Health:
         now = [d for d in self.diagnoses if (d.kind, d.target) in self._seen]
         return Avoid(frozenset(d.target for d in now if d.kind in AVOID_NODE),
                      frozenset(d.target for d in now if d.kind in AVOID_WSS),
+                     # (type: ignore below: NODE/PORT: two parts)
                      frozenset(tuple(d.target.split("/", 1)) for d in now  # type: ignore[misc]
                                if d.kind in AVOID_LINK))
 

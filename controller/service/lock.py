@@ -52,9 +52,10 @@ class TestbedLock:
 
     def holder(self) -> dict[str, Any]:
         try:
-            return json.loads(self.path.read_text() or "{}")
+            held = json.loads(self.path.read_text() or "{}")
         except (OSError, ValueError):
             return {}
+        return held if isinstance(held, dict) else {}
 
     def acquire(self, wait_s: float = 0.0, poll_s: float = 0.2) -> TestbedLock:
         """Take the lock, waiting up to `wait_s` seconds; TestbedBusy names the holder."""

@@ -43,12 +43,14 @@ from oddl.controller.base.access import (
 from oddl.controller.base.clock import Clock
 from oddl.controller.base.devices import Bus, InterruptLine, ONic
 from oddl.controller.base.telemetry import ports_note
+from oddl.controller.base.throttle import worth_logging
 from oddl.controller.service.health import Heartbeat, Heartbeats, read_heartbeat
 from oddl.controller.stage2.invariants import InvariantChecker
 from oddl.controller.stage2.job import (
     DECODE_ERRORS,
     JOB_VERSION,
     MAX_NODES,
+    EventKind,
     JobEvent,
     JobRunner,
     JobSpec,
@@ -60,7 +62,6 @@ from oddl.controller.stage2.job import (
     step_sync,
 )
 from oddl.controller.stage2.trace import TraceRow
-from oddl.controller.stage2.wire import worth_logging
 
 log = logging.getLogger(__name__)
 MAX_VIOLATIONS_REPORTED = 50
@@ -384,7 +385,7 @@ class _NodeJob:
     def sent(self) -> int:
         return self.prog.bus.sent - self.sent0
 
-    def _publish(self, kind: str, **kw: Any) -> asyncio.Future[Any]:
+    def _publish(self, kind: EventKind, **kw: Any) -> asyncio.Future[Any]:
         prog = self.prog
         ev = JobEvent(JOB_VERSION, self.spec.job, kind, prog.node, **kw)
         fut = asyncio.ensure_future(prog.bus.publish(result_topic(prog.testbed, prog.node),
@@ -493,6 +494,7 @@ class _NodeJob:
                 if runner is not None and prog.node in spec.ranks and \
                 runner.engine.iteration >= 0 else None
             more: dict[str, Any] = {} if carry is None else {
+                # (type: ignore below: runner is set when there is a carry)
                 "iteration": runner.engine.iteration,  # type: ignore[union-attr]
                 "carried": True, "carry_t0": carry[0], "carry": carry[1]}
             if more and str(e) == LOST_BROKER:  # said again once the controller is back
@@ -539,7 +541,7 @@ class _NodeJob:
         await asyncio.wait({t, self.finished}, return_when="FIRST_COMPLETED")
         if self.finished.done() and self.finished.exception() is not None:
             t.cancel()
-            raise self.finished.exception()  # type: ignore[misc]
+            raise self.finished.exception()  # type: ignore[misc]  # not None: checked above
         await t
 
     async def abort(self, why: str | None) -> None:

@@ -41,6 +41,7 @@ class _Bounded(H11Protocol):
     request_timeout_s = REQUEST_TIMEOUT_S
     max_waiting = MAX_WAITING
 
+    # (type: ignore below: uvicorn's own signature)
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
         self._deadline: asyncio.TimerHandle | None = None
@@ -73,7 +74,7 @@ class _Bounded(H11Protocol):
 
     def _disarm(self) -> None:
         if getattr(self, "_deadline", None) is not None:
-            self._deadline.cancel()  # type: ignore[union-attr]
+            self._deadline.cancel()  # type: ignore[union-attr]  # not None: checked above
             self._deadline = None
 
     def _expire_if_owed(self) -> None:
@@ -196,7 +197,8 @@ class BearerToken:
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] not in ("http", "websocket"):
-            return await self.app(scope, receive, send)
+            await self.app(scope, receive, send)
+            return
         auth = dict(scope.get("headers") or []).get(b"authorization", b"").decode("latin-1")
         given = auth.removeprefix("Bearer ").strip() if auth.startswith("Bearer ") else ""
         if not given and self.query:
@@ -207,8 +209,9 @@ class BearerToken:
             self.refused(f"no valid token ({self.hint})")
             if scope["type"] == "websocket":
                 await send({"type": "websocket.close", "code": 1008})
-                return None
-            return await JSONResponse({"error": f"no valid token ({self.hint})"}, 401)(
-                scope, receive, send)
+            else:
+                await JSONResponse({"error": f"no valid token ({self.hint})"}, 401)(
+                    scope, receive, send)
+            return
         scope["party"] = party
-        return await self.app(scope, receive, send)
+        await self.app(scope, receive, send)

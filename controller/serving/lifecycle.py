@@ -184,7 +184,7 @@ class Services:
         ended = next((t for t in tasks if t.done() and not t.cancelled()
                       and t.exception() is not None), None)
         if ended is not None and self._signal is None:
-            raise ended.exception()  # type: ignore[misc]
+            raise ended.exception()  # type: ignore[misc]  # not None: checked above
 
     def _signalled(self, signum: int) -> None:
         if self._signal is not None:

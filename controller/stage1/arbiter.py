@@ -63,17 +63,17 @@ class Arbiter:
         inv = Inventory(wavelengths=len(self.tb.optical.wavelengths()))
         problems = []
         for n in self.tb.nodes:
-            dev = self.onics.get(n.id)
-            if dev is None:
+            board = self.onics.get(n.id)
+            if board is None:
                 problems.append(f"node {n.id}: no O-NIC answers")
                 continue
-            inv.boards[n.id] = dev.identity()  # held to the design version when opened
+            inv.boards[n.id] = board.identity()  # held to the design version when opened
         for w in self.tb.wss:
-            dev = self.wss.get(w.id)
-            if dev is None:
+            wss = self.wss.get(w.id)
+            if wss is None:
                 problems.append(f"WSS {w.id}: does not answer")
                 continue
-            inv.wss[w.id] = dev.identify()
+            inv.wss[w.id] = wss.identify()
         if problems:
             raise InventoryError("inventory failed:\n  " + "\n  ".join(problems))
         return inv

@@ -22,7 +22,10 @@ import math
 from dataclasses import dataclass, field
 
 import numpy as np
+import numpy.typing as npt
 from oddl.controller.base.catalog import MODELS
+
+Demand = npt.NDArray[np.float64]  # a job's demand per bin of the circle
 
 MAX_BINS = 7200  # angles the circle is cut into at most (coarser steps beyond)
 PER_ITERATION = 200  # bins in the shortest iteration, at most
@@ -73,7 +76,7 @@ def parse_job(spec: str) -> Profile:
     if not 0 < nums[0] <= 1e7:
         raise ValueError(f"--job {spec!r}: ITER_MS must be in (0, 1e7]")
     try:
-        return Profile.on_off(parts[0], *nums)
+        return Profile.on_off(parts[0], nums[0], nums[1], nums[2] if len(nums) == 3 else 1.0)
     except ValueError as e:
         raise ValueError(f"--job {spec!r}: {e}") from None
 
@@ -94,13 +97,13 @@ def parse_model_job(spec: str) -> tuple[str, int] | None:
     return parts[0], ranks
 
 
-def rolled(profiles: list[Profile], c: Compatibility) -> list[np.ndarray]:
+def rolled(profiles: list[Profile], c: Compatibility) -> list[Demand]:
     """Each job's demand around the unified circle, rotated as `c` says (for the plot)."""
     _periods, width, out = _circle(profiles)
     return [np.roll(r, round(s / width)) for r, s in zip(out, c.shifts_ms, strict=True)]
 
 
-def _circle(profiles: list[Profile]) -> tuple[list[int], float, list[np.ndarray]]:
+def _circle(profiles: list[Profile]) -> tuple[list[int], float, list[Demand]]:
     """Each job's iteration in bins, the bin width (ms), and each job's demand per bin
     around the unified circle. The width starts at 1/PER_ITERATION of the shortest
     iteration and grows until the LCM of the iterations, in bins, is at most MAX_BINS:
@@ -124,7 +127,7 @@ def _circle(profiles: list[Profile]) -> tuple[list[int], float, list[np.ndarray]
     return periods, width, out
 
 
-def score_of(demand: np.ndarray, capacity: float = 1.0) -> float:
+def score_of(demand: Demand, capacity: float = 1.0) -> float:
     return 1.0 - float(np.maximum(demand - capacity, 0).sum()) / (len(demand) * capacity)
 
 
@@ -153,23 +156,24 @@ def compatibility(profiles: list[Profile], capacity: float = 1.0) -> Compatibili
                         best = (float(scores[i]), (*head, int(ks[lo + i])))
     else:
         shifts = [0] * len(profiles)
-        total = sum(rolled)
+        total = sum(rolled, np.zeros_like(rolled[0]))
         improved = True
         while improved:
             improved = False
             for j in range(1, len(profiles)):
                 rest = total - np.roll(rolled[j], shifts[j])
-                cand = max(options[j], key=lambda k, j=j, rest=rest: (
-                    score_of(rest + np.roll(rolled[j], k), capacity), -k))
+                def fit(k: int, j: int = j, rest: Demand = rest) -> tuple[float, int]:
+                    return score_of(rest + np.roll(rolled[j], k), capacity), -k
+                cand = max(options[j], key=fit)
                 if score_of(rest + np.roll(rolled[j], cand), capacity) > \
                         score_of(total, capacity) + 1e-12:
                     shifts[j] = cand
                     total = rest + np.roll(rolled[j], cand)
                     improved = True
         best = (score_of(total, capacity), tuple(shifts))
-    s, ks = best
-    return Compatibility(round(s, 9), tuple(round(360.0 * k / bins, 6) for k in ks),
-                         tuple(round(k * width, 6) for k in ks),
+    s, best_ks = best
+    return Compatibility(round(s, 9), tuple(round(360.0 * k / bins, 6) for k in best_ks),
+                         tuple(round(k * width, 6) for k in best_ks),
                          bins * width)
 
 
@@ -364,7 +368,7 @@ def on_links(profiles: dict[str, dict[object, Profile]], began: dict[str, int],
     return out
 
 
-def _at_phase(rolled: list[np.ndarray], phases_ms: list[float], width: float) -> np.ndarray:
+def _at_phase(rolled: list[Demand], phases_ms: list[float], width: float) -> Demand:
     """The jobs' demand summed around the circle, each rotated back by its phase."""
     return sum((np.roll(r, -round(ph / width)) for r, ph in zip(rolled, phases_ms,
                                                                strict=True)),

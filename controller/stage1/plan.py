@@ -191,7 +191,7 @@ class Plan:
             wss=[WSSTable(**t) for t in d["wss"]],
             routes={n: {dst: Route(*r) for dst, r in rs.items()}
                     for n, rs in d["routes"].items()},
-            demand=[tuple(p) for p in d["demand"]],  # type: ignore[misc]
+            demand=[tuple(p) for p in d["demand"]],
         )
 
     def summary_lines(self, max_wss: int = 4, max_nodes: int = 8) -> list[str]:

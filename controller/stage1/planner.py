@@ -275,7 +275,8 @@ def plan_job(tb: Testbed, grid: Grid, schedule: Schedule, job: str = "job0",
 
     # channel mappings per group
     routing: dict[tuple[str, int], _GroupRouting] = {}
-    cache: dict[tuple[tuple[tuple[int, int], ...], ...], _GroupRouting] = {}
+    cache: dict[tuple[tuple[tuple[tuple[int, int], ...], ...], frozenset[int]],
+                _GroupRouting] = {}
     tables: list[WSSTable] = []
     used_channels = 0
     for key in sorted(per_group):

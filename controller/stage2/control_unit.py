@@ -27,6 +27,7 @@ from oddl.controller.base.clock import Clock
 from oddl.controller.base.devices import Bus, ONic
 from oddl.controller.base.messages import ControlMessage, Flow, Grant, Release, Request, Wait
 from oddl.controller.base.telemetry import PortView
+from oddl.controller.base.throttle import worth_logging
 from oddl.controller.stage1.plan import Route
 from oddl.controller.stage2.invariants import tag_of
 from oddl.controller.stage2.trace import REQUESTING as T_REQUESTING
@@ -34,7 +35,6 @@ from oddl.controller.stage2.trace import SENDING as T_SENDING
 from oddl.controller.stage2.trace import TUNING as T_TUNING
 from oddl.controller.stage2.trace import WAITING as T_WAITING
 from oddl.controller.stage2.trace import Tracer, TraceRow
-from oddl.controller.stage2.wire import worth_logging
 
 log = logging.getLogger(__name__)
 
@@ -158,6 +158,7 @@ class ControlUnit:
             if state == T_SENDING and now < tx.since:
                 state = T_TUNING  # the channel locks at `since`
             f, r = tx.current, tx.route
+            # (type: ignore below: a port's state: one of the view's literals)
             out[p] = PortView(state, -1 if tx.channel is None else tx.channel,  # type: ignore[arg-type]
                               f.id if f is not None else -1,
                               r.next_hop if r is not None and f is not None else "",
@@ -423,6 +424,8 @@ class ControlUnit:
         if tr is not None and tr.on:
             tr.add(TraceRow("recv", self.node, m.port, _KIND.get(type(m), "?"),
                             self.clock.now_ns(), 0, m.flow, m.hop, m.src))
+        # the hot path's dispatch: type(m) is X (cheaper than isinstance), on which the type
+        # checker does not narrow m: hence the ignores below
         t = type(m)
         if t is Request:
             self._on_request(m)  # type: ignore[arg-type]

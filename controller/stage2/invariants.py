@@ -19,7 +19,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from oddl.controller.base.messages import ControlMessage, Flow, Grant
-from oddl.controller.stage2.wire import worth_logging
+from oddl.controller.base.throttle import worth_logging
 
 log = logging.getLogger(__name__)
 
@@ -131,8 +131,8 @@ class InvariantChecker:
     # bus tap: called for every message actually delivered
     def on_message(self, dst: str, m: ControlMessage) -> None:
         if type(m) is Grant:
-            self.grants[(dst, m.port)] = (m.flow, m.hop, m.channel)  # type: ignore[union-attr]
-            self.granted_by[(m.flow, m.hop)] = m.src  # type: ignore[union-attr]
+            self.grants[(dst, m.port)] = (m.flow, m.hop, m.channel)
+            self.granted_by[(m.flow, m.hop)] = m.src
 
     def flow_started(self, flow: Flow) -> None:
         if flow.id in self.started:

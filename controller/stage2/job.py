@@ -52,7 +52,8 @@ DECODE_ERRORS = (msgspec.DecodeError, msgspec.ValidationError, RecursionError,
 
 
 class _FromNode(Protocol):
-    node: str
+    @property
+    def node(self) -> str: ...
 
 
 M = TypeVar("M", bound=_FromNode)
@@ -155,10 +156,13 @@ class JobStop(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     why: Text = ""
 
 
+EventKind = Literal["ready", "iteration", "done", "failed"]
+
+
 class JobEvent(msgspec.Struct, omit_defaults=True, forbid_unknown_fields=True):
     v: int
     job: JobId
-    kind: Literal["ready", "iteration", "done", "failed"]
+    kind: EventKind
     node: Name
     iteration: Annotated[int, msgspec.Meta(ge=-1, le=MAX_ITERATIONS)] = -1
     t_start: int = 0

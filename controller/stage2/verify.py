@@ -146,7 +146,7 @@ class _ONic:
             w.violate(f"{self.node}/{port} starts flow {flow.id} hop {flow.hop} while it "
                       f"still tunes or sends (until t={self.busy[port]})")
             return
-        dst = w.wire.get((self.node, port, channel))
+        dst = w.wire.get((self.node, port, channel)) if channel is not None else None
         if dst is None:
             w.violate(f"{self.node}/{port} sends flow {flow.id} on channel {channel}, "
                       f"which reaches no receiver")
@@ -226,6 +226,7 @@ class World:
         self.wire = {(a, r.port, r.channel): r.next_hop for a, rs in routes.items()
                      for r in rs.values()}
         self.onics = {x: _ONic(self, x) for x in cfg.nodes}
+        # (type: ignore below: the model's bus and boards: duck-typed stand-ins)
         self.units = {x: unit(x, self.clock, self.bus, self.onics[x], routes.get(x, {}),  # type: ignore[arg-type]
                               timing, self._deliver, self._fail) for x in cfg.nodes}
         self.flows = [Flow(i + 1, p[0], p[-1], 1000) for i, p in enumerate(cfg.flows)]
@@ -310,7 +311,7 @@ class World:
 
     def key(self) -> tuple[Any, ...]:
         """What distinguishes this state from another (statistics and logs aside)."""
-        units = []
+        units: list[tuple[object, ...]] = []
         for x, u in sorted(self.units.items()):
             units.append((x, u.halted))
             for p in ("H", "V"):
@@ -479,8 +480,9 @@ def replay(deliveries: list[Delivery], nodes: Iterable[str],
             w.fire()
             fired += 1
         if w.violations or w.failed is not None:
-            return Conformance(k, False, f"{here}: {(w.violations or [w.failed])[0]}", fired)
-        w.do("deliver", i)  # type: ignore[arg-type]
+            return Conformance(k, False, f"{here}: {(w.violations or [w.failed or ''])[0]}",
+                               fired)
+        w.do("deliver", i)  # type: ignore[arg-type]  # found above: not None
     while w.clock.next() is not None and fired < max_timers and not w.violations:
         w.fire()  # the last transfers land
         fired += 1

@@ -28,7 +28,7 @@ class _Outgoing(msgspec.Struct):
 
 _enc = msgspec.json.Encoder()
 _head = msgspec.json.Decoder(_Envelope)
-_body = msgspec.json.Decoder(ControlMessage)
+_body: msgspec.json.Decoder[ControlMessage] = msgspec.json.Decoder(ControlMessage)
 
 
 def encode(msg: ControlMessage) -> bytes:
@@ -52,9 +52,3 @@ def decode(data: bytes) -> ControlMessage:
     except (msgspec.DecodeError, msgspec.ValidationError, RecursionError,
             UnicodeDecodeError) as e:
         raise BusDecodeError(f"bad message: {e}") from None
-
-
-def worth_logging(count: int) -> bool:
-    """Log the first rejections one by one, then every thousandth: a peer sending junk
-    must not fill the disk through our log (each one is counted all the same)."""
-    return count <= 20 or count % 1000 == 0

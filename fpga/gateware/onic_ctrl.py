@@ -285,10 +285,10 @@ class OnicCtrl(wiring.Component):
                       o("RX#_BYTES_HI"): rx_bytes[i][32:64],
                       o("RX#_CUR_FLOW"): Mux(pin(ports[i], "rx_busy"),
                                              pin(ports[i], "rx_cur_flow"), 0xFFFFFFFF)}
-            for k, sigs in rx_keep.items():
-                reads[o(f"RX#_{k}")] = sigs[i]
-            for k in range(N_HDR):
-                reads[o(f"RX#_HDR{k}")] = rx_hdr[i][k]
+            for name, sigs in rx_keep.items():
+                reads[o(f"RX#_{name}")] = sigs[i]
+            for h in range(N_HDR):
+                reads[o(f"RX#_HDR{h}")] = rx_hdr[i][h]
         writable = {R.BY_NAME[n].offset for n in rw} | {R.BY_NAME["NODE_ID"].offset}
         w1c = {r.offset for r in R.REGISTERS if r.access == "W1C"}
         sc = {r.offset for r in R.REGISTERS if r.access == "SC" and not r.name.startswith("CA")}
@@ -545,8 +545,8 @@ class OnicCtrl(wiring.Component):
                     m.next = "IDLE"
 
         # ---- flags and the interrupt line ------------------------------------------
-        def any_of(terms: list[object]) -> object:
-            out: object = Const(0, 32)
+        def any_of(terms: list[Any]) -> Any:
+            out: Any = Const(0, 32)
             for t in terms:
                 out = out | t
             return out

@@ -26,7 +26,7 @@ from amqtt.plugins.base import BaseAuthPlugin, BaseTopicPlugin
 from amqtt.session import Session
 from amqtt.utils import gen_client_id
 from oddl.controller.base.access import Rule, permits, rules
-from oddl.controller.stage2.wire import worth_logging
+from oddl.controller.base.throttle import worth_logging
 
 log = logging.getLogger(__name__)
 CONNECT_TIMEOUT_S = 5.0  # a connection that has not sent its CONNECT by then is closed

@@ -89,6 +89,7 @@ class ONicBoard:
         self._events: deque[tuple[int, int, int, int | None]] = deque()
         self._fires = 0  # in the current drain (R.CA_FIRE_LIMIT)
         self.fires = 0  # since power-on (a statistic; the registers keep 8 bits of it)
+        self.loaded_bitstream: str | None = None  # the last bitstream downloaded to it
         self.ts_hi_latch = 0
         self.streamed: list[tuple[int, int]] = []  # (t_ns, DAC) for Lightning
         self.on_irq: Callable[[], None] | None = None  # the board's interrupt line

@@ -90,6 +90,7 @@ class EmulatedONicDevice(Device):
             mem, i = self._ps_word(base_addr)
             if i + length // 4 > len(mem):
                 raise MemoryError(f"{self.name}: 0x{base_addr:X} + {length} B leaves its block")
+            # (type: ignore below: a memoryview of words: what pynq reads)
             return mem[i:i + length // 4]  # type: ignore[return-value]
         return _Window(self.board, self._offset(base_addr, length), length)
 
@@ -121,7 +122,7 @@ class EmulatedONicDevice(Device):
             self.board.write(off + 4 * i, v)
 
 
-def _metadata(bitfile_name: str):  # type: ignore[no-untyped-def]
+def _metadata(bitfile_name: str):
     from pathlib import Path
 
     from pynqmetadata.frontends import Metadata
@@ -133,7 +134,7 @@ def _metadata(bitfile_name: str):  # type: ignore[no-untyped-def]
     return RuntimeMetadataParser(Metadata(input=str(hwh)))
 
 
-def _download(self: EmulatedONicDevice, bitstream, parser=None) -> None:  # type: ignore[no-untyped-def]
+def _download(self: EmulatedONicDevice, bitstream, parser=None) -> None:
     """'Configure' the emulated FPGA: the hash register takes the bitstream's SHA-256."""
     from oddl.fpga.overlay import bitstream_hash
 
@@ -142,8 +143,8 @@ def _download(self: EmulatedONicDevice, bitstream, parser=None) -> None:  # type
     self.post_download(bitstream, parser)
 
 
-EmulatedONicDevice.get_bitfile_metadata = lambda self, name: _metadata(name)  # type: ignore[method-assign]
-EmulatedONicDevice.download = _download  # type: ignore[attr-defined]
+EmulatedONicDevice.get_bitfile_metadata = lambda self, name: _metadata(name)
+EmulatedONicDevice.download = _download
 
 
 class _Window:

@@ -23,10 +23,10 @@ FILES = {
 
 
 class _Device(remote_device_pb2_grpc.RemoteDeviceServicer):
-    async def existsfile(self, request, context):  # type: ignore[no-untyped-def]
+    async def existsfile(self, request, context):
         return remote_device_pb2.ExistsFileResponse(exists=request.file_path in FILES)
 
-    async def readfile(self, request, context):  # type: ignore[no-untyped-def]
+    async def readfile(self, request, context):
         data = FILES.get(request.file_path)
         if data is None:
             await context.abort(grpc.StatusCode.NOT_FOUND, f"{request.file_path}: no such file")
@@ -39,7 +39,7 @@ class _Mmio(mmio_pb2_grpc.MmioServicer):
         self.maps: dict[str, tuple[int, int]] = {}
         self.ops = 0
 
-    async def get_mmio(self, request, context):  # type: ignore[no-untyped-def]
+    async def get_mmio(self, request, context):
         mid = f"{request.base_addr:x}+{request.length:x}"
         try:
             self.dev.read_registers(request.base_addr, 4)  # is the window mapped at all?
@@ -48,7 +48,7 @@ class _Mmio(mmio_pb2_grpc.MmioServicer):
         self.maps[mid] = (request.base_addr, request.length)
         return mmio_pb2.GetMmioResponse(status=True, mmio_id=mid)
 
-    async def read(self, request, context):  # type: ignore[no-untyped-def]
+    async def read(self, request, context):
         base, length = self.maps.get(request.mmio_id, (None, 0))
         if base is None:
             return mmio_pb2.ReadResponse(status=False, msg=f"unknown mmio id {request.mmio_id}")
@@ -65,7 +65,7 @@ class _Mmio(mmio_pb2_grpc.MmioServicer):
         self.ops += 1
         return mmio_pb2.ReadResponse(status=True, data=struct.unpack("<I", data)[0])
 
-    async def write(self, request, context):  # type: ignore[no-untyped-def]
+    async def write(self, request, context):
         base, length = self.maps.get(request.mmio_id, (None, 0))
         if base is None:
             return mmio_pb2.WriteResponse(status=False, msg=f"unknown mmio id {request.mmio_id}")

@@ -69,6 +69,14 @@ def soc_config(n_dacs: int = 2, n_adcs: int = 1) -> dict[str, Any]:
     }
 
 
+def _gen(index: int | str | None) -> int:
+    """A count-action program's DAC index (1-based, as the program names it) as the QICK
+    generator it is (0-based)."""
+    if index is None:
+        raise ValueError("a DAC signal of the streamer's program without its index")
+    return int(index) - 1
+
+
 @dataclass
 class Photonics:
     """The photonic path's parameters (a testbed's `[qick.photonics]`)."""
@@ -269,8 +277,8 @@ class EmulatedQickSoc(QickConfig):
         mod = streamer(len(self["gens"])).modules[0]
         ready = self.photonics.dac_ready
         count = sum(1 for s in mod.counts if s.signal == "DAC.valid"
-                    and int(s.index) - 1 in playing and ready[int(s.index) - 1])
-        return [int(a.index) - 1 for a in mod.actions if a.name == "stream"] \
+                    and _gen(s.index) in playing and ready[_gen(s.index)])
+        return [_gen(a.index) for a in mod.actions if a.name == "stream"] \
             if count >= mod.target else []
 
     def get_decimated(self, ch: int, address: int = 0, length: int | None = None

@@ -103,7 +103,13 @@ def new_loop(spin_s: float = DEFAULT_SPIN_S, collect_when_idle: bool = False
     collect in the loop's idle moments instead (for a process that runs only this loop)."""
     if collect_when_idle:
         gc.disable()
-    selector = SpinSelector(spin_s, collect_when_idle)
-    loop = asyncio.SelectorEventLoop(selector)
-    loop.spin = selector  # type: ignore[attr-defined]  # for its owner to set `wanted`
-    return loop
+    return SpinLoop(SpinSelector(spin_s, collect_when_idle))
+
+
+class SpinLoop(asyncio.SelectorEventLoop):
+    """The loop on a SpinSelector, which its owner reaches (`spin`) to say when the
+    devices are busy (`spin.wanted`)."""
+
+    def __init__(self, selector: SpinSelector) -> None:
+        super().__init__(selector)
+        self.spin = selector

@@ -272,9 +272,9 @@ class FlowNetwork:
                 if a.lidx is None:
                     a.lidx = np.fromiter((li[k] for k in a.links), dtype=np.int64,
                                          count=len(a.links))
-            lens = [len(a.lidx) for a in comp]  # type: ignore[arg-type]
+            lens = [len(a.lidx) for a in comp]  # type: ignore[arg-type]  # lidx is set just above
             rows = np.repeat(np.arange(len(comp)), lens)
-            cols = np.concatenate([a.lidx for a in comp])  # type: ignore[misc]
+            cols = np.concatenate([a.lidx for a in comp])
             return max_min_arrays(rows, cols, len(comp), self.cap_arr,
                                   None if w is None else np.asarray(w)).tolist()
         caps = {link: self.capacity[link] for a in comp for link in a.links}

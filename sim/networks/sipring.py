@@ -59,8 +59,8 @@ def ring_order(nodes: Sequence[str], traffic: Mapping[tuple[str, str], int]) -> 
             pick = next(n for n in talking if n not in placed)
         order.append(pick)
         placed.add(pick)
-        for m, b in both[pick].items():
-            near[m] = near.get(m, 0) + b
+        for m, nbytes in both[pick].items():
+            near[m] = near.get(m, 0) + nbytes
     return order + [n for n in nodes if not both[n]]
 
 

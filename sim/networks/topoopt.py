@@ -82,7 +82,8 @@ class TopoOpt(FlowNetwork):
         self._trees: dict[int, list[int]] = {}
         if links is None:
             self.jumps = totient_jumps(self.n, degree, bidirectional=bidirectional)
-            self.routes = jump_routes(self.n, self.jumps) if self.n > 1 else [()]
+            self.routes: list[tuple[int, ...]] = jump_routes(self.n, self.jumps) \
+                if self.n > 1 else [()]
             self.topology: JumpSet | None = JumpSet.of(self.n, self.jumps, self.routes)
             cap: dict[object, float] = {(i, j): self.link_gbps for i in range(self.n)
                                         for j in self.jumps}

@@ -40,17 +40,20 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     g.addoption("--accept-report", default=None, help="directory for summary.json/.md")
 
 
+TESTBED = pytest.StashKey[Testbed | None]()  # the testbed under acceptance (--testbed)
+
+
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "acceptance: a hardware acceptance check")
     path = config.getoption("--testbed")
-    config._oddl_testbed = None  # type: ignore[attr-defined]
+    config.stash[TESTBED] = None
     _results.clear()
     if path:
         try:
             tb = load_testbed(Path(path)).expanded()
         except ConfigError as e:
             raise pytest.UsageError(f"--testbed: {e}") from None
-        config._oddl_testbed = tb  # type: ignore[attr-defined]
+        config.stash[TESTBED] = tb
 
 
 # --- parametrisation: one check per device -------------------------------------------------
@@ -75,7 +78,7 @@ def _members(grid: Grid, wss: str) -> tuple[str, ...]:
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
-    tb: Testbed | None = metafunc.config._oddl_testbed  # type: ignore[attr-defined]
+    tb: Testbed | None = metafunc.config.stash[TESTBED]
     names = [n for n in ("node", "transmitter", "link", "wss_route")
              if n in metafunc.fixturenames]
     if not names:
@@ -171,7 +174,7 @@ class Bench:
 
 @pytest.fixture(scope="session")
 def bench(request: pytest.FixtureRequest) -> Iterator[Bench]:
-    tb = request.config._oddl_testbed  # type: ignore[attr-defined]
+    tb = request.config.stash[TESTBED]
     if tb is None:
         pytest.skip(NO_TESTBED)
     b = Bench(tb, Grid.from_testbed(tb))
@@ -214,7 +217,7 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
             msg = msg.removeprefix("Failed: ")
         elif report.skipped and isinstance(report.longrepr, tuple):
             msg = report.longrepr[2].removeprefix("Skipped: ")
-        figs = [json.loads(v) for k, v in report.user_properties if k == "figure"]
+        figs = [json.loads(str(v)) for k, v in report.user_properties if k == "figure"]
         _results.append({"check": report.nodeid.split("::", 1)[-1], "file":
                          report.nodeid.split("::", 1)[0], "outcome": report.outcome,
                          "message": msg, "figures": figs,
@@ -226,7 +229,7 @@ _results: list[dict[str, Any]] = []
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     out = session.config.getoption("--accept-report")
-    tb = session.config._oddl_testbed  # type: ignore[attr-defined]
+    tb = session.config.stash[TESTBED]
     if not out or tb is None:
         return
     d = Path(out)

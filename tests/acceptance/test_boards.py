@@ -16,7 +16,7 @@ pytestmark = pytest.mark.acceptance
 PATTERNS = (0x00000000, 0xFFFFFFFF, 0xA5A5A5A5, 0x5A5A5A5A)
 
 
-def test_board_reachable(bench: Bench, node: str, figure) -> None:  # type: ignore[no-untyped-def]
+def test_board_reachable(bench: Bench, node: str, figure) -> None:
     t = time.perf_counter()
     try:
         bench.connect(node)
@@ -27,7 +27,7 @@ def test_board_reachable(bench: Bench, node: str, figure) -> None:  # type: igno
     figure("connect and first read", round(1e3 * (time.perf_counter() - t), 1), "ms")
 
 
-def test_identity(bench: Bench, node: str, figure) -> None:  # type: ignore[no-untyped-def]
+def test_identity(bench: Bench, node: str, figure) -> None:
     drv = bench.board(node)
     ident = drv.identity()
     spec = bench.spec
@@ -65,7 +65,7 @@ def _ro_registers() -> list[R.Reg]:
             and not any(k in r.name for k in skip)]
 
 
-def test_register_readback(bench: Bench, node: str, figure) -> None:  # type: ignore[no-untyped-def]
+def test_register_readback(bench: Bench, node: str, figure) -> None:
     """Write/read patterns on RW registers (restored after); RO registers keep their value
     whatever is written (refused with an error, or ignored as an AXI slave may)."""
     m = bench.board(node).mmio

@@ -14,7 +14,7 @@ from oddl.fpga.countaction import Program, compile_program, step_sync, streamer
 pytestmark = pytest.mark.acceptance
 
 
-def test_control_rtt(bench: Bench, figure) -> None:  # type: ignore[no-untyped-def]
+def test_control_rtt(bench: Bench, figure) -> None:
     """REQUEST -> GRANT through the testbed's MQTT broker (with its authentication/TLS)."""
     from oddl.controller.base.access import CONTROLLER, probe_ns
     from oddl.drivers.mqtt import bus_from_config
@@ -44,7 +44,7 @@ def test_control_rtt(bench: Bench, figure) -> None:  # type: ignore[no-untyped-d
                     f"(broker {tb.broker.url})", pytrace=False)
 
 
-def test_countaction_readback(bench: Bench, node: str, figure) -> None:  # type: ignore[no-untyped-def]
+def test_countaction_readback(bench: Bench, node: str, figure) -> None:
     """Load the talk's streamer and a step-sync program, read the engine back, compare the
     register images; then disarm, so the checks after this one see a quiet engine."""
     drv = bench.board(node)

@@ -8,7 +8,7 @@ from oddl.acceptance.plugin import Bench
 pytestmark = pytest.mark.acceptance
 
 
-def test_lightning_accuracy(bench: Bench, figure) -> None:  # type: ignore[no-untyped-def]
+def test_lightning_accuracy(bench: Bench, figure) -> None:
     """Random operand pairs (corners included) through the board: share of products
     exactly right, within one LSB, worst error; a run with no light fails by name."""
     from oddl.app.registry import open_soc

@@ -26,7 +26,7 @@ def _send(bench: Bench, drv: Any, port: str, dst: str, nbytes: int, flow: int) -
                f"{drv.node}/{port} transfer of {nbytes} B")
 
 
-def test_tuning_time(bench: Bench, transmitter: tuple[str, str], figure) -> None:  # type: ignore[no-untyped-def]
+def test_tuning_time(bench: Bench, transmitter: tuple[str, str], figure) -> None:
     """Every ordered wavelength pair, timed by the O-NIC's own timestamp counter
     (TX*_TUNE_NS is latched from it at lock)."""
     node, port = transmitter
@@ -95,13 +95,14 @@ def _landing(bench: Bench, port: str, members: tuple[str, ...], before: dict[str
     return seen
 
 
-def test_wss_route(bench: Bench, wss_route: tuple[str, int, int], figure) -> None:  # type: ignore[no-untyped-def]
+def test_wss_route(bench: Bench, wss_route: tuple[str, int, int], figure) -> None:
     """A test transfer per (input port, wavelength): received whole at the node the table
     names, nowhere else in the group (the only receivers that WSS's outputs reach)."""
     wid, inp, ch = wss_route
     port, members = _group(bench, wid)
     n_ch = len(bench.tb.optical.wavelengths())
     table = route_table(len(members), n_ch)
+    # (type: ignore below: the route table is full)
     src, dst = members[inp], members[table[inp][ch]]  # type: ignore[index]
     drv = bench.board(src)
     bench.board(dst)
@@ -127,7 +128,7 @@ def test_wss_route(bench: Bench, wss_route: tuple[str, int, int], figure) -> Non
                     f"{got[dst]['rx_done']} transfers, sent {nbytes} B in 1", pytrace=False)
 
 
-def test_link_loopback(bench: Bench, link: tuple[str, str], figure) -> None:  # type: ignore[no-untyped-def]
+def test_link_loopback(bench: Bench, link: tuple[str, str], figure) -> None:
     """The node's fibre pair through its WSS and back (input i -> output i on the first
     wavelength): byte count and the receiver's CRC error counter."""
     node, port = link
@@ -136,7 +137,7 @@ def test_link_loopback(bench: Bench, link: tuple[str, str], figure) -> None:  # 
     i = g.members.index(node)
     n_ch = len(bench.tb.optical.wavelengths())
     loop = [[j] + [None] * (n_ch - 1) for j in range(len(g.members))]
-    bench.load_table(g.wss, loop)  # type: ignore[arg-type]
+    bench.load_table(g.wss, loop)  # type: ignore[arg-type]  # None blocks a channel
     nbytes = bench.spec.loopback_bytes
     before = drv.counters(port)
     _tune(bench, drv, port, 0)
