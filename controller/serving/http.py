@@ -5,10 +5,12 @@ uvicorn's own bound, `limit_concurrency`, counts open connections, idle ones inc
 answers 503 to everyone beyond it: 16 idle sockets, which need no token, closed the drill
 endpoint, and 64 half-sent requests the dashboard, for as long as they stayed open. Here,
 instead:
+
 - a request, head and body, must arrive whole within `request_timeout_s` of the connection
   (or of the previous response): otherwise the connection is closed;
 - at most `max_waiting` connections may be waiting for their request to arrive; one more
   closes the longest waiting;
+
 so a connection that is served is never refused for the ones that are not.
 
 `HttpService` is the one lifecycle of each: started (listening) before it is registered
