@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from oddl.app.experiments.sweep import run_point  # noqa: E402
-from oddl.controller.base.config import _read_toml  # noqa: E402
+from oddl.controller.base.config import read_toml  # noqa: E402
 
 NETWORKS = [
     {"name": "electrical", "kind": "electrical"},
@@ -28,7 +28,7 @@ NETWORKS = [
 
 def main() -> None:
     sizes = [int(a) for a in sys.argv[1:]] or [256, 1024]
-    template = _read_toml(ROOT / "hw_configs" / "grid-1024.toml")
+    template = read_toml(ROOT / "hw_configs" / "grid-1024.toml")
     for n in sizes:
         for net in NETWORKS:
             t = time.perf_counter()

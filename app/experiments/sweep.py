@@ -21,19 +21,19 @@ from oddl.controller.base.catalog import MODELS, CollectiveName, ModelName
 from oddl.controller.base.config import (
     ConfigError,
     ConfigIssue,
+    ConfigModel,
     LoadedExperiment,
     NetworkSpec,
     Testbed,
-    _Model,
-    _pydantic_issues,
-    _read_toml,
     domain_issues,
+    pydantic_issues,
+    read_toml,
 )
 from oddl.controller.base.extras import require
 from pydantic import Field, ValidationError, model_validator
 
 
-class Sweep(_Model):
+class Sweep(ConfigModel):
     name: str = Field(min_length=1)
     description: str = ""
     testbed: str = Field(description="template testbed; its grid is resized per node count")
@@ -83,9 +83,9 @@ class Sweep(_Model):
 def load_sweep(path: str | Path) -> tuple[Sweep, Path]:
     path = Path(path)
     try:
-        sw = Sweep.model_validate(_read_toml(path))
+        sw = Sweep.model_validate(read_toml(path))
     except ValidationError as e:
-        raise ConfigError(_pydantic_issues(path, e)) from None
+        raise ConfigError(pydantic_issues(path, e)) from None
     tb = (path.parent / sw.testbed) if not Path(sw.testbed).is_absolute() else Path(sw.testbed)
     if not tb.exists():
         raise ConfigError([ConfigIssue(str(path), "testbed", f"no such file: {tb}")])
@@ -193,7 +193,7 @@ def run_sweep(sw: Sweep, testbed_path: Path, jobs: int = 1, cluster: str | None 
     """All points; each completed row is appended to `journal` (JSON lines) as it arrives,
     so a sweep that fails or is killed keeps every point it finished, and a rerun into the
     same directory runs only the points the journal does not have."""
-    template = _read_toml(testbed_path)
+    template = read_toml(testbed_path)
     todo = points(sw)
     wanted = {_key(p) for p in todo}
     rows = [r for r in _journal(journal) if _key(r) in wanted]
