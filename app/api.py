@@ -210,7 +210,8 @@ def check(path: str | Path) -> str:
     every issue (file, field, reason)."""
     from oddl.app.experiments.sweep import load_sweep, make_testbed, points
     from oddl.controller.base.config import ConfigIssue, kind_of, load_job
-    from oddl.controller.service.admission import JobRequest, plan_partitions
+    from oddl.controller.service.jobs import JobRequest
+    from oddl.controller.service.placing import plan_partitions
     from oddl.controller.stage1.plan import PlanError
 
     path = Path(path)

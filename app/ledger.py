@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from oddl.app.stores import open_store
-from oddl.controller.service.admission import JobRequest
+from oddl.controller.service.jobs import JobRequest
 
 SCHEMA_VERSION = 1  # PRAGMA user_version: a newer one is refused (app/stores.py)
 SCHEMA = """

@@ -46,15 +46,12 @@ from oddl.controller.base.config import (
 )
 from oddl.controller.base.telemetry import TELEMETRY_VERSION, QueuedJob, QueueNote
 from oddl.controller.base.topology import Grid
-from oddl.controller.service.admission import (
-    Admission,
-    JobRecord,
-    JobRequest,
-    OddlStage1,
-    Rectangles,
-)
+from oddl.controller.service.admission import Admission
 from oddl.controller.service.backend import Iteration, RunFailed
+from oddl.controller.service.jobs import JobRecord, JobRequest
 from oddl.controller.service.lock import TestbedLock
+from oddl.controller.service.placing import Rectangles
+from oddl.controller.service.stages import OddlStage1
 from oddl.controller.serving import http
 from oddl.controller.serving.lifecycle import Services, Stopped
 from oddl.controller.stage1.arbiter import Arbiter

@@ -14,8 +14,8 @@ from oddl.controller.base.collectives import build
 from oddl.controller.base.config import ConfigError, load_experiment
 from oddl.controller.base.messages import Flow
 from oddl.controller.base.topology import Grid
-from oddl.controller.service.admission import JobRequest
 from oddl.controller.service.backend import RunFailed
+from oddl.controller.service.jobs import JobRequest
 from oddl.controller.stage1.arbiter import ApplyError, Arbiter
 from oddl.controller.stage1.placement import place
 from oddl.controller.stage2.invariants import TAG_SHIFT, InvariantChecker

@@ -255,7 +255,8 @@ def _plan_jobs(ctx: Any, strategy: str | None, as_json: bool, plot: Path | None)
     """`oddl plan --job` for several jobs: each job's partition and plan."""
     from oddl.controller.base.config import NetworkSpec
     from oddl.controller.base.topology import Grid
-    from oddl.controller.service.admission import JobRequest, plan_partitions
+    from oddl.controller.service.jobs import JobRequest
+    from oddl.controller.service.placing import plan_partitions
     from oddl.controller.stage1.plan import PlanError
 
     tb = ctx.testbed

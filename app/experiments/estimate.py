@@ -18,7 +18,7 @@ import os
 from dataclasses import dataclass
 
 from oddl.controller.base.config import LoadedExperiment
-from oddl.controller.service.admission import JobRequest
+from oddl.controller.service.jobs import JobRequest
 
 ODDL_FLOW_S = 60e-6
 MODEL_FLOW_S = 10e-6

@@ -33,19 +33,7 @@ from oddl.app.experiments.remote import ArbiterClient
 from oddl.app.experiments.results import RunStore
 from oddl.controller.base.config import ConfigError, ConfigIssue, LoadedExperiment, NetworkSpec
 from oddl.controller.base.topology import Grid
-from oddl.controller.service.admission import (
-    Admission,
-    JobRecord,
-    JobRequest,
-    NoStage1,
-    OddlStage1,
-    OnJob,
-    Placer,
-    Rectangles,
-    Stage1,
-    WholeTestbed,
-    percentile,
-)
+from oddl.controller.service.admission import Admission, OnJob
 from oddl.controller.service.backend import (
     Announce,
     Backend,
@@ -55,7 +43,10 @@ from oddl.controller.service.backend import (
     disturbance,
 )
 from oddl.controller.service.health import LAG_FLOOR_NS
+from oddl.controller.service.jobs import JobRecord, JobRequest, percentile
+from oddl.controller.service.placing import Placer, Rectangles, WholeTestbed
 from oddl.controller.service.recovery import fault_rows
+from oddl.controller.service.stages import NoStage1, OddlStage1, Stage1
 from oddl.controller.serving.lifecycle import sigint_ignored
 from oddl.controller.stage1.arbiter import Arbiter
 from oddl.controller.stage1.placement import fits

@@ -23,18 +23,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import math
-import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field, replace
-from typing import Any, Literal, Protocol
+from dataclasses import dataclass
+from typing import Any, Literal
 
 import msgspec
 from oddl.controller.base.clock import Clock
 from oddl.controller.base.collectives import Schedule
-from oddl.controller.base.config import JobEntry, NetworkSpec
+from oddl.controller.base.config import NetworkSpec
 from oddl.controller.base.faultkinds import DIAGNOSES
-from oddl.controller.base.parallelism import Hybrid
 from oddl.controller.base.telemetry import (
     TELEMETRY_VERSION,
     IterationNote,
@@ -52,9 +49,21 @@ from oddl.controller.service.backend import (
     Stalled,
     StopRule,
 )
-from oddl.controller.service.health import Diagnosis, Health, Watch
-from oddl.controller.service.recovery import Recovery, replace_ranks
-from oddl.controller.stage1.arbiter import Arbiter, DeviceFailed
+from oddl.controller.service.health import Diagnosis, Watch
+from oddl.controller.service.jobs import (
+    JobRecord,
+    JobRequest,
+)
+from oddl.controller.service.placing import (
+    WHOLE,
+    Placer,
+    schedule_of,
+)
+from oddl.controller.service.recovery import Recovery
+from oddl.controller.service.stages import (
+    Stage1,
+)
+from oddl.controller.stage1.arbiter import DeviceFailed
 from oddl.controller.stage1.compat import (
     Arrival,
     Profile,
@@ -65,281 +74,35 @@ from oddl.controller.stage1.compat import (
     realign,
     shift_against,
 )
-from oddl.controller.stage1.placement import Partition, candidates, place
-from oddl.controller.stage1.plan import Plan, PlanError
-from oddl.controller.stage1.planner import NO_FAULTS, Avoid, plan_job
+from oddl.controller.stage1.placement import Partition, candidates
+from oddl.controller.stage1.plan import PlanError
 from oddl.controller.stage2.invariants import MAX_TAG
 from oddl.controller.stage2.job import (
     JOB_VERSION,
     JobSpec,
-    built_schedule,
     job_id,
-    nic_programs,
     timing_of,
-    wire_routes,
 )
 from oddl.controller.stage2.trace import Timeline
-from oddl.controller.stage2.workloads import alltoall_bytes, compute_ms, model_spec
-
-
-@dataclass(frozen=True)
-class JobRequest:
-    """A job as the queue holds it: what it needs, and for how long."""
-
-    name: str
-    model: str
-    collective: str
-    ranks: int
-    iterations: int
-    compute_ns: int
-    arrival_ns: int
-    shape: str
-    size: int  # gradient bytes
-    alltoall: int = 0  # bytes per rank pair per iteration (DLRM's embedding exchange)
-    weight: float = 1.0  # its share of a link shared by weight
-    shift_ns: int = 0  # its first iteration starts this long after it starts (CASSINI)
-    priority: int = 0  # the service's queue: higher first, then by arrival
-    hybrid: Hybrid | None = None  # a Transformer's split: its steps hold its compute
-
-    @classmethod
-    def of(cls, e: JobEntry) -> JobRequest:
-        hybrid = e.parallelism.hybrid(e.model, e.bytes_per_param) if e.parallelism else None
-        ms = e.compute_time_ms if e.compute_time_ms is not None else \
-            0.0 if hybrid is not None else compute_ms(e.model, e.batch_per_node)
-        return cls(e.name, e.model, e.collective, e.ranks, e.total_iterations(),
-                   round(ms * 1e6), round(e.arrival_ms * 1e6), e.shape,
-                   model_spec(e.model).grad_bytes(e.bytes_per_param),
-                   alltoall_bytes(e.model, e.batch_per_node, e.ranks) if hybrid is None
-                   else 0, e.weight, round(e.shift_ms * 1e6), hybrid=hybrid)
-
-    @property
-    def exact(self) -> bool:
-        """2-D hierarchical needs its whole rectangle (no spare cells)."""
-        return self.collective == "hier2d"
-
-    @property
-    def group(self) -> int:
-        """Ranks that keep to one WSS row: a hybrid job's tensor group."""
-        return self.hybrid.tensor if self.hybrid is not None else 1
-
 
 MAX_STOPS = 3  # a job stopped for faults more often than this fails the run
+
+
 PLACEMENTS = 4  # CASSINI: the candidate placements a job's demand is measured on
+
+
 CARRY_WAIT_S = 2.0  # how long a stopped job's ranks may take to say what they delivered
 
 
-@dataclass
-class JobRecord:
-    """One job's life on one network."""
-
-    name: str
-    arrival_ns: int
-    partition: Partition | None = None
-    start_ns: int | None = None
-    end_ns: int | None = None
-    iteration_ns: list[int] = field(default_factory=list)
-    flows: int = 0
-    control_messages: int = 0
-    # CASSINI (a network with `cassini`): the start delay chosen against the jobs running
-    # at its start, and the worst shared link's score with it and without
-    cassini: Arrival | None = None
-    placed_ns: int = 0  # when its partition was last given it
-    paused_ms: list[float] = field(default_factory=list)  # CASSINI's re-alignments of it
-    held_ns: int = 0  # node-ns held on partitions it has left (stopped for a fault)
-    # each stop for a fault: when, why, where it ran, the iteration it went on from
-    stops: list[dict[str, Any]] = field(default_factory=list)
-    plan: Plan | None = None  # its latest stage 1 (ODDL)
-
-    @property
-    def jct_s(self) -> float:
-        assert self.end_ns is not None
-        return (self.end_ns - self.arrival_ns) / 1e9
-
-    @property
-    def queued_s(self) -> float:
-        assert self.start_ns is not None
-        return (self.start_ns - self.arrival_ns) / 1e9
-
-    def public(self) -> dict[str, Any]:
-        its = sorted(self.iteration_ns)
-        p = self.partition
-        return {"jct_s": round(self.jct_s, 9), "queued_s": round(self.queued_s, 9),
-                "iterations": len(its),
-                "iteration_time_s": round(sum(its) / len(its) / 1e9, 9) if its else None,
-                "iteration_p99_s": round(percentile(its, 99) / 1e9, 9) if its else None,
-                "nodes": len(p.nodes) if p else 0, "shape": p.shape if p else None} \
-            | ({"cassini": {k: v for k, v in asdict(self.cassini).items()
-                            if k != "paused_ms" or v}} if self.cassini else {}) \
-            | ({"paused_ms": self.paused_ms} if self.paused_ms else {}) \
-            | ({"stops": self.stops} if self.stops else {})
-
-    def node_ns(self) -> int:
-        """Node-ns it held its partitions for."""
-        p = self.partition
-        return self.held_ns + (len(p.nodes) * ((self.end_ns or 0) - self.placed_ns)
-                               if p is not None else 0)
-
-
-def percentile(xs: list[int] | list[float], q: float) -> float:
-    """Nearest-rank percentile of sorted values."""
-    return xs[max(0, math.ceil(q / 100 * len(xs)) - 1)]
-
-
-Routes = dict[str, dict[str, tuple[str, int, str]]]
-
-
-class Stage1(Protocol):
-    """What a network does when a job is placed and when it leaves (ODDL: plan round
-    `avoid`, apply and read back its partition; a baseline: nothing to configure)."""
-
-    plan_s: float  # time spent planning, every job's
-
-    def admit(self, req: JobRequest, part: Partition, schedule: Schedule, avoid: Avoid
-              ) -> tuple[Routes, bool, Plan | None]: ...
-    def release(self, job: str, gone: Avoid = NO_FAULTS) -> list[DeviceFailed]: ...
-    def tables(self) -> dict[str, list[list[int | None]]]: ...
-
-
-class NoStage1:
-    plan_s = 0.0
-
-    def admit(self, req: JobRequest, part: Partition, schedule: Schedule, avoid: Avoid
-              ) -> tuple[Routes, bool, Plan | None]:
-        return {}, False, None
-
-    def release(self, job: str, gone: Avoid = NO_FAULTS) -> list[DeviceFailed]:
-        return []
-
-    def tables(self) -> dict[str, list[list[int | None]]]:
-        return {}
-
-
-class OddlStage1:
-    """The arbiter per job: plan within the partition, admit beside the running jobs."""
-
-    def __init__(self, arbiter: Arbiter, spec: NetworkSpec) -> None:
-        self.arbiter, self.spec = arbiter, spec
-        self.plan_s = 0.0
-
-    def admit(self, req: JobRequest, part: Partition, schedule: Schedule, avoid: Avoid
-              ) -> tuple[Routes, bool, Plan | None]:
-        t = time.perf_counter()
-        # a rectangle is closed under relaying; the whole testbed relays anywhere
-        within = None if part.shape == WHOLE else frozenset(part.nodes)
-        plan = self.arbiter.plan(schedule, self.spec.strategy, job=req.name,
-                                 relay=self.spec.relay, ranks=list(part.ranks), avoid=avoid,
-                                 within=within)
-        self.plan_s += time.perf_counter() - t
-        programs = nic_programs(schedule, part.ranks)
-        self.arbiter.admit(plan, programs)
-        return wire_routes(plan), programs is not None, plan
-
-    def release(self, job: str, gone: Avoid = NO_FAULTS) -> list[DeviceFailed]:
-        return self.arbiter.release(job, gone)
-
-    def tables(self) -> dict[str, list[list[int | None]]]:
-        return self.arbiter.tables()
-
-
-def admissible(grid: Grid, free: set[str], queue: list[JobRequest], policy: str
-               ) -> list[tuple[JobRequest, Partition]]:
-    """The queued jobs that start now and where, in policy order. FIFO starts none past
-    the first that does not fit (no overtaking); smallest-first tries each, smallest
-    first. `free` loses the nodes placed."""
-    order = sorted(queue, key=lambda r: (r.ranks, r.arrival_ns, r.name)) \
-        if policy == "smallest-first" else list(queue)
-    out = []
-    for req in order:
-        part = place(grid, free, req.name, req.ranks, req.shape, req.exact, req.group)
-        if part is None:
-            if policy == "fifo":
-                break
-            continue
-        free -= set(part.nodes)
-        out.append((req, part))
-    return out
-
-
-class Placer(Protocol):
-    """Where queued jobs start now, if anywhere: (the request as it starts, its nodes).
-    Raises RunFailed if a job can never be placed again."""
-
-    def place(self, free: set[str], health: Health, queue: list[JobRequest]
-              ) -> list[tuple[JobRequest, Partition]]: ...
-
-
-class Rectangles:
-    """Several jobs: each on a rectangle of free nodes in service (`admissible`)."""
-
-    def __init__(self, grid: Grid, policy: str) -> None:
-        self.grid, self.policy = grid, policy
-
-    def place(self, free: set[str], health: Health, queue: list[JobRequest]
-              ) -> list[tuple[JobRequest, Partition]]:
-        return admissible(self.grid, free - health.out_of_service(), queue, self.policy)
-
-
-WHOLE = "testbed"  # a lone job's partition shape: every live node of the testbed
-
-
-class WholeTestbed:
-    """One job: it holds the whole testbed, its ranks the first nodes in grid order and the
-    rest its relays. After a fault its dead ranks are replaced per the experiment's
-    `recovery` policy (controller/service/recovery.py); dead relays, WSSs and links are planned
-    round."""
-
-    def __init__(self, grid: Grid, recovery: str) -> None:
-        self.grid, self.recovery = grid, recovery
-        self.ranks: list[str] = []
-
-    def place(self, free: set[str], health: Health, queue: list[JobRequest]
-              ) -> list[tuple[JobRequest, Partition]]:
-        if not queue or len(free) < len(self.grid.nodes):
-            return []
-        req = queue[0]
-        dead = health.avoid().nodes
-        if not self.ranks:
-            self.ranks = list(self.grid.nodes[: req.ranks])
-        ranks, coll = replace_ranks(self.ranks, set(dead), self.grid.nodes, self.recovery,
-                                    req.collective)
-        self.ranks = ranks
-        g = self.grid
-        spare = tuple(n for n in g.nodes if n not in ranks and n not in dead)
-        return [(replace(req, ranks=len(ranks), collective=coll),
-                 Partition(req.name, WHOLE, tuple(range(g.rows)), tuple(range(g.cols)),
-                           tuple(ranks), spare))]
-
-
-def schedule_of(req: JobRequest, part: Partition, spec: NetworkSpec) -> Schedule:
-    """The job's collective on its partition's rows and columns."""
-    return built_schedule(req.collective, req.ranks, req.size, len(part.rows),
-                          len(part.cols), spec.degree, spec.bidirectional, req.alltoall,
-                          req.hybrid)
-
-
-def plan_partitions(tb: Any, grid: Grid, requests: list[JobRequest], policy: str,
-                    spec: NetworkSpec) -> tuple[list[tuple[Partition, Plan]], list[JobRequest]]:
-    """What stage 1 gives the jobs that fit at once, as if all had arrived and none had
-    left (`oddl plan --job`): each job's partition and plan, checked isolated from every
-    other's; and the jobs that would wait."""
-    queue = sorted(requests, key=lambda r: (r.arrival_ns, r.name))
-    placed = admissible(grid, set(grid.nodes), queue, policy)
-    out: list[tuple[Partition, Plan]] = []
-    for req, part in placed:
-        plan = plan_job(tb, grid, schedule_of(req, part, spec), req.name, spec.strategy,
-                        spec.relay, list(part.ranks), within=frozenset(part.nodes))
-        plan.validate(grid)
-        clash = [c for _p, other in out for c in plan.conflicts(other, grid)]
-        if clash:
-            raise PlanError("; ".join(clash[:5]))
-        out.append((part, plan))
-    started = {r.name for r, _ in placed}
-    return out, [r for r in queue if r.name not in started]
 
 
 OnJob = Callable[[JobRecord, Iteration], None]  # a job's iteration, as it completes
+
+
 # the service: a job has ended: its record, "finished" | "failed" | "cancelled", why
 OnEnd = Callable[[JobRecord, str, str], None]
+
+
 # a job's demand on each link it uses, measured alone (sim/networks/profile.py): name, ranks'
 # nodes, schedule, compute per iteration (ns)
 Profiler = Callable[[str, Sequence[str], Schedule, int], dict[object, Profile]]
