@@ -29,7 +29,8 @@ from oddl.controller.stage2.job import (
     untrue,
 )
 from oddl.controller.stage2.wire import BusDecodeError, decode
-from oddl.fpga.countaction import CountActionError, compile_program, decompile, parse
+from oddl.fpga.countaction import CountActionError, parse
+from oddl.fpga.countaction_image import compile_program, decompile
 
 ROOT = Path(__file__).resolve().parent.parent
 TESTBED = (ROOT / "hw_configs" / "prototype-4node.toml").read_bytes()

@@ -14,7 +14,8 @@ from typing import Any
 
 from oddl.controller.base.devices import DeviceRefused
 from oddl.fpga import regmap as R
-from oddl.fpga.countaction import Program, compile_program, decompile, image_writes
+from oddl.fpga.countaction import Program
+from oddl.fpga.countaction_image import compile_program, decompile, image_writes
 from oddl.fpga.overlay import check_ip_dict
 
 log = logging.getLogger(__name__)

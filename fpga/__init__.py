@@ -1,3 +1,4 @@
 """The software/FPGA contract of the O-NIC: `regmap` (the register map), `countaction`
-(the count-action language and its compiler), `overlay` (the overlay's metadata and its
+(the count-action language), `countaction_image` (its programs compiled to the engine's
+registers and back), `overlay` (the overlay's metadata and its
 check), and `gateware/`, the IP behind them."""

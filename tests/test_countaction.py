@@ -16,12 +16,11 @@ from oddl.fpga.countaction import (
     Program,
     builtin,
     collective_steps,
-    compile_program,
-    decompile,
     parse,
     parse_template,
     streamer,
 )
+from oddl.fpga.countaction_image import compile_program, decompile
 
 
 def test_talk_streamer_parses_as_written() -> None:

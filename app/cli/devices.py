@@ -183,7 +183,7 @@ def ca_compile(file: Path, params: tuple[str, ...], testbed: Path | None,
                as_json: bool) -> None:
     """Compile to the register image of the O-NIC count-action engine."""
     from oddl.fpga import regmap as R
-    from oddl.fpga.countaction import compile_program, image_writes
+    from oddl.fpga.countaction_image import compile_program, image_writes
 
     img = compile_program(_load_program(file, params, testbed)[0])
     if as_json:
@@ -199,7 +199,8 @@ def ca_compile(file: Path, params: tuple[str, ...], testbed: Path | None,
 @click.argument("image", type=click.Path(path_type=Path))
 def ca_decompile(image: Path) -> None:
     """Turn a register image (JSON) back into count-action text."""
-    from oddl.fpga.countaction import CountActionError, decompile
+    from oddl.fpga.countaction import CountActionError
+    from oddl.fpga.countaction_image import decompile
 
     try:
         click.echo(decompile(json.loads(image.read_text())).text(), nl=False)

@@ -1,6 +1,7 @@
 """The arbiter at run time: `admission` (the one orchestration of jobs: arrivals,
 placement, stage 1 per job, stops for faults) over `jobs` (a job's request and record),
-`placing` (where a job goes) and `stages` (the stage 1 it applies), `recovery` (what a fault costs and where a
-job goes on), `health` (the live inventory), `backend` (the interface every back end
-implements), `drill` (when a drill's faults begin), `node` (the node program beside each
-O-NIC) and `lock` (the testbed lock). Imports the core below it, never a back end."""
+`placing` (where a job goes) and `stages` (the stage 1 it applies), `recovery` (what a
+fault costs and where a job goes on), `health` (the live inventory), `backend` (the
+interface every back end implements), `drill` (when a drill's faults begin), `node` (the
+node program beside each O-NIC) and `lock` (the testbed lock). Imports the core below
+it, never a back end."""

@@ -9,7 +9,8 @@ import pytest
 from oddl.acceptance.plugin import Bench, percentile
 from oddl.drivers.mqtt import request_grant_rtt
 from oddl.fpga import regmap as R
-from oddl.fpga.countaction import Program, compile_program, step_sync, streamer
+from oddl.fpga.countaction import Program, step_sync, streamer
+from oddl.fpga.countaction_image import compile_program
 
 pytestmark = pytest.mark.acceptance
 
