@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import click
-from oddl.app.cli.main import _config_fail, console, emit, err, main
+from oddl.app.cli.main import _config_fail, console, emit, err, fail, main
 from oddl.controller.base.catalog import BACKENDS, STRATEGIES
 from oddl.controller.base.config import ConfigError, load_experiment, load_testbed
 from oddl.controller.base.extras import require
@@ -302,6 +302,105 @@ def _plan_jobs(ctx: Any, strategy: str | None, as_json: bool, plot: Path | None)
                f"(output port, wavelength) (planned in {dt:.2f} s)")
 
 
+def _run_setup(experiment: Path, testbed: Path | None, backend: str,
+               board_model: str | None, out: Path | None) -> tuple[Any, Path]:
+    """What `oddl run` checks before it runs: the experiment on its testbed, the board
+    model for the back end, the gateware extra it needs, the run directory."""
+    from oddl.app.experiments.results import RunDirTaken, make_run_dir
+    from oddl.app.registry import kind
+
+    try:
+        ctx = load_experiment(experiment, testbed)
+    except ConfigError as e:
+        _config_fail(e)
+    if board_model is not None:
+        if not kind(backend).models_boards:
+            fail("--board-model: a lab's boards are what they are (sim and emu model them)")
+        ctx = dataclasses.replace(ctx, testbed=ctx.testbed.with_board_model(board_model))
+    if ctx.testbed.testbed.board_model == "rtl":
+        require("gateware", "the RTL board model (--board-model rtl)")
+    try:
+        return ctx, make_run_dir(out, ctx.experiment.name)
+    except RunDirTaken as e:
+        fail(str(e))
+
+
+def _run_report(res: Any, ctx: Any, backend: str, run_dir: Path) -> None:
+    """`oddl run`'s tables: every network's figures, the faults, the paper's beside ours;
+    how compute was found, the hosts' load, the first violations."""
+    from oddl.app.experiments.figures import paper_rows
+
+    t = Table(title=f"{ctx.experiment.name} on {ctx.testbed.name} ({backend})")
+    for col in ("network", "training time", "iteration time", "iterations", "flows",
+                "control msgs", "ratio to electrical", "disturbed"):
+        t.add_column(col, justify="right" if col != "network" else "left")
+    el = next((r for r in res.networks.values() if r.kind == "electrical"), None)
+    for r in res.networks.values():
+        ratio = f"{r.training_time_s / el.training_time_s:.5f}" if el else "-"
+        t.add_row(r.name, f"{r.training_time_s / 60:.2f} min",
+                  f"{r.iteration_time_s * 1e3:.4f} ms", str(r.iterations), str(r.flows),
+                  str(r.control_messages), ratio,
+                  (f"YES: {', '.join(f'{k} {v}' for k, v in r.disturbance.items())}"
+                   if r.disturbed else "no"))
+    console.print(t)
+    _faults_table(res)
+    paper = paper_rows(ctx.experiment.reference, res.training_min(), res.ratio)
+    if paper:
+        pt = Table(title=f"beside the paper: {ctx.experiment.reference.get('paper', '')}")
+        for col in ("figure", "ours", "paper", "difference"):
+            pt.add_column(col, justify="left" if col == "figure" else "right")
+        for p in paper:
+            ours = "-" if p.ours is None else f"{p.ours:.{3 if p.unit else 5}f}"
+            pt.add_row(p.what, f"{ours} {p.unit}".strip(), f"{p.paper:g} {p.unit}".strip(),
+                       p.difference)
+        console.print(pt)
+    console.print(res.calibration)
+    for r in res.networks.values():  # a real-time run: how loaded its hosts were
+        if (lag := r.stats.get("loop_lag_ms")) is not None:
+            console.print(f"{r.name}: loops ran up to {lag['controller']:.1f} ms late "
+                          f"(controller), {lag['nodes']:.1f} ms (node programs)" + (
+                              ": a loaded host, its figures are skewed"
+                              if "host_lag_ms" in r.disturbance else ""))
+    if res.iterations < res.total_iterations:
+        console.print(f"simulated {res.iterations} of {res.total_iterations} iterations; "
+                      f"training time extrapolated")
+    console.print(f"invariant violations: {res.invariant_violations}; wall {res.wall_s:.1f} s; "
+                  f"results in {run_dir}")
+    for v in res.violations[:5]:  # the first ones, each with its job (summary.json: 50)
+        console.print(f"  {v}", highlight=False)
+
+
+def _faults_table(res: Any) -> None:
+    faults = [(r.name, f) for r in res.networks.values() for f in r.faults]
+    if not faults:
+        return
+    ft = Table(title="faults")
+    for col in ("network", "fault", "at", "detected after", "recovered after",
+                "re-plans", "iterations lost", "flows retried"):
+        ft.add_column(col, justify="left" if col in ("network", "fault") else "right")
+
+    def ms(ns: int | None) -> str:
+        return "-" if ns is None else f"{ns / 1e6:.3f} ms"
+    for name, f in faults:
+        ft.add_row(name, f"{f['kind']} {f['target']}", ms(f["at_ns"]),
+                   ms(f["detected_after_ns"]), ms(f["recovered_after_ns"]),
+                   str(f["replans"]), str(f["iterations_lost"]), str(f["flows_retried"]))
+    console.print(ft)
+
+
+def _run_warnings(res: Any, ctx: Any) -> None:
+    """On stderr: the faults a run met, and a disturbed run's figures are not clean."""
+    for r in res.networks.values():
+        if r.faults:
+            click.echo(f"warning: {r.name}: {len(r.faults)} faults during the run: "
+                       + "; ".join(f"{f['kind']} {f['target']}" for f in r.faults[:8]),
+                       err=True)
+        if r.disturbed:
+            click.echo(f"warning: {r.name}: the run was disturbed ({r.disturbance}; threshold "
+                       f"{ctx.experiment.disturbance_threshold} of {r.control_messages} "
+                       f"control messages): its figures are not a clean measurement", err=True)
+
+
 @main.command()
 @click.argument("experiment", type=click.Path(path_type=Path))
 @click.option("--backend", type=click.Choice(BACKENDS), default="sim", show_default=True,
@@ -344,33 +443,12 @@ def run(experiment: Path, backend: str, out: Path | None, iterations: int | None
     """Run an experiment: every network on the same workload, results in a run directory."""
     from oddl.app import api
     from oddl.app.experiments.estimate import TooBig
-    from oddl.app.experiments.figures import paper_rows
     from oddl.app.experiments.remote import ArbiterClient
-    from oddl.app.experiments.results import RunDirTaken, make_run_dir
     from oddl.app.experiments.runner import Timeline
     from oddl.controller.service.lock import TestbedBusy
     from oddl.controller.stage1.plan import PlanError
 
-    try:
-        ctx = load_experiment(experiment, testbed)
-    except ConfigError as e:
-        _config_fail(e)
-        return
-    if board_model is not None:
-        from oddl.app.registry import kind
-
-        if not kind(backend).models_boards:
-            click.echo("error: --board-model: a lab's boards are what they are (sim and emu "
-                       "model them)", err=True)
-            sys.exit(2)
-        ctx = dataclasses.replace(ctx, testbed=ctx.testbed.with_board_model(board_model))
-    if ctx.testbed.testbed.board_model == "rtl":
-        require("gateware", "the RTL board model (--board-model rtl)")
-    try:
-        run_dir = make_run_dir(out, ctx.experiment.name)
-    except RunDirTaken as e:
-        click.echo(f"error: {e}", err=True)
-        sys.exit(2)
+    ctx, run_dir = _run_setup(experiment, testbed, backend, board_model, out)
     prog = Progress(TextColumn("{task.description:<12}"), BarColumn(), MofNCompleteColumn(),
                     TimeElapsedColumn(), console=err, transient=as_json,
                     disable=not err.is_terminal and as_json)
@@ -423,70 +501,11 @@ def run(experiment: Path, backend: str, out: Path | None, iterations: int | None
     if res.jobs:
         _jobs_report(res, run_dir, backend, as_json)
         sys.exit(1 if res.invariant_violations else 0)
-    paper = paper_rows(ctx.experiment.reference, res.training_min(), res.ratio)
     if as_json:
         emit(res.to_json_obj())
     else:
-        t = Table(title=f"{ctx.experiment.name} on {ctx.testbed.name} ({backend})")
-        for col in ("network", "training time", "iteration time", "iterations", "flows",
-                    "control msgs", "ratio to electrical", "disturbed"):
-            t.add_column(col, justify="right" if col != "network" else "left")
-        el = next((r for r in res.networks.values() if r.kind == "electrical"), None)
-        for r in res.networks.values():
-            ratio = f"{r.training_time_s / el.training_time_s:.5f}" if el else "-"
-            t.add_row(r.name, f"{r.training_time_s / 60:.2f} min",
-                      f"{r.iteration_time_s * 1e3:.4f} ms", str(r.iterations), str(r.flows),
-                      str(r.control_messages), ratio,
-                      (f"YES: {', '.join(f'{k} {v}' for k, v in r.disturbance.items())}"
-                       if r.disturbed else "no"))
-        console.print(t)
-        faults = [(r.name, f) for r in res.networks.values() for f in r.faults]
-        if faults:
-            ft = Table(title="faults")
-            for col in ("network", "fault", "at", "detected after", "recovered after",
-                        "re-plans", "iterations lost", "flows retried"):
-                ft.add_column(col, justify="left" if col in ("network", "fault") else "right")
-
-            def ms(ns: int | None) -> str:
-                return "-" if ns is None else f"{ns / 1e6:.3f} ms"
-            for name, f in faults:
-                ft.add_row(name, f"{f['kind']} {f['target']}", ms(f["at_ns"]),
-                           ms(f["detected_after_ns"]), ms(f["recovered_after_ns"]),
-                           str(f["replans"]), str(f["iterations_lost"]),
-                           str(f["flows_retried"]))
-            console.print(ft)
-        if paper:
-            pt = Table(title=f"beside the paper: {ctx.experiment.reference.get('paper', '')}")
-            for col in ("figure", "ours", "paper", "difference"):
-                pt.add_column(col, justify="left" if col == "figure" else "right")
-            for p in paper:
-                ours = "-" if p.ours is None else f"{p.ours:.{3 if p.unit else 5}f}"
-                pt.add_row(p.what, f"{ours} {p.unit}".strip(), f"{p.paper:g} {p.unit}".strip(),
-                           p.difference)
-            console.print(pt)
-        console.print(res.calibration)
-        for r in res.networks.values():  # a real-time run: how loaded its hosts were
-            if (lag := r.stats.get("loop_lag_ms")) is not None:
-                console.print(f"{r.name}: loops ran up to {lag['controller']:.1f} ms late "
-                              f"(controller), {lag['nodes']:.1f} ms (node programs)" + (
-                                  ": a loaded host, its figures are skewed"
-                                  if "host_lag_ms" in r.disturbance else ""))
-        if res.iterations < res.total_iterations:
-            console.print(f"simulated {res.iterations} of {res.total_iterations} iterations; "
-                      f"training time extrapolated")
-        console.print(f"invariant violations: {res.invariant_violations}; wall {res.wall_s:.1f} s; "
-                  f"results in {run_dir}")
-        for v in res.violations[:5]:  # the first ones, each with its job (summary.json: 50)
-            console.print(f"  {v}", highlight=False)
-    for r in res.networks.values():
-        if r.faults:
-            click.echo(f"warning: {r.name}: {len(r.faults)} faults during the run: "
-                       + "; ".join(f"{f['kind']} {f['target']}" for f in r.faults[:8]),
-                       err=True)
-        if r.disturbed:
-            click.echo(f"warning: {r.name}: the run was disturbed ({r.disturbance}; threshold "
-                       f"{ctx.experiment.disturbance_threshold} of {r.control_messages} "
-                       f"control messages): its figures are not a clean measurement", err=True)
+        _run_report(res, ctx, backend, run_dir)
+    _run_warnings(res, ctx)
     if res.invariant_violations:
         sys.exit(1)
 
