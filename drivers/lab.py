@@ -29,9 +29,9 @@ import dataclasses
 import logging
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import msgspec
 from oddl.controller.base.access import (
@@ -50,7 +50,6 @@ from oddl.controller.base.telemetry import note_topic
 from oddl.controller.base.throttle import worth_logging
 from oddl.controller.base.topology import Grid
 from oddl.controller.service.backend import (
-    Iteration,
     JobOutcome,
     JobStopped,
     OnIteration,
@@ -70,10 +69,9 @@ from oddl.controller.stage2.job import (
     quiet_ns,
     schedule_of,
     step_sync,
-    untrue,
 )
-from oddl.controller.stage2.trace import TraceRow
 from oddl.drivers.drill import RemoteDrill
+from oddl.drivers.job_tally import JobTally
 from oddl.drivers.local_board import LocalBoard
 from oddl.drivers.mqtt import BusError, MQTTBus, bus_from_config
 from oddl.drivers.onic import DriverONic, ONicDriver, open_onic
@@ -82,7 +80,6 @@ from oddl.fpga import regmap as R
 from oddl.fpga.overlay import BITFILE
 
 log = logging.getLogger(__name__)
-CLOCK_SLACK = 0.01  # how far a node's clock may run ahead of this one's (1 %, generous)
 READY_MIN_S = 3.0
 MAX_EVENTS = 1 << 16  # results of one job waiting to be read (a peer can send no more)
 CONTROLLER_KEEPALIVE_S = 10  # a hung controller is given up 15 s on
@@ -130,21 +127,6 @@ def open_board(addr: str | None, node: str, nodes: list[str], bitfile: Path = BI
     else:
         raise Unreachable(f"board address {addr!r} is neither grpc://HOST:PORT nor 'local'")
     return open_onic(bitfile, device, node, nodes, download=False)
-
-
-def _progress(spec: JobSpec, ready: set[str], recorded: list[int],
-              reports: Mapping[int, Mapping[str, JobEvent]], done: Mapping[str, JobEvent]
-              ) -> str:
-    """Where a job that is not done stands: who has not said what (a stuck job names it)."""
-    if len(ready) < len(spec.nodes):
-        return f"never ready: {', '.join(sorted(set(spec.nodes) - ready))}"
-    i = spec.start + len(recorded)
-    if i < spec.iterations:
-        have = reports.get(i, {})
-        return (f"{len(recorded)} iterations recorded; iteration {i} not reported by "
-                f"{', '.join(r for r in spec.ranks if r not in have)}")
-    late = ", ".join(n for n in spec.nodes if n not in done)
-    return f'every iteration recorded; no "done" from {late}'
 
 
 def ports_of(grid: Grid, node: str) -> tuple[str, ...]:
@@ -360,187 +342,131 @@ class LabBackend:
         it when the watch finds a fault. A job of which nothing is heard for an iteration's
         compute plus `grace_ms`, its nodes alive, is stuck: the run fails, naming whom it
         waits for."""
-        tb = self.tb.name
         spec = msgspec.structs.replace(spec, controller=self.session)
         if self.local & set(spec.nodes):  # their node programs apply their stage 1
             spec = msgspec.structs.replace(spec, boards=sorted(self.local & set(spec.nodes)))
-        stall_s = quiet_ns(spec) / 1e9 + self.tb.monitor.grace_ms / 1e3
         bus = await self._connect()
         self.drill.arm()
-        ready: set[str] = set()
-        reports: dict[int, dict[str, JobEvent]] = {}
-        recorded: list[int] = []
-        sent: dict[str, int] = {}
-        flows: dict[str, int] = {}
-        done: dict[str, JobEvent] = {}
-        last_msgs = 0
-        trace: list[TraceRow] = []  # the nodes' timelines, until their iteration is recorded
         rejected0 = self.rejected
+        tally = JobTally(spec, on_iteration, lambda why: self._reject("result", why))
         if spec.job in self._out:
             raise RunFailed(f"job {spec.job} is already out")
         events: asyncio.Queue[JobEvent | None] = asyncio.Queue(MAX_EVENTS)
-        tick = self.health.tick_ns / 1e9
-        ready_s = ready_within_s(spec)
-        t_ready = time.monotonic() + ready_s
-        t_heard = time.monotonic()  # the last news of the job: a rank ready, reporting, done
-
-        def stopped(why: str) -> JobStopped:
-            return JobStopped(why, spec.start + len(recorded), True, JobOutcome(
-                sum(sent.values()), sum(flows.values()),
-                {"rejected": self.rejected - rejected0}, []))
-
         await self._heard_from(spec)
         self._out[spec.job] = (spec, events)
         ended = False
-        # what a rank can truthfully report: the flows its schedule starts an iteration
-        sched = schedule_of(spec)
-        per_iteration = {n: sum(len(st.sends) for st in sched[r])
-                         for r, n in enumerate(spec.ranks)}
-        reported_ns = 0  # the recorded iterations' lengths, as the nodes report them
         try:
-            t_published = time.monotonic_ns()
-            await bus.publish(run_topic(tb), msgspec.json.encode(spec), qos=1)
+            await bus.publish(run_topic(self.tb.name), msgspec.json.encode(spec), qos=1)
+            tally.published()
             self.drill.at_iteration(spec.start)
-            mark = len(recorded)
-            t_turn = time.monotonic()
-            while len(done) < len(spec.nodes):
-                now = time.monotonic()
-                if now - t_turn > tick + PAUSED_S:
-                    # this process was not running (stopped, starved): the silence is ours
-                    gap = now - t_turn - tick
-                    t_heard, t_ready, self.paused = t_heard + gap, t_ready + gap, (now, gap)
-                    log.warning("controller: not running for %.1f s (stopped or starved); "
-                                "nobody's silence in that time is counted", gap)
-                t_turn = now
-                if self.drill.error is not None:
-                    raise RunFailed(f"drill: {self.drill.error}")
-                t_heard = max(t_heard, self._moving.get(spec.job, 0.0))
-                if len(ready) == len(spec.nodes) and time.monotonic() - t_heard > stall_s:
-                    raise RunFailed(f"job {spec.job}: no report and no control message for "
-                                    f"{stall_s:.1f} s: "
-                                    f"{_progress(spec, ready, recorded, reports, done)}")
-                if not stop.faults():
-                    mark = len(recorded)
-                elif len(recorded) > mark or stop.overdue(self.clock.now_ns()):
-                    # at an iteration boundary, or the fault keeps the iteration from one
-                    raise stopped(f"iteration {spec.start + len(recorded)} cut short: "
-                                  f"{stop.why()}")
-                try:
-                    ev = await asyncio.wait_for(events.get(), tick)
-                except TimeoutError:
-                    if len(ready) < len(spec.nodes) and time.monotonic() > t_ready:
-                        missing = sorted(set(spec.nodes) - ready)
-                        if time.monotonic() < t_ready + self.tb.monitor.grace_ms / 1e3 and \
-                                all(n in self._beating and not self.health.is_dead(n)
-                                    for n in missing):
-                            continue  # they beat: busy (a loaded host), not gone
-                        raise RunFailed(
-                            f"no node program answered for {', '.join(missing)} within "
-                            f"{ready_s:.1f} s (is `oddl node` running beside each board, or "
-                            f"`oddl emulate` serving {tb}?)") from None
-                    continue
-                if ev is None:
-                    raise stopped(f"iteration {spec.start + len(recorded)} cut short: "
-                                  f"{self._why_lost()}")
-                if ev.kind == "ready" and ev.node not in ready:
-                    ready.add(ev.node)
-                    t_heard = time.monotonic()
-                elif ev.kind == "failed":
-                    # a symptom of what the watch found
-                    if found := stop.pending():
-                        raise stopped(f"iteration {spec.start + len(recorded)} cut short: "
-                                      f"node {ev.node}: {ev.error}; "
-                                      f"{'; '.join(map(str, found))}")
-                    if ev.error == LOST_BROKER and not bus.lost.is_set():
-                        raise RunFailed(
-                            f"node {ev.node}: {ev.error}, while the broker was up (the "
-                            f"controller's connection held): another login as {ev.node} "
-                            f"took its session over (Mosquitto does: a second node program "
-                            f"for {ev.node}?), or {ev.node}'s network dropped")
-                    raise RunFailed(f"node {ev.node}: {ev.error}")
-                elif ev.kind == "done":
-                    if len(recorded) < spec.iterations - spec.start:
-                        raise RunFailed(
-                            f"node {ev.node} said its job was done after "
-                            f"{len(recorded)} of {spec.iterations - spec.start} iterations")
-                    done[ev.node] = ev
-                    if n_tampered := ev.stats.get("board_tampered", 0):
-                        log.warning("node %s: another writer changed its board's registers "
-                                    "%d times during job %s (restored; an open PYNQ.remote "
-                                    "port? docs/deploy.md)", ev.node, n_tampered, spec.job)
-                    t_heard = time.monotonic()
-                    sent[ev.node] = ev.control_messages
-                    trace += ev.trace
-                elif ev.kind == "iteration" and ev.node in spec.ranks:
-                    if (ev.iteration in reports and ev.node in reports[ev.iteration]) or \
-                            ev.iteration in recorded or \
-                            not spec.start <= ev.iteration < spec.iterations:
-                        self._reject("result", f"iteration {ev.iteration} from {ev.node}: "
-                                               f"already recorded or out of range")
-                        continue
-                    claimed = ev.stats.get("flows", flows.get(ev.node, 0))
-                    if why := untrue(ev, spec.start, per_iteration[ev.node], claimed):
-                        self._reject("result", f"iteration {ev.iteration} from {ev.node}: "
-                                               f"{why}")
-                        raise RunFailed(
-                            f"node {ev.node}: its report of iteration {ev.iteration} cannot "
-                            f"be true ({why}): its reports are not to be trusted")
-                    sent[ev.node] = ev.control_messages
-                    flows[ev.node] = claimed
-                    trace += ev.trace
-                    got = reports.setdefault(ev.iteration, {})
-                    got[ev.node] = ev
-                    t_heard = time.monotonic()
-                    if len(got) == len(spec.ranks):
-                        del reports[ev.iteration]
-                        recorded.append(ev.iteration)
-                        slow = max(got.values(), key=lambda e: e.t_end - e.t_start)
-                        # iterations follow one another: together they cannot have taken
-                        # longer than this controller has waited since it sent the job
-                        # (a resumed job's first began before that: it is not counted)
-                        if not (spec.carried and ev.iteration == spec.start):
-                            reported_ns += slow.t_end - slow.t_start
-                        waited_ns = time.monotonic_ns() - t_published
-                        if reported_ns > waited_ns * (1 + CLOCK_SLACK) + 1_000_000:
-                            self._reject("result", f"iteration {ev.iteration} from "
-                                                   f"{slow.node}: too long")
-                            raise RunFailed(
-                                f"node {slow.node}: its reports add up to "
-                                f"{reported_ns / 1e9:.3f} s of iterations, but the job was "
-                                f"sent {waited_ns / 1e9:.3f} s ago: its reports are not to "
-                                f"be trusted")
-                        msgs = sum(sent.values())
-                        on_iteration(Iteration(ev.iteration, slow.t_start, slow.t_end,
-                                               msgs - last_msgs, trace=trace))
-                        trace = []
-                        last_msgs = msgs
-                        self.drill.at_iteration(ev.iteration + 1)
+            await self._follow(tally, events, stop, rejected0)
             ended = True
         except JobStopped as e:
             if e.lost and not any(self.health.is_dead(n) for n in spec.ranks):
                 # what the cut iteration delivered: each rank's node program says, in its
                 # "failed" event, now, or (the broker gone) once it hears us again
                 c = self._carrying[spec.job] = _Carrying(
-                    e, e.next_iteration, {n: r for r, n in enumerate(spec.ranks)}, sched)
+                    e, e.next_iteration, {n: r for r, n in enumerate(spec.ranks)},
+                    schedule_of(spec))
                 e.carrying = c.done
                 while len(self._carrying) > MAX_CARRYING:
                     del self._carrying[next(iter(self._carrying))]
                 if not bus.lost.is_set():
-                    halt = JobStop(JOB_VERSION, spec.job, "its run stopped")
-                    with contextlib.suppress(BusError):
-                        await bus.publish(stop_topic(tb), msgspec.json.encode(halt), qos=1)
-                    ended = True  # the stop is out
+                    ended = await self._halt(spec)  # the stop is out
             raise
         finally:
             del self._out[spec.job]
             self._moving.pop(spec.job, None)
             if not ended and not bus.lost.is_set():  # its node programs drop it at once
-                halt = JobStop(JOB_VERSION, spec.job, "its run stopped")
-                with contextlib.suppress(BusError):
-                    await bus.publish(stop_topic(tb), msgspec.json.encode(halt), qos=1)
-        out = self._outcome(spec, done, self.rejected - rejected0)
-        out.trace = trace
+                await self._halt(spec)
+        out = self._outcome(spec, tally.done, self.rejected - rejected0)
+        out.trace = tally.trace
         return out
+
+    async def _halt(self, spec: JobSpec) -> bool:
+        """Tell a job's node programs to drop it (`job/stop`); True once it is out."""
+        assert self.bus is not None
+        halt = JobStop(JOB_VERSION, spec.job, "its run stopped")
+        with contextlib.suppress(BusError):
+            await self.bus.publish(stop_topic(self.tb.name), msgspec.json.encode(halt), qos=1)
+        return True
+
+    async def _follow(self, tally: JobTally, events: asyncio.Queue[JobEvent | None],
+                      stop: StopRule, rejected0: int) -> None:
+        """Wait for a published job's events until each of its nodes is done; raises
+        JobStopped when the watch cuts it, RunFailed when it cannot go on."""
+        spec = tally.spec
+        stall_s = quiet_ns(spec) / 1e9 + self.tb.monitor.grace_ms / 1e3
+        tick = self.health.tick_ns / 1e9
+        ready_s = ready_within_s(spec)
+        t_ready = time.monotonic() + ready_s
+        t_heard = time.monotonic()  # the last news of the job: a rank ready, reporting, done
+        mark = 0
+        t_turn = time.monotonic()
+
+        def stopped(why: str) -> JobStopped:
+            return JobStopped(
+                f"iteration {tally.next_iteration} cut short: {why}", tally.next_iteration,
+                True, JobOutcome(sum(tally.sent.values()), sum(tally.flows.values()),
+                                 {"rejected": self.rejected - rejected0}, []))
+
+        while not tally.finished:
+            now = time.monotonic()
+            if now - t_turn > tick + PAUSED_S:
+                # this process was not running (stopped, starved): the silence is ours
+                gap = now - t_turn - tick
+                t_heard, t_ready, self.paused = t_heard + gap, t_ready + gap, (now, gap)
+                log.warning("controller: not running for %.1f s (stopped or starved); "
+                            "nobody's silence in that time is counted", gap)
+            t_turn = now
+            if self.drill.error is not None:
+                raise RunFailed(f"drill: {self.drill.error}")
+            t_heard = max(t_heard, self._moving.get(spec.job, 0.0))
+            if tally.all_ready and time.monotonic() - t_heard > stall_s:
+                raise RunFailed(f"job {spec.job}: no report and no control message for "
+                                f"{stall_s:.1f} s: {tally.progress()}")
+            if not stop.faults():
+                mark = len(tally.recorded)
+            elif len(tally.recorded) > mark or stop.overdue(self.clock.now_ns()):
+                # at an iteration boundary, or the fault keeps the iteration from one
+                raise stopped(stop.why())
+            try:
+                ev = await asyncio.wait_for(events.get(), tick)
+            except TimeoutError:
+                if not tally.all_ready and time.monotonic() > t_ready:
+                    missing = sorted(set(spec.nodes) - tally.ready)
+                    if time.monotonic() < t_ready + self.tb.monitor.grace_ms / 1e3 and \
+                            all(n in self._beating and not self.health.is_dead(n)
+                                for n in missing):
+                        continue  # they beat: busy (a loaded host), not gone
+                    raise RunFailed(
+                        f"no node program answered for {', '.join(missing)} within "
+                        f"{ready_s:.1f} s (is `oddl node` running beside each board, or "
+                        f"`oddl emulate` serving {self.tb.name}?)") from None
+                continue
+            if ev is None:
+                raise stopped(self._why_lost())
+            if ev.kind == "failed":
+                self._failed(ev, stop, stopped)
+            n_recorded = len(tally.recorded)
+            if tally.heard(ev):
+                t_heard = time.monotonic()
+            if len(tally.recorded) > n_recorded:
+                self.drill.at_iteration(tally.recorded[-1] + 1)
+
+    def _failed(self, ev: JobEvent, stop: StopRule,
+                stopped: Callable[[str], JobStopped]) -> NoReturn:
+        """A node's job failed: a symptom of what the watch found (the job is stopped), or
+        the run's failure."""
+        if found := stop.pending():
+            raise stopped(f"node {ev.node}: {ev.error}; {'; '.join(map(str, found))}")
+        if ev.error == LOST_BROKER and self.bus is not None and not self.bus.lost.is_set():
+            raise RunFailed(
+                f"node {ev.node}: {ev.error}, while the broker was up (the controller's "
+                f"connection held): another login as {ev.node} took its session over "
+                f"(Mosquitto does: a second node program for {ev.node}?), or {ev.node}'s "
+                f"network dropped")
+        raise RunFailed(f"node {ev.node}: {ev.error}")
 
     def _take_carry(self, c: _Carrying, ev: JobEvent) -> None:
         """One rank's share of what a stopped job's cut iteration delivered: the flows

@@ -508,21 +508,28 @@ def test_a_count_action_fire_the_host_cannot_account_for_fails_the_job() -> None
 def test_a_job_not_done_in_time_names_whom_it_waits_for() -> None:
     """A job the controller gives up on says where it stood (before: only "not done within
     181 s", which left a lost report, a dead peer or a stuck rank to guesswork)."""
-    from oddl.drivers.lab import _progress
+    from oddl.drivers.job_tally import JobTally
 
     spec = JobSpec(JOB_VERSION, "j", "hd", 1000, 1, 1, 4, False, ["a", "b", "c"],
                    ["a", "b", "c", "r"], 5, 10_000_000, False, TIMING, {})
+    tally = JobTally(spec, lambda it: None, lambda why: None)
 
-    def ev(node: str, i: int) -> JobEvent:
-        return JobEvent(JOB_VERSION, "j", "iteration", node, iteration=i)
+    def hear(kind: str, *nodes: str, i: int = 0) -> None:
+        for n in nodes:
+            tally.heard(JobEvent(JOB_VERSION, "j", kind, n, iteration=i))
 
-    everyone = {"a", "b", "c", "r"}
-    assert _progress(spec, {"a", "r"}, [], {}, {}) == "never ready: b, c"
-    assert _progress(spec, everyone, [0, 1], {2: {"b": ev("b", 2)}}, {}) == \
-        "2 iterations recorded; iteration 2 not reported by a, c"
-    done = {n: JobEvent(JOB_VERSION, "j", "done", n) for n in ("a", "b")}
-    assert _progress(spec, everyone, list(range(5)), {}, done) == \
-        'every iteration recorded; no "done" from c, r'
+    hear("ready", "a", "r")
+    assert tally.progress() == "never ready: b, c"
+    hear("ready", "b", "c")
+    for i in (0, 1):
+        hear("iteration", "a", "b", "c", i=i)
+    hear("iteration", "b", i=2)
+    assert tally.progress() == "2 iterations recorded; iteration 2 not reported by a, c"
+    hear("iteration", "a", "c", i=2)
+    for i in (3, 4):
+        hear("iteration", "a", "b", "c", i=i)
+    hear("done", "a", "b")
+    assert tally.progress() == 'every iteration recorded; no "done" from c, r'
 
 
 @contextlib.contextmanager

@@ -1,0 +1,142 @@
+"""What the controller has heard of one job out (drivers/lab.py): which nodes are ready,
+each rank's report of each iteration, the iterations recorded and the "done"s.
+
+An iteration is recorded once every rank has reported it, each report held to what its
+schedule can start and to the controller's own clock: a node's reports are believed only
+as far as they could be true. What to wait for, and for how long, is the back end's.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+
+from oddl.controller.service.backend import Iteration, OnIteration, RunFailed
+from oddl.controller.stage2.job import JobEvent, JobSpec, schedule_of, untrue
+from oddl.controller.stage2.trace import TraceRow
+
+log = logging.getLogger(__name__)
+CLOCK_SLACK = 0.01  # how far a node's clock may run ahead of this one's (1 %, generous)
+
+
+class JobTally:
+    """One job's reports, as they come; `reject(why)` counts and logs a report dropped."""
+
+    def __init__(self, spec: JobSpec, on_iteration: OnIteration,
+                 reject: Callable[[str], None]) -> None:
+        self.spec = spec
+        self.on_iteration = on_iteration
+        self.reject = reject
+        self.ready: set[str] = set()
+        self.reports: dict[int, dict[str, JobEvent]] = {}
+        self.recorded: list[int] = []
+        self.sent: dict[str, int] = {}  # each node's control messages, as it last said
+        self.flows: dict[str, int] = {}
+        self.done: dict[str, JobEvent] = {}
+        self.trace: list[TraceRow] = []  # the nodes' timelines, until their iteration is recorded
+        self._last_msgs = 0
+        self._reported_ns = 0  # the recorded iterations' lengths, as the nodes report them
+        self._t_published = time.monotonic_ns()
+        # what a rank can truthfully report: the flows its schedule starts an iteration
+        sched = schedule_of(spec)
+        self._per_iteration = {n: sum(len(st.sends) for st in sched[r])
+                               for r, n in enumerate(spec.ranks)}
+
+    def published(self) -> None:
+        """The job is out now: no report can describe more time than has passed since."""
+        self._t_published = time.monotonic_ns()
+
+    @property
+    def next_iteration(self) -> int:
+        return self.spec.start + len(self.recorded)
+
+    @property
+    def all_ready(self) -> bool:
+        return len(self.ready) == len(self.spec.nodes)
+
+    @property
+    def finished(self) -> bool:
+        return len(self.done) == len(self.spec.nodes)
+
+    def heard(self, ev: JobEvent) -> bool:
+        """Take a "ready", "done" or "iteration" event: whether it was news of the job (a
+        report recorded once every rank has made it). Raises RunFailed for a node whose
+        word cannot be true."""
+        if ev.kind == "ready" and ev.node not in self.ready:
+            self.ready.add(ev.node)
+            return True
+        if ev.kind == "done":
+            self._done(ev)
+            return True
+        if ev.kind == "iteration" and ev.node in self.spec.ranks:
+            return self._report(ev)
+        return False
+
+    def _done(self, ev: JobEvent) -> None:
+        spec = self.spec
+        if len(self.recorded) < spec.iterations - spec.start:
+            raise RunFailed(f"node {ev.node} said its job was done after "
+                            f"{len(self.recorded)} of {spec.iterations - spec.start} "
+                            f"iterations")
+        self.done[ev.node] = ev
+        if n_tampered := ev.stats.get("board_tampered", 0):
+            log.warning("node %s: another writer changed its board's registers %d times "
+                        "during job %s (restored; an open PYNQ.remote port? docs/deploy.md)",
+                        ev.node, n_tampered, spec.job)
+        self.sent[ev.node] = ev.control_messages
+        self.trace += ev.trace
+
+    def _report(self, ev: JobEvent) -> bool:
+        spec, i = self.spec, ev.iteration
+        if (i in self.reports and ev.node in self.reports[i]) or i in self.recorded or \
+                not spec.start <= i < spec.iterations:
+            self.reject(f"iteration {i} from {ev.node}: already recorded or out of range")
+            return False
+        claimed = ev.stats.get("flows", self.flows.get(ev.node, 0))
+        if why := untrue(ev, spec.start, self._per_iteration[ev.node], claimed):
+            self.reject(f"iteration {i} from {ev.node}: {why}")
+            raise RunFailed(f"node {ev.node}: its report of iteration {i} cannot be true "
+                            f"({why}): its reports are not to be trusted")
+        self.sent[ev.node] = ev.control_messages
+        self.flows[ev.node] = claimed
+        self.trace += ev.trace
+        got = self.reports.setdefault(i, {})
+        got[ev.node] = ev
+        if len(got) < len(spec.ranks):
+            return True
+        del self.reports[i]
+        self.recorded.append(i)
+        slow = max(got.values(), key=lambda e: e.t_end - e.t_start)
+        # iterations follow one another: together they cannot have taken longer than this
+        # controller has waited since it sent the job (a resumed job's first began before
+        # that: it is not counted)
+        if not (spec.carried and i == spec.start):
+            self._reported_ns += slow.t_end - slow.t_start
+        waited_ns = time.monotonic_ns() - self._t_published
+        if self._reported_ns > waited_ns * (1 + CLOCK_SLACK) + 1_000_000:
+            self.reject(f"iteration {i} from {slow.node}: too long")
+            raise RunFailed(f"node {slow.node}: its reports add up to "
+                            f"{self._reported_ns / 1e9:.3f} s of iterations, but the job was "
+                            f"sent {waited_ns / 1e9:.3f} s ago: its reports are not to be "
+                            f"trusted")
+        msgs = sum(self.sent.values())
+        self.on_iteration(Iteration(i, slow.t_start, slow.t_end, msgs - self._last_msgs,
+                                    trace=self.trace))
+        self.trace = []
+        self._last_msgs = msgs
+        return True
+
+    def progress(self) -> str:
+        """Where a job that is not done stands: who has not said what (a stuck job names
+        it)."""
+        spec = self.spec
+        if not self.all_ready:
+            return f"never ready: {', '.join(sorted(set(spec.nodes) - self.ready))}"
+        i = self.next_iteration
+        if i < spec.iterations:
+            have = self.reports.get(i, {})
+            return (f"{len(self.recorded)} iterations recorded; iteration {i} not reported "
+                    f"by {', '.join(r for r in spec.ranks if r not in have)}")
+        late = ", ".join(n for n in spec.nodes if n not in self.done)
+        return f'every iteration recorded; no "done" from {late}'
