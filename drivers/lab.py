@@ -356,8 +356,8 @@ class LabBackend:
         self._out[spec.job] = (spec, events)
         ended = False
         try:
+            tally.published()  # before: a QoS 1 publish returns once acknowledged
             await bus.publish(run_topic(self.tb.name), msgspec.json.encode(spec), qos=1)
-            tally.published()
             self.drill.at_iteration(spec.start)
             await self._follow(tally, events, stop, rejected0)
             ended = True

@@ -35,6 +35,8 @@ class JobRequest:
     shift_ns: int = 0  # its first iteration starts this long after it starts (CASSINI)
     priority: int = 0  # the service's queue: higher first, then by arrival
     hybrid: Hybrid | None = None  # a Transformer's split: its steps hold its compute
+    user: str = ""  # the service's: who submitted it
+    time_limit_ns: int = 0  # the service's: stopped this long after its first start (0: no)
 
     @classmethod
     def of(cls, e: JobEntry) -> JobRequest:

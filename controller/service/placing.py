@@ -4,7 +4,8 @@ runs on its partition, and the partitions of the jobs that start at once (`oddl 
 
 from __future__ import annotations
 
-from dataclasses import replace
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 from oddl.controller.base.collectives import Schedule
@@ -20,6 +21,7 @@ from oddl.controller.stage2.job import (
     built_schedule,
 )
 
+NEVER = 2**62  # the end (clock ns) of a job with no time limit
 WHOLE = "testbed"  # a lone job's partition shape: every live node of the testbed
 
 
@@ -40,6 +42,80 @@ def admissible(grid: Grid, free: set[str], queue: list[JobRequest], policy: str
         free -= set(part.nodes)
         out.append((req, part))
     return out
+
+
+@dataclass(frozen=True)
+class Running:
+    """A running job as backfill sees it: the nodes it holds and when its time limit ends
+    (clock ns); it leaves by then at the latest."""
+
+    ends_ns: int
+    nodes: frozenset[str]
+
+
+def reservation(grid: Grid, free: set[str], running: list[Running], head: JobRequest
+                ) -> tuple[int, frozenset[str]] | None:
+    """When the blocked head of the queue can start at the latest, and on which nodes: the
+    running jobs leave at their limits, earliest first, until a rectangle holds it (EASY's
+    shadow time). None: not even then (nodes out of service), so nothing can delay it."""
+    avail = set(free)
+    for r in sorted(running, key=lambda r: r.ends_ns):
+        avail |= r.nodes
+        part = place(grid, avail, head.name, head.ranks, head.shape, head.exact, head.group)
+        if part is not None:
+            return r.ends_ns, frozenset(part.nodes)
+    return None
+
+
+def backfill(grid: Grid, free: set[str], queue: list[JobRequest], running: list[Running],
+             now_ns: int, may_start: Callable[[JobRequest, list[tuple[JobRequest, Partition]]],
+                                              bool] = lambda _r, _p: True
+             ) -> list[tuple[JobRequest, Partition]]:
+    """EASY backfill (as Slurm's and Maui's): the queue's jobs start in order while they
+    fit; the first that does not is given a reservation (`reservation`), and each job
+    behind it starts now if it fits in the free nodes and cannot delay that start: it ends
+    (by its time limit) before it, or it keeps off the reserved nodes. `may_start` skips
+    a job held, or whose user is at a limit (it blocks nobody). `free` loses the nodes
+    placed."""
+    def ends(req: JobRequest) -> int:  # no limit: it may never end
+        return now_ns + req.time_limit_ns if req.time_limit_ns else NEVER
+
+    out: list[tuple[JobRequest, Partition]] = []
+    running = list(running)
+    blocked: tuple[int, frozenset[str]] | None = None
+    for req in queue:
+        if not may_start(req, out):
+            continue
+        fits = place(grid, free, req.name, req.ranks, req.shape, req.exact, req.group)
+        if blocked is None:  # in order, up to the first that does not fit
+            if fits is None:
+                blocked = reservation(grid, free, running, req) or (-1, frozenset())
+                continue
+        elif fits is not None and ends(req) > blocked[0]:
+            fits = place(grid, free - blocked[1], req.name, req.ranks, req.shape, req.exact,
+                         req.group) if blocked[0] >= 0 else None
+        if fits is None:
+            continue
+        free -= set(fits.nodes)
+        out.append((req, fits))
+        running.append(Running(ends(req), frozenset(fits.nodes)))
+    return out
+
+
+class Backfill:
+    """The arbiter's placer: rectangles of free nodes in service, by `backfill`, against
+    the running jobs and their limits (`running`, `now_ns`: the orchestration's)."""
+
+    def __init__(self, grid: Grid, running: Callable[[], list[Running]],
+                 now_ns: Callable[[], int],
+                 may_start: Callable[[JobRequest, list[tuple[JobRequest, Partition]]], bool]
+                 ) -> None:
+        self.grid, self.running, self.now_ns, self.may_start = grid, running, now_ns, may_start
+
+    def place(self, free: set[str], health: Health, queue: list[JobRequest]
+              ) -> list[tuple[JobRequest, Partition]]:
+        return backfill(self.grid, free - health.out_of_service(), queue, self.running(),
+                        self.now_ns(), self.may_start)
 
 
 class Placer(Protocol):
