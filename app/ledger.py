@@ -1,22 +1,26 @@
 """The arbiter service's durable state: every job submitted, its state, each iteration it
-recorded, its log and its result, in SQLite (WAL; a commit per change) under the
-service's state directory. A killed arbiter started again on the same directory finds
-the queue as it was, and each running job's first iteration not recorded; an iteration
-is recorded once (the key is the job and the iteration).
+recorded, its log and its result, and each life of the arbiter, in SQLite (WAL; a commit
+per change) under the service's state directory. A killed arbiter started again on the
+same directory finds the queue as it was, and each running job's first iteration not
+recorded; an iteration is recorded once (the key is the job and the iteration). What a
+job's result says (iterations, their times, JCT, the arbiter's time down) is read from
+here, never from one arbiter's memory.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
+import sqlite3
 import time
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from oddl.app.stores import open_store
-from oddl.controller.service.jobs import JobRequest
+from oddl.app.stores import StoreError, open_store
+from oddl.controller.service.jobs import JobRequest, percentile
 
-SCHEMA_VERSION = 1  # PRAGMA user_version: a newer one is refused (app/stores.py)
+SCHEMA_VERSION = 2  # PRAGMA user_version: a newer one is refused (app/stores.py)
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS jobs (
     id TEXT PRIMARY KEY, seq INTEGER UNIQUE, user TEXT, state TEXT, request TEXT,
@@ -25,16 +29,72 @@ CREATE TABLE IF NOT EXISTS iterations (
     job TEXT, iteration INTEGER, t_start_ns INTEGER, t_end_ns INTEGER,
     PRIMARY KEY (job, iteration));
 CREATE TABLE IF NOT EXISTS log (job TEXT, t REAL, line TEXT);
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT);
+CREATE TABLE IF NOT EXISTS lives (pid INTEGER, started REAL, seen REAL);
+CREATE INDEX IF NOT EXISTS jobs_state ON jobs (state, seq);
+CREATE INDEX IF NOT EXISTS log_job ON log (job);
 """
-STATES = ("queued", "running", "finished", "failed", "cancelled")
-ENDED = ("finished", "failed", "cancelled")
+ADDED = {"held": "INTEGER NOT NULL DEFAULT 0"}  # schema 2's columns of jobs
+ACTIVE = ("queued", "running")
+ENDED = ("finished", "failed", "cancelled", "timeout", "quarantined")
 MAX_LOG = 1000  # lines kept per job
+
+
+def _stamp(t: float) -> str:
+    """A full local timestamp with its offset: 2026-11-26 01:17:16.426+0000."""
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t)) + \
+        f".{int(t % 1 * 1000):03d}" + time.strftime("%z", time.localtime(t))
 
 
 class Ledger:
     def __init__(self, path: Path) -> None:
-        self.db = open_store(path, SCHEMA, SCHEMA_VERSION, "arbiter's ledger")
+        try:
+            self.db = open_store(path, SCHEMA, SCHEMA_VERSION, "arbiter's ledger")
+            have = {r[1] for r in self.db.execute("PRAGMA table_info(jobs)")}
+            for col, decl in ADDED.items():
+                if col not in have:  # a schema 1 ledger: its jobs are none held
+                    self.db.execute(f"ALTER TABLE jobs ADD COLUMN {col} {decl}")
+            self.db.commit()
+        except sqlite3.DatabaseError as e:
+            raise StoreError(f"{path}: not an arbiter's ledger ({e}); move it aside (its "
+                             f"WAL files too) to start a new one") from None
+        self.path = path
+        self.life = 0.0  # when this arbiter's life began
 
+    # --- the state directory's testbed and the arbiter's lives ----------------------------
+    def testbed(self, name: str) -> str | None:
+        """The testbed this state is for: recorded at its first start; the one recorded if
+        it is another."""
+        row = self.db.execute("SELECT value FROM meta WHERE key = 'testbed'").fetchone()
+        if row is None:
+            self.db.execute("INSERT INTO meta VALUES ('testbed', ?)", (name,))
+            self.db.commit()
+            return None
+        return None if row[0] == name else str(row[0])
+
+    def begin(self, pid: int) -> float | None:
+        """This arbiter's life begins: the seconds the last one has been gone (None: the
+        first, or one that never ran)."""
+        last = self.db.execute("SELECT seen FROM lives ORDER BY rowid DESC LIMIT 1"
+                               ).fetchone()
+        self.life = time.time()
+        self.db.execute("INSERT INTO lives VALUES (?, ?, ?)", (pid, self.life, self.life))
+        self.db.commit()
+        return self.life - last[0] if last else None
+
+    def alive(self) -> None:
+        """This arbiter is alive now (its downtime, if it dies, counts from here)."""
+        self.db.execute("UPDATE lives SET seen = ? WHERE rowid = (SELECT max(rowid) FROM "
+                        "lives)", (time.time(),))
+        self.db.commit()
+
+    def down_s(self, since: float, until: float) -> float:
+        """The seconds no arbiter ran between `since` and `until` (wall clock)."""
+        lives = self.db.execute("SELECT started, seen FROM lives ORDER BY rowid").fetchall()
+        return sum(max(0.0, min(b[0], until) - max(a[1], since))
+                   for a, b in itertools.pairwise(lives))
+
+    # --- jobs ---------------------------------------------------------------------------
     def next_id(self) -> str:
         """The next job's id: j1, j2, ..."""
         return f"j{(self.db.execute('SELECT max(seq) FROM jobs').fetchone()[0] or 0) + 1}"
@@ -45,13 +105,29 @@ class Ledger:
                         "VALUES (?, ?, ?, 'queued', ?, ?)",
                         (req.name, int(req.name[1:]), user, json.dumps(asdict(req)),
                          time.time()))
-        self.note(req.name, f"queued by {user} (priority {req.priority})")
+        limit = f", time limit {req.time_limit_ns / 1e9:g} s" if req.time_limit_ns else ""
+        self.note(req.name, f"queued by {user} ({req.ranks} ranks, {req.iterations} "
+                            f"iterations, priority {req.priority}{limit})")
 
     def set(self, job: str, state: str, **fields: Any) -> None:
         cols = ", ".join(f"{k} = ?" for k in fields)
         self.db.execute(f"UPDATE jobs SET state = ?{', ' + cols if cols else ''} WHERE id = ?",
                         (state, *fields.values(), job))
         self.db.commit()
+
+    def request(self, job: str, req: JobRequest) -> None:
+        """A queued job's request as changed (its priority)."""
+        self.db.execute("UPDATE jobs SET request = ? WHERE id = ?",
+                        (json.dumps(asdict(req)), job))
+        self.db.commit()
+
+    def hold(self, job: str, held: bool) -> None:
+        self.db.execute("UPDATE jobs SET held = ? WHERE id = ?", (int(held), job))
+        self.db.commit()
+
+    def held(self) -> frozenset[str]:
+        return frozenset(r[0] for r in self.db.execute(
+            "SELECT id FROM jobs WHERE held AND state = 'queued'"))
 
     def running(self, job: str, partition: str) -> None:
         """On a partition (its first, or another after a stop): started once."""
@@ -71,38 +147,90 @@ class Ledger:
         self.db.commit()
 
     def unfinished(self) -> list[tuple[str, JobRequest, int]]:
-        """Jobs not ended, in submission order: id, request, iterations recorded."""
+        """Jobs not ended, in submission order: id, request, iterations recorded. A row
+        whose request cannot be read is quarantined (its state says so, with why) and the
+        rest are served."""
         out = []
         for job, req in self.db.execute("SELECT id, request FROM jobs WHERE state IN "
-                                        "('queued', 'running') ORDER BY seq"):
+                                        "('queued', 'running') ORDER BY seq").fetchall():
+            try:
+                request = JobRequest(**json.loads(req))
+                if request.name != job:
+                    raise ValueError(f"its request names job {request.name!r}")
+            except (TypeError, ValueError) as e:
+                self.set(job, "quarantined", ended=time.time(),
+                         why=f"its record in the ledger cannot be read: {e}")
+                self.note(job, f"quarantined: its record cannot be read ({e})")
+                continue
             done = self.db.execute("SELECT count(*) FROM iterations WHERE job = ?",
                                    (job,)).fetchone()[0]
-            out.append((job, JobRequest(**json.loads(req)), done))
+            out.append((job, request, done))
         return out
 
-    def jobs(self, job: str | None = None) -> list[dict[str, Any]]:
-        """Every job (or the one named), in submission order, with its iterations done."""
-        where, args = ("WHERE id = ?", (job,)) if job is not None else ("", ())
+    def jobs(self, job: str | None = None, user: str | None = None) -> list[dict[str, Any]]:
+        """Every job (or the one named, or one user's), in submission order, with its
+        iterations done."""
+        where, args = ("WHERE id = ?", (job,)) if job is not None else \
+            ("WHERE user = ?", (user,)) if user is not None else ("", ())
         rows = self.db.execute(
             "SELECT id, user, state, request, submitted, started, ended, partition, why, "
-            "result, (SELECT count(*) FROM iterations WHERE iterations.job = jobs.id) "
+            "result, held, (SELECT count(*) FROM iterations WHERE iterations.job = jobs.id) "
             f"FROM jobs {where} ORDER BY seq", args).fetchall()
         out = []
-        for job_, user, state, req, sub, start, end, part, why, result, done in rows:
-            r = json.loads(req)
-            out.append({"job": job_, "user": user, "state": state, "priority": r["priority"],
-                        "model": r["model"], "ranks": r["ranks"],
-                        "iterations": r["iterations"], "iterations_done": done,
-                        "partition": part, "submitted": sub, "started": start, "ended": end,
-                        "why": why or "", "result": json.loads(result) if result else None})
+        for job_, user_, state, req, sub, start, end, part, why, result, held, done in rows:
+            try:
+                r = json.loads(req)
+                r = r if isinstance(r, dict) else {}
+            except (TypeError, ValueError):
+                r = {}
+            limit = r.get("time_limit_ns")
+            out.append({"job": job_, "user": user_, "state": state,
+                        "priority": r.get("priority"), "model": r.get("model"),
+                        "ranks": r.get("ranks"), "iterations": r.get("iterations"),
+                        "iterations_done": done, "held": bool(held),
+                        "time_limit_s": limit / 1e9 if isinstance(limit, int) and limit
+                        else None, "partition": part, "submitted": sub, "started": start,
+                        "ended": end, "why": why or "",
+                        "result": json.loads(result) if result else None})
         return out
+
+    def shown(self, ended: int = 56) -> list[dict[str, Any]]:
+        """What the watchers are shown: every job not ended (200 at most), then the latest
+        `ended` that have; read by the index, not by a scan of every job."""
+        live = [r[0] for r in self.db.execute(
+            "SELECT id FROM jobs WHERE state IN ('queued', 'running') ORDER BY seq LIMIT 200")]
+        done = [r[0] for r in self.db.execute(
+            "SELECT id FROM jobs WHERE state NOT IN ('queued', 'running') ORDER BY seq DESC "
+            "LIMIT ?", (ended,))][::-1]
+        return [j for name in live + done for j in self.jobs(name)]
+
+    def states(self) -> dict[str, int]:
+        return dict(self.db.execute("SELECT state, count(*) FROM jobs GROUP BY state"
+                                    ).fetchall())
 
     def job(self, job: str) -> dict[str, Any] | None:
         found = self.jobs(job)
         return found[0] if found else None
 
+    def result(self, job: str, extra: dict[str, Any]) -> dict[str, Any]:
+        """A job's result from the durable state: iterations and their times, JCT from
+        its submission and its run from its first start (the arbiter's time down named
+        apart), and `extra` (what only the last arbiter saw)."""
+        j = self.job(job)
+        assert j is not None
+        its = sorted(t1 - t0 for t0, t1 in self.db.execute(
+            "SELECT t_start_ns, t_end_ns FROM iterations WHERE job = ?", (job,)))
+        end = j["ended"] or time.time()
+        return {**extra, "iterations": len(its),
+                "jct_s": round(end - j["submitted"], 3),
+                "queued_s": round(j["started"] - j["submitted"], 3) if j["started"] else None,
+                "run_s": round(end - j["started"], 3) if j["started"] else None,
+                "arbiter_down_s": round(self.down_s(j["submitted"], end), 3),
+                "iteration_time_s": round(sum(its) / len(its) / 1e9, 9) if its else None,
+                "iteration_p99_s": round(percentile(its, 99) / 1e9, 9) if its else None}
+
     def logs(self, job: str) -> list[str]:
-        return [f"{time.strftime('%H:%M:%S', time.localtime(t))} {line}" for t, line in
+        return [f"{_stamp(t)} {line}" for t, line in
                 self.db.execute("SELECT t, line FROM log WHERE job = ? ORDER BY rowid", (job,))]
 
     def timeline(self, job: str, since: int = 0, most: int = 10_000) -> list[list[int]]:
@@ -111,5 +239,41 @@ class Ledger:
             "SELECT iteration, t_start_ns, t_end_ns FROM iterations WHERE job = ? AND "
             "iteration >= ? ORDER BY iteration LIMIT ?", (job, since, most))]
 
+    def usage(self, since: float = 0.0) -> dict[str, dict[str, Any]]:
+        """Per user, over the jobs submitted since `since`: jobs by state, node-hours held
+        (nodes x time from first start to end; a running job's until now) and wait times."""
+        out: dict[str, dict[str, Any]] = {}
+        now = time.time()
+        for user, state, sub, start, end, part, req in self.db.execute(
+                "SELECT user, state, submitted, started, ended, partition, request FROM jobs "
+                "WHERE submitted >= ? ORDER BY seq", (since,)):
+            u = out.setdefault(user, {"jobs": 0, "states": {}, "node_hours": 0.0,
+                                      "waits_s": []})
+            u["jobs"] += 1
+            u["states"][state] = u["states"].get(state, 0) + 1
+            if start is not None:
+                nodes = _nodes(part, req)
+                u["node_hours"] += nodes * ((end or now) - start) / 3600
+                u["waits_s"].append(start - sub)
+        for u in out.values():
+            waits = sorted(u.pop("waits_s"))
+            u["node_hours"] = round(u["node_hours"], 4)
+            u["wait_mean_s"] = round(sum(waits) / len(waits), 3) if waits else None
+            u["wait_max_s"] = round(waits[-1], 3) if waits else None
+        return out
+
     def close(self) -> None:
         self.db.close()
+
+
+def _nodes(partition: str | None, request: str) -> int:
+    """The nodes a job held: its partition's, as described ("jN: 4 ranks (+2 spare), ..."),
+    else its ranks."""
+    try:
+        ranks = int(json.loads(request).get("ranks", 0))
+    except (TypeError, ValueError, AttributeError):
+        ranks = 0
+    if partition and "(+" in partition:
+        extra = partition.split("(+", 1)[1].split(" ", 1)[0]
+        return ranks + (int(extra) if extra.isdigit() else 0)
+    return ranks

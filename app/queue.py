@@ -16,6 +16,7 @@ unauthenticated request gets a 4xx, is counted, and changes nothing.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import ipaddress
 import json
@@ -23,7 +24,6 @@ import logging
 import os
 import secrets
 import time
-import tomllib
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,18 +31,20 @@ from typing import Any, Literal, cast, get_args
 
 import msgspec
 from oddl.app import registry
-from oddl.app.ledger import Ledger
+from oddl.app.ledger import ACTIVE, Ledger
+from oddl.app.limits import Limits, load_limits
 from oddl.controller.base.access import read_secret
 from oddl.controller.base.config import (
     ConfigError,
     ConfigIssue,
-    Experiment,
     JobEntry,
     NetworkSpec,
     Testbed,
+    experiment_model,
     field_issues,
     load_testbed,
-    parallelism_issues,
+    parse_toml,
+    validate_experiment,
 )
 from oddl.controller.base.telemetry import TELEMETRY_VERSION, QueuedJob, QueueNote
 from oddl.controller.base.topology import Grid
@@ -50,12 +52,12 @@ from oddl.controller.service.admission import Admission
 from oddl.controller.service.backend import Iteration, RunFailed
 from oddl.controller.service.jobs import JobRecord, JobRequest
 from oddl.controller.service.lock import TestbedLock
-from oddl.controller.service.placing import Rectangles
+from oddl.controller.service.placing import Backfill
 from oddl.controller.service.stages import OddlStage1
 from oddl.controller.serving import http
 from oddl.controller.serving.lifecycle import Services, Stopped
 from oddl.controller.stage1.arbiter import Arbiter
-from oddl.controller.stage1.placement import fits
+from oddl.controller.stage1.placement import Partition, fits
 from oddl.controller.stage2.job import job_id
 from pydantic import ValidationError
 from starlette.applications import Starlette
@@ -85,13 +87,32 @@ class User:
     role: Role
 
 
+MIN_TOKEN = 22  # characters of a token: 22 of base64's 64 are 132 bits
+
+
+def new_token(f: Path) -> str:
+    """A fresh token (256 random bits) in `f` (0600), in place of any there: written beside
+    it and renamed, so a reader never sees half of one."""
+    token = secrets.token_urlsafe(32)
+    tmp = f.with_name(f".{f.name}.new")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        os.write(fd, token.encode())
+    finally:
+        os.close(fd)
+    os.replace(tmp, f)
+    return token
+
+
 def tokens(state: Path, users: list[str]) -> dict[str, User]:
     """token -> user, for `--user NAME[:ROLE]` (role default `user`): a token per user in
-    `state/tokens/NAME` (0600, in a 0700 directory), made at the first start and kept."""
+    `state/tokens/NAME` (0600, in a 0700 directory), made at the first start and kept. A
+    token file that is no token (unreadable, under 128 bits) or one that two users share
+    is refused, naming it: the arbiter does not start."""
     d = state / "tokens"
     d.mkdir(parents=True, exist_ok=True)
     d.chmod(0o700)
-    out = {}
+    out: dict[str, User] = {}
     for spec in users:
         name, _, role = spec.partition(":")
         role = role or "user"
@@ -99,26 +120,38 @@ def tokens(state: Path, users: list[str]) -> dict[str, User]:
             raise ValueError(f"--user {spec}: role {role!r} is not one of {', '.join(ROLES)}")
         if not name.isidentifier():
             raise ValueError(f"--user {spec}: a user name is letters, digits and _")
+        if any(u.name == name for u in out.values()):
+            raise ValueError(f"--user {spec}: {name} is named twice")
         f = d / name
         if not f.exists():
-            fd = os.open(f, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-            os.write(fd, secrets.token_urlsafe(32).encode())
-            os.close(fd)
-        out[read_secret(f)] = User(name, cast(Role, role))  # one of ROLES: checked above
+            new_token(f)
+        try:
+            token = read_secret(f)
+        except OSError as e:
+            raise ValueError(f"{f}: {e}") from None
+        if len(token) < MIN_TOKEN or any(c.isspace() for c in token):
+            raise ValueError(f"{f}: a token of at least {MIN_TOKEN} characters and no spaces "
+                             f"(128 random bits; delete the file for a new one)")
+        if token in out:
+            raise ValueError(f"{f}: the same token as {out[token].name}'s: each user needs "
+                             f"their own (delete one file for a new one)")
+        out[token] = User(name, cast(Role, role))  # one of ROLES: checked above
     return out
 
 
 def job_request(text: str, grid: Grid, tb: Testbed, name: str, priority: int) -> JobRequest:
     """A submitted experiment's one workload as a job for this testbed (its `testbed` and
-    `networks` are the arbiter's); Refused (422) with why it cannot be one."""
+    `networks` are the arbiter's), checked by the one validation every command uses;
+    Refused (422) with each `field: reason` it cannot be one for."""
+    source = "the submitted experiment"
     try:
-        data = tomllib.loads(text)
-        exp = Experiment.model_validate({"networks": [{"name": "oddl", "kind": "oddl"}],
-                                         **data, "testbed": tb.name})
-    except tomllib.TOMLDecodeError as e:
-        raise Refused(422, f"not TOML: {e}") from None
-    except ValidationError as e:
-        raise Refused(422, "; ".join(f"{f}: {why}" for f, why in field_issues(e))) from None
+        data = parse_toml(text, source)
+        exp = experiment_model(Path(source), {
+            "networks": [{"name": "oddl", "kind": "oddl"}], **data, "testbed": tb.name})
+        validate_experiment(Path(source), exp, tb, placed=True)
+    except ConfigError as e:
+        raise Refused(422, "; ".join(f"{i.path}: {i.reason}" if i.path else i.reason
+                                     for i in e.issues)) from None
     w = exp.workload
     if w is None:
         raise Refused(422, "submit an experiment of one [workload] (a job), not [[jobs]]")
@@ -137,28 +170,30 @@ def job_request(text: str, grid: Grid, tb: Testbed, name: str, priority: int) ->
     except ValidationError as e:
         raise Refused(422, "; ".join(f"workload.{f}: {why}" for f, why in field_issues(e))
                       ) from None
-    if w.parallelism is not None:
-        bad = parallelism_issues(w.parallelism, w.model, w.collective, entry.ranks, tb,
-                                 whole_grid=False)  # its own rectangle, as [[jobs]]
-        if bad:
-            raise Refused(422, "; ".join(f"workload.{f}: {why}" for f, why in bad))
     req = JobRequest.of(entry)
+    limit = exp.time_limit_s
     if not fits(grid, req.ranks, req.shape, req.exact, req.group):
         raise Refused(422, f"no rectangle of {tb.name}'s {tb.grid.rows} x {tb.grid.cols} grid "
                            f"holds {req.ranks} ranks: this job can never run here")
-    return dataclasses.replace(req, name=name, priority=priority)
+    return dataclasses.replace(req, name=name, priority=priority,
+                               time_limit_ns=round(limit * 1e9) if limit else 0)
 
 
 class Service:
     """The arbiter's state and what each request may do to it."""
 
-    def __init__(self, tb: Testbed, ledger: Ledger, users: dict[str, User],
-                 make: Callable[[Service], Admission]) -> None:
-        self.tb, self.ledger, self.users = tb, ledger, users
+    def __init__(self, tb: Testbed, ledger: Ledger, users: dict[str, User], state: Path,
+                 limits: Limits, make: Callable[[Service], Admission]) -> None:
+        self.tb, self.ledger, self.users, self.state = tb, ledger, users, state
+        self.roles = {u.name: u.role for u in users.values()}  # every user, token or not
+        self.limits = limits
         self.grid = Grid.from_testbed(tb)
         self.rejected = 0  # requests refused: malformed, oversized, unauthenticated, forbidden
         self._told = 0.0  # when the watchers were last told the queue
         self._on: dict[str, str] = {}  # each running job's partition, as the ledger has it
+        self._user: dict[str, str] = {}  # each job not ended: its user
+        self.held = set(ledger.held())  # queued jobs an operator holds
+        self.restarted: set[str] = set()  # jobs an earlier arbiter ran part of
         self.adm = make(self)
 
     def tell(self, now: bool = True) -> None:
@@ -168,14 +203,52 @@ class Service:
         if not now and t - self._told < 1.0:
             return
         self._told = t
-        js = self.ledger.jobs()
-        shown = [j for j in js if j["state"] in ("queued", "running")][:200]
-        shown += [j for j in js if j["state"] not in ("queued", "running")][-(256 - len(shown)):]
+        self.ledger.alive()
+        js = self.ledger.shown()
         note = QueueNote(TELEMETRY_VERSION, self.tb.name, [QueuedJob(
-            j["job"], j["user"], j["state"], j["ranks"], j["iterations_done"], j["iterations"],
-            j["partition"] or "") for j in shown])
+            j["job"], j["user"], j["state"], j["ranks"] or 0, j["iterations_done"],
+            j["iterations"] or 0, j["partition"] or "") for j in js])
         if self.adm.b.announce is not None:
             self.adm.b.announce("queue", msgspec.json.encode(note))
+
+    # --- the queue's rules ---------------------------------------------------------------
+    def may_start(self, req: JobRequest, placed: list[tuple[JobRequest, Partition]]) -> bool:
+        """Whether a queued job may start now: not held, and its user's running nodes
+        (with those placed in this pass) stay within their limit."""
+        if req.name in self.held:
+            return False
+        user = self._user.get(req.name, req.user)
+        most = self.limits.rule(user, self._role(user)).max_running_nodes
+        if most is None:
+            return True
+        held = sum(len(r.nodes) for r in self.adm.started() if self._user.get(r.job) == user)
+        held += sum(len(p.nodes) for q, p in placed if self._user.get(q.name) == user)
+        return held + req.ranks <= most
+
+    def _role(self, name: str) -> str:
+        return self.roles.get(name, "user")
+
+    def queue(self, user: User, req: JobRequest, asked_s: float | None) -> JobRequest:
+        """A submission held to its user's rules: its priority, their queued jobs, its time
+        limit; Refused (403, 422 or 429) naming the rule."""
+        rule = self.limits.rule(user.name, user.role)
+        if req.priority > rule.max_priority:
+            raise Refused(403, f"priority {req.priority} is over {user.name}'s most, "
+                               f"{rule.max_priority} (max_priority)")
+        if rule.max_queued_jobs is not None:
+            queued = sum(1 for j in self._user.items() if j[1] == user.name)
+            if queued >= rule.max_queued_jobs:
+                raise Refused(429, f"{user.name} has {queued} jobs queued or running, "
+                                   f"their most (max_queued_jobs {rule.max_queued_jobs})")
+        most = rule.max_running_nodes
+        if most is not None and req.ranks > most:
+            raise Refused(422, f"{req.ranks} ranks: over {user.name}'s most running nodes, "
+                               f"{most} (max_running_nodes): it could never start")
+        try:
+            limit_s = self.limits.time_limit_s(asked_s)
+        except ValueError as e:
+            raise Refused(422, f"time_limit_s: {e}") from None
+        return dataclasses.replace(req, user=user.name, time_limit_ns=round(limit_s * 1e9))
 
     # --- what the orchestration tells -------------------------------------------------
     def on_iteration(self, rec: JobRecord, it: Iteration) -> None:
@@ -188,12 +261,19 @@ class Service:
         self.tell(now=moved)
 
     def on_end(self, rec: JobRecord, state: str, why: str) -> None:
-        result = rec.public() | {"flows": rec.flows, "control_messages": rec.control_messages} \
-            if rec.start_ns is not None and rec.end_ns is not None else {}
-        self.ledger.set(rec.name, state, ended=time.time(), why=why,
-                        result=json.dumps(result))
+        seen = {"flows": rec.flows, "control_messages": rec.control_messages,
+                "stops": rec.stops} if rec.start_ns is not None else {}
+        self.ledger.set(rec.name, state, ended=time.time(), why=why)
+        self.ledger.set(rec.name, state, result=json.dumps(self.ledger.result(rec.name, {
+            "nodes": len(rec.partition.nodes) if rec.partition else 0,
+            "shape": rec.partition.shape if rec.partition else None} | (
+            {f"{k}_since_restart" if rec.name in self.restarted else k: v
+             for k, v in seen.items()}))))
         self.ledger.note(rec.name, f"{state}{': ' + why if why else ''}")
         self._on.pop(rec.name, None)
+        self._user.pop(rec.name, None)
+        self.held.discard(rec.name)
+        self.restarted.discard(rec.name)
         self.tell()
 
     # --- requests ---------------------------------------------------------------------
@@ -237,15 +317,23 @@ class Service:
         user = self.who(request, "operator", "user")
         body = await self.body(request)
         text, priority = body.get("experiment"), body.get("priority", 0)
+        asked = body.get("time_limit_s")
         if not isinstance(text, str) or not isinstance(priority, int) or \
-                isinstance(priority, bool) or not -1000 <= priority <= 1000:
-            raise Refused(422, '{"experiment": TOML text, "priority": -1000..1000}')
+                isinstance(priority, bool) or not -1000 <= priority <= 1000 or \
+                (asked is not None and (not isinstance(asked, int | float) or
+                                        isinstance(asked, bool) or not 0 < asked < 1e9)):
+            raise Refused(422, '{"experiment": TOML text, "priority": -1000..1000, '
+                               '"time_limit_s": seconds (optional)}')
         req = job_request(text, self.grid, self.tb, self.ledger.next_id(), priority)
+        in_file = req.time_limit_ns / 1e9 if req.time_limit_ns else None
+        req = self.queue(user, req, asked if asked is not None else in_file)
         self.ledger.add(user.name, req)
+        self._user[req.name] = user.name
         try:
             self.adm.submit(req)
         except RunFailed as e:  # as many jobs at once as the flow tags tell apart
             self.ledger.set(req.name, "failed", ended=time.time(), why=str(e))
+            self._user.pop(req.name, None)
             raise Refused(503, str(e)) from None
         self.tell()
         return JSONResponse(self.ledger.job(req.name), status_code=201)
@@ -264,17 +352,58 @@ class Service:
     async def cancel(self, request: Request) -> Response:
         user = self.who(request, "operator", "user")
         j = self.owned(user, request.path_params["job"])
-        if j["state"] not in ("queued", "running") or \
+        if j["state"] not in ACTIVE or \
                 not self.adm.cancel(j["job"], f"cancelled by {user.name}"):
             raise Refused(409, f"job {j['job']} is {j['state']}: nothing to cancel")
         return JSONResponse({"job": j["job"], "cancelled": True})
 
-    async def iterations(self, request: Request) -> Response:
-        """A job's recorded iterations, `[[i, t_start_ns, t_end_ns], ...]`, from `since`."""
-        self.who(request)
-        job = request.path_params["job"]
-        if self.ledger.job(job) is None:
+    def _queued(self, job: str) -> dict[str, Any]:
+        j = self.ledger.job(job)
+        if j is None:
             raise Refused(404, f"no job {job}")
+        if j["state"] != "queued":
+            raise Refused(409, f"job {job} is {j['state']}, not queued")
+        return j
+
+    async def hold(self, request: Request) -> Response:
+        """An operator holds a queued job (it starts only once released) or releases it."""
+        user = self.who(request, "operator")
+        job, held = request.path_params["job"], request.url.path.endswith("/hold")
+        self._queued(job)
+        if held:
+            self.held.add(job)
+        else:
+            self.held.discard(job)
+        self.ledger.hold(job, held)
+        self.ledger.note(job, f"{'held' if held else 'released'} by {user.name}")
+        if not held:
+            self.adm.look()
+        self.tell()
+        return JSONResponse(self.ledger.job(job))
+
+    async def priority(self, request: Request) -> Response:
+        """An operator moves a queued job: its new priority (the queue is by priority,
+        then arrival)."""
+        user = self.who(request, "operator")
+        job = request.path_params["job"]
+        self._queued(job)
+        p = (await self.body(request)).get("priority")
+        if not isinstance(p, int) or isinstance(p, bool) or not -1000 <= p <= 1000:
+            raise Refused(422, '{"priority": -1000..1000}')
+        req = next((q for q in self.adm.queue if q.name == job), None)
+        if req is None or not self.adm.reprioritise(job, p):
+            raise Refused(409, f"job {job} is not in the queue")
+        self.ledger.request(job, dataclasses.replace(req, priority=p))
+        self.ledger.note(job, f"priority {req.priority} -> {p} by {user.name}")
+        self.tell()
+        return JSONResponse(self.ledger.job(job))
+
+    async def iterations(self, request: Request) -> Response:
+        """A job's recorded iterations, `[[i, t_start_ns, t_end_ns], ...]`, from `since`
+        (its user's and the operators')."""
+        user = self.who(request, "operator", "user")
+        job = request.path_params["job"]
+        self.owned(user, job)
         try:
             since = int(request.query_params.get("since", "0"))
         except ValueError:
@@ -286,13 +415,42 @@ class Service:
         j = self.owned(user, request.path_params["job"])
         return JSONResponse({"job": j["job"], "log": self.ledger.logs(j["job"])})
 
+    async def usage(self, request: Request) -> Response:
+        """Per user: jobs, node-hours, wait times (an operator's or an observer's: every
+        user's; a user's: their own)."""
+        user = self.who(request)
+        try:
+            since = float(request.query_params.get("since", "0"))
+        except ValueError:
+            raise Refused(400, "since: a Unix time") from None
+        out = self.ledger.usage(since)
+        if user.role == "user":
+            out = {k: v for k, v in out.items() if k == user.name}
+        return JSONResponse({"since": since, "users": out})
+
+    async def token(self, request: Request) -> Response:
+        """An operator rotates (POST) or revokes (DELETE) a user's token, at once: the old
+        one is refused from the next request; the new one is in the user's token file."""
+        op = self.who(request, "operator")
+        name = request.path_params["user"]
+        role = self.roles.get(name)
+        if role is None:
+            raise Refused(404, f"no user {name}")
+        f = self.state / "tokens" / name
+        for t in [t for t, u in self.users.items() if u.name == name]:
+            del self.users[t]
+        if request.method == "DELETE":
+            f.unlink(missing_ok=True)
+            log.warning("arbiter: %s revoked %s's token", op.name, name)
+            return JSONResponse({"user": name, "revoked": True})
+        self.users[new_token(f)] = User(name, role)
+        log.warning("arbiter: %s rotated %s's token (%s)", op.name, name, f)
+        return JSONResponse({"user": name, "token_file": str(f)})
+
     async def status(self, request: Request) -> Response:
         self.who(request)
-        states: dict[str, int] = {}
-        for j in self.ledger.jobs():
-            states[j["state"]] = states.get(j["state"], 0) + 1
         return JSONResponse({"testbed": self.tb.name, "rejected": self.rejected,
-                             "jobs": states, "free_nodes": len(self.adm.free),
+                             "jobs": self.ledger.states(), "free_nodes": len(self.adm.free),
                              "invariant_violations": len(self.adm.b.monitor.violations),
                              "first_violations": self.adm.b.monitor.violations[:FIRST]})
 
@@ -314,8 +472,13 @@ class Service:
             Route("/jobs", guarded(self.submit), methods=["POST"]),
             Route("/jobs/{job}", guarded(self.job), methods=["GET"]),
             Route("/jobs/{job}", guarded(self.cancel), methods=["DELETE"]),
+            Route("/jobs/{job}/hold", guarded(self.hold), methods=["POST"]),
+            Route("/jobs/{job}/release", guarded(self.hold), methods=["POST"]),
+            Route("/jobs/{job}/priority", guarded(self.priority), methods=["PUT"]),
             Route("/jobs/{job}/logs", guarded(self.logs), methods=["GET"]),
             Route("/jobs/{job}/iterations", guarded(self.iterations), methods=["GET"]),
+            Route("/usage", guarded(self.usage), methods=["GET"]),
+            Route("/tokens/{user}", guarded(self.token), methods=["POST", "DELETE"]),
             Route("/status", guarded(self.status), methods=["GET"]),
         ], middleware=[Middleware(http.BearerToken, tokens=self.users,
                                   refused=self._unknown)])
@@ -328,7 +491,7 @@ class Service:
 
 def serve(testbed: Path, state: Path, users: list[str], host: str = "127.0.0.1",
           port: int = 8060, tls: tuple[Path, Path] | None = None,
-          say: Callable[[str], None] = print) -> None:
+          say: Callable[[str], None] = print, limits: Path | None = None) -> None:
     """Run the service until SIGINT or SIGTERM (a clean stop keeps every job's state, as
     a crash does)."""
 
@@ -337,43 +500,76 @@ def serve(testbed: Path, state: Path, users: list[str], host: str = "127.0.0.1",
                          f"--tls-key) or a reverse proxy in front of 127.0.0.1 "
                          f"(docs/arbiter.md)")
     tb = load_testbed(testbed)
+    rules = load_limits(limits)
     if not registry.serves(tb).devices:
         raise ConfigError([ConfigIssue(
             str(testbed), "testbed.backend", "the arbiter owns devices: give an emu config "
             "(`oddl emulate TESTBED --out emu.toml`) or a lab's hw config")])
     state.mkdir(parents=True, exist_ok=True)
     state.chmod(0o700)
-    users_by_token = tokens(state, users)
+    me = f"oddl arbiter (pid {os.getpid()})"
+    # the state first: a second arbiter on it is refused before it touches anything
+    with TestbedLock("arbiter", me, directory=state, kind="state directory").acquire():
+        users_by_token = tokens(state, users)
+        ledger = Ledger(state / "arbiter.sqlite")
+        try:
+            other = ledger.testbed(tb.name)
+            if other is not None:
+                raise ValueError(f"--state {state}: it holds testbed {other!r}'s jobs, not "
+                                 f"{tb.name!r}'s: give each testbed's arbiter its own")
+            _serve(tb, state, ledger, users_by_token, rules, host, port, tls, say)
+        finally:
+            ledger.close()
+
+
+def _serve(tb: Testbed, state: Path, ledger: Ledger, users: dict[str, User], rules: Limits,
+           host: str, port: int, tls: tuple[Path, Path] | None,
+           say: Callable[[str], None]) -> None:
     grid = Grid.from_testbed(tb)
     with TestbedLock(registry.lock_name(tb), f"oddl arbiter (pid {os.getpid()})").acquire():
         backend = registry.open_backend(tb.testbed.backend, tb, grid)
-        ledger = Ledger(state / "arbiter.sqlite")
         try:
             arbiter = Arbiter(tb, grid, backend.onics, backend.wss)
             arbiter.inventory()
             spec = NetworkSpec(name="oddl", kind="oddl")  # the testbed's, as planned
 
             def make(svc: Service) -> Admission:
-                return Admission(backend, grid, [], Rectangles(grid, "fifo"),
-                                 OddlStage1(arbiter, spec), spec, tb,
-                                 job_id("arbiter", os.getpid(), time.time_ns()), "arbiter",
-                                 svc.on_iteration, on_end=svc.on_end)
+                adm = Admission(backend, grid, [], Backfill(
+                    grid, lambda: adm.started(), lambda: adm.clock.now_ns(), svc.may_start),
+                    OddlStage1(arbiter, spec), spec, tb,
+                    job_id("arbiter", os.getpid(), time.time_ns()), "arbiter",
+                    svc.on_iteration, on_end=svc.on_end)
+                return adm
 
-            svc = Service(tb, ledger, users_by_token, make)
+            svc = Service(tb, ledger, users, state, rules, make)
             api = http.HttpService(svc.app(), host, port,
                                    ssl_certfile=tls[0] if tls else None,
                                    ssl_keyfile=tls[1] if tls else None)
 
+            async def alive() -> None:  # its downtime, if it dies, counts from its last beat
+                while True:
+                    ledger.alive()
+                    await asyncio.sleep(1.0)
+
             async def main() -> None:
                 async with Services(f"arbiter of {tb.name}") as services:
+                    down = ledger.begin(os.getpid())
                     svc.adm.open()
                     services.add("the orchestration of jobs", svc.adm.close)
                     for job, req, done in ledger.unfinished():  # what the last one left
+                        j = ledger.job(job) or {}
+                        was = j.get("state")
+                        svc._user[job] = j.get("user") or req.user
+                        if was == "running":
+                            svc.restarted.add(job)
                         ledger.set(job, "queued")
-                        ledger.note(job, f"queued again by a new arbiter, from iteration "
-                                         f"{done}")
+                        gone = f" (no arbiter for {down:.1f} s)" if down is not None else ""
+                        ledger.note(job, f"the arbiter started again{gone}: queued again "
+                                         f"from iteration {done}")
                         svc.adm.submit(req, resume=done)
                     svc.tell()
+                    beat = asyncio.get_running_loop().create_task(alive())
+                    services.add("its heartbeat in the ledger", beat.cancel)
                     await services.start("its API", api.start(), api.stop)
                     say(f"ready {api.url}")
                     await services.run(api.wait())
@@ -385,6 +581,4 @@ def serve(testbed: Path, state: Path, users: list[str], host: str = "127.0.0.1",
                                f"goes on with them)")
                 raise
         finally:
-            ledger.close()
             backend.close()
-

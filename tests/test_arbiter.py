@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
+import socket
 import sqlite3
 import subprocess
 import sys
@@ -43,13 +45,14 @@ def emu(root: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
 class Arbiter:
     """`oddl arbiter` as an operator starts it; its URL once it says "ready"."""
 
-    def __init__(self, root: Path, emu: Path, state: Path) -> None:
+    def __init__(self, root: Path, emu: Path, state: Path, port: int = 0,
+                 *extra: str) -> None:
         self.state = state
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "oddl.app", "arbiter", str(emu), "--state",
              str(state), "--user", "alice", "--user", "bob", "--user", "eve:observer",
-             "--port", "0"], cwd=root, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-            text=True)
+             "--user", "ops:operator", "--port", str(port), *extra], cwd=root,
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         killer = threading.Timer(60, self.proc.kill)  # it must come up within a minute
         killer.start()
         assert self.proc.stdout is not None
@@ -186,37 +189,80 @@ def test_junk_and_strangers_get_a_4xx_and_change_nothing(arbiter: Arbiter) -> No
         ("eve", "POST", "/jobs", {"json": {"experiment": JOB.format(
             name="x", iterations=5, ranks=2)}}, 403),  # an observer reads only
         ("alice", "DELETE", "/jobs/j999", {}, 404),
+        # issue 44: nested TOML gave a 500 and a RecursionError in the log
+        ("alice", "POST", "/jobs", {"json": {"experiment": "a = " + "[" * 5000 + "]" * 5000}},
+         422),
+        ("alice", "POST", "/jobs", {"json": {"experiment": JOB.format(
+            name="x", iterations=5, ranks=2), "priority": 500}}, 403),  # over a user's 100
+        ("alice", "POST", "/jobs", {"json": {"experiment": JOB.format(
+            name="x", iterations=5, ranks=2), "time_limit_s": 1e6}}, 422),  # over the most
+        ("alice", "POST", "/jobs", {"json": {"experiment": JOB.format(
+            name="x", iterations=5, ranks=2) + "\n[[faults]]\nkind = 'node'\nnode = 'zz'\n"
+            "at_ms = 1\n"}}, 422),  # the one validation: a fault on no node of the testbed
+        ("alice", "POST", "/jobs/j1/hold", {}, 403),  # an operator's
+        ("alice", "GET", "/jobs/j1/iterations", {}, 404),
     ]
     for user, method, path, kw, status in cases:
         r = arbiter.call(user, method, path, **kw)
         assert r.status_code == status, (user, method, path, r.status_code, r.text)
     bad = httpx.get(arbiter.url + "/jobs", headers={"Authorization": "Bearer forged"})
     assert bad.status_code == 401
-    assert "can never run here" in arbiter.call("alice", "POST", "/jobs", json={
+    assert "workload.ranks: 5 ranks but" in arbiter.call("alice", "POST", "/jobs", json={
         "experiment": JOB.format(name="huge", iterations=5, ranks=5)}).json()["error"]
+    assert not any("Traceback" in e or "RecursionError" in e for e in arbiter.err)
     assert arbiter.call("eve", "GET", "/jobs").json() == before
     assert arbiter.call("eve", "GET", "/status").json()["rejected"] == len(cases) + 2
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
 
 @pytest.mark.realtime  # an emulator, an arbiter, HTTP: the wall clock
 def test_a_killed_arbiter_started_again_loses_no_job_and_records_no_iteration_twice(
         root: Path, emu: Path, tmp_path: Path) -> None:
-    first = Arbiter(root, emu, tmp_path / "state")
+    """Issue 44: after a restart a job's result covered only the part after it (39 of 60
+    iterations, a JCT of 12.2 s for 22.5 s), and `oddl wait` died with the arbiter
+    ("Connection reset by peer", exit 2)."""
+    port = free_port()
+    first = Arbiter(root, emu, tmp_path / "state", port)
+    waiting = None
     try:
         running = first.submit("alice", "long", 120)
         queued = first.submit("bob", "after", 20, ranks=4)  # waits for the whole grid
+        waiting = subprocess.Popen(  # a user's `oddl wait`, from before the kill
+            [sys.executable, "-m", "oddl.app", "wait", running, "--json"],
+            env={**os.environ, "ODDL_ARBITER": first.url,
+                 "ODDL_TOKEN_FILE": str(tmp_path / "state" / "tokens" / "alice")},
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         first.until_done("alice", running, 20)
     finally:
         first.stop(signal.SIGKILL)
-    again = Arbiter(root, emu, tmp_path / "state")  # the same tokens, the same ledger
+    t_killed = time.time()
+    again = Arbiter(root, emu, tmp_path / "state", port)  # the same tokens, the same ledger
     try:
         for job, user, n in ((running, "alice", 120), (queued, "bob", 20)):
             d = json.loads(again.cli(user, "wait", job, "--json").stdout)
             assert (d["state"], d["iterations_done"]) == ("finished", n), d
+            r = d["result"]
+            assert r["iterations"] == n, r  # every iteration, before the kill and after
+            assert r["jct_s"] == pytest.approx(d["ended"] - d["submitted"], abs=1e-3)
+            assert 0 < r["arbiter_down_s"] < time.time() - t_killed + 2, r
+        assert d["started"] > t_killed  # the queued one started under the second arbiter
+        out, err = waiting.communicate(timeout=120)
+        assert waiting.returncode == 0, err[-2000:]
+        assert json.loads(out)["result"]["iterations"] == 120
         log = again.cli("alice", "logs", running).stdout
-        assert "queued again by a new arbiter, from iteration" in log
+        assert "the arbiter started again (no arbiter for" in log, log
+        assert "queued again from iteration" in log
+        assert re.search(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d{3}[+-]\d{4} queued by alice",
+                         log, re.M), log  # a full timestamp, with its date
     finally:
         again.stop()
+        if waiting is not None and waiting.poll() is None:
+            waiting.kill()
     db = sqlite3.connect(tmp_path / "state" / "arbiter.sqlite")
     for job, n in ((running, 120), (queued, 20)):
         its = [i for (i,) in db.execute("SELECT iteration FROM iterations WHERE job = ? "

@@ -1,6 +1,8 @@
 """`oddl arbiter` (the service that owns a testbed) and its clients: `oddl submit`, `jobs`,
-`cancel`, `wait`, `logs`. The clients find the service by `--arbiter URL --token-file F`,
-or ODDL_ARBITER and ODDL_TOKEN_FILE."""
+`cancel`, `wait`, `logs`, `usage`, and an operator's `hold`, `release`, `priority` and
+`token`. The clients find the service by `--arbiter URL --token-file F`, or ODDL_ARBITER
+and ODDL_TOKEN_FILE; each waits for an arbiter that is down (restarting) up to
+$ODDL_ARBITER_PATIENCE seconds (120)."""
 
 from __future__ import annotations
 
@@ -25,20 +27,23 @@ from oddl.controller.base.config import ConfigError
               help="beyond loopback only with --tls-cert and --tls-key")
 @click.option("--tls-cert", type=click.Path(path_type=Path), default=None)
 @click.option("--tls-key", type=click.Path(path_type=Path), default=None)
+@click.option("--limits", type=click.Path(path_type=Path, dir_okay=False), default=None,
+              help="a TOML of time limits and each role's or user's limits (docs/arbiter.md)")
 def arbiter(testbed: Path, state: Path, users: tuple[str, ...], port: int, host: str,
-            tls_cert: Path | None, tls_key: Path | None) -> None:
+            tls_cert: Path | None, tls_key: Path | None, limits: Path | None) -> None:
     """The long-lived service that owns a testbed (emu or hw): people submit jobs to it,
     which run at once in isolated partitions; it survives its own crash (docs/arbiter.md)."""
     from oddl.app.queue import serve
+    from oddl.app.stores import StoreError
     from oddl.controller.service.lock import TestbedBusy
 
     try:
         serve(testbed, state, list(users), host, port,
               (tls_cert, tls_key) if tls_cert and tls_key else None,
-              say=lambda line: click.echo(line))
+              say=lambda line: click.echo(line), limits=limits)
     except ConfigError as e:
         _config_fail(e)
-    except (ValueError, TestbedBusy) as e:
+    except (ValueError, TestbedBusy, StoreError) as e:
         click.echo(f"error: {e}", err=True)
         sys.exit(3 if isinstance(e, TestbedBusy) else 2)
 
@@ -67,18 +72,23 @@ def _call(url: str, token_file: Path, method: str, path: str,
 @main.command()
 @click.argument("experiment", type=click.Path(path_type=Path, exists=True, dir_okay=False))
 @click.option("--priority", type=click.IntRange(-1000, 1000), default=0, show_default=True)
+@click.option("--time-limit", "time_limit", type=click.FloatRange(0, 1e9, min_open=True),
+              default=None, help="seconds from its start (else the file's time_limit_s, else "
+              "the arbiter's default); past it the job ends `timeout`")
 @click.option("--json", "as_json", is_flag=True)
 @_client_options
-def submit(experiment: Path, priority: int, as_json: bool, url: str, token_file: Path
-           ) -> None:
+def submit(experiment: Path, priority: int, time_limit: float | None, as_json: bool, url: str,
+           token_file: Path) -> None:
     """Queue an experiment's job on the arbiter's testbed."""
-    j = _call(url, token_file, "POST", "/jobs",
-              {"experiment": experiment.read_text(), "priority": priority})
+    body: dict[str, Any] = {"experiment": experiment.read_text(), "priority": priority}
+    if time_limit is not None:
+        body["time_limit_s"] = time_limit
+    j = _call(url, token_file, "POST", "/jobs", body)
     if as_json:
         emit(j)
         return
     click.echo(f"{j['job']} queued ({j['ranks']} ranks, {j['iterations']} iterations, "
-               f"priority {j['priority']})")
+               f"priority {j['priority']}, time limit {j['time_limit_s']:g} s)")
 
 
 @main.command()
@@ -111,10 +121,13 @@ def cancel(job: str, url: str, token_file: Path) -> None:
 @click.option("--json", "as_json", is_flag=True)
 @_client_options
 def wait(job: str, as_json: bool, url: str, token_file: Path) -> None:
-    """Until the job ends; then its results. Exit 0 if it finished, 1 if not."""
+    """Until the job ends; then its results. Exit 0 if it finished, 1 if not. An arbiter
+    that restarts meanwhile is waited for ($ODDL_ARBITER_PATIENCE s)."""
+    from oddl.app.experiments.remote import ENDED
+
     while True:
         j = _call(url, token_file, "GET", f"/jobs/{job}")
-        if j["state"] in ("finished", "failed", "cancelled"):
+        if j["state"] in ENDED:
             break
         time.sleep(0.2)
     if as_json:
@@ -123,7 +136,9 @@ def wait(job: str, as_json: bool, url: str, token_file: Path) -> None:
         r = j["result"] or {}
         click.echo(f"{job} {j['state']}{': ' + j['why'] if j['why'] else ''}; "
                    f"{j['iterations_done']}/{j['iterations']} iterations"
-                   + (f", JCT {r['jct_s']:.3f} s" if r.get("jct_s") is not None else ""))
+                   + (f", JCT {r['jct_s']:.3f} s" if r.get("jct_s") is not None else "")
+                   + (f" ({r['arbiter_down_s']:.1f} s of it with no arbiter)"
+                      if r.get("arbiter_down_s") else ""))
     sys.exit(0 if j["state"] == "finished" else 1)
 
 
@@ -131,5 +146,69 @@ def wait(job: str, as_json: bool, url: str, token_file: Path) -> None:
 @click.argument("job")
 @_client_options
 def logs(job: str, url: str, token_file: Path) -> None:
-    """A job's log (your own; an operator's: anyone's)."""
+    """A job's log, with full timestamps: queued, where it ran, each stop, each restart of
+    the arbiter, its end (your own; an operator's: anyone's)."""
     click.echo("\n".join(_call(url, token_file, "GET", f"/jobs/{job}/logs")["log"]))
+
+
+@main.command()
+@click.argument("job")
+@_client_options
+def hold(job: str, url: str, token_file: Path) -> None:
+    """An operator holds a queued job: it starts only once released."""
+    _call(url, token_file, "POST", f"/jobs/{job}/hold")
+    click.echo(f"{job} held")
+
+
+@main.command()
+@click.argument("job")
+@_client_options
+def release(job: str, url: str, token_file: Path) -> None:
+    """An operator releases a held job."""
+    _call(url, token_file, "POST", f"/jobs/{job}/release")
+    click.echo(f"{job} released")
+
+
+@main.command()
+@click.argument("job")
+@click.argument("value", type=click.IntRange(-1000, 1000))
+@_client_options
+def priority(job: str, value: int, url: str, token_file: Path) -> None:
+    """An operator gives a queued job a new priority (the queue: by priority, then
+    arrival)."""
+    _call(url, token_file, "PUT", f"/jobs/{job}/priority", {"priority": value})
+    click.echo(f"{job} priority {value}")
+
+
+@main.command()
+@click.option("--since", type=click.DateTime(), default=None,
+              help="jobs submitted since then (default: all)")
+@click.option("--json", "as_json", is_flag=True)
+@_client_options
+def usage(since: Any, as_json: bool, url: str, token_file: Path) -> None:
+    """Accounting per user: jobs by state, node-hours, wait times (a user sees their own)."""
+    t = since.timestamp() if since is not None else 0
+    u = _call(url, token_file, "GET", f"/usage?since={t}")["users"]
+    if as_json:
+        emit(u)
+        return
+    click.echo(f"{'user':<12} {'jobs':>5} {'node-h':>9} {'wait mean':>10} {'wait max':>9}  "
+               f"states")
+    for name, x in sorted(u.items()):
+        mean = f"{x['wait_mean_s']:.1f} s" if x["wait_mean_s"] is not None else "-"
+        most = f"{x['wait_max_s']:.1f} s" if x["wait_max_s"] is not None else "-"
+        states = ", ".join(f"{k} {v}" for k, v in sorted(x["states"].items()))
+        click.echo(f"{name:<12} {x['jobs']:>5} {x['node_hours']:>9.3f} {mean:>10} "
+                   f"{most:>9}  {states}")
+
+
+@main.command()
+@click.argument("user")
+@click.option("--revoke", is_flag=True, help="delete it: the user has no token until rotated")
+@_client_options
+def token(user: str, revoke: bool, url: str, token_file: Path) -> None:
+    """An operator rotates a user's token (a new one in their token file on the arbiter's
+    host; the old one is refused at once) or revokes it."""
+    r = _call(url, token_file, "DELETE" if revoke else "POST", f"/tokens/{user}")
+    click.echo(f"{user}: token revoked" if revoke else
+               f"{user}: a new token in {r['token_file']}")

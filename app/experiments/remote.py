@@ -6,9 +6,11 @@ every back end."""
 
 from __future__ import annotations
 
+import logging
+import os
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -17,30 +19,68 @@ from oddl.app.experiments.results import RunStore
 from oddl.controller.base.access import read_secret
 from oddl.controller.service.backend import RunFailed
 
+log = logging.getLogger(__name__)
 POLL_S = 0.2
+PATIENCE_S = 120.0  # how long a client waits for an arbiter that is down (default)
+ENDED = ("finished", "failed", "cancelled", "timeout", "quarantined")
+
+
+def patience_s() -> float:
+    """How long a client retries an arbiter that does not answer: $ODDL_ARBITER_PATIENCE
+    seconds, else PATIENCE_S (an arbiter restarted by systemd is back in seconds)."""
+    try:
+        return max(0.0, float(os.environ.get("ODDL_ARBITER_PATIENCE", PATIENCE_S)))
+    except ValueError:
+        return PATIENCE_S
 
 
 @dataclass(frozen=True)
 class ArbiterClient:
     url: str
     token_file: Path
+    patience_s: float = field(default_factory=patience_s)
 
     def call(self, method: str, path: str, body: dict[str, Any] | None = None
              ) -> dict[str, Any]:
-        """One request as the token's user; RunFailed with the service's reason if it
-        cannot be made or is refused."""
+        """One request as the token's user; RunFailed with the service's reason if it is
+        refused, or if the arbiter does not answer for `patience_s` (retried meanwhile,
+        with backoff: an arbiter restarting is waited for). A request that changes
+        something is retried only when it never reached the arbiter."""
         try:
             token = read_secret(self.token_file)
-            r = httpx.request(method, self.url.rstrip("/") + path, json=body, timeout=30,
-                              headers={"Authorization": f"Bearer {token}"})
-        except (OSError, httpx.HTTPError) as e:
-            raise RunFailed(f"arbiter {self.url}: {e}") from None
+        except OSError as e:
+            raise RunFailed(f"{self.token_file}: {e}") from None
+        safe = method == "GET"
+        t_end, pause, said = time.monotonic() + self.patience_s, 0.25, False
+        while True:
+            try:
+                r = httpx.request(method, self.url.rstrip("/") + path, json=body, timeout=30,
+                                  headers={"Authorization": f"Bearer {token}"})
+                if r.status_code < 500 or not safe:  # a 5xx retried only when harmless
+                    break
+                why: Exception = RuntimeError(f"{r.status_code}")
+            except (httpx.ConnectError, httpx.ConnectTimeout) as e:
+                why = e
+            except httpx.TransportError as e:  # it may have reached the arbiter
+                if not safe:
+                    raise RunFailed(f"arbiter {self.url}: {e} (the request may have been "
+                                    f"made: `oddl jobs` says)") from None
+                why = e
+            if time.monotonic() + pause > t_end:
+                raise RunFailed(f"arbiter {self.url}: {why} (retried for "
+                                f"{self.patience_s:g} s, ODDL_ARBITER_PATIENCE)") from None
+            if not said:
+                log.warning("arbiter %s: %s; retrying for up to %g s", self.url, why,
+                            self.patience_s)
+                said = True
+            time.sleep(pause)
+            pause = min(pause * 2, 5.0)
         if r.status_code >= 400:
             try:
-                why = r.json().get("error", r.text)
+                reason = r.json().get("error", r.text)
             except ValueError:
-                why = r.text
-            raise RunFailed(f"arbiter {self.url}: {r.status_code}: {why}")
+                reason = r.text
+            raise RunFailed(f"arbiter {self.url}: {r.status_code}: {reason}")
         out: dict[str, Any] = r.json()
         return out
 
@@ -60,7 +100,7 @@ class ArbiterClient:
             its += new
             if progress is not None and new:
                 progress(network, len(its), job["iterations"])
-            if job["state"] in ("finished", "failed", "cancelled") and \
+            if job["state"] in ENDED and \
                     len(its) >= job["iterations_done"]:
                 break
             time.sleep(POLL_S)

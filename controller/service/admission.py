@@ -24,7 +24,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 import msgspec
@@ -55,8 +55,10 @@ from oddl.controller.service.jobs import (
     JobRequest,
 )
 from oddl.controller.service.placing import (
+    NEVER,
     WHOLE,
     Placer,
+    Running,
     schedule_of,
 )
 from oddl.controller.service.recovery import Recovery
@@ -172,6 +174,10 @@ class Admission:
         self._done: asyncio.Future[None] | None = None
         self._stuck_ns: int | None = None  # since when nothing runs and nothing fits
         self._recheck: asyncio.TimerHandle | None = None  # the next look at the queue
+        # the service's time limits: each started job's end (clock ns) and its timer
+        self._limit_ns: dict[str, int] = {}
+        self._limit_timer: dict[str, asyncio.TimerHandle] = {}
+        self._timed_out: set[str] = set()
 
     # --- the run -----------------------------------------------------------------------
     def open(self) -> None:
@@ -184,6 +190,8 @@ class Admission:
             self.watch.stop()
         if self._recheck is not None:
             self._recheck.cancel()
+        for timer in self._limit_timer.values():
+            timer.cancel()
 
     def run(self) -> dict[str, JobRecord]:
         loop = self.b.loop
@@ -242,12 +250,43 @@ class Admission:
         task.cancel()  # a stopping job is ended once it has stopped
         return True
 
+    def reprioritise(self, name: str, priority: int) -> bool:
+        """The service: a queued job to its place for a new priority (False: not queued)."""
+        queued = next((q for q in self.queue if q.name == name), None)
+        if queued is None:
+            return False
+        self.queue.remove(queued)
+        self._arrive(replace(queued, priority=priority))
+        return True
+
+    def look(self) -> None:
+        """The service: the queue again, now (a job released, a limit raised)."""
+        self._admit()
+
+    def started(self) -> list[Running]:
+        """The jobs that hold partitions now, as backfill sees them: their nodes and when
+        their time limits end (NEVER: none)."""
+        out = []
+        for name in self._tasks:
+            part = self.records[name].partition
+            if part is not None:
+                out.append(Running(self._limit_ns.get(name, NEVER), frozenset(part.nodes),
+                                   name))
+        return out
+
     def _arrive(self, req: JobRequest) -> None:
         """Into the queue by priority (higher first), then arrival."""
         at = next((i for i, q in enumerate(self.queue) if q.priority < req.priority),
                   len(self.queue))
         self.queue.insert(at, req)
         self._admit()
+
+    def _expire(self, name: str, limit_s: float) -> None:
+        """A job past its time limit: stopped, and it ends "timeout"."""
+        self._limit_timer.pop(name, None)
+        self._timed_out.add(name)
+        if not self.cancel(name, f"its time limit of {limit_s:g} s was reached"):
+            self._timed_out.discard(name)
 
     def _lose(self, name: str, part: Partition | None, e: BaseException) -> None:
         """A job that cannot go on: in a run, the run fails; in the service, that job ends
@@ -266,6 +305,12 @@ class Admission:
         rec.end_ns = self.clock.now_ns() - self.t0
         self._tasks.pop(name, None)
         self._cancelling.pop(name, None)
+        if name in self._timed_out and state == "cancelled":
+            state = "timeout"
+        self._timed_out.discard(name)
+        self._limit_ns.pop(name, None)
+        if (timer := self._limit_timer.pop(name, None)) is not None:
+            timer.cancel()
         if part is not None:
             try:
                 self._release(name)
@@ -401,6 +446,10 @@ class Admission:
         rec.partition, rec.placed_ns = part, now - self.t0
         if rec.start_ns is None:
             rec.start_ns = rec.placed_ns
+        if req.time_limit_ns and req.name not in self._limit_ns:  # from its first start
+            self._limit_ns[req.name] = now + req.time_limit_ns
+            self._limit_timer[req.name] = self.clock.call_later_ns(
+                req.time_limit_ns, self._expire, req.name, req.time_limit_ns / 1e9)
         carry: tuple[int, list[tuple[int, int, int]]] | None = None
         if req.name in self._stopped:  # it goes on, after a fault
             st = self._stopped.pop(req.name)

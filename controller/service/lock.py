@@ -24,14 +24,15 @@ from typing import Any
 class TestbedBusy(RuntimeError):
     __test__ = False  # not a pytest class
 
-    def __init__(self, testbed: str, holder: dict[str, Any], waited_s: float) -> None:
+    def __init__(self, testbed: str, holder: dict[str, Any], waited_s: float,
+                 kind: str = "testbed") -> None:
         self.testbed = testbed
         self.holder = holder
         since = holder.get("since", "?")
         who = (f"{holder.get('command', '?')} (pid {holder.get('pid', '?')}, "
                f"{holder.get('user', '?')}@{holder.get('host', '?')}, since {since})")
         waited = f" after waiting {waited_s:.0f} s" if waited_s else ""
-        super().__init__(f"testbed {testbed!r} is in use by {who}{waited}")
+        super().__init__(f"{kind} {testbed!r} is in use by {who}{waited}")
 
 
 def lock_dir() -> Path:
@@ -43,9 +44,11 @@ class TestbedLock:
     __test__ = False
 
     def __init__(self, testbed: str, purpose: str | None = None,
-                 directory: Path | None = None) -> None:
+                 directory: Path | None = None, kind: str = "testbed") -> None:
+        """`kind`: what is locked, as the refusal says it; a lock in its own `directory`
+        (an arbiter's state) leaves that directory's mode alone."""
         safe = re.sub(r"[^A-Za-z0-9_.-]", "_", testbed)
-        self.testbed = testbed
+        self.testbed, self.kind, self.shared = testbed, kind, directory is None
         self.path = (directory or lock_dir()) / f"{safe}.lock"
         self.purpose = purpose or " ".join([Path(sys.argv[0]).name, *sys.argv[1:]])
         self._fd: int | None = None
@@ -60,11 +63,13 @@ class TestbedLock:
     def acquire(self, wait_s: float = 0.0, poll_s: float = 0.2) -> TestbedLock:
         """Take the lock, waiting up to `wait_s` seconds; TestbedBusy names the holder."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        with contextlib.suppress(OSError):  # not ours to chmod: someone made it shared
-            os.chmod(self.path.parent, 0o1777)  # shared like /tmp: sticky, all may lock
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o666)
-        with contextlib.suppress(OSError):  # another user's runs must be able to lock it
-            os.fchmod(fd, 0o666)
+        if self.shared:
+            with contextlib.suppress(OSError):  # not ours to chmod: someone made it shared
+                os.chmod(self.path.parent, 0o1777)  # shared like /tmp: sticky, all may lock
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o666 if self.shared else 0o600)
+        if self.shared:
+            with contextlib.suppress(OSError):  # another user's runs must be able to lock it
+                os.fchmod(fd, 0o666)
         t0 = time.monotonic()
         while True:
             try:
@@ -74,7 +79,7 @@ class TestbedLock:
                 waited = time.monotonic() - t0
                 if waited >= wait_s:
                     os.close(fd)
-                    raise TestbedBusy(self.testbed, self.holder(), waited) from None
+                    raise TestbedBusy(self.testbed, self.holder(), waited, self.kind) from None
                 time.sleep(min(poll_s, wait_s - waited))
         me = {"pid": os.getpid(), "user": getpass.getuser(), "host": socket.gethostname(),
               "command": self.purpose, "since": time.strftime("%Y-%m-%dT%H:%M:%S%z")}

@@ -51,6 +51,7 @@ class Running:
 
     ends_ns: int
     nodes: frozenset[str]
+    job: str = ""
 
 
 def reservation(grid: Grid, free: set[str], running: list[Running], head: JobRequest

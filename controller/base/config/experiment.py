@@ -363,6 +363,10 @@ class Experiment(ConfigModel):
     testbed: str = Field(min_length=1, description="relative to this file's directory")
     seed: int = 0
     iterations: int | None = Field(default=None, gt=0, description="override epochs")
+    time_limit_s: float | None = Field(
+        default=None, gt=0, le=366 * 86400, allow_inf_nan=False,
+        description="a job submitted to an arbiter is stopped this long after it starts "
+        "(it ends `timeout`); `oddl run` has none")
     workload: Workload | None = Field(default=None, description="one job (or [[jobs]])")
     jobs: list[JobEntry] = Field(default_factory=list, max_length=MAX_JOBS)
     jobs_trace: str | None = Field(default=None, min_length=1, description="a CSV of jobs, "
@@ -437,12 +441,7 @@ def load_experiment(path: str | Path, testbed: str | Path | None = None) -> Load
         raise ConfigError([ConfigIssue(str(path), "", "this is a testbed, not an experiment "
                                        "(`oddl check` checks either; experiments/ has "
                                        "experiments to run on it)")])
-    if isinstance(data.get("faults"), dict):
-        raise ConfigError([ConfigIssue(str(path), "faults", OLD_FAULTS)])
-    try:
-        exp = Experiment.model_validate(data)
-    except ValidationError as e:
-        raise ConfigError(_job_named(pydantic_issues(path, e), data)) from None
+    exp = experiment_model(path, data)
     tb_path = Path(testbed) if testbed else (path.parent / exp.testbed)
     try:
         tb = load_testbed(tb_path)
@@ -452,6 +451,27 @@ def load_experiment(path: str | Path, testbed: str | Path | None = None) -> Load
         raise ConfigError([ConfigIssue(str(path), "testbed",
                                        f"{tb_path.resolve()}: {e.issues[0].reason}")]
                           ) from None
+    return LoadedExperiment(path, exp, tb_path, tb, validate_experiment(path, exp, tb))
+
+
+def experiment_model(path: Path, data: dict[str, Any]) -> Experiment:
+    """The experiment's schema checked: ConfigError naming each field and why."""
+    if isinstance(data.get("faults"), dict):
+        raise ConfigError([ConfigIssue(str(path), "faults", OLD_FAULTS)])
+    try:
+        return Experiment.model_validate(data)
+    except ValidationError as e:
+        raise ConfigError(_job_named(pydantic_issues(path, e), data)) from None
+    except RecursionError:
+        raise ConfigError([ConfigIssue(str(path), "", "nested too deep")]) from None
+
+
+def validate_experiment(path: Path, exp: Experiment, tb: Testbed, placed: bool = False
+                        ) -> tuple[JobEntry, ...]:
+    """The one validation of an experiment against a testbed (`check`, `run`, `sweep`,
+    the arbiter's submit): its faults, networks, flow bound, ranks, parallelism and jobs.
+    `placed`: its workload gets a rectangle of the grid (the arbiter's), not the whole
+    testbed. Its jobs ([[jobs]] then its trace's rows); ConfigError with every issue."""
     issues = [ConfigIssue(str(path), p, r) for p, r in fault_issues(exp.faults, tb)]
     w = exp.workload
     jobs = list(exp.jobs) + (load_trace(path.parent / exp.jobs_trace) if exp.jobs_trace
@@ -482,7 +502,8 @@ def load_experiment(path: str | Path, testbed: str | Path | None = None) -> Load
                                   f"but {tb.name} has {tb.n_nodes} nodes"))
     if w is not None and w.parallelism is not None:
         issues += [ConfigIssue(str(path), f"workload.{p}", r) for p, r in parallelism_issues(
-            w.parallelism, w.model, w.collective, w.ranks or tb.n_nodes, tb)]
+            w.parallelism, w.model, w.collective, w.ranks or tb.n_nodes, tb,
+            whole_grid=not placed)]
         if exp.recovery == "shrink":
             issues.append(ConfigIssue(str(path), "recovery", "a hybrid-parallel job cannot "
                                       "shrink (tensor x pipeline x data is its rank count): "
@@ -490,7 +511,7 @@ def load_experiment(path: str | Path, testbed: str | Path | None = None) -> Load
     issues += _job_issues(path, exp, jobs, tb)
     if issues:
         raise ConfigError(issues)
-    return LoadedExperiment(path, exp, tb_path, tb, tuple(jobs))
+    return tuple(jobs)
 
 
 def _where(exp: Experiment, k: int) -> str:

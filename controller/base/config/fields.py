@@ -83,15 +83,21 @@ def read_text(path: Path) -> str:
 
 def read_toml(path: Path) -> dict[str, Any]:
     """A TOML file's data, or a ConfigError naming the file and why (`read_text`'s
-    reasons, not TOML, a number too long to convert)."""
-    def fail(why: str) -> ConfigError:
-        return ConfigError([ConfigIssue(str(path), "", why)])
+    reasons, not TOML, a number too long to convert, nested too deep)."""
+    return parse_toml(read_text(path), str(path))
 
-    text = read_text(path)
+
+def parse_toml(text: str, source: str) -> dict[str, Any]:
+    """TOML text's data, or a ConfigError naming its `source` and why."""
+    def fail(why: str) -> ConfigError:
+        return ConfigError([ConfigIssue(source, "", why)])
+
     try:
         return tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
         raise fail(f"not valid TOML: {e}") from None
+    except RecursionError:
+        raise fail("not a usable TOML document: nested too deep") from None
     except ValueError as e:  # e.g. an integer literal over Python's 4300-digit limit
         raise fail(f"not a usable TOML value: {e}") from None
 

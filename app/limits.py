@@ -1,0 +1,79 @@
+"""The arbiter's fairness rules (`oddl arbiter --limits FILE`): time limits, and what each
+role or user may hold, queue and ask for. Without a file, the defaults: a user may queue
+100 jobs at priority 100 at most, each running an hour at most unless it asks for more (up
+to a day); an operator is bound by the time limits only.
+
+```toml
+default_time_limit_s = 3600     # a job that names none
+max_time_limit_s = 86400        # the most a job may ask for
+[roles.user]                    # every user of the role ...
+max_running_nodes = 32          # nodes its running jobs hold, together
+max_queued_jobs = 20
+max_priority = 100
+[users.alice]                   # ... unless named
+max_running_nodes = 64
+```
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from oddl.controller.base.config import (
+    ConfigError,
+    ConfigIssue,
+    ConfigModel,
+    pydantic_issues,
+    read_toml,
+)
+from pydantic import Field, ValidationError
+
+
+class Rule(ConfigModel):
+    """What a role's (or a user's) jobs may hold, queue and ask for; None: no bound."""
+
+    max_running_nodes: int | None = Field(default=None, ge=1, le=65_536)
+    max_queued_jobs: int | None = Field(default=None, ge=0, le=100_000)
+    max_priority: int = Field(default=1000, ge=-1000, le=1000)
+
+
+USER = Rule(max_queued_jobs=100, max_priority=100)
+
+
+class Limits(ConfigModel):
+    default_time_limit_s: float = Field(default=3600.0, gt=0, le=366 * 86400,
+                                        allow_inf_nan=False)
+    max_time_limit_s: float = Field(default=86400.0, gt=0, le=366 * 86400,
+                                    allow_inf_nan=False)
+    roles: dict[str, Rule] = Field(default_factory=lambda: {"user": USER, "operator": Rule()},
+                                   max_length=3)
+    users: dict[str, Rule] = Field(default_factory=dict, max_length=10_000)
+
+    def rule(self, user: str, role: str) -> Rule:
+        """The rule that binds a user: their own, else their role's, else none."""
+        return self.users.get(user) or self.roles.get(role) or \
+            (USER if role == "user" else Rule())
+
+    def time_limit_s(self, asked: float | None) -> float:
+        """A job's limit: what it asked for, else the default; ValueError past the most."""
+        if asked is not None and asked > self.max_time_limit_s:
+            raise ValueError(f"time limit {asked:g} s is over this arbiter's most, "
+                             f"{self.max_time_limit_s:g} s (max_time_limit_s)")
+        return asked if asked is not None else min(self.default_time_limit_s,
+                                                   self.max_time_limit_s)
+
+
+def load_limits(path: Path | None) -> Limits:
+    """The rules in `path` (the defaults without one); ConfigError naming each field."""
+    if path is None:
+        return Limits()
+    data = read_toml(path)
+    try:
+        limits = Limits.model_validate(data)
+    except ValidationError as e:
+        raise ConfigError(pydantic_issues(path, e)) from None
+    bad = [r for r in limits.roles if r not in ("operator", "user", "observer")]
+    if bad:
+        raise ConfigError([ConfigIssue(str(path), f"roles.{r}", "not a role: operator, "
+                                       "user or observer") for r in bad])
+    return limits
