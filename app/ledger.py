@@ -56,8 +56,8 @@ class Ledger:
                     self.db.execute(f"ALTER TABLE jobs ADD COLUMN {col} {decl}")
             self.db.commit()
         except sqlite3.DatabaseError as e:
-            raise StoreError(f"{path}: not an arbiter's ledger ({e}); move it aside (its "
-                             f"WAL files too) to start a new one") from None
+            raise StoreError(f"{path}: not an arbiter's ledger ({e}); move it aside (with "
+                             f"its -wal and -shm files) to start a new one") from None
         self.path = path
         self.life = 0.0  # when this arbiter's life began
 

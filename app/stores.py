@@ -17,11 +17,16 @@ def check_version(db: sqlite3.Connection, path: Path, version: int, what: str) -
     try:
         found = int(db.execute("PRAGMA user_version").fetchone()[0])
     except sqlite3.DatabaseError as e:
-        raise StoreError(f"{path}: not a {what} ({e})") from None
+        raise StoreError(f"{path}: not {_a(what)} ({e}); move it aside (with its -wal "
+                         f"and -shm files) to start a new one") from None
     if found > version:
-        raise StoreError(f"{path}: a {what} of schema {found}, written by a newer oddl; "
+        raise StoreError(f"{path}: {_a(what)} of schema {found}, written by a newer oddl; "
                          f"this one reads schema {version} and older")
     return found
+
+
+def _a(what: str) -> str:
+    return f"{'an' if what[0] in 'aeiou' else 'a'} {what}"
 
 
 def open_store(path: Path, schema: str, version: int, what: str,

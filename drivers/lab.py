@@ -372,23 +372,43 @@ class LabBackend:
                 while len(self._carrying) > MAX_CARRYING:
                     del self._carrying[next(iter(self._carrying))]
                 if not bus.lost.is_set():
-                    ended = await self._halt(spec)  # the stop is out
+                    ended = await self._halt(spec, None)  # the stop is out (the stop waits)
             raise
         finally:
+            if not ended and not bus.lost.is_set():  # its node programs drop it at once
+                await self._halt(spec, events, set(tally.done))
             del self._out[spec.job]
             self._moving.pop(spec.job, None)
-            if not ended and not bus.lost.is_set():  # its node programs drop it at once
-                await self._halt(spec)
         out = self._outcome(spec, tally.done, self.rejected - rejected0)
         out.trace = tally.trace
         return out
 
-    async def _halt(self, spec: JobSpec) -> bool:
-        """Tell a job's node programs to drop it (`job/stop`); True once it is out."""
+    async def _halt(self, spec: JobSpec, events: asyncio.Queue[JobEvent | None] | None,
+                    gone: set[str] | frozenset[str] = frozenset()) -> bool:
+        """Tell a job's node programs to drop it (`job/stop`); with its `events`, wait until
+        each (but those `gone`) says it has ("failed" or "done"), `grace_ms` at most: a job
+        cancelled gives its nodes to the next only with its light off (issue 44: the next
+        job's light met a cancelled one's on a WSS). A job stopped for a fault waits in
+        the orchestration's stop instead. True once the stop is out."""
         assert self.bus is not None
         halt = JobStop(JOB_VERSION, spec.job, "its run stopped")
         with contextlib.suppress(BusError):
             await self.bus.publish(stop_topic(self.tb.name), msgspec.json.encode(halt), qos=1)
+        left = set(spec.nodes) - gone if events is not None else set()
+        t_end = time.monotonic() + self.tb.monitor.grace_ms / 1e3
+        while events is not None and left and (wait := t_end - time.monotonic()) > 0:
+            try:
+                ev = await asyncio.wait_for(events.get(), wait)
+            except TimeoutError:
+                break
+            if ev is None:  # the broker lost: whoever is still on it hears the stop later
+                break
+            if ev.kind in ("failed", "done"):
+                left.discard(ev.node)
+        if left:
+            log.warning("job %s: no word from %s that it dropped the job within grace_ms; "
+                        "its nodes are given back all the same", spec.job,
+                        ", ".join(sorted(left)))
         return True
 
     async def _follow(self, tally: JobTally, events: asyncio.Queue[JobEvent | None],

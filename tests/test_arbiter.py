@@ -173,6 +173,10 @@ def test_cancelling_a_running_job_gives_its_nodes_to_the_next(arbiter: Arbiter) 
     assert json.loads(arbiter.cli("bob", "wait", nxt, "--json").stdout)["state"] == "finished"
     gone = arbiter.cli("alice", "wait", big, "--json")
     assert gone.returncode == 1 and json.loads(gone.stdout)["why"] == "cancelled by alice"
+    # issue 44: the partition went to the next job before the cancelled one's node
+    # programs had dropped it: its light met the next job's on a WSS (violations)
+    status = arbiter.call("alice", "GET", "/status").json()
+    assert (status["invariant_violations"], status["first_violations"]) == (0, []), status
 
 
 @pytest.mark.realtime  # an emulator, an arbiter, HTTP: the wall clock
@@ -344,3 +348,155 @@ def test_oddl_run_on_hw_submits_to_the_testbeds_arbiter(arbiter: Arbiter, emu: P
     assert out["networks"]["electrical"]["iterations"] == 12
     [job] = arbiter.call("eve", "GET", "/jobs").json()["jobs"]
     assert (job["user"], job["state"], job["iterations_done"]) == ("alice", "finished", 12)
+
+
+def test_tokens_too_short_or_shared_are_refused_at_start(tmp_path: Path) -> None:
+    """Issue 44: a 1-character token was accepted, and two users with one token resolved
+    to the later one (bob's job was cancelled "as ops")."""
+    from oddl.app.queue import tokens
+
+    d = tmp_path / "tokens"
+    tokens(tmp_path, ["alice", "bob"])
+    assert all(len((d / n).read_text()) >= 43 for n in ("alice", "bob"))  # 256 bits
+    (d / "bob").write_text("x")
+    with pytest.raises(ValueError, match="bob: a token of at least 22 characters"):
+        tokens(tmp_path, ["alice", "bob"])
+    (d / "bob").write_text((d / "alice").read_text())
+    with pytest.raises(ValueError, match="bob: the same token as alice's"):
+        tokens(tmp_path, ["alice", "bob"])
+    (d / "bob").write_bytes(b"\xff" * 40)
+    with pytest.raises(ValueError, match="bob: not UTF-8 text"):
+        tokens(tmp_path, ["alice", "bob"])
+
+
+def test_a_corrupt_row_is_quarantined_and_the_rest_served(tmp_path: Path) -> None:
+    """Issue 44: one job row whose request is `{}` stopped the arbiter from starting."""
+    import dataclasses
+
+    from oddl.app.ledger import Ledger
+    from oddl.controller.service.jobs import JobRequest
+
+    ledger = Ledger(tmp_path / "arbiter.sqlite")
+    good = JobRequest("j1", "resnet50", "ring", 2, 10, 1, 0, "any", 1)
+    ledger.add("alice", good)
+    ledger.add("bob", dataclasses.replace(good, name="j2"))
+    ledger.db.execute("UPDATE jobs SET request = '{}' WHERE id = 'j2'")
+    ledger.db.commit()
+    assert [(j, r) for j, r, _ in ledger.unfinished()] == [("j1", good)]
+    j2 = ledger.job("j2")
+    assert j2 is not None and j2["state"] == "quarantined"
+    assert "its record in the ledger cannot be read" in j2["why"]
+    assert [j["job"] for j in ledger.jobs()] == ["j1", "j2"]  # both still listed
+    ledger.close()
+
+
+def test_a_corrupt_ledger_or_another_testbeds_state_is_refused_in_one_line(
+        tmp_path: Path) -> None:
+    from oddl.app.ledger import Ledger
+    from oddl.app.stores import StoreError
+
+    bad = tmp_path / "arbiter.sqlite"
+    bad.write_bytes(b"this is no database" * 100)
+    with pytest.raises(StoreError, match="not an arbiter's ledger"):
+        Ledger(bad)
+    ledger = Ledger(tmp_path / "good.sqlite")
+    assert ledger.testbed("t2x2") is None  # recorded at its first start
+    assert ledger.testbed("t2x2") is None
+    assert ledger.testbed("grid-64") == "t2x2"  # another testbed: the one it is for
+    ledger.close()
+
+
+def test_the_time_no_arbiter_ran_is_counted_between_its_lives(tmp_path: Path) -> None:
+    from oddl.app.ledger import Ledger
+
+    ledger = Ledger(tmp_path / "a.sqlite")
+    assert ledger.begin(1) is None
+    ledger.db.execute("UPDATE lives SET started = 100, seen = 110")
+    ledger.db.execute("INSERT INTO lives VALUES (2, 130, 150)")  # 20 s with none
+    ledger.db.execute("INSERT INTO lives VALUES (3, 155, 160)")  # 5 s more
+    assert ledger.down_s(0, 200) == 25
+    assert ledger.down_s(120, 140) == 10  # the part within
+    assert ledger.down_s(131, 150) == 0
+    ledger.close()
+
+
+LIMITS = """
+default_time_limit_s = 600
+max_time_limit_s = 3600
+[roles.user]
+max_queued_jobs = 2
+max_running_nodes = 2
+max_priority = 10
+"""
+
+
+@pytest.mark.realtime  # an emulator, an arbiter, HTTP: the wall clock
+def test_limits_time_limits_holds_priorities_usage_and_tokens(
+        root: Path, emu: Path, tmp_path: Path) -> None:
+    """Issue 44: no fairness (10,000,000 iterations at priority 1000 accepted, a flood all
+    queued), no time limit, no hold, no accounting, tokens never rotated."""
+    (tmp_path / "limits.toml").write_text(LIMITS)
+    a = Arbiter(root, emu, tmp_path / "state", 0, "--limits", str(tmp_path / "limits.toml"))
+    try:
+        # a second arbiter on the same state is refused, naming the first
+        second = subprocess.run(
+            [sys.executable, "-m", "oddl.app", "arbiter", str(emu), "--state",
+             str(tmp_path / "state"), "--user", "alice"], capture_output=True, text=True,
+            timeout=60)
+        assert second.returncode == 3, second.stderr
+        assert "state directory 'arbiter' is in use by oddl arbiter (pid " in second.stderr
+        # a time limit: the job ends `timeout`, and `wait` says so (exit 1)
+        slow = a.cli("alice", "submit", "-", "--time-limit", "1.5")  # "-": no such file
+        assert slow.returncode == 2
+        exp = tmp_path / "forever.toml"
+        exp.write_text(JOB.format(name="forever", iterations=1_000_000, ranks=2))
+        r = a.cli("alice", "submit", str(exp), "--time-limit", "1.5", "--json")
+        assert r.returncode == 0, r.stderr
+        forever = json.loads(r.stdout)
+        assert forever["time_limit_s"] == 1.5
+        # alice's running nodes are at her limit (2): her second job waits, bob's starts
+        second_job = a.submit("alice", "next", 5)
+        bobs = a.submit("bob", "bobs", 5)
+        over = a.call("alice", "POST", "/jobs", json={"experiment": JOB.format(
+            name="third", iterations=5, ranks=2)})
+        assert over.status_code == 429 and "max_queued_jobs 2" in over.json()["error"]
+        big = a.call("bob", "POST", "/jobs", json={"experiment": JOB.format(
+            name="big", iterations=5, ranks=4)})
+        assert big.status_code == 422 and "max_running_nodes" in big.json()["error"]
+        done = json.loads(a.cli("bob", "wait", bobs, "--json").stdout)
+        assert done["state"] == "finished"
+        waited = a.cli("alice", "wait", forever["job"], "--json")
+        assert waited.returncode == 1
+        d = json.loads(waited.stdout)
+        assert d["state"] == "timeout" and "time limit of 1.5 s" in d["why"], d
+        assert json.loads(a.cli("alice", "wait", second_job, "--json").stdout)[
+            "state"] == "finished"
+        # an operator holds, reorders and releases a queued job
+        filler = a.submit("bob", "filler", 400, ranks=2)
+        held = a.submit("bob", "held", 5, ranks=2)
+        a.until_done("bob", filler, 1)
+        ops = [a.cli("ops", *cmd) for cmd in (["hold", held], ["priority", held, "7"])]
+        assert [c.returncode for c in ops] == [0, 0], [c.stderr for c in ops]
+        assert a.cli("bob", "hold", held).returncode == 2  # an operator's only
+        j = a.call("bob", "GET", f"/jobs/{held}").json()
+        assert (j["held"], j["priority"], j["state"]) == (True, 7, "queued")
+        a.until_done("bob", filler, 10)  # a free row, and still it waits: held
+        assert a.call("bob", "GET", f"/jobs/{held}").json()["state"] == "queued"
+        assert a.cli("ops", "release", held).returncode == 0
+        assert json.loads(a.cli("bob", "wait", held, "--json").stdout)["state"] == "finished"
+        a.cli("ops", "cancel", filler)
+        # accounting, from the ledger
+        u = json.loads(a.cli("ops", "usage", "--json").stdout)
+        assert u["alice"]["states"] == {"finished": 1, "timeout": 1}
+        assert u["bob"]["jobs"] == 3 and u["bob"]["node_hours"] > 0
+        assert set(json.loads(a.cli("bob", "usage", "--json").stdout)) == {"bob"}
+        # a token rotated is refused at once; the new one works
+        old = a.token("bob")
+        assert a.cli("ops", "token", "bob").returncode == 0
+        assert httpx.get(a.url + "/jobs", headers={"Authorization": f"Bearer {old}"}
+                         ).status_code == 401
+        assert a.call("bob", "GET", "/jobs").status_code == 200
+        assert a.cli("ops", "token", "bob", "--revoke").returncode == 0
+        assert not (tmp_path / "state" / "tokens" / "bob").exists()
+    finally:
+        a.stop()
