@@ -354,7 +354,7 @@ class LabBackend:
         events: asyncio.Queue[JobEvent | None] = asyncio.Queue(MAX_EVENTS)
         await self._heard_from(spec)
         self._out[spec.job] = (spec, events)
-        ended = False
+        ended = cut = False
         try:
             tally.published()  # before: a QoS 1 publish returns once acknowledged
             await bus.publish(run_topic(self.tb.name), msgspec.json.encode(spec), qos=1)
@@ -362,6 +362,7 @@ class LabBackend:
             await self._follow(tally, events, stop, rejected0)
             ended = True
         except JobStopped as e:
+            cut = True  # the orchestration's stop waits for its light (Admission._stop)
             if e.lost and not any(self.health.is_dead(n) for n in spec.ranks):
                 # what the cut iteration delivered: each rank's node program says, in its
                 # "failed" event, now, or (the broker gone) once it hears us again
@@ -376,7 +377,8 @@ class LabBackend:
             raise
         finally:
             if not ended and not bus.lost.is_set():  # its node programs drop it at once
-                await self._halt(spec, events, set(tally.done))
+                await self._halt(spec, None if cut else events, set(tally.done) | {
+                    n for n in spec.nodes if self.health.is_dead(n)})
             del self._out[spec.job]
             self._moving.pop(spec.job, None)
         out = self._outcome(spec, tally.done, self.rejected - rejected0)

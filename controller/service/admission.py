@@ -609,9 +609,11 @@ class Admission:
             if moved is not None and min(c.score for c in moved.shifts.links.values()) > \
                     phase_score(self._profiles, self._began, self.clock.now_ns()) + 1e-9:
                 self._pause(moved.pauses_ns)
-        if task.cancelled():  # the service cancelled it
+        if task.cancelled():  # the service cancelled it (or its time limit)
             self.running -= 1
-            self._leave(req.name, part, "cancelled", self._cancelling.get(req.name, ""))
+            why = self._cancelling.get(req.name, "")
+            dark = self.b.loop.create_task(self._dark(part))
+            dark.add_done_callback(lambda _t: self._leave(req.name, part, "cancelled", why))
             return
         exc = task.exception()
         if isinstance(exc, JobStopped) and len(rec.stops) < MAX_STOPS:
@@ -633,6 +635,16 @@ class Admission:
         rec.flows += out.flows
         rec.control_messages += out.control_messages
         self._leave(req.name, part, "finished", "")
+
+    async def _dark(self, part: Partition) -> None:
+        """Until no live board of a cancelled job's partition transmits (`grace_ms` at
+        most): its light lands before its nodes go to the next job (issue 44: a cancelled
+        job's last flows met the next job's on a WSS)."""
+        waited_ns, grace_ns = 0, self.tb.monitor.grace_ms * 1e6
+        while waited_ns < grace_ns and any(self.b.onics[n].transmitting()
+                                           for n in part.nodes if not self.health.is_dead(n)):
+            await asyncio.sleep(self.health.period_ns / 1e9)
+            waited_ns += self.health.period_ns
 
     async def _stop(self, req: JobRequest, part: Partition, stop: JobStopped) -> None:
         """A job stopped for a fault on its partition: once the watch has settled, the bus

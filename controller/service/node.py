@@ -507,6 +507,9 @@ class _NodeJob:
             if runner is not None:
                 prog.retries_done += runner.stats().get("retries", 0)
                 runner.close()
+            if spec.tag and not (self.finished.done() and not self.finished.cancelled()
+                                 and self.finished.exception() is None):
+                monitor.job_cut(spec.tag)  # cut short: its books go with it
             if prog.node in spec.boards:  # its light is gone with the job's routes
                 with contextlib.suppress(Exception):
                     prog.onic.load_routes({})

@@ -56,6 +56,7 @@ class InvariantChecker:
     owner: dict[str, int] = field(default_factory=dict)  # node -> tag of the job on it
     names: dict[int, str] = field(default_factory=dict)  # tag -> running job
     lit: dict[tuple[str, int, int], int] = field(default_factory=dict)  # (wss, out, ch) -> tag
+    cut: set[int] = field(default_factory=set)  # tags of jobs stopped before their end
 
     def new_job(self, job: str, tag: int = 0, nodes: Iterable[str] = ()) -> None:
         """A long-running testbed forgets the last job's flows (its findings stay in
@@ -89,6 +90,17 @@ class InvariantChecker:
                            job=self.names.get(tag, str(tag)))
         self._forget(tag)
 
+    def job_cut(self, tag: int) -> None:
+        """A tagged job stopped before its end (cancelled, failed, stopped for a fault):
+        its nodes and lights are free for the next job (issue 44: a cancelled job's lights
+        stayed booked, and the next job on its WSS ports was found sharing them). Its
+        flows' books stay (its other nodes' last flows are still checked) until its tag is
+        given to another job; its stragglers book no light."""
+        if tag in self.names:
+            self.cut.add(tag)
+            self.owner = {n: t for n, t in self.owner.items() if t != tag}
+            self.lit = {k: t for k, t in self.lit.items() if t != tag}
+
     def _forget(self, tag: int) -> None:
         """A tagged job's books go: its flows, nodes and lights."""
         mine = {f for f in self.started if tag_of(f) == tag} | \
@@ -99,6 +111,7 @@ class InvariantChecker:
         self.owner = {n: t for n, t in self.owner.items() if t != tag}
         self.lit = {k: t for k, t in self.lit.items() if t != tag}
         self.names.pop(tag, None)
+        self.cut.discard(tag)
 
     def _foreign(self, t_ns: int, node: str | None, flow: Flow, what: str) -> None:
         """A flow on a node another running job owns: they share a relay or receiver."""
@@ -163,7 +176,7 @@ class InvariantChecker:
         granter = self.granted_by.pop((flow.id, flow.hop), None)
         if self.owner:
             self._foreign(t_ns, to_node, flow, "receives")
-            if out is not None and channel is not None:
+            if out is not None and channel is not None and tag_of(flow.id) not in self.cut:
                 tag = tag_of(flow.id)
                 had = self.lit.setdefault((wss, out, channel), tag)
                 if had != tag and had in self.names:
