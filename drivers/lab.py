@@ -400,7 +400,8 @@ class LabBackend:
         t_end = time.monotonic() + self.tb.monitor.grace_ms / 1e3
         while events is not None and left and (wait := t_end - time.monotonic()) > 0:
             try:
-                ev = await asyncio.wait_for(events.get(), wait)
+                async with asyncio.timeout(wait):
+                    ev = await events.get()
             except TimeoutError:
                 break
             if ev is None:  # the broker lost: whoever is still on it hears the stop later
@@ -453,7 +454,10 @@ class LabBackend:
                 # at an iteration boundary, or the fault keeps the iteration from one
                 raise stopped(stop.why())
             try:
-                ev = await asyncio.wait_for(events.get(), tick)
+                # (not wait_for: on Python 3.11 it swallows a cancel that lands as the
+                # event does, and a cancelled job ran on: issue 44's time limit)
+                async with asyncio.timeout(tick):
+                    ev = await events.get()
             except TimeoutError:
                 if not tally.all_ready and time.monotonic() > t_ready:
                     missing = sorted(set(spec.nodes) - tally.ready)

@@ -85,6 +85,15 @@ class Arbiter:
         return subprocess.run([sys.executable, "-m", "oddl.app", *args], env=env,
                               capture_output=True, text=True, timeout=120)
 
+    def wait(self, user: str, job: str) -> subprocess.CompletedProcess[str]:
+        """`oddl wait JOB --json`; if it does not end, what the arbiter says of the job."""
+        try:
+            return self.cli(user, "wait", job, "--json")
+        except subprocess.TimeoutExpired:
+            j = self.call("ops", "GET", f"/jobs/{job}").json()
+            raise AssertionError((j, self.cli("ops", "logs", job).stdout,
+                                  "".join(self.err)[-3000:])) from None
+
     def until_done(self, user: str, job: str, n: int) -> None:
         """Until `job` has recorded `n` iterations (a minute at most)."""
         t_end = time.monotonic() + 60
@@ -463,9 +472,9 @@ def test_limits_time_limits_holds_priorities_usage_and_tokens(
         big = a.call("bob", "POST", "/jobs", json={"experiment": JOB.format(
             name="big", iterations=5, ranks=4)})
         assert big.status_code == 422 and "max_running_nodes" in big.json()["error"]
-        done = json.loads(a.cli("bob", "wait", bobs, "--json").stdout)
+        done = json.loads(a.wait("bob", bobs).stdout)
         assert done["state"] == "finished"
-        waited = a.cli("alice", "wait", forever["job"], "--json")
+        waited = a.wait("alice", forever["job"])
         assert waited.returncode == 1
         d = json.loads(waited.stdout)
         assert d["state"] == "timeout" and "time limit of 1.5 s" in d["why"], d
