@@ -1,17 +1,20 @@
-"""How much a flood of API requests slows a job the arbiter runs.
+"""The arbiter as a lab uses it, measured (issue 44): submit latency as the queue grows to
+1,000 jobs; the API's latency while partitions are set up and released; jobs lost and
+iterations recorded twice over random `kill -9`s with three users submitting.
 
-An emulated 2 x 2 grid and `oddl arbiter` on it; a 2-rank job runs alone, then the same
-job again while one token sends `--rate` requests a second (GET /jobs, to 127.0.0.1,
-bounded in count and time). Prints each run's mean iteration time and the slowdown.
+    python bench/arbiter_bench.py [--queued 1000] [--kills 20]
 
-    python bench/arbiter_bench.py [--iterations 200] [--rate 1000]
+Runs `oddl emulate` of a 2 x 2 grid and `oddl arbiter` on it, as a lab would (the
+emulator and the arbiter are the real programs; the clients speak HTTP).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import subprocess
+import random
+import sqlite3
+import statistics
 import sys
 import tempfile
 import threading
@@ -19,86 +22,119 @@ import time
 from pathlib import Path
 
 import httpx
-import tomli_w
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+from tests.helpers import emulated_grid  # noqa: E402
+from tests.test_arbiter import JOB, Arbiter, free_port  # noqa: E402
 
-from oddl.app.session import emulated, stop_emulator  # noqa: E402
-from oddl.controller.base.config import grid_testbed  # noqa: E402
-
-JOB = """name = "bench"
-testbed = "-"
-iterations = {n}
-[workload]
-model = "resnet50"
-collective = "ring"
-ranks = 2
-epochs = 1
-dataset_samples = 1000
-batch_per_node = 32
-compute_time_ms = 10.0
-"""
+LIMITS = "[roles.user]\nmax_queued_jobs = 100000\n"
 
 
-def run_job(url: str, token: str, n: int) -> float:
-    """Submit, wait, and the job's mean iteration time (ms)."""
-    h = {"Authorization": f"Bearer {token}"}
-    job = httpx.post(f"{url}/jobs", json={"experiment": JOB.format(n=n)}, headers=h,
-                     timeout=30).json()["job"]
-    while (j := httpx.get(f"{url}/jobs/{job}", headers=h, timeout=30).json())["state"] in (
-            "queued", "running"):
-        time.sleep(0.2)
-    assert j["state"] == "finished", j
-    return float(j["result"]["iteration_time_s"]) * 1e3
+def pct(xs: list[float], q: float) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(q / 100 * len(xs)))]
 
 
-def flood(url: str, token: str, rate: float, stop: threading.Event, sent: list[int]) -> None:
-    h = {"Authorization": f"Bearer {token}"}
-    with httpx.Client(headers=h, timeout=10) as c:
-        t0 = time.monotonic()
-        while not stop.is_set() and sent[0] < 600 * rate:  # bounded: 10 min at most
-            c.get(f"{url}/jobs")
-            sent[0] += 1
-            ahead = sent[0] / rate - (time.monotonic() - t0)
-            if ahead > 0:
-                time.sleep(ahead)
+def submit_latency(a: Arbiter, queued: int) -> None:
+    """The grid held by one long job; then `queued` jobs of the whole grid submitted one
+    after another: each submit's latency, by queue length."""
+    hold = a.submit("alice", "hold", 1_000_000, ranks=4)
+    a.until_done("alice", hold, 1)
+    body = {"experiment": JOB.format(name="q", iterations=5, ranks=4)}
+    lat: list[float] = []
+    with httpx.Client(headers={"Authorization": f"Bearer {a.token('bob')}"}) as c:
+        for _ in range(queued):
+            t = time.perf_counter()
+            r = c.post(a.url + "/jobs", json=body, timeout=60)
+            lat.append(time.perf_counter() - t)
+            assert r.status_code == 201, r.text
+    for lo in range(0, queued, max(1, queued // 4)):
+        part = lat[lo:lo + max(1, queued // 4)]
+        print(f"submit with {lo:>5}-{lo + len(part) - 1:<5} queued: median "
+              f"{statistics.median(part) * 1e3:7.1f} ms, p99 {pct(part, 99) * 1e3:7.1f} ms")
+    a.call("ops", "DELETE", f"/jobs/{hold}")
+    for j in a.call("ops", "GET", "/jobs").json()["jobs"]:
+        if j["state"] in ("queued", "running"):
+            a.call("ops", "DELETE", f"/jobs/{j['job']}")
+
+
+def api_while_setting_up(a: Arbiter, jobs: int) -> None:
+    """GET /status every 10 ms while short jobs start and end one after another (each a
+    partition set up and released)."""
+    lat: list[float] = []
+    stop = threading.Event()
+
+    def poll() -> None:
+        with httpx.Client(headers={"Authorization": f"Bearer {a.token('eve')}"}) as c:
+            while not stop.is_set():
+                t = time.perf_counter()
+                c.get(a.url + "/status", timeout=60)
+                lat.append(time.perf_counter() - t)
+                time.sleep(0.01)
+
+    th = threading.Thread(target=poll)
+    th.start()
+    ids = [a.submit("alice" if k % 2 else "bob", f"s{k}", 3, ranks=2) for k in range(jobs)]
+    for k, job in enumerate(ids):
+        a.wait("alice" if k % 2 else "bob", job)
+    stop.set()
+    th.join()
+    print(f"API while {jobs} partitions were set up and released: {len(lat)} requests, "
+          f"median {statistics.median(lat) * 1e3:.1f} ms, p99 {pct(lat, 99) * 1e3:.1f} ms, "
+          f"max {max(lat) * 1e3:.1f} ms")
+
+
+def kills(root: Path, emu: Path, state: Path, n: int, seed: int = 1) -> None:
+    """Three users submit; the arbiter is killed (SIGKILL) at random `n` times and started
+    again on the same state; at the end, every job must have finished, each iteration
+    recorded once."""
+    rnd = random.Random(seed)
+    port = free_port()
+    a = Arbiter(root, emu, state, port)
+    want: dict[str, int] = {}
+    users = ("alice", "bob", "ops")
+    try:
+        for k in range(n):
+            for u in users:
+                its = rnd.randint(5, 40)
+                want[a.submit(u, f"k{k}{u}", its, ranks=rnd.choice([1, 2, 4]))] = its
+            time.sleep(rnd.uniform(0.2, 2.0))
+            a.stop(9)
+            a = Arbiter(root, emu, state, port)
+        for job in want:
+            a.wait("ops", job)
+    finally:
+        a.stop()
+    db = sqlite3.connect(state / "arbiter.sqlite")
+    states = dict(db.execute("SELECT id, state FROM jobs").fetchall())
+    lost = [j for j in want if states.get(j) != "finished"]
+    twice = sum(c - 1 for (c,) in db.execute(
+        "SELECT count(*) FROM iterations GROUP BY job, iteration HAVING count(*) > 1"))
+    missing = sum(n - db.execute("SELECT count(DISTINCT iteration) FROM iterations WHERE "
+                                 "job = ?", (j,)).fetchone()[0] for j, n in want.items())
+    print(f"{n} kill -9s, {len(want)} jobs of 3 users: {len(lost)} not finished "
+          f"{lost[:5]}, {twice} iterations recorded twice, {missing} missing")
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--iterations", type=int, default=200)
-    ap.add_argument("--rate", type=float, default=1000.0, help="requests a second")
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--queued", type=int, default=1000)
+    ap.add_argument("--setups", type=int, default=10)
+    ap.add_argument("--kills", type=int, default=20)
     args = ap.parse_args()
-    with tempfile.TemporaryDirectory() as d:
-        tb = Path(d) / "grid2x2.toml"
-        tb.write_text(tomli_w.dumps(grid_testbed(2, 2).model_dump(mode="json",
-                                                                   exclude_none=True)))
-        with emulated(tb, [], Path(d), print) as emu:
-            arb = subprocess.Popen([sys.executable, "-m", "oddl.app", "arbiter",
-                                    str(emu), "--state", f"{d}/state", "--user", "alice",
-                                    "--user", "flood:observer", "--port", "0"],
-                                   stdout=subprocess.PIPE, text=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        d = Path(tmp)
+        (d / "limits.toml").write_text(LIMITS)
+        with emulated_grid(ROOT, d, limit_s=600) as emu:
+            a = Arbiter(ROOT, emu, d / "state", 0, "--limits", str(d / "limits.toml"))
             try:
-                assert arb.stdout is not None
-                url = arb.stdout.readline().strip().removeprefix("ready ")
-                alice = (Path(d) / "state/tokens/alice").read_text().strip()
-                quiet = run_job(url, alice, args.iterations)
-                stop, sent = threading.Event(), [0]
-                t = threading.Thread(target=flood, args=(url, (Path(d) / "state/tokens/"
-                                     "flood").read_text().strip(), args.rate, stop, sent))
-                t0 = time.monotonic()
-                t.start()
-                loud = run_job(url, alice, args.iterations)
-                stop.set()
-                t.join()
-                achieved = sent[0] / (time.monotonic() - t0)
+                submit_latency(a, args.queued)
+                api_while_setting_up(a, args.setups)
+                print(json.dumps(a.call("eve", "GET", "/status").json()["jobs"]))
             finally:
-                stop_emulator(arb)
-    print(json.dumps({"iterations": args.iterations, "quiet_iteration_ms": round(quiet, 3),
-                      "flooded_iteration_ms": round(loud, 3),
-                      "requests_per_s": round(achieved, 1),
-                      "slowdown_pct": round(100 * (loud / quiet - 1), 2)}))
+                a.stop()
+            kills(ROOT, emu, d / "kills", args.kills)
 
 
 if __name__ == "__main__":

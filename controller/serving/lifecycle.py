@@ -100,6 +100,9 @@ def close_loop(loop: asyncio.AbstractEventLoop) -> None:
     let finish first (none is destroyed pending), then its async generators."""
     if loop.is_closed():
         return
+    # a task the stop's signal interrupted ended with it, and nobody reads it: not worth
+    # a traceback when it is collected ("Task exception was never retrieved")
+    loop.set_exception_handler(_quiet_stops)
     if not loop.is_running():
         tasks = [t for t in asyncio.all_tasks(loop) if not t.done()]
         for t in tasks:
@@ -109,6 +112,11 @@ def close_loop(loop: asyncio.AbstractEventLoop) -> None:
                 loop.run_until_complete(asyncio.gather(*tasks, return_exceptions=True))
             loop.run_until_complete(loop.shutdown_asyncgens())
     loop.close()
+
+
+def _quiet_stops(loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+    if not isinstance(context.get("exception"), Stopped):
+        loop.default_exception_handler(context)
 
 
 class Services:
