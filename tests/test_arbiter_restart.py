@@ -1,0 +1,149 @@
+"""`oddl arbiter` across its own `kill -9`, and fair between users (issue 44): apart from
+tests/test_arbiter.py so that the two modules' emulators and arbiters run side by side."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.helpers import emulated_grid
+from tests.test_arbiter import JOB, LIMITS, Arbiter, free_port
+
+
+@pytest.fixture(scope="module")
+def emu(root: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    with emulated_grid(root, tmp_path_factory.mktemp("arbiter-emu-2")) as out:
+        yield out
+
+
+@pytest.mark.realtime  # an emulator, an arbiter, HTTP: the wall clock
+def test_a_killed_arbiter_started_again_loses_no_job_and_records_no_iteration_twice(
+        root: Path, emu: Path, tmp_path: Path) -> None:
+    """Issue 44: after a restart a job's result covered only the part after it (39 of 60
+    iterations, a JCT of 12.2 s for 22.5 s), and `oddl wait` died with the arbiter
+    ("Connection reset by peer", exit 2)."""
+    port = free_port()
+    first = Arbiter(root, emu, tmp_path / "state", port)
+    waiting = None
+    try:
+        running = first.submit("alice", "long", 120)
+        queued = first.submit("bob", "after", 20, ranks=4)  # waits for the whole grid
+        waiting = subprocess.Popen(  # a user's `oddl wait`, from before the kill
+            [sys.executable, "-m", "oddl.app", "wait", running, "--json"],
+            env={**os.environ, "ODDL_ARBITER": first.url,
+                 "ODDL_TOKEN_FILE": str(tmp_path / "state" / "tokens" / "alice")},
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        first.until_done("alice", running, 20)
+    finally:
+        first.stop(signal.SIGKILL)
+    t_killed = time.time()
+    again = Arbiter(root, emu, tmp_path / "state", port)  # the same tokens, the same ledger
+    try:
+        for job, user, n in ((running, "alice", 120), (queued, "bob", 20)):
+            d = json.loads(again.cli(user, "wait", job, "--json").stdout)
+            assert (d["state"], d["iterations_done"]) == ("finished", n), d
+            r = d["result"]
+            assert r["iterations"] == n, r  # every iteration, before the kill and after
+            assert r["jct_s"] == pytest.approx(d["ended"] - d["submitted"], abs=1e-3)
+            assert 0 < r["arbiter_down_s"] < time.time() - t_killed + 2, r
+        assert d["started"] > t_killed  # the queued one started under the second arbiter
+        out, err = waiting.communicate(timeout=120)
+        assert waiting.returncode == 0, err[-2000:]
+        assert json.loads(out)["result"]["iterations"] == 120
+        log = again.cli("alice", "logs", running).stdout
+        assert "the arbiter started again (no arbiter for" in log, log
+        assert "queued again from iteration" in log
+        assert re.search(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d{3}[+-]\d{4} queued by alice",
+                         log, re.M), log  # a full timestamp, with its date
+    finally:
+        again.stop()
+        if waiting is not None and waiting.poll() is None:
+            waiting.kill()
+    db = sqlite3.connect(tmp_path / "state" / "arbiter.sqlite")
+    for job, n in ((running, 120), (queued, 20)):
+        its = [i for (i,) in db.execute("SELECT iteration FROM iterations WHERE job = ? "
+                                        "ORDER BY iteration", (job,))]
+        assert its == list(range(n))  # each once (the key), none missing
+
+
+@pytest.mark.realtime  # an emulator, an arbiter, HTTP: the wall clock
+def test_limits_time_limits_holds_priorities_usage_and_tokens(
+        root: Path, emu: Path, tmp_path: Path) -> None:
+    """Issue 44: no fairness (10,000,000 iterations at priority 1000 accepted, a flood all
+    queued), no time limit, no hold, no accounting, tokens never rotated."""
+    (tmp_path / "limits.toml").write_text(LIMITS)
+    a = Arbiter(root, emu, tmp_path / "state", 0, "--limits", str(tmp_path / "limits.toml"))
+    try:
+        # a second arbiter on the same state is refused, naming the first
+        second = subprocess.run(
+            [sys.executable, "-m", "oddl.app", "arbiter", str(emu), "--state",
+             str(tmp_path / "state"), "--user", "alice"], capture_output=True, text=True,
+            timeout=60)
+        assert second.returncode == 3, second.stderr
+        assert "state directory 'arbiter' is in use by oddl arbiter (pid " in second.stderr
+        # a time limit: the job ends `timeout`, and `wait` says so (exit 1)
+        slow = a.cli("alice", "submit", "-", "--time-limit", "1.5")  # "-": no such file
+        assert slow.returncode == 2
+        exp = tmp_path / "forever.toml"
+        exp.write_text(JOB.format(name="forever", iterations=1_000_000, ranks=2))
+        r = a.cli("alice", "submit", str(exp), "--time-limit", "1.5", "--json")
+        assert r.returncode == 0, r.stderr
+        forever = json.loads(r.stdout)
+        assert forever["time_limit_s"] == 1.5
+        # alice's running nodes are at her limit (2): her second job waits, bob's starts
+        second_job = a.submit("alice", "next", 5)
+        bobs = a.submit("bob", "bobs", 5)
+        over = a.call("alice", "POST", "/jobs", json={"experiment": JOB.format(
+            name="third", iterations=5, ranks=2)})
+        assert over.status_code == 429 and "max_queued_jobs 2" in over.json()["error"]
+        big = a.call("bob", "POST", "/jobs", json={"experiment": JOB.format(
+            name="big", iterations=5, ranks=4)})
+        assert big.status_code == 422 and "max_running_nodes" in big.json()["error"]
+        done = json.loads(a.wait("bob", bobs).stdout)
+        assert done["state"] == "finished"
+        waited = a.wait("alice", forever["job"])
+        assert waited.returncode == 1
+        d = json.loads(waited.stdout)
+        assert d["state"] == "timeout" and "time limit of 1.5 s" in d["why"], d
+        assert json.loads(a.cli("alice", "wait", second_job, "--json").stdout)[
+            "state"] == "finished"
+        # an operator holds, reorders and releases a queued job
+        filler = a.submit("bob", "filler", 400, ranks=2)
+        held = a.submit("bob", "held", 5, ranks=2)
+        a.until_done("bob", filler, 1)
+        ops = [a.cli("ops", *cmd) for cmd in (["hold", held], ["priority", held, "7"])]
+        assert [c.returncode for c in ops] == [0, 0], [c.stderr for c in ops]
+        assert a.cli("bob", "hold", held).returncode == 2  # an operator's only
+        j = a.call("bob", "GET", f"/jobs/{held}").json()
+        assert (j["held"], j["priority"], j["state"]) == (True, 7, "queued")
+        a.until_done("bob", filler, 10)  # a free row, and still it waits: held
+        assert a.call("bob", "GET", f"/jobs/{held}").json()["state"] == "queued"
+        assert a.cli("ops", "release", held).returncode == 0
+        assert json.loads(a.cli("bob", "wait", held, "--json").stdout)["state"] == "finished"
+        a.cli("ops", "cancel", filler)
+        # accounting, from the ledger
+        u = json.loads(a.cli("ops", "usage", "--json").stdout)
+        assert u["alice"]["states"] == {"finished": 1, "timeout": 1}
+        assert u["bob"]["jobs"] == 3 and u["bob"]["node_hours"] > 0
+        assert set(json.loads(a.cli("bob", "usage", "--json").stdout)) == {"bob"}
+        # a token rotated is refused at once; the new one works
+        old = a.token("bob")
+        assert a.cli("ops", "token", "bob").returncode == 0
+        assert httpx.get(a.url + "/jobs", headers={"Authorization": f"Bearer {old}"}
+                         ).status_code == 401
+        assert a.call("bob", "GET", "/jobs").status_code == 200
+        assert a.cli("ops", "token", "bob", "--revoke").returncode == 0
+        assert not (tmp_path / "state" / "tokens" / "bob").exists()
+    finally:
+        a.stop()
