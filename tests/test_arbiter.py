@@ -92,6 +92,15 @@ class Arbiter:
             raise AssertionError((j, self.cli("ops", "logs", job).stdout,
                                   "".join(self.err)[-3000:])) from None
 
+    def ended(self, user: str, job: str) -> dict[str, Any]:
+        """The job once it has ended (two minutes at most), by the API."""
+        t_end = time.monotonic() + 120
+        while (j := self.call(user, "GET", f"/jobs/{job}").json())["state"] in (
+                "queued", "running"):
+            assert time.monotonic() < t_end, (j, "".join(self.err)[-3000:])
+            time.sleep(0.1)
+        return dict(j)
+
     def until_done(self, user: str, job: str, n: int) -> None:
         """Until `job` has recorded `n` iterations (a minute at most)."""
         t_end = time.monotonic() + 60

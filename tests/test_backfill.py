@@ -86,7 +86,7 @@ def _head_start(queue: list[JobRequest], running: list[Running], started: list[
     return found[0] if found else -1
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=100, deadline=None)
 @given(st.lists(st.tuples(st.integers(1, 4), st.integers(1, 300)), min_size=1, max_size=4),
        st.lists(st.tuples(st.integers(1, 8), st.integers(1, 300)), min_size=2, max_size=6))
 def test_backfill_never_delays_the_first_job_that_waits(
