@@ -1,16 +1,19 @@
 """`oddl arbiter`: the long-lived service that owns a testbed, to which people submit jobs.
 
-It holds the testbed lock, opens the testbed's devices once (emu or hw), and runs the one
-orchestration of jobs (`service.admission`) fed by submissions: each job is placed on a
-rectangle of free nodes, by priority then arrival, planned and applied beside the running
-ones, watched, stopped and moved for its own faults only. Its state (`service.ledger`)
-survives it: started again on the same state directory, it queues again every job that
-was queued or running, each from its first iteration not recorded.
+It holds its state directory's lock and the testbed lock, opens the testbed's devices once
+(emu or hw), and runs the one orchestration of jobs (`service.admission`) fed by
+submissions: each job is placed on a rectangle of free nodes, by priority then arrival
+with EASY backfill (`service.placing`), within its user's limits (`app.limits`) and its
+time limit, planned and applied beside the running ones, watched, stopped and moved for
+its own faults only. Its state (`app.ledger`) survives it: started again on the same state
+directory, it queues again every job that was queued or running, each from its first
+iteration not recorded, and every job's result is read from there.
 
 HTTP on 127.0.0.1 (Starlette on uvicorn, on the back end's own loop). Every request names
 its user by a bearer token (`DIR/tokens/NAME`, 0600, written at the first start, kept
-after). Roles: `operator` (everything), `user` (submit; cancel and read the logs of their
-own jobs), `observer` (read the queue). Bodies are bounded; a malformed, oversized or
+after; an operator rotates or revokes one). Roles: `operator` (everything), `user`
+(submit; cancel and read the logs and iterations of their own jobs), `observer` (read the
+queue). Bodies are bounded; a malformed, oversized or
 unauthenticated request gets a 4xx, is counted, and changes nothing.
 """
 

@@ -354,15 +354,17 @@ class LabBackend:
         events: asyncio.Queue[JobEvent | None] = asyncio.Queue(MAX_EVENTS)
         await self._heard_from(spec)
         self._out[spec.job] = (spec, events)
-        ended = cut = False
+        ended, cancelled = False, False
         try:
             tally.published()  # before: a QoS 1 publish returns once acknowledged
             await bus.publish(run_topic(self.tb.name), msgspec.json.encode(spec), qos=1)
             self.drill.at_iteration(spec.start)
             await self._follow(tally, events, stop, rejected0)
             ended = True
+        except asyncio.CancelledError:  # the service cancels it: its nodes go to the next
+            cancelled = True
+            raise
         except JobStopped as e:
-            cut = True  # the orchestration's stop waits for its light (Admission._stop)
             if e.lost and not any(self.health.is_dead(n) for n in spec.ranks):
                 # what the cut iteration delivered: each rank's node program says, in its
                 # "failed" event, now, or (the broker gone) once it hears us again
@@ -377,7 +379,7 @@ class LabBackend:
             raise
         finally:
             if not ended and not bus.lost.is_set():  # its node programs drop it at once
-                await self._halt(spec, None if cut else events, set(tally.done) | {
+                await self._halt(spec, events if cancelled else None, set(tally.done) | {
                     n for n in spec.nodes if self.health.is_dead(n)})
             del self._out[spec.job]
             self._moving.pop(spec.job, None)
@@ -387,10 +389,11 @@ class LabBackend:
 
     async def _halt(self, spec: JobSpec, events: asyncio.Queue[JobEvent | None] | None,
                     gone: set[str] | frozenset[str] = frozenset()) -> bool:
-        """Tell a job's node programs to drop it (`job/stop`); with its `events`, wait until
-        each (but those `gone`) says it has ("failed" or "done"), `grace_ms` at most: a job
-        cancelled gives its nodes to the next only with its light off (issue 44: the next
-        job's light met a cancelled one's on a WSS). A job stopped for a fault waits in
+        """Tell a job's node programs to drop it (`job/stop`); with its `events` (a job the
+        service cancelled), wait until each (but those `gone`) says it has ("failed" or
+        "done"), `grace_ms` at most: it gives its nodes to the next only once they have
+        stopped starting flows (issue 44: the next job's light met a cancelled one's on a
+        WSS). A job stopped for a fault waits in
         the orchestration's stop instead. True once the stop is out."""
         assert self.bus is not None
         halt = JobStop(JOB_VERSION, spec.job, "its run stopped")

@@ -214,7 +214,7 @@ def test_a_recorded_emu_run_is_a_behaviour_of_the_model(root: Path, emu: Path,
     exp = write_experiment(tmp_path / "e.toml", emu, name="conformance", iterations=1,
                            compute_ms=1.0)
     out = api.record_stage2(exp, "emu").replay()
-    assert out["conformant"], out
+    assert out["conformant"], (out["why"], out)
     assert out["messages"] >= 3 * out["flows"] - out["left_in_flight"] > 0
 
 
