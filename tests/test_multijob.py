@@ -226,6 +226,24 @@ def test_checker_flags_cross_job_receivers_relays_and_lights(
     assert "job a: 0" not in " ".join(c.violations)
 
 
+def test_a_job_cut_short_frees_its_lights_and_nodes_for_the_next() -> None:
+    """Issue 44: a cancelled job's lights stayed booked (only a finished job's books went),
+    so the next job on its WSS ports was counted sharing them: 40 violations in a run
+    with none. Its flows are still checked: a straggler of its own arrives as one."""
+    c = InvariantChecker(mode="record")
+    c.new_job("a", 1, ["n0", "n1"])
+    fa = Flow(1 << TAG_SHIFT | 5, "n0", "n1", 100)
+    c.on_send(0, "n0", "H", None, False, False, fa)
+    c.on_light(0, "w", 1, 0, None, None, fa, "n1")
+    c.job_cut(1)  # cancelled: its node programs dropped it
+    c.new_job("b", 2, ["n0", "n1"])  # the next job, on the same nodes and ports
+    fb = Flow(2 << TAG_SHIFT | 5, "n0", "n1", 100)
+    c.on_light(5, "w", 1, 0, None, None, fb, "n1")
+    c.on_light(6, "w", 2, 0, None, None, fa, None)  # a's straggler books no light
+    c.on_light(7, "w", 2, 0, None, None, fb, None)
+    assert [v for v in c.violations if "share" in v] == []
+
+
 # --- whole traces -----------------------------------------------------------------------
 
 def test_isolated_partitions_keep_their_pace_while_a_shared_fabric_interferes(
