@@ -11,6 +11,7 @@ emulator and the arbiter are the real programs; the clients speak HTTP).
 from __future__ import annotations
 
 import argparse
+import collections
 import json
 import random
 import sqlite3
@@ -131,7 +132,10 @@ def main() -> None:
             try:
                 submit_latency(a, args.queued)
                 api_while_setting_up(a, args.setups)
-                print(json.dumps(a.call("eve", "GET", "/status").json()["jobs"]))
+                js = a.call("eve", "GET", "/jobs").json()["jobs"]
+                whys = collections.Counter(j["why"][:120] for j in js if j["state"] == "failed")
+                print(json.dumps(a.call("eve", "GET", "/status").json()["jobs"]),
+                      dict(whys.most_common(3)))
             finally:
                 a.stop()
             kills(ROOT, emu, d / "kills", args.kills)
