@@ -6,8 +6,8 @@
 - `session`: what a run needs of its testbed (a private emulator, the lock, an announcer);
 - `registry`: the one place a back end is chosen, and the table of what each one is;
 - `experiments/`: the runner, run directories, sweeps, figures, link studies, estimates;
-- `queue`: the arbiter as a service (`oddl arbiter`), `ledger`, its durable state, and
-  `limits`, its fairness rules;
+- `queue`: the arbiter as a service (`oddl arbiter`), `ledger`, its durable state,
+  `limits`, its fairness rules, and `job_runs`, each submitted job's run directory;
 - `dashboard`: the testbed's live page (and `web/`, its assets);
 - `accept`: the acceptance runner (the checks are `oddl.acceptance`);
 - `stores`: how oddl's SQLite files are opened, each with its schema's version;

@@ -59,6 +59,7 @@ class Ledger:
             raise StoreError(f"{path}: not an arbiter's ledger ({e}); move it aside (with "
                              f"its -wal and -shm files) to start a new one") from None
         self.path = path
+        self.runs = path.parent / "runs"  # each job's run directory (app/job_runs.py)
         self.life = 0.0  # when this arbiter's life began
 
     # --- the state directory's testbed and the arbiter's lives ----------------------------
@@ -191,6 +192,8 @@ class Ledger:
                         "time_limit_s": limit / 1e9 if isinstance(limit, int) and limit
                         else None, "partition": part, "submitted": sub, "started": start,
                         "ended": end, "why": why or "",
+                        "run_dir": str(self.runs / job_) if (self.runs / job_).is_dir()
+                        else None,
                         "result": json.loads(result) if result else None})
         return out
 

@@ -34,6 +34,7 @@ from typing import Any, Literal, cast, get_args
 
 import msgspec
 from oddl.app import registry
+from oddl.app.job_runs import JobRuns
 from oddl.app.ledger import ACTIVE, Ledger
 from oddl.app.limits import Limits, load_limits
 from oddl.controller.base.access import read_secret
@@ -197,6 +198,8 @@ class Service:
         self._user: dict[str, str] = {}  # each job not ended: its user
         self.held = set(ledger.held())  # queued jobs an operator holds
         self.restarted: set[str] = set()  # jobs an earlier arbiter ran part of
+        self.runs = JobRuns(state)  # each job's run directory
+        self._compute: dict[str, int] = {}  # each job not ended: its compute (ns)
         self.adm = make(self)
 
     def tell(self, now: bool = True) -> None:
@@ -261,6 +264,8 @@ class Service:
             self._on[rec.name] = part
             self.ledger.running(rec.name, part)
         self.ledger.iteration(rec.name, it.iteration, it.t_start, it.t_end)
+        self.runs.iteration(rec.name, it.iteration, it.t_start, it.t_end,
+                            self._compute.get(rec.name, 0), it.control_messages)
         self.tell(now=moved)
 
     def on_end(self, rec: JobRecord, state: str, why: str) -> None:
@@ -273,6 +278,8 @@ class Service:
             {f"{k}_since_restart" if rec.name in self.restarted else k: v
              for k, v in seen.items()}))))
         self.ledger.note(rec.name, f"{state}{': ' + why if why else ''}")
+        self.runs.end(rec.name, self.ledger.job(rec.name) or {}, {})
+        self._compute.pop(rec.name, None)
         self._on.pop(rec.name, None)
         self._user.pop(rec.name, None)
         self.held.discard(rec.name)
@@ -331,7 +338,9 @@ class Service:
         in_file = req.time_limit_ns / 1e9 if req.time_limit_ns else None
         req = self.queue(user, req, asked if asked is not None else in_file)
         self.ledger.add(user.name, req)
+        self.runs.begin(req.name, user.name, req, text)
         self._user[req.name] = user.name
+        self._compute[req.name] = req.compute_ns
         try:
             self.adm.submit(req)
         except RunFailed as e:  # as many jobs at once as the flow tags tell apart
@@ -558,11 +567,13 @@ def _serve(tb: Testbed, state: Path, ledger: Ledger, users: dict[str, User], rul
                 async with Services(f"arbiter of {tb.name}") as services:
                     down = ledger.begin(os.getpid())
                     svc.adm.open()
+                    services.add("the jobs' run directories", svc.runs.close)
                     services.add("the orchestration of jobs", svc.adm.close)
                     for job, req, done in ledger.unfinished():  # what the last one left
                         j = ledger.job(job) or {}
                         was = j.get("state")
                         svc._user[job] = j.get("user") or req.user
+                        svc._compute[job] = req.compute_ns
                         if was == "running":
                             svc.restarted.add(job)
                         ledger.set(job, "queued")

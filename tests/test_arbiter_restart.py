@@ -58,6 +58,17 @@ def test_a_killed_arbiter_started_again_loses_no_job_and_records_no_iteration_tw
             assert r["jct_s"] == pytest.approx(d["ended"] - d["submitted"], abs=1e-3)
             assert 0 < r["arbiter_down_s"] < time.time() - t_killed + 2, r
         assert d["started"] > t_killed  # the queued one started under the second arbiter
+        # its run directory, in `oddl run`'s layout, whole across the kill (issue 44: a
+        # submitted job had none)
+        from oddl.app.experiments.results import read_store
+
+        d = json.loads(again.cli("alice", "wait", running, "--json").stdout)
+        run_dir = Path(d["run_dir"])
+        assert run_dir == tmp_path / "state" / "runs" / running
+        assert {"experiment.toml", "manifest.json", "summary.json"} <= {
+            p.name for p in run_dir.iterdir()}
+        assert len(read_store(run_dir / "results.sqlite")["oddl"]["iterations"]) == 120
+        assert json.loads((run_dir / "summary.json").read_text())["state"] == "finished"
         out, err = waiting.communicate(timeout=120)
         assert waiting.returncode == 0, err[-2000:]
         assert json.loads(out)["result"]["iterations"] == 120

@@ -1,0 +1,82 @@
+"""A submitted job's run directory, `STATE/runs/ID/`, in `oddl run`'s layout, written as the
+job runs: `experiment.toml` (what was submitted), `manifest.json`, `results.sqlite` (its
+iterations, and its outcome at the end; read with `read_store`, as any run's) and, once it
+has ended, `summary.json` (its record, as `oddl wait --json` gives it). A restarted arbiter
+goes on writing the same directory. A directory that cannot be written is said in the log
+and the job runs on: the ledger is the record; this is its copy for the lab's tools.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sqlite3
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from oddl.app.experiments.results import RunStore, write_manifest
+from oddl.controller.service.jobs import JobRequest
+
+log = logging.getLogger(__name__)
+NETWORK = "oddl"  # a submitted job runs on the testbed's ODDL network
+
+
+class JobRuns:
+    def __init__(self, state: Path) -> None:
+        self.root = state / "runs"
+        self._open: dict[str, RunStore] = {}
+
+    def path(self, job: str) -> Path:
+        return self.root / job
+
+    def begin(self, job: str, user: str, req: JobRequest, text: str) -> None:
+        """At submission: the experiment as submitted, and the manifest."""
+        try:
+            d = self.path(job)
+            d.mkdir(parents=True, exist_ok=True)
+            (d / "experiment.toml").write_text(text)
+            write_manifest(d, {"experiment": d / "experiment.toml"},
+                           {"job": job, "user": user, "request": asdict(req)})
+        except OSError as e:
+            log.warning("job %s: its run directory cannot be written: %s", job, e)
+
+    def iteration(self, job: str, i: int, t_start: int, t_end: int, compute_ns: int,
+                  control_messages: int) -> None:
+        store = self._store(job)
+        try:
+            if store is not None:
+                store.add_iteration(NETWORK, i, t_start, t_end, compute_ns,
+                                    control_messages, [])
+        except sqlite3.Error as e:
+            log.warning("job %s: iteration %d not written to its run directory: %s", job,
+                        i, e)
+
+    def end(self, job: str, record: dict[str, Any], disturbance: dict[str, int]) -> None:
+        """The job's outcome into its store, its record into summary.json; the store closed."""
+        store = self._store(job)
+        try:
+            if store is not None:
+                store.set_outcome(NETWORK, bool(sum(disturbance.values())), disturbance)
+            (self.path(job) / "summary.json").write_text(json.dumps(record, indent=1))
+        except (OSError, sqlite3.Error) as e:
+            log.warning("job %s: its run directory cannot be written: %s", job, e)
+        finally:
+            self.close(job)
+
+    def close(self, job: str | None = None) -> None:
+        for name in [job] if job is not None else list(self._open):
+            store = self._open.pop(name, None) if name is not None else None
+            if store is not None:
+                store.close()
+
+    def _store(self, job: str) -> RunStore | None:
+        store = self._open.get(job)
+        if store is None and self.path(job).is_dir():
+            try:
+                store = self._open[job] = RunStore(self.path(job) / "results.sqlite")
+                store.begin_network(NETWORK, NETWORK, {"job": job})
+            except (OSError, RuntimeError, sqlite3.Error) as e:
+                log.warning("job %s: its results store cannot be opened: %s", job, e)
+                return None
+        return store
