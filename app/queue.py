@@ -209,7 +209,6 @@ class Service:
         if not now and t - self._told < 1.0:
             return
         self._told = t
-        self.ledger.alive()
         js = self.ledger.shown()
         note = QueueNote(TELEMETRY_VERSION, self.tb.name, [QueuedJob(
             j["job"], j["user"], j["state"], j["ranks"] or 0, j["iterations_done"],

@@ -392,9 +392,8 @@ class LabBackend:
         """Tell a job's node programs to drop it (`job/stop`); with its `events` (a job the
         service cancelled), wait until each (but those `gone`) says it has ("failed" or
         "done"), `grace_ms` at most: it gives its nodes to the next only once they have
-        stopped starting flows (issue 44: the next job's light met a cancelled one's on a
-        WSS). A job stopped for a fault waits in
-        the orchestration's stop instead. True once the stop is out."""
+        stopped starting flows. A job stopped for a fault waits in the orchestration's
+        stop instead. True once the stop is out."""
         assert self.bus is not None
         halt = JobStop(JOB_VERSION, spec.job, "its run stopped")
         with contextlib.suppress(BusError):

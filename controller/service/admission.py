@@ -638,13 +638,15 @@ class Admission:
 
     async def _dark(self, part: Partition) -> None:
         """Until no live board of a cancelled job's partition transmits (`grace_ms` at
-        most): its light lands before its nodes go to the next job (issue 44: a cancelled
-        job's last flows met the next job's on a WSS)."""
+        most; a board that cannot be asked is the watch's to judge): its last flows land
+        before its nodes go to the next job, as a job stopped for a fault waits (`_stop`)."""
         waited_ns, grace_ns = 0, self.tb.monitor.grace_ms * 1e6
-        while waited_ns < grace_ns and any(self.b.onics[n].transmitting()
-                                           for n in part.nodes if not self.health.is_dead(n)):
-            await asyncio.sleep(self.health.period_ns / 1e9)
-            waited_ns += self.health.period_ns
+        with contextlib.suppress(Exception):
+            while waited_ns < grace_ns and any(
+                    self.b.onics[n].transmitting() for n in part.nodes
+                    if not self.health.is_dead(n)):
+                await asyncio.sleep(self.health.period_ns / 1e9)
+                waited_ns += self.health.period_ns
 
     async def _stop(self, req: JobRequest, part: Partition, stop: JobStopped) -> None:
         """A job stopped for a fault on its partition: once the watch has settled, the bus
