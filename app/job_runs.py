@@ -66,8 +66,7 @@ class JobRuns:
 
     def close(self, job: str | None = None) -> None:
         for name in [job] if job is not None else list(self._open):
-            store = self._open.pop(name, None) if name is not None else None
-            if store is not None:
+            if (store := self._open.pop(name, None)) is not None:
                 store.close()
 
     def _store(self, job: str) -> RunStore | None:

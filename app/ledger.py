@@ -168,11 +168,10 @@ class Ledger:
             out.append((job, request, done))
         return out
 
-    def jobs(self, job: str | None = None, user: str | None = None) -> list[dict[str, Any]]:
-        """Every job (or the one named, or one user's), in submission order, with its
-        iterations done."""
-        where, args = ("WHERE id = ?", (job,)) if job is not None else \
-            ("WHERE user = ?", (user,)) if user is not None else ("", ())
+    def jobs(self, ids: list[str] | None = None) -> list[dict[str, Any]]:
+        """Every job (or those named), in submission order, with its iterations done."""
+        where, args = (f"WHERE id IN ({', '.join('?' * len(ids))})", tuple(ids)) \
+            if ids is not None else ("", ())
         rows = self.db.execute(
             "SELECT id, user, state, request, submitted, started, ended, partition, why, "
             "result, held, (SELECT count(*) FROM iterations WHERE iterations.job = jobs.id) "
@@ -205,25 +204,25 @@ class Ledger:
         done = [r[0] for r in self.db.execute(
             "SELECT id FROM jobs WHERE state NOT IN ('queued', 'running') ORDER BY seq DESC "
             "LIMIT ?", (ended,))][::-1]
-        return [j for name in live + done for j in self.jobs(name)]
+        found = {j["job"]: j for j in self.jobs(live + done)}  # one query
+        return [found[name] for name in live + done if name in found]
 
     def states(self) -> dict[str, int]:
         return dict(self.db.execute("SELECT state, count(*) FROM jobs GROUP BY state"
                                     ).fetchall())
 
     def job(self, job: str) -> dict[str, Any] | None:
-        found = self.jobs(job)
+        found = self.jobs([job])
         return found[0] if found else None
 
-    def result(self, job: str, extra: dict[str, Any]) -> dict[str, Any]:
-        """A job's result from the durable state: iterations and their times, JCT from
-        its submission and its run from its first start (the arbiter's time down named
-        apart), and `extra` (what only the last arbiter saw)."""
+    def result(self, job: str, extra: dict[str, Any], end: float) -> dict[str, Any]:
+        """A job's result from the durable state, as it ends at `end`: iterations and
+        their times, JCT from its submission and its run from its first start (the
+        arbiter's time down named apart), and `extra` (what only the last arbiter saw)."""
         j = self.job(job)
         assert j is not None
         its = sorted(t1 - t0 for t0, t1 in self.db.execute(
             "SELECT t_start_ns, t_end_ns FROM iterations WHERE job = ?", (job,)))
-        end = j["ended"] or time.time()
         return {**extra, "iterations": len(its),
                 "jct_s": round(end - j["submitted"], 3),
                 "queued_s": round(j["started"] - j["submitted"], 3) if j["started"] else None,

@@ -270,12 +270,13 @@ class Service:
     def on_end(self, rec: JobRecord, state: str, why: str) -> None:
         seen = {"flows": rec.flows, "control_messages": rec.control_messages,
                 "stops": rec.stops} if rec.start_ns is not None else {}
-        self.ledger.set(rec.name, state, ended=time.time(), why=why)
-        self.ledger.set(rec.name, state, result=json.dumps(self.ledger.result(rec.name, {
+        ended = time.time()
+        result = self.ledger.result(rec.name, {
             "nodes": len(rec.partition.nodes) if rec.partition else 0,
             "shape": rec.partition.shape if rec.partition else None} | (
             {f"{k}_since_restart" if rec.name in self.restarted else k: v
-             for k, v in seen.items()}))))
+             for k, v in seen.items()}), ended)
+        self.ledger.set(rec.name, state, ended=ended, why=why, result=json.dumps(result))
         self.ledger.note(rec.name, f"{state}{': ' + why if why else ''}")
         self.runs.end(rec.name, self.ledger.job(rec.name) or {}, {})
         self._compute.pop(rec.name, None)

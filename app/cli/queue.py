@@ -107,13 +107,22 @@ def jobs(as_json: bool, url: str, token_file: Path) -> None:
                    f"{'  ' + j['why'] if j['why'] else ''}")
 
 
-@main.command()
-@click.argument("job")
-@_client_options
-def cancel(job: str, url: str, token_file: Path) -> None:
-    """Cancel a queued or running job (your own; an operator's: anyone's)."""
-    _call(url, token_file, "DELETE", f"/jobs/{job}")
-    click.echo(f"{job} cancelled")
+def _job_command(name: str, method: str, suffix: str, done: str, doc: str) -> None:
+    """`oddl NAME JOB`: one request on a job, and what became of it."""
+
+    @main.command(name=name, help=doc)
+    @click.argument("job")
+    @_client_options
+    def command(job: str, url: str, token_file: Path) -> None:
+        _call(url, token_file, method, f"/jobs/{job}{suffix}")
+        click.echo(f"{job} {done}")
+
+
+_job_command("cancel", "DELETE", "", "cancelled",
+             "Cancel a queued or running job (your own; an operator's: anyone's).")
+_job_command("hold", "POST", "/hold", "held",
+             "An operator holds a queued job: it starts only once released.")
+_job_command("release", "POST", "/release", "released", "An operator releases a held job.")
 
 
 @main.command()
@@ -123,7 +132,7 @@ def cancel(job: str, url: str, token_file: Path) -> None:
 def wait(job: str, as_json: bool, url: str, token_file: Path) -> None:
     """Until the job ends; then its results. Exit 0 if it finished, 1 if not. An arbiter
     that restarts meanwhile is waited for ($ODDL_ARBITER_PATIENCE s)."""
-    from oddl.app.experiments.remote import ENDED
+    from oddl.app.ledger import ENDED
 
     while True:
         j = _call(url, token_file, "GET", f"/jobs/{job}")
@@ -149,24 +158,6 @@ def logs(job: str, url: str, token_file: Path) -> None:
     """A job's log, with full timestamps: queued, where it ran, each stop, each restart of
     the arbiter, its end (your own; an operator's: anyone's)."""
     click.echo("\n".join(_call(url, token_file, "GET", f"/jobs/{job}/logs")["log"]))
-
-
-@main.command()
-@click.argument("job")
-@_client_options
-def hold(job: str, url: str, token_file: Path) -> None:
-    """An operator holds a queued job: it starts only once released."""
-    _call(url, token_file, "POST", f"/jobs/{job}/hold")
-    click.echo(f"{job} held")
-
-
-@main.command()
-@click.argument("job")
-@_client_options
-def release(job: str, url: str, token_file: Path) -> None:
-    """An operator releases a held job."""
-    _call(url, token_file, "POST", f"/jobs/{job}/release")
-    click.echo(f"{job} released")
 
 
 @main.command()

@@ -16,13 +16,13 @@ from typing import Any
 
 import httpx
 from oddl.app.experiments.results import RunStore
+from oddl.app.ledger import ENDED
 from oddl.controller.base.access import read_secret
 from oddl.controller.service.backend import RunFailed
 
 log = logging.getLogger(__name__)
 POLL_S = 0.2
 PATIENCE_S = 120.0  # how long a client waits for an arbiter that is down (default)
-ENDED = ("finished", "failed", "cancelled", "timeout", "quarantined")
 
 
 def patience_s() -> float:
