@@ -134,18 +134,37 @@ def open_board(addr: str | None, node: str, nodes: list[str]) -> Any:
     return _open(addr, node, nodes)
 
 
-def open_soc(spec: str, photonics: QickPhotonics | None = None, seed: int = 0
+def open_soc(spec: str, photonics: QickPhotonics | None = None, seed: int = 0,
+             dacs: int = 2, dead_modulators: frozenset[int] = frozenset()
              ) -> tuple[Any, Any]:
     """A QICK board for Lightning: 'emulated' (the photonic multiplier model in process,
-    from the testbed's [qick.photonics]), 'local' or pyro://HOST:PORT/NAME (the driver)."""
+    from the testbed's [qick.photonics], with `dacs` generators: 4 are two modulator
+    pairs, for multiply-accumulate), 'local' or pyro://HOST:PORT/NAME (the driver)."""
     if spec == "emulated":
         from oddl.sim.devices.qick_soc import EmulatedQickSoc, Photonics
 
-        soc = EmulatedQickSoc(Photonics.from_config(photonics or QickPhotonics(), seed=seed))
+        ph = Photonics.from_config(photonics or QickPhotonics(), [True] * dacs, seed,
+                                   dead_modulators)
+        soc = EmulatedQickSoc(ph, n_dacs=dacs)
         return soc, soc
     from oddl.drivers.lightning import open_soc as _open
 
     return _open(spec)
+
+
+def open_core(soc: Any, soccfg: Any, adc_channel: int = 0) -> Any:
+    """A QICK board's modulator pairs as Lightning's multiply-accumulate unit (the driver)."""
+    from oddl.drivers.lightning_mac import PhotonicCore
+
+    return PhotonicCore(soc, soccfg, adc_channel=adc_channel)
+
+
+def open_engine(board_model: str = "python") -> tuple[Any, Any]:
+    """An O-NIC's count-action engine for Lightning's inference DAG, in emulation: (its
+    register driver, the board whose `set_dac_valid` are the DAC valid lines)."""
+    from oddl.sim.backend import lone_board
+
+    return lone_board(board_model)
 
 
 def node_program(tb: Testbed, node: str, bitfile: Path | None = None,

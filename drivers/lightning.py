@@ -20,6 +20,7 @@ Nothing here depends on the soc being emulated: `soc` may be a local QickSoc, a
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -37,7 +38,26 @@ class NoOutput(RuntimeError):
     """No light reached the detector: the streamer gate held (a DAC was not ready)."""
 
 
-class LightningConfig(BaseModel):
+_TALK: dict[str, Any] = {}  # LightningConfig["dac_0"] = 100: the talk's style (below)
+_LAST: list[Any] = []  # the soccfg and config of the last LightningControl built
+
+
+class _ItemStyle(type(BaseModel)):  # type: ignore[misc]
+    """`LightningConfig["dac_0"] = 100`, as the talk's slide writes it (seeds/003): the class
+    then stands for that config where a config is taken (`LightningControl(soccfg,
+    LightningConfig)`). Field names are checked as they are set."""
+
+    def __setitem__(cls, key: str, value: Any) -> None:
+        if key not in cls.model_fields:  # type: ignore[attr-defined]
+            raise KeyError(f"LightningConfig has no {key!r} (fields: "
+                           f"{', '.join(cls.model_fields)})")  # type: ignore[attr-defined]
+        _TALK[key] = value
+
+    def __getitem__(cls, key: str) -> Any:
+        return _TALK[key]
+
+
+class LightningConfig(BaseModel, metaclass=_ItemStyle):
     """One multiply: the operands and how the board plays and reads them."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
@@ -68,6 +88,18 @@ class LightningConfig(BaseModel):
         """The exact product this run should decode to."""
         return expected_product(self.dac_0, self.dac_1)
 
+    @classmethod
+    def given(cls, config: LightningConfig | type[LightningConfig]) -> LightningConfig:
+        """A config, or the class after `LightningConfig[...] = ...` (the talk's style)."""
+        return cls(**_TALK) if isinstance(config, type) else config
+
+
+def _iq(waveform: Any) -> np.ndarray:
+    """A readout window as (samples, 2) I/Q: what `run` returns, or qick's
+    `acquire_decimated` list (one (2, samples) array per readout)."""
+    w = np.asarray(waveform[0] if isinstance(waveform, list) else waveform, dtype=float)
+    return w.T if w.ndim == 2 and w.shape[0] == 2 != w.shape[1] else w
+
 
 def expected_product(a: int, b: int) -> int:
     # a * b / 255 is never exactly k + 1/2 (2ab is even, 255 (2k + 1) odd): no tie
@@ -81,7 +113,9 @@ def _cycles(soccfg: Any, ns: float, gen_ch: int) -> int:
 class LightningControl(AveragerProgram):
     """The multiply as a qick program: generator pulses on the two DACs, one readout."""
 
-    def __init__(self, soccfg: Any, config: LightningConfig) -> None:
+    def __init__(self, soccfg: Any, config: LightningConfig | type[LightningConfig]) -> None:
+        config = LightningConfig.given(config)
+        _LAST[:] = [soccfg, config]
         gens, ros = soccfg["gens"], soccfg["readouts"]
         for ch in config.dac_channels:
             if ch >= len(gens):
@@ -131,8 +165,7 @@ class LightningControl(AveragerProgram):
 
     def run(self, soc: Any) -> np.ndarray:
         """Play it once; the decimated readout window, (samples, 2) I/Q."""
-        data = np.asarray(self.acquire_decimated(soc, progress=False)[0])
-        return data.T if data.ndim == 2 and data.shape[0] == 2 != data.shape[1] else data
+        return _iq(self.acquire_decimated(soc, progress=False))
 
 
 @dataclass(frozen=True)
@@ -151,10 +184,17 @@ class Product:
 
 
 class LightningSignalProcessing:
-    """Decodes a readout window of a LightningControl run."""
+    """Decodes a readout window of a LightningControl run (without arguments: of the last
+    LightningControl built, as the talk's snippet uses it)."""
 
-    def __init__(self, soccfg: Any, config: LightningConfig) -> None:
-        self.config = config
+    def __init__(self, soccfg: Any = None,
+                 config: LightningConfig | type[LightningConfig] | None = None) -> None:
+        if soccfg is None or config is None:
+            if not _LAST:
+                raise ValueError("no LightningControl built yet: give soccfg and config")
+            soccfg, config = soccfg or _LAST[0], config or _LAST[1]
+        self.config = LightningConfig.given(config)
+        self.last: Product | None = None
         f_out = soccfg["readouts"][config.adc_channel]["f_output"]  # MHz
         self.ns_per_sample = 1e3 / f_out
         # the readout starts with the first segment; trigger offset is in tProc cycles
@@ -173,8 +213,14 @@ class LightningSignalProcessing:
             out.append(slice(lo, hi))
         return out
 
-    def decode_adc_result(self, waveform: Any) -> Product:
-        w = np.asarray(waveform, dtype=float)
+    @property
+    def decode_adc_result(self) -> _Decoder:
+        """Call it with a waveform for its `Product`; printed as it is (the talk's snippet
+        prints the attribute), it shows the product of the last waveform plotted."""
+        return _Decoder(self)
+
+    def decode(self, waveform: Any) -> Product:
+        w = _iq(waveform)
         i = w[:, 0] if w.ndim == 2 else w
         lv = [float(i[s].mean()) for s in self.segment_slices()]
         x = dict(zip(SEGMENT_NAMES, lv, strict=True))
@@ -185,15 +231,19 @@ class LightningSignalProcessing:
                            f"{self.config.min_contrast_lsb} LSB): a DAC was not ready, so "
                            "the synchronized streamer never fired")
         frac = min(max(num / den, 0.0), 1.0)
-        return Product(self.config.dac_0, self.config.dac_1, round(frac * FULL), frac, x)
+        self.last = Product(self.config.dac_0, self.config.dac_1, round(frac * FULL), frac, x)
+        return self.last
 
-    def plot_waveform(self, waveform: Any, path: str | Path) -> Path:
+    def plot_waveform(self, waveform: Any, path: str | Path = "lightning_waveform.png"
+                      ) -> Path:
         import matplotlib
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
 
-        w = np.asarray(waveform, dtype=float)
+        w = _iq(waveform)
+        with contextlib.suppress(NoOutput):
+            self.decode(w)  # what `decode_adc_result` then shows
         t = np.arange(len(w)) * self.ns_per_sample
         fig, ax = plt.subplots(figsize=(9, 3.5))
         ax.plot(t, w[:, 0], lw=1, label="photodetector (I)")
@@ -211,6 +261,18 @@ class LightningSignalProcessing:
         fig.savefig(path, dpi=110)
         plt.close(fig)
         return path
+
+
+class _Decoder:
+    def __init__(self, sp: LightningSignalProcessing) -> None:
+        self.sp = sp
+
+    def __call__(self, waveform: Any) -> Product:
+        return self.sp.decode(waveform)
+
+    def __repr__(self) -> str:
+        last = self.sp.last
+        return str(last.product) if last else "<no waveform decoded yet>"
 
 
 def multiply(soc: Any, soccfg: Any, config: LightningConfig) -> tuple[Product, np.ndarray]:
@@ -307,7 +369,6 @@ def open_soc(spec: str) -> tuple[Any, Any]:
         soc = QickSoc()
         return soc, soc
     if spec.startswith("pyro://"):
-        import contextlib
         import io
 
         from qick.pyro import make_proxy

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterator
+from itertools import accumulate
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -593,6 +594,33 @@ def streamer(num_dacs: int = 2) -> Program:
     """Lightning's synchronized data streamer (seeds/003), as the talk prints it."""
     text, path = builtin("synchronized_data_streamer")
     return parse(text, {"num_DACs": num_dacs}, path)
+
+
+def inference_dag(layer_words: list[int], num_dacs: int = 4) -> Program:
+    """Lightning's inference as count-action (seeds/003, studies/lenet.py): `stream`, the
+    synchronized streamer, admits a word once every DAC's valid flag is counted; `layerK`
+    counts the words streamed, to the words of layers 1..K (every layer counts from the
+    start, so no module waits to be armed), and fires when layer K is done: the
+    electronics integrate, ReLU and renormalise on its interrupt; `argmax` follows the last
+    layer and resets the layers, `rearm` arms them again for the next inference."""
+    if not 0 < len(layer_words) < R.N_SLOTS or min(layer_words) < 1:
+        raise CountActionError(f"layers {layer_words}: 1 to {R.N_SLOTS - 1}, each of "
+                               "at least one word")
+    prog = Program()
+    s = prog.module("stream", num_dacs, auto_rearm=True)
+    for d in range(1, num_dacs + 1):
+        s.count("DAC.valid", d).act("stream", d)
+    names = [f"layer{k}" for k in range(1, len(layer_words) + 1)]
+    for name, total in zip(names, accumulate(layer_words), strict=True):
+        prog.module(name, total).count("module.fired", "stream").act("irq")
+    argmax = prog.module("argmax", 1, auto_rearm=True).count("module.fired", names[-1])
+    argmax.act("irq")
+    rearm = prog.module("rearm", 1, auto_rearm=True).count("module.fired", "argmax")
+    for name in names:
+        argmax.act("reset", name)
+        rearm.act("arm", name)
+    check(prog)
+    return prog
 
 
 def step_sync(step_bytes: list[int]) -> Program:

@@ -83,6 +83,19 @@ def build(tb: Testbed, grid: Grid, clock: Clock, seed: int = 0,
                  dict(fabric.wss), bus, checker)
 
 
+def lone_board(board_model: str = "python") -> tuple[ONicDriver, Any]:
+    """One O-NIC board alone, behind its register driver (the Python model or the RTL):
+    for what needs only its count-action engine and DAC valid lines (Lightning's
+    inference). Returns (driver, board); `board.set_dac_valid(i)` is DAC i's line."""
+    from oddl.controller.base.config import grid_testbed
+
+    tb = grid_testbed(1, 2).with_board_model(board_model)
+    grid = Grid.from_testbed(tb)
+    world = build(tb, grid, Clock(VirtualClockLoop()))
+    node = grid.nodes[0]
+    return world.onics[node].d, world.boards[node]
+
+
 @contextlib.contextmanager
 def _holding(runners: dict[str, JobRunner], nodes: list[str], runner: JobRunner
              ) -> Iterator[None]:

@@ -23,6 +23,7 @@ import tomli_w
 from oddl.controller.base.access import EMULATOR, new_passwords, probe_ns, write_private
 from oddl.controller.base.clock import Clock
 from oddl.controller.base.config import FaultSpec, Testbed
+from oddl.controller.base.faultkinds import QICK_KINDS
 from oddl.controller.base.topology import Grid
 from oddl.controller.service.node import NodeProgram
 from oddl.controller.serving.lifecycle import Services
@@ -80,8 +81,8 @@ class Emulation:
             return "broker-restart: this emulator runs no broker (restart yours by hand)"
         if f.kind == "dead-board" and f.target in self.external:
             return f"dead-board: {f.target}'s node program runs elsewhere: stop it there"
-        if f.kind == "dac-not-ready":
-            return "dac-not-ready: the QICK DAC fault is given at start (--fault)"
+        if f.kind in QICK_KINDS:
+            return f"{f.kind}: the QICK board's faults are given at start (--fault)"
         return None
 
     def effect(self, f: FaultSpec, on: bool) -> None:
@@ -208,9 +209,11 @@ async def start(tb: Testbed, emu: Emulation, host: str = "127.0.0.1",
         from oddl.sim.devices.qick_soc import Photonics
 
         stuck = {f.dac for f in faults or [] if f.kind == "dac-not-ready"}
+        dark = frozenset(f.dac for f in faults or [] if f.kind == "dead-modulator")
         n_dacs = max(tb.qick.dac_channels) + 1
         photonics = Photonics.from_config(tb.qick.photonics,
-                                          [g not in stuck for g in range(n_dacs)])
+                                          [g not in stuck for g in range(n_dacs)],
+                                          dead_modulators=dark)
         emu.qick = await asyncio.to_thread(QickPyroServer(photonics, host, n_dacs=n_dacs).start)
     from oddl.sim.devices.control import ControlEndpoint
 

@@ -14,7 +14,7 @@ from oddl.app.cli.main import _config_fail, emit, main
 from oddl.controller.base.config import ConfigError, field_issues, load_testbed
 
 
-@main.command()
+@main.group(invoke_without_command=True)
 @click.option("--a", "a", type=int, default=None, help="operand a, 0..255 (dac_0)")
 @click.option("--b", "b", type=int, default=None, help="operand b, 0..255 (dac_1)")
 @click.option("--characterize", is_flag=True, help="sweep operand pairs, report accuracy")
@@ -29,29 +29,20 @@ from oddl.controller.base.config import ConfigError, field_issues, load_testbed
 @click.option("--seed", type=int, default=0, help="emulated noise and --characterize pairs")
 @click.option("--plot", type=click.Path(path_type=Path), default=None, help="PNG to write")
 @click.option("--json", "as_json", is_flag=True, help="stdout: one JSON object")
-def lightning(a: int | None, b: int | None, characterize: bool, samples: int,
-              testbed: Path | None, soc_spec: str | None, noise: float | None, seed: int,
-              plot: Path | None, as_json: bool) -> None:
-    """Lightning's photonic multiply on a QICK board: product = round(a * b / 255)."""
+@click.pass_context
+def lightning(ctx: click.Context, a: int | None, b: int | None, characterize: bool,
+              samples: int, testbed: Path | None, soc_spec: str | None, noise: float | None,
+              seed: int, plot: Path | None, as_json: bool) -> None:
+    """Lightning's photonic multiply on a QICK board: product = round(a * b / 255).
+
+    `oddl lightning infer`: a network's inference through the photonic core."""
+    if ctx.invoked_subcommand is not None:
+        return
     from oddl.app.registry import open_soc
-    from oddl.controller.base.config import QickPhotonics
     from oddl.drivers import lightning as L
     from pydantic import ValidationError
 
-    qick = None
-    if testbed is not None:
-        try:
-            qick = load_testbed(testbed).qick
-        except ConfigError as e:
-            _config_fail(e)
-            return
-        if qick is None:
-            click.echo(f"error: {testbed}: no [qick] board in this testbed", err=True)
-            sys.exit(2)
-    ph_cfg = qick.photonics if qick is not None else QickPhotonics()
-    if noise is not None:
-        ph_cfg = ph_cfg.model_copy(update={"noise_rms_lsb": noise})
-    spec = soc_spec or (qick.soc if qick is not None else "emulated")
+    qick, ph_cfg, spec = _qick_board(testbed, soc_spec, noise)
     chans: dict[str, Any] = {"dac_channels": qick.dac_channels,
                              "adc_channel": qick.adc_channel} \
         if qick is not None else {}
@@ -100,6 +91,94 @@ def lightning(a: int | None, b: int | None, characterize: bool, samples: int,
     click.echo(f"{a} x {b} / 255 = {prod.product}  (exact: {d['expected']}; decoded "
                f"{d['raw_product']:.3f}, fraction {d['decoded_fraction']:.6f})")
     click.echo("levels (ADC): " + ", ".join(f"{k} {v:.1f}" for k, v in prod.levels.items()))
+
+
+def _qick_board(testbed: Path | None, soc_spec: str | None, noise: float | None
+                ) -> tuple[Any, Any, str]:
+    """The testbed's [qick] board (or none), its photonics (--noise over them) and the soc
+    to open (--soc over the testbed's; else the emulated board)."""
+    from oddl.controller.base.config import QickPhotonics
+
+    qick = None
+    if testbed is not None:
+        try:
+            qick = load_testbed(testbed).qick
+        except ConfigError as e:
+            _config_fail(e)
+        if qick is None:
+            click.echo(f"error: {testbed}: no [qick] board in this testbed", err=True)
+            sys.exit(2)
+    ph_cfg = qick.photonics if qick is not None else QickPhotonics()
+    if noise is not None:
+        ph_cfg = ph_cfg.model_copy(update={"noise_rms_lsb": noise})
+    return qick, ph_cfg, soc_spec or (qick.soc if qick is not None else "emulated")
+
+
+@lightning.command("infer")
+@click.option("--samples", type=click.IntRange(1, 450), default=50, show_default=True,
+              help="test images (Lightning checks the first 50)")
+@click.option("--testbed", type=click.Path(path_type=Path), default=None,
+              help="a testbed with a [qick] board (its soc and photonics)")
+@click.option("--soc", "soc_spec", default=None,
+              help="emulated | local | pyro://HOST:PORT/NAME (default: the testbed's, "
+                   "else emulated, with two modulator pairs)")
+@click.option("--noise", type=float, default=None, help="emulated: noise rms (ADC LSB)")
+@click.option("--dead-modulator", "dead", type=int, multiple=True,
+              help="emulated: this DAC's modulator passes no light (a drill)")
+@click.option("--line-rate", type=click.FloatRange(min=1e-6, min_open=False), default=0.06,
+              show_default=True, help="serve-time model: the NIC's line rate (Gb/s)")
+@click.option("--seed", type=int, default=0, help="training, calibration and noise")
+@click.option("--json", "as_json", is_flag=True, help="stdout: one JSON object")
+def lightning_infer(samples: int, testbed: Path | None, soc_spec: str | None,
+                    noise: float | None, dead: tuple[int, ...], line_rate: float, seed: int,
+                    as_json: bool) -> None:
+    """LeNet-300-100-shaped inference (64-300-100-10, scikit-learn's digits) with every
+    multiply on the photonic core, sequenced by a count-action DAG on an O-NIC engine:
+    accuracy three ways, latency and energy, serve time against an A100 and Brainwave."""
+    from oddl.app.registry import open_core, open_engine, open_soc
+    from oddl.studies import lenet
+    from oddl.studies.lightning_cost import serve_time_ratios
+
+    qick, ph_cfg, spec = _qick_board(testbed, soc_spec, noise)
+    if dead and spec != "emulated":
+        raise click.BadParameter("a drill of the emulated board only",
+                                 param_hint="--dead-modulator")
+    say = (lambda m: None) if as_json else click.echo
+    try:
+        soc, soccfg = open_soc(spec, ph_cfg, seed, dacs=4, dead_modulators=frozenset(dead))
+        core = open_core(soc, soccfg, qick.adc_channel if qick is not None else 0)
+        xtr, ytr, xte, yte = lenet.digits(seed)
+        say(f"training {'-'.join(map(str, lenet.LAYERS))} on {len(xtr)} digits ...")
+        net = lenet.train(xtr, ytr, seed=seed)
+        say(f"calibrating {core.pairs} modulator pair(s) on {spec} ...")
+        cal = core.calibrate(seed=seed)
+        drv, board = open_engine()
+        inf = lenet.Inference(lenet.Quantised.of(net), core, drv, board.set_dac_valid)
+        say(f"{samples} inferences through the photonic core ...")
+        rep = lenet.report(inf, net, xte, yte, samples,
+                           serve_time_ratios(line_rate_gbps=line_rate, seed=seed))
+    except (ValueError, lenet.Stalled) as e:
+        click.echo(f"error: {e}", err=True)
+        sys.exit(1)
+    rep |= {"soc": spec, "calibration": cal.as_dict(), "qick_runs": core.runs}
+    if as_json:
+        emit(rep)
+        return
+    acc = rep["accuracy"]
+    click.echo(f"accuracy on {samples} test digits: float {acc['float']:.3f}, 8-bit digital "
+               f"{acc['digital8']:.3f}, photonic {acc['photonic']:.3f} "
+               f"(disagreements: {rep['disagreements']})")
+    click.echo(f"{rep['products_through_qick']:,} products through the QICK board in "
+               f"{core.runs} runs; {rep['countaction_firings']:,} count-action firings")
+    ca, sg = rep["count_action"], rep["stop_and_go"]
+    click.echo(f"per inference: count-action datapath {ca['latency_ns'] / 1e3:.2f} us, "
+               f"{ca['energy_j']:.3g} J; stop-and-go through the host "
+               f"{sg['latency_ns'] / 1e3:.0f} us, {sg['energy_j']:.3g} J")
+    pub = rep["published"]
+    for k in ("a100", "brainwave"):
+        click.echo(f"against {k}: serve time {rep['serve_time_ratio'][k]:.1f}x (published "
+                   f"{pub['serve_time_ratio'][k]:.0f}x), energy {rep['energy_ratio'][k]:.1f}x "
+                   f"(published {pub['energy_ratio'][k]:.0f}x); docs/lightning.md says why")
 
 
 @main.group()

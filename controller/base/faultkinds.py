@@ -31,8 +31,10 @@ KINDS: dict[str, Kind] = {k.name: k for k in (
     Kind("control-loss", "bus", "bus:DROP_PROBABILITY", (), ()),  # found by nobody: retried
     Kind("broker-restart", "broker", "broker", (), ("broker-restart",)),
     Kind("dac-not-ready", "qick", "DAC", ("dac",), ()),  # the QICK board's: Lightning fails
+    Kind("dead-modulator", "qick", "DAC", ("dac",), ()),  # its modulator passes no light
 )}
 FAULT_KINDS = tuple(KINDS)
+QICK_KINDS = tuple(k.name for k in KINDS.values() if k.target == "qick")  # the emulator's
 
 # diagnosis -> what a plan goes round (None: recorded, or waited out, not planned round)
 Avoided = Literal["node", "wss", "link"] | None

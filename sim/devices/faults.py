@@ -14,9 +14,10 @@ endpoint). What each does to the models:
     control-loss bus            control messages dropped (and delayed) at random
     broker-restart broker       the broker is gone: nothing crosses the bus
     dac-not-ready qick          the QICK board's DAC never raises its valid flag (emulator)
+    dead-modulator qick         the modulator on that QICK DAC passes no light (emulator)
 
 `--fault` takes them as strings, KIND:TARGET[:ARGS]: slow-tx:NODE/PORT:NS,
-wss-route:WSS:IN/CH:OUT, control-loss:bus:P, dac-not-ready:DAC; the others KIND:TARGET.
+wss-route:WSS:IN/CH:OUT, control-loss:bus:P, dac-not-ready:DAC, dead-modulator:DAC; the others KIND:TARGET.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from collections.abc import Callable
 from typing import Any
 
 from oddl.controller.base.config import FaultSpec, Testbed, fault_issues
-from oddl.controller.base.faultkinds import FAULT_KINDS, KINDS
+from oddl.controller.base.faultkinds import FAULT_KINDS, KINDS, QICK_KINDS
 from oddl.controller.service.backend import Injected
 from oddl.controller.service.drill import DrillPlan
 from pydantic import ValidationError
@@ -54,7 +55,7 @@ def parse_fault(spec: str, tb: Testbed) -> FaultSpec:
             kw |= {"input": int(inp), "channel": int(ch), "output": int(parts[2])}
         elif kind == "control-loss" and len(parts) == 2:
             kw["drop_probability"] = float(parts[1])
-        elif kind == "dac-not-ready" and len(parts) == 1:
+        elif kind in QICK_KINDS and len(parts) == 1:
             kw |= {"target": "qick", "dac": int(parts[0])}
         elif len(parts) != 1 or kind in ("slow-tx", "wss-route", "control-loss"):
             raise ValueError
@@ -83,9 +84,9 @@ class Drill:
         self.plan = DrillPlan(self.faults, clock, self.inject)
         self.arm, self.at_iteration = self.plan.arm, self.plan.at_iteration
         for f in self.faults:
-            if f.kind == "dac-not-ready":
-                raise FaultSpecError(f"{f}: the QICK DAC fault is the emulator's "
-                                     f"(`oddl emulate --fault dac-not-ready:DAC`)")
+            if f.kind in QICK_KINDS:
+                raise FaultSpecError(f"{f}: the QICK board's faults are the emulator's "
+                                     f"(`oddl emulate --fault {f.kind}:DAC`)")
 
     def inject(self, f: FaultSpec) -> None:
         now = self.clock.now_ns()
@@ -148,7 +149,7 @@ def install(world: Any, clock: Any, faults: list[FaultSpec],
             retries: Callable[[], int] = lambda: 0,
             effect: Callable[[FaultSpec, bool], None] = lambda f, on: None) -> Drill:
     """Faults present from the start (the emulator's `--fault`): injected at once."""
-    drill = Drill(world, clock, [f for f in faults if f.kind != "dac-not-ready"], retries,
+    drill = Drill(world, clock, [f for f in faults if f.kind not in QICK_KINDS], retries,
                   effect)
     for f in drill.faults:
         drill.inject(f)

@@ -7,9 +7,13 @@ AveragerProgram emits: regwi, set, seti, synci, waiti, mathi, memwi, loopnz, end
 pulses it plays are the ones the program asked for, at the times it asked for them.
 
 Photonics (seeds/003, the talk): each DAC drives an intensity modulator whose transmission
-is 1/ER + (1 - 1/ER) x (amplitude / full scale); light from one laser passes both, so the
-photodetector sees the product of the transmissions; the ADC adds Gaussian noise and
-quantizes. A count-action `synchronized_data_streamer` gates the DAC streams: a DAC
+is 1/ER + (1 - 1/ER) x (amplitude / full scale); the DACs are modulator pairs (0, 1),
+(2, 3), ...: the laser is split evenly between the pairs, passes both modulators of its
+pair, and the pairs recombine on one photodetector, which so sees the mean over the pairs of
+the product of the transmissions (a multiply-accumulate); the ADC adds Gaussian noise and
+quantizes. Pulses are const (`style="const"`) or envelopes (`style="arb"`, outsel
+"product" at 0 Hz: the envelope's I sample x gain), which is how a stream of values is
+played, one value per readout sample. A count-action `synchronized_data_streamer` gates the DAC streams: a DAC
 streams only once every DAC's valid flag is counted, so a board with a DAC not ready puts
 out no light at all rather than a wrong product.
 """
@@ -88,13 +92,14 @@ class Photonics:
     dark_offset_lsb: float = 30.0  # photodetector dark current + ADC offset
     dac_ready: list[bool] = field(default_factory=lambda: [True, True])
     seed: int = 0
+    dead_modulators: frozenset[int] = frozenset()  # DACs whose modulator passes no light
 
     @classmethod
-    def from_config(cls, cfg: Any, dac_ready: list[bool] | None = None, seed: int = 0
-                    ) -> Photonics:
+    def from_config(cls, cfg: Any, dac_ready: list[bool] | None = None, seed: int = 0,
+                    dead_modulators: frozenset[int] = frozenset()) -> Photonics:
         """From a testbed's `[qick.photonics]` (controller.config.QickPhotonics)."""
         return cls(cfg.extinction_ratio_db, cfg.full_scale, cfg.noise_rms_lsb, cfg.adc_bits,
-                   cfg.dark_offset_lsb, dac_ready or [True, True], seed)
+                   cfg.dark_offset_lsb, dac_ready or [True, True], seed, dead_modulators)
 
     def transmission(self, amplitude: np.ndarray) -> np.ndarray:
         e = 10 ** (-self.extinction_ratio_db / 10)
@@ -102,9 +107,16 @@ class Photonics:
 
     def detector(self, amplitudes: np.ndarray) -> np.ndarray:
         """Noise-free detector level (ADC units) for drive amplitudes (..., n_dacs) in 0..1:
-        one laser through every modulator in series, onto the photodiode."""
+        the laser split over the modulator pairs, each pair's two in series, the pairs
+        summed on the photodiode (a dead modulator passes nothing)."""
         full = 2 ** ((self.adc_bits or 16) - 1)
-        light = np.prod(self.transmission(amplitudes), axis=-1)
+        t = self.transmission(amplitudes)
+        for d in self.dead_modulators:
+            if d < t.shape[-1]:
+                t[..., d] = 0.0
+        n = t.shape[-1] - t.shape[-1] % 2 or 1
+        pairs = t[..., :n].reshape(*t.shape[:-1], -1, min(2, n))
+        light = np.prod(pairs, axis=-1).mean(axis=-1)
         return self.dark_offset_lsb + self.full_scale * full * light
 
     def adc(self, level: np.ndarray, rng: np.random.Generator) -> np.ndarray:
@@ -148,6 +160,8 @@ class EmulatedQickSoc(QickConfig):
         self.nqz: dict[int, int] = {}
         self.rng = np.random.default_rng(self.photonics.seed)
         self.pulses: list[tuple[int, int, int, int]] = []  # (t cycles, gen, gain, len cycles)
+        self.envelope_of: dict[int, int] = {}  # pulse index -> its envelope's first sample
+        self.envelopes = [np.zeros(g["maxlen"], dtype=np.int16) for g in self["gens"]]
         self.triggers: list[tuple[int, int]] = []  # (t cycles, readout)
         self.streamed: list[int] = []  # DACs the streamer let through on the last run
         self.runs = 0
@@ -172,7 +186,19 @@ class EmulatedQickSoc(QickConfig):
         raise ValueError("the emulated generators have no mixer")
 
     def load_envelope(self, ch: int, data: Any, addr: int) -> None:
-        raise ValueError("the emulated photonic drive takes const pulses only")
+        """An envelope's I/Q samples into generator `ch`'s memory at `addr` (as the
+        generator's AXI-stream loader does; Q must be 0: the drive is intensity)."""
+        d = np.asarray(data, dtype=np.int64).reshape(-1, 2)
+        if not 0 <= ch < len(self["gens"]):
+            raise ValueError(f"generator {ch} does not exist")
+        mem = self.envelopes[ch]
+        if addr < 0 or addr + len(d) > len(mem):
+            raise ValueError(f"generator {ch}: envelope of {len(d)} samples at {addr} "
+                             f"exceeds its memory ({len(mem)})")
+        if np.any(d[:, 1]) or np.any(np.abs(d[:, 0]) > MAXV):
+            raise ValueError(f"generator {ch}: an envelope with Q samples, or beyond "
+                             f"+-{MAXV}: the modulator's drive is real")
+        mem[addr:addr + len(d)] = d[:, 0]
 
     def configure_readout(self, ch: int, ro_regs: Any) -> None:
         pass
@@ -217,7 +243,7 @@ class EmulatedQickSoc(QickConfig):
     def _execute(self, max_steps: int = 1_000_000) -> None:
         regs = np.zeros((8, 32), dtype=np.int64)
         ref = 0  # the time reference synci advances (tProc cycles)
-        self.pulses, self.triggers = [], []
+        self.pulses, self.triggers, self.envelope_of = [], [], {}
         pc = steps = 0
         while pc < len(self.pmem):
             steps += 1
@@ -259,22 +285,36 @@ class EmulatedQickSoc(QickConfig):
                 ch = _f(w, 50, 3)
                 # set ch, page, freq, phase, addr, gain, mode, t: registers at 36, 26,
                 # 21, 16, 11 and the time register at 31
+                freq = int(regs[page, _f(w, 36, 5)])
+                phase = int(regs[page, _f(w, 26, 5)])
+                addr = int(regs[page, _f(w, 21, 5)])
                 gain = int(regs[page, _f(w, 16, 5)])
                 mode = int(regs[page, _f(w, 11, 5)])
                 t = int(regs[page, _f(w, 31, 5)])
                 gen = ch - 1
                 if not 0 <= gen < len(self["gens"]):
                     raise ProgramRefused(f"set on tProc channel {ch}: no generator")
+                outsel = (mode >> 16) & 3  # product, dds, input, zero (qick asm_v1)
+                if outsel not in (0, 1) or (mode >> 18) & 1:
+                    raise ProgramRefused(f"generator {gen}: outsel {outsel} / periodic mode "
+                                         "is not emulated (const or a 0 Hz product)")
+                if outsel == 0:  # an envelope times the DDS: at 0 Hz and phase 0, x gain
+                    if freq or phase:
+                        raise ProgramRefused(f"generator {gen}: an envelope at a non-zero "
+                                             "frequency or phase (the drive is baseband)")
+                    spc = self["gens"][gen]["samps_per_clk"]
+                    self.envelope_of[len(self.pulses)] = addr * spc
                 self.pulses.append((ref + t, gen, gain, mode & 0xFFFF))
             else:
                 raise ProgramRefused(f"instruction {op} is not emulated")
 
     # --- the photonic path and the ADC ---------------------------------------------
     def _gate(self) -> list[int]:
-        """The count-action streamer: count each playing DAC's valid flag; at the target,
-        stream every DAC. Returns the generators that stream (all or none)."""
+        """The count-action streamer: count the valid flag of each DAC the program plays;
+        at the target (every one of them), stream them. Returns the generators that stream
+        (all or none)."""
         playing = sorted({g for _, g, _, _ in self.pulses})
-        mod = streamer(len(self["gens"])).modules[0]
+        mod = streamer(max(len(playing), 1)).modules[0]
         ready = self.photonics.dac_ready
         count = sum(1 for s in mod.counts if s.signal == "DAC.valid"
                     and _gen(s.index) in playing and ready[_gen(s.index)])
@@ -292,11 +332,18 @@ class EmulatedQickSoc(QickConfig):
             f_out = self["readouts"][ch]["f_output"]
             t_ns = trig[0] * 1e3 / T_PROC_MHZ + np.arange(n) * 1e3 / f_out
             amps = np.zeros((n, len(self["gens"])))
-            for t, g, gain, length_c in self.pulses:
+            mid = t_ns + 0.5e3 / f_out  # a decimated sample: the middle of its window
+            for k, (t, g, gain, length_c) in enumerate(self.pulses):
                 if g in self.streamed:
                     t0 = t * 1e3 / T_PROC_MHZ
-                    on = (t_ns >= t0) & (t_ns < t0 + length_c * 1e3 / T_PROC_MHZ)
-                    amps[on, g] = gain / MAXV
+                    on = (mid >= t0) & (mid < t0 + length_c * 1e3 / T_PROC_MHZ)
+                    if k not in self.envelope_of:
+                        amps[on, g] = gain / MAXV
+                        continue
+                    # the DAC sample under each readout sample's middle
+                    i = ((mid[on] - t0) * GEN_FS / 1e3).astype(np.int64)
+                    env = self.envelopes[g][self.envelope_of[k] + i]
+                    amps[on, g] = env / MAXV * gain / MAXV
             level = p.detector(amps) if self.streamed else np.full(n, p.dark_offset_lsb)
             out[:, 0] = p.adc(level, self.rng)
             out[:, 1] = p.adc(np.zeros(n), self.rng)

@@ -27,7 +27,7 @@ class FaultSpec(ConfigModel):
     Extra fields by kind: slow-tx `tune_ns`; wss-route `input`, `channel`, `output` (light
     on that input and channel leaves at that output, though the table reads back right);
     control-loss `drop_probability` (and `delay_probability`, `max_extra_delay_ns`);
-    dac-not-ready `dac`."""
+    dac-not-ready and dead-modulator `dac`."""
 
     kind: FaultKind
     target: str = Field(min_length=1, max_length=200)

@@ -1,0 +1,302 @@
+"""Lightning's inference (seeds/003; Zhong et al., SIGCOMM 2023): a LeNet-300-100-shaped
+network whose every multiply goes through the photonic core, the rest electronic.
+
+MNIST cannot be fetched here, so the network is 64-300-100-10 on scikit-learn's 8 x 8
+digits (the data set a package ships), trained by scikit-learn. Inference is Lightning's:
+weights and activations rescaled to 8 bits and split into magnitude and sign (light
+multiplies intensities); each product is (a x b) >> 8; the signs, the sums, ReLU and the
+renormalisation of each layer's outputs to 8 bits are electronic; then argmax.
+
+Three ways, as Lightning checks its accuracy: `forward_float` (full precision),
+`forward_digital8` (the 8-bit arithmetic, exactly) and `Inference.photonic` (the products
+from the photonic core's detector). On the core, each readout sample is a multiply-
+accumulate over the board's modulator pairs, so the products of one output are grouped by
+the sign of their weight (activations are never negative: pixels, then ReLU), P to a
+sample, and the electronics add each group's decoded sum with its sign.
+
+The inference is a count-action DAG (`fpga.countaction.inference_dag`) on an O-NIC's
+engine: per word of 16 values, every DAC raises its valid flag; the streamer module fires
+only when all have (the talk's synchronised streamer), and only then is the word played;
+a module per layer counts the words streamed and fires when its layer is done (the
+electronics then integrate, ReLU and renormalise); `argmax` follows the last layer and
+re-arms the layers for the next inference.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import numpy as np
+
+FULL = 255
+WORD = 16  # values per DAC word (Lightning's datapath streams 16 per fabric clock)
+LAYERS = (64, 300, 100, 10)  # LeNet-300-100's hidden layers on 8 x 8 digits
+
+
+@dataclass(frozen=True)
+class Network:
+    """Trained float weights (in x out) and biases, per layer."""
+
+    weights: tuple[np.ndarray, ...]
+    biases: tuple[np.ndarray, ...]
+
+    @property
+    def layers(self) -> list[int]:
+        return [self.weights[0].shape[0], *(w.shape[1] for w in self.weights)]
+
+
+def digits(seed: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """scikit-learn's digits, pixels scaled to 0..1: (train x, train y, test x, test y)."""
+    from sklearn.datasets import load_digits
+    from sklearn.model_selection import train_test_split
+
+    x, y = load_digits(return_X_y=True)
+    xtr, xte, ytr, yte = train_test_split(x / 16.0, y, test_size=0.25, random_state=seed,
+                                          stratify=y)
+    return xtr, ytr, xte, yte
+
+
+def train(xtr: np.ndarray, ytr: np.ndarray, hidden: tuple[int, ...] = LAYERS[1:-1],
+          seed: int = 0) -> Network:
+    from sklearn.neural_network import MLPClassifier
+
+    m = MLPClassifier(hidden, max_iter=300, random_state=seed).fit(xtr, ytr)
+    return Network(tuple(np.asarray(w) for w in m.coefs_),
+                   tuple(np.asarray(b) for b in m.intercepts_))
+
+
+def forward_float(net: Network, x: np.ndarray) -> np.ndarray:
+    """Class scores at full precision."""
+    h = np.asarray(x, dtype=float)
+    for k, (w, b) in enumerate(zip(net.weights, net.biases, strict=True)):
+        h = h @ w + b
+        if k < len(net.weights) - 1:
+            h = np.maximum(h, 0.0)
+    return h
+
+
+@dataclass(frozen=True)
+class Quantised:
+    """8-bit magnitudes, signs and scales: w = sign x mag / 255 x w_max."""
+
+    mag: tuple[np.ndarray, ...]  # uint8-valued, in x out
+    neg: tuple[np.ndarray, ...]  # bool, in x out
+    w_max: tuple[float, ...]
+    biases: tuple[np.ndarray, ...]
+
+    @classmethod
+    def of(cls, net: Network) -> Quantised:
+        mags, negs, maxes = [], [], []
+        for w in net.weights:
+            m = float(np.abs(w).max()) or 1.0
+            mags.append(np.round(np.abs(w) / m * FULL).astype(np.int64))
+            negs.append(w < 0)
+            maxes.append(m)
+        return cls(tuple(mags), tuple(negs), tuple(maxes), net.biases)
+
+
+def activations8(x: np.ndarray) -> tuple[np.ndarray, float]:
+    """An input or a layer's ReLU output as 8-bit codes and the value of code 255."""
+    top = float(np.max(x)) if np.max(x) > 0 else 1.0
+    return np.round(np.clip(x, 0, None) / top * FULL).astype(np.int64), top
+
+
+# a layer's products: for each output, its sum of sign x (mag x act) >> 8
+LayerSums = Callable[[int, np.ndarray], np.ndarray]
+
+
+def forward8(q: Quantised, x: np.ndarray, sums: LayerSums,
+             on_layer: Callable[[int], None] = lambda k: None) -> np.ndarray:
+    """Lightning's 8-bit inference of one input; `sums(k, codes)` computes layer k's signed
+    sums of products (in units of (a x b) >> 8), digitally or photonically."""
+    codes, top = activations8(np.asarray(x, dtype=float))
+    n = len(q.mag)
+    out = np.zeros(0)
+    for k in range(n):
+        acc = sums(k, codes)
+        on_layer(k)
+        # back to real units: acc x 256 x (w_max / 255) x (top / 255), plus the bias
+        out = acc * 256.0 * q.w_max[k] * top / FULL**2 + q.biases[k]
+        if k < n - 1:
+            codes, top = activations8(np.maximum(out, 0.0))  # ReLU, renormalise to 8 bits
+    return out
+
+
+def digital_sums(q: Quantised) -> LayerSums:
+    def sums(k: int, codes: np.ndarray) -> np.ndarray:
+        prod = (q.mag[k] * codes[:, None]) >> 8
+        return np.where(q.neg[k], -prod, prod).sum(axis=0).astype(float)
+    return sums
+
+
+def forward_digital8(q: Quantised, x: np.ndarray) -> np.ndarray:
+    return forward8(q, x, digital_sums(q))
+
+
+@dataclass(frozen=True)
+class Segments:
+    """A layer's products as detector samples: per sample, P (input, weight) slots of one
+    output and one sign (input -1: an empty slot, played dark)."""
+
+    out: np.ndarray  # (S,) output index
+    sign: np.ndarray  # (S,) +1 / -1
+    inputs: np.ndarray  # (S, P) input index or -1
+    mags: np.ndarray  # (S, P) weight magnitude codes (0 in empty slots)
+
+    @classmethod
+    def of(cls, mag: np.ndarray, neg: np.ndarray, pairs: int) -> Segments:
+        outs, signs, ins, ms = [], [], [], []
+        for j in range(mag.shape[1]):
+            for s, sel in ((1, ~neg[:, j]), (-1, neg[:, j])):
+                idx = np.flatnonzero(sel)
+                pad = -len(idx) % pairs
+                idx = np.concatenate([idx, np.full(pad, -1)]).reshape(-1, pairs)
+                outs.append(np.full(len(idx), j))
+                signs.append(np.full(len(idx), s))
+                ins.append(idx)
+                ms.append(np.where(idx >= 0, mag[np.maximum(idx, 0), j], 0))
+        return cls(np.concatenate(outs), np.concatenate(signs), np.concatenate(ins),
+                   np.concatenate(ms))
+
+    def values(self, codes: np.ndarray) -> np.ndarray:
+        """The stream for these activations: a_0, b_0, a_1, b_1, ... per sample."""
+        acts = np.where(self.inputs >= 0, codes[np.maximum(self.inputs, 0)], 0)
+        v = np.empty((len(self.out), 2 * self.inputs.shape[1]), dtype=np.int64)
+        v[:, 0::2], v[:, 1::2] = self.mags, acts
+        return v
+
+    @property
+    def words(self) -> int:
+        return -(-len(self.out) // WORD)
+
+
+class Core(Protocol):
+    pairs: int
+    products: int
+    play_s: float  # wall time in round trips through the QICK API
+
+    def mac(self, values: np.ndarray, products: int | None = None) -> np.ndarray: ...
+
+
+class Engine(Protocol):
+    """An O-NIC's count-action engine behind its register driver, and its DAC valid lines."""
+
+    def load_countaction(self, prog: Any) -> Any: ...
+
+    def ca_status(self, slot: int) -> dict[str, int | bool]: ...
+
+
+class Stalled(RuntimeError):
+    """The streamer did not fire: a DAC never raised its valid flag."""
+
+
+@dataclass
+class Inference:
+    """Photonic inference on a core, sequenced by a count-action DAG on an engine."""
+
+    q: Quantised
+    core: Core
+    engine: Engine
+    dac_valid: Callable[[int], None]  # raise DAC i's valid flag (1-based) for one word
+    segments: list[Segments] = field(init=False)
+    firings: int = 0
+    words: int = 0
+    wall_s: float = 0.0
+    _argmax0: int = 0
+
+    def __post_init__(self) -> None:
+        from oddl.fpga.countaction import inference_dag
+
+        self.segments = [Segments.of(m, n, self.core.pairs)
+                         for m, n in zip(self.q.mag, self.q.neg, strict=True)]
+        self.dacs = 2 * self.core.pairs
+        self.program = inference_dag([s.words for s in self.segments], self.dacs)
+        self.engine.load_countaction(self.program)
+        self.slot = {m.name: k for k, m in enumerate(self.program.modules)}
+
+    def _fired(self, name: str) -> int:
+        return int(self.engine.ca_status(self.slot[name])["fire_count"])
+
+    def _stream(self, k: int, values: np.ndarray) -> np.ndarray:
+        """The layer's words, each admitted by the streamer, then played on the core."""
+        seg = self.segments[k]
+        before = self._fired("stream")
+        for w in range(seg.words):
+            for d in range(1, self.dacs + 1):
+                self.dac_valid(d)
+            if (self._fired("stream") - before - w - 1) % 256:
+                raise Stalled(f"layer {k + 1}, word {w + 1} of {seg.words}: the streamer "
+                              "did not fire (a DAC never raised its valid flag)")
+        self.words += seg.words
+        real = int(np.count_nonzero(seg.inputs >= 0))
+        return self.core.mac(values, real)
+
+    def sums(self, k: int, codes: np.ndarray) -> np.ndarray:
+        seg = self.segments[k]
+        y = self._stream(k, seg.values(codes)) / 256.0  # decoded sum_p a_p b_p, >> 8
+        return np.bincount(seg.out, weights=seg.sign * y, minlength=self.q.mag[k].shape[1])
+
+    def _layer_done(self, k: int) -> None:
+        """Layer k's module fired on its last word (the last layer's, then argmax, which
+        resets every layer module: so argmax's count is the witness)."""
+        if k == len(self.segments) - 1:
+            done = (self._fired("argmax") - self._argmax0) % 256 == 1
+        else:
+            done = bool(self.engine.ca_status(self.slot[f"layer{k + 1}"])["fired"])
+        if not done:
+            raise Stalled(f"layer {k + 1}: its module did not fire after its last word")
+        self.firings += 1
+
+    def photonic(self, x: np.ndarray) -> np.ndarray:
+        """Class scores of one input, every product through the core; the engine's
+        firings counted (the streamer's one by one: its 8-bit count wraps)."""
+        t0 = time.perf_counter()
+        self._argmax0, rearm0 = self._fired("argmax"), self._fired("rearm")
+        words = self.words
+        out = forward8(self.q, x, self.sums, self._layer_done)
+        if (self._fired("rearm") - rearm0) % 256 != 1 or not all(
+                self.engine.ca_status(self.slot[f"layer{k + 1}"])["armed"]
+                for k in range(len(self.segments))):
+            raise Stalled("the layers were not re-armed for the next inference")
+        self.firings += self.words - words + 2  # the streamer's; argmax, rearm
+        self.wall_s += time.perf_counter() - t0
+        return out
+
+
+def report(inf: Inference, net: Network, xte: np.ndarray, yte: np.ndarray, samples: int,
+           serve: dict[str, Any]) -> dict[str, Any]:
+    """Accuracy three ways on the first `samples` test inputs, with where they disagree;
+    latency and energy both ways; the serve-time comparison (studies/lightning_cost.py)."""
+    from oddl.studies import lightning_cost as C
+
+    x, y = xte[:samples], yte[:samples]
+    f = np.array([forward_float(net, v).argmax() for v in x])
+    d = np.array([forward_digital8(inf.q, v).argmax() for v in x])
+    play0 = inf.core.play_s
+    p = np.array([inf.photonic(v).argmax() for v in x])
+    layers = net.layers
+    ca = C.count_action(layers)
+    sg = C.stop_and_go(layers, (inf.core.play_s - play0) / samples)
+    return {
+        "samples": samples, "layers": layers,
+        "accuracy": {"float": float(np.mean(f == y)), "digital8": float(np.mean(d == y)),
+                     "photonic": float(np.mean(p == y))},
+        "disagreements": {"float_vs_digital8": int(np.sum(f != d)),
+                          "digital8_vs_photonic": int(np.sum(d != p)),
+                          "float_vs_photonic": int(np.sum(f != p))},
+        "latency_ns": ca["latency_ns"], "energy_j": ca["energy_j"],
+        "energy_breakdown_j": ca["energy_breakdown_j"],
+        "cycles_per_layer": ca["cycles_per_layer"],
+        "stop_and_go": sg, "count_action": ca,
+        "countaction_firings": inf.firings,
+        "countaction_firings_per_inference": inf.firings / samples if samples else 0,
+        "words_streamed": inf.words,
+        "products_through_qick": inf.core.products,
+        "products_expected": samples * C.operations(layers),
+        "serve_time_ratio": serve["serve_time_ratio"], "energy_ratio": serve["energy_ratio"],
+        "published": serve["published"], "serve_time": serve,
+        "sources": C.sources(),
+    }
