@@ -38,6 +38,7 @@ CHECKS = {
     "control-rtt": "test_control_rtt",
     "countaction": "test_countaction_readback",
     "lightning": "test_lightning_accuracy",
+    "lightning-inference": "test_lightning_inference",
 }
 
 

@@ -1,5 +1,6 @@
 """Real device I/O: `onic` (the O-NIC over pynq MMIO), `irq` (its interrupt line), `wss`
-(a WSS over pyserial), `mqtt` (the control bus), `lightning` (Lightning over QICK), `lab`
+(a WSS over pyserial), `mqtt` (the control bus), `lightning` (Lightning's multiply over QICK),
+`lightning_mac` (its multiply-accumulate: streams on modulator pairs, calibrated), `lab`
 (the emu and hw back end), `job_tally` (what the controller has heard of a job),
 `local_board` (a board only its node program touches), `drill` (faults through an
 emulator's endpoint) and `announce` (notes for the bus's watchers). Drivers speak to

@@ -48,9 +48,9 @@ class _ItemStyle(type(BaseModel)):  # type: ignore[misc]
     LightningConfig)`). Field names are checked as they are set."""
 
     def __setitem__(cls, key: str, value: Any) -> None:
-        if key not in cls.model_fields:  # type: ignore[attr-defined]
+        if key not in cls.model_fields:
             raise KeyError(f"LightningConfig has no {key!r} (fields: "
-                           f"{', '.join(cls.model_fields)})")  # type: ignore[attr-defined]
+                           f"{', '.join(cls.model_fields)})")
         _TALK[key] = value
 
     def __getitem__(cls, key: str) -> Any:

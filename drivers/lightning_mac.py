@@ -30,6 +30,11 @@ from numpy.polynomial import chebyshev
 from qick.averager_program import AveragerProgram
 
 FULL = 255
+MIN_SWING_LSB = 50.0  # a pair's product term from dark to full scale, at least
+
+
+class NoProduct(ValueError):
+    """Calibration found a modulator pair whose product does not reach the detector."""
 
 
 def samples_per_value(soccfg: Any, gen: int, adc: int) -> int:
@@ -195,8 +200,14 @@ class PhotonicCore:
         delta = tuple(float(x) for x in rest[:, 2])
         truth = (v[:, 0::2] * v[:, 1::2]).sum(axis=1).astype(float)
         scale = float(self.pairs * FULL * FULL)
-        if np.mean(np.abs(delta)) <= 0:
-            raise ValueError("calibration: no product term on the detector (no light?)")
+        swing = np.asarray(delta) * FULL * FULL  # each pair's full-scale product, ADC
+        for p, s in enumerate(swing):
+            if s < MIN_SWING_LSB or s < 0.5 * swing.max():
+                ch = self.channels[2 * p:2 * p + 2]
+                raise NoProduct(f"calibration: modulator pair {p} (DACs {ch[0]}, {ch[1]}) "
+                                f"swings {s:.1f} ADC LSB from dark to full scale (the "
+                                f"strongest pair {swing.max():.1f}): a modulator passes "
+                                "no light, or no light reaches the detector")
         first = MacCalibration(c0, lin, delta, (0.0, 1.0), scale, 0.0)
         est = first.estimate(v, level)
         cheb = chebyshev.chebfit(est / scale * 2 - 1, truth / scale * 2 - 1, 3)

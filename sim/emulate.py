@@ -209,7 +209,8 @@ async def start(tb: Testbed, emu: Emulation, host: str = "127.0.0.1",
         from oddl.sim.devices.qick_soc import Photonics
 
         stuck = {f.dac for f in faults or [] if f.kind == "dac-not-ready"}
-        dark = frozenset(f.dac for f in faults or [] if f.kind == "dead-modulator")
+        dark = frozenset(f.dac for f in faults or [] if f.kind == "dead-modulator"
+                         and f.dac is not None)
         n_dacs = max(tb.qick.dac_channels) + 1
         photonics = Photonics.from_config(tb.qick.photonics,
                                           [g not in stuck for g in range(n_dacs)],

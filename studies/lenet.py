@@ -30,6 +30,8 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import numpy as np
+from oddl.fpga.countaction import inference_dag
+from oddl.studies import lightning_cost as C
 
 FULL = 255
 WORD = 16  # values per DAC word (Lightning's datapath streams 16 per fabric clock)
@@ -208,8 +210,6 @@ class Inference:
     _argmax0: int = 0
 
     def __post_init__(self) -> None:
-        from oddl.fpga.countaction import inference_dag
-
         self.segments = [Segments.of(m, n, self.core.pairs)
                          for m, n in zip(self.q.mag, self.q.neg, strict=True)]
         self.dacs = 2 * self.core.pairs
@@ -270,8 +270,6 @@ def report(inf: Inference, net: Network, xte: np.ndarray, yte: np.ndarray, sampl
            serve: dict[str, Any]) -> dict[str, Any]:
     """Accuracy three ways on the first `samples` test inputs, with where they disagree;
     latency and energy both ways; the serve-time comparison (studies/lightning_cost.py)."""
-    from oddl.studies import lightning_cost as C
-
     x, y = xte[:samples], yte[:samples]
     f = np.array([forward_float(net, v).argmax() for v in x])
     d = np.array([forward_digital8(inf.q, v).argmax() for v in x])

@@ -10,6 +10,7 @@ from the published ratios; nothing here is tuned toward them.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
+from itertools import pairwise
 from math import ceil
 from typing import Any
 
@@ -33,11 +34,11 @@ DATAPATH_W = (25.0, "ours: an RFSoC board running the count-action datapath (DAC
 def layer_cycles(layers: list[int], word: int = WORD[0]) -> list[int]:
     """Datapath cycles of each fully connected layer: inputs x outputs / values a word
     (Lightning's: 784 x 300 / 16 = 14,700 for LeNet-300-100's first)."""
-    return [ceil(a * b / word) for a, b in zip(layers, layers[1:], strict=False)]
+    return [ceil(a * b / word) for a, b in pairwise(layers)]
 
 
 def operations(layers: list[int]) -> int:
-    return sum(a * b for a, b in zip(layers, layers[1:], strict=False))
+    return sum(a * b for a, b in pairwise(layers))
 
 
 def count_action(layers: list[int]) -> dict[str, Any]:

@@ -114,7 +114,8 @@ def test_a_dead_board_fails_its_check_and_skips_what_needs_it(root: Path,
     assert list(failed) == ["test_board_reachable[n2]"]
     assert failed["test_board_reachable[n2]"].startswith("board n2 (grpc://127.0.0.1:")
     skipped = outcomes(tmp_path, "skipped")  # what needs n2 is skipped, naming the cause
-    assert skipped.pop("test_lightning_accuracy") == "the testbed config has no [qick] board"
+    for check in ("test_lightning_accuracy", "test_lightning_inference"):
+        assert skipped.pop(check) == "the testbed config has no [qick] board"
     assert "test_identity[n2]" in skipped and "test_link_loopback[n2/H]" in skipped
     assert all("n2, which is unreachable" in m for m in skipped.values())
     assert "test_identity[n1]" not in skipped
@@ -213,11 +214,36 @@ def test_lightning_check_over_qick_pyro_and_a_dac_that_never_gets_ready(
     assert r.returncode == 1
     msg = outcomes(tmp_path / "bad", "failed")["test_lightning_accuracy"]
     assert "64 of 64 runs put no light on the detector" in msg and "pyro://127.0.0.1:" in msg
-    # the plain prototype has no QICK board: the check skips, saying so
-    r = accept(root, str(proto), "--only", "lightning", "--report", str(tmp_path / "none"))
+    # the plain prototype has no QICK board: the checks skip, saying so
+    r = accept(root, str(proto), "--only", "lightning", "--only", "lightning-inference",
+               "--report", str(tmp_path / "none"))
     assert r.returncode == 0 and summary(tmp_path / "none")["verdict"] == "NOTHING CHECKED"
     assert outcomes(tmp_path / "none", "skipped") == {
-        "test_lightning_accuracy": "the testbed config has no [qick] board"}
+        "test_lightning_accuracy": "the testbed config has no [qick] board",
+        "test_lightning_inference": "the testbed config has no [qick] board"}
+
+
+def test_lightning_inference_check_passes_and_a_dead_modulator_fails_it(
+        root: Path, tmp_path: Path) -> None:
+    """The inference check on the emulated QICK board (over qick.pyro): the network's
+    photonic accuracy within its bound of 8-bit digital, every product through the board;
+    a modulator that passes no light fails calibration, naming its pair."""
+    qick = relaxed(root, tmp_path, "hw_configs/prototype-4node-qick.toml")
+    Path(qick).write_text(re.sub(r"(?m)^lightning_inference_samples = .*$",
+                                 "lightning_inference_samples = 5", Path(qick).read_text()))
+    r = accept(root, qick, "--only", "lightning-inference", "--report", str(tmp_path / "ok"))
+    assert r.returncode == 0, r.stdout + r.stderr
+    (check,) = summary(tmp_path / "ok")["checks"]
+    figs = {f["name"]: f["value"] for f in check["figures"]}
+    assert figs["products through the board"] == 5 * 50_200
+    assert figs["photonic accuracy"] >= figs["8-bit digital accuracy"] - 0.02
+    assert figs["count-action firings"] > 5 * 3
+    r = accept(root, qick, "--only", "lightning-inference", "--fault", "dead-modulator:1",
+               "--report", str(tmp_path / "bad"))
+    assert r.returncode == 1, r.stdout + r.stderr
+    msg = outcomes(tmp_path / "bad", "failed")["test_lightning_inference"]
+    assert "modulator pair 0 (DACs 0, 1)" in msg and "passes no light" in msg, msg
+    assert "Traceback" not in r.stdout + r.stderr
 
 
 def test_a_control_bus_slower_than_its_spec_fails_the_round_trip_check(

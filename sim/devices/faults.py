@@ -17,7 +17,8 @@ endpoint). What each does to the models:
     dead-modulator qick         the modulator on that QICK DAC passes no light (emulator)
 
 `--fault` takes them as strings, KIND:TARGET[:ARGS]: slow-tx:NODE/PORT:NS,
-wss-route:WSS:IN/CH:OUT, control-loss:bus:P, dac-not-ready:DAC, dead-modulator:DAC; the others KIND:TARGET.
+wss-route:WSS:IN/CH:OUT, control-loss:bus:P, dac-not-ready:DAC, dead-modulator:DAC; the
+others KIND:TARGET.
 """
 
 from __future__ import annotations

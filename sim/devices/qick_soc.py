@@ -13,9 +13,9 @@ pair, and the pairs recombine on one photodetector, which so sees the mean over 
 the product of the transmissions (a multiply-accumulate); the ADC adds Gaussian noise and
 quantizes. Pulses are const (`style="const"`) or envelopes (`style="arb"`, outsel
 "product" at 0 Hz: the envelope's I sample x gain), which is how a stream of values is
-played, one value per readout sample. A count-action `synchronized_data_streamer` gates the DAC streams: a DAC
-streams only once every DAC's valid flag is counted, so a board with a DAC not ready puts
-out no light at all rather than a wrong product.
+played, one value per readout sample. A count-action `synchronized_data_streamer` gates
+the DAC streams: a DAC streams only once every playing DAC's valid flag is counted, so a
+board with a DAC not ready puts out no light at all rather than a wrong product.
 """
 
 from __future__ import annotations

@@ -37,3 +37,48 @@ def test_lightning_accuracy(bench: Bench, figure) -> None:
         pytest.fail(f"QICK {q.soc}: {100 * rep['exact']:.2f}% of products exact < "
                     f"{100 * spec.lightning_accuracy_min:.0f}% (worst {rep['worst_error_lsb']}"
                     f" LSB at {rep['worst_pair']})", pytrace=False)
+
+
+def test_lightning_inference(bench: Bench, figure) -> None:
+    """A 64-300-100-10 network's inference (studies/lenet.py) with every multiply on the
+    board's modulator pairs, against the same network in 8-bit arithmetic: photonic
+    accuracy within `lightning_inference_max_drop` of it; a pair that passes no light
+    fails calibration by name."""
+    from oddl.app.registry import open_core, open_engine, open_soc
+    from oddl.drivers.lightning_mac import NoProduct
+    from oddl.studies import lenet
+
+    q = bench.tb.qick
+    if q is None:
+        pytest.skip("the testbed config has no [qick] board")
+    spec = bench.spec
+    why = ""
+    try:
+        soc, soccfg = open_soc(q.soc, q.photonics)
+        core = open_core(soc, soccfg, q.adc_channel)
+        cal = core.calibrate()
+    except NoProduct as e:
+        why = f"QICK {q.soc}: {e}"
+    except Exception as e:
+        why = f"QICK board {q.soc}: {type(e).__name__}: {e}"
+    if why:
+        pytest.fail(why, pytrace=False)
+    figure("calibration residual", round(cal.residual_rms / 256, 4), "product LSB")
+    xtr, ytr, xte, yte = lenet.digits()
+    net = lenet.train(xtr, ytr)
+    drv, board = open_engine()
+    inf = lenet.Inference(lenet.Quantised.of(net), core, drv, board.set_dac_valid)
+    n = spec.lightning_inference_samples
+    d8 = [lenet.forward_digital8(inf.q, x).argmax() for x in xte[:n]]
+    ph = [inf.photonic(x).argmax() for x in xte[:n]]
+    acc_d = sum(int(a == b) for a, b in zip(d8, yte[:n], strict=True)) / n
+    acc_p = sum(int(a == b) for a, b in zip(ph, yte[:n], strict=True)) / n
+    bound = acc_d - spec.lightning_inference_max_drop
+    figure("8-bit digital accuracy", acc_d)
+    figure("photonic accuracy", acc_p, spec=f">= {bound:.3f}")
+    figure("products through the board", core.products, spec=f"{n * 50_200}")
+    figure("count-action firings", inf.firings)
+    if acc_p < bound:
+        pytest.fail(f"QICK {q.soc}: photonic accuracy {acc_p:.3f} on {n} digits < 8-bit "
+                    f"digital {acc_d:.3f} - {spec.lightning_inference_max_drop}",
+                    pytrace=False)

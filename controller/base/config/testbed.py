@@ -264,6 +264,10 @@ class Acceptance(ConfigModel):
     lightning_samples: int = Field(default=256, ge=16, description="operand pairs to test")
     lightning_accuracy_min: float = Field(default=0.95, gt=0, le=1,
                                           description="share of products exactly right")
+    lightning_inference_samples: int = Field(default=20, ge=1, le=450,
+                                             description="test digits for the inference")
+    lightning_inference_max_drop: float = Field(
+        default=0.02, ge=0, le=1, description="photonic accuracy below 8-bit digital, at most")
     timeout_s: float = Field(default=2.0, gt=0, description="device wait per operation")
 
 

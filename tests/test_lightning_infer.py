@@ -1,0 +1,192 @@
+"""Lightning's inference: the talk's snippet, the photonic multiply-accumulate, the
+count-action DAG on an O-NIC engine, `oddl lightning infer`, and the cost model."""
+
+from __future__ import annotations
+
+import json
+import runpy
+from pathlib import Path
+
+import numpy as np
+import pytest
+import qick
+from click.testing import CliRunner
+from oddl.app.cli import main
+from oddl.app.registry import open_engine
+from oddl.drivers.lightning_mac import MacStream, NoProduct, PhotonicCore
+from oddl.fpga.countaction import inference_dag, parse
+from oddl.fpga.countaction_image import compile_program, decompile
+from oddl.sim.devices.qick_soc import EmulatedQickSoc, Photonics, ProgramRefused
+from oddl.studies import lenet
+from oddl.studies import lightning_cost as C
+
+SNIPPET = '''\
+from oddl.drivers.lightning import LightningControl, LightningConfig, LightningSignalProcessing
+from qick import QickSoc
+
+import numpy as np
+
+# instantiate QICK library and use it to program the FPGA
+soc = QickSoc()
+soccfg = soc
+
+# the lightning config that reconfigures the input values
+LightningConfig["dac_0"] = 100 # value from 0 to 255
+LightningConfig["dac_1"] = 50 # value from 0 to 255
+
+# run lightning photonic computing
+lightning_runtime = LightningControl(soccfg, LightningConfig)
+result_waveform = lightning_runtime.acquire_decimated(soc)
+
+# check the raw waveform detected on the ADC
+lightning_sp = LightningSignalProcessing()
+lightning_sp.plot_waveform(result_waveform)
+
+# show 8-bit fix point multiplication result from 0 to 255
+multiplication_result = lightning_sp.decode_adc_result
+print(multiplication_result)
+'''
+
+
+def board(pairs: int = 2, **photonics: object) -> EmulatedQickSoc:
+    return EmulatedQickSoc(Photonics(dac_ready=[True] * 2 * pairs, **photonics),
+                           n_dacs=2 * pairs)
+
+
+def test_the_talks_snippet_runs_as_printed(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                           capsys: pytest.CaptureFixture[str]) -> None:
+    """seeds/003's code, with oddl's import for `lightning`'s; the board it opens is the
+    emulated one (the device boundary: `QickSoc()` would open the RFSoC itself)."""
+    # (qick has QickSoc only on a board: off one, it is not there to import)
+    monkeypatch.setattr(qick, "QickSoc", EmulatedQickSoc, raising=False)
+    monkeypatch.chdir(tmp_path)
+    script = tmp_path / "talk.py"
+    script.write_text(SNIPPET)
+    runpy.run_path(str(script))
+    assert capsys.readouterr().out.strip().splitlines()[-1] == "20"  # round(100 x 50 / 255)
+    assert (tmp_path / "lightning_waveform.png").stat().st_size > 10_000
+    from oddl.drivers.lightning import LightningConfig
+
+    with pytest.raises(KeyError, match="no 'dac_9'"):
+        LightningConfig["dac_9"] = 1
+
+
+def test_multiply_accumulate_decodes_the_sum_of_both_pairs() -> None:
+    rng = np.random.default_rng(1)
+    v = rng.integers(0, 256, (5000, 4))
+    v[:3] = [[0, 0, 0, 0], [255, 255, 255, 255], [255, 0, 0, 255]]
+    truth = (v[:, 0::2] * v[:, 1::2]).sum(axis=1)
+    ideal = PhotonicCore(*[board(noise_rms_lsb=0.0, adc_bits=None)] * 2)
+    assert ideal.capacity == 3276  # the envelope memory: 65,536 samples / 20 a value
+    assert np.abs(ideal.mac(v) - truth).max() / 256 < 0.01
+    assert ideal.runs == 1 + 2  # calibration's 2,048 values, then 5,000 in two runs
+    noisy = PhotonicCore(*[board()] * 2)
+    err = (noisy.mac(v) - truth) / 256  # in product LSBs, (a x b) >> 8
+    assert np.abs(err).max() < 1.0 and np.sqrt(np.mean(err**2)) < 0.3
+    assert noisy.products == 5000 * 2
+
+
+def test_calibration_names_a_pair_that_passes_no_light() -> None:
+    with pytest.raises(NoProduct, match=r"pair 1 \(DACs 2, 3\).*passes no light"):
+        PhotonicCore(*[board(dead_modulators=frozenset({3}))] * 2).calibrate()
+    with pytest.raises(NoProduct, match=r"pair 0 \(DACs 0, 1\)"):  # one pair, no light
+        PhotonicCore(*[board(1, dead_modulators=frozenset({0}))] * 2).calibrate()
+
+
+def test_the_emulated_board_refuses_what_its_generators_would() -> None:
+    soc = board()
+    with pytest.raises(ValueError, match="exceeds its memory"):
+        soc.load_envelope(0, np.zeros((70_000, 2), dtype=np.int16), 0)
+    with pytest.raises(ValueError, match="Q samples"):
+        soc.load_envelope(0, np.ones((16, 2), dtype=np.int16), 0)
+    with pytest.raises(ValueError, match=r"1\.\.3276"):
+        MacStream(soc, np.zeros((4000, 4), dtype=int), (0, 1, 2, 3))
+
+    class Detuned(MacStream):  # an envelope at 10 MHz: the modulator's drive is baseband
+        def initialize(self) -> None:
+            super().initialize()
+            self.set_pulse_registers(ch=0, style="arb", freq=self.freq2reg(10, gen_ch=0),
+                                     phase=0, outsel="product", gain=100, waveform="values")
+
+    with pytest.raises(ProgramRefused, match="non-zero frequency"):
+        Detuned(soc, np.ones((16, 4), dtype=int), (0, 1, 2, 3)).levels(soc)
+
+
+def test_the_inference_dag_compiles_and_round_trips() -> None:
+    prog = inference_dag([610, 941, 32])
+    names = [m.name for m in prog.modules]
+    assert names == ["stream", "layer1", "layer2", "layer3", "argmax", "rearm"]
+    assert [m.target for m in prog.modules[1:4]] == [610, 1551, 1583]  # cumulative words
+    assert decompile(compile_program(prog)).text() == prog.text()
+    assert parse(prog.text()).text() == prog.text()
+
+
+@pytest.fixture(scope="module")
+def trained() -> tuple[lenet.Network, np.ndarray, np.ndarray]:
+    xtr, ytr, xte, yte = lenet.digits()
+    return lenet.train(xtr, ytr), xte, yte
+
+
+def test_inference_on_the_engine_counts_its_firings_and_stalls_on_a_dac(
+        trained: tuple[lenet.Network, np.ndarray, np.ndarray]) -> None:
+    net, xte, _ = trained
+    q = lenet.Quantised.of(net)
+    core = PhotonicCore(*[board()] * 2)
+    drv, b = open_engine()
+    inf = lenet.Inference(q, core, drv, b.set_dac_valid)
+    words = sum(s.words for s in inf.segments)
+    for x in xte[:2]:
+        assert inf.photonic(x).argmax() == lenet.forward_digital8(q, x).argmax()
+    assert inf.firings == 2 * (words + 3 + 2)  # streamer a word; 3 layers, argmax, rearm
+    assert core.products == 2 * C.operations(net.layers)
+    assert len(b.streamed) == 2 * words * 4  # each word let every DAC's data through
+
+    drv2, b2 = open_engine()  # DAC 3 never raises its valid flag
+    stuck = lenet.Inference(q, PhotonicCore(*[board()] * 2), drv2,
+                            lambda d: d != 3 and b2.set_dac_valid(d))
+    with pytest.raises(lenet.Stalled, match="layer 1, word 1 of"):
+        stuck.photonic(xte[0])
+    assert stuck.core.products == 0  # nothing played
+
+
+def test_oddl_lightning_infer_json() -> None:
+    r = CliRunner().invoke(main, ["lightning", "infer", "--samples", "10", "--json"])
+    assert r.exit_code == 0, r.output
+    d = json.loads(r.output)
+    assert d["layers"] == [64, 300, 100, 10] and d["samples"] == 10
+    acc = d["accuracy"]
+    assert acc["float"] >= 0.9 and acc["photonic"] >= acc["digital8"] - 0.02
+    assert d["products_through_qick"] == d["products_expected"] == 10 * 50_200
+    assert d["countaction_firings"] > 0
+    assert d["latency_ns"] == pytest.approx(C.count_action(d["layers"])["latency_ns"])
+    assert set(d["energy_breakdown_j"]) == {"photonic operations", "photonic modulators",
+                                            "datapath (RFSoC)"}
+    sg = d["stop_and_go"]
+    assert sg["latency_ns"] > d["latency_ns"] and sg["energy_j"] > d["energy_j"]
+    assert set(d["serve_time_ratio"]) == set(d["energy_ratio"]) == {"a100", "brainwave"}
+    assert "ours" in d["sources"]["datapath_w"] and "talk" in d["sources"]["aj_per_op"]
+
+
+def test_oddl_lightning_infer_stops_on_a_dead_modulator() -> None:
+    r = CliRunner().invoke(main, ["lightning", "infer", "--samples", "1",
+                                  "--dead-modulator", "2"])
+    assert r.exit_code == 1
+    assert "modulator pair 1 (DACs 2, 3)" in r.output and "Traceback" not in r.output
+
+
+def test_the_cost_model_follows_its_sources() -> None:
+    assert C.layer_cycles([784, 300, 100, 10])[0] == 14_700  # Lightning's own figure
+    ca = C.count_action([64, 300, 100, 10])
+    assert ca["cycles_per_layer"] == [1200, 1875, 63]
+    assert ca["latency_ns"] == pytest.approx(3138 * 16 / 4.055 + 3 * 115)
+    sg = C.stop_and_go([64, 300, 100, 10], 1e-3)
+    assert sg["energy_breakdown_j"]["digitizer"] == pytest.approx(1.35)  # 1350 W x 1 ms
+    r = C.serve_time_ratios(requests=20)
+    for k in ("a100", "brainwave"):
+        p = r["processors"][k]
+        assert r["serve_time_ratio"][k] == pytest.approx(
+            p["mean_serve_ns"] / r["processors"]["lightning"]["mean_serve_ns"])
+    # a faster line rate queues the requests: serve times grow
+    fast = C.serve_time_ratios(requests=20, line_rate_gbps=100.0)
+    assert (fast["processors"]["a100"]["mean_serve_ns"]
+            > r["processors"]["a100"]["mean_serve_ns"])
