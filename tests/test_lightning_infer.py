@@ -190,3 +190,34 @@ def test_the_cost_model_follows_its_sources() -> None:
     fast = C.serve_time_ratios(requests=20, line_rate_gbps=100.0)
     assert (fast["processors"]["a100"]["mean_serve_ns"]
             > r["processors"]["a100"]["mean_serve_ns"])
+
+
+def test_the_dag_runs_the_same_on_the_gateware() -> None:
+    """The inference DAG on the engine's RTL (Amaranth's simulator) and on the Python board
+    model: the same strobes, the same module states after each word and inference; a DAC
+    missing from a word holds both the same way."""
+    engines = [open_engine("python"), open_engine("rtl")]
+    prog = inference_dag([3, 2, 1])
+    for drv, _ in engines:
+        drv.load_countaction(prog)
+
+    def states() -> list[list[dict[str, int | bool]]]:
+        return [[drv.ca_status(k) for k in range(len(prog.modules))] for drv, _ in engines]
+
+    # a whole inference (6 words), then a word without DAC 3: held; the streamer counts
+    # valid flags, so the next words' complete it, one flag late (as the talk's does)
+    strobes = [[1, 2, 3, 4]] * 6 + [[1, 2, 4]] + [[1, 2, 3, 4]] * 5
+    for word in strobes:
+        for _, b in engines:
+            for d in word:
+                b.set_dac_valid(d)
+        py, rtl = states()
+        assert py == rtl, (word, py, rtl)
+    py, _ = states()
+    assert py[4]["fire_count"] == 1 and py[5]["fire_count"] == 1  # one inference done
+
+    # the next inference's 5 words: layer 1 fired at its 3 and stopped, layer 2 at 5
+    assert [s["count"] for s in py[1:4]] == [3, 5, 5]
+    assert [s["fired"] for s in py[1:4]] == [True, True, False]
+    assert py[0]["count"] == 3  # the held word's flags, carried
+    assert [len(b.streamed) for _, b in engines] == [11 * 4, 11 * 4]

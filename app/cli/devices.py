@@ -127,11 +127,14 @@ def _qick_board(testbed: Path | None, soc_spec: str | None, noise: float | None
               help="emulated: this DAC's modulator passes no light (a drill)")
 @click.option("--line-rate", type=click.FloatRange(min=1e-6, min_open=False), default=0.06,
               show_default=True, help="serve-time model: the NIC's line rate (Gb/s)")
+@click.option("--board-model", type=click.Choice(["python", "rtl"]), default="python",
+              show_default=True, help="the O-NIC engine running the DAG: the Python model, "
+              "or the gateware in Amaranth's simulator (about a minute a digit)")
 @click.option("--seed", type=int, default=0, help="training, calibration and noise")
 @click.option("--json", "as_json", is_flag=True, help="stdout: one JSON object")
 def lightning_infer(samples: int, testbed: Path | None, soc_spec: str | None,
-                    noise: float | None, dead: tuple[int, ...], line_rate: float, seed: int,
-                    as_json: bool) -> None:
+                    noise: float | None, dead: tuple[int, ...], line_rate: float,
+                    board_model: str, seed: int, as_json: bool) -> None:
     """LeNet-300-100-shaped inference (64-300-100-10, scikit-learn's digits) with every
     multiply on the photonic core, sequenced by a count-action DAG on an O-NIC engine:
     accuracy three ways, latency and energy, serve time against an A100 and Brainwave."""
@@ -152,7 +155,7 @@ def lightning_infer(samples: int, testbed: Path | None, soc_spec: str | None,
         net = lenet.train(xtr, ytr, seed=seed)
         say(f"calibrating {core.pairs} modulator pair(s) on {spec} ...")
         cal = core.calibrate(seed=seed)
-        drv, board = open_engine()
+        drv, board = open_engine(board_model)
         inf = lenet.Inference(lenet.Quantised.of(net), core, drv, board.set_dac_valid)
         say(f"{samples} inferences through the photonic core ...")
         rep = lenet.report(inf, net, xte, yte, samples,
@@ -160,7 +163,8 @@ def lightning_infer(samples: int, testbed: Path | None, soc_spec: str | None,
     except (ValueError, lenet.Stalled) as e:
         click.echo(f"error: {e}", err=True)
         sys.exit(1)
-    rep |= {"soc": spec, "calibration": cal.as_dict(), "qick_runs": core.runs}
+    rep |= {"soc": spec, "calibration": cal.as_dict(), "qick_runs": core.runs,
+            "board_model": board_model}
     if as_json:
         emit(rep)
         return
