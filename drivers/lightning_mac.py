@@ -78,7 +78,8 @@ class MacStream(AveragerProgram):
 
     def initialize(self) -> None:
         spc = int(self.soccfg["gens"][self.channels[0]]["samps_per_clk"])
-        n = -(-len(self.values) * self.spv // spc) * spc  # whole fabric clocks
+        # whole fabric clocks, at least the 3 a generator plays
+        n = max(-(-len(self.values) * self.spv // spc), 3) * spc
         for k, ch in enumerate(self.channels):
             self.declare_gen(ch=ch, nqz=1)
             step = int(self.soccfg["gens"][ch]["maxv"]) // FULL
@@ -110,8 +111,9 @@ class MacStream(AveragerProgram):
     def levels(self, soc: Any) -> np.ndarray:
         """Play it once: the detector level (I) under each value, in ADC units."""
         data = np.asarray(self.acquire_decimated(soc, progress=False)[0], dtype=float)
-        i = data[0] if data.ndim == 2 and data.shape[0] == 2 != data.shape[1] else data[:, 0]
-        return i[:len(self.values)]
+        if data.shape != (2, len(self.values)):  # one rep: (I/Q, sample), qick's contract
+            raise ValueError(f"readout of shape {data.shape}, not (2, {len(self.values)})")
+        return data[0]
 
 
 @dataclass(frozen=True)

@@ -221,3 +221,13 @@ def test_the_dag_runs_the_same_on_the_gateware() -> None:
     assert [s["fired"] for s in py[1:4]] == [True, True, False]
     assert py[0]["count"] == 3  # the held word's flags, carried
     assert [len(b.streamed) for _, b in engines] == [11 * 4, 11 * 4]
+
+
+@pytest.mark.parametrize("pairs", [["100x50"], ["100x50", "20x30"], ["7x9", "255x255", "1x1"]])
+def test_oddl_lightning_mac_sums_on_one_detector(pairs: list[str]) -> None:
+    r = CliRunner().invoke(main, ["lightning", "mac", *pairs, "--json"])
+    assert r.exit_code == 0, r.output
+    d = json.loads(r.output)
+    exact = sum(int(a) * int(b) for a, b in (p.split("x") for p in pairs)) / 256
+    assert d["exact"] == exact and abs(d["decoded"] - exact) < 1.0
+    assert d["samples"] == -(-len(pairs) // 2)  # two products a readout sample

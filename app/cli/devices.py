@@ -114,6 +114,56 @@ def _qick_board(testbed: Path | None, soc_spec: str | None, noise: float | None
     return qick, ph_cfg, soc_spec or (qick.soc if qick is not None else "emulated")
 
 
+def _pair(text: str) -> tuple[int, int]:
+    a, sep, b = text.partition("x")
+    if not sep or not (a.isdigit() and b.isdigit()) or max(int(a), int(b)) > 255:
+        raise click.BadParameter(f"{text!r}: AxB, two codes 0..255 (e.g. 100x50)")
+    return int(a), int(b)
+
+
+@lightning.command("mac")
+@click.argument("pairs", nargs=-1, required=True)
+@click.option("--testbed", type=click.Path(path_type=Path), default=None,
+              help="a testbed with a [qick] board (its soc and photonics)")
+@click.option("--soc", "soc_spec", default=None,
+              help="emulated | local | pyro://HOST:PORT/NAME (default: the testbed's, "
+                   "else emulated, with two modulator pairs)")
+@click.option("--noise", type=float, default=None, help="emulated: noise rms (ADC LSB)")
+@click.option("--seed", type=int, default=0, help="calibration and emulated noise")
+@click.option("--json", "as_json", is_flag=True, help="stdout: one JSON object")
+def lightning_mac(pairs: tuple[str, ...], testbed: Path | None, soc_spec: str | None,
+                  noise: float | None, seed: int, as_json: bool) -> None:
+    """A multiply-accumulate on one detector: PAIRS (AxB ...) on the board's modulator
+    pairs, one readout sample; prints the decoded sum of the products against the exact
+    one, both in units of (a x b) >> 8. More pairs than the board has: several samples."""
+    import numpy as np
+    from oddl.app.registry import open_core, open_soc
+
+    ops = [_pair(p) for p in pairs]
+    qick, ph_cfg, spec = _qick_board(testbed, soc_spec, noise)
+    try:
+        soc, soccfg = open_soc(spec, ph_cfg, seed, dacs=4)
+        core = open_core(soc, soccfg, qick.adc_channel if qick is not None else 0)
+        cal = core.calibrate(seed=seed)
+        k = core.pairs
+        padded = ops + [(0, 0)] * (-len(ops) % k)
+        rows = np.array(padded, dtype=np.int64).reshape(-1, 2 * k)
+        got = float(core.mac(rows, len(ops)).sum()) / 256
+    except ValueError as e:
+        click.echo(f"error: {e}", err=True)
+        sys.exit(1)
+    exact = sum(a * b for a, b in ops) / 256
+    d = {"pairs": [list(p) for p in ops], "decoded": round(got, 3), "exact": exact,
+         "error": round(got - exact, 3), "samples": len(rows), "soc": spec,
+         "calibration": cal.as_dict()}
+    if as_json:
+        emit(d)
+        return
+    click.echo(f"sum of {' + '.join(f'{a}x{b}' for a, b in ops)} >> 8: decoded "
+               f"{got:.3f}, exact {exact:.3f} ({len(rows)} readout sample(s) on {k} "
+               f"modulator pair(s))")
+
+
 @lightning.command("infer")
 @click.option("--samples", type=click.IntRange(1, 450), default=50, show_default=True,
               help="test images (Lightning checks the first 50)")
