@@ -200,11 +200,11 @@ def lightning_infer(samples: int, testbed: Path | None, soc_spec: str | None,
     try:
         soc, soccfg = open_soc(spec, ph_cfg, seed, dacs=4, dead_modulators=frozenset(dead))
         core = open_core(soc, soccfg, qick.adc_channel if qick is not None else 0)
+        say(f"calibrating {core.pairs} modulator pair(s) on {spec} ...")
+        cal = core.calibrate(seed=seed)  # first: a board that passes no light stops here
         xtr, ytr, xte, yte = lenet.digits(seed)
         say(f"training {'-'.join(map(str, lenet.LAYERS))} on {len(xtr)} digits ...")
         net = lenet.train(xtr, ytr, seed=seed)
-        say(f"calibrating {core.pairs} modulator pair(s) on {spec} ...")
-        cal = core.calibrate(seed=seed)
         drv, board = open_engine(board_model)
         inf = lenet.Inference(lenet.Quantised.of(net), core, drv, board.set_dac_valid)
         say(f"{samples} inferences through the photonic core ...")
