@@ -1,7 +1,8 @@
 """A submitted job's run directory, `STATE/runs/ID/`, in `oddl run`'s layout, written as the
 job runs: `experiment.toml` (what was submitted), `manifest.json`, `results.sqlite` (its
 iterations, and its outcome at the end; read with `read_store`, as any run's) and, once it
-has ended, `summary.json` (its record, as `oddl wait --json` gives it). A restarted arbiter
+has ended, `summary.json` (its record, as `oddl wait --json` gives it) and `plot.png` (its
+iterations, its stops marked). A restarted arbiter
 goes on writing the same directory. A directory that cannot be written is said in the log
 and the job runs on: the ledger is the record; this is its copy for the lab's tools.
 """
@@ -15,7 +16,8 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from oddl.app.experiments.results import RunStore, write_manifest
+from oddl.app.experiments.figures import iterations_figure, save
+from oddl.app.experiments.results import RunStore, read_store, write_manifest
 from oddl.controller.service.jobs import JobRequest
 
 log = logging.getLogger(__name__)
@@ -59,6 +61,12 @@ class JobRuns:
             if store is not None:
                 store.set_outcome(NETWORK, bool(sum(disturbance.values())), disturbance)
             (self.path(job) / "summary.json").write_text(json.dumps(record, indent=1))
+            self.close(job)
+            rows = read_store(self.path(job) / "results.sqlite")[NETWORK]["iterations"]
+            if rows:
+                save(iterations_figure(f"job {job} ({record.get('state')})", rows,
+                                       record.get("stops") or []),
+                     self.path(job) / "plot.png")
         except (OSError, sqlite3.Error) as e:
             log.warning("job %s: its run directory cannot be written: %s", job, e)
         finally:

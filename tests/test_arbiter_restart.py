@@ -65,7 +65,7 @@ def test_a_killed_arbiter_started_again_loses_no_job_and_records_no_iteration_tw
         d = json.loads(again.cli("alice", "wait", running, "--json").stdout)
         run_dir = Path(d["run_dir"])
         assert run_dir == tmp_path / "state" / "runs" / running
-        assert {"experiment.toml", "manifest.json", "summary.json"} <= {
+        assert {"experiment.toml", "manifest.json", "summary.json", "plot.png"} <= {
             p.name for p in run_dir.iterdir()}
         assert len(read_store(run_dir / "results.sqlite")["oddl"]["iterations"]) == 120
         assert json.loads((run_dir / "summary.json").read_text())["state"] == "finished"

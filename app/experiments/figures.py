@@ -99,6 +99,28 @@ def save(fig: Any, out: Path) -> Path:
     return out
 
 
+def iterations_figure(title: str, iterations: Sequence[Sequence[int]],
+                      stops: Sequence[Mapping[str, Any]] = ()) -> Any:
+    """A job's iterations as they were recorded (store rows: iteration, t_start_ns,
+    t_end_ns, ...): each one's time, and its end against the job's clock, its stops marked
+    (where the arbiter was down, or a fault cut it)."""
+    plt = _plt()
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 3.8))
+    its = [r[0] for r in iterations]
+    a1.plot(its, [(r[2] - r[1]) / 1e6 for r in iterations], ".", ms=3)
+    a1.set_xlabel("iteration")
+    a1.set_ylabel("iteration time (ms)")
+    a2.plot([r[2] / 1e9 for r in iterations], its, lw=1)
+    for s in stops:
+        if s.get("from_iteration") is not None:  # where a stop cut it
+            a2.axhline(s["from_iteration"], color="tab:red", lw=0.8, ls="--")
+    a2.set_xlabel("job clock (s): end of each iteration")
+    a2.set_ylabel("iterations done")
+    fig.suptitle(title)
+    fig.tight_layout()
+    return fig
+
+
 def run_figure(title: str, networks: Mapping[str, Mapping[str, float]],
                paper: Sequence[PaperRow]) -> Any:
     """`networks[name]` has compute_ms, communication_ms, control_ms (a mean iteration) and
