@@ -110,11 +110,12 @@ def iterations_figure(title: str, iterations: Sequence[Sequence[int]],
     a1.plot(its, [(r[2] - r[1]) / 1e6 for r in iterations], ".", ms=3)
     a1.set_xlabel("iteration")
     a1.set_ylabel("iteration time (ms)")
-    a2.plot([r[2] / 1e9 for r in iterations], its, lw=1)
+    t0 = min((r[1] for r in iterations), default=0)
+    a2.plot([(r[2] - t0) / 1e9 for r in iterations], its, lw=1)
     for s in stops:
         if s.get("from_iteration") is not None:  # where a stop cut it
             a2.axhline(s["from_iteration"], color="tab:red", lw=0.8, ls="--")
-    a2.set_xlabel("job clock (s): end of each iteration")
+    a2.set_xlabel("s from its first iteration's start: each one's end")
     a2.set_ylabel("iterations done")
     fig.suptitle(title)
     fig.tight_layout()
