@@ -63,9 +63,14 @@ def digits(seed: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarra
 
 def train(xtr: np.ndarray, ytr: np.ndarray, hidden: tuple[int, ...] = LAYERS[1:-1],
           seed: int = 0) -> Network:
+    """scikit-learn's MLP, on one BLAS thread: its matrices are small, and OpenBLAS's
+    threads spin against each other on a busy machine (65 s instead of 5 s beside two busy
+    processes on 2 cores)."""
     from sklearn.neural_network import MLPClassifier
+    from threadpoolctl import threadpool_limits
 
-    m = MLPClassifier(hidden, max_iter=300, random_state=seed).fit(xtr, ytr)
+    with threadpool_limits(1):
+        m = MLPClassifier(hidden, max_iter=300, random_state=seed).fit(xtr, ytr)
     return Network(tuple(np.asarray(w) for w in m.coefs_),
                    tuple(np.asarray(b) for b in m.intercepts_))
 
