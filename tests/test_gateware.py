@@ -19,8 +19,9 @@ from oddl.controller.base.clock import Clock
 from oddl.controller.base.devices import DeviceRefused
 from oddl.controller.base.topology import Grid
 from oddl.fpga import regmap as R
-from oddl.fpga.gateware.build import recipe, synth, verilog_text, write_verilog
-from oddl.fpga.overlay import BITFILE, IRQ_PIN
+from oddl.fpga.gateware.build import VIVADO_TCL, recipe, synth, verilog_text, write_verilog
+from oddl.fpga.overlay import BITFILE, IRQ_PIN, check_ip_dict
+from oddl.fpga.overlay import _version as overlay_version
 from oddl.sim import backend as sim_backend
 from oddl.sim.clock import VirtualClockLoop
 
@@ -291,3 +292,42 @@ def test_the_vivado_recipe_declares_the_address_map_and_interrupt_of_the_overlay
         ("irq", "zynq_ultra_ps_e_0", r["irq"])
     assert f"PL0_REF_CTRL__ACT_FREQMHZ\" VALUE=\"{r['clock_mhz']}\"" in ET.tostring(
         hwh, encoding="unicode").replace("'", '"')
+
+
+def test_the_recipe_packages_the_ip_the_driver_accepts_and_clocks_its_reset() -> None:
+    """Issue 50: a module reference is typed xilinx.com:module_ref:onic_ctrl:1.0, which the
+    driver's overlay check refuses; proc_sys_reset had no clock (every reset held); the
+    clock and reset had no interfaces; bitstream_hash was left open (read 0)."""
+    r = recipe()
+    driver_wants = f"oddl.org:oddl:{R.IP_NAME}:{overlay_version()}"
+    assert r["vlnv"] == r["packaged_as"] == driver_wants
+    hwh = ET.fromstring(BITFILE.with_suffix(".hwh").read_text())
+    shipped = next(m for m in hwh.iter("MODULE") if m.get("INSTANCE") == R.IP_NAME)
+    assert shipped.get("VLNV") == driver_wants
+    check_ip_dict({R.IP_NAME: {"type": r["vlnv"], "phys_addr": r["base"],
+                               "addr_range": r["packaged_range"]}}, "the recipe")
+    build, package = r["build"], r["package"]
+    assert re.search(r"create_bd_cell -type ip -vlnv \$ip_vlnv \$ip_name", build)
+    assert "module -reference $ip_name" not in build and "module_ref" not in build
+    for pin, to in (("pl_clk0", "slowest_sync_clk"), ("pl_resetn0", "ext_reset_in")):
+        assert re.search(rf"zynq_ultra_ps_e_0/{pin}\] \[get_bd_pins proc_sys_reset_0/{to}\]",
+                         build), pin
+    assert "proc_sys_reset_0/peripheral_reset] $pin" in build  # the IP's reset, active high
+    assert "[get_bd_pins hash_concat/dout] [get_bd_pins $ip_name/bitstream_hash]" in build
+    for line in ("ipx::infer_bus_interface clk xilinx.com:signal:clock_rtl:1.0",
+                 "ipx::infer_bus_interface rst xilinx.com:signal:reset_rtl:1.0",
+                 "set_property value ACTIVE_HIGH [ipx::get_bus_parameters POLARITY",
+                 "ipx::associate_bus_interfaces -busif s_axi -clock clk",
+                 "ipx::infer_bus_interface irq xilinx.com:signal:interrupt_rtl:1.0"):
+        assert line in package, line
+    assert r["vivado"] and re.fullmatch(r"20\d\d\.\d", r["vivado"])
+    boards = sorted((VIVADO_TCL.parent / "boards").glob("*.tcl"))
+    assert [b.stem for b in boards] == ["zcu104", "zcu111"]
+    for b in boards:
+        text = b.read_text()
+        assert re.search(r"^set part xczu\w+-\w+-\d-e$", text, re.M), b.name
+        assert re.search(rf"^set board_part xilinx.com:{b.stem}:part0:\S+$", text, re.M)
+    # the Amaranth Verilog has the ports the scripts name
+    text = verilog_text()
+    for port in ("clk", "rst", "irq", "bitstream_hash", "s_axi_awaddr", "ts_ns"):
+        assert re.search(rf"\b(input|output)\b[^;]*\b{port}\b", text), port

@@ -61,8 +61,10 @@ def synth(source: Path | None, as_json: bool) -> None:
 @gateware.command()
 def recipe() -> None:
     """Where the Vivado recipe is, and how a lab runs it for the real bitstream."""
-    from oddl.fpga.gateware.build import VIVADO_TCL
+    from oddl.fpga.gateware.build import VIVADO_DIR, recipe
 
-    click.echo(f"{VIVADO_TCL}\n\n  oddl gateware verilog --out build/rtl\n"
-               f"  vivado -mode batch -source {VIVADO_TCL} \\\n"
-               "         -tclargs build/rtl/onic_ctrl.v build/vivado [PART]\n")
+    r = recipe()
+    boards = " | ".join(sorted(p.stem for p in (VIVADO_DIR / "boards").glob("*.tcl")))
+    click.echo(f"{VIVADO_DIR} (Vivado {r['vivado']}, IP {r['vlnv']})\n\n"
+               f"  make -f {VIVADO_DIR / 'Makefile'} BOARD={{{boards}}} [OUT=DIR]\n\n"
+               "writes DIR/oddl_onic.bit, .hwh and .design.sha256 (docs/gateware.md)")

@@ -7,6 +7,7 @@ which a lab runs with vivado/build_onic.tcl.
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 import shutil
@@ -17,7 +18,9 @@ from typing import Any
 
 from oddl.fpga import regmap as R
 
-VIVADO_TCL = Path(__file__).resolve().parent / "vivado" / "build_onic.tcl"
+VIVADO_DIR = Path(__file__).resolve().parent / "vivado"
+VIVADO_TCL = VIVADO_DIR / "build_onic.tcl"
+PACKAGE_TCL = VIVADO_DIR / "package_ip.tcl"
 TOP = R.IP_NAME
 CLOCK_MHZ = 250  # PL0, as the overlay's .hwh declares
 
@@ -74,16 +77,27 @@ def synth(verilog: Path, top: str = TOP, yosys: str = "yosys") -> dict[str, Any]
 
 
 def recipe() -> dict[str, Any]:
-    """What vivado/build_onic.tcl declares: the IP's address, range, master and interrupt
-    (read from the script, so that a test holds it to regmap and the shipped .hwh)."""
-    text = VIVADO_TCL.read_text()
+    """What the Vivado recipe (vivado/: the IP's packaging, the block design, the
+    Makefile) declares: the IP's type, address, range, master, interrupt and clock, the
+    pinned Vivado, and how the reset and clock are wired (read from the scripts, so that a
+    test holds them to the driver, the regmap and the shipped .hwh)."""
+    build, package = VIVADO_TCL.read_text(), PACKAGE_TCL.read_text()
+    make = (VIVADO_DIR / "Makefile").read_text()
 
-    def setting(name: str) -> str:
+    def setting(text: str, name: str, file: str) -> str:
         m = re.search(rf"^set {name} (\S+)", text, re.M)
         if m is None:
-            raise GatewareError(f"{VIVADO_TCL.name}: no `set {name}`")
+            raise GatewareError(f"{file}: no `set {name}`")
         return m.group(1)
 
-    return {"ip_name": setting("ip_name"), "base": int(setting("ip_base"), 16),
-            "range": int(setting("ip_range"), 16), "master": setting("axi_master"),
-            "irq": setting("irq_pin"), "clock_mhz": int(setting("pl_clock_mhz"))}
+    b = functools.partial(setting, build, file=VIVADO_TCL.name)
+    p = functools.partial(setting, package, file=PACKAGE_TCL.name)
+    pinned = re.search(r"^VIVADO_VERSION := (\S+)", make, re.M)
+    return {"ip_name": b("ip_name"), "vlnv": b("ip_vlnv"), "base": int(b("ip_base"), 16),
+            "range": int(b("ip_range"), 16), "master": b("axi_master"), "irq": b("irq_pin"),
+            "clock_mhz": int(b("pl_clock_mhz")),
+            "packaged_as": ":".join(p(k) for k in ("ip_vendor", "ip_library", "ip_name",
+                                                   "ip_version")),
+            "packaged_range": int(p("ip_range"), 16),
+            "vivado": pinned.group(1) if pinned else None,
+            "build": build, "package": package}
