@@ -1,17 +1,20 @@
 """A submitted job's run directory, `STATE/runs/ID/`, in `oddl run`'s layout, written as the
 job runs: `experiment.toml` (what was submitted), `manifest.json`, `results.sqlite` (its
 iterations, and its outcome at the end; read with `read_store`, as any run's) and, once it
-has ended, `summary.json` (its record, as `oddl wait --json` gives it) and `plot.png` (its
-iterations, its stops marked). A restarted arbiter
-goes on writing the same directory. A directory that cannot be written is said in the log
-and the job runs on: the ledger is the record; this is its copy for the lab's tools.
+has ended, `summary.json` (its record, as `oddl wait --json` gives it) and, a moment
+later, `plot.png` (its iterations, its stops marked; drawn off the arbiter's loop). A
+restarted arbiter goes on writing the same directory. A directory that cannot be written
+is said in the log and the job runs on: the ledger is the record; this is its copy for the
+lab's tools.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import sqlite3
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -28,6 +31,9 @@ class JobRuns:
     def __init__(self, state: Path) -> None:
         self.root = state / "runs"
         self._open: dict[str, RunStore] = {}
+        # plots are drawn beside the API, one at a time (pyplot is not thread-safe): a
+        # plot takes most of a second, and the arbiter's loop must not wait for it
+        self._plots = ThreadPoolExecutor(1, thread_name_prefix="oddl-job-plot")
 
     def path(self, job: str) -> Path:
         return self.root / job
@@ -62,17 +68,28 @@ class JobRuns:
                 store.set_outcome(NETWORK, bool(sum(disturbance.values())), disturbance)
             (self.path(job) / "summary.json").write_text(json.dumps(record, indent=1))
             self.close(job)
-            rows = read_store(self.path(job) / "results.sqlite")[NETWORK]["iterations"]
-            if rows:
-                save(iterations_figure(f"job {job} ({record.get('state')})", rows,
-                                       record.get("stops") or []),
-                     self.path(job) / "plot.png")
+            with contextlib.suppress(RuntimeError):  # stopping: no new plot is begun
+                self._plots.submit(self._plot, job, record)
         except (OSError, sqlite3.Error) as e:
             log.warning("job %s: its run directory cannot be written: %s", job, e)
         finally:
             self.close(job)
 
+    def _plot(self, job: str, record: dict[str, Any]) -> None:
+        try:
+            rows = read_store(self.path(job) / "results.sqlite")[NETWORK]["iterations"]
+            if rows:
+                save(iterations_figure(f"job {job} ({record.get('state')})", rows,
+                                       record.get("stops") or []),
+                     self.path(job) / "plot.png")
+        except Exception as e:  # a plot is a convenience: the record is whole without it
+            log.warning("job %s: its plot cannot be drawn: %s", job, e)
+
     def close(self, job: str | None = None) -> None:
+        """One job's store closed; or, at the service's stop, every store, once the plots
+        under way are drawn."""
+        if job is None:
+            self._plots.shutdown(wait=True)
         for name in [job] if job is not None else list(self._open):
             if (store := self._open.pop(name, None)) is not None:
                 store.close()

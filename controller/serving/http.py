@@ -134,7 +134,10 @@ class HttpService:
         bind logs it and exits the process)."""
         cfg = self.server.config
         family = socket.AF_INET6 if ":" in self.host else socket.AF_INET
-        sock = socket.socket(family, socket.SOCK_STREAM)
+        # IPPROTO_TCP named: asyncio sets TCP_NODELAY only on sockets that say they are
+        # TCP, and without it every answer waited 40 ms on the client's delayed ACK (Nagle:
+        # 44 ms a request from httpx, against 1.5 ms)
+        sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
         try:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             sock.bind((self.host, cfg.port))
