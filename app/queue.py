@@ -541,7 +541,7 @@ def _serve(tb: Testbed, state: Path, ledger: Ledger, users: dict[str, User], rul
     with TestbedLock(registry.lock_name(tb), f"oddl arbiter (pid {os.getpid()})").acquire():
         backend = registry.open_backend(tb.testbed.backend, tb, grid)
         try:
-            arbiter = Arbiter(tb, grid, backend.onics, backend.wss)
+            arbiter = Arbiter(tb, grid, backend.onics, backend.wss, backend.fan_out)
             arbiter.inventory()
             spec = NetworkSpec(name="oddl", kind="oddl")  # the testbed's, as planned
 

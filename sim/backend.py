@@ -35,6 +35,7 @@ from oddl.controller.service.backend import (
 )
 from oddl.controller.service.health import Health, Heartbeat, Heartbeats, Unwatched, read_heartbeat
 from oddl.controller.serving.lifecycle import close_loop
+from oddl.controller.stage1.arbiter import one_by_one
 from oddl.controller.stage2.control_unit import FlowFailed
 from oddl.controller.stage2.invariants import InvariantChecker
 from oddl.controller.stage2.job import JobRunner, JobSpec, quiet_ns, schedule_of, step_sync
@@ -296,6 +297,8 @@ class SimBackend:
     def pause(self, job: str, ns: int) -> bool:
         return False  # ODDL: a job's partition is its own, no link to share
 
+    fan_out = staticmethod(one_by_one)  # models on one clock: one call after the other
+
     def close(self) -> None:
         self.drill.finish()
         for b in self._beats:
@@ -373,6 +376,8 @@ class ModelBackend:
     def _take_pause(self, job: str) -> int:
         ns, self._pauses[job] = self._pauses[job], 0
         return ns
+
+    fan_out = staticmethod(one_by_one)  # no devices: nothing to fan out
 
     def close(self) -> None:
         close_loop(self.loop)

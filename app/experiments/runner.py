@@ -178,7 +178,7 @@ def network(ctx: LoadedExperiment, spec: NetworkSpec, grid: Grid, requests: list
         try:
             stage1: Stage1 = NoStage1()
             if spec.kind == "oddl":  # stage 1 on the testbed's devices, whichever back end
-                arbiter = Arbiter(tb, grid, b.onics, b.wss)
+                arbiter = Arbiter(tb, grid, b.onics, b.wss, b.fan_out)
                 arbiter.inventory()
                 stage1 = OddlStage1(arbiter, spec)
             # what is set up lives as long as the run: out of the collector's sight, and

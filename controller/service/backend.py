@@ -16,6 +16,7 @@ from typing import Any, Protocol
 from oddl.controller.base.config import FaultSpec
 from oddl.controller.base.devices import ONic, WSSDevice
 from oddl.controller.service.health import Diagnosis, Health
+from oddl.controller.stage1.arbiter import FanOut
 from oddl.controller.stage2.invariants import InvariantChecker
 from oddl.controller.stage2.job import JobSpec
 from oddl.controller.stage2.trace import TraceRow
@@ -163,6 +164,12 @@ class Backend(Protocol):
     def pause(self, job: str, ns: int) -> bool:
         """Delay a running job's next iteration by `ns` (CASSINI re-aligns jobs that share
         links); False where no job shares a link (ODDL's back ends)."""
+        ...
+
+    @property
+    def fan_out(self) -> FanOut:
+        """How stage 1 drives one call per device (controller/stage1/arbiter.py): at once
+        where each device has its own connection, one by one where they are models."""
         ...
 
     def close(self) -> None: ...

@@ -7,8 +7,10 @@ per-flow path.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Mapping
+import functools
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any, Protocol, TypeVar
 
 from oddl.controller.base.collectives import Schedule
 from oddl.controller.base.config import Testbed
@@ -17,6 +19,21 @@ from oddl.controller.base.topology import Grid
 from oddl.controller.stage1.plan import Plan
 from oddl.controller.stage1.planner import NO_FAULTS, Avoid, plan_job
 from oddl.fpga.countaction import CountActionError, Program
+
+T = TypeVar("T")
+
+
+class FanOut(Protocol):
+    """Runs one call per device; their results in order, the first failure raised once
+    every call has ended."""
+
+    def __call__(self, calls: Sequence[Callable[[], T]]) -> list[T]: ...
+
+
+def one_by_one(calls: Sequence[Callable[[], T]]) -> list[T]:
+    """Device calls in order, on this thread (a back end of models: its devices share a
+    clock and a loop, and must be driven in one order)."""
+    return [c() for c in calls]
 
 
 class InventoryError(RuntimeError):
@@ -50,13 +67,37 @@ def _device(what: str, target: str) -> Iterator[None]:
         raise DeviceFailed(what, target, e) from e
 
 
+def _call(what: str, target: str, fn: Callable[..., T], *args: Any) -> Callable[[], T]:
+    """One device's call, its failure a DeviceFailed naming it."""
+    def call() -> T:
+        with _device(what, target):
+            return fn(*args)
+    return call
+
+
+def _failure(what: str, target: str, fn: Callable[..., object], *args: Any
+             ) -> Callable[[], DeviceFailed | None]:
+    """One device's call whose failure is returned, not raised (a release goes on)."""
+    def call() -> DeviceFailed | None:
+        try:
+            _call(what, target, fn, *args)()
+        except DeviceFailed as e:
+            return e
+        return None
+    return call
+
+
 class Arbiter:
     def __init__(self, tb: Testbed, grid: Grid, onics: Mapping[str, ONic],
-                 wss: Mapping[str, WSSDevice]) -> None:
+                 wss: Mapping[str, WSSDevice], fan_out: FanOut = one_by_one) -> None:
+        """`fan_out` runs one call per device and returns their results in order, raising
+        the first failure once all have ended: the back end's (devices of a lab, each on
+        its own connection, at once; models, one by one)."""
         self.tb = tb
         self.grid = grid
         self.onics = onics
         self.wss = wss
+        self.fan_out = fan_out
         self.live: dict[str, Plan] = {}  # jobs admitted beside each other, by name
 
     def inventory(self) -> Inventory:
@@ -89,9 +130,8 @@ class Arbiter:
     def apply(self, plan: Plan, programs: dict[str, Program] | None = None) -> None:
         """WSS tables, routes and count-action programs in; everything read back."""
         plan.validate(self.grid)
-        for t in plan.wss:
-            with _device("WSS", t.wss):
-                self.wss[t.wss].set_table(t.table)
+        self.fan_out([_call("WSS", t.wss, self.wss[t.wss].set_table, t.table)
+                      for t in plan.wss])
         self._load(plan, programs)
         self.verify(plan, programs)
 
@@ -106,13 +146,13 @@ class Arbiter:
         if job in self.live or clash:
             raise ApplyError(f"job {job} is not isolated: " + (
                 "; ".join(clash[:5]) if clash else "a job of that name is running"))
-        for wss, rows in plan.rows(self.grid).items():
-            with _device("WSS", wss):
-                self.wss[wss].set_rows(rows)
+        self.fan_out([_call("WSS", wss, self.wss[wss].set_rows, rows)
+                       for wss, rows in plan.rows(self.grid).items()])
         self._load(plan, programs)
         self.live[job] = plan
-        tables = {w: self.wss[w].get_table()  # each WSS read once, for every job on it
-                  for w in {t.wss for p in self.live.values() for t in p.wss}}
+        used = sorted({t.wss for p in self.live.values() for t in p.wss})
+        read = self.fan_out([self.wss[w].get_table for w in used])
+        tables = dict(zip(used, read, strict=True))  # each WSS read once, for every job
         for p in self.live.values():
             self.verify(p, programs if p is plan else None, tables)
 
@@ -134,59 +174,61 @@ class Arbiter:
         one that fails to answer is skipped (it holds no light either) and returned, for
         the watch to be told, and the others are released all the same."""
         plan = self.live.pop(job)
-        failed: list[DeviceFailed] = []
-        for wss, rows in plan.rows(self.grid).items():
-            if wss in gone.wss:
-                continue
-            try:
-                with _device("WSS", wss):
-                    self.wss[wss].set_rows({i: [None] * len(r) for i, r in rows.items()})
-            except DeviceFailed as e:
-                failed.append(e)
-        for node in plan.nodes():
-            if node in gone.nodes:
-                continue
-            try:
-                with _device("O-NIC", node):
-                    self.onics[node].load_routes({})
-            except DeviceFailed as e:
-                failed.append(e)
-        return failed
+        calls = [_failure("WSS", wss, self.wss[wss].set_rows,
+                          {i: [None] * len(r) for i, r in rows.items()})
+                 for wss, rows in plan.rows(self.grid).items() if wss not in gone.wss]
+        calls += [_failure("O-NIC", node, self.onics[node].load_routes, {})
+                  for node in plan.nodes() if node not in gone.nodes]
+        return [e for e in self.fan_out(calls) if e is not None]
 
     def _load(self, plan: Plan, programs: dict[str, Program] | None) -> None:
-        for node, routes in plan.routes.items():
-            with _device("O-NIC", node):
-                self.onics[node].load_routes({d: (r.port, r.channel, r.next_hop)
-                                              for d, r in routes.items()})
-        for node, prog in (programs or {}).items():
-            with _device("O-NIC", node):
-                self.onics[node].load_countaction(prog)
+        """Every node's routes, then every node's count-action program."""
+        self.fan_out([_call("O-NIC", node, self.onics[node].load_routes,
+                            {d: (r.port, r.channel, r.next_hop) for d, r in routes.items()})
+                      for node, routes in plan.routes.items()])
+        self.fan_out([_call("O-NIC", node, self.onics[node].load_countaction, prog)
+                      for node, prog in (programs or {}).items()])
 
     def verify(self, plan: Plan, programs: dict[str, Program] | None = None,
                tables: Mapping[str, list[list[int | None]]] | None = None) -> None:
         """Read back. `tables`: the WSS tables already read, beside other jobs: only the
         plan's own nodes' inputs are compared (the other jobs own the rest)."""
+        def program_back(node: str) -> Program | str:
+            try:
+                return self.onics[node].read_countaction()
+            except CountActionError as e:  # registers that decode to no program at all
+                return f"O-NIC {node}: count-action read-back is no program: {e}"
+
+        # read in the order written: the programs, the WSSs, the routes; each a fan-out
+        progs = dict(zip(programs or {}, self.fan_out(
+            [functools.partial(program_back, n) for n in programs or {}]), strict=True))
+        if tables is None:
+            ws = [t.wss for t in plan.wss]
+            tables = dict(zip(ws, self.fan_out([self.wss[w].get_table for w in ws]),
+                              strict=True))
+            mine = None
+        else:
+            mine = plan.rows(self.grid)
+        routes_back = dict(zip(plan.routes, self.fan_out(
+            [self.onics[n].read_routes for n in plan.routes]), strict=True))
         diffs = []
         for node, prog in (programs or {}).items():
-            try:
-                back = self.onics[node].read_countaction()
-            except CountActionError as e:  # registers that decode to no program at all
-                diffs.append(f"O-NIC {node}: count-action read-back is no program: {e}")
-                continue
-            if back.modules != prog.modules:
+            back = progs[node]
+            if isinstance(back, str):
+                diffs.append(back)
+            elif back.modules != prog.modules:
                 diffs.append(f"O-NIC {node}: count-action program differs on read-back")
-        mine = plan.rows(self.grid) if tables is not None else {}
         for t in plan.wss:
-            got = tables[t.wss] if tables is not None else self.wss[t.wss].get_table()
+            got = tables[t.wss]
             for i, row in enumerate(t.table):
-                if tables is not None and i not in mine[t.wss]:
+                if mine is not None and i not in mine[t.wss]:
                     continue
                 have = got[i][: len(row)] if i < len(got) else []
                 if list(have) != list(row):
                     diffs.append(f"WSS {t.wss} input {i}: wrote {row}, read back {have}")
         for node, routes in plan.routes.items():
             want = {d: (r.port, r.channel, r.next_hop) for d, r in routes.items()}
-            got_r = self.onics[node].read_routes()
+            got_r = routes_back[node]
             if got_r != want:
                 bad = [d for d in want if got_r.get(d) != want[d]][:3]
                 diffs.append(f"O-NIC {node}: routes differ on read-back, e.g. {bad}")
