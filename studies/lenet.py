@@ -24,7 +24,6 @@ re-arms the layers for the next inference.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -211,7 +210,6 @@ class Inference:
     segments: list[Segments] = field(init=False)
     firings: int = 0
     words: int = 0
-    wall_s: float = 0.0
     _argmax0: int = 0
 
     def __post_init__(self) -> None:
@@ -258,7 +256,6 @@ class Inference:
     def photonic(self, x: np.ndarray) -> np.ndarray:
         """Class scores of one input, every product through the core; the engine's
         firings counted (the streamer's one by one: its 8-bit count wraps)."""
-        t0 = time.perf_counter()
         self._argmax0, rearm0 = self._fired("argmax"), self._fired("rearm")
         words = self.words
         out = forward8(self.q, x, self.sums, self._layer_done)
@@ -267,7 +264,6 @@ class Inference:
                 for k in range(len(self.segments))):
             raise Stalled("the layers were not re-armed for the next inference")
         self.firings += self.words - words + 2  # the streamer's; argmax, rearm
-        self.wall_s += time.perf_counter() - t0
         return out
 
 

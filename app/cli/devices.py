@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import re
 import sys
+from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -14,18 +15,32 @@ from oddl.app.cli.main import _config_fail, emit, main
 from oddl.controller.base.config import ConfigError, field_issues, load_testbed
 
 
+def _board_options(emulated: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """--testbed, --soc and --noise: which QICK board, as every Lightning command takes it
+    (`emulated`: what the emulated board is, said in --soc's help)."""
+    options = [
+        click.option("--testbed", type=click.Path(path_type=Path), default=None,
+                     help="a testbed with a [qick] board (its soc and photonics)"),
+        click.option("--soc", "soc_spec", default=None,
+                     help="emulated | local | pyro://HOST:PORT/NAME (default: the "
+                          f"testbed's, else emulated{emulated})"),
+        click.option("--noise", type=float, default=None,
+                     help="emulated: noise rms (ADC LSB)")]
+
+    def wrap(f: Callable[..., Any]) -> Callable[..., Any]:
+        for opt in reversed(options):
+            f = opt(f)
+        return f
+    return wrap
+
+
 @main.group(invoke_without_command=True)
 @click.option("--a", "a", type=int, default=None, help="operand a, 0..255 (dac_0)")
 @click.option("--b", "b", type=int, default=None, help="operand b, 0..255 (dac_1)")
 @click.option("--characterize", is_flag=True, help="sweep operand pairs, report accuracy")
 @click.option("--samples", type=int, default=4096, help="pairs for --characterize "
               "(65536: all)")
-@click.option("--testbed", type=click.Path(path_type=Path), default=None,
-              help="a testbed with a [qick] board (its soc and photonics)")
-@click.option("--soc", "soc_spec", default=None,
-              help="emulated | local | pyro://HOST:PORT/NAME (default: the testbed's, "
-                   "else emulated)")
-@click.option("--noise", type=float, default=None, help="emulated: noise rms (ADC LSB)")
+@_board_options("")
 @click.option("--seed", type=int, default=0, help="emulated noise and --characterize pairs")
 @click.option("--plot", type=click.Path(path_type=Path), default=None, help="PNG to write")
 @click.option("--json", "as_json", is_flag=True, help="stdout: one JSON object")
@@ -123,12 +138,7 @@ def _pair(text: str) -> tuple[int, int]:
 
 @lightning.command("mac")
 @click.argument("pairs", nargs=-1, required=True)
-@click.option("--testbed", type=click.Path(path_type=Path), default=None,
-              help="a testbed with a [qick] board (its soc and photonics)")
-@click.option("--soc", "soc_spec", default=None,
-              help="emulated | local | pyro://HOST:PORT/NAME (default: the testbed's, "
-                   "else emulated, with two modulator pairs)")
-@click.option("--noise", type=float, default=None, help="emulated: noise rms (ADC LSB)")
+@_board_options(", with two modulator pairs")
 @click.option("--seed", type=int, default=0, help="calibration and emulated noise")
 @click.option("--json", "as_json", is_flag=True, help="stdout: one JSON object")
 def lightning_mac(pairs: tuple[str, ...], testbed: Path | None, soc_spec: str | None,
@@ -167,12 +177,7 @@ def lightning_mac(pairs: tuple[str, ...], testbed: Path | None, soc_spec: str | 
 @lightning.command("infer")
 @click.option("--samples", type=click.IntRange(1, 450), default=50, show_default=True,
               help="test images (Lightning checks the first 50)")
-@click.option("--testbed", type=click.Path(path_type=Path), default=None,
-              help="a testbed with a [qick] board (its soc and photonics)")
-@click.option("--soc", "soc_spec", default=None,
-              help="emulated | local | pyro://HOST:PORT/NAME (default: the testbed's, "
-                   "else emulated, with two modulator pairs)")
-@click.option("--noise", type=float, default=None, help="emulated: noise rms (ADC LSB)")
+@_board_options(", with two modulator pairs")
 @click.option("--dead-modulator", "dead", type=int, multiple=True,
               help="emulated: this DAC's modulator passes no light (a drill)")
 @click.option("--line-rate", type=click.FloatRange(min=1e-6, min_open=False), default=0.06,
