@@ -167,6 +167,15 @@ def open_engine(board_model: str = "python") -> tuple[Any, Any]:
     return lone_board(board_model)
 
 
+def open_inference(net: Any, core: Any, board_model: str = "python") -> Any:
+    """Lightning's inference of a trained network (studies/lenet.py) on a photonic core,
+    its count-action DAG loaded into an emulated O-NIC engine."""
+    from oddl.studies.lenet import Inference, Quantised
+
+    drv, board = open_engine(board_model)
+    return Inference(Quantised.of(net), core, drv, board.set_dac_valid)
+
+
 def node_program(tb: Testbed, node: str, bitfile: Path | None = None,
                  irq_pin: str | None = None) -> NodeProgram:
     """`oddl node`: this node's program on its board as the testbed config addresses it

@@ -15,7 +15,7 @@ import argparse
 import time
 
 import numpy as np
-from oddl.app.registry import open_core, open_engine, open_soc
+from oddl.app.registry import open_core, open_inference, open_soc
 from oddl.studies import lenet
 
 
@@ -44,8 +44,7 @@ def main() -> None:
     t = time.perf_counter()
     net = lenet.train(xtr, ytr)
     print(f"training 64-300-100-10 on {len(xtr)} digits: {time.perf_counter() - t:.2f} s")
-    drv, board = open_engine()
-    inf = lenet.Inference(lenet.Quantised.of(net), core, drv, board.set_dac_valid)
+    inf = open_inference(net, core)
     runs0, products0, t = core.runs, core.products, time.perf_counter()
     for x in xte[:args.samples]:
         inf.photonic(x)

@@ -563,8 +563,9 @@ class LabBackend:
     def fan_out(self, calls: Sequence[Callable[[], T]]) -> list[T]:
         """Stage 1's calls, one per device, at once: each board (PYNQ.remote) and WSS
         (its serial line) has its own connection, and the loop waits for them all
-        anyway (a 2-node partition's setup held it 150 ms one by one). Every call ends
-        before the first failure is raised: nothing is left half-written behind it."""
+        anyway (a 2-node job's admit on the emulated 2 x 2 grid: 0.51 s one by one,
+        0.29 s at once). Every call ends before the first failure is raised: nothing is
+        left half-written behind it."""
         if len(calls) < 2:
             return [c() for c in calls]
         if self._pool is None:

@@ -22,7 +22,7 @@ emulated board).
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -210,20 +210,18 @@ class PhotonicCore:
                                 f"swings {s:.1f} ADC LSB from dark to full scale (the "
                                 f"strongest pair {swing.max():.1f}): a modulator passes "
                                 "no light, or no light reaches the detector")
-        first = MacCalibration(c0, lin, delta, (0.0, 1.0), scale, 0.0)
-        est = first.estimate(v, level)
-        cheb = chebyshev.chebfit(est / scale * 2 - 1, truth / scale * 2 - 1, 3)
-        cal = MacCalibration(c0, lin, delta, tuple(float(c) for c in cheb), scale, 0.0)
+        linear = MacCalibration(c0, lin, delta, (0.0, 1.0), scale, 0.0)  # identity Chebyshev
+        cheb = chebyshev.chebfit(linear.estimate(v, level) / scale * 2 - 1,
+                                 truth / scale * 2 - 1, 3)
+        cal = replace(linear, cheb=tuple(float(c) for c in cheb))
         rms = float(np.sqrt(np.mean((cal.estimate(v, level) - truth) ** 2)))
-        self.calibration = MacCalibration(c0, lin, delta, cal.cheb, scale, rms)
+        self.calibration = replace(cal, residual_rms=rms)
         return self.calibration
 
     def mac(self, values: np.ndarray, products: int | None = None) -> np.ndarray:
         """sum_p a_p b_p for each row of `values` (codes; row = a_0, b_0, a_1, b_1, ...),
         decoded from the detector. `products`: how many of them are real (not padding)."""
-        if self.calibration is None:
-            self.calibrate()
-        assert self.calibration is not None
+        cal = self.calibration or self.calibrate()
         v = np.asarray(values, dtype=np.int64)
         self.products += v.shape[0] * self.pairs if products is None else products
-        return self.calibration.estimate(v, self.play(v))
+        return cal.estimate(v, self.play(v))

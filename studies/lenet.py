@@ -178,6 +178,11 @@ class Segments:
     def words(self) -> int:
         return -(-len(self.out) // WORD)
 
+    @property
+    def products(self) -> int:
+        """The real products in the stream (empty slots are played dark)."""
+        return int(np.count_nonzero(self.inputs >= 0))
+
 
 class Core(Protocol):
     pairs: int
@@ -188,7 +193,7 @@ class Core(Protocol):
 
 
 class Engine(Protocol):
-    """An O-NIC's count-action engine behind its register driver, and its DAC valid lines."""
+    """An O-NIC's count-action engine behind its register driver."""
 
     def load_countaction(self, prog: Any) -> Any: ...
 
@@ -234,8 +239,7 @@ class Inference:
                 raise Stalled(f"layer {k + 1}, word {w + 1} of {seg.words}: the streamer "
                               "did not fire (a DAC never raised its valid flag)")
         self.words += seg.words
-        real = int(np.count_nonzero(seg.inputs >= 0))
-        return self.core.mac(values, real)
+        return self.core.mac(values, seg.products)
 
     def sums(self, k: int, codes: np.ndarray) -> np.ndarray:
         seg = self.segments[k]
@@ -267,25 +271,31 @@ class Inference:
         return out
 
 
+def accuracy(inf: Inference, net: Network, x: np.ndarray, y: np.ndarray
+             ) -> tuple[dict[str, float], dict[str, int]]:
+    """Lightning's check, three ways (full precision, 8-bit digital, photonic) on inputs
+    `x` with labels `y`: each one's accuracy, and how often each two disagree."""
+    f = np.array([forward_float(net, v).argmax() for v in x])
+    d = np.array([forward_digital8(inf.q, v).argmax() for v in x])
+    p = np.array([inf.photonic(v).argmax() for v in x])
+    return ({"float": float(np.mean(f == y)), "digital8": float(np.mean(d == y)),
+             "photonic": float(np.mean(p == y))},
+            {"float_vs_digital8": int(np.sum(f != d)),
+             "digital8_vs_photonic": int(np.sum(d != p)),
+             "float_vs_photonic": int(np.sum(f != p))})
+
+
 def report(inf: Inference, net: Network, xte: np.ndarray, yte: np.ndarray, samples: int,
            serve: dict[str, Any]) -> dict[str, Any]:
     """Accuracy three ways on the first `samples` test inputs, with where they disagree;
     latency and energy both ways; the serve-time comparison (studies/lightning_cost.py)."""
-    x, y = xte[:samples], yte[:samples]
-    f = np.array([forward_float(net, v).argmax() for v in x])
-    d = np.array([forward_digital8(inf.q, v).argmax() for v in x])
     play0 = inf.core.play_s
-    p = np.array([inf.photonic(v).argmax() for v in x])
+    acc, disagree = accuracy(inf, net, xte[:samples], yte[:samples])
     layers = net.layers
     ca = C.count_action(layers)
     sg = C.stop_and_go(layers, (inf.core.play_s - play0) / samples)
     return {
-        "samples": samples, "layers": layers,
-        "accuracy": {"float": float(np.mean(f == y)), "digital8": float(np.mean(d == y)),
-                     "photonic": float(np.mean(p == y))},
-        "disagreements": {"float_vs_digital8": int(np.sum(f != d)),
-                          "digital8_vs_photonic": int(np.sum(d != p)),
-                          "float_vs_photonic": int(np.sum(f != p))},
+        "samples": samples, "layers": layers, "accuracy": acc, "disagreements": disagree,
         "latency_ns": ca["latency_ns"], "energy_j": ca["energy_j"],
         "energy_breakdown_j": ca["energy_breakdown_j"],
         "cycles_per_layer": ca["cycles_per_layer"],

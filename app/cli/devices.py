@@ -193,7 +193,7 @@ def lightning_infer(samples: int, testbed: Path | None, soc_spec: str | None,
     """LeNet-300-100-shaped inference (64-300-100-10, scikit-learn's digits) with every
     multiply on the photonic core, sequenced by a count-action DAG on an O-NIC engine:
     accuracy three ways, latency and energy, serve time against an A100 and Brainwave."""
-    from oddl.app.registry import open_core, open_engine, open_soc
+    from oddl.app.registry import open_core, open_inference, open_soc
     from oddl.studies import lenet
     from oddl.studies.lightning_cost import serve_time_ratios
 
@@ -210,8 +210,7 @@ def lightning_infer(samples: int, testbed: Path | None, soc_spec: str | None,
         xtr, ytr, xte, yte = lenet.digits(seed)
         say(f"training {'-'.join(map(str, lenet.LAYERS))} on {len(xtr)} digits ...")
         net = lenet.train(xtr, ytr, seed=seed)
-        drv, board = open_engine(board_model)
-        inf = lenet.Inference(lenet.Quantised.of(net), core, drv, board.set_dac_valid)
+        inf = open_inference(net, core, board_model)
         say(f"{samples} inferences through the photonic core ...")
         rep = lenet.report(inf, net, xte, yte, samples,
                            serve_time_ratios(line_rate_gbps=line_rate, seed=seed))

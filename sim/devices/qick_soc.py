@@ -20,11 +20,12 @@ board with a DAC not ready puts out no light at all rather than a wrong product.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-from oddl.fpga.countaction import streamer
+from oddl.fpga.countaction import Module, streamer
 from qick import QickConfig
 from qick.qick_asm import get_version
 
@@ -71,6 +72,13 @@ def soc_config(n_dacs: int = 2, n_adcs: int = 1) -> dict[str, Any]:
                "adcs": {a: {"fs": ADC_FS, "fs_mult": 10, "fs_div": 1, "decimation": 1,
                             "f_fabric": ADC_FS / 8, "coupling": "DC"} for a in adcs}},
     }
+
+
+@functools.lru_cache(maxsize=8)
+def _streamer(num_dacs: int) -> Module:
+    """The talk's streamer for `num_dacs` DACs, parsed once (every run is gated by it);
+    read, never changed."""
+    return streamer(num_dacs).modules[0]
 
 
 def _gen(index: int | str | None) -> int:
@@ -314,7 +322,7 @@ class EmulatedQickSoc(QickConfig):
         at the target (every one of them), stream them. Returns the generators that stream
         (all or none)."""
         playing = sorted({g for _, g, _, _ in self.pulses})
-        mod = streamer(max(len(playing), 1)).modules[0]
+        mod = _streamer(max(len(playing), 1))
         ready = self.photonics.dac_ready
         count = sum(1 for s in mod.counts if s.signal == "DAC.valid"
                     and _gen(s.index) in playing and ready[_gen(s.index)])

@@ -44,7 +44,7 @@ def test_lightning_inference(bench: Bench, figure) -> None:
     board's modulator pairs, against the same network in 8-bit arithmetic: photonic
     accuracy within `lightning_inference_max_drop` of it; a pair that passes no light
     fails calibration by name."""
-    from oddl.app.registry import open_core, open_engine, open_soc
+    from oddl.app.registry import open_core, open_inference, open_soc
     from oddl.drivers.lightning_mac import NoProduct
     from oddl.studies import lenet
 
@@ -66,13 +66,10 @@ def test_lightning_inference(bench: Bench, figure) -> None:
     figure("calibration residual", round(cal.residual_rms / 256, 4), "product LSB")
     xtr, ytr, xte, yte = lenet.digits()
     net = lenet.train(xtr, ytr)
-    drv, board = open_engine()
-    inf = lenet.Inference(lenet.Quantised.of(net), core, drv, board.set_dac_valid)
+    inf = open_inference(net, core)
     n = spec.lightning_inference_samples
-    d8 = [lenet.forward_digital8(inf.q, x).argmax() for x in xte[:n]]
-    ph = [inf.photonic(x).argmax() for x in xte[:n]]
-    acc_d = sum(int(a == b) for a, b in zip(d8, yte[:n], strict=True)) / n
-    acc_p = sum(int(a == b) for a, b in zip(ph, yte[:n], strict=True)) / n
+    acc, _ = lenet.accuracy(inf, net, xte[:n], yte[:n])
+    acc_d, acc_p = acc["digital8"], acc["photonic"]
     bound = acc_d - spec.lightning_inference_max_drop
     figure("8-bit digital accuracy", acc_d)
     figure("photonic accuracy", acc_p, spec=f">= {bound:.3f}")
