@@ -107,13 +107,15 @@ def test_limits_time_limits_holds_priorities_usage_and_tokens(
             timeout=60)
         assert second.returncode == 3, second.stderr
         assert "state directory 'arbiter' is in use by oddl arbiter (pid " in second.stderr
-        # a time limit: the job ends `timeout`, and `wait` says so (exit 1)
+        # a time limit: the job ends `timeout`, and `wait` says so (exit 1); long enough
+        # that it still holds alice's queue while her limits are tried below (at 1.5 s, a
+        # loaded machine's three requests outlasted it, and her third job was let in)
         exp = tmp_path / "forever.toml"
         exp.write_text(JOB.format(name="forever", iterations=1_000_000, ranks=2))
-        r = a.cli("alice", "submit", str(exp), "--time-limit", "1.5", "--json")
+        r = a.cli("alice", "submit", str(exp), "--time-limit", "8", "--json")
         assert r.returncode == 0, r.stderr
         forever = json.loads(r.stdout)
-        assert forever["time_limit_s"] == 1.5
+        assert forever["time_limit_s"] == 8
         # alice's running nodes are at her limit (2): her second job waits, bob's starts
         second_job = a.submit("alice", "next", 5)
         bobs = a.submit("bob", "bobs", 5)
@@ -127,7 +129,7 @@ def test_limits_time_limits_holds_priorities_usage_and_tokens(
         waited = a.wait("alice", forever["job"])
         assert waited.returncode == 1
         d = json.loads(waited.stdout)
-        assert d["state"] == "timeout" and "time limit of 1.5 s" in d["why"], d
+        assert d["state"] == "timeout" and "time limit of 8 s" in d["why"], d
         assert a.ended("alice", second_job)["state"] == "finished"
         # an operator holds, reorders and releases a queued job
         filler = a.submit("bob", "filler", 400, ranks=2)
