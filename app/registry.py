@@ -100,6 +100,32 @@ def open_model(spec: NetworkSpec, tb: Testbed, ranks: list[str],
     return ModelBackend(spec, tb, ranks, checker_mode, announce)
 
 
+def allreduce_ns(spec: NetworkSpec, collective: str, servers: int, size_bytes: int,
+                 line_rate_gbps: float) -> int:
+    """One all-reduce of `size_bytes` per server on a network's flow model, alone on it:
+    its time in ns (the training task's iteration time, `oddl optinc train --onn trained`)."""
+    from oddl.controller.base.clock import Clock
+    from oddl.controller.base.collectives import build
+    from oddl.controller.stage2.workloads import CollectiveEngine
+    from oddl.sim.clock import VirtualClockLoop
+    from oddl.sim.networks.baselines import build_network
+
+    loop = VirtualClockLoop()
+    try:
+        clock = Clock(loop)
+        ranks = [f"h{i}" for i in range(servers)]
+        engine: CollectiveEngine | None = None
+        net = build_network(spec, clock, ranks, line_rate_gbps,
+                            lambda f: engine.on_delivered(f) if engine else None)
+        engine = CollectiveEngine(clock, build(collective, servers, size_bytes, 1, servers),
+                                  ranks, net.submit)
+        done = loop.create_future()
+        engine.start_iteration(0, 0, done.set_result)
+        return int(loop.run_until_complete(done))
+    finally:
+        loop.close()
+
+
 def search_split(spec: NetworkSpec, base: Any, collective: str, nodes: list[str],
                  line_rate_gbps: float, cols: int | None = None) -> Any:
     """`oddl plan --search`: the best tensor x pipeline x data split of a Transformer job

@@ -106,3 +106,129 @@ def compare(workers: int, comp: Components, ports: int = 32, epochs: int = 30,
     fabric = OptINC(workers, ports, comp, seed)
     return (train(workers, exact, epochs, seed=seed),
             train(workers, fabric.average, epochs, seed=seed), fabric)
+
+
+# --- a small CNN against the ring, with the trained ONN (docs/optinc.md, "A training
+# task") --------------------------------------------------------------------------------
+
+FILTERS, DENSE = 16, 32  # conv 3 x 3 x 16, 2 x 2 average pool, dense 144-32-10: 5,130
+_SHAPES = [(9, FILTERS), (FILTERS,), (9 * FILTERS, DENSE), (DENSE,), (DENSE, 10), (10,)]
+
+
+def _cnn_unpack(p: np.ndarray) -> list[np.ndarray]:
+    out, i = [], 0
+    for s in _SHAPES:
+        k = int(np.prod(s))
+        out.append(p[i:i + k].reshape(s))
+        i += k
+    return out
+
+
+def cnn_init(seed: int) -> np.ndarray:
+    rng = np.random.default_rng(seed + 1)
+    parts = [rng.normal(0, np.sqrt(2 / s[0]), s) if len(s) == 2 else np.zeros(s)
+             for s in _SHAPES]
+    return np.concatenate([a.ravel() for a in parts])
+
+
+def _patches(x: np.ndarray) -> np.ndarray:
+    """8 x 8 images (flat) to their 36 3 x 3 patches: batch x 36 x 9."""
+    img = x.reshape(-1, 8, 8)
+    win = np.lib.stride_tricks.sliding_window_view(img, (3, 3), axis=(1, 2))
+    return win.reshape(len(img), 36, 9)
+
+
+def _cnn_forward(p: np.ndarray, x: np.ndarray) -> tuple[np.ndarray, ...]:
+    wc, bc, w1, b1, w2, b2 = _cnn_unpack(p)
+    pt = _patches(x)
+    conv = np.maximum(pt @ wc + bc, 0)  # batch x 36 x F
+    pool = conv.reshape(-1, 3, 2, 3, 2, FILTERS).mean(axis=(2, 4)).reshape(len(x), -1)
+    h = np.maximum(pool @ w1 + b1, 0)
+    z = h @ w2 + b2
+    z = np.exp(z - z.max(axis=1, keepdims=True))
+    return pt, conv, pool, h, z / z.sum(axis=1, keepdims=True)
+
+
+def cnn_predict(p: np.ndarray, x: np.ndarray) -> np.ndarray:
+    return _cnn_forward(p, x)[-1]
+
+
+def cnn_grad(p: np.ndarray, x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    _, _, w1, _, w2, _ = _cnn_unpack(p)
+    pt, conv, pool, h, prob = _cnn_forward(p, x)
+    dz = prob.copy()
+    dz[np.arange(len(y)), y] -= 1
+    dz /= len(y)
+    dh = (dz @ w2.T) * (h > 0)
+    dpool = (dh @ w1.T).reshape(-1, 3, 1, 3, 1, FILTERS) / 4
+    dconv = np.broadcast_to(dpool, (len(x), 3, 2, 3, 2, FILTERS)).reshape(len(x), 36, FILTERS)
+    dconv = dconv * (conv > 0)
+    return np.concatenate([np.einsum("bpk,bpf->kf", pt, dconv).ravel(), dconv.sum((0, 1)),
+                           (pool.T @ dh).ravel(), dh.sum(0), (h.T @ dz).ravel(), dz.sum(0)])
+
+
+@dataclass
+class Curves:
+    """Per epoch: worker 0's test accuracy and its loss on the training set."""
+
+    accuracy: list[float] = field(default_factory=list)
+    loss: list[float] = field(default_factory=list)
+
+
+def train_cnn(workers: int, average: Average, epochs: int = 20, batch: int = 16,
+              lr: float = 0.05, seed: int = 0) -> Curves:
+    """Data-parallel SGD of the CNN, as `train` does the MLP."""
+    xtr, ytr, xte, yte = _data(seed)
+    shards = np.array_split(np.arange(len(ytr)), workers)
+    steps = min(len(s) for s in shards) // batch
+    p = np.repeat(cnn_init(seed)[None, :], workers, axis=0)
+    rng = np.random.default_rng(seed + 2)
+    out = Curves()
+    for _ in range(epochs):
+        perm = [rng.permutation(s) for s in shards]
+        for k in range(steps):
+            g = np.stack([cnn_grad(p[i], xtr[o[k * batch:(k + 1) * batch]],
+                                   ytr[o[k * batch:(k + 1) * batch]])
+                          for i, o in enumerate(perm)])
+            p = p - lr * average(g, float(np.abs(g).max()) or 1.0)
+        prob = cnn_predict(p[0], xtr)
+        out.loss.append(float(-np.log(prob[np.arange(len(ytr)), ytr] + 1e-12).mean()))
+        out.accuracy.append(float((cnn_predict(p[0], xte).argmax(1) == yte).mean()))
+    return out
+
+
+def to_levels(g: np.ndarray, scale: float, bits: int) -> np.ndarray:
+    """Signed values on [-scale, scale] as unsigned `bits`-bit integers (offset binary)."""
+    top = 2 ** bits - 1
+    return np.clip(np.round((g / scale + 1) / 2 * top), 0, top).astype(np.int64)
+
+
+def from_levels(q: np.ndarray, scale: float, bits: int) -> np.ndarray:
+    return (q / (2 ** bits - 1) * 2 - 1) * scale
+
+
+def ring(bits: int) -> Average:
+    """A ring all-reduce of `bits`-bit gradients: each worker sends its B-bit values, the
+    ring adds them exactly (its messages are wide enough for the sum) and the all-gather
+    carries the mean rounded to B bits, the function the trained ONN computes."""
+    from oddl.studies.quantiser import rounded_mean
+
+    def avg(g: np.ndarray, scale: float) -> np.ndarray:
+        m = from_levels(rounded_mean(to_levels(g, scale, bits)), scale, bits)
+        return np.repeat(m[None, :], len(g), axis=0)
+
+    return avg
+
+
+def trained_onn(unit: object) -> Average:
+    """The trained ONN (studies/quantiser.Quantiser): one optical pass a step; every
+    server reads the same output ports (the splitting unit T)."""
+    from oddl.studies.quantiser import Quantiser
+
+    assert isinstance(unit, Quantiser)
+
+    def avg(g: np.ndarray, scale: float) -> np.ndarray:
+        m = from_levels(unit.run(to_levels(g, scale, unit.bits)), scale, unit.bits)
+        return np.repeat(m[None, :], len(g), axis=0)
+
+    return avg

@@ -360,10 +360,17 @@ def optinc() -> None:
 @click.option("--ideal", is_flag=True, help="ideal components (no DAC rounding, noise, loss)")
 @click.option("--plot", type=click.Path(path_type=Path), default=None,
               help="accuracy per epoch, exact and optical, as a PNG")
+@click.option("--onn", type=click.Choice(["linear", "trained"]), default="linear",
+              show_default=True,
+              help="linear: the calibrated averaging unit, an MLP, any N; trained: the "
+                   "trained ONN on the noisy chip against a ring at 8 bits, a CNN, 4 servers")
 @click.option("--json", "as_json", is_flag=True, help="stdout: exactly one JSON object")
 def optinc_train(servers: int, ports: int, epochs: int, seed: int, ideal: bool,
-                 plot: Path | None, as_json: bool) -> None:
+                 plot: Path | None, onn: str, as_json: bool) -> None:
     """Data-parallel SGD on scikit-learn's digits: exact vs optical gradient averaging."""
+    if onn == "trained":
+        _train_trained(epochs, seed, plot, as_json)
+        return
     from oddl.studies.mzi import Components
     from oddl.studies.onn import CHIP
     from oddl.studies.training import compare
@@ -388,6 +395,67 @@ def optinc_train(servers: int, ports: int, epochs: int, seed: int, ideal: bool,
                f"test accuracy exact {ex.final:.4f}, optical {op.final:.4f} "
                f"(replicas apart by at most {op.drift[-1]:.2g}; chip matrix error "
                f"{fabric.matrix_error:.2g})")
+
+
+def _train_trained(epochs: int, seed: int, plot: Path | None, as_json: bool) -> None:
+    """The CNN with exact averaging, a ring at 8 bits and the trained ONN on the noisy
+    chip; the iteration's communication on the OptINC network and on a ring."""
+    from oddl.app.registry import allreduce_ns
+    from oddl.controller.base.config import NetworkSpec
+    from oddl.studies import quantiser as Q
+    from oddl.studies import training as T
+    from oddl.studies.onn import CHIP
+
+    unit = Q.load().hardware_aware(CHIP)
+    runs = {"exact": T.train_cnn(unit.servers, T.exact, epochs, seed=seed),
+            "ring": T.train_cnn(unit.servers, T.ring(unit.bits), epochs, seed=seed),
+            "optical": T.train_cnn(unit.servers, T.trained_onn(unit), epochs, seed=seed)}
+    size = T.cnn_init(seed).size * unit.bits // 8  # bytes a server sends a step
+    comm = {"optinc_ns": allreduce_ns(
+                NetworkSpec(name="optinc", kind="optinc",
+                            onn_pass_ns=Q.pass_ns(unit.servers, unit.bits)),
+                "optinc", unit.servers, size, 100.0),
+            "ring_ns": allreduce_ns(NetworkSpec(name="electrical", kind="electrical"),
+                                    "ring", unit.servers, size, 100.0),
+            "bytes": size, "line_rate_gbps": 100.0}
+    out = {"servers": unit.servers, "model": "cnn", "parameters": T.cnn_init(seed).size,
+           "epochs": epochs, "seed": seed,
+           **{f"{k}_accuracy": r.accuracy[-1] for k, r in runs.items()},
+           **{f"{k}_curve": r.accuracy for k, r in runs.items()},
+           **{f"{k}_loss": r.loss for k, r in runs.items()},
+           "iteration_communication": comm, **onn_figures(5_000)}
+    if plot is not None:
+        _plot_runs(plot, runs)
+    if as_json:
+        emit(out)
+        return
+    click.echo(f"CNN ({out['parameters']:,} parameters), {unit.servers} servers, {epochs} "
+               f"epochs: test accuracy exact {out['exact_accuracy']:.4f}, ring at "
+               f"{unit.bits} bits {out['ring_accuracy']:.4f}, trained ONN on the noisy chip "
+               f"{out['optical_accuracy']:.4f} (its output exact on "
+               f"{out['onn']['exact_share']:.1%} of values)")
+    click.echo(f"communication a step ({size:,} bytes a server, 100 Gb/s): OptINC "
+               f"{comm['optinc_ns'] / 1000:.2f} us, ring on an electrical switch "
+               f"{comm['ring_ns'] / 1000:.2f} us")
+
+
+def _plot_runs(path: Path, runs: dict[str, Any]) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (acc, loss) = plt.subplots(1, 2, figsize=(10, 4))
+    for name, r in runs.items():
+        ep = range(1, len(r.accuracy) + 1)
+        acc.plot(ep, r.accuracy, label=name)
+        loss.plot(ep, r.loss, label=name)
+    acc.set(xlabel="epoch", ylabel="test accuracy", title="CNN on digits, 4 servers")
+    loss.set(xlabel="epoch", ylabel="training loss", yscale="log")
+    acc.legend()
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
 
 
 def _plot_curves(path: Path, exact: list[float], optical: list[float], servers: int) -> None:
@@ -442,6 +510,63 @@ def optinc_mesh(size: int, seed: int, as_json: bool) -> None:
     click.echo(f"averaging chip: matrix error {unit.error_before:.2e} uncalibrated, "
                f"{unit.error_after:.2e} calibrated; average of {size} servers within "
                f"{avg_err:.4f} of full scale (1 LSB = {out['lsb']:.4f})")
+
+
+@optinc.command("onn")
+@click.option("--samples", type=click.IntRange(1_000, 10_000_000), default=20_000,
+              show_default=True, help="random input vectors for each exactness figure")
+@click.option("--retrain", is_flag=True,
+              help="train both units again (minutes) and write the shipped file")
+@click.option("--json", "as_json", is_flag=True, help="stdout: exactly one JSON object")
+def optinc_onn(samples: int, retrain: bool, as_json: bool) -> None:
+    """The trained ONN that averages and quantises 4 servers' 8-bit values: its
+    exactness on an ideal chip, and on the default noisy chip trained ideally and
+    hardware-aware; its size, latency and cost at other N and B."""
+    out = onn_figures(samples, retrain)
+    if as_json:
+        emit(out)
+        return
+    onn = out["onn"]
+    click.echo(f"{onn['servers']} servers, {onn['bits']} bits: {onn['mzis']} MZIs in "
+               f"{onn['cells']} cells, one pass {onn['pass_ns']:.2f} ns")
+    for k, label in (("exact_share_ideal_chip", "ideal chip"),
+                     ("exact_share_ideally_trained", "noisy chip, trained ideally"),
+                     ("exact_share", "noisy chip, trained hardware-aware")):
+        click.echo(f"  output = exact rounded mean: {onn[k]:.2%} ({label})")
+    d = onn["domain"]
+    click.echo(f"  inputs to learn: {d['without_p']:,} without P, {d['with_p']:,} with P, "
+               f"{d['cell']} for the cell every significance shares")
+    click.echo("  MZIs (N, B): with P and Fig. 4's partition / unpartitioned / "
+               "without P / cascade to N^2")
+    for r in out["mzi_table"]:
+        click.echo(f"    {r['servers']:>2}, {r['bits']}: {r['with_p']:>6} {r['unpartitioned']:>6} "
+                   f"{r['without_p']:>6} {r['cascade']:>7}")
+
+
+def onn_figures(samples: int, retrain: bool = False) -> dict[str, Any]:
+    """`oddl optinc onn`'s figures (also the "onn" block of `optinc train --json`)."""
+    from oddl.studies import quantiser as Q
+    from oddl.studies.onn import CHIP
+
+    trained = Q.train(CHIP) if retrain else Q.load()
+    if retrain:
+        Q.save(trained)
+    ideal, as_trained, hw = (trained.ideal(), trained.as_trained(CHIP),
+                             trained.hardware_aware(CHIP))
+    share, errors = hw.exact_share(samples)
+    n, b = trained.servers, trained.bits
+    return {"onn": {"kind": "trained", "servers": n, "bits": b, "mzis": hw.mzis,
+                    "cells": len(hw.cells), "hardware_aware": True,
+                    "exact_share": share, "errors": errors,
+                    "exact_share_ideal_chip": ideal.exact_share(samples)[0],
+                    "exact_share_ideally_trained": as_trained.exact_share(samples)[0],
+                    "pass_ns": Q.pass_ns(n, b), "domain": Q.domain(n, b),
+                    "chip": asdict(CHIP), "chip_seed": trained.chip_seed},
+            "mzi_table": [{"servers": s, "bits": k, "with_p": Q.mzi_count(s, k),
+                           "unpartitioned": Q.mzi_count(s, k, partitioned=False),
+                           "without_p": Q.mzi_count(s, k, preprocessed=False),
+                           "cascade": Q.cascade_mzis(s, k), "pass_ns": Q.pass_ns(s, k)}
+                          for s in (4, 8, 16) for k in (4, 8)]}
 
 
 @main.command()

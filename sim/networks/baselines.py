@@ -60,5 +60,5 @@ def _network(spec: Any, clock: Clock, ranks: list[str], line_rate_gbps: float,
         from oddl.sim.networks.optinc import OptINCNetwork
 
         return OptINCNetwork(clock, ranks, line_rate_gbps, spec.latency_ns, deliver,
-                             spec.transceivers, spec.ports)
+                             spec.transceivers, spec.ports, spec.onn_pass_ns)
     raise ValueError(f"no flow-level model for network kind {spec.kind!r}")

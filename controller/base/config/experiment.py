@@ -313,6 +313,11 @@ class NetworkSpec(ConfigModel):
                               description="optinc: transceivers per server (M)")
     ports: int = Field(default=32, ge=2, le=4096,
                        description="optinc: servers one unit averages; more need two levels")
+    onn_pass_ns: float = Field(default=0.0, ge=0, le=1e6, allow_inf_nan=False,
+                               description="optinc: one pass through a unit's ONN, added "
+                                           "per level (the trained unit of 4 servers, 8 "
+                                           "bits: 0.72 ns, `oddl optinc onn`); 0: the "
+                                           "linear unit, whose time is not modelled")
     sharing: SharingName = Field(
         default="fair", description="how jobs share a link (docs/cassini.md): max-min fair, "
                                     "by the jobs' weights, or MLTCP")

@@ -1,0 +1,441 @@
+"""OptINC's trained optical neural network (seeds/004): N servers' B-bit values in, the
+B-bit rounded mean out, the quantisation done by the network's own nonlinear elements.
+
+The seed gives the abstract only; the structure below is our design (docs/optinc.md).
+
+- **Lanes.** Each server sends a value v (its gradient as a B-bit unsigned number on the
+  scale the servers agree) as B on/off lanes, one per bit.
+- **Preprocessing P** (passive, linear): for each bit significance k, a coherent N:1
+  combiner adds the N servers' k-th lanes, so P hands on B amplitudes c_k in 0..N. The
+  ONN's domain shrinks from 2^(N B) input vectors to (N+1)^B, and, because every
+  significance is alike, to one small function learnt once: `Cell`.
+- **The cell** takes c_k and the carry from the significance below (0..N-1) and emits
+  bit k of the running sum and the carry up: t = c_k + carry, bit t mod 2, carry t div 2.
+  It is two weight matrices realised as MZI meshes (studies/onn.py's mesh, attenuators,
+  mesh, cut into square blocks as Fig. 4 does) with `HIDDEN` nonlinear ports between
+  them and two linear bypass ports.
+- **The nonlinearity** is detection and re-modulation: a photodiode, a limiting
+  transimpedance amplifier (tanh, its gain trained) and a push-pull Mach-Zehnder
+  modulator biased at null on a fresh carrier (field sin(pi/2 x)): f(z) = sin(pi/2
+  tanh(g Re z)). Saturation is what quantises.
+- **Averaging and rounding.** The cells ripple from the least significant bit; the first
+  cell's carry input is a constant light of N/2 (so the sum is rounded, not truncated),
+  and dividing by N = 2^p drops the p lowest bits: the B output ports carry
+  round(sum / N) in binary, read by ordinary on-off receivers (a threshold, not an ADC).
+- **Two levels** (Fig. 5, N^2 servers): each first-level unit emits its group's whole
+  sum plus g/2 (B + p bits, nothing dropped); the second level adds the G groups' sums and
+  drops 2p bits. One rounding, so the cascade is exact too.
+- **Hardware-aware training.** Trained ideally, the weights are decomposed into phases
+  and used as they are. Trained hardware-aware, the same start is refined in phase space
+  through the chip model (loss, coupler errors drawn per chip, phase jitter and detector
+  noise drawn per pass; sample-average least squares), so it holds on chips it has not
+  seen.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from oddl.studies.mzi import Components
+from oddl.studies.onn import Realised, realise
+from scipy.optimize import least_squares
+
+HIDDEN = 8  # nonlinear ports of a cell: 6 trained 7 of 10 starts at N = 4, 8 all 10
+IN, OUT = 3, 2  # cell ports: (c, carry, constant light) in; (bit, carry) out
+TRAINED = Path(__file__).with_name("data") / "quantiser-n4.json"
+
+
+def _act(z: np.ndarray, g: np.ndarray) -> np.ndarray:
+    return np.sin(np.pi / 2 * np.tanh(g * z))
+
+
+@dataclass
+class Weights:
+    """A cell in weight space: w1 (HIDDEN+2 x IN), the amplifiers' gains, w2 (OUT x
+    HIDDEN+2)."""
+
+    w1: np.ndarray
+    gain: np.ndarray
+    w2: np.ndarray
+
+    def forward(self, x: np.ndarray, noise: float = 0.0,
+                rng: np.random.Generator | None = None) -> np.ndarray:
+        z = x @ self.w1.T
+        if noise and rng is not None:
+            z = z + rng.normal(0.0, noise, z.shape)
+        h = z.copy()
+        h[:, :HIDDEN] = _act(z[:, :HIDDEN], self.gain)
+        return h @ self.w2.T
+
+
+def cell_table(n: int) -> tuple[np.ndarray, np.ndarray]:
+    """Every input a cell can see with N servers, and what it must emit: ((c/N, carry/N,
+    1) rows, (bit, carry_out/N) rows)."""
+    c, r = np.meshgrid(np.arange(n + 1), np.arange(n), indexing="ij")
+    t = (c + r).ravel()
+    x = np.stack([c.ravel() / n, r.ravel() / n, np.ones(t.size)], axis=1)
+    return x, np.stack([t % 2, (t // 2) / n], axis=1)
+
+
+def train_weights(n: int, seed: int = 0, noise: float = 0.0, restarts: int = 10
+                  ) -> Weights:
+    """Least squares from random starts, the amplifiers' gain bound raised step by step
+    (a steep tanh from the start leaves gradient descent on a plateau); the first start
+    that is exact on the whole table, with `noise` injected before the amplifiers."""
+    x, y = cell_table(n)
+    width = HIDDEN + 2
+    n1 = width * IN
+
+    def unpack(p: np.ndarray) -> Weights:
+        return Weights(p[:n1].reshape(width, IN), p[n1:n1 + HIDDEN],
+                       p[n1 + HIDDEN:].reshape(OUT, width))
+
+    def resid(p: np.ndarray) -> np.ndarray:
+        rng = np.random.default_rng(0)  # the same draws every call: a smooth objective
+        w = unpack(p)
+        draws = 8 if noise else 1
+        return np.concatenate([(w.forward(x, noise, rng) - y).ravel()
+                               for _ in range(draws)])
+
+    best: tuple[float, Weights] | None = None
+    for s in range(restarts):
+        rng = np.random.default_rng(seed * 1000 + s)
+        p = np.concatenate([rng.normal(0, 1, n1), rng.uniform(0.5, 1, HIDDEN),
+                            rng.normal(0, 1, OUT * width)])
+        for cap in (1, 2, 4, 8, 16, 40):
+            lo, hi = np.full(p.size, -np.inf), np.full(p.size, np.inf)
+            lo[n1:n1 + HIDDEN], hi[n1:n1 + HIDDEN] = 0, cap
+            p[n1:n1 + HIDDEN] = np.minimum(p[n1:n1 + HIDDEN] * 2, cap * 0.999)
+            p = least_squares(resid, p, bounds=(lo, hi), max_nfev=300).x
+        w = unpack(p)
+        err = _table_margin(w.forward(x), y, n)
+        if best is None or err > best[0]:
+            best = (err, w)
+        if err > 0.1:  # the carry's margin is at most 0.5 / n
+            break
+    assert best is not None
+    return best[1]
+
+
+def _table_margin(out: np.ndarray, want: np.ndarray, n: int) -> float:
+    """How far the worst output is from its decision threshold (negative: wrong)."""
+    bit = np.where(want[:, 0] > 0.5, out[:, 0] - 0.5, 0.5 - out[:, 0])
+    carry = 0.5 / n - np.abs(out[:, 1] - want[:, 1])
+    return float(min(bit.min(), carry.min()))
+
+
+@dataclass
+class Cell:
+    """A cell on a chip: its two matrices as MZI blocks, and the amplifiers' gains."""
+
+    l1: Realised
+    l2: Realised
+    gain: np.ndarray
+
+    @classmethod
+    def of(cls, w: Weights) -> Cell:
+        return cls(realise(w.w1.astype(complex)), realise(w.w2.astype(complex)),
+                   w.gain.copy())
+
+    def fabricate(self, comp: Components, rng: np.random.Generator) -> Cell:
+        """This design on one chip: every coupler's static error drawn."""
+        return Cell(_fab(self.l1, comp, rng), _fab(self.l2, comp, rng), self.gain.copy())
+
+    @property
+    def mzis(self) -> int:
+        return sum(len(b.v.mzis) + len(b.u.mzis) for b in [*self.l1.blocks,
+                                                            *self.l2.blocks])
+
+    @property
+    def params(self) -> np.ndarray:
+        """Every phase, receiver gain and amplifier gain: what hardware-aware training
+        sets."""
+        return np.concatenate([b.phases for b in [*self.l1.blocks, *self.l2.blocks]]
+                              + [self.gain])
+
+    def with_params(self, p: np.ndarray) -> Cell:
+        out, i = [], 0
+        for r in (self.l1, self.l2):
+            blocks = []
+            for b in r.blocks:
+                k = b.phases.size
+                blocks.append(b.with_phases(p[i:i + k]))
+                i += k
+            out.append(Realised(r.how, blocks, r.shape))
+        return Cell(out[0], out[1], np.array(p[i:], dtype=float))
+
+    def matrices(self, comp: Components, rng: np.random.Generator | None
+                 ) -> tuple[np.ndarray, np.ndarray]:
+        """One pass's two matrices (DACs, jitter if `rng`, loss, this chip's couplers)."""
+        return self.l1.matrix(comp, rng), self.l2.matrix(comp, rng)
+
+    def run(self, x: np.ndarray, m: tuple[np.ndarray, np.ndarray], comp: Components,
+            rng: np.random.Generator | None) -> np.ndarray:
+        """Fields out (k x 2) for fields in (k x 3), with one pass's matrices."""
+        z = x @ m[0].T
+        h = z.copy()
+        det = z[:, :HIDDEN].real
+        if comp.detector_noise and rng is not None:
+            det = det + rng.normal(0.0, comp.detector_noise, det.shape)
+        h[:, :HIDDEN] = _act(det, self.gain)
+        return h @ m[1].T
+
+
+def _fab(r: Realised, comp: Components, rng: np.random.Generator) -> Realised:
+    return Realised(r.how, [b.fabricate(comp, rng) for b in r.blocks], r.shape)
+
+
+class Quantiser:
+    """The trained unit for `servers` = 2^p servers and `bits`-bit values on one chip:
+    P, then bits + p cells in a ripple. It adds `carry_in` (default N/2) and drops the
+    `drop` (default p) lowest bits: the rounded mean. A cascade's first level keeps every
+    bit (drop 0); its second level drops 2p."""
+
+    def __init__(self, cells: list[Cell], servers: int, bits: int, comp: Components,
+                 seed: int = 0, drop: int | None = None, carry_in: int | None = None
+                 ) -> None:
+        self.p = servers.bit_length() - 1
+        if servers != 2 ** self.p or servers < 2:
+            raise ValueError(f"{servers} servers: the unit divides by dropping bits, so "
+                             "it needs a power of two")
+        if len(cells) != bits + self.p:
+            raise ValueError(f"{bits} bits for {servers} servers take {bits + self.p} "
+                             f"cells, not {len(cells)}")
+        self.cells, self.servers, self.bits, self.comp = cells, servers, bits, comp
+        self.drop = self.p if drop is None else drop
+        self.carry_in = servers // 2 if carry_in is None else carry_in
+        if not 0 <= self.carry_in < servers:
+            raise ValueError(f"a carry of {self.carry_in} is outside the cell's 0..{servers - 1}")
+        self.rng = np.random.default_rng(seed + 10_000)
+
+    @classmethod
+    def on_chip(cls, design: Cell, servers: int, bits: int, comp: Components,
+                seed: int = 0, drop: int | None = None, carry_in: int | None = None
+                ) -> Quantiser:
+        """Every cell of the ripple a copy of `design`, fabricated on chip `seed`."""
+        rng = np.random.default_rng(seed)
+        n = bits + servers.bit_length() - 1
+        return cls([design.fabricate(comp, rng) for _ in range(n)], servers, bits, comp,
+                   seed, drop, carry_in)
+
+    @property
+    def mzis(self) -> int:
+        """The cells' and P's (a tree of N - 1 MZIs a significance)."""
+        return sum(c.mzis for c in self.cells) + self.bits * (self.servers - 1)
+
+    def run(self, values: np.ndarray) -> np.ndarray:
+        """values: servers x k integers in 0..2^bits - 1; one optical pass (the phases'
+        jitter drawn once: it is thermal, slow beside a symbol); the integers the
+        receivers read."""
+        n = self.servers
+        v = np.asarray(values, dtype=np.int64)
+        lanes = (v[..., None] >> np.arange(self.bits)) & 1  # servers x k x bits
+        counts = lanes.sum(axis=0)  # P: each significance's lanes combined
+        carry = np.full(v.shape[1], self.carry_in / n, dtype=complex)
+        out = np.zeros(v.shape[1], dtype=np.int64)
+        for k, cell in enumerate(self.cells):
+            c = counts[:, k] if k < self.bits else np.zeros(v.shape[1])
+            x = np.stack([c / n, carry, np.ones(v.shape[1])], axis=1).astype(complex)
+            y = cell.run(x, cell.matrices(self.comp, self.rng), self.comp, self.rng)
+            bit = y[:, 0].real
+            if self.comp.detector_noise:
+                bit = bit + self.rng.normal(0.0, self.comp.detector_noise, bit.shape)
+            if k >= self.drop:
+                out |= (bit > 0.5).astype(np.int64) << (k - self.drop)
+            carry = y[:, 1]
+        return out
+
+    def exact_share(self, samples: int = 20_000, per_pass: int = 1_000,
+                    seed: int = 1) -> tuple[float, dict[int, int]]:
+        """Share of random inputs whose output equals the exact rounded mean, and the
+        errors' histogram (output - exact: count)."""
+        rng = np.random.default_rng(seed)
+        passes = max(1, samples // per_pass)
+        diffs = np.concatenate([
+            self.run(v) - rounded_mean(v)
+            for v in (rng.integers(0, 2 ** self.bits, (self.servers, per_pass))
+                      for _ in range(passes))])
+        errs, counts = np.unique(diffs[diffs != 0], return_counts=True)
+        return float((diffs == 0).mean()), dict(zip(errs.tolist(), counts.tolist(),
+                                                    strict=True))
+
+
+def rounded_mean(v: np.ndarray) -> np.ndarray:
+    """round(mean), halves up: what the unit must emit."""
+    n = v.shape[0]
+    return (v.sum(axis=0) + n // 2) // n
+
+
+class Cascade:
+    """Fig. 5 with trained units: N groups of N servers. Each first-level unit emits its
+    group's sum + N/2 whole (bits + p bits); the second level adds them and drops 2p
+    bits, so there is one rounding, as in a flat unit."""
+
+    def __init__(self, design: Cell, servers: int, bits: int, comp: Components,
+                 seed: int = 0) -> None:
+        self.g = servers
+        self.first = [Quantiser.on_chip(design, servers, bits, comp, seed + 1 + i, drop=0)
+                      for i in range(servers)]
+        p = servers.bit_length() - 1
+        self.top = Quantiser.on_chip(design, servers, bits + p, comp, seed, drop=2 * p,
+                                     carry_in=0)
+
+    @property
+    def mzis(self) -> int:
+        return sum(u.mzis for u in self.first) + self.top.mzis
+
+    def run(self, values: np.ndarray) -> np.ndarray:
+        """values: N^2 x k; the rounded mean of all of them."""
+        g = self.g
+        return self.top.run(np.stack([u.run(values[i * g:(i + 1) * g])
+                                      for i, u in enumerate(self.first)]))
+
+
+def hardware_aware(q: Quantiser, draws: int = 3, input_noise: float = 0.01,
+                   max_nfev: int = 20, seed: int = 0) -> Quantiser:
+    """Every cell of the unit trained through its chip (`tune`)."""
+    return Quantiser([tune(c, q.servers, q.comp, draws, input_noise, max_nfev, seed)
+                      for c in q.cells], q.servers, q.bits, q.comp, seed, q.drop, q.carry_in)
+
+
+def tune(cell: Cell, servers: int, comp: Components, draws: int = 3,
+         input_noise: float = 0.01, max_nfev: int = 20, seed: int = 0) -> Cell:
+    """Train one cell through its chip as measured (its couplers' errors and loss):
+    least squares on the cell's table, averaged over `draws` passes of phase jitter,
+    detector noise and noisy inputs (a carry from the cell below is never exact). The
+    DACs' rounding has no gradient: it is left out of the fit and kept in use."""
+    x0, y = cell_table(servers)
+    fit = Components(phase_noise_rad=comp.phase_noise_rad, mzi_loss_db=comp.mzi_loss_db,
+                     detector_noise=comp.detector_noise)
+    steady = np.array([1, 1, 0])  # the constant light has no error
+
+    def resid(p: np.ndarray) -> np.ndarray:
+        r = np.random.default_rng(seed)  # the same draws each call: a smooth fit
+        c, out = cell.with_params(p), []
+        for _ in range(draws):
+            xin = (x0 + r.normal(0.0, input_noise, x0.shape) * steady).astype(complex)
+            o = c.run(xin, c.matrices(fit, r), fit, r)
+            out += [(o.real - y).ravel(), o[:, 1].imag]
+        return np.concatenate(out)
+
+    return cell.with_params(least_squares(resid, cell.params, max_nfev=max_nfev).x)
+
+
+@dataclass
+class Trained:
+    """A trained unit as shipped: the weights, the design's phases (trained ideally) and
+    each cell's phases after hardware-aware training on chip `chip_seed`."""
+
+    servers: int
+    bits: int
+    weights: Weights
+    design: np.ndarray
+    tuned: list[np.ndarray]
+    chip_seed: int
+    input_noise: float
+
+    def template(self) -> Cell:
+        return Cell.of(self.weights).with_params(self.design)
+
+    def ideal(self) -> Quantiser:
+        """The ideally trained unit on ideal components."""
+        return Quantiser.on_chip(self.template(), self.servers, self.bits, Components())
+
+    def as_trained(self, comp: Components) -> Quantiser:
+        """The ideally trained unit put on chip `chip_seed` as it is."""
+        return Quantiser.on_chip(self.template(), self.servers, self.bits, comp,
+                                 self.chip_seed)
+
+    def hardware_aware(self, comp: Components) -> Quantiser:
+        """The same chip with each cell's phases as hardware-aware training left them."""
+        q = self.as_trained(comp)
+        return Quantiser([c.with_params(p) for c, p in zip(q.cells, self.tuned, strict=True)],
+                         q.servers, q.bits, comp, self.chip_seed)
+
+
+def train(comp: Components, servers: int = 4, bits: int = 8, chip_seed: int = 0,
+          seed: int = 0, input_noise: float = 0.03) -> Trained:
+    """Both trainings from scratch (minutes: `oddl optinc onn --retrain`)."""
+    w = train_weights(servers, seed, noise=input_noise)
+    design = Cell.of(w)
+    q = hardware_aware(Quantiser.on_chip(design, servers, bits, comp, chip_seed))
+    return Trained(servers, bits, w, design.params, [c.params for c in q.cells], chip_seed,
+                   input_noise)
+
+
+def save(t: Trained, path: Path = TRAINED) -> None:
+    """JSON, so a retrained unit diffs against the shipped one."""
+    doc = {"servers": t.servers, "bits": t.bits, "chip_seed": t.chip_seed,
+           "input_noise": t.input_noise, "regenerate": "oddl optinc onn --retrain",
+           "weights": {"w1": t.weights.w1.tolist(), "gain": t.weights.gain.tolist(),
+                       "w2": t.weights.w2.tolist()},
+           "design": t.design.tolist(), "tuned": [p.tolist() for p in t.tuned]}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(doc) + "\n")
+
+
+def load(path: Path = TRAINED) -> Trained:
+    d = json.loads(path.read_text())
+    w = d["weights"]
+    return Trained(int(d["servers"]), int(d["bits"]),
+                   Weights(np.array(w["w1"]), np.array(w["gain"]), np.array(w["w2"])),
+                   np.array(d["design"]), [np.array(p) for p in d["tuned"]],
+                   int(d["chip_seed"]), float(d["input_noise"]))
+
+
+# One cell's delay, for the pass's latency: light crosses each block's two meshes (a
+# k x k Clements mesh is k MZIs deep) at MZI_PS an MZI (300 um of silicon waveguide at a
+# group index of 4.2), and each nonlinear port's photodiode, limiting amplifier and
+# modulator take ACT_PS (a 30 GHz class O-E-O path). Assumptions, not measurements.
+MZI_PS = 4.2
+ACT_PS = 30.0
+
+
+def _blocks(a: int, b: int) -> tuple[int, int]:
+    """Fig. 4's partition of an a x b matrix: (blocks, their side)."""
+    k = min(a, b)
+    return -(-max(a, b) // k), k
+
+
+def cell_mzis(servers: int, preprocessed: bool = True, partitioned: bool = True) -> int:
+    """MZIs of one cell with 2N nonlinear ports (8 at N = 4, where it is trained): with
+    P its inputs are (c, carry, light); without, the N raw lanes, carry and light."""
+    width = 2 * servers + 2
+    shapes = [(width, IN if preprocessed else servers + 2), (OUT, width)]
+    if not partitioned:  # each matrix in one square of its longer side
+        return sum(max(s) * (max(s) - 1) for s in shapes)
+    return sum(n * k * (k - 1) for n, k in (_blocks(*s) for s in shapes))
+
+
+def mzi_count(servers: int, bits: int, preprocessed: bool = True,
+              partitioned: bool = True) -> int:
+    """A whole unit: bits + log2 N cells, and P's N:1 combiner trees."""
+    p = servers.bit_length() - 1
+    return (bits + p) * cell_mzis(servers, preprocessed, partitioned) + \
+        (bits * (servers - 1) if preprocessed else 0)
+
+
+def cascade_mzis(servers: int, bits: int) -> int:
+    """N^2 servers in two levels: N first-level units keeping the whole sum (bits + p
+    cells), one second-level unit over (bits + p)-bit inputs dropping 2p bits."""
+    p = servers.bit_length() - 1
+    cell = cell_mzis(servers)
+    return servers * ((bits + p) * cell + bits * (servers - 1)) + \
+        (bits + 2 * p) * cell + (bits + p) * (servers - 1)
+
+
+def pass_ns(servers: int, bits: int) -> float:
+    """One optical pass through the ripple: every cell's meshes and O-E-O activation."""
+    width = 2 * servers + 2
+    depth = sum(2 * k for _, k in (_blocks(width, IN), _blocks(OUT, width)))
+    return (bits + servers.bit_length() - 1) * (depth * MZI_PS + ACT_PS) / 1000
+
+
+def domain(servers: int, bits: int) -> dict[str, int]:
+    """How many distinct inputs the function to learn has: without P, with P, and for
+    the one cell that P lets every significance share."""
+    return {"without_p": 2 ** (servers * bits), "with_p": (servers + 1) ** bits,
+            "cell": (servers + 1) * servers}

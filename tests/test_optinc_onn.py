@@ -1,0 +1,134 @@
+"""OptINC's trained ONN (studies/quantiser.py): it averages and quantises, hardware-aware
+training holds on a noisy chip, the cascade is exact, and the training task runs."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+from oddl.app.cli import main
+from oddl.app.registry import allreduce_ns
+from oddl.controller.base.config import NetworkSpec
+from oddl.studies import quantiser as Q
+from oddl.studies import training as T
+from oddl.studies.mzi import Components
+from oddl.studies.onn import CHIP
+
+
+@pytest.fixture(scope="module")
+def trained() -> Q.Trained:
+    return Q.load()
+
+
+def test_the_shipped_unit_outputs_the_rounded_mean_on_an_ideal_chip(
+        trained: Q.Trained) -> None:
+    unit = trained.ideal()
+    v = np.array([[0, 255, 3, 1, 200], [0, 255, 4, 2, 201], [0, 255, 4, 2, 202],
+                  [1, 255, 5, 2, 203]])
+    # round half up: (1 + 2) // 4 = 0, 1023 + 2 -> 255, 16 + 2 -> 4, 7 + 2 -> 2 ...
+    assert unit.run(v).tolist() == [0, 255, 4, 2, 202] == Q.rounded_mean(v).tolist()
+    share, errors = unit.exact_share(5_000)
+    assert share >= 0.99, errors
+
+
+def test_hardware_aware_training_beats_the_ideally_trained_unit_on_the_noisy_chip(
+        trained: Q.Trained) -> None:
+    as_trained = trained.as_trained(CHIP).exact_share(5_000)[0]
+    aware = trained.hardware_aware(CHIP).exact_share(5_000)[0]
+    assert aware > as_trained + 0.2, (aware, as_trained)
+
+
+def test_hardware_aware_training_fits_a_cell_to_its_chip(trained: Q.Trained) -> None:
+    cell = trained.as_trained(CHIP).cells[0]  # the ideal design on a lossy, skewed chip
+    x, want = Q.cell_table(4)
+    fit = Components(mzi_loss_db=CHIP.mzi_loss_db)
+
+    def rms(c: Q.Cell) -> float:
+        out = c.run(x.astype(complex), c.matrices(fit, None), fit, None).real
+        return float(np.sqrt(((out - want) ** 2).mean()))
+
+    assert rms(Q.tune(cell, 4, CHIP, max_nfev=10)) < rms(cell) / 2
+
+
+def test_a_cell_trains_from_random_starts() -> None:
+    w = Q.train_weights(4, seed=0, restarts=4)
+    x, want = Q.cell_table(4)
+    out = w.forward(x)
+    assert ((out[:, 0] > 0.5) == (want[:, 0] > 0.5)).all()
+    assert np.abs(out[:, 1] - want[:, 1]).max() < 0.5 / 4
+
+
+def test_two_levels_of_trained_units_round_once(trained: Q.Trained) -> None:
+    c = Q.Cascade(trained.template(), 4, 8, Components())
+    v = np.random.default_rng(3).integers(0, 256, (16, 2_000))
+    assert (c.run(v) == Q.rounded_mean(v)).all()
+    assert c.mzis == Q.cascade_mzis(4, 8)
+
+
+def test_the_counts_match_the_built_unit_and_the_unit_refuses_what_it_cannot_do(
+        trained: Q.Trained) -> None:
+    assert trained.ideal().mzis == Q.mzi_count(4, 8) == 364
+    assert Q.mzi_count(4, 8, partitioned=False) > 4 * Q.mzi_count(4, 8)  # Fig. 4 pays
+    assert Q.domain(4, 8) == {"without_p": 2 ** 32, "with_p": 5 ** 8, "cell": 20}
+    with pytest.raises(ValueError, match="power of two"):
+        Q.Quantiser.on_chip(trained.template(), 6, 8, Components())
+    with pytest.raises(ValueError, match="outside the cell"):
+        Q.Quantiser.on_chip(trained.template(), 4, 8, Components(), carry_in=4)
+
+
+def test_the_cnn_gradient_is_the_loss_slope() -> None:
+    xtr, ytr, _, _ = T._data(0)
+    x, y = xtr[:20], ytr[:20]
+    p = T.cnn_init(0) + np.random.default_rng(3).normal(0, 0.05, T.cnn_init(0).size)
+    g = T.cnn_grad(p, x, y)
+
+    def loss(q: np.ndarray) -> float:
+        pr = T.cnn_predict(q, x)
+        return float(-np.log(pr[np.arange(20), y]).mean())
+
+    for i in (0, 150, 170, 1000, 4700, 5125):  # conv, its bias, dense, output
+        e = np.zeros_like(p)
+        e[i] = 1e-6
+        assert g[i] == pytest.approx((loss(p + e) - loss(p - e)) / 2e-6, rel=1e-4, abs=1e-9)
+
+
+def test_the_ring_at_eight_bits_is_what_the_ideal_unit_computes(trained: Q.Trained) -> None:
+    g = np.random.default_rng(0).normal(0, 1, (4, 3_000))
+    scale = float(np.abs(g).max())
+    ring = T.ring(8)(g, scale)
+    assert (ring == T.trained_onn(trained.ideal())(g, scale)).all()
+    assert np.abs(ring[0] - g.mean(axis=0)).max() <= 2 * scale / 255  # a level's step
+
+
+def test_the_onn_pass_is_in_the_network_time() -> None:
+    spec = NetworkSpec(name="o", kind="optinc", latency_ns=700, onn_pass_ns=0.72)
+    assert allreduce_ns(spec, "optinc", 4, 5_000, 100.0) == 100 + 701  # ceil(700.72)
+    two = NetworkSpec(name="o", kind="optinc", latency_ns=700, onn_pass_ns=50, ports=4)
+    assert allreduce_ns(two, "optinc", 16, 5_000, 100.0) == 100 + 2 * 750
+
+
+def test_optinc_onn_command_reports_the_unit() -> None:
+    r = CliRunner().invoke(main, ["optinc", "onn", "--json", "--samples", "2000"])
+    assert r.exit_code == 0, r.output
+    onn = json.loads(r.output)["onn"]
+    assert onn["kind"] == "trained" and onn["hardware_aware"] is True
+    assert (onn["servers"], onn["bits"], onn["mzis"]) == (4, 8, 364)
+    assert onn["exact_share_ideal_chip"] >= 0.99
+    assert onn["exact_share"] > onn["exact_share_ideally_trained"]
+
+
+def test_optinc_train_with_the_trained_onn(tmp_path: Path) -> None:
+    r = CliRunner().invoke(main, ["optinc", "train", "--onn", "trained", "--epochs", "2",
+                             "--plot", str(tmp_path / "c.png"), "--json"])
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.output)
+    assert out["model"] == "cnn" and out["parameters"] > 2_410  # more than the MLP
+    assert all(0 < out[f"{k}_accuracy"] <= 1 and len(out[f"{k}_loss"]) == 2
+               for k in ("exact", "ring", "optical"))
+    comm = out["iteration_communication"]
+    assert comm["optinc_ns"] < comm["ring_ns"]
+    assert out["onn"]["kind"] == "trained"
+    assert (tmp_path / "c.png").read_bytes()[:4] == b"\x89PNG"
