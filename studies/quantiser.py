@@ -71,26 +71,34 @@ class Weights:
         return h @ self.w2.T
 
 
-def cell_table(n: int) -> tuple[np.ndarray, np.ndarray]:
+def cell_table(n: int, preprocessed: bool = True) -> tuple[np.ndarray, np.ndarray]:
     """Every input a cell can see with N servers, and what it must emit: ((c/N, carry/N,
-    1) rows, (bit, carry_out/N) rows)."""
-    c, r = np.meshgrid(np.arange(n + 1), np.arange(n), indexing="ij")
-    t = (c + r).ravel()
-    x = np.stack([c.ravel() / n, r.ravel() / n, np.ones(t.size)], axis=1)
+    1) rows, (bit, carry_out/N) rows). Without P a cell sees the N lanes themselves:
+    (lane_1 .. lane_N, carry/N, 1)."""
+    if preprocessed:
+        c, r = np.meshgrid(np.arange(n + 1), np.arange(n), indexing="ij")
+        t = (c + r).ravel()
+        x = np.stack([c.ravel() / n, r.ravel() / n, np.ones(t.size)], axis=1)
+    else:
+        lanes = (np.arange(2 ** n)[:, None] >> np.arange(n)) & 1
+        rows = [(*b, r) for b in lanes for r in range(n)]
+        a = np.array(rows, dtype=float)
+        t = (a[:, :n].sum(axis=1) + a[:, n]).astype(int)
+        x = np.column_stack([a[:, :n], a[:, n] / n, np.ones(len(a))])
     return x, np.stack([t % 2, (t // 2) / n], axis=1)
 
 
-def train_weights(n: int, seed: int = 0, noise: float = 0.0, restarts: int = 10
-                  ) -> Weights:
+def train_weights(n: int, seed: int = 0, noise: float = 0.0, restarts: int = 10,
+                  preprocessed: bool = True) -> Weights:
     """Least squares from random starts, the amplifiers' gain bound raised step by step
     (a steep tanh from the start leaves gradient descent on a plateau); the first start
     that is exact on the whole table, with `noise` injected before the amplifiers."""
-    x, y = cell_table(n)
+    x, y = cell_table(n, preprocessed)
     width = HIDDEN + 2
-    n1 = width * IN
+    n1 = width * x.shape[1]
 
     def unpack(p: np.ndarray) -> Weights:
-        return Weights(p[:n1].reshape(width, IN), p[n1:n1 + HIDDEN],
+        return Weights(p[:n1].reshape(width, x.shape[1]), p[n1:n1 + HIDDEN],
                        p[n1 + HIDDEN:].reshape(OUT, width))
 
     def resid(p: np.ndarray) -> np.ndarray:

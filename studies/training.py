@@ -175,8 +175,8 @@ class Curves:
     loss: list[float] = field(default_factory=list)
 
 
-def train_cnn(workers: int, average: Average, epochs: int = 20, batch: int = 16,
-              lr: float = 0.05, seed: int = 0) -> Curves:
+def train_cnn(workers: int, average: Average, epochs: int = 30, batch: int = 16,
+              lr: float = 0.1, seed: int = 0) -> Curves:
     """Data-parallel SGD of the CNN, as `train` does the MLP."""
     xtr, ytr, xte, yte = _data(seed)
     shards = np.array_split(np.arange(len(ytr)), workers)

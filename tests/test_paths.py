@@ -14,7 +14,7 @@ FOLDERS = ("app", "controller", "sim", "studies", "drivers", "fpga", "tests", "b
 # a path of ours (folder/.../name.ext) or a dotted module of ours (oddl.part.module)
 FOLDER = "|".join(FOLDERS)
 PATH = re.compile(rf"(?<![\w./-])((?:{FOLDER})/[\w./-]*\w\."
-                  r"(?:py|md|toml|tcl|js|html|css|hwh|ca|csv))")
+                  r"(?:py|md|toml|tcl|json|js|html|css|hwh|ca|csv))\b")
 MODULE = re.compile(r"(?<![\w.])(oddl\.(?:app|controller|sim|studies|drivers|fpga|acceptance)"
                     r"(?:\.[a-z_][a-z0-9_]*)*)")
 TEXTS = [*ROOT.glob("*.md"), *(ROOT / "docs").glob("*.md"),
