@@ -26,10 +26,9 @@ The seed gives the abstract only; the structure below is our design (docs/optinc
   sum plus g/2 (B + p bits, nothing dropped); the second level adds the G groups' sums and
   drops 2p bits. One rounding, so the cascade is exact too.
 - **Hardware-aware training.** Trained ideally, the weights are decomposed into phases
-  and used as they are. Trained hardware-aware, the same start is refined in phase space
-  through the chip model (loss, coupler errors drawn per chip, phase jitter and detector
-  noise drawn per pass; sample-average least squares), so it holds on chips it has not
-  seen.
+  and used as they are. Trained hardware-aware, each cell's phases and gains are then
+  refined through its chip as measured (couplers' errors, loss), by sample-average least
+  squares over draws of phase jitter, detector noise and noisy inputs.
 """
 
 from __future__ import annotations
@@ -45,6 +44,10 @@ from scipy.optimize import least_squares
 
 HIDDEN = 8  # nonlinear ports of a cell: 6 trained 7 of 10 starts at N = 4, 8 all 10
 IN, OUT = 3, 2  # cell ports: (c, carry, constant light) in; (bit, carry) out
+# The carry out is drawn from the limiting amplifiers only, never from the linear bypass:
+# regenerated at every cell, so noise does not ripple up the significances.
+REGENERATED = np.ones((OUT, HIDDEN + 2))
+REGENERATED[1, HIDDEN:] = 0
 TRAINED = Path(__file__).with_name("data") / "quantiser-n4.json"
 
 
@@ -98,8 +101,8 @@ def train_weights(n: int, seed: int = 0, noise: float = 0.0, restarts: int = 10,
     n1 = width * x.shape[1]
 
     def unpack(p: np.ndarray) -> Weights:
-        return Weights(p[:n1].reshape(width, x.shape[1]), p[n1:n1 + HIDDEN],
-                       p[n1 + HIDDEN:].reshape(OUT, width))
+        w2 = p[n1 + HIDDEN:].reshape(OUT, width) * REGENERATED
+        return Weights(p[:n1].reshape(width, x.shape[1]), p[n1:n1 + HIDDEN], w2)
 
     def resid(p: np.ndarray) -> np.ndarray:
         rng = np.random.default_rng(0)  # the same draws every call: a smooth objective

@@ -132,3 +132,8 @@ def test_optinc_train_with_the_trained_onn(tmp_path: Path) -> None:
     assert comm["optinc_ns"] < comm["ring_ns"]
     assert out["onn"]["kind"] == "trained"
     assert (tmp_path / "c.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_the_trained_onn_serves_four_servers_and_says_so() -> None:
+    r = CliRunner().invoke(main, ["optinc", "train", "--onn", "trained", "--servers", "8"])
+    assert r.exit_code == 2 and "serves 4 servers" in r.output

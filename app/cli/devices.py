@@ -369,7 +369,12 @@ def optinc_train(servers: int, ports: int, epochs: int, seed: int, ideal: bool,
                  plot: Path | None, onn: str, as_json: bool) -> None:
     """Data-parallel SGD on scikit-learn's digits: exact vs optical gradient averaging."""
     if onn == "trained":
-        _train_trained(epochs, seed, plot, as_json)
+        src = click.get_current_context().get_parameter_source("servers")
+        if src == click.core.ParameterSource.COMMANDLINE and servers != 4:
+            click.echo(f"error: --servers {servers}: the trained unit serves 4 servers "
+                       "(studies/data/quantiser-n4.json)", err=True)
+            sys.exit(2)
+        _train_trained(epochs, seed, ideal, plot, as_json)
         return
     from oddl.studies.mzi import Components
     from oddl.studies.onn import CHIP
@@ -397,16 +402,19 @@ def optinc_train(servers: int, ports: int, epochs: int, seed: int, ideal: bool,
                f"{fabric.matrix_error:.2g})")
 
 
-def _train_trained(epochs: int, seed: int, plot: Path | None, as_json: bool) -> None:
+def _train_trained(epochs: int, seed: int, ideal: bool, plot: Path | None,
+                   as_json: bool) -> None:
     """The CNN with exact averaging, a ring at 8 bits and the trained ONN on the noisy
-    chip; the iteration's communication on the OptINC network and on a ring."""
+    chip (`ideal`: the ideally trained unit on ideal components); the iteration's
+    communication on the OptINC network and on a ring."""
     from oddl.app.registry import allreduce_ns
     from oddl.controller.base.config import NetworkSpec
     from oddl.studies import quantiser as Q
     from oddl.studies import training as T
     from oddl.studies.onn import CHIP
 
-    unit = Q.load().hardware_aware(CHIP)
+    trained = Q.load()
+    unit = trained.ideal() if ideal else trained.hardware_aware(CHIP)
     runs = {"exact": T.train_cnn(unit.servers, T.exact, epochs, seed=seed),
             "ring": T.train_cnn(unit.servers, T.ring(unit.bits), epochs, seed=seed),
             "optical": T.train_cnn(unit.servers, T.trained_onn(unit), epochs, seed=seed)}
