@@ -223,15 +223,22 @@ def ring(bits: int) -> Average:
     return avg
 
 
-def trained_onn(unit: object) -> Average:
-    """The trained ONN (studies/quantiser.Quantiser): one optical pass a step; every
-    server reads the same output ports (the splitting unit T)."""
+def trained_onn(unit: object, passes: list[int] | None = None) -> Average:
+    """The trained ONN (studies/quantiser.Quantiser): one optical pass a step, or with
+    `passes` given, passes checked by pilots and sent again when disturbed (each step's
+    count appended); every server reads the same output ports (the splitting unit T)."""
     from oddl.studies.quantiser import Quantiser
 
     assert isinstance(unit, Quantiser)
 
     def avg(g: np.ndarray, scale: float) -> np.ndarray:
-        m = from_levels(unit.run(to_levels(g, scale, unit.bits)), scale, unit.bits)
+        q = to_levels(g, scale, unit.bits)
+        if passes is None:
+            out = unit.run(q)
+        else:
+            out, n = unit.run_checked(q)
+            passes.append(n)
+        m = from_levels(out, scale, unit.bits)
         return np.repeat(m[None, :], len(g), axis=0)
 
     return avg

@@ -415,14 +415,18 @@ def _train_trained(epochs: int, seed: int, ideal: bool, plot: Path | None,
 
     trained = Q.load()
     unit = trained.ideal() if ideal else trained.hardware_aware(CHIP)
+    passes: list[int] = []
     runs = {"exact": T.train_cnn(unit.servers, T.exact, epochs, seed=seed),
             "ring": T.train_cnn(unit.servers, T.ring(unit.bits), epochs, seed=seed),
-            "optical": T.train_cnn(unit.servers, T.trained_onn(unit), epochs, seed=seed)}
+            "optical": T.train_cnn(unit.servers, T.trained_onn(unit, passes), epochs,
+                                   seed=seed)}
     size = T.cnn_init(seed).size * unit.bits // 8  # bytes a server sends a step
-    comm = {"optinc_ns": allreduce_ns(
-                NetworkSpec(name="optinc", kind="optinc",
-                            onn_pass_ns=Q.pass_ns(unit.servers, unit.bits)),
-                "optinc", unit.servers, size, 100.0),
+    one_pass = allreduce_ns(NetworkSpec(name="optinc", kind="optinc",
+                                        onn_pass_ns=Q.pass_ns(unit.servers, unit.bits)),
+                            "optinc", unit.servers, size + Q.PILOTS, 100.0)
+    mean_passes = sum(passes) / len(passes)
+    comm = {"optinc_pass_ns": one_pass, "passes": mean_passes,
+            "optinc_ns": one_pass * mean_passes,
             "ring_ns": allreduce_ns(NetworkSpec(name="electrical", kind="electrical"),
                                     "ring", unit.servers, size, 100.0),
             "bytes": size, "line_rate_gbps": 100.0}
@@ -443,7 +447,8 @@ def _train_trained(epochs: int, seed: int, ideal: bool, plot: Path | None,
                f"{out['optical_accuracy']:.4f} (its output exact on "
                f"{out['onn']['exact_share']:.1%} of values)")
     click.echo(f"communication a step ({size:,} bytes a server, 100 Gb/s): OptINC "
-               f"{comm['optinc_ns'] / 1000:.2f} us, ring on an electrical switch "
+               f"{comm['optinc_ns'] / 1000:.2f} us ({comm['passes']:.2f} passes of "
+               f"{one_pass / 1000:.2f} us, pilots checked), ring on an electrical switch "
                f"{comm['ring_ns'] / 1000:.2f} us")
 
 
@@ -541,6 +546,8 @@ def optinc_onn(samples: int, retrain: bool, as_json: bool) -> None:
                      ("exact_share_ideally_trained", "noisy chip, trained ideally"),
                      ("exact_share", "noisy chip, trained hardware-aware")):
         click.echo(f"  output = exact rounded mean: {onn[k]:.2%} ({label})")
+    click.echo(f"  with {onn['pilots']} pilot values a pass, a disturbed pass sent again: "
+               f"{onn['exact_share_checked']:.2%} in {onn['passes_checked']:.2f} passes")
     d = onn["domain"]
     click.echo(f"  inputs to learn: {d['without_p']:,} without P, {d['with_p']:,} with P, "
                f"{d['cell']} for the cell every significance shares")
@@ -561,11 +568,14 @@ def onn_figures(samples: int, retrain: bool = False) -> dict[str, Any]:
         Q.save(trained)
     ideal, as_trained, hw = (trained.ideal(), trained.as_trained(CHIP),
                              trained.hardware_aware(CHIP))
-    share, errors = hw.exact_share(samples)
+    share, errors, _ = hw.exact_share(samples)
+    checked, _, passes = hw.exact_share(samples, checked=True)
     n, b = trained.servers, trained.bits
     return {"onn": {"kind": "trained", "servers": n, "bits": b, "mzis": hw.mzis,
                     "cells": len(hw.cells), "hardware_aware": True,
                     "exact_share": share, "errors": errors,
+                    "exact_share_checked": checked, "passes_checked": passes,
+                    "pilots": Q.PILOTS,
                     "exact_share_ideal_chip": ideal.exact_share(samples)[0],
                     "exact_share_ideally_trained": as_trained.exact_share(samples)[0],
                     "pass_ns": Q.pass_ns(n, b), "domain": Q.domain(n, b),
