@@ -125,12 +125,12 @@ def test_optinc_onn_command_reports_the_unit() -> None:
 
 
 def test_optinc_train_with_the_trained_onn(tmp_path: Path) -> None:
-    r = CliRunner().invoke(main, ["optinc", "train", "--onn", "trained", "--epochs", "2",
+    r = CliRunner().invoke(main, ["optinc", "train", "--onn", "trained", "--epochs", "1",
                              "--plot", str(tmp_path / "c.png"), "--json"])
     assert r.exit_code == 0, r.output
     out = json.loads(r.output)
     assert out["model"] == "cnn" and out["parameters"] > 2_410  # more than the MLP
-    assert all(0 < out[f"{k}_accuracy"] <= 1 and len(out[f"{k}_loss"]) == 2
+    assert all(0 < out[f"{k}_accuracy"] <= 1 and len(out[f"{k}_loss"]) == 1
                for k in ("exact", "ring", "optical"))
     comm = out["iteration_communication"]
     assert comm["optinc_ns"] < comm["ring_ns"]

@@ -76,6 +76,9 @@ def test_the_wheel_alone_runs_its_commands_from_anywhere(root: Path, tmp_path: P
     r = _oddl(wheel_venv, "lightning", "mac", "100x50", "20x30", "--json")
     assert r.returncode == 0, r.stderr[-2000:]
     assert abs(json.loads(r.stdout)["decoded"] - (100 * 50 + 20 * 30) / 256) < 1.0
+    r = _oddl(wheel_venv, "optinc", "onn", "--samples", "1000", "--json")  # its data file
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert json.loads(r.stdout)["onn"]["exact_share_ideal_chip"] >= 0.99
 
 
 def test_a_missing_extra_is_named_by_the_wheels_oddl(wheel_venv: Path) -> None:
