@@ -387,7 +387,7 @@ class Trained:
 
 def train(comp: Components, servers: int = 4, bits: int = 8, chip_seed: int = 0,
           seed: int = 0, input_noise: float = 0.03) -> Trained:
-    """Both trainings from scratch (minutes: `oddl optinc onn --retrain`)."""
+    """Both trainings from scratch (minutes: `oddl optinc onn --retrain FILE`)."""
     w = train_weights(servers, seed, noise=input_noise)
     design = Cell.of(w)
     q = hardware_aware(Quantiser.on_chip(design, servers, bits, comp, chip_seed))
@@ -398,7 +398,7 @@ def train(comp: Components, servers: int = 4, bits: int = 8, chip_seed: int = 0,
 def save(t: Trained, path: Path = TRAINED) -> None:
     """JSON, so a retrained unit diffs against the shipped one."""
     doc = {"servers": t.servers, "bits": t.bits, "chip_seed": t.chip_seed,
-           "input_noise": t.input_noise, "regenerate": "oddl optinc onn --retrain",
+           "input_noise": t.input_noise, "regenerate": "oddl optinc onn --retrain FILE",
            "weights": {"w1": t.weights.w1.tolist(), "gain": t.weights.gain.tolist(),
                        "w2": t.weights.w2.tolist()},
            "design": t.design.tolist(), "tuned": [p.tolist() for p in t.tuned]}

@@ -528,14 +528,19 @@ def optinc_mesh(size: int, seed: int, as_json: bool) -> None:
 @optinc.command("onn")
 @click.option("--samples", type=click.IntRange(1_000, 10_000_000), default=20_000,
               show_default=True, help="random input vectors for each exactness figure")
-@click.option("--retrain", is_flag=True,
-              help="train both units again (minutes) and write the shipped file")
+@click.option("--retrain", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="train both units again (about 12 minutes), write them to this file "
+                   "and report on them (the shipped unit: studies/data/quantiser-n4.json)")
 @click.option("--json", "as_json", is_flag=True, help="stdout: exactly one JSON object")
-def optinc_onn(samples: int, retrain: bool, as_json: bool) -> None:
+def optinc_onn(samples: int, retrain: Path | None, as_json: bool) -> None:
     """The trained ONN that averages and quantises 4 servers' 8-bit values: its
     exactness on an ideal chip, and on the default noisy chip trained ideally and
     hardware-aware; its size, latency and cost at other N and B."""
-    out = onn_figures(samples, retrain)
+    try:
+        out = onn_figures(samples, retrain)
+    except OSError as e:
+        click.echo(f"error: {retrain}: {e.strerror or e}", err=True)
+        sys.exit(2)
     if as_json:
         emit(out)
         return
@@ -558,14 +563,17 @@ def optinc_onn(samples: int, retrain: bool, as_json: bool) -> None:
                    f"{r['without_p']:>6} {r['cascade']:>7}")
 
 
-def onn_figures(samples: int, retrain: bool = False) -> dict[str, Any]:
+def onn_figures(samples: int, retrain: Path | None = None) -> dict[str, Any]:
     """`oddl optinc onn`'s figures (also the "onn" block of `optinc train --json`)."""
     from oddl.studies import quantiser as Q
     from oddl.studies.onn import CHIP
 
-    trained = Q.train(CHIP) if retrain else Q.load()
-    if retrain:
-        Q.save(trained)
+    if retrain is None:
+        trained = Q.load()
+    else:
+        retrain.touch()  # an unwritable path fails now, not after the training
+        trained = Q.train(CHIP)
+        Q.save(trained, retrain)
     ideal, as_trained, hw = (trained.ideal(), trained.as_trained(CHIP),
                              trained.hardware_aware(CHIP))
     share, errors, _ = hw.exact_share(samples)
