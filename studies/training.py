@@ -72,27 +72,44 @@ def _grad(p: np.ndarray, x: np.ndarray, y: np.ndarray) -> np.ndarray:
     return np.concatenate([(x.T @ dh).ravel(), dh.sum(0), (h.T @ dz).ravel(), dz.sum(0)])
 
 
-def train(workers: int, average: Average, epochs: int = 30, batch: int = 16,
-          lr: float = 0.1, seed: int = 0) -> TrainResult:
-    xtr, ytr, xte, yte = _data(seed)
+Data = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]  # train x, y; test x, y
+
+
+def _sgd(workers: int, average: Average, p0: np.ndarray,
+         grad: Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndarray], epochs: int,
+         batch: int, lr: float, seed: int,
+         after_epoch: Callable[[np.ndarray, Data], None]) -> None:
+    """Data-parallel SGD: each worker a shard, the same batches in the same order for
+    every averaging; each step's gradients averaged by `average` on the scale the workers
+    agree (the largest |gradient|). `after_epoch` sees every worker's replica."""
+    data = _data(seed)
+    xtr, ytr = data[0], data[1]
     shards = np.array_split(np.arange(len(ytr)), workers)
     steps = min(len(s) for s in shards) // batch
     if steps < 1:
         raise ValueError(f"{workers} workers leave fewer than {batch} samples each")
-    p = np.repeat(_init(seed)[None, :], workers, axis=0)  # each worker's replica
+    p = np.repeat(p0[None, :], workers, axis=0)  # each worker's replica
     rng = np.random.default_rng(seed + 2)
-    res = TrainResult()
     for _ in range(epochs):
         perm = [rng.permutation(s) for s in shards]
         for k in range(steps):
-            g = np.stack([_grad(p[i], xtr[o[k * batch:(k + 1) * batch]],
-                                ytr[o[k * batch:(k + 1) * batch]])
+            g = np.stack([grad(p[i], xtr[o[k * batch:(k + 1) * batch]],
+                               ytr[o[k * batch:(k + 1) * batch]])
                           for i, o in enumerate(perm)])
-            scale = float(np.abs(g).max()) or 1.0
             # each worker applies what reached it: optically, its own port's copy
-            p = p - lr * average(g, scale)
-        res.accuracy.append(float((_forward(p[0], xte)[1].argmax(1) == yte).mean()))
+            p = p - lr * average(g, float(np.abs(g).max()) or 1.0)
+        after_epoch(p, data)
+
+
+def train(workers: int, average: Average, epochs: int = 30, batch: int = 16,
+          lr: float = 0.1, seed: int = 0) -> TrainResult:
+    res = TrainResult()
+
+    def record(p: np.ndarray, d: Data) -> None:
+        res.accuracy.append(float((_forward(p[0], d[2])[1].argmax(1) == d[3]).mean()))
         res.drift.append(float(np.abs(p - p[0]).max()))
+
+    _sgd(workers, average, _init(seed), _grad, epochs, batch, lr, seed, record)
     return res
 
 
@@ -181,22 +198,14 @@ class Curves:
 def train_cnn(workers: int, average: Average, epochs: int = 30, batch: int = 16,
               lr: float = 0.1, seed: int = 0) -> Curves:
     """Data-parallel SGD of the CNN, as `train` does the MLP."""
-    xtr, ytr, xte, yte = _data(seed)
-    shards = np.array_split(np.arange(len(ytr)), workers)
-    steps = min(len(s) for s in shards) // batch
-    p = np.repeat(cnn_init(seed)[None, :], workers, axis=0)
-    rng = np.random.default_rng(seed + 2)
     out = Curves()
-    for _ in range(epochs):
-        perm = [rng.permutation(s) for s in shards]
-        for k in range(steps):
-            g = np.stack([cnn_grad(p[i], xtr[o[k * batch:(k + 1) * batch]],
-                                   ytr[o[k * batch:(k + 1) * batch]])
-                          for i, o in enumerate(perm)])
-            p = p - lr * average(g, float(np.abs(g).max()) or 1.0)
-        prob = cnn_predict(p[0], xtr)
-        out.loss.append(float(-np.log(prob[np.arange(len(ytr)), ytr] + 1e-12).mean()))
-        out.accuracy.append(float((cnn_predict(p[0], xte).argmax(1) == yte).mean()))
+
+    def record(p: np.ndarray, d: Data) -> None:
+        prob = cnn_predict(p[0], d[0])
+        out.loss.append(float(-np.log(prob[np.arange(len(d[1])), d[1]] + 1e-12).mean()))
+        out.accuracy.append(float((cnn_predict(p[0], d[2]).argmax(1) == d[3]).mean()))
+
+    _sgd(workers, average, cnn_init(seed), cnn_grad, epochs, batch, lr, seed, record)
     return out
 
 
