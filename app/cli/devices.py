@@ -443,9 +443,9 @@ def _train_trained(epochs: int, seed: int, ideal: bool, plot: Path | None,
         return
     click.echo(f"CNN ({out['parameters']:,} parameters), {unit.servers} servers, {epochs} "
                f"epochs: test accuracy exact {out['exact_accuracy']:.4f}, ring at "
-               f"{unit.bits} bits {out['ring_accuracy']:.4f}, trained ONN on the noisy chip "
-               f"{out['optical_accuracy']:.4f} (its output exact on "
-               f"{out['onn']['exact_share']:.1%} of values)")
+               f"{unit.bits} bits {out['ring_accuracy']:.4f}, trained ONN "
+               f"{'(ideal chip)' if ideal else 'on the noisy chip'} "
+               f"{out['optical_accuracy']:.4f}")
     click.echo(f"communication a step ({size:,} bytes a server, 100 Gb/s): OptINC "
                f"{comm['optinc_ns'] / 1000:.2f} us ({comm['passes']:.2f} passes of "
                f"{one_pass / 1000:.2f} us, pilots checked), ring on an electrical switch "
