@@ -42,7 +42,7 @@ from oddl.studies.mzi import Components
 from oddl.studies.onn import Realised, realise
 from scipy.optimize import least_squares
 
-HIDDEN = 8  # nonlinear ports of a cell: 6 trained 7 of 10 starts at N = 4, 8 all 10
+HIDDEN = 8  # nonlinear ports of a cell: 8 trained from 9 of 10 starts at N = 4 (docs)
 IN, OUT = 3, 2  # cell ports: (c, carry, constant light) in; (bit, carry) out
 TRAINED = Path(__file__).with_name("data") / "quantiser-n4.json"
 # Known values sent beside every pass's gradient, so the receivers can tell a disturbed
