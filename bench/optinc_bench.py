@@ -5,7 +5,9 @@
 1. `oddl optinc train` with 8 servers (30 epochs, the default chip): wall time, both
    accuracies (target: <= 60 s);
 2. calibration of one averaging unit per size: wall time and matrix error;
-3. without --quick, the optinc-vs-ring sweep, 4 to 1024 servers, two workers (target:
+3. the trained ONN (4 servers, 8 bits): values a second through one simulated pass, and
+   the hardware-aware training of one cell;
+4. without --quick, the optinc-vs-ring sweep, 4 to 1024 servers, two workers (target:
    <= 2 min).
 """
 
@@ -17,6 +19,8 @@ import tempfile
 import time
 from pathlib import Path
 
+import numpy as np
+from oddl.studies import quantiser as Q
 from oddl.studies.onn import CHIP, AveragingUnit
 from oddl.studies.training import compare
 
@@ -34,6 +38,16 @@ def main() -> None:
         u = AveragingUnit(n, CHIP, seed=0)
         print(f"calibrate a {n}-port unit: {time.perf_counter() - t:.1f} s; matrix error "
               f"{u.error_before:.2e} -> {u.error_after:.2e}")
+    unit = Q.load().hardware_aware(CHIP)
+    v = np.random.default_rng(0).integers(0, 256, (4, 100_000))
+    t = time.perf_counter()
+    unit.run(v)
+    print(f"trained ONN: one pass of 100,000 values simulated in {time.perf_counter() - t:.2f} "
+          f"s ({100_000 / (time.perf_counter() - t):,.0f} values/s)")
+    t = time.perf_counter()
+    Q.tune(unit.cells[0], 4, CHIP)
+    print(f"hardware-aware training of one cell (12 draws, 30 steps): "
+          f"{time.perf_counter() - t:.1f} s")
     if not quick:
         with tempfile.TemporaryDirectory() as d:
             t = time.perf_counter()
