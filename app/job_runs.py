@@ -67,13 +67,13 @@ class JobRuns:
             if store is not None:
                 store.set_outcome(NETWORK, bool(sum(disturbance.values())), disturbance)
             (self.path(job) / "summary.json").write_text(json.dumps(record, indent=1))
-            self.close(job)
-            with contextlib.suppress(RuntimeError):  # stopping: no new plot is begun
-                self._plots.submit(self._plot, job, record)
         except (OSError, sqlite3.Error) as e:
             log.warning("job %s: its run directory cannot be written: %s", job, e)
+            return
         finally:
-            self.close(job)
+            self.close(job)  # before the plot reads it
+        with contextlib.suppress(RuntimeError):  # stopping: no new plot is begun
+            self._plots.submit(self._plot, job, record)
 
     def _plot(self, job: str, record: dict[str, Any]) -> None:
         try:

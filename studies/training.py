@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from oddl.studies.mzi import Components
 from oddl.studies.onn import OptINC
+from oddl.studies.quantiser import Quantiser, rounded_mean
 
 Average = Callable[[np.ndarray, float], np.ndarray]  # (workers x P, scale) -> workers x P
 HIDDEN = 32
@@ -219,35 +220,32 @@ def from_levels(q: np.ndarray, scale: float, bits: int) -> np.ndarray:
     return (q / (2 ** bits - 1) * 2 - 1) * scale
 
 
+def _on_levels(bits: int, mean: Callable[[np.ndarray], np.ndarray]) -> Average:
+    """An averaging of `bits`-bit gradients: each worker's values as levels, `mean` of
+    them (servers x k levels to k levels), every worker given the same result."""
+    def avg(g: np.ndarray, scale: float) -> np.ndarray:
+        m = from_levels(mean(to_levels(g, scale, bits)), scale, bits)
+        return np.repeat(m[None, :], len(g), axis=0)
+
+    return avg
+
+
 def ring(bits: int) -> Average:
     """A ring all-reduce of `bits`-bit gradients: each worker sends its B-bit values, the
     ring adds them exactly (its messages are wide enough for the sum) and the all-gather
     carries the mean rounded to B bits, the function the trained ONN computes."""
-    from oddl.studies.quantiser import rounded_mean
-
-    def avg(g: np.ndarray, scale: float) -> np.ndarray:
-        m = from_levels(rounded_mean(to_levels(g, scale, bits)), scale, bits)
-        return np.repeat(m[None, :], len(g), axis=0)
-
-    return avg
+    return _on_levels(bits, rounded_mean)
 
 
-def trained_onn(unit: object, passes: list[int] | None = None) -> Average:
-    """The trained ONN (studies/quantiser.Quantiser): one optical pass a step, or with
-    `passes` given, passes checked by pilots and sent again when disturbed (each step's
-    count appended); every server reads the same output ports (the splitting unit T)."""
-    from oddl.studies.quantiser import Quantiser
-
-    assert isinstance(unit, Quantiser)
-
-    def avg(g: np.ndarray, scale: float) -> np.ndarray:
-        q = to_levels(g, scale, unit.bits)
+def trained_onn(unit: Quantiser, passes: list[int] | None = None) -> Average:
+    """The trained ONN: one optical pass a step, or with `passes` given, passes checked by
+    pilots and sent again when disturbed (each step's count appended); every server reads
+    the same output ports (the splitting unit T)."""
+    def mean(q: np.ndarray) -> np.ndarray:
         if passes is None:
-            out = unit.run(q)
-        else:
-            out, n = unit.run_checked(q)
-            passes.append(n)
-        m = from_levels(out, scale, unit.bits)
-        return np.repeat(m[None, :], len(g), axis=0)
+            return unit.run(q)
+        out, n = unit.run_checked(q)
+        passes.append(n)
+        return out
 
-    return avg
+    return _on_levels(unit.bits, mean)

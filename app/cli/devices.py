@@ -392,7 +392,9 @@ def optinc_train(servers: int, ports: int, epochs: int, seed: int, ideal: bool,
            "replica_drift": op.drift[-1], "matrix_error": fabric.matrix_error,
            "components": asdict(comp)}
     if plot is not None:
-        _plot_curves(plot, ex.accuracy, op.accuracy, servers)
+        _plot_epochs(plot, f"digits, {servers} servers",
+                     {"exact mean (ring all-reduce)": ex.accuracy,
+                      "OptINC (quantised, noisy, calibrated)": op.accuracy})
     if as_json:
         emit(out)
         return
@@ -420,7 +422,8 @@ def _train_trained(epochs: int, seed: int, ideal: bool, plot: Path | None,
             "ring": T.train_cnn(unit.servers, T.ring(unit.bits), epochs, seed=seed),
             "optical": T.train_cnn(unit.servers, T.trained_onn(unit, passes), epochs,
                                    seed=seed)}
-    size = T.cnn_init(seed).size * unit.bits // 8  # bytes a server sends a step
+    params = T.cnn_init(seed).size
+    size = params * unit.bits // 8  # bytes a server sends a step
     one_pass = allreduce_ns(NetworkSpec(name="optinc", kind="optinc",
                                         onn_pass_ns=Q.pass_ns(unit.servers, unit.bits)),
                             "optinc", unit.servers, size + Q.PILOTS, 100.0)
@@ -430,14 +433,16 @@ def _train_trained(epochs: int, seed: int, ideal: bool, plot: Path | None,
             "ring_ns": allreduce_ns(NetworkSpec(name="electrical", kind="electrical"),
                                     "ring", unit.servers, size, 100.0),
             "bytes": size, "line_rate_gbps": 100.0}
-    out = {"servers": unit.servers, "model": "cnn", "parameters": T.cnn_init(seed).size,
+    out = {"servers": unit.servers, "model": "cnn", "parameters": params,
            "epochs": epochs, "seed": seed,
            **{f"{k}_accuracy": r.accuracy[-1] for k, r in runs.items()},
            **{f"{k}_curve": r.accuracy for k, r in runs.items()},
            **{f"{k}_loss": r.loss for k, r in runs.items()},
-           "iteration_communication": comm, **onn_figures(5_000)}
+           "iteration_communication": comm, **onn_figures(5_000, trained)}
     if plot is not None:
-        _plot_runs(plot, runs)
+        _plot_epochs(plot, f"CNN on digits, {unit.servers} servers",
+                     {k: r.accuracy for k, r in runs.items()},
+                     {k: r.loss for k, r in runs.items()})
     if as_json:
         emit(out)
         return
@@ -452,40 +457,26 @@ def _train_trained(epochs: int, seed: int, ideal: bool, plot: Path | None,
                f"{comm['ring_ns'] / 1000:.2f} us")
 
 
-def _plot_runs(path: Path, runs: dict[str, Any]) -> None:
+def _plot_epochs(path: Path, title: str, accuracy: dict[str, list[float]],
+                 loss: dict[str, list[float]] | None = None) -> None:
+    """Test accuracy per epoch of each averaging (and, given, the training loss beside)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, (acc, loss) = plt.subplots(1, 2, figsize=(10, 4))
-    for name, r in runs.items():
-        ep = range(1, len(r.accuracy) + 1)
-        acc.plot(ep, r.accuracy, label=name)
-        loss.plot(ep, r.loss, label=name)
-    acc.set(xlabel="epoch", ylabel="test accuracy", title="CNN on digits, 4 servers")
-    loss.set(xlabel="epoch", ylabel="training loss", yscale="log")
+    fig, axes = plt.subplots(1, 2 if loss else 1, figsize=(10 if loss else 6, 4),
+                             squeeze=False)
+    acc = axes[0][0]
+    for name, a in accuracy.items():
+        acc.plot(range(1, len(a) + 1), a, label=name)
+    acc.set(xlabel="epoch", ylabel="test accuracy", title=title)
+    acc.ticklabel_format(axis="y", useOffset=False)
     acc.legend()
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
-
-
-def _plot_curves(path: Path, exact: list[float], optical: list[float], servers: int) -> None:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(6, 4))
-    ep = range(1, len(exact) + 1)
-    ax.plot(ep, exact, label="exact mean (ring all-reduce)")
-    ax.plot(ep, optical, label="OptINC (quantised, noisy, calibrated)", linestyle="--")
-    ax.set_xlabel("epoch")
-    ax.set_ylabel("test accuracy")
-    ax.set_title(f"digits, {servers} servers")
-    ax.ticklabel_format(useOffset=False)
-    ax.legend()
+    if loss:
+        for name, lo in loss.items():
+            axes[0][1].plot(range(1, len(lo) + 1), lo, label=name)
+        axes[0][1].set(xlabel="epoch", ylabel="training loss", yscale="log")
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)
@@ -536,11 +527,20 @@ def optinc_onn(samples: int, retrain: Path | None, as_json: bool) -> None:
     """The trained ONN that averages and quantises 4 servers' 8-bit values: its
     exactness on an ideal chip, and on the default noisy chip trained ideally and
     hardware-aware; its size, latency and cost at other N and B."""
-    try:
-        out = onn_figures(samples, retrain)
-    except OSError as e:
-        click.echo(f"error: {retrain}: {e.strerror or e}", err=True)
-        sys.exit(2)
+    from oddl.studies import quantiser as Q
+    from oddl.studies.onn import CHIP
+
+    if retrain is None:
+        trained = Q.load()
+    else:
+        try:
+            retrain.touch()  # an unwritable path fails now, not after the training
+        except OSError as e:
+            click.echo(f"error: {retrain}: {e.strerror or e}", err=True)
+            sys.exit(2)
+        trained = Q.train(CHIP)
+        Q.save(trained, retrain)
+    out = onn_figures(samples, trained)
     if as_json:
         emit(out)
         return
@@ -563,17 +563,12 @@ def optinc_onn(samples: int, retrain: Path | None, as_json: bool) -> None:
                    f"{r['without_p']:>6} {r['cascade']:>7}")
 
 
-def onn_figures(samples: int, retrain: Path | None = None) -> dict[str, Any]:
-    """`oddl optinc onn`'s figures (also the "onn" block of `optinc train --json`)."""
+def onn_figures(samples: int, trained: Any) -> dict[str, Any]:
+    """`oddl optinc onn`'s figures of a trained unit (studies/quantiser.Trained; also the
+    "onn" block of `optinc train --onn trained --json`)."""
     from oddl.studies import quantiser as Q
     from oddl.studies.onn import CHIP
 
-    if retrain is None:
-        trained = Q.load()
-    else:
-        retrain.touch()  # an unwritable path fails now, not after the training
-        trained = Q.train(CHIP)
-        Q.save(trained, retrain)
     ideal, as_trained, hw = (trained.ideal(), trained.as_trained(CHIP),
                              trained.hardware_aware(CHIP))
     share, errors, _ = hw.exact_share(samples)
