@@ -407,12 +407,25 @@ def save(t: Trained, path: Path = TRAINED) -> None:
 
 
 def load(path: Path = TRAINED) -> Trained:
-    d = json.loads(path.read_text())
-    w = d["weights"]
-    return Trained(int(d["servers"]), int(d["bits"]),
-                   Weights(np.array(w["w1"]), np.array(w["gain"]), np.array(w["w2"])),
-                   np.array(d["design"]), [np.array(p) for p in d["tuned"]],
-                   int(d["chip_seed"]), float(d["input_noise"]))
+    """A trained unit from its file; ValueError naming the file and what is wrong."""
+    try:
+        d = json.loads(path.read_text())
+        w = d["weights"]
+        t = Trained(int(d["servers"]), int(d["bits"]),
+                    Weights(np.array(w["w1"], dtype=float), np.array(w["gain"], dtype=float),
+                            np.array(w["w2"], dtype=float)),
+                    np.array(d["design"], dtype=float),
+                    [np.array(p, dtype=float) for p in d["tuned"]],
+                    int(d["chip_seed"]), float(d["input_noise"]))
+        size = t.template().params.size
+    except (OSError, ValueError, KeyError, TypeError, IndexError) as e:
+        raise ValueError(f"{path}: not a trained unit: {e!r}") from e
+    cells = t.bits + t.servers.bit_length() - 1
+    if t.design.size != size or len(t.tuned) != cells or \
+            any(p.size != size for p in t.tuned):
+        raise ValueError(f"{path}: not a trained unit: {cells} cells of {size} phases and "
+                         "gains expected")
+    return t
 
 
 # One cell's delay, for the pass's latency: light crosses each block's two meshes (a

@@ -141,3 +141,15 @@ def test_optinc_train_with_the_trained_onn(tmp_path: Path) -> None:
 def test_the_trained_onn_serves_four_servers_and_says_so() -> None:
     r = CliRunner().invoke(main, ["optinc", "train", "--onn", "trained", "--servers", "8"])
     assert r.exit_code == 2 and "serves 4 servers" in r.output
+
+
+@pytest.mark.parametrize("damage", ["{", '{"servers": 4}', "cut"])
+def test_a_damaged_unit_file_is_named(tmp_path: Path, damage: str) -> None:
+    f = tmp_path / "unit.json"
+    if damage == "cut":  # a cell short
+        d = json.loads(Q.TRAINED.read_text())
+        d["tuned"] = d["tuned"][:-1]
+        damage = json.dumps(d)
+    f.write_text(damage)
+    with pytest.raises(ValueError, match=r"unit\.json: not a trained unit"):
+        Q.load(f)

@@ -415,7 +415,7 @@ def _train_trained(epochs: int, seed: int, ideal: bool, plot: Path | None,
     from oddl.studies import training as T
     from oddl.studies.onn import CHIP
 
-    trained = Q.load()
+    trained = _load_unit()
     unit = trained.ideal() if ideal else trained.hardware_aware(CHIP)
     passes: list[int] = []
     runs = {"exact": T.train_cnn(unit.servers, T.exact, epochs, seed=seed),
@@ -531,7 +531,7 @@ def optinc_onn(samples: int, retrain: Path | None, as_json: bool) -> None:
     from oddl.studies.onn import CHIP
 
     if retrain is None:
-        trained = Q.load()
+        trained = _load_unit()
     else:
         try:
             retrain.touch()  # an unwritable path fails now, not after the training
@@ -561,6 +561,17 @@ def optinc_onn(samples: int, retrain: Path | None, as_json: bool) -> None:
     for r in out["mzi_table"]:
         click.echo(f"    {r['servers']:>2}, {r['bits']}: {r['with_p']:>6} {r['unpartitioned']:>6} "
                    f"{r['without_p']:>6} {r['cascade']:>7}")
+
+
+def _load_unit() -> Any:
+    """The shipped trained unit, or exit 2 saying what is wrong with its file."""
+    from oddl.studies import quantiser as Q
+
+    try:
+        return Q.load()
+    except ValueError as e:
+        click.echo(f"error: {e}", err=True)
+        sys.exit(2)
 
 
 def onn_figures(samples: int, trained: Any) -> dict[str, Any]:
