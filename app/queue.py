@@ -463,6 +463,7 @@ class Service:
         self.who(request)
         return JSONResponse({"testbed": self.tb.name, "rejected": self.rejected,
                              "jobs": self.ledger.states(), "free_nodes": len(self.adm.free),
+                             "setting_up": self.adm.setting_up(),
                              "invariant_violations": len(self.adm.b.monitor.violations),
                              "first_violations": self.adm.b.monitor.violations[:FIRST]})
 

@@ -35,6 +35,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, NoReturn, TypeVar
 
+import grpc
 import msgspec
 from oddl.controller.base.access import (
     CONTROLLER,
@@ -128,9 +129,38 @@ def open_board(addr: str | None, node: str, nodes: list[str], bitfile: Path = BI
         from pynq import Device
 
         device = Device.active_device
+        return open_onic(bitfile, device, node, nodes, download=False)
     else:
         raise Unreachable(f"board address {addr!r} is neither grpc://HOST:PORT nor 'local'")
-    return open_onic(bitfile, device, node, nodes, download=False)
+    drv = open_onic(bitfile, device, node, nodes, download=False)
+    drv.mmio = RemoteMMIO(drv.mmio, f"board {node} ({addr})")
+    return drv
+
+
+class RemoteMMIO:
+    """pynq MMIO over PYNQ.remote, whose lost connection is a `ConnectionError` naming
+    the board (what a device that fails raises: stage 1 then goes round it), not gRPC's
+    own error type."""
+
+    def __init__(self, mmio: Any, where: str) -> None:
+        self._mmio, self.where = mmio, where
+
+    def read(self, offset: int, length: int = 4) -> int:
+        try:
+            return int(self._mmio.read(offset, length))
+        except grpc.RpcError as e:
+            raise ConnectionError(f"{self.where}: {_rpc_error(e)}") from None
+
+    def write(self, offset: int, data: int | bytes) -> None:
+        try:
+            self._mmio.write(offset, data)
+        except grpc.RpcError as e:
+            raise ConnectionError(f"{self.where}: {_rpc_error(e)}") from None
+
+
+def _rpc_error(e: grpc.RpcError) -> str:
+    code, details = getattr(e, "code", None), getattr(e, "details", None)
+    return f"{code().name}: {details()}" if callable(code) and callable(details) else str(e)
 
 
 def ports_of(grid: Grid, node: str) -> tuple[str, ...]:
@@ -153,6 +183,7 @@ class LabBackend:
         self.health = Health.of(tb, grid)
         self.drill = RemoteDrill(tb.emulator, faults or [], self.clock)
         self._pool: ThreadPoolExecutor | None = None  # stage 1's device calls (fan_out)
+        self._stage1: ThreadPoolExecutor | None = None  # stage 1 itself, off the loop
         self.injected = self.drill.injected
         self.bus: MQTTBus | None = None
         # this controller's life on the bus, said with its status and in its jobs: the
@@ -207,7 +238,7 @@ class LabBackend:
             try:
                 if not w.serial:
                     raise Unreachable("no serial port in the testbed config")
-                self.wss[w.id] = WSSDriver(w.serial)
+                self.wss[w.id] = WSSDriver(w.serial, settle_s=w.reconfig_ms / 1e3)
             except Exception as e:
                 failed.append(f"WSS {w.id} ({w.serial}): {e}")
         if failed:
@@ -574,12 +605,29 @@ class LabBackend:
         concurrent.futures.wait(futures)
         return [f.result() for f in futures]
 
+    def off_loop(self, work: Callable[[], T], then: Callable[[T | BaseException], None]
+                 ) -> None:
+        """One worker thread: one partition's stage 1 at a time, in the order asked (the
+        arbiter's state of live jobs is the worker's while it runs). Its end is handed to
+        the loop; a loop closed meanwhile (the run is over) is told nothing."""
+        if self._stage1 is None:
+            self._stage1 = ThreadPoolExecutor(1, thread_name_prefix="oddl-stage1")
+
+        def done(f: concurrent.futures.Future[T]) -> None:
+            got = f.exception() or f.result()
+            with contextlib.suppress(RuntimeError):  # the loop is closed
+                self.loop.call_soon_threadsafe(then, got)
+
+        self._stage1.submit(work).add_done_callback(done)
+
     def close(self) -> None:
         if not self.loop.is_closed():
             try:
                 self.loop.run_until_complete(self._disconnect())
             finally:
                 close_loop(self.loop)
+        if self._stage1 is not None:  # a set-up under way ends before its devices close
+            self._stage1.shutdown(wait=True)
         if self._pool is not None:
             self._pool.shutdown(wait=True)
         for w in self.wss.values():

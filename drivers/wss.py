@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import re
+import threading
 import time
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -43,12 +44,18 @@ class WSSError(RuntimeError):
 class WSSDriver:
     """`controller.devices.WSSDevice` over a serial line."""
 
-    def __init__(self, port: str | Any, timeout: float = 1.0, baudrate: int = 115200) -> None:
+    def __init__(self, port: str | Any, timeout: float = 1.0, baudrate: int = 115200,
+                 settle_s: float = 0.0) -> None:
+        """settle_s: how long the switch takes to settle after an apply (its LCoS), beyond
+        `timeout`, before it answers (the testbed's `reconfig_ms`)."""
         self.ser = (serial.Serial(port, baudrate=baudrate, timeout=timeout)
                     if isinstance(port, str) else port)
         self.where = port if isinstance(port, str) else getattr(port, "port", "serial")
         self.timeout = timeout
+        self.settle_s = settle_s
         self.garbled = 0  # lines of noise skipped
+        # one exchange at a time: stage 1 (a worker thread) and the watch (the loop) share it
+        self._one = threading.Lock()
         ident = self.identify()
         m = _IDN.match(ident)
         assert m is not None  # identify() validated it
@@ -59,10 +66,21 @@ class WSSDriver:
     def close(self) -> None:
         self.ser.close()
 
-    def query(self, command: str) -> str:
+    def query(self, command: str, settle_s: float = 0.0) -> str:
         """Send one line, read one reply line; ERR replies raise WSSError. Lines that are
         no reply at all (not printable ASCII: noise on the line) are skipped and counted
-        (`garbled`), within the one time-out."""
+        (`garbled`), within the one time-out (plus `settle_s`, for an apply)."""
+        with self._one:
+            if not settle_s:
+                return self._query(command)
+            base = self.timeout
+            self.timeout = self.ser.timeout = base + settle_s
+            try:
+                return self._query(command)
+            finally:
+                self.timeout = self.ser.timeout = base
+
+    def _query(self, command: str) -> str:
         self.ser.reset_input_buffer()
         self.ser.write(command.encode("ascii") + b"\n")
         deadline, junk = time.monotonic() + self.timeout, b""
@@ -107,8 +125,8 @@ class WSSDriver:
                              f"(no end of line within {self.timeout} s)")
         return raw
 
-    def _ok(self, command: str) -> None:
-        reply = self.query(command)
+    def _ok(self, command: str, settle_s: float = 0.0) -> None:
+        reply = self.query(command, settle_s)
         if reply != "OK":
             raise WSSProtocolError(f"{self.where}: expected OK to {command!r}, got {reply!r}")
 
@@ -136,7 +154,7 @@ class WSSDriver:
             cells = ",".join("-" if o is None else str(o) for o in row)
             self._ok(f"ROUT:ROW {i},{cells}" if cells else f"ROUT:ROW {i}")
         try:
-            self._ok("ROUT:APPL")
+            self._ok("ROUT:APPL", self.settle_s)
         except WSSError as e:
             if e.code == -221:
                 raise DeviceRefused(f"WSS {self.id}: table refused: {e.text}") from e

@@ -32,6 +32,7 @@ from oddl.controller.service.backend import (
     OnIteration,
     RunFailed,
     StopRule,
+    at_once,
 )
 from oddl.controller.service.health import Health, Heartbeat, Heartbeats, Unwatched, read_heartbeat
 from oddl.controller.serving.lifecycle import close_loop
@@ -298,6 +299,7 @@ class SimBackend:
         return False  # ODDL: a job's partition is its own, no link to share
 
     fan_out = staticmethod(one_by_one)  # models on one clock: one call after the other
+    off_loop = staticmethod(at_once)
 
     def close(self) -> None:
         self.drill.finish()
@@ -378,6 +380,7 @@ class ModelBackend:
         return ns
 
     fan_out = staticmethod(one_by_one)  # no devices: nothing to fan out
+    off_loop = staticmethod(at_once)
 
     def close(self) -> None:
         close_loop(self.loop)

@@ -168,8 +168,9 @@ async def start(tb: Testbed, emu: Emulation, host: str = "127.0.0.1",
             continue
         server = RemoteBoardServer(EmulatedONicDevice(board), host, free_port(host))
         emu.boards[node] = server if node in dead else await server.start()  # dead: silent
+    settle = {w.id: w.reconfig_ms for w in tb.wss}
     for wid, model in emu.world.wss.items():
-        emu.wss[wid] = SerialWSS(model).start()
+        emu.wss[wid] = SerialWSS(model, settle[wid]).start()
     if tb.broker.url == "embedded":  # credentials of this run's own, for every party
         emu.passwords = new_passwords(grid.nodes)
         # where the testbed says ([broker] bind: 127.0.0.1 unless configured otherwise)

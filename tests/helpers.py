@@ -162,14 +162,17 @@ def emulator(root: Path, testbed: Path, out: Path, *args: str, limit_s: float = 
 
 
 @contextlib.contextmanager
-def emulated_grid(root: Path, d: Path, rows: int = 2, cols: int = 2, limit_s: float = 240
-                  ) -> Iterator[Path]:
-    """`oddl emulate` of a rows x cols grid testbed written in `d`; yields its emu config."""
+def emulated_grid(root: Path, d: Path, rows: int = 2, cols: int = 2, limit_s: float = 240,
+                  reconfig_ms: float = 0.0) -> Iterator[Path]:
+    """`oddl emulate` of a rows x cols grid testbed written in `d` (each WSS settling in
+    `reconfig_ms` after an apply); yields its emu config."""
     import tomli_w
 
     tb = d / f"grid{rows}x{cols}.toml"
-    tb.write_text(tomli_w.dumps(make_testbed(rows, cols).model_dump(mode="json",
-                                                                    exclude_none=True)))
+    data = make_testbed(rows, cols).model_dump(mode="json", exclude_none=True)
+    for w in data["wss"]:
+        w["reconfig_ms"] = reconfig_ms
+    tb.write_text(tomli_w.dumps(data))
     with emulator(root, tb, d / "emu.toml", limit_s=limit_s):
         yield d / "emu.toml"
 

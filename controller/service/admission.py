@@ -62,9 +62,7 @@ from oddl.controller.service.placing import (
     schedule_of,
 )
 from oddl.controller.service.recovery import Recovery
-from oddl.controller.service.stages import (
-    Stage1,
-)
+from oddl.controller.service.stages import Routes, Stage1
 from oddl.controller.stage1.arbiter import DeviceFailed
 from oddl.controller.stage1.compat import (
     Arrival,
@@ -77,7 +75,7 @@ from oddl.controller.stage1.compat import (
     shift_against,
 )
 from oddl.controller.stage1.placement import Partition, candidates
-from oddl.controller.stage1.plan import PlanError
+from oddl.controller.stage1.plan import Plan, PlanError
 from oddl.controller.stage2.invariants import MAX_TAG
 from oddl.controller.stage2.job import (
     JOB_VERSION,
@@ -156,6 +154,9 @@ class Admission:
         self._pending_pause: dict[str, int] = {}  # job -> ns its next iteration waits
         self._measured: dict[str, dict[object, Profile]] = {}  # placed by its profile
         self._starting: dict[str, int] = {}  # job -> its start delay (ns), while in it
+        # jobs whose stage 1 is under way, on the partition they hold
+        self._setting_up: dict[str, tuple[JobRequest, Partition]] = {}
+        self._busy = 0  # stage 1s under way (off the loop: the back end's `off_loop`)
         self.free = set(grid.nodes)
         self.queue: list[JobRequest] = []
         self.running = 0
@@ -243,6 +244,9 @@ class Admission:
             self.queue.remove(queued)
             self._leave(name, None, "cancelled", why)
             return True
+        if name in self._setting_up and name not in self._cancelling:
+            self._cancelling[name] = why  # it ends as its stage 1 does
+            return True
         task = self._tasks.get(name)
         if task is None or name in self._cancelling:
             return False
@@ -272,7 +276,16 @@ class Admission:
             if part is not None:
                 out.append(Running(self._limit_ns.get(name, NEVER), frozenset(part.nodes),
                                    name))
+        now = self.clock.now_ns()
+        for name, (req, part) in self._setting_up.items():  # its time limit starts with it
+            end = self._limit_ns.get(name) or (
+                now + req.time_limit_ns if req.time_limit_ns else NEVER)
+            out.append(Running(end, frozenset(part.nodes), name))
         return out
+
+    def setting_up(self) -> dict[str, str]:
+        """The jobs whose stage 1 is under way now, and where."""
+        return {name: part.describe() for name, (_req, part) in self._setting_up.items()}
 
     def _arrive(self, req: JobRequest) -> None:
         """Into the queue by priority (higher first), then arrival."""
@@ -311,17 +324,26 @@ class Admission:
         self._limit_ns.pop(name, None)
         if (timer := self._limit_timer.pop(name, None)) is not None:
             timer.cancel()
-        if part is not None:
-            try:
-                self._release(name)
-            except Exception as e:  # in a done callback: raised, it would only be logged
-                if self.on_end is None:
-                    self._fail(RunFailed(f"{self.spec.name}: job {name} left: {e}"))
-                    return
-                why = (f"{why}; " if why else "") + f"its partition was not given back: {e}"
-            else:
+        if part is None:
+            self._gone(rec, state, why)
+            return
+
+        def released(e: BaseException | None) -> None:
+            if e is None:
                 self.free |= set(part.nodes)
-            self._watch_tables()
+                self._gone(rec, state, why)
+            elif self.on_end is None:
+                self._fail(RunFailed(f"{self.spec.name}: job {name} left: {e}"))
+            else:
+                self._gone(rec, state, (f"{why}; " if why else "")
+                           + f"its partition was not given back: {e}")
+
+        self._release(name, released)
+
+    def _gone(self, rec: JobRecord, state: str, why: str) -> None:
+        """A job has left, its partition given back: the service is told; the next jobs
+        start, or the run is done."""
+        name = rec.name
         self.left -= 1
         if self.on_end is not None:
             self.on_end(rec, state, why)
@@ -360,19 +382,17 @@ class Admission:
                     placed) if j != k for n in p.nodes})
             self.free -= set(part.nodes)
             try:
-                self._start(req, part)
-            except DeviceFailed as e:  # found while applying: go round it too
-                self.free |= set(part.nodes)
-                self._device_failed(req, e)
+                started = self._start(req, part)
+            except Exception as e:
+                self._start_failed(req, part, e)
                 return
-            except Exception as e:  # a job that cannot start fails, saying which
-                self.free |= set(part.nodes)
-                self._lose(req.name, None, self._cannot_start(req, part, e))
+            if not started:  # its stage 1 failed at once (a model's), and was dealt with
                 return
-        self._tries.clear()
+        if not self._setting_up:  # every start went through
+            self._tries.clear()
         down = health.out_of_service()
         now = self.clock.now_ns()
-        if not self.queue or self.running:
+        if not self.queue or self.running or self._setting_up:
             self._stuck_ns = None
         elif self._stuck_ns is None:  # every node free, and still none fits
             self._stuck_ns = now
@@ -408,11 +428,50 @@ class Admission:
         else:
             self.health.will(e.target, now)
 
-    def _release(self, job: str) -> None:
+    def _start_failed(self, req: JobRequest, part: Partition, e: BaseException) -> None:
+        """A job that did not start gives its nodes back: a device that failed its stage
+        1 is gone round (placed and planned again); anything else fails the job, saying
+        which; a job cancelled meanwhile ends so."""
+        self.free |= set(part.nodes)
+        if req.name in self._cancelling:
+            self._leave(req.name, None, "cancelled", self._cancelling[req.name])
+        elif isinstance(e, DeviceFailed):  # found while applying: go round it too
+            self._device_failed(req, e)
+        elif isinstance(e, Exception):
+            self._lose(req.name, None, self._cannot_start(req, part, e))
+        else:
+            raise e
+
+    def _io(self, work: Callable[[], Any], then: Callable[[Any], None]) -> None:
+        """Stage 1's device I/O, off the loop where the back end has devices: the watch
+        does not poll a WSS while it is written (its table changes under it), and polls
+        the tables in use again once no stage 1 is under way."""
+        self._busy += 1
+        if self.watch is not None:
+            self.watch.expected = {}
+
+        def done(got: Any) -> None:
+            self._busy -= 1
+            if not self._busy:
+                self._watch_tables()
+            then(got)
+
+        self.b.off_loop(work, done)
+
+    def _release(self, job: str, then: Callable[[BaseException | None], None]) -> None:
         """A job's stage 1 undone, round what is known to be out; what does not answer
-        is the watch's to hear of."""
-        for e in self.stage1.release(job, self.health.avoid()):
-            self._tell(e, "release")
+        is the watch's to hear of. `then`: None, or what a device's refusal raised."""
+        avoid = self.health.avoid()
+
+        def released(got: list[DeviceFailed] | BaseException) -> None:
+            if isinstance(got, BaseException):
+                then(got)
+                return
+            for e in got:
+                self._tell(e, "release")
+            then(None)
+
+        self._io(lambda: self.stage1.release(job, avoid), released)
 
     def _cannot_start(self, req: JobRequest, part: Partition, e: Exception) -> Exception:
         if req.name in self._stopped:
@@ -428,17 +487,40 @@ class Admission:
         if self._done is None or not self._done.done():  # the service, or a run going on
             self._admit()
 
-    def _start(self, req: JobRequest, part: Partition) -> None:
-        rec = self.records[req.name]
+    def _start(self, req: JobRequest, part: Partition) -> bool:
+        """A placed job's stage 1 begins, off the loop (the job then begins: `_begin`).
+        False: it failed at once (a model's stage 1 runs at once), and was dealt with."""
         schedule = schedule_of(req, part, self.spec)
         if self.watch is None and self.health.watched:  # WSSs polled, beats judged
             self.watch = Watch(self.clock, self.health, self.b.wss).start()
         since = len(self.health.diagnoses)  # what its plan goes round
-        t = self.clock.loop_ns()
-        routes, nic_sync, plan = self.stage1.admit(req, part, schedule, self.health.avoid())
-        # the devices' time (emu, hw: the loop heard nothing meanwhile; sim: none passes).
-        # On the loop's own clock: inside a timer, now_ns() stays at its due time
-        self.health.blind(self.clock.loop_ns() - t)
+        avoid = self.health.avoid()
+        self._setting_up[req.name] = (req, part)
+        failed = False
+
+        def set_up(got: tuple[Routes, bool, Plan | None] | BaseException) -> None:
+            nonlocal failed
+            del self._setting_up[req.name]
+            if isinstance(got, BaseException):
+                failed = True
+                self._start_failed(req, part, got)
+            elif req.name in self._cancelling:  # cancelled meanwhile: undone, and it ends
+                self._leave(req.name, part, "cancelled", self._cancelling[req.name])
+            else:
+                self._tries.pop(req.name, None)
+                try:
+                    self._begin(req, part, schedule, since, *got)
+                except Exception as e:
+                    failed = True
+                    self._start_failed(req, part, e)
+
+        self._io(lambda: self.stage1.admit(req, part, schedule, avoid), set_up)
+        return not failed
+
+    def _begin(self, req: JobRequest, part: Partition, schedule: Schedule, since: int,
+               routes: Routes, nic_sync: bool, plan: Plan | None) -> None:
+        """A job whose stage 1 is in place runs (after its start delay)."""
+        rec = self.records[req.name]
         rec.plan = plan
         if plan is not None:
             self._say("plan", lambda: plan_note(self.spec.name, plan))
@@ -463,7 +545,6 @@ class Admission:
             rec.stops[-1]["resumed_on"] = part.describe()
             rec.stops[-1]["carried_flows"] = len(carry[1]) if carry else None
         self.running += 1
-        self._watch_tables()
         shift_ns = self._shift(req, part, schedule, rec)
         attempt = f"r{len(rec.stops)}" if rec.stops else ""  # a stopped id is not reused
         in_grid = set(part.nodes)
@@ -680,8 +761,10 @@ class Admission:
         if stop.carrying is not None:  # its ranks say what the cut iteration delivered
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.carrying.wait(), CARRY_WAIT_S)
-        self._release(req.name)
-        self._watch_tables()
+        released: asyncio.Future[BaseException | None] = self.b.loop.create_future()
+        self._release(req.name, released.set_result)
+        if (e := await released) is not None:  # (a model's is done at once: no wait)
+            raise e
         self.free |= set(part.nodes)
         rule = self._rules[req.name]
         self._stopped[req.name] = _Stopped(now, self._last.get(req.name, now), stop,

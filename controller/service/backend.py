@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from oddl.controller.base.config import FaultSpec
 from oddl.controller.base.devices import ONic, WSSDevice
@@ -76,6 +76,17 @@ class JobOutcome:
 
 
 OnIteration = Callable[[Iteration], None]
+T = TypeVar("T")
+
+
+def at_once(work: Callable[[], T], then: Callable[[T | BaseException], None]) -> None:
+    """`Backend.off_loop` of models on one clock: the work runs now, and nothing passes
+    on the clock meanwhile (the order of events stays what it was)."""
+    try:
+        got: T | BaseException = work()
+    except Exception as e:
+        got = e
+    then(got)
 Announce = Callable[[str, bytes], None]  # a note for the bus's watchers: kind, payload
 
 # what a clean run has none of: junk and forgeries refused, messages lost, flows asked for
@@ -170,6 +181,14 @@ class Backend(Protocol):
     def fan_out(self) -> FanOut:
         """How stage 1 drives one call per device (controller/stage1/arbiter.py): at once
         where each device has its own connection, one by one where they are models."""
+        ...
+
+    def off_loop(self, work: Callable[[], T], then: Callable[[T | BaseException], None]
+                 ) -> None:
+        """Stage 1's device I/O (a partition set up or released) beside the loop: `then`
+        gets its result, or the exception it raised, on the loop. Devices: on one worker
+        thread, in order, so that the API, the watch and the running jobs go on meanwhile;
+        models: at once (`at_once`)."""
         ...
 
     def close(self) -> None: ...

@@ -128,7 +128,6 @@ class Health:
         self._own_lags: list[int] = []
         self.max_lag_ns = {"controller": 0, "nodes": 0}
         self._warned_ns = -WARN_EVERY_NS
-        self._excused = 0  # blind time not yet taken off the next own lag
 
     @classmethod
     def of(cls, tb: Testbed, grid: Grid) -> Health:
@@ -145,14 +144,6 @@ class Health:
         self.listening = True
         for st in self.nodes.values():
             st.last_ns = max(st.last_ns, now_ns)
-
-    def blind(self, ns: int) -> None:
-        """The arbiter could hear nobody for `ns` (its loop was busy applying a plan to the
-        devices): that silence is its own, not the nodes', and its loop's lateness then
-        is no load of the host's."""
-        for st in self.nodes.values():
-            st.last_ns += ns
-        self._excused += ns
 
     def beat(self, hb: Heartbeat, now_ns: int) -> None:
         st = self.nodes.get(hb.node)
@@ -237,9 +228,7 @@ class Health:
                                                      f"never granted")
 
     def own_lag(self, lag_ns: int, now_ns: int) -> None:
-        """How late this controller's loop ran its watch's tick at `now_ns` (less what it
-        was blind for, by its own doing)."""
-        lag_ns, self._excused = max(0, lag_ns - self._excused), 0
+        """How late this controller's loop ran its watch's tick at `now_ns`."""
         self._own_lags = [*self._own_lags[-(LAG_WINDOW - 1):], lag_ns]
         self.max_lag_ns["controller"] = max(self.max_lag_ns["controller"], lag_ns)
 

@@ -66,7 +66,7 @@ class OddlStage1:
                                  within=within)
         self.plan_s += time.perf_counter() - t
         programs = nic_programs(schedule, part.ranks)
-        self.arbiter.admit(plan, programs)
+        self.arbiter.admit(plan, programs, avoid)
         return wire_routes(plan), programs is not None, plan
 
     def release(self, job: str, gone: Avoid = NO_FAULTS) -> list[DeviceFailed]:

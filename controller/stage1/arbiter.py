@@ -135,26 +135,34 @@ class Arbiter:
         self._load(plan, programs)
         self.verify(plan, programs)
 
-    def admit(self, plan: Plan, programs: dict[str, Program] | None = None) -> None:
+    def admit(self, plan: Plan, programs: dict[str, Program] | None = None,
+              gone: Avoid = NO_FAULTS) -> None:
         """One job beside the running ones (ODDL stage 1 with several jobs): refused if it
         would share a node or a (WSS port, wavelength) with any of them; only its own WSS
         inputs, routes and programs are written, the others' light is not touched; then
-        every running job's entries are read back too, unchanged."""
+        every running job's entries are read back too, unchanged (on the devices not known
+        to be `gone`). All or nothing: if any of it fails, what it wrote is cleared again
+        and the job is not live."""
         job = plan.jobs[0].job
         plan.validate(self.grid)
         clash = [c for other in self.live.values() for c in plan.conflicts(other, self.grid)]
         if job in self.live or clash:
             raise ApplyError(f"job {job} is not isolated: " + (
                 "; ".join(clash[:5]) if clash else "a job of that name is running"))
-        self.fan_out([_call("WSS", wss, self.wss[wss].set_rows, rows)
-                       for wss, rows in plan.rows(self.grid).items()])
-        self._load(plan, programs)
         self.live[job] = plan
-        used = sorted({t.wss for p in self.live.values() for t in p.wss})
-        read = self.fan_out([self.wss[w].get_table for w in used])
-        tables = dict(zip(used, read, strict=True))  # each WSS read once, for every job
-        for p in self.live.values():
-            self.verify(p, programs if p is plan else None, tables)
+        try:
+            self.fan_out([_call("WSS", wss, self.wss[wss].set_rows, rows)
+                          for wss, rows in plan.rows(self.grid).items()])
+            self._load(plan, programs)
+            used = sorted({t.wss for p in self.live.values() for t in p.wss} - gone.wss)
+            read = self.fan_out([_call("WSS", w, self.wss[w].get_table) for w in used])
+            tables = dict(zip(used, read, strict=True))  # each WSS read once, for every job
+            for p in self.live.values():
+                self.verify(p, programs if p is plan else None, tables,
+                            NO_FAULTS if p is plan else gone)
+        except BaseException:
+            self.release(job, gone)  # what does not answer holds no light of it either
+            raise
 
     def tables(self) -> dict[str, list[list[int | None]]]:
         """What each WSS in use holds, every running job's inputs together (what the watch
@@ -190,12 +198,14 @@ class Arbiter:
                       for node, prog in (programs or {}).items()])
 
     def verify(self, plan: Plan, programs: dict[str, Program] | None = None,
-               tables: Mapping[str, list[list[int | None]]] | None = None) -> None:
+               tables: Mapping[str, list[list[int | None]]] | None = None,
+               gone: Avoid = NO_FAULTS) -> None:
         """Read back. `tables`: the WSS tables already read, beside other jobs: only the
-        plan's own nodes' inputs are compared (the other jobs own the rest)."""
+        plan's own nodes' inputs are compared (the other jobs own the rest). `gone`: the
+        devices not asked (a running job's, found dead: its own stop is the watch's)."""
         def program_back(node: str) -> Program | str:
             try:
-                return self.onics[node].read_countaction()
+                return _call("O-NIC", node, self.onics[node].read_countaction)()
             except CountActionError as e:  # registers that decode to no program at all
                 return f"O-NIC {node}: count-action read-back is no program: {e}"
 
@@ -204,13 +214,14 @@ class Arbiter:
             [functools.partial(program_back, n) for n in programs or {}]), strict=True))
         if tables is None:
             ws = [t.wss for t in plan.wss]
-            tables = dict(zip(ws, self.fan_out([self.wss[w].get_table for w in ws]),
-                              strict=True))
+            tables = dict(zip(ws, self.fan_out([_call("WSS", w, self.wss[w].get_table)
+                                                for w in ws]), strict=True))
             mine = None
         else:
             mine = plan.rows(self.grid)
-        routes_back = dict(zip(plan.routes, self.fan_out(
-            [self.onics[n].read_routes for n in plan.routes]), strict=True))
+        asked = [n for n in plan.routes if n not in gone.nodes]
+        routes_back = dict(zip(asked, self.fan_out(
+            [_call("O-NIC", n, self.onics[n].read_routes) for n in asked]), strict=True))
         diffs = []
         for node, prog in (programs or {}).items():
             back = progs[node]
@@ -219,6 +230,8 @@ class Arbiter:
             elif back.modules != prog.modules:
                 diffs.append(f"O-NIC {node}: count-action program differs on read-back")
         for t in plan.wss:
+            if t.wss in gone.wss:
+                continue
             got = tables[t.wss]
             for i, row in enumerate(t.table):
                 if mine is not None and i not in mine[t.wss]:
@@ -227,6 +240,8 @@ class Arbiter:
                 if list(have) != list(row):
                     diffs.append(f"WSS {t.wss} input {i}: wrote {row}, read back {have}")
         for node, routes in plan.routes.items():
+            if node in gone.nodes:
+                continue
             want = {d: (r.port, r.channel, r.next_hop) for d, r in routes.items()}
             got_r = routes_back[node]
             if got_r != want:

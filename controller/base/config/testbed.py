@@ -180,6 +180,9 @@ class WSS(ConfigModel):
     index: int = Field(ge=0)
     ports: int = Field(gt=0, le=4096)
     serial: str | None = None
+    # how long its LCoS takes to settle after a table is applied, before it answers OK (a
+    # real one's data sheet; the emulated one takes it too)
+    reconfig_ms: float = Field(default=0.0, ge=0, le=10_000)
 
 
 class Generate(ConfigModel):
