@@ -1,11 +1,12 @@
 """The arbiter as a lab uses it, measured (issue 44): submit latency as the queue grows to
-1,000 jobs; the API's latency while partitions are set up and released; jobs lost and
-iterations recorded twice over random `kill -9`s with three users submitting.
+1,000 jobs; the API's latency while partitions are set up and released (2-node ones, and
+a 64-node one on an 8 x 8 grid); jobs lost and iterations recorded twice over random
+`kill -9`s with three users submitting.
 
-    python bench/arbiter_bench.py [--queued 1000] [--kills 20]
+    python bench/arbiter_bench.py [--queued 1000] [--kills 20] [--big 3]
 
-Runs `oddl emulate` of a 2 x 2 grid and `oddl arbiter` on it, as a lab would (the
-emulator and the arbiter are the real programs; the clients speak HTTP).
+Runs `oddl emulate` of a 2 x 2 grid (and of an 8 x 8 one) and `oddl arbiter` on it, as a
+lab would (the emulator and the arbiter are the real programs; the clients speak HTTP).
 """
 
 from __future__ import annotations
@@ -86,6 +87,38 @@ def api_while_setting_up(a: Arbiter, jobs: int) -> None:
           f"max {max(lat) * 1e3:.1f} ms")
 
 
+def api_while_64_nodes_set_up(d: Path, runs: int) -> None:
+    """GET /status every 10 ms while `runs` jobs of all 64 nodes of an 8 x 8 grid start
+    and end one after another; counted are the answers that say a partition is being set
+    up (`setting_up`): requests made while its devices were written."""
+    with emulated_grid(ROOT, d, rows=8, cols=8, limit_s=600) as emu:
+        a = Arbiter(ROOT, emu, d / "state-64", 0)
+        during: list[float] = []
+        stop = threading.Event()
+
+        def poll() -> None:
+            with httpx.Client(headers={"Authorization": f"Bearer {a.token('eve')}"}) as c:
+                while not stop.is_set():
+                    t = time.perf_counter()
+                    r = c.get(a.url + "/status", timeout=60)
+                    if r.json()["setting_up"]:
+                        during.append(time.perf_counter() - t)
+                    time.sleep(0.01)
+
+        th = threading.Thread(target=poll)
+        th.start()
+        try:
+            for k in range(runs):
+                a.wait("alice", a.submit("alice", f"all{k}", 2, ranks=64))
+        finally:
+            stop.set()
+            th.join()
+            a.stop()
+    print(f"API while {runs} partitions of 64 nodes were set up: {len(during)} requests "
+          f"answered during a set-up, median {statistics.median(during) * 1e3:.1f} ms, "
+          f"p99 {pct(during, 99) * 1e3:.1f} ms, max {max(during) * 1e3:.1f} ms")
+
+
 def kills(root: Path, emu: Path, state: Path, n: int, seed: int = 1) -> None:
     """Three users submit; the arbiter is killed (SIGKILL) at random `n` times and started
     again on the same state; at the end, every job must have finished, each iteration
@@ -123,6 +156,7 @@ def main() -> None:
     ap.add_argument("--queued", type=int, default=1000)
     ap.add_argument("--setups", type=int, default=10)
     ap.add_argument("--kills", type=int, default=20)
+    ap.add_argument("--big", type=int, default=3, help="set-ups of a 64-node partition")
     args = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         d = Path(tmp)
@@ -139,6 +173,10 @@ def main() -> None:
             finally:
                 a.stop()
             kills(ROOT, emu, d / "kills", args.kills)
+        if args.big:
+            big = d / "big"
+            big.mkdir()
+            api_while_64_nodes_set_up(big, args.big)
 
 
 if __name__ == "__main__":

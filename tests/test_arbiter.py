@@ -172,7 +172,9 @@ def test_the_api_answers_while_partitions_are_set_up(root: Path, tmp_path: Path)
     """Issue 44: a partition's stage 1 ran on the arbiter's loop, so every request waited
     on the devices (3.4-6 s seen). Here each WSS's LCoS settles 2 s after an apply
     (`reconfig_ms`): a job's set-up takes that long, and the API answers meanwhile. A job
-    cancelled while it is set up ends `cancelled`, its nodes given back; the other runs."""
+    cancelled while it is set up ends `cancelled`, its nodes given back; the other runs.
+    A job that needs nodes still being given back waits for them (it failed at once, "no
+    rectangle ... holds 4 ranks", while a release was under way and nothing ran)."""
     with emulated_grid(root, tmp_path, reconfig_ms=2000) as emu:
         a = Arbiter(root, emu, tmp_path / "state")
         try:
@@ -181,10 +183,13 @@ def test_the_api_answers_while_partitions_are_set_up(root: Path, tmp_path: Path)
             status = a.call("eve", "GET", "/status").json()  # answered before they end
             assert set(status["setting_up"]) == {slow, gone}, status
             assert status["free_nodes"] == 0
+            whole = a.submit("bob", "whole", 2, ranks=4)  # once both are given back
             assert a.cli("bob", "cancel", gone).returncode == 0
             assert a.ended("bob", gone)["state"] == "cancelled"
             out = json.loads(a.wait("alice", slow).stdout)
             assert (out["state"], out["iterations_done"]) == ("finished", 3), out
+            out = json.loads(a.wait("bob", whole).stdout)
+            assert (out["state"], out["iterations_done"]) == ("finished", 2), out
             status = a.call("eve", "GET", "/status").json()
             assert (status["setting_up"], status["free_nodes"]) == ({}, 4), status
             assert status["invariant_violations"] == 0, status

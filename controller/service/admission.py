@@ -392,7 +392,7 @@ class Admission:
             self._tries.clear()
         down = health.out_of_service()
         now = self.clock.now_ns()
-        if not self.queue or self.running or self._setting_up:
+        if not self.queue or self.running or self._busy:  # (nodes being set up or given back)
             self._stuck_ns = None
         elif self._stuck_ns is None:  # every node free, and still none fits
             self._stuck_ns = now
