@@ -1,11 +1,11 @@
 """A submitted job's run directory, `STATE/runs/ID/`, in `oddl run`'s layout, written as the
 job runs: `experiment.toml` (what was submitted), `manifest.json`, `results.sqlite` (its
-iterations, and its outcome at the end; read with `read_store`, as any run's) and, once it
-has ended, `summary.json` (its record, as `oddl wait --json` gives it) and, a moment
-later, `plot.png` (its iterations, its stops marked; drawn off the arbiter's loop). A
-restarted arbiter goes on writing the same directory. A directory that cannot be written
-is said in the log and the job runs on: the ledger is the record; this is its copy for the
-lab's tools.
+iterations and their flows, and at the end its outcome, its disturbance counters; read
+with `read_store`, as any run's) and, once it has ended, `summary.json` (its record, as
+`oddl wait --json` gives it) and, a moment later, `plot.png` (its iterations, its stops
+marked; drawn off the arbiter's loop). A restarted arbiter goes on writing the same
+directory. A directory that cannot be written is said in the log and the job runs on: the
+ledger is the record; this is its copy for the lab's tools.
 """
 
 from __future__ import annotations
@@ -20,7 +20,9 @@ from pathlib import Path
 from typing import Any
 
 from oddl.app.experiments.figures import iterations_figure, save
-from oddl.app.experiments.results import RunStore, read_store, write_manifest
+from oddl.app.experiments.results import FlowRow, RunStore, read_store, write_manifest
+from oddl.controller.base.config import DISTURBANCE_THRESHOLD
+from oddl.controller.service.backend import disturbed
 from oddl.controller.service.jobs import JobRequest
 
 log = logging.getLogger(__name__)
@@ -50,22 +52,46 @@ class JobRuns:
             log.warning("job %s: its run directory cannot be written: %s", job, e)
 
     def iteration(self, job: str, i: int, t_start: int, t_end: int, compute_ns: int,
-                  control_messages: int) -> None:
+                  control_messages: int, flows: list[FlowRow]) -> None:
+        """One iteration and its flows (each as the rank it was delivered to reported it)."""
         store = self._store(job)
         try:
             if store is not None:
                 store.add_iteration(NETWORK, i, t_start, t_end, compute_ns,
-                                    control_messages, [])
+                                    control_messages, flows)
         except sqlite3.Error as e:
             log.warning("job %s: iteration %d not written to its run directory: %s", job,
                         i, e)
 
-    def end(self, job: str, record: dict[str, Any], disturbance: dict[str, int]) -> None:
-        """The job's outcome into its store, its record into summary.json; the store closed."""
+    def flows(self, job: str, after: int, limit: int) -> list[list[Any]]:
+        """The job's flow rows after row `after`, `limit` at most, each led by its row
+        number (read-only: the arbiter may be writing)."""
+        path = self.path(job) / "results.sqlite"
+        if not path.is_file():
+            return []
+        try:
+            db = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+            try:
+                return [list(r) for r in db.execute(
+                    "SELECT rowid, iteration, flow, step, src, dst, bytes, hops, t_submit_ns, "
+                    "t_deliver_ns FROM flows WHERE rowid > ? ORDER BY rowid LIMIT ?",
+                    (after, limit))]
+            finally:
+                db.close()
+        except sqlite3.Error as e:
+            log.warning("job %s: its flows cannot be read: %s", job, e)
+            return []
+
+    def end(self, job: str, record: dict[str, Any], disturbance: dict[str, int],
+            control_messages: int) -> None:
+        """The job's outcome into its store (disturbed as `oddl run` judges a network, at
+        the default `disturbance_threshold`), its record into summary.json; the store
+        closed."""
         store = self._store(job)
         try:
             if store is not None:
-                store.set_outcome(NETWORK, bool(sum(disturbance.values())), disturbance)
+                store.set_outcome(NETWORK, disturbed(disturbance, control_messages,
+                                                     DISTURBANCE_THRESHOLD), disturbance)
             (self.path(job) / "summary.json").write_text(json.dumps(record, indent=1))
         except (OSError, sqlite3.Error) as e:
             log.warning("job %s: its run directory cannot be written: %s", job, e)

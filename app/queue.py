@@ -73,6 +73,7 @@ from starlette.routing import Route
 log = logging.getLogger(__name__)
 FIRST = 10  # the violations /status shows in full (each: when, what, where, which job)
 MAX_BODY = 256 * 1024  # a submitted experiment, and anything else a client sends
+FLOWS_PAGE = 20_000  # flow rows an answer holds (about 2 MB of JSON)
 Role = Literal["operator", "user", "observer"]
 ROLES: tuple[str, ...] = get_args(Role)
 
@@ -264,12 +265,13 @@ class Service:
             self.ledger.running(rec.name, part)
         self.ledger.iteration(rec.name, it.iteration, it.t_start, it.t_end)
         self.runs.iteration(rec.name, it.iteration, it.t_start, it.t_end,
-                            self._compute.get(rec.name, 0), it.control_messages)
+                            self._compute.get(rec.name, 0), it.control_messages, it.flows)
         self.tell(now=moved)
 
     def on_end(self, rec: JobRecord, state: str, why: str) -> None:
         seen = {"flows": rec.flows, "control_messages": rec.control_messages,
-                "stops": rec.stops} if rec.start_ns is not None else {}
+                "stops": rec.stops, "disturbance": rec.disturbance} \
+            if rec.start_ns is not None else {}
         ended = time.time()
         result = self.ledger.result(rec.name, {
             "nodes": len(rec.partition.nodes) if rec.partition else 0,
@@ -278,7 +280,8 @@ class Service:
              for k, v in seen.items()}), ended)
         self.ledger.set(rec.name, state, ended=ended, why=why, result=json.dumps(result))
         self.ledger.note(rec.name, f"{state}{': ' + why if why else ''}")
-        self.runs.end(rec.name, self.ledger.job(rec.name) or {}, {})
+        self.runs.end(rec.name, self.ledger.job(rec.name) or {}, rec.disturbance,
+                      rec.control_messages)
         self._compute.pop(rec.name, None)
         self._on.pop(rec.name, None)
         self._user.pop(rec.name, None)
@@ -422,6 +425,21 @@ class Service:
             raise Refused(400, "since: an iteration number") from None
         return JSONResponse({"job": job, "iterations": self.ledger.timeline(job, since)})
 
+    async def flows(self, request: Request) -> Response:
+        """A job's flows as its ranks reported them (its run directory's flows table),
+        `[[row, iteration, flow, step, src, dst, bytes, hops, t_submit_ns, t_deliver_ns],
+        ...]`, after row `after`, FLOWS_PAGE at most (`more`: there are others); its
+        user's and the operators'."""
+        user = self.who(request, "operator", "user")
+        job = self.owned(user, request.path_params["job"])["job"]
+        try:
+            after = int(request.query_params.get("after", "0"))
+        except ValueError:
+            raise Refused(400, "after: a row number") from None
+        rows = self.runs.flows(job, after, FLOWS_PAGE + 1)
+        return JSONResponse({"job": job, "flows": rows[:FLOWS_PAGE],
+                             "more": len(rows) > FLOWS_PAGE})
+
     async def logs(self, request: Request) -> Response:
         user = self.who(request, "operator", "user")
         j = self.owned(user, request.path_params["job"])
@@ -490,6 +508,7 @@ class Service:
             Route("/jobs/{job}/priority", guarded(self.priority), methods=["PUT"]),
             Route("/jobs/{job}/logs", guarded(self.logs), methods=["GET"]),
             Route("/jobs/{job}/iterations", guarded(self.iterations), methods=["GET"]),
+            Route("/jobs/{job}/flows", guarded(self.flows), methods=["GET"]),
             Route("/usage", guarded(self.usage), methods=["GET"]),
             Route("/tokens/{user}", guarded(self.token), methods=["POST", "DELETE"]),
             Route("/status", guarded(self.status), methods=["GET"]),
@@ -551,7 +570,7 @@ def _serve(tb: Testbed, state: Path, ledger: Ledger, users: dict[str, User], rul
                     grid, lambda: adm.started(), lambda: adm.clock.now_ns(), svc.may_start),
                     OddlStage1(arbiter, spec), spec, tb,
                     job_id("arbiter", os.getpid(), time.time_ns()), "arbiter",
-                    svc.on_iteration, on_end=svc.on_end)
+                    svc.on_iteration, record_flows=True, on_end=svc.on_end)
                 return adm
 
             svc = Service(tb, ledger, users, state, rules, make)

@@ -42,6 +42,13 @@ class JobTally:
         sched = schedule_of(spec)
         self._per_iteration = {n: sum(len(st.sends) for st in sched[r])
                                for r, n in enumerate(spec.ranks)}
+        # the flows an iteration delivers to each rank: what its flow rows can hold
+        inbound = [0] * len(spec.ranks)
+        for steps in sched:
+            for st in steps:
+                for dst, _nbytes in st.sends:
+                    inbound[dst] += 1
+        self._inbound = dict(zip(spec.ranks, inbound, strict=True))
 
     def published(self) -> None:
         """The job is out now: no report can describe more time than has passed since."""
@@ -101,6 +108,11 @@ class JobTally:
         self.sent[ev.node] = ev.control_messages
         self.flows[ev.node] = claimed
         self.trace += ev.trace
+        if len(ev.flows) > self._inbound[ev.node] or any(f[3] != ev.node for f in ev.flows):
+            self.reject(f"iteration {i} from {ev.node}: {len(ev.flows)} flow rows, of which "
+                        f"some are not delivered to it, or more than its schedule delivers "
+                        f"({self._inbound[ev.node]}): its rows dropped")
+            ev.flows = []
         got = self.reports.setdefault(i, {})
         got[ev.node] = ev
         if len(got) < len(spec.ranks):
@@ -122,7 +134,8 @@ class JobTally:
                             f"trusted")
         msgs = sum(self.sent.values())
         self.on_iteration(Iteration(i, slow.t_start, slow.t_end, msgs - self._last_msgs,
-                                    trace=self.trace))
+                                    [f for r in spec.ranks for f in got[r].flows],
+                                    self.trace))
         self.trace = []
         self._last_msgs = msgs
         return True

@@ -162,6 +162,18 @@ def test_two_users_jobs_run_at_once_apart_and_finish(root: Path, emu: Path,
     assert done[a]["started"] < done[b]["ended"] and done[b]["started"] < done[a]["ended"]
     status = arbiter.call("eve", "GET", "/status").json()
     assert status["invariant_violations"] == 0 and status["first_violations"] == []
+    # each run directory's flows, as the ranks they were delivered to reported them, and
+    # its outcome (issue 44: both tables were empty): a 2-rank ring, 2 flows a rank
+    import sqlite3
+
+    for j in (a, b):
+        db = sqlite3.connect(Path(done[j]["run_dir"]) / "results.sqlite")
+        assert db.execute("SELECT COUNT(*), COUNT(DISTINCT flow) FROM flows").fetchone() \
+            == (30 * 4, 30 * 4)
+        assert {f for (f,) in db.execute("SELECT flows FROM iterations")} == {4}
+        assert all(src != dst and t0 <= t1 for src, dst, t0, t1 in db.execute(
+            "SELECT src, dst, t_submit_ns, t_deliver_ns FROM flows"))
+        assert db.execute("SELECT disturbed, disturbance FROM outcomes").fetchall() == [(0, "{}")]
     listed = arbiter.cli("eve", "jobs")
     assert listed.returncode == 0 and "alice" in listed.stdout and "bob" in listed.stdout
     assert listed.stdout.split()[:4] == ["job", "user", "state", "done/of"]  # a header
@@ -346,6 +358,16 @@ def test_oddl_run_on_hw_submits_to_the_testbeds_arbiter(arbiter: Arbiter, emu: P
     assert out["networks"]["electrical"]["iterations"] == 12
     [job] = arbiter.call("eve", "GET", "/jobs").json()["jobs"]
     assert (job["user"], job["state"], job["iterations_done"]) == ("alice", "finished", 12)
+    # the run directory holds the ODDL job's flows and outcome, as the arbiter's does
+    # (issue 44: both tables were empty; 4 flows an iteration: a 2-rank ring)
+    from oddl.app.experiments.results import read_store
+
+    store = read_store(tmp_path / "run" / "results.sqlite")["oddl"]
+    assert store["flow_rows"] == 12 * 4 and {r[5] for r in store["iterations"]} == {4}
+    assert "disturbed" in store
+    assert arbiter.call("eve", "GET", f"/jobs/{job['job']}/flows").status_code == 403
+    page = arbiter.call("alice", "GET", f"/jobs/{job['job']}/flows?after=40").json()
+    assert (len(page["flows"]), page["more"]) == (8, False)
 
 
 def test_tokens_too_short_or_shared_are_refused_at_start(tmp_path: Path) -> None:

@@ -106,4 +106,18 @@ class ArbiterClient:
             time.sleep(POLL_S)
         if job["state"] != "finished":
             raise RunFailed(f"arbiter job {jid}: {job['state']}: {job['why']}")
+        if store is not None:
+            self._flows(jid, network, store)
         return job, its
+
+    def _flows(self, jid: str, network: str, store: RunStore) -> None:
+        """The job's flows, as the arbiter's run directory holds them, into the run's store."""
+        after = 0
+        while True:
+            page = self.call("GET", f"/jobs/{jid}/flows?after={after}")
+            rows = page["flows"]
+            if rows:
+                store.add_flows(network, [tuple(r[1:]) for r in rows])
+                after = rows[-1][0]
+            if not page["more"]:
+                return

@@ -70,6 +70,16 @@ class RunStore:
                                 [(network, iteration, *f) for f in flows])
         self.db.commit()
 
+    def add_flows(self, network: str, rows: list[tuple[Any, ...]]) -> None:
+        """Flow rows of iterations already recorded (iteration, then a FlowRow): a job an
+        arbiter ran, copied from its run directory."""
+        self.db.executemany("INSERT INTO flows VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                            [(network, *r) for r in rows])
+        self.db.execute("UPDATE iterations SET flows = (SELECT COUNT(*) FROM flows f WHERE "
+                        "f.network = iterations.network AND f.iteration = "
+                        "iterations.iteration) WHERE network = ?", (network,))
+        self.db.commit()
+
     def add_job_iteration(self, network: str, job: str, iteration: int, t_start: int,
                           t_end: int) -> None:
         """One iteration of one of several jobs (committed at once, as any iteration)."""

@@ -41,6 +41,7 @@ from oddl.controller.service.backend import (
     JobOutcome,
     RunFailed,
     disturbance,
+    disturbed,
 )
 from oddl.controller.service.health import LAG_FLOOR_NS
 from oddl.controller.service.jobs import JobRecord, JobRequest, percentile
@@ -250,16 +251,18 @@ def lone_network(ctx: LoadedExperiment, name: str, iterations: int, compute_ns: 
         yield net
 
 
-def _remote_result(spec: NetworkSpec, job: dict[str, Any], its: list[list[int]], full: int
-                   ) -> NetworkResult:
+def _remote_result(spec: NetworkSpec, job: dict[str, Any], its: list[list[int]], full: int,
+                   threshold: float) -> NetworkResult:
     """The arbiter's job as the network's result (its iterations, extrapolated to the
     workload's as a run of one job is)."""
     ns = [t1 - t0 for _i, t0, t1 in its]
     r = job["result"]
+    dist = {k: int(v) for k, v in r.get("disturbance", {}).items()}
     return NetworkResult(spec.name, spec.kind, sum(ns) * full / len(ns) / 1e9,
                          sum(ns) / len(ns) / 1e9, len(ns), r["flows"], r["control_messages"],
                          0, {"arbiter_job": job["job"], "partition": job["partition"],
-                             "stops": len(r.get("stops", []))})
+                             "stops": len(r.get("stops", []))}, dist,
+                         disturbed(dist, r["control_messages"], threshold))
 
 
 def network_result(net: Network, threshold: float, extrapolate_to: int | None) -> NetworkResult:
@@ -298,9 +301,7 @@ def network_result(net: Network, threshold: float, extrapolate_to: int | None) -
             "makespan_s": round(makespan, 9),
             "utilisation": round(held / (nodes * makespan), 6) if makespan else 0.0,
             "mean_queued_s": round(sum(r.queued_s for r in recs.values()) / len(recs), 9)}
-    # a board's registers changed by another writer is never noise, whatever its share
-    disturbed = sum(dist.values()) > threshold * max(total.control_messages, 1) or \
-        bool(dist.get("board_tampered"))
+    was_disturbed = disturbed(dist, total.control_messages, threshold)
     # a real-time back end on a loaded host: how late its loops ran (the controller's,
     # the node programs'), said beside the figures. The node programs time the
     # iterations: where their loops ran later than DISTURBING_LAG of an iteration (and
@@ -311,12 +312,12 @@ def network_result(net: Network, threshold: float, extrapolate_to: int | None) -
         stats["loop_lag_ms"] = {k: round(v / 1e6, 3) for k, v in lags.items()}
         mean_ns = sum(its) / len(its) if its else 0
         if lags["nodes"] > max(5 * LAG_FLOOR_NS, DISTURBING_LAG * mean_ns):
-            disturbed = True
+            was_disturbed = True
             dist["host_lag_ms"] = round(lags["nodes"] / 1e6)
     return NetworkResult(net.spec.name, net.spec.kind, training_s,
                          sum(its) / len(its) / 1e9 if its else 0.0, len(its),
                          sum(r.flows for r in recs.values()), total.control_messages,
-                         len(b.monitor.violations), stats, dist, disturbed, faults,
+                         len(b.monitor.violations), stats, dist, was_disturbed, faults,
                          round(fault_s, 9), fabric=fabric)
 
 
@@ -611,7 +612,10 @@ def run_experiment(ctx: LoadedExperiment, backend: str = "sim", store: RunStore 
             if remote is not None and spec.kind == "oddl":
                 _begin(ctx, spec, reqs, compute_ns, store)
                 job, its = remote.run(ctx.path, spec.name, compute_ns, store, progress)
-                results[spec.name] = _remote_result(spec, job, its, full)
+                res = results[spec.name] = _remote_result(
+                    spec, job, its, full, exp.disturbance_threshold)
+                if store is not None:
+                    store.set_outcome(spec.name, res.disturbed, res.disturbance)
                 continue
             results[spec.name], violations[spec.name], per_job = run_network(
                 ctx, spec, reqs, backend, checker_mode, run_name, compute_ns, full, store,

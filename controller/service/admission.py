@@ -560,7 +560,8 @@ class Admission:
                        start=self.resume.get(req.name, 0), trace_iterations=trace_its,
                        tag=self.tags[req.name], alltoall=req.alltoall, weight=req.weight,
                        carried=carry is not None, carry=carry[1] if carry else [],
-                       carry_t0=carry[0] if carry else 0, hybrid=req.hybrid)
+                       carry_t0=carry[0] if carry else 0, hybrid=req.hybrid,
+                       record_flows=self.record_flows)
         self._spec_ids[req.name] = spec.job
         stop = self._rules[req.name] = StopRule(
             self.health, frozenset(part.nodes), since,
@@ -713,8 +714,7 @@ class Admission:
         self.outcomes.append(out)
         if self.trace is not None:
             self.trace.chrome.rows[self.spec.name] += out.trace
-        rec.flows += out.flows
-        rec.control_messages += out.control_messages
+        rec.took(out)
         self._leave(req.name, part, "finished", "")
 
     async def _dark(self, part: Partition) -> None:
@@ -737,8 +737,7 @@ class Admission:
         health, now = self.health, self.clock.now_ns()
         rec = self.records[req.name]
         self.outcomes.append(stop.outcome)
-        rec.flows += stop.outcome.flows
-        rec.control_messages += stop.outcome.control_messages
+        rec.took(stop.outcome)
         rec.held_ns += len(part.nodes) * (now - self.t0 - rec.placed_ns)
         mon = self.tb.monitor
         waited_ns = 0

@@ -101,6 +101,14 @@ def disturbance(stats: Mapping[str, Any]) -> dict[str, int]:
     return {k: int(stats[k]) for k in DISTURBANCES if stats.get(k)}
 
 
+def disturbed(dist: Mapping[str, int], control_messages: int, threshold: float) -> bool:
+    """More disturbance than `threshold` a control message (the experiment's
+    `disturbance_threshold`); a board's registers changed by another writer is never
+    noise, whatever its share."""
+    return sum(dist.values()) > threshold * max(control_messages, 1) or \
+        bool(dist.get("board_tampered"))
+
+
 @dataclass
 class Injected:
     """A drill's fault as it happened: when it began (and ended), on the back end's clock,

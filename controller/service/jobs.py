@@ -9,6 +9,7 @@ from typing import Any
 
 from oddl.controller.base.config import JobEntry
 from oddl.controller.base.parallelism import Hybrid
+from oddl.controller.service.backend import JobOutcome, disturbance
 from oddl.controller.stage1.compat import (
     Arrival,
 )
@@ -81,6 +82,14 @@ class JobRecord:
     # each stop for a fault: when, why, where it ran, the iteration it went on from
     stops: list[dict[str, Any]] = field(default_factory=list)
     plan: Plan | None = None  # its latest stage 1 (ODDL)
+    disturbance: dict[str, int] = field(default_factory=dict)  # its attempts', summed
+
+    def took(self, out: JobOutcome) -> None:
+        """An attempt's outcome (a run to its end, or one stopped for a fault) counted."""
+        self.flows += out.flows
+        self.control_messages += out.control_messages
+        for k, v in disturbance(out.stats).items():
+            self.disturbance[k] = self.disturbance.get(k, 0) + v
 
     @property
     def jct_s(self) -> float:

@@ -42,6 +42,7 @@ from oddl.controller.base.access import (
 )
 from oddl.controller.base.clock import Clock
 from oddl.controller.base.devices import Bus, InterruptLine, ONic
+from oddl.controller.base.messages import Flow
 from oddl.controller.base.telemetry import ports_note
 from oddl.controller.base.throttle import worth_logging
 from oddl.controller.service.health import Heartbeat, Heartbeats, read_heartbeat
@@ -49,12 +50,14 @@ from oddl.controller.stage2.invariants import InvariantChecker
 from oddl.controller.stage2.job import (
     DECODE_ERRORS,
     JOB_VERSION,
+    MAX_FLOW_ROWS,
     MAX_NODES,
     EventKind,
     JobEvent,
     JobRunner,
     JobSpec,
     JobStop,
+    ReportedFlow,
     from_its_node,
     nic_programs,
     refused,
@@ -376,6 +379,7 @@ class _NodeJob:
         self.runner: JobRunner | None = None
         self.sent0 = prog.bus.sent
         self.junk0 = self._junk()
+        self.flows: list[ReportedFlow] = []  # delivered here since the last report
 
     def _junk(self) -> dict[str, int]:
         b = self.prog.bus
@@ -436,9 +440,15 @@ class _NodeJob:
     def _iteration(self, i: int, t_start: int, t_end: int) -> None:
         # flows so far too: a job stopped before "done" is still counted
         flows = self.runner.engine.flows if self.runner is not None else 0
+        delivered, self.flows = self.flows, []
         self._publish("iteration", iteration=i, t_start=t_start, t_end=t_end,
                       control_messages=self.sent(), stats={"flows": flows},
-                      trace=self._trace())
+                      trace=self._trace(), flows=delivered)
+
+    def _delivered(self, f: Flow, t_ns: int) -> None:
+        if len(self.flows) < MAX_FLOW_ROWS:
+            self.flows.append((f.id, f.step, f.src, f.dst, f.nbytes, f.hop + 1, f.t_submit,
+                               t_ns))
 
     def _trace(self) -> list[TraceRow]:
         """What the control units recorded since the last report (controller/stage2/trace.py)."""
@@ -456,6 +466,8 @@ class _NodeJob:
             runner = self.runner = JobRunner(spec, Clock(self.loop), monitor, self._iteration,
                                              local=[prog.node])
             runner.fail = self._fail
+            if spec.record_flows:
+                runner.engine.on_delivered_hook = self._delivered
             bus.peers = set(spec.nodes)
             if prog.node in spec.boards:  # the controller cannot reach this board
                 self._stage1()

@@ -42,7 +42,7 @@ from oddl.fpga.countaction import Program
 from oddl.fpga.countaction import step_sync as sync_program
 from oddl.fpga.regmap import N_MODULES
 
-JOB_VERSION = 9
+JOB_VERSION = 10
 
 
 # what decoding a job-topic payload may raise: msgspec's own errors, and (found by
@@ -88,6 +88,10 @@ Name = Annotated[str, msgspec.Meta(pattern=NAME_PATTERN, max_length=64)]
 Count = Annotated[int, msgspec.Meta(ge=0, le=1 << 62)]
 Nodes = Annotated[list[Name], msgspec.Meta(max_length=MAX_NODES)]
 Text = Annotated[str, msgspec.Meta(max_length=4096)]
+# a flow delivered, as a rank reports it (a run store's flows row)
+Hops = Annotated[int, msgspec.Meta(ge=1, le=1 << 16)]
+ReportedFlow = tuple[Count, Count, Name, Name, Count, Hops, Count, Count]
+MAX_FLOW_ROWS = 1 << 16  # a rank's in one iteration (a 4,096-node ring: 8,190)
 JobId = Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")]
 
 
@@ -142,6 +146,9 @@ class JobSpec(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     # a Transformer split tensor x pipeline x data (controller/base/parallelism.py): its
     # steps carry their compute, `collective` is its data-parallel all-reduce
     hybrid: Hybrid | None = None
+    # each rank reports the flows delivered to it, with its iteration (the run directory's
+    # flows table, as a sim run records it)
+    record_flows: bool = False
     # the controller's session that sent it (its status says "online SESSION"): a node
     # drops a job of a controller that a newer one has taken the testbed over from
     controller: Annotated[str, msgspec.Meta(max_length=64)] = ""
@@ -179,6 +186,9 @@ class JobEvent(msgspec.Struct, omit_defaults=True, forbid_unknown_fields=True):
     carried: bool = False
     carry: Annotated[list[tuple[int, int, int]], msgspec.Meta(max_length=1 << 16)] = []
     carry_t0: Annotated[int, msgspec.Meta(ge=0)] = 0
+    # the flows delivered to this rank in `iteration` (JobSpec.record_flows): flow, step,
+    # src, dst (this node), bytes, hops, submitted and delivered (ns)
+    flows: Annotated[list[ReportedFlow], msgspec.Meta(max_length=MAX_FLOW_ROWS)] = []
 
 
 def timing_of(tb: Testbed) -> Timing:

@@ -5,6 +5,7 @@ path and the reason; validation collects all errors rather than stopping at the 
 `oddl check` can print them in one go. Everything is importable from here."""
 
 from oddl.controller.base.config.experiment import (
+    DISTURBANCE_THRESHOLD,
     JOB_NAME,
     MAX_JOBS,
     TRACE_COLUMNS,
@@ -71,6 +72,7 @@ from oddl.controller.base.config.testbed import (
 __all__ = [
     "BAND_NM",
     "C_NM",
+    "DISTURBANCE_THRESHOLD",
     "JOB_NAME",
     "MAX_FILE_BYTES",
     "MAX_FLOWS_PER_ITERATION",

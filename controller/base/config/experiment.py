@@ -89,6 +89,8 @@ def load_job(path: str | Path) -> Experiment:
 
 # --- experiments ---------------------------------------------------------------------------
 
+DISTURBANCE_THRESHOLD = 0.001  # disturbance events a control message: a run is disturbed
+
 class Calibration(ConfigModel):
     """Fit the per-iteration compute time so that `network` trains in `training_time_min`."""
 
@@ -385,7 +387,8 @@ class Experiment(ConfigModel):
         "shrink (the job goes on with fewer ranks)")
     flow_records: Literal["all", "none"] = "all"
     disturbance_threshold: float = Field(
-        default=0.001, ge=0, le=1e6, description="a network's run is flagged disturbed when "
+        default=DISTURBANCE_THRESHOLD, ge=0, le=1e6,
+        description="a network's run is flagged disturbed when "
         "its disturbance events (junk refused, messages lost, retries, lapsed grants, "
         "unexpected transfers) exceed this share of its control messages, or a board's "
         "registers were changed by another writer")
