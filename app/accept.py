@@ -8,12 +8,16 @@ and asks pytest for the JUnit XML beside the plugin's summary.json / summary.md.
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from oddl.app import registry
+from oddl.app.experiments.results import package_versions
 from oddl.app.session import session
 from oddl.controller.base.config import Testbed
 
@@ -66,9 +70,10 @@ def pytest_args(config: Path, report: Path, only: list[str]) -> list[str]:
 
 
 def run(testbed_path: Path, tb: Testbed, backend: str, report: Path, only: list[str],
-        faults: list[str], wait_s: float, say: Callable[[str], None]) -> int:
-    """The suite's exit code: 0 all passed, 1 a check failed, 2 it could not run."""
-    import pytest
+        faults: list[str], wait_s: float, say: Callable[[str], None],
+        record: Path | None = None) -> int:
+    """The suite's exit code: 0 all passed, 1 a check failed, 2 it could not run.
+    `record`: every exchange with the devices onto that cassette (drivers/cassette.py)."""
 
     check_only(only)
     if faults and not (registry.kind(backend).faults_at_start
@@ -85,17 +90,124 @@ def run(testbed_path: Path, tb: Testbed, backend: str, report: Path, only: list[
         if s.testbed != testbed_path:
             say(f"emulated {tb.name}: {s.testbed}")
         report.mkdir(parents=True, exist_ok=True)
-        rc = pytest.main(pytest_args(s.testbed, report, only))
-    summary = report / "summary.json"
-    if summary.exists():
-        import json
-
-        d = json.loads(summary.read_text())
-        for c in d["checks"]:
-            if c["outcome"] == "failed":
-                say(f"FAIL {c['check']}: {c['message']}")
-        say(f"{d['verdict']}: {d['counts']['passed']} passed, {d['counts']['failed']} "
-            f"failed, {d['counts']['skipped']} skipped")
+        header = {"kind": "accept", "argv": sys.argv[1:], "testbed_name": tb.name,
+                  "testbed": s.testbed.read_text(), "only": only,
+                  "packages": package_versions()}
+        rc = _suite(s.testbed, report, only, record, header, say)
+    d = _said(report, say)
     say(f"acceptance of {tb.name} ({backend}) took {time.perf_counter() - t0:.1f} s; "
         f"report: {report}")
-    return {0: 0, 1: 1}.get(int(rc), 2)
+    return {0: 0, 1: 1}.get(rc, 2) if d is not None else 2
+
+
+def _suite(testbed: Path, report: Path, only: list[str], record: Path | None,
+           header: dict[str, Any], say: Callable[[str], None]) -> int:
+    """pytest on the suite, recording its device traffic onto `record` if given."""
+    import pytest
+
+    if record is None:
+        return int(pytest.main(pytest_args(testbed, report, only)))
+    rc = 2
+    with registry.recording(record, header) as rec:
+        try:
+            rc = int(pytest.main(pytest_args(testbed, report, only)))
+        finally:
+            summary = report / "summary.json"
+            rec.close({"rc": rc, "summary": json.loads(summary.read_text())
+                       if summary.exists() else None})
+    say(f"recorded {rec.events:,} exchanges with the devices to {record} "
+        f"({record.stat().st_size / 1024:.0f} KiB)")
+    return rc
+
+
+def _said(report: Path, say: Callable[[str], None]) -> dict[str, Any] | None:
+    """The report's summary, its failures and its verdict said."""
+    summary = report / "summary.json"
+    if not summary.exists():
+        return None
+    d: dict[str, Any] = json.loads(summary.read_text())
+    for c in d["checks"]:
+        if c["outcome"] == "failed":
+            say(f"FAIL {c['check']}: {c['message']}")
+    say(f"{d['verdict']}: {d['counts']['passed']} passed, {d['counts']['failed']} "
+        f"failed, {d['counts']['skipped']} skipped")
+    return d
+
+
+# figures measured on the host's clock, not read from a device: a replay paces them as
+# recorded, to within this much (the rest are held exactly)
+WALL_CLOCK = {"test_control_rtt": (0.25, 0.5),  # check -> (relative, absolute) tolerance
+              "test_board_reachable": (0.25, 5.0)}
+
+
+def replay(path: Path, report: Path, relaxed: bool, say: Callable[[str], None]) -> int:
+    """An acceptance run again with every device served from cassette `path`: 0 the same
+    checks, outcomes, messages and figures as recorded; 1 a divergence or a difference
+    (each said); 2 the cassette cannot be played."""
+    try:
+        with registry.playing(path, relaxed) as player:
+            return _replay(player, path, report, say)
+    except ValueError as e:  # the cassette cannot be played (it says why)
+        raise AcceptError(str(e)) from None
+
+
+def _replay(player: Any, path: Path, report: Path, say: Callable[[str], None]) -> int:
+    import pytest
+
+    h = player.header
+    if h.get("kind") != "accept" or not isinstance(h.get("testbed"), str):
+        raise AcceptError(f"{path}: a cassette of {h.get('kind')!r}, not of `oddl accept`")
+    recorded = (player.result or {}).get("summary")
+    if recorded is None:
+        raise AcceptError(f"{path}: the recording was cut short (no result to compare)")
+    report.mkdir(parents=True, exist_ok=True)
+    testbed = report / "testbed.toml"  # the config the recorded suite ran on
+    testbed.write_text(h["testbed"])
+    say(f"replaying {path}: `oddl {' '.join(h.get('argv', []))}` on {h.get('testbed_name')}, "
+        f"{sum(len(v) for v in player.by_dev.values()):,} exchanges with "
+        f"{len(player.by_dev)} devices, no device reached")
+    pytest.main(pytest_args(testbed, report, h.get("only") or []))
+    got = _said(report, say)
+    diffs = differences(recorded, got) if got is not None else ["the suite did not run"]
+    if player.first is not None:
+        d = player.first
+        diffs.insert(0, f"first divergence: {d.device}, event {d.index}: recorded "
+                        f"{json.dumps(d.recorded)}; asked {json.dumps(d.asked)}\n"
+                        f"{d.stack}")
+    if left := player.left():
+        diffs.append("recorded exchanges the replay never asked for: " + ", ".join(
+            f"{dev} {n}" for dev, n in sorted(left.items())))
+    for line in diffs:
+        say(f"DIFFERS {line}")
+    say(f"replay of {path}: " + ("the same checks, outcomes and figures as recorded"
+                                  if not diffs else f"{len(diffs)} differences"))
+    return 1 if diffs else 0
+
+
+def differences(recorded: dict[str, Any], got: dict[str, Any]) -> list[str]:
+    """What a replayed acceptance says otherwise than the recorded one: each check's
+    outcome, message and figures (`WALL_CLOCK`'s within their tolerance)."""
+    out = []
+    was = {c["check"]: c for c in recorded["checks"]}
+    now = {c["check"]: c for c in got["checks"]}
+    for name in sorted(was.keys() | now.keys()):
+        a, b = was.get(name), now.get(name)
+        if a is None or b is None:
+            out.append(f"{name}: {'not replayed' if b is None else 'not recorded'}")
+            continue
+        if (a["outcome"], a["message"]) != (b["outcome"], b["message"]):
+            out.append(f"{name}: recorded {a['outcome']} {a['message']!r}, replayed "
+                       f"{b['outcome']} {b['message']!r}")
+            continue
+        rel, tol = WALL_CLOCK.get(name.split("[")[0], (0.0, 0.0))
+        for fa, fb in zip(a["figures"], b["figures"], strict=False):
+            same = fa == fb or (rel and fa["name"] == fb["name"] and isinstance(
+                fa["value"], float) and isinstance(fb["value"], float) and abs(
+                fa["value"] - fb["value"]) <= max(tol, rel * abs(fa["value"])))
+            if not same:
+                out.append(f"{name}: {fa['name']} recorded {fa['value']} {fa['unit']}, "
+                           f"replayed {fb['value']} {fb['unit']}")
+        if len(a["figures"]) != len(b["figures"]):
+            out.append(f"{name}: {len(a['figures'])} figures recorded, "
+                       f"{len(b['figures'])} replayed")
+    return out

@@ -10,6 +10,7 @@ loads no model and a sim run opens no socket.
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -158,6 +159,22 @@ def open_board(addr: str | None, node: str, nodes: list[str]) -> Any:
     from oddl.drivers.lab import open_board as _open
 
     return _open(addr, node, nodes)
+
+
+def recording(path: Path, header: dict[str, Any]) -> contextlib.AbstractContextManager[Any]:
+    """The drivers write every exchange with the devices onto cassette `path`, while in
+    it (drivers/cassette.py; the caller closes the Recorder it yields, with its result)."""
+    from oddl.drivers import cassette
+
+    return cassette.recording(path, header)
+
+
+def playing(path: Path, relaxed: bool) -> contextlib.AbstractContextManager[Any]:
+    """The drivers' devices served from cassette `path`, while in it (the Player it
+    yields; ValueError naming the file if it cannot be played)."""
+    from oddl.drivers import cassette
+
+    return cassette.playing(path, relaxed)
 
 
 def open_soc(spec: str, photonics: QickPhotonics | None = None, seed: int = 0,

@@ -3,5 +3,6 @@
 `lightning_mac` (its multiply-accumulate: streams on modulator pairs, calibrated), `lab`
 (the emu and hw back end), `job_tally` (what the controller has heard of a job),
 `local_board` (a board only its node program touches), `drill` (faults through an
-emulator's endpoint) and `announce` (notes for the bus's watchers). Drivers speak to
+emulator's endpoint), `announce` (notes for the bus's watchers) and `cassette` (every
+exchange with the devices, recorded and replayed). Drivers speak to
 hardware or to an emulator at the device boundary; they never import the models."""

@@ -73,12 +73,13 @@ from oddl.controller.stage2.job import (
     schedule_of,
     step_sync,
 )
+from oddl.drivers import cassette
 from oddl.drivers.drill import RemoteDrill
 from oddl.drivers.job_tally import JobTally
 from oddl.drivers.local_board import LocalBoard
 from oddl.drivers.mqtt import BusError, MQTTBus, bus_from_config
 from oddl.drivers.onic import DriverONic, ONicDriver, open_onic
-from oddl.drivers.wss import WSSDriver
+from oddl.drivers.wss import WSSDriver, open_wss
 from oddl.fpga import regmap as R
 from oddl.fpga.overlay import BITFILE
 
@@ -120,21 +121,30 @@ def open_board(addr: str | None, node: str, nodes: list[str], bitfile: Path = BI
     """An ONicDriver on a board address: grpc://HOST:PORT (PYNQ.remote) or `local` (this
     host's PL). Its overlay's .hwh is held to the register map and the board's identity
     block to the design version (`open_onic`); the bitstream is the board's own."""
-    if addr and addr.startswith("grpc://"):
-        from pynq.pl_server.remote_device import RemoteDevice
+    dev = f"board:{node}"
 
-        host, _, port = addr.removeprefix("grpc://").rpartition(":")
-        device = RemoteDevice(0, host, port=int(port))
-    elif addr == "local":
-        from pynq import Device
+    def play(player: cassette.Player) -> ONicDriver:  # replayed: no device, its record
+        drv = ONicDriver(player.mmio(dev), node, nodes)
+        drv.check_identity()
+        return drv
 
-        device = Device.active_device
-        return open_onic(bitfile, device, node, nodes, download=False)
-    else:
+    def open_() -> ONicDriver:
+        if addr and addr.startswith("grpc://"):
+            from pynq.pl_server.remote_device import RemoteDevice
+
+            host, _, port = addr.removeprefix("grpc://").rpartition(":")
+            device = RemoteDevice(0, host, port=int(port))
+            return open_onic(bitfile, device, node, nodes, download=False,
+                             tap=lambda m: cassette.tap_mmio(
+                                 dev, RemoteMMIO(m, f"board {node} ({addr})")))
+        if addr == "local":
+            from pynq import Device
+
+            return open_onic(bitfile, Device.active_device, node, nodes, download=False,
+                             tap=lambda m: cassette.tap_mmio(dev, m))
         raise Unreachable(f"board address {addr!r} is neither grpc://HOST:PORT nor 'local'")
-    drv = open_onic(bitfile, device, node, nodes, download=False)
-    drv.mmio = RemoteMMIO(drv.mmio, f"board {node} ({addr})")
-    return drv
+
+    return cassette.opened(dev, open_, play)
 
 
 class RemoteMMIO:
@@ -238,7 +248,7 @@ class LabBackend:
             try:
                 if not w.serial:
                     raise Unreachable("no serial port in the testbed config")
-                self.wss[w.id] = WSSDriver(w.serial, settle_s=w.reconfig_ms / 1e3)
+                self.wss[w.id] = open_wss(w.id, w.serial, settle_s=w.reconfig_ms / 1e3)
             except Exception as e:
                 failed.append(f"WSS {w.id} ({w.serial}): {e}")
         if failed:

@@ -40,6 +40,7 @@ from oddl.controller.base.messages import ControlMessage
 from oddl.controller.base.telemetry import RETAINED
 from oddl.controller.base.throttle import worth_logging
 from oddl.controller.stage2.wire import BusDecodeError, decode, encode
+from oddl.drivers import cassette
 
 log = logging.getLogger(__name__)
 
@@ -81,6 +82,7 @@ class MQTTBus:
         self.readonly = readonly
         self.tap = tap  # an observer of every delivered message (the invariant checker)
         self.user = check_name("MQTT party", user)
+        self.dev = f"mqtt:{user}"  # its name on a cassette
         self.host, self.port = host, port
         self.keepalive, self.connect_timeout = keepalive, connect_timeout
         self.handlers: dict[str, Callable[[ControlMessage], None]] = {}
@@ -145,13 +147,18 @@ class MQTTBus:
             log.warning("mqtt: %s: %s to %s while not connected: dropped", self.user,
                         type(msg).__name__, dst)
             return
-        self.client.publish(ctl_topic(self.testbed, dst, src), encode(msg), QOS_CTL)
+        topic, payload = ctl_topic(self.testbed, dst, src), encode(msg)
+        if cassette.active is not None:
+            self._taped("pub", topic, payload)
+        self.client.publish(topic, payload, QOS_CTL)
 
     async def publish(self, topic: str, payload: bytes, qos: int = 1,
                       timeout: float = 10.0, retain: bool = False) -> None:
         """Publish on a raw topic; with QoS 1, return once the broker has it (PUBACK)."""
         if not self._started:
             raise BusError(f"mqtt: {self.user}: not connected")
+        if cassette.active is not None:
+            self._taped("pub", topic, payload)
         info = self.client.publish(topic, payload, qos, retain)
         if qos == 0 or info.is_published():
             return
@@ -388,8 +395,15 @@ class MQTTBus:
             assert self._loop is not None  # TLS: decrypted bytes the selector cannot see
             self._loop.call_soon(self._readable)
 
+    def _taped(self, kind: str, topic: str, payload: bytes) -> None:
+        """A message published or delivered, on the cassette being recorded."""
+        if isinstance(cassette.active, cassette.Recorder):
+            cassette.active.event(self.dev, kind, topic=topic, p=payload.decode("latin-1"))
+
     def _deliver(self, topic: str, payload: bytes) -> None:
         """One message; whatever it holds, it is handled, or counted and logged, alone."""
+        if cassette.active is not None:
+            self._taped("recv", topic, payload)
         try:
             if topic.startswith(self._prefix):
                 self._control(topic, payload)
@@ -513,8 +527,56 @@ def bus_from_config(testbed: str, broker: Any, user: str, port: int | None = Non
                     readonly: bool = False, session: str = "") -> MQTTBus:
     """An MQTTBus for a testbed's `[broker]`, logged in as `user` (its password from the
     config's source unless given)."""
+    if isinstance(cassette.active, cassette.Player):  # replayed: no broker, its record
+        return PlayedBus(cassette.active, testbed, user=user, tap=tap, readonly=readonly,
+                         session=session)
     p = broker_params(broker, user, port)
     if password is not None:
         p["password"] = password
     return MQTTBus(testbed, **p, user=user, tap=tap, keepalive=keepalive, readonly=readonly,
                    session=session)
+
+
+class PlayedBus(MQTTBus):
+    """An MQTTBus whose broker is a cassette: each message it publishes is held to the
+    recording, and the messages that were delivered after it come as long after it as
+    they did (the recording's timing; the handlers are the bus's own)."""
+
+    def __init__(self, player: cassette.Player, testbed: str, **kw: Any) -> None:
+        super().__init__(testbed, **kw)
+        self.player = player
+
+    async def start(self) -> MQTTBus:
+        self._loop = asyncio.get_running_loop()
+        self._started = True
+        self._play(None)  # what came before anything was published
+        return self
+
+    async def close(self, timeout: float = 5.0) -> None:
+        self._started = False
+
+    def send(self, src: str, dst: str, msg: ControlMessage) -> None:
+        self._sent += 1
+        self._out(ctl_topic(self.testbed, dst, src), encode(msg))
+
+    async def publish(self, topic: str, payload: bytes, qos: int = 1,
+                      timeout: float = 10.0, retain: bool = False) -> None:
+        self._out(topic, payload)
+
+    def _out(self, topic: str, payload: bytes) -> None:
+        self._play(self.player.take(self.dev, "pub", topic=topic,
+                                    p=payload.decode("latin-1")))
+
+    def _play(self, after: dict[str, Any] | None) -> None:
+        assert self._loop is not None
+        now = time.monotonic()
+        for ev in self.player.following(self.dev, "recv"):
+            due = now + (ev["t"] - after["t"] if after is not None else 0.0)
+            # the loop's timers wake to the millisecond (epoll): early, then to the due
+            self._loop.call_later(max(0.0, due - now - 0.002), self._at, due, ev["topic"],
+                                  ev["p"].encode("latin-1"))
+
+    def _at(self, due: float, topic: str, payload: bytes) -> None:
+        if (wait := due - time.monotonic()) > 0:
+            time.sleep(wait)
+        self._deliver(topic, payload)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 import struct
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -350,14 +350,16 @@ class DriverONic:
 def open_onic(bitfile: str | Path, device: Any = None, node: str = "",
               nodes: list[str] | None = None, download: bool = True,
               design_version: int = R.DESIGN_VERSION,
-              bitstream_hash: str | None = None) -> ONicDriver:
+              bitstream_hash: str | None = None,
+              tap: Callable[[Any], Any] = lambda mmio: mmio) -> ONicDriver:
     """Load the O-NIC overlay with pynq, hold its .hwh to the register map and the board's
-    identity block to the expected design, and return a driver on `onic_ctrl`."""
+    identity block to the expected design, and return a driver on `onic_ctrl` (its MMIO
+    through `tap`, from the first access: a transport's error types, a cassette)."""
     import pynq
 
     ol = pynq.Overlay(str(bitfile), device=device, download=download)
     ip = check_ip_dict(ol.ip_dict, str(Path(bitfile).with_suffix(".hwh")))
-    drv = ONicDriver(pynq.MMIO(ip["phys_addr"], ip["addr_range"], device=ol.device), node,
-                     nodes)
+    drv = ONicDriver(tap(pynq.MMIO(ip["phys_addr"], ip["addr_range"], device=ol.device)),
+                     node, nodes)
     drv.check_identity(design_version, bitstream_hash)
     return drv

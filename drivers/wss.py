@@ -11,6 +11,7 @@ from typing import Any
 
 import serial
 from oddl.controller.base.devices import DeviceRefused
+from oddl.drivers import cassette
 
 _IDN = re.compile(r"^ODDL,WSS,(?P<id>[^,]+),(?P<ports>\d+)x(?P<channels>\d+),(?P<fw>\S+)$")
 _ERR = re.compile(r'^ERR (?P<code>-?\d+),"(?P<text>[^"]*)"$')
@@ -188,3 +189,13 @@ class WSSDriver:
                 break
             out.append((int(code), text.strip('"')))
         return out
+
+
+def open_wss(wid: str, port: str, timeout: float = 1.0, settle_s: float = 0.0) -> WSSDriver:
+    """WSS `wid`'s driver on its serial port (its lines on the cassette, if one records;
+    from it, if one plays)."""
+    dev = f"wss:{wid}"
+    return cassette.opened(
+        dev, lambda: WSSDriver(cassette.tap_serial(dev, serial.Serial(
+            port, baudrate=115200, timeout=timeout)), timeout, settle_s=settle_s),
+        lambda player: WSSDriver(player.serial(dev, port), timeout, settle_s=settle_s))

@@ -247,8 +247,11 @@ def broker_config(testbed: Path, out: Path, port: int, bind: str) -> None:
               "(see `oddl emulate --help`)")
 @click.option("--wait", "wait_s", type=float, default=0.0,
               help="seconds to wait for a testbed another run holds (default: refuse)")
+@click.option("--record", type=click.Path(path_type=Path), default=None,
+              help="write every exchange with the devices to this cassette (.jsonl.gz), "
+                   "for `oddl replay` (docs/cassettes.md)")
 def accept(testbed: Path, backend: str | None, report: Path | None, only: tuple[str, ...],
-           faults: tuple[str, ...], wait_s: float) -> None:
+           faults: tuple[str, ...], wait_s: float, record: Path | None) -> None:
     """Pass or fail a testbed, device by device, with the measured figures."""
     from oddl.app import accept as acc
     from oddl.app import registry
@@ -264,7 +267,7 @@ def accept(testbed: Path, backend: str | None, report: Path | None, only: tuple[
     report = report or Path(f"accept-{tb.name}-{time.strftime('%Y%m%d-%H%M%S')}")
     try:
         rc = acc.run(testbed, tb, backend, report, list(only), list(faults), wait_s,
-                     lambda line: click.echo(line))
+                     lambda line: click.echo(line), record)
     except (acc.AcceptError, EmulatorFailed, TestbedBusy) as e:
         click.echo(f"error: {e}", err=True)
         sys.exit(3 if isinstance(e, TestbedBusy) else 2)
@@ -282,4 +285,38 @@ def accept(testbed: Path, backend: str | None, report: Path | None, only: tuple[
             announcer.close()
         except Exception as e:  # the verdict stands; only the dashboard misses it
             click.echo(f"warning: the result was not published on the bus: {e}", err=True)
+    sys.exit(rc)
+
+
+@main.command()
+@click.argument("cassette", type=click.Path(path_type=Path, exists=True, dir_okay=False))
+@click.option("--report", type=click.Path(path_type=Path), default=None,
+              help="report directory (default: replay-<cassette>-<time>)")
+@click.option("--relaxed", is_flag=True,
+              help="match each register read by its address, not its place among the "
+                   "reads (for a driver change that only reorders them)")
+@click.option("--json", "as_json", is_flag=True, help="the replay's summary as JSON")
+def replay(cassette: Path, report: Path | None, relaxed: bool, as_json: bool) -> None:
+    """Run a recorded `oddl accept` again with every device served from its cassette (no
+    hardware, no emulator): exit 0 if every check, message and figure is as recorded; 1
+    at the first divergence (named: device, exchange, recorded, asked, the asking code) or
+    any difference; 2 if the cassette cannot be played."""
+    from oddl.app import accept as acc
+
+    report = report or Path(f"replay-{cassette.name.split('.')[0]}-"
+                            f"{time.strftime('%Y%m%d-%H%M%S')}")
+    lines: list[str] = []
+    say = lines.append if as_json else click.echo
+    try:
+        rc = acc.replay(cassette, report, relaxed, say)
+    except acc.AcceptError as e:
+        click.echo(f"error: {e}", err=True)
+        sys.exit(2)
+    if as_json:
+        summary = json.loads((report / "summary.json").read_text()) \
+            if (report / "summary.json").exists() else None
+        click.echo(json.dumps({"cassette": str(cassette), "same": rc == 0,
+                               "differences": [ln.removeprefix("DIFFERS ") for ln in lines
+                                               if ln.startswith("DIFFERS ")],
+                               "report": str(report), "summary": summary}, indent=1))
     sys.exit(rc)

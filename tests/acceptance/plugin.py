@@ -29,6 +29,7 @@ import pytest
 from oddl.app.registry import open_board
 from oddl.controller.base.config import ConfigError, Testbed, load_testbed
 from oddl.controller.base.topology import Grid
+from oddl.drivers import cassette
 
 NO_TESTBED = ("hardware acceptance: no --testbed given (run `oddl accept TESTBED` or "
               "`pytest tests/acceptance --testbed FILE`)")
@@ -153,12 +154,12 @@ class Bench:
 
     def wss(self, wid: str) -> Any:
         if wid not in self.wss_drivers:
-            from oddl.drivers.wss import WSSDriver
+            from oddl.drivers.wss import open_wss
 
             port = {w.id: w.serial for w in self.tb.wss}[wid]
             if not port:
                 pytest.fail(f"WSS {wid}: no serial port in the testbed config", pytrace=False)
-            self.wss_drivers[wid] = WSSDriver(port, timeout=self.spec.timeout_s)
+            self.wss_drivers[wid] = open_wss(wid, port, timeout=self.spec.timeout_s)
         return self.wss_drivers[wid]
 
     def load_table(self, wid: str, table: list[list[int | None]]) -> None:
@@ -240,13 +241,17 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
                "verdict": "FAIL" if counts["failed"] else "PASS" if counts["passed"]
                else "NOTHING CHECKED",
                "counts": counts, "checks": _results}
+    if isinstance(cassette.active, cassette.Player):  # no device was reached: say so
+        summary["replayed_from"] = str(cassette.active.path)
     (d / "summary.json").write_text(json.dumps(summary, indent=2) + "\n")
     (d / "summary.md").write_text(markdown(summary))
 
 
 def markdown(summary: dict[str, Any]) -> str:
     c = summary["counts"]
-    lines = [f"# Acceptance: {summary['testbed']} ({summary['backend']}): "
+    played = f", replayed from {summary['replayed_from']}" if "replayed_from" in summary \
+        else ""
+    lines = [f"# Acceptance: {summary['testbed']} ({summary['backend']}{played}): "
              f"**{summary['verdict']}**", "",
              f"{c['passed']} passed, {c['failed']} failed, {c['skipped']} skipped", "",
              "| check | result | figure | spec | message |", "|---|---|---|---|---|"]

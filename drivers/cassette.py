@@ -1,0 +1,361 @@
+"""A cassette: every exchange of one command with its devices, to replay the command
+without them (docs/cassettes.md).
+
+Recorded at the protocol boundary, where the drivers meet the devices: each board's
+register reads and writes (pynq MMIO, local or over PYNQ.remote) and whether it opened,
+each WSS's lines out and in (pyserial), each MQTT party's messages published and delivered.
+A cassette is JSON Lines, gzip-compressed: a header (the format and its version, the
+command, the testbed config it ran on, the versions of what ran it), then one event a line
+(`t`: seconds since the start; `dev`: the device; `i`: its index on that device; `k`: the
+kind; what was sent and what came back), then a footer (the command's result). No secret
+is written: passwords never cross these boundaries (MQTT's CONNECT is not a message).
+
+Replayed, the same driver code gets its answers from the cassette: each device's events
+are taken in the order recorded (`relaxed`: a register read by its address, anywhere ahead
+of the other reads), and the first request the recording does not hold stops the replay
+with a `Divergence` naming the device, the event, what was recorded, what was asked and
+the asking code's stack. MQTT deliveries come as long after their publish as they did.
+
+The cassette in use is this process's (`active`): set in one place, by the command that
+records or replays (app/accept.py), read where the drivers open devices.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gzip
+import json
+import threading
+import time
+import traceback
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+FORMAT = "oddl-cassette"
+VERSION = 1
+MAX_EVENTS = 5_000_000  # a cassette's, read back (a 20-iteration Table 1 run: ~100 k)
+
+
+class CassetteError(ValueError):
+    """A file that is no cassette this oddl can play (the message names it and why)."""
+
+
+class Divergence(RuntimeError):
+    """The replayed command asked a device something the recording does not hold here."""
+
+    def __init__(self, device: str, index: int, recorded: dict[str, Any] | None,
+                 asked: dict[str, Any], stack: str) -> None:
+        self.device, self.index, self.recorded, self.asked = device, index, recorded, asked
+        self.stack = stack
+        was = "nothing more" if recorded is None else json.dumps(_public(recorded))
+        super().__init__(f"replay diverged on {device}, event {index}: recorded {was}; "
+                         f"asked {json.dumps(asked)}\n{stack}")
+
+
+def _public(ev: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in ev.items() if k not in ("dev", "t")}
+
+
+def _value(data: int | bytes) -> int | str:
+    """A register write's value as JSON holds it: an int, or bytes as hex."""
+    return data if isinstance(data, int) else "0x" + bytes(data).hex()
+
+
+class Recorder:
+    """Writes a cassette as the command runs (one lock: device calls come from threads)."""
+
+    def __init__(self, path: Path, header: dict[str, Any]) -> None:
+        self.path = path
+        # open for the command's life (closed with its result)
+        self._f = gzip.open(path, "wt", encoding="utf-8")  # noqa: SIM115
+        self._f.write(json.dumps({"format": FORMAT, "version": VERSION, **header}) + "\n")
+        self._lock = threading.Lock()
+        self._t0 = time.monotonic()
+        self._n: dict[str, int] = {}
+        self.events = 0
+
+    def event(self, dev: str, kind: str, **fields: Any) -> None:
+        with self._lock:
+            i = self._n.get(dev, 0)
+            self._n[dev] = i + 1
+            self.events += 1
+            self._f.write(json.dumps({"t": round(time.monotonic() - self._t0, 6),
+                                      "dev": dev, "i": i, "k": kind, **fields}) + "\n")
+
+    def count(self, dev: str) -> int:
+        with self._lock:
+            return self._n.get(dev, 0)
+
+    def close(self, result: dict[str, Any]) -> None:
+        with self._lock:
+            self._f.write(json.dumps({"end": result}) + "\n")
+            self._f.close()
+
+    # the taps
+    def mmio(self, dev: str, mmio: Any) -> TapedMMIO:
+        return TapedMMIO(mmio, dev, self)
+
+    def serial(self, dev: str, port: Any) -> TapedSerial:
+        return TapedSerial(port, dev, self)
+
+
+class TapedMMIO:
+    """pynq MMIO, each access written to the cassette."""
+
+    def __init__(self, mmio: Any, dev: str, rec: Recorder) -> None:
+        self._mmio, self.dev, self._rec = mmio, dev, rec
+
+    def read(self, offset: int, length: int = 4) -> int:
+        v = int(self._mmio.read(offset, length))
+        self._rec.event(self.dev, "r", a=offset, v=v)
+        return v
+
+    def write(self, offset: int, data: int | bytes) -> None:
+        self._rec.event(self.dev, "w", a=offset, v=_value(data))
+        self._mmio.write(offset, data)
+
+
+class TapedSerial:
+    """A pyserial port, each line out and in written to the cassette (latin-1: bytes as
+    they were, noise included)."""
+
+    def __init__(self, port: Any, dev: str, rec: Recorder) -> None:
+        self._port, self.dev, self._rec = port, dev, rec
+        self.port = getattr(port, "port", dev)
+
+    @property
+    def timeout(self) -> float | None:
+        return float(self._port.timeout) if self._port.timeout is not None else None
+
+    @timeout.setter
+    def timeout(self, value: float) -> None:
+        self._port.timeout = value
+
+    def reset_input_buffer(self) -> None:
+        self._port.reset_input_buffer()
+
+    def write(self, data: bytes) -> int | None:
+        self._rec.event(self.dev, "tx", d=bytes(data).decode("latin-1"))
+        return self._port.write(data)
+
+    def read_until(self, expected: bytes = b"\n", size: int | None = None) -> bytes:
+        raw = bytes(self._port.read_until(expected, size))
+        self._rec.event(self.dev, "rx", d=raw.decode("latin-1"))
+        return raw
+
+    def close(self) -> None:
+        self._port.close()
+
+
+class Player:
+    """Serves a cassette's answers to the drivers; the first divergence is kept (a check
+    may catch the error; the replay still fails on it)."""
+
+    def __init__(self, path: Path, relaxed: bool = False) -> None:
+        self.path, self.relaxed = path, relaxed
+        self.header, self.result, events = read(path)
+        self.by_dev: dict[str, list[dict[str, Any]]] = {}
+        for ev in events:
+            self.by_dev.setdefault(ev["dev"], []).append(ev)
+        self._used: dict[str, set[int]] = {d: set() for d in self.by_dev}
+        self._next: dict[str, int] = dict.fromkeys(self.by_dev, 0)  # first unused index
+        self._lock = threading.Lock()
+        self.first: Divergence | None = None
+        self._t0: float | None = None  # the replay's clock at the recording's 0
+
+    def take(self, dev: str, kind: str, **asked: Any) -> dict[str, Any]:
+        """The device's next event, which must be a `kind` with `asked`'s fields; a read
+        (`kind` "r") with `relaxed`: the next read of that address."""
+        with self._lock:
+            evs, used = self.by_dev.get(dev, []), self._used.setdefault(dev, set())
+            k = self._next.setdefault(dev, 0)
+            while k < len(evs) and k in used:
+                k += 1
+            self._next[dev] = k
+            if self.relaxed and kind == "r":
+                k = next((j for j in range(k, len(evs)) if j not in used
+                          and evs[j]["k"] == "r" and evs[j]["a"] == asked["a"]), len(evs))
+            elif self.relaxed:
+                k = next((j for j in range(k, len(evs)) if j not in used
+                          and evs[j]["k"] != "r"), len(evs))
+            ev = evs[k] if k < len(evs) else None
+            if ev is None or ev["k"] != kind or any(ev.get(f) != v for f, v in asked.items()):
+                stack = "".join(traceback.format_stack(limit=12)[:-2])
+                d = Divergence(dev, k, ev, {"k": kind, **asked}, stack)
+                if self.first is None:
+                    self.first = d
+                raise d
+            used.add(k)
+            if self._t0 is None:
+                self._t0 = time.monotonic() - ev["t"]
+            due = self._t0 + ev["t"]
+        # the recording's pace: nothing is answered sooner after the start than it was
+        # (a figure the suite times on its own clock comes out as recorded, or later)
+        if (wait := due - time.monotonic()) > 0:
+            time.sleep(wait)
+        return ev
+
+    def following(self, dev: str, kind: str) -> list[dict[str, Any]]:
+        """The device's next events while they are of `kind` (taken)."""
+        out = []
+        with self._lock:
+            evs, used = self.by_dev.get(dev, []), self._used.setdefault(dev, set())
+            k = self._next.get(dev, 0)
+            while k < len(evs) and (k in used or evs[k]["k"] == kind):
+                if k not in used:
+                    used.add(k)
+                    out.append(evs[k])
+                k += 1
+            self._next[dev] = k
+        return out
+
+    def left(self) -> dict[str, int]:
+        """Each device's events the replay did not ask for."""
+        return {d: len(evs) - len(self._used.get(d, ())) for d, evs in self.by_dev.items()
+                if len(evs) > len(self._used.get(d, ()))}
+
+    # the devices, played
+    def mmio(self, dev: str) -> PlayedMMIO:
+        return PlayedMMIO(dev, self)
+
+    def serial(self, dev: str, port: str) -> PlayedSerial:
+        return PlayedSerial(dev, self, port)
+
+    def opened(self, dev: str) -> None:
+        """The device opened when it was (a device that could not be reached raises what
+        it raised then)."""
+        self.take(dev, "open")
+        with self._lock:
+            evs, k = self.by_dev.get(dev, []), self._next.get(dev, 0)
+        if k < len(evs) and evs[k]["k"] == "unreachable":
+            raise ConnectionError(self.take(dev, "unreachable")["error"])
+
+
+class PlayedMMIO:
+    def __init__(self, dev: str, player: Player) -> None:
+        self.dev, self._p = dev, player
+
+    def read(self, offset: int, length: int = 4) -> int:
+        return int(self._p.take(self.dev, "r", a=offset)["v"])
+
+    def write(self, offset: int, data: int | bytes) -> None:
+        self._p.take(self.dev, "w", a=offset, v=_value(data))
+
+
+class PlayedSerial:
+    def __init__(self, dev: str, player: Player, port: str) -> None:
+        self.dev, self._p = dev, player
+        self.port = port  # as the driver names it in its errors
+        self.timeout: float | None = None
+
+    def reset_input_buffer(self) -> None:
+        pass
+
+    def write(self, data: bytes) -> int:
+        self._p.take(self.dev, "tx", d=bytes(data).decode("latin-1"))
+        return len(data)
+
+    def read_until(self, expected: bytes = b"\n", size: int | None = None) -> bytes:
+        return str(self._p.take(self.dev, "rx")["d"]).encode("latin-1")
+
+    def close(self) -> None:
+        pass
+
+
+def read(path: Path) -> tuple[dict[str, Any], dict[str, Any] | None,
+                              list[dict[str, Any]]]:
+    """A cassette's header, result (None: the recording was cut short) and events;
+    CassetteError naming the file, the line and what is wrong."""
+    events: list[dict[str, Any]] = []
+    header: dict[str, Any] | None = None
+    result = None
+    try:
+        with gzip.open(path, "rt", encoding="utf-8") as f:
+            for n, line in enumerate(f, 1):
+                try:
+                    obj = json.loads(line)
+                except ValueError as e:
+                    if line.endswith("\n"):
+                        raise CassetteError(f"{path}: line {n}: not JSON ({e})") from None
+                    break  # the last line of a recording cut short
+                if header is None:
+                    if not isinstance(obj, dict) or obj.get("format") != FORMAT:
+                        raise CassetteError(f"{path}: not an oddl cassette (its first "
+                                            f"line names no format {FORMAT!r})")
+                    if obj.get("version") != VERSION:
+                        raise CassetteError(f"{path}: cassette version "
+                                            f"{obj.get('version')!r}; this oddl plays "
+                                            f"version {VERSION}")
+                    header = obj
+                elif isinstance(obj, dict) and "end" in obj:
+                    result = obj["end"]
+                elif isinstance(obj, dict) and {"t", "dev", "i", "k"} <= obj.keys() and \
+                        isinstance(obj["dev"], str) and isinstance(obj["k"], str):
+                    if len(events) >= MAX_EVENTS:
+                        raise CassetteError(f"{path}: more than {MAX_EVENTS:,} events")
+                    events.append(obj)
+                else:
+                    raise CassetteError(f"{path}: line {n}: not an event (t, dev, i, k)")
+    except (OSError, EOFError, UnicodeDecodeError) as e:
+        raise CassetteError(f"{path}: cannot be read: {e}") from None
+    if header is None:
+        raise CassetteError(f"{path}: empty")
+    return header, result, events
+
+
+# the cassette this process records to or plays from (None: the devices themselves)
+active: Recorder | Player | None = None
+
+
+def tap_mmio(dev: str, mmio: Any) -> Any:
+    """A board's registers as the drivers reach them: recorded, or as they are."""
+    return active.mmio(dev, mmio) if isinstance(active, Recorder) else mmio
+
+
+def tap_serial(dev: str, port: Any) -> Any:
+    """A serial port as the drivers reach it: recorded, or as it is."""
+    return active.serial(dev, port) if isinstance(active, Recorder) else port
+
+
+def opened(dev: str, open_: Callable[[], T], play: Callable[[Player], T]) -> T:
+    """A device's driver: `open_()` on the device (a failure to reach it, before any
+    exchange, recorded); replayed, `play(player)` on its record (or what reaching it
+    raised then)."""
+    if isinstance(active, Player):
+        active.opened(dev)
+        return play(active)
+    rec = active
+    if isinstance(rec, Recorder):
+        rec.event(dev, "open")
+    before = rec.count(dev) if isinstance(rec, Recorder) else 0
+    try:
+        return open_()
+    except Exception as e:  # an error of the exchange itself replays by itself
+        if isinstance(rec, Recorder) and rec.count(dev) == before:
+            rec.event(dev, "unreachable", error=str(e))
+        raise
+
+
+@contextlib.contextmanager
+def recording(path: Path, header: dict[str, Any]) -> Iterator[Recorder]:
+    """This process's device traffic onto cassette `path` (the caller closes it, with its
+    result)."""
+    global active
+    rec = active = Recorder(path, header)
+    try:
+        yield rec
+    finally:
+        active = None
+
+
+@contextlib.contextmanager
+def playing(path: Path, relaxed: bool = False) -> Iterator[Player]:
+    """This process's devices served from cassette `path` (CassetteError: it cannot be)."""
+    global active
+    player = active = Player(path, relaxed)
+    try:
+        yield player
+    finally:
+        active = None
