@@ -136,8 +136,8 @@ def _said(report: Path, say: Callable[[str], None]) -> dict[str, Any] | None:
 
 # figures measured on the host's clock, not read from a device: a replay paces them as
 # recorded, to within this much (the rest are held exactly)
-WALL_CLOCK = {"test_control_rtt": (0.25, 0.5),  # check -> (relative, absolute) tolerance
-              "test_board_reachable": (0.25, 5.0)}
+WALL_CLOCK = {"test_control_rtt": (0.5, 1.0),  # check -> (relative, absolute) tolerance
+              "test_board_reachable": (0.5, 20.0)}
 
 
 def replay(path: Path, report: Path, relaxed: bool, say: Callable[[str], None]) -> int:
@@ -168,20 +168,25 @@ def _replay(player: Any, path: Path, report: Path, say: Callable[[str], None]) -
         f"{len(player.by_dev)} devices, no device reached")
     pytest.main(pytest_args(testbed, report, h.get("only") or []))
     got = _said(report, say)
-    diffs = differences(recorded, got) if got is not None else ["the suite did not run"]
-    if player.first is not None:
-        d = player.first
-        diffs.insert(0, f"first divergence: {d.device}, event {d.index}: recorded "
-                        f"{json.dumps(d.recorded)}; asked {json.dumps(d.asked)}\n"
-                        f"{d.stack}")
+    # the cause first (an event changed after it was recorded; the first request the
+    # recording does not hold), then what it changed
+    diffs = [f"changed since it was recorded: {a}" for a in player.altered]
+    if (d := player.first) is not None:
+        diffs.append(f"{d}; asked by\n{d.stack}")
+    checks = differences(recorded, got) if got is not None else ["the suite did not run"]
+    diffs += checks[:MAX_SAID] + ([f"and {len(checks) - MAX_SAID} more checks"]
+                                  if len(checks) > MAX_SAID else [])
     if left := player.left():
         diffs.append("recorded exchanges the replay never asked for: " + ", ".join(
             f"{dev} {n}" for dev, n in sorted(left.items())))
     for line in diffs:
         say(f"DIFFERS {line}")
     say(f"replay of {path}: " + ("the same checks, outcomes and figures as recorded"
-                                  if not diffs else f"{len(diffs)} differences"))
+                                  if not diffs else "not as recorded"))
     return 1 if diffs else 0
+
+
+MAX_SAID = 10  # checks that differ, said one by one
 
 
 def differences(recorded: dict[str, Any], got: dict[str, Any]) -> list[str]:

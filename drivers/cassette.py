@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import gzip
+import hashlib
 import json
 import threading
 import time
@@ -51,11 +52,27 @@ class Divergence(RuntimeError):
         self.stack = stack
         was = "nothing more" if recorded is None else json.dumps(_public(recorded))
         super().__init__(f"replay diverged on {device}, event {index}: recorded {was}; "
-                         f"asked {json.dumps(asked)}\n{stack}")
+                         f"asked {json.dumps(asked)}")
+
+
+def _chain(prev: str, ev: dict[str, Any]) -> str:
+    """An event's digest, chained to its device's previous one: an event changed after
+    it was recorded is found, and named, on replay."""
+    return hashlib.sha256((prev + json.dumps(ev)).encode()).hexdigest()[:8]
+
+
+def _asker() -> str:
+    """The asking code's stack: its own frames, not the test runner's nor ours."""
+    frames = [f for f in traceback.extract_stack()[:-3]
+              if not any(x in f.filename for x in ("/_pytest/", "/pluggy/", "/asyncio/"))]
+    return "".join(traceback.format_list(frames[-MAX_FRAMES:]))
+
+
+MAX_FRAMES = 8
 
 
 def _public(ev: dict[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in ev.items() if k not in ("dev", "t")}
+    return {k: v for k, v in ev.items() if k not in ("dev", "t", "h")}
 
 
 def _value(data: int | bytes) -> int | str:
@@ -74,6 +91,7 @@ class Recorder:
         self._lock = threading.Lock()
         self._t0 = time.monotonic()
         self._n: dict[str, int] = {}
+        self._h: dict[str, str] = {}  # each device's last digest
         self.events = 0
 
     def event(self, dev: str, kind: str, **fields: Any) -> None:
@@ -81,8 +99,10 @@ class Recorder:
             i = self._n.get(dev, 0)
             self._n[dev] = i + 1
             self.events += 1
-            self._f.write(json.dumps({"t": round(time.monotonic() - self._t0, 6),
-                                      "dev": dev, "i": i, "k": kind, **fields}) + "\n")
+            ev = {"t": round(time.monotonic() - self._t0, 6), "dev": dev, "i": i, "k": kind,
+                  **fields}
+            self._h[dev] = ev["h"] = _chain(self._h.get(dev, ""), ev)
+            self._f.write(json.dumps(ev) + "\n")
 
     def count(self, dev: str) -> int:
         with self._lock:
@@ -157,8 +177,16 @@ class Player:
         self.path, self.relaxed = path, relaxed
         self.header, self.result, events = read(path)
         self.by_dev: dict[str, list[dict[str, Any]]] = {}
+        self.altered: list[str] = []  # events changed since they were recorded, named
+        last: dict[str, str] = {}
         for ev in events:
-            self.by_dev.setdefault(ev["dev"], []).append(ev)
+            dev = ev["dev"]
+            self.by_dev.setdefault(dev, []).append(ev)
+            h = ev.pop("h", None)
+            want = _chain(last.get(dev, ""), ev)
+            if h != want and len(self.altered) < 20:
+                self.altered.append(f"{dev} event {ev['i']} {json.dumps(_public(ev))}")
+            last[dev] = h if isinstance(h, str) else want
         self._used: dict[str, set[int]] = {d: set() for d in self.by_dev}
         self._next: dict[str, int] = dict.fromkeys(self.by_dev, 0)  # first unused index
         self._lock = threading.Lock()
@@ -182,7 +210,7 @@ class Player:
                           and evs[j]["k"] != "r"), len(evs))
             ev = evs[k] if k < len(evs) else None
             if ev is None or ev["k"] != kind or any(ev.get(f) != v for f, v in asked.items()):
-                stack = "".join(traceback.format_stack(limit=12)[:-2])
+                stack = _asker()
                 d = Divergence(dev, k, ev, {"k": kind, **asked}, stack)
                 if self.first is None:
                     self.first = d

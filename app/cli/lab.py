@@ -3,6 +3,7 @@ services."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
@@ -307,8 +308,9 @@ def replay(cassette: Path, report: Path | None, relaxed: bool, as_json: bool) ->
                             f"{time.strftime('%Y%m%d-%H%M%S')}")
     lines: list[str] = []
     say = lines.append if as_json else click.echo
-    try:
-        rc = acc.replay(cassette, report, relaxed, say)
+    try:  # --json: stdout is the JSON alone (the suite's own lines go to stderr)
+        with contextlib.redirect_stdout(sys.stderr) if as_json else contextlib.nullcontext():
+            rc = acc.replay(cassette, report, relaxed, say)
     except acc.AcceptError as e:
         click.echo(f"error: {e}", err=True)
         sys.exit(2)

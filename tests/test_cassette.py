@@ -1,0 +1,169 @@
+"""Cassettes (issue 49): an acceptance recorded on the emulator, replayed with no device; a
+changed reply, a driver's changed register traffic and a damaged file each named."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from oddl.drivers import cassette
+from oddl.drivers.cassette import CassetteError, Divergence
+
+from tests.helpers import emulator
+
+ROUTES = Path(__file__).parent / "data" / "cassettes" / "accept-routes.jsonl.gz"
+# re-record with: oddl accept hw_configs/prototype-4node.toml --only routes
+#   --record tests/data/cassettes/accept-routes.jsonl.gz   (docs/cassettes.md)
+
+
+def oddl(root: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "oddl.app", *args], cwd=root,
+                          capture_output=True, text=True, timeout=300)
+
+
+def lines(path: Path) -> list[dict[str, Any]]:
+    with gzip.open(path, "rt") as f:
+        return [json.loads(x) for x in f]
+
+
+def write(path: Path, objs: list[dict[str, Any]]) -> Path:
+    with gzip.open(path, "wt") as f:
+        f.writelines(json.dumps(o) + "\n" for o in objs)
+    return path
+
+
+@pytest.fixture(scope="module")
+def recorded(root: Path, tmp_path_factory: pytest.TempPathFactory
+             ) -> Iterator[tuple[Path, list[str], list[int]]]:
+    """`oddl accept` of a standing emulator, recorded: the cassette, the broker's
+    passwords (read while it ran) and its boards' ports (closed once it stopped)."""
+    d = tmp_path_factory.mktemp("cassette")
+    emu = d / "emu.toml"
+    with emulator(root, root / "hw_configs" / "prototype-4node.toml", emu):
+        secrets = emu.with_name(f".{emu.name}.secrets")
+        passwords = [f.read_text().strip() for f in secrets.rglob("*") if f.is_file()]
+        ports = [int(line.rsplit(":", 1)[1].split('"')[0])
+                 for line in emu.read_text().splitlines() if "grpc://" in line]
+        r = oddl(root, "accept", str(emu), "--record", str(d / "c.jsonl.gz"), "--report",
+                 str(d / "rec"))
+        assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert "recorded" in r.stdout and "PASS" in r.stdout
+    yield d / "c.jsonl.gz", passwords, ports
+
+
+@pytest.mark.realtime  # an emulator, then the recording's own pace
+def test_an_acceptance_replays_with_no_device_and_no_secret(
+        root: Path, recorded: tuple[Path, list[str], list[int]], tmp_path: Path) -> None:
+    c, passwords, ports = recorded
+    for port in ports:  # the emulator is gone: nothing answers at its boards' addresses
+        with socket.socket() as s:
+            assert s.connect_ex(("127.0.0.1", port)) != 0
+    r = oddl(root, "replay", str(c), "--json", "--report", str(tmp_path / "rep"))
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    out = json.loads(r.stdout)
+    assert out["same"] and out["differences"] == []
+    assert out["summary"]["verdict"] == "PASS" and out["summary"]["counts"]["passed"] == 33
+    assert out["summary"]["replayed_from"] == str(c)  # the report says so
+    assert "replayed from" in (tmp_path / "rep" / "summary.md").read_text()
+    objs = lines(c)
+    devs = {o["dev"] for o in objs if "dev" in o}
+    assert devs == {"board:n0", "board:n1", "board:n2", "board:n3", "wss:wss-row0",
+                    "mqtt:oddl-ctl"}
+    with gzip.open(c, "rt") as f:
+        text = f.read()
+    assert passwords and not [p for p in passwords if p in text]  # no broker password
+
+
+def test_a_changed_wss_reply_is_named(root: Path, tmp_path: Path) -> None:
+    """One reply of the WSS changed in the file: the replay fails, naming that exchange
+    (the events are chained by digest), then what it changed."""
+    objs = lines(ROUTES)
+    k = next(i for i, o in enumerate(objs) if o.get("dev") == "wss:wss-row0"
+             and o.get("k") == "rx" and o.get("d") == "OK\n" and o["i"] > 4)
+    objs[k]["d"] = 'ERR -222,"port out of range"\n'
+    bad = write(tmp_path / "bad.jsonl.gz", objs)
+    r = oddl(root, "replay", str(bad), "--report", str(tmp_path / "rep"))
+    assert r.returncode == 1, r.stdout[-3000:]
+    said = [x for x in r.stdout.splitlines() if x.startswith("DIFFERS")]
+    assert said[0] == (f"DIFFERS changed since it was recorded: wss:wss-row0 event "
+                       f"{objs[k]['i']} " + json.dumps({"i": objs[k]["i"], "k": "rx",
+                                                       "d": objs[k]["d"]}))
+    assert said[1].startswith("DIFFERS replay diverged on wss:wss-row0")
+    assert "not as recorded" in r.stdout
+
+
+def test_the_recorded_acceptance_replays_as_recorded(root: Path, tmp_path: Path) -> None:
+    """The fixture in tests/data, against today's drivers: a change to their traffic with
+    the boards or the WSS fails here, naming where (re-record it if it is meant)."""
+    r = oddl(root, "replay", str(ROUTES), "--report", str(tmp_path / "rep"))
+    assert r.returncode == 0, r.stdout[-3000:]
+    assert "the same checks, outcomes and figures as recorded" in r.stdout
+
+
+def test_a_planted_change_in_register_traffic_is_the_divergence(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A driver that reads a board's identity in another order diverges at its first
+    read, naming the board, the event, both reads and the asking code; `relaxed` takes
+    reads by address, and lets it pass."""
+    from oddl.drivers import lab, onic
+    from oddl.fpga import regmap as R
+
+    nodes = ["n0", "n1", "n2", "n3"]
+    addr = "grpc://127.0.0.1:1"  # never reached: the cassette answers
+
+    def reordered(self: onic.ONicDriver) -> dict[str, Any]:  # the planted change
+        off = {n: r.offset for n, r in R.BY_NAME.items()}
+        node_id = self.mmio.read(off["NODE_ID"])
+        words = [self.mmio.read(off[f"BITSTREAM_HASH{i}"]) for i in range(8)]
+        version = self.mmio.read(off["DESIGN_VERSION"])
+        return {"magic": self.mmio.read(off["MAGIC"]), "design_version": version,
+                "bitstream_hash": b"".join(w.to_bytes(4, "big") for w in words).hex(),
+                "node_id": node_id}
+
+    monkeypatch.setattr(onic.ONicDriver, "identity", reordered)
+    with cassette.playing(ROUTES), pytest.raises(Divergence) as e:
+        lab.open_board(addr, "n0", nodes)
+    d = e.value
+    assert (d.device, d.index) == ("board:n0", 1)
+    assert (d.recorded or {})["a"] == R.BY_NAME["MAGIC"].offset
+    assert d.asked == {"k": "r", "a": R.BY_NAME["NODE_ID"].offset}
+    assert "in reordered" in d.stack and "open_board" in d.stack
+    with cassette.playing(ROUTES, relaxed=True) as player:
+        lab.open_board(addr, "n0", nodes)  # its identity held to the design: as recorded
+        assert player.first is None
+
+
+def test_a_damaged_cassette_is_refused_by_name(root: Path, tmp_path: Path) -> None:
+    objs = lines(ROUTES)
+    cases = {
+        "not-json": (b"\x1f\x8b not gzip", "cannot be read"),
+        "other": (None, "not an oddl cassette"),
+        "newer": (None, "cassette version 99; this oddl plays version 1"),
+        "event": (None, "line 2: not an event"),
+    }
+    for name, (raw, why) in cases.items():
+        f = tmp_path / f"{name}.jsonl.gz"
+        if raw is not None:
+            f.write_bytes(raw)
+        elif name == "other":
+            write(f, [{"format": "something"}])
+        elif name == "newer":
+            write(f, [objs[0] | {"version": 99}])
+        else:
+            write(f, [objs[0], {"dev": 3}])
+        with pytest.raises(CassetteError, match=why):
+            cassette.read(f)
+        r = oddl(root, "replay", str(f))
+        assert r.returncode == 2 and f"error: {f}" in r.stderr and "Traceback" not in r.stderr
+    cut = write(tmp_path / "cut.jsonl.gz", objs[:-1])  # no result: recorded cut short
+    r = oddl(root, "replay", str(cut))
+    assert r.returncode == 2 and "cut short" in r.stderr, r.stderr
+    assert os.path.getsize(ROUTES) < 64 * 1024  # a fixture stays small
