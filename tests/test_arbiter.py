@@ -184,12 +184,12 @@ def test_two_users_jobs_run_at_once_apart_and_finish(root: Path, emu: Path,
 @pytest.mark.realtime  # an emulator, an arbiter, HTTP: the wall clock
 def test_the_api_answers_while_partitions_are_set_up(root: Path, tmp_path: Path) -> None:
     """Issue 44: a partition's stage 1 ran on the arbiter's loop, so every request waited
-    on the devices (3.4-6 s seen). Here each WSS's LCoS settles 2 s after an apply
+    on the devices (3.4-6 s seen). Here each WSS's LCoS settles 1 s after an apply
     (`reconfig_ms`): a job's set-up takes that long, and the API answers meanwhile. A job
     cancelled while it is set up ends `cancelled`, its nodes given back; the other runs.
     A job that needs nodes still being given back waits for them (it failed at once, "no
     rectangle ... holds 4 ranks", while a release was under way and nothing ran)."""
-    with emulated_grid(root, tmp_path, reconfig_ms=2000) as emu:
+    with emulated_grid(root, tmp_path, reconfig_ms=1000) as emu:
         a = Arbiter(root, emu, tmp_path / "state")
         try:
             slow = a.submit("alice", "slow", 3)

@@ -357,7 +357,7 @@ class Admission:
         """The service keeps nothing of a job that has ended (the ledger has it): a
         long-lived arbiter's memory stays bounded."""
         for held in (self.records, self.tags, self._rules, self._last, self.resume,
-                     self._stopped):
+                     self._stopped, self._tries):
             held.pop(name, None)
         self.outcomes.clear()  # a run's figures; the service reports per job
         self.recoveries.clear()
