@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import contextlib
 import json
 import random
 import sqlite3
@@ -21,6 +22,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -61,9 +63,10 @@ def submit_latency(a: Arbiter, queued: int) -> None:
             a.call("ops", "DELETE", f"/jobs/{j['job']}")
 
 
-def api_while_setting_up(a: Arbiter, jobs: int) -> None:
-    """GET /status every 10 ms while short jobs start and end one after another (each a
-    partition set up and released)."""
+@contextlib.contextmanager
+def polling_status(a: Arbiter, during_set_up: bool = False) -> Iterator[list[float]]:
+    """GET /status every 10 ms while in it: each answer's latency (`during_set_up`: only
+    the answers that list a partition being set up, `setting_up`)."""
     lat: list[float] = []
     stop = threading.Event()
 
@@ -71,52 +74,49 @@ def api_while_setting_up(a: Arbiter, jobs: int) -> None:
         with httpx.Client(headers={"Authorization": f"Bearer {a.token('eve')}"}) as c:
             while not stop.is_set():
                 t = time.perf_counter()
-                c.get(a.url + "/status", timeout=60)
-                lat.append(time.perf_counter() - t)
+                r = c.get(a.url + "/status", timeout=60)
+                if not during_set_up or r.json()["setting_up"]:
+                    lat.append(time.perf_counter() - t)
                 time.sleep(0.01)
 
     th = threading.Thread(target=poll)
     th.start()
-    ids = [a.submit("alice" if k % 2 else "bob", f"s{k}", 3, ranks=2) for k in range(jobs)]
-    for k, job in enumerate(ids):
-        a.wait("alice" if k % 2 else "bob", job)
-    stop.set()
-    th.join()
-    print(f"API while {jobs} partitions were set up and released: {len(lat)} requests, "
-          f"median {statistics.median(lat) * 1e3:.1f} ms, p99 {pct(lat, 99) * 1e3:.1f} ms, "
-          f"max {max(lat) * 1e3:.1f} ms")
+    try:
+        yield lat
+    finally:
+        stop.set()
+        th.join()
+
+
+def said(what: str, lat: list[float]) -> None:
+    print(f"API while {what}: {len(lat)} requests, median {statistics.median(lat) * 1e3:.1f} "
+          f"ms, p99 {pct(lat, 99) * 1e3:.1f} ms, max {max(lat) * 1e3:.1f} ms")
+
+
+def api_while_setting_up(a: Arbiter, jobs: int) -> None:
+    """The API while short jobs start and end one after another (each a partition set up
+    and released)."""
+    with polling_status(a) as lat:
+        ids = [a.submit("alice" if k % 2 else "bob", f"s{k}", 3, ranks=2)
+               for k in range(jobs)]
+        for k, job in enumerate(ids):
+            a.wait("alice" if k % 2 else "bob", job)
+    said(f"{jobs} partitions were set up and released", lat)
 
 
 def api_while_64_nodes_set_up(d: Path, runs: int) -> None:
-    """GET /status every 10 ms while `runs` jobs of all 64 nodes of an 8 x 8 grid start
-    and end one after another; counted are the answers that say a partition is being set
-    up (`setting_up`): requests made while its devices were written."""
+    """The API while `runs` jobs of all 64 nodes of an 8 x 8 grid start and end one after
+    another; counted are the answers that say a partition is being set up: requests made
+    while its devices were written."""
     with emulated_grid(ROOT, d, rows=8, cols=8, limit_s=600) as emu:
         a = Arbiter(ROOT, emu, d / "state-64", 0)
-        during: list[float] = []
-        stop = threading.Event()
-
-        def poll() -> None:
-            with httpx.Client(headers={"Authorization": f"Bearer {a.token('eve')}"}) as c:
-                while not stop.is_set():
-                    t = time.perf_counter()
-                    r = c.get(a.url + "/status", timeout=60)
-                    if r.json()["setting_up"]:
-                        during.append(time.perf_counter() - t)
-                    time.sleep(0.01)
-
-        th = threading.Thread(target=poll)
-        th.start()
         try:
-            for k in range(runs):
-                a.wait("alice", a.submit("alice", f"all{k}", 2, ranks=64))
+            with polling_status(a, during_set_up=True) as lat:
+                for k in range(runs):
+                    a.wait("alice", a.submit("alice", f"all{k}", 2, ranks=64))
         finally:
-            stop.set()
-            th.join()
             a.stop()
-    print(f"API while {runs} partitions of 64 nodes were set up: {len(during)} requests "
-          f"answered during a set-up, median {statistics.median(during) * 1e3:.1f} ms, "
-          f"p99 {pct(during, 99) * 1e3:.1f} ms, max {max(during) * 1e3:.1f} ms")
+    said(f"{runs} partitions of 64 nodes were set up (answers during a set-up)", lat)
 
 
 def kills(root: Path, emu: Path, state: Path, n: int, seed: int = 1) -> None:
