@@ -10,6 +10,7 @@ max_time_limit_s = 86400        # the most a job may ask for
 max_running_nodes = 32          # nodes its running jobs hold, together
 max_queued_jobs = 20
 max_priority = 100
+approval = false                # true: each job waits until an operator releases it
 [users.alice]                   # ... unless named
 max_running_nodes = 64
 ```
@@ -35,6 +36,8 @@ class Rule(ConfigModel):
     max_running_nodes: int | None = Field(default=None, ge=1, le=65_536)
     max_queued_jobs: int | None = Field(default=None, ge=0, le=100_000)
     max_priority: int = Field(default=1000, ge=-1000, le=1000)
+    # an approve gate: each job waits, held, until an operator releases it
+    approval: bool = False
 
 
 USER = Rule(max_queued_jobs=100, max_priority=100)

@@ -344,6 +344,10 @@ class Service:
         self.runs.begin(req.name, user.name, req, text)
         self._user[req.name] = user.name
         self._compute[req.name] = req.compute_ns
+        if self.limits.rule(user.name, user.role).approval:  # the approve gate
+            self.held.add(req.name)
+            self.ledger.hold(req.name, True)
+            self.ledger.note(req.name, "held for an operator's approval (`oddl release`)")
         try:
             self.adm.submit(req)
         except RunFailed as e:  # as many jobs at once as the flow tags tell apart

@@ -214,6 +214,28 @@ def test_the_api_answers_while_partitions_are_set_up(root: Path, tmp_path: Path)
 
 
 @pytest.mark.realtime  # an emulator, an arbiter, HTTP: the wall clock
+def test_an_approve_gate_holds_a_users_jobs_until_an_operator_releases_them(
+        root: Path, emu: Path, tmp_path: Path) -> None:
+    """Issue 44 (what labs ask of a job service): an approve gate. alice's jobs wait,
+    held, with free nodes, until an operator releases them; bob's are not gated."""
+    (tmp_path / "limits.toml").write_text("[users.alice]\napproval = true\n")
+    a = Arbiter(root, emu, tmp_path / "state", 0, "--limits", str(tmp_path / "limits.toml"))
+    try:
+        gated = a.submit("alice", "gated", 3)
+        assert a.call("alice", "GET", f"/jobs/{gated}").json()["held"] is True
+        assert json.loads(a.wait("bob", a.submit("bob", "free", 3)).stdout)["state"] \
+            == "finished"  # the grid was free all along
+        assert a.call("alice", "GET", f"/jobs/{gated}").json()["state"] == "queued"
+        assert a.call("alice", "POST", f"/jobs/{gated}/release").status_code == 403
+        assert a.cli("ops", "release", gated).returncode == 0
+        assert json.loads(a.wait("alice", gated).stdout)["state"] == "finished"
+        log = a.cli("alice", "logs", gated).stdout
+        assert "held for an operator's approval" in log and "released by ops" in log, log
+    finally:
+        a.stop()
+
+
+@pytest.mark.realtime  # an emulator, an arbiter, HTTP: the wall clock
 def test_a_user_cannot_cancel_anothers_job(arbiter: Arbiter) -> None:
     a = arbiter.submit("alice", "a", 60)
     r = arbiter.cli("bob", "cancel", a)

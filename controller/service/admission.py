@@ -392,13 +392,17 @@ class Admission:
             self._tries.clear()
         down = health.out_of_service()
         now = self.clock.now_ns()
-        if not self.queue or self.running or self._busy:  # (nodes being set up or given back)
+        # the jobs the queue's rules let start (a held job waits for its operator)
+        ready = [q for q in self.queue if self.placer.eligible(q)]
+        if not ready or self.running or self._busy:  # (nodes being set up or given back)
             self._stuck_ns = None
         elif self._stuck_ns is None:  # every node free, and still none fits
             self._stuck_ns = now
         grace_ns = self.tb.monitor.grace_ms * 1e6
         if self._stuck_ns is not None and (not down or now - self._stuck_ns >= grace_ns):
-            req = self.queue.pop(0) if self.on_end is not None else self.queue[0]
+            req = ready[0]
+            if self.on_end is not None:
+                self.queue.remove(req)
             shape = "" if req.shape == "any" else f"{req.shape} "
             self._lose(req.name, None, RunFailed(
                 f"{self.spec.name}: job {req.name}: no {shape}rectangle of the nodes in "

@@ -118,6 +118,9 @@ class Backfill:
         return backfill(self.grid, free - health.out_of_service(), queue, self.running(),
                         self.now_ns(), self.may_start)
 
+    def eligible(self, req: JobRequest) -> bool:
+        return self.may_start(req, [])
+
 
 class Placer(Protocol):
     """Where queued jobs start now, if anywhere: (the request as it starts, its nodes).
@@ -125,6 +128,11 @@ class Placer(Protocol):
 
     def place(self, free: set[str], health: Health, queue: list[JobRequest]
               ) -> list[tuple[JobRequest, Partition]]: ...
+
+    def eligible(self, req: JobRequest) -> bool:
+        """Whether the queue's rules let `req` start now, nodes aside (a held job, one
+        whose user is at a limit: no)."""
+        ...
 
 
 class Rectangles:
@@ -136,6 +144,9 @@ class Rectangles:
     def place(self, free: set[str], health: Health, queue: list[JobRequest]
               ) -> list[tuple[JobRequest, Partition]]:
         return admissible(self.grid, free - health.out_of_service(), queue, self.policy)
+
+    def eligible(self, req: JobRequest) -> bool:
+        return True
 
 
 class WholeTestbed:
@@ -164,6 +175,9 @@ class WholeTestbed:
         return [(replace(req, ranks=len(ranks), collective=coll),
                  Partition(req.name, WHOLE, tuple(range(g.rows)), tuple(range(g.cols)),
                            tuple(ranks), spare))]
+
+    def eligible(self, req: JobRequest) -> bool:
+        return True
 
 
 def schedule_of(req: JobRequest, part: Partition, spec: NetworkSpec) -> Schedule:
