@@ -11,14 +11,17 @@ loads no model and a sim run opens no socket.
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from oddl.controller.base.config import FaultSpec, NetworkSpec, QickPhotonics, Testbed
 from oddl.controller.base.topology import Grid
 from oddl.controller.service.backend import Announce, Backend
 from oddl.controller.service.node import NodeProgram
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -175,6 +178,21 @@ def playing(path: Path, relaxed: bool) -> contextlib.AbstractContextManager[Any]
     from oddl.drivers import cassette
 
     return cassette.playing(path, relaxed)
+
+
+def recorded(name: str, make: Callable[[], T]) -> T:
+    """A value of this host's (a clock, a process id) as a cassette has it: made and
+    recorded, or, replaying, the recorded one (drivers/cassette.py)."""
+    from oddl.drivers import cassette
+
+    return cassette.value(name, make)
+
+
+def replaying() -> bool:
+    """Whether the devices are a cassette's: no emulator is started, no device reached."""
+    from oddl.drivers import cassette
+
+    return isinstance(cassette.active, cassette.Player)
 
 
 def open_soc(spec: str, photonics: QickPhotonics | None = None, seed: int = 0,

@@ -54,9 +54,15 @@ def session(testbed: Path, tb: Testbed, backend: str, purpose: str, *,
         what = registry.kind(backend)
         if what.private_emulator and not registry.serves(tb).devices:
             d = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="oddl-emu-")))
-            path = stack.enter_context(emulated(testbed, faults or [], d, say, log,
-                                                tb.testbed.board_model))
-        elif what.locks and not locked:  # a lab's, or an emulator already serving
+            if registry.replaying():  # its devices are a cassette's: the config it wrote
+                path = d / f"{testbed.stem}-emu.toml"
+                path.write_text(registry.recorded("emulator config", str))
+            else:
+                path = stack.enter_context(emulated(testbed, faults or [], d, say, log,
+                                                    tb.testbed.board_model))
+                registry.recorded("emulator config", path.read_text)
+        elif what.locks and not locked and not registry.replaying():  # a lab's, or an
+            # emulator already serving (a replay reaches no device: nothing to hold)
             stack.enter_context(TestbedLock(registry.lock_name(tb), purpose).acquire(wait_s))
         announce = None
         if publish and not what.says_itself:

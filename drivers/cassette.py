@@ -33,6 +33,8 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, TypeVar
 
+import httpx
+
 T = TypeVar("T")
 FORMAT = "oddl-cassette"
 VERSION = 1
@@ -53,6 +55,17 @@ class Divergence(RuntimeError):
         was = "nothing more" if recorded is None else json.dumps(_public(recorded))
         super().__init__(f"replay diverged on {device}, event {index}: recorded {was}; "
                          f"asked {json.dumps(asked)}")
+
+
+STAGE1_THREADS = ("oddl-stage1", "oddl-device")  # the names of stage 1's threads (lab.py)
+
+
+def stream(dev: str) -> str:
+    """The device's stream for the calling code: stage 1 (its own threads) apart from
+    the loop's polls of the same device (the watch, a stopped job's light), whose
+    interleaving with it is the host's timing, not the code's behaviour."""
+    name = threading.current_thread().name
+    return f"{dev}@stage1" if name.startswith(STAGE1_THREADS) else dev
 
 
 def _chain(prev: str, ev: dict[str, Any]) -> str:
@@ -87,9 +100,10 @@ class Recorder:
         self.path = path
         # open for the command's life (closed with its result)
         self._f = gzip.open(path, "wt", encoding="utf-8")  # noqa: SIM115
-        self._f.write(json.dumps({"format": FORMAT, "version": VERSION, **header}) + "\n")
-        self._lock = threading.Lock()
         self._t0 = time.monotonic()
+        self._f.write(json.dumps({"format": FORMAT, "version": VERSION, **header,
+                                  "t0_ns": round(self._t0 * 1e9)}) + "\n")
+        self._lock = threading.Lock()
         self._n: dict[str, int] = {}
         self._h: dict[str, str] = {}  # each device's last digest
         self.events = 0
@@ -129,11 +143,11 @@ class TapedMMIO:
 
     def read(self, offset: int, length: int = 4) -> int:
         v = int(self._mmio.read(offset, length))
-        self._rec.event(self.dev, "r", a=offset, v=v)
+        self._rec.event(stream(self.dev), "r", a=offset, v=v)
         return v
 
     def write(self, offset: int, data: int | bytes) -> None:
-        self._rec.event(self.dev, "w", a=offset, v=_value(data))
+        self._rec.event(stream(self.dev), "w", a=offset, v=_value(data))
         self._mmio.write(offset, data)
 
 
@@ -157,12 +171,12 @@ class TapedSerial:
         self._port.reset_input_buffer()
 
     def write(self, data: bytes) -> int | None:
-        self._rec.event(self.dev, "tx", d=bytes(data).decode("latin-1"))
+        self._rec.event(stream(self.dev), "tx", d=bytes(data).decode("latin-1"))
         return self._port.write(data)
 
     def read_until(self, expected: bytes = b"\n", size: int | None = None) -> bytes:
         raw = bytes(self._port.read_until(expected, size))
-        self._rec.event(self.dev, "rx", d=raw.decode("latin-1"))
+        self._rec.event(stream(self.dev), "rx", d=raw.decode("latin-1"))
         return raw
 
     def close(self) -> None:
@@ -239,6 +253,13 @@ class Player:
             self._next[dev] = k
         return out
 
+    def clock_shift_ns(self) -> int:
+        """How far this replay's monotonic clock is from the recording's, at the same
+        point of the recording."""
+        with self._lock:
+            t0 = self._t0 if self._t0 is not None else time.monotonic()
+        return round(t0 * 1e9) - int(self.header.get("t0_ns", 0))
+
     def left(self) -> dict[str, int]:
         """Each device's events the replay did not ask for."""
         return {d: len(evs) - len(self._used.get(d, ())) for d, evs in self.by_dev.items()
@@ -266,10 +287,10 @@ class PlayedMMIO:
         self.dev, self._p = dev, player
 
     def read(self, offset: int, length: int = 4) -> int:
-        return int(self._p.take(self.dev, "r", a=offset)["v"])
+        return int(self._p.take(stream(self.dev), "r", a=offset)["v"])
 
     def write(self, offset: int, data: int | bytes) -> None:
-        self._p.take(self.dev, "w", a=offset, v=_value(data))
+        self._p.take(stream(self.dev), "w", a=offset, v=_value(data))
 
 
 class PlayedSerial:
@@ -282,11 +303,11 @@ class PlayedSerial:
         pass
 
     def write(self, data: bytes) -> int:
-        self._p.take(self.dev, "tx", d=bytes(data).decode("latin-1"))
+        self._p.take(stream(self.dev), "tx", d=bytes(data).decode("latin-1"))
         return len(data)
 
     def read_until(self, expected: bytes = b"\n", size: int | None = None) -> bytes:
-        return str(self._p.take(self.dev, "rx")["d"]).encode("latin-1")
+        return str(self._p.take(stream(self.dev), "rx")["d"]).encode("latin-1")
 
     def close(self) -> None:
         pass
@@ -335,6 +356,27 @@ def read(path: Path) -> tuple[dict[str, Any], dict[str, Any] | None,
 
 # the cassette this process records to or plays from (None: the devices themselves)
 active: Recorder | Player | None = None
+
+
+def value(name: str, make: Callable[[], T]) -> T:
+    """A value the command makes of this host's clock or identity (a session's name, an
+    emulator's config): made and recorded; replayed, the recorded one (so that what the
+    command sends with it is what it sent)."""
+    if isinstance(active, Player):
+        v: T = active.take("host", "value", name=name)["v"]
+        return v
+    v = make()
+    if isinstance(active, Recorder):
+        active.event("host", "value", name=name, v=v)
+    return v
+
+
+def host_ns(ns: int) -> int:
+    """A reading of this host's monotonic clock that a device answered with (the
+    emulator's, on the same host): replayed, moved onto the replay's clock."""
+    if isinstance(active, Player):
+        return ns + active.clock_shift_ns()
+    return ns
 
 
 def tap_mmio(dev: str, mmio: Any) -> Any:
@@ -387,3 +429,50 @@ def playing(path: Path, relaxed: bool = False) -> Iterator[Player]:
         yield player
     finally:
         active = None
+
+
+class TapedTransport(httpx.AsyncBaseTransport):
+    """An HTTP client's transport, each request and answer written to the cassette (the
+    method, the path and the body: no header, so no token)."""
+
+    def __init__(self, dev: str, rec: Recorder) -> None:
+        self.dev, self._rec = dev, rec
+        self._inner = httpx.AsyncHTTPTransport()
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        self._rec.event(self.dev, "req", m=request.method, path=request.url.path,
+                        body=(await request.aread()).decode("latin-1"))
+        resp = await self._inner.handle_async_request(request)
+        try:
+            data = await resp.aread()
+        finally:
+            await resp.aclose()
+        self._rec.event(self.dev, "resp", status=resp.status_code,
+                        body=data.decode("latin-1"))
+        return httpx.Response(resp.status_code, content=data, request=request)
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+
+class PlayedTransport(httpx.AsyncBaseTransport):
+    """An HTTP endpoint served from the cassette: the request held to the recorded one."""
+
+    def __init__(self, dev: str, player: Player) -> None:
+        self.dev, self._p = dev, player
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        self._p.take(self.dev, "req", m=request.method, path=request.url.path,
+                     body=(await request.aread()).decode("latin-1"))
+        ev = self._p.take(self.dev, "resp")
+        return httpx.Response(int(ev["status"]), content=str(ev["body"]).encode("latin-1"),
+                              request=request)
+
+
+def http_transport(dev: str) -> httpx.AsyncBaseTransport | None:
+    """The transport of an HTTP client of a device's endpoint (None: httpx's own)."""
+    if isinstance(active, Recorder):
+        return TapedTransport(dev, active)
+    if isinstance(active, Player):
+        return PlayedTransport(dev, active)
+    return None

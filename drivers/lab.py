@@ -198,7 +198,8 @@ class LabBackend:
         self.bus: MQTTBus | None = None
         # this controller's life on the bus, said with its status and in its jobs: the
         # nodes drop jobs of the ones before it (their start time first: newer sorts later)
-        self.session = f"{time.time_ns():020d}-{os.getpid()}"
+        self.session = cassette.value("controller session",
+                                      lambda: f"{time.time_ns():020d}-{os.getpid()}")
         self._connecting = asyncio.Lock()
         self._heard: set[str] = set()  # nodes heard from: their "offline" is a last will
         self._beating: set[str] = set()  # nodes heard on this connection (since the broker)
@@ -610,7 +611,8 @@ class LabBackend:
         if len(calls) < 2:
             return [c() for c in calls]
         if self._pool is None:
-            self._pool = ThreadPoolExecutor(DEVICE_THREADS, thread_name_prefix="oddl-device")
+            self._pool = ThreadPoolExecutor(DEVICE_THREADS,
+                                            thread_name_prefix=cassette.STAGE1_THREADS[1])
         futures = [self._pool.submit(c) for c in calls]
         concurrent.futures.wait(futures)
         return [f.result() for f in futures]
@@ -621,7 +623,7 @@ class LabBackend:
         arbiter's state of live jobs is the worker's while it runs). Its end is handed to
         the loop; a loop closed meanwhile (the run is over) is told nothing."""
         if self._stage1 is None:
-            self._stage1 = ThreadPoolExecutor(1, thread_name_prefix="oddl-stage1")
+            self._stage1 = ThreadPoolExecutor(1, thread_name_prefix=cassette.STAGE1_THREADS[0])
 
         def done(f: concurrent.futures.Future[T]) -> None:
             got = f.exception() or f.result()

@@ -95,6 +95,7 @@ class MQTTBus:
         self.stale = 0  # retained where nothing is kept: an earlier party's leftovers
         self.stalls = 0  # times the socket was full and the rest waited for writability
         self._prefix = f"oddl/{testbed}/node/"
+        self._telemetry = telemetry_topic(testbed, "")
         self._status = status_topic(testbed, user)
         self._said = (b" " + session.encode()) if session else b""  # after each status
         self._inbox: list[tuple[str, bytes]] = []
@@ -396,8 +397,10 @@ class MQTTBus:
             self._loop.call_soon(self._readable)
 
     def _taped(self, kind: str, topic: str, payload: bytes) -> None:
-        """A message published or delivered, on the cassette being recorded."""
-        if isinstance(cassette.active, cassette.Recorder):
+        """A message published or delivered, on the cassette being recorded (not the
+        telemetry for watchers, which timing shapes: no device's traffic)."""
+        if isinstance(cassette.active, cassette.Recorder) and \
+                not topic.startswith(self._telemetry):
             cassette.active.event(self.dev, kind, topic=topic, p=payload.decode("latin-1"))
 
     def _deliver(self, topic: str, payload: bytes) -> None:
@@ -561,7 +564,8 @@ class PlayedBus(MQTTBus):
 
     async def publish(self, topic: str, payload: bytes, qos: int = 1,
                       timeout: float = 10.0, retain: bool = False) -> None:
-        self._out(topic, payload)
+        if not topic.startswith(self._telemetry):  # (not recorded)
+            self._out(topic, payload)
 
     def _out(self, topic: str, payload: bytes) -> None:
         self._play(self.player.take(self.dev, "pub", topic=topic,

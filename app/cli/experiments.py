@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import sys
@@ -435,13 +436,16 @@ def _run_warnings(res: Any, ctx: Any) -> None:
               help="processes for the baseline networks beside the ODDL one (default: one "
                    "per spare core, for a run of 100,000 flows or more; 0: every network "
                    "in this process)")
+@click.option("--record", type=click.Path(path_type=Path), default=None,
+              help="emu and hw: write every exchange with the devices to this cassette "
+                   "(.jsonl.gz), for `oddl replay` (docs/cassettes.md)")
 def run(experiment: Path, backend: str, out: Path | None, iterations: int | None,
         testbed: Path | None, as_json: bool, trace_file: Path | None,
         trace_iterations: int, publish: bool, arbiter_url: str | None,
         token_file: Path | None, board_model: str | None, workers: int | None,
-        force: bool) -> None:
+        force: bool, record: Path | None) -> None:
     """Run an experiment: every network on the same workload, results in a run directory."""
-    from oddl.app import api
+    from oddl.app import api, registry
     from oddl.app.experiments.estimate import TooBig
     from oddl.app.experiments.remote import ArbiterClient
     from oddl.app.experiments.runner import Timeline
@@ -464,13 +468,28 @@ def run(experiment: Path, backend: str, out: Path | None, iterations: int | None
             last[0] = now
             prog.update(tasks[name], completed=done)
 
+    if record is not None and not registry.kind(backend).devices:
+        click.echo(f"error: --record: a {backend} run reaches no device (emu or hw)",
+                   err=True)
+        sys.exit(2)
+    taping = registry.recording(record, {
+        "kind": "run", "argv": sys.argv[1:], "experiment": ctx.path.read_text(),
+        "testbed": ctx.testbed_path.read_text(), "backend": backend,
+        "iterations": iterations}) if record is not None else contextlib.nullcontext()
     try:
-        with prog:
-            res = api.run(ctx, backend, iterations, run_dir, progress=progress,
-                          trace=timeline, publish=publish, say=err.print,
-                          arbiter=ArbiterClient(arbiter_url, token_file)
-                          if arbiter_url and token_file else None, workers=workers,
-                          force=force)
+        with prog, taping as tape:
+            res = None
+            try:
+                res = api.run(ctx, backend, iterations, run_dir, progress=progress,
+                              trace=timeline, publish=publish, say=err.print,
+                              arbiter=ArbiterClient(arbiter_url, token_file)
+                              if arbiter_url and token_file else None, workers=workers,
+                              force=force)
+            finally:
+                if tape is not None and record is not None:
+                    tape.close({"result": res.to_json_obj() if res is not None else None})
+                    err.print(f"recorded {tape.events:,} exchanges with the devices to "
+                              f"{record} ({record.stat().st_size / 1024:.0f} KiB)")
     except Stopped as e:
         e.notes.append(f"every completed iteration is in {run_dir / 'results.sqlite'}")
         raise

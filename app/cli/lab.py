@@ -298,11 +298,12 @@ def accept(testbed: Path, backend: str | None, report: Path | None, only: tuple[
                    "reads (for a driver change that only reorders them)")
 @click.option("--json", "as_json", is_flag=True, help="the replay's summary as JSON")
 def replay(cassette: Path, report: Path | None, relaxed: bool, as_json: bool) -> None:
-    """Run a recorded `oddl accept` again with every device served from its cassette (no
-    hardware, no emulator): exit 0 if every check, message and figure is as recorded; 1
-    at the first divergence (named: device, exchange, recorded, asked, the asking code) or
-    any difference; 2 if the cassette cannot be played."""
+    """Run a recorded `oddl accept` or `oddl run` again with every device served from its
+    cassette (no hardware, no emulator): exit 0 if every check, message and figure is as
+    recorded; 1 at the first divergence (named: device, exchange, recorded, asked, the
+    asking code) or any difference; 2 if the cassette cannot be played."""
     from oddl.app import accept as acc
+    from oddl.app.replay import replay as play
 
     report = report or Path(f"replay-{cassette.name.split('.')[0]}-"
                             f"{time.strftime('%Y%m%d-%H%M%S')}")
@@ -310,7 +311,7 @@ def replay(cassette: Path, report: Path | None, relaxed: bool, as_json: bool) ->
     say = lines.append if as_json else click.echo
     try:  # --json: stdout is the JSON alone (the suite's own lines go to stderr)
         with contextlib.redirect_stdout(sys.stderr) if as_json else contextlib.nullcontext():
-            rc = acc.replay(cassette, report, relaxed, say)
+            rc = play(cassette, report, relaxed, say)
     except acc.AcceptError as e:
         click.echo(f"error: {e}", err=True)
         sys.exit(2)

@@ -563,7 +563,9 @@ def run_experiment(ctx: LoadedExperiment, backend: str = "sim", store: RunStore 
     t_wall = time.perf_counter()
     exp, tb = ctx.experiment, ctx.testbed
     grid = Grid.from_testbed(tb)
-    run_name = job_id(exp.name, os.getpid(), time.time_ns())
+    # (a cassette's, replaying: the job ids the node programs were sent)
+    run_name = registry.recorded("run name", lambda: job_id(exp.name, os.getpid(),
+                                                            time.time_ns()))
     if remote is not None and ctx.jobs:
         raise RunFailed("an arbiter takes experiments of one workload: submit each job "
                         "(`oddl submit`)")
