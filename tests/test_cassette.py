@@ -40,13 +40,26 @@ def write(path: Path, objs: list[dict[str, Any]]) -> Path:
     return path
 
 
+DRILL = """
+[[faults]]
+kind = "dead-board"
+target = "n3"
+at_iteration = 4
+"""
+
+
 @pytest.fixture(scope="module")
 def recorded(root: Path, tmp_path_factory: pytest.TempPathFactory
              ) -> Iterator[tuple[Path, list[str], list[int]]]:
-    """`oddl accept` of a standing emulator, recorded: the cassette, the broker's
-    passwords (read while it ran) and its boards' ports (closed once it stopped)."""
+    """`oddl accept` and `oddl run` (Table 1, a board killed by a drill) of a standing
+    emulator, recorded: the directory of both cassettes, the broker's passwords and the
+    emulator's token (read while it ran), its boards' ports (closed once it stopped)."""
     d = tmp_path_factory.mktemp("cassette")
     emu = d / "emu.toml"
+    exp = d / "table1.toml"
+    exp.write_text((root / "experiments" / "table1-resnet50.toml").read_text().replace(
+        'testbed = "../hw_configs/prototype-4node.toml"',
+        f'testbed = "{root}/hw_configs/prototype-4node.toml"\nrecovery = "shrink"') + DRILL)
     with emulator(root, root / "hw_configs" / "prototype-4node.toml", emu):
         secrets = emu.with_name(f".{emu.name}.secrets")
         passwords = [f.read_text().strip() for f in secrets.rglob("*") if f.is_file()]
@@ -54,21 +67,27 @@ def recorded(root: Path, tmp_path_factory: pytest.TempPathFactory
                  for line in emu.read_text().splitlines() if "grpc://" in line]
         r = oddl(root, "accept", str(emu), "--record", str(d / "c.jsonl.gz"), "--report",
                  str(d / "rec"))
+        run = oddl(root, "run", str(exp), "--testbed", str(emu), "--backend", "hw",
+                   "--iterations", "10", "--json", "--out", str(d / "run"), "--record",
+                   str(d / "run.jsonl.gz"))
     # (a busy machine can fail the control round trip: the replay must fail it alike)
     assert r.returncode in (0, 1) and "recorded" in r.stdout, r.stdout[-3000:] + r.stderr
-    yield d / "c.jsonl.gz", passwords, ports
+    assert run.returncode == 0 and "recorded" in run.stderr, run.stderr[-3000:]
+    (d / "run.json").write_text(run.stdout)
+    yield d, passwords, ports
 
 
 @pytest.mark.realtime  # an emulator, then the recording's own pace
 def test_an_acceptance_replays_with_no_device_and_no_secret(
         root: Path, recorded: tuple[Path, list[str], list[int]], tmp_path: Path) -> None:
-    c, passwords, ports = recorded
+    d, passwords, ports = recorded
+    c = d / "c.jsonl.gz"
     for port in ports:  # the emulator is gone: nothing answers at its boards' addresses
         with socket.socket() as s:
             assert s.connect_ex(("127.0.0.1", port)) != 0
     r = oddl(root, "replay", str(c), "--json", "--report", str(tmp_path / "rep"))
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     out = json.loads(r.stdout)
+    assert r.returncode == 0, (out["differences"], r.stderr[-3000:])
     assert out["same"] and out["differences"] == []
     was = json.loads((c.parent / "rec" / "summary.json").read_text())
     assert (out["summary"]["verdict"], out["summary"]["counts"]) == (
@@ -82,6 +101,25 @@ def test_an_acceptance_replays_with_no_device_and_no_secret(
     with gzip.open(c, "rt") as f:
         text = f.read()
     assert passwords and not [p for p in passwords if p in text]  # no broker password
+
+
+@pytest.mark.realtime  # an emulator, then the recording's own pace
+def test_a_run_with_a_fault_drill_replays_with_no_device_and_no_secret(
+        root: Path, recorded: tuple[Path, list[str], list[int]], tmp_path: Path) -> None:
+    """Table 1 on the emulated boards, n3 killed by the drill at iteration 4: its stage
+    1, its bus traffic with the node programs and the drill's requests, replayed, give the
+    same result (every iteration's time, the fault found and recovered from)."""
+    d, passwords, _ports = recorded
+    was = json.loads((d / "run.json").read_text())
+    [fault] = was["networks"]["oddl"]["faults"]
+    assert (fault["kind"], fault["target"], fault["recovered"]) == ("dead-board", "n3", True)
+    r = oddl(root, "replay", str(d / "run.jsonl.gz"), "--report", str(tmp_path / "rep"))
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    assert "the same result as recorded" in r.stdout
+    with gzip.open(d / "run.jsonl.gz", "rt") as f:
+        text = f.read()
+    assert '"dev": "emulator"' in text and '"dev": "wss:wss-row0@stage1"' in text
+    assert not [p for p in passwords if p in text]  # the broker's, the emulator's token
 
 
 def test_a_changed_wss_reply_is_named(root: Path, tmp_path: Path) -> None:
