@@ -10,6 +10,7 @@
   `limits`, its fairness rules, and `job_runs`, each submitted job's run directory;
 - `dashboard`: the testbed's live page (and `web/`, its assets);
 - `accept`: the acceptance runner (the checks are `oddl.acceptance`);
+- `replay`: a command recorded on a cassette, run again from it (`oddl replay`);
 - `stores`: how oddl's SQLite files are opened, each with its schema's version;
 - `collector`: the garbage collector tuned for a run's long-lived models.
 """
