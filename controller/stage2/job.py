@@ -91,7 +91,8 @@ Text = Annotated[str, msgspec.Meta(max_length=4096)]
 # a flow delivered, as a rank reports it (a run store's flows row)
 Hops = Annotated[int, msgspec.Meta(ge=1, le=1 << 16)]
 ReportedFlow = tuple[Count, Count, Name, Name, Count, Hops, Count, Count]
-MAX_FLOW_ROWS = 1 << 16  # a rank's in one iteration (a 4,096-node ring: 8,190)
+MAX_FLOW_ROWS = 1 << 14  # a rank's in one iteration (a 4,096-node ring: 8,190; ~1.2 MB of
+# JSON, within the bus's 4 MB a message: beyond it, a report keeps its first rows)
 JobId = Annotated[str, msgspec.Meta(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$")]
 
 
