@@ -3,21 +3,25 @@ without them (docs/cassettes.md).
 
 Recorded at the protocol boundary, where the drivers meet the devices: each board's
 register reads and writes (pynq MMIO, local or over PYNQ.remote) and whether it opened,
-each WSS's lines out and in (pyserial), each MQTT party's messages published and delivered.
-A cassette is JSON Lines, gzip-compressed: a header (the format and its version, the
-command, the testbed config it ran on, the versions of what ran it), then one event a line
-(`t`: seconds since the start; `dev`: the device; `i`: its index on that device; `k`: the
-kind; what was sent and what came back), then a footer (the command's result). No secret
-is written: passwords never cross these boundaries (MQTT's CONNECT is not a message).
+each WSS's lines out and in (pyserial), each MQTT party's messages published and delivered,
+a drill's requests to the emulator's endpoint (httpx), and the values of this host's a
+command sends (`value`: a session's name, an emulator's config). A cassette is JSON Lines,
+gzip-compressed: a header (the format and its version, the command, its configs' text),
+one event a line (`t`: seconds since the start; `dev`: the device; `i`: its index on that
+device; `k`: the kind; what was sent and what came back; `h`: a digest chained per
+device), then a footer (the command's result). No secret is written: passwords never cross
+these boundaries (MQTT's CONNECT is not a message; HTTP headers are not recorded).
 
-Replayed, the same driver code gets its answers from the cassette: each device's events
-are taken in the order recorded (`relaxed`: a register read by its address, anywhere ahead
-of the other reads), and the first request the recording does not hold stops the replay
-with a `Divergence` naming the device, the event, what was recorded, what was asked and
-the asking code's stack. MQTT deliveries come as long after their publish as they did.
+Replayed, the same driver code gets its answers from the cassette, at the recording's
+pace: each device's events are taken in the order recorded (`relaxed`: a register read by
+its address, anywhere ahead of the other reads), and the first request the recording does
+not hold stops the asking code with a `Divergence` naming the device, the event, what was
+recorded, what was asked and its stack. What a run's loop only observes is answered by
+time instead (`Player.observed`).
 
-The cassette in use is this process's (`active`): set in one place, by the command that
-records or replays (app/accept.py), read where the drivers open devices.
+The cassette in use is this process's (`active`): set by the command that records or
+replays (`recording`, `playing`, through app/registry.py), read where the drivers open
+devices.
 """
 
 from __future__ import annotations
@@ -38,7 +42,7 @@ import httpx
 T = TypeVar("T")
 FORMAT = "oddl-cassette"
 VERSION = 1
-MAX_EVENTS = 5_000_000  # a cassette's, read back (a 20-iteration Table 1 run: ~100 k)
+MAX_EVENTS = 5_000_000  # a cassette's, read back (an acceptance: ~4,000)
 
 
 class CassetteError(ValueError):
