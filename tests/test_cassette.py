@@ -212,3 +212,12 @@ def test_a_damaged_cassette_is_refused_by_name(root: Path, tmp_path: Path) -> No
     r = oddl(root, "replay", str(cut))
     assert r.returncode == 2 and "cut short" in r.stderr, r.stderr
     assert os.path.getsize(ROUTES) < 64 * 1024  # a fixture stays small
+    # a cassette that cannot be written is said before anything starts
+    tb = str(root / "hw_configs" / "prototype-4node.toml")
+    for cmd in (["accept", tb], ["run", str(root / "experiments" / "table1-resnet50.toml"),
+                                 "--backend", "emu"]):
+        r = oddl(root, *cmd, "--record", str(tmp_path / "none" / "c.jsonl.gz"))
+        assert r.returncode == 2 and "no directory" in r.stderr, r.stderr
+    r = oddl(root, "run", str(root / "experiments" / "table1-resnet50.toml"), "--record",
+             str(tmp_path / "c.jsonl.gz"))
+    assert r.returncode == 2 and "a sim run reaches no device" in r.stderr

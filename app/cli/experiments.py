@@ -472,6 +472,9 @@ def run(experiment: Path, backend: str, out: Path | None, iterations: int | None
         click.echo(f"error: --record: a {backend} run reaches no device (emu or hw)",
                    err=True)
         sys.exit(2)
+    if record is not None and not record.parent.is_dir():
+        click.echo(f"error: --record {record}: no directory {record.parent}", err=True)
+        sys.exit(2)
     taping = registry.recording(record, {
         "kind": "run", "argv": sys.argv[1:], "experiment": ctx.path.read_text(),
         "testbed": ctx.testbed_path.read_text(), "backend": backend,

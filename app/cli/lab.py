@@ -265,6 +265,9 @@ def accept(testbed: Path, backend: str | None, report: Path | None, only: tuple[
         _config_fail(e)
         return
     backend = backend or registry.default_backend(tb)
+    if record is not None and not record.parent.is_dir():
+        click.echo(f"error: --record {record}: no directory {record.parent}", err=True)
+        sys.exit(2)
     report = report or Path(f"accept-{tb.name}-{time.strftime('%Y%m%d-%H%M%S')}")
     try:
         rc = acc.run(testbed, tb, backend, report, list(only), list(faults), wait_s,
