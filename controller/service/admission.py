@@ -197,6 +197,9 @@ class Admission:
     def run(self) -> dict[str, JobRecord]:
         loop = self.b.loop
         self._done = loop.create_future()
+        # a run stopped (Ctrl-C) leaves it unawaited, and a job its nodes then fail sets
+        # it: read here, not logged with a traceback when collected
+        self._done.add_done_callback(lambda f: f.cancelled() or f.exception())
         self.open()
         total = sum(r.iterations for r in self.requests)
         self._say("run", lambda: RunNote(TELEMETRY_VERSION, self.experiment, self.spec.name,
