@@ -1,11 +1,11 @@
 """`oddl replay CASSETTE`: a recorded command run again with every device served from its
 cassette (drivers/cassette.py, docs/cassettes.md), and its result held to the recorded one.
 
-An acceptance (`oddl accept --record`) replays through app/accept.py. A run (`oddl run
---record`) replays here: the recorded experiment and testbed are written to the report
-directory, the run goes through the same `api.run` (stage 1 through the drivers, stage 2's
-messages on a played bus, the drill's requests to a played endpoint), and every figure of
-its result must come out as recorded.
+The recorded configs are written to the report directory and the command goes through its
+own code: an acceptance through the installed suite (app/accept.py), a run through
+`api.run` (stage 1 through the drivers, stage 2's messages on a played bus, the drill's
+requests to a played endpoint). Each difference is said on a `DIFFERS` line, its cause
+first.
 """
 
 from __future__ import annotations
@@ -18,8 +18,12 @@ from typing import Any
 
 import tomli_w
 from oddl.app import registry
-from oddl.app.accept import AcceptError, differences_said, replay_accept
+from oddl.app.accept import AcceptError, pytest_args, summary_said
 
+# an acceptance's figures measured on the host's clock, not read from a device: held to
+# the recording within this much (check -> relative, absolute); the rest exactly
+WALL_CLOCK = {"test_control_rtt": (0.5, 1.0), "test_board_reachable": (0.5, 20.0)}
+MAX_SAID = 10  # checks that differ, said one by one
 # what a run's result says of the host, not of the devices: not compared (`at_ns`: when a
 # fault began, on the host's monotonic clock)
 HOST_FIELDS = {"wall_s", "run_dir", "at_ns"}
@@ -28,54 +32,114 @@ HOST_FIELDS = {"wall_s", "run_dir", "at_ns"}
 TIMED = {"detected_after_ns": 10e6, "recovered_after_ns": 10e6, "fault_time_s": 0.01,
          "training_time_s": 0.01}
 TIMED_REL = {"ratio": 1e-5}
+Say = Callable[[str], None]
 
 
-def replay(path: Path, report: Path, relaxed: bool, say: Callable[[str], None]) -> int:
+def replay(path: Path, report: Path, relaxed: bool, say: Say) -> int:
     """0: as recorded; 1: a divergence or a difference (each said); AcceptError: the
     cassette cannot be played (exit 2)."""
     try:
         with registry.playing(path, relaxed) as player:
-            kind = player.header.get("kind")
-            if kind == "accept":
-                return replay_accept(player, path, report, say)
-            if kind == "run":
-                return _replay_run(player, path, report, say)
-            raise AcceptError(f"{path}: a cassette of {kind!r}: this oddl replays `oddl "
-                              f"accept` and `oddl run`")
+            h = player.header
+            played = {"accept": _accept, "run": _run}.get(h.get("kind"))
+            if played is None:
+                raise AcceptError(f"{path}: a cassette of {h.get('kind')!r}: this oddl "
+                                  f"replays `oddl accept` and `oddl run`")
+            if player.result is None or not isinstance(h.get("testbed"), str):
+                raise AcceptError(f"{path}: the recording was cut short (no result to "
+                                  f"compare)")
+            report.mkdir(parents=True, exist_ok=True)
+            (report / "testbed.toml").write_text(h["testbed"])  # what it ran on
+            say(f"replaying {path}: `oddl {' '.join(h.get('argv', []))}`, "
+                f"{sum(len(v) for v in player.by_dev.values()):,} exchanges with "
+                f"{len(player.by_dev)} devices, no device reached")
+            return _verdict(player, path, played(player, report, say), say)
     except ValueError as e:  # the cassette cannot be played (it says why)
         raise AcceptError(str(e)) from None
 
 
-def _replay_run(player: Any, path: Path, report: Path, say: Callable[[str], None]) -> int:
+def _accept(player: Any, report: Path, say: Say) -> list[str]:
+    """The acceptance again: each check that came out otherwise."""
+    import pytest
+
+    pytest.main(pytest_args(report / "testbed.toml", report, player.header.get("only") or []))
+    got = summary_said(report, say)
+    if got is None:
+        return ["the suite did not run"]
+    checks = differences(player.result["summary"], got)
+    return checks[:MAX_SAID] + ([f"and {len(checks) - MAX_SAID} more checks"]
+                                if len(checks) > MAX_SAID else [])
+
+
+def _run(player: Any, report: Path, say: Say) -> list[str]:
+    """The run again: where its result differs."""
     from oddl.app import api
 
     h = player.header
-    recorded = (player.result or {}).get("result")
-    if recorded is None:
-        raise AcceptError(f"{path}: the recording was cut short (no result to compare)")
-    report.mkdir(parents=True, exist_ok=True)
-    (report / "testbed.toml").write_text(h["testbed"])
     exp = tomllib.loads(h["experiment"])
     exp["testbed"] = "testbed.toml"  # the recorded one, beside it
     (report / "experiment.toml").write_text(tomli_w.dumps(exp))
-    say(f"replaying {path}: `oddl {' '.join(h.get('argv', []))}`, "
-        f"{sum(len(v) for v in player.by_dev.values()):,} exchanges with "
-        f"{len(player.by_dev)} devices, no device reached")
-    got: dict[str, Any] | None = None
     try:
         res = api.run(report / "experiment.toml", h["backend"], h.get("iterations"),
                       report / "run", say=say)
-        got = res.to_json_obj()
     except Exception as e:  # what the replayed run raised is a difference, said
-        say(f"the replayed run failed: {e}")
-    diffs = [] if got is None else _compare("", recorded, got)
-    if got is None:
-        diffs.append(f"recorded a result, replayed none: {player.first or 'see above'}")
-    return differences_said(player, path, diffs, say)
+        return [f"recorded a result, the replay failed: {e}"]
+    return _compare("", player.result["result"], res.to_json_obj())
+
+
+def _verdict(player: Any, path: Path, found: list[str], say: Say) -> int:
+    """Each difference on a DIFFERS line, the cause first (an event changed after it was
+    recorded; the first request the recording does not hold), then what came out
+    otherwise (`found`), then what was never asked for; 0 if none."""
+    diffs = [f"changed since it was recorded: {a}" for a in player.altered]
+    if (d := player.first) is not None:
+        diffs.append(f"{d}; asked by\n{d.stack}")
+    diffs += found
+    if left := player.left():
+        diffs.append("recorded exchanges the replay never asked for: " + ", ".join(
+            f"{dev} {n}" for dev, n in sorted(left.items())))
+    for line in diffs:
+        say(f"DIFFERS {line}")
+    say(f"replay of {path}: " + ("the same result as recorded" if not diffs
+                                  else "not as recorded"))
+    return 1 if diffs else 0
+
+
+def differences(recorded: dict[str, Any], got: dict[str, Any]) -> list[str]:
+    """What a replayed acceptance says otherwise than the recorded one: each check's
+    outcome, message and figures (`WALL_CLOCK`'s: their figures within the tolerance, and
+    then their outcome and message, which quote the figures, not held)."""
+    out = []
+    was = {c["check"]: c for c in recorded["checks"]}
+    now = {c["check"]: c for c in got["checks"]}
+    for name in sorted(was.keys() | now.keys()):
+        a, b = was.get(name), now.get(name)
+        if a is None or b is None:
+            out.append(f"{name}: {'not replayed' if b is None else 'not recorded'}")
+            continue
+        rel, tol = WALL_CLOCK.get(name.split("[")[0], (0.0, 0.0))
+        figures = [f"{name}: {fa['name']} recorded {fa['value']} {fa['unit']}, replayed "
+                   f"{fb['value']} {fb['unit']}"
+                   for fa, fb in zip(a["figures"], b["figures"], strict=False)
+                   if fa != fb and not (rel and fa["name"] == fb["name"] and isinstance(
+                       fa["value"], float) and isinstance(fb["value"], float) and abs(
+                       fa["value"] - fb["value"]) <= max(tol, rel * abs(fa["value"])))]
+        if len(a["figures"]) != len(b["figures"]):
+            figures.append(f"{name}: {len(a['figures'])} figures recorded, "
+                           f"{len(b['figures'])} replayed")
+        # a check timed on the host's clock is judged by its figures: near its bound, the
+        # same figures within the tolerance may pass once and fail once
+        if (a["outcome"], a["message"]) != (b["outcome"], b["message"]) and \
+                (not rel or figures or not a["figures"]):
+            out.append(f"{name}: recorded {a['outcome']} {a['message']!r}, replayed "
+                       f"{b['outcome']} {b['message']!r}")
+            continue
+        out += figures
+    return out
 
 
 def _compare(at: str, a: Any, b: Any) -> list[str]:
-    """Where two results differ (HOST_FIELDS aside)."""
+    """Where two run results differ (HOST_FIELDS aside, TIMED within their tolerance)."""
     if isinstance(a, dict) and isinstance(b, dict):
         return [d for k in sorted(a.keys() | b.keys()) if k not in HOST_FIELDS
                 for d in _compare(f"{at}.{k}" if at else k, a.get(k), b.get(k))]

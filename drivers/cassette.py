@@ -126,17 +126,13 @@ class Recorder:
         with self._lock:
             return self._n.get(dev, 0)
 
-    def close(self, result: dict[str, Any]) -> None:
+    def close(self, result: dict[str, Any]) -> str:
+        """The footer written, the file closed; what it holds, said in a line."""
         with self._lock:
             self._f.write(json.dumps({"end": result}) + "\n")
             self._f.close()
-
-    # the taps
-    def mmio(self, dev: str, mmio: Any) -> TapedMMIO:
-        return TapedMMIO(mmio, dev, self)
-
-    def serial(self, dev: str, port: Any) -> TapedSerial:
-        return TapedSerial(port, dev, self)
+        return (f"recorded {self.events:,} exchanges with the devices to {self.path} "
+                f"({self.path.stat().st_size / 1024:.0f} KiB)")
 
 
 class TapedMMIO:
@@ -219,6 +215,22 @@ class Player:
         return self.header.get("kind") == "run" and not dev.endswith("@stage1") and \
             dev.startswith(("board:", "wss:"))
 
+    def _diverge(self, dev: str, k: int, ev: dict[str, Any] | None, kind: str,
+                 asked: dict[str, Any]) -> Divergence:
+        """The divergence at the device's event `k` (the first one is kept)."""
+        d = Divergence(dev, k, ev, {"k": kind, **asked}, _asker())
+        self.first = self.first or d
+        return d
+
+    def _unused(self, dev: str) -> int:
+        """The device's first event not yet taken (under the lock)."""
+        evs, used = self.by_dev.get(dev, []), self._used.setdefault(dev, set())
+        k = self._next.get(dev, 0)
+        while k < len(evs) and k in used:
+            k += 1
+        self._next[dev] = k
+        return k
+
     def _observe(self, dev: str, kind: str, asked: dict[str, Any]) -> dict[str, Any]:
         with self._lock:
             evs, used = self.by_dev.get(dev, []), self._used.setdefault(dev, set())
@@ -231,9 +243,7 @@ class Player:
                 k = before[-1] if before else match[0] if match else len(evs)
             ev = evs[k] if k < len(evs) else None
             if ev is None or ev["k"] != kind:
-                d = Divergence(dev, k, ev, {"k": kind, **asked}, _asker())
-                self.first = self.first or d
-                raise d
+                raise self._diverge(dev, k, ev, kind, asked)
             used.add(k)
             self._next[dev] = k + 1
             return ev
@@ -245,10 +255,7 @@ class Player:
             return self._observe(dev, kind, asked)
         with self._lock:
             evs, used = self.by_dev.get(dev, []), self._used.setdefault(dev, set())
-            k = self._next.setdefault(dev, 0)
-            while k < len(evs) and k in used:
-                k += 1
-            self._next[dev] = k
+            k = self._unused(dev)
             if self.relaxed and kind == "r":
                 k = next((j for j in range(k, len(evs)) if j not in used
                           and evs[j]["k"] == "r" and evs[j]["a"] == asked["a"]), len(evs))
@@ -257,11 +264,7 @@ class Player:
                           and evs[j]["k"] != "r"), len(evs))
             ev = evs[k] if k < len(evs) else None
             if ev is None or ev["k"] != kind or any(ev.get(f) != v for f, v in asked.items()):
-                stack = _asker()
-                d = Divergence(dev, k, ev, {"k": kind, **asked}, stack)
-                if self.first is None:
-                    self.first = d
-                raise d
+                raise self._diverge(dev, k, ev, kind, asked)
             used.add(k)
             self._progress = max(self._progress, ev["t"])
             if self._t0 is None:
@@ -278,14 +281,12 @@ class Player:
         out = []
         with self._lock:
             evs, used = self.by_dev.get(dev, []), self._used.setdefault(dev, set())
-            k = self._next.get(dev, 0)
-            while k < len(evs) and (k in used or evs[k]["k"] == kind):
-                if k not in used:
-                    used.add(k)
-                    out.append(evs[k])
-                    self._progress = max(self._progress, evs[k]["t"])
-                k += 1
-            self._next[dev] = k
+            k = self._unused(dev)
+            while k < len(evs) and evs[k]["k"] == kind:
+                used.add(k)
+                out.append(evs[k])
+                self._progress = max(self._progress, evs[k]["t"])
+                k = self._unused(dev)
         return out
 
     def clock_shift_ns(self) -> int:
@@ -312,7 +313,7 @@ class Player:
         it raised then)."""
         self.take(dev, "open")
         with self._lock:
-            evs, k = self.by_dev.get(dev, []), self._next.get(dev, 0)
+            evs, k = self.by_dev.get(dev, []), self._unused(dev)
         if k < len(evs) and evs[k]["k"] == "unreachable":
             raise ConnectionError(self.take(dev, "unreachable")["error"])
 
@@ -416,12 +417,12 @@ def host_ns(ns: int) -> int:
 
 def tap_mmio(dev: str, mmio: Any) -> Any:
     """A board's registers as the drivers reach them: recorded, or as they are."""
-    return active.mmio(dev, mmio) if isinstance(active, Recorder) else mmio
+    return TapedMMIO(mmio, dev, active) if isinstance(active, Recorder) else mmio
 
 
 def tap_serial(dev: str, port: Any) -> Any:
     """A serial port as the drivers reach it: recorded, or as it is."""
-    return active.serial(dev, port) if isinstance(active, Recorder) else port
+    return TapedSerial(port, dev, active) if isinstance(active, Recorder) else port
 
 
 def opened(dev: str, open_: Callable[[], T], play: Callable[[Player], T]) -> T:

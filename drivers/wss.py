@@ -15,6 +15,7 @@ from oddl.drivers import cassette
 
 _IDN = re.compile(r"^ODDL,WSS,(?P<id>[^,]+),(?P<ports>\d+)x(?P<channels>\d+),(?P<fw>\S+)$")
 _ERR = re.compile(r'^ERR (?P<code>-?\d+),"(?P<text>[^"]*)"$')
+BAUDRATE = 115200  # the serial line's rate
 MAX_REPLY = 8192  # the longest reply is a row of a 4096-channel table: far less
 log = logging.getLogger(__name__)
 
@@ -45,7 +46,7 @@ class WSSError(RuntimeError):
 class WSSDriver:
     """`controller.devices.WSSDevice` over a serial line."""
 
-    def __init__(self, port: str | Any, timeout: float = 1.0, baudrate: int = 115200,
+    def __init__(self, port: str | Any, timeout: float = 1.0, baudrate: int = BAUDRATE,
                  settle_s: float = 0.0) -> None:
         """settle_s: how long the switch takes to settle after an apply (its LCoS), beyond
         `timeout`, before it answers (the testbed's `reconfig_ms`)."""
@@ -197,5 +198,5 @@ def open_wss(wid: str, port: str, timeout: float = 1.0, settle_s: float = 0.0) -
     dev = f"wss:{wid}"
     return cassette.opened(
         dev, lambda: WSSDriver(cassette.tap_serial(dev, serial.Serial(
-            port, baudrate=115200, timeout=timeout)), timeout, settle_s=settle_s),
+            port, baudrate=BAUDRATE, timeout=timeout)), timeout, settle_s=settle_s),
         lambda player: WSSDriver(player.serial(dev, port), timeout, settle_s=settle_s))

@@ -185,6 +185,35 @@ def test_a_planted_change_in_register_traffic_is_the_divergence(
         assert player.first is None
 
 
+def test_a_board_that_could_not_be_reached_is_unreachable_again(tmp_path: Path) -> None:
+    """A board whose opening failed when recorded (a dead board's PYNQ.remote) fails the
+    same way, with the same words, when replayed; one that opened is held to its
+    identity as it was read. (Found in review: the replay skipped the recorded failure.)"""
+    from oddl.drivers import lab
+    from oddl.fpga import regmap as R
+
+    c = tmp_path / "c.jsonl.gz"
+    nodes = ["n0", "n1"]
+    def dead() -> None:
+        raise ConnectionError("board n1: Failed to connect to remote device")
+
+    with cassette.recording(c, {"kind": "accept"}) as rec:
+        with pytest.raises(ConnectionError) as was:
+            cassette.opened("board:n1", dead, lambda _player: None)
+        rec.event("board:n0", "open")
+        for name in ("MAGIC", "DESIGN_VERSION", *(f"BITSTREAM_HASH{i}" for i in range(8)),
+                     "NODE_ID"):
+            v = {"MAGIC": R.MAGIC, "DESIGN_VERSION": R.DESIGN_VERSION}.get(name, 0)
+            rec.event("board:n0", "r", a=R.BY_NAME[name].offset, v=v)
+        rec.close({})
+    with cassette.playing(c) as player:
+        with pytest.raises(ConnectionError) as again:
+            lab.open_board("grpc://127.0.0.1:1", "n1", nodes)
+        assert str(again.value) == str(was.value)
+        lab.open_board("grpc://127.0.0.1:1", "n0", nodes)  # its identity, as it was read
+        assert player.first is None and player.left() == {}
+
+
 def test_a_damaged_cassette_is_refused_by_name(root: Path, tmp_path: Path) -> None:
     objs = lines(ROUTES)
     cases = {

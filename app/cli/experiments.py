@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import click
-from oddl.app.cli.main import _config_fail, console, emit, err, fail, main
+from oddl.app.cli.main import _config_fail, console, emit, err, fail, main, new_file
 from oddl.controller.base.catalog import BACKENDS, STRATEGIES
 from oddl.controller.base.config import ConfigError, load_experiment, load_testbed
 from oddl.controller.base.extras import require
@@ -436,7 +436,8 @@ def _run_warnings(res: Any, ctx: Any) -> None:
               help="processes for the baseline networks beside the ODDL one (default: one "
                    "per spare core, for a run of 100,000 flows or more; 0: every network "
                    "in this process)")
-@click.option("--record", type=click.Path(path_type=Path), default=None,
+@click.option("--record", type=click.Path(path_type=Path, dir_okay=False), default=None,
+              callback=new_file,
               help="emu and hw: write every exchange with the devices to this cassette "
                    "(.jsonl.gz), for `oddl replay` (docs/cassettes.md)")
 def run(experiment: Path, backend: str, out: Path | None, iterations: int | None,
@@ -472,9 +473,6 @@ def run(experiment: Path, backend: str, out: Path | None, iterations: int | None
         click.echo(f"error: --record: a {backend} run reaches no device (emu or hw)",
                    err=True)
         sys.exit(2)
-    if record is not None and not record.parent.is_dir():
-        click.echo(f"error: --record {record}: no directory {record.parent}", err=True)
-        sys.exit(2)
     taping = registry.recording(record, {
         "kind": "run", "argv": sys.argv[1:], "experiment": ctx.path.read_text(),
         "testbed": ctx.testbed_path.read_text(), "backend": backend,
@@ -489,10 +487,9 @@ def run(experiment: Path, backend: str, out: Path | None, iterations: int | None
                               if arbiter_url and token_file else None, workers=workers,
                               force=force)
             finally:
-                if tape is not None and record is not None:
-                    tape.close({"result": res.to_json_obj() if res is not None else None})
-                    err.print(f"recorded {tape.events:,} exchanges with the devices to "
-                              f"{record} ({record.stat().st_size / 1024:.0f} KiB)")
+                if tape is not None:
+                    err.print(tape.close({"result": res.to_json_obj() if res is not None
+                                          else None}))
     except Stopped as e:
         e.notes.append(f"every completed iteration is in {run_dir / 'results.sqlite'}")
         raise

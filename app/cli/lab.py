@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 import click
-from oddl.app.cli.main import _config_fail, fail, main
+from oddl.app.cli.main import _config_fail, fail, main, new_file
 from oddl.controller.base.config import ConfigError, load_testbed
 from oddl.controller.base.extras import require
 from oddl.controller.base.faultkinds import cli_help
@@ -248,7 +248,8 @@ def broker_config(testbed: Path, out: Path, port: int, bind: str) -> None:
               "(see `oddl emulate --help`)")
 @click.option("--wait", "wait_s", type=float, default=0.0,
               help="seconds to wait for a testbed another run holds (default: refuse)")
-@click.option("--record", type=click.Path(path_type=Path), default=None,
+@click.option("--record", type=click.Path(path_type=Path, dir_okay=False), default=None,
+              callback=new_file,
               help="write every exchange with the devices to this cassette (.jsonl.gz), "
                    "for `oddl replay` (docs/cassettes.md)")
 def accept(testbed: Path, backend: str | None, report: Path | None, only: tuple[str, ...],
@@ -265,9 +266,6 @@ def accept(testbed: Path, backend: str | None, report: Path | None, only: tuple[
         _config_fail(e)
         return
     backend = backend or registry.default_backend(tb)
-    if record is not None and not record.parent.is_dir():
-        click.echo(f"error: --record {record}: no directory {record.parent}", err=True)
-        sys.exit(2)
     report = report or Path(f"accept-{tb.name}-{time.strftime('%Y%m%d-%H%M%S')}")
     try:
         rc = acc.run(testbed, tb, backend, report, list(only), list(faults), wait_s,

@@ -41,6 +41,15 @@ def emit(obj: Any, indent: int | None = None) -> None:
     click.echo(json.dumps(msgspec.to_builtins(obj, enc_hook=str), indent=indent))
 
 
+def new_file(_ctx: click.Context, param: click.Parameter, value: Path | None
+             ) -> Path | None:
+    """A file a command will write (`--record`): its directory must exist, said before
+    anything starts."""
+    if value is not None and not value.parent.is_dir():
+        raise click.BadParameter(f"no directory {value.parent}", param=param)
+    return value
+
+
 def fail(message: str, code: int = 2) -> NoReturn:
     """One sentence on stderr, and the exit status."""
     click.echo(f"error: {message}", err=True)
