@@ -14,7 +14,7 @@ import asyncio
 import contextlib
 import functools
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import pynq
@@ -37,7 +37,7 @@ from oddl.controller.service.backend import (
 from oddl.controller.service.health import Health, Heartbeat, Heartbeats, Unwatched, read_heartbeat
 from oddl.controller.serving.lifecycle import close_loop
 from oddl.controller.stage1.arbiter import one_by_one
-from oddl.controller.stage2.control_unit import FlowFailed
+from oddl.controller.stage2.control_unit import ControlUnit, FlowFailed, UnitFactory
 from oddl.controller.stage2.invariants import InvariantChecker
 from oddl.controller.stage2.job import JobRunner, JobSpec, quiet_ns, schedule_of, step_sync
 from oddl.drivers.onic import DriverONic, ONicDriver
@@ -64,6 +64,36 @@ class World:
     wss: dict[str, WSSModel]
     bus: LocalBus
     checker: InvariantChecker
+    unit: UnitFactory = ControlUnit  # each node's control unit: Python, or the gateware's
+    rtl_units: list[Any] = field(default_factory=list)  # the gateware's, as made
+
+
+def _unit_model(tb: Testbed, grid: Grid, made: list[Any]) -> UnitFactory:
+    """The testbed's `control_model`: the Python unit, or the RTL in the loop (each one
+    kept in `made`, for the decision latencies it measured)."""
+    if tb.testbed.control_model != "rtl":
+        return ControlUnit
+    from oddl.sim.devices.rtl_control_unit import Bounds, RtlControlUnit
+
+    bounds = Bounds(nodes=max(Bounds.nodes, 1 << (len(grid.nodes) - 1).bit_length()))
+
+    def rtl(*args: Any) -> RtlControlUnit:
+        u = RtlControlUnit(*args, nodes=grid.nodes, bounds=bounds)
+        made.append(u)
+        return u
+    return rtl
+
+
+def decision_cycles(units: list[Any]) -> dict[str, Any]:
+    """The gateware units' decision latencies in clock cycles (a REQUEST in to its GRANT
+    out; a GRANT in to the transfer engine's start): count, min, median, max."""
+    out: dict[str, Any] = {"model": "rtl", "clock_mhz": 250}
+    for k in ("request_to_grant", "grant_to_start"):
+        xs = sorted(x for u in units for x in u.latency[k])
+        if xs:
+            out[f"{k}_cycles"] = {"count": len(xs), "min": xs[0], "median": xs[len(xs) // 2],
+                                  "max": xs[-1]}
+    return out
 
 
 def build(tb: Testbed, grid: Grid, clock: Clock, seed: int = 0,
@@ -81,8 +111,9 @@ def build(tb: Testbed, grid: Grid, clock: Clock, seed: int = 0,
         mmio = pynq.MMIO(BASE_ADDR, R.IP_RANGE, device=EmulatedONicDevice(board))
         onics[n] = DriverONic(ONicDriver(mmio, n, grid.nodes, index), fabric.ports[n])
     bus = LocalBus(clock, round(tb.control.latency_ns), seed, tap=checker.on_message)
+    made: list[Any] = []
     return World(fabric, boards, onics, {n: BoardLine(b) for n, b in boards.items()},
-                 dict(fabric.wss), bus, checker)
+                 dict(fabric.wss), bus, checker, _unit_model(tb, grid, made), made)
 
 
 def lone_board(board_model: str = "python") -> tuple[ONicDriver, Any]:
@@ -230,7 +261,7 @@ class SimBackend:
         w, health = self.world, self.health
         self.monitor.new_job(spec.job, spec.tag, spec.nodes)
         runner = JobRunner(spec, self.clock, self.monitor, lambda *_: None)
-        runner.on_onics(w.bus, w.onics, w.lines)
+        runner.on_onics(w.bus, w.onics, w.lines, w.unit)
         self.drill.arm()
         next_i = [spec.start]
         stall_ns = quiet_ns(spec) + round(self.tb.monitor.grace_ms * 1e6)
@@ -293,6 +324,8 @@ class SimBackend:
                  "messages_dropped": w.bus.dropped, "messages_delayed": w.bus.delayed,
                  "transfers": w.fabric.transfers, "lost_to_faults": w.fabric.lost,
                  "tunes": sum(t.tunes for t in w.fabric.tx.values())}
+        if w.rtl_units:
+            stats["control_unit"] = decision_cycles(w.rtl_units)
         return JobOutcome(sent, runner.engine.flows, stats, list(self.monitor.violations))
 
     def pause(self, job: str, ns: int) -> bool:

@@ -304,9 +304,11 @@ def _plan_jobs(ctx: Any, strategy: str | None, as_json: bool, plot: Path | None)
 
 
 def _run_setup(experiment: Path, testbed: Path | None, backend: str,
-               board_model: str | None, out: Path | None) -> tuple[Any, Path]:
+               board_model: str | None, out: Path | None,
+               control_model: str | None = None) -> tuple[Any, Path]:
     """What `oddl run` checks before it runs: the experiment on its testbed, the board
-    model for the back end, the gateware extra it needs, the run directory."""
+    and control unit models for the back end, the gateware extra they need, the run
+    directory."""
     from oddl.app.experiments.results import RunDirTaken, make_run_dir
     from oddl.app.registry import kind
 
@@ -318,8 +320,15 @@ def _run_setup(experiment: Path, testbed: Path | None, backend: str,
         if not kind(backend).models_boards:
             fail("--board-model: a lab's boards are what they are (sim and emu model them)")
         ctx = dataclasses.replace(ctx, testbed=ctx.testbed.with_board_model(board_model))
+    if control_model is not None:
+        if backend != "sim":
+            fail("--control-model: sim only (an emulator's and a lab's node programs run the "
+                 "Python unit)")
+        ctx = dataclasses.replace(ctx, testbed=ctx.testbed.with_control_model(control_model))
     if ctx.testbed.testbed.board_model == "rtl":
         require("gateware", "the RTL board model (--board-model rtl)")
+    if ctx.testbed.testbed.control_model == "rtl":
+        require("gateware", "the RTL control unit (--control-model rtl)")
     try:
         return ctx, make_run_dir(out, ctx.experiment.name)
     except RunDirTaken as e:
@@ -429,6 +438,10 @@ def _run_warnings(res: Any, ctx: Any) -> None:
 @click.option("--board-model", type=click.Choice(["python", "rtl"]), default=None,
               help="sim and emu: each O-NIC as the Python board model, or as the gateware "
                    "simulated cycle by cycle (default: the testbed's; docs/gateware.md)")
+@click.option("--control-model", type=click.Choice(["python", "rtl"]), default=None,
+              help="sim: each O-NIC's stage-2 control unit as the Python one, or as its "
+                   "gateware simulated cycle by cycle, with the decisions' latency in cycles "
+                   "reported (default: the testbed's; docs/gateware.md)")
 @click.option("--force", is_flag=True,
               help="run it even if the estimate says it would take more than an hour or "
                    "more memory than is free (refused otherwise, with the estimate)")
@@ -443,8 +456,8 @@ def _run_warnings(res: Any, ctx: Any) -> None:
 def run(experiment: Path, backend: str, out: Path | None, iterations: int | None,
         testbed: Path | None, as_json: bool, trace_file: Path | None,
         trace_iterations: int, publish: bool, arbiter_url: str | None,
-        token_file: Path | None, board_model: str | None, workers: int | None,
-        force: bool, record: Path | None) -> None:
+        token_file: Path | None, board_model: str | None, control_model: str | None,
+        workers: int | None, force: bool, record: Path | None) -> None:
     """Run an experiment: every network on the same workload, results in a run directory."""
     from oddl.app import api, registry
     from oddl.app.experiments.estimate import TooBig
@@ -453,7 +466,7 @@ def run(experiment: Path, backend: str, out: Path | None, iterations: int | None
     from oddl.controller.service.lock import TestbedBusy
     from oddl.controller.stage1.plan import PlanError
 
-    ctx, run_dir = _run_setup(experiment, testbed, backend, board_model, out)
+    ctx, run_dir = _run_setup(experiment, testbed, backend, board_model, out, control_model)
     prog = Progress(TextColumn("{task.description:<12}"), BarColumn(), MofNCompleteColumn(),
                     TimeElapsedColumn(), console=err, transient=as_json,
                     disable=not err.is_terminal and as_json)

@@ -47,6 +47,49 @@ def stage2(nodes: int, flows: int, faults: str, max_states: int, as_json: bool) 
     sys.exit(1 if out["violations"] else 0)
 
 
+@verify.command("rtl")
+@click.option("--nodes", type=click.IntRange(2, 4), default=4, show_default=True,
+              help="the checker's configurations of up to this many nodes (every path: "
+                   "up to 3)")
+@click.option("--flows", type=click.IntRange(1, 3), default=1, show_default=True,
+              help="flows each sender sends")
+@click.option("--every/--no-every", default=True, show_default=True,
+              help="replay the path to every state of the configurations of up to 3 nodes")
+@click.option("--walks", type=click.IntRange(0), default=50, show_default=True,
+              help="random walks of each configuration besides")
+@click.option("--forge/--no-forge", default=True, show_default=True,
+              help="walks inject what no well-behaved peer sends (stale, foreign, short)")
+@click.option("--faults", default="loss,dup,reorder,delay", show_default=True,
+              help="what the scheduler may do to messages (comma-separated; '' for none)")
+@click.option("--json", "as_json", is_flag=True, help="print the verdict as JSON")
+def rtl(nodes: int, flows: int, every: bool, walks: int, forge: bool, faults: str,
+        as_json: bool) -> None:
+    """The control unit's gateware held to the Python unit: the model checker's worlds run
+    twice in lockstep, every node's unit Python in one and RTL in the other, and every
+    message, delivery, failure and counter compared after each event (docs/gateware.md)."""
+    from oddl.app import registry
+    from oddl.controller.stage2.verify import FAULTS
+
+    chosen = frozenset(f for f in faults.split(",") if f)
+    if chosen - set(FAULTS):
+        click.echo(f"error: --faults: unknown {sorted(chosen - set(FAULTS))} (of "
+                   f"{', '.join(FAULTS)})", err=True)
+        sys.exit(2)
+    out = registry.rtl_lockstep(nodes, flows, walks, every, forge, chosen)
+    if as_json:
+        emit(out, indent=1)
+    else:
+        for name, v in out.items():
+            if isinstance(v, dict):
+                click.echo(f"{name.replace('_', ' ')}: {v['walks']} paths, {v['steps']} events "
+                           f"({v['forged']} forged), {v['cycles']} RTL cycles, "
+                           f"{len(v['differences'])} differences")
+                for d in v["differences"][:5]:
+                    click.echo("  DIFFERENCE " + d)
+        click.echo(f"{out['differences']} differences, {out['seconds']} s")
+    sys.exit(1 if out["differences"] else 0)
+
+
 @verify.command("trace")
 @click.argument("experiment", type=click.Path(path_type=Path))
 @click.option("--backend", type=click.Choice(["sim", "emu"]), default="sim", show_default=True)

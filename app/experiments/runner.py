@@ -80,10 +80,13 @@ class NetworkResult:
     fault_time_s: float = 0.0
     # several jobs: mean_jct_s, p99_jct_s, makespan_s, utilisation, mean_queued_s
     fabric: dict[str, float] = field(default_factory=dict)
+    # the gateware's control units in the loop: their decision latencies in cycles
+    control_unit: dict[str, Any] = field(default_factory=dict)
 
     def public(self) -> dict[str, Any]:
         return {k: v for k, v in asdict(self).items()
-                if k not in ("name", "kind", "stats") and (k != "fabric" or v)}
+                if k not in ("name", "kind", "stats")
+                and (k not in ("fabric", "control_unit") or v)}
 
 
 @dataclass
@@ -318,7 +321,8 @@ def network_result(net: Network, threshold: float, extrapolate_to: int | None) -
                          sum(its) / len(its) / 1e9 if its else 0.0, len(its),
                          sum(r.flows for r in recs.values()), total.control_messages,
                          len(b.monitor.violations), stats, dist, was_disturbed, faults,
-                         round(fault_s, 9), fabric=fabric)
+                         round(fault_s, 9), fabric=fabric,
+                         control_unit=stats.get("control_unit", {}))
 
 
 class _Recorder:

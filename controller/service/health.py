@@ -386,7 +386,7 @@ def read_heartbeat(node: str, seq: int, onic: Any, runner: Any, lag_ns: int = 0,
     return Heartbeat(HEARTBEAT_VERSION, node, seq, h["crc_errors"], h["tune_ns"],
                      h["error_flags"], dict(cu.unexpected_rx) if cu is not None else {},
                      runner.spec.job if runner is not None else "",
-                     cu is not None and any(tx.current is not None for tx in cu.tx.values()),
+                     cu is not None and cu.transmitting(),
                      lag_ns, sent)
 
 

@@ -22,6 +22,7 @@ import logging
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 from oddl.controller.base.clock import Clock
 from oddl.controller.base.devices import Bus, ONic
@@ -54,6 +55,31 @@ class Timing:
     release_timeout_ns: int
     lease_ns: int
     max_retries: int
+
+
+class Unit(Protocol):
+    """What a job runner, a heartbeat and the dashboard use of a node's control unit: this
+    module's `ControlUnit`, or the gateware's in the loop (sim/devices/rtl_control_unit.py)."""
+
+    node: str
+    onic: ONic
+    trace: Tracer | None
+    tag: int
+    sent: int
+
+    @property
+    def stats(self) -> dict[str, int]: ...
+    @property
+    def unexpected_rx(self) -> dict[str, int]: ...
+    def submit(self, flow: Flow) -> None: ...
+    def halt(self) -> None: ...
+    def in_flight(self) -> int: ...
+    def transmitting(self) -> bool: ...
+    def ports_view(self) -> dict[str, PortView]: ...
+
+
+UnitFactory = Callable[[str, Clock, Bus, ONic, dict[str, Route], Timing, Callable[[Flow], None],
+                        Callable[[Exception], None]], Unit]
 
 
 class FlowFailed(RuntimeError):
@@ -164,6 +190,10 @@ class ControlUnit:
                               r.next_hop if r is not None and f is not None else "",
                               max(len(tx.queue) - 1, 0))
         return out
+
+    def transmitting(self) -> bool:
+        """A transmitter here still has a flow (its TX_DONE, and RELEASE, to come)."""
+        return any(tx.current is not None for tx in self.tx.values())
 
     def in_flight(self) -> int:
         return (sum(tx.current is not None for tx in self.tx.values())
@@ -337,7 +367,9 @@ class ControlUnit:
             return
         rx = self.rx[port]
         g = rx.granted
-        if g is None or g.flow & 0xFFFFFFFF != flow_id_lo:
+        # a grant is one transfer: a second completion under it (the board reporting one
+        # twice) is no transfer anyone granted, and relaying it again would strand a copy
+        if g is None or g.flow & 0xFFFFFFFF != flow_id_lo or rx.data_done:
             self.stats["unexpected_rx"] += 1
             self.unexpected_rx[port] += 1
             log.error("%s/%s: received flow %#x that was not granted (granted %r)", self.node,

@@ -34,7 +34,7 @@ from oddl.controller.base.devices import Bus, InterruptLine, ONic
 from oddl.controller.base.messages import Flow
 from oddl.controller.base.parallelism import Hybrid
 from oddl.controller.stage1.plan import Plan, Route
-from oddl.controller.stage2.control_unit import ControlUnit, Timing
+from oddl.controller.stage2.control_unit import ControlUnit, Timing, Unit, UnitFactory
 from oddl.controller.stage2.invariants import MAX_TAG, InvariantChecker
 from oddl.controller.stage2.trace import MAX_ROWS, Tracer, TraceRow
 from oddl.controller.stage2.workloads import CollectiveEngine
@@ -278,7 +278,7 @@ class JobRunner:
                                        lambda f: self.submit(f),
                                        monitor.flow_started if monitor is not None else None,
                                        spec.nic_sync, ranks, spec.tag)
-        self.units: dict[str, ControlUnit] = {}
+        self.units: dict[str, Unit] = {}
         self.trace = Tracer() if spec.trace_iterations else None
         if self.trace is not None:
             self.engine.on_phase = self._phase
@@ -302,17 +302,19 @@ class JobRunner:
         self.engine.on_delivered(flow)
 
     def on_onics(self, bus: Bus, onics: Mapping[str, ONic],
-                 lines: Mapping[str, InterruptLine]) -> JobRunner:
+                 lines: Mapping[str, InterruptLine], unit: UnitFactory = ControlUnit
+                 ) -> JobRunner:
         """ODDL: a control unit per O-NIC this host owns, on its board's interrupt line;
-        each local rank's steps advanced by its count-action engine (or counted here)."""
+        each local rank's steps advanced by its count-action engine (or counted here).
+        `unit` makes each (the Python unit; a model may put the gateware's in its place)."""
         spec, timing = self.spec, self.spec.timing
         missing = [n for n in spec.nodes if n in onics and n not in lines]
         if missing:
             raise ValueError(f"no interrupt line for {', '.join(missing)}")
         for n in (n for n in spec.nodes if n in onics):
             routes = {d: Route(*r) for d, r in spec.routes.get(n, {}).items()}
-            self.units[n] = ControlUnit(n, self.clock, bus, onics[n], routes, timing,
-                                        self.deliver, lambda e: self.fail(e))
+            self.units[n] = unit(n, self.clock, bus, onics[n], routes, timing,
+                                 self.deliver, lambda e: self.fail(e))
             self.units[n].trace = self.trace
             self.units[n].tag = spec.tag
             lines[n].connect(onics[n].on_interrupt)
@@ -370,8 +372,7 @@ class JobRunner:
 
     def transmitting(self) -> bool:
         """A transmitter here still has a flow (its TX_DONE, and RELEASE, to come)."""
-        return any(tx.current is not None for cu in self.units.values()
-                   for tx in cu.tx.values())
+        return any(cu.transmitting() for cu in self.units.values())
 
     def sent(self) -> int:
         """Control messages this job's units have sent (on a bus that other jobs share)."""

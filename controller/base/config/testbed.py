@@ -214,6 +214,9 @@ class Meta(ConfigModel):
     # how sim and `oddl emulate` model each O-NIC: the Python board model, or the gateware
     # (fpga/gateware) simulated cycle by cycle behind the same pynq device (docs/gateware.md)
     board_model: Literal["python", "rtl"] = "python"
+    # and each O-NIC's stage-2 control unit: the Python one, or the gateware's
+    # (fpga/gateware/control_unit.py) simulated cycle by cycle (sim only; docs/gateware.md)
+    control_model: Literal["python", "rtl"] = "python"
 
     @field_validator("name")
     @classmethod
@@ -294,6 +297,14 @@ class Testbed(ConfigModel):
             return self
         return self.model_copy(update={"testbed": self.testbed.model_copy(
             update={"board_model": model})})
+
+    def with_control_model(self, model: str | None) -> Testbed:
+        """The same testbed with its control units modelled as `model` (None: as
+        configured)."""
+        if model is None or model == self.testbed.control_model:
+            return self
+        return self.model_copy(update={"testbed": self.testbed.model_copy(
+            update={"control_model": model})})
 
     def expanded(self) -> Testbed:
         """The same testbed with generated nodes/WSSs written out."""

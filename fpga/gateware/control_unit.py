@@ -1,0 +1,601 @@
+"""`ctrl_unit`, the O-NIC's stage-2 control unit in Amaranth HDL: what
+controller/stage2/control_unit.py does, as ODDL built it, beside `onic_ctrl` on the board.
+
+Per port, the transmitter's REQUEST / WAIT / GRANT / RELEASE machine (its flow queue, the
+REQUEST time-out and retries, the lease check before it starts) and the receiver's grant
+(one sender at a time, a FIFO of waiting REQUESTs, the lease it revokes, the overdue RELEASE,
+the delivered keys it remembers to answer repeats). Control messages come and go as one-beat
+AXI-Stream frames toward the 100 GbE MAC, in the layout controller/stage2/wire.py derives from
+the message structs (`FrameFormat`, passed in: this layer imports no control plane). The host
+loads the routes and hands over the flows of its schedule; the unit schedules each by itself,
+commanding the transfer engine (`start_*`: tune first or not, then send) and hearing back from
+it (`tx_done`, `rx_done`, `rx_receiving`).
+
+One executor handles one event at a time (a completion, a frame, a submitted flow, a timer),
+as the Python unit handles one call at a time, and sends what the Python unit sends, in its
+order. Timers compare deadlines with the board's `ts_ns` time base, so they count the same
+nanoseconds as the Python unit's clock. Where the RTL is bounded and Python is not (the flow
+queue, the waiting REQUESTs, the delivered keys, all memories scanned one entry a cycle), the
+bounds are parameters (docs/gateware.md says what each costs); a full flow queue fails the
+job by name.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from amaranth import Cat, Const, Module, Mux, Signal
+from amaranth.lib import data, fifo, wiring
+from amaranth.lib.memory import Memory
+from amaranth.lib.wiring import In, Out
+from oddl.fpga.frame import BEAT_BITS, FrameFormat
+
+STATS = ("requests", "retries", "polls", "grants", "revoked", "waits", "stale_grants",
+         "relayed", "releases_overdue", "unexpected_rx", "requests_refused", "stray", "late",
+         "bad_frames")
+FAILS = {"no_route": 1, "retries": 2, "short": 3, "queue_full": 4}
+TIMERS = ("request", "lease", "release")  # per port; timer 3 * port + k
+IDLE, REQUESTING, SENDING = 0, 1, 2
+_PORT_BITS = 2
+
+
+def flow_layout(frame: FrameFormat) -> data.StructLayout:
+    """A flow as the host hands it over and the unit hands it on (fields at the frame's
+    widths; nodes as indices)."""
+    W = frame.width
+    return data.StructLayout({
+        "id": W("flow"), "src": W("src"), "dst": W("dst"), "nbytes": W("nbytes"),
+        "iteration": W("iteration"), "step": W("step"), "hop": W("hop"),
+        "t_submit": W("t_submit")})
+
+
+def flow_word(frame: FrameFormat, *values: int) -> int:
+    """A flow's fields (in `flow_layout`'s order) as one word."""
+    word, at = 0, 0
+    for (name, f), v in zip(flow_layout(frame), values, strict=True):
+        assert 0 <= v < 1 << f.width, (name, v)
+        word |= v << at
+        at += f.width
+    return word
+
+
+def flow_fields(frame: FrameFormat, word: int) -> dict[str, int]:
+    out, at = {}, 0
+    for name, f in flow_layout(frame):
+        out[name] = word >> at & (1 << f.width) - 1
+        at += f.width
+    return out
+
+
+def _fit(v: Any, width: int) -> Any:
+    """`v` at `width` bits: cut, or zero-extended."""
+    v = Cat(v)
+    return v[:width] if len(v) >= width else Cat(v, Const(0, width - len(v)))
+
+
+class ControlUnitRTL(wiring.Component):
+    """The unit. Straps: `node_id`, `tag` (the job's, to tell a late message from a stray
+    one), the timing (ns) and `max_retries`; `timers_en` is tied high in a shell (the
+    co-simulation raises a timer's bit at the model's instant of that timer)."""
+
+    def __init__(self, frame: FrameFormat, ports: int = 2, nodes: int = 4096,
+                 txq: int = 64, rxq: int = 64, done: int = 64, per_sender: int = 4) -> None:
+        self.frame, self.ports, self.nodes = frame, ports, nodes
+        self.txq, self.rxq, self.done, self.per_sender = txq, rxq, done, per_sender
+        W = frame.width
+        self.FLOW = flow_layout(frame)
+        self.REQ = data.StructLayout({k: W(k) for k in (
+            "flow", "hop", "src", "channel", "nbytes", "origin", "final", "iteration", "step",
+            "t_submit")})
+        self.ROUTE = data.StructLayout({"valid": 1, "port": _PORT_BITS, "channel": W("channel"),
+                                        "next": W("dst")})
+        P, nw, fl = ports, W("src"), self.FLOW.size
+        super().__init__({
+            "ts_ns": In(64), "node_id": In(nw), "tag": In(16), "halt": In(1),
+            "timers_en": In(3 * P),
+            "tuning_ns": In(32), "propagation_ns": In(32), "request_timeout_ns": In(32),
+            "release_timeout_ns": In(32), "lease_ns": In(32), "max_retries": In(8),
+            # the route table: dst node -> port, channel, next hop (written by the host)
+            "route_we": In(1), "route_dst": In(nw), "route_valid": In(1),
+            "route_port": In(_PORT_BITS), "route_channel": In(W("channel")),
+            "route_next": In(nw),
+            # the host's flows (a valid/ready handshake)
+            "submit_valid": In(1), "submit_ready": Out(1), "submit_flow": In(fl),
+            # control frames from and to the MAC (AXI-Stream, one beat a frame)
+            "rx_tvalid": In(1), "rx_tready": Out(1), "rx_tdata": In(BEAT_BITS),
+            "rx_tlast": In(1),
+            "tx_tvalid": Out(1), "tx_tready": In(1), "tx_tdata": Out(BEAT_BITS),
+            "tx_tlast": Out(1), "tx_tdest": Out(nw),
+            # the transfer engine: a start (tune first, or send on the channel it has), and
+            # its reports: sent (per port), received in full, the granted flow's light arriving
+            "start_valid": Out(1), "start_port": Out(_PORT_BITS), "start_tune": Out(1),
+            "start_channel": Out(W("channel")), "start_flow": Out(fl),
+            "tx_done": In(P), "rx_done": In(P), "rx_done_flow": In(32 * P),
+            "rx_done_bytes": In(W("nbytes") * P), "rx_receiving": In(P),
+            # to the host: a flow delivered here, a failure (code, flow, the peer, bytes)
+            "deliver_valid": Out(1), "deliver_flow": Out(fl),
+            "fail_valid": Out(1), "fail_code": Out(4), "fail_flow": Out(W("flow")),
+            "fail_peer": Out(nw), "fail_bytes": Out(W("nbytes")),
+            "stats": Out(32 * len(STATS)), "unexpected": Out(32 * P),
+            # the timers, for the co-simulation (armed, when, a strobe when (re)armed)
+            "armed": Out(3 * P), "arming": Out(3 * P), "due": Out(64 * 3 * P),
+            # each receiver's grant (what its receive path compares the arriving flow with)
+            "granted_ok": Out(P), "granted_key": Out((W("flow") + W("hop")) * P),
+            # each transmitter's state (IDLE, REQUESTING, SENDING) and queued flows
+            "tx_state": Out(2 * P), "tx_queued": Out(16 * P),
+            "busy": Out(1),
+        })
+
+    def elaborate(self, platform: object) -> Module:
+        m = Module()
+        F, P, W = self.frame, self.ports, self.frame.width
+        FLOW, REQ, ROUTE = self.FLOW, self.REQ, self.ROUTE
+        txq, rxq, dn = self.txq, self.rxq, self.done
+        qbits = max((max(txq, rxq, dn)).bit_length(), 1)
+
+        # --- memories: per port, each in its own region of one memory ------------------
+        m.submodules.routes = routes = Memory(shape=ROUTE, depth=self.nodes, init=[])
+        m.submodules.txqm = txqm = Memory(shape=FLOW, depth=P * txq, init=[])
+        m.submodules.rxqm = rxqm = Memory(shape=REQ, depth=P * rxq, init=[])
+        KEY = data.StructLayout({"flow": W("flow"), "hop": W("hop")})
+        m.submodules.donem = donem = Memory(shape=KEY, depth=P * dn, init=[])
+        r_rd, t_rd, q_rd, d_rd = (x.read_port(domain="comb") for x in (routes, txqm, rxqm, donem))
+        r_wr, t_wr, q_wr, d_wr = (x.write_port() for x in (routes, txqm, rxqm, donem))
+        m.d.comb += [r_wr.en.eq(self.route_we), r_wr.addr.eq(self.route_dst),
+                     r_wr.data.eq(Cat(self.route_valid, self.route_port, self.route_channel,
+                                      self.route_next))]
+        # frames out: readable the cycle after the executor writes one
+        m.submodules.out = out = fifo.SyncFIFO(width=BEAT_BITS, depth=4)
+        dst_at, dst_w = F.common("dst")
+        m.d.comb += [self.tx_tvalid.eq(out.r_rdy), self.tx_tdata.eq(out.r_data),
+                     self.tx_tlast.eq(1), self.tx_tdest.eq(out.r_data[dst_at:dst_at + dst_w]),
+                     out.r_en.eq(self.tx_tready)]
+
+        def pack(kind: str, **v: Any) -> Any:
+            """A frame of `kind` with these field values (every field of the message)."""
+            fields = F.fields[kind]
+            assert set(v) == set(fields), (kind, set(fields) ^ set(v))
+            parts, at = [Const(F.version, 8), Const(F.codes[kind], 8)], 16
+            for name, (off, width) in sorted(fields.items(), key=lambda kv: kv[1][0]):
+                assert off == at
+                parts.append(_fit(v[name], width))
+                at += width
+            return _fit(Cat(*parts), BEAT_BITS)
+
+        def send(kind: str, **v: Any) -> list[Any]:
+            return [out.w_en.eq(1), out.w_data.eq(pack(kind, **v))]
+
+        # --- per port state -------------------------------------------------------------
+        def sig(name: str, shape: Any, reset: int = 0) -> list[Any]:
+            return [Signal(shape, name=f"{name}{p}", init=reset) for p in range(P)]
+
+        tx_state, tx_head = sig("tx_state", 2), sig("tx_head", qbits)
+        tx_count = sig("tx_count", qbits + 1)
+        tx_cur = [Signal(FLOW, name=f"tx_cur{p}") for p in range(P)]
+        tx_route = [Signal(ROUTE, name=f"tx_route{p}") for p in range(P)]
+        tx_chan, tx_chan_ok = sig("tx_chan", W("channel")), sig("tx_chan_ok", 1)
+        tx_retries, tx_waited = sig("tx_retries", 9), sig("tx_waited", 1)
+        granted = [Signal(REQ, name=f"granted{p}") for p in range(P)]
+        g_ok, data_done, released = sig("g_ok", 1), sig("data_done", 1), sig("released", 1)
+        q_head, q_count = sig("q_head", qbits), sig("q_count", qbits + 1)
+        d_count, d_old = sig("d_count", qbits + 1), sig("d_old", qbits)
+        t_on = [Signal(name=f"t_on{i}") for i in range(3 * P)]
+        t_due = [Signal(64, name=f"t_due{i}") for i in range(3 * P)]
+        rx_pend, rx_pflow = sig("rx_pend", 1), sig("rx_pflow", 32)
+        rx_pbytes, tx_pend = sig("rx_pbytes", W("nbytes")), sig("tx_pend", 1)
+        stats = {k: Signal(32, name=f"n_{k}") for k in STATS}
+        unexpected = sig("unexpected", 32)
+        m.d.comb += [self.stats.eq(Cat(*stats.values())), self.unexpected.eq(Cat(*unexpected)),
+                     self.armed.eq(Cat(*t_on)), self.due.eq(Cat(*t_due)),
+                     self.granted_ok.eq(Cat(*g_ok)), self.tx_state.eq(Cat(*tx_state)),
+                     self.tx_queued.eq(Cat(*[_fit(c, 16) for c in tx_count])),
+                     self.granted_key.eq(Cat(*[Cat(g.flow, g.hop) for g in granted]))]
+
+        def arm(i: int, when: Any) -> None:
+            m.d.sync += [t_on[i].eq(1), t_due[i].eq(when)]
+            m.d.comb += self.arming[i].eq(1)
+
+        def count(k: str) -> Any:
+            return stats[k].eq(stats[k] + 1)
+
+        # completions are latched until the executor takes them
+        for p in range(P):
+            with m.If(self.rx_done[p]):
+                m.d.sync += [rx_pend[p].eq(1), rx_pflow[p].eq(self.rx_done_flow.word_select(p, 32)),
+                             rx_pbytes[p].eq(self.rx_done_bytes.word_select(p, W("nbytes")))]
+            with m.If(self.tx_done[p]):
+                m.d.sync += tx_pend[p].eq(1)
+
+        # --- the executor's working registers ----------------------------------------------
+        ev = Signal(_PORT_BITS)  # the port of the event at hand
+        frame = Signal(BEAT_BITS)
+        q = Signal(REQ)  # the REQUEST at hand (received, or the next waiting one)
+        fin = Signal(REQ)  # the granted REQUEST whose transfer has just arrived in full
+        fl = Signal(FLOW)  # the flow at hand (submitted, or relayed)
+        after_free = Signal()  # a FREE from a completion: its delivery or relay follows
+        scan_i = Signal(qbits + 1)
+        found, inq = Signal(), Signal()
+        from_src = Signal(qbits + 1)
+        scan_ret = Signal(2)  # a scan of the delivered keys for: 0 REQUEST, 1 next, 2 completion
+        due_now = Signal(3 * P)
+        m.d.comb += due_now.eq(Cat(*[t_on[i] & (self.ts_ns >= t_due[i]) & self.timers_en[i]
+                                     for i in range(3 * P)]))
+
+        def field(kind: str, name: str) -> Any:
+            off, width = F.fields[kind][name]
+            return frame[off:off + width]
+
+        def key_of(kind: str) -> Any:
+            return Cat(field(kind, "flow"), field(kind, "hop"))
+
+        def per(fn: Any) -> None:
+            """`fn(p)` for the port of the event at hand."""
+            for p in range(P):
+                with m.If(ev == p):
+                    fn(p)
+
+        def fail(code: str, flow: Any, peer: Any = 0, nbytes: Any = 0) -> list[Any]:
+            return [self.fail_valid.eq(1), self.fail_code.eq(FAILS[code]), self.fail_flow.eq(flow),
+                    self.fail_peer.eq(peer), self.fail_bytes.eq(nbytes)]
+
+        ver = frame[:8]
+        tat, tw = F.type_bits
+        code = frame[tat:tat + tw]
+        port_at, port_w = F.common("port")
+        fport = frame[port_at:port_at + port_w]
+
+        def stray(kind: str) -> None:
+            with m.If((field(kind, "flow") >> F.tag_shift) != self.tag):
+                m.d.sync += count("late")
+            with m.Else():
+                m.d.sync += count("stray")
+            m.next = "IDLE"
+
+        with m.FSM(name="exec") as fsm:
+            with m.State("IDLE"):
+                with m.If(self.halt):  # the job is over here: everything is dropped
+                    m.d.comb += [self.rx_tready.eq(1), self.submit_ready.eq(1)]
+                    m.d.sync += [x.eq(0) for x in (*rx_pend, *tx_pend)]
+                with m.Elif(Cat(*rx_pend).any()):
+                    for p in reversed(range(P)):
+                        with m.If(rx_pend[p]):
+                            m.d.sync += ev.eq(p)
+                    m.next = "RXD"
+                with m.Elif(Cat(*tx_pend).any()):
+                    for p in reversed(range(P)):
+                        with m.If(tx_pend[p]):
+                            m.d.sync += ev.eq(p)
+                    m.next = "TXD"
+                with m.Elif(self.rx_tvalid):
+                    m.d.comb += self.rx_tready.eq(1)
+                    m.d.sync += frame.eq(self.rx_tdata)
+                    m.next = "DECODE"
+                with m.Elif(self.submit_valid):
+                    m.d.comb += self.submit_ready.eq(1)
+                    m.d.sync += fl.eq(self.submit_flow)
+                    m.next = "SUB_ROUTE"
+                with m.Elif(due_now.any()):
+                    for i in reversed(range(3 * P)):
+                        with m.If(due_now[i]):
+                            m.d.sync += [ev.eq(i // 3), t_on[i].eq(0)]
+                            m.next = ("TMR_REQUEST", "TMR_LEASE", "TMR_RELEASE")[i % 3]
+
+            # --- a flow to send: its route, its transmitter's queue ----------------------
+            with m.State("SUB_ROUTE"):
+                m.d.comb += r_rd.addr.eq(fl.dst)
+                with m.If(~r_rd.data.valid):
+                    m.d.comb += fail("no_route", fl.id, fl.dst)
+                    m.next = "IDLE"
+                with m.Else():
+                    m.d.sync += ev.eq(r_rd.data.port)
+                    m.next = "SUB_PUSH"
+            with m.State("SUB_PUSH"):
+                def push(p: int) -> None:
+                    with m.If(tx_count[p] == txq):
+                        m.d.comb += fail("queue_full", fl.id, fl.dst)
+                        m.next = "IDLE"
+                    with m.Else():
+                        at = tx_head[p] + tx_count[p]
+                        m.d.comb += [t_wr.en.eq(1), t_wr.data.eq(fl),
+                                     t_wr.addr.eq(p * txq + Mux(at >= txq, at - txq, at))]
+                        m.d.sync += tx_count[p].eq(tx_count[p] + 1)
+                        with m.If(tx_state[p] == IDLE):
+                            m.next = "TXN"
+                        with m.Else():
+                            m.next = "IDLE"
+                per(push)
+
+            # --- a transmitter takes its next flow and asks for the receiver ---------------
+            with m.State("TXN"):
+                def nxt(p: int) -> None:
+                    with m.If(tx_count[p] == 0):
+                        m.d.sync += tx_state[p].eq(IDLE)
+                        m.next = "IDLE"
+                    with m.Else():
+                        m.d.comb += [t_rd.addr.eq(p * txq + tx_head[p]),
+                                     r_rd.addr.eq(t_rd.data.dst)]
+                        m.d.sync += [tx_cur[p].eq(t_rd.data), tx_route[p].eq(r_rd.data),
+                                     tx_state[p].eq(REQUESTING), tx_retries[p].eq(0)]
+                        m.next = "REQ_SEND"
+                per(nxt)
+            with m.State("REQ_SEND"):
+                def request(p: int) -> None:
+                    with m.If(out.w_rdy):
+                        c, r = tx_cur[p], tx_route[p]
+                        m.d.comb += [*send("request", flow=c.id, hop=c.hop, src=self.node_id,
+                                           dst=r.next, port=p, channel=r.channel,
+                                           nbytes=c.nbytes, origin=c.src, final=c.dst,
+                                           iteration=c.iteration, step=c.step,
+                                           t_submit=c.t_submit)]
+                        m.d.sync += [count("requests"), tx_waited[p].eq(0)]
+                        arm(3 * p, self.ts_ns + self.request_timeout_ns)
+                        m.next = "IDLE"
+                per(request)
+            with m.State("TMR_REQUEST"):
+                def timeout(p: int) -> None:
+                    n = tx_retries[p] + 1
+                    m.d.sync += [tx_retries[p].eq(n),
+                                 stats["polls"].eq(stats["polls"] + tx_waited[p]),
+                                 stats["retries"].eq(stats["retries"] + ~tx_waited[p])]
+                    with m.If(n > self.max_retries):
+                        m.d.comb += fail("retries", tx_cur[p].id, tx_route[p].next,
+                                         tx_cur[p].nbytes)
+                        m.next = "IDLE"
+                    with m.Else():
+                        m.next = "REQ_SEND"
+                per(timeout)
+            with m.State("TXD"):  # sent: RELEASE, and the next flow
+                def sent(p: int) -> None:
+                    with m.If(out.w_rdy):
+                        c, r = tx_cur[p], tx_route[p]
+                        m.d.comb += send("release", flow=c.id, hop=c.hop, src=self.node_id,
+                                         dst=r.next, port=p)
+                        nh = tx_head[p] + 1
+                        m.d.sync += [tx_pend[p].eq(0), tx_count[p].eq(tx_count[p] - 1),
+                                     tx_head[p].eq(Mux(nh == txq, 0, nh))]
+                        m.next = "TXN"
+                per(sent)
+
+            # --- a frame ------------------------------------------------------------------
+            with m.State("DECODE"):
+                m.d.sync += ev.eq(fport)
+                kinds = {F.codes[k]: k for k in F.codes}
+                with m.If((ver != F.version) | ~Cat(*[code == c for c in kinds]).any()):
+                    m.d.sync += count("bad_frames")
+                    m.next = "IDLE"
+                with m.Elif(code == F.codes["request"]):
+                    m.d.sync += q.eq(Cat(*[field("request", n) for n in REQ.members]))
+                    with m.If(fport >= P):
+                        m.next = "IDLE"  # a port this board does not have: dropped
+                    with m.Else():
+                        m.next = "RQ1"
+                with m.Elif(code == F.codes["grant"]):
+                    m.next = "GRANTED"
+                with m.Elif(code == F.codes["release"]):
+                    m.next = "RELEASED"
+                with m.Else():
+                    m.next = "WAITED"
+            with m.State("WAITED"):
+                m.next = "IDLE"
+                for p in range(P):
+                    c = tx_cur[p]
+                    with m.If((fport == p) & (tx_state[p] != IDLE) & (c.id == field("wait", "flow"))
+                              & (c.hop == field("wait", "hop"))):
+                        m.d.sync += [count("waits"), tx_retries[p].eq(0), tx_waited[p].eq(1)]
+            with m.State("GRANTED"):
+                ok = Signal()
+                m.d.comb += ok.eq(0)
+                for p in range(P):
+                    c = tx_cur[p]
+                    with m.If((fport == p) & (tx_state[p] == REQUESTING)
+                              & (c.id == field("grant", "flow"))
+                              & (c.hop == field("grant", "hop"))):
+                        m.d.comb += ok.eq(1)
+                        ch = field("grant", "channel")
+                        same = tx_chan_ok[p] & (tx_chan[p] == ch)
+                        tune = Mux(same, 0, self.tuning_ns)
+                        with m.If(self.ts_ns + tune + self.propagation_ns
+                                  > field("grant", "expires_ns")):
+                            m.d.sync += count("stale_grants")
+                        with m.Else():
+                            m.d.sync += [t_on[3 * p].eq(0), tx_state[p].eq(SENDING),
+                                         tx_chan[p].eq(ch), tx_chan_ok[p].eq(1)]
+                            m.d.comb += [self.start_valid.eq(1), self.start_port.eq(p),
+                                         self.start_tune.eq(~same), self.start_channel.eq(ch),
+                                         self.start_flow.eq(c)]
+                with m.If(ok):
+                    m.next = "IDLE"
+                with m.Else():
+                    stray("grant")
+            with m.State("RELEASED"):
+                ok = Signal()
+                m.d.comb += ok.eq(0)
+                for p in range(P):
+                    g = granted[p]
+                    with m.If((fport == p) & g_ok[p] & (g.flow == field("release", "flow"))
+                              & (g.hop == field("release", "hop"))):
+                        m.d.comb += ok.eq(1)
+                        m.d.sync += released[p].eq(1)
+                with m.If(ok):
+                    m.next = "IDLE"
+                    for p in range(P):
+                        with m.If((fport == p) & data_done[p]):
+                            m.d.sync += after_free.eq(0)
+                            m.next = "FREE"
+                with m.Else():
+                    stray("release")
+
+            # --- a REQUEST ----------------------------------------------------------------
+            with m.State("RQ1"):
+                def rq1(p: int) -> None:
+                    g = granted[p]
+                    with m.If(g_ok[p] & (g.flow == q.flow) & (g.hop == q.hop)):
+                        with m.If(~data_done[p] & ~self.rx_receiving[p]):
+                            m.d.sync += after_free.eq(0)
+                            m.next = "GRANT"  # our GRANT was lost: again, a fresh lease
+                        with m.Else():
+                            m.next = "IDLE"
+                    with m.Else():
+                        m.d.sync += [scan_i.eq(0), found.eq(0), scan_ret.eq(0)]
+                        m.next = "DSCAN"
+                per(rq1)
+            with m.State("RQ2"):
+                with m.If(found):
+                    m.next = "IDLE"
+                with m.Else():
+                    m.d.sync += [scan_i.eq(0), inq.eq(0), from_src.eq(0)]
+                    m.next = "QSCAN"
+            with m.State("QSCAN"):  # is it queued; how many of its sender's are
+                def qscan(p: int) -> None:
+                    with m.If(scan_i == q_count[p]):
+                        m.next = "RQ3"
+                    with m.Else():
+                        at = q_head[p] + scan_i
+                        m.d.comb += q_rd.addr.eq(p * rxq + Mux(at >= rxq, at - rxq, at))
+                        e = q_rd.data
+                        with m.If((e.flow == q.flow) & (e.hop == q.hop)):
+                            m.d.sync += inq.eq(1)
+                        with m.If(e.src == q.src):
+                            m.d.sync += from_src.eq(from_src + 1)
+                        m.d.sync += scan_i.eq(scan_i + 1)
+                per(qscan)
+            with m.State("RQ3"):
+                def rq3(p: int) -> None:
+                    n = q_count[p]
+                    wait = dict(flow=q.flow, hop=q.hop, src=self.node_id, dst=q.src, port=p)
+                    with m.If(inq), m.If(out.w_rdy):
+                        m.d.comb += send("wait", **wait, queue_position=n)
+                        m.next = "IDLE"
+                    with m.Elif(~g_ok[p]):
+                        m.d.sync += after_free.eq(0)
+                        m.next = "GRANT"
+                    with m.Elif((n >= rxq) | (from_src >= self.per_sender)):
+                        m.d.sync += count("requests_refused")
+                        m.next = "IDLE"
+                    with m.Elif(out.w_rdy):
+                        at = q_head[p] + n
+                        m.d.comb += [q_wr.en.eq(1), q_wr.data.eq(q),
+                                     q_wr.addr.eq(p * rxq + Mux(at >= rxq, at - rxq, at)),
+                                     *send("wait", **wait, queue_position=n + 1)]
+                        m.d.sync += q_count[p].eq(n + 1)
+                        m.next = "IDLE"
+                per(rq3)
+            with m.State("GRANT"):  # q gets the receiver, with a lease
+                def grant(p: int) -> None:
+                    with m.If(out.w_rdy):
+                        expires = Signal(64, name=f"expires{p}")
+                        m.d.comb += [expires.eq(self.ts_ns + self.lease_ns),
+                                     *send("grant", flow=q.flow, hop=q.hop, src=self.node_id,
+                                           dst=q.src, port=p, channel=q.channel,
+                                           expires_ns=expires)]
+                        m.d.sync += [granted[p].eq(q), g_ok[p].eq(1), data_done[p].eq(0),
+                                     released[p].eq(0), count("grants")]
+                        arm(3 * p + 1, expires + self.propagation_ns + 1)
+                        with m.If(after_free):
+                            m.next = "RXD_TAIL"
+                        with m.Else():
+                            m.next = "IDLE"
+                per(grant)
+            with m.State("TMR_LEASE"):
+                def lease(p: int) -> None:
+                    with m.If(self.rx_receiving[p]):
+                        m.next = "IDLE"  # the data is arriving
+                    with m.Else():
+                        m.d.sync += [count("revoked"), g_ok[p].eq(0), after_free.eq(0)]
+                        m.next = "GNEXT"
+                per(lease)
+            with m.State("TMR_RELEASE"):
+                m.d.sync += [count("releases_overdue"), after_free.eq(0)]
+                m.next = "FREE"
+            with m.State("FREE"):
+                def free(p: int) -> None:
+                    m.d.sync += [t_on[3 * p + 2].eq(0), g_ok[p].eq(0)]
+                per(free)
+                m.next = "GNEXT"
+            with m.State("GNEXT"):  # the next waiting REQUEST not yet delivered gets it
+                def gnext(p: int) -> None:
+                    with m.If(q_count[p] == 0):
+                        m.d.sync += g_ok[p].eq(0)
+                        with m.If(after_free):
+                            m.next = "RXD_TAIL"
+                        with m.Else():
+                            m.next = "IDLE"
+                    with m.Else():
+                        m.d.comb += q_rd.addr.eq(p * rxq + q_head[p])
+                        nh = q_head[p] + 1
+                        m.d.sync += [q.eq(q_rd.data), q_count[p].eq(q_count[p] - 1),
+                                     q_head[p].eq(Mux(nh == rxq, 0, nh)),
+                                     scan_i.eq(0), found.eq(0), scan_ret.eq(1)]
+                        m.next = "DSCAN"
+                per(gnext)
+            with m.State("GN2"):
+                with m.If(found):
+                    m.next = "GNEXT"
+                with m.Else():
+                    m.next = "GRANT"
+
+            # --- the delivered keys: is q's among them ------------------------------------
+            with m.State("DSCAN"):
+                def dscan(p: int) -> None:
+                    with m.If(found | (scan_i == d_count[p])), m.Switch(scan_ret):
+                        with m.Case(0):
+                            m.next = "RQ2"
+                        with m.Case(1):
+                            m.next = "GN2"
+                        with m.Default():
+                            m.next = "RXD2"
+                    with m.Else():
+                        m.d.comb += d_rd.addr.eq(p * dn + scan_i)
+                        with m.If((d_rd.data.flow == q.flow) & (d_rd.data.hop == q.hop)):
+                            m.d.sync += found.eq(1)
+                        m.d.sync += scan_i.eq(scan_i + 1)
+                per(dscan)
+
+            # --- a transfer received in full ------------------------------------------------
+            with m.State("RXD"):
+                def rxd(p: int) -> None:
+                    g = granted[p]
+                    m.d.sync += rx_pend[p].eq(0)
+                    with m.If(~g_ok[p] | (g.flow[:32] != rx_pflow[p]) | data_done[p]):
+                        m.d.sync += [count("unexpected_rx"), unexpected[p].eq(unexpected[p] + 1)]
+                        m.next = "IDLE"
+                    with m.Elif(rx_pbytes[p] != g.nbytes):
+                        m.d.comb += fail("short", g.flow, 0, rx_pbytes[p])
+                        m.next = "IDLE"
+                    with m.Else():
+                        m.d.sync += [q.eq(g), fin.eq(g), scan_i.eq(0), found.eq(0),
+                                     scan_ret.eq(2)]
+                        m.next = "DSCAN"
+                per(rxd)
+            with m.State("RXD2"):
+                def rxd2(p: int) -> None:
+                    with m.If(~found):  # remembered; the oldest forgotten when full
+                        m.d.comb += [d_wr.en.eq(1), d_wr.data.eq(Cat(q.flow, q.hop))]
+                        with m.If(d_count[p] < dn):
+                            m.d.comb += d_wr.addr.eq(p * dn + d_count[p])
+                            m.d.sync += d_count[p].eq(d_count[p] + 1)
+                        with m.Else():
+                            m.d.comb += d_wr.addr.eq(p * dn + d_old[p])
+                            m.d.sync += d_old[p].eq(Mux(d_old[p] == dn - 1, 0, d_old[p] + 1))
+                    m.d.sync += [data_done[p].eq(1), t_on[3 * p + 1].eq(0)]
+                    with m.If(released[p]):
+                        m.d.sync += after_free.eq(1)
+                        m.next = "FREE"
+                    with m.Else():
+                        arm(3 * p + 2, self.ts_ns + self.release_timeout_ns)
+                        m.next = "RXD_TAIL"
+                per(rxd2)
+            with m.State("RXD_TAIL"):  # delivered here, or relayed on
+                flow = Cat(fin.flow, fin.origin, fin.final, fin.nbytes, fin.iteration, fin.step,
+                           fin.hop, fin.t_submit)
+                m.d.sync += after_free.eq(0)
+                with m.If(fin.final == self.node_id):
+                    m.d.comb += [self.deliver_valid.eq(1), self.deliver_flow.eq(flow)]
+                    m.next = "IDLE"
+                with m.Else():
+                    m.d.sync += [count("relayed"), fl.eq(flow), fl.hop.eq(fin.hop + 1)]
+                    m.next = "SUB_ROUTE"
+        m.d.comb += self.busy.eq(Cat(*rx_pend, *tx_pend).any() | self.rx_tvalid
+                                 | self.submit_valid | due_now.any() | out.r_rdy
+                                 | ~fsm.ongoing("IDLE"))
+        return m

@@ -1,0 +1,359 @@
+"""The stage-2 control unit in gateware (fpga/gateware/control_unit.py), simulated cycle by
+cycle in Amaranth's simulator behind the Python `ControlUnit`'s interface, so that the model
+checker's worlds, the differential test and a run can hold one against the other.
+
+The harness plays the unit's surroundings: the MAC (a message on the bus becomes a frame
+in wire.py's layout, a frame out becomes a message), the transfer engine (a start becomes the
+O-NIC's `send` / `tune_and_send`, its completions the unit's strobes) and the host (routes,
+flows, a delivery or failure). The RTL is clocked only while it has work, at the model's
+instant of that work (as sim/devices/rtl_board.py clocks `onic_ctrl`): its timers compare
+deadlines with `ts_ns`, so an idle span changes nothing. Each armed timer is a timer on the
+model's clock, created in the order the RTL arms them; when one fires, that timer alone is
+enabled for the step, so that events at one instant happen in the model's order.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from oddl.controller.base.clock import Clock
+from oddl.controller.base.devices import Bus, ONic
+from oddl.controller.base.extras import require
+from oddl.controller.base.messages import ControlMessage, Flow
+from oddl.controller.base.telemetry import PortView
+from oddl.controller.stage1.plan import Route
+from oddl.controller.stage2.control_unit import FlowFailed, Timing
+from oddl.controller.stage2.wire import FRAME, decode_frame, encode_frame
+
+CLOCK_HZ = 250e6
+_SHOWN = ("idle", "requesting", "sending", "idle")  # the RTL's transmitter states
+
+
+@dataclass(frozen=True)
+class Bounds:
+    """The RTL's memories (the Python unit's are unbounded or larger: docs/gateware.md)."""
+
+    nodes: int = 64
+    txq: int = 16
+    rxq: int = 16
+    done: int = 64
+
+
+@dataclass
+class _Op:
+    kind: str  # routes, submit, frame, tx_done, rx_done, timer
+    port: int = 0
+    value: int = 0
+    extra: int = 0
+    done: bool = False
+    cycles: int = 0
+    # (cycle, order, what, value): what the RTL did, in the order it did it
+    effects: list[tuple[int, int, str, Any]] = field(default_factory=list)
+    state: dict[str, int] = field(default_factory=dict)  # its counters and timers after
+
+
+_FRAME_LATENCY = 1  # a frame leaves the output FIFO the cycle after it was written
+
+
+class _Core:
+    """One elaborated unit and its simulator, reused by the next unit of the same bounds
+    (reset to power-on): elaborating costs most of a second."""
+
+    def __init__(self, bounds: Bounds) -> None:
+        from amaranth.sim import Simulator
+        from oddl.fpga.gateware.control_unit import ControlUnitRTL
+
+        self.bounds = bounds
+        self.dut = ControlUnitRTL(FRAME, nodes=bounds.nodes, txq=bounds.txq, rxq=bounds.rxq,
+                                  done=bounds.done)
+        self.sim = Simulator(self.dut)
+        self.sim.add_clock(1 / CLOCK_HZ)
+        self.sim.add_testbench(self._bench, background=True)
+        self.owner: RtlControlUnit | None = None
+        self.ops: deque[_Op] = deque()
+        self.total = 0
+
+    def run(self, op: _Op) -> _Op:
+        self.ops.append(op)
+        while not op.done:
+            self.sim.advance()
+        return op
+
+    async def _bench(self, ctx: Any) -> None:
+        d = self.dut
+        P, nbw = d.ports, d.frame.width("nbytes")
+        ctx.set(d.tx_tready, 1)
+
+        async def tick(op: _Op) -> None:
+            await ctx.tick()
+            op.cycles += 1
+            self.total += 1
+            c, fx = op.cycles, op.effects
+            if ctx.get(d.tx_tvalid):
+                fx.append((c - _FRAME_LATENCY, 0, "frame", ctx.get(d.tx_tdata)))
+            if ctx.get(d.start_valid):
+                fx.append((c, 2, "start", (ctx.get(d.start_port), ctx.get(d.start_tune),
+                                           ctx.get(d.start_channel), ctx.get(d.start_flow))))
+            if ctx.get(d.deliver_valid):
+                fx.append((c, 2, "deliver", ctx.get(d.deliver_flow)))
+            if ctx.get(d.fail_valid):
+                fx.append((c, 2, "fail", (ctx.get(d.fail_code), ctx.get(d.fail_flow),
+                                          ctx.get(d.fail_peer), ctx.get(d.fail_bytes))))
+            arming = ctx.get(d.arming)
+            for i in range(3 * P):
+                if arming >> i & 1:
+                    fx.append((c, 1, "arm", i))
+
+        while True:
+            await ctx.tick()
+            while self.ops:
+                op = self.ops.popleft()
+                u = self.owner
+                assert u is not None
+                if op.kind == "routes":  # the host loads the timing, the node and its routes
+                    t = u.timing
+                    for name, v in (
+                            ("tuning_ns", t.tuning_ns), ("propagation_ns", t.propagation_ns),
+                            ("request_timeout_ns", t.request_timeout_ns),
+                            ("release_timeout_ns", t.release_timeout_ns),
+                            ("lease_ns", t.lease_ns), ("max_retries", t.max_retries),
+                            ("node_id", u.index[u.node])):
+                        ctx.set(getattr(d, name), v)
+                    ctx.set(d.route_we, 1)
+                    for dst, r in u.routes.items():
+                        ctx.set(d.route_dst, u.index[dst])
+                        ctx.set(d.route_valid, 1)
+                        ctx.set(d.route_port, u.ports.index(r.port))
+                        ctx.set(d.route_channel, r.channel)
+                        ctx.set(d.route_next, u.index[r.next_hop])
+                        await tick(op)
+                    ctx.set(d.route_we, 0)
+                ctx.set(d.ts_ns, u.clock.now_ns())
+                ctx.set(d.tag, u.tag)
+                ctx.set(d.timers_en, 1 << op.port if op.kind == "timer" else 0)
+                ctx.set(d.rx_receiving, u.receiving())
+                del u
+                if op.kind == "frame":
+                    ctx.set(d.rx_tdata, op.value)
+                    ctx.set(d.rx_tvalid, 1)
+                    while not ctx.get(d.rx_tready):
+                        await tick(op)
+                    await tick(op)
+                    ctx.set(d.rx_tvalid, 0)
+                elif op.kind == "submit":
+                    ctx.set(d.submit_flow, op.value)
+                    ctx.set(d.submit_valid, 1)
+                    while not ctx.get(d.submit_ready):
+                        await tick(op)
+                    await tick(op)
+                    ctx.set(d.submit_valid, 0)
+                elif op.kind in ("tx_done", "rx_done"):
+                    strobe = getattr(d, op.kind)
+                    if op.kind == "rx_done":
+                        ctx.set(d.rx_done_flow, op.value << 32 * op.port)
+                        ctx.set(d.rx_done_bytes, op.extra << nbw * op.port)
+                    ctx.set(strobe, 1 << op.port)
+                    await tick(op)
+                    ctx.set(strobe, 0)
+                while ctx.get(d.busy):
+                    await tick(op)
+                op.state = {k: ctx.get(getattr(d, k)) for k in (
+                    "stats", "unexpected", "armed", "due", "granted_ok", "granted_key", "tx_state",
+                    "tx_queued")}
+                op.done = True
+
+
+_CORES: dict[Bounds, list[_Core]] = {}
+
+
+def cycles_simulated() -> int:
+    """Clock cycles simulated by every unit's core in this process."""
+    return sum(c.total for cores in _CORES.values() for c in cores)
+
+
+class RtlControlUnit:
+    """A node's control unit as the RTL, with `ControlUnit`'s interface (submit, on_message,
+    on_tx_done, on_rx_done, halt, stats, ...). `nodes`: the testbed's node names in index
+    order (a frame names nodes by index)."""
+
+    def __init__(self, node: str, clock: Clock, bus: Bus, onic: ONic,
+                 routes: dict[str, Route], timing: Timing,
+                 deliver: Callable[[Flow], None], fail: Callable[[Exception], None], *,
+                 nodes: Sequence[str], bounds: Bounds = Bounds()) -> None:
+        require("gateware", "the RTL control unit (--control-model rtl)")
+        if len(nodes) > bounds.nodes:
+            raise ValueError(f"{len(nodes)} nodes: the unit's route table holds {bounds.nodes}")
+        self.node, self.clock, self.bus, self.onic = node, clock, bus, onic
+        self.routes, self.timing, self.deliver, self.fail = routes, timing, deliver, fail
+        self.names = list(nodes)
+        self.index = {n: i for i, n in enumerate(self.names)}
+        self.ports = tuple(onic.ports)
+        self.halted = False
+        self.trace = None
+        self.tag = 0
+        self.sent = 0
+        # the decisions' latency in cycles: a REQUEST in to its GRANT out, a GRANT in to
+        # the transfer engine's start (the laser's tune command)
+        self.latency: dict[str, list[int]] = {"request_to_grant": [], "grant_to_start": []}
+        self._timers: dict[int, Any] = {}
+        self._state: dict[str, int] = {}
+        cores = _CORES.setdefault(bounds, [])
+        core = next((c for c in cores if c.owner is None), None)
+        if core is None:
+            core = _Core(bounds)
+            cores.append(core)
+        else:
+            core.sim.reset()
+        core.owner, self.core = self, core
+        core.ops.clear()
+        onic.attach(self)
+        bus.attach(node, self.on_message)
+        self._do(_Op("routes"))
+
+    def release(self) -> None:
+        """The core goes back to the pool (a unit of a world the checker dropped)."""
+        if self.core.owner is self:
+            self.core.owner = None
+
+    # --- what the Python unit offers --------------------------------------------------------
+    @property
+    def stats(self) -> dict[str, int]:
+        from oddl.fpga.gateware.control_unit import STATS
+
+        word = self._state["stats"]
+        out = {k: word >> 32 * i & 0xFFFFFFFF for i, k in enumerate(STATS)}
+        if not out["bad_frames"]:  # the Python unit's counters, and this one when it counts
+            del out["bad_frames"]
+        return out
+
+    @property
+    def unexpected_rx(self) -> dict[str, int]:
+        word = self._state["unexpected"]
+        return {p: word >> 32 * i & 0xFFFFFFFF for i, p in enumerate(self.ports)}
+
+    def _tx(self) -> list[tuple[int, int]]:
+        """Each transmitter's (state, flows queued, the current one among them)."""
+        s, q = self._state.get("tx_state", 0), self._state.get("tx_queued", 0)
+        return [(s >> 2 * i & 3, q >> 16 * i & 0xFFFF) for i in range(len(self.ports))]
+
+    def transmitting(self) -> bool:
+        return any(state for state, _ in self._tx())
+
+    def in_flight(self) -> int:
+        return sum(bool(state) for state, _ in self._tx()) + \
+            bin(self._state.get("granted_ok", 0)).count("1")
+
+    def ports_view(self) -> dict[str, PortView]:
+        """Each transmitter for the dashboard: its state and queue (the channel, flow and
+        peer stay in the RTL)."""
+        return {p: PortView(_SHOWN[state], queued=max(queued - 1, 0))  # type: ignore[arg-type]
+                for p, (state, queued) in zip(self.ports, self._tx(), strict=True)}
+
+    def receiving(self) -> int:
+        """Per port, whether the granted flow's light is arriving (the receive path compares
+        its current transfer with the grant)."""
+        ok, keys = self._state.get("granted_ok", 0), self._state.get("granted_key", 0)
+        fw, hw = FRAME.width("flow"), FRAME.width("hop")
+        out = 0
+        for i, p in enumerate(self.ports):
+            k = keys >> (fw + hw) * i
+            flow, hop = k & (1 << fw) - 1, k >> fw & (1 << hw) - 1
+            if ok >> i & 1 and self.onic.rx_receiving(p, flow, hop):
+                out |= 1 << i
+        return out
+
+    # --- events in --------------------------------------------------------------------------
+    def submit(self, flow: Flow) -> None:
+        if not self.halted:
+            self._do(_Op("submit", value=self._flow_word(flow)))
+
+    def on_message(self, m: ControlMessage) -> None:
+        if not self.halted:
+            self._do(_Op("frame", value=encode_frame(m, self.index, self.ports)))
+
+    def on_tx_done(self, port: str, flow: Flow) -> None:
+        if not self.halted:
+            self._do(_Op("tx_done", self.ports.index(port)))
+
+    def on_rx_done(self, port: str, flow_id_lo: int, nbytes: int) -> None:
+        if not self.halted:
+            self._do(_Op("rx_done", self.ports.index(port), flow_id_lo, nbytes))
+
+    def _wake(self, i: int) -> None:
+        self._timers.pop(i, None)
+        if not self.halted:
+            self._do(_Op("timer", i))
+
+    def halt(self) -> None:
+        """The job is over here: nothing more is heard, and the core goes back to the pool
+        (what the unit counted stays readable)."""
+        self.halted = True
+        for t in self._timers.values():
+            t.cancel()
+        self._timers.clear()
+        self.release()
+
+    # --- what the RTL did -------------------------------------------------------------------
+    def _do(self, op: _Op) -> None:
+        self.core.run(op)
+        self._state = op.state
+        armed, due = op.state["armed"], op.state["due"]
+        for cycle, _, what, v in sorted(op.effects, key=lambda e: (e[0], e[1])):
+            if what == "frame":
+                msg = decode_frame(v, self.names, self.ports)
+                if op.kind == "frame" and type(msg).__name__ == "Grant":
+                    self.latency["request_to_grant"].append(cycle)
+                self.sent += 1
+                self.bus.send(self.node, msg.dst, msg)
+            elif what == "arm":
+                old = self._timers.pop(v, None)
+                if old is not None:
+                    old.cancel()
+                if armed >> v & 1:
+                    self._timers[v] = self.clock.call_at_ns(
+                        due >> 64 * v & (1 << 64) - 1, self._wake, v)
+            elif what == "start":
+                port, tune, channel, word = v
+                self.latency["grant_to_start"].append(cycle)
+                flow = self._flow(word)
+                if tune:
+                    self.onic.tune_and_send(self.ports[port], channel, flow)
+                else:
+                    self.onic.send(self.ports[port], flow)
+            elif what == "deliver":
+                self.deliver(self._flow(v))
+            else:
+                self.fail(self._failure(*v))
+        for i in [i for i in self._timers if not armed >> i & 1]:
+            self._timers.pop(i).cancel()
+
+    def _flow_word(self, f: Flow) -> int:
+        from oddl.fpga.gateware.control_unit import flow_word
+
+        return flow_word(FRAME, f.id, self.index[f.src], self.index[f.dst], f.nbytes,
+                         f.iteration, f.step, f.hop, f.t_submit)
+
+    def _flow(self, word: int) -> Flow:
+        from oddl.fpga.gateware.control_unit import flow_fields
+
+        v = flow_fields(FRAME, word)
+        return Flow(v["id"], self.names[v["src"]], self.names[v["dst"]], v["nbytes"],
+                    v["iteration"], v["step"], v["hop"], v["t_submit"])
+
+    def _failure(self, code: int, flow: int, peer: int, nbytes: int) -> FlowFailed:
+        from oddl.fpga.gateware.control_unit import FAILS
+
+        what = {v: k for k, v in FAILS.items()}.get(code, str(code))
+        if what == "retries":
+            return FlowFailed(f"{self.node}: flow {flow} via {self.names[peer]} got no GRANT "
+                              f"after {self.timing.max_retries} retries", self.names[peer])
+        if what == "no_route":
+            return FlowFailed(f"{self.node}: no route to {self.names[peer]} for flow {flow}")
+        if what == "short":
+            return FlowFailed(f"{self.node}: flow {flow} arrived with {nbytes} bytes, not "
+                              f"the granted size")
+        return FlowFailed(f"{self.node}: flow {flow}: the transmitter's queue is full "
+                          f"({what})")
