@@ -1,0 +1,161 @@
+"""The stage-2 control unit in gateware (fpga/gateware/control_unit.py) held to the Python
+unit: the frame format both speak, the model checker's worlds in lockstep (every path of the
+smallest, random walks with forged events of the others), the RTL's bounds, and Table 1
+with the RTL in the loop."""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import sqlite3
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+from hypothesis import given
+from hypothesis import strategies as st
+from oddl.app.cli.main import main
+from oddl.controller.base.messages import ControlMessage, Grant, Release, Request, Wait
+from oddl.controller.stage2 import verify as V
+from oddl.controller.stage2.wire import FRAME, BusDecodeError, decode_frame, encode_frame
+from oddl.sim.devices import rtl_lockstep as L
+from oddl.sim.devices.rtl_control_unit import Bounds, RtlControlUnit
+
+ROOT = Path(__file__).resolve().parent.parent
+NODES = ["n0", "n1", "n2", "n3"]
+PORTS = ("H", "V")
+
+
+@pytest.fixture(autouse=True)
+def _quiet() -> Iterator[None]:
+    """Strays and refusals are logged by the hundred in these worlds: expected."""
+    log = logging.getLogger("oddl.controller.stage2")
+    level, log.level = log.level, logging.CRITICAL
+    yield
+    log.setLevel(level)
+
+
+u = st.integers(0, (1 << 31) - 1)
+node, port = st.sampled_from(NODES), st.sampled_from(PORTS)
+messages = st.one_of(
+    st.builds(Request, u, st.integers(0, 255), node, node, port, st.integers(0, 255), u, node,
+              node, u, u, u),
+    st.builds(Grant, u, st.integers(0, 255), node, node, port, st.integers(0, 255), u),
+    st.builds(Release, u, st.integers(0, 255), node, node, port),
+    st.builds(Wait, u, st.integers(0, 255), node, node, port, st.integers(0, 4096)))
+
+
+@given(messages)
+def test_a_frame_gives_back_the_message_it_was_made_from(m: ControlMessage) -> None:
+    index = {n: i for i, n in enumerate(NODES)}
+    word = encode_frame(m, index, PORTS)
+    assert word < 1 << 512  # one beat of the MAC's stream
+    assert decode_frame(word, NODES, PORTS) == m
+
+
+def test_a_frame_refuses_what_it_cannot_carry_and_names_why() -> None:
+    index = {n: i for i, n in enumerate(NODES)}
+    with pytest.raises(ValueError, match="hop = 256 does not fit the frame's 8 bits"):
+        encode_frame(Release(1, 256, "n0", "n1", "H"), index, PORTS)
+    with pytest.raises(ValueError, match="'n9' is no node here"):
+        encode_frame(Release(1, 0, "n0", "n9", "H"), index, PORTS)
+    good = encode_frame(Release(1, 0, "n0", "n1", "V"), index, PORTS)
+    at, _ = FRAME.fields["release"]["port"]
+    for word, why in ((good ^ 1, "frame version 0"), (good | 0xF00, "type code 15"),
+                      (good | 7 << at, "port index 7")):
+        with pytest.raises(BusDecodeError, match=why):
+            decode_frame(word, NODES, PORTS)
+
+
+def test_the_rtl_reaches_every_state_of_the_smallest_configurations_as_python_does() -> None:
+    """Every state `oddl verify stage2` explores of one flow between two nodes, under loss,
+    duplication, reordering and delay, reached in the RTL world by the same events: the
+    messages in flight, deliveries, failures and every counter agree after each."""
+    out = L.every_path(nodes=2, flows=1)
+    assert out.differences == []
+    assert out.walks >= 80 and out.steps >= 600  # the paths to all 232 states
+
+
+def test_random_walks_with_forged_events_find_no_difference() -> None:
+    """Each of the checker's configurations of up to four nodes and two flows a sender,
+    walked from several seeds, with stale, foreign and short events injected."""
+    out = L.walks(nodes=4, flows=2, seeds=6, forge=True)
+    assert out.differences == []
+    assert out.forged > 50 and out.finals >= out.walks // 2, out
+
+
+def test_a_completion_reported_twice_under_one_grant_is_not_relayed_again() -> None:
+    """Found by the lockstep (a forged completion): the Python unit relayed the flow a
+    second time (a copy its next hop would never grant) and left a RELEASE timer behind
+    it. A grant is one transfer: the second report counts as unexpected, in both units."""
+    cfg = next(c for c in V.configurations(3, 1) if c.name == "a relay hop")
+    for unit in (V.ControlUnit, functools.partial(RtlControlUnit, nodes=cfg.nodes)):
+        w = V.World(cfg, frozenset(), unit)  # type: ignore[arg-type]
+        rx = "n1"
+        while not w.units[rx].stats["relayed"]:  # until the first leg is in at n1, its
+            evs = w.events()                     # RELEASE still on its way (timers first)
+            w.do(*next((e for e in evs if e[0] == "tick"), evs[0]))
+        before = dict(w.units[rx].stats)
+        w.units[rx].on_rx_done("H", 1, 1000)  # type: ignore[attr-defined]
+        after = w.units[rx].stats
+        assert after["relayed"] == before["relayed"] == 1, unit
+        assert after["unexpected_rx"] == before["unexpected_rx"] + 1, unit
+        while w.events():
+            w.do(*w.events()[0])
+        assert w.failed is None and sorted(w.delivered) == [1, 2], unit
+        for x in w.units.values():
+            getattr(x, "release", lambda: None)()
+
+
+def test_a_full_waiting_queue_refuses_the_next_request() -> None:
+    """The RTL's waiting REQUESTs are a memory of `rxq` entries (the Python unit's bound is
+    4,096): one more is refused and counted, and its sender gets it later by retrying."""
+    nodes = ("n0", "n1", "n2", "n3", "n4")
+    cfg = V.Config("four senders", nodes, tuple((n, "n4") for n in nodes[:4]))
+    w = V.World(cfg, frozenset(), functools.partial(  # type: ignore[arg-type]
+        RtlControlUnit, nodes=nodes, bounds=Bounds(nodes=8, rxq=2)))
+    try:
+        while w.inflight:  # the four REQUESTs, and the answers
+            w.do("deliver", 0)
+        assert w.units["n4"].stats["requests_refused"] == 1
+        assert w.units["n4"].stats["waits"] == 0  # (a transmitter's count of WAITs heard)
+        while w.events() and not w.done():
+            w.do(*w.events()[0])
+        assert w.failed is None and sorted(w.delivered) == [1, 2, 3, 4]
+    finally:
+        for x in w.units.values():
+            x.release()  # type: ignore[attr-defined]
+
+
+def _tables(run: Path) -> dict[str, list[tuple[object, ...]]]:
+    db = sqlite3.connect(run / "results.sqlite")
+    names = [t for (t,) in db.execute("select name from sqlite_master where type='table'")]
+    return {t: sorted(db.execute(f"select * from {t}").fetchall(), key=repr) for t in names}
+
+
+def test_table1_with_the_rtl_control_units_is_the_python_run_and_reports_latency(
+        tmp_path: Path) -> None:
+    exp = str(ROOT / "experiments" / "table1-resnet50.toml")
+    out = {}
+    for model in ("python", "rtl"):
+        r = CliRunner().invoke(main, ["run", exp, "--iterations", "3", "--json",
+                                      "--control-model", model, "--out", str(tmp_path / model)])
+        assert r.exit_code == 0, r.output
+        out[model] = json.loads(r.output[r.output.index("{"):])
+    py, rtl = out["python"]["networks"]["oddl"], out["rtl"]["networks"]["oddl"]
+    cu = rtl.pop("control_unit")
+    assert py == rtl and py["invariant_violations"] == 0 and py["flows"] == 48
+    assert cu["request_to_grant_cycles"]["count"] == 48  # every flow's GRANT, at once
+    assert 0 < cu["request_to_grant_cycles"]["min"] <= cu["request_to_grant_cycles"]["max"]
+    assert cu["grant_to_start_cycles"]["count"] == 48
+    a, b = _tables(tmp_path / "python"), _tables(tmp_path / "rtl")
+    assert a["iterations"] == b["iterations"] and a["flows"] == b["flows"]
+    assert len(a["flows"]) == 96
+
+
+def test_the_control_model_is_refused_where_it_cannot_run() -> None:
+    r = CliRunner().invoke(main, ["run", str(ROOT / "experiments" / "table1-resnet50.toml"),
+                                  "--backend", "emu", "--control-model", "rtl"])
+    assert r.exit_code == 2 and "--control-model: sim only" in r.output, r.output
