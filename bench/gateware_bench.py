@@ -1,9 +1,12 @@
 """The gateware in the loop, in figures (printed, not asserted): `python bench/gateware_bench.py`.
 
-Runs Table 1's ODDL network for a few iterations with every O-NIC as the simulated RTL
-(`--board-model rtl`) and as the Python model, and prints the wall time of each, the clock
-cycles the RTL simulated, and cycles per second. The iteration times must agree to the
-nanosecond (tests/test_gateware.py holds the model and the RTL to each other).
+Runs Table 1's ODDL network for a few iterations with the Python models, with every O-NIC's
+register IP as the simulated RTL (`--board-model rtl`), and with every O-NIC's stage-2
+control unit as the simulated RTL (`--control-model rtl`), and prints the wall time of
+each, the clock cycles the RTL simulated, cycles per second of the run and of the
+simulator alone, and the control unit's decision latencies. The iteration times must agree
+to the nanosecond (tests/test_gateware.py and tests/test_control_unit_rtl.py hold the models
+and the RTL to each other).
 """
 
 from __future__ import annotations
@@ -19,7 +22,24 @@ sys.path.insert(0, str(ROOT))
 
 from oddl.app.experiments.runner import run_experiment  # noqa: E402
 from oddl.controller.base.config import load_experiment  # noqa: E402
-from oddl.sim.devices.rtl_board import CLOCK_HZ, cycles_simulated  # noqa: E402
+from oddl.sim.devices import rtl_board, rtl_control_unit  # noqa: E402
+
+CLOCK_HZ = rtl_board.CLOCK_HZ
+
+
+def _timed(core: type) -> list[float]:
+    """Wall time spent in the simulator (each core's `run`), from now on."""
+    spent = [0.0]
+    run = core.run
+
+    def timed(self: object, op: object) -> object:
+        t0 = time.perf_counter()
+        try:
+            return run(self, op)
+        finally:
+            spent[0] += time.perf_counter() - t0
+    core.run = timed  # type: ignore[attr-defined]
+    return spent
 
 
 def main() -> None:
@@ -28,21 +48,39 @@ def main() -> None:
     args = ap.parse_args()
     base = load_experiment(ROOT / "experiments" / "table1-resnet50.toml")
     times = {}
-    for model in ("python", "rtl"):
-        ctx = dataclasses.replace(base, testbed=base.testbed.with_board_model(model))
-        c0, t0 = cycles_simulated(), time.perf_counter()
+    sims = {"board": (rtl_board, _timed(rtl_board._Core)),
+            "control": (rtl_control_unit, _timed(rtl_control_unit._Core))}
+    for what in ("python", "board", "control"):
+        tb = base.testbed
+        if what == "board":
+            tb = tb.with_board_model("rtl")
+        elif what == "control":
+            tb = tb.with_control_model("rtl")
+        ctx = dataclasses.replace(base, testbed=tb)
+        c0 = {k: m.cycles_simulated() for k, (m, _) in sims.items()}
+        s0 = {k: spent[0] for k, (_, spent) in sims.items()}
+        t0 = time.perf_counter()
         res = run_experiment(ctx, iterations=args.iterations)
         wall = time.perf_counter() - t0
         net = res.networks["oddl"]
-        times[model] = net.iteration_time_s
-        line = f"{model:>6}: {wall:6.2f} s wall, {net.flows} ODDL flows, iteration " \
+        times[what] = net.iteration_time_s
+        label = {"python": "python", "board": "--board-model rtl",
+                 "control": "--control-model rtl"}[what]
+        line = f"{label:>20}: {wall:6.2f} s wall, {net.flows} ODDL flows, iteration " \
                f"{net.iteration_time_s * 1e3:.6f} ms"
-        if model == "rtl":
-            cyc = cycles_simulated() - c0
+        if what in sims:
+            mod, spent = sims[what]
+            cyc = mod.cycles_simulated() - c0[what]
+            in_sim = spent[0] - s0[what]
             line += (f", {cyc:,} RTL cycles ({cyc / CLOCK_HZ * 1e6:.1f} us of a 250 MHz "
-                     f"clock), {cyc / wall:,.0f} cycles/s")
+                     f"clock), {cyc / wall:,.0f} cycles/s of the run, {cyc / in_sim:,.0f} "
+                     f"cycles/s in the simulator ({in_sim:.2f} s)")
         print(line)
-    print("iteration times agree to the ns:", abs(times["python"] - times["rtl"]) < 1e-9)
+        if net.control_unit:
+            print(" " * 22 + "decision latency in cycles:", {
+                k: v for k, v in net.control_unit.items() if k.endswith("_cycles")})
+    print("iteration times agree to the ns:",
+          all(abs(times["python"] - t) < 1e-9 for t in times.values()))
 
 
 if __name__ == "__main__":

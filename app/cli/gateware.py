@@ -36,26 +36,45 @@ def verilog(out: Path) -> None:
 
 @gateware.command()
 @click.option("--verilog", "source", type=click.Path(path_type=Path, exists=True),
-              default=None, help="synthesise this Verilog (default: generate it)")
+              default=None, help="synthesise this Verilog of onic_ctrl alone (default: "
+                                 "generate onic_ctrl and the control unit)")
 @click.option("--json", "as_json", is_flag=True, help="stdout: exactly one JSON object")
 def synth(source: Path | None, as_json: bool) -> None:
-    """Yosys synth_xilinx for Zynq UltraScale+: LUTs, flip-flops, BRAMs, DSPs (about 2 min)."""
+    """Yosys synth_xilinx for Zynq UltraScale+: LUTs, flip-flops, BRAMs, DSPs of onic_ctrl
+    and, apart, of the stage-2 control unit (ctrl_unit, at a board's bounds): about 4 min."""
     import tempfile
 
+    from oddl.controller.stage2.wire import FRAME
     from oddl.fpga.gateware.build import CLOCK_MHZ, GatewareError, synth, write_verilog
+    from oddl.fpga.gateware.control_unit import BUILD, ControlUnitRTL
 
+    keys = ("luts", "ffs", "brams", "dsps", "lutram")
     try:
         with tempfile.TemporaryDirectory(prefix="oddl-gw-") as d:
             res = synth(source or write_verilog(Path(d)))
+            cu = None if source else synth(write_verilog(
+                Path(d), ControlUnitRTL(FRAME, **BUILD), "ctrl_unit"), "ctrl_unit")
     except GatewareError as e:
         click.echo(f"error: {e}", err=True)
         sys.exit(2)
+    timing = (f"designed for {CLOCK_MHZ} MHz; no estimate of the clock it reaches: Yosys has "
+              "no UltraScale+ timing model (Vivado's timing report, in the recipe's build)")
     if as_json:
-        emit({k: res[k] for k in ("luts", "ffs", "brams", "dsps", "lutram")})
+        out = {k: res[k] for k in keys} | {"clock": timing}
+        if cu is not None:
+            out["control_unit"] = {k: cu[k] for k in keys} | {"bounds": BUILD}
+        emit(out)
         return
-    click.echo(f"onic_ctrl for Zynq UltraScale+ (Yosys synth_xilinx, designed for "
-               f"{CLOCK_MHZ} MHz): {res['luts']} LUTs, {res['ffs']} flip-flops, "
-               f"{res['brams']:g} BRAM36, {res['lutram']} LUTRAM cells, {res['dsps']} DSPs")
+    click.echo(f"onic_ctrl for Zynq UltraScale+ (Yosys synth_xilinx): {res['luts']} LUTs, "
+               f"{res['ffs']} flip-flops, {res['brams']:g} BRAM36, {res['lutram']} LUTRAM "
+               f"cells, {res['dsps']} DSPs")
+    if cu is not None:
+        click.echo(f"ctrl_unit (the stage-2 control unit; {BUILD['nodes']} routes, "
+                   f"{BUILD['txq']} flows, {BUILD['rxq']} waiting REQUESTs and "
+                   f"{BUILD['done']} delivered keys a port): {cu['luts']} LUTs, {cu['ffs']} "
+                   f"flip-flops, {cu['brams']:g} BRAM36, {cu['lutram']} LUTRAM cells, "
+                   f"{cu['dsps']} DSPs")
+    click.echo(timing)
 
 
 @gateware.command()

@@ -1,2 +1,3 @@
-"""The O-NIC's control IP in Amaranth HDL: `onic_ctrl` (the design) and `build` (its
-Verilog, a Yosys synthesis, the Vivado recipe's place)."""
+"""The O-NIC's gateware in Amaranth HDL: `onic_ctrl` (the register IP), `control_unit` (the
+stage-2 control unit) and `build` (their Verilog, a Yosys synthesis, the Vivado recipe's
+place)."""

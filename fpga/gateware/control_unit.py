@@ -28,6 +28,7 @@ from amaranth import Cat, Const, Module, Mux, Signal
 from amaranth.lib import data, fifo, wiring
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
+from oddl.fpga import regmap as R
 from oddl.fpga.frame import BEAT_BITS, FrameFormat
 
 STATS = ("requests", "retries", "polls", "grants", "revoked", "waits", "stale_grants",
@@ -36,6 +37,9 @@ STATS = ("requests", "retries", "polls", "grants", "revoked", "waits", "stale_gr
 FAILS = {"no_route": 1, "retries": 2, "short": 3, "queue_full": 4}
 TIMERS = ("request", "lease", "release")  # per port; timer 3 * port + k
 IDLE, REQUESTING, SENDING = 0, 1, 2
+# the bounds of a board's build (`oddl gateware synth`): a route per node of the route
+# table's 1,024, and 64 flows, waiting REQUESTs and delivered keys a port
+BUILD = {"nodes": R.ROUTE_ENTRIES, "txq": 64, "rxq": 64, "done": 64}
 _PORT_BITS = 2
 
 
@@ -124,6 +128,7 @@ class ControlUnitRTL(wiring.Component):
             # each transmitter's state (IDLE, REQUESTING, SENDING) and queued flows
             "tx_state": Out(2 * P), "tx_queued": Out(16 * P),
             "busy": Out(1),
+            "effect": Out(1),  # a frame, start, delivery, failure or arming is out
         })
 
     def elaborate(self, platform: object) -> Module:
@@ -595,6 +600,8 @@ class ControlUnitRTL(wiring.Component):
                 with m.Else():
                     m.d.sync += [count("relayed"), fl.eq(flow), fl.hop.eq(fin.hop + 1)]
                     m.next = "SUB_ROUTE"
+        m.d.comb += self.effect.eq(out.r_rdy | self.start_valid | self.deliver_valid
+                                   | self.fail_valid | self.arming.any())
         m.d.comb += self.busy.eq(Cat(*rx_pend, *tx_pend).any() | self.rx_tvalid
                                  | self.submit_valid | due_now.any() | out.r_rdy
                                  | ~fsm.ongoing("IDLE"))

@@ -26,6 +26,7 @@ from oddl.controller.base.messages import ControlMessage, Flow
 from oddl.controller.base.telemetry import PortView
 from oddl.controller.stage1.plan import Route
 from oddl.controller.stage2.control_unit import FlowFailed, Timing
+from oddl.controller.stage2.trace import Tracer
 from oddl.controller.stage2.wire import FRAME, decode_frame, encode_frame
 
 CLOCK_HZ = 250e6
@@ -91,6 +92,8 @@ class _Core:
             await ctx.tick()
             op.cycles += 1
             self.total += 1
+            if not ctx.get(d.effect):
+                return
             c, fx = op.cycles, op.effects
             if ctx.get(d.tx_tvalid):
                 fx.append((c - _FRAME_LATENCY, 0, "frame", ctx.get(d.tx_tdata)))
@@ -192,7 +195,7 @@ class RtlControlUnit:
         self.index = {n: i for i, n in enumerate(self.names)}
         self.ports = tuple(onic.ports)
         self.halted = False
-        self.trace = None
+        self.trace: Tracer | None = None  # (the RTL keeps no timeline)
         self.tag = 0
         self.sent = 0
         # the decisions' latency in cycles: a REQUEST in to its GRANT out, a GRANT in to

@@ -8,7 +8,8 @@ earliest timer), applies the same event, chosen by what it is, to the RTL world,
 `forge` sometimes injects what no well-behaved peer sends (a REQUEST, GRANT, RELEASE or WAIT
 of a flow that is not current, another job's, for the other port; a transfer reported that
 was never granted, or short). After every step the two worlds must agree: the messages in
-flight, the flows delivered, a failure, every unit's counters. The first disagreement ends
+flight, the flows delivered, a failure, every unit's counters, every O-NIC's transfers
+(tunes, channels, light), and when each node's timers are due. The first disagreement ends
 the walk and is returned.
 """
 
@@ -53,7 +54,12 @@ def _state(w: V.World) -> tuple[Any, ...]:
             sorted(w.delivered.items()), w.failed is None, list(w.violations),
             {x: {k: v for k, v in u.stats.items() if k != "bad_frames"}
              for x, u in sorted(w.units.items())},
-            {x: dict(u.unexpected_rx) for x, u in sorted(w.units.items())})
+            {x: dict(u.unexpected_rx) for x, u in sorted(w.units.items())},
+            # the O-NICs: which ports send until when, on which channel, what light arrives
+            [(x, sorted(o.busy.items()), dict(o.channel), {p: list(a) for p, a in
+                                                          o.arriving.items()})
+             for x, o in sorted(w.onics.items())],
+            sorted((t.due, V._owner(t.fn)) for t in w.clock.heap if not t.cancelled))
 
 
 def _forgery(w: V.World, rnd: random.Random) -> tuple[str, Any]:
@@ -107,7 +113,7 @@ class _Pair:
             return None
         return "\n".join(f"  {k}: python {x!r}, rtl {y!r}" for k, x, y in zip(
             ("time", "in flight", "delivered", "running", "violations", "counters",
-             "unexpected"), a, b, strict=True) if x != y)
+             "unexpected", "O-NICs", "timers"), a, b, strict=True) if x != y)
 
     def step(self, want: tuple[Any, ...]) -> str | None:
         """The event `want` (as `_what` names it) in both worlds; None, or why not."""
