@@ -221,7 +221,7 @@ def open_core(soc: Any, soccfg: Any, adc_channel: int = 0) -> Any:
 
 
 def rtl_lockstep(nodes: int, flows: int, walks: int, every: bool, forge: bool,
-                 faults: frozenset[str]) -> dict[str, Any]:
+                 faults: frozenset[str], simulator: str = "amaranth") -> dict[str, Any]:
     """The RTL control unit held to the Python one on the model checker's worlds
     (sim/devices/rtl_lockstep.py): every path of the small configurations and/or random
     walks of the larger ones; `oddl verify rtl`'s verdict."""
@@ -237,9 +237,11 @@ def rtl_lockstep(nodes: int, flows: int, walks: int, every: bool, forge: bool,
     level, quiet.level = quiet.level, logging.CRITICAL
     try:
         if every:
-            out["every_path"] = dataclasses.asdict(L.every_path(min(nodes, 3), flows, faults))
+            out["every_path"] = dataclasses.asdict(L.every_path(min(nodes, 3), flows, faults,
+                                                                simulator))
         if walks:
-            out["walks"] = dataclasses.asdict(L.walks(nodes, flows, walks, forge, faults))
+            out["walks"] = dataclasses.asdict(L.walks(nodes, flows, walks, forge, faults,
+                                                      simulator=simulator))
     finally:
         quiet.setLevel(level)
     out["differences"] = sum(len(v["differences"]) for v in out.values())

@@ -50,12 +50,20 @@ def main() -> None:
     times = {}
     sims = {"board": (rtl_board, _timed(rtl_board._Core)),
             "control": (rtl_control_unit, _timed(rtl_control_unit._Core))}
-    for what in ("python", "board", "control"):
+    sims["verilator"] = sims["control"]
+    for what in ("python", "board", "control", "verilator"):
         tb = base.testbed
         if what == "board":
             tb = tb.with_board_model("rtl")
         elif what == "control":
             tb = tb.with_control_model("rtl")
+        elif what == "verilator":
+            tb = tb.with_control_model("rtl", "verilator")
+            from oddl.fpga.gateware import verilated
+            t0 = time.perf_counter()
+            verilated.build(rtl_control_unit._design(rtl_control_unit.Bounds()), "ctrl_unit")
+            print(f"{'':>22}Verilator's library: {time.perf_counter() - t0:.1f} s (cached after "
+                  f"the first build)")
         ctx = dataclasses.replace(base, testbed=tb)
         c0 = {k: m.cycles_simulated() for k, (m, _) in sims.items()}
         s0 = {k: spent[0] for k, (_, spent) in sims.items()}
@@ -65,7 +73,7 @@ def main() -> None:
         net = res.networks["oddl"]
         times[what] = net.iteration_time_s
         label = {"python": "python", "board": "--board-model rtl",
-                 "control": "--control-model rtl"}[what]
+                 "control": "--control-model rtl", "verilator": "... --rtl-sim verilator"}[what]
         line = f"{label:>20}: {wall:6.2f} s wall, {net.flows} ODDL flows, iteration " \
                f"{net.iteration_time_s * 1e3:.6f} ms"
         if what in sims:

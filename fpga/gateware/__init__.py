@@ -1,3 +1,3 @@
 """The O-NIC's gateware in Amaranth HDL: `onic_ctrl` (the register IP), `control_unit` (the
-stage-2 control unit) and `build` (their Verilog, a Yosys synthesis, the Vivado recipe's
-place)."""
+stage-2 control unit), `build` (their Verilog, a Yosys synthesis, the Vivado recipe's
+place) and `verilated` (a design compiled by Verilator, driven from Python)."""

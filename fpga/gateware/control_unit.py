@@ -256,7 +256,13 @@ class ControlUnitRTL(wiring.Component):
                 m.d.sync += count("stray")
             m.next = "IDLE"
 
-        with m.FSM(name="exec") as fsm:
+        clearing = Signal(range(self.nodes))
+        with m.FSM(name="exec", init="CLEAR") as fsm:
+            with m.State("CLEAR"):  # out of reset: no route is left from before it
+                m.d.comb += [r_wr.en.eq(1), r_wr.addr.eq(clearing), r_wr.data.eq(0)]
+                m.d.sync += clearing.eq(clearing + 1)
+                with m.If(clearing == self.nodes - 1):
+                    m.next = "IDLE"
             with m.State("IDLE"):
                 with m.If(self.halt):  # the job is over here: everything is dropped
                     m.d.comb += [self.rx_tready.eq(1), self.submit_ready.eq(1)]

@@ -15,9 +15,10 @@ enabled for the step, so that events at one instant happen in the model's order.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from pathlib import Path
+from typing import Any, Protocol
 
 from oddl.controller.base.clock import Clock
 from oddl.controller.base.devices import Bus, ONic
@@ -59,17 +60,98 @@ class _Op:
 _FRAME_LATENCY = 1  # a frame leaves the output FIFO the cycle after it was written
 
 
+class _IO(Protocol):
+    """A simulator's ports, by name: `set` an input, `get` a (settled) output."""
+
+    def set(self, name: str, value: int) -> None: ...
+    def get(self, name: str) -> int: ...
+
+
+def _drive(io: _IO, u: RtlControlUnit, op: _Op, ports: int, nbw: int) -> Iterator[None]:
+    """One event into the unit, as its surroundings would present it: yields for each
+    clock edge (the caller's simulator ticks), and after each, takes what came out."""
+
+    def tick() -> Iterator[None]:
+        yield
+        op.cycles += 1
+        if not io.get("effect"):
+            return
+        c, fx = op.cycles, op.effects
+        if io.get("tx_tvalid"):
+            fx.append((c - _FRAME_LATENCY, 0, "frame", io.get("tx_tdata")))
+        if io.get("start_valid"):
+            fx.append((c, 2, "start", (io.get("start_port"), io.get("start_tune"),
+                                       io.get("start_channel"), io.get("start_flow"))))
+        if io.get("deliver_valid"):
+            fx.append((c, 2, "deliver", io.get("deliver_flow")))
+        if io.get("fail_valid"):
+            fx.append((c, 2, "fail", (io.get("fail_code"), io.get("fail_flow"),
+                                      io.get("fail_peer"), io.get("fail_bytes"))))
+        arming = io.get("arming")
+        for i in range(3 * ports):
+            if arming >> i & 1:
+                fx.append((c, 1, "arm", i))
+
+    if op.kind == "routes":  # the host loads the timing, the node and its routes
+        while io.get("busy"):  # once the unit has cleared its route table
+            yield from tick()
+        t = u.timing
+        for name, v in (("tuning_ns", t.tuning_ns), ("propagation_ns", t.propagation_ns),
+                        ("request_timeout_ns", t.request_timeout_ns),
+                        ("release_timeout_ns", t.release_timeout_ns),
+                        ("lease_ns", t.lease_ns), ("max_retries", t.max_retries),
+                        ("node_id", u.index[u.node]), ("tx_tready", 1)):
+            io.set(name, v)
+        io.set("route_we", 1)
+        for dst, r in u.routes.items():
+            io.set("route_dst", u.index[dst])
+            io.set("route_valid", 1)
+            io.set("route_port", u.ports.index(r.port))
+            io.set("route_channel", r.channel)
+            io.set("route_next", u.index[r.next_hop])
+            yield from tick()
+        io.set("route_we", 0)
+    io.set("ts_ns", u.clock.now_ns())
+    io.set("tag", u.tag)
+    io.set("timers_en", 1 << op.port if op.kind == "timer" else 0)
+    io.set("rx_receiving", u.receiving())
+    if op.kind in ("frame", "submit"):
+        valid, ready, data = {"frame": ("rx_tvalid", "rx_tready", "rx_tdata"),
+                              "submit": ("submit_valid", "submit_ready", "submit_flow")}[op.kind]
+        io.set(data, op.value)
+        io.set(valid, 1)
+        while not io.get(ready):
+            yield from tick()
+        yield from tick()
+        io.set(valid, 0)
+    elif op.kind in ("tx_done", "rx_done"):
+        if op.kind == "rx_done":
+            io.set("rx_done_flow", op.value << 32 * op.port)
+            io.set("rx_done_bytes", op.extra << nbw * op.port)
+        io.set(op.kind, 1 << op.port)
+        yield from tick()
+        io.set(op.kind, 0)
+    while io.get("busy"):
+        yield from tick()
+    op.state = {k: io.get(k) for k in ("stats", "unexpected", "armed", "due", "granted_ok",
+                                       "granted_key", "tx_state", "tx_queued")}
+
+
+def _design(bounds: Bounds) -> Any:
+    from oddl.fpga.gateware.control_unit import ControlUnitRTL
+
+    return ControlUnitRTL(FRAME, nodes=bounds.nodes, txq=bounds.txq, rxq=bounds.rxq,
+                          done=bounds.done)
+
+
 class _Core:
-    """One elaborated unit and its simulator, reused by the next unit of the same bounds
-    (reset to power-on): elaborating costs most of a second."""
+    """One elaborated unit in Amaranth's simulator, reused by the next unit of the same
+    bounds (reset to power-on): elaborating costs most of a second."""
 
     def __init__(self, bounds: Bounds) -> None:
         from amaranth.sim import Simulator
-        from oddl.fpga.gateware.control_unit import ControlUnitRTL
 
-        self.bounds = bounds
-        self.dut = ControlUnitRTL(FRAME, nodes=bounds.nodes, txq=bounds.txq, rxq=bounds.rxq,
-                                  done=bounds.done)
+        self.dut = _design(bounds)
         self.sim = Simulator(self.dut)
         self.sim.add_clock(1 / CLOCK_HZ)
         self.sim.add_testbench(self._bench, background=True)
@@ -77,99 +159,77 @@ class _Core:
         self.ops: deque[_Op] = deque()
         self.total = 0
 
+    def reset(self) -> None:
+        self.sim.reset()
+        self.ops.clear()
+
     def run(self, op: _Op) -> _Op:
         self.ops.append(op)
         while not op.done:
             self.sim.advance()
+        self.total += op.cycles
         return op
 
     async def _bench(self, ctx: Any) -> None:
         d = self.dut
-        P, nbw = d.ports, d.frame.width("nbytes")
-        ctx.set(d.tx_tready, 1)
 
-        async def tick(op: _Op) -> None:
-            await ctx.tick()
-            op.cycles += 1
-            self.total += 1
-            if not ctx.get(d.effect):
-                return
-            c, fx = op.cycles, op.effects
-            if ctx.get(d.tx_tvalid):
-                fx.append((c - _FRAME_LATENCY, 0, "frame", ctx.get(d.tx_tdata)))
-            if ctx.get(d.start_valid):
-                fx.append((c, 2, "start", (ctx.get(d.start_port), ctx.get(d.start_tune),
-                                           ctx.get(d.start_channel), ctx.get(d.start_flow))))
-            if ctx.get(d.deliver_valid):
-                fx.append((c, 2, "deliver", ctx.get(d.deliver_flow)))
-            if ctx.get(d.fail_valid):
-                fx.append((c, 2, "fail", (ctx.get(d.fail_code), ctx.get(d.fail_flow),
-                                          ctx.get(d.fail_peer), ctx.get(d.fail_bytes))))
-            arming = ctx.get(d.arming)
-            for i in range(3 * P):
-                if arming >> i & 1:
-                    fx.append((c, 1, "arm", i))
+        class IO:
+            @staticmethod
+            def set(name: str, value: int) -> None:
+                ctx.set(getattr(d, name), value)
 
+            @staticmethod
+            def get(name: str) -> int:
+                return int(ctx.get(getattr(d, name)))
+
+        nbw = d.frame.width("nbytes")
         while True:
             await ctx.tick()
             while self.ops:
                 op = self.ops.popleft()
-                u = self.owner
-                assert u is not None
-                if op.kind == "routes":  # the host loads the timing, the node and its routes
-                    t = u.timing
-                    for name, v in (
-                            ("tuning_ns", t.tuning_ns), ("propagation_ns", t.propagation_ns),
-                            ("request_timeout_ns", t.request_timeout_ns),
-                            ("release_timeout_ns", t.release_timeout_ns),
-                            ("lease_ns", t.lease_ns), ("max_retries", t.max_retries),
-                            ("node_id", u.index[u.node])):
-                        ctx.set(getattr(d, name), v)
-                    ctx.set(d.route_we, 1)
-                    for dst, r in u.routes.items():
-                        ctx.set(d.route_dst, u.index[dst])
-                        ctx.set(d.route_valid, 1)
-                        ctx.set(d.route_port, u.ports.index(r.port))
-                        ctx.set(d.route_channel, r.channel)
-                        ctx.set(d.route_next, u.index[r.next_hop])
-                        await tick(op)
-                    ctx.set(d.route_we, 0)
-                ctx.set(d.ts_ns, u.clock.now_ns())
-                ctx.set(d.tag, u.tag)
-                ctx.set(d.timers_en, 1 << op.port if op.kind == "timer" else 0)
-                ctx.set(d.rx_receiving, u.receiving())
-                del u
-                if op.kind == "frame":
-                    ctx.set(d.rx_tdata, op.value)
-                    ctx.set(d.rx_tvalid, 1)
-                    while not ctx.get(d.rx_tready):
-                        await tick(op)
-                    await tick(op)
-                    ctx.set(d.rx_tvalid, 0)
-                elif op.kind == "submit":
-                    ctx.set(d.submit_flow, op.value)
-                    ctx.set(d.submit_valid, 1)
-                    while not ctx.get(d.submit_ready):
-                        await tick(op)
-                    await tick(op)
-                    ctx.set(d.submit_valid, 0)
-                elif op.kind in ("tx_done", "rx_done"):
-                    strobe = getattr(d, op.kind)
-                    if op.kind == "rx_done":
-                        ctx.set(d.rx_done_flow, op.value << 32 * op.port)
-                        ctx.set(d.rx_done_bytes, op.extra << nbw * op.port)
-                    ctx.set(strobe, 1 << op.port)
-                    await tick(op)
-                    ctx.set(strobe, 0)
-                while ctx.get(d.busy):
-                    await tick(op)
-                op.state = {k: ctx.get(getattr(d, k)) for k in (
-                    "stats", "unexpected", "armed", "due", "granted_ok", "granted_key", "tx_state",
-                    "tx_queued")}
+                assert self.owner is not None
+                for _ in _drive(IO, self.owner, op, d.ports, nbw):
+                    await ctx.tick()
                 op.done = True
 
 
-_CORES: dict[Bounds, list[_Core]] = {}
+_BUILT: dict[Bounds, tuple[Any, Path]] = {}  # per bounds: the design and its library
+
+
+class _VCore:
+    """The unit compiled by Verilator (fpga/gateware/verilated.py): a model of its own per
+    unit (a fresh one is cheap; the library is built once a machine)."""
+
+    def __init__(self, bounds: Bounds) -> None:
+        from oddl.fpga.gateware import verilated
+
+        if bounds not in _BUILT:
+            dut = _design(bounds)
+            _BUILT[bounds] = (dut, verilated.build(dut, "ctrl_unit"))
+        self.dut, lib = _BUILT[bounds]
+        self.model = verilated.Model(lib, self.dut)
+        self.reset()
+        self.owner: RtlControlUnit | None = None
+        self.total = 0
+
+    def reset(self) -> None:
+        """Reset, and the one edge Amaranth's testbench waits for before its first event
+        (so that both count the same cycles)."""
+        self.model.reset()
+        self.model.tick()
+
+    def run(self, op: _Op) -> _Op:
+        assert self.owner is not None
+        m = self.model
+        for _ in _drive(m, self.owner, op, self.dut.ports, self.dut.frame.width("nbytes")):
+            m.tick()
+        op.done = True
+        self.total += op.cycles
+        return op
+
+
+SIMULATORS = ("amaranth", "verilator")
+_CORES: dict[tuple[str, Bounds], list[_Core | _VCore]] = {}
 
 
 def cycles_simulated() -> int:
@@ -185,13 +245,15 @@ class RtlControlUnit:
     def __init__(self, node: str, clock: Clock, bus: Bus, onic: ONic,
                  routes: dict[str, Route], timing: Timing,
                  deliver: Callable[[Flow], None], fail: Callable[[Exception], None], *,
-                 nodes: Sequence[str], bounds: Bounds = Bounds()) -> None:
+                 nodes: Sequence[str], bounds: Bounds = Bounds(),
+                 simulator: str = "amaranth") -> None:
         require("gateware", "the RTL control unit (--control-model rtl)")
         if len(nodes) > bounds.nodes:
             raise ValueError(f"{len(nodes)} nodes: the unit's route table holds {bounds.nodes}")
         self.node, self.clock, self.bus, self.onic = node, clock, bus, onic
         self.routes, self.timing, self.deliver, self.fail = routes, timing, deliver, fail
         self.names = list(nodes)
+        self.simulator = simulator
         self.index = {n: i for i, n in enumerate(self.names)}
         self.ports = tuple(onic.ports)
         self.halted = False
@@ -203,15 +265,14 @@ class RtlControlUnit:
         self.latency: dict[str, list[int]] = {"request_to_grant": [], "grant_to_start": []}
         self._timers: dict[int, Any] = {}
         self._state: dict[str, int] = {}
-        cores = _CORES.setdefault(bounds, [])
+        cores = _CORES.setdefault((simulator, bounds), [])
         core = next((c for c in cores if c.owner is None), None)
         if core is None:
-            core = _Core(bounds)
+            core = _Core(bounds) if simulator == "amaranth" else _VCore(bounds)
             cores.append(core)
         else:
-            core.sim.reset()
+            core.reset()
         core.owner, self.core = self, core
-        core.ops.clear()
         onic.attach(self)
         bus.attach(node, self.on_message)
         self._do(_Op("routes"))

@@ -97,11 +97,11 @@ def _apply_forgery(w: V.World, what: tuple[str, Any]) -> None:
 class _Pair:
     """One configuration's two worlds, Python and RTL, stepped together."""
 
-    def __init__(self, cfg: V.Config, faults: frozenset[str]) -> None:
+    def __init__(self, cfg: V.Config, faults: frozenset[str], simulator: str) -> None:
         self.cfg = cfg
         self.py = V.World(cfg, faults)
         self.rtl = V.World(cfg, faults, functools.partial(  # type: ignore[arg-type]
-            RtlControlUnit, nodes=cfg.nodes))
+            RtlControlUnit, nodes=cfg.nodes, simulator=simulator))
 
     def close(self) -> None:
         for u in self.rtl.units.values():
@@ -126,10 +126,11 @@ class _Pair:
 
 
 def walk(cfg: V.Config, faults: frozenset[str], seed: int, forge: bool = False,
-         max_steps: int = 600) -> tuple[str | None, int, int, V.World]:
+         max_steps: int = 600, simulator: str = "amaranth"
+         ) -> tuple[str | None, int, int, V.World]:
     """One walk: (the first difference or None, steps, forged events, the Python world)."""
     rnd = random.Random(seed)
-    pair, forged = _Pair(cfg, faults), 0
+    pair, forged = _Pair(cfg, faults, simulator), 0
     py = pair.py
     try:
         for n in range(max_steps):
@@ -176,10 +177,10 @@ def paths(cfg: V.Config, faults: frozenset[str], max_states: int = 20_000
     return [p for p in found if p not in parents]
 
 
-def replay(cfg: V.Config, faults: frozenset[str], path: tuple[tuple[Any, ...], ...]
-           ) -> str | None:
+def replay(cfg: V.Config, faults: frozenset[str], path: tuple[tuple[Any, ...], ...],
+           simulator: str = "amaranth") -> str | None:
     """One path of the checker's in both worlds: None, or the first difference."""
-    pair = _Pair(cfg, faults)
+    pair = _Pair(cfg, faults, simulator)
     try:
         for n, want in enumerate(path):
             diff = pair.difference() or pair.step(want)
@@ -191,13 +192,14 @@ def replay(cfg: V.Config, faults: frozenset[str], path: tuple[tuple[Any, ...], .
 
 
 def walks(nodes: int = 4, flows: int = 2, seeds: int = 20, forge: bool = False,
-          faults: frozenset[str] = frozenset(V.FAULTS), first_seed: int = 0) -> Walks:
+          faults: frozenset[str] = frozenset(V.FAULTS), first_seed: int = 0,
+          simulator: str = "amaranth") -> Walks:
     """`seeds` walks of each of the checker's configurations (`oddl verify stage2 --rtl`)."""
     out = Walks(differences=[])
     c0 = cycles_simulated()
     for cfg in V.configurations(nodes, flows):
         for seed in range(first_seed, first_seed + seeds):  # a sample of the paths
-            diff, steps, forged, py = walk(cfg, faults, seed, forge)
+            diff, steps, forged, py = walk(cfg, faults, seed, forge, simulator=simulator)
             out.walks += 1
             out.steps += steps
             out.forged += forged
@@ -211,15 +213,15 @@ def walks(nodes: int = 4, flows: int = 2, seeds: int = 20, forge: bool = False,
     return out
 
 
-def every_path(nodes: int = 2, flows: int = 1,
-               faults: frozenset[str] = frozenset(V.FAULTS)) -> Walks:
+def every_path(nodes: int = 2, flows: int = 1, faults: frozenset[str] = frozenset(V.FAULTS),
+               simulator: str = "amaranth") -> Walks:
     """Every state of the checker's small configurations, reached in the RTL world by the
     same events (`oddl verify stage2 --rtl --every`): the paths to all of them replayed."""
     out = Walks(differences=[])
     c0 = cycles_simulated()
     for cfg in V.configurations(nodes, flows):
         for path in paths(cfg, faults):
-            diff = replay(cfg, faults, path)
+            diff = replay(cfg, faults, path, simulator)
             out.walks += 1
             out.steps += len(path)
             if diff is not None:

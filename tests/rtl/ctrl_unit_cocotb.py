@@ -32,6 +32,9 @@ async def _bring_up(dut: Any) -> None:
     dut.rst.value = 1
     await ClockCycles(dut.clk, 3)
     dut.rst.value = 0
+    await RisingEdge(dut.clk)
+    while dut.busy.value:  # out of reset, the unit clears its route table
+        await RisingEdge(dut.clk)
     # a route: to n2 on port V, channel 7, directly
     dut.route_we.value, dut.route_dst.value, dut.route_valid.value = 1, 2, 1
     dut.route_port.value, dut.route_channel.value, dut.route_next.value = 1, 7, 2

