@@ -50,7 +50,7 @@ def main() -> None:
     times = {}
     sims = {"board": (rtl_board, _timed(rtl_board._Core)),
             "control": (rtl_control_unit, _timed(rtl_control_unit._Core))}
-    sims["verilator"] = sims["control"]
+    sims["verilator"] = (rtl_control_unit, _timed(rtl_control_unit._VCore))
     for what in ("python", "board", "control", "verilator"):
         tb = base.testbed
         if what == "board":
