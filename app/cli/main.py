@@ -117,3 +117,14 @@ def entry() -> None:
     """The `oddl` program: signals become stops (`Stopped`), then the command group."""
     raise_on_signals()
     main()
+
+
+def verilator_ready() -> None:
+    """--rtl-simulator verilator: what its build needs, said before anything runs."""
+    from oddl.fpga.gateware.build import GatewareError
+    from oddl.fpga.gateware.verilated import check
+
+    try:
+        check()
+    except GatewareError as e:
+        fail(f"--rtl-simulator verilator: {e}")

@@ -79,9 +79,9 @@ def rtl(nodes: int, flows: int, every: bool, walks: int, forge: bool, faults: st
                    f"{', '.join(FAULTS)})", err=True)
         sys.exit(2)
     if simulator == "verilator":
-        from oddl.app.cli.experiments import _verilator_ready
+        from oddl.app.cli.main import verilator_ready
 
-        _verilator_ready()
+        verilator_ready()
     out = registry.rtl_lockstep(nodes, flows, walks, every, forge, chosen, simulator)
     if as_json:
         emit(out, indent=1)

@@ -46,6 +46,7 @@ from oddl.controller.base.messages import Flow
 from oddl.controller.base.telemetry import ports_note
 from oddl.controller.base.throttle import worth_logging
 from oddl.controller.service.health import Heartbeat, Heartbeats, read_heartbeat
+from oddl.controller.stage2.control_unit import ControlUnit, UnitFactory
 from oddl.controller.stage2.invariants import InvariantChecker
 from oddl.controller.stage2.job import (
     DECODE_ERRORS,
@@ -100,8 +101,9 @@ class PeerFailed(RuntimeError):
 class NodeProgram:
     def __init__(self, testbed: str, node: str, onic: ONic, line: InterruptLine,
                  bus: NodeBus, monitor: InvariantChecker | None = None,
-                 heartbeat_s: float = 0.1) -> None:
+                 heartbeat_s: float = 0.1, unit: UnitFactory = ControlUnit) -> None:
         self.testbed = testbed
+        self.unit = unit  # the control unit each job gets (an emulator may model its RTL)
         self.node = node
         self.onic = onic
         self.line = line
@@ -471,7 +473,7 @@ class _NodeJob:
             bus.peers = set(spec.nodes)
             if prog.node in spec.boards:  # the controller cannot reach this board
                 self._stage1()
-            runner.on_onics(bus, {prog.node: prog.onic}, {prog.node: prog.line})
+            runner.on_onics(bus, {prog.node: prog.onic}, {prog.node: prog.line}, prog.unit)
             await self._publish("ready")
             await self._wait(self.all_ready.wait())
             if prog.node in spec.ranks:
