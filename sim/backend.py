@@ -73,9 +73,10 @@ def _unit_model(tb: Testbed, grid: Grid, made: list[Any]) -> UnitFactory:
     kept in `made`, for the decision latencies it measured)."""
     if tb.testbed.control_model != "rtl":
         return ControlUnit
-    from oddl.sim.devices.rtl_control_unit import Bounds, RtlControlUnit
+    from oddl.sim.devices.rtl_control_unit import Bounds, RtlControlUnit, prepare
 
     bounds = Bounds(nodes=max(Bounds.nodes, 1 << (len(grid.nodes) - 1).bit_length()))
+    prepare(bounds, tb.testbed.rtl_simulator, len(grid.nodes))
 
     def rtl(*args: Any) -> RtlControlUnit:
         u = RtlControlUnit(*args, nodes=grid.nodes, bounds=bounds,

@@ -313,6 +313,10 @@ async def serve(tb: Testbed, source: str, out: Path, say: Any,
             if m.board_model != "python" or m.control_model != "python":
                 say(f"models: boards {m.board_model}, control units {m.control_model}"
                     + (f" ({m.rtl_simulator})" if m.control_model == "rtl" else ""))
+                if m.control_model == "rtl" and m.rtl_simulator == "amaranth":
+                    say("warning: Amaranth's simulator takes milliseconds an event on this "
+                        "real-time loop: REQUESTs time out and runs are disturbed (Table 1: "
+                        "1.08 s an iteration, not 0.26); --rtl-simulator verilator keeps time")
             say(f"config: {out}")
             gc.collect()
             gc.freeze()  # the long-lived models and servers: never scanned again

@@ -237,6 +237,15 @@ def cycles_simulated() -> int:
     return sum(c.total for cores in _CORES.values() for c in cores)
 
 
+def prepare(bounds: Bounds, simulator: str, count: int) -> None:
+    """`count` cores ready in the pool, so that no job pays for elaborating (or, for
+    Verilator, loading) one when it starts: on a real-time loop that stall is a late
+    heartbeat and a disturbed run."""
+    cores = _CORES.setdefault((simulator, bounds), [])
+    while sum(c.owner is None for c in cores) < count:
+        cores.append(_Core(bounds) if simulator == "amaranth" else _VCore(bounds))
+
+
 class RtlControlUnit:
     """A node's control unit as the RTL, with `ControlUnit`'s interface (submit, on_message,
     on_tx_done, on_rx_done, halt, stats, ...). `nodes`: the testbed's node names in index
