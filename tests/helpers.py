@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import shutil
 import subprocess
 import sys
 import threading
@@ -13,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pynq
+import pytest
 from oddl.app.api import grid_testbed
 from oddl.app.session import stop_emulator
 from oddl.controller.base.clock import Clock
@@ -241,6 +243,15 @@ def dashboard(root: Path, emu: Path, *args: str) -> Iterator[str]:
         killer.cancel()
         proc.terminate()
         proc.wait(10)
+
+
+# the HDL simulators a cocotb suite runs on: Icarus in the suite, Verilator in its own tier
+# (a minute's build: README's second test command, in .ci/run)
+HDL_SIMULATORS = [
+    pytest.param("icarus", marks=pytest.mark.skipif(
+        shutil.which("iverilog") is None,
+        reason="needs Icarus Verilog (apt-get install iverilog; .ci/run installs it)")),
+    pytest.param("verilator", marks=pytest.mark.verilator)]
 
 
 def cocotb_suite(simulator: str, tmp_path: Path, monkeypatch: Any, component: Any, name: str,

@@ -8,7 +8,6 @@ from __future__ import annotations
 import functools
 import json
 import logging
-import shutil
 import sqlite3
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,7 +23,7 @@ from oddl.controller.stage2.wire import FRAME, BusDecodeError, decode_frame, enc
 from oddl.sim.devices import rtl_lockstep as L
 from oddl.sim.devices.rtl_control_unit import Bounds, RtlControlUnit
 
-from tests.helpers import cocotb_suite
+from tests.helpers import HDL_SIMULATORS, cocotb_suite
 
 ROOT = Path(__file__).resolve().parent.parent
 NODES = ["n0", "n1", "n2", "n3"]
@@ -166,11 +165,7 @@ def test_the_control_model_is_refused_where_it_cannot_run() -> None:
 
 
 @pytest.mark.realtime
-@pytest.mark.parametrize("simulator", [
-    pytest.param("icarus", marks=pytest.mark.skipif(
-        shutil.which("iverilog") is None,
-        reason="needs Icarus Verilog (apt-get install iverilog; .ci/run installs it)")),
-    pytest.param("verilator", marks=pytest.mark.verilator)])
+@pytest.mark.parametrize("simulator", HDL_SIMULATORS)
 def test_the_units_verilog_schedules_a_flow_on_each_side(simulator: str, tmp_path: Path,
                                                           monkeypatch: pytest.MonkeyPatch
                                                           ) -> None:

@@ -25,7 +25,7 @@ from oddl.fpga.overlay import _version as overlay_version
 from oddl.sim import backend as sim_backend
 from oddl.sim.clock import VirtualClockLoop
 
-from tests.helpers import cocotb_suite, make_testbed
+from tests.helpers import HDL_SIMULATORS, cocotb_suite, make_testbed
 
 # --- the differential test ----------------------------------------------------------------
 
@@ -221,12 +221,7 @@ def test_a_transfer_and_a_count_action_chain_agree_cycle_for_outcome() -> None:
 # --- the Verilog, under an HDL simulator ----------------------------------------------------
 
 @pytest.mark.realtime
-@pytest.mark.parametrize("simulator", [
-    pytest.param("icarus", marks=pytest.mark.skipif(
-        shutil.which("iverilog") is None,
-        reason="needs Icarus Verilog (apt-get install iverilog; .ci/run installs it)")),
-    # a minute's build: its own tier (README's second test command, in .ci/run)
-    pytest.param("verilator", marks=pytest.mark.verilator)])
+@pytest.mark.parametrize("simulator", HDL_SIMULATORS)
 def test_the_register_suite_passes_with_cocotb(simulator: str, tmp_path: Path,
                                                monkeypatch: Any) -> None:
     """tests/rtl/onic_cocotb.py: cocotbext-axi's AXI-Lite master against the Verilog, on

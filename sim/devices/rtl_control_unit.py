@@ -23,7 +23,7 @@ from typing import Any, Protocol
 from oddl.controller.base.clock import Clock
 from oddl.controller.base.devices import Bus, ONic
 from oddl.controller.base.extras import require
-from oddl.controller.base.messages import ControlMessage, Flow
+from oddl.controller.base.messages import ControlMessage, Flow, Grant
 from oddl.controller.base.telemetry import PortView
 from oddl.controller.stage1.plan import Route
 from oddl.controller.stage2.control_unit import FlowFailed, Timing
@@ -377,7 +377,7 @@ class RtlControlUnit:
         for cycle, _, what, v in sorted(op.effects, key=lambda e: (e[0], e[1])):
             if what == "frame":
                 msg = decode_frame(v, self.names, self.ports)
-                if op.kind == "frame" and type(msg).__name__ == "Grant":
+                if op.kind == "frame" and isinstance(msg, Grant):
                     self.latency["request_to_grant"].append(cycle)
                 self.sent += 1
                 self.bus.send(self.node, msg.dst, msg)

@@ -11,7 +11,8 @@ import cocotb
 from cocotb.clock import Clock
 from cocotb.triggers import ClockCycles, ReadOnly, RisingEdge
 from oddl.controller.base.messages import ControlMessage, Grant, Release, Request
-from oddl.controller.stage2.wire import decode_frame, encode_frame
+from oddl.controller.stage2.wire import FRAME, decode_frame, encode_frame
+from oddl.fpga.gateware.control_unit import flow_word
 
 NODES = [f"n{i}" for i in range(16)]
 INDEX = {n: i for i, n in enumerate(NODES)}
@@ -42,14 +43,19 @@ async def _bring_up(dut: Any) -> None:
     dut.route_we.value = 0
 
 
-async def _frame_in(dut: Any, m: ControlMessage) -> None:
-    dut.rx_tdata.value = encode_frame(m, INDEX, PORTS)
-    dut.rx_tvalid.value = 1
+async def _handshake(dut: Any, prefix: str, data: str, value: int) -> None:
+    """`value` on `data`, held with `{prefix}valid` until `{prefix}ready` takes it."""
+    getattr(dut, data).value = value
+    getattr(dut, f"{prefix}valid").value = 1
     while True:
         await RisingEdge(dut.clk)
-        if dut.rx_tready.value:
+        if getattr(dut, f"{prefix}ready").value:
             break
-    dut.rx_tvalid.value = 0
+    getattr(dut, f"{prefix}valid").value = 0
+
+
+async def _frame_in(dut: Any, m: ControlMessage) -> None:
+    await _handshake(dut, "rx_t", "rx_tdata", encode_frame(m, INDEX, PORTS))
 
 
 async def _frame_out(dut: Any, within: int = 200) -> ControlMessage:
@@ -95,18 +101,9 @@ async def a_request_is_granted_received_and_released(dut: Any) -> None:
 @cocotb.test()
 async def a_flow_is_requested_tuned_sent_and_released(dut: Any) -> None:
     await _bring_up(dut)
-    # the host hands over flow 9, n1 -> n2, 4000 B (flow_layout: id, src, dst, nbytes, ...)
-    word, at = 0, 0
-    for v, w in ((9, 64), (ME, 16), (2, 16), (4000, 48), (0, 32), (0, 32), (0, 8), (0, 64)):
-        word |= v << at
-        at += w
-    dut.submit_flow.value = word
-    dut.submit_valid.value = 1
-    while True:
-        await RisingEdge(dut.clk)
-        if dut.submit_ready.value:
-            break
-    dut.submit_valid.value = 0
+    # the host hands over flow 9, n1 -> n2, 4000 B
+    await _handshake(dut, "submit_", "submit_flow",
+                     flow_word(FRAME, 9, ME, 2, 4000, 0, 0, 0, 0))
     q = await _frame_out(dut)
     assert isinstance(q, Request) and (q.flow, q.dst, q.port, q.channel, q.nbytes) == \
         (9, "n2", "V", 7, 4000), q
