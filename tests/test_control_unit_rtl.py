@@ -131,6 +131,28 @@ def test_a_full_waiting_queue_refuses_the_next_request() -> None:
             x.release()  # type: ignore[attr-defined]
 
 
+def test_a_message_no_frame_can_carry_is_dropped_and_counted() -> None:
+    """A port this board does not have, a node the testbed does not know, a byte count
+    wider than the frame's field: the RTL unit's MAC could never deliver them. Dropped and
+    counted (bad_frames), never an exception in the bus's handler; the flows go on."""
+    cfg = next(c for c in V.configurations(2, 1) if c.name == "one flow")
+    w = V.World(cfg, frozenset(), functools.partial(  # type: ignore[arg-type]
+        RtlControlUnit, nodes=cfg.nodes))
+    try:
+        n1 = w.units["n1"]
+        for m in (Request(1, 0, "n0", "n1", "X", 0, 1000, "n0", "n1"),
+                  Release(1, 0, "n7", "n1", "H"),
+                  Request(1, 0, "n0", "n1", "H", 0, 1 << 48, "n0", "n1")):
+            w.bus.handlers["n1"](m)
+        assert n1.stats["bad_frames"] == 3 and n1.stats["grants"] == 0
+        while w.events():
+            w.do(*w.events()[0])
+        assert w.failed is None and w.delivered == {1: 1}
+    finally:
+        for x in w.units.values():
+            x.release()  # type: ignore[attr-defined]
+
+
 def _tables(run: Path) -> dict[str, list[tuple[object, ...]]]:
     db = sqlite3.connect(run / "results.sqlite")
     names = [t for (t,) in db.execute("select name from sqlite_master where type='table'")]

@@ -14,6 +14,7 @@ enabled for the step, so that events at one instant happen in the model's order.
 
 from __future__ import annotations
 
+import logging
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -25,11 +26,13 @@ from oddl.controller.base.devices import Bus, ONic
 from oddl.controller.base.extras import require
 from oddl.controller.base.messages import ControlMessage, Flow, Grant
 from oddl.controller.base.telemetry import PortView
+from oddl.controller.base.throttle import worth_logging
 from oddl.controller.stage1.plan import Route
 from oddl.controller.stage2.control_unit import FlowFailed, Timing
 from oddl.controller.stage2.trace import Tracer
 from oddl.controller.stage2.wire import FRAME, decode_frame, encode_frame
 
+log = logging.getLogger(__name__)
 CLOCK_HZ = 250e6
 _SHOWN = ("idle", "requesting", "sending", "idle")  # the RTL's transmitter states
 
@@ -274,6 +277,7 @@ class RtlControlUnit:
         self.latency: dict[str, list[int]] = {"request_to_grant": [], "grant_to_start": []}
         self._timers: dict[int, Any] = {}
         self._state: dict[str, int] = {}
+        self._unframed = 0  # messages with a field no frame can carry (bad_frames too)
         cores = _CORES.setdefault((simulator, bounds), [])
         core = next((c for c in cores if c.owner is None), None)
         if core is None:
@@ -298,6 +302,7 @@ class RtlControlUnit:
 
         word = self._state["stats"]
         out = {k: word >> 32 * i & 0xFFFFFFFF for i, k in enumerate(STATS)}
+        out["bad_frames"] += self._unframed
         if not out["bad_frames"]:  # the Python unit's counters, and this one when it counts
             del out["bad_frames"]
         return out
@@ -344,8 +349,17 @@ class RtlControlUnit:
             self._do(_Op("submit", value=self._flow_word(flow)))
 
     def on_message(self, m: ControlMessage) -> None:
-        if not self.halted:
-            self._do(_Op("frame", value=encode_frame(m, self.index, self.ports)))
+        if self.halted:
+            return
+        try:
+            word = encode_frame(m, self.index, self.ports)
+        except ValueError as e:  # no frame could carry it: the MAC would never deliver it
+            self._unframed += 1
+            if worth_logging(self._unframed):
+                log.warning("%s: a message no frame carries dropped (%d so far): %s",
+                            self.node, self._unframed, e)
+            return
+        self._do(_Op("frame", value=word))
 
     def on_tx_done(self, port: str, flow: Flow) -> None:
         if not self.halted:
