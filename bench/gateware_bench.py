@@ -50,20 +50,28 @@ def main() -> None:
     times = {}
     sims = {"board": (rtl_board, _timed(rtl_board._Core)),
             "control": (rtl_control_unit, _timed(rtl_control_unit._Core))}
+    sims["board-verilator"] = (rtl_board, _timed(rtl_board._VCore))
     sims["verilator"] = (rtl_control_unit, _timed(rtl_control_unit._VCore))
-    for what in ("python", "board", "control", "verilator"):
+    for what in ("python", "board", "board-verilator", "control", "verilator"):
         tb = base.testbed
         if what == "board":
             tb = tb.with_board_model("rtl")
+        elif what == "board-verilator":
+            tb = tb.with_board_model("rtl").with_control_model(None, "verilator")
         elif what == "control":
             tb = tb.with_control_model("rtl")
         elif what == "verilator":
             tb = tb.with_control_model("rtl", "verilator")
+        if what.endswith("verilator"):  # built before the clock starts (once a machine)
             from oddl.fpga.gateware import verilated
+            from oddl.fpga.gateware.onic_ctrl import OnicCtrl
+
             t0 = time.perf_counter()
-            verilated.build(rtl_control_unit._design(rtl_control_unit.Bounds()), "ctrl_unit")
-            print(f"{'':>22}Verilator's library: {time.perf_counter() - t0:.1f} s (cached after "
-                  f"the first build)")
+            verilated.build(OnicCtrl() if what == "board-verilator" else
+                            rtl_control_unit._design(rtl_control_unit.Bounds()),
+                            "onic_ctrl" if what == "board-verilator" else "ctrl_unit")
+            print(f"{'':>22}Verilator's library: {time.perf_counter() - t0:.1f} s (cached "
+                  f"after the first build)")
         ctx = dataclasses.replace(base, testbed=tb)
         c0 = {k: m.cycles_simulated() for k, (m, _) in sims.items()}
         s0 = {k: spent[0] for k, (_, spent) in sims.items()}
@@ -73,7 +81,8 @@ def main() -> None:
         net = res.networks["oddl"]
         times[what] = net.iteration_time_s
         label = {"python": "python", "board": "--board-model rtl",
-                 "control": "--control-model rtl", "verilator": "... --rtl-sim verilator"}[what]
+                 "board-verilator": "... --rtl-sim verilator", "control": "--control-model rtl",
+                 "verilator": "... --rtl-sim verilator"}[what]
         line = f"{label:>20}: {wall:6.2f} s wall, {net.flows} ODDL flows, iteration " \
                f"{net.iteration_time_s * 1e3:.6f} ms"
         if what in sims:

@@ -68,15 +68,17 @@ class World:
     rtl_units: list[Any] = field(default_factory=list)  # the gateware's, as made
 
 
-def _unit_model(tb: Testbed, grid: Grid, made: list[Any]) -> UnitFactory:
+def _unit_model(tb: Testbed, grid: Grid, made: list[Any], ready: bool) -> UnitFactory:
     """The testbed's `control_model`: the Python unit, or the RTL in the loop (each one
-    kept in `made`, for the decision latencies it measured)."""
+    kept in `made`, for the decision latencies it measured; `ready`: a core for every node
+    made now, not when a job starts)."""
     if tb.testbed.control_model != "rtl":
         return ControlUnit
     from oddl.sim.devices.rtl_control_unit import Bounds, RtlControlUnit, prepare
 
     bounds = Bounds(nodes=max(Bounds.nodes, 1 << (len(grid.nodes) - 1).bit_length()))
-    prepare(bounds, tb.testbed.rtl_simulator, len(grid.nodes))
+    if ready:
+        prepare(bounds, tb.testbed.rtl_simulator, len(grid.nodes))
 
     def rtl(*args: Any) -> RtlControlUnit:
         u = RtlControlUnit(*args, nodes=grid.nodes, bounds=bounds,
@@ -99,7 +101,9 @@ def decision_cycles(units: list[Any]) -> dict[str, Any]:
 
 
 def build(tb: Testbed, grid: Grid, clock: Clock, seed: int = 0,
-          checker_mode: str = "raise") -> World:
+          checker_mode: str = "raise", real_time: bool = False) -> World:
+    """The modelled testbed. `real_time` (an emulator): whatever a job would otherwise
+    make when it starts, and stall the loop with, is made now."""
     checker = InvariantChecker(mode=checker_mode)
     fabric = Fabric(tb, grid, clock, checker)
     index = {n: i for i, n in enumerate(grid.nodes)}
@@ -107,7 +111,9 @@ def build(tb: Testbed, grid: Grid, clock: Clock, seed: int = 0,
     onics: dict[str, DriverONic] = {}
     board_class: Any = ONicBoard
     if tb.testbed.board_model == "rtl":
-        from oddl.sim.devices.rtl_board import RtlBoard as board_class
+        from oddl.sim.devices.rtl_board import RtlBoard
+
+        board_class = functools.partial(RtlBoard, simulator=tb.testbed.rtl_simulator)
     for n in grid.nodes:
         board = boards[n] = board_class(fabric, n, index, grid.nodes)
         mmio = pynq.MMIO(BASE_ADDR, R.IP_RANGE, device=EmulatedONicDevice(board))
@@ -115,7 +121,7 @@ def build(tb: Testbed, grid: Grid, clock: Clock, seed: int = 0,
     bus = LocalBus(clock, round(tb.control.latency_ns), seed, tap=checker.on_message)
     made: list[Any] = []
     return World(fabric, boards, onics, {n: BoardLine(b) for n, b in boards.items()},
-                 dict(fabric.wss), bus, checker, _unit_model(tb, grid, made), made)
+                 dict(fabric.wss), bus, checker, _unit_model(tb, grid, made, real_time), made)
 
 
 def lone_board(board_model: str = "python") -> tuple[ONicDriver, Any]:

@@ -159,7 +159,8 @@ async def start(tb: Testbed, emu: Emulation, host: str = "127.0.0.1",
     grid = Grid.from_testbed(tb)
     external = emu.external
     # the devices answer hand-driven probes too (acceptance checks): record, never raise
-    emu.world = sim_backend.build(tb, grid, Clock(loop), checker_mode="record")
+    emu.world = sim_backend.build(tb, grid, Clock(loop), checker_mode="record",
+                                  real_time=True)
     emu.drill = install(emu.world, Clock(loop), faults or [],
                         lambda: sum(p.retries() for p in emu.nodes.values()), emu.effect)
     dead = {f.target for f in faults or [] if f.kind == "dead-board"}

@@ -312,3 +312,22 @@ def test_the_recipe_packages_the_ip_the_driver_accepts_and_clocks_its_reset() ->
     text = verilog_text()
     for port in ("clk", "rst", "irq", "bitstream_hash", "s_axi_awaddr", "ts_ns"):
         assert re.search(rf"\b(input|output)\b[^;]*\b{port}\b", text), port
+
+
+@pytest.mark.verilator
+def test_the_board_on_verilator_gives_table1_as_the_python_model(tmp_path: Path) -> None:
+    """onic_ctrl compiled by Verilator behind the same pynq device (the co-simulation
+    fast enough for an emulator): Table 1's figures, as with the Python board model."""
+    import json
+
+    from click.testing import CliRunner
+    from oddl.app.cli.main import main
+
+    exp = str(Path(__file__).resolve().parent.parent / "experiments" / "table1-resnet50.toml")
+    out = {}
+    for args in ([], ["--board-model", "rtl", "--rtl-simulator", "verilator"]):
+        r = CliRunner().invoke(main, ["run", exp, "--iterations", "3", "--json", *args,
+                                      "--out", str(tmp_path / str(len(args)))])
+        assert r.exit_code == 0, r.output
+        out[len(args)] = json.loads(r.output[r.output.index("{"):])["networks"]
+    assert out[4] == out[0] and out[0]["oddl"]["flows"] == 48

