@@ -89,6 +89,30 @@ def test_a_virtual_time_run_stops_halfway_and_keeps_its_iterations(
     assert secs < 20
 
 
+def test_a_worker_hears_no_signal_its_parent_has_not_acted_on(root: Path, tmp_path: Path
+                                                             ) -> None:
+    """Seen in the suite: a SIGTERM to the group reached the baseline's worker before its
+    parent acted on it; the worker reported its own stop as a failure (a traceback, and
+    "network electrical failed in its worker"). A worker is deaf to the group's signals
+    (its parent stops it): SIGTERM to the worker alone changes nothing, and the run goes
+    on until its parent is stopped."""
+    out = tmp_path / "run"
+    proc = _start(root, "run", TABLE1, "--iterations", "100000", "--out", str(out))
+    db = out / "results.sqlite"
+    _until("20 iterations of each network",
+           lambda: min(_iterations(db), _iterations(db, "electrical")) >= 20, proc)
+    kids = Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()
+    [worker] = [int(k) for k in kids  # (not multiprocessing's resource tracker)
+                if b"spawn_main" in Path(f"/proc/{k}/cmdline").read_bytes()]
+    os.kill(worker, signal.SIGTERM)
+    done = _iterations(db, "electrical")
+    _until("the worker's next iterations", lambda: _iterations(db, "electrical") > done + 20,
+           proc)
+    code, err, _secs = _stop(proc, signal.SIGINT)
+    assert code == 130 and "Traceback" not in err and "failed in its worker" not in err, \
+        err[-3000:]
+
+
 def test_an_emulated_run_stops_and_takes_its_emulator_with_it(root: Path, tmp_path: Path
                                                              ) -> None:
     out = tmp_path / "run"

@@ -48,7 +48,7 @@ from oddl.controller.service.jobs import JobRecord, JobRequest, percentile
 from oddl.controller.service.placing import Placer, Rectangles, WholeTestbed
 from oddl.controller.service.recovery import fault_rows
 from oddl.controller.service.stages import NoStage1, OddlStage1, Stage1
-from oddl.controller.serving.lifecycle import sigint_ignored
+from oddl.controller.serving.lifecycle import SIGNALS, deaf, sigint_ignored
 from oddl.controller.stage1.arbiter import Arbiter
 from oddl.controller.stage1.placement import fits
 from oddl.controller.stage2.job import built_schedule, job_id
@@ -408,6 +408,7 @@ def _aside_main(conn: Connection, ctx: LoadedExperiment, spec: NetworkSpec,
     """A worker process: one model network, its iterations into the run's store (a
     connection of its own), its progress and notes for the bus's watchers (`announcing`)
     relayed to the parent, then its result sent back."""
+    deaf()  # the group's SIGINT and SIGTERM are the parent's to act on: it stops us
     store = RunStore(store_path) if store_path is not None else None
     try:
         def progress(network: str, done: int, of: int) -> None:
@@ -465,9 +466,10 @@ class _Aside:
                 ctx, reqs, *rest = self._args
                 p = self._mp.Process(target=_aside_main, name=f"oddl-{spec.name}",
                                      args=(theirs, ctx, spec, reqs, *rest), daemon=True)
-                # born deaf to a terminal's Ctrl-C (it reaches the whole process group):
-                # this process stops its workers itself, on the way out
-                with sigint_ignored():
+                # born deaf to a terminal's Ctrl-C and a supervisor's SIGTERM (they reach
+                # the whole process group), and kept deaf (`deaf`): this process stops its
+                # workers itself, on the way out
+                with sigint_ignored(*SIGNALS):
                     p.start()
                 theirs.close()
                 self.running[spec.name] = (p, mine)
@@ -520,7 +522,7 @@ class _Aside:
         self._closing = True
         with self._lock:
             for p, _c in self.running.values():
-                p.terminate()
+                p.kill()  # (deaf to SIGTERM)
         self._listener.join(timeout=10)
 
 

@@ -67,27 +67,45 @@ def _force(signum: int, _frame: FrameType | None) -> None:
     os._exit(128 + signum)
 
 
+_deaf = False  # a worker process its parent stops (`deaf`)
+
+
+def deaf() -> None:
+    """This process is a worker whose parent stops it: SIGINT and SIGTERM, which a
+    terminal or a supervisor sends the whole process group, are ignored, and nothing here
+    installs a handler for them (the parent hears them, and stops its workers itself)."""
+    global _deaf
+    _deaf = True
+    for s in SIGNALS:
+        signal.signal(s, signal.SIG_IGN)
+
+
+def _handles_signals() -> bool:
+    return not _deaf and threading.current_thread() is threading.main_thread()
+
+
 def raise_on_signals() -> None:
     """SIGINT and SIGTERM raise `Stopped` in the main thread, also where the process was
-    started with them ignored (a shell's background job)."""
-    if threading.current_thread() is threading.main_thread():
+    started with them ignored (a shell's background job), but not in a `deaf` worker."""
+    if _handles_signals():
         for s in SIGNALS:
             signal.signal(s, _raise)
 
 
 @contextlib.contextmanager
-def sigint_ignored() -> Iterator[None]:
-    """SIGINT ignored while a child process is started: it inherits the disposition across
-    exec, so a terminal's Ctrl-C (sent to the whole group) leaves it to its parent, which
-    stops it itself."""
+def sigint_ignored(*signums: int) -> Iterator[None]:
+    """SIGINT (or `signums`) ignored while a child process is started: it inherits the
+    disposition across exec, so a terminal's Ctrl-C (sent to the whole group) leaves it to
+    its parent, which stops it itself."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    old = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    old = {s: signal.signal(s, signal.SIG_IGN) for s in signums or (signal.SIGINT,)}
     try:
         yield
     finally:
-        signal.signal(signal.SIGINT, old)
+        for s, h in old.items():
+            signal.signal(s, h)
 
 
 def as_stopped(e: BaseException) -> Stopped:
@@ -135,7 +153,7 @@ class Services:
 
     async def __aenter__(self) -> Services:
         self._main = asyncio.current_task()
-        if threading.current_thread() is threading.main_thread():
+        if _handles_signals():
             loop = asyncio.get_running_loop()
             for s in SIGNALS:
                 loop.add_signal_handler(s, self._signalled, s)
@@ -146,7 +164,7 @@ class Services:
         try:
             stopped = await self.aclose()
         finally:
-            if threading.current_thread() is threading.main_thread():
+            if _handles_signals():
                 loop = asyncio.get_running_loop()
                 for s in SIGNALS:
                     loop.remove_signal_handler(s)
