@@ -25,12 +25,14 @@ from oddl.app.accept import AcceptError, pytest_args, summary_said
 WALL_CLOCK = {"test_board_reachable": (0.5, 20.0)}  # (test_control_rtt's are recorded)
 MAX_SAID = 10  # checks that differ, said one by one
 # what a run's result says of the host, not of the devices: not compared (`at_ns`: when a
-# fault began, on the host's monotonic clock)
-HOST_FIELDS = {"wall_s", "run_dir", "at_ns"}
-# what the controller times on its own clock (a fault found, recovered from, the time it
-# cost, and what holds that time): held to the recording within this much
-TIMED = {"detected_after_ns": 10e6, "recovered_after_ns": 10e6, "fault_time_s": 0.01,
-         "training_time_s": 0.01}
+# fault began, on the host's monotonic clock; how long after it the controller found it
+# and recovered: the replay injects the fault at its own pace, but cannot deliver what
+# the fault made the devices say sooner than it was recorded, so these are the replaying
+# host's: 5 ms recorded came back as 693 ms on a loaded machine)
+HOST_FIELDS = {"wall_s", "run_dir", "at_ns", "detected_after_ns", "recovered_after_ns"}
+# what the controller times on its own clock (the time a fault cost, and the training
+# time that holds it): held to the recording within this much
+TIMED = {"fault_time_s": 0.01, "training_time_s": 0.01}
 TIMED_REL = {"ratio": 1e-5}
 Say = Callable[[str], None]
 
