@@ -202,7 +202,8 @@ def test_the_control_model_is_refused_where_it_cannot_run() -> None:
 
 
 @pytest.mark.realtime
-@pytest.mark.parametrize("simulator", HDL_SIMULATORS)
+@pytest.mark.verilator  # on both simulators in the tier (Icarus as the fallback), not in
+@pytest.mark.parametrize("simulator", HDL_SIMULATORS)  # the suite's 5 minutes
 def test_the_units_verilog_schedules_a_flow_on_each_side(simulator: str, tmp_path: Path,
                                                           monkeypatch: pytest.MonkeyPatch
                                                           ) -> None:
