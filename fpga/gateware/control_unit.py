@@ -71,6 +71,11 @@ def flow_fields(frame: FrameFormat, word: int) -> dict[str, int]:
     return out
 
 
+def _wrap(at: Any, n: int) -> Any:
+    """A ring's index `at` (under 2n) brought under n."""
+    return Mux(at >= n, at - n, at)
+
+
 def _fit(v: Any, width: int) -> Any:
     """`v` at `width` bits: cut, or zero-extended."""
     v = Cat(v)
@@ -238,6 +243,13 @@ class ControlUnitRTL(wiring.Component):
         port_at, port_w = F.common("port")
         fport = frame[port_at:port_at + port_w]
 
+        def back() -> None:
+            """The end of a FREE's next grant: the completion that freed goes on, or idle."""
+            with m.If(after_free):
+                m.next = "RXD_TAIL"
+            with m.Else():
+                m.next = "IDLE"
+
         def stray(kind: str) -> None:
             with m.If((field(kind, "flow") >> F.tag_shift) != self.tag):
                 m.d.sync += count("late")
@@ -297,7 +309,7 @@ class ControlUnitRTL(wiring.Component):
                     with m.Else():
                         at = tx_head[p] + tx_count[p]
                         m.d.comb += [t_wr.en.eq(1), t_wr.data.eq(fl),
-                                     t_wr.addr.eq(p * txq + Mux(at >= txq, at - txq, at))]
+                                     t_wr.addr.eq(p * txq + _wrap(at, txq))]
                         m.d.sync += tx_count[p].eq(tx_count[p] + 1)
                         with m.If(tx_state[p] == IDLE):
                             m.next = "TXN"
@@ -451,7 +463,7 @@ class ControlUnitRTL(wiring.Component):
                         m.next = "RQ3"
                     with m.Else():
                         at = q_head[p] + scan_i
-                        m.d.comb += q_rd.addr.eq(p * rxq + Mux(at >= rxq, at - rxq, at))
+                        m.d.comb += q_rd.addr.eq(p * rxq + _wrap(at, rxq))
                         e = q_rd.data
                         with m.If((e.flow == q.flow) & (e.hop == q.hop)):
                             m.d.sync += inq.eq(1)
@@ -475,7 +487,7 @@ class ControlUnitRTL(wiring.Component):
                     with m.Elif(out.w_rdy):
                         at = q_head[p] + n
                         m.d.comb += [q_wr.en.eq(1), q_wr.data.eq(q),
-                                     q_wr.addr.eq(p * rxq + Mux(at >= rxq, at - rxq, at)),
+                                     q_wr.addr.eq(p * rxq + _wrap(at, rxq)),
                                      *send("wait", **wait, queue_position=n + 1)]
                         m.d.sync += q_count[p].eq(n + 1)
                         m.next = "IDLE"
@@ -491,10 +503,7 @@ class ControlUnitRTL(wiring.Component):
                         m.d.sync += [granted[p].eq(q), g_ok[p].eq(1), data_done[p].eq(0),
                                      released[p].eq(0), count("grants")]
                         arm(3 * p + 1, expires + self.propagation_ns + 1)
-                        with m.If(after_free):
-                            m.next = "RXD_TAIL"
-                        with m.Else():
-                            m.next = "IDLE"
+                        back()
                 per(grant)
             with m.State("TMR_LEASE"):
                 def lease(p: int) -> None:
@@ -516,10 +525,7 @@ class ControlUnitRTL(wiring.Component):
                 def gnext(p: int) -> None:
                     with m.If(q_count[p] == 0):
                         m.d.sync += g_ok[p].eq(0)
-                        with m.If(after_free):
-                            m.next = "RXD_TAIL"
-                        with m.Else():
-                            m.next = "IDLE"
+                        back()
                     with m.Else():
                         m.d.comb += q_rd.addr.eq(p * rxq + q_head[p])
                         nh = q_head[p] + 1

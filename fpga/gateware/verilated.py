@@ -18,7 +18,7 @@ import shutil
 import subprocess
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from oddl.fpga.gateware.build import VERILATOR_WARNINGS, GatewareError, verilator_env, verilog_text
 
@@ -140,6 +140,27 @@ def _run(cmd: list[str], env: dict[str, str], what: str) -> None:
     if proc.returncode != 0:
         raise GatewareError(f"{what} failed ({proc.returncode}): "
                             f"{(proc.stderr or proc.stdout).strip()[-2000:]}")
+
+
+class Ports(Protocol):
+    """A simulated design's ports by name, whichever simulator runs it: `set` an input,
+    `get` an output as it has settled (a `Model`, or `TestbenchPorts`)."""
+
+    def set(self, name: str, value: int) -> None: ...
+    def get(self, name: str) -> int: ...
+
+
+class TestbenchPorts:
+    """`Ports` of a component in Amaranth's simulator, from inside a testbench."""
+
+    def __init__(self, ctx: Any, dut: Any) -> None:
+        self.ctx, self.dut = ctx, dut
+
+    def set(self, name: str, value: int) -> None:
+        self.ctx.set(getattr(self.dut, name), value)
+
+    def get(self, name: str) -> int:
+        return int(self.ctx.get(getattr(self.dut, name)))
 
 
 _LIBS: dict[Path, Any] = {}  # each library loaded once a process

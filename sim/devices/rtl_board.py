@@ -20,12 +20,13 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from oddl.controller.base.devices import DeviceRefused
 from oddl.controller.base.extras import require
 from oddl.controller.base.messages import Flow
 from oddl.fpga import regmap as R
+from oddl.fpga.gateware.verilated import Ports, TestbenchPorts
 from oddl.sim.devices.fabric import Fabric
 from oddl.sim.devices.onic_board import PLACEHOLDER_HASH, in_index_order
 
@@ -48,18 +49,11 @@ class _Op:
     done: bool = False
 
 
-class _IO(Protocol):
-    """A simulator's ports, by name: `set` an input, `get` a (settled) output."""
-
-    def set(self, name: str, value: int) -> None: ...
-    def get(self, name: str) -> int: ...
-
-
 _PINS = ("tune_valid", "tune_channel", "tx_valid", "tx_dst", "tx_bytes", "tx_flow", "tx_hdr",
          "rx_busy", "rx_cur_flow", "tune_locked", "tx_done", "rx_done")
 
 
-def _drive(io: _IO, core: Any, board: RtlBoard, op: _Op) -> Iterator[None]:
+def _drive(io: Ports, core: Any, board: RtlBoard, op: _Op) -> Iterator[None]:
     """One piece of work into the IP, as the PS and the datapath would present it: yields
     for each clock edge (the caller's simulator ticks), and after each, takes what came
     out (tunes, descriptors, streams, firings) into `core`."""
@@ -135,7 +129,7 @@ def _drive(io: _IO, core: Any, board: RtlBoard, op: _Op) -> Iterator[None]:
     core.line = bool(io.get("irq"))
 
 
-def _straps(io: _IO, board: RtlBoard) -> None:
+def _straps(io: Ports, board: RtlBoard) -> None:
     io.set("node_id", board.index[board.node])
     io.set("n_nodes", len(board.nodes))
     io.set("n_channels", board.fabric.n_channels)
@@ -174,19 +168,10 @@ class _Core:
 
     async def _bench(self, ctx: Any) -> None:
         d = self.dut
-
-        class IO:
-            @staticmethod
-            def set(name: str, value: int) -> None:
-                ctx.set(getattr(d, name), value)
-
-            @staticmethod
-            def get(name: str) -> int:
-                return int(ctx.get(getattr(d, name)))
-
+        io = TestbenchPorts(ctx, d)
         board = self.owner()
         assert board is not None
-        _straps(IO, board)
+        _straps(io, board)
         del board  # held weakly: the board may go, and the core to the next one
         while True:
             await ctx.tick()
@@ -194,7 +179,7 @@ class _Core:
                 op = self.ops.popleft()
                 board = self.owner()
                 assert board is not None
-                for _ in _drive(IO, self, board, op):
+                for _ in _drive(io, self, board, op):
                     await ctx.tick()
                 del board
                 op.done = True

@@ -19,7 +19,7 @@ from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 from oddl.controller.base.clock import Clock
 from oddl.controller.base.devices import Bus, ONic
@@ -31,6 +31,7 @@ from oddl.controller.stage1.plan import Route
 from oddl.controller.stage2.control_unit import FlowFailed, Timing
 from oddl.controller.stage2.trace import Tracer
 from oddl.controller.stage2.wire import FRAME, decode_frame, encode_frame
+from oddl.fpga.gateware.verilated import Ports, TestbenchPorts
 
 log = logging.getLogger(__name__)
 CLOCK_HZ = 250e6
@@ -63,14 +64,7 @@ class _Op:
 _FRAME_LATENCY = 1  # a frame leaves the output FIFO the cycle after it was written
 
 
-class _IO(Protocol):
-    """A simulator's ports, by name: `set` an input, `get` a (settled) output."""
-
-    def set(self, name: str, value: int) -> None: ...
-    def get(self, name: str) -> int: ...
-
-
-def _drive(io: _IO, u: RtlControlUnit, op: _Op, ports: int, nbw: int) -> Iterator[None]:
+def _drive(io: Ports, u: RtlControlUnit, op: _Op, ports: int, nbw: int) -> Iterator[None]:
     """One event into the unit, as its surroundings would present it: yields for each
     clock edge (the caller's simulator ticks), and after each, takes what came out."""
 
@@ -175,23 +169,14 @@ class _Core:
 
     async def _bench(self, ctx: Any) -> None:
         d = self.dut
-
-        class IO:
-            @staticmethod
-            def set(name: str, value: int) -> None:
-                ctx.set(getattr(d, name), value)
-
-            @staticmethod
-            def get(name: str) -> int:
-                return int(ctx.get(getattr(d, name)))
-
+        io = TestbenchPorts(ctx, d)
         nbw = d.frame.width("nbytes")
         while True:
             await ctx.tick()
             while self.ops:
                 op = self.ops.popleft()
                 assert self.owner is not None
-                for _ in _drive(IO, self.owner, op, d.ports, nbw):
+                for _ in _drive(io, self.owner, op, d.ports, nbw):
                     await ctx.tick()
                 op.done = True
 
