@@ -17,3 +17,7 @@ below it, `oddl.fpga`.
 """
 
 __version__ = "0.1.0"
+
+from oddl.controller.base import compiled as _compiled
+
+_compiled.install()  # before any hot module of the control plane is imported

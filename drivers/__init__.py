@@ -6,3 +6,5 @@
 emulator's endpoint), `announce` (notes for the bus's watchers) and `cassette` (every
 exchange with the devices, recorded and replayed). Drivers speak to
 hardware or to an emulator at the device boundary; they never import the models."""
+
+import oddl.controller  # noqa: F401  (its finder chooses a hot module's build)

@@ -3,3 +3,5 @@ devices' servers), `networks/` (the flow-level network models the baselines run 
 `backend` (the sim back end over both, and the baselines' back end), `clock` (the
 virtual-time loop) and `emulate` (the `oddl emulate` program, which serves the devices).
 """
+
+import oddl.controller  # noqa: F401  (its finder chooses a hot module's build)

@@ -313,6 +313,16 @@ def _plan_jobs(ctx: Any, strategy: str | None, as_json: bool, plot: Path | None)
                f"(output port, wavelength) (planned in {dt:.2f} s)")
 
 
+def hot_path_said() -> None:
+    """One line on stderr when the hot path runs interpreted and nobody asked for it: a
+    run then takes longer than the docs' figures (docs/performance.md)."""
+    from oddl.controller.base import compiled
+
+    line = compiled.state()
+    if not line.startswith("hot path compiled") and not compiled.interpreted_by_choice():
+        click.echo(f"note: {line}", err=True)
+
+
 def _run_setup(experiment: Path, testbed: Path | None, backend: str,
                board_model: str | None, out: Path | None,
                control_model: str | None = None, rtl_simulator: str | None = None
@@ -481,6 +491,7 @@ def run(experiment: Path, backend: str, out: Path | None, iterations: int | None
 
     ctx, run_dir = _run_setup(experiment, testbed, backend, board_model, out, control_model,
                               rtl_simulator)
+    hot_path_said()
     prog = Progress(TextColumn("{task.description:<12}"), BarColumn(), MofNCompleteColumn(),
                     TimeElapsedColumn(), console=err, transient=as_json,
                     disable=not err.is_terminal and as_json)
@@ -566,6 +577,7 @@ def run(experiment: Path, backend: str, out: Path | None, iterations: int | None
                    "one to resume: points already in its points.jsonl are kept")
 def sweep(sweep_file: Path, jobs: int, cluster: str | None, out: Path | None) -> None:
     """Run networks x models x node counts x line rates; write the table and the plots."""
+    hot_path_said()
     from oddl.app.experiments.sweep import (
         load_sweep,
         points,

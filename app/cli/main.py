@@ -99,8 +99,20 @@ def _stopped(e: Stopped) -> NoReturn:
     sys.exit(e.exit_code)
 
 
+def _version(ctx: click.Context, _param: click.Parameter, value: bool) -> None:
+    if not value or ctx.resilient_parsing:
+        return
+    from importlib.metadata import version
+
+    from oddl.controller.base import compiled
+
+    click.echo(f"oddl {version('oddl')}; {compiled.state()}")
+    ctx.exit()
+
+
 @click.group(cls=_Oddl)
-@click.version_option(package_name="oddl")
+@click.option("--version", is_flag=True, expose_value=False, is_eager=True, callback=_version,
+              help="The version, and whether the hot path runs compiled.")
 def main() -> None:
     """oddl: the ODDL optical interconnect testbed controller.
 

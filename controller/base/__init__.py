@@ -2,6 +2,6 @@
 and their schemas), `catalog` (the names), `faultkinds`, `topology` (the grid and its WSS
 groups), `collectives` and `jumps`, `messages` (control messages), `devices` (the device
 interfaces), `clock`, `access` (bus topics and rights), `telemetry` (notes), `parallelism`
-(hybrid splits), `extras` (the optional installs) and `throttle` (how often a repeated
-complaint is logged). It imports nothing of the control
+(hybrid splits), `extras` (the optional installs), `throttle` (how often a repeated
+complaint is logged) and `compiled` (which modules run compiled). It imports nothing of the control
 plane's above it (only `oddl.fpga`)."""

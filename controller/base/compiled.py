@@ -1,0 +1,124 @@
+"""The compiled hot path: which modules are compiled, and which build runs.
+
+The modules in `HOT` are what a simulated flow runs through: the event loop, the board and
+its count-action engine, the register model, the bus and the fabric, the driver's per-flow
+path, the control unit, the collective's steps and the health watch. setup.py compiles each
+of them with Cython (docs/performance.md) from the very same .py file that runs
+interpreted, and installs the extension beside it, so the code a lab runs on a board and
+the code a simulation runs are one source.
+
+Python prefers an extension to the source beside it. `install()` puts a finder in front of
+that choice, for oddl's modules only, so that:
+- `ODDL_INTERPRETED=1` runs every module from its source (CI runs the golden tests both
+  ways; a profile of the interpreted path);
+- an extension older than its source (an editable install whose .py was edited since the
+  build) is not run: the source is, and a warning says to rebuild (`pip install -e .`).
+
+This module imports only the standard library: setup.py reads `HOT` from it before oddl
+is installed.
+"""
+
+from __future__ import annotations
+
+import importlib.abc
+import importlib.machinery
+import importlib.util
+import logging
+import os
+import sys
+from collections.abc import Sequence
+from importlib.machinery import ModuleSpec
+from types import ModuleType
+
+log = logging.getLogger(__name__)
+
+# the compiled modules, as source paths of this checkout (setup.py's ROOTS map the folders)
+HOT = (
+    "sim/clock.py",
+    "sim/devices/onic_board.py",
+    "sim/devices/pynq_device.py",
+    "sim/devices/bus.py",
+    "sim/devices/fabric.py",
+    "drivers/onic.py",
+    "controller/stage2/control_unit.py",
+    "controller/stage2/workloads.py",
+    "controller/service/health.py",
+)
+INTERPRETED = "ODDL_INTERPRETED"  # set to 1: run every module from its source
+
+
+def module_name(path: str) -> str:
+    """`sim/clock.py` -> `oddl.sim.clock`."""
+    return "oddl." + path.removesuffix(".py").replace("/", ".")
+
+
+HOT_MODULES = tuple(module_name(p) for p in HOT)
+
+
+def interpreted_by_choice() -> bool:
+    return os.environ.get(INTERPRETED, "") not in ("", "0")
+
+
+class _SourceFirst(importlib.abc.MetaPathFinder):
+    """Chooses a hot module's source over its extension when asked to, or when the
+    extension is older than the source."""
+
+    def find_spec(self, name: str, path: Sequence[str] | None,
+                  target: ModuleType | None = None) -> ModuleSpec | None:
+        if name not in HOT_MODULES or not path:
+            return None  # everything else: Python's own finders, untouched
+        leaf = name.rpartition(".")[2]
+        for folder in path:
+            source = os.path.join(folder, leaf + ".py")
+            if not os.path.isfile(source):
+                continue
+            ext = extension_of(source)
+            if ext is None:
+                return None  # not built: Python finds the source anyway
+            if not interpreted_by_choice():
+                if os.stat(ext).st_mtime >= os.stat(source).st_mtime:
+                    return None  # the extension, as Python would choose it
+                log.warning("%s: its compiled build is older than its source, which runs "
+                            "instead (rebuild: pip install -e .)", name)
+            return importlib.util.spec_from_file_location(name, source)
+        return None
+
+
+def extension_of(source: str) -> str | None:
+    """The built extension beside a source file, if there is one."""
+    stem = source.removesuffix(".py")
+    for suffix in importlib.machinery.EXTENSION_SUFFIXES:
+        if os.path.isfile(stem + suffix):
+            return stem + suffix
+    return None
+
+
+_finder = _SourceFirst()
+
+
+def install() -> None:
+    """Put the finder first, once (each top-level package that holds a hot module calls
+    this before any of its modules is imported)."""
+    if _finder not in sys.meta_path:
+        sys.meta_path.insert(0, _finder)
+
+
+def state() -> str:
+    """One line: how the hot path runs in this process, and why."""
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    built = stale = 0
+    for path in HOT:
+        source = os.path.join(root, path)
+        ext = extension_of(source)
+        if ext is not None:
+            built += 1
+            stale += os.stat(ext).st_mtime < os.stat(source).st_mtime
+    if built == 0:
+        return ("hot path interpreted: it was not compiled at install (a C compiler and the "
+                "Python headers build it: pip install -e .)")
+    if interpreted_by_choice():
+        return f"hot path interpreted ({INTERPRETED} is set)"
+    if stale or built < len(HOT):
+        return (f"hot path partly compiled: {built - stale} of {len(HOT)} modules; the rest "
+                "changed since the build or were not built (rebuild: pip install -e .)")
+    return f"hot path compiled ({built} modules, Cython)"
