@@ -1,9 +1,12 @@
-"""Every speed figure of issue 32, each in a fresh process (its wall time and its own peak
-RSS, from wait4), printed beside its target. Figures printed, nothing asserted.
+"""Every speed figure of issue 46, each in a fresh process (its wall time and its own peak
+RSS, from wait4), printed beside its target, with the compiled hot path and without it
+(ODDL_INTERPRETED=1, the same source run by the interpreter). Figures printed, nothing
+asserted.
 
-    python bench/speed_bench.py            # all (about 4 min on 2 cores)
-    python bench/speed_bench.py --quick    # without the three long runs
-    python bench/speed_bench.py --beyond   # also the 16,384-node grid (128 x 128)
+    python bench/speed_bench.py              # all, both ways (about 25 min on 2 cores)
+    python bench/speed_bench.py --quick      # without the long runs (about 2 min)
+    python bench/speed_bench.py --compiled   # the compiled path only
+    python bench/speed_bench.py --beyond     # also the 16,384-node grid (128 x 128)
 
 docs/performance.md has the figures before and after, and where the time goes.
 """
@@ -17,7 +20,11 @@ import subprocess
 import sys
 import tempfile
 import time
+import tomllib
+from collections.abc import Callable
 from pathlib import Path
+
+import tomli_w
 
 ROOT = Path(__file__).resolve().parent.parent
 ODDL = [sys.executable, "-c", "from oddl.app.cli import main; main()"]
@@ -108,11 +115,12 @@ strategy = "matched"
 """
 
 
-def measure(cmd: list[str]) -> tuple[float, float, str]:
+def measure(cmd: list[str], interpreted: bool = False) -> tuple[float, float, str]:
     """Wall seconds, peak RSS (MB) of that process alone, and its stdout."""
+    env = {**os.environ, "ODDL_INTERPRETED": "1" if interpreted else ""}
     with tempfile.TemporaryFile() as out:
         t = time.perf_counter()
-        p = subprocess.Popen(cmd, cwd=ROOT, stdout=out, stderr=subprocess.DEVNULL)
+        p = subprocess.Popen(cmd, cwd=ROOT, stdout=out, stderr=subprocess.DEVNULL, env=env)
         _pid, status, usage = os.wait4(p.pid, 0)
         wall = time.perf_counter() - t
         out.seek(0)
@@ -122,60 +130,98 @@ def measure(cmd: list[str]) -> tuple[float, float, str]:
     return wall, usage.ru_maxrss / 1024, text
 
 
-def python(snippet: str) -> tuple[float, float, dict[str, float]]:
-    wall, rss, text = measure([sys.executable, "-c", snippet])
+def python(snippet: str, interpreted: bool) -> tuple[float, float, dict[str, float]]:
+    wall, rss, text = measure([sys.executable, "-c", snippet], interpreted)
     return wall, rss, json.loads(text.strip().splitlines()[-1])
 
 
-def row(what: str, figure: str, target: str) -> dict[str, str]:
-    print(f"{what:<52} {figure:<34} target {target}", flush=True)
-    return {"what": what, "figure": figure, "target": target}
+def one_network(d: str, name: str) -> str:
+    """cassini-fattree with only the network `name` (its 16 jobs, the law's 10 us step)."""
+    src = ROOT / "experiments" / "cassini-fattree.toml"
+    exp = tomllib.loads(src.read_text())
+    exp["networks"] = [n for n in exp["networks"] if n["name"] == name]
+    exp["testbed"] = str((src.parent / exp["testbed"]).resolve())
+    out = Path(d) / f"cassini-{name}.toml"
+    out.write_text(tomli_w.dumps(exp))
+    return str(out)
+
+
+Figure = Callable[[bool], str]  # interpreted? -> the figure
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--quick", action="store_true", help="skip Table 1, the sweep, multi-job")
+    ap.add_argument("--quick", action="store_true", help="skip the runs of a minute or more")
+    ap.add_argument("--compiled", action="store_true", help="only the compiled hot path")
     ap.add_argument("--beyond", action="store_true", help="also the 16,384-node grid")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args()
     rows = []
     with tempfile.TemporaryDirectory() as d:
-        if not a.quick:
-            wall, rss, _ = measure([*ODDL, "run", "experiments/table1-resnet50.toml",
-                                    "--out", f"{d}/t1"])
-            rows.append(row("Table 1, `oddl run` (README's main command)",
-                            f"{wall:.1f} s, {rss:.0f} MB", "<= 15 s"))
-        _w, _r, ev = python(EVENTS.format(its=5000))
-        rows.append(row("simulated events/s (Table 1 ODDL, 5,000 iterations)",
-                        f"{ev['events'] / ev['wall_s']:,.0f} ({ev['events'] / ev['flows']:.1f}"
-                        f"/flow, {ev['wall_s'] / ev['flows'] * 1e6:.1f} us/flow)", ">= 300k"))
-        wall, rss, it = python(ITERATION.format(experiment="experiments/grid4096-resnet50-hd.toml"))
-        rows.append(row("grid-4096, one HD iteration with setup",
-                        f"{wall:.1f} s ({it['setup_s']:.1f} setup, {it['plan_s']:.2f} plan), "
-                        f"{rss:.0f} MB", "<= 8 s, <= 800 MB"))
-        _w, _r, pl = python(PLAN.format(testbed="hw_configs/grid-4096.toml"))
-        rows.append(row("stage-1 plan of grid-4096, in process",
-                        f"{pl['plan_s']:.2f} s (+ {pl['schedule_s']:.2f} s HD schedule)",
-                        "<= 0.5 s"))
-        wall, _rss, _ = measure([*ODDL, "plan", "hw_configs/grid-4096.toml", "--json"])
-        rows.append(row("`oddl plan hw_configs/grid-4096.toml --json`", f"{wall:.2f} s",
-                        "<= 1 s"))
-        if not a.quick:
-            wall, _rss, _ = measure([*ODDL, "sweep", "experiments/jocn-1024-vgg19.toml",
-                                     "--jobs", "2", "--out", f"{d}/jocn"])
-            rows.append(row("`oddl sweep experiments/jocn-1024-vgg19.toml --jobs 2`",
-                            f"{wall:.1f} s", "<= 45 s"))
-            wall, rss, _ = measure([*ODDL, "run", "experiments/multijob-1024.toml",
-                                    "--out", f"{d}/mj"])
-            rows.append(row("`oddl run experiments/multijob-1024.toml`",
-                            f"{wall:.1f} s, {rss:.0f} MB", "<= 30 s"))
+        def command(*args: str, rss: bool = False) -> Figure:
+            def fig(interpreted: bool) -> str:
+                wall, peak, _ = measure([*ODDL, *args], interpreted)
+                return f"{wall:.1f} s" + (f", {peak:.0f} MB" if rss else "")
+            return fig
+
+        def events(interpreted: bool) -> str:
+            _w, _r, ev = python(EVENTS.format(its=5000), interpreted)
+            return (f"{ev['events'] / ev['wall_s'] / 1e3:,.0f}k ("
+                    f"{ev['wall_s'] / ev['flows'] * 1e6:.1f} us/flow)")
+
+        def iteration(interpreted: bool) -> str:
+            wall, rss, it = python(ITERATION.format(
+                experiment="experiments/grid4096-resnet50-hd.toml"), interpreted)
+            return f"{wall:.1f} s ({it['setup_s']:.1f} setup), {rss:.0f} MB"
+
+        def plan(interpreted: bool) -> str:
+            _w, _r, pl = python(PLAN.format(testbed="hw_configs/grid-4096.toml"), interpreted)
+            return f"{pl['plan_s']:.2f} s (+ {pl['schedule_s']:.2f} s schedule)"
+
+        def laws_tests(interpreted: bool) -> str:
+            wall, _r, _ = measure([sys.executable, "-m", "pytest", "-q", "-n", "0", "-p",
+                                   "no:cacheprovider", "tests/test_congestion.py"],
+                                  interpreted)
+            return f"{wall:.1f} s"
+
+        table: list[tuple[str, str, Figure, bool]] = [  # what, target, figure, long?
+            ("Table 1, `oddl run` (README's main command)", "<= 10 s",
+             command("run", "experiments/table1-resnet50.toml", "--out", f"{d}/t1",
+                     rss=True), True),
+            ("simulated events/s (Table 1 ODDL, 5,000 iterations)", ">= 500k", events, False),
+            ("grid-4096, one HD iteration with setup", "<= 6 s, <= 500 MB", iteration, False),
+            ("stage-1 plan of grid-4096, in process", "-", plan, False),
+            ("`oddl plan hw_configs/grid-4096.toml --json`", "<= 0.6 s",
+             command("plan", "hw_configs/grid-4096.toml", "--json"), False),
+            ("`oddl run experiments/multijob-1024.toml`", "<= 20 s",
+             command("run", "experiments/multijob-1024.toml", "--out", f"{d}/mj", rss=True),
+             True),
+            ("`oddl sweep experiments/jocn-1024-vgg19.toml --jobs 2`", "<= 30 s",
+             command("sweep", "experiments/jocn-1024-vgg19.toml", "--jobs", "2", "--out",
+                     f"{d}/jocn"), True),
+            ("cassini-fattree, the `tcp` network alone (10 us steps)", "<= 30 s",
+             command("run", one_network(d, "tcp"), "--out", f"{d}/tcp"), True),
+            ("cassini-fattree, the `dcqcn` network alone (10 us steps)", "<= 30 s",
+             command("run", one_network(d, "dcqcn"), "--out", f"{d}/dcqcn"), True),
+            ("the congestion tests (tests/test_congestion.py)", "halved", laws_tests, False),
+        ]
         if a.beyond:
             (Path(d) / "grid-16384.toml").write_text(BEYOND_TB)
             (Path(d) / "e.toml").write_text(BEYOND_EXP)
-            wall, rss, it = python(ITERATION.format(experiment=f"{d}/e.toml"))
-            rows.append(row("grid-16384 (128 x 128): plan and one HD iteration",
-                            f"{wall:.1f} s ({it['plan_s']:.2f} plan), {rss:.0f} MB, "
-                            f"{it['flows']:,} flows", "within 24 GB"))
+
+            def beyond(interpreted: bool) -> str:
+                wall, rss, it = python(ITERATION.format(experiment=f"{d}/e.toml"), interpreted)
+                return f"{wall:.1f} s ({it['plan_s']:.2f} plan), {rss:.0f} MB"
+            table.append(("grid-16384 (128 x 128): plan and one HD iteration",
+                          "within 24 GB", beyond, True))
+        print(f"{'what':<58} {'compiled':<34} {'interpreted':<34} target", flush=True)
+        for what, target, fig, long in table:
+            if long and a.quick:
+                continue
+            c = fig(False)
+            i = "-" if a.compiled else fig(True)
+            print(f"{what:<58} {c:<34} {i:<34} {target}", flush=True)
+            rows.append({"what": what, "compiled": c, "interpreted": i, "target": target})
     if a.json:
         print(json.dumps(rows, indent=1))
 

@@ -12,9 +12,11 @@ from oddl.app.experiments.runner import run_experiment
 from oddl.controller.base.clock import Clock
 from oddl.controller.base.config import Experiment, JobEntry, LoadedExperiment, grid_testbed
 from oddl.controller.base.messages import Flow
+from oddl.controller.stage2.invariants import TAG_SHIFT
 from oddl.sim.clock import VirtualClockLoop
-from oddl.sim.networks.congestion import CongestionControl, Reno
+from oddl.sim.networks.congestion import CongestionControl, Reno, lawkernel
 from oddl.sim.networks.electrical import ElectricalSwitch
+from oddl.sim.networks.sharing import MLTCP
 
 RATE = 100.0  # Gb/s
 
@@ -132,3 +134,60 @@ def test_jobs_on_a_shared_uplink_run_under_the_law_and_say_what_it_did(
     assert all(res.jobs[j]["m"]["iterations"] == 3 for j in "ab")
     assert all(res.jobs[j]["m"]["iteration_time_s"] > 9.18e-3 for j in "ab")  # > alone
     assert m.stats[counter] > 0
+
+
+class Traced(CongestionControl):
+    """Every tick's state, as bytes: the compiled tick and the numpy one, side by side."""
+
+    def __init__(self, *a: object, **kw: object) -> None:
+        super().__init__(*a, **kw)  # type: ignore[arg-type]
+        self.trace: list[bytes] = []
+
+    def step(self, now: int) -> bool:
+        busy = super().step(now)
+        assert self.queue is not None
+        self.trace.append(b"".join(a.tobytes() for a in (
+            self.queue, self.rate, self.target, self.alpha, self.window, self.ssthresh,
+            self.clocks, self.sent, self.counts, self.marked, self.cut, self.goodput))
+            + repr((busy, sorted(self.stats.items()))).encode())
+        return busy
+
+
+@pytest.mark.skipif(lawkernel is None, reason="this install did not build the compiled laws "
+                    "(setup.py; tests/test_compiled.py requires them where they must be)")
+@pytest.mark.parametrize("law, kw", [("dcqcn", {}), ("tcp", {"random_loss": 1e-3}),
+                                     ("dcqcn", {"mltcp": True}), ("tcp", {"mltcp": True})])
+def test_the_compiled_tick_is_the_numpy_tick_to_the_bit(law: str, kw: dict[str, object]
+                                                         ) -> None:
+    """Issue 46: the laws' tick compiled (sim/networks/lawkernel.pyx) must change no figure.
+    An incast of eight, two of them weighted, a second wave arriving into the queues: every
+    tick's every state array and counter equal, byte for byte, and every flow's end."""
+    runs = []
+    for compiled in (True, False):
+        loop = VirtualClockLoop()
+        clock = Clock(loop)
+        net = ElectricalSwitch(clock, [f"h{i}" for i in range(10)], RATE, 1000.0,
+                               lambda f: None)
+        mltcp = MLTCP(slope=1.0, intercept=0.5, tick_ns=1_000) if kw.get("mltcp") else None
+        cc = Traced(law, 1_000, seed=7, mltcp=mltcp,
+                    random_loss=float(kw.get("random_loss", 0.0)))  # type: ignore[arg-type]
+        cc.compiled = compiled
+        net.sharing = cc
+        cc.attach(net)
+        cc.join(1, 0.6)
+        done: dict[int, int] = {}
+        net.deliver = lambda f, d=done, c=clock: d.setdefault(  # type: ignore[method-assign]
+            f.id, c.now_ns())
+        for i in range(8):
+            fid = (1 + i % 2) << TAG_SHIFT | i
+            clock.call_later_ns(i * 3_000, net.submit, Flow(fid, f"h{i}", "h8", 2_000_000))
+            clock.call_later_ns(400_000 + i * 7_000, net.submit,
+                                Flow((1 + i % 2) << TAG_SHIFT | 100 + i, f"h{i}", "h9",
+                                     1_000_000 + 50_000 * i))
+        run_for(loop, 0.006)
+        runs.append((cc.trace, done))
+    (a, done_a), (b, done_b) = runs
+    assert len(a) > 1_000 and len(done_a) == 16
+    assert done_a == done_b
+    first = next((k for k, (x, y) in enumerate(zip(a, b, strict=True)) if x != y), None)
+    assert first is None, f"tick {first} differs"

@@ -2,7 +2,8 @@
 
 The modules in `HOT` are what a simulated flow runs through: the event loop, the board and
 its count-action engine, the register model, the bus and the fabric, the driver's per-flow
-path, the control unit, the collective's steps and the health watch. setup.py compiles each
+path, the control unit, the collective's steps and the health watch; and on the baselines'
+networks, the flow solver and the congestion laws. setup.py compiles each
 of them with Cython (docs/performance.md) from the very same .py file that runs
 interpreted, and installs the extension beside it, so the code a lab runs on a board and
 the code a simulation runs are one source.
@@ -43,13 +44,18 @@ HOT = (
     "controller/stage2/control_unit.py",
     "controller/stage2/workloads.py",
     "controller/service/health.py",
+    "sim/networks/electrical.py",  # the flow networks' solver and their congestion laws
+    "sim/networks/sharing.py",
+    "sim/networks/congestion.py",
 )
+# kernels written for Cython (.pyx) beside the Python they transcribe, held equal to it
+KERNELS = ("sim/networks/lawkernel.pyx",)
 INTERPRETED = "ODDL_INTERPRETED"  # set to 1: run every module from its source
 
 
 def module_name(path: str) -> str:
-    """`sim/clock.py` -> `oddl.sim.clock`."""
-    return "oddl." + path.removesuffix(".py").replace("/", ".")
+    """`sim/clock.py` (or .pyx) -> `oddl.sim.clock`."""
+    return "oddl." + path.rpartition(".")[0].replace("/", ".")
 
 
 HOT_MODULES = tuple(module_name(p) for p in HOT)

@@ -31,7 +31,9 @@ what reached them: ECN marks (DCQCN's CNPs), losses (Reno's halvings).
 
 Fluid, not packets: within a tick a link serves its capacity, shared in proportion to what
 arrives; marks and losses are drawn per tick from their per-segment probabilities, with a
-seeded generator (a run is reproducible). Steps are vectorised over the connections.
+seeded generator (a run is reproducible). Steps are vectorised over the connections, and
+compiled where the install built `lawkernel` (the same arithmetic in the same order: the
+two are held equal to the bit; ODDL_INTERPRETED=1 runs the numpy tick).
 """
 
 from __future__ import annotations
@@ -41,8 +43,14 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+from oddl.controller.base import compiled
 from oddl.controller.stage2.invariants import tag_of
 from oddl.sim.networks.sharing import MLTCP, Sharing
+
+try:  # the compiled tick (lawkernel.pyx, built by setup.py): the numpy one, ~10x faster
+    from oddl.sim.networks import lawkernel
+except ImportError:  # not built: the numpy tick below
+    lawkernel = None  # type: ignore[assignment]
 
 if TYPE_CHECKING:
     from oddl.sim.networks.electrical import FlowNetwork
@@ -118,8 +126,10 @@ class CongestionControl(Sharing):
         self.goodput = np.zeros(n)  # what reaches the receiver, bits/ns
         self.queue: np.ndarray | None = None  # per link, bits
         self._csr: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
+        self._tags: tuple[list[int], np.ndarray] | None = None  # `_scale`'s, for `_csr`
         self.stats = {"cnps": 0, "losses": 0, "dropped_bytes": 0.0, "max_queue_bytes": 0.0,
                       "paused_bytes": 0.0}
+        self.compiled = lawkernel is not None and not compiled.interpreted_by_choice()
 
     def describe(self) -> dict[str, float]:
         """What the law has done so far: CNPs, losses, bytes dropped or paused (counters:
@@ -209,6 +219,7 @@ class CongestionControl(Sharing):
                 for k in self.flows[int(s)][0].links:
                     rows.append(r)
                     cols.append(li[k])
+            self._tags = None
             self._csr = (slots, np.asarray(rows, dtype=np.int64),
                          np.asarray(cols, dtype=np.int64))
         return self._csr
@@ -221,6 +232,13 @@ class CongestionControl(Sharing):
         assert self.net is not None and self.queue is not None
         if not self.flows:
             return False
+        if self.compiled:
+            return bool(lawkernel.step(self))
+        return self._step()
+
+    def _step(self) -> bool:
+        """The tick in numpy (the compiled one is its transcription)."""
+        assert self.net is not None and self.queue is not None
         dt = float(self.tick_ns)
         slots, rows, cols = self._index()
         n = len(slots)
@@ -259,14 +277,17 @@ class CongestionControl(Sharing):
 
     def join(self, tag: int, weight: float) -> None:
         self.weight[tag] = weight
+        self._tags = None
 
     def _scale(self, slots: np.ndarray) -> np.ndarray:
         """Each connection's increase factor: its job's weight over the jobs' mean (a
         job weighted 0.6 against 0.4 grows 1.2 against 0.8: MulTCP's way of being
         unfair), times MLTCP's F where MLTCP runs."""
-        tags = [tag_of(self.flows[int(s)][0].flow.id) for s in slots]
-        mean = sum(self.weight.values()) / len(self.weight) if self.weight else 1.0
-        f = np.array([self.weight.get(t, 1.0) / mean for t in tags])
+        if self._tags is None:  # the same while the connections are (`_index`)
+            tags = [tag_of(self.flows[int(s)][0].flow.id) for s in slots]
+            mean = sum(self.weight.values()) / len(self.weight) if self.weight else 1.0
+            self._tags = tags, np.array([self.weight.get(t, 1.0) / mean for t in tags])
+        tags, f = self._tags
         if self.mltcp is None:
             return f
         inflight: dict[int, float] = {}
