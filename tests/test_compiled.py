@@ -6,6 +6,7 @@ ODDL_INTERPRETED=1); these hold which build a process runs."""
 from __future__ import annotations
 
 import importlib.machinery
+import importlib.util
 import json
 import os
 import subprocess
@@ -15,33 +16,44 @@ from pathlib import Path
 import pytest
 from oddl.controller.base import compiled
 
-WHICH = ("import json; from oddl.controller.base import compiled as c; import importlib; "
-         "print(json.dumps({m: importlib.import_module(m).__file__ for m in c.HOT_MODULES}))")
+WHICH = """
+import importlib, json
+from oddl.controller.base import compiled as c
+from oddl.sim.networks import congestion, electrical
+print(json.dumps({"hot": {m: importlib.import_module(m).__file__ for m in c.HOT_MODULES},
+                  "kernels": [congestion.lawkernel is not None,
+                              electrical.fillkernel is not None]}))
+"""
 
 
-def _files(**env: str) -> dict[str, str]:
+def _files(**env: str) -> tuple[dict[str, str], list[bool]]:
+    """Each hot module's file, and whether each kernel runs, in a fresh process."""
     r = subprocess.run([sys.executable, "-c", WHICH], capture_output=True, text=True,
                        env={**os.environ, **env}, timeout=120, check=True)
-    return json.loads(r.stdout)
+    out = json.loads(r.stdout)
+    return out["hot"], out["kernels"]
 
 
 def test_the_hot_modules_run_compiled_where_they_were_built(
         root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(compiled.INTERPRETED, raising=False)
-    built = [p for p in compiled.HOT if compiled.extension_of(str(root / p))]
+    every = compiled.HOT + compiled.KERNELS
+    built = [p for p in every if compiled.extension_of(str(root / p))]
     if not built and not os.environ.get("ODDL_REQUIRE_COMPILED"):
         pytest.skip("this install was not compiled (.ci/run sets ODDL_REQUIRE_COMPILED, "
                     "where it must be)")
-    assert len(built) == len(compiled.HOT), f"built: {built}"
-    files = _files(ODDL_INTERPRETED="")
+    assert len(built) == len(every), f"built: {built}"
+    files, kernels = _files(ODDL_INTERPRETED="")
     assert all(not f.endswith(".py") for f in files.values()), files
-    assert compiled.state() == f"hot path compiled ({len(compiled.HOT)} modules, Cython)"
+    assert kernels == [True, True]
+    assert compiled.state() == f"hot path compiled ({len(every)} modules, Cython)"
 
 
 def test_ODDL_INTERPRETED_runs_every_hot_module_from_its_source() -> None:
-    files = _files(ODDL_INTERPRETED="1")
+    files, kernels = _files(ODDL_INTERPRETED="1")
     assert sorted(files) == sorted(compiled.HOT_MODULES)
     assert all(f.endswith(".py") for f in files.values()), files
+    assert kernels == [False, False]  # numpy's tick and solver, which they transcribe
 
 
 @pytest.fixture
@@ -73,3 +85,21 @@ def test_a_build_older_than_its_source_is_not_run(built_module: tuple[Path, Path
     assert spec is not None and spec.origin == str(source)
     # a module that is not hot is never touched
     assert finder.find_spec("oddl.sim.emulate", [str(source.parent)]) is None
+
+
+def test_a_kernel_older_than_its_source_is_refused(tmp_path: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """A stale kernel is not imported at all: its user runs the numpy it transcribes."""
+    monkeypatch.delenv(compiled.INTERPRETED, raising=False)
+    source = tmp_path / "lawkernel.pyx"
+    source.write_text("")
+    ext = tmp_path / f"lawkernel{importlib.machinery.EXTENSION_SUFFIXES[0]}"
+    ext.write_bytes(b"")
+    os.utime(ext, (1_000, 1_000))
+    finder = compiled._SourceFirst()
+    spec = finder.find_spec("oddl.sim.networks.lawkernel", [str(tmp_path)])
+    assert spec is not None and spec.loader is not None
+    with pytest.raises(ImportError, match="not run"):
+        importlib.util.module_from_spec(spec)
+    source.unlink()  # a wheel: no source beside it, so never stale
+    assert finder.find_spec("oddl.sim.networks.lawkernel", [str(tmp_path)]) is None

@@ -2,8 +2,9 @@
 
 The modules in `HOT` are what a simulated flow runs through: the event loop, the board and
 its count-action engine, the register model, the bus and the fabric, the driver's per-flow
-path, the control unit, the collective's steps and the health watch; and on the baselines'
-networks, the flow solver and the congestion laws. setup.py compiles each
+path, the control unit, the collective's steps, a job's deliveries and their checks, and the
+health watch; and on the baselines' networks, the flow solver, the topologies and the
+congestion laws. setup.py compiles each
 of them with Cython (docs/performance.md) from the very same .py file that runs
 interpreted, and installs the extension beside it, so the code a lab runs on a board and
 the code a simulation runs are one source.
@@ -44,12 +45,17 @@ HOT = (
     "controller/stage2/control_unit.py",
     "controller/stage2/workloads.py",
     "controller/service/health.py",
-    "sim/networks/electrical.py",  # the flow networks' solver and their congestion laws
+    "controller/stage2/job.py",  # a job's flows delivered, and checked
+    "controller/stage2/invariants.py",
+    "sim/networks/electrical.py",  # the flow networks: the solver, the topologies, the laws
     "sim/networks/sharing.py",
     "sim/networks/congestion.py",
+    "sim/networks/fattree.py",
+    "sim/networks/sipring.py",
+    "sim/networks/baselines.py",
 )
 # kernels written for Cython (.pyx) beside the Python they transcribe, held equal to it
-KERNELS = ("sim/networks/lawkernel.pyx",)
+KERNELS = ("sim/networks/lawkernel.pyx", "sim/networks/fillkernel.pyx")
 INTERPRETED = "ODDL_INTERPRETED"  # set to 1: run every module from its source
 
 
@@ -59,44 +65,62 @@ def module_name(path: str) -> str:
 
 
 HOT_MODULES = tuple(module_name(p) for p in HOT)
+KERNEL_MODULES = tuple(module_name(p) for p in KERNELS)
 
 
 def interpreted_by_choice() -> bool:
     return os.environ.get(INTERPRETED, "") not in ("", "0")
 
 
-class _SourceFirst(importlib.abc.MetaPathFinder):
-    """Chooses a hot module's source over its extension when asked to, or when the
-    extension is older than the source."""
-
-    def find_spec(self, name: str, path: Sequence[str] | None,
-                  target: ModuleType | None = None) -> ModuleSpec | None:
-        if name not in HOT_MODULES or not path:
-            return None  # everything else: Python's own finders, untouched
-        leaf = name.rpartition(".")[2]
-        for folder in path:
-            source = os.path.join(folder, leaf + ".py")
-            if not os.path.isfile(source):
-                continue
-            ext = extension_of(source)
-            if ext is None:
-                return None  # not built: Python finds the source anyway
-            if not interpreted_by_choice():
-                if os.stat(ext).st_mtime >= os.stat(source).st_mtime:
-                    return None  # the extension, as Python would choose it
-                log.warning("%s: its compiled build is older than its source, which runs "
-                            "instead (rebuild: pip install -e .)", name)
-            return importlib.util.spec_from_file_location(name, source)
-        return None
-
-
 def extension_of(source: str) -> str | None:
-    """The built extension beside a source file, if there is one."""
-    stem = source.removesuffix(".py")
+    """The built extension beside a source file (.py or .pyx), if there is one."""
+    stem = source.rpartition(".")[0]
     for suffix in importlib.machinery.EXTENSION_SUFFIXES:
         if os.path.isfile(stem + suffix):
             return stem + suffix
     return None
+
+
+def _stale(ext: str, source: str) -> bool:
+    """Built before its source last changed (a wheel ships no .pyx: never stale)."""
+    return os.path.isfile(source) and os.stat(ext).st_mtime < os.stat(source).st_mtime
+
+
+class _NotBuilt(importlib.abc.Loader):
+    """A kernel not to be run: its import fails, and its user takes the Python it
+    transcribes."""
+
+    def create_module(self, spec: ModuleSpec) -> ModuleType | None:
+        raise ImportError(f"{spec.name}: not run ({spec.origin})", name=spec.name)
+
+    def exec_module(self, module: ModuleType) -> None:  # never reached
+        raise ImportError(module.__name__)
+
+
+class _SourceFirst(importlib.abc.MetaPathFinder):
+    """Runs a hot module from its source, and refuses a kernel, when asked to
+    (ODDL_INTERPRETED) or when the build is older than the source."""
+
+    def find_spec(self, name: str, path: Sequence[str] | None,
+                  target: ModuleType | None = None) -> ModuleSpec | None:
+        kernel = name in KERNEL_MODULES
+        if not (kernel or name in HOT_MODULES) or not path:
+            return None  # everything else: Python's own finders, untouched
+        leaf = name.rpartition(".")[2]
+        for folder in path:
+            source = os.path.join(folder, leaf + (".pyx" if kernel else ".py"))
+            ext = extension_of(source)
+            if ext is None:
+                continue  # not built (or not here): Python's finders decide
+            if not interpreted_by_choice():
+                if not _stale(ext, source):
+                    return None  # the extension, as Python would choose it
+                log.warning("%s: its compiled build is older than its source, which runs "
+                            "instead (rebuild: pip install -e .)", name)
+            if kernel:
+                return ModuleSpec(name, _NotBuilt(), origin=ext)
+            return importlib.util.spec_from_file_location(name, source)
+        return None
 
 
 _finder = _SourceFirst()
@@ -113,18 +137,19 @@ def state() -> str:
     """One line: how the hot path runs in this process, and why."""
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     built = stale = 0
-    for path in HOT:
+    for path in HOT + KERNELS:
         source = os.path.join(root, path)
         ext = extension_of(source)
         if ext is not None:
             built += 1
-            stale += os.stat(ext).st_mtime < os.stat(source).st_mtime
+            stale += _stale(ext, source)
+    whole = len(HOT) + len(KERNELS)
     if built == 0:
         return ("hot path interpreted: it was not compiled at install (a C compiler and the "
                 "Python headers build it: pip install -e .)")
     if interpreted_by_choice():
         return f"hot path interpreted ({INTERPRETED} is set)"
-    if stale or built < len(HOT):
-        return (f"hot path partly compiled: {built - stale} of {len(HOT)} modules; the rest "
+    if stale or built < whole:
+        return (f"hot path partly compiled: {built - stale} of {whole} modules; the rest "
                 "changed since the build or were not built (rebuild: pip install -e .)")
     return f"hot path compiled ({built} modules, Cython)"

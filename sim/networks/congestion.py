@@ -43,11 +43,10 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from oddl.controller.base import compiled
 from oddl.controller.stage2.invariants import tag_of
 from oddl.sim.networks.sharing import MLTCP, Sharing
 
-try:  # the compiled tick (lawkernel.pyx, built by setup.py): the numpy one, ~10x faster
+try:  # the compiled tick (lawkernel.pyx, built by setup.py): the numpy one, transcribed
     from oddl.sim.networks import lawkernel
 except ImportError:  # not built: the numpy tick below
     lawkernel = None  # type: ignore[assignment]
@@ -129,7 +128,7 @@ class CongestionControl(Sharing):
         self._tags: tuple[list[int], np.ndarray] | None = None  # `_scale`'s, for `_csr`
         self.stats = {"cnps": 0, "losses": 0, "dropped_bytes": 0.0, "max_queue_bytes": 0.0,
                       "paused_bytes": 0.0}
-        self.compiled = lawkernel is not None and not compiled.interpreted_by_choice()
+        self.compiled = lawkernel is not None
 
     def describe(self) -> dict[str, float]:
         """What the law has done so far: CNPs, losses, bytes dropped or paused (counters:

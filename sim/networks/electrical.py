@@ -4,6 +4,8 @@ Flow-level fluid model: each active flow crosses its source's uplink and its des
 downlink; rates are max-min fair over those links (progressive filling), recomputed only
 on the connected component of flows a change touches, so permutation traffic costs O(1)
 per flow. A flow's last bit reaches the destination `latency_ns` after it leaves.
+A big component is solved by `max_min_arrays`, compiled where the install built
+`fillkernel` (the same rates to the bit).
 """
 
 from __future__ import annotations
@@ -136,6 +138,14 @@ def max_min_arrays(rows: np.ndarray, cols: np.ndarray, nf: int, cap: np.ndarray,
         keep = ~gone
         rows, cols = rows[keep], cols[keep]  # only unfrozen flows' entries remain
     return rate
+
+
+try:  # progressive filling compiled (fillkernel.pyx, built by setup.py)
+    from oddl.sim.networks import fillkernel
+except ImportError:  # not built: numpy's, above
+    fillkernel = None  # type: ignore[assignment]
+# the solver a big component gets: the same rates either way (tests/test_fattree.py)
+fill = max_min_arrays if fillkernel is None else fillkernel.max_min_arrays
 
 
 def max_min_rates_np(flow_links: list[tuple[object, ...]], capacity: dict[object, float]
@@ -275,7 +285,7 @@ class FlowNetwork:
             lens = [len(a.lidx) for a in comp]  # type: ignore[arg-type]  # lidx is set just above
             rows = np.repeat(np.arange(len(comp)), lens)
             cols = np.concatenate([a.lidx for a in comp])
-            return max_min_arrays(rows, cols, len(comp), self.cap_arr,
+            return fill(rows, cols, len(comp), self.cap_arr,
                                   None if w is None else np.asarray(w)).tolist()
         caps = {link: self.capacity[link] for a in comp for link in a.links}
         return max_min_rates([a.links for a in comp], caps, w)
