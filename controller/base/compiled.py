@@ -3,7 +3,7 @@
 The modules in `HOT` are what a simulated flow runs through: the event loop, the board and
 its count-action engine, the register model, the bus and the fabric, the driver's per-flow
 path, the control unit, the collective's steps, a job's deliveries and their checks, and the
-health watch; and on the baselines' networks, the flow solver, the topologies and the
+health watch; the schedules and the planner; and on the baselines' networks, the flow solver, the topologies and the
 congestion laws. setup.py compiles each
 of them with Cython (docs/performance.md) from the very same .py file that runs
 interpreted, and installs the extension beside it, so the code a lab runs on a board and
@@ -45,6 +45,9 @@ HOT = (
     "controller/stage2/control_unit.py",
     "controller/stage2/workloads.py",
     "controller/service/health.py",
+    "controller/base/collectives.py",  # the schedules, and stage 1's plan of them
+    "controller/stage1/planner.py",
+    "controller/stage1/plan.py",
     "controller/stage2/job.py",  # a job's flows delivered, and checked
     "controller/stage2/invariants.py",
     "sim/networks/electrical.py",  # the flow networks: the solver, the topologies, the laws
