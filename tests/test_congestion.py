@@ -7,6 +7,7 @@ import asyncio
 import math
 from pathlib import Path
 
+import numpy as np
 import pytest
 from oddl.app.experiments.runner import run_experiment
 from oddl.controller.base.clock import Clock
@@ -191,3 +192,13 @@ def test_the_compiled_tick_is_the_numpy_tick_to_the_bit(law: str, kw: dict[str, 
     assert done_a == done_b
     first = next((k for k, (x, y) in enumerate(zip(a, b, strict=True)) if x != y), None)
     assert first is None, f"tick {first} differs"
+
+
+@pytest.mark.skipif(lawkernel is None, reason="this install did not build the compiled laws")
+def test_the_compiled_tick_sums_as_numpy_does() -> None:
+    """The bytes a tick turns away are summed in numpy's pairwise order (below 8, in 8
+    lanes up to 128, halves above): every length, to the bit."""
+    rng = np.random.default_rng(3)
+    for n in [*range(0, 300), 511, 1024, 4097]:
+        a = rng.random(n) * 10.0 ** rng.integers(-8, 8, n)
+        assert lawkernel.pairwise_sum(a) == float(a.sum()), n

@@ -2,9 +2,9 @@
 
 The modules in `HOT` are what a simulated flow runs through: the event loop, the board and
 its count-action engine, the register model, the bus and the fabric, the driver's per-flow
-path, the control unit, the collective's steps, a job's deliveries and their checks, and the
-health watch; the schedules and the planner; and on the baselines' networks, the flow solver, the topologies and the
-congestion laws. setup.py compiles each
+path, the control unit, the collective's steps, a job's deliveries and their checks, the
+health watch; the schedules and the planner; and on the baselines' networks, the flow
+solver, the topologies and the congestion laws. setup.py compiles each
 of them with Cython (docs/performance.md) from the very same .py file that runs
 interpreted, and installs the extension beside it, so the code a lab runs on a board and
 the code a simulation runs are one source.

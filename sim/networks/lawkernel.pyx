@@ -3,55 +3,128 @@
 code, loop by loop, in C.
 
 A tick of the laws touches a few connections and a few hundred links, so numpy spends it
-in the overhead of ~80 calls; here it is one call. The arithmetic is numpy's, operation for
-operation and in the same order (sums in their input's order, as `bincount` adds), built
-without contracting a * b + c (setup.py: -ffp-contract=off); exp, log1p and pow are the C
-library's, as numpy's are on x86-64 below AVX-512 (tests/test_congestion.py holds the two
-to the bit, tick by tick). The random draws and the sums numpy pairs up (`ndarray.sum`)
-are left to numpy.
+in the overhead of ~80 calls; here it is one call, which reaches the arrays through their
+buffers (a typed memoryview apiece cost more than the arithmetic). The arithmetic is
+numpy's, operation for operation and in the same order: sums in their input's order, as
+`bincount` adds, and `ndarray.sum`'s pairwise order (`_pairwise`); built without
+contracting a * b + c (setup.py: -ffp-contract=off); exp, log1p and pow are the C
+library's, as numpy's are on x86-64 below AVX-512. tests/test_congestion.py holds the two
+ticks equal to the bit, tick by tick. The random draws are numpy's.
 """
 
-import numpy as np
+from cpython.buffer cimport PyBUF_ANY_CONTIGUOUS, PyBUF_WRITABLE, PyBuffer_Release, PyObject_GetBuffer
+from libc.math cimport INFINITY, exp, log1p, pow
+from libc.stdlib cimport free, malloc
 
-from libc.math cimport exp, log1p, pow, INFINITY
+cdef enum:
+    MAX_BUFFERS = 24  # a tick holds at most 20
+
+
+cdef class _Buffers:
+    """The arrays a tick reads and writes, held by their buffers until it ends."""
+
+    cdef Py_buffer views[MAX_BUFFERS]
+    cdef int n
+
+    cdef void* get(self, obj) except NULL:
+        if self.n == MAX_BUFFERS:
+            raise RuntimeError("lawkernel: too many arrays")
+        PyObject_GetBuffer(obj, &self.views[self.n], PyBUF_ANY_CONTIGUOUS | PyBUF_WRITABLE)
+        self.n += 1
+        return self.views[self.n - 1].buf
+
+    def __dealloc__(self):
+        cdef int i
+        for i in range(self.n):
+            PyBuffer_Release(&self.views[i])
+
+
+cdef double _pairwise(const double* a, Py_ssize_t n) noexcept:
+    """numpy's pairwise sum of a contiguous float64 array (`np.add.reduce`)."""
+    cdef double r[8]
+    cdef double res
+    cdef Py_ssize_t i, j, n2
+    if n < 8:
+        res = 0.0
+        for i in range(n):
+            res += a[i]
+        return res
+    if n <= 128:
+        for j in range(8):
+            r[j] = a[j]
+        i = 8
+        while i < n - (n % 8):
+            for j in range(8):
+                r[j] += a[i + j]
+            i += 8
+        res = ((r[0] + r[1]) + (r[2] + r[3])) + ((r[4] + r[5]) + (r[6] + r[7]))
+        while i < n:
+            res += a[i]
+            i += 1
+        return res
+    n2 = n // 2
+    n2 -= n2 % 8
+    return _pairwise(a, n2) + _pairwise(a + n2, n - n2)
+
+
+def pairwise_sum(double[::1] a) -> float:
+    """`_pairwise`, for the test that holds it to numpy's `sum`."""
+    return 0.0 + _pairwise(&a[0], a.shape[0]) if a.shape[0] else 0.0
 
 
 def step(cc) -> bool:
     """`CongestionControl.step` (sim/networks/congestion.py), compiled."""
-    cdef double dt = float(cc.tick_ns)
+    cdef _Buffers held = _Buffers()
     slots_a, rows_a, cols_a = cc._index()
-    cdef const long[:] slots = slots_a
-    cdef const long[:] rows = rows_a
-    cdef const long[:] cols = cols_a
-    cdef Py_ssize_t n = len(slots_a), m = len(rows_a)
-    cdef const double[:] cap = cc.net.cap_arr
-    cdef Py_ssize_t L = cap.shape[0]
-    cdef double[:] queue = cc.queue
-    cdef double[:] rate = cc.rate
-    cdef double[:] line = cc.line
-    cdef double[:] goodput = cc.goodput
-    arrive_a = np.zeros(L)
-    cdef double[:] arrive = arrive_a
-    cdef Py_ssize_t i, j, k, s
+    cdef Py_ssize_t n = len(slots_a), m = len(rows_a), L = len(cc.queue)
+    # per link: arrive, lost, serve, and the law's; per connection: x, kept, through, aside,
+    # and the law's two
+    cdef double* scratch = <double*> malloc((4 * L + 6 * n + 1) * sizeof(double))
+    if scratch == NULL:
+        raise MemoryError()
+    try:
+        return _step(cc, held, slots_a, rows_a, cols_a, n, m, L, scratch)
+    finally:
+        free(scratch)
+
+
+cdef bint _step(cc, _Buffers held, slots_a, rows_a, cols_a, Py_ssize_t n, Py_ssize_t m,
+                Py_ssize_t L, double* scratch) except -1:
+    cdef double dt = float(cc.tick_ns)
+    cdef const long* slots = <long*> held.get(slots_a)
+    cdef const long* rows = <long*> held.get(rows_a)
+    cdef const long* cols = <long*> held.get(cols_a)
+    cdef const double* cap = <double*> held.get(cc.net.cap_arr)
+    cdef double* queue = <double*> held.get(cc.queue)
+    cdef double* rate = <double*> held.get(cc.rate)
+    cdef double* line = <double*> held.get(cc.line)
+    cdef double* goodput = <double*> held.get(cc.goodput)
+    cdef double* arrive = scratch
+    cdef double* lost = scratch + L
+    cdef double* serve = scratch + 2 * L
+    cdef double* x = scratch + 3 * L
+    cdef double* kept = x + n
+    cdef double* through = x + 2 * n
+    cdef double* aside = x + 3 * n
+    cdef Py_ssize_t i, j, k
+    for k in range(L):
+        arrive[k] = 0.0
     for j in range(m):  # np.bincount(cols, weights=x[rows])
         arrive[cols[j]] += rate[slots[rows[j]]]
     cdef bint quiet = not cc.random_loss
-    for k in range(L):
-        if not quiet:
-            break
+    k = 0
+    while quiet and k < L:
         quiet = queue[k] == 0.0 and arrive[k] <= cap[k] * (1 + 1e-9)
-    for i in range(n):
-        if not quiet:
-            break
+        k += 1
+    i = 0
+    while quiet and i < n:
         quiet = rate[slots[i]] >= line[slots[i]] * (1 - 1e-9)
+        i += 1
     if quiet:
         for i in range(n):
             goodput[slots[i]] = rate[slots[i]]
         return False
     cdef double buf = cc.buffer_bits, q, over, seen, qmax = 0.0
-    lost_a, serve_a = np.empty(L), np.empty(L)
-    cdef double[:] lost = lost_a
-    cdef double[:] serve = serve_a
     for k in range(L):
         q = queue[k] + (arrive[k] - cap[k]) * dt
         over = q - buf if q - buf > 0.0 else 0.0
@@ -62,145 +135,141 @@ def step(cc) -> bool:
         seen = arrive[k] if arrive[k] > 1e-300 else 1e-300
         lost[k] = over / (seen * dt)
         serve[k] = (cap[k] if q > 0.0 else (arrive[k] if arrive[k] < cap[k] else cap[k])) / seen
-    cc.stats["max_queue_bytes"] = max(cc.stats["max_queue_bytes"], qmax / 8)
-    x_a, kept_a, through_a = np.empty(n), np.zeros(n), np.full(n, INFINITY)
-    cdef double[:] x = x_a
-    cdef double[:] kept = kept_a
-    cdef double[:] through = through_a
+    stats = cc.stats
+    stats["max_queue_bytes"] = max(stats["max_queue_bytes"], qmax / 8)
     for i in range(n):
         x[i] = rate[slots[i]]
+        kept[i] = 0.0
+        through[i] = INFINITY
     for j in range(m):
         i = rows[j]
         k = cols[j]
         if serve[k] < through[i]:
             through[i] = serve[k]
         kept[i] += log1p(-(lost[k] if lost[k] < 1 - 1e-12 else 1 - 1e-12))
-    aside_a = np.empty(n)  # what the buffers turn away: paused (DCQCN) or dropped (TCP)
-    cdef double[:] aside = aside_a
-    for i in range(n):
+    for i in range(n):  # what the buffers turn away: paused (DCQCN) or dropped (TCP)
         kept[i] = exp(kept[i])
         goodput[slots[i]] = x[i] * through[i] * kept[i]
         aside[i] = x[i] * (1 - kept[i])
+    cdef double turned = 0.0 + _pairwise(aside, n)
     if cc.law == "dcqcn":
-        cc.stats["paused_bytes"] += float(aside_a.sum() * dt / 8)
-        _dcqcn(cc, slots_a, rows, cols, x, dt)
+        stats["paused_bytes"] += turned * dt / 8
+        _dcqcn(cc, held, slots_a, slots, rows, cols, x, dt, n, m, L, x + 4 * n)
     else:
-        cc.stats["dropped_bytes"] += float(aside_a.sum() * dt / 8)
-        _reno(cc, slots_a, rows, cols, x, kept, dt)
+        stats["dropped_bytes"] += turned * dt / 8
+        _reno(cc, held, slots_a, slots, rows, cols, x, kept, dt, n, m, L, x + 4 * n)
     return True
 
 
-cdef void _dcqcn(cc, slots_a, const long[:] rows, const long[:] cols,
-                 const double[:] x, double dt) except *:
+cdef int _dcqcn(cc, _Buffers held, slots_a, const long* slots, const long* rows,
+                const long* cols, const double* x, double dt, Py_ssize_t n, Py_ssize_t m,
+                Py_ssize_t L, double* scratch) except -1:
     d = cc.d
     cdef double kmin = d.kmin_bytes, kmax = d.kmax_bytes, pmax = d.pmax, g = d.g
     cdef double cnp_ns = d.cnp_ns, alpha_ns = d.alpha_ns, timer_ns = d.timer_ns
     cdef double byte_counter = d.byte_counter, fast = d.fast_steps
     cdef double rai = d.rai_gbps, rhai = d.rhai_gbps, pkt = d.mtu * 8
-    cdef const long[:] slots = slots_a
-    cdef Py_ssize_t n = len(slots_a), m = rows.shape[0], i, j, s
-    cdef const double[:] queue = cc.queue
-    cdef Py_ssize_t L = queue.shape[0]
-    p_a = np.empty(L)
-    cdef double[:] p = p_a
+    cdef const double* queue = <double*> held.get(cc.queue)
+    cdef double* p = scratch  # per link
+    cdef double* unmarked = scratch + L  # per connection
+    cdef Py_ssize_t i, j, s
     cdef double qb
     for j in range(L):
         qb = queue[j] / 8
         p[j] = 0.0 if qb <= kmin else (1.0 if qb >= kmax else pmax * (qb - kmin) / (kmax - kmin))
-    unmarked_a = np.zeros(n)
-    cdef double[:] unmarked = unmarked_a
+    for i in range(n):
+        unmarked[i] = 0.0
     for j in range(m):
         unmarked[rows[j]] += log1p(-(p[cols[j]] if p[cols[j]] < 1 - 1e-12 else 1 - 1e-12))
-    draws = cc.rng.random(n)
-    cdef const double[:] u = draws
-    cdef double[:] rc = cc.rate
-    cdef double[:] rt = cc.target
-    cdef double[:] al = cc.alpha
-    cdef double[:, :] clk = cc.clocks
-    cdef double[:, :] cnt = cc.counts
-    cdef double[:] sent = cc.sent
-    cdef double[:] line = cc.line
-    cdef unsigned char[:] marked = cc.marked.view(np.uint8)
-    cdef unsigned char[:] cut = cc.cut.view(np.uint8)
-    ev_a = np.zeros(n, dtype=np.uint8)
-    cdef unsigned char[:] ev = ev_a
+    cdef const double* u = <double*> held.get(cc.rng.random(n))
+    cdef double* rc = <double*> held.get(cc.rate)
+    cdef double* rt = <double*> held.get(cc.target)
+    cdef double* al = <double*> held.get(cc.alpha)
+    cdef double* clk = <double*> held.get(cc.clocks)  # [slot, 4]
+    cdef double* cnt = <double*> held.get(cc.counts)  # [slot, 2]
+    cdef double* sent = <double*> held.get(cc.sent)
+    cdef double* line = <double*> held.get(cc.line)
+    cdef unsigned char* marked = <unsigned char*> held.get(cc.marked)
+    cdef unsigned char* cut = <unsigned char*> held.get(cc.cut)
+    cdef unsigned char* ev = <unsigned char*> (scratch + L + n)  # n flags in n doubles
     cdef bint cnp, decay, t_ev, b_ev, any_ev = False
     cdef long long cnps = 0
     cdef double bytes_acc
     for i in range(n):
         s = slots[i]
         marked[s] = marked[s] | (u[i] < 1.0 - pow(exp(unmarked[i]), x[i] * dt / pkt))
-        clk[s, 0] += dt
-        clk[s, 1] += dt
-        clk[s, 2] += dt
-        cnp = marked[s] and clk[s, 0] >= cnp_ns
+        clk[4 * s] += dt
+        clk[4 * s + 1] += dt
+        clk[4 * s + 2] += dt
+        cnp = marked[s] and clk[4 * s] >= cnp_ns
         if cnp:
             cnps += 1
             rt[s] = rc[s]
             rc[s] = rc[s] * (1 - al[s] / 2)
             al[s] = (1 - g) * al[s] + g
-            clk[s, 0] = clk[s, 1] = clk[s, 2] = clk[s, 3] = 0.0
-            cnt[s, 0] = cnt[s, 1] = 0.0
+            clk[4 * s] = clk[4 * s + 1] = clk[4 * s + 2] = clk[4 * s + 3] = 0.0
+            cnt[2 * s] = cnt[2 * s + 1] = 0.0
             marked[s] = 0
             cut[s] = 1
-        decay = not cnp and clk[s, 1] >= alpha_ns
+        decay = not cnp and clk[4 * s + 1] >= alpha_ns
         if decay:
             al[s] = (1 - g) * al[s]
-            clk[s, 1] = 0.0
+            clk[4 * s + 1] = 0.0
         bytes_acc = (0.0 if cnp else sent[s]) + x[i] * dt / 8
-        t_ev = cut[s] and clk[s, 2] >= timer_ns
+        t_ev = cut[s] and clk[4 * s + 2] >= timer_ns
         b_ev = cut[s] and bytes_acc >= byte_counter
         if t_ev:
-            clk[s, 2] = 0.0
-            cnt[s, 0] += 1
+            clk[4 * s + 2] = 0.0
+            cnt[2 * s] += 1
         if b_ev:
             bytes_acc = bytes_acc - byte_counter
-            cnt[s, 1] += 1
+            cnt[2 * s + 1] += 1
         sent[s] = bytes_acc
         ev[i] = t_ev or b_ev
         any_ev = any_ev or ev[i]
     if cnps:
         cc.stats["cnps"] += cnps
-    cdef double[:] f
+    cdef const double* f
     cdef double lo, hi, add
     if any_ev:
-        f = cc._scale(slots_a)
+        f = <double*> held.get(cc._scale(slots_a))
         for i in range(n):
             if not ev[i]:
                 continue
             s = slots[i]
-            lo = min(cnt[s, 0], cnt[s, 1])
-            hi = max(cnt[s, 0], cnt[s, 1])
+            lo = min(cnt[2 * s], cnt[2 * s + 1])
+            hi = max(cnt[2 * s], cnt[2 * s + 1])
             add = (0.0 if hi < fast else ((lo - fast) * rhai if lo > fast else rai)) * f[i]
             rt[s] = min(rt[s] + add, line[s])
             rc[s] = (rt[s] + rc[s]) / 2
     for i in range(n):
         s = slots[i]
         rc[s] = min(rc[s], line[s])
+    return 0
 
 
-cdef void _reno(cc, slots_a, const long[:] rows, const long[:] cols,
-                const double[:] x, const double[:] kept, double dt) except *:
+cdef int _reno(cc, _Buffers held, slots_a, const long* slots, const long* rows,
+               const long* cols, const double* x, const double* kept, double dt,
+               Py_ssize_t n, Py_ssize_t m, Py_ssize_t L, double* scratch) except -1:
     r = cc.r
     cdef double seg = r.mss * 8, keep = 1.0 - cc.random_loss
-    cdef const long[:] slots = slots_a
-    cdef Py_ssize_t n = len(slots_a), m = rows.shape[0], i, j, s
-    cdef const double[:] queue = cc.queue
-    cdef const double[:] cap = cc.net.cap_arr
-    delay_a = np.zeros(n)
-    cdef double[:] delay = delay_a
+    cdef const double* queue = <double*> held.get(cc.queue)
+    cdef const double* cap = <double*> held.get(cc.net.cap_arr)
+    cdef double* delay = scratch  # per connection
+    cdef Py_ssize_t i, j, s
+    for i in range(n):
+        delay[i] = 0.0
     for j in range(m):
         delay[rows[j]] += queue[cols[j]] / cap[cols[j]]
-    draws = cc.rng.random(n)
-    cdef const double[:] u = draws
-    cdef const double[:] f = cc._scale(slots_a)
-    cdef double[:] w = cc.window
-    cdef double[:] ssthresh = cc.ssthresh
-    cdef double[:, :] clk = cc.clocks
-    cdef double[:] base_rtt = cc.base_rtt
-    cdef double[:] goodput = cc.goodput
-    cdef double[:] line = cc.line
-    cdef double[:] rate = cc.rate
+    cdef const double* u = <double*> held.get(cc.rng.random(n))
+    cdef const double* f = <double*> held.get(cc._scale(slots_a))
+    cdef double* w = <double*> held.get(cc.window)
+    cdef double* ssthresh = <double*> held.get(cc.ssthresh)
+    cdef double* clk = <double*> held.get(cc.clocks)  # [slot, 4]
+    cdef const double* base_rtt = <double*> held.get(cc.base_rtt)
+    cdef const double* goodput = <double*> held.get(cc.goodput)
+    cdef const double* line = <double*> held.get(cc.line)
+    cdef double* rate = <double*> held.get(cc.rate)
     cdef double rtt, p, acked, grow, wi
     cdef bint loss
     cdef long long losses = 0
@@ -208,15 +277,15 @@ cdef void _reno(cc, slots_a, const long[:] rows, const long[:] cols,
         s = slots[i]
         rtt = base_rtt[s] + delay[i]
         p = 1.0 - kept[i] * keep
-        clk[s, 3] += dt
-        loss = u[i] < 1.0 - pow(1.0 - p, x[i] * dt / seg) and clk[s, 3] >= rtt
+        clk[4 * s + 3] += dt
+        loss = u[i] < 1.0 - pow(1.0 - p, x[i] * dt / seg) and clk[4 * s + 3] >= rtt
         acked = goodput[s] * dt / seg
         wi = w[s]
         grow = acked if wi < ssthresh[s] else f[i] * acked / (wi if wi > 1.0 else 1.0)
         if loss:
             wi = wi / 2 if wi / 2 > 1.0 else 1.0
             ssthresh[s] = wi
-            clk[s, 3] = 0.0
+            clk[4 * s + 3] = 0.0
             losses += 1
         else:
             wi = wi + grow
@@ -224,3 +293,4 @@ cdef void _reno(cc, slots_a, const long[:] rows, const long[:] cols,
         w[s] = wi
         rate[s] = min(line[s], wi * seg / rtt)
     cc.stats["losses"] += losses
+    return 0
