@@ -73,8 +73,8 @@ def extensions() -> list[Extension]:
         say("the hot path runs interpreted: Cython is not installed")
         return []
     mods = [Extension(COMPILED["module_name"](p), [p]) for p in COMPILED["HOT"]]
-    # the congestion laws' tick, transcribed: floating point as numpy does it, so no
-    # a * b + c contracted into one rounding
+    # the kernels transcribe numpy: floating point as numpy does it, so no a * b + c
+    # contracted into one rounding
     mods += [Extension(COMPILED["module_name"](p), [p], extra_compile_args=["-ffp-contract=off"])
              for p in COMPILED["KERNELS"]]
     # Python's semantics throughout: annotations are not C types, so every value stays

@@ -160,7 +160,9 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as d:
         def command(*args: str, rss: bool = False) -> Figure:
             def fig(interpreted: bool) -> str:
-                wall, peak, _ = measure([*ODDL, *args], interpreted)
+                mode = "-interpreted" if interpreted else "-compiled"  # a run directory each
+                argv = [a + mode if a.startswith(f"{d}/out-") else a for a in args]
+                wall, peak, _ = measure([*ODDL, *argv], interpreted)
                 return f"{wall:.1f} s" + (f", {peak:.0f} MB" if rss else "")
             return fig
 
@@ -188,7 +190,7 @@ def main() -> None:
 
         table: list[tuple[str, str, Figure, bool]] = [  # what, target, figure, long?
             ("Table 1, `oddl run` (README's main command)", "<= 10 s",
-             command("run", "experiments/table1-resnet50.toml", "--out", f"{d}/t1",
+             command("run", "experiments/table1-resnet50.toml", "--out", f"{d}/out-t1",
                      rss=True), True),
             ("simulated events/s (Table 1 ODDL, 5,000 iterations)", ">= 500k", events, False),
             ("grid-4096, one HD iteration with setup", "<= 6 s, <= 500 MB", iteration, False),
@@ -196,15 +198,15 @@ def main() -> None:
             ("`oddl plan hw_configs/grid-4096.toml --json`", "<= 0.6 s",
              command("plan", "hw_configs/grid-4096.toml", "--json"), False),
             ("`oddl run experiments/multijob-1024.toml`", "<= 20 s",
-             command("run", "experiments/multijob-1024.toml", "--out", f"{d}/mj", rss=True),
+             command("run", "experiments/multijob-1024.toml", "--out", f"{d}/out-mj", rss=True),
              True),
             ("`oddl sweep experiments/jocn-1024-vgg19.toml --jobs 2`", "<= 30 s",
              command("sweep", "experiments/jocn-1024-vgg19.toml", "--jobs", "2", "--out",
-                     f"{d}/jocn"), True),
+                     f"{d}/out-jocn"), True),
             ("cassini-fattree, the `tcp` network alone (10 us steps)", "<= 30 s",
-             command("run", one_network(d, "tcp"), "--out", f"{d}/tcp"), True),
+             command("run", one_network(d, "tcp"), "--out", f"{d}/out-tcp"), True),
             ("cassini-fattree, the `dcqcn` network alone (10 us steps)", "<= 30 s",
-             command("run", one_network(d, "dcqcn"), "--out", f"{d}/dcqcn"), True),
+             command("run", one_network(d, "dcqcn"), "--out", f"{d}/out-dcqcn"), True),
             ("the congestion validation tests, pytest's wall", "halved", laws_tests, False),
         ]
         if a.beyond:

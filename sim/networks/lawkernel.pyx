@@ -19,6 +19,9 @@ from libc.stdlib cimport free, malloc
 cdef enum:
     MAX_BUFFERS = 24  # a tick holds at most 20
 
+if sizeof(long) != 8:  # the index arrays are int64, read as C longs
+    raise ImportError("lawkernel: a C long is not 64 bits on this platform")
+
 
 cdef class _Buffers:
     """The arrays a tick reads and writes, held by their buffers until it ends."""
