@@ -31,6 +31,7 @@ ROOTS = {
 }
 HERE = os.path.dirname(os.path.abspath(__file__))
 COMPILED = runpy.run_path(os.path.join(HERE, "controller", "base", "compiled.py"))
+SOURCES = {COMPILED["module_name"](p): p for p in COMPILED["HOT"] + COMPILED["KERNELS"]}
 
 
 def discovered() -> list[str]:
@@ -61,6 +62,20 @@ class OptionalBuild(build_ext):
             super().build_extension(ext)
         except Exception as e:  # a compiler error, missing headers
             say(f"{ext.name} runs interpreted: it could not be compiled ({e})")
+            return
+        # what it was built from: a process runs the source instead once that changes
+        built = self.get_ext_fullpath(ext.name)
+        with open(built + COMPILED["STAMP"], "w") as f:
+            f.write(COMPILED["digest"](SOURCES[ext.name]) + "\n")
+
+    def copy_extensions_to_source(self) -> None:
+        """An editable install: each extension, and its record, beside its source."""
+        super().copy_extensions_to_source()
+        build_py = self.get_finalized_command("build_py")
+        for ext in self.extensions:
+            inplace, regular = self._get_inplace_equivalent(build_py, ext)
+            if os.path.exists(regular + COMPILED["STAMP"]):
+                self.copy_file(regular + COMPILED["STAMP"], inplace + COMPILED["STAMP"])
 
 
 def extensions() -> list[Extension]:

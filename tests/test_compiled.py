@@ -66,20 +66,27 @@ def built_module(tmp_path: Path) -> tuple[Path, Path]:
     return source, ext
 
 
-def test_a_build_older_than_its_source_is_not_run(built_module: tuple[Path, Path],
-                                                  monkeypatch: pytest.MonkeyPatch,
-                                                  caplog: pytest.LogCaptureFixture) -> None:
-    """An editable install whose .py was edited after the build would run the old code."""
+def test_a_build_of_other_source_is_not_run(built_module: tuple[Path, Path],
+                                           monkeypatch: pytest.MonkeyPatch,
+                                           caplog: pytest.LogCaptureFixture) -> None:
+    """An editable install whose .py was edited after the build would run the old code.
+    Decided by content: a wheel's install gives every file a new time, in no order."""
     monkeypatch.delenv(compiled.INTERPRETED, raising=False)
     source, ext = built_module
+    stamp = Path(str(ext) + compiled.STAMP)
+    stamp.write_text(compiled.digest(str(source)) + "\n")
     finder = compiled._SourceFirst()
-    os.utime(ext, (1_000, 1_000))
-    os.utime(source, (2_000, 2_000))
+    os.utime(ext, (1_000, 1_000))  # older than its source, as after a wheel's install
+    assert finder.find_spec("oddl.sim.clock", [str(source.parent)]) is None  # the build
+    source.write_text("X = 2\n")  # edited since the build
     spec = finder.find_spec("oddl.sim.clock", [str(source.parent)])
     assert spec is not None and spec.origin == str(source)
-    assert "older than its source" in caplog.text
-    os.utime(ext, (3_000, 3_000))  # rebuilt: Python's own choice, the extension
+    assert "its source changed since it was compiled" in caplog.text
+    stamp.write_text(compiled.digest(str(source)))  # rebuilt
     assert finder.find_spec("oddl.sim.clock", [str(source.parent)]) is None
+    stamp.unlink()  # no record of what it was built from: the source
+    assert finder.find_spec("oddl.sim.clock", [str(source.parent)]) is not None
+    stamp.write_text(compiled.digest(str(source)))
     monkeypatch.setenv(compiled.INTERPRETED, "1")
     spec = finder.find_spec("oddl.sim.clock", [str(source.parent)])
     assert spec is not None and spec.origin == str(source)
@@ -87,15 +94,15 @@ def test_a_build_older_than_its_source_is_not_run(built_module: tuple[Path, Path
     assert finder.find_spec("oddl.sim.emulate", [str(source.parent)]) is None
 
 
-def test_a_kernel_older_than_its_source_is_refused(tmp_path: Path,
-                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_kernel_of_other_source_is_refused(tmp_path: Path,
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
     """A stale kernel is not imported at all: its user runs the numpy it transcribes."""
     monkeypatch.delenv(compiled.INTERPRETED, raising=False)
     source = tmp_path / "lawkernel.pyx"
     source.write_text("")
     ext = tmp_path / f"lawkernel{importlib.machinery.EXTENSION_SUFFIXES[0]}"
     ext.write_bytes(b"")
-    os.utime(ext, (1_000, 1_000))
+    Path(str(ext) + compiled.STAMP).write_text("0" * 64)  # built from other source
     finder = compiled._SourceFirst()
     spec = finder.find_spec("oddl.sim.networks.lawkernel", [str(tmp_path)])
     assert spec is not None and spec.loader is not None

@@ -13,8 +13,9 @@ Python prefers an extension to the source beside it. `install()` puts a finder i
 that choice, for oddl's modules only, so that:
 - `ODDL_INTERPRETED=1` runs every module from its source (CI runs the golden tests both
   ways; a profile of the interpreted path);
-- an extension older than its source (an editable install whose .py was edited since the
-  build) is not run: the source is, and a warning says to rebuild (`pip install -e .`).
+- an extension built from other source than the one beside it (an editable install whose
+  .py was edited since the build) is not run: the source is, and a warning says to rebuild
+  (`pip install -e .`).
 
 This module imports only the standard library: setup.py reads `HOT` from it before oddl
 is installed.
@@ -22,6 +23,7 @@ is installed.
 
 from __future__ import annotations
 
+import hashlib
 import importlib.abc
 import importlib.machinery
 import importlib.util
@@ -84,9 +86,26 @@ def extension_of(source: str) -> str | None:
     return None
 
 
+def digest(source: str) -> str:
+    """What a build records of the source it compiled (setup.py writes it to `STAMP`)."""
+    with open(source, "rb") as f:
+        return hashlib.sha256(f.read()).hexdigest()
+
+
+STAMP = ".source-sha256"  # beside an extension: the digest of the source it was built from
+
+
 def _stale(ext: str, source: str) -> bool:
-    """Built before its source last changed (a wheel ships no .pyx: never stale)."""
-    return os.path.isfile(source) and os.stat(ext).st_mtime < os.stat(source).st_mtime
+    """Built from other source than the one beside it (a wheel ships no .pyx: a kernel's
+    build is never stale there). By content, not time: installing a wheel gives every
+    file a new time."""
+    if not os.path.isfile(source):
+        return False
+    try:
+        with open(ext + STAMP) as f:
+            return f.read().strip() != digest(source)
+    except OSError:
+        return True  # no record of what it was built from
 
 
 class _NotBuilt(importlib.abc.Loader):
@@ -102,7 +121,7 @@ class _NotBuilt(importlib.abc.Loader):
 
 class _SourceFirst(importlib.abc.MetaPathFinder):
     """Runs a hot module from its source, and refuses a kernel, when asked to
-    (ODDL_INTERPRETED) or when the build is older than the source."""
+    (ODDL_INTERPRETED) or when the build was made from other source."""
 
     def find_spec(self, name: str, path: Sequence[str] | None,
                   target: ModuleType | None = None) -> ModuleSpec | None:
@@ -118,7 +137,7 @@ class _SourceFirst(importlib.abc.MetaPathFinder):
             if not interpreted_by_choice():
                 if not _stale(ext, source):
                     return None  # the extension, as Python would choose it
-                log.warning("%s: its compiled build is older than its source, which runs "
+                log.warning("%s: its source changed since it was compiled, and runs "
                             "instead (rebuild: pip install -e .)", name)
             if kernel:
                 return ModuleSpec(name, _NotBuilt(), origin=ext)
