@@ -17,10 +17,26 @@ from libc.math cimport INFINITY, exp, log1p, pow
 from libc.stdlib cimport free, malloc
 
 cdef enum:
-    MAX_BUFFERS = 24  # a tick holds at most 20
+    MAX_BUFFERS = 20  # a tick holds at most 16
 
 if sizeof(long) != 8:  # the index arrays are int64, read as C longs
     raise ImportError("lawkernel: a C long is not 64 bits on this platform")
+
+
+cdef struct Tick:
+    # what the common part of a tick hands to its law: the arrays it already holds
+    const long* slots
+    const long* rows
+    const long* cols
+    const double* cap
+    double* queue
+    double* rate
+    double* line
+    double* goodput
+    const double* x
+    double dt
+    Py_ssize_t n, m, L
+    double* scratch  # the law's: L + 2 n doubles
 
 
 cdef class _Buffers:
@@ -155,26 +171,34 @@ cdef bint _step(cc, _Buffers held, slots_a, rows_a, cols_a, Py_ssize_t n, Py_ssi
         goodput[slots[i]] = x[i] * through[i] * kept[i]
         aside[i] = x[i] * (1 - kept[i])
     cdef double turned = 0.0 + _pairwise(aside, n)
+    cdef Tick t = Tick(slots, rows, cols, cap, queue, rate, line, goodput, x, dt, n, m, L,
+                       x + 4 * n)
     if cc.law == "dcqcn":
         stats["paused_bytes"] += turned * dt / 8
-        _dcqcn(cc, held, slots_a, slots, rows, cols, x, dt, n, m, L, x + 4 * n)
+        _dcqcn(cc, held, slots_a, &t)
     else:
         stats["dropped_bytes"] += turned * dt / 8
-        _reno(cc, held, slots_a, slots, rows, cols, x, kept, dt, n, m, L, x + 4 * n)
+        _reno(cc, held, slots_a, &t, kept)
     return True
 
 
-cdef int _dcqcn(cc, _Buffers held, slots_a, const long* slots, const long* rows,
-                const long* cols, const double* x, double dt, Py_ssize_t n, Py_ssize_t m,
-                Py_ssize_t L, double* scratch) except -1:
+cdef int _dcqcn(cc, _Buffers held, slots_a, Tick* t) except -1:
+    cdef const long* slots = t.slots
+    cdef const long* rows = t.rows
+    cdef const long* cols = t.cols
+    cdef const double* x = t.x
+    cdef const double* queue = t.queue
+    cdef double* rc = t.rate
+    cdef double* line = t.line
+    cdef double dt = t.dt
+    cdef Py_ssize_t n = t.n, m = t.m, L = t.L
     d = cc.d
     cdef double kmin = d.kmin_bytes, kmax = d.kmax_bytes, pmax = d.pmax, g = d.g
     cdef double cnp_ns = d.cnp_ns, alpha_ns = d.alpha_ns, timer_ns = d.timer_ns
     cdef double byte_counter = d.byte_counter, fast = d.fast_steps
     cdef double rai = d.rai_gbps, rhai = d.rhai_gbps, pkt = d.mtu * 8
-    cdef const double* queue = <double*> held.get(cc.queue)
-    cdef double* p = scratch  # per link
-    cdef double* unmarked = scratch + L  # per connection
+    cdef double* p = t.scratch  # per link
+    cdef double* unmarked = t.scratch + L  # per connection
     cdef Py_ssize_t i, j, s
     cdef double qb
     for j in range(L):
@@ -185,16 +209,14 @@ cdef int _dcqcn(cc, _Buffers held, slots_a, const long* slots, const long* rows,
     for j in range(m):
         unmarked[rows[j]] += log1p(-(p[cols[j]] if p[cols[j]] < 1 - 1e-12 else 1 - 1e-12))
     cdef const double* u = <double*> held.get(cc.rng.random(n))
-    cdef double* rc = <double*> held.get(cc.rate)
     cdef double* rt = <double*> held.get(cc.target)
     cdef double* al = <double*> held.get(cc.alpha)
     cdef double* clk = <double*> held.get(cc.clocks)  # [slot, 4]
     cdef double* cnt = <double*> held.get(cc.counts)  # [slot, 2]
     cdef double* sent = <double*> held.get(cc.sent)
-    cdef double* line = <double*> held.get(cc.line)
     cdef unsigned char* marked = <unsigned char*> held.get(cc.marked)
     cdef unsigned char* cut = <unsigned char*> held.get(cc.cut)
-    cdef unsigned char* ev = <unsigned char*> (scratch + L + n)  # n flags in n doubles
+    cdef unsigned char* ev = <unsigned char*> (t.scratch + L + n)  # n flags in n doubles
     cdef bint cnp, decay, t_ev, b_ev, any_ev = False
     cdef long long cnps = 0
     cdef double bytes_acc
@@ -251,14 +273,21 @@ cdef int _dcqcn(cc, _Buffers held, slots_a, const long* slots, const long* rows,
     return 0
 
 
-cdef int _reno(cc, _Buffers held, slots_a, const long* slots, const long* rows,
-               const long* cols, const double* x, const double* kept, double dt,
-               Py_ssize_t n, Py_ssize_t m, Py_ssize_t L, double* scratch) except -1:
+cdef int _reno(cc, _Buffers held, slots_a, Tick* t, const double* kept) except -1:
+    cdef const long* slots = t.slots
+    cdef const long* rows = t.rows
+    cdef const long* cols = t.cols
+    cdef const double* x = t.x
+    cdef const double* queue = t.queue
+    cdef const double* cap = t.cap
+    cdef const double* goodput = t.goodput
+    cdef const double* line = t.line
+    cdef double* rate = t.rate
+    cdef double dt = t.dt
+    cdef Py_ssize_t n = t.n, m = t.m
     r = cc.r
     cdef double seg = r.mss * 8, keep = 1.0 - cc.random_loss
-    cdef const double* queue = <double*> held.get(cc.queue)
-    cdef const double* cap = <double*> held.get(cc.net.cap_arr)
-    cdef double* delay = scratch  # per connection
+    cdef double* delay = t.scratch  # per connection
     cdef Py_ssize_t i, j, s
     for i in range(n):
         delay[i] = 0.0
@@ -270,9 +299,6 @@ cdef int _reno(cc, _Buffers held, slots_a, const long* slots, const long* rows,
     cdef double* ssthresh = <double*> held.get(cc.ssthresh)
     cdef double* clk = <double*> held.get(cc.clocks)  # [slot, 4]
     cdef const double* base_rtt = <double*> held.get(cc.base_rtt)
-    cdef const double* goodput = <double*> held.get(cc.goodput)
-    cdef const double* line = <double*> held.get(cc.line)
-    cdef double* rate = <double*> held.get(cc.rate)
     cdef double rtt, p, acked, grow, wi
     cdef bint loss
     cdef long long losses = 0
