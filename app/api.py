@@ -279,8 +279,9 @@ def run(experiment: LoadedExperiment | str | Path, backend: str = "sim",
     them), summary.json, plot.png (one workload) or jct-cdf.png (several jobs), and for
     an emulated run the emulator's log. `workers`: processes for the model networks
     beside the ODDL one (default: one per spare core, for a run long enough to pay for
-    starting them; 0: all in this one). A run that would take hours or more memory than
-    is free raises TooBig (with the estimate) unless `force`."""
+    starting them; one more once this process has run its own; 0: all in this one). A
+    run that would take hours or more memory than is free raises TooBig (with the
+    estimate) unless `force`."""
     from oddl.app.experiments.figures import (
         iteration_parts,
         jct_cdf,

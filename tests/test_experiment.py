@@ -245,6 +245,50 @@ def test_a_baseline_that_fails_in_its_worker_process_fails_the_run_by_name(root:
     assert seen == []  # it never completed an iteration
 
 
+def test_a_process_done_with_its_own_networks_takes_the_next_model_network(root: Path
+                                                                           ) -> None:
+    """Issue 46 (parallel where it keeps the figures): the parent runs the ODDL networks
+    and the workers the model ones; once the parent has run its own it only waits, so it
+    grows the pool by one (`grow`). With one worker and two model networks, the second
+    starts while the first still runs, instead of after it: a run of model networks
+    alone (cassini-fattree) uses both cores of 2, and multijob-1024's electrical network
+    starts when the ODDL one ends."""
+    from oddl.app.experiments.runner import _Aside, _lone_job
+
+    ctx = load_experiment(root / TABLE1)
+    el = next(s for s in ctx.experiment.networks if s.kind == "electrical")
+    specs = [el, el.model_copy(update={"name": "electrical-2"})]
+    aside = _Aside(ctx, specs, [_lone_job(ctx, 3, 0)], "t", "raise", 0, 3, None, None, 1, 3)
+    try:
+        assert list(aside.running) == ["electrical"]  # one worker: the second waits
+        aside.grow()
+        out = aside.results()
+    finally:
+        aside.close()
+    assert set(out) == {"electrical", "electrical-2"}
+    assert out["electrical"][0].training_time_s == out["electrical-2"][0].training_time_s
+    assert aside.started["electrical-2"] < aside.ended["electrical"]
+
+
+def test_model_networks_go_to_workers_by_their_cost_the_longest_first(root: Path) -> None:
+    """cassini-fattree simulates 15,200 flows, under the 100,000 from which a run used to
+    start workers, so its nine networks ran one after another in one process although six
+    step a congestion law for minutes each. Workers are now decided on the estimated
+    seconds (a law costs its ticks), and take the longest first."""
+    from oddl.app.experiments.runner import PARALLEL_FROM_S, _flows, model_networks
+    from oddl.controller.service.jobs import JobRequest
+
+    ctx = load_experiment(root / "experiments" / "cassini-fattree.toml")
+    reqs = [JobRequest.of(e) for e in ctx.jobs]
+    assert _flows(ctx, reqs) < 100_000
+    models = model_networks(ctx, reqs)
+    assert sum(c for _s, c in models) >= PARALLEL_FROM_S
+    laws = [s.name for s, _c in models if s.sharing in ("tcp", "dcqcn", "mltcp-tcp",
+                                                        "mltcp-dcqcn")]
+    assert [s.name for s, _c in models][:len(laws)] == laws and len(laws) == 6
+    assert [c for _s, c in models] == sorted((c for _s, c in models), reverse=True)
+
+
 def test_a_run_tunes_the_collector_and_gives_it_back(root: Path) -> None:
     """During a run the young generation is larger and what was set up is frozen out of the
     collector's passes (docs/performance.md); after it, a long-lived process (the arbiter,

@@ -469,8 +469,9 @@ def _run_warnings(res: Any, ctx: Any) -> None:
                    "more memory than is free (refused otherwise, with the estimate)")
 @click.option("--workers", type=click.IntRange(min=0), default=None,
               help="processes for the baseline networks beside the ODDL one (default: one "
-                   "per spare core, for a run of 100,000 flows or more; 0: every network "
-                   "in this process)")
+                   "per spare core when they are estimated at a second or more, and one "
+                   "more once this process has run its own; 0: every network in this "
+                   "process)")
 @click.option("--record", type=click.Path(path_type=Path, dir_okay=False), default=None,
               callback=new_file,
               help="emu and hw: write every exchange with the devices to this cassette "

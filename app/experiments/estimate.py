@@ -17,7 +17,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from oddl.controller.base.config import LoadedExperiment
+from oddl.controller.base.config import LoadedExperiment, NetworkSpec
 from oddl.controller.service.jobs import JobRequest
 
 ODDL_FLOW_S = 60e-6
@@ -61,32 +61,39 @@ def available_bytes() -> int:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
 
+def network_seconds(ctx: LoadedExperiment, spec: NetworkSpec, reqs: list[JobRequest],
+                    flows: int) -> tuple[float, str | None]:
+    """What one network of the run will take, and what that figure comes from (None: its
+    flows, at a model network's cost each)."""
+    tb = ctx.testbed
+    if spec.kind == "oddl":
+        return (flows * ODDL_FLOW_S + tb.n_nodes * ODDL_NODE_S,
+                f"{spec.name}: {flows:,} flows through the control units, "
+                f"{tb.n_nodes:,} boards")
+    secs, part = flows * MODEL_FLOW_S, None
+    if spec.sharing in ("dcqcn", "tcp", "mltcp-dcqcn", "mltcp-tcp"):
+        # the least simulated time: every byte of every job through the links of its
+        # ranks, one after the other; each step is the law's tick
+        rate = (spec.link_gbps or tb.optical.line_rate_gbps) * 1e9 / 8
+        busy_s = sum(r.iterations * 2 * r.size / rate for r in reqs)
+        steps = busy_s / (spec.cc_tick_us * 1e-6)
+        secs += steps * CC_STEP_S
+        part = (f"{spec.name}: {spec.sharing} in {steps:,.0f} steps of "
+                f"{spec.cc_tick_us:g} us at least")
+    return secs, part
+
+
 def estimate(ctx: LoadedExperiment, reqs: list[JobRequest], flows: int) -> Estimate:
     """A run of `reqs` (`flows` of them in all, each network's) on every network of
     `ctx`'s experiment."""
     exp, tb = ctx.experiment, ctx.testbed
-    secs, parts = 0.0, []
-    for spec in exp.networks:
-        if spec.kind == "oddl":
-            secs += flows * ODDL_FLOW_S + tb.n_nodes * ODDL_NODE_S
-            parts.append(f"{spec.name}: {flows:,} flows through the control units, "
-                         f"{tb.n_nodes:,} boards")
-        else:
-            secs += flows * MODEL_FLOW_S
-            if spec.sharing in ("dcqcn", "tcp", "mltcp-dcqcn", "mltcp-tcp"):
-                # the least simulated time: every byte of every job through the links of
-                # its ranks, one after the other; each step is the law's tick
-                rate = (spec.link_gbps or tb.optical.line_rate_gbps) * 1e9 / 8
-                busy_s = sum(r.iterations * 2 * r.size / rate for r in reqs)
-                steps = busy_s / (spec.cc_tick_us * 1e-6)
-                secs += steps * CC_STEP_S
-                parts.append(f"{spec.name}: {spec.sharing} in {steps:,.0f} steps of "
-                             f"{spec.cc_tick_us:g} us at least")
+    each = [network_seconds(ctx, spec, reqs, flows) for spec in exp.networks]
+    parts = [part for _s, part in each if part is not None]
     per_iteration = flows // max(1, sum(r.iterations for r in reqs))
     memory = tb.n_nodes * NODE_BYTES * (1 + sum(s.kind == "oddl" for s in exp.networks)) \
         + per_iteration * FLOW_ROW_BYTES
     parts.append(f"{tb.n_nodes:,} nodes modelled")
-    return Estimate(secs, memory, tuple(parts))
+    return Estimate(sum(s for s, _p in each), memory, tuple(parts))
 
 
 def refuse_if_too_big(est: Estimate) -> None:

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any, cast
 
 from oddl.app import collector, registry
-from oddl.app.experiments.estimate import estimate, refuse_if_too_big
+from oddl.app.experiments.estimate import estimate, network_seconds, refuse_if_too_big
 from oddl.app.experiments.figures import wire_ns
 from oddl.app.experiments.remote import ArbiterClient
 from oddl.app.experiments.results import RunStore
@@ -453,6 +453,11 @@ class _Aside:
         self._mp, self._workers = mp, workers
         self._lock = threading.Lock()
         self._closing = False
+        # the listener waits on the workers' pipes and this one, which wakes it to wait on
+        # a worker started by another thread (`grow`)
+        self._wake_r, self._wake_w = mp.Pipe(duplex=False)
+        self.started: dict[str, float] = {}  # network -> when its worker started (monotonic)
+        self.ended: dict[str, float] = {}  # network -> when its worker was heard to end
         self._start_more()
         self._listener = threading.Thread(target=self._listen, name="oddl-aside",
                                           daemon=True)
@@ -473,6 +478,16 @@ class _Aside:
                     p.start()
                 theirs.close()
                 self.running[spec.name] = (p, mine)
+                self.started[spec.name] = time.monotonic()
+
+    def grow(self) -> None:
+        """One more worker: this process has run its own networks and only waits from now
+        on, so its core takes the next model network (a run of model networks alone, as
+        cassini-fattree, uses every core instead of all but one)."""
+        with self._lock:
+            self._workers += 1
+        self._start_more()
+        self._wake_w.send_bytes(b"")
 
     def _listen(self) -> None:
         while True:
@@ -480,8 +495,11 @@ class _Aside:
                 conns = {c: n for n, (_p, c) in self.running.items()}
             if not conns:
                 return
-            for ready in multiprocessing.connection.wait(list(conns)):
+            for ready in multiprocessing.connection.wait([*conns, self._wake_r]):
                 c = cast(Connection, ready)  # the pipes given, one of them
+                if c is self._wake_r:  # a worker started elsewhere: wait on it too
+                    c.recv_bytes()
+                    continue
                 name = conns[c]
                 msg: tuple[Any, ...]
                 try:
@@ -505,6 +523,7 @@ class _Aside:
                     self.failed.append(f"network {name}: {msg[2]}")
                 with self._lock:
                     p, conn = self.running.pop(name)
+                self.ended[name] = time.monotonic()
                 conn.close()
                 p.join()
                 self._start_more()
@@ -524,11 +543,14 @@ class _Aside:
             for p, _c in self.running.values():
                 p.kill()  # (deaf to SIGTERM)
         self._listener.join(timeout=10)
+        if not self._listener.is_alive():
+            self._wake_r.close()
+            self._wake_w.close()
 
 
-# flows a run simulates from which its baselines go to worker processes by default: a
-# process costs about a second of a core to start (imports), a baseline ~10 us a flow
-PARALLEL_FROM = 100_000
+# the estimated seconds of a run's model networks from which they go to worker processes
+# by default: a process costs about a second of a core to start (imports)
+PARALLEL_FROM_S = 1.0
 
 
 def _spare_cores() -> int:
@@ -550,6 +572,17 @@ def _flows(ctx: LoadedExperiment, reqs: list[JobRequest]) -> int:
         return sum(len(st.sends) for steps in sched for st in steps)
 
     return sum(r.iterations * per_iteration(r) for r in reqs)
+
+
+def model_networks(ctx: LoadedExperiment, reqs: list[JobRequest]
+                   ) -> list[tuple[NetworkSpec, float]]:
+    """The experiment's model networks and what each will take (estimate.py), the longest
+    first: workers take them in this order, so the last to start is a short one and the
+    cores end together. A congestion law costs its ticks, not its flows."""
+    flows = _flows(ctx, reqs)
+    est = [(s, network_seconds(ctx, s, reqs, flows)[0]) for s in ctx.experiment.networks
+           if s.kind != "oddl"]
+    return sorted(est, key=lambda sc: -sc[1])
 
 
 def run_experiment(ctx: LoadedExperiment, backend: str = "sim", store: RunStore | None = None,
@@ -599,16 +632,17 @@ def run_experiment(ctx: LoadedExperiment, backend: str = "sim", store: RunStore 
         compute_ns, calibration = _calibrate(ctx, backend, grid, full, run_name)
         reqs = [_lone_job(ctx, n_iter, compute_ns)]
     on_iteration = _Recorder(store, bool(ctx.jobs), compute_ns, progress, n_iter)
+    models = model_networks(ctx, reqs)
     if workers is None:
-        workers = _spare_cores() if _flows(ctx, reqs) >= PARALLEL_FROM else 0
+        workers = _spare_cores() if sum(c for _s, c in models) >= PARALLEL_FROM_S else 0
 
     results: dict[str, NetworkResult] = {}
     jobs: dict[str, dict[str, dict[str, Any]]] = {r.name: {} for r in reqs} if ctx.jobs else {}
     violations: dict[str, list[str]] = {}
     # the model networks (baselines) beside the ODDL one, in up to `workers` processes:
     # they share nothing with it but the jobs (docs/performance.md)
-    aside = [s for s in exp.networks if s.kind != "oddl"] \
-        if workers > 0 and remote is None and trace is None else []
+    aside = [s for s, _c in models] if workers > 0 and remote is None and trace is None \
+        else []
     elsewhere = {s.name for s in aside}
     pool = _Aside(ctx, aside, reqs, run_name, checker_mode, compute_ns, full,
                   store.path if store is not None else None, progress, workers, n_iter,
@@ -630,6 +664,8 @@ def run_experiment(ctx: LoadedExperiment, backend: str = "sim", store: RunStore 
                 functools.partial(on_iteration, spec.name), announce, trace)
             for job_name, pub in per_job.items():
                 jobs[job_name][spec.name] = pub
+        if pool is not None:
+            pool.grow()  # this process only waits now: its core takes a model network
         for name, (res, viols, per_job) in (pool.results() if pool else {}).items():
             results[name], violations[name] = res, viols
             for job_name, pub in per_job.items():
