@@ -75,6 +75,21 @@ def test_the_controllers_own_lag_is_patience_too() -> None:
     assert h.max_lag_ns["controller"] == 300 * MS
 
 
+def test_a_wait_on_a_jobs_ranks_is_as_patient_as_their_heartbeats() -> None:
+    """A job stopped for a fault waits CARRY_WAIT_S (2 s) for its ranks to say what the cut
+    iteration delivered; on a loaded host they said it late and the iteration was lost
+    (seen once in the suite: test_emu_drill's corrupt link, `iterations_lost` 1). The
+    wait now adds the patience the watch gives those ranks' silences."""
+    h = _watch()
+    for n in "abc":
+        _beat(h, n, 0)
+    assert h.patience_ns(["a", "b"]) == 0  # no lag: no more than before
+    _beat(h, "b", 100 * MS, lag_ms=400)
+    assert h.patience_ns(["a", "b"]) == 800 * MS and h.patience_ns(["a"]) == 0
+    h.own_lag(600 * MS, 150 * MS)  # this controller's own loop, late too
+    assert h.patience_ns(["a"]) == 1200 * MS and h.patience_ns(["x"]) == 1200 * MS
+
+
 def test_an_overloaded_host_is_said_with_what_to_change(caplog: pytest.LogCaptureFixture
                                                          ) -> None:
     h = _watch()

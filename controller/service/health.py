@@ -239,6 +239,12 @@ class Health:
         lag = max(st.lag_ns, max(self._own_lags, default=0))
         return 0 if lag < LAG_FLOOR_NS else min(2 * lag, round(self.cfg.grace_ms * 1e6))
 
+    def patience_ns(self, nodes: Iterable[str]) -> int:
+        """The most any of `nodes` is forgiven (`_patience`): what a wait on their answers
+        adds on a starved host."""
+        return max((self._patience(self.nodes[n]) for n in nodes if n in self.nodes),
+                   default=self._patience(_Node(0)))
+
     def _say_overload(self, now_ns: int) -> None:
         """Once in a while: whose host is too busy to beat in time, and what to change."""
         if now_ns - self._warned_ns < WARN_EVERY_NS:
