@@ -89,6 +89,30 @@ def test_a_virtual_time_run_stops_halfway_and_keeps_its_iterations(
     assert secs < 20
 
 
+def test_a_run_of_model_networks_alone_stops_cleanly(root: Path, tmp_path: Path) -> None:
+    """A run with no ODDL network has its parent only waiting on its workers (two here:
+    one per spare core and one for the parent's own, issue 46). Found trying it: Ctrl-C
+    there printed "Exception in thread oddl-aside ... handle is closed", since a join that
+    a signal interrupts leaves Python 3.11 saying the thread is not alive, and the pipes
+    were closed under it."""
+    text = (root / TABLE1).read_text()
+    body, _, _nets = text.partition("[[networks]]")
+    exp = tmp_path / "models.toml"
+    exp.write_text(body.replace('testbed = "../hw_configs/',
+                                f'testbed = "{root}/hw_configs/')
+                   + "".join(f'[[networks]]\nname = "{n}"\nkind = "electrical"\n'
+                             'latency_ns = 1000\n\n' for n in ("electrical", "el-2")))
+    out = tmp_path / "run"
+    proc = _start(root, "run", str(exp), "--iterations", "100000", "--out", str(out))
+    db = out / "results.sqlite"
+    _until("20 iterations of both networks, each in its worker",
+           lambda: min(_iterations(db, "electrical"), _iterations(db, "el-2")) >= 20, proc)
+    code, err, _secs = _stop(proc, signal.SIGINT)
+    assert code == 130, err[-2000:]
+    assert "Traceback" not in err and "Exception in thread" not in err, err[-3000:]
+    assert f"stopped (SIGINT): every completed iteration is in {db}" in err
+
+
 def test_a_worker_hears_no_signal_its_parent_has_not_acted_on(root: Path, tmp_path: Path
                                                              ) -> None:
     """Seen in the suite: a SIGTERM to the group reached the baseline's worker before its

@@ -456,6 +456,9 @@ class _Aside:
         # the listener waits on the workers' pipes and this one, which wakes it to wait on
         # a worker started by another thread (`grow`)
         self._wake_r, self._wake_w = mp.Pipe(duplex=False)
+        # set by the listener as it returns (a Thread's is_alive() is not to be trusted
+        # after a join that a signal interrupted: Python 3.11 then marks it stopped)
+        self._done = threading.Event()
         self.started: dict[str, float] = {}  # network -> when its worker started (monotonic)
         self.ended: dict[str, float] = {}  # network -> when its worker was heard to end
         self._start_more()
@@ -490,6 +493,12 @@ class _Aside:
         self._wake_w.send_bytes(b"")
 
     def _listen(self) -> None:
+        try:
+            self._relay()
+        finally:
+            self._done.set()
+
+    def _relay(self) -> None:
         while True:
             with self._lock:
                 conns = {c: n for n, (_p, c) in self.running.items()}
@@ -530,7 +539,7 @@ class _Aside:
 
     def results(self) -> dict[str, tuple[NetworkResult, list[str],
                                          dict[str, dict[str, Any]]]]:
-        self._listener.join()
+        self._done.wait()
         if self.failed:
             raise RunFailed("; ".join(self.failed))
         return self.out
@@ -542,8 +551,7 @@ class _Aside:
         with self._lock:
             for p, _c in self.running.values():
                 p.kill()  # (deaf to SIGTERM)
-        self._listener.join(timeout=10)
-        if not self._listener.is_alive():
+        if self._done.wait(timeout=10):
             self._wake_r.close()
             self._wake_w.close()
 
