@@ -371,9 +371,12 @@ class Service:
     async def cancel(self, request: Request) -> Response:
         user = self.who(request, "operator", "user")
         j = self.owned(user, request.path_params["job"])
-        if j["state"] not in ACTIVE or \
-                not self.adm.cancel(j["job"], f"cancelled by {user.name}"):
+        if j["state"] not in ACTIVE:
             raise Refused(409, f"job {j['job']} is {j['state']}: nothing to cancel")
+        if not self.adm.cancel(j["job"], f"cancelled by {user.name}"):
+            # (the ledger is told a moment after the job ends: it may still say running)
+            raise Refused(409, f"job {j['job']} is ending already, or being cancelled: "
+                               f"nothing to cancel")
         return JSONResponse({"job": j["job"], "cancelled": True})
 
     def _queued(self, job: str) -> dict[str, Any]:

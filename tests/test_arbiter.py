@@ -188,8 +188,12 @@ def test_the_api_answers_while_partitions_are_set_up(root: Path, tmp_path: Path)
     (`reconfig_ms`): a job's set-up takes that long, and the API answers meanwhile. A job
     cancelled while it is set up ends `cancelled`, its nodes given back; the other runs.
     A job that needs nodes still being given back waits for them (it failed at once, "no
-    rectangle ... holds 4 ranks", while a release was under way and nothing ran)."""
-    with emulated_grid(root, tmp_path, reconfig_ms=1000) as emu:
+    rectangle ... holds 4 ranks", while a release was under way and nothing ran).
+
+    The cancel goes over HTTP, at once: `oddl cancel` (a process to start) once came after
+    `gone` had been set up and run, on a machine with a core kept busy (409, "job j2 is
+    running: nothing to cancel"); `gone` is set up for 2 s after `slow`'s 2 s."""
+    with emulated_grid(root, tmp_path, reconfig_ms=2000) as emu:
         a = Arbiter(root, emu, tmp_path / "state")
         try:
             slow = a.submit("alice", "slow", 3)
@@ -198,7 +202,10 @@ def test_the_api_answers_while_partitions_are_set_up(root: Path, tmp_path: Path)
             assert set(status["setting_up"]) == {slow, gone}, status
             assert status["free_nodes"] == 0
             whole = a.submit("bob", "whole", 2, ranks=4)  # once both are given back
-            assert a.cli("bob", "cancel", gone).returncode == 0
+            r = a.call("bob", "DELETE", f"/jobs/{gone}")
+            assert r.status_code == 200 and r.json()["cancelled"], r.text
+            again = a.call("bob", "DELETE", f"/jobs/{gone}")  # once is enough
+            assert again.status_code == 409 and "nothing to cancel" in again.text, again.text
             assert a.ended("bob", gone)["state"] == "cancelled"
             out = json.loads(a.wait("alice", slow).stdout)
             assert (out["state"], out["iterations_done"]) == ("finished", 3), out
