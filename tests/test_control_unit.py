@@ -2,11 +2,24 @@
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
+import itertools
+import time
+from typing import Any
+
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from oddl.controller.stage2.control_unit import FlowFailed
+from oddl.controller.base.clock import Clock
+from oddl.controller.base.messages import Flow, Request
+from oddl.controller.base.topology import Grid
+from oddl.controller.stage1.arbiter import Arbiter
+from oddl.controller.stage2.control_unit import ControlUnit, FlowFailed
+from oddl.controller.stage2.job import timing_of
+from oddl.sim import backend as sim_backend
 
-from tests.helpers import control_loss, make_testbed, run_flows
+from tests.helpers import control_loss, make_testbed, run_flows, schedule_for
 
 
 @st.composite
@@ -164,3 +177,49 @@ def test_stray_grants_and_releases_from_a_job_peer_are_counted_as_disturbance() 
     stray = sum(cu.stats["stray"] for cu in res.cus.values())
     assert stray == 1000
     assert disturbance({"stray": stray}) == {"stray": 1000}
+
+
+@pytest.mark.realtime  # a real event loop, stalled for half a second
+def test_a_stalled_host_does_not_spend_its_retries_in_a_burst() -> None:
+    """A REQUEST's time-out ran from its due time, as device time does. A loop that stalls
+    (a starved host: the emulator's node programs on a busy machine) runs its overdue
+    timers at once, so a 0.5 s stall spent 25 retries of 20 ms back to back, none waiting
+    for an answer: "got no GRANT after 60 retries" failed realtime tests with a core kept
+    busy. Now each retry waits a time-out of the host's own time."""
+    tb = make_testbed(1, 2)
+    grid = Grid.from_testbed(tb)
+    loop = asyncio.new_event_loop()
+    clock = Clock(loop)
+    world = sim_backend.build(tb, grid, clock, 0, "record", real_time=True)
+    world.bus.set_loss(1.0)  # nothing is ever answered: the unit only retries
+    arb = Arbiter(tb, grid, world.onics, world.wss)
+    plan = arb.plan(schedule_for(grid, [(0, 1, 1000)]), "cyclic")
+    arb.apply(plan)
+    timeout_ns = 20_000_000
+    timing = dataclasses.replace(timing_of(tb), request_timeout_ns=timeout_ns,
+                                 max_retries=40)
+    sent: list[int] = []  # the loop's time at each REQUEST sent
+    send = world.bus.send
+
+    def observed(src: str, dst: str, m: Any) -> None:
+        if isinstance(m, Request):
+            sent.append(round(loop.time() * 1e9))
+        send(src, dst, m)
+
+    world.bus.send = observed  # type: ignore[method-assign]
+    failed = loop.create_future()
+    cu = ControlUnit("n0-0", clock, world.bus, world.onics["n0-0"],
+                     plan.routes.get("n0-0", {}), timing, lambda _f: None,
+                     lambda e: failed.done() or failed.set_result(e))
+    flow = Flow(0, "n0-0", "n0-1", 1000, 0, 0, 0, 0)
+    world.checker.flow_started(flow)
+    loop.call_soon(cu.submit, flow)
+    loop.call_later(0.03, time.sleep, 0.5)  # the host starved for 25 time-outs
+    try:
+        err = loop.run_until_complete(asyncio.wait_for(failed, 30))
+    finally:
+        loop.close()
+    assert isinstance(err, FlowFailed) and "after 40 retries" in str(err)
+    assert len(sent) == 41
+    gaps = [b - a for a, b in itertools.pairwise(sent)]
+    assert min(gaps) >= timeout_ns * 0.99, [g / 1e6 for g in gaps]  # none in a burst

@@ -234,8 +234,12 @@ class ControlUnit:
         self._send(r.next_hop, Request(f.id, f.hop, self.node, r.next_hop, tx.port, r.channel,
                                        f.nbytes, f.src, f.dst, f.iteration, f.step,
                                        f.t_submit))
-        tx.timer = self.clock.call_later_ns(self.t.request_timeout_ns, self._request_timeout,
-                                            tx, f)
+        # the time-out runs on the host's own time (the same as device time, but on a real
+        # loop that stalled): a starved host runs its overdue timers at once, and time-outs
+        # reckoned from their due times would spend every retry in a burst, with no answer
+        # read in between ("got no GRANT after 60 retries" on a busy machine)
+        tx.timer = self.clock.call_at_ns(self.clock.loop_ns() + self.t.request_timeout_ns,
+                                         self._request_timeout, tx, f)
 
     def _request_timeout(self, tx: _Tx, flow: Flow) -> None:
         if self.halted or tx.current is not flow or tx.state != REQUESTING:

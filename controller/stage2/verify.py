@@ -74,6 +74,8 @@ class _Clock:
     def now_ns(self) -> int:
         return self.now
 
+    loop_ns = now_ns  # (virtual: a loop never late)
+
     def call_at_ns(self, t: int, fn: Callable[..., None], *args: Any) -> _Timer:
         self.seq += 1
         timer = _Timer(max(t, self.now), self.seq, fn, args)
