@@ -582,12 +582,12 @@ def _flows(ctx: LoadedExperiment, reqs: list[JobRequest]) -> int:
     return sum(r.iterations * per_iteration(r) for r in reqs)
 
 
-def model_networks(ctx: LoadedExperiment, reqs: list[JobRequest]
+def model_networks(ctx: LoadedExperiment, reqs: list[JobRequest], flows: int
                    ) -> list[tuple[NetworkSpec, float]]:
-    """The experiment's model networks and what each will take (estimate.py), the longest
-    first: workers take them in this order, so the last to start is a short one and the
-    cores end together. A congestion law costs its ticks, not its flows."""
-    flows = _flows(ctx, reqs)
+    """The experiment's model networks and what each will take (estimate.py) for `reqs`
+    (`flows` in all), the longest first: workers take them in this order, so the last to
+    start is a short one and the cores end together. A congestion law costs its ticks, not
+    its flows."""
     est = [(s, network_seconds(ctx, s, reqs, flows)[0]) for s in ctx.experiment.networks
            if s.kind != "oddl"]
     return sorted(est, key=lambda sc: -sc[1])
@@ -628,19 +628,21 @@ def run_experiment(ctx: LoadedExperiment, backend: str = "sim", store: RunStore 
             raise ConfigError(issues)
         full = n_iter = sum(r.iterations for r in reqs)
         compute_ns, calibration = 0, "compute per job (docs/multijob.md)"
+        flows = _flows(ctx, reqs)
         if not force:
-            refuse_if_too_big(estimate(ctx, reqs, _flows(ctx, reqs)))
+            refuse_if_too_big(estimate(ctx, reqs, flows))
     else:
         w = ctx.workload
         full = total_iterations(w, w.ranks or tb.n_nodes)
         n_iter = iterations or exp.iterations or full
+        lone = [_lone_job(ctx, n_iter, 0)]
+        flows = _flows(ctx, lone)  # (the same whatever its compute)
         if not force:  # before the calibration, which runs a network too
-            refuse_if_too_big(estimate(ctx, [_lone_job(ctx, n_iter, 0)],
-                                       _flows(ctx, [_lone_job(ctx, n_iter, 0)])))
+            refuse_if_too_big(estimate(ctx, lone, flows))
         compute_ns, calibration = _calibrate(ctx, backend, grid, full, run_name)
         reqs = [_lone_job(ctx, n_iter, compute_ns)]
     on_iteration = _Recorder(store, bool(ctx.jobs), compute_ns, progress, n_iter)
-    models = model_networks(ctx, reqs)
+    models = model_networks(ctx, reqs, flows)
     if workers is None:
         workers = _spare_cores() if sum(c for _s, c in models) >= PARALLEL_FROM_S else 0
 

@@ -236,14 +236,14 @@ class Health:
         """What a node's silence is forgiven beyond `missed` periods: twice the lag of
         its host's loop or this one's, whichever is worse (a starved host beats late, a
         dead board never), at most `grace_ms`; nothing for lag under LAG_FLOOR_NS."""
-        lag = max(st.lag_ns, max(self._own_lags, default=0))
-        return 0 if lag < LAG_FLOOR_NS else min(2 * lag, round(self.cfg.grace_ms * 1e6))
+        return self.patience_ns([], st.lag_ns)
 
-    def patience_ns(self, nodes: Iterable[str]) -> int:
-        """The most any of `nodes` is forgiven (`_patience`): what a wait on their answers
-        adds on a starved host."""
-        return max((self._patience(self.nodes[n]) for n in nodes if n in self.nodes),
-                   default=self._patience(_Node(0)))
+    def patience_ns(self, nodes: Iterable[str], lag_ns: int = 0) -> int:
+        """The most any of `nodes` (or a host `lag_ns` late) is forgiven (`_patience`):
+        what a wait on their answers adds on a starved host."""
+        lag = max(lag_ns, max(self._own_lags, default=0),
+                  *(self.nodes[n].lag_ns for n in nodes if n in self.nodes))
+        return 0 if lag < LAG_FLOOR_NS else min(2 * lag, round(self.cfg.grace_ms * 1e6))
 
     def _say_overload(self, now_ns: int) -> None:
         """Once in a while: whose host is too busy to beat in time, and what to change."""
