@@ -59,6 +59,7 @@ class Arbiter:
         assert line.startswith("ready http://127.0.0.1:"), (line, self.proc.stderr.read()
                                                              if self.proc.stderr else "")
         self.url = line.removeprefix("ready ")
+        self.http = httpx.Client(timeout=30)  # one CA store load, kept connections (polls)
         threading.Thread(target=self.proc.stdout.read, daemon=True).start()
         self.err: list[str] = []  # what it says on stderr, drained (a full pipe blocks it)
         threading.Thread(target=lambda: self.err.extend(self.proc.stderr or ()),
@@ -69,7 +70,7 @@ class Arbiter:
 
     def call(self, user: str | None, method: str, path: str, **kw: Any) -> httpx.Response:
         headers = {"Authorization": f"Bearer {self.token(user)}"} if user else {}
-        return httpx.request(method, self.url + path, headers=headers, timeout=30, **kw)
+        return self.http.request(method, self.url + path, headers=headers, **kw)
 
     def submit(self, user: str, name: str, iterations: int, ranks: int = 2) -> str:
         r = self.call(user, "POST", "/jobs", json={"experiment": JOB.format(
@@ -148,7 +149,7 @@ def test_two_users_jobs_run_at_once_apart_and_finish(root: Path, emu: Path,
                 ((a, "alice"), (b, "bob"))}
         # the dashboard shows the queue (a retained note: the latest, whenever it came)
         t_end = time.monotonic() + 30
-        while not (q := httpx.get(url + "api/state").json()["queue"]) or \
+        while not (q := arbiter.http.get(url + "api/state").json()["queue"]) or \
                 [j["state"] for j in q["jobs"]] != ["finished", "finished"]:
             assert time.monotonic() < t_end, q
             time.sleep(0.05)

@@ -184,7 +184,7 @@ def test_a_sim_run_and_an_acceptance_result_reach_the_dashboard(root: Path, emu:
                      "compute_time_ms": 5.0},
         "networks": [{"name": "oddl", "kind": "oddl"},
                      {"name": "electrical", "kind": "electrical"}]}))
-    with dashboard(root, emu) as url:
+    with dashboard(root, emu) as url, httpx.Client() as http:
         r = subprocess.run([sys.executable, "-m", "oddl.app", "run", str(exp),
                             "--publish", "--json", "--out", str(tmp_path / "run")],
                            cwd=root, capture_output=True, text=True, timeout=120)
@@ -199,7 +199,7 @@ def test_a_sim_run_and_an_acceptance_result_reach_the_dashboard(root: Path, emu:
         # the notes are QoS 0, and the broker may deliver them in another order: wait for
         # all of them, bounded
         for _ in range(100):
-            s = httpx.get(url + "api/state").json()
+            s = http.get(url + "api/state").json()
             if s["accept"] and sum(map(len, s["iterations"].values())) == 14:
                 break
             time.sleep(0.05)

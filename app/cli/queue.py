@@ -6,14 +6,18 @@ $ODDL_ARBITER_PATIENCE seconds (120)."""
 
 from __future__ import annotations
 
+import functools
 import sys
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 from oddl.app.cli.main import _config_fail, emit, main
 from oddl.controller.base.config import ConfigError
+
+if TYPE_CHECKING:
+    from oddl.app.experiments.remote import ArbiterClient
 
 
 @main.command()
@@ -56,14 +60,21 @@ def _client_options(f: Any) -> Any:
                         help="your token (or ODDL_TOKEN_FILE)")(f)
 
 
+@functools.cache
+def _client(url: str, token_file: Path) -> ArbiterClient:
+    """One a command: `wait`'s polls keep their connection."""
+    from oddl.app.experiments.remote import ArbiterClient
+
+    return ArbiterClient(url, token_file)
+
+
 def _call(url: str, token_file: Path, method: str, path: str,
           body: dict[str, Any] | None = None) -> dict[str, Any]:
     """One request; a refusal is said, with the service's reason, and exits 2."""
-    from oddl.app.experiments.remote import ArbiterClient
     from oddl.controller.service.backend import RunFailed
 
     try:
-        return ArbiterClient(url, token_file).call(method, path, body)
+        return _client(url, token_file).call(method, path, body)
     except RunFailed as e:
         click.echo(f"error: {e}", err=True)
         sys.exit(2)

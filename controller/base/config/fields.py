@@ -38,7 +38,7 @@ class ConfigError(Exception):
 
 
 class ConfigModel(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True)
 
 
 MAX_NODES = 65_536  # the job topics' bound (controller/stage2/job.py): 256 x 256
