@@ -1,6 +1,8 @@
 from __future__ import annotations
 
+import compileall
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -18,6 +20,16 @@ threadpool_limits(1)  # the libraries already loaded
 
 VERILATOR_TIER = ("the Verilator tier: its build takes a minute, so it runs on its own: "
                   "python -m pytest -q --verilator -m verilator (README, .ci/run)")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """The checkout's bytecode, compiled once before the workers start, where the
+    environment says not to write it on import (PYTHONDONTWRITEBYTECODE, set on this
+    project's machines): else each of the ~160 processes the suite starts compiled the
+    ~75 modules it imports from source again, 0.35 s of CPU each."""
+    if sys.dont_write_bytecode and not hasattr(config, "workerinput"):
+        for folder in ("app", "controller", "drivers", "fpga", "sim", "studies", "tests"):
+            compileall.compile_dir(ROOT / folder, quiet=1)
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
