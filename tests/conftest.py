@@ -23,13 +23,18 @@ VERILATOR_TIER = ("the Verilator tier: its build takes a minute, so it runs on i
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    """The checkout's bytecode, compiled once before the workers start, where the
-    environment says not to write it on import (PYTHONDONTWRITEBYTECODE, set on this
-    project's machines): else each of the ~160 processes the suite starts compiled the
-    ~75 modules it imports from source again, 0.35 s of CPU each."""
-    if sys.dont_write_bytecode and not hasattr(config, "workerinput"):
+    """Bytecode caches (the checkout's __pycache__, ignored by git), even where the
+    environment says not to write them (PYTHONDONTWRITEBYTECODE, set on this project's
+    machines): else each of the ~160 processes the suite starts compiled the ~75 modules
+    it imports from source again (0.35 s of CPU each), and each worker rewrote the
+    asserts of every test module again (2 s). Compiled once before the workers start; the
+    workers keep pytest's rewritten modules."""
+    if not sys.dont_write_bytecode:
+        return
+    if not hasattr(config, "workerinput"):
         for folder in ("app", "controller", "drivers", "fpga", "sim", "studies", "tests"):
             compileall.compile_dir(ROOT / folder, quiet=1)
+    sys.dont_write_bytecode = False
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
