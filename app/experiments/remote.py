@@ -16,7 +16,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import certifi
 import httpx
 from oddl.app.experiments.results import RunStore
 from oddl.app.ledger import ENDED
@@ -39,9 +38,10 @@ def patience_s() -> float:
 
 @functools.cache
 def _tls() -> ssl.SSLContext:
-    """The CA store, loaded once a process: httpx loads it for every client it makes, 60 ms
-    of CPU each, and `oddl wait` polling every 0.2 s spent a third of a core on it."""
-    return ssl.create_default_context(cafile=certifi.where())
+    """httpx's own TLS context (its CA store, or $SSL_CERT_FILE's), made once a process:
+    httpx makes one for every client, 60 ms of CPU each, and `oddl wait` polling every
+    0.2 s spent a third of a core on it."""
+    return httpx.create_ssl_context()
 
 
 @dataclass(frozen=True)
