@@ -123,6 +123,31 @@ def test_a_recorded_sim_run_is_a_behaviour_of_the_model_and_a_reordered_one_is_n
     assert r.exit_code == 0 and json.loads(r.output)["conformant"], r.output
 
 
+def test_a_retry_that_crossed_its_grant_is_a_behaviour_of_the_model(root: Path,
+                                                                     tmp_path: Path) -> None:
+    """Seen with a core kept busy: an emu run's REQUEST was retried before its GRANT
+    arrived and was delivered after it, and the replay said "the model never sends it":
+    it moved the model's time on only when a delivery needed it, by then past the GRANT.
+    The retry is sought earlier too. A GRANT moved before its REQUEST still is not."""
+    import dataclasses
+
+    from oddl.app import api
+
+    exp = write_experiment(tmp_path / "e.toml", root / "hw_configs/prototype-4node.toml",
+                           iterations=1, compute_ms=1.0)
+    rec = api.record_stage2(exp)
+    d = list(rec.deliveries)
+    g = next(i for i, x in enumerate(d) if x[2] == "GRANT")
+    first = next(x for x in d if x[2] == "REQUEST" and x[3:] == d[g][3:])
+    d.insert(g + 1, first)  # the retry, delivered just after the GRANT that crossed it
+    out = dataclasses.replace(rec, deliveries=d).replay()
+    assert out["conformant"], out
+    assert out["messages"] == len(d)
+    d = list(rec.deliveries)
+    d.insert(g + 1, ("n3", "n2", "REQUEST", 10**6, 0))  # a REQUEST of no flow: never sent
+    assert not dataclasses.replace(rec, deliveries=d).replay()["conformant"]
+
+
 def test_a_record_that_lost_events_gives_no_verdict(root: Path, tmp_path: Path,
                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     """Reproducer (issue 43): `oddl verify trace` of grid4096 or gpt-hybrid-64 said "NOT

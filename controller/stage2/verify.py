@@ -458,41 +458,90 @@ def replay(deliveries: list[Delivery], nodes: Iterable[str],
     recorded order, must be a message the model's units have in flight by then, firing
     the model's timers (time moving on) until it is; a flow enters when its first REQUEST
     does (the collective engine, which submits it, is outside the model). At the end every
-    flow that entered is delivered once, and no property is broken on the way."""
+    flow that entered is delivered once, and no property is broken on the way.
+
+    Time moves on only when a delivery needs it, and that can be too late: a REQUEST
+    retried before its GRANT arrived, but delivered after it (a loaded host), is sent only
+    if the time-out fires before that GRANT is delivered. So a message the model cannot
+    send where the record has it is sought earlier too: time moved on, before one of the
+    BACKTRACK deliveries before it, until the model has sent it."""
+    early: dict[int, Delivery] = {}  # before delivery j: time moves on until this is sent
+    sought: set[int] = set()  # the deliveries sought earlier already
+    while True:
+        v, k = _replay(deliveries, nodes, routes, flows, timing, transfer_ns, max_timers,
+                       early)
+        if v.conformant or k is None or k in sought:
+            return v
+        sought.add(k)
+        for j in range(k - 1, max(k - BACKTRACK, 0) - 1, -1):
+            if j in early:
+                continue
+            tried = {**early, j: deliveries[k]}
+            w, k2 = _replay(deliveries, nodes, routes, flows, timing, transfer_ns,
+                            max_timers, tried)
+            if w.conformant or (k2 is not None and k2 > k):  # past it: so it went
+                early = tried
+                break
+        else:
+            return v
+
+
+BACKTRACK = 8  # deliveries: how far back a message may have been sent before its turn
+
+
+def _replay(deliveries: list[Delivery], nodes: Iterable[str],
+            routes: dict[str, dict[str, Route]], flows: dict[int, Flow], timing: Timing,
+            transfer_ns: Callable[[int], int], max_timers: int,
+            early: dict[int, Delivery]) -> tuple[Conformance, int | None]:
+    """One replay (`replay`), moving time on before delivery j until `early[j]` is sent;
+    with the index of the delivery the model could not send, if that is why it failed."""
     w = World(Config("replay", tuple(nodes), ()), frozenset({"reorder"}), timing=timing,
               routes=routes, transfer_ns=transfer_ns)
     entered: set[int] = set()
     fired = 0
-    for k, (dst, src, kind, flow, hop) in enumerate(deliveries):
+
+    def sent(d: Delivery) -> int | None:
+        return next((i for i, m in enumerate(w.inflight)
+                     if (m.dst, m.src, _KIND[type(m.msg)], m.msg.flow, m.msg.hop) == d), None)
+
+    for k, d in enumerate(deliveries):
+        dst, src, kind, flow, hop = d
         here = f"delivery {k} ({kind} {src}->{dst} flow {flow} hop {hop})"
         if kind == "REQUEST" and hop == 0 and flow not in entered:
             f = flows.get(flow)
             if f is None or f.src != src:
-                return Conformance(k, False, f"{here}: no flow of the job starts so", fired)
+                return Conformance(k, False, f"{here}: no flow of the job starts so",
+                                   fired), None
             entered.add(flow)
             w.units[src].submit(Flow(f.id, f.src, f.dst, f.nbytes, f.iteration, f.step))
-        while True:
-            i = next((i for i, m in enumerate(w.inflight)
-                      if (m.dst, m.src, _KIND[type(m.msg)], m.msg.flow, m.msg.hop)
-                      == (dst, src, kind, flow, hop)), None)
-            if i is not None or w.violations or w.failed is not None:
-                break
-            if w.clock.next() is None or fired >= max_timers:
-                return Conformance(k, False, f"{here}: the model never sends it", fired)
+        want = early.get(k)
+        while want is not None and sent(want) is None and not w.violations \
+                and w.failed is None and w.clock.next() is not None and fired < max_timers:
             w.fire()
             fired += 1
         if w.violations or w.failed is not None:
             return Conformance(k, False, f"{here}: {(w.violations or [w.failed or ''])[0]}",
-                               fired)
-        w.do("deliver", i)  # type: ignore[arg-type]  # found above: not None
+                               fired), None
+        while (i := sent(d)) is None:
+            # time moving on, seeking it, may run out, or into a failure (a flow whose
+            # GRANT the record has next runs out of retries): either way it was not sent
+            # by here, and may be sought earlier
+            if w.violations or w.failed is not None:
+                why = (w.violations or [w.failed or ""])[0]
+                return Conformance(k, False, f"{here}: {why}", fired), k
+            if w.clock.next() is None or fired >= max_timers:
+                return Conformance(k, False, f"{here}: the model never sends it", fired), k
+            w.fire()
+            fired += 1
+        w.do("deliver", i)
     while w.clock.next() is not None and fired < max_timers and not w.violations:
         w.fire()  # the last transfers land
         fired += 1
     n = len(deliveries)
     if w.violations:
-        return Conformance(n, False, w.violations[0], fired)
+        return Conformance(n, False, w.violations[0], fired), None
     missing = sorted(entered - set(w.delivered))
     if missing:
         return Conformance(n, False, f"flows {missing[:5]} entered and were never delivered",
-                           fired)
-    return Conformance(n, True, "", fired, len(w.inflight))
+                           fired), None
+    return Conformance(n, True, "", fired, len(w.inflight)), None
