@@ -76,6 +76,7 @@ def recorded(root: Path, tmp_path_factory: pytest.TempPathFactory
     assert r.returncode in (0, 1) and "recorded" in r.stdout, r.stdout[-3000:] + r.stderr
     assert run.returncode == 0 and "recorded" in run.stderr, run.stderr[-3000:]
     (d / "run.json").write_text(run.stdout)
+    (d / "run.err").write_text(run.stderr)  # what the run said: why a fault was found
     yield d, passwords, ports
 
 
@@ -120,8 +121,9 @@ def test_a_run_with_a_fault_drill_replays_with_no_device_and_no_secret(
     same result (every iteration's time, the fault found and recovered from)."""
     d, passwords, _ports = recorded
     was = json.loads((d / "run.json").read_text())
-    [fault] = was["networks"]["oddl"]["faults"]
-    assert (fault["kind"], fault["target"], fault["recovered"]) == ("dead-board", "n3", True)
+    faults = was["networks"]["oddl"]["faults"]
+    assert [(f["kind"], f["target"], f["recovered"]) for f in faults] == [
+        ("dead-board", "n3", True)], (faults, (d / "run.err").read_text()[-3000:])
     r = oddl(root, "replay", str(d / "run.jsonl.gz"), "--report", str(tmp_path / "rep"))
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     assert "the same result as recorded" in r.stdout
