@@ -270,7 +270,7 @@ def run(experiment: LoadedExperiment | str | Path, backend: str = "sim",
         progress: Progress | None = None, trace: Timeline | None = None,
         publish: bool = False, say: Callable[[str], None] = print,
         arbiter: ArbiterClient | None = None, workers: int | None = None,
-        force: bool = False) -> RunResult:
+        force: bool = False, plot: bool = True) -> RunResult:
     """Run every network of an experiment (`oddl run`): emu on a sim testbed starts a
     private emulator of it, hw holds the testbed lock, `publish` tells a sim run's
     watchers (app/session.py); hw with `arbiter`: the testbed's arbiter
@@ -281,7 +281,8 @@ def run(experiment: LoadedExperiment | str | Path, backend: str = "sim",
     beside the ODDL one (default: one per spare core, for a run long enough to pay for
     starting them; one more once this process has run its own; 0: all in this one). A
     run that would take hours or more memory than is free raises TooBig (with the
-    estimate) unless `force`."""
+    estimate) unless `force`. `plot=False`: no figure (drawing it costs a second and a
+    half of CPU, most of a short run's)."""
     from oddl.app.experiments.figures import (
         iteration_parts,
         jct_cdf,
@@ -328,6 +329,7 @@ def run(experiment: LoadedExperiment | str | Path, backend: str = "sim",
         res.run_dir = str(run_dir)
         (run_dir / "summary.json").write_text(json.dumps(res.summary(exp.reference),
                                                          indent=1))
+    if run_dir is not None and plot:
         save(jct_cdf(f"{exp.name} ({backend}): {len(res.jobs)} jobs", res.jobs)
              if res.jobs else run_figure(
                  f"{exp.name} ({backend})",

@@ -30,8 +30,9 @@ NETWORK = "oddl"  # a submitted job runs on the testbed's ODDL network
 
 
 class JobRuns:
-    def __init__(self, state: Path) -> None:
+    def __init__(self, state: Path, plots: bool = True) -> None:
         self.root = state / "runs"
+        self.plots = plots  # each ended job's plot.png
         self._open: dict[str, RunStore] = {}
         # plots are drawn beside the API, one at a time (pyplot is not thread-safe): a
         # plot takes most of a second, and the arbiter's loop must not wait for it
@@ -98,6 +99,8 @@ class JobRuns:
             return
         finally:
             self.close(job)  # before the plot reads it
+        if not self.plots:
+            return
         with contextlib.suppress(RuntimeError):  # stopping: no new plot is begun
             self._plots.submit(self._plot, job, record)
 

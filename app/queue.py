@@ -188,7 +188,8 @@ class Service:
     """The arbiter's state and what each request may do to it."""
 
     def __init__(self, tb: Testbed, ledger: Ledger, users: dict[str, User], state: Path,
-                 limits: Limits, make: Callable[[Service], Admission]) -> None:
+                 limits: Limits, make: Callable[[Service], Admission],
+                 plots: bool = True) -> None:
         self.tb, self.ledger, self.users, self.state = tb, ledger, users, state
         self.roles = {u.name: u.role for u in users.values()}  # every user, token or not
         self.limits = limits
@@ -199,7 +200,7 @@ class Service:
         self._user: dict[str, str] = {}  # each job not ended: its user
         self.held = set(ledger.held())  # queued jobs an operator holds
         self.restarted: set[str] = set()  # jobs an earlier arbiter ran part of
-        self.runs = JobRuns(state)  # each job's run directory
+        self.runs = JobRuns(state, plots)  # each job's run directory
         self._compute: dict[str, int] = {}  # each job not ended: its compute (ns)
         self.adm = make(self)
 
@@ -530,9 +531,10 @@ class Service:
 
 def serve(testbed: Path, state: Path, users: list[str], host: str = "127.0.0.1",
           port: int = 8060, tls: tuple[Path, Path] | None = None,
-          say: Callable[[str], None] = print, limits: Path | None = None) -> None:
+          say: Callable[[str], None] = print, limits: Path | None = None,
+          plots: bool = True) -> None:
     """Run the service until SIGINT or SIGTERM (a clean stop keeps every job's state, as
-    a crash does)."""
+    a crash does); `plots`: each ended job's plot.png."""
 
     if not ipaddress.ip_address(host).is_loopback and tls is None:
         raise ValueError(f"--host {host}: beyond loopback the API needs TLS (--tls-cert, "
@@ -556,14 +558,14 @@ def serve(testbed: Path, state: Path, users: list[str], host: str = "127.0.0.1",
             if other is not None:
                 raise ValueError(f"--state {state}: it holds testbed {other!r}'s jobs, not "
                                  f"{tb.name!r}'s: give each testbed's arbiter its own")
-            _serve(tb, state, ledger, users_by_token, rules, host, port, tls, say)
+            _serve(tb, state, ledger, users_by_token, rules, host, port, tls, say, plots)
         finally:
             ledger.close()
 
 
 def _serve(tb: Testbed, state: Path, ledger: Ledger, users: dict[str, User], rules: Limits,
            host: str, port: int, tls: tuple[Path, Path] | None,
-           say: Callable[[str], None]) -> None:
+           say: Callable[[str], None], plots: bool) -> None:
     grid = Grid.from_testbed(tb)
     with TestbedLock(registry.lock_name(tb), f"oddl arbiter (pid {os.getpid()})").acquire():
         backend = registry.open_backend(tb.testbed.backend, tb, grid)
@@ -580,7 +582,7 @@ def _serve(tb: Testbed, state: Path, ledger: Ledger, users: dict[str, User], rul
                     svc.on_iteration, record_flows=True, on_end=svc.on_end)
                 return adm
 
-            svc = Service(tb, ledger, users, state, rules, make)
+            svc = Service(tb, ledger, users, state, rules, make, plots)
             api = http.HttpService(svc.app(), host, port,
                                    ssl_certfile=tls[0] if tls else None,
                                    ssl_keyfile=tls[1] if tls else None)

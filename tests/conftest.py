@@ -65,3 +65,7 @@ def own_lock_dir(tmp_path_factory: pytest.TempPathFactory) -> None:
     # timing within microseconds (bench/emu_bench.py measures that): several run at once
     # on 2 cores, and a spinning one takes a core from the others
     os.environ.setdefault("ODDL_EMU_SPIN_US", "0")
+    # no run's or job's plot.png (1.5 s of CPU a run, a third of a short emu run's) but
+    # where a test asks for it (--plot, --plots): test_experiment, test_figures,
+    # test_multijob, test_arbiter_restart
+    os.environ.setdefault("ODDL_PLOT", "0")

@@ -48,7 +48,7 @@ def test_a_killed_arbiter_started_again_loses_no_job_and_records_no_iteration_tw
     finally:
         first.stop(signal.SIGKILL)
     t_killed = time.time()
-    again = Arbiter(root, emu, tmp_path / "state", port)  # the same tokens, the same ledger
+    again = Arbiter(root, emu, tmp_path / "state", port, "--plots")  # the same tokens, ledger
     try:
         for job, user, n in ((running, "alice", 120), (queued, "bob", 20)):
             d = json.loads(again.cli(user, "wait", job, "--json").stdout)

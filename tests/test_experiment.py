@@ -46,7 +46,7 @@ def test_table1_regression(root: Path) -> None:
 def test_run_json_is_one_object_and_run_dir_complete(root: Path, tmp_path: Path) -> None:
     out = tmp_path / "run"
     r = CliRunner().invoke(main, ["run", str(root / TABLE1), "--iterations", "5", "--json",
-                                  "--out", str(out)])
+                                  "--out", str(out), "--plot"])
     assert r.exit_code == 0, r.output
     obj = json.loads(r.stdout)  # exactly one JSON object, nothing else on stdout
     assert set(obj) == {"experiment", "backend", "networks", "ratio", "invariant_violations",
@@ -106,6 +106,7 @@ def test_run_into_a_taken_run_dir_refuses_and_keeps_the_old_run(root: Path,
     assert r.exit_code == 2
     assert f"{out} already holds a run" in r.output  # not an sqlite traceback
     assert (out / "results.sqlite").read_bytes() == before
+    assert not (out / "plot.png").exists()  # the suite's runs: ODDL_PLOT=0 (conftest)
     assert [i for i, *_ in read_store(out / "results.sqlite")["oddl"]["iterations"]] == [0, 1, 2]
 
 

@@ -60,7 +60,7 @@ def test_run_figure_has_no_offset_axes_and_the_papers_bars() -> None:
 def test_run_prints_the_reference_as_a_table_and_splits_the_iteration(
         root: Path, tmp_path: Path) -> None:
     out = tmp_path / "run"
-    r = CliRunner().invoke(main, ["run", str(root / TABLE1), "--iterations", "3",
+    r = CliRunner().invoke(main, ["run", str(root / TABLE1), "--plot", "--iterations", "3",
                                   "--out", str(out)])
     assert r.exit_code == 0, r.output
     assert "{'paper'" not in r.output and "beside the paper" in r.output

@@ -375,7 +375,8 @@ def test_cli_run_json_has_jobs_and_a_jct_cdf_and_plan_prints_partitions(tmp_path
 
     exp = experiment(tmp_path, job("a", 8, 2, shape="grid") + job("b", 4, 2, arrival_ms=0.5)
                      + job("c", 8, 1, arrival_ms=1))
-    r = CliRunner().invoke(main, ["run", str(exp), "--json", "--out", str(tmp_path / "run")])
+    r = CliRunner().invoke(main, ["run", str(exp), "--json", "--plot", "--out",
+                                  str(tmp_path / "run")])
     assert r.exit_code == 0, r.output
     out = json.loads(r.stdout)
     assert set(out["jobs"]) == {"a", "b", "c"}

@@ -476,12 +476,16 @@ def _run_warnings(res: Any, ctx: Any) -> None:
               callback=new_file,
               help="emu and hw: write every exchange with the devices to this cassette "
                    "(.jsonl.gz), for `oddl replay` (docs/cassettes.md)")
+@click.option("--plot/--no-plot", default=True, show_default=True, envvar="ODDL_PLOT",
+              show_envvar=True,
+              help="draw plot.png (or jct-cdf.png) into the run directory: a second and a "
+                   "half of CPU, most of a short run's (a script's many runs: --no-plot)")
 def run(experiment: Path, backend: str, out: Path | None, iterations: int | None,
         testbed: Path | None, as_json: bool, trace_file: Path | None,
         trace_iterations: int, publish: bool, arbiter_url: str | None,
         token_file: Path | None, board_model: str | None, control_model: str | None,
-        rtl_simulator: str | None, workers: int | None, force: bool, record: Path | None
-        ) -> None:
+        rtl_simulator: str | None, workers: int | None, force: bool, record: Path | None,
+        plot: bool) -> None:
     """Run an experiment: every network on the same workload, results in a run directory."""
     from oddl.app import api, registry
     from oddl.app.experiments.estimate import TooBig
@@ -524,7 +528,7 @@ def run(experiment: Path, backend: str, out: Path | None, iterations: int | None
                               trace=timeline, publish=publish, say=err.print,
                               arbiter=ArbiterClient(arbiter_url, token_file)
                               if arbiter_url and token_file else None, workers=workers,
-                              force=force)
+                              force=force, plot=plot)
             finally:
                 if tape is not None:
                     err.print(tape.close({"result": res.to_json_obj() if res is not None

@@ -33,8 +33,13 @@ if TYPE_CHECKING:
 @click.option("--tls-key", type=click.Path(path_type=Path), default=None)
 @click.option("--limits", type=click.Path(path_type=Path, dir_okay=False), default=None,
               help="a TOML of time limits and each role's or user's limits (docs/arbiter.md)")
+@click.option("--plots/--no-plots", default=True, show_default=True, envvar="ODDL_PLOT",
+              show_envvar=True,
+              help="draw each ended job's plot.png into its run directory (most of a second "
+                   "of CPU a job, beside the API)")
 def arbiter(testbed: Path, state: Path, users: tuple[str, ...], port: int, host: str,
-            tls_cert: Path | None, tls_key: Path | None, limits: Path | None) -> None:
+            tls_cert: Path | None, tls_key: Path | None, limits: Path | None,
+            plots: bool) -> None:
     """The long-lived service that owns a testbed (emu or hw): people submit jobs to it,
     which run at once in isolated partitions; it survives its own crash (docs/arbiter.md)."""
     from oddl.app.queue import serve
@@ -44,7 +49,7 @@ def arbiter(testbed: Path, state: Path, users: tuple[str, ...], port: int, host:
     try:
         serve(testbed, state, list(users), host, port,
               (tls_cert, tls_key) if tls_cert and tls_key else None,
-              say=lambda line: click.echo(line), limits=limits)
+              say=lambda line: click.echo(line), limits=limits, plots=plots)
     except ConfigError as e:
         _config_fail(e)
     except (ValueError, TestbedBusy, StoreError) as e:
