@@ -1,5 +1,6 @@
-"""`oddl arbiter` across its own `kill -9`, and fair between users (issue 44): apart from
-tests/test_arbiter.py so that the two modules' emulators and arbiters run side by side."""
+"""`oddl arbiter` across its own `kill -9` (and a new one after a killed one), and fair
+between users (issue 44): apart from tests/test_arbiter.py, whose arbiter serves its
+module's tests, so that the two modules' emulators and arbiters run side by side."""
 
 from __future__ import annotations
 
@@ -37,7 +38,7 @@ def test_a_killed_arbiter_started_again_loses_no_job_and_records_no_iteration_tw
     first = Arbiter(root, emu, tmp_path / "state", port)
     waiting = None
     try:
-        running = first.submit("alice", "long", 120)
+        running = first.submit("alice", "long", 60)
         queued = first.submit("bob", "after", 20, ranks=4)  # waits for the whole grid
         waiting = subprocess.Popen(  # a user's `oddl wait`, from before the kill
             [sys.executable, "-m", "oddl.app", "wait", running, "--json"],
@@ -50,7 +51,7 @@ def test_a_killed_arbiter_started_again_loses_no_job_and_records_no_iteration_tw
     t_killed = time.time()
     again = Arbiter(root, emu, tmp_path / "state", port, "--plots")  # the same tokens, ledger
     try:
-        for job, user, n in ((running, "alice", 120), (queued, "bob", 20)):
+        for job, user, n in ((running, "alice", 60), (queued, "bob", 20)):
             d = json.loads(again.cli(user, "wait", job, "--json").stdout)
             assert (d["state"], d["iterations_done"]) == ("finished", n), d
             r = d["result"]
@@ -71,11 +72,11 @@ def test_a_killed_arbiter_started_again_loses_no_job_and_records_no_iteration_tw
         while not (run_dir / "plot.png").is_file():
             assert time.monotonic() < deadline, "no plot.png 30 s after the job ended"
             time.sleep(0.05)
-        assert len(read_store(run_dir / "results.sqlite")["oddl"]["iterations"]) == 120
+        assert len(read_store(run_dir / "results.sqlite")["oddl"]["iterations"]) == 60
         assert json.loads((run_dir / "summary.json").read_text())["state"] == "finished"
         out, err = waiting.communicate(timeout=120)
         assert waiting.returncode == 0, err[-2000:]
-        assert json.loads(out)["result"]["iterations"] == 120
+        assert json.loads(out)["result"]["iterations"] == 60
         log = again.cli("alice", "logs", running).stdout
         assert "the arbiter started again (no arbiter for" in log, log
         assert "queued again from iteration" in log
@@ -86,7 +87,7 @@ def test_a_killed_arbiter_started_again_loses_no_job_and_records_no_iteration_tw
         if waiting is not None and waiting.poll() is None:
             waiting.kill()
     db = sqlite3.connect(tmp_path / "state" / "arbiter.sqlite")
-    for job, n in ((running, 120), (queued, 20)):
+    for job, n in ((running, 60), (queued, 20)):
         its = [i for (i,) in db.execute("SELECT iteration FROM iterations WHERE job = ? "
                                         "ORDER BY iteration", (job,))]
         assert its == list(range(n))  # each once (the key), none missing
@@ -161,3 +162,28 @@ def test_limits_time_limits_holds_priorities_usage_and_tokens(
         assert not (tmp_path / "state" / "tokens" / "bob").exists()
     finally:
         a.stop()
+
+
+@pytest.mark.realtime  # an emulator, two arbiters, HTTP: the wall clock
+def test_a_new_arbiter_on_an_emulator_a_killed_one_served_starts_clean(
+        root: Path, emu: Path, tmp_path: Path) -> None:
+    """Reproducer (issue 43): a long-lived emulator faked invariant violations for a second
+    arbiter (`/status` said 100, 150 after kill -9 restarts), its node reports naming a job
+    of an arbiter long gone. The nodes drop an earlier controller's job when a newer one
+    comes (its session, in its status and its jobs); the new arbiter clears the WSS rows
+    and routes it finds; each node reports its own job's violations."""
+    first = Arbiter(root, emu, tmp_path / "a")
+    try:
+        first.until_done("alice", first.submit("alice", "forever", 100_000), 3)
+    finally:
+        first.stop(signal.SIGKILL)  # its job is still on the nodes, its will not yet said
+    fresh = Arbiter(root, emu, tmp_path / "b")
+    try:
+        jobs = [fresh.submit("alice", f"j{k}", 10) for k in range(2)]
+        for job in jobs:
+            d = json.loads(fresh.cli("alice", "wait", job, "--json").stdout)
+            assert (d["state"], d["iterations_done"]) == ("finished", 10), d
+        status = fresh.call("alice", "GET", "/status").json()
+        assert (status["invariant_violations"], status["first_violations"]) == (0, []), status
+    finally:
+        fresh.stop()
