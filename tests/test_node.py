@@ -44,6 +44,17 @@ pytestmark = pytest.mark.realtime  # brokers, emulators, sockets: the wall clock
 TIMING = Timing(11, 2, 50, 1000, 1000, 5000, 3)
 
 
+@pytest.fixture(scope="module")
+def n1_apart(root: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """One `oddl emulate` of the prototype with n1's node program left to a lab's host
+    (`--external-node n1`), serving the module's tests that start an n1 of their own, one
+    after another, as a lab's emulator serves job after job; its emu config."""
+    out = tmp_path_factory.mktemp("n1-apart") / "emu.toml"
+    with emulator(root, root / "hw_configs" / "prototype-4node.toml", out,
+                  "--external-node", "n1", limit_s=120):
+        yield out
+
+
 def test_node_program_reports_a_failing_job_and_serves_the_next() -> None:
     """Garbage and wrong schemas are dropped; a job it cannot run fails with the reason
     (to the controller and its peers); the program keeps serving."""
@@ -164,15 +175,13 @@ def test_hw_run_with_oddl_node_beside_a_board(root: Path, tmp_path: Path) -> Non
               r"where its schedule starts 4 an iteration"),
 ])
 def test_a_node_whose_reports_cannot_be_true_is_named(root: Path, tmp_path: Path, lie: str,
-                                                       said: str) -> None:
+                                                       said: str, n1_apart: Path) -> None:
     """Reproducer (issue 33, defect 5): a node that added 1 s to each iteration it reported
     gave 1,261 ms an iteration and a ratio of 5.41, exit 0, unflagged (50 of those
     iterations were longer than the run); one claiming 10^15 flows passed too. Reports are
     held to what the controller knows: its own clock and the job's schedule."""
-    out = tmp_path / "emu.toml"
-    with emulator(root, root / "hw_configs" / "prototype-4node.toml", out,
-                  "--external-node", "n1", limit_s=120) as _, \
-            _oddl_node(root, out, "n1", 100, lie=lie):
+    out = n1_apart
+    with _oddl_node(root, out, "n1", 100, lie=lie):
         r = _cli("run", "experiments/table1-resnet50.toml", "--backend", "hw", "--testbed",
                  str(out), "--iterations", "3", "--out", str(tmp_path / "run"), root=root)
     assert r.returncode == 1, r.stdout[-500:]
@@ -590,15 +599,15 @@ def _stuck_node(emu: Path, node: str) -> Iterator[list[str]]:
         t.join(10)
 
 
-def test_a_job_a_live_node_never_reports_fails_naming_it(root: Path, tmp_path: Path) -> None:
+def test_a_job_a_live_node_never_reports_fails_naming_it(root: Path, tmp_path: Path,
+                                                        n1_apart: Path) -> None:
     """A node program that beats, says "ready" and grants, but never sends nor reports:
     the job is stuck (its peers wait for its flows), though every node is alive. The run
     fails once nothing has been heard for an iteration's compute plus `grace_ms`, naming
     the ranks it waits for. (Before: it waited 5 s an iteration plus 30 s, and said only
     "not done".)"""
-    out = tmp_path / "emu.toml"
-    with emulator(root, root / "hw_configs" / "prototype-4node.toml", out,
-                  "--external-node", "n1", limit_s=120), _stuck_node(out, "n1") as jobs:
+    out = n1_apart
+    with _stuck_node(out, "n1") as jobs:
         r = _cli("run", "experiments/table1-resnet50.toml", "--backend", "hw",
                  "--testbed", str(out), "--iterations", "3", "--out", str(tmp_path / "run"),
                  root=root, timeout=100)
