@@ -127,7 +127,11 @@ def main() -> None:
 
 
 def entry() -> None:
-    """The `oddl` program: signals become stops (`Stopped`), then the command group."""
+    """The `oddl` program: signals become stops (`Stopped`), then the command group (pynq,
+    if a command opens a board, without the notebooks' IPython)."""
+    from oddl.app.cli import notebookless
+
+    notebookless.install()
     raise_on_signals()
     main()
 
