@@ -2,7 +2,8 @@
 every command ends: its one voice for errors and stops), and a module a command group:
 `experiments` (check, plan, compat, run, sweep), `lab` (emulate, node, dashboard,
 broker-config, accept), `queue` (the arbiter and its clients), `verify`, `gateware`, and
-`devices` (lightning, optinc, countaction, regmap)."""
+`devices` (lightning, optinc, countaction, regmap); `notebookless`: pynq imported without
+the notebooks' IPython, in every command's process."""
 
 from oddl.app.cli import devices, experiments, gateware, lab, queue, verify
 from oddl.app.cli.main import main
