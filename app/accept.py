@@ -57,16 +57,36 @@ def check_only(only: list[str]) -> None:
                           f"{', '.join(CHECKS)})")
 
 
+AUTOLOAD = "PYTEST_DISABLE_PLUGIN_AUTOLOAD"
+
+
 def pytest_args(config: Path, report: Path, only: list[str]) -> list[str]:
     suite = suite_dir()
     # importlib mode: the installed suite's folder never goes onto sys.path
     args = [str(suite), "--testbed", str(config), "--accept-report", str(report),
             f"--junitxml={report / 'junit.xml'}", "-o", "junit_family=xunit2",
-            "-p", "no:cacheprovider", "-q", "-rfs", "--rootdir", str(suite),
-            "--import-mode=importlib"]
+            "-p", "no:cacheprovider", "-p", "oddl.acceptance.plugin", "-q", "-rfs",
+            "--rootdir", str(suite), "--import-mode=importlib"]
     if only:
         args += ["-k", " or ".join(CHECKS[o] for o in only)]
     return args
+
+
+def run_suite(testbed: Path, report: Path, only: list[str]) -> int:
+    """pytest on the acceptance suite with its own plugin only, not every pytest plugin
+    installed beside oddl (one that reorders or reruns tests would change a verdict; their
+    imports took a second of CPU)."""
+    import pytest
+
+    before = os.environ.get(AUTOLOAD)
+    os.environ[AUTOLOAD] = "1"
+    try:
+        return int(pytest.main(pytest_args(testbed, report, only)))
+    finally:
+        if before is None:
+            del os.environ[AUTOLOAD]
+        else:
+            os.environ[AUTOLOAD] = before
 
 
 def run(testbed_path: Path, tb: Testbed, backend: str, report: Path, only: list[str],
@@ -103,14 +123,12 @@ def run(testbed_path: Path, tb: Testbed, backend: str, report: Path, only: list[
 def _suite(testbed: Path, report: Path, only: list[str], record: Path | None,
            header: dict[str, Any], say: Callable[[str], None]) -> int:
     """pytest on the suite, recording its device traffic onto `record` if given."""
-    import pytest
-
     if record is None:
-        return int(pytest.main(pytest_args(testbed, report, only)))
+        return run_suite(testbed, report, only)
     rc = 2
     with registry.recording(record, header) as rec:
         try:
-            rc = int(pytest.main(pytest_args(testbed, report, only)))
+            rc = run_suite(testbed, report, only)
         finally:
             summary = report / "summary.json"
             say(rec.close({"rc": rc, "summary": json.loads(summary.read_text())

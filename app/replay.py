@@ -18,7 +18,7 @@ from typing import Any
 
 import tomli_w
 from oddl.app import registry
-from oddl.app.accept import AcceptError, pytest_args, summary_said
+from oddl.app.accept import AcceptError, run_suite, summary_said
 
 # an acceptance's figures measured on the host's clock, not read from a device: held to
 # the recording within this much (check -> relative, absolute); the rest exactly
@@ -62,9 +62,7 @@ def replay(path: Path, report: Path, relaxed: bool, say: Say) -> int:
 
 def _accept(player: Any, report: Path, say: Say) -> list[str]:
     """The acceptance again: each check that came out otherwise."""
-    import pytest
-
-    pytest.main(pytest_args(report / "testbed.toml", report, player.header.get("only") or []))
+    run_suite(report / "testbed.toml", report, player.header.get("only") or [])
     got = summary_said(report, say)
     if got is None:
         return ["the suite did not run"]

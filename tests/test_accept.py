@@ -133,6 +133,25 @@ def test_only_selects_checks(root: Path, tmp_path: Path, proto: Path) -> None:
     assert not (tmp_path / "refused").exists()  # a refused run leaves nothing behind
 
 
+def test_other_pytest_plugins_installed_change_no_verdict(root: Path, tmp_path: Path,
+                                                          proto: Path) -> None:
+    """`oddl accept` runs its suite with its own plugin only: a pytest plugin installed
+    beside oddl (here one that deselects every test, an entry point on the path) took part,
+    and the acceptance ran no check (exit 2, "the suite did not run")."""
+    site = tmp_path / "site"
+    (site / "deselect_all-0.1.dist-info").mkdir(parents=True)
+    (site / "deselect_all-0.1.dist-info" / "METADATA").write_text(
+        "Metadata-Version: 2.1\nName: deselect-all\nVersion: 0.1\n")
+    (site / "deselect_all-0.1.dist-info" / "entry_points.txt").write_text(
+        "[pytest11]\ndeselect_all = deselect_all\n")
+    (site / "deselect_all.py").write_text(
+        "def pytest_collection_modifyitems(items):\n    items.clear()\n")
+    r = accept(root, str(proto), "--only", "identity", "--report", str(tmp_path / "r"),
+               env={"PYTHONPATH": os.pathsep.join([str(site), os.environ.get("PYTHONPATH", "")])})
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert summary(tmp_path / "r")["counts"] == {"passed": 4, "failed": 0, "skipped": 0}
+
+
 def test_absent_board_skips_and_unanswering_board_fails(root: Path, tmp_path: Path) -> None:
     """No address in the config: skipped with the reason. An address that does not answer:
     failed (a board that vanished from the lab must not pass by omission)."""
