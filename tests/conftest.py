@@ -3,6 +3,7 @@ from __future__ import annotations
 import compileall
 import os
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -53,6 +54,17 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 @pytest.fixture(scope="session")
 def root() -> Path:
     return ROOT
+
+
+@pytest.fixture(scope="module")
+def emu(root: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """`oddl emulate` of a 2 x 2 grid for a module that asks: its tests use it one after
+    another (a module's tests stay on one worker), as a lab's emulator serves job after
+    job; its emu config."""
+    from tests.helpers import emulated_grid  # (not in pytest's own process: it imports pynq)
+
+    with emulated_grid(root, tmp_path_factory.mktemp("emu")) as out:
+        yield out
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -34,12 +34,6 @@ compute_time_ms = 10.0
 """
 
 
-@pytest.fixture(scope="module")
-def emu(root: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    with emulated_grid(root, tmp_path_factory.mktemp("arbiter-emu")) as out:
-        yield out
-
-
 class Arbiter:
     """`oddl arbiter` as an operator starts it; its URL once it says "ready"."""
 

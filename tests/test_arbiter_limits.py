@@ -7,20 +7,12 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
 
-from tests.helpers import emulated_grid
 from tests.test_arbiter import JOB, LIMITS, Arbiter
-
-
-@pytest.fixture(scope="module")
-def emu(root: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    with emulated_grid(root, tmp_path_factory.mktemp("arbiter-emu-3")) as out:
-        yield out
 
 
 @pytest.mark.realtime  # an emulator, an arbiter, HTTP: the wall clock

@@ -12,19 +12,11 @@ import sqlite3
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.helpers import emulated_grid
 from tests.test_arbiter import Arbiter, free_port
-
-
-@pytest.fixture(scope="module")
-def emu(root: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    with emulated_grid(root, tmp_path_factory.mktemp("arbiter-emu-2")) as out:
-        yield out
 
 
 @pytest.mark.realtime  # an emulator, an arbiter, HTTP: the wall clock

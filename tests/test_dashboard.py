@@ -9,7 +9,6 @@ import shutil
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -29,18 +28,12 @@ from oddl.controller.base.telemetry import (
 )
 from oddl.controller.service.health import Heartbeat
 
-from tests.helpers import check_chrome, dashboard, emulated_grid
+from tests.helpers import check_chrome, dashboard
 
 pytestmark = pytest.mark.realtime  # brokers, emulators, sockets: the wall clock
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 ARTIFACTS = Path(__file__).resolve().parent.parent / "test-artifacts"
-
-
-@pytest.fixture(scope="module")
-def emu(root: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    with emulated_grid(root, tmp_path_factory.mktemp("dash")) as out:
-        yield out
 
 
 @pytest.mark.skipif(CHROMIUM is None, reason="needs Debian's chromium (.ci/run installs it)")

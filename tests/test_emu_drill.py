@@ -11,7 +11,6 @@ import json
 import subprocess
 import sys
 import tomllib
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -19,17 +18,11 @@ import httpx
 import pytest
 import tomli_w
 
-from tests.helpers import emulated_grid, write_experiment
+from tests.helpers import write_experiment
 
 pytestmark = pytest.mark.realtime  # brokers, emulators, sockets: the wall clock
 
 P_MS = 100.0  # the default heartbeat period
-
-
-@pytest.fixture(scope="module")
-def emu(root: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    with emulated_grid(root, tmp_path_factory.mktemp("emu-drill")) as out:
-        yield out
 
 
 def drill(root: Path, emu: Path, tmp: Path, faults: list[dict[str, Any]],
