@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from oddl.app.experiments.figures import iterations_figure, save
-from oddl.app.experiments.results import FlowRow, RunStore, read_store, write_manifest
+from oddl.app.experiments.results import FlowRow, RunStore, read_store, reading, write_manifest
 from oddl.controller.base.config import DISTURBANCE_THRESHOLD
 from oddl.controller.service.backend import disturbed
 from oddl.controller.service.jobs import JobRequest
@@ -71,7 +71,7 @@ class JobRuns:
         if not path.is_file():
             return []
         try:
-            db = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+            db = sqlite3.connect(reading(path), uri=True)
             try:
                 return [list(r) for r in db.execute(
                     "SELECT rowid, iteration, flow, step, src, dst, bytes, hops, t_submit_ns, "

@@ -66,6 +66,9 @@ def test_run_json_is_one_object_and_run_dir_complete(root: Path, tmp_path: Path)
     assert [r[0] for r in data["oddl"]["iterations"]] == list(range(5))
     assert data["oddl"]["flow_rows"] == 5 * 16
     assert (out / "plot.png").stat().st_size > 10_000
+    # the plot read the finished store as immutable: no empty -wal and -shm left beside it
+    assert sorted(p.name for p in out.iterdir() if p.name.startswith("results")) == [
+        "results.sqlite"]
 
 
 def test_a_disturbed_run_says_so(root: Path, tmp_path: Path) -> None:

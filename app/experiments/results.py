@@ -116,9 +116,19 @@ class RunStore:
         self.db.close()
 
 
+def reading(path: Path) -> str:
+    """The URI that reads a store without writing beside it. A store no one writes has no
+    write-ahead log (its writer's close removes it), and is read as immutable: a read-only
+    reader of a WAL database otherwise leaves an empty -wal and a -shm beside a finished
+    run's store (every run's plot did). One being written (or left by a killed run) has its
+    log, and is read through it."""
+    wal = path.with_name(path.name + "-wal")
+    return f"file:{path}?mode=ro" + ("" if wal.exists() else "&immutable=1")
+
+
 def read_store(path: Path) -> dict[str, Any]:
     """Everything completed so far, per network (works on a store left by a killed run)."""
-    db = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    db = sqlite3.connect(reading(path), uri=True)
     try:
         check_version(db, path, SCHEMA_VERSION, "run's results store")
         out: dict[str, Any] = {}
