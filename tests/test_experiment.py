@@ -102,14 +102,14 @@ def test_a_disturbed_run_says_so(root: Path, tmp_path: Path) -> None:
 def test_run_into_a_taken_run_dir_refuses_and_keeps_the_old_run(root: Path,
                                                                  tmp_path: Path) -> None:
     out = tmp_path / "run"
-    args = ["run", str(root / TABLE1), "--iterations", "3", "--out", str(out)]
+    args = ["run", str(root / TABLE1), "--iterations", "3", "--out", str(out), "--no-plot"]
     assert CliRunner().invoke(main, args).exit_code == 0
     before = (out / "results.sqlite").read_bytes()
     r = CliRunner().invoke(main, [*args[:3], "5", *args[4:]])
     assert r.exit_code == 2
     assert f"{out} already holds a run" in r.output  # not an sqlite traceback
     assert (out / "results.sqlite").read_bytes() == before
-    assert not (out / "plot.png").exists()  # the suite's runs: ODDL_PLOT=0 (conftest)
+    assert not (out / "plot.png").exists()  # --no-plot
     assert [i for i, *_ in read_store(out / "results.sqlite")["oddl"]["iterations"]] == [0, 1, 2]
 
 
