@@ -504,6 +504,9 @@ def _replay(deliveries: list[Delivery], nodes: Iterable[str],
         return next((i for i, m in enumerate(w.inflight)
                      if (m.dst, m.src, _KIND[type(m.msg)], m.msg.flow, m.msg.hop) == d), None)
 
+    def broken() -> str | None:  # the model's first violation, or its failure
+        return w.violations[0] if w.violations else w.failed
+
     for k, d in enumerate(deliveries):
         dst, src, kind, flow, hop = d
         here = f"delivery {k} ({kind} {src}->{dst} flow {flow} hop {hop})"
@@ -515,19 +518,17 @@ def _replay(deliveries: list[Delivery], nodes: Iterable[str],
             entered.add(flow)
             w.units[src].submit(Flow(f.id, f.src, f.dst, f.nbytes, f.iteration, f.step))
         want = early.get(k)
-        while want is not None and sent(want) is None and not w.violations \
-                and w.failed is None and w.clock.next() is not None and fired < max_timers:
+        while want is not None and sent(want) is None and broken() is None \
+                and w.clock.next() is not None and fired < max_timers:
             w.fire()
             fired += 1
-        if w.violations or w.failed is not None:
-            return Conformance(k, False, f"{here}: {(w.violations or [w.failed or ''])[0]}",
-                               fired), None
+        if (why := broken()) is not None:
+            return Conformance(k, False, f"{here}: {why}", fired), None
         while (i := sent(d)) is None:
             # time moving on, seeking it, may run out, or into a failure (a flow whose
             # GRANT the record has next runs out of retries): either way it was not sent
             # by here, and may be sought earlier
-            if w.violations or w.failed is not None:
-                why = (w.violations or [w.failed or ""])[0]
+            if (why := broken()) is not None:
                 return Conformance(k, False, f"{here}: {why}", fired), k
             if w.clock.next() is None or fired >= max_timers:
                 return Conformance(k, False, f"{here}: the model never sends it", fired), k

@@ -42,6 +42,7 @@ def verilog_text(component: Any = None, name: str = TOP) -> str:
 def write_verilog(out: Path, component: Any = None, name: str = TOP) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     path = out / f"{name}.v"
+    path.open("a").close()  # a place it cannot be written: said before the elaboration's seconds
     path.write_text(verilog_text(component, name))
     return path
 
