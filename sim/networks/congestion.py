@@ -38,6 +38,7 @@ two are held equal to the bit; ODDL_INTERPRETED=1 runs the numpy tick).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -53,6 +54,13 @@ except ImportError:  # not built: the numpy tick below
 
 if TYPE_CHECKING:
     from oddl.sim.networks.electrical import FlowNetwork
+
+# exp, log1p and pow as the C library computes them, value by value (as lawkernel.pyx
+# does): numpy's own loops differ from it in the last bit where the CPU has AVX-512 (SVML),
+# and a figure must not depend on the machine it was computed on
+_exp = np.vectorize(math.exp, otypes=[float])
+_log1p = np.vectorize(math.log1p, otypes=[float])
+_pow = np.vectorize(math.pow, otypes=[float])
 
 
 @dataclass(frozen=True)
@@ -263,8 +271,8 @@ class CongestionControl(Sharing):
         # a connection's share: what its slowest link serves of it, less what is lost
         through = np.full(n, np.inf)
         np.minimum.at(through, rows, serve[cols])  # over 1: a queue drains
-        kept = np.exp(np.bincount(rows, weights=np.log1p(-np.minimum(lost[cols], 1 - 1e-12)),
-                                  minlength=n))
+        kept = _exp(np.bincount(rows, weights=_log1p(-np.minimum(lost[cols], 1 - 1e-12)),
+                                minlength=n))
         self.goodput[slots] = x * through * kept
         if self.law == "dcqcn":
             self.stats["paused_bytes"] += float((x * (1 - kept)).sum() * dt / 8)
@@ -305,10 +313,10 @@ class CongestionControl(Sharing):
         p = np.where(qb <= d.kmin_bytes, 0.0, np.where(
             qb >= d.kmax_bytes, 1.0, d.pmax * (qb - d.kmin_bytes) / (d.kmax_bytes - d.kmin_bytes)))
         n = len(slots)
-        unmarked = np.exp(np.bincount(rows, weights=np.log1p(-np.minimum(p[cols], 1 - 1e-12)),
-                                      minlength=n))
+        unmarked = _exp(np.bincount(rows, weights=_log1p(-np.minimum(p[cols], 1 - 1e-12)),
+                                    minlength=n))
         packets = x * dt / (d.mtu * 8)
-        hit = self.rng.random(n) < 1.0 - unmarked ** packets
+        hit = self.rng.random(n) < 1.0 - _pow(unmarked, packets)
         marked = self.marked[slots] | hit
         clk = self.clocks[slots]
         clk[:, :3] += dt
@@ -364,7 +372,7 @@ class CongestionControl(Sharing):
         p = 1.0 - kept * (1.0 - self.random_loss)  # a segment's chance to be lost
         clk = self.clocks[slots]
         clk[:, 3] += dt
-        loss = (self.rng.random(n) < 1.0 - (1.0 - p) ** sent) & (clk[:, 3] >= rtt)
+        loss = (self.rng.random(n) < 1.0 - _pow(1.0 - p, sent)) & (clk[:, 3] >= rtt)
         acked = self.goodput[slots] * dt / seg
         ss = w < self.ssthresh[slots]
         grow = np.where(ss, acked, self._scale(slots) * acked / np.maximum(w, 1.0))

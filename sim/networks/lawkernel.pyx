@@ -8,7 +8,8 @@ buffers (a typed memoryview apiece cost more than the arithmetic). The arithmeti
 numpy's, operation for operation and in the same order: sums in their input's order, as
 `bincount` adds, and `ndarray.sum`'s pairwise order (`_pairwise`); built without
 contracting a * b + c (setup.py: -ffp-contract=off); exp, log1p and pow are the C
-library's, as numpy's are on x86-64 below AVX-512. tests/test_congestion.py holds the two
+library's, as the numpy tick's are (numpy's own differ in the last bit on AVX-512
+machines). tests/test_congestion.py holds the two
 ticks equal to the bit, tick by tick. The random draws are numpy's.
 """
 
