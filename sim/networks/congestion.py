@@ -55,12 +55,21 @@ except ImportError:  # not built: the numpy tick below
 if TYPE_CHECKING:
     from oddl.sim.networks.electrical import FlowNetwork
 
+
 # exp, log1p and pow as the C library computes them, value by value (as lawkernel.pyx
 # does): numpy's own loops differ from it in the last bit where the CPU has AVX-512 (SVML),
-# and a figure must not depend on the machine it was computed on
-_exp = np.vectorize(math.exp, otypes=[float])
-_log1p = np.vectorize(math.log1p, otypes=[float])
-_pow = np.vectorize(math.pow, otypes=[float])
+# and a figure must not depend on the machine it was computed on (one by one: np.vectorize
+# costs twice the time)
+def _exp(a: np.ndarray) -> np.ndarray:
+    return np.fromiter(map(math.exp, a.tolist()), float, len(a))
+
+
+def _log1p(a: np.ndarray) -> np.ndarray:
+    return np.fromiter(map(math.log1p, a.tolist()), float, len(a))
+
+
+def _pow(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    return np.fromiter(map(math.pow, a.tolist(), b.tolist()), float, len(a))
 
 
 @dataclass(frozen=True)
