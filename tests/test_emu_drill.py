@@ -26,9 +26,10 @@ P_MS = 100.0  # the default heartbeat period
 
 
 def drill(root: Path, emu: Path, tmp: Path, faults: list[dict[str, Any]],
-          recovery: str = "relay", iterations: int = 6) -> dict[str, Any]:
+          recovery: str = "relay", iterations: int = 6, compute_ms: float = 5.0
+          ) -> dict[str, Any]:
     exp = write_experiment(tmp / "drill.toml", emu, name="emu-drill", iterations=iterations,
-                           recovery=recovery, faults=faults)
+                           compute_ms=compute_ms, recovery=recovery, faults=faults)
     r = subprocess.run([sys.executable, "-m", "oddl.app", "run", str(exp),
                         "--backend", "emu", "--testbed", str(emu), "--json",
                         "--out", str(tmp / "run")],
@@ -71,8 +72,12 @@ def test_a_dead_wss_answers_nothing_is_found_and_routed_round(root: Path, emu: P
 
 def test_a_broker_restart_is_waited_out_and_the_job_resumes(
         root: Path, emu: Path, tmp_path: Path) -> None:
+    # the broker goes in iteration 2's compute (300 ms), not after the iteration: with 5 ms,
+    # a loaded host's drill request came after every rank had reported iteration 2 and
+    # the broker took the reports with it (docs/faults.md: that window loses the iteration)
     oddl = drill(root, emu, tmp_path, [{"kind": "broker-restart", "target": "broker",
-                                        "at_iteration": 2, "duration_ms": 500}])
+                                        "at_iteration": 2, "duration_ms": 500}],
+                 compute_ms=300.0)
     assert oddl["iterations"] == 6 and oddl["invariant_violations"] == 0
     row = only_row(oddl)
     # every rank lives: once the broker is back, each rank's node program tells the
