@@ -39,7 +39,7 @@ two are held equal to the bit; ODDL_INTERPRETED=1 runs the numpy tick).
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -56,20 +56,12 @@ if TYPE_CHECKING:
     from oddl.sim.networks.electrical import FlowNetwork
 
 
-# exp, log1p and pow as the C library computes them, value by value (as lawkernel.pyx
-# does): numpy's own loops differ from it in the last bit where the CPU has AVX-512 (SVML),
-# and a figure must not depend on the machine it was computed on (one by one: np.vectorize
-# costs twice the time)
-def _exp(a: np.ndarray) -> np.ndarray:
-    return np.fromiter(map(math.exp, a.tolist()), float, len(a))
-
-
-def _log1p(a: np.ndarray) -> np.ndarray:
-    return np.fromiter(map(math.log1p, a.tolist()), float, len(a))
-
-
-def _pow(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    return np.fromiter(map(math.pow, a.tolist(), b.tolist()), float, len(a))
+def _libm(f: Callable[..., float], *args: np.ndarray) -> np.ndarray:
+    """`f` of the C library (math.exp, log1p, pow) value by value, as lawkernel.pyx does:
+    numpy's own loops differ from it in the last bit where the CPU has AVX-512 (SVML), and a
+    figure must not depend on the machine (map and fromiter: np.vectorize takes twice as
+    long)."""
+    return np.fromiter(map(f, *(a.tolist() for a in args)), float, len(args[0]))
 
 
 @dataclass(frozen=True)
@@ -280,8 +272,8 @@ class CongestionControl(Sharing):
         # a connection's share: what its slowest link serves of it, less what is lost
         through = np.full(n, np.inf)
         np.minimum.at(through, rows, serve[cols])  # over 1: a queue drains
-        kept = _exp(np.bincount(rows, weights=_log1p(-np.minimum(lost[cols], 1 - 1e-12)),
-                                minlength=n))
+        kept = _libm(math.exp, np.bincount(rows, weights=_libm(
+            math.log1p, -np.minimum(lost[cols], 1 - 1e-12)), minlength=n))
         self.goodput[slots] = x * through * kept
         if self.law == "dcqcn":
             self.stats["paused_bytes"] += float((x * (1 - kept)).sum() * dt / 8)
@@ -322,10 +314,10 @@ class CongestionControl(Sharing):
         p = np.where(qb <= d.kmin_bytes, 0.0, np.where(
             qb >= d.kmax_bytes, 1.0, d.pmax * (qb - d.kmin_bytes) / (d.kmax_bytes - d.kmin_bytes)))
         n = len(slots)
-        unmarked = _exp(np.bincount(rows, weights=_log1p(-np.minimum(p[cols], 1 - 1e-12)),
-                                    minlength=n))
+        unmarked = _libm(math.exp, np.bincount(rows, weights=_libm(
+            math.log1p, -np.minimum(p[cols], 1 - 1e-12)), minlength=n))
         packets = x * dt / (d.mtu * 8)
-        hit = self.rng.random(n) < 1.0 - _pow(unmarked, packets)
+        hit = self.rng.random(n) < 1.0 - _libm(math.pow, unmarked, packets)
         marked = self.marked[slots] | hit
         clk = self.clocks[slots]
         clk[:, :3] += dt
@@ -381,7 +373,7 @@ class CongestionControl(Sharing):
         p = 1.0 - kept * (1.0 - self.random_loss)  # a segment's chance to be lost
         clk = self.clocks[slots]
         clk[:, 3] += dt
-        loss = (self.rng.random(n) < 1.0 - _pow(1.0 - p, sent)) & (clk[:, 3] >= rtt)
+        loss = (self.rng.random(n) < 1.0 - _libm(math.pow, 1.0 - p, sent)) & (clk[:, 3] >= rtt)
         acked = self.goodput[slots] * dt / seg
         ss = w < self.ssthresh[slots]
         grow = np.where(ss, acked, self._scale(slots) * acked / np.maximum(w, 1.0))

@@ -9,8 +9,8 @@ numpy's, operation for operation and in the same order: sums in their input's or
 `bincount` adds, and `ndarray.sum`'s pairwise order (`_pairwise`); built without
 contracting a * b + c (setup.py: -ffp-contract=off); exp, log1p and pow are the C
 library's, as the numpy tick's are (numpy's own differ in the last bit on AVX-512
-machines). tests/test_congestion.py holds the two
-ticks equal to the bit, tick by tick. The random draws are numpy's.
+machines). tests/test_congestion.py holds the two ticks equal to the bit, tick by tick.
+The random draws are numpy's.
 """
 
 from cpython.buffer cimport PyBUF_ANY_CONTIGUOUS, PyBUF_WRITABLE, PyBuffer_Release, PyObject_GetBuffer
