@@ -211,6 +211,7 @@ class LabBackend:
         # the broker went away)
         self._out: dict[str, tuple[JobSpec, asyncio.Queue[JobEvent | None]]] = {}
         self._keeper: asyncio.Task[None] | None = None
+        self._following: set[asyncio.Task[Any]] = set()  # the tasks that wait on jobs out
         self._notes: collections.deque[tuple[str, bytes, bool]] = collections.deque(maxlen=64)
         self._decode_event = msgspec.json.Decoder(JobEvent)
         self._decode_beat = msgspec.json.Decoder(Heartbeat)
@@ -401,6 +402,8 @@ class LabBackend:
         events: asyncio.Queue[JobEvent | None] = asyncio.Queue(MAX_EVENTS)
         await self._heard_from(spec)
         self._out[spec.job] = (spec, events)
+        if (me := asyncio.current_task()) is not None:
+            self._following.add(me)
         ended, cancelled = False, False
         try:
             tally.published()  # before: a QoS 1 publish returns once acknowledged
@@ -430,6 +433,7 @@ class LabBackend:
                     n for n in spec.nodes if self.health.is_dead(n)})
             del self._out[spec.job]
             self._moving.pop(spec.job, None)
+            self._following.discard(asyncio.current_task())
         out = self._outcome(spec, tally.done, self.rejected - rejected0)
         out.trace = tally.trace
         return out
@@ -646,6 +650,13 @@ class LabBackend:
             w.close()
 
     async def _disconnect(self) -> None:
+        # a stop (Ctrl-C, SIGTERM) left jobs out: each is cancelled while the connection
+        # still listens, so that its nodes' word that they dropped it is heard (a second
+        # or so), and only then is the connection closed
+        if following := [t for t in self._following if not t.done()]:
+            for t in following:
+                t.cancel()
+            await asyncio.gather(*following, return_exceptions=True)
         await self.drill.finish()
         if self._keeper is not None:
             self._keeper.cancel()

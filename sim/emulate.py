@@ -138,8 +138,8 @@ class Emulation:
             await prog.stop()
         if self.observer is not None:
             await self.observer.close()
-        for s in self.boards.values():
-            await s.stop()
+        # all at once: each waits its grace for calls in flight (a lab's boards stop apart)
+        await asyncio.gather(*(s.stop() for s in self.boards.values()))
         for w in self.wss.values():
             w.close()
         if self.broker is not None:

@@ -107,3 +107,29 @@ def test_a_new_arbiter_on_an_emulator_a_killed_one_served_starts_clean(
         assert (status["invariant_violations"], status["first_violations"]) == (0, []), status
     finally:
         fresh.stop()
+
+
+@pytest.mark.realtime  # an emulator, two arbiters, HTTP: the wall clock
+def test_an_arbiter_stopped_with_a_job_running_stops_at_once_and_resumes_it(
+        root: Path, emu: Path, tmp_path: Path) -> None:
+    """Reproducer (issue 62): Ctrl-C of an arbiter with a job running took the testbed's
+    `grace_ms` (5.3 to 7.5 s) and warned "no word from n0, ... that it dropped the job",
+    although every node had dropped it within 0.6 s: the controller stopped listening
+    before it asked. Now it asks first, hears the nodes, and exits at once; the job is
+    kept and a new arbiter on the state goes on with it."""
+    port = free_port()
+    first = Arbiter(root, emu, tmp_path / "state", port)
+    job = first.submit("alice", "long", 100_000)
+    first.until_done("alice", job, 3)
+    first.stop()  # SIGINT: exit 130, no traceback, its state kept (Arbiter.stop checks)
+    said = "".join(first.err)
+    # every node's answer was heard: nothing waited out grace_ms for it
+    assert "no word from" not in said, said[-3000:]
+    again = Arbiter(root, emu, tmp_path / "state", port)
+    try:
+        again.until_done("alice", job, 6)  # queued again, and running on
+        assert again.call("alice", "DELETE", f"/jobs/{job}").status_code == 200
+        assert again.ended("alice", job)["state"] == "cancelled"
+    finally:
+        again.stop()
+    assert "no word from" not in "".join(again.err)

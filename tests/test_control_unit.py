@@ -9,10 +9,10 @@ import time
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from oddl.controller.base.clock import Clock
-from oddl.controller.base.messages import Flow, Request
+from oddl.controller.base.messages import ControlMessage, Flow, Grant, Request
 from oddl.controller.base.topology import Grid
 from oddl.controller.stage1.arbiter import Arbiter
 from oddl.controller.stage2.control_unit import ControlUnit, FlowFailed
@@ -46,6 +46,7 @@ def _assert_all_delivered_once(res: object, flows: list) -> None:
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(scenario(), st.sampled_from(["cyclic", "matched"]))
+@example((1, 4, [(1, 0, 187013, 0), (2, 0, 1, 0), (3, 0, 1, 0)]), "cyclic")  # issue 62
 def test_random_flows_delivered_exactly_once(sc: tuple, strategy: str) -> None:
     rows, cols, flows = sc
     res = run_flows(make_testbed(rows, cols), flows, strategy)
@@ -60,6 +61,45 @@ def test_random_flows_delivered_exactly_once(sc: tuple, strategy: str) -> None:
     assert total["retries"] == 0
     assert total["waits"] <= total["requests"]  # a WAIT answers a REQUEST
     assert res.bus.sent == total["requests"] + total["grants"] + total["waits"] + hops
+
+
+def test_a_poll_that_crosses_its_grant_is_not_granted_again() -> None:
+    """Reproducer (issue 62, found by Hypothesis): n2's and n3's REQUESTs wait behind n1's
+    long transfer; n3's poll (its REQUEST repeated after WAIT) crossed the GRANT that
+    answered it, the receiver took it for a lost GRANT and granted again with a fresh
+    lease: 4 GRANTs for 3 hops."""
+    flows = [(1, 0, 187013, 0), (2, 0, 1, 0), (3, 0, 1, 0)]
+    res = run_flows(make_testbed(1, 4), flows, "cyclic")
+    _assert_all_delivered_once(res, flows)
+    total = {k: sum(cu.stats[k] for cu in res.cus.values()) for k in res.cus["n0-0"].stats}
+    assert total["polls"] >= 1  # the crossing happened
+    assert (total["grants"], total["stray"], total["revoked"]) == (3, 0, 0)
+
+
+def test_a_lost_grant_is_sent_again_when_its_lease_lapses_and_the_flow_keeps_its_turn(
+        ) -> None:
+    """A GRANT lost on the way: the sender's repeats are not answered (they look like a
+    crossed poll), the lease lapses unused, and the receiver grants the same sender again,
+    ahead of a REQUEST that came after it."""
+    lost: list[ControlMessage] = []
+
+    def first_grant(m: ControlMessage) -> bool:
+        if type(m) is Grant and not lost:
+            lost.append(m)
+            return True
+        return False
+
+    def plant(_clock: Clock, bus: Any) -> None:
+        bus.lose = first_grant
+
+    # n0-2's REQUEST comes while n0-1's GRANT is lost, before n0-1's lease lapses
+    flows = [(1, 0, 100_000, 0), (2, 0, 100_000, 20_000)]
+    res = run_flows(make_testbed(1, 3), flows, "cyclic", inject=plant)
+    _assert_all_delivered_once(res, flows)
+    assert lost and lost[0].dst == "n0-1"
+    rx = res.cus["n0-0"].stats
+    assert (rx["revoked"], rx["grants"]) == (1, 3)
+    assert res.arrival_ns[0] < res.arrival_ns[1]  # n0-1 kept its turn
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])

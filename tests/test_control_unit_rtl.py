@@ -80,6 +80,15 @@ def test_the_rtl_reaches_every_state_of_the_smallest_configurations_as_python_do
     assert out.walks >= 80 and out.steps >= 600  # the paths to all 232 states
 
 
+def test_the_rtl_grants_a_hop_once_without_faults_as_python_does() -> None:
+    """Issue 62: every fault-free path of the three-node configurations, among them the
+    second sender's poll crossing its GRANT, which the RTL (as the Python unit) granted
+    again: the same events, the same messages, and the checker's "one GRANT a hop"."""
+    out = L.every_path(nodes=3, flows=1, faults=frozenset())
+    assert out.differences == []
+    assert out.walks >= 5
+
+
 def test_random_walks_with_forged_events_find_no_difference() -> None:
     """Each of the checker's configurations of up to four nodes and two flows a sender,
     walked from several seeds, with stale, foreign and short events injected."""

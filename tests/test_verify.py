@@ -11,7 +11,7 @@ import msgspec
 import pytest
 from click.testing import CliRunner
 from oddl.app.cli import main
-from oddl.controller.base.messages import Grant, Release
+from oddl.controller.base.messages import Grant, Release, Request
 from oddl.controller.stage2.control_unit import ControlUnit
 from oddl.controller.stage2.verify import FAULTS, configurations, explore, verify
 
@@ -48,6 +48,20 @@ class TakesAnyGrant(ControlUnit):
         super()._on_grant(g)
 
 
+class GrantsRepeats(ControlUnit):
+    """Planted (issue 62, the unit before it): a REQUEST repeated for the hop it has
+    granted, before any light, is taken for a lost GRANT and granted again."""
+
+    def _on_request(self, q: Request) -> None:
+        rx = self.rx.get(q.port)
+        g = rx.granted if rx is not None else None
+        if rx is not None and g is not None and (g.flow, g.hop) == (q.flow, q.hop) \
+                and not rx.data_done and not self.onic.rx_receiving(q.port, q.flow, q.hop):
+            self._grant(rx, q)
+            return
+        super()._on_request(q)
+
+
 def test_the_protocol_holds_in_every_interleaving_of_the_small_configurations() -> None:
     out = verify(nodes=3, flows=1)
     assert out["violations"] == 0
@@ -76,6 +90,17 @@ def test_a_grant_without_a_lease_is_found_once_messages_may_be_late() -> None:
     assert any("lease check" in s for s in trace) and any("(late)" in s for s in trace), trace
 
 
+def test_a_poll_that_crossed_its_grant_granted_again_is_found_without_faults() -> None:
+    """"Without faults, one GRANT a hop": the second sender's first poll (its time-out)
+    crosses the GRANT the receiver sends it as the first sender's long transfer ends."""
+    assert explore(TWO_SENDERS, (), ControlUnit).violations == []
+    bad = explore(TWO_SENDERS, (), GrantsRepeats).violations[0]
+    assert "flow 2 hop 0 granted 2 times without a fault (one GRANT a hop)" in \
+        bad["violation"], bad
+    assert bad["trace"][-2:] == ["t=100: GRANT n2->n1 flow 2 hop 0",
+                                 "t=100: REQUEST n1->n2 flow 2 hop 0"], bad["trace"]
+
+
 def test_a_duplicate_grant_acted_on_is_found() -> None:
     assert explore(TWO_SENDERS, (), TakesAnyGrant).violations == []
     bad = explore(TWO_SENDERS, ("dup",), TakesAnyGrant).violations[0]
@@ -88,7 +113,7 @@ def test_the_command_prints_the_figures_and_fails_on_a_bad_fault() -> None:
     assert r.exit_code == 0, r.output
     out: dict[str, Any] = json.loads(r.output)
     assert set(out) == {"configurations", "states", "violations", "seconds"}
-    assert out["violations"] == 0 and out["states"] == 232  # one flow, every fault
+    assert out["violations"] == 0 and out["states"] == 472  # one flow, every fault
     r = CliRunner().invoke(main, ["verify", "stage2", "--faults", "loss,melt"])
     assert r.exit_code == 2 and "unknown faults ['melt']" in r.output
     assert set(FAULTS) == {"loss", "dup", "reorder", "delay"}

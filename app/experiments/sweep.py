@@ -30,6 +30,7 @@ from oddl.controller.base.config import (
     read_toml,
 )
 from oddl.controller.base.extras import require
+from oddl.controller.serving.lifecycle import as_stopped
 from pydantic import Field, ValidationError, model_validator
 
 
@@ -164,27 +165,47 @@ def _run_point(task: dict[str, Any]) -> dict[str, Any]:
 
 
 def _local(tasks: list[dict[str, Any]], jobs: int) -> Iterator[dict[str, Any]]:
+    """The points in this process (`jobs` 1) or in a pool of `jobs` processes. A stop
+    (Ctrl-C, SIGTERM) ends the pool at once: its workers are deaf to the terminal's
+    signals (no traceback of theirs), and the points they run are cut (killed), not
+    waited for."""
     if jobs <= 1:
         for t in tasks:
             yield run_point(t)
         return
     import multiprocessing as mp
-    from concurrent.futures import ProcessPoolExecutor, as_completed
+    from concurrent.futures import FIRST_COMPLETED, Future, ProcessPoolExecutor, wait
 
-    with ProcessPoolExecutor(jobs, mp_context=mp.get_context("spawn")) as ex:
-        futs = [ex.submit(run_point, t) for t in tasks]
-        for f in as_completed(futs):
-            yield f.result()
+    from oddl.controller.serving.lifecycle import deaf
+
+    ex = ProcessPoolExecutor(jobs, mp_context=mp.get_context("spawn"), initializer=deaf)
+    futs: dict[Future[dict[str, Any]], dict[str, Any]] = {}
+    try:
+        futs.update({ex.submit(run_point, t): t for t in tasks})
+        while futs:
+            done, _ = wait(futs, return_when=FIRST_COMPLETED)
+            for f in done:
+                del futs[f]
+                yield f.result()
+    finally:
+        if futs:  # stopped, or a point failed: the rest are cut, not waited for
+            for p in list(getattr(ex, "_processes", {}).values()):  # (3.11 has no public
+                p.kill()  # way to end a pool's workers; deaf ones ignore SIGTERM)
+        ex.shutdown(wait=True, cancel_futures=True)
 
 
 def _dask(tasks: list[dict[str, Any]], address: str) -> Iterator[dict[str, Any]]:
+    """The points on a Dask cluster; a stop cancels those not done."""
     require("cluster", "oddl sweep --cluster")
     from distributed import Client, as_completed
 
     with Client(address) as client:
         futs = client.map(run_point, tasks, pure=False)
-        for f in as_completed(futs):
-            yield f.result()
+        try:
+            for f in as_completed(futs):
+                yield f.result()
+        finally:
+            client.cancel([f for f in futs if not f.done()])
 
 
 def run_sweep(sw: Sweep, testbed_path: Path, jobs: int = 1, cluster: str | None = None,
@@ -203,17 +224,34 @@ def run_sweep(sw: Sweep, testbed_path: Path, jobs: int = 1, cluster: str | None 
              for p in todo if _key(p) not in have]
     total = len(tasks) + len(rows)
     it = _dask(tasks, cluster) if cluster else _local(tasks, jobs)
-    for row in it:
-        rows.append(row)
-        if journal is not None:
-            journal.parent.mkdir(parents=True, exist_ok=True)
-            with journal.open("a") as f:
-                f.write(json.dumps(row) + "\n")
-        if progress is not None:
-            progress(row, len(rows), total)
+    try:
+        for row in it:
+            rows.append(row)
+            if journal is not None:
+                journal.parent.mkdir(parents=True, exist_ok=True)
+                with journal.open("a") as f:
+                    f.write(json.dumps(row) + "\n")
+            if progress is not None:
+                progress(row, len(rows), total)
+    except KeyboardInterrupt as e:  # a stop: say what is kept and what was cut
+        got = {_key(r) for r in rows}
+        cut = [_key(p) for p in todo if _key(p) not in got]
+        stop = as_stopped(e)
+        kept = f"{len(rows)} of {total} points kept" + (f" in {journal}" if journal else "")
+        if cut:
+            kept += (f"; {len(cut)} cut: {', '.join(_name(k) for k in cut[:8])}"
+                     + (f" and {len(cut) - 8} more" if len(cut) > 8 else ""))
+            if journal is not None:
+                kept += f" (the same --out {journal.parent} runs only those)"
+        stop.notes.append(kept)
+        raise stop from None
     order = {n.name: i for i, n in enumerate(sw.networks)}
     rows.sort(key=lambda r: (r["model"], r["nodes"], r["line_rate_gbps"], order[r["network"]]))
     return rows
+
+
+def _name(k: tuple[str, str, int, float]) -> str:
+    return f"{k[0]} {k[1]} {k[2]}n {k[3]:g}G"
 
 
 def _key(p: dict[str, Any]) -> tuple[str, str, int, float]:

@@ -6,7 +6,10 @@ requests) and nothing global. A flow costs REQUEST, GRANT and RELEASE with the n
 receiver only. Robustness, so that lost or late messages never lose, duplicate or hang a
 flow:
 - a REQUEST unanswered within the timeout is sent again (same flow id, idempotent at the
-  receiver); a receiver busy with another flow queues it and answers WAIT, at once and to
+  receiver: one that repeats a granted flow's is not answered, since a poll that crossed
+  the GRANT and a retry after a lost one look alike; a lease that then lapses unused was a
+  lost GRANT, sent again: one GRANT a hop without faults);
+  a receiver busy with another flow queues it and answers WAIT, at once and to
   every repeat, which resets the retry count: a repeat after a WAIT is a poll, not a retry
   (a pipeline's transfers outlast the timeout; waiting for one is no disturbance);
 - a GRANT is a lease: the transmitter uses it only if it can start before `expires_ns`,
@@ -110,8 +113,8 @@ class _Tx:
 
 
 class _Rx:
-    __slots__ = ("data_done", "done", "done_order", "granted", "lease_timer", "port", "queue",
-                 "queued", "release_timer", "released")
+    __slots__ = ("asked", "data_done", "done", "done_order", "granted", "lease_timer", "port",
+                 "queue", "queued", "release_timer", "released")
 
     def __init__(self, port: str) -> None:
         self.port = port
@@ -122,6 +125,7 @@ class _Rx:
         self.done_order: deque[tuple[int, int]] = deque()
         self.data_done = False
         self.released = False
+        self.asked = False  # the granted sender asked again during its lease
         self.lease_timer = None
         self.release_timer = None
 
@@ -308,8 +312,11 @@ class ControlUnit:
         key = (q.flow, q.hop)
         g = rx.granted
         if g is not None and (g.flow, g.hop) == key:
-            if not rx.data_done and not self.onic.rx_receiving(q.port, q.flow, q.hop):
-                self._grant(rx, q)  # our GRANT was lost: grant again with a fresh lease
+            # granted already: a repeat is a poll that crossed our GRANT, or a retry after
+            # it was lost; the two look alike here, so neither is answered now (one GRANT a
+            # hop without faults). If the lease then lapses unused, the GRANT was lost: it
+            # is sent again (`_lease_check`).
+            rx.asked = True
             return
         if key in rx.done:
             return
@@ -336,6 +343,7 @@ class ControlUnit:
         rx.granted = q
         rx.data_done = False
         rx.released = False
+        rx.asked = False
         expires = self.clock.now_ns() + self.t.lease_ns
         self.stats["grants"] += 1
         self._send(q.src, Grant(q.flow, q.hop, self.node, q.src, q.port, q.channel, expires))
@@ -353,6 +361,9 @@ class ControlUnit:
         if self.onic.rx_receiving(rx.port, q.flow, q.hop):
             return  # data is arriving
         self.stats["revoked"] += 1
+        if rx.asked:  # its sender asked again meanwhile: our GRANT was lost, not its
+            self._grant(rx, q)  # interest; it keeps its turn, with a fresh lease
+            return
         rx.granted = None
         self._grant_next(rx)
 

@@ -15,7 +15,8 @@ each state the scheduler tries every enabled event:
 States are hashed (the units' protocol state, what is in flight, the timers, the light,
 what was delivered), so each is expanded once. In every state it checks that no receiver
 has two senders' light at once, that no transmitter starts while it tunes or sends, and
-that no flow is delivered twice; in every final state, that every flow was delivered or
+that no flow is delivered twice, and that without a fault on the way no hop is granted
+twice; in every final state, that every flow was delivered or
 the run ended with the named error after the bounded retries (no deadlock). A violation
 comes with the shortest-known trace of events that leads to it.
 """
@@ -39,7 +40,12 @@ from oddl.controller.stage2.control_unit import ControlUnit, Timing
 TIMING = Timing(tuning_ns=10, guard_ns=2, propagation_ns=5, request_timeout_ns=100,
                 release_timeout_ns=100, lease_ns=60, max_retries=2)
 LATENCY_NS = 10  # a control message arrives within this, unless delayed (`delay`)
-BYTES_NS = 40  # every flow's transfer
+BYTES_NS = 40  # a flow's transfer (of FLOW_BYTES)
+FLOW_BYTES = 1000
+# "two senders, one receiver": one sender's transfers (80 ns) end its grant at 95 ns, so
+# the GRANT that answers the other's REQUEST (queued at 0) is in flight when that sender's
+# first poll goes (its time-out, at 100 ns): the two cross
+LONG_BYTES = 2000
 FAULTS = ("loss", "dup", "reorder", "delay")
 BUDGET = 1  # losses, duplicates and delays each, per run
 _KIND = {Request: "REQUEST", Grant: "GRANT", Release: "RELEASE", Wait: "WAIT"}
@@ -111,6 +117,8 @@ class _Bus:
     def send(self, src: str, dst: str, msg: ControlMessage) -> None:
         w = self.world
         self.sent += 1
+        if type(msg) is Grant:
+            w.granted(msg)
         w.inflight.append(_InFlight(src, dst, msg, w.clock.now + LATENCY_NS))
 
 
@@ -187,13 +195,20 @@ class Config:
     name: str
     nodes: tuple[str, ...]
     flows: tuple[tuple[str, ...], ...]
+    nbytes: tuple[int, ...] = ()  # each flow's size (default FLOW_BYTES)
 
     def describe(self) -> str:
-        return f"{self.name}: " + ", ".join("->".join(p) for p in self.flows)
+        return f"{self.name}: " + ", ".join(
+            "->".join(p) + (f" ({self.size(i)} B)" if self.size(i) != FLOW_BYTES else "")
+            for i, p in enumerate(self.flows))
+
+    def size(self, i: int) -> int:
+        return self.nbytes[i] if i < len(self.nbytes) else FLOW_BYTES
 
 
 def _fixed(nbytes: int) -> int:
-    return BYTES_NS
+    """A transfer's time: BYTES_NS for FLOW_BYTES, in proportion."""
+    return BYTES_NS * nbytes // FLOW_BYTES
 
 
 class World:
@@ -213,6 +228,10 @@ class World:
         self.inflight: list[_InFlight] = []
         self.budget = {f: BUDGET for f in ("loss", "dup", "delay") if f in faults}
         self.delivered: dict[int, int] = {}
+        self.grants: dict[tuple[int, int], int] = {}  # GRANTs sent, per (flow, hop)
+        # a fault happened on the way here (a loss, a copy, a late or reordered message):
+        # a hop may then be granted again, once its lease has lapsed
+        self.faulted = False
         self.violations: list[str] = []
         self.failed: str | None = None
         if routes is None:
@@ -231,7 +250,7 @@ class World:
         # (type: ignore below: the model's bus and boards: duck-typed stand-ins)
         self.units = {x: unit(x, self.clock, self.bus, self.onics[x], routes.get(x, {}),  # type: ignore[arg-type]
                               timing, self._deliver, self._fail) for x in cfg.nodes}
-        self.flows = [Flow(i + 1, p[0], p[-1], 1000) for i, p in enumerate(cfg.flows)]
+        self.flows = [Flow(i + 1, p[0], p[-1], cfg.size(i)) for i, p in enumerate(cfg.flows)]
         for f in self.flows:
             self.units[f.src].submit(f)
 
@@ -249,6 +268,14 @@ class World:
 
     def violate(self, what: str) -> None:
         self.violations.append(f"t={self.clock.now}: {what}")
+
+    def granted(self, g: Grant) -> None:
+        """Without faults, one GRANT a hop: a second is a receiver that took a repeated
+        REQUEST (a poll that crossed its GRANT) for a lost GRANT."""
+        n = self.grants[(g.flow, g.hop)] = self.grants.get((g.flow, g.hop), 0) + 1
+        if n > 1 and not self.faulted:
+            self.violate(f"flow {g.flow} hop {g.hop} granted {n} times without a fault "
+                         f"(one GRANT a hop)")
 
     # --- the scheduler's events ---------------------------------------------------------
     def events(self) -> list[tuple[str, int]]:
@@ -285,9 +312,13 @@ class World:
             assert t is not None
             if any(m.deadline < t.due for m in self.inflight):
                 self.budget["delay"] -= 1
+                self.faulted = True
             return self.fire()
         m = self.inflight[i]
         what = f"{_KIND[type(m.msg)]} {m.src}->{m.dst} flow {m.msg.flow} hop {m.msg.hop}"
+        if kind != "deliver" or any((o.src, o.dst) == (m.src, m.dst)
+                                    for o in self.inflight[:i]):
+            self.faulted = True  # lost, copied, or overtaking an older one on its way
         if kind == "lose":
             self.budget["loss"] -= 1
             del self.inflight[i]
@@ -320,7 +351,8 @@ class World:
                 tx, rx = u.tx[p], u.rx[p]
                 units.append((tx.state, tx.channel, repr(tx.current), tuple(map(repr, tx.queue)),
                               tx.retries, repr(rx.granted), tuple(map(repr, rx.queue)),
-                              tuple(sorted(rx.done)), rx.data_done, rx.released))
+                              tuple(sorted(rx.done)), rx.data_done, rx.released,
+                              rx.asked))
         timers = tuple(sorted((t.due, _owner(t.fn), t.fn.__name__, _args(t.args))
                               for t in self.clock.heap if not t.cancelled))
         flight = tuple(sorted((m.src, m.dst, repr(m.msg), m.deadline) for m in self.inflight))
@@ -329,7 +361,7 @@ class World:
                       for x, o in sorted(self.onics.items()))
         return (self.clock.now, tuple(units), timers, flight, light,
                 tuple(sorted(self.delivered.items())), tuple(sorted(self.budget.items())),
-                self.failed)
+                tuple(sorted(self.grants.items())), self.faulted, self.failed)
 
 
 def _owner(fn: Callable[..., Any]) -> str:
@@ -412,7 +444,8 @@ def configurations(nodes: int, flows: int) -> list[Config]:
     names = ("n0", "n1", "n2", "n3")
     out = [Config("one flow", names[:2], (("n0", "n1"),) * flows),
            Config("two senders, one receiver", names[:3],
-                  (("n0", "n2"),) * flows + (("n1", "n2"),) * flows),
+                  (("n0", "n2"),) * flows + (("n1", "n2"),) * flows,
+                  (LONG_BYTES,) * flows),
            Config("a relay hop", names[:3],
                   (("n0", "n1", "n2"),) * flows + (("n1", "n2"),) * min(flows, 1)),
            Config("a ring of four", names[:4],
@@ -497,6 +530,8 @@ def _replay(deliveries: list[Delivery], nodes: Iterable[str],
     with the index of the delivery the model could not send, if that is why it failed."""
     w = World(Config("replay", tuple(nodes), ()), frozenset({"reorder"}), timing=timing,
               routes=routes, transfer_ns=transfer_ns)
+    w.faulted = True  # a run's own timing (a lease may lapse on a loaded host): the
+    # record is held to the model's behaviours, not to its fault-free ones
     entered: set[int] = set()
     fired = 0
 

@@ -187,6 +187,7 @@ class ControlUnitRTL(wiring.Component):
         tx_retries, tx_waited = sig("tx_retries", 9), sig("tx_waited", 1)
         granted = [Signal(REQ, name=f"granted{p}") for p in range(P)]
         g_ok, data_done, released = sig("g_ok", 1), sig("data_done", 1), sig("released", 1)
+        asked = sig("asked", 1)  # the granted sender asked again during its lease
         q_head, q_count = sig("q_head", qbits), sig("q_count", qbits + 1)
         d_count, d_old = sig("d_count", qbits + 1), sig("d_old", qbits)
         t_on = [Signal(name=f"t_on{i}") for i in range(3 * P)]
@@ -442,11 +443,10 @@ class ControlUnitRTL(wiring.Component):
                 def rq1(p: int) -> None:
                     g = granted[p]
                     with m.If(g_ok[p] & (g.flow == q.flow) & (g.hop == q.hop)):
-                        with m.If(~data_done[p] & ~self.rx_receiving[p]):
-                            m.d.sync += after_free.eq(0)
-                            m.next = "GRANT"  # our GRANT was lost: again, a fresh lease
-                        with m.Else():
-                            m.next = "IDLE"
+                        # granted already: a poll that crossed the GRANT, or a retry after
+                        # a lost one; not answered now (the lease check resends a lost one)
+                        m.d.sync += asked[p].eq(1)
+                        m.next = "IDLE"
                     with m.Else():
                         m.d.sync += [scan_i.eq(0), found.eq(0), scan_ret.eq(0)]
                         m.next = "DSCAN"
@@ -501,7 +501,7 @@ class ControlUnitRTL(wiring.Component):
                                            dst=q.src, port=p, channel=q.channel,
                                            expires_ns=expires)]
                         m.d.sync += [granted[p].eq(q), g_ok[p].eq(1), data_done[p].eq(0),
-                                     released[p].eq(0), count("grants")]
+                                     released[p].eq(0), asked[p].eq(0), count("grants")]
                         arm(3 * p + 1, expires + self.propagation_ns + 1)
                         back()
                 per(grant)
@@ -509,6 +509,9 @@ class ControlUnitRTL(wiring.Component):
                 def lease(p: int) -> None:
                     with m.If(self.rx_receiving[p]):
                         m.next = "IDLE"  # the data is arriving
+                    with m.Elif(asked[p]):  # its sender asked again: the GRANT was lost
+                        m.d.sync += [count("revoked"), q.eq(granted[p]), after_free.eq(0)]
+                        m.next = "GRANT"  # again, a fresh lease; it keeps its turn
                     with m.Else():
                         m.d.sync += [count("revoked"), g_ok[p].eq(0), after_free.eq(0)]
                         m.next = "GNEXT"

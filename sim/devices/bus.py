@@ -31,6 +31,8 @@ class LocalBus:
         self._lossy = False
         self.down = False  # the broker is gone: nothing goes through
         self.dead: set[str] = set()  # boards that are gone: nothing to or from them
+        self.lose: Callable[[ControlMessage], bool] | None = None  # a planted loss: the
+        # messages it picks are dropped (a test's or drill's, beside the random ones)
 
     def set_loss(self, drop_p: float, delay_p: float = 0.0, max_extra_delay_ns: float = 0
                  ) -> None:
@@ -52,8 +54,9 @@ class LocalBus:
     def send(self, src: str, dst: str, msg: ControlMessage) -> None:
         self._sent += 1
         delay = self.latency_ns
-        if self._lossy or self.down or self.dead:
-            if not self.passes(src, dst) or self.rng.random() < self.drop_p:
+        if self._lossy or self.down or self.dead or self.lose is not None:
+            if not self.passes(src, dst) or (self.lose is not None and self.lose(msg)) \
+                    or self.rng.random() < self.drop_p:
                 self.dropped += 1
                 return
             if self.rng.random() < self.delay_p:
