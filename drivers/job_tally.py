@@ -1,5 +1,6 @@
 """What the controller has heard of one job out (drivers/lab.py): which nodes are ready,
-each rank's report of each iteration, the iterations recorded and the "done"s.
+each rank's report of each iteration, the iterations recorded and the "done"s; and of a
+job stopped for a fault, what its ranks say afterwards (`Carrying`).
 
 An iteration is recorded once every rank has reported it, each report held to what its
 schedule can start and to the controller's own clock: a node's reports are believed only
@@ -8,11 +9,14 @@ as far as they could be true. What to wait for, and for how long, is the back en
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
 import logging
 import time
 from collections.abc import Callable
 
-from oddl.controller.service.backend import Iteration, OnIteration, RunFailed
+from oddl.controller.base.collectives import Schedule
+from oddl.controller.service.backend import Iteration, JobStopped, OnIteration, RunFailed
 from oddl.controller.stage2.job import JobEvent, JobSpec, schedule_of, untrue
 from oddl.controller.stage2.trace import TraceRow
 
@@ -153,3 +157,83 @@ class JobTally:
                     f"by {', '.join(r for r in spec.ranks if r not in have)}")
         late = ", ".join(n for n in spec.nodes if n not in self.done)
         return f'every iteration recorded; no "done" from {late}'
+
+
+@dataclasses.dataclass
+class Carrying:
+    """A job stopped for a fault mid-iteration, whose ranks say what the controller may
+    have missed: a broker that went away may have taken their last reports with it (every
+    rank had reported iteration i and gone on to i + 1; the controller had not heard), so
+    each says them again once it hears the controller, then what the cut iteration
+    delivered to it (its "failed" event's carry). A report completes iteration i once
+    (`tally`), which moves the stop on to i + 1; the carries are of the iteration the stop
+    names then. The carry is the union once every rank has said; `done` is set then, or
+    as soon as one rank says it has none of that iteration (it runs again in full)."""
+
+    stop: JobStopped
+    tally: JobTally  # the stopped job's: reports of the iteration it stopped in
+    rank: dict[str, int]  # the job's ranks, by node
+    sched: Schedule  # the job's: what each rank was sent
+    reject: Callable[[str], None]
+    got: dict[str, JobEvent] = dataclasses.field(default_factory=dict)
+    held: dict[str, JobEvent] = dataclasses.field(default_factory=dict)  # carries of the
+    # iteration after the stop's, while the stop's may yet be completed by reports
+    done: asyncio.Event = dataclasses.field(default_factory=asyncio.Event)
+
+    def heard(self, ev: JobEvent) -> None:
+        if self.done.is_set() or ev.node not in self.rank:
+            return
+        if ev.kind == "iteration":
+            self._report(ev)
+        elif ev.kind == "failed":
+            self._carry(ev)
+
+    def _report(self, ev: JobEvent) -> None:
+        """A report said again: taken once, if it is of the iteration the stop names and
+        that rank's report of it has not been heard (else it is no news, quietly)."""
+        i, t = self.stop.next_iteration, self.tally
+        if ev.iteration != i or ev.node in t.reports.get(i, {}):
+            return
+        try:
+            t.heard(ev)
+        except RunFailed as e:  # a report that cannot be true: no carry, the run goes on
+            self.reject(str(e))
+            self.done.set()
+            return
+        if t.next_iteration > i:  # recorded: the cut iteration is the next one
+            self.stop.next_iteration = t.next_iteration
+            if self.got:  # a rank that had not gone on: its carry is of the wrong one
+                self.done.set()
+                return
+            held, self.held = self.held, {}
+            for said in held.values():
+                self._carry(said)
+
+    def _carry(self, ev: JobEvent) -> None:
+        """One rank's share of what the cut iteration delivered: the flows that reached it,
+        each one sent to it by the schedule."""
+        i = self.stop.next_iteration
+        if ev.node in self.got:
+            return
+        if ev.carried and ev.iteration == i + 1 and self.tally.reports.get(i):
+            self.held[ev.node] = ev  # the reports of i still coming may complete it
+            if len(self.held) + len(self.got) == len(self.rank):
+                self.done.set()  # every rank has said all it will (its reports first):
+            return  # i stays incomplete, so it runs again in full
+        if not ev.carried or ev.iteration != i:
+            self.done.set()  # a rank elsewhere (or with nothing to say): no carry
+            return
+        rank, sched = self.rank, self.sched
+        for r, s, j in ev.carry:
+            sends = sched[r][s].sends if 0 <= r < len(sched) and 0 <= s < len(sched[r]) \
+                else []
+            if not 0 <= j < len(sends) or sends[j][0] != rank[ev.node]:
+                self.reject(f"{ev.node}: a carry of {(r, s, j)}, no flow of its to report")
+                self.done.set()
+                return
+        self.got[ev.node] = ev
+        if len(self.got) == len(rank):
+            self.stop.carry = (min(e.carry_t0 for e in self.got.values()),
+                               sorted({(r, s, j) for e in self.got.values()
+                                       for r, s, j in e.carry}))
+            self.done.set()

@@ -26,7 +26,6 @@ import asyncio
 import collections
 import concurrent.futures
 import contextlib
-import dataclasses
 import logging
 import os
 import time
@@ -46,7 +45,6 @@ from oddl.controller.base.access import (
     stop_topic,
 )
 from oddl.controller.base.clock import Clock
-from oddl.controller.base.collectives import Schedule
 from oddl.controller.base.config import FaultSpec, Testbed
 from oddl.controller.base.devices import ONic
 from oddl.controller.base.telemetry import note_topic
@@ -75,7 +73,7 @@ from oddl.controller.stage2.job import (
 )
 from oddl.drivers import cassette
 from oddl.drivers.drill import RemoteDrill
-from oddl.drivers.job_tally import JobTally
+from oddl.drivers.job_tally import Carrying, JobTally
 from oddl.drivers.local_board import LocalBoard
 from oddl.drivers.mqtt import BusError, MQTTBus, bus_from_config
 from oddl.drivers.onic import DriverONic, ONicDriver, open_onic
@@ -98,18 +96,6 @@ def ready_within_s(spec: JobSpec) -> float:
     is what a silent peer would cost anyway (at least a few seconds)."""
     t = spec.timing
     return max(READY_MIN_S, t.request_timeout_ns * (t.max_retries + 1) / 1e9)
-
-
-@dataclasses.dataclass
-class _Carrying:
-    """A stopped job whose ranks are saying what its cut iteration delivered."""
-
-    stop: JobStopped
-    iteration: int
-    rank: dict[str, int]  # the job's ranks, by node
-    sched: Schedule  # the job's: what each rank was sent
-    got: dict[str, JobEvent] = dataclasses.field(default_factory=dict)
-    done: asyncio.Event = dataclasses.field(default_factory=asyncio.Event)
 
 
 class Unreachable(RuntimeError):
@@ -205,7 +191,7 @@ class LabBackend:
         self._beating: set[str] = set()  # nodes heard on this connection (since the broker)
         self._connection = 0  # connections lost so far
         self.paused = (0.0, 0.0)  # the controller's last pause: (ended, seconds; monotonic)
-        self._carrying: dict[str, _Carrying] = {}  # stopped jobs whose carry is gathered
+        self._carrying: dict[str, Carrying] = {}  # stopped jobs whose carry is gathered
         self._moving: dict[str, float] = {}  # job out -> when its nodes last said they talk
         # the jobs out, by id: each its spec and its results, waiting to be read (None:
         # the broker went away)
@@ -370,8 +356,8 @@ class LabBackend:
         if isinstance(ev, str):
             return self._reject(topic, ev)
         carrying = self._carrying.get(ev.job)
-        if carrying is not None and ev.kind == "failed":
-            self._take_carry(carrying, ev)
+        if carrying is not None:
+            carrying.heard(ev)
         out = self._out.get(ev.job)
         if out is None:
             return
@@ -417,10 +403,11 @@ class LabBackend:
         except JobStopped as e:
             if e.lost and not any(self.health.is_dead(n) for n in spec.ranks):
                 # what the cut iteration delivered: each rank's node program says, in its
-                # "failed" event, now, or (the broker gone) once it hears us again
-                c = self._carrying[spec.job] = _Carrying(
-                    e, e.next_iteration, {n: r for r, n in enumerate(spec.ranks)},
-                    schedule_of(spec))
+                # "failed" event, now, or (the broker gone) once it hears us again, after
+                # its last reports (the broker may have taken them unheard)
+                c = self._carrying[spec.job] = Carrying(
+                    e, tally, {n: r for r, n in enumerate(spec.ranks)}, schedule_of(spec),
+                    lambda why: self._reject("result", why))
                 e.carrying = c.done
                 while len(self._carrying) > MAX_CARRYING:
                     del self._carrying[next(iter(self._carrying))]
@@ -546,30 +533,6 @@ class LabBackend:
                 f"(Mosquitto does: a second node program for {ev.node}?), or {ev.node}'s "
                 f"network dropped")
         raise RunFailed(f"node {ev.node}: {ev.error}")
-
-    def _take_carry(self, c: _Carrying, ev: JobEvent) -> None:
-        """One rank's share of what a stopped job's cut iteration delivered: the flows
-        that reached it, each one sent to it by the schedule; the carry is the union once
-        every rank has said (JobStopped.carry, for the job's resumption)."""
-        rank, sched = c.rank, c.sched
-        if c.done.is_set() or ev.node not in rank or ev.node in c.got:
-            return
-        if not ev.carried or ev.iteration != c.iteration:
-            c.done.set()  # a rank elsewhere (or with nothing to say): no carry
-            return
-        for r, s, j in ev.carry:
-            sends = sched[r][s].sends if 0 <= r < len(sched) and 0 <= s < len(sched[r]) \
-                else []
-            if not 0 <= j < len(sends) or sends[j][0] != rank[ev.node]:
-                self._reject("result", f"{ev.node}: a carry of {(r, s, j)}, no flow of its "
-                                       f"to report")
-                c.done.set()
-                return
-        c.got[ev.node] = ev
-        if len(c.got) == len(rank):
-            c.stop.carry = (min(e.carry_t0 for e in c.got.values()),
-                            sorted({(r, s, j) for e in c.got.values() for r, s, j in e.carry}))
-            c.done.set()
 
     def _why_lost(self) -> str:
         """Why the controller's connection went: its own pause, if it had just been

@@ -70,14 +70,17 @@ def test_a_dead_wss_answers_nothing_is_found_and_routed_round(root: Path, emu: P
     assert row["iterations_lost"] == 0
 
 
+@pytest.mark.parametrize("compute_ms", [300.0, 5.0])
 def test_a_broker_restart_is_waited_out_and_the_job_resumes(
-        root: Path, emu: Path, tmp_path: Path) -> None:
-    # the broker goes in iteration 2's compute (300 ms), not after the iteration: with 5 ms,
-    # a loaded host's drill request came after every rank had reported iteration 2 and
-    # the broker took the reports with it (docs/faults.md: that window loses the iteration)
+        root: Path, emu: Path, tmp_path: Path, compute_ms: float) -> None:
+    """With 300 ms of compute the broker goes in iteration 2's compute; with 5 ms, the
+    drill's request may come after every rank has reported iteration 2 and gone on, and
+    the broker takes their reports with it before the controller hears them (issue 62:
+    the suite lost that iteration once). The nodes say their last reports again when the
+    controller is back, and it takes them once: nothing is lost either way."""
     oddl = drill(root, emu, tmp_path, [{"kind": "broker-restart", "target": "broker",
                                         "at_iteration": 2, "duration_ms": 500}],
-                 compute_ms=300.0)
+                 compute_ms=compute_ms)
     assert oddl["iterations"] == 6 and oddl["invariant_violations"] == 0
     row = only_row(oddl)
     # every rank lives: once the broker is back, each rank's node program tells the

@@ -74,6 +74,9 @@ MAX_VIOLATIONS_REPORTED = 50
 MAX_EARLY_EVENTS = MAX_NODES
 NOTE_EVERY = 10  # beats between two ports notes that say nothing new
 MAX_STOPPED = 64  # ids of jobs the controller stopped, remembered (one may come late)
+# a job the broker's loss cut: its last reports, said again to the controller (a broker
+# takes with it the reports in flight when it goes: the ranks' last one or two)
+REPORTS_SAID_AGAIN = 4
 _C = TypeVar("_C", JobSpec, JobStop)  # what the controller sends a node
 
 
@@ -121,8 +124,9 @@ class NodeProgram:
         self.heartbeat_s = heartbeat_s  # the testbed's [monitor] heartbeat_ms
         self.beats: Heartbeats | None = None
         self.reconnects = 0
-        # a job the broker's loss cut: its "failed" event, said again to the controller
-        self.carry_note: tuple[str, bytes] | None = None
+        # a job the broker's loss cut: its last reports and its "failed" event, said again
+        # once the controller is heard again (the broker may have taken them unheard)
+        self.said_again: list[tuple[str, bytes]] = []
         self.retries_done = 0  # REQUEST retries of the jobs this program has finished
         self._specs = msgspec.json.Decoder(JobSpec)
         self._events = msgspec.json.Decoder(JobEvent)
@@ -288,11 +292,12 @@ class NodeProgram:
             else:
                 self.beats.slow = True
         job = self._job
-        if state == "online" and self.carry_note is not None:
-            # a job the broker's loss cut: what it delivered here, for its resumption (the
-            # first telling went while the controller could not hear)
-            note, self.carry_note = self.carry_note, None
-            fut = asyncio.ensure_future(self.bus.publish(*note, qos=1))
+        if state == "online" and self.said_again:
+            # a job the broker's loss cut: its last reports, then what the cut iteration
+            # delivered here, for its resumption (the first telling may have gone with the
+            # broker, unheard); the controller takes each once
+            notes, self.said_again = self.said_again, []
+            fut = asyncio.ensure_future(self._say_again(notes))
             fut.add_done_callback(lambda f: f.cancelled() or f.exception())
         if job is None or job.finished.done():
             return
@@ -306,6 +311,10 @@ class NodeProgram:
             log.warning("node %s: another controller took the testbed over: job %s of an "
                         "earlier one dropped", self.node, job.spec.job)
             job.cancel("another controller took the testbed over")
+
+    async def _say_again(self, notes: list[tuple[str, bytes]]) -> None:
+        for topic, payload in notes:  # in order: the reports before the carry
+            await self.bus.publish(topic, payload, qos=1)
 
     async def _serve(self) -> None:
         bus, tb = self.bus, self.testbed
@@ -382,6 +391,7 @@ class _NodeJob:
         self.sent0 = prog.bus.sent
         self.junk0 = self._junk()
         self.flows: list[ReportedFlow] = []  # delivered here since the last report
+        self.reports: deque[bytes] = deque(maxlen=REPORTS_SAID_AGAIN)  # the last ones said
 
     def _junk(self) -> dict[str, int]:
         b = self.prog.bus
@@ -393,9 +403,11 @@ class _NodeJob:
 
     def _publish(self, kind: EventKind, **kw: Any) -> asyncio.Future[Any]:
         prog = self.prog
-        ev = JobEvent(JOB_VERSION, self.spec.job, kind, prog.node, **kw)
+        payload = self.enc.encode(JobEvent(JOB_VERSION, self.spec.job, kind, prog.node, **kw))
+        if kind == "iteration":
+            self.reports.append(payload)
         fut = asyncio.ensure_future(prog.bus.publish(result_topic(prog.testbed, prog.node),
-                                                     self.enc.encode(ev), qos=1))
+                                                     payload, qos=1))
         self.pending.add(fut)
         fut.add_done_callback(self.pending.discard)
         # a job aborted with the broker gone never awaits these: their error is known
@@ -511,10 +523,11 @@ class _NodeJob:
                 # (type: ignore below: runner is set when there is a carry)
                 "iteration": runner.engine.iteration,  # type: ignore[union-attr]
                 "carried": True, "carry_t0": carry[0], "carry": carry[1]}
-            if more and str(e) == LOST_BROKER:  # said again once the controller is back
-                prog.carry_note = (result_topic(prog.testbed, prog.node), self.enc.encode(
-                    JobEvent(JOB_VERSION, spec.job, "failed", prog.node, error=LOST_BROKER,
-                             **more)))
+            if str(e) == LOST_BROKER:  # said again once the controller is back
+                topic = result_topic(prog.testbed, prog.node)
+                prog.said_again = [(topic, r) for r in self.reports] + [
+                    (topic, self.enc.encode(JobEvent(JOB_VERSION, spec.job, "failed",
+                                                     prog.node, error=LOST_BROKER, **more)))]
             with contextlib.suppress(Exception):
                 await self._publish("failed", error=str(e)[:4096], **more)
         finally:
