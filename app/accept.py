@@ -63,7 +63,10 @@ AUTOLOAD = "PYTEST_DISABLE_PLUGIN_AUTOLOAD"
 def pytest_args(config: Path, report: Path, only: list[str]) -> list[str]:
     suite = suite_dir()
     # importlib mode: the installed suite's folder never goes onto sys.path
-    args = [str(suite), "--testbed", str(config), "--accept-report", str(report),
+    # `-c` an empty config: the settings of a project around the report or the suite (a
+    # checkout's pyproject: `-n 4 --dist loadscope`) are none of the suite's
+    args = [str(suite), "-c", os.devnull, "--testbed", str(config), "--accept-report",
+            str(report),
             f"--junitxml={report / 'junit.xml'}", "-o", "junit_family=xunit2",
             "-p", "no:cacheprovider", "-p", "oddl.acceptance.plugin", "-q", "-rfs",
             "--rootdir", str(suite), "--import-mode=importlib"]

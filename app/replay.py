@@ -42,19 +42,18 @@ def replay(path: Path, report: Path, relaxed: bool, say: Say) -> int:
     cassette cannot be played (exit 2)."""
     try:
         with registry.playing(path, relaxed) as player:
-            h = player.header
-            played = {"accept": _accept, "run": _run}.get(h.get("kind"))
-            if played is None:
-                raise AcceptError(f"{path}: a cassette of {h.get('kind')!r}: this oddl "
-                                  f"replays `oddl accept` and `oddl run`")
-            if player.result is None or not isinstance(h.get("testbed"), str):
+            h = player.header  # (its kind and fields' types checked as it was read)
+            played = {"accept": _accept, "run": _run}[h["kind"]]
+            if player.result is None:
                 raise AcceptError(f"{path}: the recording was cut short (no result to "
                                   f"compare)")
             report.mkdir(parents=True, exist_ok=True)
             (report / "testbed.toml").write_text(h["testbed"])  # what it ran on
-            say(f"replaying {path}: `oddl {' '.join(h.get('argv', []))}`, "
+            span = max((ev["t"] for evs in player.by_dev.values() for ev in evs), default=0)
+            say(f"replaying {path}: `oddl {' '.join(h['argv'])}`, "
                 f"{sum(len(v) for v in player.by_dev.values()):,} exchanges with "
-                f"{len(player.by_dev)} devices, no device reached")
+                f"{len(player.by_dev)} devices over {span:.1f} s (replayed at that pace), "
+                f"no device reached")
             return _verdict(player, path, played(player, report, say), say)
     except ValueError as e:  # the cassette cannot be played (it says why)
         raise AcceptError(str(e)) from None

@@ -30,6 +30,7 @@ import contextlib
 import gzip
 import hashlib
 import json
+import sys
 import threading
 import time
 import traceback
@@ -349,16 +350,112 @@ class PlayedSerial:
         pass
 
 
+MAX_LINE = 16 << 20  # bytes of one line (an MQTT message of 4 MB, latin-1 in JSON: < 12)
+MAX_BYTES = 1 << 30  # a cassette's, uncompressed (an acceptance: ~1 MB; Table 1 on emu: ~50)
+MAX_RECORDING_S = 24 * 3600.0  # a recording's length (a run over an hour asks --force)
+_TEXT, _INT = (str,), (int,)
+# each kind of event: its fields and their types (what the players read of it)
+FIELDS: dict[str, dict[str, tuple[type, ...]]] = {
+    "r": {"a": _INT, "v": _INT}, "w": {"a": _INT, "v": (int, str)},
+    "tx": {"d": _TEXT}, "rx": {"d": _TEXT}, "open": {}, "unreachable": {"error": _TEXT},
+    "value": {"name": _TEXT}, "req": {"m": _TEXT, "path": _TEXT, "body": _TEXT},
+    "resp": {"status": _INT, "body": _TEXT}, "pub": {"topic": _TEXT, "p": _TEXT},
+    "recv": {"topic": _TEXT, "p": _TEXT}}
+# the header: the fields every one has, and those of each kind of command that writes one
+HEADER: dict[str, tuple[type, ...]] = {"kind": _TEXT, "argv": (list,), "testbed": _TEXT}
+KINDS: dict[str, dict[str, tuple[type, ...]]] = {
+    "accept": {"only": (list,)},
+    "run": {"experiment": _TEXT, "backend": _TEXT, "iterations": (int, type(None))}}
+OPTIONAL: dict[str, tuple[type, ...]] = {"t0_ns": _INT}  # (not in the first recordings)
+RESULTS = {"accept": "summary", "run": "result"}  # the footer's key, by kind
+
+
+def _typed(v: Any, types: tuple[type, ...]) -> bool:
+    return isinstance(v, types) and not (isinstance(v, bool) and bool not in types)
+
+
+def _why_not_event(obj: Any) -> str | None:
+    """Why a line is no event this oddl plays, or None."""
+    if not isinstance(obj, dict) or not {"t", "dev", "i", "k"} <= obj.keys():
+        return "not an event (t, dev, i, k)"
+    t, k = obj["t"], obj["k"]
+    if not _typed(t, (int, float)) or not 0 <= t <= MAX_RECORDING_S:
+        return f"t = {t!r}: not a time within a recording (0 to {MAX_RECORDING_S:g} s)"
+    if not _typed(obj["dev"], _TEXT) or not _typed(obj["i"], _INT) or obj["i"] < 0:
+        return "dev must be text and i a count"
+    if k not in FIELDS:
+        return f"k = {k!r}: no kind of event this oddl records ({', '.join(FIELDS)})"
+    for f, types in FIELDS[k].items():
+        if not _typed(obj.get(f), types):
+            return (f"a {k!r} event's {f!r} is {type(obj.get(f)).__name__}, not "
+                    f"{' or '.join(x.__name__ for x in types)}")
+    return None
+
+
+def _why_not_header(obj: Any) -> str | None:
+    """Why a first line is no header of a cassette this oddl plays, or None."""
+    if not isinstance(obj, dict) or obj.get("format") != FORMAT:
+        return f"not an oddl cassette (its first line names no format {FORMAT!r})"
+    if obj.get("version") != VERSION:
+        return f"cassette version {obj.get('version')!r}; this oddl plays version {VERSION}"
+    kind = obj.get("kind")
+    if kind not in KINDS:
+        return (f"a cassette of {kind!r}: this oddl replays `oddl accept` and `oddl run`")
+    for f, types in (HEADER | KINDS[kind] | OPTIONAL).items():
+        if (f in obj and not _typed(obj[f], types)) or (f not in obj and f not in OPTIONAL):
+            return f"header: {f!r} missing or not {' or '.join(x.__name__ for x in types)}"
+    for f in ("argv", "only"):
+        if not all(isinstance(a, str) for a in obj.get(f, [])):
+            return f"header: {f!r} holds something other than text"
+    return None
+
+
+_CHECK = {"check": _TEXT, "outcome": _TEXT, "message": _TEXT, "figures": (list,)}
+_FIGURE = {"name": _TEXT, "unit": _TEXT, "value": (int, float, str, type(None))}
+
+
+def _why_not_result(kind: str, end: Any) -> str | None:
+    """Why a footer is no result of a `kind` command that a replay can compare, or None."""
+    want = RESULTS[kind]
+    if not isinstance(end, dict) or not isinstance(end.get(want), dict | None):
+        return f"no {want!r}"
+    if kind != "accept" or end[want] is None:
+        return None  # a run's result is compared as JSON, whatever its shape
+    checks = end[want].get("checks")
+    if not isinstance(checks, list):
+        return "its summary holds no list of checks"
+    for c in checks:
+        if not isinstance(c, dict) or any(not _typed(c.get(f), t) for f, t in _CHECK.items()):
+            return f"a check is not {{{', '.join(_CHECK)}}} of their types: {str(c)[:80]}"
+        for fig in c["figures"]:
+            if not isinstance(fig, dict) or any(not _typed(fig.get(f), t)
+                                                for f, t in _FIGURE.items()):
+                return f"a figure of {c['check']} is not {{{', '.join(_FIGURE)}}}"
+    return None
+
+
 def read(path: Path) -> tuple[dict[str, Any], dict[str, Any] | None,
                               list[dict[str, Any]]]:
     """A cassette's header, result (None: the recording was cut short) and events;
-    CassetteError naming the file, the line and what is wrong."""
+    CassetteError naming the file, the line and what is wrong. Every line, the whole and
+    every event's time are bounded (MAX_LINE, MAX_BYTES, MAX_RECORDING_S) and every event
+    is of a kind this oddl records, with its fields' types: a cassette is data, and one
+    made to exhaust or stall a replay is refused, said why."""
     events: list[dict[str, Any]] = []
     header: dict[str, Any] | None = None
     result = None
+    total = 0
     try:
         with gzip.open(path, "rt", encoding="utf-8") as f:
-            for n, line in enumerate(f, 1):
+            n = 0
+            while line := f.readline(MAX_LINE + 1):
+                n += 1
+                total += len(line)
+                if len(line) > MAX_LINE:
+                    raise CassetteError(f"{path}: line {n}: longer than {MAX_LINE:,} "
+                                        f"characters")
+                if total > MAX_BYTES:
+                    raise CassetteError(f"{path}: more than {MAX_BYTES:,} characters")
                 try:
                     obj = json.loads(line)
                 except ValueError as e:
@@ -366,24 +463,20 @@ def read(path: Path) -> tuple[dict[str, Any], dict[str, Any] | None,
                         raise CassetteError(f"{path}: line {n}: not JSON ({e})") from None
                     break  # the last line of a recording cut short
                 if header is None:
-                    if not isinstance(obj, dict) or obj.get("format") != FORMAT:
-                        raise CassetteError(f"{path}: not an oddl cassette (its first "
-                                            f"line names no format {FORMAT!r})")
-                    if obj.get("version") != VERSION:
-                        raise CassetteError(f"{path}: cassette version "
-                                            f"{obj.get('version')!r}; this oddl plays "
-                                            f"version {VERSION}")
+                    if why := _why_not_header(obj):
+                        raise CassetteError(f"{path}: {why}")
                     header = obj
                 elif isinstance(obj, dict) and "end" in obj:
+                    if why := _why_not_result(header["kind"], obj["end"]):
+                        raise CassetteError(f"{path}: line {n}: the result: {why}")
                     result = obj["end"]
-                elif isinstance(obj, dict) and {"t", "dev", "i", "k"} <= obj.keys() and \
-                        isinstance(obj["dev"], str) and isinstance(obj["k"], str):
+                elif why := _why_not_event(obj):
+                    raise CassetteError(f"{path}: line {n}: {why}")
+                else:
                     if len(events) >= MAX_EVENTS:
                         raise CassetteError(f"{path}: more than {MAX_EVENTS:,} events")
                     events.append(obj)
-                else:
-                    raise CassetteError(f"{path}: line {n}: not an event (t, dev, i, k)")
-    except (OSError, EOFError, UnicodeDecodeError) as e:
+    except (OSError, EOFError, UnicodeDecodeError, RecursionError) as e:
         raise CassetteError(f"{path}: cannot be read: {e}") from None
     if header is None:
         raise CassetteError(f"{path}: empty")
@@ -458,13 +551,34 @@ def recording(path: Path, header: dict[str, Any]) -> Iterator[Recorder]:
 
 @contextlib.contextmanager
 def playing(path: Path, relaxed: bool = False) -> Iterator[Player]:
-    """This process's devices served from cassette `path` (CassetteError: it cannot be)."""
-    global active
-    player = active = Player(path, relaxed)
+    """This process's devices served from cassette `path` (CassetteError: it cannot be).
+    While it plays, this process connects to nothing: a cassette is data, and an address
+    in it (a board, a broker, a QICK board's name server) is never reached, whatever code
+    would reach it (`_no_connection`)."""
+    global active, _audit_installed
+    player = Player(path, relaxed)
+    if not _audit_installed:  # (a hook cannot be removed: it looks at `active`)
+        sys.addaudithook(_no_connection)
+        _audit_installed = True
+    active = player
     try:
         yield player
     finally:
         active = None
+
+
+_audit_installed = False
+
+
+class Reached(ConnectionRefusedError):
+    """A replay's code tried to connect somewhere: refused (a cassette is data)."""
+
+
+def _no_connection(event: str, args: tuple[Any, ...]) -> None:
+    """Python's audit hook: a socket's connect while a cassette plays is refused, named."""
+    if event == "socket.connect" and isinstance(active, Player) and len(args) > 1:
+        raise Reached(f"a replay reaches no device: a connection to {args[1]!r} refused "
+                      f"(what the cassette does not hold is not fetched)")
 
 
 class TapedTransport(httpx.AsyncBaseTransport):

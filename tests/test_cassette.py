@@ -6,6 +6,7 @@ from __future__ import annotations
 import gzip
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -204,7 +205,8 @@ def test_a_board_that_could_not_be_reached_is_unreachable_again(tmp_path: Path) 
     def dead() -> None:
         raise ConnectionError("board n1: Failed to connect to remote device")
 
-    with cassette.recording(c, {"kind": "accept"}) as rec:
+    with cassette.recording(c, {"kind": "accept", "argv": [], "testbed": "", "only": []}
+                            ) as rec:
         with pytest.raises(ConnectionError) as was:
             cassette.opened("board:n1", dead, lambda _player: None)
         rec.event("board:n0", "open")
@@ -212,7 +214,7 @@ def test_a_board_that_could_not_be_reached_is_unreachable_again(tmp_path: Path) 
                      "NODE_ID"):
             v = {"MAGIC": R.MAGIC, "DESIGN_VERSION": R.DESIGN_VERSION}.get(name, 0)
             rec.event("board:n0", "r", a=R.BY_NAME[name].offset, v=v)
-        rec.close({})
+        rec.close({"summary": None})
     with cassette.playing(c) as player:
         with pytest.raises(ConnectionError) as again:
             lab.open_board("grpc://127.0.0.1:1", "n1", nodes)
@@ -274,3 +276,81 @@ def test_a_replay_on_a_late_loop_holds_the_controllers_timing_within_its_latenes
     assert _compare("", was, got, lag_s=0.062) == []
     assert _compare("", was, got | {"flows": 47}, lag_s=0.062) == [
         "flows: recorded 48, replayed 47"]
+
+
+@pytest.mark.realtime  # a listening socket: does the replay reach it?
+def test_a_replay_reaches_no_address_its_cassette_names(root: Path, tmp_path: Path) -> None:
+    """Reproducer (issue 62): a cassette whose testbed names a QICK board at pyro://...
+    made `oddl replay` connect there (a fake name server answered with a pickle, and the
+    replaying process ran it). A replay connects to nothing: the QICK checks fail by name,
+    and nothing reached the listener."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    port = listener.getsockname()[1]
+    listener.settimeout(0.2)
+    objs = lines(ROUTES)
+    objs[0]["testbed"] += f'\n[qick]\nsoc = "pyro://127.0.0.1:{port}/evil"\n'
+    objs[0]["only"] = ["routes", "lightning"]
+    c = write(tmp_path / "qick.jsonl.gz", objs)
+    r = oddl(root, "replay", str(c), "--report", str(tmp_path / "rep"))
+    with pytest.raises(TimeoutError):
+        listener.accept()  # nobody came
+    listener.close()
+    assert "Traceback" not in r.stderr, r.stderr[-3000:]
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "a replay reaches no device, and a cassette holds no QICK exchanges" in r.stdout
+
+
+def test_every_malformed_cassette_is_refused_with_its_reason(root: Path,
+                                                              tmp_path: Path) -> None:
+    """Reproducers (issue 62): an event at t = 1e9 s made the replay sleep until killed;
+    a 4 MB gzip of one 4 GiB line reached MemoryError; malformed headers exited 1 with a
+    generic error. Each is refused as it is read: exit 2, the file and the reason."""
+    objs = lines(ROUTES)
+    head, events, end = objs[0], objs[1:-1], objs[-1]
+    ev = next(e for e in events if e["k"] == "r")
+    cases: dict[str, tuple[list[dict[str, Any]] | bytes, str]] = {
+        "late": ([head, {**ev, "t": 1e9}, *events, end],
+                 "line 2: t = 1000000000.0: not a time within a recording"),
+        "nan": ([head, {**ev, "t": float("nan")}, end], "line 2: t = nan"),
+        "kind": ([{**head, "kind": "sweep"}, end], "a cassette of 'sweep'"),
+        "no-testbed": ([{k: v for k, v in head.items() if k != "testbed"}, end],
+                       "header: 'testbed' missing or not str"),
+        "argv": ([{**head, "argv": "accept"}, end], "header: 'argv' missing or not list"),
+        "argv-items": ([{**head, "argv": [1]}, end], "'argv' holds something other"),
+        "t0": ([{**head, "t0_ns": "x"}, end], "header: 't0_ns' missing or not int"),
+        "value": ([head, {**ev, "v": {"x": 1}}, end], "a 'r' event's 'v' is dict, not int"),
+        "bool": ([head, {**ev, "a": True}, end], "a 'r' event's 'a' is bool, not int"),
+        "unknown": ([head, {**ev, "k": "exec"}, end], "k = 'exec': no kind of event"),
+        "result": ([head, *events, {"end": {"rc": 0, "summary": {"checks": [1]}}}],
+                   "the result: a check is not"),
+        "long": (gzip.compress(json.dumps(head).encode() + b"\n" + b"[" * (
+            cassette.MAX_LINE + 1)), f"line 2: longer than {cassette.MAX_LINE:,}"),
+    }
+    for name, (content, why) in cases.items():
+        f = tmp_path / f"{name}.jsonl.gz"
+        if isinstance(content, bytes):
+            f.write_bytes(content)
+        else:
+            write(f, content)
+        with pytest.raises(CassetteError, match=re.escape(why)):
+            cassette.read(f)
+    for name in ("late", "kind", "argv", "value"):  # as the command says it
+        r = oddl(root, "replay", str(tmp_path / f"{name}.jsonl.gz"), "--report",
+                 str(tmp_path / f"rep-{name}"))
+        assert r.returncode == 2 and "Traceback" not in r.stderr, (name, r.stderr)
+        assert r.stderr.startswith(f"error: {tmp_path / name}.jsonl.gz: "), r.stderr
+
+
+def test_oddl_replay_inside_the_checkout_runs_the_suite(root: Path, tmp_path: Path) -> None:
+    """Reproducer (issue 62): run in the checkout (where `pip install -e .` leaves a user)
+    with its report there, the acceptance suite took the project's pytest settings
+    (`-n 4 --dist loadscope`) and did not run."""
+    report = root / f"replay-test-{os.getpid()}"
+    try:
+        r = oddl(root, "replay", str(ROUTES), "--report", report.name)
+    finally:
+        import shutil
+
+        shutil.rmtree(report, ignore_errors=True)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    assert "the same result as recorded" in r.stdout
