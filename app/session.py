@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from oddl.app import registry
-from oddl.controller.base.config import Testbed
+from oddl.controller.base.config import ConfigError, ConfigIssue, Testbed
 from oddl.controller.service.backend import Announce
 from oddl.controller.service.lock import TestbedLock
 
@@ -34,10 +34,20 @@ class EmulatorFailed(RuntimeError):
     """`oddl emulate` did not come up (the message has the end of its log)."""
 
 
+
+
 @dataclass(frozen=True)
 class Session:
     testbed: Path  # the config the run addresses: the emulator's, for emu on a sim testbed
     announce: Announce | None  # a sim run's notes for the bus's watchers, if published
+
+
+def serving(testbed: Path, tb: Testbed) -> None:
+    """An emu config's emulator is serving (ConfigError, a file mistake, if it has
+    stopped: the config names ports that are gone); a replay's is the cassette's."""
+    if tb.emulator is not None and not registry.replaying() and \
+            (gone := tb.emulator.gone()) is not None:
+        raise ConfigError([ConfigIssue(str(testbed), "emulator", gone)])
 
 
 @contextlib.contextmanager
@@ -52,6 +62,7 @@ def session(testbed: Path, tb: Testbed, backend: str, purpose: str, *,
     with contextlib.ExitStack() as stack:
         path = testbed
         what = registry.kind(backend)
+        serving(testbed, tb)
         if what.private_emulator and not registry.serves(tb).devices:
             d = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="oddl-emu-")))
             if registry.replaying():  # its devices are a cassette's: the config it wrote

@@ -289,6 +289,8 @@ async def serve(tb: Testbed, source: str, out: Path, say: Any,
     credentials last); "stopped" said on the way out, whatever ended it."""
     emu = Emulation(external=frozenset(external))
     secrets = out.with_name(f".{out.name}.secrets")
+    if out.exists() and not secrets.exists():  # an earlier emulator's, stopped: its ports
+        out.unlink()  # are gone, and a reader must not take them for this one's
     try:
         async with Services(f"emulator of {tb.name}") as services:
             services.add("its credentials", lambda: shutil.rmtree(secrets, ignore_errors=True))

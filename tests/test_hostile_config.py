@@ -281,6 +281,66 @@ def test_a_compute_step_longer_than_the_grace_is_no_stall(tmp_path: Path) -> Non
     assert res.networks["oddl"].iteration_time_s > 10
 
 
+def test_a_pipeline_stage_computing_several_steps_in_a_row_is_no_stall(tmp_path: Path
+                                                                       ) -> None:
+    """Reproducer (issue 62): `gpu_tflops = 0.001` passed check, then the run failed
+    "stalled" after 70 s: the watch forgave one step's compute, but a pipeline stage
+    computes several in a row with no message (a micro-batch's forward, then the next's).
+    At 0.002 TFLOP/s, gpt2's steps compute ~40 s each, an iteration 20 min."""
+    from oddl.app import api
+
+    exp = tmp_path / "g.toml"
+    exp.write_text(GPT.format(tb=ROOT / "hw_configs" / "prototype-4node.toml",
+                              tflops="0.002", more="").replace(
+        "data = 16, tensor = 2, pipeline = 2", "data = 1, tensor = 2, pipeline = 2"))
+    res = api.run(exp, iterations=1, say=lambda _line: None)
+    assert res.networks["oddl"].iterations == 1 and res.invariant_violations == 0
+    assert res.networks["oddl"].iteration_time_s > 1000
+
+
+def test_a_run_whose_simulated_compute_would_beat_for_hours_is_refused_up_front(
+        tmp_path: Path) -> None:
+    """Issue 62: in sim, every board beats every heartbeat_ms of simulated time; a slow
+    GPU's hours of compute on a big grid are millions of beats, which the estimate now
+    counts (before: the run went on for as long as they took)."""
+    exp = tmp_path / "g.toml"
+    exp.write_text(GPT.format(tb=ROOT / "hw_configs" / "grid-1024.toml", tflops="0.001",
+                              more="").replace("data = 16,", "data = 256,").replace(
+        "iterations = 2", "iterations = 10"))
+    r = CliRunner().invoke(main, ["run", str(exp), "--no-plot", "--out",
+                                  str(tmp_path / "run")])
+    assert r.exit_code == 2, r.output
+    assert "this run would take longer than an hour" in r.output and \
+        "heartbeats over the simulated compute" in r.output, r.output
+
+
+def test_verify_trace_beyond_this_process_memory_limit_is_refused_up_front(
+        tmp_path: Path) -> None:
+    """Reproducer (issue 62): under `ulimit -v 4000000`, `oddl verify trace` of a
+    64,000-node grid ended in MemoryError at 3.7 GB: the estimate read the machine's free
+    memory, not this process's limit. A 128 x 128 grid under a 3 GB limit here."""
+    import resource
+    import subprocess
+    import sys
+
+    tb = tmp_path / "g.toml"
+    tb.write_text((ROOT / "hw_configs" / "grid-4096.toml").read_text().replace(
+        "rows = 64", "rows = 128").replace("cols = 64", "cols = 128").replace(
+        "spacing_ghz = 50, count = 64", "spacing_ghz = 25, count = 128"))
+    exp = tmp_path / "e.toml"
+    exp.write_text((ROOT / "experiments" / "grid4096-resnet50-hd.toml").read_text().replace(
+        "../hw_configs/grid-4096.toml", str(tb)))
+
+    def limit() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (3 << 30, 3 << 30))
+
+    r = subprocess.run([sys.executable, "-m", "oddl.app", "verify", "trace", str(exp)],
+                       capture_output=True, text=True, timeout=120, preexec_fn=limit)
+    assert r.returncode == 2, r.stderr[-2000:]
+    assert "error: this run would take more memory than the" in r.stderr, r.stderr[-2000:]
+    assert "MemoryError" not in r.stderr and "Traceback" not in r.stderr
+
+
 def test_an_mltcp_intercept_that_overflows_the_rates_is_refused(tmp_path: Path) -> None:
     """Reproducer (issue 43): `mltcp_slope = 100, mltcp_intercept = 1e-300` passed check,
     then the run died with an OverflowError."""

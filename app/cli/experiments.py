@@ -354,8 +354,13 @@ def _run_setup(experiment: Path, testbed: Path | None, backend: str,
         require("gateware", "the RTL control unit (--control-model rtl)")
     if "rtl" in (m.board_model, m.control_model) and m.rtl_simulator == "verilator":
         verilator_ready()
+    from oddl.app.session import serving
+
     try:
+        serving(ctx.testbed_path, ctx.testbed)  # an emu config's emulator still serves
         return ctx, make_run_dir(out, ctx.experiment.name)
+    except ConfigError as e:
+        _config_fail(e)
     except RunDirTaken as e:
         fail(str(e))
 

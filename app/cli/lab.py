@@ -156,6 +156,8 @@ def dashboard(testbed: Path, port: int, host: str, token_file: Path | None) -> N
     except ConfigError as e:
         _config_fail(e)
         return
+    if tb.emulator is not None and (gone := tb.emulator.gone()) is not None:
+        fail(f"{testbed}: emulator: {gone}", 2)
     token = None
     if token_file is not None:
         try:

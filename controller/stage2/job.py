@@ -246,11 +246,19 @@ def schedule_of(spec: JobSpec) -> Schedule:
 
 
 def quiet_ns(spec: JobSpec) -> int:
-    """The longest a job's ranks may go on with no message while all is well: a step's
-    compute (a hybrid job's, from its FLOPs; the iteration's given compute otherwise).
-    A stall is only what lasts longer than this."""
-    steps = max((st.compute_ns for steps in schedule_of(spec) for st in steps), default=0)
-    return max(spec.compute_ns, steps)
+    """The longest a job's ranks may go on with no message while all is well: a rank's
+    compute from one send to its next (a hybrid job's steps, from its FLOPs: a pipeline
+    stage computes several in a row; the iteration's given compute otherwise), with the
+    iteration's own compute before it. A stall is only what lasts longer than this."""
+    longest = 0
+    for steps in schedule_of(spec):
+        run = spec.compute_ns
+        for st in steps:
+            run += st.compute_ns
+            longest = max(longest, run)
+            if st.sends or st.recv_bytes:  # a message out, or one awaited, ends a quiet
+                run = 0
+    return max(spec.compute_ns, longest)
 
 
 OnIteration = Callable[[int, int, int], None]  # iteration, t_start, t_end (the host's clock)

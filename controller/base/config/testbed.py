@@ -147,6 +147,16 @@ class Emulator(ConfigModel):
     token_file: str = Field(min_length=1, description="file holding its bearer token, "
                                                        "mode 0600")
 
+    def gone(self) -> str | None:
+        """Why the emulator that wrote this config is not serving, or None: it removes its
+        credentials (the token file's folder) when it stops, so a config left behind
+        names a broker, boards and ports that are gone."""
+        folder = Path(self.token_file).parent
+        if Path(self.token_file).exists():
+            return None
+        return (f"its emulator is not running (`oddl emulate` wrote it, and removes its "
+                f"credentials, {folder}, when it stops): start `oddl emulate` again")
+
 
 class Grid(ConfigModel):
     rows: int = Field(gt=0, le=MAX_NODES)
