@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
+from oddl.controller.base import fixedmath as F
 from oddl.studies.mzi import Components
 from oddl.studies.onn import OptINC
 from oddl.studies.quantiser import Quantiser, rounded_mean
@@ -57,9 +58,9 @@ def _unpack(p: np.ndarray) -> tuple[np.ndarray, ...]:
 
 def _forward(p: np.ndarray, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     w1, b1, w2, b2 = _unpack(p)
-    h = np.maximum(x @ w1 + b1, 0)
-    z = h @ w2 + b2
-    z = np.exp(z - z.max(axis=1, keepdims=True))
+    h = np.maximum(F.matmul(x, w1) + b1, 0)
+    z = F.matmul(h, w2) + b2
+    z = F.exp(z - z.max(axis=1, keepdims=True))
     return h, z / z.sum(axis=1, keepdims=True)
 
 
@@ -69,8 +70,9 @@ def _grad(p: np.ndarray, x: np.ndarray, y: np.ndarray) -> np.ndarray:
     dz = prob.copy()
     dz[np.arange(len(y)), y] -= 1
     dz /= len(y)
-    dh = (dz @ w2.T) * (h > 0)
-    return np.concatenate([(x.T @ dh).ravel(), dh.sum(0), (h.T @ dz).ravel(), dz.sum(0)])
+    dh = F.matmul(dz, w2.T) * (h > 0)
+    return np.concatenate([F.matmul(x.T, dh).ravel(), dh.sum(0), F.matmul(h.T, dz).ravel(),
+                           dz.sum(0)])
 
 
 Data = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]  # train x, y; test x, y
@@ -162,11 +164,11 @@ def _patches(x: np.ndarray) -> np.ndarray:
 def _cnn_forward(p: np.ndarray, x: np.ndarray) -> tuple[np.ndarray, ...]:
     wc, bc, w1, b1, w2, b2 = _cnn_unpack(p)
     pt = _patches(x)
-    conv = np.maximum(pt @ wc + bc, 0)  # batch x 36 x F
+    conv = np.maximum(F.matmul(pt, wc) + bc, 0)  # batch x 36 x F
     pool = conv.reshape(-1, 3, 2, 3, 2, FILTERS).mean(axis=(2, 4)).reshape(len(x), -1)
-    h = np.maximum(pool @ w1 + b1, 0)
-    z = h @ w2 + b2
-    z = np.exp(z - z.max(axis=1, keepdims=True))
+    h = np.maximum(F.matmul(pool, w1) + b1, 0)
+    z = F.matmul(h, w2) + b2
+    z = F.exp(z - z.max(axis=1, keepdims=True))
     return pt, conv, pool, h, z / z.sum(axis=1, keepdims=True)
 
 
@@ -180,12 +182,14 @@ def cnn_grad(p: np.ndarray, x: np.ndarray, y: np.ndarray) -> np.ndarray:
     dz = prob.copy()
     dz[np.arange(len(y)), y] -= 1
     dz /= len(y)
-    dh = (dz @ w2.T) * (h > 0)
-    dpool = (dh @ w1.T).reshape(-1, 3, 1, 3, 1, FILTERS) / 4
+    dh = F.matmul(dz, w2.T) * (h > 0)
+    dpool = F.matmul(dh, w1.T).reshape(-1, 3, 1, 3, 1, FILTERS) / 4
     dconv = np.broadcast_to(dpool, (len(x), 3, 2, 3, 2, FILTERS)).reshape(len(x), 36, FILTERS)
     dconv = dconv * (conv > 0)
-    return np.concatenate([np.einsum("bpk,bpf->kf", pt, dconv).ravel(), dconv.sum((0, 1)),
-                           (pool.T @ dh).ravel(), dh.sum(0), (h.T @ dz).ravel(), dz.sum(0)])
+    # (batch x patch) x 9 by (batch x patch) x F: the kernels' gradient
+    dwc = F.matmul(pt.reshape(-1, 9).T, dconv.reshape(-1, FILTERS))
+    return np.concatenate([dwc.ravel(), dconv.sum((0, 1)), F.matmul(pool.T, dh).ravel(),
+                           dh.sum(0), F.matmul(h.T, dz).ravel(), dz.sum(0)])
 
 
 @dataclass
@@ -203,7 +207,7 @@ def train_cnn(workers: int, average: Average, epochs: int = 30, batch: int = 16,
 
     def record(p: np.ndarray, d: Data) -> None:
         prob = cnn_predict(p[0], d[0])
-        out.loss.append(float(-np.log(prob[np.arange(len(d[1])), d[1]] + 1e-12).mean()))
+        out.loss.append(float(-F.log(prob[np.arange(len(d[1])), d[1]] + 1e-12).mean()))
         out.accuracy.append(float((cnn_predict(p[0], d[2]).argmax(1) == d[3]).mean()))
 
     _sgd(workers, average, cnn_init(seed), cnn_grad, epochs, batch, lr, seed, record)

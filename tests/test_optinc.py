@@ -140,3 +140,28 @@ def test_cli_train_and_mesh_print_fractions(tmp_path: Path) -> None:
     out = json.loads(r.output)
     assert out["decomposition_error"] < 1e-9
     assert 0 < out["averaging_error"] < 0.1 and out["matrix_error_calibrated"] < 0.01
+
+
+def test_the_training_arithmetic_is_the_same_bits_whatever_the_cpu_picks(root: Path) -> None:
+    """Issue 62: docs/optinc.md's table did not reproduce on another x86-64 machine: numpy
+    picks its exp and OpenBLAS its matrix kernel by the CPU, and they differ in the last
+    bit. The training's arithmetic goes through controller/base/fixedmath.py: the same
+    replicas after two epochs of exact averaging, to the bit, under each OpenBLAS kernel
+    and numpy SIMD width this machine can run (numpy's and OpenBLAS's own gave four)."""
+    import os
+    import subprocess
+    import sys
+
+    script = ("import hashlib\nfrom oddl.studies import training as T\nout = []\n"
+              "T._sgd(4, T.exact, T._init(0), T._grad, 2, 16, 0.1, 0,\n"
+              "       lambda p, _d: out.append(hashlib.sha256(p.tobytes()).hexdigest()))\n"
+              "print(out[-1])\n")
+    no_avx512 = "AVX512F,AVX512CD,AVX512_SKX,AVX512_CLX,AVX512_CNL,AVX512_ICL"
+    digests = {}
+    for env in ({"OPENBLAS_CORETYPE": "Prescott"}, {"OPENBLAS_CORETYPE": "Haswell"},
+                {"OPENBLAS_CORETYPE": "SkylakeX"}, {"NPY_DISABLE_CPU_FEATURES": no_avx512}):
+        r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                           cwd=root, env={**os.environ, **env}, timeout=120)
+        assert r.returncode == 0, r.stderr[-2000:]
+        digests[tuple(env.values())] = r.stdout.strip()
+    assert len(set(digests.values())) == 1, digests

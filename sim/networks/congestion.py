@@ -39,11 +39,12 @@ two are held equal to the bit; ODDL_INTERPRETED=1 runs the numpy tick).
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
+from oddl.controller.base import fixedmath as F
 from oddl.controller.stage2.invariants import tag_of
 from oddl.sim.networks.sharing import MLTCP, Sharing
 
@@ -54,14 +55,6 @@ except ImportError:  # not built: the numpy tick below
 
 if TYPE_CHECKING:
     from oddl.sim.networks.electrical import FlowNetwork
-
-
-def _libm(f: Callable[..., float], *args: np.ndarray) -> np.ndarray:
-    """`f` of the C library (math.exp, log1p, pow) value by value, as lawkernel.pyx does:
-    numpy's own loops differ from it in the last bit where the CPU has AVX-512 (SVML), and a
-    figure must not depend on the machine (map and fromiter: np.vectorize takes twice as
-    long)."""
-    return np.fromiter(map(f, *(a.tolist() for a in args)), float, len(args[0]))
 
 
 @dataclass(frozen=True)
@@ -272,8 +265,8 @@ class CongestionControl(Sharing):
         # a connection's share: what its slowest link serves of it, less what is lost
         through = np.full(n, np.inf)
         np.minimum.at(through, rows, serve[cols])  # over 1: a queue drains
-        kept = _libm(math.exp, np.bincount(rows, weights=_libm(
-            math.log1p, -np.minimum(lost[cols], 1 - 1e-12)), minlength=n))
+        kept = F.exp(np.bincount(rows, weights=F.log1p(-np.minimum(lost[cols], 1 - 1e-12)),
+                                 minlength=n))
         self.goodput[slots] = x * through * kept
         if self.law == "dcqcn":
             self.stats["paused_bytes"] += float((x * (1 - kept)).sum() * dt / 8)
@@ -314,10 +307,10 @@ class CongestionControl(Sharing):
         p = np.where(qb <= d.kmin_bytes, 0.0, np.where(
             qb >= d.kmax_bytes, 1.0, d.pmax * (qb - d.kmin_bytes) / (d.kmax_bytes - d.kmin_bytes)))
         n = len(slots)
-        unmarked = _libm(math.exp, np.bincount(rows, weights=_libm(
-            math.log1p, -np.minimum(p[cols], 1 - 1e-12)), minlength=n))
+        unmarked = F.exp(np.bincount(rows, weights=F.log1p(-np.minimum(p[cols], 1 - 1e-12)),
+                                     minlength=n))
         packets = x * dt / (d.mtu * 8)
-        hit = self.rng.random(n) < 1.0 - _libm(math.pow, unmarked, packets)
+        hit = self.rng.random(n) < 1.0 - F.libm(math.pow, unmarked, packets)
         marked = self.marked[slots] | hit
         clk = self.clocks[slots]
         clk[:, :3] += dt
@@ -373,7 +366,7 @@ class CongestionControl(Sharing):
         p = 1.0 - kept * (1.0 - self.random_loss)  # a segment's chance to be lost
         clk = self.clocks[slots]
         clk[:, 3] += dt
-        loss = (self.rng.random(n) < 1.0 - _libm(math.pow, 1.0 - p, sent)) & (clk[:, 3] >= rtt)
+        loss = (self.rng.random(n) < 1.0 - F.libm(math.pow, 1.0 - p, sent)) & (clk[:, 3] >= rtt)
         acked = self.goodput[slots] * dt / seg
         ss = w < self.ssthresh[slots]
         grow = np.where(ss, acked, self._scale(slots) * acked / np.maximum(w, 1.0))
