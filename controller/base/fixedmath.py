@@ -20,6 +20,7 @@ from __future__ import annotations
 import cmath
 import math
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 import numpy.typing as npt
@@ -67,12 +68,12 @@ def expi(x: npt.ArrayLike) -> npt.NDArray[np.complex128]:
                        np.complex128, a.size).reshape(a.shape)
 
 
-def matmul(a: npt.ArrayLike, b: npt.ArrayLike) -> npt.NDArray[np.generic]:
+def matmul(a: npt.ArrayLike, b: npt.ArrayLike) -> npt.NDArray[Any]:
     """a @ b (2-D by 2-D, or a stack of them by one 2-D), each output the sum of its
     products in index order: the same bits on every CPU (no BLAS, no FMA)."""
     a, b = np.asarray(a), np.asarray(b)
     if b.ndim != 2 or a.ndim < 2:
         raise ValueError(f"matmul of shapes {a.shape} and {b.shape}: a 2-D right operand")
     # (..., rows, k, cols), reduced over k, an outer axis: one add per k, in order
-    out: npt.NDArray[np.generic] = np.add.reduce(a[..., None] * b, axis=-2)
+    out: npt.NDArray[Any] = np.add.reduce(a[..., None] * b, axis=-2)
     return out
