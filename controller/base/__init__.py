@@ -3,5 +3,6 @@ and their schemas), `catalog` (the names), `faultkinds`, `topology` (the grid an
 groups), `collectives` and `jumps`, `messages` (control messages), `devices` (the device
 interfaces), `clock`, `access` (bus topics and rights), `telemetry` (notes), `parallelism`
 (hybrid splits), `extras` (the optional installs), `throttle` (how often a repeated
-complaint is logged) and `compiled` (which modules run compiled). It imports nothing of the control
+complaint is logged), `compiled` (which modules run compiled) and `fixedmath` (arithmetic
+that gives the same bits on every x86-64). It imports nothing of the control
 plane's above it (only `oddl.fpga`)."""
