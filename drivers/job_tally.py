@@ -162,31 +162,36 @@ class JobTally:
 @dataclasses.dataclass
 class Carrying:
     """A job stopped for a fault mid-iteration, whose ranks say what the controller may
-    have missed: a broker that went away may have taken their last reports with it (every
+    have missed. A broker that went away may have taken their last reports with it (every
     rank had reported iteration i and gone on to i + 1; the controller had not heard), so
-    each says them again once it hears the controller, then what the cut iteration
-    delivered to it (its "failed" event's carry). A report completes iteration i once
-    (`tally`), which moves the stop on to i + 1; the carries are of the iteration the stop
-    names then. The carry is the union once every rank has said; `done` is set then, or
-    as soon as one rank says it has none of that iteration (it runs again in full)."""
+    each says them again once it hears the controller, then its "failed" event again: what
+    the iteration it was in delivered to it (`carry`), and, its part of that one done, what
+    came early of the next (`early`). A report completes iteration i once (`tally`), which
+    moves the stop on to i + 1. The carry is the union of every rank's share of the
+    iteration the stop names; `done` is set then, or once every rank has said all it will
+    (no "said again" to come) and some share is missing: that iteration runs in full."""
 
     stop: JobStopped
     tally: JobTally  # the stopped job's: reports of the iteration it stopped in
     rank: dict[str, int]  # the job's ranks, by node
     sched: Schedule  # the job's: what each rank was sent
     reject: Callable[[str], None]
-    got: dict[str, JobEvent] = dataclasses.field(default_factory=dict)
-    held: dict[str, JobEvent] = dataclasses.field(default_factory=dict)  # carries of the
-    # iteration after the stop's, while the stop's may yet be completed by reports
+    told: dict[str, JobEvent] = dataclasses.field(default_factory=dict)  # each rank's last
     done: asyncio.Event = dataclasses.field(default_factory=asyncio.Event)
 
     def heard(self, ev: JobEvent) -> None:
+        log.debug("job %s: heard %s of %s, iteration %d (again %d); the stop names %d",
+                  self.tally.spec.job, ev.kind, ev.node, ev.iteration, ev.again,
+                  self.stop.next_iteration)
         if self.done.is_set() or ev.node not in self.rank:
             return
         if ev.kind == "iteration":
             self._report(ev)
-        elif ev.kind == "failed":
-            self._carry(ev)
+        elif ev.kind == "failed" and self._true(ev):
+            was = self.told.get(ev.node)
+            if was is None or ev.again >= was.again:
+                self.told[ev.node] = ev
+            self._decide()
 
     def _report(self, ev: JobEvent) -> None:
         """A report said again: taken once, if it is of the iteration the stop names and
@@ -198,42 +203,55 @@ class Carrying:
             t.heard(ev)
         except RunFailed as e:  # a report that cannot be true: no carry, the run goes on
             self.reject(str(e))
-            self.done.set()
+            self._none("a report that cannot be true")
             return
         if t.next_iteration > i:  # recorded: the cut iteration is the next one
             self.stop.next_iteration = t.next_iteration
-            if self.got:  # a rank that had not gone on: its carry is of the wrong one
-                self.done.set()
-                return
-            held, self.held = self.held, {}
-            for said in held.values():
-                self._carry(said)
+            log.info("job %s: iteration %d recorded from the reports said again", t.spec.job,
+                     i)
+            self._decide()
 
-    def _carry(self, ev: JobEvent) -> None:
-        """One rank's share of what the cut iteration delivered: the flows that reached it,
-        each one sent to it by the schedule."""
-        i = self.stop.next_iteration
-        if ev.node in self.got:
-            return
-        if ev.carried and ev.iteration == i + 1 and self.tally.reports.get(i):
-            self.held[ev.node] = ev  # the reports of i still coming may complete it
-            if len(self.held) + len(self.got) == len(self.rank):
-                self.done.set()  # every rank has said all it will (its reports first):
-            return  # i stays incomplete, so it runs again in full
-        if not ev.carried or ev.iteration != i:
-            self.done.set()  # a rank elsewhere (or with nothing to say): no carry
-            return
+    def _true(self, ev: JobEvent) -> bool:
+        """Every flow a rank says reached it was sent to it by the schedule."""
         rank, sched = self.rank, self.sched
-        for r, s, j in ev.carry:
+        for r, s, j in (*ev.carry, *ev.early):
             sends = sched[r][s].sends if 0 <= r < len(sched) and 0 <= s < len(sched[r]) \
                 else []
             if not 0 <= j < len(sends) or sends[j][0] != rank[ev.node]:
                 self.reject(f"{ev.node}: a carry of {(r, s, j)}, no flow of its to report")
-                self.done.set()
-                return
-        self.got[ev.node] = ev
-        if len(self.got) == len(rank):
-            self.stop.carry = (min(e.carry_t0 for e in self.got.values()),
-                               sorted({(r, s, j) for e in self.got.values()
-                                       for r, s, j in e.carry}))
+                self._none(f"{ev.node}'s carry names a flow not sent to it")
+                return False
+        return True
+
+    @staticmethod
+    def _share(ev: JobEvent, i: int) -> tuple[int, list[tuple[int, int, int]]] | None:
+        """A rank's share of iteration i: its carry of the one it was in, or the early
+        arrivals of the next, its part of the one before done; None if it has none."""
+        if ev.carried and ev.iteration == i:
+            return ev.carry_t0, ev.carry
+        if ev.done_here and ev.iteration + 1 == i:
+            return ev.early_t0, ev.early
+        return None
+
+    def _decide(self) -> None:
+        i = self.stop.next_iteration
+        if self.done.is_set() or len(self.told) < len(self.rank):
+            return
+        shares = {n: self._share(ev, i) for n, ev in self.told.items()}
+        if all(sh is not None for sh in shares.values()):
+            got = [sh for sh in shares.values() if sh is not None]
+            self.stop.carry = (min(t0 for t0, _c in got),
+                               sorted({f for _t0, c in got for f in c}))
+            log.info("job %s: iteration %d goes on from what its ranks had delivered",
+                     self.tally.spec.job, i)
             self.done.set()
+        elif not any(ev.again == 1 for ev in self.told.values()):  # all said, some short
+            self._none(", ".join(f"{n} says iteration {ev.iteration}" + (
+                " (its part done)" if ev.done_here else "") for n, ev in self.told.items()
+                if shares[n] is None))
+
+    def _none(self, why: str) -> None:
+        """No carry: the cut iteration runs again in full."""
+        log.info("job %s: iteration %d runs again in full: %s", self.tally.spec.job,
+                 self.stop.next_iteration, why)
+        self.done.set()

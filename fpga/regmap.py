@@ -106,7 +106,9 @@ CA_BASE = 0x4000
 CA_STRIDE = 0x80
 
 IRQ_BITS = {"TX_DONE_H": 0, "TX_DONE_V": 1, "RX_DONE_H": 2, "RX_DONE_V": 3,
-            "TUNED_H": 4, "TUNED_V": 5, "CA_FIRED": 6, "ERROR": 7}
+            "TUNED_H": 4, "TUNED_V": 5, "CA_FIRED": 6, "ERROR": 7,
+            # the stage-2 control unit's (`onic_top` only): a flow delivered here, one failed
+            "CU_DELIVERED": 8, "CU_FAILED": 9}
 IRQ_MODULE_SHIFT = 16  # IRQ_STATUS bit 16 + m: count-action module m fired
 ERROR_BITS = {"TX_REFUSED_H": 0, "TX_REFUSED_V": 1, "ROUTE_MISS": 2, "BAD_CHANNEL": 3,
               "CA_LOOP": 4}  # CA_LOOP: a count-action chain passed its firing limit; cut
@@ -132,8 +134,64 @@ REGISTERS: list[Reg] = [
     *_port_regs("V", PORT_BASE["V"]),
     *_ca_regs(),
 ]
-BY_NAME = {r.name: r for r in REGISTERS}
+# --- the stage-2 control unit's block (`onic_top`, design 0.2: onic_ctrl and ctrl_unit in
+# one IP; an `onic_ctrl` alone answers none of it). The host loads the timing and the
+# routes, hands over its schedule's flows and reads back deliveries, a failure and the
+# unit's counters; the unit itself speaks to its peers in frames on the MAC's stream.
+TOP_IP_NAME = "onic_top"
+TOP_DESIGN_VERSION = (0 << 16) | 2  # 0.2: the control unit in the datapath
+CU_BASE = 0x8000
+CU_FLOW_WORDS = 9  # a flow (ctrl_unit's flow_layout: 280 bits) in 32-bit words, LSB first
+CU_QUEUE = 16  # flows waiting to be handed to the unit, and deliveries waiting to be read
+CU_STATS = ("requests", "retries", "polls", "grants", "revoked", "waits", "stale_grants",
+            "relayed", "releases_overdue", "unexpected_rx", "requests_refused", "stray",
+            "late", "bad_frames")  # ctrl_unit's counters, in its order
+CU_FAIL_CODES = {"no_route": 1, "retries": 2, "short": 3, "queue_full": 4}
+
+
+def _cu_regs() -> list[Reg]:
+    b = CU_BASE
+    timing = ("TUNING_NS", "PROPAGATION_NS", "REQUEST_TIMEOUT_NS", "RELEASE_TIMEOUT_NS",
+              "LEASE_NS")
+    return [
+        Reg("CU_CAPS", b + 0x00, "RO", "bits 0-7 flows a port queues, 8-15 REQUESTs a port "
+            "waits, 16-23 delivered keys a port remembers, 24-31 REQUESTs waiting from one "
+            "sender (the build's bounds)"),
+        Reg("CU_NODES", b + 0x04, "RO", "route entries (the highest node index + 1)"),
+        Reg("CU_CTRL", b + 0x08, "RW", "bit0 HALT: the unit drops everything and answers "
+            "nothing (out of reset, and between jobs)", 1),
+        Reg("CU_TAG", b + 0x0C, "RW", "the job's tag (a flow id's bits 40-55): a message of "
+            "another tag is late, not stray"),
+        *[Reg(f"CU_{t}", b + 0x10 + 4 * i, "RW", f"timing: {t.lower().replace('_', ' ')}")
+          for i, t in enumerate(timing)],
+        Reg("CU_MAX_RETRIES", b + 0x24, "RW", "REQUEST retries before a flow fails"),
+        Reg("CU_ROUTE_DST", b + 0x28, "RW", "the node whose route CU_ROUTE writes"),
+        Reg("CU_ROUTE", b + 0x2C, "SC", "a write stores the route of node CU_ROUTE_DST: next "
+            "hop (bits 0-15) | channel (16-23) | port (bit 24, 0 = H) | VALID<<31"),
+        *[Reg(f"CU_SUBMIT{k}", b + 0x40 + 4 * k, "RW", f"a flow to hand over, word {k}")
+          for k in range(CU_FLOW_WORDS)],
+        Reg("CU_SUBMIT_GO", b + 0x64, "SC", "bit0: queue CU_SUBMIT0-8 as a flow for the unit"),
+        Reg("CU_SUBMIT_FREE", b + 0x68, "RO", "flows the submit queue can still take"),
+        *[Reg(f"CU_DELIV{k}", b + 0x80 + 4 * k, "RO", f"the oldest delivered flow, word {k}")
+          for k in range(CU_FLOW_WORDS)],
+        Reg("CU_DELIV_COUNT", b + 0xA4, "RO", "delivered flows waiting to be read"),
+        Reg("CU_DELIV_POP", b + 0xA8, "SC", "bit0: drop the oldest delivered flow"),
+        Reg("CU_DELIV_LOST", b + 0xAC, "RO", "deliveries dropped: the queue was full"),
+        Reg("CU_FAIL", b + 0xB0, "W1C", "the first failure's code (" + ", ".join(
+            f"{v} {k}" for k, v in CU_FAIL_CODES.items()) + "); write 1s to clear"),
+        Reg("CU_FAIL_FLOW_LO", b + 0xB4, "RO", "its flow id, low word"),
+        Reg("CU_FAIL_FLOW_HI", b + 0xB8, "RO", "its flow id, high word"),
+        Reg("CU_FAIL_PEER", b + 0xBC, "RO", "the peer that never answered (retries)"),
+        Reg("CU_FAIL_BYTES", b + 0xC0, "RO", "the bytes that arrived (short), low word"),
+        *[Reg(f"CU_STAT_{k.upper()}", b + 0x100 + 4 * i, "RO", f"counter: {k}")
+          for i, k in enumerate(CU_STATS)],
+    ]
+
+
+CU_REGISTERS: list[Reg] = _cu_regs()
+BY_NAME = {r.name: r for r in [*REGISTERS, *CU_REGISTERS]}
 BY_OFFSET = {r.offset: r for r in REGISTERS}
+CU_BY_OFFSET = {r.offset: r for r in CU_REGISTERS}
 
 # route word 1: next hop node (bits 0-15), channel (16-23), port (bit 24: 0 H, 1 V), VALID (31)
 ROUTE_VALID = 1 << 31
@@ -193,6 +251,18 @@ def markdown() -> str:
                              f"1-{N_MODULES - 1}: same layout as CA0 |")
                 shown_ca = True
             continue
+        doc = r.doc.replace("|", "\\|")
+        lines.append(f"| 0x{r.offset:04X} | {r.name} | {r.access} | 0x{r.reset:X} | {doc} |")
+    lines += ["", f"## The control unit's block (`{TOP_IP_NAME}`, design version "
+                  f"0x{TOP_DESIGN_VERSION:08X})", "",
+              f"`{TOP_IP_NAME}` is `{IP_NAME}` with the stage-2 control unit in its datapath, "
+              f"behind this block at 0x{CU_BASE:04X} (an `{IP_NAME}` alone has none of it). A "
+              f"flow is {CU_FLOW_WORDS} words, least significant first, in `ctrl_unit`'s "
+              "flow layout: id (64 bits), src, dst (16 each, node indices), bytes (48), "
+              "iteration, step (32 each), hop (8), submit time ns (64).", "",
+              "| offset | name | access | reset | description |",
+              "| --- | --- | --- | --- | --- |"]
+    for r in CU_REGISTERS:
         doc = r.doc.replace("|", "\\|")
         lines.append(f"| 0x{r.offset:04X} | {r.name} | {r.access} | 0x{r.reset:X} | {doc} |")
     return "\n".join(lines) + "\n"

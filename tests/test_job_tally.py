@@ -23,9 +23,20 @@ def report(node: str, i: int) -> JobEvent:
                     stats={"flows": 2 * (i + 1)})
 
 
-def failed(node: str, i: int) -> JobEvent:
+def failed(node: str, i: int, again: int = 0, done_here: bool = False) -> JobEvent:
+    """A rank's "failed" event: in iteration i, with what step 0 delivered to it; or, its
+    part of i done, all of i and nothing yet of i + 1."""
+    if done_here:
+        return JobEvent(JOB_VERSION, "j", "failed", node, iteration=i, carried=True,
+                        carry=[(1 - INDEX[node], s, 0) for s in range(2)], carry_t0=5,
+                        done_here=True, early=[], early_t0=9, again=again,
+                        error="lost its connection to the broker")
     return JobEvent(JOB_VERSION, "j", "failed", node, iteration=i, carried=True,
-                    carry=CARRY[node], carry_t0=5, error="lost its connection to the broker")
+                    carry=CARRY[node], carry_t0=5, again=again,
+                    error="lost its connection to the broker")
+
+
+INDEX = {"a": 0, "b": 1}
 
 
 def stopped_in(i: int, heard: list[JobEvent]) -> tuple[Carrying, list[int], list[str]]:
@@ -89,9 +100,72 @@ def test_carries_of_an_iteration_never_seen_to_end_are_no_carry() -> None:
     assert c.stop.next_iteration == 2
 
 
+def test_first_tellings_before_the_reports_said_again_wait_for_them() -> None:
+    """Found in an emu drill (issue 62): the nodes' first "failed" events, queued by paho
+    while the broker was down, came before the reports said again, each naming iteration
+    3 while the controller was at 2: taken as final, no carry. A telling that says it will
+    be said again (`again` 1) is waited for."""
+    c, recorded, _ = stopped_in(2, [])
+    for ev in (failed("a", 3, again=1), failed("b", 3, again=1)):
+        c.heard(ev)
+    assert not c.done.is_set()
+    for ev in (report("a", 2), failed("a", 3, again=2), report("b", 2)):
+        c.heard(ev)
+    assert recorded == [0, 1, 2] and c.done.is_set()
+    assert c.stop.next_iteration == 3 and c.stop.carry == (5, [(0, 0, 0), (1, 0, 0)])
+
+
+def test_a_rank_done_with_its_part_gives_either_iteration_its_share() -> None:
+    """b had finished its part of 2 (reported) but not heard a's report, so it had not
+    begun 3; a was still in 2. The iteration cut is 2: b's share is all it had of 2."""
+    c, recorded, _ = stopped_in(2, [report("b", 2)])
+    c.heard(failed("b", 2, done_here=True))
+    c.heard(failed("a", 2))
+    assert recorded == [0, 1] and c.done.is_set()
+    assert c.stop.carry == (5, [(0, 0, 0), (0, 1, 0), (1, 0, 0)])
+    # and the same b, had a finished too and its report reached the controller again: 3
+    c, recorded, _ = stopped_in(2, [report("b", 2)])
+    for ev in (failed("b", 2, done_here=True), report("a", 2), failed("a", 2, done_here=True)):
+        c.heard(ev)
+    assert recorded == [0, 1, 2] and c.stop.next_iteration == 3
+    assert c.done.is_set() and c.stop.carry == (9, [])
+
+
 def test_the_iteration_recorded_late_is_the_one_reported() -> None:
     got: list[Iteration] = []
     c, _, _ = stopped_in(2, [report("a", 2)])
     c.tally.on_iteration = got.append
     c.heard(report("b", 2))
     assert [it.iteration for it in got] == [2]
+
+
+def test_a_rank_done_with_its_part_carries_the_next_iteration_early_arrivals() -> None:
+    """Issue 62 (found under a busy core: iterations_lost 1 in 2 of 18 drills): a rank
+    that had reported iteration 2 but not yet heard every other report when the broker
+    went said its carry was of 2; the others, gone on to 3, said 3: no carry. A rank whose
+    part of its iteration is done carries the next one: what of it came early."""
+    from oddl.controller.base.clock import Clock
+    from oddl.controller.base.messages import Flow
+    from oddl.controller.stage2.workloads import CollectiveEngine
+    from oddl.sim.clock import VirtualClockLoop
+
+    loop = VirtualClockLoop()
+    try:
+        sched = schedule_of(SPEC)
+        eng = CollectiveEngine(Clock(loop), sched, ["a", "b"], lambda _f: None, local=["a"])
+        done: list[int] = []
+        eng.start_iteration(2, 0, done.append)
+        loop.run_until_complete(asyncio.sleep(1e-6))
+        for s, st in enumerate(sched[1]):  # everything b sends a in iteration 2
+            for j, (dst, nbytes) in enumerate(st.sends):
+                if dst == 0:
+                    eng.on_delivered(Flow(100 + 10 * s + j, "b", "a", nbytes, 2, s))
+        loop.run_until_complete(asyncio.sleep(1e-6))
+        assert done and eng.pending == 0  # a's part of 2 is done: it reports 2
+        assert eng.carry_of(3) == (done[0], [])  # nothing of 3 yet
+        nbytes = sched[1][0].sends[0][1]
+        eng.on_delivered(Flow(999, "b", "a", nbytes, 3, 0))  # b has gone on: early
+        assert eng.carry_of(3) == (done[0], [(1, 0, 0)])
+        assert eng.carry_of(4) is None
+    finally:
+        loop.close()

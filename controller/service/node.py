@@ -305,7 +305,7 @@ class NodeProgram:
             self.jobs_cancelled += 1
             log.warning("node %s: the controller is gone: job %s cancelled", self.node,
                         job.spec.job)
-            job.cancel("its controller is gone")
+            job.cancel(CONTROLLER_GONE)
         elif job.spec.controller and job.spec.controller != session:
             self.jobs_cancelled += 1
             log.warning("node %s: another controller took the testbed over: job %s of an "
@@ -371,6 +371,9 @@ class NodeProgram:
 # what a node says when its connection goes: a broker that went away, or (MQTT 3.1.1 tells
 # no difference) one that closed this connection because another logged in as this node
 LOST_BROKER = "lost its connection to the broker"
+# a job cut by its controller's "offline" (its will: the controller died, or a broker that
+# goes away says every party's will as it shuts down)
+CONTROLLER_GONE = "its controller is gone"
 
 
 class _NodeJob:
@@ -515,21 +518,27 @@ class _NodeJob:
             raise
         except Exception as e:  # the controller and the peers hear why; the node serves on
             log.warning("node %s: job %s failed: %s", prog.node, spec.job, e)
-            # what the iteration in flight delivered here, for its resumption
-            carry = runner.engine.carry_of(runner.engine.iteration) \
-                if runner is not None and prog.node in spec.ranks and \
-                runner.engine.iteration >= 0 else None
-            more: dict[str, Any] = {} if carry is None else {
-                # (type: ignore below: runner is set when there is a carry)
-                "iteration": runner.engine.iteration,  # type: ignore[union-attr]
-                "carried": True, "carry_t0": carry[0], "carry": carry[1]}
-            if str(e) == LOST_BROKER:  # said again once the controller is back
+            # what the iteration in flight delivered here, for its resumption; once this
+            # rank's part of it is done (reported: the peers that heard every report have
+            # gone on, whether or not it has heard them all), what came early of the next
+            more: dict[str, Any] = {}
+            if runner is not None and prog.node in spec.ranks and runner.engine.iteration >= 0:
+                eng = runner.engine
+                if (carry := eng.carry_of(eng.iteration)) is not None:
+                    more = {"iteration": eng.iteration, "carried": True,
+                            "carry_t0": carry[0], "carry": carry[1]}
+                if eng.pending == 0 and (early := eng.carry_of(eng.iteration + 1)):
+                    more |= {"done_here": True, "early_t0": early[0], "early": early[1]}
+            again = str(e) in (LOST_BROKER, CONTROLLER_GONE)
+            if again:  # said again once the controller is back, after its last reports (a
+                # broker that went took what was said with it)
                 topic = result_topic(prog.testbed, prog.node)
                 prog.said_again = [(topic, r) for r in self.reports] + [
                     (topic, self.enc.encode(JobEvent(JOB_VERSION, spec.job, "failed",
-                                                     prog.node, error=LOST_BROKER, **more)))]
+                                                     prog.node, error=str(e), again=2,
+                                                     **more)))]
             with contextlib.suppress(Exception):
-                await self._publish("failed", error=str(e)[:4096], **more)
+                await self._publish("failed", error=str(e)[:4096], again=int(again), **more)
         finally:
             if runner is not None:
                 prog.retries_done += runner.stats().get("retries", 0)

@@ -187,6 +187,14 @@ class JobEvent(msgspec.Struct, omit_defaults=True, forbid_unknown_fields=True):
     carried: bool = False
     carry: Annotated[list[tuple[int, int, int]], msgspec.Meta(max_length=1 << 16)] = []
     carry_t0: Annotated[int, msgspec.Meta(ge=0)] = 0
+    # its part of `iteration` done (reported), the flows of the next that came early, and
+    # when it was done: the next one's share, if the controller has recorded `iteration`
+    done_here: bool = False
+    early: Annotated[list[tuple[int, int, int]], msgspec.Meta(max_length=1 << 16)] = []
+    early_t0: Annotated[int, msgspec.Meta(ge=0)] = 0
+    # 1: a failure told while the bus went (said again, after the last reports, once the
+    # controller is heard: wait for that); 2: that saying again
+    again: Annotated[int, msgspec.Meta(ge=0, le=2)] = 0
     # the flows delivered to this rank in `iteration` (JobSpec.record_flows): flow, step,
     # src, dst (this node), bytes, hops, submitted and delivered (ns)
     flows: Annotated[list[ReportedFlow], msgspec.Meta(max_length=MAX_FLOW_ROWS)] = []

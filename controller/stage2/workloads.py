@@ -111,6 +111,7 @@ class CollectiveEngine:
         self.on_done: Callable[[int], None] | None = None
         self.on_delivered_hook: Callable[[Flow, int], None] | None = None
         self.t_start = 0
+        self.t_done = 0  # when the current iteration's part here was done
         self.nic_sync = nic_sync
         self.fired: list[list[bool]] = []
         # what came for the next iteration before this host started it (peers start an
@@ -176,6 +177,8 @@ class CollectiveEngine:
                 if self.on_phase is not None:
                     self._enter(r, "")
                 self.pending -= 1
+                if self.pending == 0:
+                    self.t_done = self.clock.now_ns()
                 if self.pending == 0 and self.on_done is not None:
                     self.on_done(self.clock.now_ns())
                 return
@@ -249,14 +252,26 @@ class CollectiveEngine:
     def carry_of(self, iteration: int) -> tuple[int, list[tuple[int, int, int]]] | None:
         """What a job stopped in `iteration` may carry into its resumption: when the
         iteration began, and its flows delivered here so far; None if this engine is not
-        in that iteration."""
+        in that iteration. The iteration after the one it is in counts as its once its own
+        part of that one is done (its report made; the peers that heard every report have
+        gone on): what has come early of it, from when it was done here."""
+        if iteration == self.iteration + 1 and self.iteration >= 0 and self.pending == 0:
+            early = [(self.rank_of[f.src], f.step, self.rank_of[f.dst]) for f in self.early
+                     if f.iteration == iteration]
+            return self.t_done, self._senders(set(), early)
         if self.iteration != iteration:
             return None
         local = set(self.local)
         # what was carried in and reached a rank here, and what reached one since
         got = {(r, s, j) for r, s, j in self.carry if self.schedule[r][s].sends[j][0] in local}
+        return self.t_start, self._senders(got, self.got)
+
+    def _senders(self, got: set[tuple[int, int, int]], arrived: list[tuple[int, int, int]]
+                 ) -> list[tuple[int, int, int]]:
+        """`got` and the flows `arrived` (sender rank, slot, receiver rank) as the senders'
+        (rank, step, index in the step's sends)."""
         sent_at: dict[int, dict[tuple[int, int], list[tuple[int, int]]]] = {}
-        for r, slot, dst in self.got:
+        for r, slot, dst in arrived:
             # the sender's step and index in its sends: the first to that peer, counting in
             # that slot, not counted yet
             index = sent_at.get(r)
@@ -268,7 +283,7 @@ class CollectiveEngine:
             sj = next((sj for sj in index.get((slot, dst), ()) if (r, *sj) not in got), None)
             if sj is not None:
                 got.add((r, *sj))
-        return self.t_start, sorted(got)
+        return sorted(got)
 
     def module_fired(self, node: str, slot: int) -> None:
         """The O-NIC of `node` says: every byte of step `slot` has arrived."""

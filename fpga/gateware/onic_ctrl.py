@@ -61,31 +61,49 @@ def _port_members(p: str) -> dict[str, object]:
     }
 
 
+def members(unit_port: bool = False) -> dict[str, Any]:
+    """The IP's ports (`OnicCtrl`'s signature)."""
+    out: dict[str, Any] = {
+        "s_axi_awaddr": In(ADDR_BITS), "s_axi_awvalid": In(1), "s_axi_awready": Out(1),
+        "s_axi_wdata": In(32), "s_axi_wstrb": In(4), "s_axi_wvalid": In(1),
+        "s_axi_wready": Out(1), "s_axi_bresp": Out(2), "s_axi_bvalid": Out(1),
+        "s_axi_bready": In(1), "s_axi_araddr": In(ADDR_BITS), "s_axi_arvalid": In(1),
+        "s_axi_arready": Out(1), "s_axi_rdata": Out(32), "s_axi_rresp": Out(2),
+        "s_axi_rvalid": Out(1), "s_axi_rready": In(1),
+        "irq": Out(1),
+        "busy": Out(1),  # the executor has work (for the co-simulation's clocking)
+        "strobe": Out(1),  # a tune, descriptor, stream or fired strobe is out
+        "fired": Out(1),  # a count-action module fired (one cycle; for statistics)
+        "ts_ns": In(64), "node_id": In(16), "n_nodes": In(16), "n_channels": In(8),
+        "ports_present": In(len(R.PORTS)), "bitstream_hash": In(256),
+        "dac_valid": In(1), "dac_index": In(8),
+        "stream_valid": Out(1), "stream_dac": Out(8),
+    }
+    for p in R.PORTS:
+        out |= _port_members(p.lower())
+    if unit_port:
+        out |= {"cmd_valid": In(1), "cmd_ready": Out(1), "cmd_port": In(1), "cmd_tune": In(1),
+                "cmd_channel": In(8), "cmd_dst": In(16), "cmd_bytes": In(32),
+                "cmd_flow": In(32), "cmd_hdr": In(32 * N_HDR), "irq_raise": In(32),
+                "node": Out(16)}
+    return out
+
+
 class OnicCtrl(wiring.Component):
     """The IP. Straps (`node_id`, `n_nodes`, `n_channels`, `ports_present`,
-    `bitstream_hash`) come from the shell; `ts_ns` from the board's time base."""
+    `bitstream_hash`) come from the shell; `ts_ns` from the board's time base.
 
-    def __init__(self, design_version: int = R.DESIGN_VERSION) -> None:
+    `unit_port`: the ports by which the stage-2 control unit beside it (`onic_top`) drives
+    the datapath: a transfer command (`cmd_*`: load a port's transfer and start it, tuning
+    first if asked), taken by the executor as a host's register writes are, so that no
+    register has two writers; `irq_raise`, flags it sets in IRQ_STATUS; `node`, this node's
+    index as NODE_ID says it. `onic_ctrl` alone has none of them."""
+
+    def __init__(self, design_version: int = R.DESIGN_VERSION, unit_port: bool = False
+                 ) -> None:
         self.design_version = design_version
-        members: dict[str, object] = {
-            "s_axi_awaddr": In(ADDR_BITS), "s_axi_awvalid": In(1), "s_axi_awready": Out(1),
-            "s_axi_wdata": In(32), "s_axi_wstrb": In(4), "s_axi_wvalid": In(1),
-            "s_axi_wready": Out(1), "s_axi_bresp": Out(2), "s_axi_bvalid": Out(1),
-            "s_axi_bready": In(1), "s_axi_araddr": In(ADDR_BITS), "s_axi_arvalid": In(1),
-            "s_axi_arready": Out(1), "s_axi_rdata": Out(32), "s_axi_rresp": Out(2),
-            "s_axi_rvalid": Out(1), "s_axi_rready": In(1),
-            "irq": Out(1),
-            "busy": Out(1),  # the executor has work (for the co-simulation's clocking)
-            "strobe": Out(1),  # a tune, descriptor, stream or fired strobe is out
-            "fired": Out(1),  # a count-action module fired (one cycle; for statistics)
-            "ts_ns": In(64), "node_id": In(16), "n_nodes": In(16), "n_channels": In(8),
-            "ports_present": In(len(R.PORTS)), "bitstream_hash": In(256),
-            "dac_valid": In(1), "dac_index": In(8),
-            "stream_valid": Out(1), "stream_dac": Out(8),
-        }
-        for p in R.PORTS:
-            members |= _port_members(p.lower())
-        super().__init__(members)
+        self.unit_port = unit_port
+        super().__init__(members(unit_port))
 
     # ---------------------------------------------------------------------------------
     def elaborate(self, platform: object) -> Module:
@@ -308,6 +326,7 @@ class OnicCtrl(wiring.Component):
                        wide(src if src is not None else Const(0, 24), 24))
             return [events.w_en.eq(1), events.w_data.eq(word)]
 
+        cmd_p, cmd_t = Signal(), Signal()  # the control unit's command, as taken
         with m.FSM(name="executor") as fsm:
             with m.State("IDLE"):
                 with m.If(~events.r_rdy):
@@ -331,6 +350,21 @@ class OnicCtrl(wiring.Component):
                 with m.Elif(pend_dac):
                     m.d.comb += take_dac.eq(1)
                     m.d.comb += push(SIG["dac_valid"], dac_idx, Const(1, 32))
+                if self.unit_port:  # the control unit's transfer: as the host's writes
+                    with m.Elif(self.cmd_valid):
+                        m.d.comb += self.cmd_ready.eq(1)
+                        m.d.sync += [cmd_p.eq(self.cmd_port), cmd_t.eq(self.cmd_tune)]
+                        for i, P in enumerate(R.PORTS):
+                            with m.If(self.cmd_port == i):
+                                m.d.sync += [rw[f"TX{P}_DST"].eq(self.cmd_dst),
+                                             rw[f"TX{P}_BYTES"].eq(self.cmd_bytes),
+                                             rw[f"TX{P}_FLOW"].eq(self.cmd_flow),
+                                             *[rw[f"TX{P}_HDR{k}"].eq(
+                                                 self.cmd_hdr[32 * k: 32 * k + 32])
+                                               for k in range(N_HDR)]]
+                                with m.If(self.cmd_tune):
+                                    m.d.sync += rw[f"TX{P}_CHANNEL"].eq(self.cmd_channel)
+                        m.next = "COMMAND"
                 with m.Elif(self.s_axi_awvalid & self.s_axi_wvalid):
                     m.d.comb += [self.s_axi_awready.eq(1), self.s_axi_wready.eq(1)]
                     m.d.sync += [waddr.eq(self.s_axi_awaddr & ~3), wdata.eq(self.s_axi_wdata),
@@ -340,6 +374,18 @@ class OnicCtrl(wiring.Component):
                     m.d.comb += self.s_axi_arready.eq(1)
                     m.d.sync += raddr.eq(self.s_axi_araddr & ~3)
                     m.next = "READ"
+
+            if self.unit_port:
+                with m.State("COMMAND"):  # its registers loaded: tune then start, or start
+                    for i, P in enumerate(R.PORTS):
+                        with m.If(cmd_p == i):
+                            with m.If(cmd_t):
+                                m.d.comb += [do_tune[i].eq(1),
+                                             tune_arg[i].eq(rw[f"TX{P}_CHANNEL"]),
+                                             then_start[i].eq(1)]
+                            with m.Else():
+                                m.d.comb += do_start[i].eq(1)
+                    m.next = "IDLE"
 
             for i in range(np_):
                 with m.State(f"LOCKED_{i}"):
@@ -551,6 +597,9 @@ class OnicCtrl(wiring.Component):
                 out = out | t
             return out
 
+        if self.unit_port:
+            irq_terms.append(self.irq_raise)
+            m.d.comb += self.node.eq(Mux(node_id_set, node_id, self.node_id))
         m.d.comb += irq_set.eq(any_of(irq_terms))
         m.d.sync += irq_status.eq((irq_status & ~irq_clr) | irq_set)
         m.d.sync += error.eq((error & ~err_clr) | any_of(err_terms))
