@@ -39,7 +39,14 @@ from oddl.controller.serving.lifecycle import close_loop
 from oddl.controller.stage1.arbiter import one_by_one
 from oddl.controller.stage2.control_unit import ControlUnit, FlowFailed, UnitFactory
 from oddl.controller.stage2.invariants import InvariantChecker
-from oddl.controller.stage2.job import JobRunner, JobSpec, quiet_ns, schedule_of, step_sync
+from oddl.controller.stage2.job import (
+    JobRunner,
+    JobSpec,
+    quiet_ns,
+    schedule_of,
+    step_sync,
+    timing_of,
+)
 from oddl.drivers.onic import DriverONic, ONicDriver
 from oddl.fpga import regmap as R
 from oddl.sim.clock import VirtualClockLoop
@@ -76,7 +83,7 @@ def _unit_model(tb: Testbed, grid: Grid, made: list[Any], ready: bool) -> UnitFa
         return ControlUnit
     from oddl.sim.devices.rtl_control_unit import Bounds, RtlControlUnit, prepare
 
-    bounds = Bounds(nodes=max(Bounds.nodes, 1 << (len(grid.nodes) - 1).bit_length()))
+    bounds = Bounds.of(timing_of(tb), len(grid.nodes))  # the testbed's, as Python's
     if ready:
         prepare(bounds, tb.testbed.rtl_simulator, len(grid.nodes))
 

@@ -175,10 +175,9 @@ def test_late_duplicate_requests_do_not_block_a_receiver() -> None:
 
 def test_a_request_flood_from_a_peer_is_bounded_and_starves_nobody() -> None:
     """Reproducer (issue 13): 4,588 REQUESTs from one peer stalled a run; the request
-    queue had no bound. A peer now holds at most MAX_QUEUED_PER_SENDER places in a
+    queue had no bound. A peer now holds at most `requests_per_sender` places in a
     receiver's queue: the rest are refused and counted, and every honest flow arrives."""
     from oddl.controller.base.messages import Request
-    from oddl.controller.stage2.control_unit import MAX_QUEUED_PER_SENDER
 
     flows = [(s, 0, 20_000, 0) for s in (1, 2)] * 3
 
@@ -192,7 +191,7 @@ def test_a_request_flood_from_a_peer_is_bounded_and_starves_nobody() -> None:
     cu = res.cus["n0-0"]
     assert res.error is None, res.error
     assert res.delivered == dict.fromkeys(range(len(flows)), 1)
-    assert cu.stats["requests_refused"] >= 5000 - MAX_QUEUED_PER_SENDER - 1
+    assert cu.stats["requests_refused"] >= 5000 - cu.t.requests_per_sender - 1
 
 
 def test_stray_grants_and_releases_from_a_job_peer_are_counted_as_disturbance() -> None:

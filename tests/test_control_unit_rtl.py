@@ -21,7 +21,7 @@ from oddl.controller.base.messages import ControlMessage, Grant, Release, Reques
 from oddl.controller.stage2 import verify as V
 from oddl.controller.stage2.wire import FRAME, BusDecodeError, decode_frame, encode_frame
 from oddl.sim.devices import rtl_lockstep as L
-from oddl.sim.devices.rtl_control_unit import Bounds, RtlControlUnit
+from oddl.sim.devices.rtl_control_unit import RtlControlUnit
 
 from tests.helpers import HDL_SIMULATORS, cocotb_suite
 
@@ -120,24 +120,32 @@ def test_a_completion_reported_twice_under_one_grant_is_not_relayed_again() -> N
             getattr(x, "release", lambda: None)()
 
 
-def test_a_full_waiting_queue_refuses_the_next_request() -> None:
-    """The RTL's waiting REQUESTs are a memory of `rxq` entries (the Python unit's bound is
-    4,096): one more is refused and counted, and its sender gets it later by retrying."""
+def test_a_full_waiting_queue_refuses_the_same_request_in_rtl_and_python() -> None:
+    """Issue 63: the bounds are the testbed's (`[control] request_queue`, ...), one field
+    each for both units (the Python unit's were 4,096 and the RTL's 16): with two places,
+    the third waiting REQUEST is refused and counted by either, and its sender gets the
+    receiver later by retrying."""
+    import dataclasses
+
     nodes = ("n0", "n1", "n2", "n3", "n4")
     cfg = V.Config("four senders", nodes, tuple((n, "n4") for n in nodes[:4]))
-    w = V.World(cfg, frozenset(), functools.partial(  # type: ignore[arg-type]
-        RtlControlUnit, nodes=nodes, bounds=Bounds(nodes=8, rxq=2)))
-    try:
-        while w.inflight:  # the four REQUESTs, and the answers
-            w.do("deliver", 0)
-        assert w.units["n4"].stats["requests_refused"] == 1
-        assert w.units["n4"].stats["waits"] == 0  # (a transmitter's count of WAITs heard)
-        while w.events() and not w.done():
-            w.do(*w.events()[0])
-        assert w.failed is None and sorted(w.delivered) == [1, 2, 3, 4]
-    finally:
-        for x in w.units.values():
-            x.release()  # type: ignore[attr-defined]
+    timing = dataclasses.replace(V.TIMING, request_queue=2)
+    seen = {}
+    for name, unit in (("python", V.ControlUnit), ("rtl", functools.partial(
+            RtlControlUnit, nodes=nodes))):
+        w = V.World(cfg, frozenset(), unit, timing=timing)  # type: ignore[arg-type]
+        try:
+            while w.inflight:  # the four REQUESTs, and the answers
+                w.do("deliver", 0)
+            seen[name] = dict(w.units["n4"].stats)
+            while w.events() and not w.done():
+                w.do(*w.events()[0])
+            assert w.failed is None and sorted(w.delivered) == [1, 2, 3, 4]
+        finally:
+            for x in w.units.values():
+                getattr(x, "release", lambda: None)()
+    assert seen["python"]["requests_refused"] == 1 and seen["python"]["waits"] == 0
+    assert {k: seen["rtl"][k] for k in seen["python"]} == seen["python"]
 
 
 def test_a_message_no_frame_can_carry_is_dropped_and_counted() -> None:

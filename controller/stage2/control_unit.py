@@ -43,9 +43,6 @@ from oddl.controller.stage2.trace import Tracer, TraceRow
 log = logging.getLogger(__name__)
 
 IDLE, REQUESTING, SENDING = "idle", "requesting", "sending"
-_DONE_MEMORY = 4096  # delivered (flow, hop) keys remembered per receiver for deduplication
-MAX_QUEUED = 4096  # REQUESTs waiting at one receiver port (a group is at most 4096 nodes)
-MAX_QUEUED_PER_SENDER = 4  # one flow per transmitter at a time, and stale repeats
 _KIND = {Request: "REQUEST", Grant: "GRANT", Release: "RELEASE", Wait: "WAIT"}
 
 
@@ -58,6 +55,13 @@ class Timing:
     release_timeout_ns: int
     lease_ns: int
     max_retries: int
+    # the bounds (`[control]` of the testbed; the gateware's are the same): flows queued a
+    # port, REQUESTs waiting a receiver port and of them from one sender (one flow per
+    # transmitter at a time, and stale repeats), delivered keys remembered a port
+    flow_queue: int = 64
+    request_queue: int = 64
+    requests_per_sender: int = 4
+    delivered_keys: int = 64
 
 
 class Unit(Protocol):
@@ -212,6 +216,11 @@ class ControlUnit:
             self.fail(FlowFailed(f"{self.node}: no route to {flow.dst} for {flow!r}"))
             return
         tx = self.tx[route.port]
+        if len(tx.queue) >= self.t.flow_queue:
+            self.fail(FlowFailed(f"{self.node}/{route.port}: flow queue full "
+                                 f"({self.t.flow_queue} flows, the testbed's flow_queue) for "
+                                 f"{flow!r}"))
+            return
         tx.queue.append(flow)
         if tx.state == IDLE:
             self._next(tx)
@@ -325,8 +334,8 @@ class ControlUnit:
             return
         if g is None:
             self._grant(rx, q)
-        elif (len(rx.queue) >= MAX_QUEUED
-              or sum(r.src == q.src for r in rx.queue) >= MAX_QUEUED_PER_SENDER):
+        elif (len(rx.queue) >= self.t.request_queue
+              or sum(r.src == q.src for r in rx.queue) >= self.t.requests_per_sender):
             # a sender's transmitter asks for one flow at a time: more is a peer gone bad
             # (or a flood), and must not grow the queue nor starve the others
             self.stats["requests_refused"] += 1
@@ -398,7 +407,7 @@ class ControlUnit:
         if key not in rx.done:
             rx.done.add(key)
             rx.done_order.append(key)
-            if len(rx.done_order) > _DONE_MEMORY:
+            if len(rx.done_order) > self.t.delivered_keys:
                 rx.done.discard(rx.done_order.popleft())
         rx.data_done = True
         if rx.lease_timer is not None:

@@ -205,7 +205,8 @@ def timing_of(tb: Testbed) -> Timing:
     o, c = tb.optical, tb.control
     return Timing(o.tuning_ns, math.ceil(o.guard_time_ns),
                   math.ceil(o.propagation_ns), math.ceil(c.request_timeout_ns),
-                  math.ceil(c.request_timeout_ns), math.ceil(c.grant_lease_ns), c.max_retries)
+                  math.ceil(c.request_timeout_ns), math.ceil(c.grant_lease_ns), c.max_retries,
+                  c.flow_queue, c.request_queue, c.requests_per_sender, c.delivered_keys)
 
 
 def wire_routes(plan: Plan) -> dict[str, dict[str, tuple[str, int, str]]]:

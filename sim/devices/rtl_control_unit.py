@@ -40,12 +40,21 @@ _SHOWN = ("idle", "requesting", "sending", "idle")  # the RTL's transmitter stat
 
 @dataclass(frozen=True)
 class Bounds:
-    """The RTL's memories (the Python unit's are unbounded or larger: docs/gateware.md)."""
+    """The RTL's memories: routes (node indices), and the testbed's bounds, which the
+    Python unit keeps too (`Timing`: flow_queue, request_queue, requests_per_sender,
+    delivered_keys)."""
 
     nodes: int = 64
-    txq: int = 16
-    rxq: int = 16
+    txq: int = 64
+    rxq: int = 64
     done: int = 64
+    per_sender: int = 4
+
+    @classmethod
+    def of(cls, t: Timing, nodes: int) -> Bounds:
+        """A unit's for `nodes` nodes (the route table: a power of two) and timing `t`."""
+        return cls(max(cls.nodes, 1 << (nodes - 1).bit_length()), t.flow_queue,
+                   t.request_queue, t.delivered_keys, t.requests_per_sender)
 
 
 @dataclass
@@ -138,7 +147,7 @@ def _design(bounds: Bounds) -> Any:
     from oddl.fpga.gateware.control_unit import ControlUnitRTL
 
     return ControlUnitRTL(FRAME, nodes=bounds.nodes, txq=bounds.txq, rxq=bounds.rxq,
-                          done=bounds.done)
+                          done=bounds.done, per_sender=bounds.per_sender)
 
 
 class _Core:
@@ -245,9 +254,10 @@ class RtlControlUnit:
     def __init__(self, node: str, clock: Clock, bus: Bus, onic: ONic,
                  routes: dict[str, Route], timing: Timing,
                  deliver: Callable[[Flow], None], fail: Callable[[Exception], None], *,
-                 nodes: Sequence[str], bounds: Bounds = Bounds(),
+                 nodes: Sequence[str], bounds: Bounds | None = None,
                  simulator: str = "amaranth") -> None:
         require("gateware", "the RTL control unit (--control-model rtl)")
+        bounds = bounds or Bounds.of(timing, len(nodes))  # the Python unit's, in `timing`
         if len(nodes) > bounds.nodes:
             raise ValueError(f"{len(nodes)} nodes: the unit's route table holds {bounds.nodes}")
         self.node, self.clock, self.bus, self.onic = node, clock, bus, onic

@@ -77,6 +77,17 @@ class ControlNetwork(ConfigModel):
     request_timeout_ns: float = Field(default=50_000, gt=0)
     max_retries: int = Field(default=20, ge=0)
     grant_lease_ns: float = Field(default=100_000, gt=0)
+    # the control unit's bounds, the Python unit's and the gateware's alike (a board's
+    # build: `oddl gateware build`; its CU_CAPS register says them): past them the two
+    # refuse, and forget, the same
+    flow_queue: int = Field(default=64, ge=1, le=4096, description="flows a port queues; "
+                            "one more fails the job, naming it")
+    request_queue: int = Field(default=64, ge=1, le=4096, description="REQUESTs waiting "
+                               "at a receiver port; more are refused (their senders retry)")
+    requests_per_sender: int = Field(default=4, ge=1, le=255, description="of those, from "
+                                     "one sender")
+    delivered_keys: int = Field(default=64, ge=1, le=4096, description="delivered flows a "
+                                "receiver port remembers, to answer their repeats")
 
 
 class Monitor(ConfigModel):
