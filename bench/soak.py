@@ -16,6 +16,7 @@ import argparse
 import contextlib
 import json
 import multiprocessing as mp
+import os
 import subprocess
 import sys
 import time
@@ -36,9 +37,11 @@ class Run:
     failed: list[str] = field(default_factory=list)
 
 
-def _spin() -> None:  # pragma: no cover - a core kept busy, nothing else
-    while True:
-        pass
+def _spin(parent: int) -> None:
+    """A core kept busy, until the soak that started it is gone (however it went)."""
+    while os.getppid() == parent:
+        for _ in range(1_000_000):
+            pass
 
 
 @contextlib.contextmanager
@@ -47,7 +50,7 @@ def busy(on: bool) -> Iterator[None]:
     if not on:
         yield
         return
-    p = mp.get_context("spawn").Process(target=_spin, daemon=True)
+    p = mp.get_context("spawn").Process(target=_spin, args=(os.getpid(),), daemon=True)
     p.start()
     try:
         yield

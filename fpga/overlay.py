@@ -24,8 +24,14 @@ class OverlayMismatch(RuntimeError):
     """The overlay's metadata does not describe the O-NIC this driver speaks to."""
 
 
-def _version() -> str:
-    return f"{R.DESIGN_VERSION >> 16}.{R.DESIGN_VERSION & 0xFFFF}"
+def _version(design: int = R.DESIGN_VERSION) -> str:
+    return f"{design >> 16}.{design & 0xFFFF}"
+
+
+# the IPs an O-NIC overlay may hold, and the design version each is: `onic_ctrl` (the
+# registers, the route table, the count-action engine: stage 2 runs on the host) or
+# `onic_top` (that and the stage-2 control unit in its datapath: the host hands it over)
+DESIGNS = {R.IP_NAME: R.DESIGN_VERSION, R.TOP_IP_NAME: R.TOP_DESIGN_VERSION}
 
 
 def hwh_text(base: int = R.IP_BASE, addr_range: int = R.IP_RANGE, ip_name: str = R.IP_NAME,
@@ -113,11 +119,15 @@ def bitstream_hash(path: Path) -> bytes:
 
 
 def check_ip_dict(ip_dict: dict[str, Any], source: str = "overlay") -> dict[str, Any]:
-    """The overlay must place the register map's IP where the map says, with its range."""
-    ip = ip_dict.get(R.IP_NAME)
-    if ip is None:
-        raise OverlayMismatch(f"{source}: no IP named {R.IP_NAME!r} (the .hwh has: "
-                              f"{', '.join(sorted(ip_dict)) or 'nothing'})")
+    """The overlay must place one of the O-NIC's IPs (`DESIGNS`) where the register map
+    says, with its range and type; its entry, with "name" and "design" (its version) added:
+    which IP the board has decides where its stage 2 runs (drivers/onic.py)."""
+    found = [n for n in DESIGNS if n in ip_dict]
+    if not found:
+        raise OverlayMismatch(f"{source}: no IP named {' or '.join(map(repr, DESIGNS))} (the "
+                              f".hwh has: {', '.join(sorted(ip_dict)) or 'nothing'})")
+    name = found[-1]  # (one board has one; onic_top is the whole O-NIC)
+    ip = ip_dict[name]
     problems = []
     if ip.get("phys_addr") != R.IP_BASE:
         problems.append(f"base address 0x{ip.get('phys_addr', 0):08X}, the register map expects "
@@ -125,9 +135,9 @@ def check_ip_dict(ip_dict: dict[str, Any], source: str = "overlay") -> dict[str,
     if ip.get("addr_range") != R.IP_RANGE:
         problems.append(f"address range 0x{ip.get('addr_range', 0):X}, the register map "
                         f"expects 0x{R.IP_RANGE:X}")
-    want = f"oddl.org:oddl:{R.IP_NAME}:{_version()}"
+    want = f"oddl.org:oddl:{name}:{_version(DESIGNS[name])}"
     if ip.get("type") != want:
         problems.append(f"IP type {ip.get('type')!r}, expected {want!r}")
     if problems:
-        raise OverlayMismatch(f"{source}: {R.IP_NAME}: " + "; ".join(problems))
-    return ip
+        raise OverlayMismatch(f"{source}: {name}: " + "; ".join(problems))
+    return {**ip, "name": name, "design": DESIGNS[name]}

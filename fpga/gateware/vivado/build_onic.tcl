@@ -1,6 +1,7 @@
 # The real O-NIC bitstream: a Zynq UltraScale+ PS (its board preset) with the packaged
-# onic_ctrl IP on M_AXI_HPM0_FPD and its interrupt on pl_ps_irq0, built by Vivado in batch
-# mode. The Makefile beside this script runs it (docs/gateware.md):
+# onic_top IP (onic_ctrl and the stage-2 control unit in its datapath) on M_AXI_HPM0_FPD and
+# its interrupt on pl_ps_irq0, built by Vivado in batch mode, with a timing gate after
+# routing. The Makefile beside this script runs it (docs/gateware.md):
 #
 #   make -C fpga/gateware/vivado BOARD=zcu104      # rtl, the packaged IP, then this
 #
@@ -13,14 +14,18 @@
 # are checked against fpga/regmap.py, the driver and the shipped .hwh by
 # tests/test_gateware.py (which reads this script: Vivado itself is not run in CI).
 #
-# What this script does not do for you: the MAC and the tunable-laser driver of your board
-# are not in oddl. Their ports on onic_ctrl (h_*/v_* tune, tx, rx) are tied off here, which
-# builds and boots (registers, route table, count-action engine, interrupts all work) but
-# moves no light. Connect them to your board's MAC and laser driver in the block design,
-# as docs/gateware.md describes, before a run.
+# The datapath: a board file (boards/BOARD.tcl) may define `proc oddl_connect_datapath
+# {ip}`, which connects the IP's ports to the board's own IP: the control frames
+# (ctl_rx_*/ctl_tx_*, one 512-bit AXI-Stream beat a frame) to the 100 GbE MAC of the
+# control network (a CMAC USPLUS), the transfers (h_*/v_* tx, rx) to the optical ports'
+# MACs, the tune commands (h_*/v_* tune) to the tunable lasers' driver, and Lightning's
+# DACs (dac_*, stream_*) to the RF data converters. None of oddl's boards' files defines it
+# yet (their MACs and lasers are a lab's: docs/gateware.md says which IP goes where), so the
+# ports are tied off below: the bitstream builds and boots (registers, routes, the
+# count-action engine, the control unit's block, interrupts) and moves no light.
 
-set ip_name onic_ctrl
-set ip_vlnv oddl.org:oddl:onic_ctrl:0.1
+set ip_name onic_top
+set ip_vlnv oddl.org:oddl:onic_top:0.2
 set ip_base 0xA0000000
 set ip_range 0x10000
 set axi_master M_AXI_HPM0_FPD
@@ -104,6 +109,24 @@ for {set w 0} {$w < 8} {incr w} {
 }
 connect_bd_net [get_bd_pins hash_concat/dout] [get_bd_pins $ip_name/bitstream_hash]
 
+# the datapath: the board's own, or tied off (inputs low, ready high: nothing arrives)
+if {[llength [info procs oddl_connect_datapath]]} {
+    oddl_connect_datapath $ip_name
+} else {
+    puts "oddl: WARNING: boards/[file tail [lindex $argv 2]] connects no datapath: the MAC, \
+lasers and DACs ports of $ip_name are tied off (a bitstream that moves no light)"
+    foreach pin [get_bd_pins -quiet -filter {DIR == I} $ip_name/*] {
+        if {[llength [get_bd_nets -quiet -of_objects $pin]] == 0} {
+            set name [get_property NAME $pin]
+            set width [expr {[get_property LEFT $pin] eq "" ? 1 : [get_property LEFT $pin] + 1}]
+            set value [expr {$name eq "ctl_tx_tready" ? 1 : 0}]
+            set c [create_bd_cell -type ip -vlnv xilinx.com:ip:xlconstant tie_$name]
+            set_property -dict [list CONFIG.CONST_WIDTH $width CONFIG.CONST_VAL $value] $c
+            connect_bd_net [get_bd_pins tie_$name/dout] $pin
+        }
+    }
+}
+
 set seg [get_bd_addr_segs -of_objects [get_bd_addr_spaces zynq_ultra_ps_e_0/Data] \
     -filter "NAME =~ *$ip_name*"]
 set_property offset $ip_base $seg
@@ -114,13 +137,32 @@ save_bd_design
 make_wrapper -files [get_files oddl_onic.bd] -top
 add_files -norecurse [glob $out/project/oddl_onic.gen/sources_1/bd/oddl_onic/hdl/oddl_onic_wrapper.v]
 set_property top oddl_onic_wrapper [current_fileset]
-launch_runs impl_1 -to_step write_bitstream -jobs 4
+# placed and routed first; the timing gate before any bitstream: every net routed, no
+# negative slack (setup or hold) at pl_clock_mhz; the timing summary kept beside the .bit
+launch_runs impl_1 -to_step route_design -jobs 4
 wait_on_run impl_1
 if {[get_property PROGRESS [get_runs impl_1]] != "100%"} {
     error "oddl: implementation did not finish: see $out/project/oddl_onic.runs/impl_1"
+}
+open_run impl_1
+report_timing_summary -max_paths 20 -file $out/oddl_onic.timing.rpt
+report_route_status -file $out/oddl_onic.route.rpt
+set wns [get_property SLACK [get_timing_paths -max_paths 1 -nworst 1 -setup]]
+set whs [get_property SLACK [get_timing_paths -max_paths 1 -nworst 1 -hold]]
+set unrouted [llength [get_nets -quiet -hierarchical -top_net_of_hierarchical_group \
+    -filter {ROUTE_STATUS != ROUTED && ROUTE_STATUS != INTRASITE && TYPE == SIGNAL}]]
+puts "oddl: timing at $pl_clock_mhz MHz: WNS $wns ns, WHS $whs ns; $unrouted nets unrouted"
+if {$wns eq "" || $wns < 0 || $whs eq "" || $whs < 0 || $unrouted > 0} {
+    error "oddl: timing not met at $pl_clock_mhz MHz (WNS $wns ns, WHS $whs ns, $unrouted \
+unrouted nets): no bitstream; see $out/oddl_onic.timing.rpt"
+}
+launch_runs impl_1 -to_step write_bitstream -jobs 4
+wait_on_run impl_1
+if {[get_property PROGRESS [get_runs impl_1]] != "100%"} {
+    error "oddl: the bitstream was not written: see $out/project/oddl_onic.runs/impl_1"
 }
 
 file copy -force [glob $out/project/oddl_onic.runs/impl_1/*.bit] $out/oddl_onic.bit
 file copy -force [glob $out/project/oddl_onic.gen/sources_1/bd/oddl_onic/hw_handoff/oddl_onic.hwh] \
     $out/oddl_onic.hwh
-puts "oddl: wrote $out/oddl_onic.bit and $out/oddl_onic.hwh"
+puts "oddl: wrote $out/oddl_onic.bit and $out/oddl_onic.hwh (timing: $out/oddl_onic.timing.rpt)"

@@ -1,7 +1,8 @@
-# Packages onic_ctrl (Amaranth's Verilog, `oddl gateware verilog`) as the IP the driver's
-# overlay check wants: oddl.org:oddl:onic_ctrl:<design version> (fpga/overlay.py
-# check_ip_dict). A module reference would be named xilinx.com:module_ref:onic_ctrl:1.0, and
-# the driver refuses that .hwh. Run by the Makefile:
+# Packages onic_top (Amaranth's Verilog, `oddl gateware verilog --top onic_top`: onic_ctrl
+# with the stage-2 control unit in its datapath) as the IP the driver's overlay check wants:
+# oddl.org:oddl:onic_top:<design version> (fpga/overlay.py check_ip_dict). A module
+# reference would be named xilinx.com:module_ref:onic_top:1.0, and the driver refuses that
+# .hwh. Run by the Makefile:
 #
 #   vivado -mode batch -source package_ip.tcl -tclargs RTL IP_DIR PART
 #
@@ -10,8 +11,8 @@
 
 set ip_vendor oddl.org
 set ip_library oddl
-set ip_name onic_ctrl
-set ip_version 0.1
+set ip_name onic_top
+set ip_version 0.2
 set ip_range 0x10000
 
 set rtl [lindex $argv 0]
@@ -28,7 +29,7 @@ ipx::package_project -root_dir $ipdir -vendor $ip_vendor -library $ip_library \
 set core [ipx::current_core]
 set_property name $ip_name $core
 set_property version $ip_version $core
-set_property display_name "oddl O-NIC control (registers, routes, count-action)" $core
+set_property display_name "oddl O-NIC (registers, routes, count-action, control unit)" $core
 
 # The clock and the reset as interfaces, the AXI4-Lite slave (s_axi_*) on that clock.
 # Amaranth's reset is synchronous and active high: the block design drives it from
@@ -40,6 +41,12 @@ ipx::add_bus_parameter POLARITY $rst_if
 set_property value ACTIVE_HIGH [ipx::get_bus_parameters POLARITY -of_objects $rst_if]
 ipx::associate_bus_interfaces -busif s_axi -clock clk $core
 ipx::associate_bus_interfaces -clock clk -reset rst $core
+
+# The control frames toward the control network's MAC: AXI-Stream, on the IP's clock
+foreach bus {ctl_rx ctl_tx} {
+    ipx::infer_bus_interface $bus xilinx.com:interface:axis_rtl:1.0 $core
+    ipx::associate_bus_interfaces -busif $bus -clock clk $core
+}
 
 # The interrupt: level, active high (the driver clears IRQ_STATUS to drop it)
 ipx::infer_bus_interface irq xilinx.com:signal:interrupt_rtl:1.0 $core
