@@ -33,6 +33,8 @@ _OFFSETS = {name: reg.offset for name, reg in R.BY_NAME.items()}
 _ERROR = _off("ERROR")
 _IRQ_STATUS = _off("IRQ_STATUS")
 _CA_FIRED = 1 << R.IRQ_BITS["CA_FIRED"]
+_CU_BITS = 1 << R.IRQ_BITS["CU_DELIVERED"] | 1 << R.IRQ_BITS["CU_FAILED"]
+_MODULE_BITS = ((1 << R.N_MODULES) - 1) << R.IRQ_MODULE_SHIFT  # signalled with CA_FIRED
 
 
 _DESCRIPTOR = struct.Struct(f"<{3 + len(R.HEADER)}I")  # DST, BYTES, FLOW, HDR0..
@@ -226,6 +228,7 @@ class DriverONic:
         self._irq_ports = [(p, 1 << R.IRQ_BITS[f"TX_DONE_{p}"], 1 << R.IRQ_BITS[f"RX_DONE_{p}"],
                             _off(f"RX{p}_LAST_FLOW"), _off(f"RX{p}_LAST_BYTES"))
                            for p in ports]
+        self.unit_routes: set[str] = set()  # what a GatewareUnit last loaded (onic_unit.py)
 
     def attach(self, events: Any) -> None:
         """A new owner (a job) starts clean: what a previous one left pending is not its."""
@@ -237,6 +240,14 @@ class DriverONic:
         stale = self._r(self._o["IRQ_STATUS"])
         if stale:  # cleared before enabling: a level line would interrupt for them
             self._w(self._o["IRQ_STATUS"], stale)  # W1C
+        self._w(self._o["IRQ_ENABLE"], self._mask)
+
+    def listen(self, names: tuple[str, ...]) -> None:
+        """Interrupts on these IRQ_STATUS flags only (a unit in the board's gateware hears
+        its deliveries, not the transfers: drivers/onic_unit.py)."""
+        self._mask = 0
+        for name in names:
+            self._mask |= 1 << R.IRQ_BITS[name]
         self._w(self._o["IRQ_ENABLE"], self._mask)
 
     def transmitting(self) -> bool:
@@ -325,6 +336,7 @@ class DriverONic:
         if not status:
             return
         self._w(_IRQ_STATUS, status)  # W1C
+        status &= self._mask | _MODULE_BITS  # what its owner listens to (`listen`)
         for port, tx_bit, rx_bit, last_flow, last_bytes in self._irq_ports:
             if status & tx_bit:
                 flow = self.inflight.pop(port, None)
@@ -334,6 +346,8 @@ class DriverONic:
                     self.events.on_tx_done(port, flow)
             if status & rx_bit:
                 self.events.on_rx_done(port, r(last_flow), r(last_bytes))
+        if status & _CU_BITS and self.events is not None:  # the board's unit's deliveries
+            self.events.on_unit_irq(status & _CU_BITS)
         # count-action fires last: a step completes only after its deliveries are handled
         if status & _CA_FIRED:
             fired = status >> R.IRQ_MODULE_SHIFT

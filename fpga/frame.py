@@ -34,3 +34,34 @@ class FrameFormat:
         places = {f[name] for f in self.fields.values()}
         assert len(places) == 1, (name, places)
         return places.pop()
+
+
+# a flow as a host hands it to the control unit and the unit hands a delivered one back:
+# each field at the frame's width (nodes as indices), least significant first
+FLOW_FIELDS = (("id", "flow"), ("src", "src"), ("dst", "dst"), ("nbytes", "nbytes"),
+               ("iteration", "iteration"), ("step", "step"), ("hop", "hop"),
+               ("t_submit", "t_submit"))
+
+
+def flow_widths(frame: FrameFormat) -> list[tuple[str, int]]:
+    """The flow's fields and their widths, in order."""
+    return [(name, frame.width(field)) for name, field in FLOW_FIELDS]
+
+
+def flow_word(frame: FrameFormat, *values: int) -> int:
+    """A flow's fields (in FLOW_FIELDS' order) as one word."""
+    word, at = 0, 0
+    for (name, width), v in zip(flow_widths(frame), values, strict=True):
+        if not 0 <= v < 1 << width:
+            raise ValueError(f"a flow's {name} of {v} does not fit its {width} bits")
+        word |= v << at
+        at += width
+    return word
+
+
+def flow_fields(frame: FrameFormat, word: int) -> dict[str, int]:
+    out, at = {}, 0
+    for name, width in flow_widths(frame):
+        out[name] = word >> at & (1 << width) - 1
+        at += width
+    return out

@@ -185,6 +185,9 @@ def _cu_regs() -> list[Reg]:
         Reg("CU_FAIL_BYTES", b + 0xC0, "RO", "the bytes that arrived (short), low word"),
         *[Reg(f"CU_STAT_{k.upper()}", b + 0x100 + 4 * i, "RO", f"counter: {k}")
           for i, k in enumerate(CU_STATS)],
+        Reg("CU_SENT", b + 0x180, "RO", "control frames the unit has sent"),
+        *[Reg(f"CU_UNEXPECTED_{p}", b + 0x184 + 4 * i, "RO", f"transfers port {p} received "
+              "that it never granted") for i, p in enumerate(PORTS)],
     ]
 
 

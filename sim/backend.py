@@ -79,6 +79,10 @@ def _unit_model(tb: Testbed, grid: Grid, made: list[Any], ready: bool) -> UnitFa
     """The testbed's `control_model`: the Python unit, or the RTL in the loop (each one
     kept in `made`, for the decision latencies it measured; `ready`: a core for every node
     made now, not when a job starts)."""
+    if tb.testbed.control_model == "board":  # onic_top boards: the unit is theirs
+        from oddl.drivers.onic_unit import gateware_unit
+
+        return gateware_unit
     if tb.testbed.control_model != "rtl":
         return ControlUnit
     from oddl.sim.devices.rtl_control_unit import Bounds, RtlControlUnit, prepare
@@ -116,16 +120,19 @@ def build(tb: Testbed, grid: Grid, clock: Clock, seed: int = 0,
     index = {n: i for i, n in enumerate(grid.nodes)}
     boards: dict[str, Any] = {}
     onics: dict[str, DriverONic] = {}
+    # the control network: the host's units', or (onic_top) the boards' own
+    bus = LocalBus(clock, round(tb.control.latency_ns), seed, tap=checker.on_message)
     board_class: Any = ONicBoard
     if tb.testbed.board_model == "rtl":
         from oddl.sim.devices.rtl_board import RtlBoard
 
         board_class = functools.partial(RtlBoard, simulator=tb.testbed.rtl_simulator)
+    elif tb.testbed.control_model == "board":
+        board_class = functools.partial(ONicBoard, unit=(bus, timing_of(tb)))
     for n in grid.nodes:
         board = boards[n] = board_class(fabric, n, index, grid.nodes)
         mmio = pynq.MMIO(BASE_ADDR, R.IP_RANGE, device=EmulatedONicDevice(board))
         onics[n] = DriverONic(ONicDriver(mmio, n, grid.nodes, index), fabric.ports[n])
-    bus = LocalBus(clock, round(tb.control.latency_ns), seed, tap=checker.on_message)
     made: list[Any] = []
     return World(fabric, boards, onics, {n: BoardLine(b) for n, b in boards.items()},
                  dict(fabric.wss), bus, checker, _unit_model(tb, grid, made, real_time), made)

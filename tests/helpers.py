@@ -86,9 +86,11 @@ def control_loss(drop: float = 0.0, delay: float = 0.0, max_extra_ns: float = 0.
 
 def run_flows(tb: Testbed, pairs: list[tuple[int, int, int, int]], strategy: str = "cyclic",
               faults: FaultSpec | None = None, seed: int = 0,
-              inject: Callable[[Clock, Any], None] | None = None) -> FlowRun:
+              inject: Callable[[Clock, Any], None] | None = None,
+              unit: Any = ControlUnit) -> FlowRun:
     """Submit (src rank, dst rank, bytes, start ns) flows and run until all are delivered;
-    `inject(clock, bus)` may schedule a peer's own traffic (a flood, a forgery)."""
+    `inject(clock, bus)` may schedule a peer's own traffic (a flood, a forgery); `unit`
+    makes each node's control unit (a board's, for `control_model = "board"`)."""
     grid = Grid.from_testbed(tb)
     loop = VirtualClockLoop()
     clock = Clock(loop)
@@ -117,8 +119,8 @@ def run_flows(tb: Testbed, pairs: list[tuple[int, int, int, int]], strategy: str
 
     loop.set_exception_handler(lambda _l, ctx: fail(ctx.get("exception") or
                                                      RuntimeError(ctx["message"])))
-    res.cus = {n: ControlUnit(n, clock, st.bus, st.onics[n], plan.routes.get(n, {}), timing,
-                              deliver, fail) for n in grid.nodes}
+    res.cus = {n: unit(n, clock, st.bus, st.onics[n], plan.routes.get(n, {}), timing,
+                       deliver, fail) for n in grid.nodes}
     for n in grid.nodes:
         st.lines[n].connect(st.onics[n].on_interrupt)
     if inject is not None:

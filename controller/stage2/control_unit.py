@@ -72,8 +72,9 @@ class Unit(Protocol):
     onic: ONic
     trace: Tracer | None
     tag: int
-    sent: int
 
+    @property
+    def sent(self) -> int: ...  # control messages it has sent
     @property
     def stats(self) -> dict[str, int]: ...
     @property
@@ -91,11 +92,15 @@ UnitFactory = Callable[[str, Clock, Bus, ONic, dict[str, Route], Timing, Callabl
 
 class FlowFailed(RuntimeError):
     """A flow could not be scheduled; the run must stop and say which (and, when a peer
-    never answered, which peer)."""
+    never answered, which peer). `code`: why, as the gateware's unit says it (no_route,
+    retries, short, queue_full: fpga/regmap.py CU_FAIL_CODES)."""
 
-    def __init__(self, message: str, peer: str | None = None) -> None:
+    def __init__(self, message: str, peer: str | None = None, code: str = "", flow: int = 0,
+                 nbytes: int = 0) -> None:
         super().__init__(message)
         self.peer = peer
+        self.code = code
+        self.flow, self.nbytes = flow, nbytes  # the flow's id; the bytes that arrived
 
 
 class _Tx:
@@ -213,13 +218,14 @@ class ControlUnit:
             return
         route = self.routes.get(flow.dst)
         if route is None:
-            self.fail(FlowFailed(f"{self.node}: no route to {flow.dst} for {flow!r}"))
+            self.fail(FlowFailed(f"{self.node}: no route to {flow.dst} for {flow!r}",
+                                 code="no_route", flow=flow.id))
             return
         tx = self.tx[route.port]
         if len(tx.queue) >= self.t.flow_queue:
             self.fail(FlowFailed(f"{self.node}/{route.port}: flow queue full "
                                  f"({self.t.flow_queue} flows, the testbed's flow_queue) for "
-                                 f"{flow!r}"))
+                                 f"{flow!r}", code="queue_full", flow=flow.id))
             return
         tx.queue.append(flow)
         if tx.state == IDLE:
@@ -264,7 +270,7 @@ class ControlUnit:
             self.fail(FlowFailed(
                 f"{self.node}: flow {flow.id} ({flow.src}->{flow.dst}, hop {flow.hop} via "
                 f"{tx.route.next_hop}, {flow.nbytes} B) got no GRANT after "
-                f"{self.t.max_retries} retries", tx.route.next_hop))
+                f"{self.t.max_retries} retries", tx.route.next_hop, "retries", flow.id))
             return
         self._request(tx)
 
@@ -401,7 +407,8 @@ class ControlUnit:
             return
         if nbytes != g.nbytes:
             self.fail(FlowFailed(f"{self.node}/{port}: flow {g.flow} arrived with {nbytes} of "
-                                 f"{g.nbytes} bytes"))
+                                 f"{g.nbytes} bytes", code="short", flow=g.flow,
+                                 nbytes=nbytes))
             return
         key = (g.flow, g.hop)
         if key not in rx.done:

@@ -29,7 +29,7 @@ from amaranth.lib import data, fifo, wiring
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 from oddl.fpga import regmap as R
-from oddl.fpga.frame import BEAT_BITS, FrameFormat
+from oddl.fpga.frame import BEAT_BITS, FrameFormat, flow_widths
 
 STATS = ("requests", "retries", "polls", "grants", "revoked", "waits", "stale_grants",
          "relayed", "releases_overdue", "unexpected_rx", "requests_refused", "stray", "late",
@@ -44,31 +44,9 @@ _PORT_BITS = 2
 
 
 def flow_layout(frame: FrameFormat) -> data.StructLayout:
-    """A flow as the host hands it over and the unit hands it on (fields at the frame's
-    widths; nodes as indices)."""
-    W = frame.width
-    return data.StructLayout({
-        "id": W("flow"), "src": W("src"), "dst": W("dst"), "nbytes": W("nbytes"),
-        "iteration": W("iteration"), "step": W("step"), "hop": W("hop"),
-        "t_submit": W("t_submit")})
-
-
-def flow_word(frame: FrameFormat, *values: int) -> int:
-    """A flow's fields (in `flow_layout`'s order) as one word."""
-    word, at = 0, 0
-    for (name, f), v in zip(flow_layout(frame), values, strict=True):
-        assert 0 <= v < 1 << f.width, (name, v)
-        word |= v << at
-        at += f.width
-    return word
-
-
-def flow_fields(frame: FrameFormat, word: int) -> dict[str, int]:
-    out, at = {}, 0
-    for name, f in flow_layout(frame):
-        out[name] = word >> at & (1 << f.width) - 1
-        at += f.width
-    return out
+    """A flow as the host hands it over and the unit hands it on (fpga/frame.py's
+    FLOW_FIELDS, at the frame's widths; nodes as indices)."""
+    return data.StructLayout(dict(flow_widths(frame)))
 
 
 def _wrap(at: Any, n: int) -> Any:

@@ -161,6 +161,12 @@ class OnicTop(wiring.Component):
             reads[R.BY_NAME[f"CU_DELIV{w}"].offset] = head[32 * w: 32 * w + 32]
         for i, stat in enumerate(STATS):
             reads[R.BY_NAME[f"CU_STAT_{stat.upper()}"].offset] = unit.stats[32 * i: 32 * i + 32]
+        sent = Signal(32)  # frames out, as the Python unit counts the messages it sends
+        with m.If(unit.tx_tvalid & self.ctl_tx_tready):
+            m.d.sync += sent.eq(sent + 1)
+        reads[R.BY_NAME["CU_SENT"].offset] = sent
+        for i, p in enumerate(R.PORTS):
+            reads[R.BY_NAME[f"CU_UNEXPECTED_{p}"].offset] = unit.unexpected[32 * i: 32 * i + 32]
         for name, sig in regs.items():
             reads[R.BY_NAME[name].offset] = sig
 

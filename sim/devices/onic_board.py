@@ -15,6 +15,7 @@ import hashlib
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from oddl.controller.base.devices import DeviceRefused
 from oddl.controller.base.messages import Flow
@@ -65,10 +66,15 @@ _Listener = tuple[int, _CAModule, tuple[tuple[int, int], ...]]
 
 
 class ONicBoard:
+    """One board. `unit`: an `onic_top` (design 0.2), the stage-2 control unit inside it,
+    on the control network `unit[0]` with the bounds of `unit[1]` (sim/devices/onic_unit.py);
+    None: an `onic_ctrl`, stage 2 on the host."""
+
     def __init__(self, fabric: Fabric, node: str, node_index: dict[str, int],
                  nodes: list[str] | None = None,
                  bitstream_hash: bytes = PLACEHOLDER_HASH,
-                 design_version: int = R.DESIGN_VERSION) -> None:
+                 design_version: int = R.DESIGN_VERSION,
+                 unit: tuple[Any, Any] | None = None) -> None:
         self.fabric = fabric
         self.clock = fabric.clock
         self.node = node
@@ -116,6 +122,12 @@ class ONicBoard:
         fabric.rx_handlers[node] = self._rx_done
         fabric.tx_handlers[node] = self._tx_done
         fabric.tuned_handlers[node] = self._tuned
+        self.unit_block: Any = None
+        if unit is not None:
+            from oddl.sim.devices.onic_unit import UnitBlock
+
+            self.regs[R.BY_NAME["DESIGN_VERSION"].offset] = R.TOP_DESIGN_VERSION
+            self.unit_block = UnitBlock(self, *unit)
 
     # --- bus access -------------------------------------------------------------------
     def read(self, off: int) -> int:
@@ -123,6 +135,8 @@ class ONicBoard:
             return self.regs[off]
         if R.ROUTE_BASE <= off < R.ROUTE_BASE + 8 * R.ROUTE_ENTRIES:
             return self.routes[(off - R.ROUTE_BASE) // 4]
+        if off >= R.CU_BASE and self.unit_block is not None:
+            return int(self.unit_block.read(off))
         reg = R.BY_OFFSET.get(off)
         if reg is None:
             return 0  # unmapped: reads as zero (AXI decode of a hole)
@@ -155,7 +169,9 @@ class ONicBoard:
             self.routes[(off - R.ROUTE_BASE) // 4] = value
             return
         start = _START.get(off)
-        if start is not None:  # TXn_START, the per-flow command
+        if off >= R.CU_BASE and self.unit_block is not None:
+            self.unit_block.write(off, value)
+        elif start is not None:  # TXn_START, the per-flow command
             if value & 1:
                 self._start(start)
         elif off in _W1C:  # IRQ_STATUS and ERROR, cleared per interrupt and per refusal
@@ -269,6 +285,8 @@ class ONicBoard:
         r[hi] = (sent >> 32) & 0xFFFFFFFF
         r[_IRQ_STATUS] |= bit
         self.signal((3, pi, 1, None))
+        if self.unit_block is not None:
+            self.unit_block.tx_done(p, flow)
         self._interrupt()
 
     def _rx_done(self, p: str, flow: Flow) -> None:
@@ -296,6 +314,8 @@ class ONicBoard:
         final = r[o["DST"]] == r[_NODE_ID]  # the final leg: the bytes are this node's step's
         self.signal((1, pi, flow.nbytes, src), (2, pi, 1, src),
                     *[(6, _ANY, flow.nbytes, flow.step)] * final)
+        if self.unit_block is not None:
+            self.unit_block.rx_done(p, flow)
         self._interrupt()
 
     # --- count-action engine ----------------------------------------------------------

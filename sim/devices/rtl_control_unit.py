@@ -416,13 +416,13 @@ class RtlControlUnit:
             self._timers.pop(i).cancel()
 
     def _flow_word(self, f: Flow) -> int:
-        from oddl.fpga.gateware.control_unit import flow_word
+        from oddl.fpga.frame import flow_word
 
         return flow_word(FRAME, f.id, self.index[f.src], self.index[f.dst], f.nbytes,
                          f.iteration, f.step, f.hop, f.t_submit)
 
     def _flow(self, word: int) -> Flow:
-        from oddl.fpga.gateware.control_unit import flow_fields
+        from oddl.fpga.frame import flow_fields
 
         v = flow_fields(FRAME, word)
         return Flow(v["id"], self.names[v["src"]], self.names[v["dst"]], v["nbytes"],

@@ -12,7 +12,7 @@ from cocotb.clock import Clock
 from cocotb.triggers import ClockCycles, ReadOnly, RisingEdge
 from oddl.controller.base.messages import ControlMessage, Grant, Release, Request
 from oddl.controller.stage2.wire import FRAME, decode_frame, encode_frame
-from oddl.fpga.gateware.control_unit import flow_word
+from oddl.fpga.frame import flow_word
 
 NODES = [f"n{i}" for i in range(16)]
 INDEX = {n: i for i, n in enumerate(NODES)}

@@ -1,0 +1,113 @@
+"""Stage 2 handed to the board (issue 63): `--control-model board` makes every emulated
+board an `onic_top`, its control unit inside it (sim/devices/onic_unit.py) on its own
+transfer engine and the control network; the node's job runner reaches it by registers
+only (drivers/onic_unit.py). Table 1 comes out as with the unit on the host; a failure is
+raised by the board's unit and said by the host; a board without the unit answers none
+of its registers."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from oddl.app.cli import main
+from oddl.controller.base.devices import DeviceRefused
+from oddl.fpga import regmap as R
+
+from tests.helpers import make_testbed, run_flows
+from tests.test_control_unit import scenario
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _tables(run: Path) -> dict[str, list[tuple[object, ...]]]:
+    db = sqlite3.connect(run / "results.sqlite")
+    names = [t for (t,) in db.execute("select name from sqlite_master where type='table'")]
+    return {t: sorted(db.execute(f"select * from {t}").fetchall(), key=repr) for t in names}
+
+
+def test_table1_with_the_unit_in_the_boards_is_the_host_units_run(tmp_path: Path) -> None:
+    """The same iteration time to the nanosecond, flows, messages, iterations and flow
+    rows; 0 violations. The host sent no control message: the boards did."""
+    exp = str(ROOT / "experiments" / "table1-resnet50.toml")
+    out = {}
+    for model in ("python", "board"):
+        r = CliRunner().invoke(main, ["run", exp, "--iterations", "3", "--json", "--no-plot",
+                                      "--control-model", model, "--out", str(tmp_path / model)])
+        assert r.exit_code == 0, r.output
+        assert "no transfer in flight" not in r.output
+        out[model] = json.loads(r.output[r.output.index("{"):])
+    host, board = out["python"]["networks"]["oddl"], out["board"]["networks"]["oddl"]
+    assert host == board and host["invariant_violations"] == 0 and host["flows"] == 48
+    assert host["control_messages"] == 144
+    a, b = _tables(tmp_path / "python"), _tables(tmp_path / "board")
+    assert a["iterations"] == b["iterations"] and a["flows"] == b["flows"]
+    assert len(a["flows"]) == 96
+
+
+def test_a_flow_the_boards_unit_cannot_route_fails_by_name_through_the_registers() -> None:
+    """The host hands over a flow to a node its board has no route to: the board's unit
+    fails it (CU_FAIL no_route), raises CU_FAILED, and the host's unit says which."""
+    from oddl.drivers.onic_unit import GatewareUnit
+
+    tb = make_testbed(1, 3).with_control_model("board")
+    dropped = {"n0-2"}
+
+    class Unrouted(GatewareUnit):  # the host loads every route but one
+        def __init__(self, node, clock, bus, onic, routes, *rest):  # type: ignore[no-untyped-def]
+            super().__init__(node, clock, bus, onic,
+                             {d: r for d, r in routes.items() if d not in dropped}, *rest)
+
+    res = run_flows(tb, [(0, 1, 10_000, 0), (0, 2, 10_000, 1_000_000)], unit=Unrouted)
+    assert res.error is not None
+    assert "flow 1: no route (the board's control unit)" in str(res.error), res.error
+    assert res.delivered == {0: 1}
+
+
+def test_a_board_without_the_unit_answers_none_of_its_registers() -> None:
+    """An onic_ctrl board (design 0.1): the CU block is a hole, a write to it refused."""
+    from oddl.controller.base.clock import Clock
+    from oddl.controller.base.topology import Grid
+    from oddl.sim import backend as sim_backend
+    from oddl.sim.clock import VirtualClockLoop
+
+    for model, version in (("python", R.DESIGN_VERSION), ("board", R.TOP_DESIGN_VERSION)):
+        tb = make_testbed(1, 2).with_control_model(model)
+        loop = VirtualClockLoop()
+        try:
+            w = sim_backend.build(tb, Grid.from_testbed(tb), Clock(loop))
+            d = w.onics["n0-0"].d
+            assert d.mmio.read(R.BY_NAME["DESIGN_VERSION"].offset) == version
+            caps = d.mmio.read(R.BY_NAME["CU_CAPS"].offset)
+            if model == "python":
+                assert caps == 0
+                with pytest.raises(DeviceRefused, match="unmapped"):
+                    d.mmio.write(R.BY_NAME["CU_CTRL"].offset, 0)
+            else:  # the testbed's bounds, as the Python unit keeps them
+                assert caps == 64 | 64 << 8 | 64 << 16 | 4 << 24
+                assert d.mmio.read(R.BY_NAME["CU_CTRL"].offset) == 1  # halted, no job
+        finally:
+            loop.close()
+
+
+@settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(scenario(), st.sampled_from(["cyclic", "matched"]))
+def test_random_flows_arrive_as_with_the_unit_on_the_host(sc: tuple, strategy: str) -> None:
+    """The board's unit is the Python unit on the board's own engine: every flow arrives
+    once, at the same nanosecond, with the same counters."""
+    from oddl.drivers.onic_unit import GatewareUnit
+
+    rows, cols, flows = sc
+    host = run_flows(make_testbed(rows, cols), flows, strategy)
+    board = run_flows(make_testbed(rows, cols).with_control_model("board"), flows, strategy,
+                      unit=GatewareUnit)
+    assert host.error is None and board.error is None, (host.error, board.error)
+    assert board.delivered == host.delivered == dict.fromkeys(range(len(flows)), 1)
+    assert board.arrival_ns == host.arrival_ns
+    total = {k: sum(cu.stats[k] for cu in host.cus.values()) for k in R.CU_STATS[:-1]}
+    assert {k: sum(cu.stats[k] for cu in board.cus.values()) for k in total} == total
