@@ -14,7 +14,7 @@ delivery and failure raising IRQ_STATUS's CU bits.
 from __future__ import annotations
 
 from collections import deque
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any, cast
 
 from oddl.controller.base.devices import Bus, DeviceRefused, ONic
 from oddl.controller.base.messages import Flow
@@ -24,9 +24,6 @@ from oddl.controller.stage2.wire import FRAME
 from oddl.fpga import regmap as R
 from oddl.fpga.frame import flow_fields, flow_word
 
-if TYPE_CHECKING:
-    from oddl.sim.devices.onic_board import ONicBoard
-
 _RW = {r.offset: r for r in R.CU_REGISTERS if r.access == "RW"}
 _CU = R.BY_NAME
 _DELIV = {_CU[f"CU_DELIV{k}"].offset: k for k in range(R.CU_FLOW_WORDS)}
@@ -34,12 +31,14 @@ _STAT = {_CU[f"CU_STAT_{k.upper()}"].offset: k for k in R.CU_STATS}
 _UNEXPECTED = {_CU[f"CU_UNEXPECTED_{p}"].offset: p for p in R.PORTS}
 
 
+# (`board` below: an ONicBoard, which holds this module's block; typed Any to keep the
+# modules of sim/devices free of a cycle)
 class BoardEngine:
     """The board's transfer engine as the unit drives it (`controller.devices.ONic`, the
     part a control unit uses): a transfer's registers loaded and started, tuning first if
     asked; the light arriving seen on the receiver."""
 
-    def __init__(self, board: ONicBoard) -> None:
+    def __init__(self, board: Any) -> None:
         self.board = board
         self.node = board.node
         self.ports = tuple(board.ports)
@@ -81,7 +80,7 @@ class UnitBlock:
     """The CU registers of one emulated board, and the unit behind them (one per job:
     clearing HALT starts one with the timing and routes loaded, setting it halts it)."""
 
-    def __init__(self, board: ONicBoard, bus: Bus, bounds: Timing) -> None:
+    def __init__(self, board: Any, bus: Bus, bounds: Timing) -> None:
         self.board, self.bus, self.bounds = board, bus, bounds
         self.regs = {off: r.reset for off, r in _RW.items()}
         self.routes: dict[str, Route] = {}
