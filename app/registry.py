@@ -273,21 +273,24 @@ def node_program(tb: Testbed, node: str, bitfile: Path | None = None,
     interrupt line polled), logged in to the config's broker as the node itself."""
     from oddl.drivers.irq import PolledLine, PynqLine
     from oddl.drivers.lab import open_board as _open
-    from oddl.drivers.lab import ports_of
+    from oddl.drivers.lab import overlay_of, ports_of
     from oddl.drivers.mqtt import bus_from_config
     from oddl.drivers.onic import DriverONic
-    from oddl.fpga.overlay import BITFILE
+    from oddl.drivers.onic_unit import unit_for
 
     grid = Grid.from_testbed(tb)
     addr = {n.id: n.board for n in tb.nodes}
     if node not in addr:
         raise ValueError(f"{tb.name} has no node {node!r} (it has {', '.join(addr)})")
-    drv = _open(addr[node], node, list(grid.nodes), bitfile or BITFILE)
+    drv = _open(addr[node], node, list(grid.nodes), bitfile or overlay_of(tb))
     line: Any = PynqLine(irq_pin) if addr[node] == "local" and irq_pin else PolledLine(
         drv.mmio, node)
+    # its stage 2: the board's own control unit if its overlay's IP is onic_top (the node
+    # then only loads routes, hands flows over and reports), else the Python unit here
     return NodeProgram(
         tb.name, node, DriverONic(drv, ports_of(grid, node)), line,
-        bus_from_config(tb.name, tb.broker, node), heartbeat_s=tb.monitor.heartbeat_ms / 1e3)
+        bus_from_config(tb.name, tb.broker, node), heartbeat_s=tb.monitor.heartbeat_ms / 1e3,
+        unit=unit_for(drv.design))
 
 
 def profiles_on_a_link(jobs: list[tuple[str, str, int]], link_gbps: float) -> list[Any]:

@@ -79,7 +79,7 @@ from oddl.drivers.mqtt import BusError, MQTTBus, bus_from_config
 from oddl.drivers.onic import DriverONic, ONicDriver, open_onic
 from oddl.drivers.wss import WSSDriver, open_wss
 from oddl.fpga import regmap as R
-from oddl.fpga.overlay import BITFILE
+from oddl.fpga.overlay import BITFILE, TOP_BITFILE
 
 T = TypeVar("T")
 DEVICE_THREADS = 16  # stage 1's device calls at once (fan_out)
@@ -100,6 +100,14 @@ def ready_within_s(spec: JobSpec) -> float:
 
 class Unreachable(RuntimeError):
     """A board the config names that cannot be reached (the message says why)."""
+
+
+def overlay_of(tb: Testbed) -> Path:
+    """The overlay a testbed's boards run: an onic_top's where its control units are the
+    boards' (`control_model = "board"`: an emulator's onic_top boards, or a lab's build of
+    onic_top put in its place), else onic_ctrl's. Its .hwh's IP says which design the
+    driver then expects (drivers/onic.py)."""
+    return TOP_BITFILE if tb.testbed.control_model == "board" else BITFILE
 
 
 def open_board(addr: str | None, node: str, nodes: list[str], bitfile: Path = BITFILE
@@ -222,8 +230,11 @@ class LabBackend:
                 self.onics[n] = LocalBoard(n, ports_of(grid, n), self.health)
                 self.local.add(n)
 
+        overlay = overlay_of(self.tb)
+
         async def boards() -> list[ONicDriver | BaseException]:
-            return await asyncio.gather(*(asyncio.to_thread(open_board, addr[n], n, nodes)
+            return await asyncio.gather(*(asyncio.to_thread(open_board, addr[n], n, nodes,
+                                                            overlay)
                                           for n in remote), return_exceptions=True)
 
         failed = []

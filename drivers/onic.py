@@ -48,6 +48,7 @@ class ONicDriver:
         testbed's one to every driver: at 4,096 nodes one each is 16 M entries)."""
         self.mmio = mmio
         self.node = node
+        self.design = R.DESIGN_VERSION  # its overlay's IP's (open_onic): which unit it takes
         self.nodes = nodes or []
         self.index = index if index is not None else {n: i for i, n in enumerate(self.nodes)}
         # per port: TX_DST, TX_CHANNEL, TX_START offsets and its ERROR.TX_REFUSED bit
@@ -376,6 +377,6 @@ def open_onic(bitfile: str | Path, device: Any = None, node: str = "",
     drv = ONicDriver(tap(pynq.MMIO(ip["phys_addr"], ip["addr_range"], device=ol.device)),
                      node, nodes)
     # the overlay's IP says which design the board is: onic_top carries the control unit
-    drv.check_identity(ip["design"] if design_version == R.DESIGN_VERSION else design_version,
-                       bitstream_hash)
+    drv.design = ip["design"] if design_version == R.DESIGN_VERSION else design_version
+    drv.check_identity(drv.design, bitstream_hash)
     return drv

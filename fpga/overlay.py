@@ -16,6 +16,9 @@ from oddl.fpga import regmap as R
 
 OVERLAY_DIR = Path(__file__).resolve().parent / "overlays"
 BITFILE = OVERLAY_DIR / "oddl_onic.bit"
+# an onic_top's (the control unit in the datapath): its .hwh names that IP; its .bit is the
+# same placeholder (an emulated board's, or a lab's build in its place)
+TOP_BITFILE = OVERLAY_DIR / "oddl_onic_top.bit"
 PLACEHOLDER_MAGIC = b"ODDL PLACEHOLDER BITSTREAM: not an FPGA configuration"
 IRQ_PIN = "pl_ps_irq0"  # the PS input onic_ctrl's interrupt line drives
 

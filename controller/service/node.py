@@ -391,7 +391,6 @@ class _NodeJob:
         self.enc = msgspec.json.Encoder()
         self.task: asyncio.Task[None] | None = None
         self.runner: JobRunner | None = None
-        self.sent0 = prog.bus.sent
         self.junk0 = self._junk()
         self.flows: list[ReportedFlow] = []  # delivered here since the last report
         self.reports: deque[bytes] = deque(maxlen=REPORTS_SAID_AGAIN)  # the last ones said
@@ -402,7 +401,9 @@ class _NodeJob:
                 "board_tampered": self.prog.onic.tampered}
 
     def sent(self) -> int:
-        return self.prog.bus.sent - self.sent0
+        """Control messages this job's units have sent: on this program's bus, or (a unit in
+        the board's gateware) on the board's own port."""
+        return self.runner.sent() if self.runner is not None else 0
 
     def _publish(self, kind: EventKind, **kw: Any) -> asyncio.Future[Any]:
         prog = self.prog
