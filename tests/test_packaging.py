@@ -96,6 +96,6 @@ def test_a_missing_extra_is_named_by_the_wheels_oddl(wheel_venv: Path) -> None:
                         "'gateware', 'synth']; from oddl.app.cli.main import "
                         "entry; entry()"], cwd="/", capture_output=True, text=True, timeout=60)
     assert r.returncode == 2, r.stderr
-    assert r.stderr.strip() == ('error: oddl gateware needs the O-NIC gateware (Amaranth HDL '
-                                'and its Yosys), which is not installed: pip install '
-                                '"oddl[gateware]"')
+    assert r.stderr.strip() == ('error: oddl gateware needs the O-NIC gateware (Amaranth HDL, '
+                                'Yosys, nextpnr-ecp5 and ecppack from PyPI), which is not '
+                                'installed: pip install "oddl[gateware]"')
