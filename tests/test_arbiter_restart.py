@@ -133,3 +133,30 @@ def test_an_arbiter_stopped_with_a_job_running_stops_at_once_and_resumes_it(
     finally:
         again.stop()
     assert "no word from" not in "".join(again.err)
+
+
+@pytest.mark.realtime  # two arbiters, HTTP: the wall clock
+def test_a_revoked_token_stays_revoked_across_a_restart(root: Path, emu: Path,
+                                                        tmp_path: Path) -> None:
+    """Reproducer (issue 64): `oddl token bob --revoke` deleted bob's token file, and any
+    restart of the arbiter minted a new one: bob's requests answered 200 again."""
+    port = free_port()
+    first = Arbiter(root, emu, tmp_path / "state", port)
+    try:
+        old = first.token("bob")
+        assert first.call("ops", "DELETE", "/tokens/bob").status_code == 200
+        assert first.http.get(first.url + "/jobs", headers={
+            "Authorization": f"Bearer {old}"}).status_code == 401
+    finally:
+        first.stop()
+    again = Arbiter(root, emu, tmp_path / "state", port)
+    try:
+        assert not (tmp_path / "state" / "tokens" / "bob").exists()  # none minted
+        assert again.http.get(again.url + "/jobs", headers={
+            "Authorization": f"Bearer {old}"}).status_code == 401
+        # an operator gives bob a token again: rotated, it works, and survives restarts
+        assert again.call("ops", "POST", "/tokens/bob").status_code == 200
+        assert again.call("bob", "GET", "/jobs").status_code == 200
+    finally:
+        again.stop()
+    assert not (tmp_path / "state" / "tokens" / "bob.revoked").exists()

@@ -1,0 +1,61 @@
+"""The FPGA build tier (issue 63): the whole O-NIC, `onic_top`, placed, routed, timed and
+packed into a real ECP5 bitstream by `oddl gateware build` with the open flow from PyPI
+(docs/gateware.md). About 20 minutes, so it runs apart: `python -m pytest -q --fpga-build
+-m fpga_build` (.ci/run). The harness and the report's reading are tested in the suite."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from oddl.fpga.gateware.board import BOARDS, report
+
+
+@pytest.mark.fpga_build
+def test_the_whole_onic_is_built_into_a_bitstream_that_meets_its_clock(tmp_path: Path
+                                                                         ) -> None:
+    r = subprocess.run([sys.executable, "-m", "oddl.app", "gateware", "build", "--board",
+                        "ulx3s-85f", "--out", str(tmp_path / "build"), "--json"],
+                       capture_output=True, text=True, timeout=5400)
+    assert r.returncode == 0, r.stderr[-3000:]
+    out = json.loads(r.stdout)
+    assert set(out) >= {"board", "bitstream", "luts", "ffs", "brams", "clocks", "timing_met"}
+    assert out["timing_met"] is True and out["board"] == "ulx3s-85f"
+    bit = Path(out["bitstream"])
+    assert bit.is_file() and bit.stat().st_size > 100_000  # an ECP5-85F configuration
+    assert 0 < out["luts"] <= out["available"]["luts"]
+    [clock] = out["clocks"].values()
+    assert clock["target_mhz"] == BOARDS["ulx3s-85f"].target_mhz
+    assert clock["fmax_mhz"] >= clock["target_mhz"]
+
+
+def test_nextpnrs_report_is_read_for_each_clock_and_the_cells_used() -> None:
+    """What `build` reads of nextpnr's log: each clock's last "Max frequency" line (after
+    routing) and the device utilisation; a missed clock is said FAIL, and kept as one."""
+    log = """Info: Device utilisation:
+Info: \t          TRELLIS_IO:       2/    365     0%
+Info: \t              DP16KD:       6/    208     2%
+Info: \t          TRELLIS_FF:   18976/  83640    22%
+Info: \t        TRELLIS_COMB:   54206/  83640    64%
+Info: Max frequency for clock '$glbnet$clk': 43.10 MHz (FAIL at 50.00 MHz)
+Info: Max frequency for clock '$glbnet$clk': 52.71 MHz (PASS at 50.00 MHz)
+"""
+    rep = report(log)
+    assert rep["clocks"] == {"$glbnet$clk": {"target_mhz": 50.0, "fmax_mhz": 52.71}}
+    assert rep["used"]["TRELLIS_COMB"] == (54206, 83640)
+    assert rep["used"]["DP16KD"] == (6, 208)
+    missed = report(log.rsplit("\n", 2)[0])  # the placer's estimate alone: a miss
+    assert missed["clocks"]["$glbnet$clk"]["fmax_mhz"] < 50.0
+
+
+def test_the_pll_is_set_for_the_target_within_the_vco_range() -> None:
+    from oddl.fpga.gateware.board import _pll_params
+
+    p = _pll_params(25, 50)
+    vco = 25 / p["p_CLKI_DIV"] * p["p_CLKFB_DIV"] * p["p_CLKOP_DIV"]
+    assert 400 <= vco <= 800 and vco / p["p_CLKOP_DIV"] == 50
+    with pytest.raises(ValueError, match="not a multiple"):
+        _pll_params(25, 60)
