@@ -11,8 +11,8 @@ max_running_nodes = 32          # nodes its running jobs hold, together
 max_queued_jobs = 20
 max_priority = 100
 approval = false                # true: each job waits until an operator releases it
-[users.alice]                   # ... unless named
-max_running_nodes = 64
+[users.alice]                   # ... unless named: what alice's entry sets (here her
+max_running_nodes = 64          # nodes), the rest her role's, else the built-in
 ```
 """
 
@@ -53,9 +53,15 @@ class Limits(ConfigModel):
     users: dict[str, Rule] = Field(default_factory=dict, max_length=10_000)
 
     def rule(self, user: str, role: str) -> Rule:
-        """The rule that binds a user: their own, else their role's, else none."""
-        return self.users.get(user) or self.roles.get(role) or \
-            (USER if role == "user" else Rule())
+        """The rule that binds a user, field by field: what their own entry sets, else what
+        their role's sets, else the built-in (issue 64: a user's entry replaced the role's
+        whole, so `[users.carol] approval = true` lifted carol's priority and queue caps;
+        and a partial `[roles.user]` loosened the built-in ones)."""
+        merged = (USER if role == "user" else Rule()).model_dump()
+        for layer in (self.roles.get(role), self.users.get(user)):
+            if layer is not None:
+                merged |= {k: getattr(layer, k) for k in layer.model_fields_set}
+        return Rule(**merged)
 
     def time_limit_s(self, asked: float | None) -> float:
         """A job's limit: what it asked for, else the default; ValueError past the most."""

@@ -84,3 +84,22 @@ def test_limits_time_limits_holds_priorities_usage_and_tokens(
         assert not (tmp_path / "state" / "tokens" / "bob").exists()
     finally:
         a.stop()
+
+
+def test_limits_merge_field_by_field_user_over_role_over_built_in(tmp_path: Path) -> None:
+    """Reproducer (issue 64): `Limits.rule()` was `users.get(user) or roles.get(role)`:
+    `[users.carol] approval = true` left carol with priority up to 1000 and no queue cap,
+    and a partial `[roles.user]` loosened the built-in ones."""
+    from oddl.app.limits import load_limits
+
+    f = tmp_path / "limits.toml"
+    f.write_text("[users.carol]\napproval = true\n")
+    carol = load_limits(f).rule("carol", "user")
+    assert (carol.approval, carol.max_priority, carol.max_queued_jobs) == (True, 100, 100)
+    f.write_text("[roles.user]\nmax_running_nodes = 32\n[users.alice]\nmax_priority = 10\n")
+    lim = load_limits(f)
+    bob, alice = lim.rule("bob", "user"), lim.rule("alice", "user")
+    assert (bob.max_running_nodes, bob.max_priority, bob.max_queued_jobs) == (32, 100, 100)
+    assert (alice.max_running_nodes, alice.max_priority) == (32, 10)
+    ops = lim.rule("ops", "operator")  # an operator: none but the time limits
+    assert (ops.max_priority, ops.max_queued_jobs, ops.max_running_nodes) == (1000, None, None)
