@@ -24,6 +24,7 @@ import dataclasses
 import ipaddress
 import json
 import logging
+import math
 import os
 import secrets
 import time
@@ -199,6 +200,26 @@ def job_request(text: str, grid: Grid, tb: Testbed, name: str, priority: int) ->
                            f"holds {req.ranks} ranks: this job can never run here")
     return dataclasses.replace(req, name=name, priority=priority,
                                time_limit_ns=round(limit * 1e9) if limit else 0)
+
+
+MAX_ROW = (1 << 62) - 1  # a row or iteration number a query names (SQLite's are 64-bit)
+MAX_UNIX_TIME = 32503680000.0  # the year 3000
+
+
+def _query(request: Request, name: str, what: str, lo: float, hi: float,
+           kind: type[int] | type[float]) -> float:
+    """A query parameter's number, `lo` by default; Refused 422 naming it when it is not
+    one, or not finite, or out of [lo, hi] (issue 64: 2**63 and nan answered 500)."""
+    raw = request.query_params.get(name)
+    if raw is None:
+        return lo
+    try:
+        v = kind(raw)
+    except ValueError:
+        raise Refused(422, f"{name}: {what}, not {raw[:40]!r}") from None
+    if not math.isfinite(v) or not lo <= v <= hi:
+        raise Refused(422, f"{name}: {what} from {lo:g} to {hi:g}, not {raw[:40]!r}")
+    return v
 
 
 class Service:
@@ -445,10 +466,7 @@ class Service:
         user = self.who(request, "operator", "user")
         job = request.path_params["job"]
         self.owned(user, job)
-        try:
-            since = int(request.query_params.get("since", "0"))
-        except ValueError:
-            raise Refused(400, "since: an iteration number") from None
+        since = int(_query(request, "since", "an iteration number", 0, MAX_ROW, int))
         return JSONResponse({"job": job, "iterations": self.ledger.timeline(job, since)})
 
     async def flows(self, request: Request) -> Response:
@@ -458,10 +476,7 @@ class Service:
         user's and the operators'."""
         user = self.who(request, "operator", "user")
         job = self.owned(user, request.path_params["job"])["job"]
-        try:
-            after = int(request.query_params.get("after", "0"))
-        except ValueError:
-            raise Refused(400, "after: a row number") from None
+        after = int(_query(request, "after", "a row number", 0, MAX_ROW, int))
         rows = self.runs.flows(job, after, FLOWS_PAGE + 1)
         return JSONResponse({"job": job, "flows": rows[:FLOWS_PAGE],
                              "more": len(rows) > FLOWS_PAGE})
@@ -475,10 +490,7 @@ class Service:
         """Per user: jobs, node-hours, wait times (an operator's or an observer's: every
         user's; a user's: their own)."""
         user = self.who(request)
-        try:
-            since = float(request.query_params.get("since", "0"))
-        except ValueError:
-            raise Refused(400, "since: a Unix time") from None
+        since = _query(request, "since", "a Unix time", 0.0, MAX_UNIX_TIME, float)
         out = self.ledger.usage(since)
         if user.role == "user":
             out = {k: v for k, v in out.items() if k == user.name}

@@ -309,6 +309,23 @@ def test_junk_and_strangers_get_a_4xx_and_change_nothing(arbiter: Arbiter) -> No
         cases) + 2
 
 
+@pytest.mark.realtime  # an emulator, an arbiter, HTTP: the wall clock
+def test_query_numbers_out_of_range_are_a_422_not_a_500(arbiter: Arbiter) -> None:
+    """Reproducer (issue 64): `flows?after=` or `iterations?since=` of 2**63 and
+    `usage?since=nan` answered 500, a traceback in the log (10 of 10)."""
+    job = arbiter.submit("alice", "q", 2)
+    arbiter.ended("alice", job)
+    for path in (f"/jobs/{job}/iterations?since={2**63}", f"/jobs/{job}/flows?after={2**63}",
+                 f"/jobs/{job}/flows?after=-1", "/usage?since=nan", "/usage?since=inf",
+                 "/usage?since=1e400", f"/jobs/{job}/iterations?since=x"):
+        r = arbiter.call("alice", "GET", path)
+        assert r.status_code == 422, (path, r.status_code, r.text)
+        assert r.json()["error"].split(":")[0] in ("since", "after"), r.text
+    assert arbiter.call("alice", "GET", f"/jobs/{job}/iterations?since=1").json()[
+        "iterations"][0][0] == 1
+    assert not any("Traceback" in e for e in arbiter.err)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

@@ -73,3 +73,17 @@ def test_a_commands_calls_share_one_client(arbiter: tuple[str, Path]) -> None:
     for _ in range(3):
         assert _call(url, token, "GET", "/jobs/j1")["job"] == "j1"
     assert len(_Arbiter.connections) == 1
+
+
+@pytest.mark.parametrize("limit", ["nan", "inf", "-1", "0", "x"])
+def test_a_time_limit_that_is_no_time_is_refused_by_the_client(root: Path, limit: str
+                                                               ) -> None:
+    """Reproducer (issue 64): `--time-limit nan` passed the client (click's FloatRange lets
+    nan through) and failed as a traceback-looking JSON error."""
+    from click.testing import CliRunner
+    from oddl.app.cli import main
+
+    r = CliRunner().invoke(main, ["submit", str(root / "experiments" / "job-resnet50-16.toml"),
+                                  "--time-limit", limit, "--arbiter", "http://127.0.0.1:9",
+                                  "--token-file", "/dev/null"])
+    assert r.exit_code == 2 and "Invalid value for '--time-limit'" in r.output, r.output

@@ -7,6 +7,7 @@ $ODDL_ARBITER_PATIENCE seconds (120)."""
 from __future__ import annotations
 
 import functools
+import math
 import sys
 import time
 from pathlib import Path
@@ -19,6 +20,26 @@ from oddl.controller.base.config import ConfigError
 if TYPE_CHECKING:
     from oddl.app.experiments.remote import ArbiterClient
 
+
+
+
+class _Seconds(click.ParamType):
+    """Seconds, finite and above 0 (click's FloatRange lets nan through)."""
+
+    name = "seconds"
+
+    def convert(self, value: object, param: click.Parameter | None,
+                ctx: click.Context | None) -> float:
+        try:
+            v = float(value)  # type: ignore[arg-type]
+        except (TypeError, ValueError):
+            self.fail(f"{value!r} is not a number of seconds", param, ctx)
+        if not math.isfinite(v) or not 0 < v <= 1e9:
+            self.fail(f"{value!r}: seconds above 0, at most 1e9", param, ctx)
+        return v
+
+
+_SECONDS = _Seconds()
 
 @main.command()
 @click.argument("testbed", type=click.Path(path_type=Path))
@@ -88,7 +109,7 @@ def _call(url: str, token_file: Path, method: str, path: str,
 @main.command()
 @click.argument("experiment", type=click.Path(path_type=Path, exists=True, dir_okay=False))
 @click.option("--priority", type=click.IntRange(-1000, 1000), default=0, show_default=True)
-@click.option("--time-limit", "time_limit", type=click.FloatRange(0, 1e9, min_open=True),
+@click.option("--time-limit", "time_limit", type=_SECONDS,
               default=None, help="seconds from its start (else the file's time_limit_s, else "
               "the arbiter's default); past it the job ends `timeout`")
 @click.option("--json", "as_json", is_flag=True)
