@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
+import os
 import sqlite3
 import time
 from dataclasses import asdict
@@ -20,7 +22,7 @@ from typing import Any
 from oddl.app.stores import StoreError, open_store
 from oddl.controller.service.jobs import JobRequest, percentile
 
-SCHEMA_VERSION = 2  # PRAGMA user_version: a newer one is refused (app/stores.py)
+SCHEMA_VERSION = 3  # PRAGMA user_version: a newer one is refused (app/stores.py)
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS jobs (
     id TEXT PRIMARY KEY, seq INTEGER UNIQUE, user TEXT, state TEXT, request TEXT,
@@ -31,6 +33,10 @@ CREATE TABLE IF NOT EXISTS iterations (
 CREATE TABLE IF NOT EXISTS log (job TEXT, t REAL, line TEXT);
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT);
 CREATE TABLE IF NOT EXISTS lives (pid INTEGER, started REAL, seen REAL);
+CREATE TABLE IF NOT EXISTS holds (job TEXT, nodes INTEGER, start REAL, end REAL);
+CREATE TABLE IF NOT EXISTS drains (node TEXT PRIMARY KEY, why TEXT, by TEXT, t REAL);
+CREATE TABLE IF NOT EXISTS users (name TEXT PRIMARY KEY, role TEXT, by TEXT, t REAL);
+CREATE INDEX IF NOT EXISTS holds_job ON holds (job);
 CREATE INDEX IF NOT EXISTS jobs_state ON jobs (state, seq);
 CREATE INDEX IF NOT EXISTS log_job ON log (job);
 """
@@ -48,12 +54,36 @@ def _stamp(t: float) -> str:
 
 class Ledger:
     def __init__(self, path: Path) -> None:
+        if path.exists() and path.stat().st_size == 0 and not _has_wal(path):
+            # (a new ledger is made whole before it is put in place: an empty file is
+            # one whose history went, never one to start again on quietly)
+            raise StoreError(f"{path}: an empty file (0 bytes), not an arbiter's ledger: "
+                             f"its jobs' history is gone (copied short? the disk full?); "
+                             f"restore it, or move it aside to start a new one")
+        if not path.exists():
+            _create(path)
         try:
             self.db = open_store(path, SCHEMA, SCHEMA_VERSION, "arbiter's ledger")
+            damage = self.db.execute("PRAGMA quick_check").fetchone()[0]
+            if damage != "ok":
+                self.db.close()
+                said = " ".join(str(damage).replace("*** in database main ***", "").split())
+                raise StoreError(f"{path}: a damaged arbiter's ledger (SQLite's "
+                                 f"quick_check: {said[:200]}); restore it from a copy, or "
+                                 f"move it aside (with its -wal and -shm files) to start a "
+                                 f"new one")
             have = {r[1] for r in self.db.execute("PRAGMA table_info(jobs)")}
             for col, decl in ADDED.items():
                 if col not in have:  # a schema 1 ledger: its jobs are none held
                     self.db.execute(f"ALTER TABLE jobs ADD COLUMN {col} {decl}")
+            if self.db.execute("SELECT 1 FROM meta WHERE key = 'holds'").fetchone() is None:
+                # a schema 2 ledger kept no holds: each job's, as near as it tells (its
+                # ranks, from its first start to its end)
+                self.db.execute(
+                    "INSERT INTO holds SELECT id, coalesce(json_extract(request, '$.ranks'), "
+                    "0), started, ended FROM jobs WHERE started IS NOT NULL AND "
+                    "json_valid(request)")
+                self.db.execute("INSERT INTO meta VALUES ('holds', 'since schema 3')")
             self.db.commit()
         except sqlite3.DatabaseError as e:
             raise StoreError(f"{path}: not an arbiter's ledger ({e}); move it aside (with "
@@ -79,6 +109,9 @@ class Ledger:
         last = self.db.execute("SELECT seen FROM lives ORDER BY rowid DESC LIMIT 1"
                                ).fetchone()
         self.life = time.time()
+        # what the last one's jobs held, they held until it was last seen alive
+        self.db.execute("UPDATE holds SET end = ? WHERE end IS NULL",
+                        (last[0] if last else self.life,))
         self.db.execute("INSERT INTO lives VALUES (?, ?, ?)", (pid, self.life, self.life))
         self.db.commit()
         return self.life - last[0] if last else None
@@ -136,6 +169,38 @@ class Ledger:
                         "started = coalesce(started, ?) WHERE id = ?",
                         (partition, time.time(), job))
         self.note(job, f"running on {partition}")
+
+    def holding(self, job: str, nodes: int) -> None:
+        """A job holds `nodes` nodes from now (0: it has given them back): what it is
+        charged for (`usage`)."""
+        now = time.time()
+        self.db.execute("UPDATE holds SET end = ? WHERE job = ? AND end IS NULL", (now, job))
+        if nodes:
+            self.db.execute("INSERT INTO holds VALUES (?, ?, ?, NULL)", (job, nodes, now))
+        self.db.commit()
+
+    # --- nodes an operator drained, users an operator added -----------------------------
+    def drain(self, node: str, why: str | None, by: str = "") -> None:
+        """`node` drained (why), or resumed (None)."""
+        if why is None:
+            self.db.execute("DELETE FROM drains WHERE node = ?", (node,))
+        else:
+            self.db.execute("INSERT OR REPLACE INTO drains VALUES (?, ?, ?, ?)",
+                            (node, why, by, time.time()))
+        self.db.commit()
+
+    def drains(self) -> dict[str, dict[str, Any]]:
+        return {n: {"why": w, "by": b, "since": t} for n, w, b, t in
+                self.db.execute("SELECT node, why, by, t FROM drains ORDER BY node")}
+
+    def user(self, name: str, role: str, by: str) -> None:
+        """A user an operator added with `role`, or removed (role "removed")."""
+        self.db.execute("INSERT OR REPLACE INTO users VALUES (?, ?, ?, ?)",
+                        (name, role, by, time.time()))
+        self.db.commit()
+
+    def users(self) -> dict[str, str]:
+        return dict(self.db.execute("SELECT name, role FROM users ORDER BY name").fetchall())
 
     def iteration(self, job: str, i: int, t_start: int, t_end: int) -> None:
         self.db.execute("INSERT INTO iterations VALUES (?, ?, ?, ?)", (job, i, t_start, t_end))
@@ -241,41 +306,69 @@ class Ledger:
             "SELECT iteration, t_start_ns, t_end_ns FROM iterations WHERE job = ? AND "
             "iteration >= ? ORDER BY iteration LIMIT ?", (job, since, most))]
 
-    def usage(self, since: float = 0.0) -> dict[str, dict[str, Any]]:
-        """Per user, over the jobs submitted since `since`: jobs by state, node-hours held
-        (nodes x time from first start to end; a running job's until now) and wait times."""
+    def usage(self, since: float = 0.0, until: float | None = None
+              ) -> dict[str, dict[str, Any]]:
+        """Per user and per job, over [since, until) (until: now): node-hours held (nodes x
+        the time its jobs held them, the part within; no time no arbiter ran, no time
+        queued), jobs that held nodes or were submitted within, by state, and the waits
+        of those that started within."""
+        until = time.time() if until is None else until
+        held: dict[str, float] = {}
+        for job, nodes, start, end in self.db.execute(
+                "SELECT job, nodes, start, coalesce(end, ?) FROM holds WHERE start < ? AND "
+                "coalesce(end, ?) > ?", (until, until, until, since)):
+            held[job] = held.get(job, 0.0) + nodes * (min(end, until) - max(start, since))
         out: dict[str, dict[str, Any]] = {}
-        now = time.time()
-        for user, state, sub, start, end, part, req in self.db.execute(
-                "SELECT user, state, submitted, started, ended, partition, request FROM jobs "
-                "WHERE submitted >= ? ORDER BY seq", (since,)):
+        rows = self.db.execute(
+            "SELECT id, user, state, submitted, started FROM jobs WHERE (submitted >= ? AND "
+            "submitted < ?) OR id IN (SELECT DISTINCT job FROM holds WHERE start < ? AND "
+            "coalesce(end, ?) > ?) ORDER BY seq", (since, until, until, until, since))
+        for job, user, state, sub, start in rows:
             u = out.setdefault(user, {"jobs": 0, "states": {}, "node_hours": 0.0,
-                                      "waits_s": []})
+                                      "waits_s": [], "per_job": {}})
             u["jobs"] += 1
             u["states"][state] = u["states"].get(state, 0) + 1
-            if start is not None:
-                nodes = _nodes(part, req)
-                u["node_hours"] += nodes * ((end or now) - start) / 3600
+            hours = held.get(job, 0.0) / 3600
+            u["node_hours"] += hours
+            u["per_job"][job] = {"state": state, "node_hours": round(hours, 6)}
+            if start is not None and since <= start < until:
                 u["waits_s"].append(start - sub)
         for u in out.values():
             waits = sorted(u.pop("waits_s"))
-            u["node_hours"] = round(u["node_hours"], 4)
+            u["node_hours"] = round(u["node_hours"], 6)
             u["wait_mean_s"] = round(sum(waits) / len(waits), 3) if waits else None
             u["wait_max_s"] = round(waits[-1], 3) if waits else None
+        return out
+
+    def decayed(self, now: float, half_life_s: float) -> dict[str, float]:
+        """Per user, the node-seconds their jobs held, each second worth half as much
+        `half_life_s` later (fair share's usage)."""
+        out: dict[str, float] = {}
+        k = math.log(2) / half_life_s
+        for user, nodes, start, end in self.db.execute(
+                "SELECT jobs.user, holds.nodes, holds.start, coalesce(holds.end, ?) FROM "
+                "holds JOIN jobs ON jobs.id = holds.job WHERE coalesce(holds.end, ?) > ?",
+                (now, now, now - 20 * half_life_s)):
+            # the integral of nodes * 2^-((now - t) / h) over [start, end]
+            out[user] = out.get(user, 0.0) + nodes * (
+                math.exp(-k * (now - end)) - math.exp(-k * (now - start))) / k
         return out
 
     def close(self) -> None:
         self.db.close()
 
 
-def _nodes(partition: str | None, request: str) -> int:
-    """The nodes a job held: its partition's, as described ("jN: 4 ranks (+2 spare), ..."),
-    else its ranks."""
-    try:
-        ranks = int(json.loads(request).get("ranks", 0))
-    except (TypeError, ValueError, AttributeError):
-        ranks = 0
-    if partition and "(+" in partition:
-        extra = partition.split("(+", 1)[1].split(" ", 1)[0]
-        return ranks + (int(extra) if extra.isdigit() else 0)
-    return ranks
+
+def _has_wal(path: Path) -> bool:
+    wal = path.with_name(path.name + "-wal")
+    return wal.exists() and wal.stat().st_size > 0
+
+
+def _create(path: Path) -> None:
+    """A new ledger, made whole beside its place and then moved there: a crash leaves
+    none, never an empty one."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.new")
+    db = open_store(tmp, SCHEMA, SCHEMA_VERSION, "arbiter's ledger")
+    db.execute("PRAGMA journal_mode=DELETE")  # (one file to move)
+    db.close()
+    os.replace(tmp, path)

@@ -13,6 +13,11 @@ max_priority = 100
 approval = false                # true: each job waits until an operator releases it
 [users.alice]                   # ... unless named: what alice's entry sets (here her
 max_running_nodes = 64          # nodes), the rest her role's, else the built-in
+[priority]                      # the queue's order: base + age + fair share
+age_per_hour = 10.0             # (app/priority.py; these are the defaults)
+max_age_hours = 168
+share_weight = 100.0
+half_life_s = 604800
 ```
 """
 
@@ -20,6 +25,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from oddl.app.priority import Weights
 from oddl.controller.base.config import (
     ConfigError,
     ConfigIssue,
@@ -51,6 +57,7 @@ class Limits(ConfigModel):
     roles: dict[str, Rule] = Field(default_factory=lambda: {"user": USER, "operator": Rule()},
                                    max_length=3)
     users: dict[str, Rule] = Field(default_factory=dict, max_length=10_000)
+    priority: Weights = Field(default_factory=Weights)  # the queue's order (app/priority.py)
 
     def rule(self, user: str, role: str) -> Rule:
         """The rule that binds a user, field by field: what their own entry sets, else what

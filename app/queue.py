@@ -26,6 +26,7 @@ import json
 import logging
 import math
 import os
+import re
 import secrets
 import time
 from collections.abc import Awaitable, Callable
@@ -38,6 +39,7 @@ from oddl.app import registry
 from oddl.app.job_runs import JobRuns
 from oddl.app.ledger import ACTIVE, Ledger
 from oddl.app.limits import Limits, load_limits
+from oddl.app.priority import Priority, priority_of, share_factors
 from oddl.controller.base.access import read_secret
 from oddl.controller.base.config import (
     ConfigError,
@@ -57,7 +59,7 @@ from oddl.controller.service.admission import Admission
 from oddl.controller.service.backend import Iteration, RunFailed
 from oddl.controller.service.jobs import JobRecord, JobRequest
 from oddl.controller.service.lock import TestbedLock
-from oddl.controller.service.placing import Backfill
+from oddl.controller.service.placing import NEVER, Backfill
 from oddl.controller.service.stages import OddlStage1
 from oddl.controller.serving import http
 from oddl.controller.serving.lifecycle import Services, Stopped
@@ -169,6 +171,11 @@ def job_request(text: str, grid: Grid, tb: Testbed, name: str, priority: int) ->
     source = "the submitted experiment"
     try:
         data = parse_toml(text, source)
+        if paths := [k for k in ("jobs_trace", "jobs") if k in data]:
+            # (issue 64: a trace's path was read on the arbiter's host, and its error
+            # told whether the file was there)
+            raise Refused(422, f"{paths[0]}: a submission is one [workload]; the arbiter "
+                               f"reads no file a job names")
         exp = experiment_model(Path(source), {
             "networks": [{"name": "oddl", "kind": "oddl"}], **data, "testbed": tb.name})
         validate_experiment(Path(source), exp, tb, placed=True)
@@ -240,8 +247,14 @@ class Service:
         self.held = set(ledger.held())  # queued jobs an operator holds
         self.restarted: set[str] = set()  # jobs an earlier arbiter ran part of
         self.runs = JobRuns(state, plots)  # each job's run directory
+        self.backfill: Backfill | None = None  # the placer (`make`'s), for why jobs wait
         self._compute: dict[str, int] = {}  # each job not ended: its compute (ns)
+        self._submitted: dict[str, float] = {}  # each job not ended: when (Unix time)
+        self.after: dict[str, tuple[str, bool]] = {}  # a queued job: its parent, "ok" only
+        self._factors: tuple[float, dict[str, float]] = (-1e9, {})  # when, fair share's
         self.adm = make(self)
+        for node, d in ledger.drains().items():
+            self.adm.closed[node] = f"drained by {d['by']}: {d['why']}"
 
     def tell(self, now: bool = True) -> None:
         """The queue, for the bus's watchers (the dashboard): at once on a change of state,
@@ -261,7 +274,7 @@ class Service:
     def may_start(self, req: JobRequest, placed: list[tuple[JobRequest, Partition]]) -> bool:
         """Whether a queued job may start now: not held, and its user's running nodes
         (with those placed in this pass) stay within their limit."""
-        if req.name in self.held:
+        if req.name in self.held or self._waits_for(req.name):
             return False
         user = self._user.get(req.name, req.user)
         most = self.limits.rule(user, self._role(user)).max_running_nodes
@@ -273,6 +286,57 @@ class Service:
 
     def _role(self, name: str) -> str:
         return self.roles.get(name, "user")
+
+    def _waits_for(self, job: str) -> str | None:
+        """The parent a queued job waits for (`submit --after`), if it has not ended; one
+        that ended otherwise than its child asked ends the child (cancelled, saying so)."""
+        if job not in self.after:
+            return None
+        parent, ok = self.after[job]
+        j = self.ledger.job(parent)
+        state = j["state"] if j else "gone"
+        if state in ACTIVE:
+            return parent
+        if ok and state != "finished":
+            self.adm.b.loop.call_soon(self.adm.cancel, job,
+                                      f"its dependency {parent} ended {state}, not finished")
+        del self.after[job]
+        return None
+
+    def rank(self, req: JobRequest) -> float:
+        """A queued job's priority now (app/priority.py)."""
+        return self.priority_now(req).total
+
+    def priority_now(self, req: JobRequest) -> Priority:
+        now = time.time()
+        w = self.limits.priority
+        if now - self._factors[0] > 10.0:  # fair share's usage: looked up every 10 s
+            self._factors = (now, share_factors(self.ledger.decayed(now, w.half_life_s)))
+        return priority_of(req.priority, now - self._submitted.get(req.name, now),
+                           self._user.get(req.name, req.user), self._factors[1], w)
+
+    def waiting(self) -> dict[str, dict[str, Any]]:
+        """Each queued job: its priority now and its factors, why it waits (Slurm's pending
+        reasons, in words) and when it starts at the latest where its reservation says."""
+        now_ns, now = self.adm.clock.now_ns(), time.time()
+        pending = self.backfill.pending if self.backfill is not None else {}
+        setting_up = self.adm.setting_up()
+        out = {}
+        for q in self.adm.queue:
+            why, at, _nodes = pending.get(q.name, ("resources", None, frozenset()))
+            if why == "ineligible" or q.name in self.held or q.name in self.after:
+                user = self._user.get(q.name, q.user)
+                why = ("approval" if self.limits.rule(user, self._role(user)).approval
+                       else "held") if q.name in self.held else \
+                    f"dependency on {self.after[q.name][0]}" if q.name in self.after else \
+                    "user limit (max_running_nodes)"
+            out[q.name] = dict[str, Any](self.priority_now(q).public()) | {
+                "reason": why, "expected_start": round(now + (at - now_ns) / 1e9, 3)
+                if at is not None and at < NEVER else None}
+        for job in setting_up:
+            out[job] = {"reason": "starting (its stage 1 is under way)",
+                        "expected_start": None}
+        return out
 
     def queue(self, user: User, req: JobRequest, asked_s: float | None) -> JobRequest:
         """A submission held to its user's rules: its priority, their queued jobs, its time
@@ -310,8 +374,8 @@ class Service:
 
     def on_end(self, rec: JobRecord, state: str, why: str) -> None:
         seen = {"flows": rec.flows, "control_messages": rec.control_messages,
-                "stops": rec.stops, "disturbance": rec.disturbance} \
-            if rec.start_ns is not None else {}
+                "stops": rec.stops, "disturbance": rec.disturbance,
+                "invariant_violations": rec.violations} if rec.start_ns is not None else {}
         ended = time.time()
         result = self.ledger.result(rec.name, {
             "nodes": len(rec.partition.nodes) if rec.partition else 0,
@@ -323,6 +387,11 @@ class Service:
         self.runs.end(rec.name, self.ledger.job(rec.name) or {}, rec.disturbance,
                       rec.control_messages)
         self._compute.pop(rec.name, None)
+        self._submitted.pop(rec.name, None)
+        self.after.pop(rec.name, None)
+        self._factors = (-1e9, {})  # its usage counts from now
+        for child in [c for c, (parent, _ok) in self.after.items() if parent == rec.name]:
+            self._waits_for(child)  # it may start, or it never will
         self._on.pop(rec.name, None)
         self._user.pop(rec.name, None)
         self.held.discard(rec.name)
@@ -370,7 +439,9 @@ class Service:
         user = self.who(request, "operator", "user")
         body = await self.body(request)
         text, priority = body.get("experiment"), body.get("priority", 0)
-        asked = body.get("time_limit_s")
+        asked, after = body.get("time_limit_s"), body.get("after")
+        if after is not None:
+            self._check_after(user, after)
         if not isinstance(text, str) or not isinstance(priority, int) or \
                 isinstance(priority, bool) or not -1000 <= priority <= 1000 or \
                 (asked is not None and (not isinstance(asked, int | float) or
@@ -380,10 +451,13 @@ class Service:
         req = job_request(text, self.grid, self.tb, self.ledger.next_id(), priority)
         in_file = req.time_limit_ns / 1e9 if req.time_limit_ns else None
         req = self.queue(user, req, asked if asked is not None else in_file)
+        if after is not None:
+            req = dataclasses.replace(req, after=after)
         self.ledger.add(user.name, req)
         self.runs.begin(req.name, user.name, req, text)
-        self._user[req.name] = user.name
-        self._compute[req.name] = req.compute_ns
+        self._known(req, user.name, time.time())
+        if after is not None:
+            self.ledger.note(req.name, f"waits for {after.replace(':ok', ' to finish')}")
         if self.limits.rule(user.name, user.role).approval:  # the approve gate
             self.held.add(req.name)
             self.ledger.hold(req.name, True)
@@ -397,16 +471,40 @@ class Service:
         self.tell()
         return JSONResponse(self.ledger.job(req.name), status_code=201)
 
+    def _known(self, req: JobRequest, user: str, submitted: float) -> None:
+        """A job not ended, as the service keeps it in memory (from a submission, or from
+        the ledger at a start)."""
+        self._user[req.name] = user
+        self._compute[req.name] = req.compute_ns
+        self._submitted[req.name] = submitted
+        if req.after:
+            parent, _, ok = req.after.partition(":")
+            self.after[req.name] = (parent, ok == "ok")
+
+    def _check_after(self, user: User, after: object) -> None:
+        """`after`: "jN" or "jN:ok", a job of the user's (an operator's: anyone's)."""
+        if not isinstance(after, str) or not (m := re.fullmatch(r"(j\d{1,12})(:ok)?", after)):
+            raise Refused(422, 'after: a job id, "jN" (after it ends) or "jN:ok" (after it '
+                               'finishes)')
+        self.owned(user, m.group(1))
+
     async def jobs(self, request: Request) -> Response:
+        """Every job, or those of `user` and in `state`; each queued one with its
+        priority now, why it waits and when it starts at the latest (`waiting`)."""
         self.who(request)
-        return JSONResponse({"jobs": self.ledger.jobs()})
+        users = set(request.query_params.getlist("user"))
+        states = set(request.query_params.getlist("state"))
+        waiting = self.waiting()
+        return JSONResponse({"jobs": [
+            j | waiting.get(j["job"], {}) for j in self.ledger.jobs()
+            if (not users or j["user"] in users) and (not states or j["state"] in states)]})
 
     async def job(self, request: Request) -> Response:
         self.who(request)
         j = self.ledger.job(request.path_params["job"])
         if j is None:
             raise Refused(404, f"no job {request.path_params['job']}")
-        return JSONResponse(j)
+        return JSONResponse(j | self.waiting().get(j["job"], {}))
 
     async def cancel(self, request: Request) -> Response:
         user = self.who(request, "operator", "user")
@@ -438,8 +536,7 @@ class Service:
             self.held.discard(job)
         self.ledger.hold(job, held)
         self.ledger.note(job, f"{'held' if held else 'released'} by {user.name}")
-        if not held:
-            self.adm.look()
+        self.adm.look()  # (what waits behind it, and why, changes either way)
         self.tell()
         return JSONResponse(self.ledger.job(job))
 
@@ -491,10 +588,12 @@ class Service:
         user's; a user's: their own)."""
         user = self.who(request)
         since = _query(request, "since", "a Unix time", 0.0, MAX_UNIX_TIME, float)
-        out = self.ledger.usage(since)
+        until = _query(request, "until", "a Unix time", 0.0, MAX_UNIX_TIME, float) \
+            if "until" in request.query_params else None
+        out = self.ledger.usage(since, until)
         if user.role == "user":
             out = {k: v for k, v in out.items() if k == user.name}
-        return JSONResponse({"since": since, "users": out})
+        return JSONResponse({"since": since, "until": until, "users": out})
 
     async def token(self, request: Request) -> Response:
         """An operator rotates (POST) or revokes (DELETE) a user's token, at once: the old
@@ -518,10 +617,91 @@ class Service:
         log.warning("arbiter: %s rotated %s's token (%s)", op.name, name, f)
         return JSONResponse({"user": name, "token_file": str(f)})
 
+    async def drain(self, request: Request) -> Response:
+        """An operator drains a node (no job is placed on it; a job on it runs on to its
+        end) or resumes it (also a node a device would not clear)."""
+        op = self.who(request, "operator")
+        node = request.path_params["node"]
+        if node not in self.grid.at.values():
+            raise Refused(404, f"no node {node} in {self.tb.name}")
+        if request.url.path.endswith("/drain"):
+            why = (await self.body(request)).get("reason")
+            if not isinstance(why, str) or not 0 < len(why) <= 200:
+                raise Refused(422, '{"reason": why, 1 to 200 characters}')
+            self.ledger.drain(node, why, op.name)
+            self.adm.closed[node] = f"drained by {op.name}: {why}"
+            log.warning("arbiter: %s drained %s: %s", op.name, node, why)
+        else:
+            self.ledger.drain(node, None)
+            self.adm.closed.pop(node, None)
+            log.warning("arbiter: %s resumed %s", op.name, node)
+            self.adm.look()
+        self.tell()
+        return JSONResponse({"node": node} | self.nodes()[node])
+
+    async def user(self, request: Request) -> Response:
+        """An operator adds a user with a role (their token in STATE/tokens/NAME) or removes
+        one (their token goes; their jobs stay), at run time, kept across restarts."""
+        op = self.who(request, "operator")
+        name = request.path_params["user"]
+        if not name.isidentifier() or len(name) > 64:
+            raise Refused(422, "a user name is letters, digits and _ (64 at most)")
+        for t in [t for t, u in self.users.items() if u.name == name]:
+            del self.users[t]
+        f = self.state / "tokens" / name
+        if request.method == "DELETE":
+            if name not in self.roles:
+                raise Refused(404, f"no user {name}")
+            f.unlink(missing_ok=True)
+            del self.roles[name]
+            self.ledger.user(name, "removed", op.name)  # (a start's --user does not undo it)
+            log.warning("arbiter: %s removed user %s", op.name, name)
+            return JSONResponse({"user": name, "removed": True})
+        role = (await self.body(request)).get("role", "user")
+        if role not in ROLES:
+            raise Refused(422, f'{{"role": one of {", ".join(ROLES)}}}')
+        self.roles[name] = cast(Role, role)
+        self.ledger.user(name, role, op.name)
+        self.users[new_token(f)] = User(name, cast(Role, role))
+        f.with_name(f.name + ".revoked").unlink(missing_ok=True)
+        log.warning("arbiter: %s added user %s (%s)", op.name, name, role)
+        return JSONResponse({"user": name, "role": role, "token_file": str(f)})
+
+    def nodes(self) -> dict[str, dict[str, str]]:
+        """Each node's state: "free", "held" (by `job`), "down" (out of service: the watch
+        found it dead or unreachable), "drained" or "closed" (an operator's word, or a
+        device that would not clear it: `why`); a held node that is also down or drained
+        says both."""
+        down = self.adm.health.out_of_service()
+        on = {n: r.job for r in self.adm.started() for n in r.nodes}
+        out = {}
+        for n in self.grid.nodes:
+            d: dict[str, str] = {"state": "free"}
+            if n not in self.adm.free:
+                d = {"state": "held", "job": on.get(n, "(being given back)")}
+            if n in down:
+                d |= {"state": "down"} if d["state"] == "free" else {"also": "down"}
+            if (why := self.adm.closed.get(n)) is not None:
+                state = "drained" if why.startswith("drained") else "closed"
+                d |= ({"state": state} if d["state"] == "free" else {"also": state}) | \
+                    {"why": why}
+            out[n] = d
+        return out
+
     async def status(self, request: Request) -> Response:
         self.who(request)
+        nodes = self.nodes()
+        pending = self.backfill.pending if self.backfill is not None else {}
+        now_ns, now = self.adm.clock.now_ns(), time.time()
+        reserved = next(({"job": job, "start": round(now + (at - now_ns) / 1e9, 3),
+                          "nodes": sorted(where)}
+                         for job, (_why, at, where) in pending.items()
+                         if at is not None and at < NEVER), None)
         return JSONResponse({"testbed": self.tb.name, "rejected": self.rejected,
-                             "jobs": self.ledger.states(), "free_nodes": len(self.adm.free),
+                             "jobs": self.ledger.states(),
+                             "free_nodes": sum(1 for d in nodes.values()
+                                               if d["state"] == "free"),
+                             "nodes": nodes, "reservation": reserved,
                              "setting_up": self.adm.setting_up(),
                              "invariant_violations": len(self.adm.b.monitor.violations),
                              "first_violations": self.adm.b.monitor.violations[:FIRST]})
@@ -553,6 +733,9 @@ class Service:
             Route("/usage", guarded(self.usage), methods=["GET"]),
             Route("/tokens/{user}", guarded(self.token), methods=["POST", "DELETE"]),
             Route("/status", guarded(self.status), methods=["GET"]),
+            Route("/nodes/{node}/drain", guarded(self.drain), methods=["POST"]),
+            Route("/nodes/{node}/resume", guarded(self.drain), methods=["POST"]),
+            Route("/users/{user}", guarded(self.user), methods=["POST", "DELETE"]),
         ], middleware=[Middleware(http.BearerToken, tokens=self.users,
                                   refused=self._unknown)])
 
@@ -584,10 +767,15 @@ def serve(testbed: Path, state: Path, users: list[str], host: str = "127.0.0.1",
     me = f"oddl arbiter (pid {os.getpid()})"
     # the state first: a second arbiter on it is refused before it touches anything
     with TestbedLock("arbiter", me, directory=state, kind="state directory").acquire():
-        users_by_token = tokens(state, users)
-        roles = roles_of(users)
         ledger = Ledger(state / "arbiter.sqlite")
         try:
+            # --user's, but those an operator removed, and those an operator added
+            known = ledger.users()
+            users = [u for u in users if known.get(u.partition(":")[0]) != "removed"]
+            named = {u.partition(":")[0] for u in users}
+            users += [f"{n}:{r}" for n, r in known.items() if n not in named and r != "removed"]
+            users_by_token = tokens(state, users)
+            roles = roles_of(users)
             other = ledger.testbed(tb.name)
             if other is not None:
                 raise ValueError(f"--state {state}: it holds testbed {other!r}'s jobs, not "
@@ -610,11 +798,12 @@ def _serve(tb: Testbed, state: Path, ledger: Ledger, users: dict[str, User], rul
             spec = NetworkSpec(name="oddl", kind="oddl")  # the testbed's, as planned
 
             def make(svc: Service) -> Admission:
-                adm = Admission(backend, grid, [], Backfill(
-                    grid, lambda: adm.started(), lambda: adm.clock.now_ns(), svc.may_start),
-                    OddlStage1(arbiter, spec), spec, tb,
-                    job_id("arbiter", os.getpid(), time.time_ns()), "arbiter",
-                    svc.on_iteration, record_flows=True, on_end=svc.on_end)
+                svc.backfill = Backfill(grid, lambda: adm.started(),
+                                        lambda: adm.clock.now_ns(), svc.may_start)
+                adm = Admission(backend, grid, [], svc.backfill, OddlStage1(arbiter, spec),
+                                spec, tb, job_id("arbiter", os.getpid(), time.time_ns()),
+                                "arbiter", svc.on_iteration, record_flows=True,
+                                on_end=svc.on_end, on_hold=ledger.holding, rank=svc.rank)
                 return adm
 
             svc = Service(tb, ledger, users, state, rules, make, plots, roles)
@@ -636,8 +825,8 @@ def _serve(tb: Testbed, state: Path, ledger: Ledger, users: dict[str, User], rul
                     for job, req, done in ledger.unfinished():  # what the last one left
                         j = ledger.job(job) or {}
                         was = j.get("state")
-                        svc._user[job] = j.get("user") or req.user
-                        svc._compute[job] = req.compute_ns
+                        svc._known(req, j.get("user") or req.user,
+                                   j.get("submitted") or time.time())
                         if was == "running":
                             svc.restarted.add(job)
                         ledger.set(job, "queued")

@@ -189,6 +189,7 @@ class LabBackend:
         self._pool: ThreadPoolExecutor | None = None  # stage 1's device calls (fan_out)
         self._stage1: ThreadPoolExecutor | None = None  # stage 1 itself, off the loop
         self.injected = self.drill.injected
+        self.cut: dict[str, JobOutcome] = {}  # each cancelled job's (`Backend.cut`)
         self.bus: MQTTBus | None = None
         # this controller's life on the bus, said with its status and in its jobs: the
         # nodes drop jobs of the ones before it (their start time first: newer sorts later)
@@ -427,8 +428,16 @@ class LabBackend:
             raise
         finally:
             if not ended and not bus.lost.is_set():  # its node programs drop it at once
+                heard: dict[str, JobEvent] = dict(tally.done)
                 await self._halt(spec, events if cancelled else None, set(tally.done) | {
-                    n for n in spec.nodes if self.health.is_dead(n)})
+                    n for n in spec.nodes if self.health.is_dead(n)}, heard)
+                if cancelled:  # its record: what its ranks said as they dropped it
+                    cut = self._outcome(spec, heard, self.rejected - rejected0)
+                    cut.control_messages = max(cut.control_messages, sum(tally.sent.values()))
+                    cut.flows = max(cut.flows, sum(tally.flows.values()))  # (one silent)
+                    self.cut[spec.job] = cut
+                    while len(self.cut) > MAX_CARRYING:
+                        del self.cut[next(iter(self.cut))]
             del self._out[spec.job]
             self._moving.pop(spec.job, None)
             self._following.discard(asyncio.current_task())
@@ -437,7 +446,8 @@ class LabBackend:
         return out
 
     async def _halt(self, spec: JobSpec, events: asyncio.Queue[JobEvent | None] | None,
-                    gone: set[str] | frozenset[str] = frozenset()) -> bool:
+                    gone: set[str] | frozenset[str] = frozenset(),
+                    heard: dict[str, JobEvent] | None = None) -> bool:
         """Tell a job's node programs to drop it (`job/stop`); with its `events` (a job the
         service cancelled), wait until each (but those `gone`) says it has ("failed" or
         "done"), `grace_ms` at most: it gives its nodes to the next only once they have
@@ -457,8 +467,10 @@ class LabBackend:
                 break
             if ev is None:  # the broker lost: whoever is still on it hears the stop later
                 break
-            if ev.kind in ("failed", "done"):
+            if ev.kind in ("failed", "done") and ev.job == spec.job:
                 left.discard(ev.node)
+                if heard is not None:
+                    heard[ev.node] = ev
         if left:
             log.warning("job %s: no word from %s that it dropped the job within grace_ms; "
                         "its nodes are given back all the same", spec.job,
@@ -574,6 +586,7 @@ class LabBackend:
         stats["rejected"] = stats.get("rejected", 0) + rejected
         stats |= {"step_sync": step_sync(spec), "stage2": "oddl node beside each O-NIC"}
         self.monitor.violations += violations
+        self.monitor.jobs += [spec.job] * len(violations)  # (`of_job` reads them in step)
         return JobOutcome(sum(ev.control_messages for ev in done.values()), flows, stats,
                           violations)
 

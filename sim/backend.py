@@ -246,6 +246,7 @@ class SimBackend:
         self._retired = 0  # REQUEST retries of the runners that are gone (the drill's count)
         self.drill = Drill(w, self.clock, faults or [], self._retries, self._effect)
         self.injected = self.drill.injected
+        self.cut: dict[str, JobOutcome] = {}  # (a model's jobs are not cancelled)
         self._beats = [Heartbeats(self.clock, self.health.period_ns,
                                   functools.partial(self._read, n), self._send).start()
                        for n in grid.nodes]
@@ -384,6 +385,7 @@ class ModelBackend:
         self.monitor = InvariantChecker(mode=checker_mode)
         self.health = Unwatched()
         self.injected: list[Any] = []
+        self.cut: dict[str, JobOutcome] = {}
         self._switch: FlowNetwork | None = None  # one network, every job's flows on it
         self._runners: dict[str, JobRunner] = {}  # node -> the runner of the job on it
         self._pauses: dict[str, int] = {}  # running job -> ns its next iteration waits

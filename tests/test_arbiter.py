@@ -180,7 +180,7 @@ def test_two_users_jobs_run_at_once_apart_and_finish(root: Path, emu: Path,
         assert json.loads(dist) == done[j]["result"]["disturbance"]
     listed = arbiter.cli("eve", "jobs")
     assert listed.returncode == 0 and "alice" in listed.stdout and "bob" in listed.stdout
-    assert listed.stdout.split()[:4] == ["job", "user", "state", "done/of"]  # a header
+    assert listed.stdout.split()[:6] == ["job", "user", "state", "prio", "limit", "time"]
 
 
 @pytest.mark.realtime  # an emulator, an arbiter, HTTP: the wall clock

@@ -61,13 +61,6 @@ def test_a_long_job_off_the_reserved_nodes_backfills() -> None:
     assert not set(started[0][1].nodes) & nodes
 
 
-def test_without_a_reservation_nothing_overtakes() -> None:
-    # the head cannot fit even when every running job has left (nodes out of service)
-    free = set(row(1))
-    queue = [job("head", 8, 50), job("small", 1, 1)]
-    assert backfill(GRID, set(free), queue, [], now_ns=0) == []
-
-
 def test_held_jobs_and_users_at_a_limit_block_nobody() -> None:
     queue = [job("held", 8, 50), job("next", 4, 50)]
     started = backfill(GRID, set(GRID.nodes), queue, [], 0,
@@ -111,3 +104,22 @@ def test_backfill_never_delays_the_first_job_that_waits(
     with_backfill = _head_start(queue, running, started)
     assert alone == -1 or with_backfill <= alone, (names, alone, with_backfill)
     assert dataclasses.asdict(blocked)  # the blocked head itself was never started
+
+
+def test_a_head_job_waiting_for_a_dead_node_blocks_nobody() -> None:
+    """Reproducer (issue 64): a node out of service, and a head job that no rectangle of
+    the nodes in service can hold: `reservation` gives None, and every job behind the head
+    waited (a 2-rank, 10-s job with 5 nodes free, until the node came back)."""
+    dead = GRID.at[(0, 0)]
+    free = set(GRID.nodes) - {dead}  # 7 in service, all free, nothing running
+    queue = [job("whole", 8, 50), job("small", 2, 10), job("row", 4, 10, "row")]
+    assert reservation(GRID, free, [], queue[0]) is None
+    started = backfill(GRID, set(free), queue, [], now_ns=0)
+    assert [r.name for r, _ in started] == ["small", "row"]
+    # the next job that waits for running jobs gets the reservation, as the head would
+    running = [Running(100 * S, row(1))]
+    free = set(row(0)) - {dead}
+    queue = [job("whole", 8, 50), job("six", 6, 50), job("long", 2, 1000)]
+    assert [r.name for r, _ in backfill(GRID, set(free), queue, running, 0)] == []
+    assert [r.name for r, _ in backfill(GRID, set(free), queue[:1] + queue[2:], running,
+                                        0)] == ["long"]

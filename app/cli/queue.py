@@ -1,8 +1,8 @@
 """`oddl arbiter` (the service that owns a testbed) and its clients: `oddl submit`, `jobs`,
-`cancel`, `wait`, `logs`, `usage`, and an operator's `hold`, `release`, `priority` and
-`token`. The clients find the service by `--arbiter URL --token-file F`, or ODDL_ARBITER
-and ODDL_TOKEN_FILE; each waits for an arbiter that is down (restarting) up to
-$ODDL_ARBITER_PATIENCE seconds (120)."""
+`status`, `cancel`, `wait`, `logs`, `usage`, and an operator's `hold`, `release`,
+`priority`, `drain`, `resume`, `user` and `token`. The clients find the service by
+`--arbiter URL --token-file F`, or ODDL_ARBITER and ODDL_TOKEN_FILE; each waits for an
+arbiter that is down (restarting) up to $ODDL_ARBITER_PATIENCE seconds (120)."""
 
 from __future__ import annotations
 
@@ -112,14 +112,19 @@ def _call(url: str, token_file: Path, method: str, path: str,
 @click.option("--time-limit", "time_limit", type=_SECONDS,
               default=None, help="seconds from its start (else the file's time_limit_s, else "
               "the arbiter's default); past it the job ends `timeout`")
+@click.option("--after", default=None, metavar="JOB[:ok]",
+              help="start only once JOB has ended (with :ok, finished: else this one is "
+                   "cancelled)")
 @click.option("--json", "as_json", is_flag=True)
 @_client_options
-def submit(experiment: Path, priority: int, time_limit: float | None, as_json: bool, url: str,
-           token_file: Path) -> None:
+def submit(experiment: Path, priority: int, time_limit: float | None, after: str | None,
+           as_json: bool, url: str, token_file: Path) -> None:
     """Queue an experiment's job on the arbiter's testbed."""
     body: dict[str, Any] = {"experiment": experiment.read_text(), "priority": priority}
     if time_limit is not None:
         body["time_limit_s"] = time_limit
+    if after is not None:
+        body["after"] = after
     j = _call(url, token_file, "POST", "/jobs", body)
     if as_json:
         emit(j)
@@ -128,20 +133,127 @@ def submit(experiment: Path, priority: int, time_limit: float | None, as_json: b
                f"priority {j['priority']}, time limit {j['time_limit_s']:g} s)")
 
 
+def _span(s: float) -> str:
+    """Seconds as an operator reads them: 42s, 7m, 3h, 2d."""
+    s = max(0.0, s)
+    return next(f"{s / d:.0f}{u}" for d, u in ((86400, "d"), (3600, "h"), (60, "m"), (1, "s"))
+                if s >= d or u == "s")
+
+
 @main.command()
+@click.option("--user", "users", multiple=True, help="only this user's (repeatable)")
+@click.option("--state", "states", multiple=True,
+              type=click.Choice(["queued", "running", "finished", "failed", "cancelled",
+                                 "timeout", "quarantined"]),
+              help="only jobs in this state (repeatable)")
+@click.option("--priority", "factors", is_flag=True,
+              help="the queued jobs' priority factors: base + age + fair share")
 @click.option("--json", "as_json", is_flag=True)
 @_client_options
-def jobs(as_json: bool, url: str, token_file: Path) -> None:
-    """The arbiter's jobs: queued, running and ended, each with its user and progress."""
-    js = _call(url, token_file, "GET", "/jobs")["jobs"]
+def jobs(users: tuple[str, ...], states: tuple[str, ...], factors: bool, as_json: bool,
+         url: str, token_file: Path) -> None:
+    """The arbiter's jobs, as Slurm's squeue shows them: priority now, held, time limit,
+    time waited (queued) or running, progress, and where each runs or why it waits
+    (resources, reservation, nodes out of service, held, approval, dependency, user
+    limit) with its expected start where the reservation gives one."""
+    from urllib.parse import urlencode
+
+    q = urlencode([("user", u) for u in users] + [("state", s) for s in states])
+    js = _call(url, token_file, "GET", "/jobs" + (f"?{q}" if q else ""))["jobs"]
     if as_json:
         emit(js)
         return
-    click.echo(f"{'job':>5} {'user':<12} {'state':<9} {'done':>6}/{'of':<6} partition")
+    now = time.time()
+    if factors:
+        click.echo(f"{'job':>5} {'user':<12} {'priority':>9} {'base':>6} {'age':>8} "
+                   f"{'share':>8}")
+        for j in js:
+            if "priority_now" in j:
+                click.echo(f"{j['job']:>5} {j['user']:<12} {j['priority_now']:>9.1f} "
+                           f"{j['priority']:>6} {j['age']:>8.2f} {j['share']:>8.2f}")
+        return
+    click.echo(f"{'job':>5} {'user':<10} {'state':<9} {'prio':>6} {'limit':>6} {'time':>6} "
+               f"{'done':>6}/{'of':<6} where, or why it waits")
     for j in js:
-        click.echo(f"{j['job']:>5} {j['user']:<12} {j['state']:<9} {j['iterations_done']:>6}/"
-                   f"{j['iterations']:<6} {j['partition'] or '-'}"
-                   f"{'  ' + j['why'] if j['why'] else ''}")
+        limit = _span(j["time_limit_s"]) if j["time_limit_s"] else "-"
+        took = _span(now - j["submitted"]) if j["state"] == "queued" else \
+            _span((j["ended"] or now) - j["started"]) if j["started"] else "-"
+        if j["state"] == "queued":
+            where = j.get("reason", "") + (" (held)" if j["held"] and "held" not in
+                                            j.get("reason", "held") else "")
+            if j.get("expected_start"):
+                where += ", starts by " + time.strftime(
+                    "%H:%M:%S", time.localtime(j["expected_start"]))
+        else:
+            where = (j["partition"] or "-") + (f"  {j['why']}" if j["why"] else "")
+        prio = f"{j.get('priority_now', j['priority']):.0f}" \
+            if j["priority"] is not None else "-"
+        click.echo(f"{j['job']:>5} {j['user']:<10} {j['state']:<9} {prio:>6} {limit:>6} "
+                   f"{took:>6} {j['iterations_done']:>6}/{j['iterations'] or 0:<6} {where}")
+
+
+@main.command()
+@click.option("--json", "as_json", is_flag=True)
+@_client_options
+def status(as_json: bool, url: str, token_file: Path) -> None:
+    """The testbed as Slurm's sinfo shows it: each node's state (free, held by which job,
+    down, drained or closed, and why), the free nodes, the queue's reservation, the jobs
+    by state."""
+    st = _call(url, token_file, "GET", "/status")
+    if as_json:
+        emit(st)
+        return
+    click.echo(f"{st['testbed']}: {st['free_nodes']} of {len(st['nodes'])} nodes free; "
+               + ", ".join(f"{k} {v}" for k, v in sorted(st["jobs"].items())))
+    for node, d in st["nodes"].items():
+        extra = " ".join(x for x in (d.get("job", ""), f"(also {d['also']})"
+                                     if "also" in d else "", d.get("why", "")) if x)
+        click.echo(f"  {node:<12} {d['state']:<8} {extra}")
+    if (r := st["reservation"]) is not None:
+        click.echo(f"reservation: {r['job']} on {', '.join(r['nodes'])} by "
+                   + time.strftime("%H:%M:%S", time.localtime(r["start"])))
+    if st["invariant_violations"]:
+        click.echo(f"invariant violations: {st['invariant_violations']}")
+
+
+@main.command()
+@click.argument("nodes", nargs=-1, required=True)
+@click.option("--reason", required=True, help="why, as `oddl status` shows it")
+@_client_options
+def drain(nodes: tuple[str, ...], reason: str, url: str, token_file: Path) -> None:
+    """An operator drains nodes: no job is placed on them (a job on one runs on to its
+    end) until `oddl resume`; kept across restarts of the arbiter."""
+    for n in nodes:
+        _call(url, token_file, "POST", f"/nodes/{n}/drain", {"reason": reason})
+        click.echo(f"{n} drained: {reason}")
+
+
+@main.command()
+@click.argument("nodes", nargs=-1, required=True)
+@_client_options
+def resume(nodes: tuple[str, ...], url: str, token_file: Path) -> None:
+    """An operator puts drained nodes (or nodes a device would not clear) back in
+    service."""
+    for n in nodes:
+        _call(url, token_file, "POST", f"/nodes/{n}/resume")
+        click.echo(f"{n} resumed")
+
+
+@main.command()
+@click.argument("action", type=click.Choice(["add", "remove"]))
+@click.argument("name")
+@click.option("--role", type=click.Choice(["user", "operator", "observer"]), default="user",
+              show_default=True)
+@_client_options
+def user(action: str, name: str, role: str, url: str, token_file: Path) -> None:
+    """An operator adds a user (their token in the arbiter's STATE/tokens/NAME) or removes
+    one (their token goes, their jobs stay), at run time; kept across restarts."""
+    if action == "add":
+        r = _call(url, token_file, "POST", f"/users/{name}", {"role": role})
+        click.echo(f"{name}: {r['role']}, token in {r['token_file']}")
+    else:
+        _call(url, token_file, "DELETE", f"/users/{name}")
+        click.echo(f"{name}: removed")
 
 
 def _job_command(name: str, method: str, suffix: str, done: str, doc: str) -> None:
@@ -210,15 +322,36 @@ def priority(job: str, value: int, url: str, token_file: Path) -> None:
 
 @main.command()
 @click.option("--since", type=click.DateTime(), default=None,
-              help="jobs submitted since then (default: all)")
+              help="from then (default: the beginning)")
+@click.option("--until", type=click.DateTime(), default=None, help="to then (default: now)")
+@click.option("--per-job", is_flag=True, help="a line per job")
+@click.option("--csv", "as_csv", is_flag=True, help="CSV: user, job, state, node_hours")
 @click.option("--json", "as_json", is_flag=True)
 @_client_options
-def usage(since: Any, as_json: bool, url: str, token_file: Path) -> None:
-    """Accounting per user: jobs by state, node-hours, wait times (a user sees their own)."""
+def usage(since: Any, until: Any, per_job: bool, as_csv: bool, as_json: bool, url: str,
+          token_file: Path) -> None:
+    """Accounting per user (and per job): node-hours for the time jobs held nodes within
+    the window (not their time queued, nor time no arbiter ran), jobs by state, wait
+    times (a user sees their own)."""
     t = since.timestamp() if since is not None else 0
-    u = _call(url, token_file, "GET", f"/usage?since={t}")["users"]
+    q = f"/usage?since={t}" + (f"&until={until.timestamp()}" if until is not None else "")
+    u = _call(url, token_file, "GET", q)["users"]
     if as_json:
         emit(u)
+        return
+    if as_csv or per_job:
+        import csv
+
+        if as_csv:
+            w = csv.writer(sys.stdout)
+            w.writerow(["user", "job", "state", "node_hours"])
+        for name, x in sorted(u.items()):
+            for job, jx in x["per_job"].items():
+                if as_csv:
+                    w.writerow([name, job, jx["state"], jx["node_hours"]])
+                else:
+                    click.echo(f"{name:<12} {job:>6} {jx['state']:<10} "
+                               f"{jx['node_hours']:>10.4f}")
         return
     click.echo(f"{'user':<12} {'jobs':>5} {'node-h':>9} {'wait mean':>10} {'wait max':>9}  "
                f"states")

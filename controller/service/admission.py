@@ -103,6 +103,10 @@ OnJob = Callable[[JobRecord, Iteration], None]  # a job's iteration, as it compl
 OnEnd = Callable[[JobRecord, str, str], None]
 
 
+# the service: a job now holds this many nodes (0: it has given them back)
+OnHold = Callable[[str, int], None]
+
+
 # a job's demand on each link it uses, measured alone (sim/networks/profile.py): name, ranks'
 # nodes, schedule, compute per iteration (ns)
 Profiler = Callable[[str, Sequence[str], Schedule, int], dict[object, Profile]]
@@ -130,7 +134,9 @@ class Admission:
                  placer: Placer, stage1: Stage1, spec: NetworkSpec, testbed: Any,
                  run_name: str, experiment: str, on_iteration: OnJob | None = None,
                  profiler: Profiler | None = None, trace: Timeline | None = None,
-                 record_flows: bool = False, on_end: OnEnd | None = None) -> None:
+                 record_flows: bool = False, on_end: OnEnd | None = None,
+                 on_hold: OnHold | None = None,
+                 rank: Callable[[JobRequest], float] | None = None) -> None:
         if len(requests) > MAX_TAG:
             raise RunFailed(f"{len(requests)} jobs: at most {MAX_TAG} in one run")
         self.b, self.grid, self.placer, self.stage1 = backend, grid, placer, stage1
@@ -146,11 +152,14 @@ class Admission:
         self.on_iteration = on_iteration
         self.profiler = profiler  # CASSINI's start delays, against the running jobs
         self.trace, self.record_flows, self.on_end = trace, record_flows, on_end
+        self.on_hold = on_hold
+        self.rank = rank  # the service's: each queued job's priority now (fair share, age)
         self._tasks: dict[str, asyncio.Task[Any]] = {}  # each running job's
         self._cancelling: dict[str, str] = {}  # job -> who cancels it, while it stops
         self._profiles: dict[str, dict[object, Profile]] = {}  # the running jobs'
         self._began: dict[str, int] = {}  # when each running job's latest iteration began
         self._spec_ids: dict[str, str] = {}  # job -> the id its back end runs it as
+        self._attempts: dict[str, list[str]] = {}  # job -> every id it has run as
         self._pending_pause: dict[str, int] = {}  # job -> ns its next iteration waits
         self._measured: dict[str, dict[object, Profile]] = {}  # placed by its profile
         self._starting: dict[str, int] = {}  # job -> its start delay (ns), while in it
@@ -158,6 +167,11 @@ class Admission:
         self._setting_up: dict[str, tuple[JobRequest, Partition]] = {}
         self._busy = 0  # stage 1s under way (off the loop: the back end's `off_loop`)
         self.free = set(grid.nodes)
+        # nodes out by the service's word: drained by an operator, or kept out after a
+        # device would not clear them (node -> why)
+        self.closed: dict[str, str] = {}
+        self._admitting = False  # `_admit` under way (a job it ends asks again: `_again`)
+        self._again = False
         self.queue: list[JobRequest] = []
         self.running = 0
         self.resume: dict[str, int] = {}  # a stopped job's first iteration not recorded
@@ -319,6 +333,7 @@ class Admission:
         the next jobs start, or the run is done."""
         rec = self.records[name]
         rec.end_ns = self.clock.now_ns() - self.t0
+        rec.violations = self.b.monitor.count_of(self._attempts.pop(name, []))
         self._tasks.pop(name, None)
         self._cancelling.pop(name, None)
         if name in self._timed_out and state == "cancelled":
@@ -333,11 +348,15 @@ class Admission:
 
         def released(e: BaseException | None) -> None:
             if e is None:
-                self.free |= set(part.nodes)
+                self._give(name, part)
                 self._gone(rec, state, why)
             elif self.on_end is None:
                 self._fail(RunFailed(f"{self.spec.name}: job {name} left: {e}"))
             else:
+                for n in part.nodes:
+                    self.closed[n] = f"not cleared after job {name}: {e}"
+                if self.on_hold is not None:
+                    self.on_hold(name, 0)
                 self._gone(rec, state, (f"{why}; " if why else "")
                            + f"its partition was not given back: {e}")
 
@@ -365,13 +384,42 @@ class Admission:
         self.outcomes.clear()  # a run's figures; the service reports per job
         self.recoveries.clear()
 
+    def _take(self, name: str, part: Partition) -> None:
+        self.free -= set(part.nodes)
+        if self.on_hold is not None:
+            self.on_hold(name, len(part.nodes))
+
+    def _give(self, name: str, part: Partition) -> None:
+        self.free |= set(part.nodes)
+        if self.on_hold is not None:
+            self.on_hold(name, 0)
+
     def _admit(self) -> None:
+        """Start what can start now (`_admit_once`). A job that ends meanwhile (it failed
+        to start, it could never run) asks again: once this pass is over, not inside it
+        (issue 64: a queue of 600 failed one inside another, to a RecursionError)."""
+        if self._admitting:
+            self._again = True
+            return
+        self._admitting = True
+        try:
+            self._again = True
+            while self._again:
+                self._again = False
+                self._admit_once()
+        finally:
+            self._admitting = False
+
+    def _admit_once(self) -> None:
         """Start every queued job that can start now on nodes in service. While nodes are
         out of service, look again every heartbeat period: one that comes back (a board
         that beats again) may be what the head of the queue waits for."""
         health = self.health
+        if self.rank is not None:  # jobs going on after a stop first, then by rank now
+            ranked = {q.name: self.rank(q) for q in self.queue}
+            self.queue.sort(key=lambda q: (q.name not in self._stopped, -ranked[q.name]))
         try:
-            placed = self.placer.place(set(self.free), health, self.queue)
+            placed = self.placer.place(self.free - set(self.closed), health, self.queue)
         except RunFailed as e:  # it can never run again
             st = self._stopped.get(self.queue[0].name) if self.queue else None
             why = "; ".join(str(d) for d in st.found if DIAGNOSES.get(d.kind)) if st else ""
@@ -383,7 +431,7 @@ class Admission:
             if self.profiler is not None and self._profiles:
                 part = self._place_by_profile(req, part, {n for j, (_r, p) in enumerate(
                     placed) if j != k for n in p.nodes})
-            self.free -= set(part.nodes)
+            self._take(req.name, part)
             try:
                 started = self._start(req, part)
             except Exception as e:
@@ -397,15 +445,17 @@ class Admission:
         now = self.clock.now_ns()
         # the jobs the queue's rules let start (a held job waits for its operator)
         ready = [q for q in self.queue if self.placer.eligible(q)]
-        if not ready or self.running or self._busy:  # (nodes being set up or given back)
+        # nodes held (a job setting up, running, stopping, going dark, being released)
+        held = set(self.grid.nodes) - self.free - set(self.closed)
+        # (the service's queue waits: a job it took fits the grid, and its nodes come back
+        # or an operator says why not; a run's ends)
+        if self.on_end is not None or not ready or self.running or self._busy or held:
             self._stuck_ns = None
         elif self._stuck_ns is None:  # every node free, and still none fits
             self._stuck_ns = now
         grace_ns = self.tb.monitor.grace_ms * 1e6
         if self._stuck_ns is not None and (not down or now - self._stuck_ns >= grace_ns):
             req = ready[0]
-            if self.on_end is not None:
-                self.queue.remove(req)
             shape = "" if req.shape == "any" else f"{req.shape} "
             self._lose(req.name, None, RunFailed(
                 f"{self.spec.name}: job {req.name}: no {shape}rectangle of the nodes in "
@@ -439,7 +489,7 @@ class Admission:
         """A job that did not start gives its nodes back: a device that failed its stage
         1 is gone round (placed and planned again); anything else fails the job, saying
         which; a job cancelled meanwhile ends so."""
-        self.free |= set(part.nodes)
+        self._give(req.name, part)
         if req.name in self._cancelling:
             self._leave(req.name, None, "cancelled", self._cancelling[req.name])
         elif isinstance(e, DeviceFailed):  # found while applying: go round it too
@@ -570,6 +620,7 @@ class Admission:
                        carry_t0=carry[0] if carry else 0, hybrid=req.hybrid,
                        record_flows=self.record_flows)
         self._spec_ids[req.name] = spec.job
+        self._attempts.setdefault(req.name, []).append(spec.job)
         stop = self._rules[req.name] = StopRule(
             self.health, frozenset(part.nodes), since,
             self.tb.monitor.missed * self.health.period_ns)
@@ -692,7 +743,7 @@ class Admission:
         self._profiles.pop(req.name, None)
         self._began.pop(req.name, None)
         self._pending_pause.pop(req.name, None)
-        self._spec_ids.pop(req.name, None)
+        spec_id = self._spec_ids.pop(req.name, None)
         if self.profiler is not None:  # the jobs left re-align as CASSINI's shifts say,
             moved = self._realign(None)  # where that scores better than they run now
             if moved is not None and min(c.score for c in moved.shifts.links.values()) > \
@@ -700,6 +751,9 @@ class Admission:
                 self._pause(moved.pauses_ns)
         if task.cancelled():  # the service cancelled it (or its time limit)
             self.running -= 1
+            if (cut := self.b.cut.pop(spec_id or "", None)) is not None:
+                self.outcomes.append(cut)
+                rec.took(cut)  # as far as its ranks said, as they dropped it
             why = self._cancelling.get(req.name, "")
             dark = self.b.loop.create_task(self._dark(part))
             dark.add_done_callback(lambda _t: self._leave(req.name, part, "cancelled", why))
@@ -773,7 +827,7 @@ class Admission:
         self._release(req.name, released.set_result)
         if (e := await released) is not None:  # (a model's is done at once: no wait)
             raise e
-        self.free |= set(part.nodes)
+        self._give(req.name, part)
         rule = self._rules[req.name]
         self._stopped[req.name] = _Stopped(now, self._last.get(req.name, now), stop,
                                            rule.pending(), bool(rule.faults()),

@@ -176,6 +176,11 @@ class Backend(Protocol):
     @property
     def announce(self) -> Announce | None:
         """Tells the bus's watchers (controller/base/telemetry.py); None: nobody is told."""
+    @property
+    def cut(self) -> dict[str, JobOutcome]:
+        """What each job cancelled (`run_job`'s task cancelled) did before its ranks
+        dropped it, by job id, as its ranks said: the orchestration takes it, so that
+        every ended job has its record."""
 
     async def run_job(self, spec: JobSpec, on_iteration: OnIteration,
                       record_flows: bool, stop: StopRule) -> JobOutcome: ...

@@ -38,6 +38,7 @@ class JobRequest:
     hybrid: Hybrid | None = None  # a Transformer's split: its steps hold its compute
     user: str = ""  # the service's: who submitted it
     time_limit_ns: int = 0  # the service's: stopped this long after its first start (0: no)
+    after: str = ""  # the service's: "jN" (starts once jN has ended) or "jN:ok" (finished)
 
     @classmethod
     def of(cls, e: JobEntry) -> JobRequest:
@@ -83,6 +84,7 @@ class JobRecord:
     stops: list[dict[str, Any]] = field(default_factory=list)
     plan: Plan | None = None  # its latest stage 1 (ODDL)
     disturbance: dict[str, int] = field(default_factory=dict)  # its attempts', summed
+    violations: int = 0  # invariant violations found of its attempts
 
     def took(self, out: JobOutcome) -> None:
         """An attempt's outcome (a run to its end, or one stopped for a fault) counted."""

@@ -530,6 +530,9 @@ class _NodeJob:
                             "carry_t0": carry[0], "carry": carry[1]}
                 if eng.pending == 0 and (early := eng.carry_of(eng.iteration + 1)):
                     more |= {"done_here": True, "early_t0": early[0], "early": early[1]}
+            if runner is not None:  # its counters: the record of a job cut short
+                more |= {"control_messages": self.sent(),
+                         "stats": {**runner.stats(), "flows": runner.engine.flows}}
             again = str(e) in (LOST_BROKER, CONTROLLER_GONE)
             if again:  # said again once the controller is back, after its last reports (a
                 # broker that went took what was said with it)

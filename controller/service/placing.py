@@ -68,16 +68,28 @@ def reservation(grid: Grid, free: set[str], running: list[Running], head: JobReq
     return None
 
 
+# why a queued job did not start in a pass, and when (clock ns) and where it will at the
+# latest: its reservation, if it has one
+Pending = dict[str, tuple[str, int | None, frozenset[str]]]
+
+
 def backfill(grid: Grid, free: set[str], queue: list[JobRequest], running: list[Running],
              now_ns: int, may_start: Callable[[JobRequest, list[tuple[JobRequest, Partition]]],
-                                              bool] = lambda _r, _p: True
-             ) -> list[tuple[JobRequest, Partition]]:
+                                              bool] = lambda _r, _p: True,
+             pending: Pending | None = None) -> list[tuple[JobRequest, Partition]]:
     """EASY backfill (as Slurm's and Maui's): the queue's jobs start in order while they
     fit; the first that does not is given a reservation (`reservation`), and each job
     behind it starts now if it fits in the free nodes and cannot delay that start: it ends
-    (by its time limit) before it, or it keeps off the reserved nodes. `may_start` skips
+    (by its time limit) before it, or it keeps off the reserved nodes. A job that cannot
+    start even once every running job has ended (it waits for nodes out of service)
+    reserves nothing and blocks nobody; the next that does not fit is given the
+    reservation. `may_start` skips
     a job held, or whose user is at a limit (it blocks nobody). `free` loses the nodes
-    placed."""
+    placed; `pending` gets why each other job waits: "ineligible" (`may_start`),
+    "resources" (with its reservation's start), "nodes out of service" (no reservation
+    holds it), "reservation" (it would delay the reserved start), or "resources" (with
+    no start: behind the reserved job, it does not fit in the free nodes)."""
+    why: Pending = pending if pending is not None else {}
     def ends(req: JobRequest) -> int:  # no limit: it may never end
         return now_ns + req.time_limit_ns if req.time_limit_ns else NEVER
 
@@ -86,16 +98,25 @@ def backfill(grid: Grid, free: set[str], queue: list[JobRequest], running: list[
     blocked: tuple[int, frozenset[str]] | None = None
     for req in queue:
         if not may_start(req, out):
+            why[req.name] = ("ineligible", None, frozenset())
             continue
         fits = place(grid, free, req.name, req.ranks, req.shape, req.exact, req.group)
         if blocked is None:  # in order, up to the first that does not fit
             if fits is None:
-                blocked = reservation(grid, free, running, req) or (-1, frozenset())
+                # a job no end of the running jobs lets start (it waits for nodes out of
+                # service) reserves nothing: the jobs behind go on round it (issue 64)
+                blocked = reservation(grid, free, running, req)
+                why[req.name] = ("resources", *blocked) if blocked else \
+                    ("nodes out of service", None, frozenset())
                 continue
         elif fits is not None and ends(req) > blocked[0]:
             fits = place(grid, free - blocked[1], req.name, req.ranks, req.shape, req.exact,
-                         req.group) if blocked[0] >= 0 else None
+                         req.group)
+            if fits is None:
+                why[req.name] = ("reservation", None, frozenset())
+                continue
         if fits is None:
+            why[req.name] = ("resources", None, frozenset())
             continue
         free -= set(fits.nodes)
         out.append((req, fits))
@@ -112,11 +133,15 @@ class Backfill:
                  may_start: Callable[[JobRequest, list[tuple[JobRequest, Partition]]], bool]
                  ) -> None:
         self.grid, self.running, self.now_ns, self.may_start = grid, running, now_ns, may_start
+        self.pending: Pending = {}  # the latest pass's: why each job that did not start
 
     def place(self, free: set[str], health: Health, queue: list[JobRequest]
               ) -> list[tuple[JobRequest, Partition]]:
-        return backfill(self.grid, free - health.out_of_service(), queue, self.running(),
-                        self.now_ns(), self.may_start)
+        pending: Pending = {}
+        out = backfill(self.grid, free - health.out_of_service(), queue, self.running(),
+                       self.now_ns(), self.may_start, pending)
+        self.pending = pending
+        return out
 
     def eligible(self, req: JobRequest) -> bool:
         return self.may_start(req, [])

@@ -141,6 +141,11 @@ class InvariantChecker:
         return [v for v, j in zip(self.violations[since:], self.jobs[since:], strict=True)
                 if j in (job, "")]
 
+    def count_of(self, jobs: Iterable[str]) -> int:
+        """The violations that concern one of `jobs` (a job's attempts) by name."""
+        mine = set(jobs)
+        return sum(1 for j in self.jobs if j in mine)
+
     # bus tap: called for every message actually delivered
     def on_message(self, dst: str, m: ControlMessage) -> None:
         if type(m) is Grant:
