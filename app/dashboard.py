@@ -47,6 +47,7 @@ MAX_WATCHERS = 32  # open websockets: one more is told to try later (1013)
 MAX_POINTS = 2000  # iterations kept per network for the plot
 MAX_ERRORS = 20  # node failures kept
 MAX_NETWORKS = 16  # networks whose iterations and health are kept
+MAX_JOBS = 8  # the arbiter's jobs whose iterations are kept, a series each
 ASSETS = Path(str(resources.files("oddl.app") / "web"))
 
 
@@ -120,15 +121,24 @@ class View:
             what = rest[1]
             note = self._dec_note[what].decode(payload)
             d = msgspec.to_builtins(note)
+            # a series a network, or a job of several (the arbiter's): "oddl/j7"
+            key = f"{note.network}/{note.job}" if what == "iteration" and note.job else \
+                getattr(note, "network", "")
             if what in ("iteration", "health"):  # a peer naming ever new networks: bounded
                 held = self.iterations if what == "iteration" else self.health
-                if note.network not in held and len(held) >= MAX_NETWORKS:
+                jobs = [k for k in held if "/" in k]
+                if key in held:
+                    pass
+                elif "/" in key and len(jobs) >= MAX_JOBS:
+                    del held[jobs[0]]  # jobs come and go: the one heard of longest ago goes
+                elif "/" not in key and len(held) - len(jobs) >= MAX_NETWORKS:
                     raise ValueError(f"more than {MAX_NETWORKS} networks")
             if what == "iteration":
-                run, pts = self.iterations.get(note.network, (None, None))
+                run, pts = self.iterations.get(key, (None, None))
                 if pts is None or run != note.run:  # a new run of it
                     pts = deque(maxlen=MAX_POINTS)
-                    self.iterations[note.network] = (note.run, pts)
+                self.iterations.pop(key, None)  # (to the end: the latest reported last)
+                self.iterations[key] = (note.run, pts)
                 pts.append((note.iteration, note.time_ms))
             elif what == "health":
                 self.health[note.network] = d
@@ -177,6 +187,7 @@ class View:
             "testbed": self.testbed, "nodes": nodes, "status": dict(self.status),
             "plan": self.notes.get("plan"), "run": self.notes.get("run"),
             "accept": self.notes.get("accept"), "queue": self.notes.get("queue"),
+            "ended": self.notes.get("ended"),
             "job": self.job,
             "iterations": {k: [list(p) for p in sorted(v)]
                            for k, (_, v) in self.iterations.items()},

@@ -53,7 +53,13 @@ from oddl.controller.base.config import (
     parse_toml,
     validate_experiment,
 )
-from oddl.controller.base.telemetry import TELEMETRY_VERSION, QueuedJob, QueueNote
+from oddl.controller.base.telemetry import (
+    TELEMETRY_VERSION,
+    EndedNote,
+    JobState,
+    QueuedJob,
+    QueueNote,
+)
 from oddl.controller.base.topology import Grid
 from oddl.controller.service.admission import Admission
 from oddl.controller.service.backend import Iteration, RunFailed
@@ -264,9 +270,14 @@ class Service:
             return
         self._told = t
         js = self.ledger.shown()
+        waiting = self.waiting()
+        on = {r.job: sorted(r.nodes) for r in self.adm.started()}
         note = QueueNote(TELEMETRY_VERSION, self.tb.name, [QueuedJob(
             j["job"], j["user"], j["state"], j["ranks"] or 0, j["iterations_done"],
-            j["iterations"] or 0, j["partition"] or "") for j in js])
+            j["iterations"] or 0, j["partition"] or "",
+            waiting.get(j["job"], {}).get("priority_now", j["priority"] or 0),
+            j["held"], waiting.get(j["job"], {}).get("reason", ""),
+            on.get(j["job"], []) if j["state"] == "running" else []) for j in js])
         if self.adm.b.announce is not None:
             self.adm.b.announce("queue", msgspec.json.encode(note))
 
@@ -384,8 +395,12 @@ class Service:
              for k, v in seen.items()}), ended)
         self.ledger.set(rec.name, state, ended=ended, why=why, result=json.dumps(result))
         self.ledger.note(rec.name, f"{state}{': ' + why if why else ''}")
-        self.runs.end(rec.name, self.ledger.job(rec.name) or {}, rec.disturbance,
-                      rec.control_messages)
+        j = self.ledger.job(rec.name) or {}
+        if self.adm.b.announce is not None:  # (retained: the latest end, for scripts)
+            self.adm.b.announce("ended", msgspec.json.encode(EndedNote(
+                TELEMETRY_VERSION, self.tb.name, rec.name, j.get("user") or "unknown",
+                cast(JobState, state), why[:512], j.get("iterations_done", 0), j.get("iterations") or 0, ended)))
+        self.runs.end(rec.name, j, rec.disturbance, rec.control_messages)
         self._compute.pop(rec.name, None)
         self._submitted.pop(rec.name, None)
         self.after.pop(rec.name, None)

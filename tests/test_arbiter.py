@@ -150,10 +150,14 @@ def test_two_users_jobs_run_at_once_apart_and_finish(root: Path, emu: Path,
                 ((a, "alice"), (b, "bob"))}
         # the dashboard shows the queue (a retained note: the latest, whenever it came)
         t_end = time.monotonic() + 30
-        while not (q := arbiter.http.get(url + "api/state").json()["queue"]) or \
-                [j["state"] for j in q["jobs"] if j["job"] in (a, b)] != ["finished"] * 2:
+        while not (q := (st := arbiter.http.get(url + "api/state").json())["queue"]) or \
+                [j["state"] for j in q["jobs"] if j["job"] in (a, b)] != ["finished"] * 2 \
+                or (st["ended"] or {}).get("job") not in (a, b):
             assert time.monotonic() < t_end, q
             time.sleep(0.05)
+        # a series each (issue 64: two jobs drew one), and the latest end, retained
+        assert {f"oddl/{a}", f"oddl/{b}"} <= set(st["iterations"]), st["iterations"].keys()
+        assert st["ended"]["state"] == "finished" and st["run"] is None
     assert [(j["job"], j["user"], j["done"]) for j in q["jobs"] if j["job"] in (a, b)] == [
         (a, "alice", 30), (b, "bob", 30)]
     assert [(d["state"], d["iterations_done"]) for d in done.values()] == [("finished", 30)] * 2

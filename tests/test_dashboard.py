@@ -21,9 +21,12 @@ from oddl.app.dashboard import View
 from oddl.controller.base.config import load_testbed
 from oddl.controller.base.telemetry import (
     TELEMETRY_VERSION,
+    EndedNote,
     IterationNote,
     PortsNote,
     PortView,
+    QueuedJob,
+    QueueNote,
     RunNote,
 )
 from oddl.controller.service.health import Heartbeat
@@ -160,6 +163,24 @@ def test_the_view_counts_junk_and_keeps_its_bounds(root: Path) -> None:
         v.feed(f"{pre}/telemetry/oddl-ctl/iteration",
                enc(IterationNote(1, "oddl", i, 8.0 + i, run="job-2")))
     assert v.snapshot()["iterations"]["oddl"] == [[0, 8.0], [1, 9.0]]
+    # the arbiter's jobs: a series each, the oldest going as new ones come (issue 64: two
+    # jobs drew one series); its queue and its jobs' ends, timed out ones too
+    for j in range(1, 25):
+        v.feed(f"{pre}/telemetry/oddl-ctl/iteration",
+               enc(IterationNote(1, "oddl", 0, float(j), run="arbiter-1", job=f"j{j}")))
+    series = v.snapshot()["iterations"]
+    assert sorted(k for k in series if "/" in k) == [f"oddl/j{j}" for j in range(17, 25)]
+    assert series["oddl"] == [[0, 8.0], [1, 9.0]]  # a network's own series stays
+    v.feed(f"{pre}/telemetry/oddl-ctl/queue", enc(QueueNote(1, tb.name, [
+        QueuedJob("j3", "alice", "timeout", 2, 5, 9), QueuedJob(
+            "j4", "bob", "running", 2, 1, 9, "j4: 2 ranks", 3.0, False, "", ["n0", "n1"])])))
+    v.feed(f"{pre}/telemetry/oddl-ctl/ended", enc(EndedNote(1, tb.name, "j3", "alice",
+                                                            "timeout", "its time limit")))
+    s = v.snapshot()
+    assert [j["state"] for j in s["queue"]["jobs"]] == ["timeout", "running"]
+    assert s["queue"]["jobs"][1]["nodes"] == ["n0", "n1"]
+    assert (s["ended"]["job"], s["ended"]["state"]) == ("j3", "timeout")
+    assert s["rejected"] == len(junk) + 5
 
 
 def test_a_sim_run_and_an_acceptance_result_reach_the_dashboard(root: Path, emu: Path,

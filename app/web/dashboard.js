@@ -34,6 +34,7 @@ function renderNodes(s, faulty) {
     const box = $("node-" + id);
     if (!box) continue;
     box.className = "node " + n.health + (faulty.has(id) ? " faulty" : "");
+    box.querySelector(".id").textContent = id;  // (render marks the job that holds it)
     const ports = box.querySelector(".ports");
     ports.innerHTML = "";
     for (const [p, v] of Object.entries(n.ports)) {
@@ -65,20 +66,31 @@ function renderFaults(s) {
   return faulty;
 }
 
+const COLOURS = ["#3182bd", "#e6550d", "#31a354", "#756bb1", "#636363", "#d62728", "#8c564b", "#17becf"];
+
 function renderPlot(s) {
-  const net = s.run ? s.run.network : Object.keys(s.iterations)[0];
-  const pts = (net && s.iterations[net]) || [];
-  $("iterations").textContent = String(pts.length);
-  $("last-iteration").textContent = pts.length ? `${pts[pts.length - 1][1].toFixed(3)} ms (${net})` : "-";
-  const data = [pts.map((p) => p[0]), pts.map((p) => p[1])];
-  if (!plot || plotNetwork !== net) {
+  // one series a network, or a job of the arbiter's ("oddl/j7"), on one iteration axis
+  const names = Object.keys(s.iterations);
+  const series = s.run && s.iterations[s.run.network] ? [s.run.network] : names.slice(-8);
+  const xs = [...new Set(series.flatMap((n) => s.iterations[n].map((p) => p[0])))].sort((a, b) => a - b);
+  const data = [xs, ...series.map((n) => {
+    const at = new Map(s.iterations[n].map((p) => [p[0], p[1]]));
+    return xs.map((x) => at.has(x) ? at.get(x) : null);
+  })];
+  const last = series.length ? s.iterations[series[series.length - 1]] : [];
+  $("iterations").textContent = String(series.reduce((k, n) => k + s.iterations[n].length, 0));
+  $("last-iteration").textContent = last.length ? `${last[last.length - 1][1].toFixed(3)} ms (${series[series.length - 1]})` : "-";
+  const key = series.join(",");
+  if (!plot || plotNetwork !== key) {
     if (plot) plot.destroy();
     const box = $("plot");
     plot = new uPlot({width: Math.max(box.clientWidth - 10, 300), height: 220,
       scales: {x: {time: false}}, axes: [{label: "iteration"}, {label: "ms"}],
-      series: [{}, {label: net || "iteration time", stroke: "#3182bd", points: {show: pts.length < 60}}]},
-      data, box);
-    plotNetwork = net;
+      series: [{}, ...(series.length ? series : ["iteration time"]).map((n, k) => ({
+        label: n, stroke: COLOURS[k % COLOURS.length], spanGaps: false,
+        points: {show: xs.length < 60}}))]},
+      series.length ? data : [[], []], box);
+    plotNetwork = key;
   } else {
     plot.setData(data);
   }
@@ -102,8 +114,10 @@ function renderWss(s) {
 function render(s) {
   if (gridBuilt !== s.testbed.name) buildGrid(s.testbed);
   $("testbed").textContent = s.testbed.name;
-  const r = s.run;
-  $("run").textContent = r ? `${r.experiment} / ${r.network} (${r.backend}): ${r.state}` : "no run yet";
+  const r = s.run, jobs = s.queue ? s.queue.jobs : [];
+  const running = jobs.filter((j) => j.state === "running"), queued = jobs.filter((j) => j.state === "queued");
+  $("run").textContent = r ? `${r.experiment} / ${r.network} (${r.backend}): ${r.state}`
+    : s.queue ? `arbiter: ${running.length} running, ${queued.length} queued` : "no run yet";
   const faulty = renderFaults(s);
   renderNodes(s, faulty);
   renderPlot(s);
@@ -112,11 +126,18 @@ function render(s) {
   $("msgs").textContent = String(s.totals.msgs_per_s);
   $("job").textContent = s.job ? `${s.job.job} (${s.job.collective}, ${s.job.ranks} ranks)` : "-";
   $("rejected").textContent = String(s.rejected);
+  for (const j of running) {  // each node marked with the job that holds it
+    for (const n of j.nodes || []) {
+      const box = $("node-" + n);
+      if (box) box.querySelector(".id").textContent = `${n} · ${j.job}`;
+    }
+  }
   if (s.queue) {
-    $("queue").replaceChildren(el("tr", {}, ...["job", "user", "state", "progress", "partition"]
-      .map((h) => el("th", {}, h))), ...s.queue.jobs.map((j) => el("tr", {class: j.state},
+    $("queue").replaceChildren(el("tr", {}, ...["job", "user", "state", "priority", "held", "progress", "where, or why it waits"]
+      .map((h) => el("th", {}, h))), ...jobs.map((j) => el("tr", {class: j.state},
       el("td", {}, j.job), el("td", {}, j.user), el("td", {}, j.state),
-      el("td", {}, `${j.done}/${j.iterations}`), el("td", {}, j.partition))));
+      el("td", {}, j.state === "queued" ? j.priority.toFixed(0) : ""), el("td", {}, j.held ? "held" : ""),
+      el("td", {}, `${j.done}/${j.iterations}`), el("td", {}, j.state === "queued" ? j.reason : j.partition))));
   }
   const a = s.accept;
   if (a) {

@@ -10,6 +10,9 @@ already says (statuses, jobs, results, heartbeats):
         iteration  IterationNote  an iteration recorded
         health     HealthNote     the watch's diagnoses and the drill's faults
         accept     AcceptNote     the last acceptance result
+        queue      QueueNote      the arbiter's queue (retained)
+        ended      EndedNote      the arbiter's latest job to end (retained): a lab's
+                                  scripts hear each end as it happens
 
 JSON via msgspec, versioned, every size bounded: a watcher decodes nothing unbounded.
 """
@@ -26,8 +29,10 @@ Name = Annotated[str, msgspec.Meta(pattern=NAME_PATTERN, max_length=64)]
 Text = Annotated[str, msgspec.Meta(max_length=512)]
 Count = Annotated[int, msgspec.Meta(ge=0, le=1 << 62)]
 PortState = Literal["idle", "requesting", "waiting for grant", "tuning", "sending"]
-NOTES = ("run", "plan", "iteration", "health", "accept", "queue")
-RETAINED = ("plan", "accept", "queue")
+NOTES = ("run", "plan", "iteration", "health", "accept", "queue", "ended")
+RETAINED = ("plan", "accept", "queue", "ended")
+JobState = Literal["queued", "running", "finished", "failed", "cancelled", "timeout",
+                   "quarantined"]
 
 
 def note_topic(tb: str, kind: str) -> tuple[str, bool]:
@@ -92,6 +97,7 @@ class IterationNote(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     # which run of the network (its job id): a watcher starts a new series on a new one,
     # whatever order the broker delivers the notes in
     run: Annotated[str, msgspec.Meta(max_length=128)] = ""
+    job: Annotated[str, msgspec.Meta(max_length=64)] = ""  # of several: whose (a series each)
 
 
 class Finding(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -124,11 +130,15 @@ class AcceptNote(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
 class QueuedJob(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     job: Name
     user: Name
-    state: Literal["queued", "running", "finished", "failed", "cancelled"]
+    state: JobState
     ranks: Count
     done: Count  # iterations recorded
     iterations: Count
     partition: Text = ""
+    priority: float = 0.0  # now (a queued job's: base + age + share)
+    held: bool = False
+    reason: Text = ""  # why a queued job waits
+    nodes: Annotated[list[Name], msgspec.Meta(max_length=4096)] = []  # a running job's
 
 
 class QueueNote(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -140,9 +150,24 @@ class QueueNote(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     jobs: Annotated[list[QueuedJob], msgspec.Meta(max_length=256)] = []
 
 
+class EndedNote(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+    """A job of the arbiter's has ended."""
+
+    v: int
+    testbed: Text
+    job: Name
+    user: Name
+    state: JobState
+    why: Text = ""
+    done: Count = 0  # iterations recorded
+    iterations: Count = 0
+    ended: float = 0.0  # Unix time
+
+
 NOTE_TYPES: dict[str, type[Any]] = {"run": RunNote, "plan": PlanNote,
                                     "iteration": IterationNote, "health": HealthNote,
-                                    "accept": AcceptNote, "queue": QueueNote}
+                                    "accept": AcceptNote, "queue": QueueNote,
+                                    "ended": EndedNote}
 
 
 def ports_note(node: str, ports: tuple[str, ...], runner: Any, sent: int) -> PortsNote:

@@ -634,7 +634,8 @@ class Admission:
                 self.on_iteration(rec, it)
             self._say("iteration", lambda: IterationNote(
                 TELEMETRY_VERSION, self.spec.name, it.iteration,
-                (it.t_end - it.t_start) / 1e6, it.control_messages, self.run_name))
+                (it.t_end - it.t_start) / 1e6, it.control_messages, self.run_name,
+                req.name if self.tags[req.name] else ""))  # (tag 0: the only job)
             if (len(self.health.diagnoses), len(self.b.injected)) != self._said:
                 self._say_health()
             if self.trace is not None:  # rows come late: the last RELEASEs with the next one
