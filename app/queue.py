@@ -399,7 +399,8 @@ class Service:
         if self.adm.b.announce is not None:  # (retained: the latest end, for scripts)
             self.adm.b.announce("ended", msgspec.json.encode(EndedNote(
                 TELEMETRY_VERSION, self.tb.name, rec.name, j.get("user") or "unknown",
-                cast(JobState, state), why[:512], j.get("iterations_done", 0), j.get("iterations") or 0, ended)))
+                cast(JobState, state), why[:512], j.get("iterations_done", 0),
+                j.get("iterations") or 0, ended)))
         self.runs.end(rec.name, j, rec.disturbance, rec.control_messages)
         self._compute.pop(rec.name, None)
         self._submitted.pop(rec.name, None)
