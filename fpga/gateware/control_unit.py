@@ -127,7 +127,11 @@ class ControlUnitRTL(wiring.Component):
         m.submodules.rxqm = rxqm = Memory(shape=REQ, depth=P * rxq, init=[])
         KEY = data.StructLayout({"flow": W("flow"), "hop": W("hop")})
         m.submodules.donem = donem = Memory(shape=KEY, depth=P * dn, init=[])
-        r_rd, t_rd, q_rd, d_rd = (x.read_port(domain="comb") for x in (routes, txqm, rxqm, donem))
+        # read a cycle after the address (block RAM: on an ECP5 the four fill 21 DP16KDs;
+        # read combinationally they took 2,000 LUT RAMs and their read muxes, and the top
+        # took 100 minutes to route)
+        r_rd, t_rd, q_rd, d_rd = (x.read_port(domain="sync", transparent_for=())
+                                  for x in (routes, txqm, rxqm, donem))
         r_wr, t_wr, q_wr, d_wr = (x.write_port() for x in (routes, txqm, rxqm, donem))
         m.d.comb += [r_wr.en.eq(self.route_we), r_wr.addr.eq(self.route_dst),
                      r_wr.data.eq(Cat(self.route_valid, self.route_port, self.route_channel,
@@ -198,6 +202,7 @@ class ControlUnitRTL(wiring.Component):
         found, inq = Signal(), Signal()
         from_src = Signal(qbits + 1)
         scan_ret = Signal(2)  # a scan of the delivered keys for: 0 REQUEST, 1 next, 2 completion
+        scan_vld = Signal()  # a scan's entry read last cycle: its data is here to compare
         due_now = Signal(3 * P)
         m.d.comb += due_now.eq(Cat(*[t_on[i] & (self.ts_ns >= t_due[i]) & self.timers_en[i]
                                      for i in range(3 * P)]))
@@ -272,8 +277,10 @@ class ControlUnitRTL(wiring.Component):
                             m.next = ("TMR_REQUEST", "TMR_LEASE", "TMR_RELEASE")[i % 3]
 
             # --- a flow to send: its route, its transmitter's queue ----------------------
-            with m.State("SUB_ROUTE"):
+            with m.State("SUB_ROUTE"):  # (its route is read)
                 m.d.comb += r_rd.addr.eq(fl.dst)
+                m.next = "SUB_ROUTED"
+            with m.State("SUB_ROUTED"):
                 with m.If(~r_rd.data.valid):
                     m.d.comb += fail("no_route", fl.id, fl.dst)
                     m.next = "IDLE"
@@ -303,12 +310,21 @@ class ControlUnitRTL(wiring.Component):
                         m.d.sync += tx_state[p].eq(IDLE)
                         m.next = "IDLE"
                     with m.Else():
-                        m.d.comb += [t_rd.addr.eq(p * txq + tx_head[p]),
-                                     r_rd.addr.eq(t_rd.data.dst)]
-                        m.d.sync += [tx_cur[p].eq(t_rd.data), tx_route[p].eq(r_rd.data),
-                                     tx_state[p].eq(REQUESTING), tx_retries[p].eq(0)]
-                        m.next = "REQ_SEND"
+                        m.d.comb += t_rd.addr.eq(p * txq + tx_head[p])
+                        m.next = "TXN_FLOW"
                 per(nxt)
+            with m.State("TXN_FLOW"):  # the flow at the queue's head; its route is read
+                def took(p: int) -> None:
+                    m.d.comb += r_rd.addr.eq(t_rd.data.dst)
+                    m.d.sync += tx_cur[p].eq(t_rd.data)
+                per(took)
+                m.next = "TXN_ROUTE"
+            with m.State("TXN_ROUTE"):
+                def routed(p: int) -> None:
+                    m.d.sync += [tx_route[p].eq(r_rd.data), tx_state[p].eq(REQUESTING),
+                                 tx_retries[p].eq(0)]
+                per(routed)
+                m.next = "REQ_SEND"
             with m.State("REQ_SEND"):
                 def request(p: int) -> None:
                     with m.If(out.w_rdy):
@@ -426,28 +442,30 @@ class ControlUnitRTL(wiring.Component):
                         m.d.sync += asked[p].eq(1)
                         m.next = "IDLE"
                     with m.Else():
-                        m.d.sync += [scan_i.eq(0), found.eq(0), scan_ret.eq(0)]
+                        m.d.sync += [scan_i.eq(0), found.eq(0), scan_ret.eq(0), scan_vld.eq(0)]
                         m.next = "DSCAN"
                 per(rq1)
             with m.State("RQ2"):
                 with m.If(found):
                     m.next = "IDLE"
                 with m.Else():
-                    m.d.sync += [scan_i.eq(0), inq.eq(0), from_src.eq(0)]
+                    m.d.sync += [scan_i.eq(0), inq.eq(0), from_src.eq(0), scan_vld.eq(0)]
                     m.next = "QSCAN"
             with m.State("QSCAN"):  # is it queued; how many of its sender's are
                 def qscan(p: int) -> None:
-                    with m.If(scan_i == q_count[p]):
-                        m.next = "RQ3"
-                    with m.Else():
-                        at = q_head[p] + scan_i
-                        m.d.comb += q_rd.addr.eq(p * rxq + _wrap(at, rxq))
-                        e = q_rd.data
+                    # pipelined: entry scan_i is read while entry scan_i - 1 is compared
+                    e, more = q_rd.data, scan_i != q_count[p]
+                    m.d.comb += q_rd.addr.eq(p * rxq + _wrap(q_head[p] + scan_i, rxq))
+                    m.d.sync += scan_vld.eq(more)
+                    with m.If(more):
+                        m.d.sync += scan_i.eq(scan_i + 1)
+                    with m.If(scan_vld):
                         with m.If((e.flow == q.flow) & (e.hop == q.hop)):
                             m.d.sync += inq.eq(1)
                         with m.If(e.src == q.src):
                             m.d.sync += from_src.eq(from_src + 1)
-                        m.d.sync += scan_i.eq(scan_i + 1)
+                    with m.If(~more & ~scan_vld):
+                        m.next = "RQ3"
                 per(qscan)
             with m.State("RQ3"):
                 def rq3(p: int) -> None:
@@ -509,12 +527,16 @@ class ControlUnitRTL(wiring.Component):
                         back()
                     with m.Else():
                         m.d.comb += q_rd.addr.eq(p * rxq + q_head[p])
-                        nh = q_head[p] + 1
-                        m.d.sync += [q.eq(q_rd.data), q_count[p].eq(q_count[p] - 1),
-                                     q_head[p].eq(Mux(nh == rxq, 0, nh)),
-                                     scan_i.eq(0), found.eq(0), scan_ret.eq(1)]
-                        m.next = "DSCAN"
+                        m.next = "GNEXT_READ"
                 per(gnext)
+            with m.State("GNEXT_READ"):  # the waiting REQUEST at the head, read
+                def taken(p: int) -> None:
+                    nh = q_head[p] + 1
+                    m.d.sync += [q.eq(q_rd.data), q_count[p].eq(q_count[p] - 1),
+                                 q_head[p].eq(Mux(nh == rxq, 0, nh)),
+                                 scan_i.eq(0), found.eq(0), scan_ret.eq(1), scan_vld.eq(0)]
+                per(taken)
+                m.next = "DSCAN"
             with m.State("GN2"):
                 with m.If(found):
                     m.next = "GNEXT"
@@ -524,18 +546,21 @@ class ControlUnitRTL(wiring.Component):
             # --- the delivered keys: is q's among them ------------------------------------
             with m.State("DSCAN"):
                 def dscan(p: int) -> None:
-                    with m.If(found | (scan_i == d_count[p])), m.Switch(scan_ret):
+                    # pipelined as QSCAN: entry scan_i read, entry scan_i - 1 compared
+                    more = ~found & (scan_i != d_count[p])
+                    m.d.comb += d_rd.addr.eq(p * dn + scan_i)
+                    m.d.sync += scan_vld.eq(more)
+                    with m.If(more):
+                        m.d.sync += scan_i.eq(scan_i + 1)
+                    with m.If(scan_vld & (d_rd.data.flow == q.flow) & (d_rd.data.hop == q.hop)):
+                        m.d.sync += found.eq(1)
+                    with m.If(~more & ~scan_vld), m.Switch(scan_ret):
                         with m.Case(0):
                             m.next = "RQ2"
                         with m.Case(1):
                             m.next = "GN2"
                         with m.Default():
                             m.next = "RXD2"
-                    with m.Else():
-                        m.d.comb += d_rd.addr.eq(p * dn + scan_i)
-                        with m.If((d_rd.data.flow == q.flow) & (d_rd.data.hop == q.hop)):
-                            m.d.sync += found.eq(1)
-                        m.d.sync += scan_i.eq(scan_i + 1)
                 per(dscan)
 
             # --- a transfer received in full ------------------------------------------------
@@ -551,7 +576,7 @@ class ControlUnitRTL(wiring.Component):
                         m.next = "IDLE"
                     with m.Else():
                         m.d.sync += [q.eq(g), fin.eq(g), scan_i.eq(0), found.eq(0),
-                                     scan_ret.eq(2)]
+                                     scan_ret.eq(2), scan_vld.eq(0)]
                         m.next = "DSCAN"
                 per(rxd)
             with m.State("RXD2"):
