@@ -7,7 +7,9 @@
 - `registry`: the one place a back end is chosen, and the table of what each one is;
 - `experiments/`: the runner, run directories, sweeps, figures, link studies, estimates;
 - `queue`: the arbiter as a service (`oddl arbiter`), `ledger`, its durable state,
-  `limits`, its fairness rules, and `job_runs`, each submitted job's run directory;
+  `limits`, its fairness rules, `priority`, its queue's order (base, age, fair share),
+  `users`, its users and their tokens, `submission`, a job as submitted, and
+  `job_runs`, each submitted job's run directory;
 - `dashboard`: the testbed's live page (and `web/`, its assets);
 - `accept`: the acceptance runner (the checks are `oddl.acceptance`);
 - `replay`: a command recorded on a cassette, run again from it (`oddl replay`);

@@ -2,15 +2,15 @@
 
 It holds its state directory's lock and the testbed lock, opens the testbed's devices once
 (emu or hw), and runs the one orchestration of jobs (`service.admission`) fed by
-submissions: each job is placed on a rectangle of free nodes, by priority then arrival
-with EASY backfill (`service.placing`), within its user's limits (`app.limits`) and its
-time limit, planned and applied beside the running ones, watched, stopped and moved for
-its own faults only. Its state (`app.ledger`) survives it: started again on the same state
+submissions (`app.submission`): each job is placed on a rectangle of free nodes, by its
+priority now (`app.priority`) with EASY backfill (`service.placing`), within its user's
+limits (`app.limits`) and its time limit, planned and applied beside the running ones,
+watched, stopped and moved for its own faults only. Its state (`app.ledger`) survives it: started again on the same state
 directory, it queues again every job that was queued or running, each from its first
 iteration not recorded, and every job's result is read from there.
 
 HTTP on 127.0.0.1 (Starlette on uvicorn, on the back end's own loop). Every request names
-its user by a bearer token (`DIR/tokens/NAME`, 0600, written at the first start, kept
+its user (`app.users`) by a bearer token (`DIR/tokens/NAME`, 0600, written at the first start, kept
 after; an operator rotates or revokes one). Roles: `operator` (everything), `user`
 (submit; cancel and read the logs and iterations of their own jobs), `observer` (read the
 queue). Bodies are bounded; a malformed, oversized or
@@ -27,12 +27,10 @@ import logging
 import math
 import os
 import re
-import secrets
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal, cast, get_args
+from typing import Any, cast
 
 import msgspec
 from oddl.app import registry
@@ -40,18 +38,14 @@ from oddl.app.job_runs import JobRuns
 from oddl.app.ledger import ACTIVE, Ledger
 from oddl.app.limits import Limits, load_limits
 from oddl.app.priority import Priority, priority_of, share_factors
-from oddl.controller.base.access import read_secret
+from oddl.app.submission import Refused, job_request
+from oddl.app.users import ROLES, Role, User, new_token, roles_of, tokens
 from oddl.controller.base.config import (
     ConfigError,
     ConfigIssue,
-    JobEntry,
     NetworkSpec,
     Testbed,
-    experiment_model,
-    field_issues,
     load_testbed,
-    parse_toml,
-    validate_experiment,
 )
 from oddl.controller.base.telemetry import (
     TELEMETRY_VERSION,
@@ -70,9 +64,8 @@ from oddl.controller.service.stages import OddlStage1
 from oddl.controller.serving import http
 from oddl.controller.serving.lifecycle import Services, Stopped
 from oddl.controller.stage1.arbiter import Arbiter
-from oddl.controller.stage1.placement import Partition, fits
+from oddl.controller.stage1.placement import Partition
 from oddl.controller.stage2.job import job_id
-from pydantic import ValidationError
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.requests import Request
@@ -83,138 +76,6 @@ log = logging.getLogger(__name__)
 FIRST = 10  # the violations /status shows in full (each: when, what, where, which job)
 MAX_BODY = 256 * 1024  # a submitted experiment, and anything else a client sends
 FLOWS_PAGE = 20_000  # flow rows an answer holds (about 2 MB of JSON)
-Role = Literal["operator", "user", "observer"]
-ROLES: tuple[str, ...] = get_args(Role)
-
-
-class Refused(Exception):
-    """A request the service refuses: its HTTP status and why."""
-
-    def __init__(self, status: int, why: str) -> None:
-        super().__init__(why)
-        self.status = status
-
-
-@dataclass(frozen=True)
-class User:
-    name: str
-    role: Role
-
-
-MIN_TOKEN = 22  # characters of a token: 22 of base64's 64 are 132 bits
-
-
-def new_token(f: Path) -> str:
-    """A fresh token (256 random bits) in `f` (0600), in place of any there: written beside
-    it and renamed, so a reader never sees half of one."""
-    token = secrets.token_urlsafe(32)
-    tmp = f.with_name(f".{f.name}.new")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    try:
-        os.write(fd, token.encode())
-    finally:
-        os.close(fd)
-    os.replace(tmp, f)
-    return token
-
-
-def revoked(token_file: Path) -> bool:
-    """Whether an operator revoked this user's token (`oddl token USER --revoke`): the mark
-    beside it, kept until the token is rotated, so that no start of the arbiter mints one."""
-    return token_file.with_name(token_file.name + ".revoked").exists()
-
-
-def roles_of(users: list[str]) -> dict[str, Role]:
-    """name -> role, for `--user NAME[:ROLE]` (role default `user`): every user, whether
-    or not they hold a token (one revoked holds none)."""
-    out: dict[str, Role] = {}
-    for spec in users:
-        name, _, role = spec.partition(":")
-        role = role or "user"
-        if role not in ROLES:
-            raise ValueError(f"--user {spec}: role {role!r} is not one of {', '.join(ROLES)}")
-        if not name.isidentifier():
-            raise ValueError(f"--user {spec}: a user name is letters, digits and _")
-        if name in out:
-            raise ValueError(f"--user {spec}: {name} is named twice")
-        out[name] = cast(Role, role)  # one of ROLES: checked above
-    return out
-
-
-def tokens(state: Path, users: list[str]) -> dict[str, User]:
-    """token -> user, for `--user NAME[:ROLE]` (role default `user`): a token per user in
-    `state/tokens/NAME` (0600, in a 0700 directory), made at the first start and kept, but
-    for a user an operator revoked. A token file that is no token (unreadable, under 128
-    bits) or one that two users share is refused, naming it: the arbiter does not start."""
-    d = state / "tokens"
-    d.mkdir(parents=True, exist_ok=True)
-    d.chmod(0o700)
-    out: dict[str, User] = {}
-    for name, role in roles_of(users).items():
-        f = d / name
-        if revoked(f):  # an operator's revocation outlives the arbiter: no new token
-            continue
-        if not f.exists():
-            new_token(f)
-        try:
-            token = read_secret(f)
-        except OSError as e:
-            raise ValueError(f"{f}: {e}") from None
-        if len(token) < MIN_TOKEN or any(c.isspace() for c in token):
-            raise ValueError(f"{f}: a token of at least {MIN_TOKEN} characters and no spaces "
-                             f"(128 random bits; delete the file for a new one)")
-        if token in out:
-            raise ValueError(f"{f}: the same token as {out[token].name}'s: each user needs "
-                             f"their own (delete one file for a new one)")
-        out[token] = User(name, role)
-    return out
-
-
-def job_request(text: str, grid: Grid, tb: Testbed, name: str, priority: int) -> JobRequest:
-    """A submitted experiment's one workload as a job for this testbed (its `testbed` and
-    `networks` are the arbiter's), checked by the one validation every command uses;
-    Refused (422) with each `field: reason` it cannot be one for."""
-    source = "the submitted experiment"
-    try:
-        data = parse_toml(text, source)
-        if paths := [k for k in ("jobs_trace", "jobs") if k in data]:
-            # (issue 64: a trace's path was read on the arbiter's host, and its error
-            # told whether the file was there)
-            raise Refused(422, f"{paths[0]}: a submission is one [workload]; the arbiter "
-                               f"reads no file a job names")
-        exp = experiment_model(Path(source), {
-            "networks": [{"name": "oddl", "kind": "oddl"}], **data, "testbed": tb.name})
-        validate_experiment(Path(source), exp, tb, placed=True)
-    except ConfigError as e:
-        raise Refused(422, "; ".join(f"{i.path}: {i.reason}" if i.path else i.reason
-                                     for i in e.issues)) from None
-    w = exp.workload
-    if w is None:
-        raise Refused(422, "submit an experiment of one [workload] (a job), not [[jobs]]")
-    if w.compute_time_ms is None and w.parallelism is None:
-        raise Refused(422, "workload.compute_time_ms: give it (the arbiter calibrates nothing)")
-    # its batch where it gives one (JobEntry's default otherwise)
-    batch: dict[str, Any] = {"batch_per_node": w.batch_per_node} if w.batch_per_node else {}
-    try:
-        entry = JobEntry(name="job", model=w.model, collective=w.collective,
-                         ranks=w.ranks or tb.n_nodes, iterations=exp.iterations,
-                         epochs=None if exp.iterations else w.epochs,
-                         dataset_samples=None if exp.iterations else w.dataset_samples,
-                         bytes_per_param=w.bytes_per_param, compute_time_ms=w.compute_time_ms,
-                         parallelism=w.parallelism,
-                         **batch)
-    except ValidationError as e:
-        raise Refused(422, "; ".join(f"workload.{f}: {why}" for f, why in field_issues(e))
-                      ) from None
-    req = JobRequest.of(entry)
-    limit = exp.time_limit_s
-    if not fits(grid, req.ranks, req.shape, req.exact, req.group):
-        raise Refused(422, f"no rectangle of {tb.name}'s {tb.grid.rows} x {tb.grid.cols} grid "
-                           f"holds {req.ranks} ranks: this job can never run here")
-    return dataclasses.replace(req, name=name, priority=priority,
-                               time_limit_ns=round(limit * 1e9) if limit else 0)
-
-
 MAX_ROW = (1 << 62) - 1  # a row or iteration number a query names (SQLite's are 64-bit)
 MAX_UNIX_TIME = 32503680000.0  # the year 3000
 

@@ -89,7 +89,7 @@ def http_body(raw: bytes) -> None:
     """What the arbiter's POST /jobs and the drill endpoint's POST /faults do with a body:
     a job refused with its status (Refused), a fault with its fields (ValidationError, or
     the issues of a config's [[faults]] entry)."""
-    from oddl.app.queue import Refused, job_request
+    from oddl.app.submission import Refused, job_request
     from oddl.controller.base.topology import Grid
     from pydantic import ValidationError
 

@@ -338,7 +338,7 @@ def free_port() -> int:
 
 @pytest.mark.parametrize("users", [["alice", "ops:operator", "eve:observer"]])
 def test_tokens_are_private_and_kept_across_starts(tmp_path: Path, users: list[str]) -> None:
-    from oddl.app.queue import tokens
+    from oddl.app.users import tokens
 
     first = tokens(tmp_path, users)
     assert sorted((u.name, u.role) for u in first.values()) == [
@@ -400,7 +400,7 @@ def test_oddl_run_on_hw_submits_to_the_testbeds_arbiter(arbiter: Arbiter, emu: P
 def test_tokens_too_short_or_shared_are_refused_at_start(tmp_path: Path) -> None:
     """Issue 44: a 1-character token was accepted, and two users with one token resolved
     to the later one (bob's job was cancelled "as ops")."""
-    from oddl.app.queue import tokens
+    from oddl.app.users import tokens
 
     d = tmp_path / "tokens"
     tokens(tmp_path, ["alice", "bob"])

@@ -226,7 +226,7 @@ def test_an_empty_or_damaged_ledger_is_refused_never_started_afresh(tmp_path: Pa
 def test_a_submission_names_no_file_of_the_arbiters_host(tmp_path: Path) -> None:
     """Reproducer (issue 64): a submission naming `jobs_trace` told its user whether a path
     on the arbiter's host existed (and what its first line said)."""
-    from oddl.app.queue import Refused, job_request
+    from oddl.app.submission import Refused, job_request
     from oddl.controller.base.topology import Grid
 
     tb = make_testbed(2, 2)

@@ -235,7 +235,7 @@ def test_a_node_refuses_a_split_it_must_not_build() -> None:
 
 def test_the_arbiter_takes_a_hybrid_job_and_refuses_a_split_the_testbed_cannot(
         root: Path) -> None:
-    from oddl.app.queue import Refused, job_request
+    from oddl.app.submission import Refused, job_request
     from oddl.controller.base.config import load_testbed
     from oddl.controller.base.topology import Grid
 
