@@ -5,9 +5,10 @@ It holds its state directory's lock and the testbed lock, opens the testbed's de
 submissions (`app.submission`): each job is placed on a rectangle of free nodes, by its
 priority now (`app.priority`) with EASY backfill (`service.placing`), within its user's
 limits (`app.limits`) and its time limit, planned and applied beside the running ones,
-watched, stopped and moved for its own faults only. Its state (`app.ledger`) survives it: started again on the same state
-directory, it queues again every job that was queued or running, each from its first
-iteration not recorded, and every job's result is read from there.
+watched, stopped and moved for its own faults only. Its state (`app.ledger`) survives
+it: started again on the same state directory, it queues again every job that was queued
+or running, each from its first iteration not recorded, and every job's result is read
+from there.
 
 HTTP on 127.0.0.1 (Starlette on uvicorn, on the back end's own loop). Every request names
 its user (`app.users`) by a bearer token (`DIR/tokens/NAME`, 0600, written at the first start, kept
