@@ -59,6 +59,7 @@ def digits(seed: int = 0, dataset: str = "mnist"
     (train x, train y, test x, test y), a fixed stratified split."""
     from sklearn.model_selection import train_test_split
 
+    test: int | float  # held out: how many, or what share
     if dataset == "mnist":
         from oddl.controller.base.extras import require
 

@@ -231,8 +231,8 @@ def lightning_infer(samples: int, dataset: str, testbed: Path | None, soc_spec: 
         emit(rep)
         return
     acc = rep["accuracy"]
-    click.echo(f"accuracy on {samples} held-out {dataset} digits: float {acc['float']:.3f}, 8-bit digital "
-               f"{acc['digital8']:.3f}, photonic {acc['photonic']:.3f} "
+    click.echo(f"accuracy on {samples} held-out {dataset} digits: float {acc['float']:.3f}, "
+               f"8-bit digital {acc['digital8']:.3f}, photonic {acc['photonic']:.3f} "
                f"(disagreements: {rep['disagreements']})")
     click.echo(f"{rep['products_through_qick']:,} products through the QICK board in "
                f"{core.runs} runs; {rep['countaction_firings']:,} count-action firings")
