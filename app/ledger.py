@@ -36,6 +36,8 @@ CREATE TABLE IF NOT EXISTS lives (pid INTEGER, started REAL, seen REAL);
 CREATE TABLE IF NOT EXISTS holds (job TEXT, nodes INTEGER, start REAL, end REAL);
 CREATE TABLE IF NOT EXISTS drains (node TEXT PRIMARY KEY, why TEXT, by TEXT, t REAL);
 CREATE TABLE IF NOT EXISTS users (name TEXT PRIMARY KEY, role TEXT, by TEXT, t REAL);
+CREATE TABLE IF NOT EXISTS maintenance (id INTEGER PRIMARY KEY, nodes TEXT, start REAL,
+    end REAL, why TEXT, by TEXT);
 CREATE INDEX IF NOT EXISTS holds_job ON holds (job);
 CREATE INDEX IF NOT EXISTS jobs_state ON jobs (state, seq);
 CREATE INDEX IF NOT EXISTS log_job ON log (job);
@@ -198,6 +200,25 @@ class Ledger:
         self.db.execute("INSERT OR REPLACE INTO users VALUES (?, ?, ?, ?)",
                         (name, role, by, time.time()))
         self.db.commit()
+
+    def maintain(self, nodes: list[str], start: float, end: float, why: str, by: str) -> int:
+        """A maintenance window: its id."""
+        cur = self.db.execute("INSERT INTO maintenance (nodes, start, end, why, by) VALUES "
+                              "(?, ?, ?, ?, ?)", (json.dumps(nodes), start, end, why, by))
+        self.db.commit()
+        return int(cur.lastrowid or 0)
+
+    def unmaintain(self, window: int) -> bool:
+        gone = self.db.execute("DELETE FROM maintenance WHERE id = ?", (window,)).rowcount
+        self.db.commit()
+        return bool(gone)
+
+    def windows(self, after: float) -> list[dict[str, Any]]:
+        """The maintenance windows that end after `after`, by start."""
+        return [{"id": i, "nodes": json.loads(n), "start": a, "end": b, "why": w, "by": by}
+                for i, n, a, b, w, by in self.db.execute(
+                    "SELECT id, nodes, start, end, why, by FROM maintenance WHERE end > ? "
+                    "ORDER BY start, id", (after,))]
 
     def users(self) -> dict[str, str]:
         return dict(self.db.execute("SELECT name, role FROM users ORDER BY name").fetchall())

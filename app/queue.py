@@ -77,6 +77,7 @@ log = logging.getLogger(__name__)
 FIRST = 10  # the violations /status shows in full (each: when, what, where, which job)
 MAX_BODY = 256 * 1024  # a submitted experiment, and anything else a client sends
 FLOWS_PAGE = 20_000  # flow rows an answer holds (about 2 MB of JSON)
+MAX_WINDOWS = 100  # maintenance windows now and to come
 MAX_ROW = (1 << 62) - 1  # a row or iteration number a query names (SQLite's are 64-bit)
 MAX_UNIX_TIME = 32503680000.0  # the year 3000
 
@@ -120,9 +121,12 @@ class Service:
         self._submitted: dict[str, float] = {}  # each job not ended: when (Unix time)
         self.after: dict[str, tuple[str, bool]] = {}  # a queued job: its parent, "ok" only
         self._factors: tuple[float, dict[str, float]] = (-1e9, {})  # when, fair share's
+        self.windows = ledger.windows(time.time())  # maintenance, now and to come
         self.adm = make(self)
         for node, d in ledger.drains().items():
             self.adm.closed[node] = f"drained by {d['by']}: {d['why']}"
+        for w in self.windows:
+            self._at_end(w)
 
     def tell(self, now: bool = True) -> None:
         """The queue, for the bus's watchers (the dashboard): at once on a change of state,
@@ -176,6 +180,23 @@ class Service:
         del self.after[job]
         return None
 
+    def maintenance(self, end_ns: int) -> frozenset[str]:
+        """The nodes of the maintenance windows that begin before `end_ns` (the admission's
+        clock; NEVER: no end) and have not ended: a job that would hold one then waits."""
+        now = time.time()
+        end = now + (end_ns - self.adm.clock.now_ns()) / 1e9 if end_ns < NEVER else math.inf
+        return frozenset(n for w in self.windows if w["start"] < end and w["end"] > now
+                         for n in w["nodes"])
+
+    def _at_end(self, w: dict[str, Any]) -> None:
+        """Look at the queue again as a window ends: what waited for its nodes may start."""
+        def ended() -> None:
+            self.windows = [x for x in self.windows if x["end"] > time.time()]
+            self.adm.look()
+            self.tell()
+
+        self.adm.b.loop.call_later(max(0.0, w["end"] - time.time()) + 0.01, ended)
+
     def rank(self, req: JobRequest) -> float:
         """A queued job's priority now (app/priority.py)."""
         return self.priority_now(req).total
@@ -203,6 +224,8 @@ class Service:
                        else "held") if q.name in self.held else \
                     f"dependency on {self.after[q.name][0]}" if q.name in self.after else \
                     "user limit (max_running_nodes)"
+            if why == "maintenance":
+                why = "maintenance (a window on its nodes before its time limit ends)"
             out[q.name] = dict[str, Any](self.priority_now(q).public()) | {
                 "reason": why, "expected_start": round(now + (at - now_ns) / 1e9, 3)
                 if at is not None and at < NEVER else None}
@@ -517,6 +540,49 @@ class Service:
         self.tell()
         return JSONResponse({"node": node} | self.nodes()[node])
 
+    async def maintain(self, request: Request) -> Response:
+        """An operator reserves nodes for maintenance over a window (Unix times), or takes
+        a window back (DELETE): no job is placed on them that would run into it."""
+        op = self.who(request, "operator")
+        if request.method == "DELETE":
+            try:
+                window = int(request.path_params["window"])
+            except ValueError:
+                raise Refused(422, "a window's id is a number") from None
+            if not self.ledger.unmaintain(window):
+                raise Refused(404, f"no maintenance window {window}")
+            self.windows = [w for w in self.windows if w["id"] != window]
+            log.warning("arbiter: %s took back maintenance window %d", op.name, window)
+            self.adm.look()
+            self.tell()
+            return JSONResponse({"window": window, "removed": True})
+        b = await self.body(request)
+        nodes, start, end, why = b.get("nodes"), b.get("start"), b.get("end"), b.get("reason")
+        known = set(self.grid.at.values())
+        if not (isinstance(nodes, list) and 0 < len(nodes) <= len(known)
+                and all(isinstance(n, str) and n in known for n in nodes)
+                and all(isinstance(t, int | float) and not isinstance(t, bool)
+                        and math.isfinite(t) and 0 <= t <= MAX_UNIX_TIME for t in (start, end))
+                and isinstance(why, str) and 0 < len(why) <= 200):
+            raise Refused(422, '{"nodes": [nodes of this testbed], "start": Unix time, "end": '
+                               'Unix time, "reason": 1 to 200 characters}')
+        assert isinstance(start, int | float) and isinstance(end, int | float)  # (checked)
+        if not start < end <= start + 366 * 86400 or end <= time.time():
+            raise Refused(422, "end: after start, within a year of it, and not past")
+        if len(self.windows) >= MAX_WINDOWS:
+            raise Refused(429, f"{MAX_WINDOWS} maintenance windows already")
+        on = sorted(set(nodes))
+        w: dict[str, Any] = {"id": self.ledger.maintain(on, start, end, why, op.name),
+                             "nodes": on, "start": start, "end": end, "why": why,
+                             "by": op.name}
+        self.windows.append(w)
+        self._at_end(w)
+        log.warning("arbiter: %s reserved %s for maintenance (%s)", op.name,
+                    ", ".join(w["nodes"]), why)
+        self.adm.look()
+        self.tell()
+        return JSONResponse(w, status_code=201)
+
     async def user(self, request: Request) -> Response:
         """An operator adds a user with a role (their token in STATE/tokens/NAME) or removes
         one (their token goes; their jobs stay), at run time, kept across restarts."""
@@ -552,6 +618,7 @@ class Service:
         says both."""
         down = self.adm.health.out_of_service()
         on = {n: r.job for r in self.adm.started() for n in r.nodes}
+        now = time.time()
         out = {}
         for n in self.grid.nodes:
             d: dict[str, str] = {"state": "free"}
@@ -559,6 +626,11 @@ class Service:
                 d = {"state": "held", "job": on.get(n, "(being given back)")}
             if n in down:
                 d |= {"state": "down"} if d["state"] == "free" else {"also": "down"}
+            if (w := next((w for w in self.windows if n in w["nodes"]
+                           and w["start"] <= now < w["end"]), None)) is not None:
+                d |= ({"state": "maintenance"} if d["state"] == "free" else
+                      {"also": "maintenance"}) | {"why": f"maintenance by {w['by']}: "
+                                                         f"{w['why']}"}
             if (why := self.adm.closed.get(n)) is not None:
                 state = "drained" if why.startswith("drained") else "closed"
                 d |= ({"state": state} if d["state"] == "free" else {"also": state}) | \
@@ -580,6 +652,7 @@ class Service:
                              "free_nodes": sum(1 for d in nodes.values()
                                                if d["state"] == "free"),
                              "nodes": nodes, "reservation": reserved,
+                             "maintenance": self.windows,
                              "setting_up": self.adm.setting_up(),
                              "invariant_violations": len(self.adm.b.monitor.violations),
                              "first_violations": self.adm.b.monitor.violations[:FIRST]})
@@ -614,6 +687,8 @@ class Service:
             Route("/nodes/{node}/drain", guarded(self.drain), methods=["POST"]),
             Route("/nodes/{node}/resume", guarded(self.drain), methods=["POST"]),
             Route("/users/{user}", guarded(self.user), methods=["POST", "DELETE"]),
+            Route("/maintenance", guarded(self.maintain), methods=["POST"]),
+            Route("/maintenance/{window}", guarded(self.maintain), methods=["DELETE"]),
         ], middleware=[Middleware(http.BearerToken, tokens=self.users,
                                   refused=self._unknown)])
 
@@ -677,7 +752,8 @@ def _serve(tb: Testbed, state: Path, ledger: Ledger, users: dict[str, User], rul
 
             def make(svc: Service) -> Admission:
                 svc.backfill = Backfill(grid, lambda: adm.started(),
-                                        lambda: adm.clock.now_ns(), svc.may_start)
+                                        lambda: adm.clock.now_ns(), svc.may_start,
+                                        svc.maintenance)
                 adm = Admission(backend, grid, [], svc.backfill, OddlStage1(arbiter, spec),
                                 spec, tb, job_id("arbiter", os.getpid(), time.time_ns()),
                                 "arbiter", svc.on_iteration, record_flows=True,

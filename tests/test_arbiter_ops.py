@@ -145,7 +145,7 @@ def test_a_heavy_users_job_starts_after_a_light_users_of_the_same_priority(
 
 
 @pytest.mark.realtime  # an emulator, an arbiter, HTTP: the wall clock
-def test_users_added_at_run_time_are_kept_and_removed_ones_stay_out(
+def test_users_drains_and_windows_set_at_run_time_are_kept_across_a_restart(
         root: Path, emu: Path, tmp_path: Path) -> None:
     a = Arbiter(root, emu, tmp_path / "state", 0)
     try:
@@ -155,6 +155,10 @@ def test_users_added_at_run_time_are_kept_and_removed_ones_stay_out(
         assert a.cli("alice", "user", "add", "mallory").returncode == 2  # an operator's
         token, bobs = a.token("dave"), a.token("bob")
         assert a.cli("ops", "user", "remove", "bob").returncode == 0
+        assert a.call("ops", "POST", "/maintenance", json={
+            "nodes": ["n1-0"], "start": time.time() + 3600, "end": time.time() + 7200,
+            "reason": "laser swap"}).status_code == 201
+        assert a.cli("ops", "drain", "n0-1", "--reason", "flaky link").returncode == 0
         assert a.http.get(a.url + "/jobs", headers={
             "Authorization": f"Bearer {bobs}"}).status_code == 401
     finally:
@@ -164,8 +168,45 @@ def test_users_added_at_run_time_are_kept_and_removed_ones_stay_out(
         assert a.token("dave") == token
         assert b.call("dave", "GET", "/jobs").status_code == 200
         assert not (tmp_path / "state" / "tokens" / "bob").exists()  # not minted again
+        st = b.call("eve", "GET", "/status").json()  # drains and windows kept too
+        assert [(w["nodes"], w["why"]) for w in st["maintenance"]] == [(["n1-0"],
+                                                                        "laser swap")]
+        assert st["nodes"]["n0-1"]["state"] == "drained"
     finally:
         b.stop()
+
+
+@pytest.mark.realtime  # an emulator, an arbiter, HTTP: the wall clock
+def test_a_maintenance_window_keeps_jobs_off_its_nodes_until_it_ends(arb: Arbiter) -> None:
+    """Issue 64: maintenance reservations (nodes and a window): a job that would run into
+    one waits, saying so; one that fits elsewhere runs; once it ends, the job starts."""
+    end = time.time() + 8
+    r = arb.cli("ops", "maintenance", "add", "n0-0", "--reason", "fibre swap", "--end",
+                time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(end)))
+    assert r.returncode == 0 and "maintenance 1: n0-0 until" in r.stdout, r.stderr
+    st = arb.call("eve", "GET", "/status").json()
+    assert st["nodes"]["n0-0"] == {"state": "maintenance",
+                                   "why": "maintenance by ops: fibre swap"}
+    assert [w["nodes"] for w in st["maintenance"]] == [["n0-0"]]
+    whole = arb.submit("alice", "whole", 5, ranks=4)
+    pair = arb.submit("bob", "pair", 5, ranks=2)
+    assert json.loads(arb.wait("bob", pair).stdout)["state"] == "finished"
+    j = _job(arb, "alice", whole)
+    assert j["state"] == "queued" and j["reason"].startswith("maintenance"), j
+    assert "maintenance 1: n0-0 from" in arb.cli("eve", "status").stdout
+    done = json.loads(arb.wait("alice", whole).stdout)
+    assert done["state"] == "finished" and done["started"] >= end, (done, end)
+    # a window taken back; what is no window refused
+    later = {"nodes": ["n1-1"], "start": time.time() + 3600, "end": time.time() + 7200,
+             "reason": "x"}
+    w = arb.call("ops", "POST", "/maintenance", json=later).json()
+    assert arb.call("ops", "DELETE", f"/maintenance/{w['id']}").status_code == 200
+    assert arb.call("ops", "DELETE", f"/maintenance/{w['id']}").status_code == 404
+    for bad in ({**later, "nodes": ["n9-9"]}, {**later, "end": later["start"] - 1},
+                {**later, "end": float("nan")}, {**later, "reason": ""}):
+        assert arb.call("ops", "POST", "/maintenance", content=json.dumps(bad)
+                        ).status_code in (400, 422)
+    assert arb.call("alice", "POST", "/maintenance", json=later).status_code == 403
 
 
 def test_usage_charges_the_time_nodes_were_held_not_the_arbiters_downtime(

@@ -123,3 +123,24 @@ def test_a_head_job_waiting_for_a_dead_node_blocks_nobody() -> None:
     assert [r.name for r, _ in backfill(GRID, set(free), queue, running, 0)] == []
     assert [r.name for r, _ in backfill(GRID, set(free), queue[:1] + queue[2:], running,
                                         0)] == ["long"]
+
+
+def test_a_job_that_would_run_into_a_maintenance_window_keeps_off_its_nodes() -> None:
+    """Issue 64: maintenance reservations. Row 0 is reserved from 100 s: a job whose limit
+    ends before then may use it; a longer one goes to row 1, or waits ("maintenance")."""
+    def maint(end_ns: int) -> frozenset[str]:
+        return row(0) if end_ns > 100 * S else frozenset()
+
+    queue = [job("short", 4, 50, "row"), job("long", 4, 500, "row"), job("longer", 4, 500,
+                                                                       "row")]
+    pending: dict[str, tuple[str, int | None, frozenset[str]]] = {}
+    started = backfill(GRID, set(GRID.nodes), queue, [], 0, pending=pending,
+                       maintenance=maint)
+    assert [(r.name, p.rows) for r, p in started] == [("short", (0,)), ("long", (1,))]
+    # its reservation keeps off row 0 too: row 1, once "long" has left
+    assert pending == {"longer": ("resources", 500 * S, row(1))}
+    # nothing running: it fits only on the reserved row, and waits for the window
+    pending.clear()
+    started = backfill(GRID, set(row(0)), queue[2:], [], 0, pending=pending,
+                       maintenance=maint)
+    assert started == [] and pending == {"longer": ("maintenance", None, frozenset())}

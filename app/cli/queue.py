@@ -1,6 +1,6 @@
 """`oddl arbiter` (the service that owns a testbed) and its clients: `oddl submit`, `jobs`,
 `status`, `cancel`, `wait`, `logs`, `usage`, and an operator's `hold`, `release`,
-`priority`, `drain`, `resume`, `user` and `token`. The clients find the service by
+`priority`, `drain`, `resume`, `maintenance`, `user` and `token`. The clients find the service by
 `--arbiter URL --token-file F`, or ODDL_ARBITER and ODDL_TOKEN_FILE; each waits for an
 arbiter that is down (restarting) up to $ODDL_ARBITER_PATIENCE seconds (120)."""
 
@@ -209,6 +209,11 @@ def status(as_json: bool, url: str, token_file: Path) -> None:
         extra = " ".join(x for x in (d.get("job", ""), f"(also {d['also']})"
                                      if "also" in d else "", d.get("why", "")) if x)
         click.echo(f"  {node:<12} {d['state']:<8} {extra}")
+    for w in st.get("maintenance", []):
+        click.echo(f"maintenance {w['id']}: {', '.join(w['nodes'])} from "
+                   + time.strftime("%Y-%m-%d %H:%M", time.localtime(w["start"])) + " to "
+                   + time.strftime("%Y-%m-%d %H:%M", time.localtime(w["end"]))
+                   + f" ({w['why']}, by {w['by']})")
     if (r := st["reservation"]) is not None:
         click.echo(f"reservation: {r['job']} on {', '.join(r['nodes'])} by "
                    + time.strftime("%H:%M:%S", time.localtime(r["start"])))
@@ -237,6 +242,33 @@ def resume(nodes: tuple[str, ...], url: str, token_file: Path) -> None:
     for n in nodes:
         _call(url, token_file, "POST", f"/nodes/{n}/resume")
         click.echo(f"{n} resumed")
+
+
+@main.command()
+@click.argument("action", type=click.Choice(["add", "remove"]))
+@click.argument("what", nargs=-1, required=True, metavar="NODE... | ID")
+@click.option("--start", type=click.DateTime(), default=None, help="from then (default: now)")
+@click.option("--end", type=click.DateTime(), default=None, help="to then (add: required)")
+@click.option("--reason", default=None, help="why, as `oddl status` shows it (add: required)")
+@_client_options
+def maintenance(action: str, what: tuple[str, ...], start: Any, end: Any, reason: str | None,
+                url: str, token_file: Path) -> None:
+    """An operator reserves nodes for maintenance over a window (`add NODE... --end T
+    --reason R [--start T]`): no job is placed on them that would still run when it
+    begins, and none during it; `remove ID` takes a window back. `oddl status` lists
+    them."""
+    if action == "remove":
+        for w in what:
+            _call(url, token_file, "DELETE", f"/maintenance/{w}")
+            click.echo(f"maintenance {w} removed")
+        return
+    if end is None or reason is None:
+        raise click.UsageError("add needs --end and --reason")
+    w = _call(url, token_file, "POST", "/maintenance", {
+        "nodes": list(what), "start": start.timestamp() if start else time.time(),
+        "end": end.timestamp(), "reason": reason})
+    click.echo(f"maintenance {w['id']}: {', '.join(w['nodes'])} until "
+               + time.strftime("%Y-%m-%d %H:%M", time.localtime(w["end"])))
 
 
 @main.command()

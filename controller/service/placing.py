@@ -54,15 +54,19 @@ class Running:
     job: str = ""
 
 
-def reservation(grid: Grid, free: set[str], running: list[Running], head: JobRequest
+def reservation(grid: Grid, free: set[str], running: list[Running], head: JobRequest,
+                maintenance: Callable[[int], frozenset[str]] = lambda _end: frozenset()
                 ) -> tuple[int, frozenset[str]] | None:
     """When the blocked head of the queue can start at the latest, and on which nodes: the
     running jobs leave at their limits, earliest first, until a rectangle holds it (EASY's
-    shadow time). None: not even then (nodes out of service), so nothing can delay it."""
+    shadow time), off the nodes of maintenance windows it would run into. None: not even
+    then (nodes out of service), so nothing can delay it."""
     avail = set(free)
     for r in sorted(running, key=lambda r: r.ends_ns):
         avail |= r.nodes
-        part = place(grid, avail, head.name, head.ranks, head.shape, head.exact, head.group)
+        end = r.ends_ns + head.time_limit_ns if head.time_limit_ns else NEVER
+        part = place(grid, avail - maintenance(end), head.name, head.ranks, head.shape,
+                     head.exact, head.group)
         if part is not None:
             return r.ends_ns, frozenset(part.nodes)
     return None
@@ -76,7 +80,9 @@ Pending = dict[str, tuple[str, int | None, frozenset[str]]]
 def backfill(grid: Grid, free: set[str], queue: list[JobRequest], running: list[Running],
              now_ns: int, may_start: Callable[[JobRequest, list[tuple[JobRequest, Partition]]],
                                               bool] = lambda _r, _p: True,
-             pending: Pending | None = None) -> list[tuple[JobRequest, Partition]]:
+             pending: Pending | None = None,
+             maintenance: Callable[[int], frozenset[str]] = lambda _end: frozenset()
+             ) -> list[tuple[JobRequest, Partition]]:
     """EASY backfill (as Slurm's and Maui's): the queue's jobs start in order while they
     fit; the first that does not is given a reservation (`reservation`), and each job
     behind it starts now if it fits in the free nodes and cannot delay that start: it ends
@@ -87,8 +93,11 @@ def backfill(grid: Grid, free: set[str], queue: list[JobRequest], running: list[
     a job held, or whose user is at a limit (it blocks nobody). `free` loses the nodes
     placed; `pending` gets why each other job waits: "ineligible" (`may_start`),
     "resources" (with its reservation's start), "nodes out of service" (no reservation
-    holds it), "reservation" (it would delay the reserved start), or "resources" (with
-    no start: behind the reserved job, it does not fit in the free nodes)."""
+    holds it), "reservation" (it would delay the reserved start), "resources" (with no
+    start: behind the reserved job, it does not fit in the free nodes), or "maintenance"
+    (it fits only on nodes an operator has reserved for maintenance before it would end:
+    `maintenance(end_ns)`, the nodes of the windows that begin before `end_ns`; it
+    reserves nothing)."""
     why: Pending = pending if pending is not None else {}
     def ends(req: JobRequest) -> int:  # no limit: it may never end
         return now_ns + req.time_limit_ns if req.time_limit_ns else NEVER
@@ -100,18 +109,23 @@ def backfill(grid: Grid, free: set[str], queue: list[JobRequest], running: list[
         if not may_start(req, out):
             why[req.name] = ("ineligible", None, frozenset())
             continue
-        fits = place(grid, free, req.name, req.ranks, req.shape, req.exact, req.group)
+        off = maintenance(ends(req))
+        fits = place(grid, free - off, req.name, req.ranks, req.shape, req.exact, req.group)
+        if fits is None and off and place(grid, free, req.name, req.ranks, req.shape,
+                                          req.exact, req.group) is not None:
+            why[req.name] = ("maintenance", None, frozenset())
+            continue
         if blocked is None:  # in order, up to the first that does not fit
             if fits is None:
                 # a job no end of the running jobs lets start (it waits for nodes out of
                 # service) reserves nothing: the jobs behind go on round it (issue 64)
-                blocked = reservation(grid, free, running, req)
+                blocked = reservation(grid, free, running, req, maintenance)
                 why[req.name] = ("resources", *blocked) if blocked else \
                     ("nodes out of service", None, frozenset())
                 continue
         elif fits is not None and ends(req) > blocked[0]:
-            fits = place(grid, free - blocked[1], req.name, req.ranks, req.shape, req.exact,
-                         req.group)
+            fits = place(grid, free - off - blocked[1], req.name, req.ranks, req.shape,
+                         req.exact, req.group)
             if fits is None:
                 why[req.name] = ("reservation", None, frozenset())
                 continue
@@ -130,16 +144,18 @@ class Backfill:
 
     def __init__(self, grid: Grid, running: Callable[[], list[Running]],
                  now_ns: Callable[[], int],
-                 may_start: Callable[[JobRequest, list[tuple[JobRequest, Partition]]], bool]
+                 may_start: Callable[[JobRequest, list[tuple[JobRequest, Partition]]], bool],
+                 maintenance: Callable[[int], frozenset[str]] = lambda _end: frozenset()
                  ) -> None:
         self.grid, self.running, self.now_ns, self.may_start = grid, running, now_ns, may_start
+        self.maintenance = maintenance
         self.pending: Pending = {}  # the latest pass's: why each job that did not start
 
     def place(self, free: set[str], health: Health, queue: list[JobRequest]
               ) -> list[tuple[JobRequest, Partition]]:
         pending: Pending = {}
         out = backfill(self.grid, free - health.out_of_service(), queue, self.running(),
-                       self.now_ns(), self.may_start, pending)
+                       self.now_ns(), self.may_start, pending, self.maintenance)
         self.pending = pending
         return out
 
