@@ -264,11 +264,11 @@ def maintenance(action: str, what: tuple[str, ...], start: Any, end: Any, reason
         return
     if end is None or reason is None:
         raise click.UsageError("add needs --end and --reason")
-    w = _call(url, token_file, "POST", "/maintenance", {
+    made = _call(url, token_file, "POST", "/maintenance", {
         "nodes": list(what), "start": start.timestamp() if start else time.time(),
         "end": end.timestamp(), "reason": reason})
-    click.echo(f"maintenance {w['id']}: {', '.join(w['nodes'])} until "
-               + time.strftime("%Y-%m-%d %H:%M", time.localtime(w["end"])))
+    click.echo(f"maintenance {made['id']}: {', '.join(made['nodes'])} until "
+               + time.strftime("%Y-%m-%d %H:%M", time.localtime(made["end"])))
 
 
 @main.command()
