@@ -1,4 +1,5 @@
 """The O-NIC's gateware in Amaranth HDL: `onic_ctrl` (the register IP), `control_unit` (the
 stage-2 control unit), `onic_top` (the two in one IP: the unit in the datapath), `build`
-(their Verilog, a Yosys synthesis, the Vivado recipe's place) and `verilated` (a design
-compiled by Verilator, driven from Python)."""
+(their Verilog, a Yosys synthesis, the Vivado recipe's place), `board` (the whole top
+placed, routed, timed and packed for an ECP5 board by PyPI's open flow) and `verilated`
+(a design compiled by Verilator, driven from Python)."""
