@@ -180,7 +180,7 @@ def test_users_drains_and_windows_set_at_run_time_are_kept_across_a_restart(
 def test_a_maintenance_window_keeps_jobs_off_its_nodes_until_it_ends(arb: Arbiter) -> None:
     """Issue 64: maintenance reservations (nodes and a window): a job that would run into
     one waits, saying so; one that fits elsewhere runs; once it ends, the job starts."""
-    end = time.time() + 8
+    end = float(int(time.time() + 8))  # (`--end` is to the second)
     r = arb.cli("ops", "maintenance", "add", "n0-0", "--reason", "fibre swap", "--end",
                 time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(end)))
     assert r.returncode == 0 and "maintenance 1: n0-0 until" in r.stdout, r.stderr

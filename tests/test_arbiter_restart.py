@@ -128,7 +128,8 @@ def test_an_arbiter_stopped_with_a_job_running_stops_at_once_and_resumes_it(
     again = Arbiter(root, emu, tmp_path / "state", port)
     try:
         again.until_done("alice", job, 6)  # queued again, and running on
-        assert again.call("alice", "DELETE", f"/jobs/{job}").status_code == 200
+        r = again.call("alice", "DELETE", f"/jobs/{job}")
+        assert r.status_code == 200, (r.text, "".join(again.err)[-3000:])
         assert again.ended("alice", job)["state"] == "cancelled"
     finally:
         again.stop()

@@ -178,7 +178,7 @@ def build(top: wiring.Component, board: str, out: Path) -> dict[str, Any]:
         harness = Harness(top, b)
         try:
             platform.build(harness, name=name, build_dir=str(out), do_program=False,
-                           nextpnr_opts="--timing-allow-fail")
+                           nextpnr_opts="--timing-allow-fail --router router2")
         except Exception as e:  # the flow's own failure: its log's last words
             tail = ""
             for log in (out / f"{name}.tim", out / f"{name}.rpt"):
