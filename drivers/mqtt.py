@@ -109,6 +109,7 @@ class MQTTBus:
         self._connack: asyncio.Future[Any] | None = None
         self._started = False
         self.lost = asyncio.Event()  # the broker went away under us
+        self.losses = 0  # how often: `lost` is cleared again on reconnect, this is not
         c = self.client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=user,
                                       protocol=mqtt.MQTTv311)
         if password is not None:
@@ -283,7 +284,7 @@ class MQTTBus:
             # it once a second, not 64 times
             await asyncio.sleep(1 - loop.time() % 1)
         log.warning("mqtt: %s: connection to the broker lost", self.user)
-        self.lost.set()
+        self._lose()
 
     # --- paho's socket callbacks (connect runs in a worker thread: hop to the loop) -------
     def _on_open(self, client: mqtt.Client, userdata: Any, sock: Any) -> None:
@@ -311,11 +312,15 @@ class MQTTBus:
         if self._connack is not None and not self._connack.done():
             self._connack.set_result(rc)
 
+    def _lose(self) -> None:
+        self.losses += 1
+        self.lost.set()
+
     def _on_disconnect(self, client: mqtt.Client, userdata: Any, flags: Any, rc: Any,
                        props: Any = None) -> None:
         if self._started:  # not our own DISCONNECT: the protocol's retries take over
             log.warning("mqtt: %s: disconnected from the broker: %s", self.user, rc)
-            self.lost.set()
+            self._lose()
 
     def _on_message(self, client: mqtt.Client, userdata: Any, m: mqtt.MQTTMessage) -> None:
         if m.retain and not self._kept(m.topic):

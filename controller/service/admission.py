@@ -117,7 +117,7 @@ class _Stopped:
     """A job stopped for a fault, until it goes on."""
 
     t_stop_ns: int
-    t_last_ns: int  # its latest iteration recorded
+    t_last_ns: int  # its latest iteration recorded before the stop
     stop: JobStopped
     found: list[Diagnosis]
     replan: bool  # something to go round (else: the same plan again, e.g. a bus blink)
@@ -803,6 +803,9 @@ class Admission:
         fails the run), the partition goes back to the pool and the job to the head of
         the queue."""
         health, now = self.health, self.clock.now_ns()
+        # its last iteration recorded before the stop: one whose reports its ranks say again
+        # once the bus is back (below) is heard after the outage, and would hide it
+        last_ns = self._last.get(req.name, now)
         rec = self.records[req.name]
         self.outcomes.append(stop.outcome)
         rec.took(stop.outcome)
@@ -836,7 +839,7 @@ class Admission:
             raise e
         self._give(req.name, part)
         rule = self._rules[req.name]
-        self._stopped[req.name] = _Stopped(now, self._last.get(req.name, now), stop,
+        self._stopped[req.name] = _Stopped(now, last_ns, stop,
                                            rule.pending(), bool(rule.faults()),
                                            tuple(part.ranks))
         self.resume[req.name] = stop.next_iteration
