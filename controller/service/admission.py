@@ -750,14 +750,13 @@ class Admission:
             if moved is not None and min(c.score for c in moved.shifts.links.values()) > \
                     phase_score(self._profiles, self._began, self.clock.now_ns()) + 1e-9:
                 self._pause(moved.pauses_ns)
-        if task.cancelled() and req.name not in self._cancelling and self.on_end is not None:
-            # the service's loop is stopping (Ctrl-C of the arbiter): the job has not
-            # ended, and the ledger keeps it running for the next arbiter to go on with
-            # (recording it cancelled lost it: issue 62's restart test, 3 of 10)
-            self.running -= 1
-            return
         if task.cancelled():  # the service cancelled it (or its time limit)
             self.running -= 1
+            if req.name not in self._cancelling and self.on_end is not None:
+                # no: the service's loop is stopping (Ctrl-C of the arbiter). The job has
+                # not ended; the ledger keeps it running for the next arbiter to go on
+                # with (recording it cancelled lost it: issue 62's restart test, 3 of 10)
+                return
             if (cut := self.b.cut.pop(spec_id or "", None)) is not None:
                 self.outcomes.append(cut)
                 rec.took(cut)  # as far as its ranks said, as they dropped it
