@@ -148,3 +148,28 @@ def test_a_sweep_of_one_network_prints_no_empty_speedup_table(root: Path,
     assert r.exit_code == 0, r.output
     assert "speedup over each network" not in r.output
     assert "1 points in" in r.output
+
+
+def test_a_sweep_is_validated_point_by_point_before_any_runs(root: Path,
+                                                             tmp_path: Path) -> None:
+    """Reproducer (issue 67): `oddl check` refuses an OptINC unit of 4 ports on 64 nodes,
+    but `oddl sweep` ran the first points, then failed with a ValueError. Every point is
+    validated first; every issue is said at once, with its point."""
+    text = SWEEP.replace('["resnet50", "vgg19"]', '["resnet50"]').replace(
+        "[4, 16]", "[4, 64]").replace("[100, 200]", "[100]") + """
+[[networks]]
+name = "optinc"
+kind = "optinc"
+ports = 4
+"""
+    f = _sweep(root, tmp_path, text.replace("[4, 64]", "[4, 64, 1024]"))
+    out = tmp_path / "out"
+    for args in (["check", str(f)], ["sweep", str(f), "--out", str(out)]):
+        r = CliRunner().invoke(main, args)
+        assert r.exit_code == 2, r.output
+        lines = [x for x in r.output.splitlines() if x.startswith("error:")]
+        assert len(lines) == 2, r.output  # the largest points first, as they would run
+        for line, n in zip(lines, (1024, 64), strict=True):
+            assert line.startswith(f"error: {f}: networks[3].ports: {n} servers: ")
+            assert line.endswith(f"(at optinc resnet50 {n}n 100G)")
+        assert not out.exists()  # no point ran

@@ -22,12 +22,15 @@ from oddl.controller.base.config import (
     ConfigError,
     ConfigIssue,
     ConfigModel,
+    Experiment,
     LoadedExperiment,
     NetworkSpec,
     Testbed,
     domain_issues,
+    load_testbed,
     pydantic_issues,
     read_toml,
+    validate_experiment,
 )
 from oddl.controller.base.extras import require
 from oddl.controller.serving.lifecycle import as_stopped
@@ -82,6 +85,10 @@ class Sweep(ConfigModel):
 
 
 def load_sweep(path: str | Path) -> tuple[Sweep, Path]:
+    """A sweep and its template testbed, every point validated as `oddl run` validates an
+    experiment (`validate_experiment`), before any runs: ConfigError with every issue of
+    every point, each naming the point (a point then fails only in what only running it
+    finds, such as a plan)."""
     path = Path(path)
     try:
         sw = Sweep.model_validate(read_toml(path))
@@ -90,7 +97,45 @@ def load_sweep(path: str | Path) -> tuple[Sweep, Path]:
     tb = (path.parent / sw.testbed) if not Path(sw.testbed).is_absolute() else Path(sw.testbed)
     if not tb.exists():
         raise ConfigError([ConfigIssue(str(path), "testbed", f"no such file: {tb}")])
+    load_testbed(tb)  # the template's own mistakes, named in its file
+    issues = _point_issues(path, sw, read_toml(tb))
+    if issues:
+        raise ConfigError(issues)
     return sw, tb
+
+
+def _point_issues(path: Path, sw: Sweep, template: dict[str, Any]) -> list[ConfigIssue]:
+    """Every point's experiment on its generated testbed, validated; an issue of a point's
+    network is said once, at that network's place in the sweep, with the points it is
+    true of."""
+    testbeds: dict[tuple[int, float], Testbed | None] = {}
+    found: dict[tuple[str, str], list[str]] = {}
+    index = {n.name: i for i, n in enumerate(sw.networks)}
+    for p in points(sw):
+        shape = (p["nodes"], p["line_rate_gbps"])
+        if shape not in testbeds:
+            try:
+                testbeds[shape] = make_testbed(template, *shape)
+            except ValueError as e:
+                testbeds[shape] = None
+                found.setdefault(("nodes", str(e)), [])
+        tb = testbeds[shape]
+        if tb is None:
+            continue
+        task = {**p, "sweep": sw.name, "collective": sw.collective,
+                "compute_time_ms": sw.compute_time_ms.get(p["model"], 0.0)}
+        try:
+            validate_experiment(path, point_experiment(task), tb)
+        except ConfigError as e:
+            where = f"networks[{index[p['network']['name']]}]"
+            for x in e.issues:
+                field = x.path.replace("networks[0]", where) if x.path.startswith(
+                    "networks[0]") else f"{where} ({x.path})"
+                found.setdefault((field, x.reason), []).append(_name(_key(p)))
+    return [ConfigIssue(str(path), field, reason + (f" (at {', '.join(at[:4])}"
+                                                    f"{' and more' * (len(at) > 4)})"
+                                                    if at else ""))
+            for (field, reason), at in found.items()]
 
 
 def grid_shape(n: int) -> tuple[int, int]:
@@ -136,21 +181,25 @@ def run_point(task: dict[str, Any]) -> dict[str, Any]:
                           f"{task['line_rate_gbps']:g} Gb/s: {type(e).__name__}: {e}") from e
 
 
+def point_experiment(task: dict[str, Any]) -> Experiment:
+    """A point as the one-iteration experiment it runs."""
+    net = NetworkSpec.model_validate(task["network"])
+    return Experiment.model_validate({
+        "name": f"{task['sweep']}-{net.name}", "testbed": "<generated>", "iterations": 1,
+        "flow_records": "none", "networks": [net.model_dump()],
+        "workload": {"model": task["model"], "collective": task["collective"], "epochs": 1,
+                     "dataset_samples": 1_281_167, "batch_per_node": 32,
+                     "compute_time_ms": task.get("compute_time_ms", 0.0)}})
+
+
 def _run_point(task: dict[str, Any]) -> dict[str, Any]:
     from oddl.app.experiments.runner import run_experiment
-    from oddl.controller.base.config import Experiment
 
     t0 = time.perf_counter()
     net = NetworkSpec.model_validate(task["network"])
     tb = make_testbed(task["template"], task["nodes"], task["line_rate_gbps"])
     compute = task.get("compute_time_ms", 0.0)
-    exp = Experiment.model_validate({
-        "name": f"{task['sweep']}-{net.name}", "testbed": "<generated>", "iterations": 1,
-        "flow_records": "none", "networks": [net.model_dump()],
-        "workload": {"model": task["model"], "collective": task["collective"], "epochs": 1,
-                     "dataset_samples": 1_281_167, "batch_per_node": 32,
-                     "compute_time_ms": compute}})
-    ctx = LoadedExperiment(Path("<sweep>"), exp, Path("<generated>"), tb)
+    ctx = LoadedExperiment(Path("<sweep>"), point_experiment(task), Path("<generated>"), tb)
     res = run_experiment(ctx).networks[net.name]
     it_ms = res.iteration_time_s * 1e3
     return {"network": net.name, "kind": net.kind, "model": task["model"],
