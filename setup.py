@@ -18,6 +18,7 @@ import sys
 
 from setuptools import Extension, find_packages, setup
 from setuptools.command.build_ext import build_ext
+from setuptools.command.build_py import build_py
 
 # the top-level folders and the names they install as (`oddl` itself is a namespace)
 ROOTS = {
@@ -30,6 +31,8 @@ ROOTS = {
     "oddl.acceptance": "tests/acceptance",  # the hardware acceptance checks ship with oddl
 }
 HERE = os.path.dirname(os.path.abspath(__file__))
+# the shipped testbeds and experiments: oddl/examples/ in the wheel (`oddl examples DIR`)
+EXAMPLES = runpy.run_path(os.path.join(HERE, "app", "examples.py"))
 COMPILED = runpy.run_path(os.path.join(HERE, "controller", "base", "compiled.py"))
 SOURCES = {COMPILED["module_name"](p): p for p in COMPILED["HOT"] + COMPILED["KERNELS"]}
 
@@ -78,6 +81,22 @@ class OptionalBuild(build_ext):
                 self.copy_file(regular + COMPILED["STAMP"], inplace + COMPILED["STAMP"])
 
 
+class WithExamples(build_py):
+    """The wheel carries hw_configs/ and experiments/ as oddl/examples/ (an editable
+    install reads them from the checkout)."""
+
+    def run(self) -> None:
+        super().run()
+        if getattr(self, "editable_mode", False):
+            return
+        for folder in EXAMPLES["FOLDERS"]:
+            dest = os.path.join(self.build_lib, "oddl", "examples", folder)
+            self.mkpath(dest)
+            for name in sorted(os.listdir(os.path.join(HERE, folder))):
+                if name.endswith(EXAMPLES["KINDS"]):
+                    self.copy_file(os.path.join(HERE, folder, name), os.path.join(dest, name))
+
+
 def extensions() -> list[Extension]:
     if os.environ.get("ODDL_BUILD_INTERPRETED", "") not in ("", "0"):
         say("the hot path runs interpreted (ODDL_BUILD_INTERPRETED is set)")
@@ -100,4 +119,4 @@ def extensions() -> list[Extension]:
 
 
 setup(packages=discovered(), package_dir=ROOTS, ext_modules=extensions(),
-      cmdclass={"build_ext": OptionalBuild})
+      cmdclass={"build_ext": OptionalBuild, "build_py": WithExamples})

@@ -127,7 +127,7 @@ class Ledger:
     def down_s(self, since: float, until: float) -> float:
         """The seconds no arbiter ran between `since` and `until` (wall clock)."""
         lives = self.db.execute("SELECT started, seen FROM lives ORDER BY rowid").fetchall()
-        return sum(max(0.0, min(b[0], until) - max(a[1], since))
+        return sum(max(0.0, min(float(b[0]), until) - max(float(a[1]), since))
                    for a, b in itertools.pairwise(lives))
 
     # --- jobs ---------------------------------------------------------------------------

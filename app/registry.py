@@ -14,12 +14,23 @@ import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from oddl.controller.base.config import FaultSpec, NetworkSpec, QickPhotonics, Testbed
+from oddl.controller.base.parallelism import Hybrid
 from oddl.controller.base.topology import Grid
 from oddl.controller.service.backend import Announce, Backend
 from oddl.controller.service.node import NodeProgram
+
+if TYPE_CHECKING:  # what the back ends hand out, named for the checker (imported when asked)
+    from oddl.drivers.announce import BusAnnouncer
+    from oddl.drivers.cassette import Player, Recorder
+    from oddl.drivers.lightning_mac import PhotonicCore
+    from oddl.drivers.mqtt import MQTTBus
+    from oddl.drivers.onic import ONicDriver
+    from oddl.sim.networks.profile import Profile
+    from oddl.sim.networks.search import SearchResult
+    from oddl.studies.lenet import Inference
 
 T = TypeVar("T")
 
@@ -130,8 +141,8 @@ def allreduce_ns(spec: NetworkSpec, collective: str, servers: int, size_bytes: i
         loop.close()
 
 
-def search_split(spec: NetworkSpec, base: Any, collective: str, nodes: list[str],
-                 line_rate_gbps: float, cols: int | None = None) -> Any:
+def search_split(spec: NetworkSpec, base: Hybrid, collective: str, nodes: list[str],
+                 line_rate_gbps: float, cols: int | None = None) -> SearchResult:
     """`oddl plan --search`: the best tensor x pipeline x data split of a Transformer job
     on a network's flow model (TopoOpt: with its topology; SiP-ML: within its degree)."""
     from oddl.sim.networks.search import search
@@ -139,7 +150,7 @@ def search_split(spec: NetworkSpec, base: Any, collective: str, nodes: list[str]
     return search(spec, base, collective, nodes, line_rate_gbps, cols)
 
 
-def open_announcer(tb: Testbed) -> Any:
+def open_announcer(tb: Testbed) -> BusAnnouncer:
     """The controller's notes on the testbed's bus from a thread and a connection of their
     own (`.announce`, `.close()`): for a sim run (a virtual-time loop does no network I/O)
     and for what `oddl accept` found."""
@@ -148,7 +159,7 @@ def open_announcer(tb: Testbed) -> Any:
     return BusAnnouncer(tb)
 
 
-def open_watch(tb: Testbed) -> Any:
+def open_watch(tb: Testbed) -> MQTTBus:
     """`oddl dashboard`: a read-only connection to the testbed's bus, as the dashboard."""
     from oddl.controller.base.access import DASHBOARD
     from oddl.drivers.mqtt import bus_from_config
@@ -156,7 +167,7 @@ def open_watch(tb: Testbed) -> Any:
     return bus_from_config(tb.name, tb.broker, DASHBOARD, readonly=True)
 
 
-def open_board(addr: str | None, node: str, nodes: list[str]) -> Any:
+def open_board(addr: str | None, node: str, nodes: list[str]) -> ONicDriver:
     """A board's register driver (acceptance checks, diagnostics): its .hwh held to the
     register map and its identity to the design version; raises why it cannot."""
     from oddl.drivers.lab import open_board as _open
@@ -164,7 +175,8 @@ def open_board(addr: str | None, node: str, nodes: list[str]) -> Any:
     return _open(addr, node, nodes)
 
 
-def recording(path: Path, header: dict[str, Any]) -> contextlib.AbstractContextManager[Any]:
+def recording(path: Path, header: dict[str, Any]
+              ) -> contextlib.AbstractContextManager[Recorder]:
     """The drivers write every exchange with the devices onto cassette `path`, while in
     it (drivers/cassette.py; the caller closes the Recorder it yields, with its result)."""
     from oddl.drivers import cassette
@@ -172,7 +184,7 @@ def recording(path: Path, header: dict[str, Any]) -> contextlib.AbstractContextM
     return cassette.recording(path, header)
 
 
-def playing(path: Path, relaxed: bool) -> contextlib.AbstractContextManager[Any]:
+def playing(path: Path, relaxed: bool) -> contextlib.AbstractContextManager[Player]:
     """The drivers' devices served from cassette `path`, while in it (the Player it
     yields; ValueError naming the file if it cannot be played)."""
     from oddl.drivers import cassette
@@ -213,7 +225,7 @@ def open_soc(spec: str, photonics: QickPhotonics | None = None, seed: int = 0,
     return _open(spec)
 
 
-def open_core(soc: Any, soccfg: Any, adc_channel: int = 0) -> Any:
+def open_core(soc: Any, soccfg: Any, adc_channel: int = 0) -> PhotonicCore:
     """A QICK board's modulator pairs as Lightning's multiply-accumulate unit (the driver)."""
     from oddl.drivers.lightning_mac import PhotonicCore
 
@@ -249,7 +261,7 @@ def rtl_lockstep(nodes: int, flows: int, walks: int, every: bool, forge: bool,
     return out
 
 
-def open_engine(board_model: str = "python") -> tuple[Any, Any]:
+def open_engine(board_model: str = "python") -> tuple[ONicDriver, Any]:
     """An O-NIC's count-action engine for Lightning's inference DAG, in emulation: (its
     register driver, the board whose `set_dac_valid` are the DAC valid lines)."""
     from oddl.sim.backend import lone_board
@@ -257,7 +269,7 @@ def open_engine(board_model: str = "python") -> tuple[Any, Any]:
     return lone_board(board_model)
 
 
-def open_inference(net: Any, core: Any, board_model: str = "python") -> Any:
+def open_inference(net: Any, core: PhotonicCore, board_model: str = "python") -> Inference:
     """Lightning's inference of a trained network (studies/lenet.py) on a photonic core,
     its count-action DAG loaded into an emulated O-NIC engine."""
     from oddl.studies.lenet import Inference, Quantised
@@ -293,7 +305,7 @@ def node_program(tb: Testbed, node: str, bitfile: Path | None = None,
         unit=unit_for(drv.design))
 
 
-def profiles_on_a_link(jobs: list[tuple[str, str, int]], link_gbps: float) -> list[Any]:
+def profiles_on_a_link(jobs: list[tuple[str, str, int]], link_gbps: float) -> list[Profile]:
     """`oddl compat --job MODEL[:RANKS]`: each job's demand on a link of `link_gbps`,
     measured from its simulated iteration (the flow-level model: sim/networks/profile.py)."""
     from oddl.sim.networks.profile import on_a_link
@@ -301,7 +313,8 @@ def profiles_on_a_link(jobs: list[tuple[str, str, int]], link_gbps: float) -> li
     return on_a_link(jobs, link_gbps)
 
 
-def link_profiles(spec: Any, nodes: list[str], line_rate_gbps: float) -> Any:
+def link_profiles(spec: NetworkSpec, nodes: list[str], line_rate_gbps: float
+                  ) -> Callable[..., dict[object, Profile]]:
     """CASSINI in the multi-job runner: a function measuring a job's demand on each link of
     the network `spec` it uses, alone (sim/networks/profile.py), for `Admission`'s profiler."""
     import functools

@@ -142,7 +142,7 @@ class TapedMMIO:
     def __init__(self, mmio: Any, dev: str, rec: Recorder) -> None:
         self._mmio, self.dev, self._rec = mmio, dev, rec
 
-    def read(self, offset: int, length: int = 4) -> int:
+    def read(self, offset: int = 0, length: int = 4, word_order: str = "little") -> int:
         v = int(self._mmio.read(offset, length))
         self._rec.event(stream(self.dev), "r", a=offset, v=v)
         return v
@@ -173,7 +173,8 @@ class TapedSerial:
 
     def write(self, data: bytes) -> int | None:
         self._rec.event(stream(self.dev), "tx", d=bytes(data).decode("latin-1"))
-        return self._port.write(data)
+        n: int | None = self._port.write(data)
+        return n
 
     def read_until(self, expected: bytes = b"\n", size: int | None = None) -> bytes:
         raw = bytes(self._port.read_until(expected, size))
@@ -323,7 +324,7 @@ class PlayedMMIO:
     def __init__(self, dev: str, player: Player) -> None:
         self.dev, self._p = dev, player
 
-    def read(self, offset: int, length: int = 4) -> int:
+    def read(self, offset: int = 0, length: int = 4, word_order: str = "little") -> int:
         return int(self._p.take(stream(self.dev), "r", a=offset)["v"])
 
     def write(self, offset: int, data: int | bytes) -> None:

@@ -149,7 +149,7 @@ class RemoteMMIO:
     def __init__(self, mmio: Any, where: str) -> None:
         self._mmio, self.where = mmio, where
 
-    def read(self, offset: int, length: int = 4) -> int:
+    def read(self, offset: int = 0, length: int = 4, word_order: str = "little") -> int:
         try:
             return int(self._mmio.read(offset, length))
         except grpc.RpcError as e:

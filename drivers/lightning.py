@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from numpy.typing import NDArray
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 from qick.averager_program import AveragerProgram
 
@@ -94,7 +95,7 @@ class LightningConfig(BaseModel, metaclass=_ItemStyle):
         return cls(**_TALK) if isinstance(config, type) else config
 
 
-def _iq(waveform: Any) -> np.ndarray:
+def _iq(waveform: Any) -> NDArray[Any]:
     """A readout window as (samples, 2) I/Q: what `run` returns, or qick's
     `acquire_decimated` list (one (2, samples) array per readout)."""
     w = np.asarray(waveform[0] if isinstance(waveform, list) else waveform, dtype=float)
@@ -110,7 +111,7 @@ def _cycles(soccfg: Any, ns: float, gen_ch: int) -> int:
     return int(soccfg.us2cycles(ns / 1e3, gen_ch=gen_ch))
 
 
-class LightningControl(AveragerProgram):
+class LightningControl(AveragerProgram):  # type: ignore[misc]  # qick has no type hints
     """The multiply as a qick program: generator pulses on the two DACs, one readout."""
 
     def __init__(self, soccfg: Any, config: LightningConfig | type[LightningConfig]) -> None:
@@ -163,7 +164,7 @@ class LightningControl(AveragerProgram):
         self.wait_all()
         self.sync_all(100)
 
-    def run(self, soc: Any) -> np.ndarray:
+    def run(self, soc: Any) -> NDArray[Any]:
         """Play it once; the decimated readout window, (samples, 2) I/Q."""
         return _iq(self.acquire_decimated(soc, progress=False))
 
@@ -275,7 +276,7 @@ class _Decoder:
         return str(last.product) if last else "<no waveform decoded yet>"
 
 
-def multiply(soc: Any, soccfg: Any, config: LightningConfig) -> tuple[Product, np.ndarray]:
+def multiply(soc: Any, soccfg: Any, config: LightningConfig) -> tuple[Product, NDArray[Any]]:
     """Compile, run and decode one multiply."""
     wave = LightningControl(soccfg, config).run(soc)
     return LightningSignalProcessing(soccfg, config).decode_adc_result(wave), wave
@@ -382,5 +383,6 @@ def open_soc(spec: str) -> tuple[Any, Any]:
         host, _, rest = spec.removeprefix("pyro://").partition(":")
         port, _, name = rest.partition("/")
         with contextlib.redirect_stdout(io.StringIO()):  # make_proxy lists the name server
-            return make_proxy(host, int(port), name)
+            proxy: tuple[Any, Any] = make_proxy(host, int(port), name)
+        return proxy
     raise ValueError(f"QICK soc {spec!r}: 'emulated', 'local' or pyro://HOST:PORT/NAME")

@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 from numpy.polynomial import chebyshev
+from numpy.typing import NDArray
 from qick.averager_program import AveragerProgram
 
 FULL = 255
@@ -56,10 +57,10 @@ def capacity(soccfg: Any, channels: tuple[int, ...], adc: int) -> int:
     return min((env - spc) // spv, int(soccfg["readouts"][adc]["buf_maxlen"]) - 8)
 
 
-class MacStream(AveragerProgram):
+class MacStream(AveragerProgram):  # type: ignore[misc]  # qick has no type hints
     """One run: every DAC plays its envelope of values; one readout captures the sums."""
 
-    def __init__(self, soccfg: Any, values: np.ndarray, channels: tuple[int, ...],
+    def __init__(self, soccfg: Any, values: NDArray[Any], channels: tuple[int, ...],
                  adc_channel: int = 0, adc_trig_offset: int = 0) -> None:
         """`values`: (n, len(channels)) codes 0..255, column k on generator channels[k]."""
         v = np.asarray(values)
@@ -108,12 +109,13 @@ class MacStream(AveragerProgram):
         self.wait_all()
         self.sync_all(100)
 
-    def levels(self, soc: Any) -> np.ndarray:
+    def levels(self, soc: Any) -> NDArray[Any]:
         """Play it once: the detector level (I) under each value, in ADC units."""
         data = np.asarray(self.acquire_decimated(soc, progress=False)[0], dtype=float)
         if data.shape != (2, len(self.values)):  # one rep: (I/Q, sample), qick's contract
             raise ValueError(f"readout of shape {data.shape}, not (2, {len(self.values)})")
-        return data[0]
+        level: NDArray[Any] = data[0]
+        return level
 
 
 @dataclass(frozen=True)
@@ -133,19 +135,20 @@ class MacCalibration:
         d = np.abs(np.asarray(self.delta))
         return float((d.max() - d.min()) / d.max()) if d.max() > 0 else 1.0
 
-    def estimate(self, values: np.ndarray, level: np.ndarray) -> np.ndarray:
+    def estimate(self, values: NDArray[Any], level: NDArray[Any]) -> NDArray[Any]:
         v = np.asarray(values, dtype=float)
         lin = v @ np.asarray(self.lin)
         raw = (level - self.c0 - lin) / float(np.mean(self.delta))
         x = np.clip(raw / self.scale * 2 - 1, -1.5, 1.5)
-        return (chebyshev.chebval(x, self.cheb) + 1) * self.scale / 2
+        out: NDArray[Any] = (chebyshev.chebval(x, self.cheb) + 1) * self.scale / 2
+        return out
 
     def as_dict(self) -> dict[str, Any]:
         return {"pairs": len(self.delta), "pair_spread": round(self.pair_spread, 5),
                 "residual_rms_codes2": round(self.residual_rms, 2)}
 
 
-def _features(v: np.ndarray) -> np.ndarray:
+def _features(v: NDArray[Any]) -> NDArray[Any]:
     a, b = v[:, 0::2], v[:, 1::2]
     cols = [np.ones(len(v))]
     for p in range(a.shape[1]):
@@ -171,7 +174,7 @@ class PhotonicCore:
         self.play_s = 0.0  # wall time in those round trips through the QICK API
         self.products = 0  # products that went through the photonics (padding excluded)
 
-    def play(self, values: np.ndarray) -> np.ndarray:
+    def play(self, values: NDArray[Any]) -> NDArray[Any]:
         """Detector levels of a stream of any length, in as many runs as it takes."""
         v = np.asarray(values, dtype=np.int64)
         out = np.empty(len(v))
@@ -218,7 +221,7 @@ class PhotonicCore:
         self.calibration = replace(cal, residual_rms=rms)
         return self.calibration
 
-    def mac(self, values: np.ndarray, products: int | None = None) -> np.ndarray:
+    def mac(self, values: NDArray[Any], products: int | None = None) -> NDArray[Any]:
         """sum_p a_p b_p for each row of `values` (codes; row = a_0, b_0, a_1, b_1, ...),
         decoded from the detector. `products`: how many of them are real (not padding)."""
         cal = self.calibration or self.calibrate()

@@ -17,7 +17,7 @@ transmits, its last heartbeat's word.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NoReturn
 
 from oddl.controller.base.devices import ONicEvents
 from oddl.controller.base.messages import Flow
@@ -59,7 +59,7 @@ class LocalBoard:
         return beat is not None and beat.transmitting
 
     # stage 2 is the node program's: the controller never drives a board
-    def _not_mine(self) -> Any:
+    def _not_mine(self) -> NoReturn:
         raise RuntimeError(f"{self.node}: its board is its node program's ({VIA_NODE})")
 
     def attach(self, events: ONicEvents) -> None:

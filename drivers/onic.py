@@ -10,7 +10,7 @@ import logging
 import struct
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from oddl.controller.base.devices import DeviceRefused
 from oddl.fpga import regmap as R
@@ -23,6 +23,15 @@ log = logging.getLogger(__name__)
 
 class IdentityMismatch(RuntimeError):
     pass
+
+
+class RegisterWindow(Protocol):
+    """What the driver uses of `pynq.MMIO`: 32-bit reads and writes of the AXI-Lite window
+    (a real board's, an emulated one's, a cassette's)."""
+
+    def read(self, offset: int = 0, length: int = 4, word_order: str = "little") -> int: ...
+
+    def write(self, offset: int, data: int | bytes) -> None: ...
 
 
 def _off(name: str) -> int:
@@ -42,7 +51,7 @@ _TUNE = struct.Struct("<2I")  # CHANNEL, CMD
 
 
 class ONicDriver:
-    def __init__(self, mmio: Any, node: str = "", nodes: list[str] | None = None,
+    def __init__(self, mmio: RegisterWindow, node: str = "", nodes: list[str] | None = None,
                  index: Mapping[str, int] | None = None) -> None:
         """nodes: the testbed's, in NODE_ID order; index: node -> its NODE_ID (give the
         testbed's one to every driver: at 4,096 nodes one each is 16 M entries)."""

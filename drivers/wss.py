@@ -115,7 +115,7 @@ class WSSDriver:
     def _line(self, command: str) -> bytes:
         # one deadline and one length for the whole line (readline's time-out is per byte:
         # a device streaming bytes without an end of line held it forever)
-        raw = self.ser.read_until(b"\n", MAX_REPLY)
+        raw: bytes = self.ser.read_until(b"\n", MAX_REPLY)
         if not raw:
             raise WSSTimeout(f"{self.where}: no reply to {command!r} within {self.timeout} s")
         if not raw.endswith(b"\n"):

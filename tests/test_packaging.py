@@ -43,7 +43,10 @@ def wheel_venv(root: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     with zipfile.ZipFile(whl) as z:  # the shipped data the commands need
         names = set(z.namelist())
     assert {"oddl/app/cli/main.py", "oddl/fpga/overlays/oddl_onic.hwh",
-            "oddl/app/web/index.html", "oddl/acceptance/plugin.py"} <= names
+            "oddl/app/web/index.html", "oddl/acceptance/plugin.py",
+            "oddl/examples/experiments/table1-resnet50.toml",
+            "oddl/examples/hw_configs/prototype-4node.toml",
+            "oddl/controller/py.typed", "oddl/drivers/py.typed", "oddl/app/py.typed"} <= names
     return env
 
 
@@ -63,23 +66,34 @@ def test_the_wheel_alone_runs_its_commands_from_anywhere(root: Path, tmp_path: P
     assert r.returncode == 0 and "oddl: the ODDL optical interconnect" in r.stdout, r.stderr
     r = _oddl(wheel_venv, "--version")
     assert r.stdout.startswith("oddl 0.1.0; hot path interpreted: it was not compiled"), r
-    r = _oddl(wheel_venv, "check", str(root / "hw_configs" / "prototype-4node.toml"))
+    # the shipped testbeds and experiments, copied out of the wheel (issue 67): a wheel
+    # user has no checkout
+    ex = tmp_path / "ex"
+    r = _oddl(wheel_venv, "examples", str(ex))
+    assert r.returncode == 0 and f"try: oddl run {ex}/experiments/table1" in r.stdout, r
+    assert sorted(p.name for p in (ex / "hw_configs").iterdir()) == sorted(
+        p.name for p in (root / "hw_configs").glob("*.toml"))
+    (ex / "hw_configs" / "grid-64.toml").write_text("# mine\n")
+    r = _oddl(wheel_venv, "examples", str(ex))  # nothing of the user's overwritten
+    assert r.returncode == 2 and "already there: nothing copied" in r.stderr, r
+    assert (ex / "hw_configs" / "grid-64.toml").read_text() == "# mine\n"
+    r = _oddl(wheel_venv, "check", str(ex / "hw_configs" / "prototype-4node.toml"))
     assert r.returncode == 0 and r.stdout.startswith("OK "), r.stderr
     # every check but the control bus's round trip, which a loaded machine (the suite's,
     # in parallel) fails as it should: its 5 ms bound is a lab's
     checks = [arg for c in ("reachable", "identity", "registers", "tuning", "routes",
                             "loopback", "countaction") for arg in ("--only", c)]
-    r = _oddl(wheel_venv, "accept", str(root / "hw_configs" / "prototype-4node.toml"),
+    r = _oddl(wheel_venv, "accept", str(ex / "hw_configs" / "prototype-4node.toml"),
               "--backend", "emu", "--report", str(tmp_path / "accept"), *checks)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     summary = json.loads((tmp_path / "accept" / "summary.json").read_text())
     assert summary["verdict"] == "PASS" and summary["counts"]["failed"] == 0
-    r = _oddl(wheel_venv, "run", str(root / "experiments" / "table1-resnet50.toml"),
-              "--iterations", "50", "--json", "--out", str(tmp_path / "run"))
+    r = _oddl(wheel_venv, "run", str(ex / "experiments" / "table1-resnet50.toml"),
+              "--iterations", "500", "--json", "--out", str(tmp_path / "run"))
     assert r.returncode == 0, r.stderr[-2000:]
     assert "note: hot path interpreted: it was not compiled" in r.stderr  # said once, and why
     oddl = json.loads(r.stdout)["networks"]["oddl"]
-    assert oddl["iterations"] == 50 and oddl["invariant_violations"] == 0
+    assert oddl["iterations"] == 500 and oddl["invariant_violations"] == 0
     r = _oddl(wheel_venv, "lightning", "mac", "100x50", "20x30", "--json")
     assert r.returncode == 0, r.stderr[-2000:]
     assert abs(json.loads(r.stdout)["decoded"] - (100 * 50 + 20 * 30) / 256) < 1.0

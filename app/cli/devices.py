@@ -8,11 +8,14 @@ import sys
 from collections.abc import Callable
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 from oddl.app.cli.main import _config_fail, emit, main
 from oddl.controller.base.config import ConfigError, field_issues, load_testbed
+
+if TYPE_CHECKING:
+    from oddl.fpga.countaction import Program
 
 
 def _board_options(emulated: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
@@ -205,7 +208,11 @@ def lightning_infer(samples: int, dataset: str, testbed: Path | None, soc_spec: 
     if dead and spec != "emulated":
         raise click.BadParameter("a drill of the emulated board only",
                                  param_hint="--dead-modulator")
-    say = (lambda m: None) if as_json else click.echo
+
+    def say(line: str) -> None:
+        if not as_json:
+            click.echo(line)
+
     try:
         soc, soccfg = open_soc(spec, ph_cfg, seed, dacs=4, dead_modulators=frozenset(dead))
         core = open_core(soc, soccfg, qick.adc_channel if qick is not None else 0)
@@ -275,7 +282,7 @@ def _board_params(testbed: Path) -> dict[str, int]:
 
 
 def _load_program(file: Path, params: tuple[str, ...], testbed: Path | None = None,
-                  free: bool = False):
+                  free: bool = False) -> tuple[Program, list[str]]:
     """(program, free parameters): the board's values where the program uses them, then
     --param's over them; free parameters are an error unless `free`."""
     from oddl.fpga.countaction import CountActionError, parse, parse_template

@@ -1,4 +1,5 @@
-"""`oddl check`, `plan`, `compat`, `run`, `sweep`: configs, plans and experiments."""
+"""`oddl examples`, `check`, `plan`, `compat`, `run`, `sweep`: configs, plans and
+experiments."""
 
 from __future__ import annotations
 
@@ -35,6 +36,25 @@ from rich.progress import (
     TimeElapsedColumn,
 )
 from rich.table import Table
+
+
+@main.command()
+@click.argument("directory", type=click.Path(path_type=Path))
+def examples(directory: Path) -> None:
+    """Copy the shipped testbeds and experiments into DIRECTORY (its hw_configs/ and
+    experiments/), to run and edit: a wheel install has them nowhere else. Overwrites
+    nothing."""
+    from oddl.app.examples import NoExamples, copy_to
+
+    try:
+        files = copy_to(directory)
+    except (NoExamples, FileExistsError) as e:
+        fail(str(e))
+    for folder in ("hw_configs", "experiments"):
+        n = sum(f.parent.name == folder for f in files)
+        click.echo(f"{directory / folder}/: {n} files")
+    click.echo(f"try: oddl run {directory / 'experiments' / 'table1-resnet50.toml'} "
+               f"--iterations 500")
 
 
 @main.command()
@@ -612,7 +632,7 @@ def sweep(sweep_file: Path, jobs: int, cluster: str | None, out: Path | None) ->
                   TimeElapsedColumn(), console=err) as bar:
         task = bar.add_task("sweep", total=total)
 
-        def progress(row: dict, done: int, total: int) -> None:
+        def progress(row: dict[str, Any], done: int, total: int) -> None:
             bar.update(task, completed=done, description=(
                 f"{row['network']} {row['model']} {row['nodes']}n "
                 f"{row['line_rate_gbps']:g}G"))

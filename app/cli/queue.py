@@ -23,7 +23,7 @@ if TYPE_CHECKING:
 
 
 
-class _Seconds(click.ParamType):
+class _Seconds(click.ParamType):  # type: ignore[type-arg]  # generic since click 8.2; 8.1 is not
     """Seconds, finite and above 0 (click's FloatRange lets nan through)."""
 
     name = "seconds"

@@ -1,0 +1,49 @@
+"""The shipped testbeds and experiments (`hw_configs/`, `experiments/`), for `oddl
+examples DIR`: a wheel installs them as `oddl/examples/` (setup.py), a checkout holds them
+as its own folders. The copy keeps the two folders side by side, so an experiment's
+`testbed = "../hw_configs/..."` still names its testbed."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+FOLDERS = ("hw_configs", "experiments")
+KINDS = (".toml", ".csv", ".py")  # configs, a job trace, the scripts that make tables
+
+
+class NoExamples(RuntimeError):
+    """This install holds no examples (a wheel built without them)."""
+
+
+def source() -> Path:
+    """Where this install's examples are: the wheel's `oddl/examples/`, else the
+    checkout an editable install runs from."""
+    top = Path(__file__).resolve().parent.parent  # a wheel's oddl/, or the checkout
+    for root in (top / "examples", top):
+        if all((root / f).is_dir() for f in FOLDERS):
+            return root
+    raise NoExamples(f"this install of oddl holds no examples (looked in {top / 'examples'} "
+                     f"and {top})")
+
+
+def shipped() -> list[Path]:
+    """The example files, relative to their root (hw_configs/..., experiments/...)."""
+    root = source()
+    return sorted(p.relative_to(root) for f in FOLDERS for p in (root / f).iterdir()
+                  if p.is_file() and p.suffix in KINDS)
+
+
+def copy_to(dest: Path) -> list[Path]:
+    """Every example copied under `dest`; FileExistsError, with nothing copied, if one
+    would overwrite a file there (an edited testbed is the user's)."""
+    root, files = source(), shipped()
+    there = [dest / f for f in files if (dest / f).exists()]
+    if there:
+        more = f" and {len(there) - 1} more" if len(there) > 1 else ""
+        raise FileExistsError(f"{there[0]}{more} already there: nothing copied (another "
+                              f"directory, or move those away)")
+    for f in files:
+        (dest / f).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(root / f, dest / f)
+    return [dest / f for f in files]
