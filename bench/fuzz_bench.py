@@ -41,9 +41,11 @@ def main() -> None:
     exp_seed = F.EXPERIMENT.replace(b"../hw_configs/prototype-4node.toml", b"tb.toml")
     ctl_seed = F.CORPUS[2][:600]
     # a job the nodes accept, encoded as the controller does: a seed that cannot go stale
-    job_seed = msgspec.json.encode(JobSpec(
-        JOB_VERSION, "j", "hd", 10, 1, 2, 0, False, ["a", "b"], ["a", "b"], 1, 0, False,
-        Timing(1, 1, 1, 1, 1, 1, 1), {}))
+    job_seed = msgspec.json.encode(JobSpec(v=JOB_VERSION, job="j", collective="hd", size=10,
+                                           rows=1, cols=2, degree=0, bidirectional=False,
+                                           ranks=["a", "b"], nodes=["a", "b"], iterations=1,
+                                           compute_ns=0, nic_sync=False,
+                                           timing=Timing(1, 1, 1, 1, 1, 1, 1), routes={}))
     # (name, share of n, input generator, target)
     plan = [
         ("control message", 0.30, lambda: F.mutate(ctl_seed, rng, 8), F.control_message),

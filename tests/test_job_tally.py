@@ -13,8 +13,9 @@ from oddl.drivers.job_tally import Carrying, JobTally
 
 TIMING = Timing(11, 2, 50, 1000, 1000, 5000, 3)
 # a 2-rank ring: in each step, rank 0 sends to rank 1 and rank 1 to rank 0
-SPEC = JobSpec(JOB_VERSION, "j", "ring", 2000, 1, 2, 4, False, ["a", "b"], ["a", "b"], 6,
-               10_000_000, False, TIMING, {})
+SPEC = JobSpec(v=JOB_VERSION, job="j", collective="ring", size=2000, rows=1, cols=2, degree=4,
+               bidirectional=False, ranks=["a", "b"], nodes=["a", "b"], iterations=6,
+               compute_ns=10_000_000, nic_sync=False, timing=TIMING, routes={})
 CARRY = {"a": [(1, 0, 0)], "b": [(0, 0, 0)]}  # what step 0 delivers to each
 
 

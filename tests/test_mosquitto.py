@@ -251,8 +251,10 @@ def test_a_node_program_rides_out_a_mosquitto_restart(tmp_path: Path) -> None:
                 await ctl.subscribe(results("tb"), qos=1)
                 await ctl.subscribe(health_topic("tb", "+"), qos=0)
                 await ctl.publish(run_topic("tb"), msgspec.json.encode(JobSpec(
-                    JOB_VERSION, "after", "hd", 1000, 1, 1, 4, False, [node], [node], 3, 1000,
-                    False, Timing(11, 2, 50, 1000, 1000, 5000, 3), {})), qos=1)
+                    v=JOB_VERSION, job="after", collective="hd", size=1000, rows=1, cols=1,
+                    degree=4, bidirectional=False, ranks=[node], nodes=[node],
+                    iterations=3, compute_ns=1000, nic_sync=False,
+                    timing=Timing(11, 2, 50, 1000, 1000, 5000, 3), routes={})), qos=1)
                 async for m in ctl.messages:
                     if m.topic.matches(health_topic("tb", "+")):
                         beat = msgspec.json.decode(bytes(m.payload), type=Heartbeat)
@@ -332,8 +334,10 @@ def test_a_node_whose_session_is_taken_over_says_it_lost_its_connection(
                                       username=CONTROLLER, password=pw[CONTROLLER]) as ctl:
                 await ctl.subscribe(results("tb"), qos=1)
                 await ctl.publish(run_topic("tb"), msgspec.json.encode(JobSpec(
-                    JOB_VERSION, "long", "hd", 1000, 1, 1, 4, False, [node], [node], 100_000,
-                    10_000_000, False, Timing(11, 2, 50, 1000, 1000, 5000, 3), {})), qos=1)
+                    v=JOB_VERSION, job="long", collective="hd", size=1000, rows=1, cols=1,
+                    degree=4, bidirectional=False, ranks=[node], nodes=[node],
+                    iterations=100_000, compute_ns=10_000_000, nic_sync=False,
+                    timing=Timing(11, 2, 50, 1000, 1000, 5000, 3), routes={})), qos=1)
                 taken = False
                 async for m in ctl.messages:
                     ev = msgspec.json.decode(bytes(m.payload), type=JobEvent)

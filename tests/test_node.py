@@ -78,8 +78,10 @@ def test_node_program_reports_a_failing_job_and_serves_the_next() -> None:
                 await c.publish(run_topic("tb"), b"not json", qos=1)
                 await c.publish(run_topic("tb"), b'{"v": 99}', qos=1)  # wrong schema
                 await c.publish(run_topic("tb"), b"[" * 100_000, qos=1)  # deep: no recursion
-                spec = JobSpec(JOB_VERSION, "j1", "no-such-collective", 1000, 1, 1, 4, False,
-                               [node], [node], 1, 0, False, TIMING, {})
+                spec = JobSpec(v=JOB_VERSION, job="j1", collective="no-such-collective", size=1000,
+                               rows=1, cols=1, degree=4, bidirectional=False, ranks=[node],
+                               nodes=[node], iterations=1, compute_ns=0, nic_sync=False,
+                               timing=TIMING, routes={})
                 for job in ("j1", "j2"):
                     await c.publish(run_topic("tb"), msgspec.json.encode(
                         msgspec.structs.replace(spec, job=job)), qos=1)
@@ -295,8 +297,10 @@ def test_a_job_whose_controller_vanishes_is_cancelled() -> None:
                 await ctl.publish(status_topic("tb", CONTROLLER), b"online", qos=1, retain=True)
                 # a long job: 100,000 iterations of 10 ms compute
                 await ctl.publish(run_topic("tb"), msgspec.json.encode(JobSpec(
-                    JOB_VERSION, "long", "hd", 1000, 1, 1, 4, False, [node], [node], 100_000,
-                    10_000_000, False, TIMING, {})), qos=1)
+                    v=JOB_VERSION, job="long", collective="hd", size=1000, rows=1, cols=1,
+                    degree=4, bidirectional=False, ranks=[node], nodes=[node],
+                    iterations=100_000, compute_ns=10_000_000, nic_sync=False, timing=TIMING,
+                    routes={})), qos=1)
                 async with aiomqtt.Client("127.0.0.1", broker.port, identifier=DASHBOARD,
                                           username=DASHBOARD, password=pw[DASHBOARD]) as dash:
                     await dash.subscribe(results("tb"), qos=1)
@@ -352,9 +356,11 @@ def test_the_controller_stops_one_job_and_the_program_serves_on() -> None:
     seen: list[tuple[str, str, str]] = []
 
     def spec(job: str, iterations: int) -> bytes:  # 10 ms of compute an iteration
-        return msgspec.json.encode(JobSpec(JOB_VERSION, job, "hd", 1000, 1, 1, 4, False,
-                                           [node], [node], iterations, 10_000_000, False,
-                                           TIMING, {}))
+        return msgspec.json.encode(JobSpec(v=JOB_VERSION, job=job, collective="hd", size=1000,
+                                           rows=1, cols=1, degree=4, bidirectional=False,
+                                           ranks=[node], nodes=[node], iterations=iterations,
+                                           compute_ns=10_000_000, nic_sync=False, timing=TIMING,
+                                           routes={}))
 
     def stop(job: str) -> bytes:
         return msgspec.json.encode(JobStop(JOB_VERSION, job, "a fault on its nodes"))
@@ -414,8 +420,9 @@ def test_a_peers_ready_heard_before_the_job_itself_is_kept() -> None:
 
     async def main() -> None:
         async with _node_program(tb, node, pw) as (broker, _prog):
-            spec = JobSpec(JOB_VERSION, "j", "hd", 1000, 1, 1, 4, False, [node], [node, peer], 1,
-                           1000, False, TIMING, {})
+            spec = JobSpec(v=JOB_VERSION, job="j", collective="hd", size=1000, rows=1, cols=1,
+                           degree=4, bidirectional=False, ranks=[node], nodes=[node, peer],
+                           iterations=1, compute_ns=1000, nic_sync=False, timing=TIMING, routes={})
             async with aiomqtt.Client("127.0.0.1", broker.port, identifier=peer,
                                       username=peer, password=pw[peer]) as p, \
                     aiomqtt.Client("127.0.0.1", broker.port, identifier=CONTROLLER,
@@ -453,8 +460,9 @@ def test_a_job_sent_again_is_not_failed_by_its_earlier_attempts_news() -> None:
 
     async def main() -> None:
         async with _node_program(tb, node, pw) as (broker, prog):
-            spec = JobSpec(JOB_VERSION, "j", "hd", 1000, 1, 1, 4, False, [node], [node, peer],
-                           1, 1000, False, TIMING, {})
+            spec = JobSpec(v=JOB_VERSION, job="j", collective="hd", size=1000, rows=1, cols=1,
+                           degree=4, bidirectional=False, ranks=[node], nodes=[node, peer],
+                           iterations=1, compute_ns=1000, nic_sync=False, timing=TIMING, routes={})
             async with aiomqtt.Client("127.0.0.1", broker.port, identifier=peer,
                                       username=peer, password=pw[peer]) as p, \
                     aiomqtt.Client("127.0.0.1", broker.port, identifier=CONTROLLER,
@@ -500,8 +508,9 @@ def test_a_count_action_fire_the_host_cannot_account_for_fails_the_job() -> None
     async def main() -> list[BaseException]:
         clock = Clock(asyncio.get_running_loop())
         world = sim_backend.build(tb, Grid.from_testbed(tb), clock)
-        spec = JobSpec(JOB_VERSION, "j", "ring", 2000, 1, 1, 4, False, [node, "n0-1"],
-                       [node, "n0-1"], 1, 10**9, True, TIMING, {})
+        spec = JobSpec(v=JOB_VERSION, job="j", collective="ring", size=2000, rows=1, cols=1,
+                       degree=4, bidirectional=False, ranks=[node, "n0-1"], nodes=[node, "n0-1"],
+                       iterations=1, compute_ns=10**9, nic_sync=True, timing=TIMING, routes={})
         runner = JobRunner(spec, clock, None, lambda *_: None, local=[node])
         failed: list[BaseException] = []
         runner.fail = failed.append
@@ -522,8 +531,9 @@ def test_a_job_not_done_in_time_names_whom_it_waits_for() -> None:
     181 s", which left a lost report, a dead peer or a stuck rank to guesswork)."""
     from oddl.drivers.job_tally import JobTally
 
-    spec = JobSpec(JOB_VERSION, "j", "hd", 1000, 1, 1, 4, False, ["a", "b", "c"],
-                   ["a", "b", "c", "r"], 5, 10_000_000, False, TIMING, {})
+    spec = JobSpec(v=JOB_VERSION, job="j", collective="hd", size=1000, rows=1, cols=1, degree=4,
+                   bidirectional=False, ranks=["a", "b", "c"], nodes=["a", "b", "c", "r"],
+                   iterations=5, compute_ns=10_000_000, nic_sync=False, timing=TIMING, routes={})
     tally = JobTally(spec, lambda it: None, lambda why: None)
 
     def hear(kind: str, *nodes: str, i: int = 0) -> None:

@@ -223,8 +223,9 @@ def test_a_node_refuses_a_split_it_must_not_build() -> None:
     from oddl.controller.stage2.job import JOB_VERSION, JobSpec, refused
 
     ranks = [f"n{i}" for i in range(8)]
-    spec = JobSpec(JOB_VERSION, "j", "ring", 0, 2, 4, 4, False, ranks, ranks, 1, 0, False,
-                   Timing(11, 2, 50, 1000, 1000, 1000, 3), {},
+    spec = JobSpec(v=JOB_VERSION, job="j", collective="ring", size=0, rows=2, cols=4, degree=4,
+                   bidirectional=False, ranks=ranks, nodes=ranks, iterations=1, compute_ns=0,
+                   nic_sync=False, timing=Timing(11, 2, 50, 1000, 1000, 1000, 3), routes={},
                    hybrid=Hybrid("gpt2", 2, 2, 2, 2, 1, 312.0))
     assert refused(spec) is None
     for h, why in ((Hybrid("gpt2", 2, 2, 4, 2, 1, 312.0), "a split of 16 ranks"),

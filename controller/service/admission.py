@@ -606,19 +606,19 @@ class Admission:
         attempt = f"r{len(rec.stops)}" if rec.stops else ""  # a stopped id is not reused
         in_grid = set(part.nodes)
         trace_its = self.trace.iterations if self.trace is not None else 0
-        spec = JobSpec(JOB_VERSION, job_id(self.run_name, self.spec.name, req.name, attempt),
-                       req.collective, req.size, len(part.rows), len(part.cols),
-                       self.spec.degree, self.spec.bidirectional, list(part.ranks),
-                       [n for n in self.grid.nodes if n in in_grid], req.iterations,
-                       req.compute_ns,
-                       # the O-NICs' counts start at zero: what a carry delivered is counted
-                       # by the host
-                       nic_sync and carry is None, timing_of(self.tb), routes,
-                       start=self.resume.get(req.name, 0), trace_iterations=trace_its,
-                       tag=self.tags[req.name], alltoall=req.alltoall, weight=req.weight,
-                       carried=carry is not None, carry=carry[1] if carry else [],
-                       carry_t0=carry[0] if carry else 0, hybrid=req.hybrid,
-                       record_flows=self.record_flows)
+        spec = JobSpec(
+            v=JOB_VERSION, job=job_id(self.run_name, self.spec.name, req.name, attempt),
+            collective=req.collective, size=req.size, rows=len(part.rows),
+            cols=len(part.cols), degree=self.spec.degree, bidirectional=self.spec.bidirectional,
+            ranks=list(part.ranks), nodes=[n for n in self.grid.nodes if n in in_grid],
+            iterations=req.iterations, compute_ns=req.compute_ns,
+            # the O-NICs' counts start at zero: what a carry delivered is counted by the host
+            nic_sync=nic_sync and carry is None, timing=timing_of(self.tb), routes=routes,
+            start=self.resume.get(req.name, 0), trace_iterations=trace_its,
+            tag=self.tags[req.name], alltoall=req.alltoall, weight=req.weight,
+            carried=carry is not None, carry=carry[1] if carry else [],
+            carry_t0=carry[0] if carry else 0, hybrid=req.hybrid,
+            record_flows=self.record_flows)
         self._spec_ids[req.name] = spec.job
         self._attempts.setdefault(req.name, []).append(spec.job)
         stop = self._rules[req.name] = StopRule(

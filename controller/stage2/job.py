@@ -102,7 +102,7 @@ def job_id(*parts: object) -> str:
     return (s or "job")[-128:].lstrip("_.-") or "job"
 
 
-class JobSpec(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
+class JobSpec(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
     v: int
     job: JobId
     collective: Name
