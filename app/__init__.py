@@ -6,7 +6,8 @@
 - `session`: what a run needs of its testbed (a private emulator, the lock, an announcer);
 - `registry`: the one place a back end is chosen, and the table of what each one is;
 - `experiments/`: the runner, run directories, sweeps, figures, link studies, estimates;
-- `queue`: the arbiter as a service (`oddl arbiter`), `ledger`, its durable state,
+- `queue`: the arbiter as a service (`oddl arbiter`), `operators`, an operator's requests
+  to it, `ledger`, its durable state,
   `limits`, its fairness rules, `priority`, its queue's order (base, age, fair share),
   `users`, its users and their tokens, `submission`, a job as submitted, and
   `job_runs`, each submitted job's run directory;
@@ -14,5 +15,6 @@
 - `accept`: the acceptance runner (the checks are `oddl.acceptance`);
 - `replay`: a command recorded on a cassette, run again from it (`oddl replay`);
 - `stores`: how oddl's SQLite files are opened, each with its schema's version;
-- `collector`: the garbage collector tuned for a run's long-lived models.
+- `collector`: the garbage collector tuned for a run's long-lived models;
+- `examples`: the shipped testbeds and experiments (`oddl examples DIR`).
 """

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import ipaddress
 import json
 import logging
@@ -34,13 +35,14 @@ from pathlib import Path
 from typing import Any, cast
 
 import msgspec
-from oddl.app import registry
+from oddl.app import operators, registry
 from oddl.app.job_runs import JobRuns
 from oddl.app.ledger import ACTIVE, Ledger
 from oddl.app.limits import Limits, load_limits
+from oddl.app.operators import MAX_UNIX_TIME
 from oddl.app.priority import Priority, priority_of, share_factors
 from oddl.app.submission import Refused, job_request
-from oddl.app.users import ROLES, Role, User, new_token, roles_of, tokens
+from oddl.app.users import Role, User, roles_of, tokens
 from oddl.controller.base.config import (
     ConfigError,
     ConfigIssue,
@@ -77,9 +79,7 @@ log = logging.getLogger(__name__)
 FIRST = 10  # the violations /status shows in full (each: when, what, where, which job)
 MAX_BODY = 256 * 1024  # a submitted experiment, and anything else a client sends
 FLOWS_PAGE = 20_000  # flow rows an answer holds (about 2 MB of JSON)
-MAX_WINDOWS = 100  # maintenance windows now and to come
 MAX_ROW = (1 << 62) - 1  # a row or iteration number a query names (SQLite's are 64-bit)
-MAX_UNIX_TIME = 32503680000.0  # the year 3000
 
 
 def _query(request: Request, name: str, what: str, lo: float, hi: float,
@@ -102,8 +102,10 @@ class Service:
     """The arbiter's state and what each request may do to it."""
 
     def __init__(self, tb: Testbed, ledger: Ledger, users: dict[str, User], state: Path,
-                 limits: Limits, make: Callable[[Service], Admission],
-                 plots: bool = True, roles: dict[str, Role] | None = None) -> None:
+                 limits: Limits, plots: bool = True, roles: dict[str, Role] | None = None
+                 ) -> None:
+        """Then `attach` its orchestration, built with its `backfill` as the placer and
+        the service itself as the jobs' service (`JobService`)."""
         self.tb, self.ledger, self.users, self.state = tb, ledger, users, state
         # every user, token or not (a revoked one holds none)
         self.roles = roles if roles is not None else {u.name: u.role for u in users.values()}
@@ -116,17 +118,21 @@ class Service:
         self.held = set(ledger.held())  # queued jobs an operator holds
         self.restarted: set[str] = set()  # jobs an earlier arbiter ran part of
         self.runs = JobRuns(state, plots)  # each job's run directory
-        self.backfill: Backfill | None = None  # the placer (`make`'s), for why jobs wait
+        self.backfill = Backfill(self.grid, self.may_start, self.maintenance)  # the placer
         self._compute: dict[str, int] = {}  # each job not ended: its compute (ns)
         self._submitted: dict[str, float] = {}  # each job not ended: when (Unix time)
         self.after: dict[str, tuple[str, bool]] = {}  # a queued job: its parent, "ok" only
         self._factors: tuple[float, dict[str, float]] = (-1e9, {})  # when, fair share's
         self.windows = ledger.windows(time.time())  # maintenance, now and to come
-        self.adm = make(self)
-        for node, d in ledger.drains().items():
+
+    def attach(self, adm: Admission) -> None:
+        """The orchestration this service runs its jobs on: the drained nodes kept out,
+        the maintenance windows timed."""
+        self.adm = adm
+        for node, d in self.ledger.drains().items():
             self.adm.closed[node] = f"drained by {d['by']}: {d['why']}"
         for w in self.windows:
-            self._at_end(w)
+            self.time_window(w)
 
     def tell(self, now: bool = True) -> None:
         """The queue, for the bus's watchers (the dashboard): at once on a change of state,
@@ -188,7 +194,7 @@ class Service:
         return frozenset(n for w in self.windows if w["start"] < end and w["end"] > now
                          for n in w["nodes"])
 
-    def _at_end(self, w: dict[str, Any]) -> None:
+    def time_window(self, w: dict[str, Any]) -> None:
         """Look at the queue again as a window ends: what waited for its nodes may start."""
         def ended() -> None:
             self.windows = [x for x in self.windows if x["end"] > time.time()]
@@ -213,7 +219,7 @@ class Service:
         """Each queued job: its priority now and its factors, why it waits (Slurm's pending
         reasons, in words) and when it starts at the latest where its reservation says."""
         now_ns, now = self.adm.clock.now_ns(), time.time()
-        pending = self.backfill.pending if self.backfill is not None else {}
+        pending = self.backfill.pending
         setting_up = self.adm.setting_up()
         out = {}
         for q in self.adm.queue:
@@ -267,6 +273,9 @@ class Service:
         self.runs.iteration(rec.name, it.iteration, it.t_start, it.t_end,
                             self._compute.get(rec.name, 0), it.control_messages, it.flows)
         self.tell(now=moved)
+
+    def on_hold(self, job: str, nodes: int) -> None:
+        self.ledger.holding(job, nodes)  # what it is charged for
 
     def on_end(self, rec: JobRecord, state: str, why: str) -> None:
         seen = {"flows": rec.flows, "control_messages": rec.control_messages,
@@ -496,121 +505,6 @@ class Service:
             out = {k: v for k, v in out.items() if k == user.name}
         return JSONResponse({"since": since, "until": until, "users": out})
 
-    async def token(self, request: Request) -> Response:
-        """An operator rotates (POST) or revokes (DELETE) a user's token, at once: the old
-        one is refused from the next request; the new one is in the user's token file."""
-        op = self.who(request, "operator")
-        name = request.path_params["user"]
-        role = self.roles.get(name)
-        if role is None:
-            raise Refused(404, f"no user {name}")
-        f = self.state / "tokens" / name
-        for t in [t for t, u in self.users.items() if u.name == name]:
-            del self.users[t]
-        mark = f.with_name(f.name + ".revoked")
-        if request.method == "DELETE":
-            mark.touch(mode=0o600)  # first: a crash between the two leaves it revoked
-            f.unlink(missing_ok=True)
-            log.warning("arbiter: %s revoked %s's token", op.name, name)
-            return JSONResponse({"user": name, "revoked": True})
-        self.users[new_token(f)] = User(name, role)
-        mark.unlink(missing_ok=True)
-        log.warning("arbiter: %s rotated %s's token (%s)", op.name, name, f)
-        return JSONResponse({"user": name, "token_file": str(f)})
-
-    async def drain(self, request: Request) -> Response:
-        """An operator drains a node (no job is placed on it; a job on it runs on to its
-        end) or resumes it (also a node a device would not clear)."""
-        op = self.who(request, "operator")
-        node = request.path_params["node"]
-        if node not in self.grid.at.values():
-            raise Refused(404, f"no node {node} in {self.tb.name}")
-        if request.url.path.endswith("/drain"):
-            why = (await self.body(request)).get("reason")
-            if not isinstance(why, str) or not 0 < len(why) <= 200:
-                raise Refused(422, '{"reason": why, 1 to 200 characters}')
-            self.ledger.drain(node, why, op.name)
-            self.adm.closed[node] = f"drained by {op.name}: {why}"
-            log.warning("arbiter: %s drained %s: %s", op.name, node, why)
-        else:
-            self.ledger.drain(node, None)
-            self.adm.closed.pop(node, None)
-            log.warning("arbiter: %s resumed %s", op.name, node)
-            self.adm.look()
-        self.tell()
-        return JSONResponse({"node": node} | self.nodes()[node])
-
-    async def maintain(self, request: Request) -> Response:
-        """An operator reserves nodes for maintenance over a window (Unix times), or takes
-        a window back (DELETE): no job is placed on them that would run into it."""
-        op = self.who(request, "operator")
-        if request.method == "DELETE":
-            try:
-                window = int(request.path_params["window"])
-            except ValueError:
-                raise Refused(422, "a window's id is a number") from None
-            if not self.ledger.unmaintain(window):
-                raise Refused(404, f"no maintenance window {window}")
-            self.windows = [w for w in self.windows if w["id"] != window]
-            log.warning("arbiter: %s took back maintenance window %d", op.name, window)
-            self.adm.look()
-            self.tell()
-            return JSONResponse({"window": window, "removed": True})
-        b = await self.body(request)
-        nodes, start, end, why = b.get("nodes"), b.get("start"), b.get("end"), b.get("reason")
-        known = set(self.grid.at.values())
-        if not (isinstance(nodes, list) and 0 < len(nodes) <= len(known)
-                and all(isinstance(n, str) and n in known for n in nodes)
-                and all(isinstance(t, int | float) and not isinstance(t, bool)
-                        and math.isfinite(t) and 0 <= t <= MAX_UNIX_TIME for t in (start, end))
-                and isinstance(why, str) and 0 < len(why) <= 200):
-            raise Refused(422, '{"nodes": [nodes of this testbed], "start": Unix time, "end": '
-                               'Unix time, "reason": 1 to 200 characters}')
-        assert isinstance(start, int | float) and isinstance(end, int | float)  # (checked)
-        if not start < end <= start + 366 * 86400 or end <= time.time():
-            raise Refused(422, "end: after start, within a year of it, and not past")
-        if len(self.windows) >= MAX_WINDOWS:
-            raise Refused(429, f"{MAX_WINDOWS} maintenance windows already")
-        on = sorted(set(nodes))
-        w: dict[str, Any] = {"id": self.ledger.maintain(on, start, end, why, op.name),
-                             "nodes": on, "start": start, "end": end, "why": why,
-                             "by": op.name}
-        self.windows.append(w)
-        self._at_end(w)
-        log.warning("arbiter: %s reserved %s for maintenance (%s)", op.name,
-                    ", ".join(w["nodes"]), why)
-        self.adm.look()
-        self.tell()
-        return JSONResponse(w, status_code=201)
-
-    async def user(self, request: Request) -> Response:
-        """An operator adds a user with a role (their token in STATE/tokens/NAME) or removes
-        one (their token goes; their jobs stay), at run time, kept across restarts."""
-        op = self.who(request, "operator")
-        name = request.path_params["user"]
-        if not name.isidentifier() or len(name) > 64:
-            raise Refused(422, "a user name is letters, digits and _ (64 at most)")
-        for t in [t for t, u in self.users.items() if u.name == name]:
-            del self.users[t]
-        f = self.state / "tokens" / name
-        if request.method == "DELETE":
-            if name not in self.roles:
-                raise Refused(404, f"no user {name}")
-            f.unlink(missing_ok=True)
-            del self.roles[name]
-            self.ledger.user(name, "removed", op.name)  # (a start's --user does not undo it)
-            log.warning("arbiter: %s removed user %s", op.name, name)
-            return JSONResponse({"user": name, "removed": True})
-        role = (await self.body(request)).get("role", "user")
-        if role not in ROLES:
-            raise Refused(422, f'{{"role": one of {", ".join(ROLES)}}}')
-        self.roles[name] = cast(Role, role)
-        self.ledger.user(name, role, op.name)
-        self.users[new_token(f)] = User(name, cast(Role, role))
-        f.with_name(f.name + ".revoked").unlink(missing_ok=True)
-        log.warning("arbiter: %s added user %s (%s)", op.name, name, role)
-        return JSONResponse({"user": name, "role": role, "token_file": str(f)})
-
     def nodes(self) -> dict[str, dict[str, str]]:
         """Each node's state: "free", "held" (by `job`), "down" (out of service: the watch
         found it dead or unreachable), "drained" or "closed" (an operator's word, or a
@@ -641,7 +535,7 @@ class Service:
     async def status(self, request: Request) -> Response:
         self.who(request)
         nodes = self.nodes()
-        pending = self.backfill.pending if self.backfill is not None else {}
+        pending = self.backfill.pending
         now_ns, now = self.adm.clock.now_ns(), time.time()
         reserved = next(({"job": job, "start": round(now + (at - now_ns) / 1e9, 3),
                           "nodes": sorted(where)}
@@ -658,6 +552,10 @@ class Service:
                              "first_violations": self.adm.b.monitor.violations[:FIRST]})
 
     def app(self) -> Starlette:
+        def op(fn: Callable[[Service, Request], Awaitable[Response]]
+               ) -> Callable[[Request], Awaitable[Response]]:
+            return functools.partial(fn, self)  # an operator's request (app.operators)
+
         def guarded(fn: Callable[[Request], Awaitable[Response]]
                     ) -> Callable[[Request], Awaitable[Response]]:
             async def handle(request: Request) -> Response:
@@ -682,13 +580,14 @@ class Service:
             Route("/jobs/{job}/iterations", guarded(self.iterations), methods=["GET"]),
             Route("/jobs/{job}/flows", guarded(self.flows), methods=["GET"]),
             Route("/usage", guarded(self.usage), methods=["GET"]),
-            Route("/tokens/{user}", guarded(self.token), methods=["POST", "DELETE"]),
+            Route("/tokens/{user}", guarded(op(operators.token)), methods=["POST", "DELETE"]),
             Route("/status", guarded(self.status), methods=["GET"]),
-            Route("/nodes/{node}/drain", guarded(self.drain), methods=["POST"]),
-            Route("/nodes/{node}/resume", guarded(self.drain), methods=["POST"]),
-            Route("/users/{user}", guarded(self.user), methods=["POST", "DELETE"]),
-            Route("/maintenance", guarded(self.maintain), methods=["POST"]),
-            Route("/maintenance/{window}", guarded(self.maintain), methods=["DELETE"]),
+            Route("/nodes/{node}/drain", guarded(op(operators.drain)), methods=["POST"]),
+            Route("/nodes/{node}/resume", guarded(op(operators.drain)), methods=["POST"]),
+            Route("/users/{user}", guarded(op(operators.user)), methods=["POST", "DELETE"]),
+            Route("/maintenance", guarded(op(operators.maintain)), methods=["POST"]),
+            Route("/maintenance/{window}", guarded(op(operators.maintain)),
+                  methods=["DELETE"]),
         ], middleware=[Middleware(http.BearerToken, tokens=self.users,
                                   refused=self._unknown)])
 
@@ -750,17 +649,11 @@ def _serve(tb: Testbed, state: Path, ledger: Ledger, users: dict[str, User], rul
             arbiter.inventory()
             spec = NetworkSpec(name="oddl", kind="oddl")  # the testbed's, as planned
 
-            def make(svc: Service) -> Admission:
-                svc.backfill = Backfill(grid, lambda: adm.started(),
-                                        lambda: adm.clock.now_ns(), svc.may_start,
-                                        svc.maintenance)
-                adm = Admission(backend, grid, [], svc.backfill, OddlStage1(arbiter, spec),
-                                spec, tb, job_id("arbiter", os.getpid(), time.time_ns()),
-                                "arbiter", svc.on_iteration, record_flows=True,
-                                on_end=svc.on_end, on_hold=ledger.holding, rank=svc.rank)
-                return adm
-
-            svc = Service(tb, ledger, users, state, rules, make, plots, roles)
+            svc = Service(tb, ledger, users, state, rules, plots, roles)
+            svc.attach(Admission(backend, grid, [], svc.backfill, OddlStage1(arbiter, spec),
+                                 spec, tb, job_id("arbiter", os.getpid(), time.time_ns()),
+                                 "arbiter", svc.on_iteration, record_flows=True,
+                                 service=svc))
             api = http.HttpService(svc.app(), host, port,
                                    ssl_certfile=tls[0] if tls else None,
                                    ssl_keyfile=tls[1] if tls else None)

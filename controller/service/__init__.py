@@ -1,5 +1,7 @@
 """The arbiter at run time: `admission` (the one orchestration of jobs: arrivals,
-placement, stage 1 per job, stops for faults) over `jobs` (a job's request and record),
+placement, stage 1 per job, stops for faults), sharing `jobtable` (what it knows of each
+job) with `alignment` (CASSINI's placements, start delays and pauses) and `deadlines`
+(the service's time limits), over `jobs` (a job's request and record),
 `placing` (where a job goes) and `stages` (the stage 1 it applies), `recovery` (what a
 fault costs and where a job goes on), `health` (the live inventory), `backend` (the
 interface every back end implements), `drill` (when a drill's faults begin), `node` (the

@@ -23,9 +23,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
-from typing import Any, Literal
+from collections.abc import Callable
+from dataclasses import replace
+from typing import Any, Literal, Protocol
 
 import msgspec
 from oddl.controller.base.clock import Clock
@@ -40,6 +40,7 @@ from oddl.controller.base.telemetry import (
     plan_note,
 )
 from oddl.controller.base.topology import Grid
+from oddl.controller.service.alignment import Alignment, Profiler
 from oddl.controller.service.backend import (
     Backend,
     Iteration,
@@ -49,11 +50,10 @@ from oddl.controller.service.backend import (
     Stalled,
     StopRule,
 )
-from oddl.controller.service.health import Diagnosis, Watch
-from oddl.controller.service.jobs import (
-    JobRecord,
-    JobRequest,
-)
+from oddl.controller.service.deadlines import Deadlines
+from oddl.controller.service.health import Watch, landed
+from oddl.controller.service.jobs import JobRecord, JobRequest
+from oddl.controller.service.jobtable import JobTable, Stopped
 from oddl.controller.service.placing import (
     NEVER,
     WHOLE,
@@ -64,17 +64,7 @@ from oddl.controller.service.placing import (
 from oddl.controller.service.recovery import Recovery
 from oddl.controller.service.stages import Routes, Stage1
 from oddl.controller.stage1.arbiter import DeviceFailed
-from oddl.controller.stage1.compat import (
-    Arrival,
-    Profile,
-    Realignment,
-    best_placement,
-    on_links,
-    phase_score,
-    realign,
-    shift_against,
-)
-from oddl.controller.stage1.placement import Partition, candidates
+from oddl.controller.stage1.placement import Partition
 from oddl.controller.stage1.plan import Plan, PlanError
 from oddl.controller.stage2.invariants import MAX_TAG
 from oddl.controller.stage2.job import (
@@ -86,57 +76,37 @@ from oddl.controller.stage2.job import (
 from oddl.controller.stage2.trace import Timeline
 
 MAX_STOPS = 3  # a job stopped for faults more often than this fails the run
-
-
-PLACEMENTS = 4  # CASSINI: the candidate placements a job's demand is measured on
-
-
 CARRY_WAIT_S = 2.0  # how long a stopped job's ranks may take to say what they delivered
-
-
-
 
 OnJob = Callable[[JobRecord, Iteration], None]  # a job's iteration, as it completes
 
 
-# the service: a job has ended: its record, "finished" | "failed" | "cancelled", why
-OnEnd = Callable[[JobRecord, str, str], None]
+class JobService(Protocol):
+    """The service's side of an orchestration it runs (app/queue.py): with one, a job that
+    cannot go on ends alone, and the service is told what each job holds and how it ended."""
 
+    def on_end(self, rec: JobRecord, state: str, why: str) -> None:
+        """A job has ended: its record, "finished" | "failed" | "cancelled" | "timeout",
+        and why."""
 
-# the service: a job now holds this many nodes (0: it has given them back)
-OnHold = Callable[[str, int], None]
+    def on_hold(self, job: str, nodes: int) -> None:
+        """A job now holds this many nodes (0: it has given them back)."""
 
-
-# a job's demand on each link it uses, measured alone (sim/networks/profile.py): name, ranks'
-# nodes, schedule, compute per iteration (ns)
-Profiler = Callable[[str, Sequence[str], Schedule, int], dict[object, Profile]]
-
-
-@dataclass
-class _Stopped:
-    """A job stopped for a fault, until it goes on."""
-
-    t_stop_ns: int
-    t_last_ns: int  # its latest iteration recorded before the stop
-    stop: JobStopped
-    found: list[Diagnosis]
-    replan: bool  # something to go round (else: the same plan again, e.g. a bus blink)
-    ranks: tuple[str, ...] = ()  # where its ranks were: a carry holds only on the same
+    def rank(self, req: JobRequest) -> float:
+        """A queued job's priority now (fair share, age): higher starts first."""
 
 
 class Admission:
     """Runs the jobs of one network on its back end, every job on the one clock: a run's
     (`run`: the jobs given, a job that cannot go on fails the run) or the service's
     (`open`, then `submit` and `cancel` as people ask; a job that cannot go on ends alone,
-    told to `on_end`)."""
+    told to the `service`)."""
 
     def __init__(self, backend: Backend, grid: Grid, requests: list[JobRequest],
                  placer: Placer, stage1: Stage1, spec: NetworkSpec, testbed: Any,
                  run_name: str, experiment: str, on_iteration: OnJob | None = None,
                  profiler: Profiler | None = None, trace: Timeline | None = None,
-                 record_flows: bool = False, on_end: OnEnd | None = None,
-                 on_hold: OnHold | None = None,
-                 rank: Callable[[JobRequest], float] | None = None) -> None:
+                 record_flows: bool = False, service: JobService | None = None) -> None:
         if len(requests) > MAX_TAG:
             raise RunFailed(f"{len(requests)} jobs: at most {MAX_TAG} in one run")
         self.b, self.grid, self.placer, self.stage1 = backend, grid, placer, stage1
@@ -145,26 +115,10 @@ class Admission:
         self.spec, self.tb, self.run_name, self.experiment = spec, testbed, run_name, experiment
         self.health = backend.health
         self.requests = sorted(requests, key=lambda r: (r.arrival_ns, r.name))
-        self.records = {r.name: JobRecord(r.name, r.arrival_ns) for r in requests}
-        # flow ids carry a job's tag; 0: the testbed's only job
-        first = 0 if len(requests) == 1 else 1
-        self.tags = {r.name: k for k, r in enumerate(self.requests, start=first)}
+        self.jobs = JobTable(requests)
+        self.records = self.jobs.records
         self.on_iteration = on_iteration
-        self.profiler = profiler  # CASSINI's start delays, against the running jobs
-        self.trace, self.record_flows, self.on_end = trace, record_flows, on_end
-        self.on_hold = on_hold
-        self.rank = rank  # the service's: each queued job's priority now (fair share, age)
-        self._tasks: dict[str, asyncio.Task[Any]] = {}  # each running job's
-        self._cancelling: dict[str, str] = {}  # job -> who cancels it, while it stops
-        self._profiles: dict[str, dict[object, Profile]] = {}  # the running jobs'
-        self._began: dict[str, int] = {}  # when each running job's latest iteration began
-        self._spec_ids: dict[str, str] = {}  # job -> the id its back end runs it as
-        self._attempts: dict[str, list[str]] = {}  # job -> every id it has run as
-        self._pending_pause: dict[str, int] = {}  # job -> ns its next iteration waits
-        self._measured: dict[str, dict[object, Profile]] = {}  # placed by its profile
-        self._starting: dict[str, int] = {}  # job -> its start delay (ns), while in it
-        # jobs whose stage 1 is under way, on the partition they hold
-        self._setting_up: dict[str, tuple[JobRequest, Partition]] = {}
+        self.trace, self.record_flows, self.service = trace, record_flows, service
         self._busy = 0  # stage 1s under way (off the loop: the back end's `off_loop`)
         self.free = set(grid.nodes)
         # nodes out by the service's word: drained by an operator, or kept out after a
@@ -174,25 +128,20 @@ class Admission:
         self._again = False
         self.queue: list[JobRequest] = []
         self.running = 0
-        self.resume: dict[str, int] = {}  # a stopped job's first iteration not recorded
         self.recoveries: list[Recovery] = []  # each stopped job's, once it goes on
         self.outcomes: list[JobOutcome] = []  # every attempt's, stopped ones too
-        self._stopped: dict[str, _Stopped] = {}
-        self._rules: dict[str, StopRule] = {}  # each running job's
-        self._tries: dict[str, int] = {}  # a job's stage 1s a device failed, in a row
-        self._last: dict[str, int] = {}  # when each job's latest iteration was recorded
         self._said = (-1, -1)  # diagnoses and injected faults the watchers were told of
         self.watch: Watch | None = None
         self.clock = Clock(backend.loop)
+        # CASSINI's placements, start delays and pauses (its own `shift_ms` without one)
+        self.align = Alignment(grid, spec, self.clock, profiler, backend.pause, self.records)
         self.t0 = 0
         self.left = len(requests)
         self._done: asyncio.Future[None] | None = None
         self._stuck_ns: int | None = None  # since when nothing runs and nothing fits
         self._recheck: asyncio.TimerHandle | None = None  # the next look at the queue
         # the service's time limits: each started job's end (clock ns) and its timer
-        self._limit_ns: dict[str, int] = {}
-        self._limit_timer: dict[str, asyncio.TimerHandle] = {}
-        self._timed_out: set[str] = set()
+        self.deadlines = Deadlines(self.clock, self.cancel)
 
     # --- the run -----------------------------------------------------------------------
     def open(self) -> None:
@@ -205,8 +154,7 @@ class Admission:
             self.watch.stop()
         if self._recheck is not None:
             self._recheck.cancel()
-        for timer in self._limit_timer.values():
-            timer.cancel()
+        self.deadlines.close()
 
     def run(self) -> dict[str, JobRecord]:
         loop = self.b.loop
@@ -243,15 +191,11 @@ class Admission:
     def submit(self, req: JobRequest, resume: int = 0) -> None:
         """The service: a job arrives now, to go on from iteration `resume` (one an earlier
         arbiter recorded)."""
-        used = {t for n, t in self.tags.items() if self.records[n].end_ns is None}
-        tag = next((k for k in range(1, MAX_TAG + 1) if k not in used), None)
-        if tag is None:
-            raise RunFailed(f"{len(used)} jobs already: at most {MAX_TAG} at once")
-        self.records[req.name] = JobRecord(req.name, self.clock.now_ns() - self.t0)
-        self.tags[req.name] = tag
+        if self.jobs.add(req.name, self.clock.now_ns() - self.t0) is None:
+            raise RunFailed(f"{MAX_TAG} jobs already: at most {MAX_TAG} at once")
         self.left += 1
         if resume:
-            self.resume[req.name] = resume
+            self.jobs.resume[req.name] = resume
         self._arrive(req)
 
     def cancel(self, name: str, why: str) -> bool:
@@ -261,13 +205,13 @@ class Admission:
             self.queue.remove(queued)
             self._leave(name, None, "cancelled", why)
             return True
-        if name in self._setting_up and name not in self._cancelling:
-            self._cancelling[name] = why  # it ends as its stage 1 does
+        if name in self.jobs.setting_up and name not in self.jobs.cancelling:
+            self.jobs.cancelling[name] = why  # it ends as its stage 1 does
             return True
-        task = self._tasks.get(name)
-        if task is None or name in self._cancelling:
+        task = self.jobs.tasks.get(name)
+        if task is None or name in self.jobs.cancelling:
             return False
-        self._cancelling[name] = why
+        self.jobs.cancelling[name] = why
         task.cancel()  # a stopping job is ended once it has stopped
         return True
 
@@ -288,21 +232,21 @@ class Admission:
         """The jobs that hold partitions now, as backfill sees them: their nodes and when
         their time limits end (NEVER: none)."""
         out = []
-        for name in self._tasks:
+        for name in self.jobs.tasks:
             part = self.records[name].partition
             if part is not None:
-                out.append(Running(self._limit_ns.get(name, NEVER), frozenset(part.nodes),
+                out.append(Running(self.deadlines.end_of(name) or NEVER, frozenset(part.nodes),
                                    name))
         now = self.clock.now_ns()
-        for name, (req, part) in self._setting_up.items():  # its time limit starts with it
-            end = self._limit_ns.get(name) or (
+        for name, (req, part) in self.jobs.setting_up.items():  # its time limit starts with it
+            end = self.deadlines.end_of(name) or (
                 now + req.time_limit_ns if req.time_limit_ns else NEVER)
             out.append(Running(end, frozenset(part.nodes), name))
         return out
 
     def setting_up(self) -> dict[str, str]:
         """The jobs whose stage 1 is under way now, and where."""
-        return {name: part.describe() for name, (_req, part) in self._setting_up.items()}
+        return {name: part.describe() for name, (_req, part) in self.jobs.setting_up.items()}
 
     def _arrive(self, req: JobRequest) -> None:
         """Into the queue by priority (higher first), then arrival."""
@@ -311,17 +255,10 @@ class Admission:
         self.queue.insert(at, req)
         self._admit()
 
-    def _expire(self, name: str, limit_s: float) -> None:
-        """A job past its time limit: stopped, and it ends "timeout"."""
-        self._limit_timer.pop(name, None)
-        self._timed_out.add(name)
-        if not self.cancel(name, f"its time limit of {limit_s:g} s was reached"):
-            self._timed_out.discard(name)
-
     def _lose(self, name: str, part: Partition | None, e: BaseException) -> None:
         """A job that cannot go on: in a run, the run fails; in the service, that job ends
         alone (failed) and the others go on."""
-        if self.on_end is None:
+        if self.service is None:
             self._fail(e)
             return
         self._leave(name, part, "failed", str(e))
@@ -333,15 +270,11 @@ class Admission:
         the next jobs start, or the run is done."""
         rec = self.records[name]
         rec.end_ns = self.clock.now_ns() - self.t0
-        rec.violations = self.b.monitor.count_of(self._attempts.pop(name, []))
-        self._tasks.pop(name, None)
-        self._cancelling.pop(name, None)
-        if name in self._timed_out and state == "cancelled":
+        rec.violations = self.b.monitor.count_of(self.jobs.attempts.pop(name, []))
+        self.jobs.tasks.pop(name, None)
+        self.jobs.cancelling.pop(name, None)
+        if self.deadlines.ended(name) and state == "cancelled":
             state = "timeout"
-        self._timed_out.discard(name)
-        self._limit_ns.pop(name, None)
-        if (timer := self._limit_timer.pop(name, None)) is not None:
-            timer.cancel()
         if part is None:
             self._gone(rec, state, why)
             return
@@ -350,13 +283,12 @@ class Admission:
             if e is None:
                 self._give(name, part)
                 self._gone(rec, state, why)
-            elif self.on_end is None:
+            elif self.service is None:
                 self._fail(RunFailed(f"{self.spec.name}: job {name} left: {e}"))
             else:
                 for n in part.nodes:
                     self.closed[n] = f"not cleared after job {name}: {e}"
-                if self.on_hold is not None:
-                    self.on_hold(name, 0)
+                self.service.on_hold(name, 0)
                 self._gone(rec, state, (f"{why}; " if why else "")
                            + f"its partition was not given back: {e}")
 
@@ -367,32 +299,27 @@ class Admission:
         start, or the run is done."""
         name = rec.name
         self.left -= 1
-        if self.on_end is not None:
-            self.on_end(rec, state, why)
-            self._forget(name)
+        if self.service is not None:
+            self.service.on_end(rec, state, why)
+            # it keeps nothing of a job that has ended (the ledger has it): a long-lived
+            # arbiter's memory stays bounded
+            self.jobs.forget(name)
+            self.outcomes.clear()  # a run's figures; the service reports per job
+            self.recoveries.clear()
         if self.left == 0 and self._done is not None and not self._done.done():
             self._done.set_result(None)
         else:
             self._admit()
 
-    def _forget(self, name: str) -> None:
-        """The service keeps nothing of a job that has ended (the ledger has it): a
-        long-lived arbiter's memory stays bounded."""
-        for held in (self.records, self.tags, self._rules, self._last, self.resume,
-                     self._stopped, self._tries):
-            held.pop(name, None)
-        self.outcomes.clear()  # a run's figures; the service reports per job
-        self.recoveries.clear()
-
     def _take(self, name: str, part: Partition) -> None:
         self.free -= set(part.nodes)
-        if self.on_hold is not None:
-            self.on_hold(name, len(part.nodes))
+        if self.service is not None:
+            self.service.on_hold(name, len(part.nodes))
 
     def _give(self, name: str, part: Partition) -> None:
         self.free |= set(part.nodes)
-        if self.on_hold is not None:
-            self.on_hold(name, 0)
+        if self.service is not None:
+            self.service.on_hold(name, 0)
 
     def _admit(self) -> None:
         """Start what can start now (`_admit_once`). A job that ends meanwhile (it failed
@@ -415,22 +342,22 @@ class Admission:
         out of service, look again every heartbeat period: one that comes back (a board
         that beats again) may be what the head of the queue waits for."""
         health = self.health
-        if self.rank is not None:  # jobs going on after a stop first, then by rank now
-            ranked = {q.name: self.rank(q) for q in self.queue}
-            self.queue.sort(key=lambda q: (q.name not in self._stopped, -ranked[q.name]))
+        if self.service is not None:  # jobs going on after a stop first, then by rank now
+            ranked = {q.name: self.service.rank(q) for q in self.queue}
+            self.queue.sort(key=lambda q: (q.name not in self.jobs.stopped, -ranked[q.name]))
         try:
-            placed = self.placer.place(self.free - set(self.closed), health, self.queue)
+            placed = self.placer.place(self.free - set(self.closed), health, self.queue,
+                                       self.started(), self.clock.now_ns())
         except RunFailed as e:  # it can never run again
-            st = self._stopped.get(self.queue[0].name) if self.queue else None
+            st = self.jobs.stopped.get(self.queue[0].name) if self.queue else None
             why = "; ".join(str(d) for d in st.found if DIAGNOSES.get(d.kind)) if st else ""
             self._fail(RunFailed(f"{self.spec.name}: {why}: {e}" if why else
                                  f"{self.spec.name}: {e}"))
             return
         for k, (req, part) in enumerate(placed):
             self.queue[:] = [q for q in self.queue if q.name != req.name]
-            if self.profiler is not None and self._profiles:
-                part = self._place_by_profile(req, part, {n for j, (_r, p) in enumerate(
-                    placed) if j != k for n in p.nodes})
+            part = self.align.place(req, part, self.free - {n for j, (_r, p) in enumerate(
+                placed) if j != k for n in p.nodes})
             self._take(req.name, part)
             try:
                 started = self._start(req, part)
@@ -439,8 +366,8 @@ class Admission:
                 return
             if not started:  # its stage 1 failed at once (a model's), and was dealt with
                 return
-        if not self._setting_up:  # every start went through
-            self._tries.clear()
+        if not self.jobs.setting_up:  # every start went through
+            self.jobs.tries.clear()
         down = health.out_of_service()
         now = self.clock.now_ns()
         # the jobs the queue's rules let start (a held job waits for its operator)
@@ -449,7 +376,7 @@ class Admission:
         held = set(self.grid.nodes) - self.free - set(self.closed)
         # (the service's queue waits: a job it took fits the grid, and its nodes come back
         # or an operator says why not; a run's ends)
-        if self.on_end is not None or not ready or self.running or self._busy or held:
+        if self.service is not None or not ready or self.running or self._busy or held:
             self._stuck_ns = None
         elif self._stuck_ns is None:  # every node free, and still none fits
             self._stuck_ns = now
@@ -467,7 +394,7 @@ class Admission:
     def _device_failed(self, req: JobRequest, e: DeviceFailed) -> None:
         """A device failed its part of a job's stage 1: the watch is told, and the job is
         placed and planned again round it (a bounded number of times)."""
-        tries = self._tries[req.name] = self._tries.get(req.name, 0) + 1
+        tries = self.jobs.tries[req.name] = self.jobs.tries.get(req.name, 0) + 1
         if tries > len(self.b.wss) + len(self.grid.nodes):
             self._lose(req.name, None, RunFailed(
                 f"{self.spec.name}: job {req.name}: stage 1 failed {tries} times; the last: "
@@ -490,8 +417,8 @@ class Admission:
         1 is gone round (placed and planned again); anything else fails the job, saying
         which; a job cancelled meanwhile ends so."""
         self._give(req.name, part)
-        if req.name in self._cancelling:
-            self._leave(req.name, None, "cancelled", self._cancelling[req.name])
+        if req.name in self.jobs.cancelling:
+            self._leave(req.name, None, "cancelled", self.jobs.cancelling[req.name])
         elif isinstance(e, DeviceFailed):  # found while applying: go round it too
             self._device_failed(req, e)
         elif isinstance(e, Exception):
@@ -531,7 +458,7 @@ class Admission:
         self._io(lambda: self.stage1.release(job, avoid), released)
 
     def _cannot_start(self, req: JobRequest, part: Partition, e: Exception) -> Exception:
-        if req.name in self._stopped:
+        if req.name in self.jobs.stopped:
             found = "; ".join(map(str, self.health.actionable(part.nodes)))
             return RunFailed(f"{self.spec.name}: job {req.name}: no plan round {found}: {e}")
         if isinstance(e, PlanError):  # the config's doing: the CLI says so
@@ -552,19 +479,19 @@ class Admission:
             self.watch = Watch(self.clock, self.health, self.b.wss).start()
         since = len(self.health.diagnoses)  # what its plan goes round
         avoid = self.health.avoid()
-        self._setting_up[req.name] = (req, part)
+        self.jobs.setting_up[req.name] = (req, part)
         failed = False
 
         def set_up(got: tuple[Routes, bool, Plan | None] | BaseException) -> None:
             nonlocal failed
-            del self._setting_up[req.name]
+            del self.jobs.setting_up[req.name]
             if isinstance(got, BaseException):
                 failed = True
                 self._start_failed(req, part, got)
-            elif req.name in self._cancelling:  # cancelled meanwhile: undone, and it ends
-                self._leave(req.name, part, "cancelled", self._cancelling[req.name])
+            elif req.name in self.jobs.cancelling:  # cancelled meanwhile: undone, and it ends
+                self._leave(req.name, part, "cancelled", self.jobs.cancelling[req.name])
             else:
-                self._tries.pop(req.name, None)
+                self.jobs.tries.pop(req.name, None)
                 try:
                     self._begin(req, part, schedule, since, *got)
                 except Exception as e:
@@ -585,13 +512,10 @@ class Admission:
         rec.partition, rec.placed_ns = part, now - self.t0
         if rec.start_ns is None:
             rec.start_ns = rec.placed_ns
-        if req.time_limit_ns and req.name not in self._limit_ns:  # from its first start
-            self._limit_ns[req.name] = now + req.time_limit_ns
-            self._limit_timer[req.name] = self.clock.call_later_ns(
-                req.time_limit_ns, self._expire, req.name, req.time_limit_ns / 1e9)
+        self.deadlines.begin(req.name, req.time_limit_ns)
         carry: tuple[int, list[tuple[int, int, int]]] | None = None
-        if req.name in self._stopped:  # it goes on, after a fault
-            st = self._stopped.pop(req.name)
+        if req.name in self.jobs.stopped:  # it goes on, after a fault
+            st = self.jobs.stopped.pop(req.name)
             # every rank where it was (none died): the cut iteration goes on from where
             # it stopped, with what was delivered; else it runs again in full
             if st.stop.carry is not None and st.ranks == tuple(part.ranks):
@@ -602,40 +526,39 @@ class Admission:
             rec.stops[-1]["resumed_on"] = part.describe()
             rec.stops[-1]["carried_flows"] = len(carry[1]) if carry else None
         self.running += 1
-        shift_ns = self._shift(req, part, schedule, rec)
         attempt = f"r{len(rec.stops)}" if rec.stops else ""  # a stopped id is not reused
+        job = job_id(self.run_name, self.spec.name, req.name, attempt)
+        shift_ns = self.align.shift(req, part, schedule, rec, job)
         in_grid = set(part.nodes)
         trace_its = self.trace.iterations if self.trace is not None else 0
         spec = JobSpec(
-            v=JOB_VERSION, job=job_id(self.run_name, self.spec.name, req.name, attempt),
+            v=JOB_VERSION, job=job,
             collective=req.collective, size=req.size, rows=len(part.rows),
             cols=len(part.cols), degree=self.spec.degree, bidirectional=self.spec.bidirectional,
             ranks=list(part.ranks), nodes=[n for n in self.grid.nodes if n in in_grid],
             iterations=req.iterations, compute_ns=req.compute_ns,
             # the O-NICs' counts start at zero: what a carry delivered is counted by the host
             nic_sync=nic_sync and carry is None, timing=timing_of(self.tb), routes=routes,
-            start=self.resume.get(req.name, 0), trace_iterations=trace_its,
-            tag=self.tags[req.name], alltoall=req.alltoall, weight=req.weight,
+            start=self.jobs.resume.get(req.name, 0), trace_iterations=trace_its,
+            tag=self.jobs.tags[req.name], alltoall=req.alltoall, weight=req.weight,
             carried=carry is not None, carry=carry[1] if carry else [],
             carry_t0=carry[0] if carry else 0, hybrid=req.hybrid,
             record_flows=self.record_flows)
-        self._spec_ids[req.name] = spec.job
-        self._attempts.setdefault(req.name, []).append(spec.job)
-        stop = self._rules[req.name] = StopRule(
+        self.jobs.attempts.setdefault(req.name, []).append(spec.job)
+        stop = self.jobs.rules[req.name] = StopRule(
             self.health, frozenset(part.nodes), since,
             self.tb.monitor.missed * self.health.period_ns)
 
         def on_iteration(it: Iteration) -> None:
             rec.iteration_ns.append(it.t_end - it.t_start)
-            self._last[req.name] = self.clock.now_ns()
-            if req.name in self._began:  # the next one begins as this one ends, or paused
-                self._began[req.name] = it.t_end + self._pending_pause.pop(req.name, 0)
+            self.jobs.last[req.name] = self.clock.now_ns()
+            self.align.iterated(req.name, it.t_end)
             if self.on_iteration is not None:
                 self.on_iteration(rec, it)
             self._say("iteration", lambda: IterationNote(
                 TELEMETRY_VERSION, self.spec.name, it.iteration,
                 (it.t_end - it.t_start) / 1e6, it.control_messages, self.run_name,
-                req.name if self.tags[req.name] else ""))  # (tag 0: the only job)
+                req.name if self.jobs.tags[req.name] else ""))  # (tag 0: the only job)
             if (len(self.health.diagnoses), len(self.b.injected)) != self._said:
                 self._say_health()
             if self.trace is not None:  # rows come late: the last RELEASEs with the next one
@@ -645,114 +568,22 @@ class Admission:
                     self.trace.chrome.iterations[name].append(
                         (it.iteration, it.t_start, it.t_end))
 
-        task = self._tasks[req.name] = self.b.loop.create_task(
+        task = self.jobs.tasks[req.name] = self.b.loop.create_task(
             self._run(req.name, spec, on_iteration, shift_ns, stop))
         task.add_done_callback(lambda t: self._finish(req, part, t))
 
-    def _shift(self, req: JobRequest, part: Partition, schedule: Schedule,
-               rec: JobRecord) -> int:
-        """The job's start delay (ns): its own `shift_ms`; or, with a profiler, CASSINI's
-        against the jobs running now, each at its phase (controller/stage1/compat.py)."""
-        if self.profiler is None:
-            return req.shift_ns
-        mine = self._measured.pop(req.name, None) or \
-            self.profiler(req.name, part.ranks, schedule, req.compute_ns)
-        now = self.clock.now_ns()
-        kept = shift_against(mine, on_links(self._profiles, self._began, now))  # the
-        # newcomer's best delay, the running jobs unmoved
-        self._profiles[req.name] = mine
-        moved = self._realign(req.name)
-        # re-aligning pauses running jobs: worth it only where it scores better
-        if moved is None or min((c.score for c in moved.shifts.links.values()),
-                                default=1.0) <= kept.score + 1e-9:
-            rec.cassini = kept
-            shift_ns = round(kept.shift_ms * 1e6)
-        else:
-            given = self._pause(moved.pauses_ns)
-            shift_ns = moved.delay_ns
-            rec.cassini = Arrival(round(shift_ns / 1e6, 6), round(min(
-                c.score for c in moved.shifts.links.values()), 9), kept.unshifted_score,
-                {j: round(ns / 1e6, 6) for j, ns in given.items()})
-        self._began[req.name] = now + shift_ns
-        return shift_ns
-
-    def _place_by_profile(self, req: JobRequest, part: Partition, taken: set[str]
-                          ) -> Partition:
-        """CASSINI's placement: of up to PLACEMENTS free rectangles (the first fit among
-        them), the one whose shared links are most compatible with the running jobs'
-        (`best_placement`, each candidate's demand measured alone on it); its profile is
-        kept for its start delay."""
-        cands = [part, *(c for c in candidates(
-            self.grid, self.free - taken, req.name, req.ranks, req.shape, req.exact,
-            req.group, PLACEMENTS) if c.nodes != part.nodes)][:PLACEMENTS]
-        assert self.profiler is not None
-        measured = [self.profiler(req.name, c.ranks, schedule_of(req, c, self.spec),
-                                  req.compute_ns) for c in cands]
-        running = {link: [p for p, _phase in jobs] for link, jobs in on_links(
-            self._profiles, self._began, self.clock.now_ns()).items()}
-        # (type: ignore below: profiles by link: the same shape)
-        k = best_placement(measured, running)  # type: ignore[arg-type]
-        self._measured[req.name] = measured[k]
-        return cands[k]
-
-    def _realign(self, joining: str | None) -> Realignment | None:
-        """CASSINI's shifts for every job sharing links now, as pauses (None: no two
-        jobs share a link, or a loop of the affinity graph asks two shifts of a job:
-        CASSINI then moves none)."""
-        shared = [j for j, links in self._profiles.items() if any(
-            link in other for k, other in self._profiles.items() if k != j for link in links)]
-        if len(shared) < 2:
-            return None
-        r = realign({j: self._profiles[j] for j in shared},
-                    {j: t for j, t in self._began.items() if j in shared},
-                    self.clock.now_ns(), joining)
-        return None if r.shifts.disagree else r
-
-    def _pause(self, pauses_ns: dict[str, int]) -> dict[str, int]:
-        """Pause running jobs before their next iteration (ModelBackend: the baselines; a
-        job still in its start delay waits that much longer), and count it in each one's
-        record; the pauses given."""
-        given = {}
-        for job, ns in pauses_ns.items():
-            if ns <= 0:
-                continue
-            if job in self._starting:
-                self._starting[job] += ns
-                self._began[job] += ns
-            elif self.b.pause(self._spec_ids[job], ns):
-                self._pending_pause[job] = self._pending_pause.get(job, 0) + ns
-            else:
-                continue
-            self.records[job].paused_ms.append(round(ns / 1e6, 6))
-            given[job] = ns
-        return given
-
     async def _run(self, name: str, spec: JobSpec, on_iteration: Callable[[Iteration], None],
                    shift_ns: int, stop: StopRule) -> Any:
-        """A time shift (CASSINI): the job holds its nodes, and its first iteration starts
-        `shift_ns` late, so that its communication interleaves with its neighbours' (later
-        still if CASSINI re-aligns it meanwhile: `_starting`)."""
-        self._starting[name] = shift_ns
-        t0 = self.clock.now_ns()
-        while (left := t0 + self._starting[name] - self.clock.now_ns()) > 0:
-            await asyncio.sleep(left / 1e9)  # the back end's clock (virtual in sim)
-        self._starting.pop(name, None)
+        """The job, after its start delay (`Alignment.delay`)."""
+        await self.align.delay(name, shift_ns)
         return await self.b.run_job(spec, on_iteration, self.record_flows, stop)
 
     def _finish(self, req: JobRequest, part: Partition, task: asyncio.Task[Any]) -> None:
         rec = self.records[req.name]
-        self._profiles.pop(req.name, None)
-        self._began.pop(req.name, None)
-        self._pending_pause.pop(req.name, None)
-        spec_id = self._spec_ids.pop(req.name, None)
-        if self.profiler is not None:  # the jobs left re-align as CASSINI's shifts say,
-            moved = self._realign(None)  # where that scores better than they run now
-            if moved is not None and min(c.score for c in moved.shifts.links.values()) > \
-                    phase_score(self._profiles, self._began, self.clock.now_ns()) + 1e-9:
-                self._pause(moved.pauses_ns)
+        spec_id = self.align.left(req.name)
         if task.cancelled():  # the service cancelled it (or its time limit)
             self.running -= 1
-            if req.name not in self._cancelling and self.on_end is not None:
+            if req.name not in self.jobs.cancelling and self.service is not None:
                 # no: the service's loop is stopping (Ctrl-C of the arbiter). The job has
                 # not ended; the ledger keeps it running for the next arbiter to go on
                 # with (recording it cancelled lost it: issue 62's restart test, 3 of 10)
@@ -760,7 +591,7 @@ class Admission:
             if (cut := self.b.cut.pop(spec_id or "", None)) is not None:
                 self.outcomes.append(cut)
                 rec.took(cut)  # as far as its ranks said, as they dropped it
-            why = self._cancelling.get(req.name, "")
+            why = self.jobs.cancelling.get(req.name, "")
             dark = self.b.loop.create_task(self._dark(part))
             dark.add_done_callback(lambda _t: self._leave(req.name, part, "cancelled", why))
             return
@@ -788,13 +619,9 @@ class Admission:
         """Until no live board of a cancelled job's partition transmits (`grace_ms` at
         most; a board that cannot be asked is the watch's to judge): its last flows land
         before its nodes go to the next job, as a job stopped for a fault waits (`_stop`)."""
-        waited_ns, grace_ns = 0, self.tb.monitor.grace_ms * 1e6
         with contextlib.suppress(Exception):
-            while waited_ns < grace_ns and any(
-                    self.b.onics[n].transmitting() for n in part.nodes
-                    if not self.health.is_dead(n)):
-                await asyncio.sleep(self.health.period_ns / 1e9)
-                waited_ns += self.health.period_ns
+            await landed(self.health, self.b.onics, part.nodes,
+                         self.tb.monitor.grace_ms * 1e6, settled=False)
 
     async def _stop(self, req: JobRequest, part: Partition, stop: JobStopped) -> None:
         """A job stopped for a fault on its partition: once the watch has settled, the bus
@@ -804,29 +631,19 @@ class Admission:
         health, now = self.health, self.clock.now_ns()
         # its last iteration recorded before the stop: one whose reports its ranks say again
         # once the bus is back (below) is heard after the outage, and would hide it
-        last_ns = self._last.get(req.name, now)
+        last_ns = self.jobs.last.get(req.name, now)
         rec = self.records[req.name]
         self.outcomes.append(stop.outcome)
         rec.took(stop.outcome)
         rec.held_ns += len(part.nodes) * (now - self.t0 - rec.placed_ns)
         mon = self.tb.monitor
-        waited_ns = 0
-        while True:
-            # judged first: a board not yet found dead would be asked if it is dark
-            if health.settled() and health.bus_down_since is None and not any(
-                    self.b.onics[n].transmitting() for n in part.nodes
-                    if not health.is_dead(n)):
-                break
-            if waited_ns >= mon.grace_ms * 1e6:
-                if health.bus_down_since is not None:
-                    down_s = (self.clock.now_ns() - health.bus_down_since) / 1e9
-                    raise RunFailed(f"{self.spec.name}: job {req.name}: {stop}; the bus "
-                                    f"did not come back within grace_ms = {mon.grace_ms:g}: "
-                                    f"the broker ({self.tb.broker.url}) unreachable for "
-                                    f"{down_s:.1f} s (is its emulator or Mosquitto running?)")
-                break
-            await asyncio.sleep(health.period_ns / 1e9)
-            waited_ns += health.period_ns
+        if not await landed(health, self.b.onics, part.nodes, mon.grace_ms * 1e6,
+                            settled=True) and health.bus_down_since is not None:
+            down_s = (self.clock.now_ns() - health.bus_down_since) / 1e9
+            raise RunFailed(f"{self.spec.name}: job {req.name}: {stop}; the bus did not "
+                            f"come back within grace_ms = {mon.grace_ms:g}: the broker "
+                            f"({self.tb.broker.url}) unreachable for {down_s:.1f} s (is "
+                            f"its emulator or Mosquitto running?)")
         if stop.carrying is not None:  # its ranks say what the cut iteration delivered
             # (on a starved host they say it late: waited for as their heartbeats are)
             with contextlib.suppress(TimeoutError):
@@ -837,18 +654,18 @@ class Admission:
         if (e := await released) is not None:  # (a model's is done at once: no wait)
             raise e
         self._give(req.name, part)
-        rule = self._rules[req.name]
-        self._stopped[req.name] = _Stopped(now, last_ns, stop,
+        rule = self.jobs.rules[req.name]
+        self.jobs.stopped[req.name] = Stopped(now, last_ns, stop,
                                            rule.pending(), bool(rule.faults()),
                                            tuple(part.ranks))
-        self.resume[req.name] = stop.next_iteration
+        self.jobs.resume[req.name] = stop.next_iteration
         rec.stops.append({"at_s": round((now - self.t0) / 1e9, 9), "why": str(stop),
                           "ran_on": part.describe(), "from_iteration": stop.next_iteration})
         self.running -= 1
         self._say_health()
-        self._tasks.pop(req.name, None)
-        if req.name in self._cancelling:  # cancelled while it stopped
-            self._leave(req.name, None, "cancelled", self._cancelling[req.name])
+        self.jobs.tasks.pop(req.name, None)
+        if req.name in self.jobs.cancelling:  # cancelled while it stopped
+            self._leave(req.name, None, "cancelled", self.jobs.cancelling[req.name])
             return
         self.queue.insert(0, req)
         self._admit()

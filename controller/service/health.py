@@ -24,6 +24,7 @@ the heartbeats that `oddl node` publishes over MQTT.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -33,6 +34,7 @@ import msgspec
 from oddl.controller.base.access import NAME_PATTERN
 from oddl.controller.base.clock import Clock
 from oddl.controller.base.config import Monitor, Testbed
+from oddl.controller.base.devices import ONic
 from oddl.controller.base.faultkinds import DIAGNOSES, avoided
 from oddl.controller.base.topology import Grid
 from oddl.controller.stage1.planner import Avoid
@@ -500,3 +502,20 @@ class Watch:
         if self._timer is not None:
             self._timer.cancel()
             self._timer = None
+
+
+async def landed(health: Health, onics: Mapping[str, ONic], nodes: Iterable[str],
+                 grace_ns: float, settled: bool) -> bool:
+    """Until no live board of `nodes` transmits (a job's last flows have landed) and, if
+    `settled`, the watch has settled and the bus is back: `grace_ns` at most (a board
+    that cannot be asked is the watch's to judge). Whether it came to that."""
+    waited_ns = 0
+    while True:
+        # judged first: a board not yet found dead would be asked if it is dark
+        if (not settled or (health.settled() and health.bus_down_since is None)) and not any(
+                onics[n].transmitting() for n in nodes if not health.is_dead(n)):
+            return True
+        if waited_ns >= grace_ns:
+            return False
+        await asyncio.sleep(health.period_ns / 1e9)
+        waited_ns += health.period_ns

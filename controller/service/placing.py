@@ -140,22 +140,21 @@ def backfill(grid: Grid, free: set[str], queue: list[JobRequest], running: list[
 
 class Backfill:
     """The arbiter's placer: rectangles of free nodes in service, by `backfill`, against
-    the running jobs and their limits (`running`, `now_ns`: the orchestration's)."""
+    the running jobs and their limits."""
 
-    def __init__(self, grid: Grid, running: Callable[[], list[Running]],
-                 now_ns: Callable[[], int],
+    def __init__(self, grid: Grid,
                  may_start: Callable[[JobRequest, list[tuple[JobRequest, Partition]]], bool],
                  maintenance: Callable[[int], frozenset[str]] = lambda _end: frozenset()
                  ) -> None:
-        self.grid, self.running, self.now_ns, self.may_start = grid, running, now_ns, may_start
+        self.grid, self.may_start = grid, may_start
         self.maintenance = maintenance
         self.pending: Pending = {}  # the latest pass's: why each job that did not start
 
-    def place(self, free: set[str], health: Health, queue: list[JobRequest]
-              ) -> list[tuple[JobRequest, Partition]]:
+    def place(self, free: set[str], health: Health, queue: list[JobRequest],
+              running: list[Running], now_ns: int) -> list[tuple[JobRequest, Partition]]:
         pending: Pending = {}
-        out = backfill(self.grid, free - health.out_of_service(), queue, self.running(),
-                       self.now_ns(), self.may_start, pending, self.maintenance)
+        out = backfill(self.grid, free - health.out_of_service(), queue, running, now_ns,
+                       self.may_start, pending, self.maintenance)
         self.pending = pending
         return out
 
@@ -164,11 +163,13 @@ class Backfill:
 
 
 class Placer(Protocol):
-    """Where queued jobs start now, if anywhere: (the request as it starts, its nodes).
-    Raises RunFailed if a job can never be placed again."""
+    """Where queued jobs start now, if anywhere: (the request as it starts, its nodes),
+    beside the jobs that hold nodes now (`running`, and when their limits end). Raises
+    RunFailed if a job can never be placed again."""
 
-    def place(self, free: set[str], health: Health, queue: list[JobRequest]
-              ) -> list[tuple[JobRequest, Partition]]: ...
+    def place(self, free: set[str], health: Health, queue: list[JobRequest],
+              running: list[Running], now_ns: int) -> list[tuple[JobRequest, Partition]]:
+        ...
 
     def eligible(self, req: JobRequest) -> bool:
         """Whether the queue's rules let `req` start now, nodes aside (a held job, one
@@ -182,8 +183,8 @@ class Rectangles:
     def __init__(self, grid: Grid, policy: str) -> None:
         self.grid, self.policy = grid, policy
 
-    def place(self, free: set[str], health: Health, queue: list[JobRequest]
-              ) -> list[tuple[JobRequest, Partition]]:
+    def place(self, free: set[str], health: Health, queue: list[JobRequest],
+              running: list[Running], now_ns: int) -> list[tuple[JobRequest, Partition]]:
         return admissible(self.grid, free - health.out_of_service(), queue, self.policy)
 
     def eligible(self, req: JobRequest) -> bool:
@@ -200,8 +201,8 @@ class WholeTestbed:
         self.grid, self.recovery = grid, recovery
         self.ranks: list[str] = []
 
-    def place(self, free: set[str], health: Health, queue: list[JobRequest]
-              ) -> list[tuple[JobRequest, Partition]]:
+    def place(self, free: set[str], health: Health, queue: list[JobRequest],
+              running: list[Running], now_ns: int) -> list[tuple[JobRequest, Partition]]:
         if not queue or len(free) < len(self.grid.nodes):
             return []
         req = queue[0]

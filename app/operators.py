@@ -1,0 +1,138 @@
+"""The operator's requests to the arbiter (`app.queue`): tokens rotated or revoked, nodes
+drained and resumed, maintenance windows, users added and removed. Each is the operator's
+alone, takes effect at once, and is kept in the ledger across restarts."""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from typing import TYPE_CHECKING, Any, cast
+
+from oddl.app.submission import Refused
+from oddl.app.users import ROLES, Role, User, new_token
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+if TYPE_CHECKING:
+    from oddl.app.queue import Service
+
+log = logging.getLogger("oddl.app.queue")  # the arbiter's one log
+MAX_WINDOWS = 100  # maintenance windows now and to come
+MAX_UNIX_TIME = 32503680000.0  # the year 3000
+
+
+async def token(svc: Service, request: Request) -> Response:
+    """An operator rotates (POST) or revokes (DELETE) a user's token, at once: the old
+    one is refused from the next request; the new one is in the user's token file."""
+    op = svc.who(request, "operator")
+    name = request.path_params["user"]
+    role = svc.roles.get(name)
+    if role is None:
+        raise Refused(404, f"no user {name}")
+    f = svc.state / "tokens" / name
+    for t in [t for t, u in svc.users.items() if u.name == name]:
+        del svc.users[t]
+    mark = f.with_name(f.name + ".revoked")
+    if request.method == "DELETE":
+        mark.touch(mode=0o600)  # first: a crash between the two leaves it revoked
+        f.unlink(missing_ok=True)
+        log.warning("arbiter: %s revoked %s's token", op.name, name)
+        return JSONResponse({"user": name, "revoked": True})
+    svc.users[new_token(f)] = User(name, role)
+    mark.unlink(missing_ok=True)
+    log.warning("arbiter: %s rotated %s's token (%s)", op.name, name, f)
+    return JSONResponse({"user": name, "token_file": str(f)})
+
+async def drain(svc: Service, request: Request) -> Response:
+    """An operator drains a node (no job is placed on it; a job on it runs on to its
+    end) or resumes it (also a node a device would not clear)."""
+    op = svc.who(request, "operator")
+    node = request.path_params["node"]
+    if node not in svc.grid.at.values():
+        raise Refused(404, f"no node {node} in {svc.tb.name}")
+    if request.url.path.endswith("/drain"):
+        why = (await svc.body(request)).get("reason")
+        if not isinstance(why, str) or not 0 < len(why) <= 200:
+            raise Refused(422, '{"reason": why, 1 to 200 characters}')
+        svc.ledger.drain(node, why, op.name)
+        svc.adm.closed[node] = f"drained by {op.name}: {why}"
+        log.warning("arbiter: %s drained %s: %s", op.name, node, why)
+    else:
+        svc.ledger.drain(node, None)
+        svc.adm.closed.pop(node, None)
+        log.warning("arbiter: %s resumed %s", op.name, node)
+        svc.adm.look()
+    svc.tell()
+    return JSONResponse({"node": node} | svc.nodes()[node])
+
+async def maintain(svc: Service, request: Request) -> Response:
+    """An operator reserves nodes for maintenance over a window (Unix times), or takes
+    a window back (DELETE): no job is placed on them that would run into it."""
+    op = svc.who(request, "operator")
+    if request.method == "DELETE":
+        try:
+            window = int(request.path_params["window"])
+        except ValueError:
+            raise Refused(422, "a window's id is a number") from None
+        if not svc.ledger.unmaintain(window):
+            raise Refused(404, f"no maintenance window {window}")
+        svc.windows = [w for w in svc.windows if w["id"] != window]
+        log.warning("arbiter: %s took back maintenance window %d", op.name, window)
+        svc.adm.look()
+        svc.tell()
+        return JSONResponse({"window": window, "removed": True})
+    b = await svc.body(request)
+    nodes, start, end, why = b.get("nodes"), b.get("start"), b.get("end"), b.get("reason")
+    known = set(svc.grid.at.values())
+    if not (isinstance(nodes, list) and 0 < len(nodes) <= len(known)
+            and all(isinstance(n, str) and n in known for n in nodes)
+            and all(isinstance(t, int | float) and not isinstance(t, bool)
+                    and math.isfinite(t) and 0 <= t <= MAX_UNIX_TIME for t in (start, end))
+            and isinstance(why, str) and 0 < len(why) <= 200):
+        raise Refused(422, '{"nodes": [nodes of this testbed], "start": Unix time, "end": '
+                           'Unix time, "reason": 1 to 200 characters}')
+    assert isinstance(start, int | float) and isinstance(end, int | float)  # (checked)
+    if not start < end <= start + 366 * 86400 or end <= time.time():
+        raise Refused(422, "end: after start, within a year of it, and not past")
+    if len(svc.windows) >= MAX_WINDOWS:
+        raise Refused(429, f"{MAX_WINDOWS} maintenance windows already")
+    on = sorted(set(nodes))
+    w: dict[str, Any] = {"id": svc.ledger.maintain(on, start, end, why, op.name),
+                         "nodes": on, "start": start, "end": end, "why": why,
+                         "by": op.name}
+    svc.windows.append(w)
+    svc.time_window(w)
+    log.warning("arbiter: %s reserved %s for maintenance (%s)", op.name,
+                ", ".join(w["nodes"]), why)
+    svc.adm.look()
+    svc.tell()
+    return JSONResponse(w, status_code=201)
+
+async def user(svc: Service, request: Request) -> Response:
+    """An operator adds a user with a role (their token in STATE/tokens/NAME) or removes
+    one (their token goes; their jobs stay), at run time, kept across restarts."""
+    op = svc.who(request, "operator")
+    name = request.path_params["user"]
+    if not name.isidentifier() or len(name) > 64:
+        raise Refused(422, "a user name is letters, digits and _ (64 at most)")
+    for t in [t for t, u in svc.users.items() if u.name == name]:
+        del svc.users[t]
+    f = svc.state / "tokens" / name
+    if request.method == "DELETE":
+        if name not in svc.roles:
+            raise Refused(404, f"no user {name}")
+        f.unlink(missing_ok=True)
+        del svc.roles[name]
+        svc.ledger.user(name, "removed", op.name)  # (a start's --user does not undo it)
+        log.warning("arbiter: %s removed user %s", op.name, name)
+        return JSONResponse({"user": name, "removed": True})
+    role = (await svc.body(request)).get("role", "user")
+    if role not in ROLES:
+        raise Refused(422, f'{{"role": one of {", ".join(ROLES)}}}')
+    svc.roles[name] = cast(Role, role)
+    svc.ledger.user(name, role, op.name)
+    svc.users[new_token(f)] = User(name, cast(Role, role))
+    f.with_name(f.name + ".revoked").unlink(missing_ok=True)
+    log.warning("arbiter: %s added user %s (%s)", op.name, name, role)
+    return JSONResponse({"user": name, "role": role, "token_file": str(f)})
