@@ -15,7 +15,7 @@ whatever the laser power, extinction ratio or detector gain. A DAC code v is pla
 gain v x (maxv // 255), so full scale is an exact multiple of every code.
 
 Nothing here depends on the soc being emulated: `soc` may be a local QickSoc, a
-`qick.pyro.make_proxy` proxy, or the emulated board (`controller.registry.open_soc`).
+`qick.pyro.make_proxy` proxy, or the emulated board (`app.registry.open_soc`).
 """
 
 from __future__ import annotations

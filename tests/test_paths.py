@@ -1,6 +1,7 @@
 """The docs and the code's comments name modules that exist (issue 45: nine references to
 paths from before a restructuring, `controller.devices` and `sim/invariants.py` among
-them, survived it)."""
+them, survived it; issue 67: a name without `oddl.`, such as `controller.devices`, was
+not checked at all)."""
 
 from __future__ import annotations
 
@@ -17,6 +18,13 @@ PATH = re.compile(rf"(?<![\w./-])((?:{FOLDER})/[\w./-]*\w\."
                   r"(?:py|md|toml|tcl|json|js|html|css|hwh|ca|csv))\b")
 MODULE = re.compile(r"(?<![\w.])(oddl\.(?:app|controller|sim|studies|drivers|fpga|acceptance)"
                     r"(?:\.[a-z_][a-z0-9_]*)*)")
+# a module named in backticks without `oddl.`, from its folder (`controller.devices`) or
+# from its part (`service.admission`, as a docstring inside controller/ names it)
+TOPS = ("app", "controller", "sim", "studies", "drivers", "fpga")
+PARTS_OF = {"cli": "app", "experiments": "app", "base": "controller", "stage1": "controller",
+            "stage2": "controller", "service": "controller", "serving": "controller",
+            "devices": "sim", "networks": "sim", "gateware": "fpga"}
+SHORT = re.compile(rf"`((?:{'|'.join((*TOPS, *PARTS_OF))})(?:\.[a-z_][a-z0-9_]*)+)`")
 TEXTS = [*ROOT.glob("*.md"), *(ROOT / "docs").glob("*.md"),
          *(p for f in FOLDERS if f != "docs" for p in (ROOT / f).rglob("*")
            if p.suffix in (".py", ".js", ".toml", ".tcl", ".html") and "__pycache__"
@@ -24,14 +32,22 @@ TEXTS = [*ROOT.glob("*.md"), *(ROOT / "docs").glob("*.md"),
 
 
 def _module_exists(name: str) -> bool:
-    """A module, a package, or an attribute of one (oddl.app.api.run)."""
+    """A module, a package, or an attribute of one (oddl.app.api.run): the longest prefix
+    that is a module must hold the rest (`oddl.controller.devices` is not
+    `oddl.controller`)."""
     parts = name.split(".")
     for k in range(len(parts), 1, -1):
         try:
-            if importlib.util.find_spec(".".join(parts[:k])) is not None:
-                return True
+            if importlib.util.find_spec(".".join(parts[:k])) is None:
+                continue
         except (ModuleNotFoundError, ValueError):
             continue
+        obj: object = importlib.import_module(".".join(parts[:k]))
+        for attr in parts[k:]:
+            if not hasattr(obj, attr):
+                return False
+            obj = getattr(obj, attr)
+        return True
     return False
 
 
@@ -46,6 +62,12 @@ def test_every_path_and_module_named_exists() -> None:
         for m in MODULE.finditer(text):
             name = m.group(1).rstrip(".")
             if name != "oddl" and not _module_exists(name):
+                stale.append(f"{f.relative_to(ROOT)}: {name}")
+        for m in SHORT.finditer(text):
+            name = m.group(1)
+            top = name.split(".")[0]
+            full = f"oddl.{name}" if top in TOPS else f"oddl.{PARTS_OF[top]}.{name}"
+            if not _module_exists(full):
                 stale.append(f"{f.relative_to(ROOT)}: {name}")
     assert stale == [], "\n".join(sorted(set(stale)))
 

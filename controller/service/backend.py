@@ -3,7 +3,7 @@
 A back end (sim: models in process on a virtual clock; emu and hw: devices reached through
 pynq, pyserial and MQTT, stage 2 in `oddl node` beside each O-NIC) gives the arbiter its
 O-NICs and WSSs for stage 1 and runs a job's stage 2. It is built in one module per back
-end and looked up once, in `controller.registry`.
+end and looked up once, in `app.registry`.
 """
 
 from __future__ import annotations

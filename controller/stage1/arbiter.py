@@ -1,6 +1,6 @@
 """Stage 1, the central arbiter: inventory, plan, apply, read back, and only then go.
 
-It talks to devices only through `controller.devices` interfaces and never sits in the
+It talks to devices only through `controller.base.devices` interfaces and never sits in the
 per-flow path.
 """
 

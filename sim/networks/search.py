@@ -137,7 +137,7 @@ def _why_not(spec: NetworkSpec, h: Hybrid, collective: str) -> str:
 
 def search(spec: NetworkSpec, base: Hybrid, collective: str, nodes: list[str],
            line_rate_gbps: float, cols: int | None = None, rounds: int = 3) -> SearchResult:
-    """The best split of `base`'s model over `base.ranks` nodes on `spec`'s network; on
+    """The best split of `base`'s model over its ranks on `spec`'s network; on
     TopoOpt, alternating with its topology; on SiP-ML's networks, within its degree.
 
     Alternation can stop at a local optimum (a split timed on another split's topology
