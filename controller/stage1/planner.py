@@ -19,7 +19,7 @@ agree along every path.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 from oddl.controller.base.catalog import STRATEGIES
@@ -204,7 +204,25 @@ def plan_job(tb: Testbed, grid: Grid, schedule: Schedule, job: str = "job0",
              within: frozenset[str] | None = None) -> Plan:
     """ranks: rank r's node (default: the grid's first len(schedule) nodes); within: the
     job's partition (controller/stage1/placement.py), beside other jobs: no channel entry leaves
-    it, so its light reaches none of their receivers."""
+    it, so its light reaches none of their receivers. In three parts: the demand on each
+    group's WSS (`_demand`), each group's channel mappings (`_channels`), and the routes
+    along every demand path over them (`_routes`)."""
+    ranks = _ranks_of(tb, grid, schedule, job, strategy, relay, ranks, avoid)
+    paths = _Paths(grid, avoid, relay)
+    first_leg = paths.first if not avoid else (lambda n, d: paths.legs(n, d)[0])
+    wl = tb.optical.wavelengths()
+    demand, per_group = _demand(grid, schedule, ranks, first_leg)
+    routing, tables, used_channels = _channels(tb, grid, per_group, strategy, len(wl), avoid,
+                                               within)
+    routes = _routes(grid, demand, routing, first_leg, strategy)
+    return Plan(tb.name, strategy, relay, wl,
+                [JobPlacement(job, list(ranks), list(range(used_channels)))],
+                tables, routes, sorted(demand))
+
+
+def _ranks_of(tb: Testbed, grid: Grid, schedule: Schedule, job: str, strategy: str,
+              relay: str, ranks: list[str] | None, avoid: Avoid) -> list[str]:
+    """The job's ranks' nodes, its strategy and relay checked."""
     if strategy not in STRATEGIES:
         raise PlanError(f"unknown strategy {strategy!r}; choose one of {', '.join(STRATEGIES)}")
     if relay not in ("row-first", "col-first"):
@@ -219,16 +237,22 @@ def plan_job(tb: Testbed, grid: Grid, schedule: Schedule, job: str = "job0",
     dead = sorted(set(ranks) & avoid.nodes)
     if dead:
         raise PlanError(f"job {job}: rank on dead node {', '.join(dead)}")
+    return ranks
+
+
+FirstLeg = Callable[[str, str], Leg]
+# per group (axis, index): each step pattern's in -> out pairs, and its bytes
+Patterns = dict[tuple[str, int], dict[int, tuple[Mapping, int]]]
+
+
+def _demand(grid: Grid, schedule: Schedule, ranks: list[str], first_leg: FirstLeg
+            ) -> tuple[set[tuple[str, str]], Patterns]:
+    """The (src, dst) pairs that talk, and per group and per step which in -> out pairs each
+    step asks of its WSS (a pair's first step decides which step pattern it joins; its bytes
+    are all its steps')."""
     coord = grid.coord
-    paths = _Paths(grid, avoid, relay)
-    first_leg = paths.first if not avoid else (lambda n, d: paths.legs(n, d)[0])
-    wl = tb.optical.wavelengths()
-    w_count = len(wl)
-
-    # demand, per group and per step: which in->out pairs each step asks of each WSS
     demand: set[tuple[str, str]] = set()
-    per_group: dict[tuple[str, int], dict[int, tuple[Mapping, int]]] = {}
-
+    per_group: Patterns = {}
     outs: dict[tuple[str, int, int], set[int]] = {}  # each pattern's outputs taken
 
     def want(axis: str, idx: int, step: int, i: int, o: int, nbytes: int) -> None:
@@ -247,7 +271,6 @@ def plan_job(tb: Testbed, grid: Grid, schedule: Schedule, job: str = "job0",
         taken.add(o)
         steps[step] = (m, w + nbytes)
 
-    # a pair's first step decides which step pattern it joins; its bytes are all its steps'
     first: dict[tuple[str, str], int] = {}
     weight: dict[tuple[str, str], int] = {}
     for r, steps in enumerate(schedule):
@@ -272,8 +295,14 @@ def plan_job(tb: Testbed, grid: Grid, schedule: Schedule, job: str = "job0",
             node, legs_taken = to, legs_taken + 1
             if legs_taken > 4:
                 raise PlanError(f"{src} -> {dst}: no loop-free path around the faults")
+    return demand, per_group
 
-    # channel mappings per group
+
+def _channels(tb: Testbed, grid: Grid, per_group: Patterns, strategy: str, w_count: int,
+              avoid: Avoid, within: frozenset[str] | None
+              ) -> tuple[dict[tuple[str, int], _GroupRouting], list[WSSTable], int]:
+    """Each group's channel mappings by the strategy (its routing, its WSS's table), and
+    the most channels a group uses."""
     routing: dict[tuple[str, int], _GroupRouting] = {}
     cache: dict[tuple[tuple[tuple[tuple[int, int], ...], ...], frozenset[int]],
                 _GroupRouting] = {}
@@ -320,8 +349,14 @@ def plan_job(tb: Testbed, grid: Grid, schedule: Schedule, job: str = "job0",
         table: list[list[int | None]] = [[m.get(i) for m in mappings] for i in range(g.ports)]
         tables.append(WSSTable(g.wss, g.axis, g.index, g.ports, table,
                                [_label(m, p) for m in mappings]))
+    return routing, tables, used_channels
 
-    # routes along every demand path
+
+def _routes(grid: Grid, demand: set[tuple[str, str]],
+            routing: dict[tuple[str, int], _GroupRouting], first_leg: FirstLeg,
+            strategy: str) -> dict[str, dict[str, Route]]:
+    """Every node's route to each destination along every demand path."""
+    coord = grid.coord
     routes: dict[str, dict[str, Route]] = {}
 
     def route(node: str, dst: str) -> Route:
@@ -348,7 +383,4 @@ def plan_job(tb: Testbed, grid: Grid, schedule: Schedule, job: str = "job0",
             hops += 1
             if hops > len(grid.nodes) + 4:
                 raise PlanError(f"{src} -> {dst}: routing loop")
-
-    return Plan(tb.name, strategy, relay, wl,
-                [JobPlacement(job, list(ranks), list(range(used_channels)))],
-                tables, routes, sorted(demand))
+    return routes
