@@ -141,6 +141,7 @@ def test_a_paused_emulator_of_onic_top_boards_rides_it_out(root: Path, tmp_path:
     not granted", then "count-action fired for step 1 with 0 of 25560000 bytes
     delivered"): the receiver's lease check, late with its loop, ran before the sender's
     start that was due before it, and revoked a grant in use. The run rides it out."""
+    import contextlib
     import os
     import signal
     import subprocess
@@ -161,7 +162,7 @@ def test_a_paused_emulator_of_onic_top_boards_rides_it_out(root: Path, tmp_path:
             emulator = next((int(k) for k in kids if b"emulate" in Path(
                 f"/proc/{k}/cmdline").read_bytes()), None)
             if emulator is not None and (run / "results.sqlite").exists():
-                with sqlite3.connect(run / "results.sqlite") as db:
+                with contextlib.closing(sqlite3.connect(run / "results.sqlite")) as db:
                     done = db.execute("SELECT count(*) FROM iterations WHERE network = "
                                       "'oddl'").fetchone()[0]
                 if done >= 2:
