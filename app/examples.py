@@ -27,9 +27,9 @@ def source() -> Path:
                      f"and {top})")
 
 
-def shipped() -> list[Path]:
+def shipped(root: Path | None = None) -> list[Path]:
     """The example files, relative to their root (hw_configs/..., experiments/...)."""
-    root = source()
+    root = root or source()
     return sorted(p.relative_to(root) for f in FOLDERS for p in (root / f).iterdir()
                   if p.is_file() and p.suffix in KINDS)
 
@@ -37,7 +37,8 @@ def shipped() -> list[Path]:
 def copy_to(dest: Path) -> list[Path]:
     """Every example copied under `dest`; FileExistsError, with nothing copied, if one
     would overwrite a file there (an edited testbed is the user's)."""
-    root, files = source(), shipped()
+    root = source()
+    files = shipped(root)
     there = [dest / f for f in files if (dest / f).exists()]
     if there:
         more = f" and {len(there) - 1} more" if len(there) > 1 else ""

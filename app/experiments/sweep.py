@@ -122,10 +122,8 @@ def _point_issues(path: Path, sw: Sweep, template: dict[str, Any]) -> list[Confi
         tb = testbeds[shape]
         if tb is None:
             continue
-        task = {**p, "sweep": sw.name, "collective": sw.collective,
-                "compute_time_ms": sw.compute_time_ms.get(p["model"], 0.0)}
         try:
-            validate_experiment(path, point_experiment(task), tb)
+            validate_experiment(path, point_experiment(_task(sw, p)), tb)
         except ConfigError as e:
             where = f"networks[{index[p['network']['name']]}]"
             for x in e.issues:
@@ -179,6 +177,12 @@ def run_point(task: dict[str, Any]) -> dict[str, Any]:
         net = task["network"]["name"]
         raise PointFailed(f"{net} {task['model']} {task['nodes']} nodes "
                           f"{task['line_rate_gbps']:g} Gb/s: {type(e).__name__}: {e}") from e
+
+
+def _task(sw: Sweep, p: dict[str, Any]) -> dict[str, Any]:
+    """A point with what running it needs of its sweep (but the template testbed)."""
+    return {**p, "sweep": sw.name, "collective": sw.collective,
+            "compute_time_ms": sw.compute_time_ms.get(p["model"], 0.0)}
 
 
 def point_experiment(task: dict[str, Any]) -> Experiment:
@@ -268,9 +272,7 @@ def run_sweep(sw: Sweep, testbed_path: Path, jobs: int = 1, cluster: str | None 
     wanted = {_key(p) for p in todo}
     rows = [r for r in _journal(journal) if _key(r) in wanted]
     have = {_key(r) for r in rows}
-    tasks = [{**p, "template": template, "sweep": sw.name, "collective": sw.collective,
-              "compute_time_ms": sw.compute_time_ms.get(p["model"], 0.0)}
-             for p in todo if _key(p) not in have]
+    tasks = [{**_task(sw, p), "template": template} for p in todo if _key(p) not in have]
     total = len(tasks) + len(rows)
     it = _dask(tasks, cluster) if cluster else _local(tasks, jobs)
     try:
