@@ -213,7 +213,8 @@ class Player:
     def observed(self, dev: str) -> bool:
         """A run's devices as its loop observes them (the watch's polls, a stopped job's
         light): each answered with what the device said when the replay's progress was
-        recorded, not in the order asked (how often the loop looked is its timing)."""
+        recorded, after the same stage 1 writes (`_span`), not in the order asked (how
+        often the loop looked is its timing)."""
         return self.header.get("kind") == "run" and not dev.endswith("@stage1") and \
             dev.startswith(("board:", "wss:"))
 
@@ -233,14 +234,28 @@ class Player:
         self._next[dev] = k
         return k
 
+    def _span(self, dev: str) -> range:
+        """The observed device's events recorded between the same two of its stage 1
+        exchanges as the replay now is (under the lock): what stage 1 wrote is what a
+        poll read, however soon after the writes the loop polls."""
+        evs, s1 = self.by_dev.get(dev, []), self.by_dev.get(f"{dev}@stage1", [])
+        done = len(self._used.get(f"{dev}@stage1", ()))
+        lo = s1[done - 1]["t"] if done else -1.0
+        hi = s1[done]["t"] if done < len(s1) else float("inf")
+        first = next((j for j, ev in enumerate(evs) if ev["t"] > lo), len(evs))
+        return range(first, next((j for j in range(first, len(evs)) if evs[j]["t"] >= hi),
+                                 len(evs)))
+
     def _observe(self, dev: str, kind: str, asked: dict[str, Any]) -> dict[str, Any]:
         with self._lock:
             evs, used = self.by_dev.get(dev, []), self._used.setdefault(dev, set())
             if kind == "rx":  # the answer to the line just matched
                 k = self._next.get(dev, len(evs))
             else:
-                match = [j for j, ev in enumerate(evs) if ev["k"] == kind and all(
-                    ev.get(f) == v for f, v in asked.items())]
+                match = [j for j in range(len(evs)) if evs[j]["k"] == kind and all(
+                    evs[j].get(f) == v for f, v in asked.items())]
+                span = self._span(dev)
+                match = [j for j in match if j in span] or match
                 before = [j for j in match if evs[j]["t"] <= self._progress]
                 k = before[-1] if before else match[0] if match else len(evs)
             ev = evs[k] if k < len(evs) else None

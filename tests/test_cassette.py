@@ -354,3 +354,33 @@ def test_oddl_replay_inside_the_checkout_runs_the_suite(root: Path, tmp_path: Pa
         shutil.rmtree(report, ignore_errors=True)
     assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
     assert "the same result as recorded" in r.stdout
+
+
+def test_a_watch_poll_replayed_after_stage_1_reads_what_stage_1_wrote(tmp_path: Path
+                                                                      ) -> None:
+    """The watch's polls of a WSS are answered by time, and stage 1 rewrites the table in
+    between: a poll replayed once stage 1's writes are in reads the table they wrote, not
+    one read before them (soak, issue 62: a fault drill's replay found a dead WSS that the
+    recording had not: the poll got the table from before the drill's re-route)."""
+    head = {"format": cassette.FORMAT, "version": cassette.VERSION, "kind": "run",
+            "argv": [], "testbed": "", "experiment": "", "backend": "hw", "iterations": 1}
+    w, s1 = "wss:w0", "wss:w0@stage1"
+    evs = [(0.10, w, "tx", "ROUT?\n"), (0.11, w, "rx", "OLD\n"),  # a poll: the old table
+           (0.20, s1, "tx", "ROUT NEW\n"), (0.21, s1, "rx", "OK\n"),  # stage 1 rewrites
+           (0.30, w, "tx", "ROUT?\n"), (0.31, w, "rx", "NEW\n")]  # the next poll: new
+    n: dict[str, int] = {}
+    objs: list[dict[str, Any]] = [head]
+    for t, dev, k, d in evs:
+        objs.append({"t": t, "dev": dev, "i": n.setdefault(dev, 0), "k": k, "d": d})
+        n[dev] += 1
+    c = write(tmp_path / "c.jsonl.gz", [*objs, {"end": {"result": None}}])
+    player = cassette.Player(c)
+    for k, d in (("tx", "ROUT?\n"), ("rx", None)):  # a poll before stage 1: the old table
+        got = player.take(w, k, **({} if d is None else {"d": d}))
+    assert got["d"] == "OLD\n"
+    player.take(s1, "tx", d="ROUT NEW\n")
+    player.take(s1, "rx")
+    # the loop polls at once, sooner than it did when recorded: what stage 1 wrote
+    for k, d in (("tx", "ROUT?\n"), ("rx", None)):
+        got = player.take(w, k, **({} if d is None else {"d": d}))
+    assert got["d"] == "NEW\n" and player.first is None
