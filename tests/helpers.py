@@ -87,12 +87,15 @@ def control_loss(drop: float = 0.0, delay: float = 0.0, max_extra_ns: float = 0.
 def run_flows(tb: Testbed, pairs: list[tuple[int, int, int, int]], strategy: str = "cyclic",
               faults: FaultSpec | None = None, seed: int = 0,
               inject: Callable[[Clock, Any], None] | None = None,
-              unit: Any = ControlUnit) -> FlowRun:
+              unit: Any = ControlUnit, loop: asyncio.AbstractEventLoop | None = None,
+              timeout_s: float = 3600) -> FlowRun:
     """Submit (src rank, dst rank, bytes, start ns) flows and run until all are delivered;
     `inject(clock, bus)` may schedule a peer's own traffic (a flood, a forgery); `unit`
-    makes each node's control unit (a board's, for `control_model = "board"`)."""
+    makes each node's control unit (a board's, for `control_model = "board"`); `loop`:
+    a real one instead of the virtual clock (its times are then the wall clock's,
+    and `timeout_s` its seconds)."""
     grid = Grid.from_testbed(tb)
-    loop = VirtualClockLoop()
+    loop = loop or VirtualClockLoop()
     clock = Clock(loop)
     st = sim_backend.build(tb, grid, clock, seed, "raise")
     if faults is not None:  # a control-loss fault for the whole run
@@ -131,7 +134,7 @@ def run_flows(tb: Testbed, pairs: list[tuple[int, int, int, int]], strategy: str
         clock.call_at_ns(t, res.cus[f.src].submit, f)
     try:
         if total:
-            loop.run_until_complete(asyncio.wait_for(done, timeout=3600))
+            loop.run_until_complete(asyncio.wait_for(done, timeout=timeout_s))
     except BaseException as e:
         res.error = res.error or e
     res.end_ns = clock.now_ns()

@@ -380,13 +380,15 @@ class ControlUnit:
             return
         if self.onic.rx_receiving(rx.port, q.flow, q.hop):
             return  # data is arriving
-        loop_ns = self.clock.loop_ns()
-        if loop_ns - self.clock.now_ns() > LOOP_BEHIND_NS and rx.deferred < self.t.max_retries:
+        due = self.clock.now_ns()
+        if self.clock.loop_ns() - due > LOOP_BEHIND_NS and rx.deferred < self.t.max_retries:
             # the loop runs this check late (a paused or starved host): the sender's start,
-            # due before it, may still be queued behind it. Looked at again once the loop
-            # has run what is due (on a virtual loop, never: it is never behind)
+            # due before it, may still be queued behind it, each step of it a pass of the
+            # loop. Looked at again in the next pass, still as of its due time, so that the
+            # loop's lateness is judged from there each time (on a virtual loop, never: it
+            # is never behind)
             rx.deferred += 1
-            rx.lease_timer = self.clock.call_at_ns(loop_ns, self._lease_check, rx, q)
+            rx.lease_timer = self.clock.call_at_ns(due, self._lease_check, rx, q)
             return
         self.stats["revoked"] += 1
         if rx.asked:  # its sender asked again meanwhile: our GRANT was lost, not its
