@@ -224,22 +224,36 @@ class OnicCtrl(wiring.Component):
                              pin(p, "tx_hdr").eq(Cat(*hdr))]
 
         # ---- the count-action match: which modules take the current event ----------
-        ev_sig, ev_idx, ev_val = Signal(3), Signal(8), Signal(32)
-        ev_has_src, ev_src = Signal(), Signal(24)
-        match = Signal(nm)
-        for i in range(nm):
-            hits = []
-            for k in range(ns):
-                w = ca_src[i][k]
-                idx_ok = (w[8:16] == ev_idx) | ((ev_sig == SIG["delivered"])
-                                                & (w[8:16] == ANY_PORT))
-                filt = w[16:32]
-                filt_ok = (filt == 0) | (ev_has_src & (filt - 1 == ev_src))
-                hits.append((w[0:8] == ev_sig) & idx_ok & filt_ok)
-            m.d.comb += match[i].eq(ca_ctrl[i][0] & Cat(*hits).any())
+        # (timing: the slots' comparators are judged as the event is taken from its queue,
+        # into `hits`; a scan cycle then only masks them with the modules armed now, takes
+        # the first, and fires it if its count, summed beside every module's in parallel,
+        # reaches the target: one carry chain deep, not a compare, a 16-way mux and an add)
+        ev_val = Signal(32)  # the value of the event at hand (`ev_word`, below)
+
+        def slot_hits(word: Any) -> Any:
+            """Which modules have a slot that takes event `word` (armed or not)."""
+            sig, idx = word[0:3], word[3:11]
+            has_src, src1 = word[43], word[44:68] + 1  # (a filter is its source + 1)
+            out = []
+            for i in range(nm):
+                hits = []
+                for k in range(ns):
+                    w = ca_src[i][k]
+                    idx_ok = (w[8:16] == idx) | ((sig == SIG["delivered"])
+                                                 & (w[8:16] == ANY_PORT))
+                    filt = w[16:32]
+                    hits.append((w[0:8] == sig) & idx_ok
+                                & ((filt == 0) | (has_src & (filt == src1))))
+                out.append(Cat(*hits).any())
+            return Cat(*out)
+
+        hits = Signal(nm)  # of the event at hand, judged when it was taken
         ptr = Signal(range(nm + 1))
         pending_mods = Signal(nm)
-        m.d.comb += pending_mods.eq(match & ~((Const(1, nm + 1) << ptr) - 1)[:nm])
+        m.d.comb += pending_mods.eq(hits & Cat(*(ca_ctrl[i][0] for i in range(nm)))
+                                    & ~((Const(1, nm + 1) << ptr) - 1)[:nm])
+        first_hot = Signal(nm)  # the first of them, one-hot
+        m.d.comb += first_hot.eq(pending_mods & (~pending_mods + 1))
         first = Signal(range(nm))
         for i in reversed(range(nm)):
             with m.If(pending_mods[i]):
@@ -248,14 +262,24 @@ class OnicCtrl(wiring.Component):
 
         def clear(t: Any) -> list[Any]:  # a module's RESET: count, fired and fire count
             return [ca_count[t].eq(0), ca_fired[t].eq(0), ca_nfire[t].eq(0)]
-        act_word = Signal(32)  # the slot the firing module runs this cycle
-        m.d.comb += act_word.eq(Array(Array(row) for row in ca_act)[cur][slot[:3]])
+        # the slot the firing module runs this cycle: fetched the cycle before (timing: a
+        # 128-way mux ahead of the action's decode made the engine's longest path)
+        act_word = Signal(32)
+        acts = Array(Array(row) for row in ca_act)
         a, idx, arg = act_word[0:8], act_word[8:16], act_word[16:32]
         fires = Signal(range(FIRE_LIMIT + 1))
-        new_count, fire_now = Signal(32), Signal()
-        m.d.comb += new_count.eq(ca_count[first] + ev_val)
-        m.d.comb += fire_now.eq(pending_mods.any() & (new_count >= ca_target[first])
-                                & (ca_target[first] != 0))
+        new_count = [Signal(32, name=f"ca{i}_next") for i in range(nm)]
+        reaches = Signal(nm)  # each module's count, with the event's value, at its target
+        for i in range(nm):
+            m.d.comb += [new_count[i].eq(ca_count[i] + ev_val),
+                         reaches[i].eq((new_count[i] >= ca_target[i]) & (ca_target[i] != 0))]
+        fire_now = Signal()
+        m.d.comb += fire_now.eq((first_hot & reaches).any())
+
+        def count_first() -> list[Any]:
+            """The first pending module takes the event's value."""
+            return [ca_count[i].eq(Mux(first_hot[i], new_count[i], ca_count[i]))
+                    for i in range(nm)]
 
         # ---- the bus ---------------------------------------------------------------
         waddr, wdata, wstrb = Signal(ADDR_BITS), Signal(32), Signal(4)
@@ -317,7 +341,7 @@ class OnicCtrl(wiring.Component):
                             | pend_dac)
         m.d.sync += [self.stream_valid.eq(0), self.fired.eq(0)]
         ev_word = Signal(_EV_WIDTH)
-        m.d.comb += Cat(ev_sig, ev_idx, ev_val, ev_has_src, ev_src).eq(ev_word)
+        m.d.comb += ev_val.eq(ev_word[11:43])
 
         def push(sig: int, idx: Any, val: Any, src: Any = None) -> list[Any]:
             def wide(v: Any, n: int) -> Any:  # each field at its own width, zero-extended
@@ -333,7 +357,8 @@ class OnicCtrl(wiring.Component):
                     m.d.sync += fires.eq(0)
                 with m.If(events.r_rdy):
                     m.d.comb += events.r_en.eq(1)
-                    m.d.sync += [ev_word.eq(events.r_data), ptr.eq(0)]
+                    m.d.sync += [ev_word.eq(events.r_data), ptr.eq(0),
+                                 hits.eq(slot_hits(events.r_data))]
                     m.next = "SCAN"
                 for i in range(np_):
                     with m.Elif(pend_lock[i]):
@@ -440,13 +465,13 @@ class OnicCtrl(wiring.Component):
                 with m.If(~pending_mods.any()):
                     m.next = "IDLE"
                 with m.Elif(fire_now):
-                    m.d.sync += [ca_count[first].eq(new_count), cur.eq(first)]
+                    m.d.sync += [*count_first(), cur.eq(first)]
                     with m.If(fires == FIRE_LIMIT):  # a loop: cut it, drop what it queued
                         m.next = "FLUSH"
                     with m.Else():
                         m.next = "FIRE"
                 with m.Else():
-                    m.d.sync += [ca_count[first].eq(new_count), ptr.eq(first + 1)]
+                    m.d.sync += [*count_first(), ptr.eq(first + 1)]
             with m.State("FLUSH"):
                 m.d.comb += events.r_en.eq(1)
                 with m.If(~events.r_rdy):
@@ -454,7 +479,7 @@ class OnicCtrl(wiring.Component):
             with m.State("FIRE"):
                 m.d.sync += [ca_fired[cur].eq(1), ca_nfire[cur].eq(ca_nfire[cur] + 1),
                              self.fired.eq(1),
-                             fires.eq(fires + 1), slot.eq(0)]
+                             fires.eq(fires + 1), slot.eq(0), act_word.eq(acts[cur][0])]
                 with m.If(ca_ctrl[cur][1]):  # auto re-arm: keep counting past the target
                     m.d.sync += ca_count[cur].eq(ca_count[cur] - ca_target[cur])
                 with m.Else():
@@ -470,7 +495,7 @@ class OnicCtrl(wiring.Component):
                     m.d.sync += ptr.eq(cur + 1)
                     m.next = "SCAN"
                 with m.Else():
-                    m.d.sync += slot.eq(slot + 1)
+                    m.d.sync += [slot.eq(slot + 1), act_word.eq(acts[cur][(slot + 1)[:3]])]
                     with m.Switch(a):
                         with m.Case(ACT["tune"]):
                             for i, P in enumerate(R.PORTS):
