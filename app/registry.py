@@ -213,16 +213,21 @@ def open_soc(spec: str, photonics: QickPhotonics | None = None, seed: int = 0,
     """A QICK board for Lightning: 'emulated' (the photonic multiplier model in process,
     from the testbed's [qick.photonics], with `dacs` generators: 4 are two modulator
     pairs, for multiply-accumulate), 'local' or pyro://HOST:PORT/NAME (the driver)."""
-    if spec == "emulated":
-        from oddl.sim.devices.qick_soc import EmulatedQickSoc, Photonics
+    from oddl.drivers import soc_tape
 
-        ph = Photonics.from_config(photonics or QickPhotonics(), [True] * dacs, seed,
-                                   dead_modulators)
-        soc = EmulatedQickSoc(ph, n_dacs=dacs)
-        return soc, soc
-    from oddl.drivers.lightning import open_soc as _open
+    def open_() -> tuple[Any, Any]:
+        if spec == "emulated":
+            from oddl.sim.devices.qick_soc import EmulatedQickSoc, Photonics
 
-    return _open(spec)
+            ph = Photonics.from_config(photonics or QickPhotonics(), [True] * dacs, seed,
+                                       dead_modulators)
+            soc = EmulatedQickSoc(ph, n_dacs=dacs)
+            return soc, soc
+        from oddl.drivers.lightning import open_soc as _open
+
+        return _open(spec)
+
+    return soc_tape.opened(open_)  # (on a cassette, when one records or plays)
 
 
 def open_core(soc: Any, soccfg: Any, adc_channel: int = 0) -> PhotonicCore:

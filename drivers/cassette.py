@@ -4,13 +4,14 @@ without them (docs/cassettes.md).
 Recorded at the protocol boundary, where the drivers meet the devices: each board's
 register reads and writes (pynq MMIO, local or over PYNQ.remote) and whether it opened,
 each WSS's lines out and in (pyserial), each MQTT party's messages published and delivered,
-a drill's requests to the emulator's endpoint (httpx), and the values of this host's a
-command sends (`value`: a session's name, an emulator's config). A cassette is JSON Lines,
-gzip-compressed: a header (the format and its version, the command, its configs' text),
-one event a line (`t`: seconds since the start; `dev`: the device; `i`: its index on that
-device; `k`: the kind; what was sent and what came back; `h`: a digest chained per
-device), then a footer (the command's result). No secret is written: passwords never cross
-these boundaries (MQTT's CONNECT is not a message; HTTP headers are not recorded).
+a drill's requests to the emulator's endpoint (httpx), each call on a QICK board's soc
+(drivers/soc_tape.py), and the values of this host's a command sends (`value`: a session's
+name, an emulator's config). A cassette is JSON Lines, gzip-compressed: a header (the
+format and its version, the command, its configs' text), one event a line (`t`: seconds
+since the start; `dev`: the device; `i`: its index on that device; `k`: the kind; what was
+sent and what came back; `h`: a digest chained per device), then a footer (the command's
+result). No secret is written: passwords never cross these boundaries (MQTT's CONNECT is
+not a message; HTTP headers are not recorded).
 
 Replayed, the same driver code gets its answers from the cassette, at the recording's
 pace: each device's events are taken in the order recorded (`relaxed`: a register read by
@@ -39,6 +40,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import httpx
+from oddl.drivers.soc_values import why_not_value
 
 T = TypeVar("T")
 FORMAT = "oddl-cassette"
@@ -376,7 +378,8 @@ FIELDS: dict[str, dict[str, tuple[type, ...]]] = {
     "tx": {"d": _TEXT}, "rx": {"d": _TEXT}, "open": {}, "unreachable": {"error": _TEXT},
     "value": {"name": _TEXT}, "req": {"m": _TEXT, "path": _TEXT, "body": _TEXT},
     "resp": {"status": _INT, "body": _TEXT}, "pub": {"topic": _TEXT, "p": _TEXT},
-    "recv": {"topic": _TEXT, "p": _TEXT}}
+    "recv": {"topic": _TEXT, "p": _TEXT},
+    "call": {"m": _TEXT, "a": (list,)}, "ret": {}}  # a QICK soc's (drivers/soc_tape.py)
 # the header: the fields every one has, and those of each kind of command that writes one
 HEADER: dict[str, tuple[type, ...]] = {"kind": _TEXT, "argv": (list,), "testbed": _TEXT}
 KINDS: dict[str, dict[str, tuple[type, ...]]] = {
@@ -405,6 +408,11 @@ def _why_not_event(obj: Any) -> str | None:
         if not _typed(obj.get(f), types):
             return (f"a {k!r} event's {f!r} is {type(obj.get(f)).__name__}, not "
                     f"{' or '.join(x.__name__ for x in types)}")
+    if k in ("call", "ret"):  # a QICK soc's arguments and answers
+        if "e" in obj and not _typed(obj["e"], _TEXT):
+            return "a 'ret' event's 'e' is not text"
+        if why := why_not_value(obj.get("a" if k == "call" else "v")):
+            return f"a QICK {k!r} event's value: {why}"
     return None
 
 

@@ -363,13 +363,14 @@ def plot_accuracy(pairs: list[tuple[int, int]], errors: list[int], path: str | P
 def open_soc(spec: str) -> tuple[Any, Any]:
     """(soc, soccfg) for 'local' (QickSoc on this board) or pyro://HOST:PORT/NAME
     (qick.pyro.make_proxy, as the lab connects to a board; Pyro4 unpickles what the board
-    sends: trusted networks only, docs/lightning.md). Never while a cassette plays: it
-    holds no QICK exchanges, and an address in it is not reached."""
+    sends: trusted networks only, docs/lightning.md). Never while a cassette plays (its
+    exchanges are the cassette's, app.registry.open_soc): an address in it is not
+    reached."""
     from oddl.drivers import cassette
 
     if isinstance(cassette.active, cassette.Player):
-        raise ConnectionError(f"QICK soc {spec}: a replay reaches no device, and a cassette "
-                              f"holds no QICK exchanges")
+        raise ConnectionError(f"QICK soc {spec}: a replay reaches no device (its exchanges "
+                              f"are the cassette's: app.registry.open_soc)")
     if spec == "local":
         from qick import QickSoc  # only on the board itself
 

@@ -282,8 +282,9 @@ def test_a_replay_on_a_late_loop_holds_the_controllers_timing_within_its_latenes
 def test_a_replay_reaches_no_address_its_cassette_names(root: Path, tmp_path: Path) -> None:
     """Reproducer (issue 62): a cassette whose testbed names a QICK board at pyro://...
     made `oddl replay` connect there (a fake name server answered with a pickle, and the
-    replaying process ran it). A replay connects to nothing: the QICK checks fail by name,
-    and nothing reached the listener."""
+    replaying process ran it). A replay connects to nothing: the QICK checks, which the
+    cassette does not hold, diverge at the board's opening, and nothing reached the
+    listener."""
     listener = socket.create_server(("127.0.0.1", 0))
     port = listener.getsockname()[1]
     listener.settimeout(0.2)
@@ -297,7 +298,8 @@ def test_a_replay_reaches_no_address_its_cassette_names(root: Path, tmp_path: Pa
     listener.close()
     assert "Traceback" not in r.stderr, r.stderr[-3000:]
     assert r.returncode == 1, r.stdout + r.stderr
-    assert "a replay reaches no device, and a cassette holds no QICK exchanges" in r.stdout
+    assert 'replay diverged on qick, event 0: recorded nothing more; asked {"k": "open"}' \
+        in r.stdout
 
 
 def test_every_malformed_cassette_is_refused_with_its_reason(root: Path,
@@ -384,3 +386,54 @@ def test_a_watch_poll_replayed_after_stage_1_reads_what_stage_1_wrote(tmp_path: 
     for k, d in (("tx", "ROUT?\n"), ("rx", None)):
         got = player.take(w, k, **({} if d is None else {"d": d}))
     assert got["d"] == "NEW\n" and player.first is None
+
+
+def test_a_qick_board_records_and_replays_with_no_soc(tmp_path: Path) -> None:
+    """Lightning's product check through an emulated QICK soc, recorded at the soc: the
+    replay opens no soc (its `QickConfig` is the recorded configuration) and gives the
+    same report, product for product (issue 65: QICK traffic was not recorded, so the
+    Lightning checks could not be replayed)."""
+    from oddl.app.registry import open_soc
+    from oddl.controller.base.config.testbed import QickPhotonics
+    from oddl.drivers import soc_tape
+    from oddl.drivers.lightning import LightningConfig, characterize, operand_pairs
+
+    c = tmp_path / "q.jsonl.gz"
+    base = LightningConfig(dac_0=0, dac_1=0)
+    head = {"kind": "accept", "argv": [], "testbed": "", "only": ["lightning"]}
+    with cassette.recording(c, head) as rec:
+        soc, cfg = open_soc("emulated", QickPhotonics())
+        was = characterize(soc, cfg, operand_pairs(8), base)
+        rec.close({"summary": None})
+    assert isinstance(soc, soc_tape.TapedSoc)
+    with cassette.playing(c) as player:
+        soc, cfg = open_soc("pyro://127.0.0.1:9/nobody", QickPhotonics())  # (not reached)
+        again = characterize(soc, cfg, operand_pairs(8), base)
+        assert player.first is None and player.left() == {}
+    assert isinstance(soc, soc_tape.PlayedSoc)
+    timed = ("pairs_per_s", "wall_s")  # (this host's clock, not the board's answers)
+    assert {k: v for k, v in again.items() if k not in timed} == \
+        {k: v for k, v in was.items() if k not in timed}
+    assert was["pairs"] == 8
+
+
+@pytest.mark.parametrize(("value", "why"), [
+    ({"nd": "|O", "shape": [1], "data": [1]}, "not a number's"),
+    ({"nd": "<i8", "shape": [3], "data": [1, 2]}, "does not hold its values"),
+    ({"nd": "<f8", "shape": [1 << 30], "data": []}, "does not hold its values"),
+    ({"nd": "<i8", "shape": [1], "data": ["x"]}, "other than numbers"),
+    ({"open": "/etc/passwd"}, "neither a map nor an array"),
+])
+def test_a_qick_answer_that_is_not_data_refuses_the_cassette(tmp_path: Path, value: Any,
+                                                             why: str) -> None:
+    """A soc's recorded answer is numbers, text, lists, maps and numeric arrays of their
+    shape's size, held so when the cassette is read: anything else refuses it, by line."""
+    head = {"format": cassette.FORMAT, "version": cassette.VERSION, "kind": "accept",
+            "argv": [], "testbed": "", "only": []}
+    bad = write(tmp_path / "bad.jsonl.gz", [
+        head, {"t": 0.0, "dev": "qick", "i": 0, "k": "open"},
+        {"t": 0.0, "dev": "qick", "i": 1, "k": "call", "m": "get_cfg", "a": [[], {"map": []}]},
+        {"t": 0.0, "dev": "qick", "i": 2, "k": "ret", "v": value}, {"end": {"summary": None}}])
+    with pytest.raises(CassetteError) as e:
+        cassette.read(bad)
+    assert "line 4: a QICK 'ret' event's value: " in str(e.value) and why in str(e.value)
