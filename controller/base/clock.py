@@ -43,6 +43,7 @@ class Clock:
             self.loop_ns = native_now  # type: ignore[method-assign]  # exactly: no floats
             if native_later is not None:
                 self.call_later_ns = native_later  # type: ignore[method-assign]
+            self.behind = _never  # type: ignore[method-assign]  # each timer at its instant
 
     def now_ns(self) -> int:
         due = _due.ns
@@ -61,6 +62,20 @@ class Clock:
 
     def call_soon(self, cb: Callable[..., Any], *args: Any) -> asyncio.Handle:
         return self.loop.call_soon(cb, *args)
+
+    def behind(self, t_ns: int) -> bool:
+        """Whether timers due before `t_ns` have yet to run. A late loop runs every timer
+        it finds due in one pass, and the timers those set, though due as early, in the
+        next: a callback that judges what should have happened by its own due time asks
+        this first (never so on a virtual loop, which runs each timer at its instant)."""
+        heap: list[asyncio.TimerHandle] | None = getattr(self.loop, "_scheduled", None)
+        if heap is None:  # a loop that does not show its timers: whether it is late at all
+            return self.loop_ns() > t_ns
+        return bool(heap) and heap[0].when() < t_ns * NS
+
+
+def _never(_t_ns: int) -> bool:
+    return False
 
 
 def _at(t_ns: int, cb: Callable[..., Any], args: tuple[Any, ...]) -> None:

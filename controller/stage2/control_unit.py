@@ -44,9 +44,6 @@ log = logging.getLogger(__name__)
 
 IDLE, REQUESTING, SENDING = "idle", "requesting", "sending"
 _KIND = {Request: "REQUEST", Grant: "GRANT", Release: "RELEASE", Wait: "WAIT"}
-# a lease check run this much after its due time finds the loop behind (a real loop's
-# timers are late by well under a millisecond when it keeps up)
-LOOP_BEHIND_NS = 5_000_000
 
 
 @dataclass(frozen=True, slots=True)
@@ -381,12 +378,11 @@ class ControlUnit:
         if self.onic.rx_receiving(rx.port, q.flow, q.hop):
             return  # data is arriving
         due = self.clock.now_ns()
-        if self.clock.loop_ns() - due > LOOP_BEHIND_NS and rx.deferred < self.t.max_retries:
-            # the loop runs this check late (a paused or starved host): the sender's start,
-            # due before it, may still be queued behind it, each step of it a pass of the
-            # loop. Looked at again in the next pass, still as of its due time, so that the
-            # loop's lateness is judged from there each time (on a virtual loop, never: it
-            # is never behind)
+        if self.clock.behind(due) and rx.deferred < self.t.max_retries:
+            # the loop runs this check late (a paused or starved host) and the sender's
+            # start, due before it, is still queued, each step of it a pass of the loop:
+            # looked at again, as of its due time, once what was due before has run (on a
+            # virtual loop, never: it runs each timer at its instant)
             rx.deferred += 1
             rx.lease_timer = self.clock.call_at_ns(due, self._lease_check, rx, q)
             return
