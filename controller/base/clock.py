@@ -43,7 +43,7 @@ class Clock:
             self.loop_ns = native_now  # type: ignore[method-assign]  # exactly: no floats
             if native_later is not None:
                 self.call_later_ns = native_later  # type: ignore[method-assign]
-            self.behind = _never  # type: ignore[method-assign]  # each timer at its instant
+            self.behind = _never  # type: ignore[method-assign,assignment]  # each at its instant
 
     def now_ns(self) -> int:
         due = _due.ns
