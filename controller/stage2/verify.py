@@ -82,6 +82,9 @@ class _Clock:
 
     loop_ns = now_ns  # (virtual: a loop never late)
 
+    def behind(self, _t_ns: int) -> bool:
+        return False  # (each timer an event at its instant)
+
     def call_at_ns(self, t: int, fn: Callable[..., None], *args: Any) -> _Timer:
         self.seq += 1
         timer = _Timer(max(t, self.now), self.seq, fn, args)
