@@ -43,7 +43,19 @@ SIG = {"rx_bytes": SIGNALS["rx", "bytes"], "rx_transfers": SIGNALS["rx", "transf
 ACT = ACTIONS
 OKAY, SLVERR = 0, 2
 # event entry: sig (3) | index (8) | value (32) | has_src (1) | src (24)
-_EV_WIDTH = 3 + 8 + 32 + 1 + 24
+# a queued event's word: its fields and widths, in order
+_EV_LAYOUT = (("sig", 3), ("idx", 8), ("val", 32), ("has_src", 1), ("src", 24))
+_EV_WIDTH = sum(w for _, w in _EV_LAYOUT)
+
+
+def _ev(word: Any, name: str) -> Any:
+    """Field `name` of an event word (`_EV_LAYOUT`)."""
+    at = 0
+    for f, w in _EV_LAYOUT:
+        if f == name:
+            return word[at: at + w]
+        at += w
+    raise KeyError(name)
 
 
 def _port_members(p: str) -> dict[str, object]:
@@ -228,12 +240,12 @@ class OnicCtrl(wiring.Component):
         # into `hits`; a scan cycle then only masks them with the modules armed now, takes
         # the first, and fires it if its count, summed beside every module's in parallel,
         # reaches the target: one carry chain deep, not a compare, a 16-way mux and an add)
-        ev_val = Signal(32)  # the value of the event at hand (`ev_word`, below)
+        ev_val = Signal(32)  # the value of the event at hand, taken with it
 
         def slot_hits(word: Any) -> Any:
             """Which modules have a slot that takes event `word` (armed or not)."""
-            sig, idx = word[0:3], word[3:11]
-            has_src, src1 = word[43], word[44:68] + 1  # (a filter is its source + 1)
+            sig, idx = _ev(word, "sig"), _ev(word, "idx")
+            has_src, src1 = _ev(word, "has_src"), _ev(word, "src") + 1  # (filter: src + 1)
             out = []
             for i in range(nm):
                 hits = []
@@ -340,14 +352,14 @@ class OnicCtrl(wiring.Component):
         m.d.comb += busy.eq(events.r_rdy | Cat(*pend_lock, *pend_txd, *pend_rxd).any()
                             | pend_dac)
         m.d.sync += [self.stream_valid.eq(0), self.fired.eq(0)]
-        ev_word = Signal(_EV_WIDTH)
-        m.d.comb += ev_val.eq(ev_word[11:43])
 
         def push(sig: int, idx: Any, val: Any, src: Any = None) -> list[Any]:
             def wide(v: Any, n: int) -> Any:  # each field at its own width, zero-extended
                 return Cat(v, Const(0, n - len(v))) if len(v) < n else v[:n]
-            word = Cat(Const(sig, 3), wide(idx, 8), wide(val, 32), Const(src is not None, 1),
-                       wide(src if src is not None else Const(0, 24), 24))
+            parts = {"sig": Const(sig, 3), "idx": idx, "val": val,
+                     "has_src": Const(src is not None, 1),
+                     "src": src if src is not None else Const(0, 1)}
+            word = Cat(*(wide(parts[f], w) for f, w in _EV_LAYOUT))
             return [events.w_en.eq(1), events.w_data.eq(word)]
 
         cmd_p, cmd_t = Signal(), Signal()  # the control unit's command, as taken
@@ -357,7 +369,7 @@ class OnicCtrl(wiring.Component):
                     m.d.sync += fires.eq(0)
                 with m.If(events.r_rdy):
                     m.d.comb += events.r_en.eq(1)
-                    m.d.sync += [ev_word.eq(events.r_data), ptr.eq(0),
+                    m.d.sync += [ev_val.eq(_ev(events.r_data, "val")), ptr.eq(0),
                                  hits.eq(slot_hits(events.r_data))]
                     m.next = "SCAN"
                 for i in range(np_):
