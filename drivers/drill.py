@@ -97,7 +97,12 @@ class RemoteDrill:
         emulator saw them."""
         if self.client is None:
             return
+        late = [x for x in self.injected if id(x) not in self._index]
         await asyncio.gather(*self._tasks, return_exceptions=True)
+        for x in late:  # still on its way when the jobs ended (a loaded host)
+            if id(x) in self._index:
+                log.warning("drill: %s reached the emulator only after the run's jobs "
+                            "had ended: it disturbed nothing", x.spec)
         try:
             for x in self.injected:
                 i = self._index.get(id(x), -1)
