@@ -206,26 +206,37 @@ class OnicCtrl(wiring.Component):
             err_terms.append(Mux(cond, 1 << err_bit, 0))
             irq_terms.append(Mux(cond, 1 << R.IRQ_BITS["ERROR"], 0))
 
+        # each request is judged the cycle after it is raised (timing: decoding an action,
+        # a command or a write, and then checking and taking a tune, are two cycles' work).
+        # Requests keep their order; the one raiser that reads what a request does, an
+        # action's start after its tune, counts a tune taken but not yet in force.
+        q_tune = [Signal(name=f"{p}_q_tune") for p in ports]
+        q_bad = [Signal(name=f"{p}_q_bad") for p in ports]
+        q_ch = [Signal(8, name=f"{p}_q_ch") for p in ports]
+        q_then = [Signal(name=f"{p}_q_then") for p in ports]
+        q_start = [Signal(name=f"{p}_q_start") for p in ports]
+        taken = [Signal(name=f"{p}_tune_taken") for p in ports]
         for i, p in enumerate(ports):
             P = R.PORTS[i]
-            bad = ~self.ports_present[i] | (tune_arg[i] >= self.n_channels)
-            refused_tune = do_tune[i] & ~bad & sending[i]
-            accepted = do_tune[i] & ~bad & ~sending[i]
-            flag(R.ERROR_BITS["BAD_CHANNEL"], do_tune[i] & bad)
-            flag(R.ERROR_BITS[f"TX_REFUSED_{P}"], refused_tune)
-            m.d.sync += [pin(p, "tune_valid").eq(accepted), pin(p, "tx_valid").eq(0)]
-            with m.If(accepted):
+            m.d.sync += [q_tune[i].eq(do_tune[i]), q_ch[i].eq(tune_arg[i]),
+                         q_bad[i].eq(~self.ports_present[i] | (tune_arg[i] >= self.n_channels)),
+                         q_then[i].eq(then_start[i]), q_start[i].eq(do_start[i])]
+            m.d.comb += taken[i].eq(q_tune[i] & ~q_bad[i] & ~sending[i])
+            flag(R.ERROR_BITS["BAD_CHANNEL"], q_tune[i] & q_bad[i])
+            flag(R.ERROR_BITS[f"TX_REFUSED_{P}"], q_tune[i] & ~q_bad[i] & sending[i])
+            m.d.sync += [pin(p, "tune_valid").eq(taken[i]), pin(p, "tx_valid").eq(0)]
+            with m.If(taken[i]):
                 m.d.sync += [tuning[i].eq(1), tuned[i].eq(0), channel[i].eq(0),
-                             req_ch[i].eq(tune_arg[i]), tune_from[i].eq(self.ts_ns),
-                             pin(p, "tune_channel").eq(tune_arg[i])]
-            with m.If(then_start[i] & (accepted | tuning[i])):
+                             req_ch[i].eq(q_ch[i]), tune_from[i].eq(self.ts_ns),
+                             pin(p, "tune_channel").eq(q_ch[i])]
+            with m.If(q_then[i] & (taken[i] | tuning[i])):
                 m.d.sync += after_tune[i].eq(1)
             # a start: refused while tuning, sending or dark; a header naming no node misses
             hdr = [rw[f"TX{P}_HDR{k}"] for k in range(N_HDR)]
             dst = rw[f"TX{P}_DST"]
-            refused = do_start[i] & (tuning[i] | sending[i] | ~tuned[i])
-            miss = do_start[i] & ~refused & ((dst >= self.n_nodes) | (hdr[1] >= self.n_nodes))
-            go = do_start[i] & ~refused & ~miss
+            refused = q_start[i] & (tuning[i] | sending[i] | ~tuned[i])
+            miss = q_start[i] & ~refused & ((dst >= self.n_nodes) | (hdr[1] >= self.n_nodes))
+            go = q_start[i] & ~refused & ~miss
             flag(R.ERROR_BITS[f"TX_REFUSED_{P}"], refused)
             flag(R.ERROR_BITS["ROUTE_MISS"], miss)
             with m.If(go):
@@ -350,7 +361,7 @@ class OnicCtrl(wiring.Component):
         # ---- the executor ------------------------------------------------------------
         busy = Signal()
         m.d.comb += busy.eq(events.r_rdy | Cat(*pend_lock, *pend_txd, *pend_rxd).any()
-                            | pend_dac)
+                            | pend_dac | Cat(*q_tune, *q_start).any())
         m.d.sync += [self.stream_valid.eq(0), self.fired.eq(0)]
 
         def push(sig: int, idx: Any, val: Any, src: Any = None) -> list[Any]:
@@ -517,7 +528,7 @@ class OnicCtrl(wiring.Component):
                         with m.Case(ACT["start"]):
                             for i in range(np_):
                                 with m.If(idx == i):
-                                    with m.If(tuning[i]):  # the engine sequences: once locked
+                                    with m.If(tuning[i] | taken[i]):  # once locked
                                         m.d.sync += after_tune[i].eq(1)
                                     with m.Else():
                                         m.d.comb += do_start[i].eq(1)
