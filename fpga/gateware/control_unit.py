@@ -203,6 +203,9 @@ class ControlUnitRTL(wiring.Component):
         from_src = Signal(qbits + 1)
         scan_ret = Signal(2)  # a scan of the delivered keys for: 0 REQUEST, 1 next, 2 completion
         scan_vld = Signal()  # a scan's entry read last cycle: its data is here to compare
+        g_late = Signal(2)  # the GRANT at hand expires before its light: [0] tuned, [1] not
+        g_same = Signal(P)  # the port is on the GRANT's channel already
+        g_hit = Signal(P)  # the GRANT answers this port's REQUEST
         due_now = Signal(3 * P)
         m.d.comb += due_now.eq(Cat(*[t_on[i] & (self.ts_ns >= t_due[i]) & self.timers_en[i]
                                      for i in range(3 * P)]))
@@ -366,6 +369,19 @@ class ControlUnitRTL(wiring.Component):
             # --- a frame ------------------------------------------------------------------
             with m.State("DECODE"):
                 m.d.sync += ev.eq(fport)
+                # a GRANT is judged here, as it arrives, and acted on in GRANTED (timing:
+                # the expiry's sum and compare and the sender's next state in one cycle
+                # were the design's longest path)
+                exp, gch = field("grant", "expires_ns"), field("grant", "channel")
+                m.d.sync += g_late.eq(Cat(
+                    self.ts_ns + self.tuning_ns + self.propagation_ns > exp,
+                    self.ts_ns + self.propagation_ns > exp))
+                for p in range(P):
+                    c = tx_cur[p]
+                    m.d.sync += [g_same[p].eq(tx_chan_ok[p] & (tx_chan[p] == gch)),
+                                 g_hit[p].eq((fport == p) & (tx_state[p] == REQUESTING)
+                                             & (c.id == field("grant", "flow"))
+                                             & (c.hop == field("grant", "hop")))]
                 kinds = {F.codes[k]: k for k in F.codes}
                 with m.If((ver != F.version) | ~Cat(*[code == c for c in kinds]).any()):
                     m.d.sync += count("bad_frames")
@@ -394,15 +410,10 @@ class ControlUnitRTL(wiring.Component):
                 m.d.comb += ok.eq(0)
                 for p in range(P):
                     c = tx_cur[p]
-                    with m.If((fport == p) & (tx_state[p] == REQUESTING)
-                              & (c.id == field("grant", "flow"))
-                              & (c.hop == field("grant", "hop"))):
+                    with m.If(g_hit[p]):
                         m.d.comb += ok.eq(1)
-                        ch = field("grant", "channel")
-                        same = tx_chan_ok[p] & (tx_chan[p] == ch)
-                        tune = Mux(same, 0, self.tuning_ns)
-                        with m.If(self.ts_ns + tune + self.propagation_ns
-                                  > field("grant", "expires_ns")):
+                        ch, same = field("grant", "channel"), g_same[p]
+                        with m.If(Mux(same, g_late[1], g_late[0])):
                             m.d.sync += count("stale_grants")
                         with m.Else():
                             m.d.sync += [t_on[3 * p].eq(0), tx_state[p].eq(SENDING),
