@@ -136,8 +136,18 @@ class ControlUnitRTL(wiring.Component):
         m.d.comb += [r_wr.en.eq(self.route_we), r_wr.addr.eq(self.route_dst),
                      r_wr.data.eq(Cat(self.route_valid, self.route_port, self.route_channel,
                                       self.route_next))]
-        # frames out: readable the cycle after the executor writes one
+        # frames out: the executor writes one into a stage, which goes into the queue the
+        # cycle after (timing: composing a frame and the queue's level were one path);
+        # readable the cycle after that
         m.submodules.out = out = fifo.SyncFIFO(width=BEAT_BITS, depth=4)
+        stage, staged = Signal(BEAT_BITS), Signal()
+        s_en, s_data = Signal(), Signal(BEAT_BITS)
+        room = Signal()  # the executor may write a frame: the stage is empty or goes now
+        m.d.comb += [out.w_en.eq(staged), out.w_data.eq(stage), room.eq(~staged | out.w_rdy)]
+        with m.If(out.w_rdy):
+            m.d.sync += staged.eq(0)
+        with m.If(s_en):
+            m.d.sync += [staged.eq(1), stage.eq(s_data)]
         dst_at, dst_w = F.common("dst")
         m.d.comb += [self.tx_tvalid.eq(out.r_rdy), self.tx_tdata.eq(out.r_data),
                      self.tx_tlast.eq(1), self.tx_tdest.eq(out.r_data[dst_at:dst_at + dst_w]),
@@ -155,7 +165,7 @@ class ControlUnitRTL(wiring.Component):
             return _fit(Cat(*parts), BEAT_BITS)
 
         def send(kind: str, **v: Any) -> list[Any]:
-            return [out.w_en.eq(1), out.w_data.eq(pack(kind, **v))]
+            return [s_en.eq(1), s_data.eq(pack(kind, **v))]
 
         # --- per port state -------------------------------------------------------------
         def sig(name: str, shape: Any) -> list[Any]:
@@ -206,9 +216,16 @@ class ControlUnitRTL(wiring.Component):
         g_late = Signal(2)  # the GRANT at hand expires before its light: [0] tuned, [1] not
         g_same = Signal(P)  # the port is on the GRANT's channel already
         g_hit = Signal(P)  # the GRANT answers this port's REQUEST
+        # a timer is compared with the time a cycle before it is taken (timing: the 64-bit
+        # compare and the executor's next state were one path), and not in the cycle it is
+        # armed, whose compare saw its old due time
+        past, past_q = Signal(3 * P), Signal(3 * P)
         due_now = Signal(3 * P)
-        m.d.comb += due_now.eq(Cat(*[t_on[i] & (self.ts_ns >= t_due[i]) & self.timers_en[i]
-                                     for i in range(3 * P)]))
+        m.d.comb += [past.eq(Cat(*[t_on[i] & (self.ts_ns >= t_due[i]) & self.timers_en[i]
+                                   for i in range(3 * P)])),
+                     due_now.eq(Cat(*[t_on[i] & past_q[i] & self.timers_en[i]
+                                      for i in range(3 * P)]))]
+        m.d.sync += past_q.eq(past & ~self.arming)
 
         def field(kind: str, name: str) -> Any:
             off, width = F.fields[kind][name]
@@ -330,7 +347,7 @@ class ControlUnitRTL(wiring.Component):
                 m.next = "REQ_SEND"
             with m.State("REQ_SEND"):
                 def request(p: int) -> None:
-                    with m.If(out.w_rdy):
+                    with m.If(room):
                         c, r = tx_cur[p], tx_route[p]
                         m.d.comb += [*send("request", flow=c.id, hop=c.hop, src=self.node_id,
                                            dst=r.next, port=p, channel=r.channel,
@@ -356,7 +373,7 @@ class ControlUnitRTL(wiring.Component):
                 per(timeout)
             with m.State("TXD"):  # sent: RELEASE, and the next flow
                 def sent(p: int) -> None:
-                    with m.If(out.w_rdy):
+                    with m.If(room):
                         c, r = tx_cur[p], tx_route[p]
                         m.d.comb += send("release", flow=c.id, hop=c.hop, src=self.node_id,
                                          dst=r.next, port=p)
@@ -482,7 +499,7 @@ class ControlUnitRTL(wiring.Component):
                 def rq3(p: int) -> None:
                     n = q_count[p]
                     wait = dict(flow=q.flow, hop=q.hop, src=self.node_id, dst=q.src, port=p)
-                    with m.If(inq), m.If(out.w_rdy):
+                    with m.If(inq), m.If(room):
                         m.d.comb += send("wait", **wait, queue_position=n)
                         m.next = "IDLE"
                     with m.Elif(~g_ok[p]):
@@ -491,7 +508,7 @@ class ControlUnitRTL(wiring.Component):
                     with m.Elif((n >= rxq) | (from_src >= self.per_sender)):
                         m.d.sync += count("requests_refused")
                         m.next = "IDLE"
-                    with m.Elif(out.w_rdy):
+                    with m.Elif(room):
                         at = q_head[p] + n
                         m.d.comb += [q_wr.en.eq(1), q_wr.data.eq(q),
                                      q_wr.addr.eq(p * rxq + _wrap(at, rxq)),
@@ -501,7 +518,7 @@ class ControlUnitRTL(wiring.Component):
                 per(rq3)
             with m.State("GRANT"):  # q gets the receiver, with a lease
                 def grant(p: int) -> None:
-                    with m.If(out.w_rdy):
+                    with m.If(room):
                         expires = Signal(64, name=f"expires{p}")
                         m.d.comb += [expires.eq(self.ts_ns + self.lease_ns),
                                      *send("grant", flow=q.flow, hop=q.hop, src=self.node_id,
@@ -629,6 +646,6 @@ class ControlUnitRTL(wiring.Component):
         m.d.comb += self.effect.eq(out.r_rdy | self.start_valid | self.deliver_valid
                                    | self.fail_valid | self.arming.any())
         m.d.comb += self.busy.eq(Cat(*rx_pend, *tx_pend).any() | self.rx_tvalid
-                                 | self.submit_valid | due_now.any() | out.r_rdy
+                                 | self.submit_valid | past.any() | out.r_rdy | staged
                                  | ~fsm.ongoing("IDLE"))
         return m

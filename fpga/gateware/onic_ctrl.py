@@ -375,31 +375,39 @@ class OnicCtrl(wiring.Component):
 
         cmd_p, cmd_t = Signal(), Signal()  # the control unit's command, as taken
         with m.FSM(name="executor") as fsm:
+            # the work at hand, first come first in this order, picked one-hot (timing: as
+            # an if-else chain, the pick and the next state were one long path)
+            work = [events.r_rdy, *pend_lock, *pend_txd, *pend_rxd, pend_dac,
+                    *([self.cmd_valid] if self.unit_port else []),
+                    self.s_axi_awvalid & self.s_axi_wvalid, self.s_axi_arvalid]
+            req, pick = Signal(len(work)), Signal(len(work))
+            m.d.comb += [req.eq(Cat(*work)), pick.eq(req & (~req + 1))]
+            picks = iter(pick)
             with m.State("IDLE"):
                 with m.If(~events.r_rdy):
                     m.d.sync += fires.eq(0)
-                with m.If(events.r_rdy):
+                with m.If(next(picks)):
                     m.d.comb += events.r_en.eq(1)
                     m.d.sync += [ev_val.eq(_ev(events.r_data, "val")), ptr.eq(0),
                                  hits.eq(slot_hits(events.r_data))]
                     m.next = "SCAN"
                 for i in range(np_):
-                    with m.Elif(pend_lock[i]):
+                    with m.If(next(picks)):
                         m.d.comb += take_lock[i].eq(1)
                         m.next = f"LOCKED_{i}"
                 for i in range(np_):
-                    with m.Elif(pend_txd[i]):
+                    with m.If(next(picks)):
                         m.d.comb += take_txd[i].eq(1)
                         m.next = f"TXDONE_{i}"
                 for i in range(np_):
-                    with m.Elif(pend_rxd[i]):
+                    with m.If(next(picks)):
                         m.d.comb += take_rxd[i].eq(1)
                         m.next = f"RXDONE_{i}"
-                with m.Elif(pend_dac):
+                with m.If(next(picks)):
                     m.d.comb += take_dac.eq(1)
                     m.d.comb += push(SIG["dac_valid"], dac_idx, Const(1, 32))
                 if self.unit_port:  # the control unit's transfer: as the host's writes
-                    with m.Elif(self.cmd_valid):
+                    with m.If(next(picks)):
                         m.d.comb += self.cmd_ready.eq(1)
                         m.d.sync += [cmd_p.eq(self.cmd_port), cmd_t.eq(self.cmd_tune)]
                         for i, P in enumerate(R.PORTS):
@@ -413,12 +421,12 @@ class OnicCtrl(wiring.Component):
                                 with m.If(self.cmd_tune):
                                     m.d.sync += rw[f"TX{P}_CHANNEL"].eq(self.cmd_channel)
                         m.next = "COMMAND"
-                with m.Elif(self.s_axi_awvalid & self.s_axi_wvalid):
+                with m.If(next(picks)):
                     m.d.comb += [self.s_axi_awready.eq(1), self.s_axi_wready.eq(1)]
                     m.d.sync += [waddr.eq(self.s_axi_awaddr & ~3), wdata.eq(self.s_axi_wdata),
                                  wstrb.eq(self.s_axi_wstrb)]
                     m.next = "WRITE"
-                with m.Elif(self.s_axi_arvalid):
+                with m.If(next(picks)):
                     m.d.comb += self.s_axi_arready.eq(1)
                     m.d.sync += raddr.eq(self.s_axi_araddr & ~3)
                     m.next = "READ"
