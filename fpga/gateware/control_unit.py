@@ -211,6 +211,7 @@ class ControlUnitRTL(wiring.Component):
         scan_i = Signal(qbits + 1)
         found, inq = Signal(), Signal()
         from_src = Signal(qbits + 1)
+        over = Signal()  # the REQUEST at hand would pass a queue's bound
         scan_ret = Signal(2)  # a scan of the delivered keys for: 0 REQUEST, 1 next, 2 completion
         scan_vld = Signal()  # a scan's entry read last cycle: its data is here to compare
         g_late = Signal(2)  # the GRANT at hand expires before its light: [0] tuned, [1] not
@@ -492,7 +493,9 @@ class ControlUnitRTL(wiring.Component):
                             m.d.sync += inq.eq(1)
                         with m.If(e.src == q.src):
                             m.d.sync += from_src.eq(from_src + 1)
-                    with m.If(~more & ~scan_vld):
+                    with m.If(~more & ~scan_vld):  # its bounds judged here, for RQ3 (timing)
+                        m.d.sync += over.eq((q_count[p] >= rxq)
+                                            | (from_src >= self.per_sender))
                         m.next = "RQ3"
                 per(qscan)
             with m.State("RQ3"):
@@ -505,7 +508,7 @@ class ControlUnitRTL(wiring.Component):
                     with m.Elif(~g_ok[p]):
                         m.d.sync += after_free.eq(0)
                         m.next = "GRANT"
-                    with m.Elif((n >= rxq) | (from_src >= self.per_sender)):
+                    with m.Elif(over):
                         m.d.sync += count("requests_refused")
                         m.next = "IDLE"
                     with m.Elif(room):

@@ -270,13 +270,15 @@ class OnicCtrl(wiring.Component):
                 out.append(Cat(*hits).any())
             return Cat(*out)
 
-        hits = Signal(nm)  # of the event at hand, judged when it was taken
-        ptr = Signal(range(nm + 1))
+        # of the event at hand, judged when it was taken: the modules after the one the
+        # scan has come to (cleared up to it as it goes, not counted from a pointer)
+        hits = Signal(nm)
         pending_mods = Signal(nm)
-        m.d.comb += pending_mods.eq(hits & Cat(*(ca_ctrl[i][0] for i in range(nm)))
-                                    & ~((Const(1, nm + 1) << ptr) - 1)[:nm])
+        m.d.comb += pending_mods.eq(hits & Cat(*(ca_ctrl[i][0] for i in range(nm))))
         first_hot = Signal(nm)  # the first of them, one-hot
         m.d.comb += first_hot.eq(pending_mods & (~pending_mods + 1))
+        past_first = Signal(nm)  # the modules after the first
+        m.d.comb += past_first.eq(~((first_hot << 1) - 1))
         first = Signal(range(nm))
         for i in reversed(range(nm)):
             with m.If(pending_mods[i]):
@@ -388,7 +390,7 @@ class OnicCtrl(wiring.Component):
                     m.d.sync += fires.eq(0)
                 with m.If(next(picks)):
                     m.d.comb += events.r_en.eq(1)
-                    m.d.sync += [ev_val.eq(_ev(events.r_data, "val")), ptr.eq(0),
+                    m.d.sync += [ev_val.eq(_ev(events.r_data, "val")),
                                  hits.eq(slot_hits(events.r_data))]
                     m.next = "SCAN"
                 for i in range(np_):
@@ -496,13 +498,13 @@ class OnicCtrl(wiring.Component):
                 with m.If(~pending_mods.any()):
                     m.next = "IDLE"
                 with m.Elif(fire_now):
-                    m.d.sync += [*count_first(), cur.eq(first)]
+                    m.d.sync += [*count_first(), cur.eq(first), hits.eq(hits & past_first)]
                     with m.If(fires == FIRE_LIMIT):  # a loop: cut it, drop what it queued
                         m.next = "FLUSH"
                     with m.Else():
                         m.next = "FIRE"
                 with m.Else():
-                    m.d.sync += [*count_first(), ptr.eq(first + 1)]
+                    m.d.sync += [*count_first(), hits.eq(hits & past_first)]
             with m.State("FLUSH"):
                 m.d.comb += events.r_en.eq(1)
                 with m.If(~events.r_rdy):
@@ -523,7 +525,6 @@ class OnicCtrl(wiring.Component):
                 irq_terms.append(Mux(fsm.ongoing("ACT") & (slot != ns) & (a == ACT["irq"]),
                                      1 << R.IRQ_BITS["CA_FIRED"], 0))
                 with m.If(slot == ns):
-                    m.d.sync += ptr.eq(cur + 1)
                     m.next = "SCAN"
                 with m.Else():
                     m.d.sync += [slot.eq(slot + 1), act_word.eq(acts[cur][(slot + 1)[:3]])]
