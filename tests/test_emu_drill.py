@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import subprocess
 import sys
 import tomllib
@@ -33,7 +34,11 @@ def drill(root: Path, emu: Path, tmp: Path, faults: list[dict[str, Any]],
     r = subprocess.run([sys.executable, "-m", "oddl.app", "run", str(exp),
                         "--backend", "emu", "--testbed", str(emu), "--json",
                         "--out", str(tmp / "run")],
-                       cwd=root, capture_output=True, text=True, timeout=120)
+                       cwd=root, capture_output=True, text=True, timeout=120,
+                       env=os.environ | {"ODDL_LOG": "info"})
+    # the controller's account, shown beside a failing assertion (pytest's captured
+    # stderr): a drill that goes wrong once in a soak is read from it
+    sys.stderr.write(r.stderr[-30000:])
     assert r.returncode == 0, r.stderr[-3000:]
     return json.loads(r.stdout)["networks"]["oddl"]
 

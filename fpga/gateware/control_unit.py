@@ -142,8 +142,13 @@ class ControlUnitRTL(wiring.Component):
         m.submodules.out = out = fifo.SyncFIFO(width=BEAT_BITS, depth=4)
         stage, staged = Signal(BEAT_BITS), Signal()
         s_en, s_data = Signal(), Signal(BEAT_BITS)
-        room = Signal()  # the executor may write a frame: the stage is empty or goes now
-        m.d.comb += [out.w_en.eq(staged), out.w_data.eq(stage), room.eq(~staged | out.w_rdy)]
+        # the executor may write a frame: the stage is empty or goes now. Known a cycle
+        # ahead, from the stage and the queue's level as they will be (timing again)
+        room = Signal(init=1)
+        will_stage = s_en | (staged & ~out.w_rdy)
+        will_level = out.level + (staged & out.w_rdy) - (out.r_en & out.r_rdy)
+        m.d.comb += [out.w_en.eq(staged), out.w_data.eq(stage)]
+        m.d.sync += room.eq(~will_stage | (will_level < out.depth))
         with m.If(out.w_rdy):
             m.d.sync += staged.eq(0)
         with m.If(s_en):
