@@ -126,7 +126,9 @@ def build(tb: Testbed, grid: Grid, clock: Clock, seed: int = 0,
     if tb.testbed.board_model == "rtl":
         from oddl.sim.devices.rtl_board import RtlBoard
 
-        board_class = functools.partial(RtlBoard, simulator=tb.testbed.rtl_simulator)
+        board_class = functools.partial(
+            RtlBoard, simulator=tb.testbed.rtl_simulator,
+            unit=(bus, timing_of(tb)) if tb.testbed.control_model == "board" else None)
     elif tb.testbed.control_model == "board":
         board_class = functools.partial(ONicBoard, unit=(bus, timing_of(tb)))
     for n in grid.nodes:

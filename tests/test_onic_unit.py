@@ -50,6 +50,52 @@ def test_table1_with_the_unit_in_the_boards_is_the_host_units_run(tmp_path: Path
     assert len(a["flows"]) == 96
 
 
+def test_onic_top_in_the_loop_relays_and_delivers_as_the_python_board() -> None:
+    """`board_model = "rtl"` with `control_model = "board"`: each board is the gateware's
+    onic_top, its control unit inside, frames on the control network, the host by
+    registers. Relayed flows (the diagonals of a 2 x 2 grid) arrive at the Python board's
+    nanoseconds with its counters. (The top's header put a relay's hop in the source
+    node's word, and onic_ctrl refused the transfer as a route miss: half the flows
+    stalled.)"""
+    from oddl.drivers.onic_unit import GatewareUnit
+
+    flows = [(i, (i + k) % 4, 1000 * k, 0) for k in (1, 2) for i in range(4)]
+    tb = make_testbed(2, 2).with_control_model("board")
+    board = run_flows(tb, flows, unit=GatewareUnit)
+    top = run_flows(tb.with_board_model("rtl"), flows, unit=GatewareUnit, timeout_s=60)
+    assert board.error is None and top.error is None, (board.error, top.error)
+    assert top.delivered == board.delivered == dict.fromkeys(range(len(flows)), 1)
+    assert top.arrival_ns == board.arrival_ns
+    assert top.checker.violations == board.checker.violations == []
+
+
+# in the gateware's slow tier (.ci/run), though Amaranth's simulator runs it: the suite's 5 min
+@pytest.mark.verilator
+def test_table1_with_onic_top_in_the_loop_is_the_python_run(tmp_path: Path) -> None:
+    """Table 1, 3 iterations, every board the gateware's onic_top (its control unit, its
+    tuning sequencer and transfer handshake, frames on the boards' network, the host by
+    registers): the Python board's run, field for field and row for row."""
+    exp = str(ROOT / "experiments" / "table1-resnet50.toml")
+    out = {}
+    for board in ("python", "rtl"):
+        r = CliRunner().invoke(main, ["run", exp, "--iterations", "3", "--json", "--no-plot",
+                                      "--control-model", "board", "--board-model", board,
+                                      "--out", str(tmp_path / board)])
+        assert r.exit_code == 0, r.output
+        out[board] = json.loads(r.output[r.output.index("{"):])["networks"]["oddl"]
+    py, rtl = out["python"], out["rtl"]
+    py.pop("wall_s", None), rtl.pop("wall_s", None)
+    assert py == rtl and py["invariant_violations"] == 0 and py["flows"] == 48
+    a, b = _tables(tmp_path / "python"), _tables(tmp_path / "rtl")
+    assert a["iterations"] == b["iterations"] and a["flows"] == b["flows"]
+
+
+def test_onic_top_in_the_loop_is_amaranths_alone() -> None:
+    with pytest.raises(ValueError, match="Amaranth's simulator only"):
+        run_flows(make_testbed(1, 2).with_board_model("rtl").with_control_model(
+            "board", "verilator"), [(0, 1, 100, 0)])
+
+
 def test_a_flow_the_boards_unit_cannot_route_fails_by_name_through_the_registers() -> None:
     """The host hands over a flow to a node its board has no route to: the board's unit
     fails it (CU_FAIL no_route), raises CU_FAILED, and the host's unit says which."""

@@ -33,6 +33,12 @@ from oddl.fpga.gateware.onic_ctrl import members as ctrl_members
 CU_WINDOW = 0x400  # the CU block's share of the address space (from R.CU_BASE)
 
 
+def _word(v: Any, width: int = 32) -> Any:
+    """`v` zero-extended to `width` bits (it must fit)."""
+    assert len(v) <= width, (len(v), width)
+    return Cat(v, Const(0, width - len(v)))
+
+
 class OnicTop(wiring.Component):
     """The IP a board's bitstream holds: `onic_ctrl`'s ports (AXI-Lite, the laser driver,
     the MAC's transfer engine, the DACs, the straps) plus the control frames' streams."""
@@ -59,6 +65,7 @@ class OnicTop(wiring.Component):
         F = self.frame
         m.submodules.ctrl = ctrl = OnicCtrl(R.TOP_DESIGN_VERSION, unit_port=True)
         m.submodules.unit = unit = ControlUnitRTL(F, len(R.PORTS), **self.bounds)
+        self.unit = unit  # (a co-simulation reads its timers: sim/devices/rtl_board.py)
         FLOW = unit.FLOW
         fw = FLOW.size
         assert fw <= 32 * R.CU_FLOW_WORDS, (fw, R.CU_FLOW_WORDS)
@@ -114,9 +121,12 @@ class OnicTop(wiring.Component):
         m.d.comb += [ctrl.cmd_valid.eq(pend), ctrl.cmd_port.eq(cmd[0]), ctrl.cmd_tune.eq(cmd[1]),
                      ctrl.cmd_channel.eq(cmd[2:10]), ctrl.cmd_dst.eq(fl.dst),
                      ctrl.cmd_bytes.eq(fl.nbytes), ctrl.cmd_flow.eq(fl.id),
-                     # the header as the TX registers take it (regmap.header_words)
-                     ctrl.cmd_hdr.eq(Cat(fl.id[32:64], fl.src, Cat(fl.hop, fl.step)[:32],
-                                         fl.iteration, fl.t_submit[:32], fl.t_submit[32:64]))]
+                     # the header as the TX registers take it (regmap.header_words), each
+                     # field its own 32-bit word (a relay's hop had landed in the source's
+                     # word, and onic_ctrl refused the transfer: ROUTE_MISS)
+                     ctrl.cmd_hdr.eq(Cat(*(_word(v) for v in (
+                         fl.id[32:64], fl.src, Cat(_word(fl.hop, 8), fl.step)[:32], fl.iteration,
+                         fl.t_submit[:32], fl.t_submit[32:64]))))]
         assert len(ctrl.cmd_hdr) == 32 * N_HDR
 
         # --- the host's flows, and the deliveries it reads back ----------------------------

@@ -6,6 +6,12 @@ The optics stay modelled (sim/devices/fabric.py): the harness plays the laser dr
 turning the IP's tune commands and transfer descriptors into fabric calls, and the fabric's
 lock, sent and received reports into the IP's strobes.
 
+With the control unit on the board (`control_model = "board"`), the RTL is `onic_top`: the
+harness is then also the MAC's control port (a message for this node on the control
+network becomes a frame on `ctl_rx`, a frame on `ctl_tx` a message), and the clock wakes
+the RTL when the unit's earliest armed timer is due (read from the unit inside: Amaranth's
+simulator only).
+
 The RTL is clocked only while it has work (a register access, a lock, a transfer ending, a
 DAC valid, the count-action events these queue), at the model's instant of that work, and
 is left unclocked in between. That is exact for this design: nothing in it counts cycles
@@ -15,6 +21,7 @@ piece of work), so an idle span of any length leaves every register as it found 
 
 from __future__ import annotations
 
+import logging
 import weakref
 from collections import deque
 from collections.abc import Callable, Iterator
@@ -22,13 +29,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from oddl.controller.base.devices import DeviceRefused
+from oddl.controller.base.devices import Bus, DeviceRefused
 from oddl.controller.base.extras import require
-from oddl.controller.base.messages import Flow
+from oddl.controller.base.messages import ControlMessage, Flow
+from oddl.controller.base.throttle import worth_logging
+from oddl.controller.stage2.control_unit import Timing
+from oddl.controller.stage2.wire import FRAME, decode_frame, encode_frame
 from oddl.fpga import regmap as R
 from oddl.fpga.gateware.verilated import Ports, TestbenchPorts
 from oddl.sim.devices.fabric import Fabric
 from oddl.sim.devices.onic_board import PLACEHOLDER_HASH, in_index_order
+from oddl.sim.devices.rtl_control_unit import Bounds
+
+log = logging.getLogger(__name__)
 
 CLOCK_HZ = 250e6  # PL0, as the overlay's .hwh sets it
 _N_HDR = len(R.HEADER)
@@ -63,6 +76,8 @@ def _drive(io: Ports, core: Any, board: RtlBoard, op: _Op) -> Iterator[None]:
         yield
         core.cycles += 1
         core.total += 1
+        if core.top is not None and io.get("ctl_tx_tvalid"):  # (ctl_tx_tready held high)
+            core.effects.append(("frame", -1, io.get("ctl_tx_tdata")))
         if not io.get("strobe"):
             return
         for i, pn in enumerate(pins):
@@ -113,7 +128,11 @@ def _drive(io: Ports, core: Any, board: RtlBoard, op: _Op) -> Iterator[None]:
             yield from tick()
         op.result, op.resp = io.get("s_axi_rdata"), io.get("s_axi_rresp")
         yield from handshake("s_axi_rready", "s_axi_rvalid")
-    else:
+    elif op.kind == "frame":  # a control frame from the MAC, one beat
+        io.set("ctl_rx_tdata", a["data"])
+        io.set("ctl_rx_tlast", 1)
+        yield from handshake("ctl_rx_tvalid", "ctl_rx_tready")
+    elif op.kind != "wake":  # (a wake: the unit's timer is due, nothing to present)
         if op.kind == "rx_done":
             for k, v in a.items():
                 io.set(f"{R.PORTS[op.port].lower()}_rx_{k}", v)
@@ -127,9 +146,14 @@ def _drive(io: Ports, core: Any, board: RtlBoard, op: _Op) -> Iterator[None]:
     while io.get("busy"):
         yield from tick()
     core.line = bool(io.get("irq"))
+    if core.top is not None and isinstance(io, TestbenchPorts):  # the unit's timers
+        unit = core.dut.unit
+        core.timers = (int(io.ctx.get(unit.armed)), int(io.ctx.get(unit.due)))
 
 
 def _straps(io: Ports, board: RtlBoard) -> None:
+    if board.core.top is not None:
+        io.set("ctl_tx_tready", 1)  # the MAC takes every frame at once
     io.set("node_id", board.index[board.node])
     io.set("n_nodes", len(board.nodes))
     io.set("n_channels", board.fabric.n_channels)
@@ -141,11 +165,16 @@ class _Core:
     """One elaborated, compiled `onic_ctrl` and its simulator. Compiling costs about 0.3 s,
     so a core outlives its board: the next board takes it, reset to power-on."""
 
-    def __init__(self, design_version: int) -> None:
+    def __init__(self, design_version: int, top: Bounds | None = None) -> None:
         from amaranth.sim import Simulator
         from oddl.fpga.gateware.onic_ctrl import OnicCtrl
+        from oddl.fpga.gateware.onic_top import OnicTop
 
-        self.dut = OnicCtrl(design_version)
+        # `top`: `onic_top`, the control unit inside, with these bounds
+        self.top = top
+        self.dut: Any = OnicCtrl(design_version) if top is None else OnicTop(
+            FRAME, top.nodes, top.txq, top.rxq, top.done, top.per_sender)
+        self.timers = (0, 0)  # the unit's: which are armed, and their due times
         self.sim = Simulator(self.dut)
         self.sim.add_clock(1 / CLOCK_HZ)
         self.sim.add_testbench(self._bench, background=True)
@@ -202,6 +231,8 @@ class _VCore:
         self.effects: list[tuple[str, int, Any]] = []
         self.cycles = self.total = self.fires = 0
         self.line = False
+        self.top: Bounds | None = None  # (onic_top is Amaranth's alone: RtlBoard says so)
+        self.timers = (0, 0)
         self._strapped = False
         self.reset()
 
@@ -232,7 +263,7 @@ class _VCore:
 
 
 _BUILT: dict[int, tuple[Any, Path]] = {}  # per design version: the design and its library
-_CORES: dict[tuple[str, int], list[_Core | _VCore]] = {}
+_CORES: dict[tuple[str, int, Bounds | None], list[_Core | _VCore]] = {}
 
 
 def cycles_simulated() -> int:
@@ -240,15 +271,17 @@ def cycles_simulated() -> int:
     return sum(c.total for cores in _CORES.values() for c in cores)
 
 
-def _take_core(board: RtlBoard, design_version: int, simulator: str) -> _Core | _VCore:
+def _take_core(board: RtlBoard, design_version: int, simulator: str,
+               top: Bounds | None) -> _Core | _VCore:
     """A core no live board holds, reset to power-on; or a new one."""
-    cores = _CORES.setdefault((simulator, design_version), [])
+    cores = _CORES.setdefault((simulator, design_version, top), [])
     for core in cores:
         if core.owner() is None:
             core.reset()
             break
     else:
-        core = _Core(design_version) if simulator == "amaranth" else _VCore(design_version)
+        core = _Core(design_version, top) if simulator == "amaranth" else _VCore(
+            design_version)
         cores.append(core)
     core.owner = weakref.ref(board)
     if isinstance(core, _Core):
@@ -256,6 +289,7 @@ def _take_core(board: RtlBoard, design_version: int, simulator: str) -> _Core | 
     core.effects.clear()
     core.cycles = core.fires = 0
     core.line = False
+    core.timers = (0, 0)
     return core
 
 
@@ -265,8 +299,19 @@ class RtlBoard:
     def __init__(self, fabric: Fabric, node: str, node_index: dict[str, int],
                  nodes: list[str] | None = None,
                  bitstream_hash: bytes = PLACEHOLDER_HASH,
-                 design_version: int = R.DESIGN_VERSION, simulator: str = "amaranth") -> None:
+                 design_version: int = R.DESIGN_VERSION, simulator: str = "amaranth",
+                 unit: tuple[Bus, Timing] | None = None) -> None:
+        """`unit`: the board is `onic_top`, the stage-2 control unit inside it, on the
+        control network `unit[0]` with the bounds of `unit[1]` (as `ONicBoard`'s)."""
         require("gateware", "the RTL board model (board_model = \"rtl\")")
+        top = None
+        if unit is not None:
+            if simulator != "amaranth":
+                raise ValueError("board_model = \"rtl\" with control_model = \"board\" "
+                                 "(onic_top in the loop) runs on Amaranth's simulator "
+                                 "only: set rtl_simulator = \"amaranth\"")
+            design_version = R.TOP_DESIGN_VERSION
+            top = Bounds.of(unit[1], len(node_index))
         self.fabric = fabric
         self.clock = fabric.clock
         self.node = node
@@ -274,7 +319,12 @@ class RtlBoard:
         self.index = node_index
         self.ports = fabric.ports[node]
         self.bitstream_hash = bitstream_hash
-        self.core = _take_core(self, design_version, simulator)
+        self.core = _take_core(self, design_version, simulator, top)
+        self._wake: Any = None  # the clock's timer for the unit's earliest due one
+        self._unframed = 0
+        self.bus = unit[0] if unit is not None else None
+        if self.bus is not None:
+            self.bus.attach(node, self._on_message)
         self.streamed: list[tuple[int, int]] = []
         self.on_irq: Callable[[], None] | None = None
         self.loaded_bitstream: str | None = None
@@ -335,6 +385,37 @@ class RtlBoard:
             "crc_error": int(crc)}))
         self._interrupt()
 
+    # --- the control unit's frames and timers (onic_top) ---------------------------------
+    def _on_message(self, m: ControlMessage) -> None:
+        try:
+            word = encode_frame(m, self.index, R.PORTS)
+        except ValueError as e:  # no frame could carry it: the MAC would never deliver it
+            self._unframed += 1
+            if worth_logging(self._unframed):
+                log.warning("%s: a message no frame carries dropped (%d so far): %s",
+                            self.node, self._unframed, e)
+            return
+        self._run(_Op("frame", args={"data": word}))
+        self._interrupt()
+
+    def _due(self) -> None:
+        self._wake = None
+        self._run(_Op("wake"))
+        self._interrupt()
+
+    def _rearm(self) -> None:
+        """The clock wakes the RTL when the unit's earliest armed timer is due (it is
+        clocked only while it has work, and a timer's expiry is work)."""
+        armed, due = self.core.timers
+        dues = [due >> 64 * i & (1 << 64) - 1 for i in range(armed.bit_length())
+                if armed >> i & 1]
+        at = min(dues) if dues else None
+        if self._wake is not None and (at is None or self._wake[0] != at):
+            self._wake[1].cancel()
+            self._wake = None
+        if at is not None and self._wake is None:
+            self._wake = (at, self.clock.call_at_ns(max(at, self.clock.now_ns()), self._due))
+
     # --- the loop -----------------------------------------------------------------------
     def _run(self, op: _Op) -> _Op:
         core = self.core
@@ -342,9 +423,16 @@ class RtlBoard:
         effects, core.effects = core.effects, []
         for kind, i, data in effects:
             self._effect(kind, R.PORTS[i] if i >= 0 else "", data)
+        if core.top is not None:
+            self._rearm()
         return op
 
     def _effect(self, kind: str, p: str, data: Any) -> None:
+        if kind == "frame":
+            assert self.bus is not None
+            msg = decode_frame(data, self.nodes, R.PORTS)
+            self.bus.send(self.node, msg.dst, msg)
+            return
         if kind == "stream":
             self.streamed.append((self.clock.now_ns(), data))
             return

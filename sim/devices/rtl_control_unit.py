@@ -70,7 +70,7 @@ class _Op:
     state: dict[str, int] = field(default_factory=dict)  # its counters and timers after
 
 
-_FRAME_LATENCY = 1  # a frame leaves the output FIFO the cycle after it was written
+_FRAME_LATENCY = 2  # a frame written is staged, queued the cycle after, out the next
 
 
 def _drive(io: Ports, u: RtlControlUnit, op: _Op, ports: int, nbw: int) -> Iterator[None]:
