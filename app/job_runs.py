@@ -54,12 +54,15 @@ class JobRuns:
 
     def iteration(self, job: str, i: int, t_start: int, t_end: int, compute_ns: int,
                   control_messages: int, flows: list[FlowRow]) -> None:
-        """One iteration and its flows (each as the rank it was delivered to reported it)."""
+        """One iteration and its flows (each as the rank it was delivered to reported it),
+        written before the ledger's record of it: a kill between the two leaves it here
+        but not there, and the job, resumed from the ledger, runs it again and replaces
+        it (the other way round, the run directory lost that iteration for good)."""
         store = self._store(job)
         try:
             if store is not None:
                 store.add_iteration(NETWORK, i, t_start, t_end, compute_ns,
-                                    control_messages, flows)
+                                    control_messages, flows, replace=True)
         except sqlite3.Error as e:
             log.warning("job %s: iteration %d not written to its run directory: %s", job,
                         i, e)

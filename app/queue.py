@@ -269,9 +269,9 @@ class Service:
         if moved:
             self._on[rec.name] = part
             self.ledger.running(rec.name, part)
-        self.ledger.iteration(rec.name, it.iteration, it.t_start, it.t_end)
-        self.runs.iteration(rec.name, it.iteration, it.t_start, it.t_end,
+        self.runs.iteration(rec.name, it.iteration, it.t_start, it.t_end,  # first (JobRuns)
                             self._compute.get(rec.name, 0), it.control_messages, it.flows)
+        self.ledger.iteration(rec.name, it.iteration, it.t_start, it.t_end)
         self.tell(now=moved)
 
     def on_hold(self, job: str, nodes: int) -> None:

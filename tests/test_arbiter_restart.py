@@ -161,3 +161,28 @@ def test_a_revoked_token_stays_revoked_across_a_restart(root: Path, emu: Path,
     finally:
         again.stop()
     assert not (tmp_path / "state" / "tokens" / "bob.revoked").exists()
+
+
+def test_an_iteration_run_again_after_a_kill_replaces_its_first_record(tmp_path: Path
+                                                                       ) -> None:
+    """The arbiter writes an iteration to the job's run directory before its ledger: killed
+    between the two (a soak saw 59 of 60 iterations in the run directory when the ledger
+    went first), the resumed job runs that iteration again, and its second record replaces
+    the first, flows and all."""
+    from oddl.app.experiments.results import read_store
+    from oddl.app.job_runs import JobRuns
+
+    runs = JobRuns(tmp_path, plots=False)
+    runs.path("j1").mkdir(parents=True)  # (begin's, at submission)
+    flow = (0, 0, "n0-0", "n0-1", 100, 1, 10, 20)
+    runs.iteration("j1", 0, 0, 50, 5, 3, [flow])
+    runs.iteration("j1", 1, 50, 90, 5, 3, [flow])  # then killed before the ledger's
+    runs.iteration("j1", 1, 70, 130, 5, 3, [(1, 0, "n0-0", "n0-1", 100, 1, 80, 95)])
+    runs.close()
+    path = runs.path("j1") / "results.sqlite"
+    got = read_store(path)["oddl"]
+    assert [r[:2] for r in got["iterations"]] == [(0, 0), (1, 70)]
+    db = sqlite3.connect(path)
+    assert db.execute("SELECT iteration, flow FROM flows ORDER BY iteration").fetchall() == [
+        (0, 0), (1, 1)]
+    db.close()

@@ -61,8 +61,16 @@ class RunStore:
         self.db.commit()
 
     def add_iteration(self, network: str, iteration: int, t_start: int, t_end: int,
-                      compute_ns: int, control_messages: int, flows: list[FlowRow]) -> None:
-        self.db.execute("INSERT INTO iterations VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                      compute_ns: int, control_messages: int, flows: list[FlowRow],
+                      replace: bool = False) -> None:
+        """One iteration and its flows, committed together. `replace`: a record of it
+        already here is replaced (an arbiter killed after this write and before its
+        ledger's runs the iteration again), else it is refused (IntegrityError)."""
+        if replace:
+            self.db.execute("DELETE FROM flows WHERE network = ? AND iteration = ?",
+                            (network, iteration))
+        self.db.execute(f"INSERT {'OR REPLACE ' if replace else ''}INTO iterations "
+                        "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
                         (network, iteration, t_start, t_end, compute_ns,
                          t_end - t_start - compute_ns, len(flows), control_messages))
         if flows:
