@@ -74,26 +74,24 @@ def test_onic_top_in_the_loop_relays_and_delivers_as_the_python_board() -> None:
 def test_table1_with_onic_top_in_the_loop_is_the_python_run(tmp_path: Path) -> None:
     """Table 1, 3 iterations, every board the gateware's onic_top (its control unit, its
     tuning sequencer and transfer handshake, frames on the boards' network, the host by
-    registers): the Python board's run, field for field and row for row."""
+    registers), in Amaranth's simulator and compiled by Verilator: the Python board's run,
+    field for field and row for row."""
     exp = str(ROOT / "experiments" / "table1-resnet50.toml")
     out = {}
-    for board in ("python", "rtl"):
+    for board, sim in (("python", "amaranth"), ("rtl", "amaranth"), ("rtl", "verilator")):
         r = CliRunner().invoke(main, ["run", exp, "--iterations", "3", "--json", "--no-plot",
                                       "--control-model", "board", "--board-model", board,
-                                      "--out", str(tmp_path / board)])
+                                      "--rtl-simulator", sim,
+                                      "--out", str(tmp_path / f"{board}-{sim}")])
         assert r.exit_code == 0, r.output
-        out[board] = json.loads(r.output[r.output.index("{"):])["networks"]["oddl"]
-    py, rtl = out["python"], out["rtl"]
-    py.pop("wall_s", None), rtl.pop("wall_s", None)
-    assert py == rtl and py["invariant_violations"] == 0 and py["flows"] == 48
-    a, b = _tables(tmp_path / "python"), _tables(tmp_path / "rtl")
-    assert a["iterations"] == b["iterations"] and a["flows"] == b["flows"]
-
-
-def test_onic_top_in_the_loop_is_amaranths_alone() -> None:
-    with pytest.raises(ValueError, match="Amaranth's simulator only"):
-        run_flows(make_testbed(1, 2).with_board_model("rtl").with_control_model(
-            "board", "verilator"), [(0, 1, 100, 0)])
+        out[board, sim] = json.loads(r.output[r.output.index("{"):])["networks"]["oddl"]
+    py = out["python", "amaranth"]
+    assert py["invariant_violations"] == 0 and py["flows"] == 48
+    assert out["rtl", "amaranth"] == py and out["rtl", "verilator"] == py
+    a = _tables(tmp_path / "python-amaranth")
+    for sim in ("amaranth", "verilator"):
+        b = _tables(tmp_path / f"rtl-{sim}")
+        assert a["iterations"] == b["iterations"] and a["flows"] == b["flows"]
 
 
 def test_a_flow_the_boards_unit_cannot_route_fails_by_name_through_the_registers() -> None:

@@ -127,7 +127,8 @@ def build(board: str, out: Path, testbed: Path | None, as_json: bool) -> None:
         click.echo(f"onic_top for {b.what}, at {b.target_mhz} MHz; control unit bounds "
                    f"{bounds}; into {out}", err=True)
     try:
-        res = build_board(OnicTop(FRAME, **bounds), board, out)
+        res = build_board(OnicTop(FRAME, *(bounds[k] for k in ("nodes", "txq", "rxq", "done",
+                                                          "per_sender"))), board, out)
     except BuildError as e:
         fail(str(e), 1)
     res["bounds"] = bounds

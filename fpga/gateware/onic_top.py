@@ -44,8 +44,11 @@ class OnicTop(wiring.Component):
     the MAC's transfer engine, the DACs, the straps) plus the control frames' streams."""
 
     def __init__(self, frame: FrameFormat, nodes: int = BUILD["nodes"], txq: int = BUILD["txq"],
-                 rxq: int = BUILD["rxq"], done: int = BUILD["done"], per_sender: int = 4
-                 ) -> None:
+                 rxq: int = BUILD["rxq"], done: int = BUILD["done"], per_sender: int = 4,
+                 *, sim_view: bool = False) -> None:
+        """`sim_view`: two more outputs, the unit's timers (`unit_armed`, `unit_due`), for a
+        co-simulation that clocks the RTL only when it has work (sim/devices/rtl_board.py);
+        a bitstream's build leaves them out."""
         assert tuple(STATS) == R.CU_STATS, "the counters' order is the register map's"
         self.frame = frame
         self.bounds = {"nodes": nodes, "txq": txq, "rxq": rxq, "done": done,
@@ -58,6 +61,10 @@ class OnicTop(wiring.Component):
                     "ctl_tx_tvalid": Out(1), "ctl_tx_tready": In(1),
                     "ctl_tx_tdata": Out(BEAT_BITS), "ctl_tx_tlast": Out(1),
                     "ctl_tx_tdest": Out(nw)}
+        if sim_view:
+            timers = 3 * len(R.PORTS)
+            members |= {"unit_armed": Out(timers), "unit_due": Out(64 * timers)}
+        self.sim_view = sim_view
         super().__init__(members)
 
     def elaborate(self, platform: object) -> Module:
@@ -65,7 +72,8 @@ class OnicTop(wiring.Component):
         F = self.frame
         m.submodules.ctrl = ctrl = OnicCtrl(R.TOP_DESIGN_VERSION, unit_port=True)
         m.submodules.unit = unit = ControlUnitRTL(F, len(R.PORTS), **self.bounds)
-        self.unit = unit  # (a co-simulation reads its timers: sim/devices/rtl_board.py)
+        if self.sim_view:
+            m.d.comb += [self.unit_armed.eq(unit.armed), self.unit_due.eq(unit.due)]
         FLOW = unit.FLOW
         fw = FLOW.size
         assert fw <= 32 * R.CU_FLOW_WORDS, (fw, R.CU_FLOW_WORDS)

@@ -146,9 +146,8 @@ def _drive(io: Ports, core: Any, board: RtlBoard, op: _Op) -> Iterator[None]:
     while io.get("busy"):
         yield from tick()
     core.line = bool(io.get("irq"))
-    if core.top is not None and isinstance(io, TestbenchPorts):  # the unit's timers
-        unit = core.dut.unit
-        core.timers = (int(io.ctx.get(unit.armed)), int(io.ctx.get(unit.due)))
+    if core.top is not None:  # the unit's timers, for the next wake
+        core.timers = (io.get("unit_armed"), io.get("unit_due"))
 
 
 def _straps(io: Ports, board: RtlBoard) -> None:
@@ -168,12 +167,10 @@ class _Core:
     def __init__(self, design_version: int, top: Bounds | None = None) -> None:
         from amaranth.sim import Simulator
         from oddl.fpga.gateware.onic_ctrl import OnicCtrl
-        from oddl.fpga.gateware.onic_top import OnicTop
 
         # `top`: `onic_top`, the control unit inside, with these bounds
         self.top = top
-        self.dut: Any = OnicCtrl(design_version) if top is None else OnicTop(
-            FRAME, top.nodes, top.txq, top.rxq, top.done, top.per_sender)
+        self.dut: Any = OnicCtrl(design_version) if top is None else _top(top)
         self.timers = (0, 0)  # the unit's: which are armed, and their due times
         self.sim = Simulator(self.dut)
         self.sim.add_clock(1 / CLOCK_HZ)
@@ -215,23 +212,25 @@ class _Core:
 
 
 class _VCore:
-    """`onic_ctrl` compiled by Verilator (fpga/gateware/verilated.py): the library built
-    once a machine, a model of its own per board."""
+    """`onic_ctrl` (or `onic_top`) compiled by Verilator (fpga/gateware/verilated.py): the
+    library built once a machine, a model of its own per board."""
 
-    def __init__(self, design_version: int) -> None:
+    def __init__(self, design_version: int, top: Bounds | None = None) -> None:
         from oddl.fpga.gateware import verilated
         from oddl.fpga.gateware.onic_ctrl import OnicCtrl
 
-        if design_version not in _BUILT:
-            dut = OnicCtrl(design_version)
-            _BUILT[design_version] = (dut, verilated.build(dut, R.IP_NAME))
-        self._design = _BUILT[design_version]
+        key = (design_version, top)
+        if key not in _BUILT:
+            dut = OnicCtrl(design_version) if top is None else _top(top)
+            _BUILT[key] = (dut, verilated.build(dut, R.IP_NAME if top is None
+                                                else R.TOP_IP_NAME))
+        self._design = _BUILT[key]
         self.model: Any = None
         self.owner: Callable[[], RtlBoard | None] = lambda: None
         self.effects: list[tuple[str, int, Any]] = []
         self.cycles = self.total = self.fires = 0
         self.line = False
-        self.top: Bounds | None = None  # (onic_top is Amaranth's alone: RtlBoard says so)
+        self.top = top
         self.timers = (0, 0)
         self._strapped = False
         self.reset()
@@ -262,7 +261,14 @@ class _VCore:
         return op
 
 
-_BUILT: dict[int, tuple[Any, Path]] = {}  # per design version: the design and its library
+_BUILT: dict[tuple[int, Bounds | None], tuple[Any, Path]] = {}  # a design and its library
+
+
+def _top(b: Bounds) -> Any:
+    """`onic_top` with these bounds, its unit's timers out for the harness to wake it."""
+    from oddl.fpga.gateware.onic_top import OnicTop
+
+    return OnicTop(FRAME, b.nodes, b.txq, b.rxq, b.done, b.per_sender, sim_view=True)
 _CORES: dict[tuple[str, int, Bounds | None], list[_Core | _VCore]] = {}
 
 
@@ -280,8 +286,7 @@ def _take_core(board: RtlBoard, design_version: int, simulator: str,
             core.reset()
             break
     else:
-        core = _Core(design_version, top) if simulator == "amaranth" else _VCore(
-            design_version)
+        core = (_Core if simulator == "amaranth" else _VCore)(design_version, top)
         cores.append(core)
     core.owner = weakref.ref(board)
     if isinstance(core, _Core):
@@ -306,10 +311,6 @@ class RtlBoard:
         require("gateware", "the RTL board model (board_model = \"rtl\")")
         top = None
         if unit is not None:
-            if simulator != "amaranth":
-                raise ValueError("board_model = \"rtl\" with control_model = \"board\" "
-                                 "(onic_top in the loop) runs on Amaranth's simulator "
-                                 "only: set rtl_simulator = \"amaranth\"")
             design_version = R.TOP_DESIGN_VERSION
             top = Bounds.of(unit[1], len(node_index))
         self.fabric = fabric
