@@ -21,7 +21,6 @@ piece of work), so an idle span of any length leaves every register as it found 
 
 from __future__ import annotations
 
-import logging
 import weakref
 from collections import deque
 from collections.abc import Callable, Iterator
@@ -32,16 +31,13 @@ from typing import Any
 from oddl.controller.base.devices import Bus, DeviceRefused
 from oddl.controller.base.extras import require
 from oddl.controller.base.messages import ControlMessage, Flow
-from oddl.controller.base.throttle import worth_logging
 from oddl.controller.stage2.control_unit import Timing
-from oddl.controller.stage2.wire import FRAME, decode_frame, encode_frame
+from oddl.controller.stage2.wire import FRAME, decode_frame
 from oddl.fpga import regmap as R
 from oddl.fpga.gateware.verilated import Ports, TestbenchPorts
 from oddl.sim.devices.fabric import Fabric
 from oddl.sim.devices.onic_board import PLACEHOLDER_HASH, in_index_order
-from oddl.sim.devices.rtl_control_unit import Bounds
-
-log = logging.getLogger(__name__)
+from oddl.sim.devices.rtl_control_unit import Bounds, Framer
 
 CLOCK_HZ = 250e6  # PL0, as the overlay's .hwh sets it
 _N_HDR = len(R.HEADER)
@@ -322,7 +318,7 @@ class RtlBoard:
         self.bitstream_hash = bitstream_hash
         self.core = _take_core(self, design_version, simulator, top)
         self._wake: Any = None  # the clock's timer for the unit's earliest due one
-        self._unframed = 0
+        self._frame = Framer(node, node_index, R.PORTS)
         self.bus = unit[0] if unit is not None else None
         if self.bus is not None:
             self.bus.attach(node, self._on_message)
@@ -388,13 +384,7 @@ class RtlBoard:
 
     # --- the control unit's frames and timers (onic_top) ---------------------------------
     def _on_message(self, m: ControlMessage) -> None:
-        try:
-            word = encode_frame(m, self.index, R.PORTS)
-        except ValueError as e:  # no frame could carry it: the MAC would never deliver it
-            self._unframed += 1
-            if worth_logging(self._unframed):
-                log.warning("%s: a message no frame carries dropped (%d so far): %s",
-                            self.node, self._unframed, e)
+        if (word := self._frame(m)) is None:
             return
         self._run(_Op("frame", args={"data": word}))
         self._interrupt()

@@ -58,6 +58,28 @@ class Bounds:
 
 
 @dataclass
+class Framer:
+    """A node's control messages as its MAC's frames: one a frame cannot carry (a field too
+    wide, a name not in `index`) is dropped, as a MAC never delivers it, counted and
+    logged."""
+
+    node: str
+    index: dict[str, int]
+    ports: Sequence[str]
+    dropped: int = 0
+
+    def __call__(self, m: ControlMessage) -> int | None:
+        try:
+            return encode_frame(m, self.index, self.ports)
+        except ValueError as e:
+            self.dropped += 1
+            if worth_logging(self.dropped):
+                log.warning("%s: a message no frame carries dropped (%d so far): %s",
+                            self.node, self.dropped, e)
+            return None
+
+
+@dataclass
 class _Op:
     kind: str  # routes, submit, frame, tx_done, rx_done, timer
     port: int = 0
@@ -275,7 +297,7 @@ class RtlControlUnit:
         self.latency: dict[str, list[int]] = {"request_to_grant": [], "grant_to_start": []}
         self._timers: dict[int, Any] = {}
         self._state: dict[str, int] = {}
-        self._unframed = 0  # messages with a field no frame can carry (bad_frames too)
+        self._frame = Framer(node, self.index, self.ports)  # (its drops are bad_frames too)
         cores = _CORES.setdefault((simulator, bounds), [])
         core = next((c for c in cores if c.owner is None), None)
         if core is None:
@@ -300,7 +322,7 @@ class RtlControlUnit:
 
         word = self._state["stats"]
         out = {k: word >> 32 * i & 0xFFFFFFFF for i, k in enumerate(STATS)}
-        out["bad_frames"] += self._unframed
+        out["bad_frames"] += self._frame.dropped
         if not out["bad_frames"]:  # the Python unit's counters, and this one when it counts
             del out["bad_frames"]
         return out
@@ -349,13 +371,7 @@ class RtlControlUnit:
     def on_message(self, m: ControlMessage) -> None:
         if self.halted:
             return
-        try:
-            word = encode_frame(m, self.index, self.ports)
-        except ValueError as e:  # no frame could carry it: the MAC would never deliver it
-            self._unframed += 1
-            if worth_logging(self._unframed):
-                log.warning("%s: a message no frame carries dropped (%d so far): %s",
-                            self.node, self._unframed, e)
+        if (word := self._frame(m)) is None:
             return
         self._do(_Op("frame", value=word))
 
