@@ -9,8 +9,8 @@ lock, sent and received reports into the IP's strobes.
 With the control unit on the board (`control_model = "board"`), the RTL is `onic_top`: the
 harness is then also the MAC's control port (a message for this node on the control
 network becomes a frame on `ctl_rx`, a frame on `ctl_tx` a message), and the clock wakes
-the RTL when the unit's earliest armed timer is due (read from the unit inside: Amaranth's
-simulator only).
+the RTL when the unit's earliest armed timer is due (the top built for simulation gives its
+unit's timers as outputs).
 
 The RTL is clocked only while it has work (a register access, a lock, a transfer ending, a
 DAC valid, the count-action events these queue), at the model's instant of that work, and
@@ -339,7 +339,11 @@ class RtlBoard:
         return self.core.fires
 
     def close(self) -> None:
-        """Hand the compiled core on to the next board (it is reset when taken)."""
+        """Hand the compiled core on to the next board (it is reset when taken); the
+        unit's wake, if one is due, is not for that board."""
+        if self._wake is not None:
+            self._wake[1].cancel()
+            self._wake = None
         self.core.owner = lambda: None
 
     # --- the interface the pynq device and the fabric use -----------------------------
