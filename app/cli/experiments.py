@@ -487,7 +487,8 @@ def _run_warnings(res: Any, ctx: Any) -> None:
               type=click.Path(path_type=Path), help="your token for it (or ODDL_TOKEN_FILE)")
 @click.option("--board-model", type=click.Choice(["python", "rtl"]), default=None,
               help="sim and emu: each O-NIC as the Python board model, or as the gateware "
-                   "simulated cycle by cycle (default: the testbed's; docs/gateware.md)")
+                   "simulated cycle by cycle, with --control-model board the whole onic_top, its "
+                   "control unit inside (default: the testbed's; docs/gateware.md)")
 @control_model_options
 @click.option("--force", is_flag=True,
               help="run it even if the estimate says it would take more than an hour or "

@@ -38,7 +38,9 @@ from oddl.controller.serving.lifecycle import Services
                    "for a core (0: always sleep; or ODDL_EMU_SPIN_US; docs/emu-run.md)")
 @click.option("--board-model", type=click.Choice(["python", "rtl"]), default=None,
               help="each O-NIC as the Python board model, or as the gateware simulated "
-                   "cycle by cycle (default: the testbed's board_model; docs/gateware.md)")
+                   "cycle by cycle, with --control-model board the whole onic_top, its "
+                   "control unit inside (default: the testbed's board_model; "
+                   "docs/gateware.md)")
 @control_model_options
 def emulate(testbed: Path, out: Path | None, faults: tuple[str, ...],
             external: tuple[str, ...], local_boards: bool, spin_us: float,

