@@ -157,6 +157,31 @@ def test_random_flows_arrive_as_with_the_unit_on_the_host(sc: tuple, strategy: s
     assert {k: sum(cu.stats[k] for cu in board.cus.values()) for k in total} == total
 
 
+@pytest.mark.verilator  # the gateware's slow tier: a 16-node top compiles in a minute
+@settings(max_examples=15, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(scenario(), st.sampled_from(["cyclic", "matched"]))
+def test_random_flows_through_onic_tops_ports_arrive_as_with_the_python_board(
+        sc: tuple, strategy: str) -> None:
+    """The gateware's whole top in every board's place (Verilator), its unit reached only
+    through the top's ports (registers, control frames, the datapath's strobes): random
+    flows on grids up to 4 x 4 arrive at the Python board's nanoseconds, with its counters
+    and no violation."""
+    from oddl.drivers.onic_unit import GatewareUnit
+
+    rows, cols, flows = sc
+    tb = make_testbed(rows, cols).with_control_model("board")
+    board = run_flows(tb, flows, strategy, unit=GatewareUnit)
+    top = run_flows(tb.with_board_model("rtl").with_control_model("board", "verilator"),
+                    flows, strategy, unit=GatewareUnit, timeout_s=600)
+    assert board.error is None and top.error is None, (board.error, top.error)
+    assert top.delivered == board.delivered == dict.fromkeys(range(len(flows)), 1)
+    assert top.arrival_ns == board.arrival_ns
+    assert top.checker.violations == []
+    for k in R.CU_STATS[:-1]:  # (the last, bad frames: the RTL's own)
+        assert sum(cu.stats[k] for cu in top.cus.values()) == \
+            sum(cu.stats[k] for cu in board.cus.values()), k
+
+
 @pytest.mark.realtime  # an emulator and its node programs, on the wall clock
 def test_an_emulated_lab_of_onic_top_boards_runs_table1(root: Path, tmp_path: Path) -> None:
     """`oddl run --backend emu --control-model board`: the emulator's boards are onic_tops

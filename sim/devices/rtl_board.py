@@ -408,7 +408,8 @@ class RtlBoard:
         if self._wake is not None and (at is None or self._wake[0] != at):
             self._wake[1].cancel()
             self._wake = None
-        if at is not None and self._wake is None:
+        if at is not None and self._wake is None and not self.clock.loop.is_closed():
+            # (a register read after the run, its loop closed, wakes nothing)
             self._wake = (at, self.clock.call_at_ns(max(at, self.clock.now_ns()), self._due))
 
     # --- the loop -----------------------------------------------------------------------
