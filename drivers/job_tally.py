@@ -193,6 +193,16 @@ class Carrying:
                 self.told[ev.node] = ev
             self._decide()
 
+    def heard_queued(self, events: list[JobEvent]) -> None:
+        """What had come in but was not yet tallied when the job stopped (a controller
+        whose loop runs late: every rank had gone two iterations on, their reports still
+        queued). Taken as heard, reports in iteration order, so that a rank's report of
+        i + 1, queued before another's of i, is not passed over."""
+        reports = sorted((ev for ev in events if ev.kind == "iteration"),
+                         key=lambda ev: ev.iteration)
+        for ev in (*reports, *(ev for ev in events if ev.kind != "iteration")):
+            self.heard(ev)
+
     def _report(self, ev: JobEvent) -> None:
         """A report said again: taken once, if it is of the iteration the stop names and
         that rank's report of it has not been heard (else it is no news, quietly)."""

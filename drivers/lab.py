@@ -420,6 +420,11 @@ class LabBackend:
                 c = self._carrying[spec.job] = Carrying(
                     e, tally, {n: r for r, n in enumerate(spec.ranks)}, schedule_of(spec),
                     lambda why: self._reject("result", why))
+                queued: list[JobEvent] = []
+                while not events.empty():  # heard, not yet tallied (a late loop)
+                    if (ev := events.get_nowait()) is not None:
+                        queued.append(ev)
+                c.heard_queued(queued)
                 e.carrying = c.done
                 while len(self._carrying) > MAX_CARRYING:
                     del self._carrying[next(iter(self._carrying))]

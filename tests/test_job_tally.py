@@ -170,3 +170,17 @@ def test_a_rank_done_with_its_part_carries_the_next_iteration_early_arrivals() -
         assert eng.carry_of(4) is None
     finally:
         loop.close()
+
+
+def test_reports_still_queued_when_the_job_stopped_are_taken_in_order() -> None:
+    """Reproducer (issue 62's soak, the corrupt-link drill): the controller, its loop 111 ms
+    late, stopped the job in iteration 5 with every rank's reports of 5 and 6 still in its
+    queue; the ranks' "failed" events said 7 and the cut iteration ran again in full ("n0-0
+    says iteration 7, ..."). The queued reports are taken first, in iteration order (a's
+    report of 3 came before b's of 2), and 4 is carried."""
+    c, recorded, rejected = stopped_in(2, [])
+    c.heard_queued([report("a", 2), report("a", 3), report("b", 2), report("b", 3)])
+    assert recorded == [0, 1, 2, 3] and c.stop.next_iteration == 4 and rejected == []
+    for n in ("a", "b"):
+        c.heard(failed(n, 4))
+    assert c.done.is_set() and c.stop.carry == (5, [(0, 0, 0), (1, 0, 0)])
