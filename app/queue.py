@@ -269,7 +269,8 @@ class Service:
         if moved:
             self._on[rec.name] = part
             self.ledger.running(rec.name, part)
-        self.runs.iteration(rec.name, it.iteration, it.t_start, it.t_end,  # first: see why
+        # the run directory before the ledger: a kill between loses nothing (JobRuns)
+        self.runs.iteration(rec.name, it.iteration, it.t_start, it.t_end,
                             self._compute.get(rec.name, 0), it.control_messages, it.flows)
         self.ledger.iteration(rec.name, it.iteration, it.t_start, it.t_end)
         self.tell(now=moved)
