@@ -16,7 +16,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from oddl.controller.base.config import FaultSpec, NetworkSpec, QickPhotonics, Testbed
+from oddl.controller.base.config import (
+    FaultSpec,
+    NetworkSpec,
+    QickDatapath,
+    QickPhotonics,
+    Testbed,
+)
 from oddl.controller.base.parallelism import Hybrid
 from oddl.controller.base.topology import Grid
 from oddl.controller.service.backend import Announce, Backend
@@ -208,20 +214,26 @@ def replaying() -> bool:
 
 
 def open_soc(spec: str, photonics: QickPhotonics | None = None, seed: int = 0,
-             dacs: int = 2, dead_modulators: frozenset[int] = frozenset()
+             dacs: int = 2, dead_modulators: frozenset[int] = frozenset(),
+             datapath: QickDatapath | None = None, board_model: str = "python"
              ) -> tuple[Any, Any]:
     """A QICK board for Lightning: 'emulated' (the photonic multiplier model in process,
     from the testbed's [qick.photonics], with `dacs` generators: 4 are two modulator
-    pairs, for multiply-accumulate), 'local' or pyro://HOST:PORT/NAME (the driver)."""
+    pairs, for multiply-accumulate; its fabric holds Lightning's datapath from
+    [qick.datapath], its count-action engine the O-NIC's, `board_model` the Python model
+    or the gateware), 'local' or pyro://HOST:PORT/NAME (the driver)."""
     from oddl.drivers import soc_tape
 
     def open_() -> tuple[Any, Any]:
         if spec == "emulated":
+            from oddl.sim.devices.lightning_datapath import DatapathSpec
             from oddl.sim.devices.qick_soc import EmulatedQickSoc, Photonics
 
             ph = Photonics.from_config(photonics or QickPhotonics(), [True] * dacs, seed,
                                        dead_modulators)
-            soc = EmulatedQickSoc(ph, n_dacs=dacs)
+            dp = datapath or QickDatapath()
+            soc = EmulatedQickSoc(ph, n_dacs=dacs, engine=open_engine(board_model),
+                                  datapath=DatapathSpec(dp.stream_gsps, dp.latency_ns))
             return soc, soc
         from oddl.drivers.lightning import open_soc as _open
 
@@ -267,20 +279,21 @@ def rtl_lockstep(nodes: int, flows: int, walks: int, every: bool, forge: bool,
 
 
 def open_engine(board_model: str = "python") -> tuple[ONicDriver, Any]:
-    """An O-NIC's count-action engine for Lightning's inference DAG, in emulation: (its
-    register driver, the board whose `set_dac_valid` are the DAC valid lines)."""
+    """An O-NIC's count-action engine, in emulation (the emulated QICK board's datapath
+    holds one): (its register driver, the board whose `set_dac_valid` are the DAC valid
+    lines)."""
     from oddl.sim.backend import lone_board
 
     return lone_board(board_model)
 
 
-def open_inference(net: Any, core: PhotonicCore, board_model: str = "python") -> Inference:
-    """Lightning's inference of a trained network (studies/lenet.py) on a photonic core,
-    its count-action DAG loaded into an emulated O-NIC engine."""
+def open_inference(net: Any, core: PhotonicCore) -> Inference:
+    """Lightning's inference of a trained network (studies/lenet.py) on a photonic core:
+    paced by its count-action DAG in the board's datapath, or by the host on a board whose
+    firmware has none."""
     from oddl.studies.lenet import Inference, Quantised
 
-    drv, board = open_engine(board_model)
-    return Inference(Quantised.of(net), core, drv, board.set_dac_valid)
+    return Inference(Quantised.of(net), core)
 
 
 def node_program(tb: Testbed, node: str, bitfile: Path | None = None,

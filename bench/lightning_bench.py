@@ -4,8 +4,9 @@
 
 - multiply-accumulate: values a second through the board (qick programs built, envelopes
   loaded, played, read and decoded), in process;
-- inference: wall time a digit, runs and products, the count-action firings, with the
-  network trained once beforehand (its training time printed apart);
+- inference (MNIST, paced by the board's datapath): wall time a digit, host calls and
+  products, the count-action firings, with the network trained once beforehand (its
+  training time printed apart);
 - the decoded sums' error against the exact ones, in product LSBs.
 """
 
@@ -43,14 +44,16 @@ def main() -> None:
     xtr, ytr, xte, _ = lenet.digits()
     t = time.perf_counter()
     net = lenet.train(xtr, ytr)
-    print(f"training 64-300-100-10 on {len(xtr)} digits: {time.perf_counter() - t:.2f} s")
+    shape = "-".join(map(str, net.layers))
+    print(f"training {shape} on {len(xtr)} MNIST digits: {time.perf_counter() - t:.2f} s")
     inf = open_inference(net, core)
-    runs0, products0, t = core.runs, core.products, time.perf_counter()
+    calls0, products0, t = core.calls, core.products, time.perf_counter()
     for x in xte[:args.samples]:
         inf.photonic(x)
     wall = time.perf_counter() - t
     print(f"inference: {args.samples} digits in {wall:.2f} s ({wall / args.samples * 1e3:.0f} "
-          f"ms a digit); {core.runs - runs0} runs, {core.products - products0:,} products, "
+          f"ms a digit); {(core.calls - calls0) / args.samples:g} host calls a digit, "
+          f"{core.products - products0:,} products, "
           f"{inf.firings:,} count-action firings ({inf.firings / args.samples:,.0f} a digit)")
 
 

@@ -15,8 +15,14 @@ degree-3 Chebyshev fit takes the remaining non-linearity from the estimate to th
 A pair whose product term differs from the others' (a dead or weak modulator) cannot be
 decoded: `calibrate` reports the spread and the accuracy shows it.
 
+A board whose firmware holds Lightning's datapath (its config names "lightning": the
+emulated board's, sim/devices/lightning_datapath.py) is also driven a model and a layer at
+a time (`load_model`, `play_layer`): the count-action engine beside its DACs paces the
+stream, and the host decodes the samples it reads with the same calibration.
+
 Nothing here depends on the soc being emulated (a QickSoc, a qick.pyro proxy, or the
-emulated board).
+emulated board). Every call on the soc is counted (`calls`): on a lab's board each is a
+round trip over Pyro.
 """
 
 from __future__ import annotations
@@ -156,6 +162,23 @@ def _features(v: NDArray[Any]) -> NDArray[Any]:
     return np.stack(cols, axis=1)
 
 
+class _Counted:
+    """The soc, counting the calls made on it (attributes that are data pass through)."""
+
+    def __init__(self, soc: Any) -> None:
+        self._soc, self.calls = soc, 0
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self._soc, name)
+        if not callable(attr):
+            return attr
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            self.calls += 1
+            return attr(*args, **kwargs)
+        return call
+
+
 class PhotonicCore:
     """A QICK board's modulator pairs as a multiply-accumulate unit."""
 
@@ -165,7 +188,11 @@ class PhotonicCore:
         self.channels = channels or tuple(range(n))
         if not self.channels or len(self.channels) % 2:
             raise ValueError(f"generator channels {self.channels}: modulator pairs")
-        self.soc, self.soccfg = soc, soccfg
+        self.soc, self.soccfg = _Counted(soc), soccfg
+        try:  # the firmware's Lightning datapath, if it has one
+            self.datapath: dict[str, Any] | None = dict(soccfg["lightning"])
+        except KeyError:
+            self.datapath = None
         self.adc, self.trig = adc_channel, adc_trig_offset
         self.pairs = len(self.channels) // 2
         self.capacity = capacity(soccfg, self.channels, adc_channel)
@@ -221,6 +248,18 @@ class PhotonicCore:
         self.calibration = replace(cal, residual_rms=rms)
         return self.calibration
 
+    @property
+    def calls(self) -> int:
+        """Calls made on the soc so far."""
+        return int(self.soc.calls)
+
+    @property
+    def stream_gsps(self) -> float:
+        """Values a second a DAC streams (G): the datapath's, else one a readout sample."""
+        if self.datapath is not None:
+            return float(self.datapath["stream_gsps"])
+        return float(self.soccfg["readouts"][self.adc]["f_output"]) / 1e3
+
     def mac(self, values: NDArray[Any], products: int | None = None) -> NDArray[Any]:
         """sum_p a_p b_p for each row of `values` (codes; row = a_0, b_0, a_1, b_1, ...),
         decoded from the detector. `products`: how many of them are real (not padding)."""
@@ -228,3 +267,21 @@ class PhotonicCore:
         v = np.asarray(values, dtype=np.int64)
         self.products += v.shape[0] * self.pairs if products is None else products
         return cal.estimate(v, self.play(v))
+
+    def load_model(self, program: str, layers: list[dict[str, Any]]) -> dict[str, Any]:
+        """Into the board's datapath: the count-action program and each layer's stream."""
+        if self.datapath is None:
+            raise ValueError("this board's firmware has no Lightning datapath")
+        out: dict[str, Any] = self.soc.lightning_load(program, layers)
+        return out
+
+    def play_layer(self, k: int, codes: NDArray[Any], values: NDArray[Any], products: int
+                   ) -> tuple[NDArray[Any], dict[str, Any]]:
+        """Layer `k` on the datapath, fed `codes`: sum_p a_p b_p of each of its samples
+        played (`values`: the stream as the host knows it, for the decoder's leak terms),
+        and the board's answer (words played, clocks, the engine's modules)."""
+        cal = self.calibration or self.calibrate()
+        out: dict[str, Any] = self.soc.lightning_layer(k, np.asarray(codes, dtype=np.int64))
+        level = np.asarray(out.pop("levels"), dtype=float)
+        self.products += products if out["played"] == out["words"] else 0
+        return cal.estimate(np.asarray(values)[:len(level)], level), out

@@ -207,6 +207,8 @@ async def start(tb: Testbed, emu: Emulation, host: str = "127.0.0.1",
         await emu.observer.start()
         w.checker.partial = True
     if tb.qick is not None:
+        from oddl.sim.backend import lone_board
+        from oddl.sim.devices.lightning_datapath import DatapathSpec
         from oddl.sim.devices.qick_pyro import QickPyroServer
         from oddl.sim.devices.qick_soc import Photonics
 
@@ -217,7 +219,10 @@ async def start(tb: Testbed, emu: Emulation, host: str = "127.0.0.1",
         photonics = Photonics.from_config(tb.qick.photonics,
                                           [g not in stuck for g in range(n_dacs)],
                                           dead_modulators=dark)
-        emu.qick = await asyncio.to_thread(QickPyroServer(photonics, host, n_dacs=n_dacs).start)
+        dp = tb.qick.datapath  # its fabric's Lightning datapath, with its own engine
+        emu.qick = await asyncio.to_thread(QickPyroServer(
+            photonics, host, n_dacs=n_dacs, engine=lone_board(tb.testbed.board_model),
+            datapath=DatapathSpec(dp.stream_gsps, dp.latency_ns)).start)
     from oddl.sim.devices.control import ControlEndpoint
 
     emu.control = await ControlEndpoint(tb, emu.drill, emu.token, emu.refusal).start()

@@ -16,12 +16,14 @@ accumulate over the board's modulator pairs, so the products of one output are g
 the sign of their weight (activations are never negative: pixels, then ReLU), P to a
 sample, and the electronics add each group's decoded sum with its sign.
 
-The inference is a count-action DAG (`fpga.countaction.inference_dag`) on an O-NIC's
-engine: per word of 16 values, every DAC raises its valid flag; the streamer module fires
-only when all have (the talk's synchronised streamer), and only then is the word played;
-a module per layer counts the words streamed and fires when its layer is done (the
-electronics then integrate, ReLU and renormalise); `argmax` follows the last layer and
-re-arms the layers for the next inference.
+The inference is a count-action DAG (`fpga.countaction.inference_dag`) on the engine in
+the QICK board's datapath, beside its DACs and ADC: per word of 16 values, every DAC raises
+its valid flag; the streamer module fires only when all have (the talk's synchronised
+streamer), and only then is the word played; a module per layer counts the words streamed
+and fires when its layer is done (the electronics then integrate, ReLU and renormalise);
+`argmax` follows the last layer and re-arms the layers for the next inference. The host
+loads the weights and the DAG once, then sends each layer's inputs and reads its samples:
+one call a layer. A board whose firmware has no datapath is paced by the host instead.
 """
 
 from __future__ import annotations
@@ -207,17 +209,21 @@ class Segments:
 class Core(Protocol):
     pairs: int
     products: int
-    play_s: float  # wall time in round trips through the QICK API
+    play_s: float  # wall time in QICK programs' round trips through the QICK API
+    datapath: dict[str, Any] | None  # the firmware's Lightning datapath, if it has one
+
+    @property
+    def calls(self) -> int: ...
+
+    @property
+    def stream_gsps(self) -> float: ...
 
     def mac(self, values: np.ndarray, products: int | None = None) -> np.ndarray: ...
 
+    def load_model(self, program: str, layers: list[dict[str, Any]]) -> dict[str, Any]: ...
 
-class Engine(Protocol):
-    """An O-NIC's count-action engine behind its register driver."""
-
-    def load_countaction(self, prog: Any) -> Any: ...
-
-    def ca_status(self, slot: int) -> dict[str, int | bool]: ...
+    def play_layer(self, k: int, codes: np.ndarray, values: np.ndarray, products: int
+                   ) -> tuple[np.ndarray, dict[str, Any]]: ...
 
 
 class Stalled(RuntimeError):
@@ -226,68 +232,97 @@ class Stalled(RuntimeError):
 
 @dataclass
 class Inference:
-    """Photonic inference on a core, sequenced by a count-action DAG on an engine."""
+    """Photonic inference on a core. On a board whose firmware holds Lightning's datapath,
+    its count-action DAG, loaded with the weights once, paces the stream beside the DACs:
+    the host sends each layer's inputs and reads its samples (one call a layer). On a
+    board without one, the host plays each layer as QICK programs (`core.mac`), a run per
+    envelope memory's worth: its calls grow with the layer."""
 
     q: Quantised
     core: Core
-    engine: Engine
-    dac_valid: Callable[[int], None]  # raise DAC i's valid flag (1-based) for one word
     segments: list[Segments] = field(init=False)
-    firings: int = 0
+    firings: int = 0  # the engine's, counted from its modules
     words: int = 0
+    board_ns: float = 0.0  # the datapath's own time, its clocks at its clock rate
+    _modules: dict[str, dict[str, Any]] = field(default_factory=dict)  # as last read
     _argmax0: int = 0
 
     def __post_init__(self) -> None:
         self.segments = [Segments.of(m, n, self.core.pairs)
                          for m, n in zip(self.q.mag, self.q.neg, strict=True)]
-        self.dacs = 2 * self.core.pairs
-        self.program = inference_dag([s.words for s in self.segments], self.dacs)
-        self.engine.load_countaction(self.program)
-        self.slot = {m.name: k for k, m in enumerate(self.program.modules)}
+        self.program = inference_dag([s.words for s in self.segments], 2 * self.core.pairs)
+        if self.paced_by_board:
+            self._modules = self.core.load_model(self.program.text(), [
+                {"inputs": s.inputs, "mags": s.mags} for s in self.segments])["modules"]
 
-    def _fired(self, name: str) -> int:
-        return int(self.engine.ca_status(self.slot[name])["fire_count"])
-
-    def _stream(self, k: int, values: np.ndarray) -> np.ndarray:
-        """The layer's words, each admitted by the streamer, then played on the core."""
-        seg = self.segments[k]
-        before = self._fired("stream")
-        for w in range(seg.words):
-            for d in range(1, self.dacs + 1):
-                self.dac_valid(d)
-            if (self._fired("stream") - before - w - 1) % 256:
-                raise Stalled(f"layer {k + 1}, word {w + 1} of {seg.words}: the streamer "
-                              "did not fire (a DAC never raised its valid flag)")
-        self.words += seg.words
-        return self.core.mac(values, seg.products)
+    @property
+    def paced_by_board(self) -> bool:
+        return self.core.datapath is not None
 
     def sums(self, k: int, codes: np.ndarray) -> np.ndarray:
         seg = self.segments[k]
-        y = self._stream(k, seg.values(codes)) / 256.0  # decoded sum_p a_p b_p, >> 8
-        return np.bincount(seg.out, weights=seg.sign * y, minlength=self.q.mag[k].shape[1])
+        values = seg.values(codes)
+        if self.core.datapath is not None:
+            y, out = self.core.play_layer(k, codes, values, seg.products)
+            if out["played"] < out["words"]:
+                raise Stalled(f"layer {k + 1}, word {out['played'] + 1} of {out['words']}: "
+                              "the streamer did not fire (a DAC never raised its valid "
+                              "flag)")
+            self._modules = out["modules"]
+            self.board_ns += out["cycles"] * 1e3 / float(self.core.datapath["clock_mhz"])
+        else:
+            y = self.core.mac(values, seg.products)
+        self.words += seg.words
+        return self._signed(k, y)
+
+    def _signed(self, k: int, y: np.ndarray) -> np.ndarray:
+        """Each output's sum of its samples' decoded sums (>> 8), with their signs."""
+        seg = self.segments[k]
+        return np.bincount(seg.out, weights=seg.sign * (y / 256.0),
+                           minlength=self.q.mag[k].shape[1])
+
+    def stop_and_go_s(self, x: np.ndarray) -> float:
+        """The wall time of one inference of `x` with the host pacing it (each layer's
+        stream as QICK programs, `core.mac`): the stop-and-go figure, measured."""
+        t0 = self.core.play_s
+        forward8(self.q, x, lambda k, codes: self._signed(
+            k, self.core.mac(self.segments[k].values(codes), 0)))
+        return self.core.play_s - t0
+
+    def _fired(self, name: str) -> int:
+        return int(self._modules[name]["fire_count"])
 
     def _layer_done(self, k: int) -> None:
         """Layer k's module fired on its last word (the last layer's, then argmax, which
         resets every layer module: so argmax's count is the witness)."""
+        if not self.paced_by_board:
+            return
         if k == len(self.segments) - 1:
             done = (self._fired("argmax") - self._argmax0) % 256 == 1
         else:
-            done = bool(self.engine.ca_status(self.slot[f"layer{k + 1}"])["fired"])
+            done = bool(self._modules[f"layer{k + 1}"]["fired"])
         if not done:
             raise Stalled(f"layer {k + 1}: its module did not fire after its last word")
         self.firings += 1
 
     def photonic(self, x: np.ndarray) -> np.ndarray:
-        """Class scores of one input, every product through the core; the engine's
-        firings counted (the streamer's one by one: its 8-bit count wraps)."""
-        self._argmax0, rearm0 = self._fired("argmax"), self._fired("rearm")
+        """Class scores of one input, every product through the core; on the datapath,
+        the engine's firings counted from its modules as each layer left them."""
+        m0 = self._modules
+        self._argmax0 = int(m0["argmax"]["fire_count"]) if m0 else 0
+        rearm0, stream0 = (int(m0[n]["fire_count"]) if m0 else 0 for n in ("rearm", "stream"))
         words = self.words
         out = forward8(self.q, x, self.sums, self._layer_done)
+        if not self.paced_by_board:
+            return out
         if (self._fired("rearm") - rearm0) % 256 != 1 or not all(
-                self.engine.ca_status(self.slot[f"layer{k + 1}"])["armed"]
-                for k in range(len(self.segments))):
+                self._modules[f"layer{k + 1}"]["armed"] for k in range(len(self.segments))):
             raise Stalled("the layers were not re-armed for the next inference")
-        self.firings += self.words - words + 2  # the streamer's; argmax, rearm
+        streamed = self.words - words
+        if (self._fired("stream") - stream0 - streamed) % 256:
+            raise Stalled(f"the streamer fired {self._fired('stream') - stream0} times "
+                          f"(mod 256) for {streamed} words")
+        self.firings += streamed + 2  # the streamer's; argmax, rearm
         return out
 
 
@@ -309,12 +344,21 @@ def report(inf: Inference, net: Network, xte: np.ndarray, yte: np.ndarray, sampl
            serve: dict[str, Any]) -> dict[str, Any]:
     """Accuracy three ways on the first `samples` test inputs, with where they disagree;
     latency and energy both ways; the serve-time comparison (studies/lightning_cost.py)."""
-    play0 = inf.core.play_s
+    core = inf.core
+    play0, calls0, ns0 = core.play_s, core.calls, inf.board_ns
     acc, disagree = accuracy(inf, net, xte[:samples], yte[:samples])
     layers = net.layers
     ca = C.count_action(layers)
-    sg = C.stop_and_go(layers, (inf.core.play_s - play0) / samples)
+    products, calls = core.products, core.calls - calls0
+    # with the host in the loop: as measured, or (the datapath paced) one inference again
+    sg = C.stop_and_go(layers, inf.stop_and_go_s(xte[0]) if inf.paced_by_board
+                       else (core.play_s - play0) / samples)
     return {
+        "pacing": "datapath" if inf.paced_by_board else "host",
+        "host_calls": calls, "host_calls_per_inference": calls / samples,
+        "stream_gsps": core.stream_gsps,
+        "datapath_latency_ns": (inf.board_ns - ns0) / samples if inf.paced_by_board
+        else None,
         "samples": samples, "layers": layers, "accuracy": acc, "disagreements": disagree,
         "latency_ns": ca["latency_ns"], "energy_j": ca["energy_j"],
         "energy_breakdown_j": ca["energy_breakdown_j"],
@@ -323,7 +367,7 @@ def report(inf: Inference, net: Network, xte: np.ndarray, yte: np.ndarray, sampl
         "countaction_firings": inf.firings,
         "countaction_firings_per_inference": inf.firings / samples if samples else 0,
         "words_streamed": inf.words,
-        "products_through_qick": inf.core.products,
+        "products_through_qick": products,
         "products_expected": samples * C.operations(layers),
         "serve_time_ratio": serve["serve_time_ratio"], "energy_ratio": serve["energy_ratio"],
         "published": serve["published"], "serve_time": serve,

@@ -56,10 +56,10 @@ def count_action(layers: list[int]) -> dict[str, Any]:
 
 
 def stop_and_go(layers: list[int], measured_s: float) -> dict[str, Any]:
-    """The same inference with a host in the loop: each layer a round trip through the
-    QICK API (program, play, capture, decode), as oddl ran it; its latency is the time
-    those round trips took here (`measured_s`, on the emulated board), its power the
-    talk's table."""
+    """The same inference with a host in the loop: each layer's stream as round trips
+    through the QICK API (program, play, capture, decode); its latency is the time those
+    round trips take here (`measured_s`, on the emulated board; when the datapath paced
+    the run, one inference played again by the host), its power the talk's table."""
     parts = {k: w * measured_s for k, (w, _) in POWER_W.items()}
     parts["photonic operations"] = operations(layers) * AJ_PER_OP[0] * 1e-18
     return {"latency_ns": measured_s * 1e9, "energy_j": sum(parts.values()),
@@ -177,6 +177,7 @@ def sources() -> dict[str, str]:
     out = {"dac_gsps": DAC_GSPS[1], "word": WORD[1], "layer_ns": LAYER_NS[1],
            "aj_per_op": AJ_PER_OP[1], "datapath_w": DATAPATH_W[1],
            "stop_and_go latency": "ours: measured, the QICK round trips on the emulated "
-                                  "board"}
+                                  "board (one inference paced by the host, when the "
+                                  "datapath paced the run)"}
     out |= {f"{k} power": s for k, (_, s) in POWER_W.items()}
     return out

@@ -39,4 +39,5 @@ def test_lightning_checks_pass_over_qick_pyro(root: Path, tmp_path: Path) -> Non
     assert infer["products through the board"] == 5 * 50_200
     assert infer["photonic accuracy"] >= infer["8-bit digital accuracy"] - 0.02
     assert infer["count-action firings"] > 5 * 3
+    assert infer["host calls an inference"] == 3  # the board's datapath paced it
 

@@ -16,6 +16,7 @@ from oddl.app.registry import open_engine
 from oddl.drivers.lightning_mac import MacStream, NoProduct, PhotonicCore
 from oddl.fpga.countaction import inference_dag, parse
 from oddl.fpga.countaction_image import compile_program, decompile
+from oddl.sim.devices.lightning_datapath import DatapathSpec
 from oddl.sim.devices.qick_soc import EmulatedQickSoc, Photonics, ProgramRefused
 from oddl.studies import lenet
 from oddl.studies import lightning_cost as C
@@ -127,26 +128,110 @@ def trained() -> tuple[lenet.Network, np.ndarray, np.ndarray]:
     return lenet.train(xtr, ytr), xte, yte
 
 
-def test_inference_on_the_engine_counts_its_firings_and_stalls_on_a_dac(
+def datapath_board(pairs: int = 2, engine: str = "python") -> EmulatedQickSoc:
+    """The emulated board with Lightning's datapath in its fabric (its engine `engine`)."""
+    return EmulatedQickSoc(Photonics(dac_ready=[True] * 2 * pairs), n_dacs=2 * pairs,
+                           engine=open_engine(engine))
+
+
+def test_the_datapath_paces_the_inference_one_host_call_a_layer(
         trained: tuple[lenet.Network, np.ndarray, np.ndarray]) -> None:
+    """Issue 65, item 2: the DAG runs beside the DACs; the host loads the model once, then
+    sends one call a layer, however many words the layer streams (item 3: at Lightning's
+    4.055 G values a second, the board's own clock)."""
+    net, xte, _ = trained
+    q = lenet.Quantised.of(net)
+    soc = datapath_board()
+    core = PhotonicCore(soc, soc)
+    core.calibrate()
+    inf = lenet.Inference(q, core)
+    assert inf.paced_by_board and core.stream_gsps == 4.055
+    words = [s.words for s in inf.segments]
+    calls = core.calls
+    for x in xte[:2]:
+        assert inf.photonic(x).argmax() == lenet.forward_digital8(q, x).argmax()
+    assert core.calls - calls == 2 * 3  # one a layer: 3 layers, 2 inferences
+    assert sum(words) > 300  # (words a host pacing them would raise flags for, each)
+    assert inf.firings == 2 * (sum(words) + 3 + 2)  # streamer a word; 3 layers, argmax, rearm
+    assert core.products == 2 * C.operations(net.layers)
+    clock_mhz = 4.055e3 / 16
+    per_layer = -(-115 * clock_mhz // 1e3)  # the DAC-to-ADC path, in whole clocks
+    assert inf.board_ns == pytest.approx(2 * (sum(words) + 3 * per_layer) * 1e3 / clock_mhz)
+    assert soc.lightning_status()["cycles_total"] == 2 * (sum(words) + 3 * per_layer)
+
+
+def test_a_dac_that_never_raises_its_flag_stalls_the_datapath(
+        trained: tuple[lenet.Network, np.ndarray, np.ndarray]) -> None:
+    net, xte, _ = trained
+    soc = datapath_board()
+    core = PhotonicCore(soc, soc)
+    core.calibrate()
+    stuck = lenet.Inference(lenet.Quantised.of(net), core)
+    soc.photonics.dac_ready[2] = False  # then DAC 3's FIFO never fills
+    with pytest.raises(lenet.Stalled, match="layer 1, word 1 of"):
+        stuck.photonic(xte[0])
+    assert core.products == 0  # nothing played
+
+
+def test_a_board_without_the_datapath_is_paced_by_the_host(
+        trained: tuple[lenet.Network, np.ndarray, np.ndarray]) -> None:
+    """Stock QICK firmware: the layers play as QICK programs, the calls growing with the
+    layer (here three runs of the envelope memory for the first)."""
     net, xte, _ = trained
     q = lenet.Quantised.of(net)
     core = PhotonicCore(*[board()] * 2)
-    drv, b = open_engine()
-    inf = lenet.Inference(q, core, drv, b.set_dac_valid)
-    words = sum(s.words for s in inf.segments)
-    for x in xte[:2]:
-        assert inf.photonic(x).argmax() == lenet.forward_digital8(q, x).argmax()
-    assert inf.firings == 2 * (words + 3 + 2)  # streamer a word; 3 layers, argmax, rearm
-    assert core.products == 2 * C.operations(net.layers)
-    assert len(b.streamed) == 2 * words * 4  # each word let every DAC's data through
+    core.calibrate()
+    inf = lenet.Inference(q, core)
+    assert not inf.paced_by_board and core.stream_gsps == pytest.approx(0.3072)
+    calls = core.calls
+    assert inf.photonic(xte[0]).argmax() == lenet.forward_digital8(q, xte[0]).argmax()
+    assert core.calls - calls > 3 * 5  # several calls a QICK run, several runs a layer
+    assert inf.firings == 0 and inf.board_ns == 0
 
-    drv2, b2 = open_engine()  # DAC 3 never raises its valid flag
-    stuck = lenet.Inference(q, PhotonicCore(*[board()] * 2), drv2,
-                            lambda d: d != 3 and b2.set_dac_valid(d))
-    with pytest.raises(lenet.Stalled, match="layer 1, word 1 of"):
-        stuck.photonic(xte[0])
-    assert stuck.core.products == 0  # nothing played
+
+def test_the_datapath_refuses_what_it_cannot_hold_or_play() -> None:
+    soc = datapath_board(pairs=1)
+    one = {"inputs": np.zeros((4, 1), dtype=int), "mags": np.ones((4, 1), dtype=int)}
+    prog = inference_dag([1], num_dacs=2).text()
+    with pytest.raises(ValueError, match="the count-action program"):
+        soc.lightning_load("module stream {", [one])
+    with pytest.raises(ValueError, match="no module layer2"):
+        soc.lightning_load(prog, [one, one])
+    with pytest.raises(ValueError, match=r"both \(samples, 1\)"):
+        soc.lightning_load(prog, [{"inputs": np.zeros((4, 2), dtype=int), "mags": one["mags"]}])
+    small = EmulatedQickSoc(Photonics(dac_ready=[True] * 2), engine=open_engine(),
+                            datapath=DatapathSpec(weight_values=3))
+    with pytest.raises(ValueError, match="over 3 values a DAC: more than the weight memory"):
+        small.lightning_load(prog, [one])
+    assert soc.lightning_load(prog, [one])["layers"] == 1
+    with pytest.raises(ValueError, match="8-bit codes"):
+        soc.lightning_layer(0, np.array([256]))
+    with pytest.raises(ValueError, match="layer 2: the loaded model has 1"):
+        soc.lightning_layer(1, np.array([1]))
+    out = soc.lightning_layer(0, np.array([200]))
+    assert (out["words"], out["played"], len(out["levels"])) == (1, 1, 4)
+    with pytest.raises(ProgramRefused, match="no Lightning datapath"):
+        board().lightning_layer(0, np.array([1]))
+
+
+def test_the_datapath_runs_the_same_on_the_gateware_engine() -> None:
+    """--board-model rtl: the DAG on the engine's RTL inside the datapath, against the
+    Python engine's: the same samples (the same noise seed), the same modules."""
+    rng = np.random.default_rng(3)
+    net = lenet.Network((rng.normal(size=(20, 6)), rng.normal(size=(6, 3))),
+                        (rng.normal(size=6), rng.normal(size=3)))
+    q, xs = lenet.Quantised.of(net), rng.random((2, 20))
+    runs = []
+    for engine in ("python", "rtl"):
+        soc = datapath_board(pairs=1, engine=engine)
+        core = PhotonicCore(soc, soc)
+        core.calibrate()
+        inf = lenet.Inference(q, core)
+        scores = [inf.photonic(x) for x in xs]
+        runs.append((scores, inf.firings, soc.lightning_status()))
+    (py, py_f, py_s), (rtl, rtl_f, rtl_s) = runs
+    assert all(np.array_equal(a, b) for a, b in zip(py, rtl, strict=True))
+    assert py_f == rtl_f > 0 and py_s == rtl_s
 
 
 def test_oddl_lightning_infer_on_mnist_by_default() -> None:
@@ -157,6 +242,13 @@ def test_oddl_lightning_infer_on_mnist_by_default() -> None:
     d = json.loads(r.output)
     assert (d["dataset"], d["layers"], d["samples"]) == ("mnist", [784, 300, 100, 10], 2)
     assert d["products_through_qick"] == d["products_expected"] == 2 * 266_200
+    assert (d["pacing"], d["host_calls_per_inference"], d["stream_gsps"]) == (
+        "datapath", 3, 4.055)  # one call a layer: O(layers), not O(words)
+    # the board's time: its words (two products a sample, on two modulator pairs) at 16 a
+    # clock, and the DAC-to-ADC path a layer; the cost model counts a product a value
+    assert d["datapath_latency_ns"] == pytest.approx(
+        (d["words_streamed"] / 2 + 3 * 30) * 16 / 4.055)
+    assert d["datapath_latency_ns"] < d["latency_ns"]
     assert d["accuracy"]["photonic"] >= d["accuracy"]["digital8"] - 0.5  # 1 of 2 at most
     r = CliRunner().invoke(main, ["lightning", "infer", "--dataset", "digits", "--samples",
                                   "451"])

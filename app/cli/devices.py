@@ -190,16 +190,19 @@ def lightning_mac(pairs: tuple[str, ...], testbed: Path | None, soc_spec: str | 
 @click.option("--line-rate", type=click.FloatRange(min=1e-6, min_open=False), default=0.06,
               show_default=True, help="serve-time model: the NIC's line rate (Gb/s)")
 @click.option("--board-model", type=click.Choice(["python", "rtl"]), default="python",
-              show_default=True, help="the O-NIC engine running the DAG: the Python model, "
-              "or the gateware in Amaranth's simulator (about a minute a digit)")
+              show_default=True, help="emulated: the count-action engine in the board's "
+              "datapath, running the DAG: the Python model, or the gateware in Amaranth's "
+              "simulator (about a minute a digit)")
 @click.option("--seed", type=int, default=0, help="training, calibration and noise")
 @click.option("--json", "as_json", is_flag=True, help="stdout: one JSON object")
 def lightning_infer(samples: int, dataset: str, testbed: Path | None, soc_spec: str | None,
                     noise: float | None, dead: tuple[int, ...], line_rate: float,
                     board_model: str, seed: int, as_json: bool) -> None:
     """LeNet-300-100 inference (784-300-100-10 on MNIST) with every multiply on the
-    photonic core, sequenced by a count-action DAG on an O-NIC engine: accuracy three
-    ways, latency and energy, serve time against an A100 and Brainwave."""
+    photonic core, paced by a count-action DAG in the board's datapath (the host loads the
+    model once and sends a call a layer; a board without the datapath is paced by the
+    host): accuracy three ways, latency and energy, serve time against an A100 and
+    Brainwave."""
     from oddl.app.registry import open_core, open_inference, open_soc
     from oddl.studies import lenet
     from oddl.studies.lightning_cost import serve_time_ratios
@@ -214,7 +217,9 @@ def lightning_infer(samples: int, dataset: str, testbed: Path | None, soc_spec: 
             click.echo(line)
 
     try:
-        soc, soccfg = open_soc(spec, ph_cfg, seed, dacs=4, dead_modulators=frozenset(dead))
+        soc, soccfg = open_soc(spec, ph_cfg, seed, dacs=4, dead_modulators=frozenset(dead),
+                               datapath=qick.datapath if qick is not None else None,
+                               board_model=board_model)
         core = open_core(soc, soccfg, qick.adc_channel if qick is not None else 0)
         say(f"calibrating {core.pairs} modulator pair(s) on {spec} ...")
         cal = core.calibrate(seed=seed)  # first: a board that passes no light stops here
@@ -225,7 +230,7 @@ def lightning_infer(samples: int, dataset: str, testbed: Path | None, soc_spec: 
         shape = "-".join(map(str, (xtr.shape[1], *lenet.HIDDEN, 10)))
         say(f"training {shape} on {len(xtr)} {dataset} digits ...")
         net = lenet.train(xtr, ytr, seed=seed)
-        inf = open_inference(net, core, board_model)
+        inf = open_inference(net, core)
         say(f"{samples} inferences through the photonic core ...")
         rep = lenet.report(inf, net, xte, yte, samples,
                            serve_time_ratios(line_rate_gbps=line_rate, seed=seed))
@@ -241,11 +246,16 @@ def lightning_infer(samples: int, dataset: str, testbed: Path | None, soc_spec: 
     click.echo(f"accuracy on {samples} held-out {dataset} digits: float {acc['float']:.3f}, "
                f"8-bit digital {acc['digital8']:.3f}, photonic {acc['photonic']:.3f} "
                f"(disagreements: {rep['disagreements']})")
-    click.echo(f"{rep['products_through_qick']:,} products through the QICK board in "
-               f"{core.runs} runs; {rep['countaction_firings']:,} count-action firings")
+    click.echo(f"{rep['products_through_qick']:,} products through the QICK board, paced "
+               f"by the {rep['pacing']} at {rep['stream_gsps']:.4g} G values/s a DAC; "
+               f"{rep['host_calls_per_inference']:g} host calls and "
+               f"{rep['countaction_firings_per_inference']:,.0f} count-action firings an "
+               "inference")
     ca, sg = rep["count_action"], rep["stop_and_go"]
-    click.echo(f"per inference: count-action datapath {ca['latency_ns'] / 1e3:.2f} us, "
-               f"{ca['energy_j']:.3g} J; stop-and-go through the host "
+    board = rep["datapath_latency_ns"]
+    click.echo(f"per inference: count-action datapath {ca['latency_ns'] / 1e3:.2f} us"
+               + (f" (the board's own clock: {board / 1e3:.2f} us)" if board else "")
+               + f", {ca['energy_j']:.3g} J; stop-and-go through the host "
                f"{sg['latency_ns'] / 1e3:.0f} us, {sg['energy_j']:.3g} J")
     pub = rep["published"]
     for k in ("a100", "brainwave"):

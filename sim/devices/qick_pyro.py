@@ -13,6 +13,7 @@ import time
 from typing import Any
 
 from oddl.sim.devices.broker import free_port
+from oddl.sim.devices.lightning_datapath import DatapathSpec
 from oddl.sim.devices.qick_soc import EmulatedQickSoc, Photonics
 
 PROXY_NAME = "oddl-qick"
@@ -20,9 +21,12 @@ PROXY_NAME = "oddl-qick"
 
 class QickPyroServer:
     def __init__(self, photonics: Photonics, host: str = "127.0.0.1",
-                 name: str = PROXY_NAME, n_dacs: int = 2) -> None:
+                 name: str = PROXY_NAME, n_dacs: int = 2, engine: tuple[Any, Any] | None = None,
+                 datapath: DatapathSpec | None = None) -> None:
+        """`engine`, `datapath`: the fabric's Lightning datapath (EmulatedQickSoc's)."""
         self.photonics = photonics
         self.n_dacs = n_dacs
+        self.engine, self.datapath = engine, datapath
         self.host = host
         self.name = name
         self.ns_port = free_port(host)
@@ -43,11 +47,12 @@ class QickPyroServer:
                                                      enableBroadcast=False)
         threading.Thread(target=self._ns_daemon.requestLoop, daemon=True,
                          name="pyro-ns").start()
-        photonics = self.photonics
+        photonics, engine, datapath = self.photonics, self.engine, self.datapath
 
         def serve() -> None:  # qick prints its progress lines ("found nameserver", ...)
             start_server(self.host, self.ns_port, self.name, soc_class=EmulatedQickSoc,
-                         iface="lo", photonics=photonics, n_dacs=self.n_dacs)
+                         iface="lo", photonics=photonics, n_dacs=self.n_dacs,
+                         engine=engine, datapath=datapath)
 
         threading.Thread(target=serve, daemon=True, name="qick-pyro").start()
         ns = Pyro4.locateNS(host=self.host, port=self.ns_port)

@@ -16,6 +16,11 @@ quantizes. Pulses are const (`style="const"`) or envelopes (`style="arb"`, outse
 played, one value per readout sample. A count-action `synchronized_data_streamer` gates
 the DAC streams: a DAC streams only once every playing DAC's valid flag is counted, so a
 board with a DAC not ready puts out no light at all rather than a wrong product.
+
+Built with a count-action engine (`engine`), the board's fabric also holds Lightning's
+datapath (sim/devices/lightning_datapath.py), declared in its config as "lightning": the
+host loads a model once and plays it a layer a call (`lightning_load`, `lightning_layer`),
+the engine pacing the stream beside the DACs and the ADC.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ from typing import Any
 
 import numpy as np
 from oddl.fpga.countaction import Module, streamer
+from oddl.sim.devices.lightning_datapath import DatapathSpec, LightningDatapath
 from qick import QickConfig
 from qick.qick_asm import get_version
 
@@ -37,8 +43,10 @@ MAXV = 2**15 - 2
 TRIGGER_BIT0 = 14  # readout k is triggered by bit 14 + k of tProc output port 0
 
 
-def soc_config(n_dacs: int = 2, n_adcs: int = 1) -> dict[str, Any]:
-    """The emulated board's QICK configuration (what `soc.get_cfg()` returns)."""
+def soc_config(n_dacs: int = 2, n_adcs: int = 1, datapath: DatapathSpec | None = None
+               ) -> dict[str, Any]:
+    """The emulated board's QICK configuration (what `soc.get_cfg()` returns); with
+    `datapath`, the firmware's Lightning datapath under "lightning"."""
     def gen(i: int) -> dict[str, Any]:
         return {"type": "axis_signal_gen_v6", "dac": f"{i // 4}{i % 4}", "fs": GEN_FS,
                 "fs_mult": 25, "fs_div": 1, "interpolation": 1, "f_fabric": T_PROC_MHZ,
@@ -71,7 +79,7 @@ def soc_config(n_dacs: int = 2, n_adcs: int = 1) -> dict[str, Any]:
                             "f_fabric": T_PROC_MHZ} for d in dacs},
                "adcs": {a: {"fs": ADC_FS, "fs_mult": 10, "fs_div": 1, "decimation": 1,
                             "f_fabric": ADC_FS / 8, "coupling": "DC"} for a in adcs}},
-    }
+    } | ({"lightning": datapath.as_config()} if datapath else {})
 
 
 @functools.lru_cache(maxsize=8)
@@ -152,11 +160,15 @@ class ProgramRefused(RuntimeError):
 
 
 class EmulatedQickSoc(QickConfig):
-    """A QickSoc stand-in; `autoproxy` is empty (nothing else to register with Pyro)."""
+    """A QickSoc stand-in; `autoproxy` is empty (nothing else to register with Pyro).
+    `engine`: a count-action engine (driver, board) for the fabric's Lightning datapath,
+    with `datapath` its parameters; without one, the board has no datapath."""
 
     def __init__(self, photonics: Photonics | None = None, n_dacs: int = 2, n_adcs: int = 1,
+                 engine: tuple[Any, Any] | None = None, datapath: DatapathSpec | None = None,
                  **_: Any) -> None:
-        super().__init__(soc_config(n_dacs, n_adcs))
+        spec = (datapath or DatapathSpec()) if engine is not None else None
+        super().__init__(soc_config(n_dacs, n_adcs, spec))
         self.photonics = photonics or Photonics(dac_ready=[True] * n_dacs)
         if len(self.photonics.dac_ready) < n_dacs:
             raise ValueError(f"dac_ready names {len(self.photonics.dac_ready)} DACs, the "
@@ -173,6 +185,24 @@ class EmulatedQickSoc(QickConfig):
         self.triggers: list[tuple[int, int]] = []  # (t cycles, readout)
         self.streamed: list[int] = []  # DACs the streamer let through on the last run
         self.runs = 0
+        self.datapath = None if engine is None else LightningDatapath(
+            self.photonics, self.rng, n_dacs, engine, (MAXV // 255) / MAXV, spec)
+
+    # --- Lightning's datapath (the firmware's, when it has one) ------------------------
+    def _lightning(self) -> LightningDatapath:
+        if self.datapath is None:
+            raise ProgramRefused("this board's firmware has no Lightning datapath (no "
+                                 "\"lightning\" in its config)")
+        return self.datapath
+
+    def lightning_load(self, program: str, layers: list[dict[str, Any]]) -> dict[str, Any]:
+        return self._lightning().load(program, layers)
+
+    def lightning_layer(self, k: int, codes: Any) -> dict[str, Any]:
+        return self._lightning().layer(k, codes)
+
+    def lightning_status(self) -> dict[str, Any]:
+        return self._lightning().status()
 
     # --- what a program's config_all / acquire call ---------------------------------
     def get_cfg(self) -> dict[str, Any]:

@@ -70,6 +70,7 @@ def test_lightning_inference(bench: Bench, figure) -> None:
     net = lenet.train(xtr, ytr)
     inf = open_inference(net, core)
     n = spec.lightning_inference_samples
+    calls = core.calls
     acc, _ = lenet.accuracy(inf, net, xte[:n], yte[:n])
     acc_d, acc_p = acc["digital8"], acc["photonic"]
     bound = acc_d - spec.lightning_inference_max_drop
@@ -77,6 +78,8 @@ def test_lightning_inference(bench: Bench, figure) -> None:
     figure("photonic accuracy", acc_p, spec=f">= {bound:.3f}")
     figure("products through the board", core.products, spec=f"{n * 50_200}")
     figure("count-action firings", inf.firings)
+    # paced by the board's datapath: a call a layer (by the host: a few hundred)
+    figure("host calls an inference", (core.calls - calls) / n)
     if acc_p < bound:
         pytest.fail(f"QICK {q.soc}: photonic accuracy {acc_p:.3f} on {n} digits < 8-bit "
                     f"digital {acc_d:.3f} - {spec.lightning_inference_max_drop}",

@@ -264,6 +264,16 @@ class QickPhotonics(ConfigModel):
     dark_offset_lsb: float = Field(default=30.0, description="detector dark level + offset")
 
 
+class QickDatapath(ConfigModel):
+    """The emulated board's Lightning datapath (sim/devices/lightning_datapath.py): the
+    count-action engine beside its DACs and ADC paces the stream."""
+
+    stream_gsps: float = Field(default=4.055, gt=0, le=100, description="values a second "
+                               "per DAC, G (Lightning's published rate: 4.055)")
+    latency_ns: float = Field(default=115.0, ge=0, le=1e6, description="DAC to ADC and back "
+                              "into the fabric, per layer (Lightning's simulator: 115)")
+
+
 class Qick(ConfigModel):
     """A QICK RFSoC board running Lightning's photonic multiply."""
 
@@ -272,6 +282,7 @@ class Qick(ConfigModel):
     dac_channels: tuple[int, int] = (0, 1)
     adc_channel: int = Field(default=0, ge=0)
     photonics: QickPhotonics = QickPhotonics()
+    datapath: QickDatapath = QickDatapath()
 
     @field_validator("soc")
     @classmethod
