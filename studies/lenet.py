@@ -343,7 +343,8 @@ def accuracy(inf: Inference, net: Network, x: np.ndarray, y: np.ndarray
 def report(inf: Inference, net: Network, xte: np.ndarray, yte: np.ndarray, samples: int,
            serve: dict[str, Any]) -> dict[str, Any]:
     """Accuracy three ways on the first `samples` test inputs, with where they disagree;
-    latency and energy both ways; the serve-time comparison (studies/lightning_cost.py)."""
+    latency and energy both ways; `serve`: each model's serve time and energy alone
+    (studies/lightning_serve.py)."""
     core = inf.core
     play0, calls0, ns0 = core.play_s, core.calls, inf.board_ns
     acc, disagree = accuracy(inf, net, xte[:samples], yte[:samples])

@@ -270,7 +270,9 @@ def test_oddl_lightning_infer_json() -> None:
                                             "datapath (RFSoC)"}
     sg = d["stop_and_go"]
     assert sg["latency_ns"] > d["latency_ns"] and sg["energy_j"] > d["energy_j"]
-    assert set(d["serve_time_ratio"]) == set(d["energy_ratio"]) == {"a100", "brainwave"}
+    assert set(d["serve_time_ratio"]) == set(d["energy_ratio"]) == {"a100", "a100x",
+                                                                     "brainwave"}
+    assert d["serve_time_ratio"]["a100"]["DLRM"] > d["serve_time_ratio"]["a100x"]["DLRM"]
     assert "ours" in d["sources"]["datapath_w"] and "talk" in d["sources"]["aj_per_op"]
 
 
@@ -288,15 +290,6 @@ def test_the_cost_model_follows_its_sources() -> None:
     assert ca["latency_ns"] == pytest.approx(3138 * 16 / 4.055 + 3 * 115)
     sg = C.stop_and_go([64, 300, 100, 10], 1e-3)
     assert sg["energy_breakdown_j"]["digitizer"] == pytest.approx(1.35)  # 1350 W x 1 ms
-    r = C.serve_time_ratios(requests=20)
-    for k in ("a100", "brainwave"):
-        p = r["processors"][k]
-        assert r["serve_time_ratio"][k] == pytest.approx(
-            p["mean_serve_ns"] / r["processors"]["lightning"]["mean_serve_ns"])
-    # a faster line rate queues the requests: serve times grow
-    fast = C.serve_time_ratios(requests=20, line_rate_gbps=100.0)
-    assert (fast["processors"]["a100"]["mean_serve_ns"]
-            > r["processors"]["a100"]["mean_serve_ns"])
 
 
 def test_the_dag_runs_the_same_on_the_gateware() -> None:
