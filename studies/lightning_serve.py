@@ -26,6 +26,7 @@ ours, and our arrivals are drawn by our own seeded generator, not its pickled tr
 
 from __future__ import annotations
 
+import functools
 import heapq
 import math
 from collections.abc import Callable
@@ -320,16 +321,18 @@ def serve_time(trials: int = TRIALS, requests: int = REQUESTS, seed: int = 1,
     }
 
 
-def alone(processors: dict[str, Processor] | None = None) -> dict[str, Any]:
+@functools.cache
+def alone() -> dict[str, Any]:
     """Each model's request alone on each processor (no queue: the line rate does not
-    matter): serve time, and its ratio to Lightning's and the energy ratio, by model."""
-    procs = processors or PROCESSORS
-    ns = {k: {m: simulate(p, [(m, 0)], 1)[m] for m in MODELS} for k, p in procs.items()}
-    light = procs["lightning"]
-    others = [k for k in procs if k != "lightning"]
+    matter): serve time, and its ratio to Lightning's and the energy ratio, by model.
+    (Computed once a process: it depends on nothing but the setup.)"""
+    ns = {k: {m: simulate(p, [(m, 0)], 1)[m] for m in MODELS} for k, p in PROCESSORS.items()}
+    light = PROCESSORS["lightning"]
+    others = [k for k in PROCESSORS if k != "lightning"]
     return {"serve_ns": ns,
             "serve_time_ratio": {k: {m: ns[k][m] / ns["lightning"][m] for m in MODELS}
                                  for k in others},
-            "energy_ratio": {k: {m: procs[k].energy_j(MODELS[m]) / light.energy_j(MODELS[m])
-                                 for m in MODELS} for k in others},
+            "energy_ratio": {k: {m: PROCESSORS[k].energy_j(MODELS[m])
+                                 / light.energy_j(MODELS[m]) for m in MODELS}
+                             for k in others},
             "published": PUBLISHED, "source": SOURCE}

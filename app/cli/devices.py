@@ -199,8 +199,9 @@ def lightning_infer(samples: int, dataset: str, testbed: Path | None, soc_spec: 
     """LeNet-300-100 inference (784-300-100-10 on MNIST) with every multiply on the
     photonic core, paced by a count-action DAG in the board's datapath (the host loads the
     model once and sends a call a layer; a board without the datapath is paced by the
-    host): accuracy three ways, latency and energy, serve time against an A100 and
-    Brainwave."""
+    host): accuracy three ways, latency and energy, and each of Lightning's models'
+    serve time and energy alone against an A100, an A100X and Brainwave by Lightning's own
+    setup (`oddl lightning serve`: under its load)."""
     from oddl.app.registry import open_core, open_inference, open_soc
     from oddl.studies import lenet
     from oddl.studies.lightning_serve import alone
@@ -230,8 +231,7 @@ def lightning_infer(samples: int, dataset: str, testbed: Path | None, soc_spec: 
         net = lenet.train(xtr, ytr, seed=seed)
         inf = open_inference(net, core)
         say(f"{samples} inferences through the photonic core ...")
-        rep = lenet.report(inf, net, xte, yte, samples,
-                           alone())
+        rep = lenet.report(inf, net, xte, yte, samples, alone())
     except (ValueError, lenet.Stalled) as e:
         click.echo(f"error: {e}", err=True)
         sys.exit(1)
