@@ -5,7 +5,8 @@ and the board's transfer engine), `pynq_device` (it behind pynq) and `pynq_remot
 (behind PYNQ.remote), `rtl_board` (the
 gateware simulated in its place), `rtl_control_unit` (the stage-2 control unit's gateware
 in a node's place) and `rtl_lockstep` (it held to the Python unit in the model checker's
-worlds), `qick_soc` and `qick_pyro` (a QICK board), `bus` (the
+worlds), `qick_soc` and `qick_pyro` (a QICK board), `lightning_datapath` (Lightning's
+datapath in its fabric), `bus` (the
 in-process control bus), `broker` (the embedded MQTT broker), `faults` (the drill's
 effects), `control` (the emulator's drill endpoint), `realtime` (the emulator's loop).
 Imports `sim.clock` and the control plane, never `sim.networks` or `sim.backend`."""
