@@ -267,7 +267,7 @@ def lightning_infer(samples: int, dataset: str, testbed: Path | None, soc_spec: 
 
 @lightning.command("serve")
 @click.option("--trials", type=click.IntRange(1, 100), default=10, show_default=True,
-              help="runs, each its own arrival trace (the release's ten; minutes each)")
+              help="runs, each its own arrival trace (the release's ten; up to minutes each)")
 @click.option("--requests", type=click.IntRange(1, 5000), default=100, show_default=True,
               help="a run ends when its first N requests are done")
 @click.option("--line-rate", type=click.FloatRange(1e-4, 100.0), default=0.06,
