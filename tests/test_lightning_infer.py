@@ -195,6 +195,11 @@ def test_the_datapath_refuses_what_it_cannot_hold_or_play() -> None:
     prog = inference_dag([1], num_dacs=2).text()
     with pytest.raises(ValueError, match="the count-action program"):
         soc.lightning_load("module stream {", [one])
+    many = "\n".join(f"module m{k} {{ counts: {{ sum DAC[1].valid }} targets: {{ 1 }} "
+                      "actions: { irq } };" for k in range(17))
+    with pytest.raises(ValueError, match="the count-action program"):  # 17 modules, of 16
+        soc.lightning_load(many.replace("module m0", "module stream").replace(
+            "module m1 ", "module layer1 "), [one])
     with pytest.raises(ValueError, match="no module layer2"):
         soc.lightning_load(prog, [one, one])
     with pytest.raises(ValueError, match=r"both \(samples, 1\)"):
