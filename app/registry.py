@@ -232,7 +232,7 @@ def open_soc(spec: str, photonics: QickPhotonics | None = None, seed: int = 0,
             ph = Photonics.from_config(photonics or QickPhotonics(), [True] * dacs, seed,
                                        dead_modulators)
             dp = datapath or QickDatapath()
-            soc = EmulatedQickSoc(ph, n_dacs=dacs, engine=open_engine(board_model),
+            soc = EmulatedQickSoc(ph, n_dacs=dacs, engine=lambda: open_engine(board_model),
                                   datapath=DatapathSpec(dp.stream_gsps, dp.latency_ns))
             return soc, soc
         from oddl.drivers.lightning import open_soc as _open

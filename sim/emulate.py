@@ -9,6 +9,7 @@ endpoints are written out as an emu testbed config that the controller loads lik
 from __future__ import annotations
 
 import asyncio
+import functools
 import gc
 import logging
 import secrets as secrets_
@@ -221,7 +222,8 @@ async def start(tb: Testbed, emu: Emulation, host: str = "127.0.0.1",
                                           dead_modulators=dark)
         dp = tb.qick.datapath  # its fabric's Lightning datapath, with its own engine
         emu.qick = await asyncio.to_thread(QickPyroServer(
-            photonics, host, n_dacs=n_dacs, engine=lone_board(tb.testbed.board_model),
+            photonics, host, n_dacs=n_dacs,
+            engine=functools.partial(lone_board, tb.testbed.board_model),
             datapath=DatapathSpec(dp.stream_gsps, dp.latency_ns)).start)
     from oddl.sim.devices.control import ControlEndpoint
 

@@ -290,13 +290,12 @@ def simulate(proc: Processor, trace: list[tuple[str, int]], requests: int = REQU
 
 def serve_time(trials: int = TRIALS, requests: int = REQUESTS, seed: int = 1,
                line_rate_gbps: float = LINE_RATE_GBPS,
-               processors: dict[str, Processor] | None = None,
                on_trial: Callable[[int], None] = lambda k: None) -> dict[str, Any]:
     """The release's evaluation: per trial (its own arrivals, seeds `seed`, `seed` + 1,
     ...), each processor's mean serve time by model and its ratio to Lightning's; then by
     model the ratios' mean over the trials, the largest over the models (the published
     figure) and the energy ratios beside them."""
-    procs = processors or PROCESSORS
+    procs = PROCESSORS
     light = procs["lightning"]
     others = [k for k in procs if k != "lightning"]
     per_trial: list[dict[str, dict[str, float]]] = []

@@ -131,7 +131,7 @@ def trained() -> tuple[lenet.Network, np.ndarray, np.ndarray]:
 def datapath_board(pairs: int = 2, engine: str = "python") -> EmulatedQickSoc:
     """The emulated board with Lightning's datapath in its fabric (its engine `engine`)."""
     return EmulatedQickSoc(Photonics(dac_ready=[True] * 2 * pairs), n_dacs=2 * pairs,
-                           engine=open_engine(engine))
+                           engine=lambda: open_engine(engine))
 
 
 def test_the_datapath_paces_the_inference_one_host_call_a_layer(
@@ -204,10 +204,13 @@ def test_the_datapath_refuses_what_it_cannot_hold_or_play() -> None:
         soc.lightning_load(prog, [one, one])
     with pytest.raises(ValueError, match=r"both \(samples, 1\)"):
         soc.lightning_load(prog, [{"inputs": np.zeros((4, 2), dtype=int), "mags": one["mags"]}])
-    small = EmulatedQickSoc(Photonics(dac_ready=[True] * 2), engine=open_engine(),
+    small = EmulatedQickSoc(Photonics(dac_ready=[True] * 2), engine=open_engine,
                             datapath=DatapathSpec(weight_values=3))
     with pytest.raises(ValueError, match="over 3 values a DAC: more than the weight memory"):
         small.lightning_load(prog, [one])
+    small.lightning_load(prog, [{"inputs": [[0]], "mags": [[1]]}])
+    with pytest.raises(ValueError, match="1 to 3 8-bit codes"):  # more than it could hold
+        small.lightning_layer(0, np.zeros(4, dtype=int))
     assert soc.lightning_load(prog, [one])["layers"] == 1
     with pytest.raises(ValueError, match="8-bit codes"):
         soc.lightning_layer(0, np.array([256]))

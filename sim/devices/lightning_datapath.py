@@ -143,10 +143,11 @@ class LightningDatapath:
             raise Refused(f"layer {k + 1}: the loaded model has {len(self.layers)}")
         inputs, mags = self.layers[k]
         a = np.asarray(codes)
-        if a.ndim != 1 or a.dtype.kind not in "iu" or not len(a) > int(inputs.max()) \
+        if a.ndim != 1 or a.dtype.kind not in "iu" \
+                or not int(inputs.max()) < len(a) <= self.spec.weight_values \
                 or (len(a) and (a.min() < 0 or a.max() > FULL)):
-            raise Refused(f"layer {k + 1}: its inputs are {int(inputs.max()) + 1} or more "
-                          "8-bit codes, 0..255")
+            raise Refused(f"layer {k + 1}: its inputs are {int(inputs.max()) + 1} to "
+                          f"{self.spec.weight_values:,} 8-bit codes, 0..255")
         values = np.empty((len(inputs), self.n_dacs), dtype=np.int64)
         values[:, 0::2] = mags
         values[:, 1::2] = np.where(inputs >= 0, a[np.maximum(inputs, 0)], 0)

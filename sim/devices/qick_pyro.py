@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 from oddl.sim.devices.broker import free_port
@@ -21,7 +22,8 @@ PROXY_NAME = "oddl-qick"
 
 class QickPyroServer:
     def __init__(self, photonics: Photonics, host: str = "127.0.0.1",
-                 name: str = PROXY_NAME, n_dacs: int = 2, engine: tuple[Any, Any] | None = None,
+                 name: str = PROXY_NAME, n_dacs: int = 2,
+                 engine: Callable[[], tuple[Any, Any]] | None = None,
                  datapath: DatapathSpec | None = None) -> None:
         """`engine`, `datapath`: the fabric's Lightning datapath (EmulatedQickSoc's)."""
         self.photonics = photonics

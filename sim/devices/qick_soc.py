@@ -17,15 +17,17 @@ played, one value per readout sample. A count-action `synchronized_data_streamer
 the DAC streams: a DAC streams only once every playing DAC's valid flag is counted, so a
 board with a DAC not ready puts out no light at all rather than a wrong product.
 
-Built with a count-action engine (`engine`), the board's fabric also holds Lightning's
-datapath (sim/devices/lightning_datapath.py), declared in its config as "lightning": the
-host loads a model once and plays it a layer a call (`lightning_load`, `lightning_layer`),
-the engine pacing the stream beside the DACs and the ADC.
+Given a count-action engine (`engine`: what builds one, at the datapath's first use), the
+board's fabric also holds Lightning's datapath (sim/devices/lightning_datapath.py),
+declared in its config as "lightning": the host loads a model once and plays it a layer a
+call (`lightning_load`, `lightning_layer`), the engine pacing the stream beside the DACs
+and the ADC.
 """
 
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -161,11 +163,12 @@ class ProgramRefused(RuntimeError):
 
 class EmulatedQickSoc(QickConfig):
     """A QickSoc stand-in; `autoproxy` is empty (nothing else to register with Pyro).
-    `engine`: a count-action engine (driver, board) for the fabric's Lightning datapath,
-    with `datapath` its parameters; without one, the board has no datapath."""
+    `engine`: what builds a count-action engine (driver, board) for the fabric's Lightning
+    datapath, with `datapath` its parameters; without one, the board has no datapath."""
 
     def __init__(self, photonics: Photonics | None = None, n_dacs: int = 2, n_adcs: int = 1,
-                 engine: tuple[Any, Any] | None = None, datapath: DatapathSpec | None = None,
+                 engine: Callable[[], tuple[Any, Any]] | None = None,
+                 datapath: DatapathSpec | None = None,
                  **_: Any) -> None:
         spec = (datapath or DatapathSpec()) if engine is not None else None
         super().__init__(soc_config(n_dacs, n_adcs, spec))
@@ -185,14 +188,17 @@ class EmulatedQickSoc(QickConfig):
         self.triggers: list[tuple[int, int]] = []  # (t cycles, readout)
         self.streamed: list[int] = []  # DACs the streamer let through on the last run
         self.runs = 0
-        self.datapath = None if engine is None else LightningDatapath(
-            self.photonics, self.rng, n_dacs, engine, (MAXV // 255) / MAXV, spec)
+        self._engine, self._spec = engine, spec
+        self.datapath: LightningDatapath | None = None
 
     # --- Lightning's datapath (the firmware's, when it has one) ------------------------
     def _lightning(self) -> LightningDatapath:
-        if self.datapath is None:
+        if self._engine is None:
             raise ProgramRefused("this board's firmware has no Lightning datapath (no "
                                  "\"lightning\" in its config)")
+        if self.datapath is None:  # (its engine built now: boards that only multiply never)
+            self.datapath = LightningDatapath(self.photonics, self.rng, len(self["gens"]),
+                                              self._engine(), (MAXV // 255) / MAXV, self._spec)
         return self.datapath
 
     def lightning_load(self, program: str, layers: list[dict[str, Any]]) -> dict[str, Any]:
