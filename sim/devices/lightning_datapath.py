@@ -27,6 +27,7 @@ from typing import Any, Protocol
 
 import numpy as np
 from numpy.typing import NDArray
+from oddl.fpga import regmap as R
 from oddl.fpga.countaction import CountActionError, Program, parse
 
 FULL = 255
@@ -65,7 +66,8 @@ class DatapathSpec:
     latency_ns: float = 115.0  # DAC to ADC and back into the fabric, per layer
     word: int = WORD
     weight_values: int = 1 << 22  # the weight memory, values (each DAC's stream)
-    layers_max: int = 7  # the engine's 16 modules: streamer, a layer each, argmax, rearm
+    # argmax resets, and rearm arms, every layer from its action slots (inference_dag)
+    layers_max: int = R.N_SLOTS - 1
 
     @property
     def clock_mhz(self) -> float:
