@@ -273,7 +273,7 @@ def run(experiment: LoadedExperiment | str | Path, backend: str = "sim",
         progress: Progress | None = None, trace: Timeline | None = None,
         publish: bool = False, say: Callable[[str], None] = print,
         arbiter: ArbiterClient | None = None, workers: int | None = None,
-        force: bool = False, plot: bool = True) -> RunResult:
+        force: bool = False, plot: bool = True, every_iteration: bool = False) -> RunResult:
     """Run every network of an experiment (`oddl run`): emu on a sim testbed starts a
     private emulator of it, hw holds the testbed lock, `publish` tells a sim run's
     watchers (app/session.py); hw with `arbiter`: the testbed's arbiter
@@ -285,7 +285,9 @@ def run(experiment: LoadedExperiment | str | Path, backend: str = "sim",
     starting them; one more once this process has run its own; 0: all in this one). A
     run that would take hours or more memory than is free raises TooBig (with the
     estimate) unless `force`. `plot=False`: no figure (drawing it costs a second and a
-    half of CPU, most of a short run's)."""
+    half of CPU, most of a short run's). A model network's job that repeats its iteration
+    ends in copies of it (sim/steady.py: the same figures and records, to the byte),
+    unless `every_iteration`."""
     from oddl.app.experiments.figures import (
         iteration_parts,
         jct_cdf,
@@ -325,7 +327,7 @@ def run(experiment: LoadedExperiment | str | Path, backend: str = "sim",
                 ctx = load_experiment(ctx.path, s.testbed)
             res = run_experiment(ctx, backend, store, iterations, progress, trace=trace,
                                  announce=s.announce, remote=remote, workers=workers,
-                                 force=force)
+                                 force=force, every_iteration=every_iteration)
     finally:
         if store is not None:
             store.close()

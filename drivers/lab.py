@@ -383,11 +383,12 @@ class LabBackend:
 
     # --- a job -------------------------------------------------------------------------
     async def run_job(self, spec: JobSpec, on_iteration: OnIteration,
-                      record_flows: bool, stop: StopRule) -> JobOutcome:
+                      record_flows: bool, stop: StopRule, extend: bool = False
+                      ) -> JobOutcome:
         """Publish the job; record each iteration once every rank has reported it; stop
         it when the watch finds a fault. A job of which nothing is heard for an iteration's
         compute plus `grace_ms`, its nodes alive, is stuck: the run fails, naming whom it
-        waits for."""
+        waits for. Every iteration runs (`extend` is for the models)."""
         spec = msgspec.structs.replace(spec, controller=self.session)
         if self.local & set(spec.nodes):  # their node programs apply their stage 1
             spec = msgspec.structs.replace(spec, boards=sorted(self.local & set(spec.nodes)))

@@ -58,6 +58,7 @@ from oddl.sim.devices.pynq_device import BASE_ADDR, EmulatedONicDevice
 from oddl.sim.devices.wss import WSSModel
 from oddl.sim.networks.electrical import FlowNetwork
 from oddl.sim.networks.topoopt import Topology
+from oddl.sim.steady import Steady
 
 
 @dataclass
@@ -170,10 +171,12 @@ async def run_in_process(runner: JobRunner, loop: asyncio.AbstractEventLoop,
                          on_iteration: OnIteration, sent: Callable[[], int],
                          record_flows: bool,
                          between: Callable[[int], None] = lambda i: None,
-                         pause: Callable[[], int] = lambda: 0) -> None:
+                         pause: Callable[[], int] = lambda: 0,
+                         steady: Steady | None = None) -> None:
     """Every rank is here: iteration i + 1 begins the instant the last rank ends i
     (`between(i + 1)` first: it may stop the job there by raising), or `pause()` ns
-    later."""
+    later. `steady`: once the job's iteration repeats (sim/steady.py), the rest are its
+    copies, and the job ends with the last of them."""
     spec = runner.spec
     done: asyncio.Future[None] = loop.create_future()
     rows: list[FlowRow] = []
@@ -197,15 +200,23 @@ async def run_in_process(runner: JobRunner, loop: asyncio.AbstractEventLoop,
         except Exception as e:
             fail(e)
             return
+        if steady is not None and steady.probing(i):  # first of all at its compute's end
+            runner.clock.call_later_ns(spec.compute_ns, steady.probe, i)
         runner.begin(i)
 
     def finished(i: int, t_start: int, t_end: int) -> None:
         msgs = sent()
         trace = runner.trace.drain() if runner.trace is not None else []
-        on_iteration(Iteration(i, t_start, t_end, msgs - last[0], rows.copy(), trace))
+        it = Iteration(i, t_start, t_end, msgs - last[0], rows.copy(), trace)
+        on_iteration(it)
         last[0] = msgs
         rows.clear()
-        if i + 1 < spec.iterations:
+        copies = steady.extend(it, spec.iterations) if steady is not None else None
+        for c in copies or ():
+            on_iteration(c)
+        if steady is not None:
+            steady.boundary(it)
+        if i + 1 < spec.iterations and copies is None:
             ns = pause()
             if ns > 0:
                 runner.clock.call_later_ns(ns, begin, i + 1)
@@ -222,6 +233,13 @@ async def run_in_process(runner: JobRunner, loop: asyncio.AbstractEventLoop,
         await done
     finally:
         runner.close()
+
+
+def extended(out: JobOutcome, steady: Steady | None) -> JobOutcome:
+    """A job's outcome, with what its copies add (sim/steady.py), if it was extended."""
+    if steady is None or steady.extension is None:
+        return out
+    return steady.extension.outcome(out)
 
 
 class SimBackend:
@@ -282,7 +300,7 @@ class SimBackend:
         self.health.beat(hb, self.clock.now_ns())
 
     async def run_job(self, spec: JobSpec, on_iteration: OnIteration,
-                      record_flows: bool, stop: StopRule) -> JobOutcome:
+                      record_flows: bool, stop: StopRule, extend: bool = False) -> JobOutcome:
         w, health = self.world, self.health
         self.monitor.new_job(spec.job, spec.tag, spec.nodes)
         runner = JobRunner(spec, self.clock, self.monitor, lambda *_: None)
@@ -322,12 +340,14 @@ class SimBackend:
                 timer[0] = self.clock.call_later_ns(health.period_ns, guard)
 
         timer = [self.clock.call_later_ns(health.period_ns, guard)]
+        steady = Steady(self.loop, lambda: [w, runner], outcome, spec.start, (guard,),
+                        lambda: not self.drill.plan.to_come()) if extend else None
         try:
             with _holding(self._runners, spec.nodes, runner):
                 for node in w.fabric.dead:
                     self._gone(node)
                 await run_in_process(runner, self.loop, on_iteration,
-                                     runner.sent, record_flows, between)
+                                     runner.sent, record_flows, between, steady=steady)
         except FlowFailed as e:
             if e.peer is not None:
                 health.flow_failed(e.peer, self.clock.now_ns(), str(e))
@@ -339,7 +359,7 @@ class SimBackend:
             self._retired += runner.stats().get("retries", 0)
         if spec.tag:
             self.monitor.job_left(spec.tag, self.clock.now_ns())
-        return outcome()
+        return extended(outcome(), steady)
 
     def _outcome(self, runner: JobRunner, sent: int) -> JobOutcome:
         w = self.world
@@ -396,7 +416,7 @@ class ModelBackend:
         self._runners[flow.dst].deliver(flow)
 
     async def run_job(self, spec: JobSpec, on_iteration: OnIteration,
-                      record_flows: bool, stop: StopRule) -> JobOutcome:
+                      record_flows: bool, stop: StopRule, extend: bool = False) -> JobOutcome:
         """Jobs run at once share the one network's links, max-min fair."""
         from oddl.sim.networks.baselines import build_network
 
@@ -414,19 +434,25 @@ class ModelBackend:
         switch.sharing.join(spec.tag, spec.weight)
         runner.on_network(switch.submit)
         flows0, law0 = switch.flows, switch.sharing.describe()  # this job's share of both
+
+        def outcome() -> JobOutcome:
+            law = {k: round(v - law0.get(k, 0), 1)
+                   for k, v in switch.sharing.describe().items()}
+            return JobOutcome(0, runner.engine.flows,
+                              {"transfers": switch.flows - flows0, **switch.describe(), **law},
+                              list(self.monitor.violations))
+        steady = Steady(self.loop, lambda: [switch, runner], outcome, spec.start) \
+            if extend else None
         self._pauses[spec.job] = 0
         try:
             with _holding(self._runners, spec.ranks, runner):
                 await run_in_process(runner, self.loop, on_iteration, lambda: 0, record_flows,
-                                     pause=lambda: self._take_pause(spec.job))
+                                     pause=lambda: self._take_pause(spec.job), steady=steady)
         finally:
             self._pauses.pop(spec.job, None)
         if spec.tag:
             self.monitor.job_left(spec.tag, self.clock.now_ns())
-        law = {k: round(v - law0.get(k, 0), 1) for k, v in switch.sharing.describe().items()}
-        return JobOutcome(0, runner.engine.flows,
-                          {"transfers": switch.flows - flows0, **switch.describe(), **law},
-                          list(self.monitor.violations))
+        return extended(outcome(), steady)
 
     def pause(self, job: str, ns: int) -> bool:
         if job not in self._pauses:

@@ -424,6 +424,12 @@ def _run_report(res: Any, ctx: Any, backend: str, run_dir: Path) -> None:
     if res.iterations < res.total_iterations:
         console.print(f"simulated {res.iterations} of {res.total_iterations} iterations; "
                       f"training time extrapolated")
+    for r in res.networks.values():
+        if r.steady:
+            console.print(f"{r.name}: {r.steady['simulated']} iterations simulated, then "
+                          f"{r.steady['copies']:,} copies of the last, which repeats exactly "
+                          f"(every {r.steady['period_ns'] / 1e6:.6f} ms; --every-iteration "
+                          f"simulates them)")
     console.print(f"invariant violations: {res.invariant_violations}; wall {res.wall_s:.1f} s; "
                   f"results in {run_dir}")
     for v in res.violations[:5]:  # the first ones, each with its job (summary.json: 50)
@@ -471,6 +477,10 @@ def _run_warnings(res: Any, ctx: Any) -> None:
               help="run directory (default: runs/<experiment>-<time>)")
 @click.option("--iterations", type=click.IntRange(min=1), default=None,
               help="simulate only N iterations and extrapolate the training time")
+@click.option("--every-iteration", is_flag=True,
+              help="sim: simulate every iteration (default: once a job's iteration repeats "
+                   "exactly, the rest are written as its copies, with the same figures and "
+                   "records; docs/performance.md)")
 @click.option("--testbed", type=click.Path(path_type=Path), default=None,
               help="use this testbed instead of the experiment's")
 @click.option("--json", "as_json", is_flag=True, help="stdout: exactly one JSON object")
@@ -507,7 +517,7 @@ def _run_warnings(res: Any, ctx: Any) -> None:
               help="draw plot.png (or jct-cdf.png) into the run directory: a second and a "
                    "half of CPU, most of a short run's (a script's many runs: --no-plot)")
 def run(experiment: Path, backend: str, out: Path | None, iterations: int | None,
-        testbed: Path | None, as_json: bool, trace_file: Path | None,
+        every_iteration: bool, testbed: Path | None, as_json: bool, trace_file: Path | None,
         trace_iterations: int, publish: bool, arbiter_url: str | None,
         token_file: Path | None, board_model: str | None, control_model: str | None,
         rtl_simulator: str | None, workers: int | None, force: bool, record: Path | None,
@@ -554,7 +564,7 @@ def run(experiment: Path, backend: str, out: Path | None, iterations: int | None
                               trace=timeline, publish=publish, say=err.print,
                               arbiter=ArbiterClient(arbiter_url, token_file)
                               if arbiter_url and token_file else None, workers=workers,
-                              force=force, plot=plot)
+                              force=force, plot=plot, every_iteration=every_iteration)
             finally:
                 if tape is not None:
                     err.print(tape.close({"result": res.to_json_obj() if res is not None

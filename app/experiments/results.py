@@ -62,10 +62,12 @@ class RunStore:
 
     def add_iteration(self, network: str, iteration: int, t_start: int, t_end: int,
                       compute_ns: int, control_messages: int, flows: list[FlowRow],
-                      replace: bool = False) -> None:
-        """One iteration and its flows, committed together. `replace`: a record of it
-        already here is replaced (an arbiter killed after this write and before its
-        ledger's runs the iteration again), else it is refused (IntegrityError)."""
+                      replace: bool = False, commit: bool = True) -> None:
+        """One iteration and its flows, committed together (`commit` False: with a later
+        one; a run's copies of its repeated iteration, written at once). `replace`: a
+        record of it already here is replaced (an arbiter killed after this write and
+        before its ledger's runs the iteration again), else it is refused
+        (IntegrityError)."""
         if replace:
             self.db.execute("DELETE FROM flows WHERE network = ? AND iteration = ?",
                             (network, iteration))
@@ -76,7 +78,8 @@ class RunStore:
         if flows:
             self.db.executemany("INSERT INTO flows VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                                 [(network, iteration, *f) for f in flows])
-        self.db.commit()
+        if commit:
+            self.db.commit()
 
     def add_flows(self, network: str, rows: list[tuple[Any, ...]]) -> None:
         """Flow rows of iterations already recorded (iteration, then a FlowRow): a job an

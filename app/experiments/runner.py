@@ -82,10 +82,13 @@ class NetworkResult:
     fabric: dict[str, float] = field(default_factory=dict)
     # the gateware's control units in the loop: their decision latencies in cycles
     control_unit: dict[str, Any] = field(default_factory=dict)
+    # its job ended in copies of its repeated iteration: iterations simulated, copies,
+    # period_ns (sim/steady.py; in the summary, not the figures: they are the full run's)
+    steady: dict[str, int] = field(default_factory=dict)
 
     def public(self) -> dict[str, Any]:
         return {k: v for k, v in asdict(self).items()
-                if k not in ("name", "kind", "stats")
+                if k not in ("name", "kind", "stats", "steady")
                 and (k not in ("fabric", "control_unit") or v)}
 
 
@@ -123,7 +126,8 @@ class RunResult:
                 "calibration": self.calibration, "iterations_simulated": self.iterations,
                 "iterations_total": self.total_iterations,
                 "stats": {n: r.stats for n, r in self.networks.items()},
-                "violations": self.violations[:50], "reference": reference}
+                "violations": self.violations[:50], "reference": reference,
+                "steady_state": {n: r.steady for n, r in self.networks.items() if r.steady}}
 
     def training_min(self) -> dict[str, float]:
         return {n: r.training_time_s / 60 for n, r in self.networks.items()}
@@ -143,6 +147,7 @@ def _add(total: JobOutcome, part: JobOutcome) -> None:
             total.stats[k] = v
     total.violations[:] = part.violations
     total.trace += part.trace
+    total.extended = part.extended or total.extended
 
 
 DISTURBING_LAG = 0.02  # of an iteration: node programs' loops running this late skew it
@@ -167,9 +172,11 @@ class Network:
 def network(ctx: LoadedExperiment, spec: NetworkSpec, grid: Grid, requests: list[JobRequest],
             backend: str, checker_mode: str, run_name: str, *,
             announce: Announce | None = None, on_iteration: OnJob | None = None,
-            trace: Timeline | None = None, record_flows: bool = False) -> Iterator[Network]:
+            trace: Timeline | None = None, record_flows: bool = False,
+            extend: bool = False) -> Iterator[Network]:
     """A network ready to run its jobs: its back end open (and closed on the way out,
-    whatever raised), stage 1's inventory taken (ODDL), the orchestration set up."""
+    whatever raised), stage 1's inventory taken (ODDL), the orchestration set up.
+    `extend`: a run's one job may end in copies of its repeated iteration (sim/steady.py)."""
     tb, exp = ctx.testbed, ctx.experiment
     # a network's own collective (OptINC's in-network one, SiP-ML's ring) for every job
     mine = [dataclasses.replace(r, collective=spec.collective or r.collective)
@@ -195,7 +202,7 @@ def network(ctx: LoadedExperiment, spec: NetworkSpec, grid: Grid, requests: list
                                               tb.optical.line_rate_gbps) \
                 if spec.cassini else None
             adm = Admission(b, grid, mine, placer, stage1, spec, tb, run_name, exp.name,
-                            on_iteration, profiler, trace, record_flows)
+                            on_iteration, profiler, trace, record_flows, extend=extend)
             yield Network(spec, b, stage1, adm)
         finally:
             b.close()
@@ -322,7 +329,10 @@ def network_result(net: Network, threshold: float, extrapolate_to: int | None) -
                          sum(r.flows for r in recs.values()), total.control_messages,
                          len(b.monitor.violations), stats, dist, was_disturbed, faults,
                          round(fault_s, 9), fabric=fabric,
-                         control_unit=stats.get("control_unit", {}))
+                         control_unit=stats.get("control_unit", {}), steady=total.extended)
+
+
+COPIES_AT_ONCE = 4096
 
 
 class _Recorder:
@@ -336,13 +346,16 @@ class _Recorder:
 
     def __call__(self, network: str, rec: JobRecord, it: Iteration) -> None:
         n = self.done[network] = self.done.get(network, 0) + 1
+        # copies of a repeated iteration come all at once: committed and told in batches
+        now = not it.extended or n % COPIES_AT_ONCE == 0 or it.iteration + 1 >= self.total
         if self.store is not None and self.several:
             self.store.add_job_iteration(network, rec.name, it.iteration, it.t_start,
                                          it.t_end)
         elif self.store is not None:
             self.store.add_iteration(network, it.iteration, it.t_start, it.t_end,
-                                     self.compute_ns, it.control_messages, it.flows)
-        if self.progress is not None:
+                                     self.compute_ns, it.control_messages, it.flows,
+                                     commit=now)
+        if self.progress is not None and now:
             self.progress(network, n, self.total)
 
 
@@ -373,7 +386,8 @@ def _begin(ctx: LoadedExperiment, spec: NetworkSpec, reqs: list[JobRequest], com
 def run_network(ctx: LoadedExperiment, spec: NetworkSpec, reqs: list[JobRequest], backend: str,
                 checker_mode: str, run_name: str, compute_ns: int, full: int,
                 store: RunStore | None, on_iteration: OnJob | None,
-                announce: Announce | None = None, trace: Timeline | None = None
+                announce: Announce | None = None, trace: Timeline | None = None,
+                extend: bool = False
                 ) -> tuple[NetworkResult, list[str], dict[str, dict[str, Any]]]:
     """One network of an experiment, start to end: its result, the invariant violations
     it saw, and (several jobs) each job's figures on it."""
@@ -381,7 +395,7 @@ def run_network(ctx: LoadedExperiment, spec: NetworkSpec, reqs: list[JobRequest]
     meta = _begin(ctx, spec, reqs, compute_ns, store)
     with network(ctx, spec, Grid.from_testbed(ctx.testbed), reqs, backend, checker_mode,
                  run_name, announce=announce, on_iteration=on_iteration, trace=trace,
-                 record_flows=ctx.experiment.flow_records == "all") as net:
+                 record_flows=ctx.experiment.flow_records == "all", extend=extend) as net:
         recs = net.admission.run()
     # closed: a drill's faults still in force are ended and counted
     net.backend.monitor.finish(max((r.end_ns or 0) for r in recs.values())
@@ -404,7 +418,8 @@ def run_network(ctx: LoadedExperiment, spec: NetworkSpec, reqs: list[JobRequest]
 
 def _aside_main(conn: Connection, ctx: LoadedExperiment, spec: NetworkSpec,
                 reqs: list[JobRequest], checker_mode: str, run_name: str, compute_ns: int,
-                full: int, store_path: Path | None, total: int, announcing: bool) -> None:
+                full: int, store_path: Path | None, total: int, announcing: bool,
+                extend: bool) -> None:
     """A worker process: one model network, its iterations into the run's store (a
     connection of its own), its progress and notes for the bus's watchers (`announcing`)
     relayed to the parent, then its result sent back."""
@@ -420,7 +435,7 @@ def _aside_main(conn: Connection, ctx: LoadedExperiment, spec: NetworkSpec,
         # a model network has no devices: the back end's name does not reach it
         out = run_network(ctx, spec, reqs, "sim", checker_mode, run_name, compute_ns, full,
                           store, functools.partial(rec, spec.name),
-                          announce if announcing else None)
+                          announce if announcing else None, extend=extend)
         conn.send(("result", spec.name, out))
     except BaseException as e:  # whatever it is, the parent hears of it
         conn.send(("error", spec.name, f"{type(e).__name__}: {e}",
@@ -441,7 +456,8 @@ class _Aside:
     def __init__(self, ctx: LoadedExperiment, specs: list[NetworkSpec],
                  reqs: list[JobRequest], run_name: str, checker_mode: str, compute_ns: int,
                  full: int, store_path: Path | None, progress: Progress | None,
-                 workers: int, total: int, announce: Announce | None = None) -> None:
+                 workers: int, total: int, announce: Announce | None = None,
+                 extend: bool = False) -> None:
         mp = multiprocessing.get_context("spawn")
         self.progress, self.announce = progress, announce
         self.queue = list(specs)
@@ -449,7 +465,7 @@ class _Aside:
         self.out: dict[str, tuple[NetworkResult, list[str], dict[str, dict[str, Any]]]] = {}
         self.failed: list[str] = []
         self._args = (ctx, reqs, checker_mode, run_name, compute_ns, full, store_path, total,
-                      announce is not None)
+                      announce is not None, extend)
         self._mp, self._workers = mp, workers
         self._lock = threading.Lock()
         self._closing = False
@@ -597,7 +613,8 @@ def run_experiment(ctx: LoadedExperiment, backend: str = "sim", store: RunStore 
                    iterations: int | None = None, progress: Progress | None = None,
                    checker_mode: str = "record", trace: Timeline | None = None,
                    announce: Announce | None = None, remote: ArbiterClient | None = None,
-                   workers: int | None = 0, force: bool = False) -> RunResult:
+                   workers: int | None = 0, force: bool = False,
+                   every_iteration: bool = False) -> RunResult:
     """Run every network of an experiment on the same jobs: its one workload (a job on the
     whole testbed, `iterations` of it, the training time extrapolated), or its several
     jobs (docs/multijob.md: each placed, planned and admitted as it arrives). `remote`:
@@ -606,7 +623,8 @@ def run_experiment(ctx: LoadedExperiment, backend: str = "sim", store: RunStore 
     beside this one, which runs the ODDL networks (0: all here, one after another; None:
     one per spare core when the run is long enough to pay for starting them). A run that
     would take hours, or more memory than is free, is refused up front (estimate.py)
-    unless `force`."""
+    unless `force`. A job that repeats its iteration ends in copies of it
+    (sim/steady.py), unless `every_iteration`."""
     t_wall = time.perf_counter()
     exp, tb = ctx.experiment, ctx.testbed
     grid = Grid.from_testbed(tb)
@@ -656,7 +674,7 @@ def run_experiment(ctx: LoadedExperiment, backend: str = "sim", store: RunStore 
     elsewhere = {s.name for s in aside}
     pool = _Aside(ctx, aside, reqs, run_name, checker_mode, compute_ns, full,
                   store.path if store is not None else None, progress, workers, n_iter,
-                  announce) if aside else None
+                  announce, not every_iteration) if aside else None
     try:
         for spec in exp.networks:
             if spec.name in elsewhere:
@@ -671,7 +689,8 @@ def run_experiment(ctx: LoadedExperiment, backend: str = "sim", store: RunStore 
                 continue
             results[spec.name], violations[spec.name], per_job = run_network(
                 ctx, spec, reqs, backend, checker_mode, run_name, compute_ns, full, store,
-                functools.partial(on_iteration, spec.name), announce, trace)
+                functools.partial(on_iteration, spec.name), announce, trace,
+                not every_iteration)
             for job_name, pub in per_job.items():
                 jobs[job_name][spec.name] = pub
         if pool is not None:

@@ -106,7 +106,10 @@ class Admission:
                  placer: Placer, stage1: Stage1, spec: NetworkSpec, testbed: Any,
                  run_name: str, experiment: str, on_iteration: OnJob | None = None,
                  profiler: Profiler | None = None, trace: Timeline | None = None,
-                 record_flows: bool = False, service: JobService | None = None) -> None:
+                 record_flows: bool = False, service: JobService | None = None,
+                 extend: bool = False) -> None:
+        """extend: a job that nothing but its own iterations can reach may have its
+        repeated iteration's copies written rather than simulated (sim/steady.py)."""
         if len(requests) > MAX_TAG:
             raise RunFailed(f"{len(requests)} jobs: at most {MAX_TAG} in one run")
         self.b, self.grid, self.placer, self.stage1 = backend, grid, placer, stage1
@@ -119,6 +122,10 @@ class Admission:
         self.records = self.jobs.records
         self.on_iteration = on_iteration
         self.trace, self.record_flows, self.service = trace, record_flows, service
+        # nothing else can reach a run's one job: no other, no operator, no time limit,
+        # no trace, no CASSINI pauses
+        self.extend = extend and service is None and len(requests) == 1 and \
+            trace is None and not spec.cassini and not requests[0].time_limit_ns
         self._busy = 0  # stage 1s under way (off the loop: the back end's `off_loop`)
         self.free = set(grid.nodes)
         # nodes out by the service's word: drained by an operator, or kept out after a
@@ -269,7 +276,8 @@ class Admission:
         then fails; the service keeps those nodes out and says so); the service is told;
         the next jobs start, or the run is done."""
         rec = self.records[name]
-        rec.end_ns = self.clock.now_ns() - self.t0
+        # its last iteration's end, where that was a copy written before its time
+        rec.end_ns = max(self.clock.now_ns(), self.jobs.last.get(name, 0)) - self.t0
         rec.violations = self.b.monitor.count_of(self.jobs.attempts.pop(name, []))
         self.jobs.tasks.pop(name, None)
         self.jobs.cancelling.pop(name, None)
@@ -551,7 +559,8 @@ class Admission:
 
         def on_iteration(it: Iteration) -> None:
             rec.iteration_ns.append(it.t_end - it.t_start)
-            self.jobs.last[req.name] = self.clock.now_ns()
+            # (a copy is written before its time comes: at its end)
+            self.jobs.last[req.name] = it.t_end if it.extended else self.clock.now_ns()
             self.align.iterated(req.name, it.t_end)
             if self.on_iteration is not None:
                 self.on_iteration(rec, it)
@@ -576,7 +585,8 @@ class Admission:
                    shift_ns: int, stop: StopRule) -> Any:
         """The job, after its start delay (`Alignment.delay`)."""
         await self.align.delay(name, shift_ns)
-        return await self.b.run_job(spec, on_iteration, self.record_flows, stop)
+        return await self.b.run_job(spec, on_iteration, self.record_flows, stop,
+                                    self.extend)
 
     def _finish(self, req: JobRequest, part: Partition, task: asyncio.Task[Any]) -> None:
         rec = self.records[req.name]

@@ -64,6 +64,8 @@ class Iteration:
     control_messages: int  # during this iteration
     flows: list[FlowRow] = field(default_factory=list)  # when the back end records them
     trace: list[TraceRow] = field(default_factory=list)  # while the job traces (trace.py)
+    # a copy of the job's repeated iteration, written rather than simulated (sim/steady.py)
+    extended: bool = False
 
 
 @dataclass
@@ -73,6 +75,9 @@ class JobOutcome:
     stats: dict[str, Any]
     violations: list[str]
     trace: list[TraceRow] = field(default_factory=list)  # recorded after the last iteration
+    # the job ended in copies of its repeated iteration (sim/steady.py): iterations
+    # simulated, copies, period_ns
+    extended: dict[str, int] = field(default_factory=dict)
 
 
 OnIteration = Callable[[Iteration], None]
@@ -152,7 +157,10 @@ class StopRule:
 
 class Backend(Protocol):
     """`run_job` runs iterations spec.start .. spec.iterations - 1 and reports each, and
-    stops the job as `stop` says (raising `JobStopped`). Several `run_job`s may run at
+    stops the job as `stop` says (raising `JobStopped`). `extend`: nothing but its own
+    iterations can reach the job (no other job, pause, time limit or trace):
+    a model back end may write its repeated iteration's copies rather than simulate them
+    (sim/steady.py); a testbed's runs every iteration. Several `run_job`s may run at
     once, for jobs on disjoint nodes (controller/service/admission.py)."""
 
     # what the orchestration reads of it (read-only: each back end holds its own kinds)
@@ -183,7 +191,8 @@ class Backend(Protocol):
         every ended job has its record."""
 
     async def run_job(self, spec: JobSpec, on_iteration: OnIteration,
-                      record_flows: bool, stop: StopRule) -> JobOutcome: ...
+                      record_flows: bool, stop: StopRule, extend: bool = False
+                      ) -> JobOutcome: ...
 
     def pause(self, job: str, ns: int) -> bool:
         """Delay a running job's next iteration by `ns` (CASSINI re-aligns jobs that share

@@ -28,6 +28,10 @@ class DrillPlan:
             if f.at_iteration is None:
                 self.clock.call_at_ns(t0 + round(f.start_ms * 1e6), self._begin, f)
 
+    def to_come(self) -> bool:
+        """A fault has not begun yet (a run's iterations are not yet all alike)."""
+        return len(self._begun) < len(self.faults)
+
     def at_iteration(self, i: int) -> None:
         """Iteration `i` begins: the faults due at it begin (once, whatever the attempt)."""
         for f in self.faults:
