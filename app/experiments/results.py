@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from oddl.app.stores import check_version, open_store
+from oddl.controller.service.backend import Repeats
 
 SCHEMA_VERSION = 1  # PRAGMA user_version: a newer one is refused (app/stores.py)
 SCHEMA = """
@@ -54,6 +55,10 @@ class RunStore:
         # several writers (a run's networks in processes of their own: each commits its
         # iterations): each waits its turn for the write lock
         self.db = open_store(path, SCHEMA, SCHEMA_VERSION, "run's results store")
+        # iterations (and their flows) held for the next commit
+        self._its: list[tuple[Any, ...]] = []
+        self._flows: list[tuple[Any, ...]] = []
+        self._copies: list[list[Any]] = []  # [network, repeats, first, last] of copies
 
     def begin_network(self, name: str, kind: str, meta: dict[str, Any]) -> None:
         self.db.execute("INSERT OR REPLACE INTO networks VALUES (?, ?, ?)",
@@ -62,24 +67,55 @@ class RunStore:
 
     def add_iteration(self, network: str, iteration: int, t_start: int, t_end: int,
                       compute_ns: int, control_messages: int, flows: list[FlowRow],
-                      replace: bool = False, commit: bool = True) -> None:
-        """One iteration and its flows, committed together (`commit` False: with a later
-        one; a run's copies of its repeated iteration, written at once). `replace`: a
-        record of it already here is replaced (an arbiter killed after this write and
-        before its ledger's runs the iteration again), else it is refused
-        (IntegrityError)."""
+                      replace: bool = False, commit: bool = True,
+                      repeats: Repeats | None = None) -> None:
+        """One iteration and its flows, committed together (`commit` False: held, and
+        written with a later one). `repeats`: it is a copy of a repeated iteration, its
+        flows that one's (`Repeats.flows_of`), written by SQLite itself (a run's copies
+        come all at once: Table 1's are 800,000 rows). `replace`: a record of it already
+        here is replaced (an arbiter killed after this write and before its ledger's runs
+        the iteration again), else it is refused (IntegrityError)."""
         if replace:
             self.db.execute("DELETE FROM flows WHERE network = ? AND iteration = ?",
                             (network, iteration))
-        self.db.execute(f"INSERT {'OR REPLACE ' if replace else ''}INTO iterations "
-                        "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-                        (network, iteration, t_start, t_end, compute_ns,
-                         t_end - t_start - compute_ns, len(flows), control_messages))
-        if flows:
-            self.db.executemany("INSERT INTO flows VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                                [(network, iteration, *f) for f in flows])
+        n = len(flows) if repeats is None else len(repeats.flows)
+        self._its.append((network, iteration, t_start, t_end, compute_ns,
+                          t_end - t_start - compute_ns, n, control_messages))
+        if repeats is not None:
+            runs = self._copies
+            if runs and runs[-1][0] == network and runs[-1][1] is repeats and \
+                    runs[-1][3] == iteration - 1:
+                runs[-1][3] = iteration
+            else:
+                runs.append([network, repeats, iteration, iteration])
+        self._flows += [(network, iteration, *f) for f in flows]
         if commit:
+            self.db.executemany(f"INSERT {'OR REPLACE ' if replace else ''}INTO iterations "
+                                "VALUES (?, ?, ?, ?, ?, ?, ?, ?)", self._its)
+            self.db.executemany("INSERT INTO flows VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                                self._flows)
+            for net, rep, first, last in self._copies:
+                self._copy_flows(net, rep, first, last)
             self.db.commit()
+            self._its, self._flows, self._copies = [], [], []
+
+    def _copy_flows(self, network: str, rep: Repeats, first: int, last: int) -> None:
+        """The flows of copies first .. last of `rep`'s iteration, in the order a run
+        writes them (iteration by iteration, each in its flows' order)."""
+        db = self.db
+        db.execute("CREATE TEMP TABLE IF NOT EXISTS repeated (pos INTEGER PRIMARY KEY, "
+                   "flow INTEGER, id_step INTEGER, step INTEGER, src TEXT, dst TEXT, "
+                   "bytes INTEGER, hops INTEGER, t_submit_ns INTEGER, t_deliver_ns INTEGER)")
+        db.execute("DELETE FROM repeated")
+        db.executemany("INSERT INTO repeated VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                       [(i, f[0], d, *f[1:]) for i, (f, d)
+                        in enumerate(zip(rep.flows, rep.id_steps, strict=True))])
+        db.execute(
+            "WITH RECURSIVE k(i) AS (SELECT ? UNION ALL SELECT i + 1 FROM k WHERE i < ?) "
+            "INSERT INTO flows SELECT ?, k.i, r.flow + (k.i - ?) * r.id_step, r.step, r.src, "
+            "r.dst, r.bytes, r.hops, r.t_submit_ns + (k.i - ?) * ?, "
+            "r.t_deliver_ns + (k.i - ?) * ? FROM k, repeated r ORDER BY k.i, r.pos",
+            (first, last, network, rep.of, rep.of, rep.period_ns, rep.of, rep.period_ns))
 
     def add_flows(self, network: str, rows: list[tuple[Any, ...]]) -> None:
         """Flow rows of iterations already recorded (iteration, then a FlowRow): a job an

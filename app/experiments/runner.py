@@ -347,14 +347,14 @@ class _Recorder:
     def __call__(self, network: str, rec: JobRecord, it: Iteration) -> None:
         n = self.done[network] = self.done.get(network, 0) + 1
         # copies of a repeated iteration come all at once: committed and told in batches
-        now = not it.extended or n % COPIES_AT_ONCE == 0 or it.iteration + 1 >= self.total
+        now = it.repeats is None or n % COPIES_AT_ONCE == 0 or it.iteration + 1 >= self.total
         if self.store is not None and self.several:
             self.store.add_job_iteration(network, rec.name, it.iteration, it.t_start,
                                          it.t_end)
         elif self.store is not None:
             self.store.add_iteration(network, it.iteration, it.t_start, it.t_end,
                                      self.compute_ns, it.control_messages, it.flows,
-                                     commit=now)
+                                     commit=now, repeats=it.repeats)
         if self.progress is not None and now:
             self.progress(network, n, self.total)
 
@@ -577,6 +577,11 @@ class _Aside:
 PARALLEL_FROM_S = 1.0
 
 
+# the iterations a repeating job's model network is estimated at (it repeats from its 4th
+# at the earliest, and its 9th's probe is the third pair's)
+REPEATS_BY = 10
+
+
 def _spare_cores() -> int:
     """Cores this process may use beyond its own (its affinity, not the machine's)."""
     return max(len(os.sched_getaffinity(0)) - 1, 0)
@@ -661,6 +666,11 @@ def run_experiment(ctx: LoadedExperiment, backend: str = "sim", store: RunStore 
         reqs = [_lone_job(ctx, n_iter, compute_ns)]
     on_iteration = _Recorder(store, bool(ctx.jobs), compute_ns, progress, n_iter)
     models = model_networks(ctx, reqs, flows)
+    if not every_iteration and not ctx.jobs and n_iter > REPEATS_BY:
+        # a job that repeats its iteration simulates its first few (sim/steady.py): a
+        # worker process, a second of a core to start, would cost more than it saves
+        few = [dataclasses.replace(r, iterations=REPEATS_BY) for r in reqs]
+        models = model_networks(ctx, few, _flows(ctx, few))
     if workers is None:
         workers = _spare_cores() if sum(c for _s, c in models) >= PARALLEL_FROM_S else 0
 

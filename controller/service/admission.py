@@ -560,7 +560,7 @@ class Admission:
         def on_iteration(it: Iteration) -> None:
             rec.iteration_ns.append(it.t_end - it.t_start)
             # (a copy is written before its time comes: at its end)
-            self.jobs.last[req.name] = it.t_end if it.extended else self.clock.now_ns()
+            self.jobs.last[req.name] = self.clock.now_ns() if it.repeats is None else it.t_end
             self.align.iterated(req.name, it.t_end)
             if self.on_iteration is not None:
                 self.on_iteration(rec, it)

@@ -54,6 +54,24 @@ class JobStopped(RuntimeError):
         self.carrying: asyncio.Event | None = None
 
 
+@dataclass(frozen=True)
+class Repeats:
+    """A job's iteration `of` repeats exactly (sim/steady.py): each later one is its copy,
+    n iterations on later by n periods, each of its flows too, with an id on by n times
+    that flow's step (rank r numbers its k-th flow k * ranks + r)."""
+
+    of: int
+    period_ns: int
+    flows: list[FlowRow]
+    id_steps: list[int]
+
+    def flows_of(self, iteration: int) -> list[FlowRow]:
+        n = iteration - self.of
+        dt = n * self.period_ns
+        return [(f[0] + n * d, *f[1:6], f[6] + dt, f[7] + dt)
+                for f, d in zip(self.flows, self.id_steps, strict=True)]
+
+
 @dataclass
 class Iteration:
     """One completed iteration, as the job's slowest rank saw it."""
@@ -64,8 +82,9 @@ class Iteration:
     control_messages: int  # during this iteration
     flows: list[FlowRow] = field(default_factory=list)  # when the back end records them
     trace: list[TraceRow] = field(default_factory=list)  # while the job traces (trace.py)
-    # a copy of the job's repeated iteration, written rather than simulated (sim/steady.py)
-    extended: bool = False
+    # a copy of the job's repeated iteration, written rather than simulated (its flows:
+    # `repeats.flows_of(iteration)`, not in `flows`)
+    repeats: Repeats | None = None
 
 
 @dataclass
