@@ -340,8 +340,11 @@ class SimBackend:
                 timer[0] = self.clock.call_later_ns(health.period_ns, guard)
 
         timer = [self.clock.call_later_ns(health.period_ns, guard)]
+        # copies only while no fault is to come from the drill, and none found waits to
+        # stop the job at its next iteration
         steady = Steady(self.loop, lambda: [w, runner], outcome, spec.start, (guard,),
-                        lambda: not self.drill.plan.to_come()) if extend else None
+                        lambda: not self.drill.plan.to_come() and not stop.faults()) \
+            if extend else None
         try:
             with _holding(self._runners, spec.nodes, runner):
                 for node in w.fabric.dead:
