@@ -73,7 +73,9 @@ def _until(what: str, ok: object, proc: subprocess.Popen[str], limit_s: float = 
 def test_a_virtual_time_run_stops_halfway_and_keeps_its_iterations(
         root: Path, tmp_path: Path, sig: int) -> None:
     out = tmp_path / "run"
-    proc = _start(root, "run", TABLE1, "--iterations", "100000", "--out", str(out))
+    # (every iteration simulated: a run that repeats would be written in a second)
+    proc = _start(root, "run", TABLE1, "--iterations", "100000", "--every-iteration",
+                  "--out", str(out))
     db = out / "results.sqlite"
     _until("20 iterations of each network",  # the baseline's in its worker process
            lambda: min(_iterations(db), _iterations(db, "electrical")) >= 20, proc)
@@ -104,7 +106,8 @@ def test_a_run_of_model_networks_alone_stops_cleanly(root: Path, tmp_path: Path)
                    + "".join(f'[[networks]]\nname = "{n}"\nkind = "electrical"\n'
                              'latency_ns = 1000\n\n' for n in ("electrical", "el-2")))
     out = tmp_path / "run"
-    proc = _start(root, "run", str(exp), "--iterations", "100000", "--out", str(out))
+    proc = _start(root, "run", str(exp), "--iterations", "100000", "--every-iteration",
+                  "--out", str(out))
     db = out / "results.sqlite"
     _until("20 iterations of both networks, each in its worker",
            lambda: min(_iterations(db, "electrical"), _iterations(db, "el-2")) >= 20, proc)
@@ -122,7 +125,9 @@ def test_a_worker_hears_no_signal_its_parent_has_not_acted_on(root: Path, tmp_pa
     (its parent stops it): SIGTERM to the worker alone changes nothing, and the run goes
     on until its parent is stopped."""
     out = tmp_path / "run"
-    proc = _start(root, "run", TABLE1, "--iterations", "100000", "--out", str(out))
+    # (every iteration simulated: a run that repeats would be written in a second)
+    proc = _start(root, "run", TABLE1, "--iterations", "100000", "--every-iteration",
+                  "--out", str(out))
     db = out / "results.sqlite"
     _until("20 iterations of each network",
            lambda: min(_iterations(db), _iterations(db, "electrical")) >= 20, proc)
