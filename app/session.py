@@ -79,6 +79,12 @@ def session(testbed: Path, tb: Testbed, backend: str, purpose: str, *,
             stack.enter_context(TestbedLock(registry.lock_name(tb), purpose).acquire(wait_s))
         announce = None
         if publish and not what.says_itself:
+            if tb.broker.url == "embedded" and tb.emulator is None:
+                raise ConfigError([ConfigIssue(
+                    str(testbed), "broker", "--publish: the testbed's broker is the embedded "
+                    "one, which runs only inside `oddl emulate`: publish to a serving "
+                    "emulator's config (`oddl emulate TESTBED --out EMU.toml`, then `oddl run "
+                    "EXPERIMENT --testbed EMU.toml --publish`), or name a broker's url")])
             announcer = registry.open_announcer(tb)
             stack.callback(announcer.close)
             announce = announcer.announce

@@ -95,9 +95,13 @@ TIMES: dict[tuple[str, str], str] = {
     ("Transmitter", "tune_until"): DEADLINE,
     ("Transmitter", "tune_from"): "tune_until",  # read only as the tune's duration
 }
-# classes left out wherever they are reached (observers; the clock, keyed as its events)
-SKIP_CLASSES = frozenset({"InvariantChecker", "Health", "Heartbeats", "Watch", "Clock",
-                          "VirtualClockLoop", "Tracer"})
+# classes left out wherever they are reached: observers (the checker, the health watch,
+# a trace, the bus's watchers' announcer); the clock (keyed as its events); the back ends
+# themselves, reached through their callbacks (their models are the roots; the rest of
+# theirs is the run's: a drill, CASSINI's pauses, the watch)
+SKIP_CLASSES = frozenset({"InvariantChecker", "Health", "Heartbeats", "Watch", "Tracer",
+                          "BusAnnouncer", "Clock", "VirtualClockLoop", "SimBackend",
+                          "ModelBackend"})
 
 
 def _registers() -> frozenset[int]:

@@ -43,6 +43,19 @@ def test_table1_regression(root: Path) -> None:
     assert 0.01227 < comm < 0.0124
 
 
+def test_publishing_a_run_with_no_broker_running_says_how(root: Path, tmp_path: Path
+                                                          ) -> None:
+    """Found trying `oddl run --publish` as a user: a sim testbed's broker is the embedded
+    one, which runs only inside `oddl emulate`; the run failed with "the embedded broker's
+    port is known only once it runs". It now names the file and field, and what to do."""
+    r = CliRunner().invoke(main, ["run", str(root / TABLE1), "--iterations", "3", "--publish",
+                                  "--out", str(tmp_path / "run")])
+    assert r.exit_code == 2, r.output
+    assert "prototype-4node.toml: broker: --publish:" in r.output
+    assert "oddl emulate TESTBED --out EMU.toml" in r.output
+    assert "Traceback" not in r.output
+
+
 def test_run_json_is_one_object_and_run_dir_complete(root: Path, tmp_path: Path) -> None:
     out = tmp_path / "run"
     r = CliRunner().invoke(main, ["run", str(root / TABLE1), "--iterations", "5", "--json",

@@ -118,6 +118,29 @@ def test_a_traced_run_simulates_every_iteration() -> None:
     assert res.networks["oddl"].iterations == 12
 
 
+class _Watcher:
+    """The bus's watchers as a published run tells them: over a connection with its locks
+    and threads, which the key must not walk into (found publishing: the baseline's
+    callback led to it, and its run was simulated in full, 20 s)."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.told = 0
+
+    def announce(self, kind: str, payload: bytes) -> None:
+        with self.lock:
+            self.told += kind == "iteration"
+
+
+def test_a_published_run_ends_in_copies_and_tells_one_in_many() -> None:
+    ctx = load_experiment(TABLE1)
+    w = _Watcher()
+    res = run_experiment(ctx, iterations=5000, announce=w.announce)
+    assert all(r.steady["copies"] == 4996 for r in res.networks.values())
+    # each network: its 4 simulated, then copies 4,096 (the 4,096th) and 5,000 (the last)
+    assert w.told == 2 * (4 + 2)
+
+
 def _world() -> tuple[Any, Clock]:
     tb = make_testbed(1, 2)
     loop = VirtualClockLoop()

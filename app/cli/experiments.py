@@ -584,6 +584,8 @@ def run(experiment: Path, backend: str, out: Path | None, iterations: int | None
     except TooBig as e:
         click.echo(f"error: {experiment}: {e}", err=True)
         sys.exit(2)
+    except ConfigError as e:  # what the run needs of its testbed, found as it opened it
+        _config_fail(e)
     except Exception as e:  # a device, the broker, credentials: say which, keep what ran
         if os.environ.get("ODDL_DEBUG"):
             raise

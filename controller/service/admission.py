@@ -81,6 +81,11 @@ CARRY_WAIT_S = 2.0  # how long a stopped job's ranks may take to say what they d
 OnJob = Callable[[JobRecord, Iteration], None]  # a job's iteration, as it completes
 
 
+# a job's copies of its repeated iteration (sim/steady.py) come all at once, each as the
+# one before: the bus's watchers are told one in this many, and the last
+COPIES_TOLD = 4096
+
+
 class JobService(Protocol):
     """The service's side of an orchestration it runs (app/queue.py): with one, a job that
     cannot go on ends alone, and the service is told what each job holds and how it ended."""
@@ -564,6 +569,9 @@ class Admission:
             self.align.iterated(req.name, it.t_end)
             if self.on_iteration is not None:
                 self.on_iteration(rec, it)
+            if it.repeats is not None and (it.iteration + 1) % COPIES_TOLD and \
+                    it.iteration + 1 < req.iterations:
+                return  # a copy, as the one before it: the watchers hear one in many
             self._say("iteration", lambda: IterationNote(
                 TELEMETRY_VERSION, self.spec.name, it.iteration,
                 (it.t_end - it.t_start) / 1e6, it.control_messages, self.run_name,
