@@ -137,8 +137,9 @@ def test_a_published_run_ends_in_copies_and_tells_one_in_many() -> None:
     w = _Watcher()
     res = run_experiment(ctx, iterations=5000, announce=w.announce)
     assert all(r.steady["copies"] == 4996 for r in res.networks.values())
-    # each network: its 4 simulated, then copies 4,096 (the 4,096th) and 5,000 (the last)
-    assert w.told == 2 * (4 + 2)
+    # each network: its 4 simulated, its first 256 copies, then the 4,096th iteration and
+    # the last
+    assert w.told == 2 * (4 + 256 + 2)
 
 
 def _world() -> tuple[Any, Clock]:
