@@ -57,7 +57,7 @@ from typing import Any
 from oddl.controller.service.backend import FlowRow, Iteration, JobOutcome, Repeats
 from oddl.fpga import regmap as R
 
-COUNT, LABEL, OBSERVER = "count", "label", "observer"
+COUNT, LABEL = "count", "label"
 
 # (class, field) -> why it is not in the key; fields of these kinds, "time", enter it
 # relative to the probe
@@ -65,7 +65,6 @@ NOT_STATE: dict[tuple[str, str], str] = {
     ("CollectiveEngine", "flows"): COUNT,
     ("CollectiveEngine", "iteration"): LABEL,
     ("CollectiveEngine", "seq"): LABEL,  # each rank's flow ids
-    ("CollectiveEngine", "on_iteration_hook"): OBSERVER,
     ("ControlUnit", "sent"): COUNT,
     ("ControlUnit", "stats"): COUNT,
     ("_Rx", "done"): LABEL,  # delivered flows' keys: a duplicate is looked up in them
@@ -83,7 +82,6 @@ NOT_STATE: dict[tuple[str, str], str] = {
     ("LocalBus", "delayed"): COUNT,
     ("LocalBus", "dropped"): COUNT,
     ("FlowNetwork", "flows"): COUNT,
-    ("FlowNetwork", "bytes"): COUNT,
 }
 # (class, field) -> how an absolute time (ns) enters the key: MARK, its distance from now;
 # DEADLINE, that too while it is to come, and only "passed" once it has (it is read as
@@ -179,7 +177,9 @@ class _Walk:
             for k, v in x.items():
                 self(k)
                 self(v)
-        elif isinstance(x, (set, frozenset)):
+        elif isinstance(x, (set, frozenset)):  # in an order of their own: of values only
+            if not all(_plain(v) for v in x):
+                raise Unkeyable(f"cannot key a set of objects ({cls})")
             out.append(("s", tuple(sorted(map(repr, x)))))
         elif isinstance(x, (bytearray, memoryview, array.array)):
             out.append(("b", bytes(x)))
@@ -216,6 +216,9 @@ class _Walk:
                 if f in left_out:
                     continue
                 v = getattr(x, f, _MISSING)
+                if v is _MISSING:  # a slot never set
+                    out.append("unset")
+                    continue
                 if self.where is not None:
                     self.where.extend([self.field] * (len(out) - len(self.where)))
                     self.field = f"{cls}.{f}"
@@ -228,6 +231,13 @@ class _Walk:
 
 
 _MISSING = object()
+
+
+def _plain(v: Any) -> bool:
+    """A value that is its own state (a set of them keys as its sorted reprs)."""
+    if isinstance(v, tuple):
+        return all(map(_plain, v))
+    return v is None or isinstance(v, (bool, int, float, str, bytes, enum.Enum))
 
 
 @functools.cache

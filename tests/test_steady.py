@@ -191,6 +191,11 @@ def test_what_the_key_cannot_read_stops_the_search() -> None:
     w.boards["n0-0"].mystery = threading.Lock()  # state the walk cannot see into
     with pytest.raises(Unkeyable, match="lock"):
         key([w], [], 0, frozenset())
+    w.boards["n0-0"].mystery = {_Watcher()}  # objects in no order of their own
+    with pytest.raises(Unkeyable, match="set of objects"):
+        key([w], [], 0, frozenset())
+    w.boards["n0-0"].mystery = {("n0-0", 3), ("n1-0", 2)}  # values: their sorted reprs
+    assert key([w], [], 0, frozenset()) == key([w], [], 0, frozenset())
 
 
 @pytest.mark.realtime
