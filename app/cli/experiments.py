@@ -476,7 +476,7 @@ def _run_warnings(res: Any, ctx: Any) -> None:
 @click.option("--out", type=click.Path(path_type=Path), default=None,
               help="run directory (default: runs/<experiment>-<time>)")
 @click.option("--iterations", type=click.IntRange(min=1), default=None,
-              help="simulate only N iterations and extrapolate the training time")
+              help="run only N iterations and extrapolate the training time")
 @click.option("--every-iteration", is_flag=True,
               help="sim: simulate every iteration (default: once a job's iteration repeats "
                    "exactly, the rest are written as its copies, with the same figures and "
