@@ -22,6 +22,7 @@ from oddl.controller.base.clock import Clock
 from oddl.controller.base.config import LoadedExperiment, load_experiment
 from oddl.controller.base.config.faults import FaultSpec
 from oddl.controller.base.topology import Grid
+from oddl.controller.service.backend import Repeats
 from oddl.controller.stage2.workloads import total_iterations
 from oddl.fpga import regmap as R
 from oddl.sim import backend as sim_backend
@@ -116,6 +117,30 @@ def test_a_traced_run_simulates_every_iteration() -> None:
     res = run_experiment(ctx, iterations=12, trace=Timeline(2))
     assert all(not r.steady for r in res.networks.values())
     assert res.networks["oddl"].iterations == 12
+
+
+def test_the_store_writes_copies_as_their_flows_say(tmp_path: Path) -> None:
+    """The store writes copies' flows in SQL: the same rows, in the same order (by rowid),
+    as `Repeats.flows_of` says and as a run that wrote each would have."""
+    rows = [(7, 0, "n0", "n1", 100, 1, 1_000, 2_000), (4, 1, "n1", "n0", 50, 2, 1_500, 2_700),
+            (9, 1, "n2", "n3", 80, 1, 1_900, 2_900)]
+    rep = Repeats(0, 10_000, rows, [16, 16, 12])
+    store = RunStore(tmp_path / "s.sqlite")
+    try:
+        store.add_iteration("oddl", 0, 0, 10_000, 500, 6, rows)
+        for i in range(1, 6):  # the last commits them all
+            store.add_iteration("oddl", i, i * 10_000, (i + 1) * 10_000, 500, 6, [],
+                                commit=i == 5, repeats=rep)
+    finally:
+        store.close()
+    con = sqlite3.connect(tmp_path / "s.sqlite")
+    got = con.execute("SELECT flow, step, src, dst, bytes, hops, t_submit_ns, t_deliver_ns "
+                      "FROM flows ORDER BY rowid").fetchall()
+    counts = con.execute("SELECT flows FROM iterations ORDER BY iteration").fetchall()
+    con.close()
+    assert got == rows + [f for i in range(1, 6) for f in rep.flows_of(i)]
+    assert got[3] == (7 + 16, 0, "n0", "n1", 100, 1, 11_000, 12_000)
+    assert counts == [(3,)] * 6
 
 
 class _Watcher:

@@ -332,6 +332,8 @@ def network_result(net: Network, threshold: float, extrapolate_to: int | None) -
                          control_unit=stats.get("control_unit", {}), steady=total.extended)
 
 
+# a job's copies of its repeated iteration (sim/steady.py) come all at once: committed,
+# and their progress told, this many at a time (each commit: 80 us)
 COPIES_AT_ONCE = 4096
 
 
@@ -346,7 +348,6 @@ class _Recorder:
 
     def __call__(self, network: str, rec: JobRecord, it: Iteration) -> None:
         n = self.done[network] = self.done.get(network, 0) + 1
-        # copies of a repeated iteration come all at once: committed and told in batches
         now = it.repeats is None or n % COPIES_AT_ONCE == 0 or it.iteration + 1 >= self.total
         if self.store is not None and self.several:
             self.store.add_job_iteration(network, rec.name, it.iteration, it.t_start,
