@@ -272,3 +272,13 @@ def test_every_shipped_run_that_repeats_ends_in_copies_equal_to_the_full_run(
         path: Path, tmp_path: Path) -> None:
     copies, every = both_ways(path, tmp_path)
     assert_same(copies, every)
+
+
+@pytest.mark.every_iteration
+def test_table1_on_the_64_node_grid_ends_in_copies_equal_to_the_full_run(
+        tmp_path: Path) -> None:
+    """Relays, two dimensions, 64 ranks' halving-doubling: 40 iterations both ways."""
+    ctx = load_experiment(TABLE1, ROOT / "hw_configs" / "grid-64.toml")
+    copies, every = both_ways(ctx, tmp_path, iterations=40)
+    assert_same(copies, every)
+    assert copies["summary"]["steady_state"]["oddl"]["copies"] == 36
