@@ -308,17 +308,18 @@ def test_model_networks_go_to_workers_by_their_cost_the_longest_first(root: Path
 
 
 def test_a_run_tunes_the_collector_and_gives_it_back(root: Path) -> None:
-    """During a run the young generation is larger and what was set up is frozen out of the
-    collector's passes (docs/performance.md); after it, a long-lived process (the arbiter,
+    """During a run the young generation is larger, the older ones are collected less
+    often, and what was set up is frozen out of the collector's passes
+    (docs/performance.md); after it, a long-lived process (the arbiter,
     the emulator) has its collector as it was, nothing left frozen to leak."""
     import gc
 
-    from oddl.app.collector import YOUNG
+    from oddl.app.collector import OLDER, YOUNG
     from oddl.app.experiments.runner import lone_network
 
     before = gc.get_threshold()
     with lone_network(load_experiment(root / TABLE1), "oddl", 1, 0) as net:
-        assert gc.get_threshold()[0] == YOUNG
+        assert gc.get_threshold() == (YOUNG, OLDER, OLDER)
         assert gc.get_freeze_count() > 0  # the boards, the fabric, the plan's inputs
         net.admission.run()
     assert gc.get_threshold() == before
