@@ -92,6 +92,14 @@ class VirtualClockLoop(asyncio.BaseEventLoop):
         heapq.heappush(self._vheap, h)
         return h
 
+    def pending(self) -> list[tuple[int, Callable[..., Any], tuple[Any, ...]]]:
+        """What is scheduled, as (t_ns, callback, args): the model events in the order
+        they will run, then asyncio's timers in theirs (sim/steady.py keys them)."""
+        out = [(h[0], h[2], h[3]) for h in sorted(self._vheap) if h[2] is not None]
+        timers: list[Any] = sorted(self._scheduled, key=lambda h: h.when())
+        return out + [(math.ceil(h.when() * 1e9 - 1e-3), h._callback, h._args)
+                      for h in timers if not h.cancelled()]
+
     def _advance(self) -> None:
         """Run model events in time order until something asyncio-level becomes runnable."""
         if self._ready:

@@ -56,6 +56,7 @@ from typing import Any
 
 from oddl.controller.service.backend import FlowRow, Iteration, JobOutcome, Repeats
 from oddl.fpga import regmap as R
+from oddl.sim.clock import VirtualClockLoop
 
 COUNT, LABEL = "count", "label"
 
@@ -298,13 +299,13 @@ class Extension:
     counts they add, per iteration."""
 
     simulated: int
-    extended: int
+    copies: int
     period_ns: int
     delta: dict[str, int]
 
     def outcome(self, out: JobOutcome) -> JobOutcome:
-        """The job's outcome as the full run's: its counts, each `extended` times more."""
-        n, d = self.extended, self.delta
+        """The job's outcome as the full run's: its counts, each `copies` times more."""
+        n, d = self.copies, self.delta
         stats = {k: v + n * d.get(k, 0) if _count(v) else v for k, v in out.stats.items()}
         return JobOutcome(out.control_messages + n * d["control_messages"],
                           out.flows + n * d["flows"], stats, out.violations, out.trace,
@@ -340,7 +341,7 @@ class Steady:
     """A job's search for its repeated iteration (`run_in_process` drives it): probes in
     pairs, the counts at the boundaries after them, and the extension once found."""
 
-    def __init__(self, loop: Any, roots: Callable[[], list[Any]],
+    def __init__(self, loop: VirtualClockLoop, roots: Callable[[], list[Any]],
                  outcome: Callable[[], JobOutcome], start: int,
                  observers: Iterable[Any] = (), allowed: Callable[[], bool] = lambda: True
                  ) -> None:
@@ -364,14 +365,8 @@ class Steady:
     def probe(self, i: int) -> None:
         """At iteration i's compute end: its key; equal to iteration i - 1's, the repeats
         begin with iteration i."""
-        loop = self.loop
-        now = loop.now_ns()
-        events = [(h[0], h[2], h[3]) for h in sorted(loop._vheap) if h[2] is not None]
-        events += [(round(h.when() * 1e9), h._callback, h._args)
-                   for h in sorted(loop._scheduled, key=lambda h: h.when())
-                   if not h.cancelled()]
         try:
-            k = key(self.roots(), events, now, self.observers)
+            k = key(self.roots(), self.loop.pending(), self.loop.now_ns(), self.observers)
         except Unkeyable as e:
             self.gave_up = str(e)
             return
@@ -391,7 +386,8 @@ class Steady:
         to come). A copy's flows are the last one's, later by the period, their ids on by
         as many as from the iteration before (rank r's k-th flow is k * n + r)."""
         i = last.iteration
-        if self.found != i or i + 1 >= total or self.before is None:
+        if self.found != i or i + 1 >= total or self.before is None \
+                or self.before[0].iteration != i - 1:
             return None
         if not self.allowed():  # found again later, once nothing is to come
             self.found = self.last = None

@@ -19,7 +19,7 @@ import pytest
 from oddl.app.experiments.results import RunStore
 from oddl.app.experiments.runner import Timeline, run_experiment
 from oddl.controller.base.clock import Clock
-from oddl.controller.base.config import LoadedExperiment, load_experiment
+from oddl.controller.base.config import ConfigError, LoadedExperiment, load_experiment
 from oddl.controller.base.config.faults import FaultSpec
 from oddl.controller.base.topology import Grid
 from oddl.controller.service.backend import Repeats
@@ -255,7 +255,7 @@ def _shipped() -> list[Path]:
     for p in sorted((ROOT / "experiments").glob("*.toml")):
         try:
             ctx = load_experiment(p)
-        except Exception:  # a sweep, not a run
+        except ConfigError:  # a sweep, or a job for an arbiter: not a run
             continue
         if ctx.jobs:
             continue
