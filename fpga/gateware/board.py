@@ -46,21 +46,31 @@ class Board:
     osc_mhz: int
     target_mhz: int
     what: str
+    led: tuple[str, str]  # the LED the harness folds its outputs onto: resource, its pin
 
 
 BOARDS = {b.name: b for b in (
     Board("ulx3s-85f", "amaranth_boards.ulx3s", "ULX3S_85F_Platform", "clk25", 25, 50,
-          "Radiona ULX3S, Lattice ECP5 LFE5U-85F (84k LUT4s, 208 DP16KD)"),
+          "Radiona ULX3S, Lattice ECP5 LFE5U-85F, speed grade 6 (84k LUT4s, 208 DP16KD)",
+          ("led", "")),
+    Board("ecpix5-85f", "amaranth_boards.ecpix5", "ECPIX585Platform", "clk100", 100, 50,
+          "LambdaConcept ECPIX-5, Lattice ECP5-5G LFE5UM5G-85F, speed grade 8 (84k LUT4s, "
+          "208 DP16KD; 5 Gb/s SERDES)", ("rgb_led", "r")),
 )}
 
 
 def _pll_params(osc_mhz: int, target_mhz: int) -> dict[str, Any]:
-    """EHXPLLL's dividers for `target_mhz` from `osc_mhz`: the VCO between 400 and 800 MHz,
-    feedback from CLKOP (Lattice TN1263)."""
-    if target_mhz % osc_mhz:
-        raise ValueError(f"{target_mhz} MHz is not a multiple of the {osc_mhz} MHz oscillator")
-    op_div = next(d for d in range(1, 129) if 400 <= target_mhz * d <= 800)
-    return {"p_CLKI_DIV": 1, "p_CLKFB_DIV": target_mhz // osc_mhz, "p_CLKOP_DIV": op_div,
+    """EHXPLLL's dividers for `target_mhz` from `osc_mhz`: the output exactly
+    `osc_mhz / CLKI_DIV * CLKFB_DIV`, the phase detector at 3.125 MHz or more, the VCO
+    between 400 and 800 MHz, feedback from CLKOP (Lattice TN1263)."""
+    ratios = ((i, fb) for i in range(1, 129) for fb in range(1, 81)
+              if osc_mhz * fb == target_mhz * i and osc_mhz / i >= 3.125)
+    i, fb = next(ratios, (0, 0))
+    op_div = next((d for d in range(1, 129) if 400 <= target_mhz * d <= 800), 0)
+    if not (i and op_div):
+        raise ValueError(f"{target_mhz} MHz is not reachable from the {osc_mhz} MHz "
+                         f"oscillator by whole dividers")
+    return {"p_CLKI_DIV": i, "p_CLKFB_DIV": fb, "p_CLKOP_DIV": op_div,
             "p_CLKOP_CPHASE": op_div - 1, "p_CLKOP_FPHASE": 0, "p_FEEDBK_PATH": "CLKOP",
             "p_CLKOP_ENABLE": "ENABLED", "p_OUTDIVIDER_MUXA": "DIVA",
             "p_PLLRST_ENA": "DISABLED", "p_INTFB_WAKE": "DISABLED", "p_STDBY_ENABLE":
@@ -118,7 +128,8 @@ class Harness(Elaboratable):
         m.d.sync += partial.eq(Cat(*(g.xor() for g in groups)))
         folded = Signal()
         m.d.sync += folded.eq(partial.xor())
-        m.d.comb += platform.request("led", 0).o.eq(folded)
+        led = platform.request(b.led[0], 0)
+        m.d.comb += (getattr(led, b.led[1]) if b.led[1] else led).o.eq(folded)
         return m
 
 

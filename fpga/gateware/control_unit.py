@@ -275,9 +275,10 @@ class ControlUnitRTL(wiring.Component):
                 with m.If(clearing == self.nodes - 1):
                     m.next = "IDLE"
             with m.State("IDLE"):
-                with m.If(self.halt):  # the job is over here: everything is dropped
+                with m.If(self.halt):  # the job is over here: everything is dropped, its
+                    # timers too (as the Python unit's halt cancels them)
                     m.d.comb += [self.rx_tready.eq(1), self.submit_ready.eq(1)]
-                    m.d.sync += [x.eq(0) for x in (*rx_pend, *tx_pend)]
+                    m.d.sync += [x.eq(0) for x in (*rx_pend, *tx_pend, *t_on)]
                 with m.Elif(Cat(*rx_pend).any()):
                     for p in reversed(range(P)):
                         with m.If(rx_pend[p]):

@@ -46,9 +46,12 @@ class OnicTop(wiring.Component):
     def __init__(self, frame: FrameFormat, nodes: int = BUILD["nodes"], txq: int = BUILD["txq"],
                  rxq: int = BUILD["rxq"], done: int = BUILD["done"], per_sender: int = 4,
                  *, sim_view: bool = False) -> None:
-        """`sim_view`: two more outputs, the unit's timers (`unit_armed`, `unit_due`), for a
-        co-simulation that clocks the RTL only when it has work (sim/devices/rtl_board.py);
-        a bitstream's build leaves them out."""
+        """`sim_view`: the unit's timers as ports, for a co-simulation that clocks the RTL
+        only when it has work (sim/devices/rtl_board.py): which are armed, when each is due,
+        which were armed in this cycle (outputs `unit_armed`, `unit_due`, `unit_arming`),
+        and which may fire (input `unit_timers_en`: the model's clock wakes the RTL for one
+        timer at a time, so that timers due at one instant fire in the model's order). A
+        bitstream's build leaves them out, its timers all enabled."""
         assert tuple(STATS) == R.CU_STATS, "the counters' order is the register map's"
         self.frame = frame
         self.bounds = {"nodes": nodes, "txq": txq, "rxq": rxq, "done": done,
@@ -63,7 +66,8 @@ class OnicTop(wiring.Component):
                     "ctl_tx_tdest": Out(nw)}
         if sim_view:
             timers = 3 * len(R.PORTS)
-            members |= {"unit_armed": Out(timers), "unit_due": Out(64 * timers)}
+            members |= {"unit_armed": Out(timers), "unit_due": Out(64 * timers),
+                        "unit_arming": Out(timers), "unit_timers_en": In(timers)}
         self.sim_view = sim_view
         super().__init__(members)
 
@@ -73,7 +77,11 @@ class OnicTop(wiring.Component):
         m.submodules.ctrl = ctrl = OnicCtrl(R.TOP_DESIGN_VERSION, unit_port=True)
         m.submodules.unit = unit = ControlUnitRTL(F, len(R.PORTS), **self.bounds)
         if self.sim_view:
-            m.d.comb += [self.unit_armed.eq(unit.armed), self.unit_due.eq(unit.due)]
+            m.d.comb += [self.unit_armed.eq(unit.armed), self.unit_due.eq(unit.due),
+                         self.unit_arming.eq(unit.arming),
+                         unit.timers_en.eq(self.unit_timers_en)]
+        else:
+            m.d.comb += unit.timers_en.eq(-1)
         FLOW = unit.FLOW
         fw = FLOW.size
         assert fw <= 32 * R.CU_FLOW_WORDS, (fw, R.CU_FLOW_WORDS)
@@ -94,7 +102,6 @@ class OnicTop(wiring.Component):
                                    for r in R.CU_REGISTERS if r.access == "RW"}
         m.d.comb += [unit.ts_ns.eq(self.ts_ns), unit.node_id.eq(ctrl.node),
                      unit.tag.eq(regs["CU_TAG"]), unit.halt.eq(regs["CU_CTRL"][0]),
-                     unit.timers_en.eq(-1),
                      *[getattr(unit, f"{t.lower()}").eq(regs[f"CU_{t}"]) for t in (
                          "TUNING_NS", "PROPAGATION_NS", "REQUEST_TIMEOUT_NS",
                          "RELEASE_TIMEOUT_NS", "LEASE_NS")],

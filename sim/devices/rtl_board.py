@@ -8,9 +8,11 @@ lock, sent and received reports into the IP's strobes.
 
 With the control unit on the board (`control_model = "board"`), the RTL is `onic_top`: the
 harness is then also the MAC's control port (a message for this node on the control
-network becomes a frame on `ctl_rx`, a frame on `ctl_tx` a message), and the clock wakes
-the RTL when the unit's earliest armed timer is due (the top built for simulation gives its
-unit's timers as outputs).
+network becomes a frame on `ctl_rx`, a frame on `ctl_tx` a message), and each timer the
+unit arms is a timer on the model's clock, made in the order the RTL arms them; when one is
+due, the clock wakes the RTL with that timer alone enabled, so that timers due at one
+instant fire in the model's order (the top built for simulation gives its unit's timers as
+ports).
 
 The RTL is clocked only while it has work (a register access, a lock, a transfer ending, a
 DAC valid, the count-action events these queue), at the model's instant of that work, and
@@ -72,8 +74,12 @@ def _drive(io: Ports, core: Any, board: RtlBoard, op: _Op) -> Iterator[None]:
         yield
         core.cycles += 1
         core.total += 1
-        if core.top is not None and io.get("ctl_tx_tvalid"):  # (ctl_tx_tready held high)
-            core.effects.append(("frame", -1, io.get("ctl_tx_tdata")))
+        if core.top is not None:
+            if io.get("ctl_tx_tvalid"):  # (ctl_tx_tready held high)
+                core.effects.append(("frame", -1, io.get("ctl_tx_tdata")))
+            arming = io.get("unit_arming")
+            core.effects.extend(("arm", i, None) for i in range(arming.bit_length())
+                                if arming >> i & 1)
         if not io.get("strobe"):
             return
         for i, pn in enumerate(pins):
@@ -106,7 +112,9 @@ def _drive(io: Ports, core: Any, board: RtlBoard, op: _Op) -> Iterator[None]:
         cur = rx.current if rx is not None else None
         io.set(pins[i]["rx_busy"], cur is not None)
         io.set(pins[i]["rx_cur_flow"], 0 if cur is None else cur.id & 0xFFFFFFFF)
-    pn = pins[op.port]
+    pn = pins[op.port] if op.kind != "wake" else {}
+    if core.top is not None:  # a wake is for one timer (`op.port`), nothing else is
+        io.set("unit_timers_en", 1 << op.port if op.kind == "wake" else 0)
     if op.kind == "write":
         io.set("s_axi_awaddr", a["addr"])
         io.set("s_axi_wdata", a["data"])
@@ -128,7 +136,7 @@ def _drive(io: Ports, core: Any, board: RtlBoard, op: _Op) -> Iterator[None]:
         io.set("ctl_rx_tdata", a["data"])
         io.set("ctl_rx_tlast", 1)
         yield from handshake("ctl_rx_tvalid", "ctl_rx_tready")
-    elif op.kind != "wake":  # (a wake: the unit's timer is due, nothing to present)
+    elif op.kind != "wake":  # (a wake: the unit's timer is due, nothing else to present)
         if op.kind == "rx_done":
             for k, v in a.items():
                 io.set(f"{R.PORTS[op.port].lower()}_rx_{k}", v)
@@ -317,7 +325,7 @@ class RtlBoard:
         self.ports = fabric.ports[node]
         self.bitstream_hash = bitstream_hash
         self.core = _take_core(self, design_version, simulator, top)
-        self._wake: Any = None  # the clock's timer for the unit's earliest due one
+        self._wakes: dict[int, Any] = {}  # the clock's timer for each armed one of the unit's
         self._frame = Framer(node, node_index, R.PORTS)
         self.bus = unit[0] if unit is not None else None
         if self.bus is not None:
@@ -341,9 +349,9 @@ class RtlBoard:
     def close(self) -> None:
         """Hand the compiled core on to the next board (it is reset when taken); the
         unit's wake, if one is due, is not for that board."""
-        if self._wake is not None:
-            self._wake[1].cancel()
-            self._wake = None
+        for t in self._wakes.values():
+            t.cancel()
+        self._wakes.clear()
         self.core.owner = lambda: None
 
     # --- the interface the pynq device and the fabric use -----------------------------
@@ -393,24 +401,24 @@ class RtlBoard:
         self._run(_Op("frame", args={"data": word}))
         self._interrupt()
 
-    def _due(self) -> None:
-        self._wake = None
-        self._run(_Op("wake"))
+    def _due(self, timer: int) -> None:
+        self._wakes.pop(timer, None)
+        self._run(_Op("wake", timer))
         self._interrupt()
 
-    def _rearm(self) -> None:
-        """The clock wakes the RTL when the unit's earliest armed timer is due (it is
-        clocked only while it has work, and a timer's expiry is work)."""
+    def _arm(self, timer: int) -> None:
+        """The unit armed `timer` (again): the clock wakes the RTL when it is due. (A timer
+        is work: the RTL is clocked only while it has work.)"""
+        old = self._wakes.pop(timer, None)
+        if old is not None:
+            old.cancel()
         armed, due = self.core.timers
-        dues = [due >> 64 * i & (1 << 64) - 1 for i in range(armed.bit_length())
-                if armed >> i & 1]
-        at = min(dues) if dues else None
-        if self._wake is not None and (at is None or self._wake[0] != at):
-            self._wake[1].cancel()
-            self._wake = None
-        if at is not None and self._wake is None and not self.clock.loop.is_closed():
+        loop = getattr(self.clock, "loop", None)  # (the model checker's clock has none)
+        if armed >> timer & 1 and not (loop is not None and loop.is_closed()):
             # (a register read after the run, its loop closed, wakes nothing)
-            self._wake = (at, self.clock.call_at_ns(max(at, self.clock.now_ns()), self._due))
+            at = due >> 64 * timer & (1 << 64) - 1
+            self._wakes[timer] = self.clock.call_at_ns(max(at, self.clock.now_ns()),
+                                                       self._due, timer)
 
     # --- the loop -----------------------------------------------------------------------
     def _run(self, op: _Op) -> _Op:
@@ -418,9 +426,13 @@ class RtlBoard:
         core.run(op)
         effects, core.effects = core.effects, []
         for kind, i, data in effects:
-            self._effect(kind, R.PORTS[i] if i >= 0 else "", data)
-        if core.top is not None:
-            self._rearm()
+            if kind == "arm":
+                self._arm(i)
+            else:
+                self._effect(kind, R.PORTS[i] if i >= 0 else "", data)
+        armed = core.timers[0]
+        for i in [i for i in self._wakes if not armed >> i & 1]:  # disarmed, or fired
+            self._wakes.pop(i).cancel()
         return op
 
     def _effect(self, kind: str, p: str, data: Any) -> None:

@@ -1,6 +1,11 @@
 """The RTL control unit held to the Python one: the model checker's worlds
 (controller/stage2/verify.py), each run twice in lockstep, once with `ControlUnit` on every
-node and once with the RTL (sim/devices/rtl_control_unit.py).
+node and once with the RTL: by default the whole O-NIC, `onic_top`, its unit reached only
+through the top's ports (sim/devices/rtl_board.py), as a host reaches it (the register
+driver's `GatewareUnit`: routes, flows and deliveries by registers, an interrupt), as the
+network does (control frames on its MAC-facing stream) and as the optics do (the tuning
+sequencer's and the transfer engine's pins); or the unit alone behind its own harness
+(`design="unit"`, sim/devices/rtl_control_unit.py).
 
 A walk follows one path of the checker's state space: at each step it picks one of the
 events enabled in the Python world (a message delivered, lost, duplicated or late; the
@@ -21,10 +26,15 @@ import random
 from dataclasses import dataclass
 from typing import Any
 
-from oddl.controller.base.messages import ControlMessage, Grant, Release, Request, Wait
+from oddl.controller.base.messages import ControlMessage, Flow, Grant, Release, Request, Wait
+from oddl.controller.stage1.plan import Route
 from oddl.controller.stage2 import verify as V
+from oddl.controller.stage2.control_unit import Timing
 from oddl.controller.stage2.invariants import TAG_SHIFT
-from oddl.sim.devices.rtl_control_unit import RtlControlUnit, cycles_simulated
+from oddl.sim.devices import rtl_board, rtl_control_unit
+from oddl.sim.devices.rtl_control_unit import RtlControlUnit
+
+DESIGNS = ("top", "unit")  # what the RTL world runs: the whole O-NIC, or the unit alone
 
 FORGE_EVERY = 6  # a forged event about once in this many steps, when forging
 
@@ -89,19 +99,99 @@ def _apply_forgery(w: V.World, what: tuple[str, Any]) -> None:
     kind, v = what
     if kind == "message":
         w.bus.handlers[v.dst](v)
-    else:
+    else:  # a completion, as the O-NIC reports one
         node, port, lo, nbytes = v
-        w.units[node].on_rx_done(port, lo, nbytes)
+        w.onics[node].events.on_rx_done(port, lo, nbytes)
+
+
+def _cycles() -> int:
+    return rtl_control_unit.cycles_simulated() + rtl_board.cycles_simulated()
+
+
+class _RxView:
+    """A receiver as the board reads its pins: the light arriving now, if any."""
+
+    def __init__(self, onic: V._ONic, port: str) -> None:
+        self.onic, self.port = onic, port
+        self.src: str | None = None  # (not known here: the flow's source stands in)
+        self.errors = 0
+
+    @property
+    def current(self) -> Flow | None:
+        lit = self.onic.arriving[self.port]
+        return Flow(lit[0][0], self.onic.node, self.onic.node, 0, hop=lit[0][1]) \
+            if lit else None
+
+
+class _Optics:
+    """The checker's O-NIC of one node as the fabric the RTL board drives (the laser driver
+    and the transfer engine): a tune is locked at once, and the transfer that follows it
+    is the O-NIC's `tune_and_send` (its model times the tuning); one on the channel held,
+    its `send`. Its completions come back as the transfer engine's strobes."""
+
+    def __init__(self, onic: V._ONic, n_channels: int) -> None:
+        self.onic, self.node = onic, onic.node
+        self.clock = onic.world.clock
+        self.ports = {self.node: onic.ports}
+        self.n_channels = n_channels
+        self.rx = {(self.node, p): _RxView(onic, p) for p in onic.ports}
+        self.rx_handlers: dict[str, Any] = {}
+        self.tx_handlers: dict[str, Any] = {}
+        self.tuned_handlers: dict[str, Any] = {}
+        self._tuned: dict[str, int] = {}  # per port, the channel a transfer will tune to
+        onic.attach(self)
+
+    def tune(self, node: str, port: str, channel: int) -> None:
+        self._tuned[port] = channel
+        self.tuned_handlers[node](port, channel)
+
+    def send(self, node: str, port: str, flow: Flow) -> None:
+        channel = self._tuned.pop(port, None)
+        if channel is None:
+            self.onic.send(port, flow)
+        else:
+            self.onic.tune_and_send(port, channel, flow)
+
+    def on_tx_done(self, port: str, flow: Flow) -> None:
+        self.tx_handlers[self.node](port, flow)
+
+    def on_rx_done(self, port: str, flow_id_lo: int, nbytes: int) -> None:
+        self.rx_handlers[self.node](port, Flow(flow_id_lo, self.node, self.node, nbytes))
+
+
+def _top_unit(node: str, clock: Any, bus: Any, onic: V._ONic, routes: dict[str, Route],
+              timing: Timing, deliver: Any, fail: Any, *, nodes: tuple[str, ...],
+              simulator: str) -> Any:
+    """A node's unit in its board's `onic_top`, as the checker's world holds a unit: the
+    board on the world's O-NIC and control network, the host's `GatewareUnit` over the
+    register driver (its interrupt line the board's)."""
+    import pynq
+    from oddl.drivers.onic import DriverONic, ONicDriver
+    from oddl.drivers.onic_unit import GatewareUnit
+    from oddl.fpga import regmap as R
+    from oddl.sim.devices.pynq_device import BASE_ADDR, EmulatedONicDevice
+
+    index = {n: i for i, n in enumerate(nodes)}
+    board = rtl_board.RtlBoard(_Optics(onic, len(nodes)), node, index, list(nodes),  # type: ignore[arg-type]
+                               simulator=simulator, unit=(bus, timing))
+    mmio = pynq.MMIO(BASE_ADDR, R.IP_RANGE, device=EmulatedONicDevice(board))  # type: ignore[arg-type]
+    donic = DriverONic(ONicDriver(mmio, node, list(nodes), index), onic.ports)
+    board.on_irq = donic.on_interrupt
+    unit = GatewareUnit(node, clock, bus, donic, routes, timing, deliver, fail)
+    unit.release = board.close  # type: ignore[attr-defined]
+    return unit
 
 
 class _Pair:
     """One configuration's two worlds, Python and RTL, stepped together."""
 
-    def __init__(self, cfg: V.Config, faults: frozenset[str], simulator: str) -> None:
+    def __init__(self, cfg: V.Config, faults: frozenset[str], simulator: str,
+                 design: str = "top") -> None:
         self.cfg = cfg
         self.py = V.World(cfg, faults)
+        unit = _top_unit if design == "top" else RtlControlUnit
         self.rtl = V.World(cfg, faults, functools.partial(  # type: ignore[arg-type]
-            RtlControlUnit, nodes=cfg.nodes, simulator=simulator))
+            unit, nodes=cfg.nodes, simulator=simulator))
 
     def close(self) -> None:
         for u in self.rtl.units.values():
@@ -126,11 +216,11 @@ class _Pair:
 
 
 def walk(cfg: V.Config, faults: frozenset[str], seed: int, forge: bool = False,
-         max_steps: int = 600, simulator: str = "amaranth"
+         max_steps: int = 600, simulator: str = "amaranth", design: str = "top"
          ) -> tuple[str | None, int, int, V.World]:
     """One walk: (the first difference or None, steps, forged events, the Python world)."""
     rnd = random.Random(seed)
-    pair, forged = _Pair(cfg, faults, simulator), 0
+    pair, forged = _Pair(cfg, faults, simulator, design), 0
     py = pair.py
     try:
         for n in range(max_steps):
@@ -178,9 +268,9 @@ def paths(cfg: V.Config, faults: frozenset[str], max_states: int = 20_000
 
 
 def replay(cfg: V.Config, faults: frozenset[str], path: tuple[tuple[Any, ...], ...],
-           simulator: str = "amaranth") -> str | None:
+           simulator: str = "amaranth", design: str = "top") -> str | None:
     """One path of the checker's in both worlds: None, or the first difference."""
-    pair = _Pair(cfg, faults, simulator)
+    pair = _Pair(cfg, faults, simulator, design)
     try:
         for n, want in enumerate(path):
             diff = pair.difference() or pair.step(want)
@@ -193,13 +283,14 @@ def replay(cfg: V.Config, faults: frozenset[str], path: tuple[tuple[Any, ...], .
 
 def walks(nodes: int = 4, flows: int = 2, seeds: int = 20, forge: bool = False,
           faults: frozenset[str] = frozenset(V.FAULTS), first_seed: int = 0,
-          simulator: str = "amaranth") -> Walks:
+          simulator: str = "amaranth", design: str = "top") -> Walks:
     """`seeds` walks of each of the checker's configurations (`oddl verify stage2 --rtl`)."""
     out = Walks(differences=[])
-    c0 = cycles_simulated()
+    c0 = _cycles()
     for cfg in V.configurations(nodes, flows):
         for seed in range(first_seed, first_seed + seeds):  # a sample of the paths
-            diff, steps, forged, py = walk(cfg, faults, seed, forge, simulator=simulator)
+            diff, steps, forged, py = walk(cfg, faults, seed, forge, simulator=simulator,
+                                           design=design)
             out.walks += 1
             out.steps += steps
             out.forged += forged
@@ -209,23 +300,23 @@ def walks(nodes: int = 4, flows: int = 2, seeds: int = 20, forge: bool = False,
             elif py.done():
                 out.finals += 1
                 out.failed_named += py.failed is not None
-    out.cycles = cycles_simulated() - c0
+    out.cycles = _cycles() - c0
     return out
 
 
 def every_path(nodes: int = 2, flows: int = 1, faults: frozenset[str] = frozenset(V.FAULTS),
-               simulator: str = "amaranth") -> Walks:
+               simulator: str = "amaranth", design: str = "top") -> Walks:
     """Every state of the checker's small configurations, reached in the RTL world by the
     same events (`oddl verify stage2 --rtl --every`): the paths to all of them replayed."""
     out = Walks(differences=[])
-    c0 = cycles_simulated()
+    c0 = _cycles()
     for cfg in V.configurations(nodes, flows):
         for path in paths(cfg, faults):
-            diff = replay(cfg, faults, path, simulator)
+            diff = replay(cfg, faults, path, simulator, design)
             out.walks += 1
             out.steps += len(path)
             if diff is not None:
                 assert out.differences is not None
                 out.differences.append(diff)
-    out.cycles = cycles_simulated() - c0
+    out.cycles = _cycles() - c0
     return out
