@@ -54,6 +54,16 @@ def _wrap(at: Any, n: int) -> Any:
     return Mux(at >= n, at - n, at)
 
 
+def _slot(p: int, at: Any, n: int) -> Any:
+    """The address of entry `at` (under 2n: brought under n) of port `p`'s ring, in a memory
+    that holds each port's n entries in turn. For a power-of-two n (the build's bounds) it
+    is bits side by side, with no compare, subtract or add: the address of a memory read
+    ends a path through the executor's states (timing)."""
+    if n & (n - 1):
+        return p * n + _wrap(at, n)
+    return Cat(Cat(at)[:n.bit_length() - 1], Const(p, max(p.bit_length(), 1)))
+
+
 def _fit(v: Any, width: int) -> Any:
     """`v` at `width` bits: cut, or zero-extended."""
     v = Cat(v)
@@ -322,7 +332,7 @@ class ControlUnitRTL(wiring.Component):
                     with m.Else():
                         at = tx_head[p] + tx_count[p]
                         m.d.comb += [t_wr.en.eq(1), t_wr.data.eq(fl),
-                                     t_wr.addr.eq(p * txq + _wrap(at, txq))]
+                                     t_wr.addr.eq(_slot(p, at, txq))]
                         m.d.sync += tx_count[p].eq(tx_count[p] + 1)
                         with m.If(tx_state[p] == IDLE):
                             m.next = "TXN"
@@ -337,7 +347,7 @@ class ControlUnitRTL(wiring.Component):
                         m.d.sync += tx_state[p].eq(IDLE)
                         m.next = "IDLE"
                     with m.Else():
-                        m.d.comb += t_rd.addr.eq(p * txq + tx_head[p])
+                        m.d.comb += t_rd.addr.eq(_slot(p, tx_head[p], txq))
                         m.next = "TXN_FLOW"
                 per(nxt)
             with m.State("TXN_FLOW"):  # the flow at the queue's head; its route is read
@@ -490,7 +500,7 @@ class ControlUnitRTL(wiring.Component):
                 def qscan(p: int) -> None:
                     # pipelined: entry scan_i is read while entry scan_i - 1 is compared
                     e, more = q_rd.data, scan_i != q_count[p]
-                    m.d.comb += q_rd.addr.eq(p * rxq + _wrap(q_head[p] + scan_i, rxq))
+                    m.d.comb += q_rd.addr.eq(_slot(p, q_head[p] + scan_i, rxq))
                     m.d.sync += scan_vld.eq(more)
                     with m.If(more):
                         m.d.sync += scan_i.eq(scan_i + 1)
@@ -520,7 +530,7 @@ class ControlUnitRTL(wiring.Component):
                     with m.Elif(room):
                         at = q_head[p] + n
                         m.d.comb += [q_wr.en.eq(1), q_wr.data.eq(q),
-                                     q_wr.addr.eq(p * rxq + _wrap(at, rxq)),
+                                     q_wr.addr.eq(_slot(p, at, rxq)),
                                      *send("wait", **wait, queue_position=n + 1)]
                         m.d.sync += q_count[p].eq(n + 1)
                         m.next = "IDLE"
@@ -563,7 +573,7 @@ class ControlUnitRTL(wiring.Component):
                         m.d.sync += g_ok[p].eq(0)
                         back()
                     with m.Else():
-                        m.d.comb += q_rd.addr.eq(p * rxq + q_head[p])
+                        m.d.comb += q_rd.addr.eq(_slot(p, q_head[p], rxq))
                         m.next = "GNEXT_READ"
                 per(gnext)
             with m.State("GNEXT_READ"):  # the waiting REQUEST at the head, read
@@ -585,7 +595,7 @@ class ControlUnitRTL(wiring.Component):
                 def dscan(p: int) -> None:
                     # pipelined as QSCAN: entry scan_i read, entry scan_i - 1 compared
                     more = ~found & (scan_i != d_count[p])
-                    m.d.comb += d_rd.addr.eq(p * dn + scan_i)
+                    m.d.comb += d_rd.addr.eq(_slot(p, scan_i, dn))
                     m.d.sync += scan_vld.eq(more)
                     with m.If(more):
                         m.d.sync += scan_i.eq(scan_i + 1)
@@ -621,10 +631,10 @@ class ControlUnitRTL(wiring.Component):
                     with m.If(~found):  # remembered; the oldest forgotten when full
                         m.d.comb += [d_wr.en.eq(1), d_wr.data.eq(Cat(q.flow, q.hop))]
                         with m.If(d_count[p] < dn):
-                            m.d.comb += d_wr.addr.eq(p * dn + d_count[p])
+                            m.d.comb += d_wr.addr.eq(_slot(p, d_count[p], dn))
                             m.d.sync += d_count[p].eq(d_count[p] + 1)
                         with m.Else():
-                            m.d.comb += d_wr.addr.eq(p * dn + d_old[p])
+                            m.d.comb += d_wr.addr.eq(_slot(p, d_old[p], dn))
                             m.d.sync += d_old[p].eq(Mux(d_old[p] == dn - 1, 0, d_old[p] + 1))
                     m.d.sync += [data_done[p].eq(1), t_on[3 * p + 1].eq(0)]
                     with m.If(released[p]):

@@ -127,13 +127,16 @@ class _Optics:
     """The checker's O-NIC of one node as the fabric the RTL board drives (the laser driver
     and the transfer engine): a tune is locked at once, and the transfer that follows it
     is the O-NIC's `tune_and_send` (its model times the tuning); one on the channel held,
-    its `send`. Its completions come back as the transfer engine's strobes."""
+    its `send`. Its completions come back as the transfer engine's strobes. The checker's
+    O-NIC has no channel count (a channel that reaches no receiver is its violation, not
+    a refusal), so the laser's strap is the most the strap can say."""
 
-    def __init__(self, onic: V._ONic, n_channels: int) -> None:
+    n_channels = 255
+
+    def __init__(self, onic: V._ONic) -> None:
         self.onic, self.node = onic, onic.node
         self.clock = onic.world.clock
         self.ports = {self.node: onic.ports}
-        self.n_channels = n_channels
         self.rx = {(self.node, p): _RxView(onic, p) for p in onic.ports}
         self.rx_handlers: dict[str, Any] = {}
         self.tx_handlers: dict[str, Any] = {}
@@ -172,7 +175,7 @@ def _top_unit(node: str, clock: Any, bus: Any, onic: V._ONic, routes: dict[str, 
     from oddl.sim.devices.pynq_device import BASE_ADDR, EmulatedONicDevice
 
     index = {n: i for i, n in enumerate(nodes)}
-    board = rtl_board.RtlBoard(_Optics(onic, len(nodes)), node, index, list(nodes),  # type: ignore[arg-type]
+    board = rtl_board.RtlBoard(_Optics(onic), node, index, list(nodes),  # type: ignore[arg-type]
                                simulator=simulator, unit=(bus, timing))
     mmio = pynq.MMIO(BASE_ADDR, R.IP_RANGE, device=EmulatedONicDevice(board))  # type: ignore[arg-type]
     donic = DriverONic(ONicDriver(mmio, node, list(nodes), index), onic.ports)
