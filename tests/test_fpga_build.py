@@ -19,17 +19,17 @@ from oddl.fpga.gateware.board import BOARDS, report
 def test_the_whole_onic_is_built_into_a_bitstream_that_meets_its_clock(tmp_path: Path
                                                                          ) -> None:
     r = subprocess.run([sys.executable, "-m", "oddl.app", "gateware", "build", "--board",
-                        "ulx3s-85f", "--out", str(tmp_path / "build"), "--json"],
+                        "ecpix5-85f", "--out", str(tmp_path / "build"), "--json"],
                        capture_output=True, text=True, timeout=5400)
     assert r.returncode == 0, r.stderr[-3000:]
     out = json.loads(r.stdout)
     assert set(out) >= {"board", "bitstream", "luts", "ffs", "brams", "clocks", "timing_met"}
-    assert out["timing_met"] is True and out["board"] == "ulx3s-85f"
+    assert out["timing_met"] is True and out["board"] == "ecpix5-85f"
     bit = Path(out["bitstream"])
     assert bit.is_file() and bit.stat().st_size > 100_000  # an ECP5-85F configuration
     assert 0 < out["luts"] <= out["available"]["luts"]
     [clock] = out["clocks"].values()
-    assert clock["target_mhz"] == BOARDS["ulx3s-85f"].target_mhz
+    assert clock["target_mhz"] == BOARDS["ecpix5-85f"].target_mhz
     assert clock["fmax_mhz"] >= clock["target_mhz"]
 
 
@@ -62,3 +62,9 @@ def test_the_pll_is_set_for_the_target_within_the_vco_range() -> None:
         assert 400 <= vco <= 800 and vco / p["p_CLKOP_DIV"] == target
     with pytest.raises(ValueError, match="not reachable"):
         _pll_params(25, 1000)
+
+
+def test_the_commands_boards_are_the_harness_boards() -> None:
+    from oddl.app.cli.gateware import BOARD_NAMES
+
+    assert sorted(BOARD_NAMES) == sorted(BOARDS)

@@ -154,10 +154,22 @@ class OnicCtrl(wiring.Component):
         ca_count = Array(Signal(32, name=f"ca{i}_count") for i in range(nm))
         ca_fired = Array(Signal(name=f"ca{i}_fired") for i in range(nm))
         ca_nfire = Array(Signal(8, name=f"ca{i}_nfire") for i in range(nm))
-        ca_src = [[Signal(32, name=f"ca{i}_src{k}") for k in range(ns)] for i in range(nm)]
-        ca_act = [[Signal(32, name=f"ca{i}_act{k}") for k in range(ns)] for i in range(nm)]
+        # the engine compares and acts on every slot at once, so the slots are flip-flops;
+        # the host reads them back from a copy in block RAM, written with them (a 256-way
+        # multiplexer of 32-bit words into the read data had been a third of the IP's LUTs
+        # and the most wires converging anywhere in it: routing congestion). Neither is
+        # cleared by a reset, so the two always agree (as the route table, a program
+        # outlives a reset: the host loads it after one).
+        ca_src = [[Signal(32, name=f"ca{i}_src{k}", reset_less=True) for k in range(ns)]
+                  for i in range(nm)]
+        ca_act = [[Signal(32, name=f"ca{i}_act{k}", reset_less=True) for k in range(ns)]
+                  for i in range(nm)]
         src_col = [Array(ca_src[i][k] for i in range(nm)) for k in range(ns)]
         act_col = [Array(ca_act[i][k] for i in range(nm)) for k in range(ns)]
+        slots = Memory(shape=32, depth=nm * 2 * ns, init=[])
+        m.submodules.ca_slots = slots
+        slots_rd = slots.read_port()
+        slots_wr = slots.write_port()
         routes = Memory(shape=32, depth=2 * R.ROUTE_ENTRIES, init=[])
         m.submodules.routes = routes
         route_rd = routes.read_port()
@@ -321,6 +333,12 @@ class OnicCtrl(wiring.Component):
         ca_wm, ca_wf = waddr[7:11], waddr[0:7]  # module, field offset (CA_STRIDE = 0x80)
         ca_rm, ca_rf = raddr[7:11], raddr[0:7]
         assert R.CA_STRIDE == 0x80 and R.CA_BASE % 0x800 == 0
+        # a slot's copy: module, then SRC (0x20 + 4k) or ACT (0x40 + 4k), then k
+        assert ns == 8 and (R.ca(0, "SRC0"), R.ca(0, "ACT0")) == (R.CA_BASE + 0x20,
+                                                                  R.CA_BASE + 0x40)
+        m.d.comb += [slots_wr.addr.eq(Cat(ca_wf[2:5], ca_wf[6], ca_wm)),
+                     slots_wr.data.eq(wdata),
+                     slots_rd.addr.eq(Cat(ca_rf[2:5], ca_rf[6], ca_rm))]
 
         def status_word(i: int) -> object:
             return (tuning[i] | (sending[i] << 1) | ((tuned[i] & ~tuning[i]) << 2)
@@ -568,8 +586,10 @@ class OnicCtrl(wiring.Component):
                         for k in range(ns):
                             with m.Case(0x20 + 4 * k):
                                 m.d.sync += src_col[k][ca_wm].eq(wdata)
+                                m.d.comb += slots_wr.en.eq(1)
                             with m.Case(0x40 + 4 * k):
                                 m.d.sync += act_col[k][ca_wm].eq(wdata)
+                                m.d.comb += slots_wr.en.eq(1)
                         with m.Default():  # STATUS, COUNT (read only) and the holes
                             m.d.sync += bresp.eq(SLVERR)
                 with m.Else():
@@ -630,11 +650,8 @@ class OnicCtrl(wiring.Component):
                             m.d.sync += rdata.eq(ca_target[ca_rm])
                         with m.Case(0x10):
                             m.d.sync += rdata.eq(ca_count[ca_rm])
-                        for k in range(ns):
-                            with m.Case(0x20 + 4 * k):
-                                m.d.sync += rdata.eq(src_col[k][ca_rm])
-                            with m.Case(0x40 + 4 * k):
-                                m.d.sync += rdata.eq(act_col[k][ca_rm])
+                        with m.Case(*(f + 4 * k for f in (0x20, 0x40) for k in range(ns))):
+                            m.d.sync += rdata.eq(slots_rd.data)  # (read in READ)
                 with m.Else():
                     m.d.sync += rdata.eq(0)  # SC registers and holes read as zero
                     with m.Switch(raddr):
