@@ -154,21 +154,21 @@ class OnicCtrl(wiring.Component):
         ca_count = Array(Signal(32, name=f"ca{i}_count") for i in range(nm))
         ca_fired = Array(Signal(name=f"ca{i}_fired") for i in range(nm))
         ca_nfire = Array(Signal(8, name=f"ca{i}_nfire") for i in range(nm))
-        # the engine compares and acts on every slot at once, so the slots are flip-flops;
-        # the host reads them back from a copy in block RAM, written with them (a 256-way
-        # multiplexer of 32-bit words into the read data had been a third of the IP's LUTs
-        # and the most wires converging anywhere in it: routing congestion). Neither is
-        # cleared by a reset, so the two always agree (as the route table, a program
-        # outlives a reset: the host loads it after one).
+        # the slots live in block RAM (module, then SRC or ACT, then k): the host reads
+        # them from there, and the engine its next action word, a slot a cycle (a 256-way
+        # multiplexer of 32-bit words into the read data and a 128-way one into the action
+        # word had been a third of the IP's LUTs, their fan-in from across the chip:
+        # routing congestion). The engine compares every SRC at once, so those are
+        # flip-flops too, written with their copy; neither is cleared by a reset, so the
+        # two always agree (as the route table, a program outlives a reset: the host
+        # loads it after one).
         ca_src = [[Signal(32, name=f"ca{i}_src{k}", reset_less=True) for k in range(ns)]
                   for i in range(nm)]
-        ca_act = [[Signal(32, name=f"ca{i}_act{k}", reset_less=True) for k in range(ns)]
-                  for i in range(nm)]
         src_col = [Array(ca_src[i][k] for i in range(nm)) for k in range(ns)]
-        act_col = [Array(ca_act[i][k] for i in range(nm)) for k in range(ns)]
         slots = Memory(shape=32, depth=nm * 2 * ns, init=[])
         m.submodules.ca_slots = slots
         slots_rd = slots.read_port()
+        acts_rd = slots.read_port()  # the engine's
         slots_wr = slots.write_port()
         routes = Memory(shape=32, depth=2 * R.ROUTE_ENTRIES, init=[])
         m.submodules.routes = routes
@@ -301,8 +301,7 @@ class OnicCtrl(wiring.Component):
             return [ca_count[t].eq(0), ca_fired[t].eq(0), ca_nfire[t].eq(0)]
         # the slot the firing module runs this cycle: fetched the cycle before (timing: a
         # 128-way mux ahead of the action's decode made the engine's longest path)
-        act_word = Signal(32)
-        acts = Array(Array(row) for row in ca_act)
+        act_word = acts_rd.data  # the slot whose address was given the cycle before
         a, idx, arg = act_word[0:8], act_word[8:16], act_word[16:32]
         fires = Signal(range(FIRE_LIMIT + 1))
         new_count = [Signal(32, name=f"ca{i}_next") for i in range(nm)]
@@ -530,7 +529,8 @@ class OnicCtrl(wiring.Component):
             with m.State("FIRE"):
                 m.d.sync += [ca_fired[cur].eq(1), ca_nfire[cur].eq(ca_nfire[cur] + 1),
                              self.fired.eq(1),
-                             fires.eq(fires + 1), slot.eq(0), act_word.eq(acts[cur][0])]
+                             fires.eq(fires + 1), slot.eq(0)]
+                m.d.comb += acts_rd.addr.eq(Cat(Const(0, 3), Const(1, 1), cur))
                 with m.If(ca_ctrl[cur][1]):  # auto re-arm: keep counting past the target
                     m.d.sync += ca_count[cur].eq(ca_count[cur] - ca_target[cur])
                 with m.Else():
@@ -545,7 +545,8 @@ class OnicCtrl(wiring.Component):
                 with m.If(slot == ns):
                     m.next = "SCAN"
                 with m.Else():
-                    m.d.sync += [slot.eq(slot + 1), act_word.eq(acts[cur][(slot + 1)[:3]])]
+                    m.d.sync += slot.eq(slot + 1)
+                    m.d.comb += acts_rd.addr.eq(Cat((slot + 1)[:3], Const(1, 1), cur))
                     with m.Switch(a):
                         with m.Case(ACT["tune"]):
                             for i, P in enumerate(R.PORTS):
@@ -588,7 +589,6 @@ class OnicCtrl(wiring.Component):
                                 m.d.sync += src_col[k][ca_wm].eq(wdata)
                                 m.d.comb += slots_wr.en.eq(1)
                             with m.Case(0x40 + 4 * k):
-                                m.d.sync += act_col[k][ca_wm].eq(wdata)
                                 m.d.comb += slots_wr.en.eq(1)
                         with m.Default():  # STATUS, COUNT (read only) and the holes
                             m.d.sync += bresp.eq(SLVERR)
