@@ -39,8 +39,8 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 FPGA_BUILD_TIER = ("the FPGA build tier: placing and routing the whole O-NIC takes over half "
-                   "an hour, and the design does not yet meet its clock (docs/gateware.md), so "
-                   "it runs on its own: python -m pytest -q --fpga-build -m fpga_build")
+                   "an hour, and its routing does not yet converge (docs/gateware.md), so it "
+                   "runs on its own: python -m pytest -q --fpga-build -m fpga_build")
 
 
 EVERY_ITERATION_TIER = ("the every-iteration tier: it simulates Table 1's 25,040 iterations in "
