@@ -164,10 +164,10 @@ class _Optics:
 
 def _top_unit(node: str, clock: Any, bus: Any, onic: V._ONic, routes: dict[str, Route],
               timing: Timing, deliver: Any, fail: Any, *, nodes: tuple[str, ...],
-              simulator: str) -> Any:
+              simulator: str, boards: list[rtl_board.RtlBoard]) -> Any:
     """A node's unit in its board's `onic_top`, as the checker's world holds a unit: the
-    board on the world's O-NIC and control network, the host's `GatewareUnit` over the
-    register driver (its interrupt line the board's)."""
+    board on the world's O-NIC and control network (kept in `boards`, to be closed), the
+    host's `GatewareUnit` over the register driver (its interrupt line the board's)."""
     import pynq
     from oddl.drivers.onic import DriverONic, ONicDriver
     from oddl.drivers.onic_unit import GatewareUnit
@@ -180,9 +180,8 @@ def _top_unit(node: str, clock: Any, bus: Any, onic: V._ONic, routes: dict[str, 
     mmio = pynq.MMIO(BASE_ADDR, R.IP_RANGE, device=EmulatedONicDevice(board))  # type: ignore[arg-type]
     donic = DriverONic(ONicDriver(mmio, node, list(nodes), index), onic.ports)
     board.on_irq = donic.on_interrupt
-    unit = GatewareUnit(node, clock, bus, donic, routes, timing, deliver, fail)
-    unit.release = board.close  # type: ignore[attr-defined]
-    return unit
+    boards.append(board)
+    return GatewareUnit(node, clock, bus, donic, routes, timing, deliver, fail)
 
 
 class _Pair:
@@ -190,15 +189,23 @@ class _Pair:
 
     def __init__(self, cfg: V.Config, faults: frozenset[str], simulator: str,
                  design: str = "top") -> None:
+        if design not in DESIGNS:
+            raise ValueError(f"design {design!r}: one of {', '.join(DESIGNS)}")
         self.cfg = cfg
         self.py = V.World(cfg, faults)
-        unit = _top_unit if design == "top" else RtlControlUnit
+        self.boards: list[rtl_board.RtlBoard] = []
+        unit: Any = functools.partial(_top_unit, boards=self.boards) if design == "top" \
+            else RtlControlUnit
         self.rtl = V.World(cfg, faults, functools.partial(  # type: ignore[arg-type]
             unit, nodes=cfg.nodes, simulator=simulator))
 
     def close(self) -> None:
+        """The RTL cores go back to their pools."""
+        for b in self.boards:
+            b.close()
         for u in self.rtl.units.values():
-            u.release()  # type: ignore[attr-defined]
+            if isinstance(u, RtlControlUnit):
+                u.release()
 
     def difference(self) -> str | None:
         a, b = _state(self.py), _state(self.rtl)
