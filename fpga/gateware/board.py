@@ -100,8 +100,8 @@ class Harness(Elaboratable):
         # (nextpnr derives the PLL output's constraint, the target, from the oscillator's)
         # The reset: the PLL's lock, brought into the clock's domain by two flip-flops, then
         # onto a global network (DCCA), as the clock is: it reaches every flip-flop with a
-        # reset value (12,274 of them), which nextpnr had routed through the fabric, the
-        # design's widest net and the most congested wires.
+        # reset value (12,274 of them), which nextpnr had routed through the fabric: the
+        # design's widest net by far.
         unlocked = Signal(2, init=3)
         m.domains.pll = ClockDomain("pll", reset_less=True)
         m.d.comb += ClockSignal("pll").eq(self.clock)
