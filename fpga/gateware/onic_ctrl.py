@@ -299,9 +299,10 @@ class OnicCtrl(wiring.Component):
 
         def clear(t: Any) -> list[Any]:  # a module's RESET: count, fired and fire count
             return [ca_count[t].eq(0), ca_fired[t].eq(0), ca_nfire[t].eq(0)]
-        # the slot the firing module runs this cycle: fetched the cycle before (timing: a
-        # 128-way mux ahead of the action's decode made the engine's longest path)
-        act_word = acts_rd.data  # the slot whose address was given the cycle before
+        # the slot the firing module runs this cycle: read from the slots' memory, its
+        # address given the cycle before (a 128-way mux ahead of the action's decode had
+        # made the engine's longest path)
+        act_word = acts_rd.data
         a, idx, arg = act_word[0:8], act_word[8:16], act_word[16:32]
         fires = Signal(range(FIRE_LIMIT + 1))
         new_count = [Signal(32, name=f"ca{i}_next") for i in range(nm)]
