@@ -305,3 +305,11 @@ def test_every_path_through_the_tops_ports_is_the_python_units() -> None:
                         simulator="verilator").differences == []
     out = L.walks(nodes=4, flows=2, seeds=3, forge=True, simulator="verilator")
     assert out.differences == [] and out.forged > 20, out
+
+
+def test_the_commands_designs_are_the_locksteps() -> None:
+    from oddl.app.cli.verify import _DESIGNS
+
+    assert sorted(_DESIGNS) == sorted(L.DESIGNS)
+    with pytest.raises(ValueError, match="design 'both': one of top, unit"):
+        L.walk(V.configurations(2, 1)[0], frozenset(), seed=0, design="both")
