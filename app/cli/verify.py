@@ -47,7 +47,8 @@ def stage2(nodes: int, flows: int, faults: str, max_states: int, as_json: bool) 
     sys.exit(1 if out["violations"] else 0)
 
 
-# what `oddl verify rtl` holds to the Python unit (sim/devices/rtl_lockstep.py's DESIGNS)
+# what `oddl verify rtl` holds to the Python unit (sim/devices/rtl_lockstep.py's DESIGNS: a
+# test holds the two equal)
 _DESIGNS = {"top": "onic_top, the whole O-NIC", "unit": "ctrl_unit, the control unit alone"}
 
 
