@@ -38,7 +38,7 @@ def main() -> None:
         u = AveragingUnit(n, CHIP, seed=0)
         print(f"calibrate a {n}-port unit: {time.perf_counter() - t:.1f} s; matrix error "
               f"{u.error_before:.2e} -> {u.error_after:.2e}")
-    unit = Q.load().hardware_aware(CHIP)
+    unit = Q.load(Q.trained_path(4)).hardware_aware(CHIP)
     v = np.random.default_rng(0).integers(0, 256, (4, 100_000))
     t = time.perf_counter()
     unit.run(v)

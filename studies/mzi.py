@@ -95,8 +95,12 @@ class Mesh:
         ph = comp.quantise_phase(self.phases)
         if comp.phase_noise_rad and rng is not None:
             ph = ph + rng.normal(0.0, comp.phase_noise_rad, ph.shape)
+        return self.transfer(ph, 10 ** (-comp.mzi_loss_db / 20))
+
+    def transfer(self, ph: np.ndarray, loss: float) -> np.ndarray:
+        """The array's matrix at phases `ph` as set (after DACs and jitter), with this
+        chip's couplers and `loss` (field transmission) in every MZI."""
         k = len(self.mzis)
-        loss = 10 ** (-comp.mzi_loss_db / 20)
         dce = self.dc_error if len(self.dc_error) == k else np.zeros((k, 2))
         u = np.eye(self.n, dtype=complex)
         for j, (m, _, _) in enumerate(self.mzis):

@@ -18,7 +18,7 @@ import numpy as np
 from oddl.controller.base import fixedmath as F
 from oddl.studies.mzi import Components
 from oddl.studies.onn import OptINC
-from oddl.studies.quantiser import Quantiser, rounded_mean
+from oddl.studies.quantiser import Averager, rounded_mean
 
 Average = Callable[[np.ndarray, float], np.ndarray]  # (workers x P, scale) -> workers x P
 HIDDEN = 32
@@ -241,7 +241,7 @@ def ring(bits: int) -> Average:
     return _on_levels(bits, rounded_mean)
 
 
-def trained_onn(unit: Quantiser, passes: list[int] | None = None) -> Average:
+def trained_onn(unit: Averager, passes: list[int] | None = None) -> Average:
     """The trained ONN: one optical pass a step, or with `passes` given, passes checked by
     pilots and sent again when disturbed (each step's count appended); every server reads
     the same output ports (the splitting unit T)."""

@@ -3,8 +3,11 @@ axes, the WSS tables as they are, the papers' marks on the sweep plots."""
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 from click.testing import CliRunner
@@ -90,7 +93,9 @@ def test_sweep_papers_are_marks_and_name_real_networks(root: Path, tmp_path: Pat
     sw, _ = load_sweep(root / "experiments/topoopt-vs-fattree.toml")
     assert sw.paper_marks() == {"fattree-1to1": (3.4, True)}
     sw, _ = load_sweep(root / "experiments/jocn-1024-vgg19.toml")
-    assert sw.paper_marks() == {"fattree-3to1": (1.6, False), "sipring": (1.7, False)}
+    assert sw.paper_marks() == {"fattree-3to1": (1.6, False), "fattree-3to1-dcqcn": (1.6, False),
+                                "fattree-3to1-tcp": (1.6, False), "sipring": (1.7, False),
+                                "sipring-lightpath": (1.7, False)}
     bad = tmp_path / "bad.toml"
     bad.write_text((root / "experiments/jocn-1024-vgg19.toml").read_text()
                    .replace('testbed = "../', f'testbed = "{root}/')
@@ -115,3 +120,32 @@ def test_a_one_point_sweep_draws_bars_with_the_papers_marks(root: Path,
     row = next(x for x in r.output.splitlines() if "fattree" in x and "x" in x
                and "resnet50" in x and "1.6x" in x)
     assert row.rstrip(" │").endswith("1.6x")
+
+
+def _docs_figures(root: Path) -> Any:
+    """experiments/figures.py, the one command behind the docs' tables."""
+    spec = importlib.util.spec_from_file_location("docs_figures", root / "experiments/figures.py")
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod  # its dataclass looks itself up there
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_every_docs_table_the_command_writes_has_its_place(root: Path) -> None:
+    figs = _docs_figures(root)
+    assert {"jocn", "optinc-onn", "optinc-cnn"} <= set(figs.SECTIONS)
+    for name, s in figs.SECTIONS.items():
+        text = s.page.read_text()
+        assert text.count(f"<!-- figures:{name} -->") == 1, (s.page, name)
+        assert text.index(f"<!-- figures:{name} -->") < text.index(f"<!-- /figures:{name} -->")
+
+
+def test_the_docs_command_replaces_only_between_the_markers(root: Path, tmp_path: Path) -> None:
+    figs = _docs_figures(root)
+    page = tmp_path / "p.md"
+    page.write_text("head\n<!-- figures:t -->\nold\n<!-- /figures:t -->\ntail\n")
+    figs.put(page, "t", "| new |")
+    assert page.read_text() == "head\n<!-- figures:t -->\n| new |\n<!-- /figures:t -->\ntail\n"
+    with pytest.raises(SystemExit, match=r"p\.md: no markers <!-- figures:u -->"):
+        figs.put(page, "u", "x")

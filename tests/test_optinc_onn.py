@@ -20,7 +20,7 @@ from oddl.studies.onn import CHIP
 
 @pytest.fixture(scope="module")
 def trained() -> Q.Trained:
-    return Q.load()
+    return Q.load(Q.trained_path(4))
 
 
 def test_the_shipped_unit_outputs_the_rounded_mean_on_an_ideal_chip(
@@ -138,18 +138,36 @@ def test_optinc_train_with_the_trained_onn(tmp_path: Path) -> None:
     assert (tmp_path / "c.png").read_bytes()[:4] == b"\x89PNG"
 
 
-def test_the_trained_onn_serves_four_servers_and_says_so() -> None:
-    r = CliRunner().invoke(main, ["optinc", "train", "--onn", "trained", "--servers", "8"])
-    assert r.exit_code == 2 and "serves 4 servers" in r.output
+@pytest.mark.parametrize("args", [["--servers", "6"], ["--servers", "16", "--ports", "8"],
+                                  ["--servers", "32", "--ports", "4"]])
+def test_the_trained_onn_says_which_sizes_it_serves(args: list[str]) -> None:
+    r = CliRunner().invoke(main, ["optinc", "train", "--onn", "trained", *args])
+    assert r.exit_code == 2 and "trained units serve 4, 8, 16 servers" in r.output
 
 
 @pytest.mark.parametrize("damage", ["{", '{"servers": 4}', "cut"])
 def test_a_damaged_unit_file_is_named(tmp_path: Path, damage: str) -> None:
     f = tmp_path / "unit.json"
     if damage == "cut":  # a cell short
-        d = json.loads(Q.TRAINED.read_text())
+        d = json.loads(Q.trained_path(4).read_text())
         d["tuned"] = d["tuned"][:-1]
         damage = json.dumps(d)
     f.write_text(damage)
     with pytest.raises(ValueError, match=r"unit\.json: not a trained unit"):
         Q.load(f)
+
+
+def test_the_cell_fit_has_its_exact_slopes() -> None:
+    """train_weights' Jacobian is the residuals' own slope (a wrong one trains nothing)."""
+    x, y = Q.cell_table(8)
+    r = np.random.default_rng(5)
+    fit = Q._CellFit(x, y, Q.hidden(8), [r.normal(0, 0.03, (len(x), Q.hidden(8) + 2))
+                                         for _ in range(2)])
+    p = r.normal(0, 1, fit.n1 + fit.nh + 2 * fit.width)
+    p[fit.n1:fit.n1 + fit.nh] = r.uniform(0.5, 2, fit.nh)
+    j = fit.jac(p)
+    for i in r.choice(p.size, 12, replace=False):
+        e = np.zeros_like(p)
+        e[i] = 1e-6
+        fd = (fit.resid(p + e) - fit.resid(p - e)) / 2e-6
+        assert np.allclose(j[:, i], fd, atol=1e-6), i

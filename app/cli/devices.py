@@ -430,18 +430,25 @@ def optinc() -> None:
 @click.option("--onn", type=click.Choice(["linear", "trained"]), default="linear",
               show_default=True,
               help="linear: the calibrated averaging unit, an MLP, any N; trained: the "
-                   "trained ONN on the noisy chip against a ring at 8 bits, a CNN, 4 servers")
+                   "trained ONN on the noisy chip against a ring at 8 bits, a CNN, 4 (the "
+                   "default here), 8 or 16 servers, 16 also as 4 x 4 with --ports 4")
 @click.option("--json", "as_json", is_flag=True, help="stdout: exactly one JSON object")
 def optinc_train(servers: int, ports: int, epochs: int, seed: int, ideal: bool,
                  plot: Path | None, onn: str, as_json: bool) -> None:
     """Data-parallel SGD on scikit-learn's digits: exact vs optical gradient averaging."""
     if onn == "trained":
-        src = click.get_current_context().get_parameter_source("servers")
-        if src == click.core.ParameterSource.COMMANDLINE and servers != 4:
-            click.echo(f"error: --servers {servers}: the trained unit serves 4 servers "
-                       "(studies/data/quantiser-n4.json)", err=True)
+        from oddl.studies.quantiser import SIZES
+
+        ctx = click.get_current_context()
+        if ctx.get_parameter_source("servers") != click.core.ParameterSource.COMMANDLINE:
+            servers = 4
+        two = servers == 16 and ports == 4
+        if servers not in SIZES or (ports < servers and not two):
+            click.echo(f"error: --servers {servers} --ports {ports}: trained units serve "
+                       f"{', '.join(map(str, SIZES))} servers (studies/data/quantiser-nN"
+                       ".json), and 16 as a cascade of 4 x 4 (--ports 4)", err=True)
             sys.exit(2)
-        _train_trained(epochs, seed, ideal, plot, as_json)
+        _train_trained(4 if two else servers, two, epochs, seed, ideal, plot, as_json)
         return
     from oddl.studies.mzi import Components
     from oddl.studies.onn import CHIP
@@ -471,19 +478,26 @@ def optinc_train(servers: int, ports: int, epochs: int, seed: int, ideal: bool,
                f"{fabric.matrix_error:.2g})")
 
 
-def _train_trained(epochs: int, seed: int, ideal: bool, plot: Path | None,
-                   as_json: bool) -> None:
-    """The CNN with exact averaging, a ring at 8 bits and the trained ONN on the noisy
-    chip (`ideal`: the ideally trained unit on ideal components); the iteration's
-    communication on the OptINC network and on a ring."""
+def _train_trained(size: int, two: bool, epochs: int, seed: int, ideal: bool,
+                   plot: Path | None, as_json: bool) -> None:
+    """The CNN with exact averaging, a ring at 8 bits and the trained ONN of `size`
+    servers (`two`: its two-level cascade) on the noisy chip (`ideal`: the ideally
+    trained unit on ideal components); the iteration's communication on the OptINC
+    network and on a ring."""
     from oddl.app.registry import allreduce_ns
     from oddl.controller.base.config import NetworkSpec
     from oddl.studies import quantiser as Q
     from oddl.studies import training as T
+    from oddl.studies.mzi import Components
     from oddl.studies.onn import CHIP
 
-    trained = _load_unit()
-    unit = trained.ideal() if ideal else trained.hardware_aware(CHIP)
+    trained = _load_unit(size)
+    unit: Q.Averager
+    if two:
+        unit = trained.two_level(Components(), tuned=False) if ideal else \
+            trained.two_level(CHIP)
+    else:
+        unit = trained.ideal() if ideal else trained.hardware_aware(CHIP)
     passes: list[int] = []
     runs = {"exact": T.train_cnn(unit.servers, T.exact, epochs, seed=seed),
             "ring": T.train_cnn(unit.servers, T.ring(unit.bits), epochs, seed=seed),
@@ -491,8 +505,9 @@ def _train_trained(epochs: int, seed: int, ideal: bool, plot: Path | None,
                                    seed=seed)}
     params = T.cnn_init(seed).size
     size = params * unit.bits // 8  # bytes a server sends a step
-    one_pass = allreduce_ns(NetworkSpec(name="optinc", kind="optinc",
-                                        onn_pass_ns=Q.pass_ns(unit.servers, unit.bits)),
+    levels = 2 if two else 1  # the network adds the ONN's pass once a level
+    one_pass = allreduce_ns(NetworkSpec(name="optinc", kind="optinc", ports=4 if two else 32,
+                                        onn_pass_ns=unit.pass_ns / levels),
                             "optinc", unit.servers, size + Q.PILOTS, 100.0)
     mean_passes = sum(passes) / len(passes)
     comm = {"optinc_pass_ns": one_pass, "passes": mean_passes,
@@ -584,28 +599,33 @@ def optinc_mesh(size: int, seed: int, as_json: bool) -> None:
 
 
 @optinc.command("onn")
+@click.option("--servers", type=click.Choice(["4", "8", "16"]), default="4",
+              show_default=True, help="the trained unit's size (studies/data/quantiser-nN.json)")
 @click.option("--samples", type=click.IntRange(1_000, 10_000_000), default=20_000,
               show_default=True, help="random input vectors for each exactness figure")
 @click.option("--retrain", type=click.Path(dir_okay=False, path_type=Path), default=None,
-              help="train both units again (about 12 minutes), write them to this file "
-                   "and report on them (the shipped unit: studies/data/quantiser-n4.json)")
+              help="train the unit again (4 servers: with its cascade to 16, about 40 "
+                   "minutes; 8: about 20; 16: about 60), write it to this file and report "
+                   "on it")
 @click.option("--json", "as_json", is_flag=True, help="stdout: exactly one JSON object")
-def optinc_onn(samples: int, retrain: Path | None, as_json: bool) -> None:
-    """The trained ONN that averages and quantises 4 servers' 8-bit values: its
+def optinc_onn(servers: str, samples: int, retrain: Path | None, as_json: bool) -> None:
+    """The trained ONN that averages and quantises N servers' 8-bit values: its
     exactness on an ideal chip, and on the default noisy chip trained ideally and
-    hardware-aware; its size, latency and cost at other N and B."""
+    hardware-aware, and (4 servers) of its two-level cascade to 16; its size, latency and
+    cost at other N and B."""
     from oddl.studies import quantiser as Q
     from oddl.studies.onn import CHIP
 
+    n = int(servers)
     if retrain is None:
-        trained = _load_unit()
+        trained = _load_unit(n)
     else:
         try:
             retrain.touch()  # an unwritable path fails now, not after the training
         except OSError as e:
             click.echo(f"error: {retrain}: {e.strerror or e}", err=True)
             sys.exit(2)
-        trained = Q.train(CHIP)
+        trained = Q.train(CHIP, servers=n, cascade=n == 4)
         Q.save(trained, retrain)
     out = onn_figures(samples, trained)
     if as_json:
@@ -620,6 +640,14 @@ def optinc_onn(samples: int, retrain: Path | None, as_json: bool) -> None:
         click.echo(f"  output = exact rounded mean: {onn[k]:.2%} ({label})")
     click.echo(f"  with {onn['pilots']} pilot values a pass, a disturbed pass sent again: "
                f"{onn['exact_share_checked']:.2%} in {onn['passes_checked']:.2f} passes")
+    if "cascade" in out:
+        c = out["cascade"]
+        click.echo(f"  two levels, {c['servers']} servers on {c['chips']} chips "
+                   f"({c['mzis']} MZIs): {c['exact_share_ideal_chip']:.2%} (ideal chip), "
+                   f"{c['exact_share_ideally_trained']:.2%} (noisy, trained ideally), "
+                   f"{c['exact_share']:.2%} (noisy, hardware-aware), "
+                   f"{c['exact_share_checked']:.2%} in {c['passes_checked']:.2f} passes "
+                   "with pilots")
     d = onn["domain"]
     click.echo(f"  inputs to learn: {d['without_p']:,} without P, {d['with_p']:,} with P, "
                f"{d['cell']} for the cell every significance shares")
@@ -630,12 +658,13 @@ def optinc_onn(samples: int, retrain: Path | None, as_json: bool) -> None:
                    f"{r['without_p']:>6} {r['cascade']:>7}")
 
 
-def _load_unit() -> Any:
-    """The shipped trained unit, or exit 2 saying what is wrong with its file."""
+def _load_unit(servers: int = 4) -> Any:
+    """The shipped trained unit of `servers`, or exit 2 saying what is wrong with its
+    file."""
     from oddl.studies import quantiser as Q
 
     try:
-        return Q.load()
+        return Q.load(Q.trained_path(servers))
     except ValueError as e:
         click.echo(f"error: {e}", err=True)
         sys.exit(2)
@@ -643,29 +672,38 @@ def _load_unit() -> Any:
 
 def onn_figures(samples: int, trained: Any) -> dict[str, Any]:
     """`oddl optinc onn`'s figures of a trained unit (studies/quantiser.Trained; also the
-    "onn" block of `optinc train --onn trained --json`)."""
+    "onn" block of `optinc train --onn trained --json`), and of its cascade if trained."""
     from oddl.studies import quantiser as Q
+    from oddl.studies.mzi import Components
     from oddl.studies.onn import CHIP
 
-    ideal, as_trained, hw = (trained.ideal(), trained.as_trained(CHIP),
-                             trained.hardware_aware(CHIP))
-    share, errors, _ = hw.exact_share(samples)
-    checked, _, passes = hw.exact_share(samples, checked=True)
+    def shares(ideal: Any, as_trained: Any, hw: Any) -> dict[str, Any]:
+        share, errors, _ = hw.exact_share(samples)
+        checked, _, passes = hw.exact_share(samples, checked=True)
+        return {"servers": hw.servers, "bits": hw.bits, "mzis": hw.mzis,
+                "hardware_aware": True, "exact_share": share, "errors": errors,
+                "exact_share_checked": checked, "passes_checked": passes,
+                "pilots": Q.PILOTS, "exact_share_ideal_chip": ideal.exact_share(samples)[0],
+                "exact_share_ideally_trained": as_trained.exact_share(samples)[0]}
+
+    hw = trained.hardware_aware(CHIP)
     n, b = trained.servers, trained.bits
-    return {"onn": {"kind": "trained", "servers": n, "bits": b, "mzis": hw.mzis,
-                    "cells": len(hw.cells), "hardware_aware": True,
-                    "exact_share": share, "errors": errors,
-                    "exact_share_checked": checked, "passes_checked": passes,
-                    "pilots": Q.PILOTS,
-                    "exact_share_ideal_chip": ideal.exact_share(samples)[0],
-                    "exact_share_ideally_trained": as_trained.exact_share(samples)[0],
-                    "pass_ns": Q.pass_ns(n, b), "domain": Q.domain(n, b),
-                    "chip": asdict(CHIP), "chip_seed": trained.chip_seed},
-            "mzi_table": [{"servers": s, "bits": k, "with_p": Q.mzi_count(s, k),
-                           "unpartitioned": Q.mzi_count(s, k, partitioned=False),
-                           "without_p": Q.mzi_count(s, k, preprocessed=False),
-                           "cascade": Q.cascade_mzis(s, k), "pass_ns": Q.pass_ns(s, k)}
-                          for s in (4, 8, 16) for k in (4, 8)]}
+    out: dict[str, Any] = {
+        "onn": {"kind": "trained", "cells": len(hw.cells), "hidden": Q.hidden(n),
+                **shares(trained.ideal(), trained.as_trained(CHIP), hw),
+                "pass_ns": Q.pass_ns(n, b), "domain": Q.domain(n, b),
+                "chip": asdict(CHIP), "chip_seed": trained.chip_seed},
+        "mzi_table": [{"servers": s, "bits": k, "with_p": Q.mzi_count(s, k),
+                       "unpartitioned": Q.mzi_count(s, k, partitioned=False),
+                       "without_p": Q.mzi_count(s, k, preprocessed=False),
+                       "cascade": Q.cascade_mzis(s, k), "pass_ns": Q.pass_ns(s, k)}
+                      for s in Q.SIZES for k in (4, 8)]}
+    if trained.cascade is not None:
+        two = trained.two_level(CHIP)
+        out["cascade"] = {"chips": len(two.units), **shares(
+            trained.two_level(Components(), tuned=False),
+            trained.two_level(CHIP, tuned=False), two)}
+    return out
 
 
 @main.command()

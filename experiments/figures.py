@@ -1,0 +1,251 @@
+"""docs/comparison.md's and docs/optinc.md's tables, from runs: one command.
+
+    python experiments/figures.py [--write] [--only NAME ...] [--jobs N] [--runs DIR]
+
+Each table is a section below: it runs its commands (`oddl sweep`, `oddl optinc ...`),
+prints the table as markdown and, with `--write`, puts it into its page between the
+markers `<!-- figures:NAME -->` and `<!-- /figures:NAME -->`, with the command, the date
+and the machine. Sweeps write into `--runs` (default: a new directory under /tmp), so
+rerunning into the same one resumes them. `--list` names the sections and what each
+costs. The prose around a table is the docs' own: read it again when a figure moves.
+
+The CASSINI tables (docs/cassini.md) have their own commands:
+`python experiments/cassini_table.py [--law ...]` and `oddl run experiments/cassini-fattree.toml`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import platform
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+DOCS = ROOT / "docs"
+EXP = ROOT / "experiments"
+
+
+def oddl(*args: str) -> dict[str, Any]:
+    """One `oddl ... --json` command's object."""
+    r = subprocess.run([sys.executable, "-m", "oddl.app", *args, "--json"],
+                       capture_output=True, text=True)
+    if r.returncode != 0:
+        raise SystemExit(f"oddl {' '.join(args)}: exit {r.returncode}: {r.stderr.strip()}")
+    out: dict[str, Any] = json.loads(r.stdout)
+    return out
+
+
+def sweep(name: str, runs: Path, jobs: int) -> dict[str, Any]:
+    """`oddl sweep experiments/NAME.toml` into runs/NAME (resumed if there): its
+    results.json."""
+    out = runs / name
+    subprocess.run([sys.executable, "-m", "oddl.app", "sweep", str(EXP / f"{name}.toml"),
+                    "--jobs", str(jobs), "--out", str(out)], check=True,
+                   stdout=subprocess.DEVNULL)
+    doc: dict[str, Any] = json.loads((out / "results.json").read_text())
+    return doc
+
+
+def _x(v: float) -> str:
+    return f"{v:.3f}x"
+
+
+def _points(doc: dict[str, Any]) -> dict[tuple[str, str, int], dict[str, Any]]:
+    return {(r["network"], r["model"], r["nodes"]): r for r in doc["results"]}
+
+
+def _speedups(doc: dict[str, Any]) -> dict[tuple[str, str, int], dict[str, Any]]:
+    return {(s["over"], s["model"], s["nodes"]): s for s in doc["speedups"]}
+
+
+# ---- docs/comparison.md ------------------------------------------------------------
+
+def jocn(runs: Path, jobs: int) -> str:
+    doc = sweep("jocn-1024-vgg19", runs, jobs)
+    sp, pts = _speedups(doc), _points(doc)
+    papers = {k.split("_over_", 1)[1]: v for k, v in doc["sweep"].get("papers", {}).items()}
+    ref = pts[("oddl", "vgg19", 1024)]
+    rows = ["| ODDL speedup over | sharing | paper | ours, training (with compute) | "
+            "ours, communication only | its iteration |", "|---|---|---|---|---|---|"]
+    for net in doc["sweep"]["networks"]:
+        name = net["name"]
+        if name == "oddl":
+            continue
+        s = sp[(name, "vgg19", 1024)]
+        law = {"fair": "fluid (max-min)", "dcqcn": "DCQCN", "tcp": "TCP Reno"}.get(
+            net["sharing"], net["sharing"]) if net["kind"] == "fattree" else "own lightpaths"
+        paper = f"{papers[name]}x" if name in papers else "—"
+        it = pts[(name, "vgg19", 1024)]["iteration_ms"]
+        rows.append(f"| {name} | {law} | {paper} | {_x(s['speedup'])} | "
+                    f"{_x(s['comm_speedup'])} | {it:.2f} ms |")
+    rows.append(f"\nODDL's iteration: {ref['iteration_ms']:.2f} ms, its all-reduce "
+                f"{ref['comm_ms']:.2f} ms.")
+    return "\n".join(rows)
+
+
+def topoopt(runs: Path, jobs: int) -> str:
+    doc = sweep("topoopt-vs-fattree", runs, jobs)
+    sp = _speedups(doc)
+    nodes = doc["sweep"]["nodes"]
+    rows = ["| TopoOpt speedup over | " + " | ".join(f"{n} nodes" for n in nodes) + " |",
+            "|---|" + "---|" * len(nodes)]
+    for net in doc["sweep"]["networks"]:
+        if net["name"] == doc["sweep"]["reference"]:
+            continue
+        for model in doc["sweep"]["models"]:
+            cells = [_x(sp[(net["name"], model, n)]["speedup"]) for n in nodes]
+            rows.append(f"| {net['name']}, {net['collective'] or doc['sweep']['collective']} "
+                        f"({model}) | " + " | ".join(cells) + " |")
+    return "\n".join(rows)
+
+
+def control(runs: Path, jobs: int) -> str:
+    doc = sweep("control-overhead", runs, jobs)
+    pts = _points(doc)
+    nodes = doc["sweep"]["nodes"]
+    p = [pts[("oddl", "resnet50", n)] for n in nodes]
+    return "\n".join([
+        "| nodes | " + " | ".join(map(str, nodes)) + " |", "|---|" + "---|" * len(nodes),
+        "| control messages per node per iteration | "
+        + " | ".join(f"{r['control_msgs_per_node']:.0f}" for r in p) + " |",
+        "| arbiter planning time (ms) | " + " | ".join(f"{r['plan_ms']:.1f}" for r in p) + " |",
+        "| all-reduce time (ms) | " + " | ".join(f"{r['comm_ms']:.2f}" for r in p) + " |"])
+
+
+# ---- docs/optinc.md ----------------------------------------------------------------
+
+def optinc_ring(runs: Path, jobs: int) -> str:
+    doc = sweep("optinc-vs-ring", runs, jobs)
+    pts = _points(doc)
+    rows = ["| servers | OptINC | ring (ideal switch) | speed-up | HD (ideal switch) | "
+            "ODDL (HD) |", "|---|---|---|---|---|---|"]
+    for n in doc["sweep"]["nodes"]:
+        ms = {k: pts[(k, "resnet50", n)]["comm_ms"]
+              for k in ("optinc", "ring-electrical", "hd-electrical", "oddl")}
+        o = ms["optinc"]
+        rows.append(f"| {n} | {o:.2f} ms | {ms['ring-electrical']:.1f} ms | "
+                    f"{ms['ring-electrical'] / o:.1f}x | {ms['hd-electrical'] / o:.1f}x | "
+                    f"{ms['oddl'] / o:.1f}x |")
+    return "\n".join(rows)
+
+
+def optinc_train(runs: Path, jobs: int) -> str:
+    rows = ["| servers | exact | OptINC (default chip) | replicas apart |", "|---|---|---|---|"]
+    for n, label in ((4, "4"), (8, "8"), (16, "16 (4 × 4 cascade)")):
+        d = oddl("optinc", "train", "--servers", str(n))
+        rows.append(f"| {label} | {d['exact_accuracy']:.4f} | {d['optical_accuracy']:.4f} | "
+                    f"{d['replica_drift']:.4f} |")
+    return "\n".join(rows)
+
+
+def optinc_onn(runs: Path, jobs: int) -> str:
+    rows = ["| unit | MZIs | ideal chip | noisy chip, trained ideally | noisy chip, "
+            "hardware-aware | the same with pilots (passes a pass) |",
+            "|---|---|---|---|---|---|"]
+
+    def row(label: str, d: dict[str, Any]) -> str:
+        return (f"| {label} | {d['mzis']:,} | {d['exact_share_ideal_chip']:.2%} | "
+                f"{d['exact_share_ideally_trained']:.2%} | {d['exact_share']:.2%} | "
+                f"{d['exact_share_checked']:.2%} ({d['passes_checked']:.2f}) |")
+
+    for n in (4, 8, 16):
+        d = oddl("optinc", "onn", "--servers", str(n))
+        rows.append(row(f"{n} servers, one unit", d["onn"]))
+        if "cascade" in d:
+            rows.append(row(f"{n * n} servers, {n} x {n} cascade ({d['cascade']['chips']} "
+                            "chips)", d["cascade"]))
+    return "\n".join(rows)
+
+
+def optinc_cnn(runs: Path, jobs: int) -> str:
+    rows = ["| servers | exact | ring at 8 bits | trained ONN, noisy chip, pilots | "
+            "passes a step |", "|---|---|---|---|---|"]
+    for label, args in (("4", ["--servers", "4"]), ("8", ["--servers", "8"]),
+                        ("16", ["--servers", "16"]),
+                        ("16 (4 × 4 cascade)", ["--servers", "16", "--ports", "4"])):
+        d = oddl("optinc", "train", "--onn", "trained", *args)
+        rows.append(f"| {label} | {d['exact_accuracy']:.4f} | {d['ring_accuracy']:.4f} | "
+                    f"{d['optical_accuracy']:.4f} | "
+                    f"{d['iteration_communication']['passes']:.2f} |")
+    return "\n".join(rows)
+
+
+@dataclass(frozen=True)
+class Section:
+    page: Path
+    make: Callable[[Path, int], str]
+    cost: str
+
+
+SECTIONS = {
+    "jocn": Section(DOCS / "comparison.md", jocn, "about 12 minutes at --jobs 2"),
+    "topoopt": Section(DOCS / "comparison.md", topoopt, "20 s"),
+    "control": Section(DOCS / "comparison.md", control, "35 s"),
+    "optinc-ring": Section(DOCS / "optinc.md", optinc_ring, "2 minutes"),
+    "optinc-train": Section(DOCS / "optinc.md", optinc_train, "1 minute"),
+    "optinc-onn": Section(DOCS / "optinc.md", optinc_onn, "3 minutes"),
+    "optinc-cnn": Section(DOCS / "optinc.md", optinc_cnn, "about 15 minutes"),
+}
+
+
+def machine() -> str:
+    """The CPU and numpy's SIMD: what the optical columns depend on (docs/optinc.md)."""
+    import numpy as np
+    from numpy.core._multiarray_umath import __cpu_features__ as f  # type: ignore[import]
+
+    simd = "AVX-512" if f.get("AVX512F") else "AVX2" if f.get("AVX2") else "SSE"
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return f"{cpu}, numpy {np.__version__} with {simd}"
+
+
+def put(page: Path, name: str, table: str) -> None:
+    """The table into `page` between its markers; the page must have them."""
+    begin, end = f"<!-- figures:{name} -->", f"<!-- /figures:{name} -->"
+    text = page.read_text()
+    if begin not in text or end not in text:
+        raise SystemExit(f"{page}: no markers {begin} ... {end}")
+    head, _, rest = text.partition(begin)
+    _, _, tail = rest.partition(end)
+    page.write_text(f"{head}{begin}\n{table}\n{end}{tail}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--write", action="store_true", help="into the docs, between markers")
+    ap.add_argument("--only", nargs="+", choices=SECTIONS, default=list(SECTIONS))
+    ap.add_argument("--jobs", type=int, default=2, help="sweeps' worker processes")
+    ap.add_argument("--runs", type=Path, default=None,
+                    help="where sweeps write (rerun into it to resume)")
+    ap.add_argument("--list", action="store_true", help="the sections and their cost")
+    a = ap.parse_args()
+    if a.list:
+        for k, s in SECTIONS.items():
+            print(f"{k:13} {s.page.relative_to(ROOT)}  ({s.cost})")
+        return
+    runs = a.runs or Path(tempfile.mkdtemp(prefix="oddl-figures-"))
+    stamp = (f"(`python experiments/figures.py --only NAME --write`, "
+             f"{datetime.date.today().isoformat()}, on {machine()}.)")
+    for name in a.only:
+        s = SECTIONS[name]
+        t = f"{s.make(runs, a.jobs)}\n\n{stamp.replace('NAME', name)}"
+        print(f"## {name} ({s.page.relative_to(ROOT)})\n\n{t}\n", flush=True)
+        if a.write:
+            put(s.page, name, t)
+
+
+if __name__ == "__main__":
+    main()
