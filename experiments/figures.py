@@ -156,13 +156,14 @@ def optinc_onn(runs: Path, jobs: int) -> str:
                 f"{d['exact_share_ideally_trained']:.2%} | {d['exact_share']:.2%} | "
                 f"{d['exact_share_checked']:.2%} ({d['passes_checked']:.2f}) |")
 
+    cascades = []
     for n in (4, 8):
         d = oddl("optinc", "onn", "--servers", str(n))
         rows.append(row(f"{n} servers, one unit", d["onn"]))
         if "cascade" in d:
-            rows.append(row(f"{n * n} servers, {n} x {n} cascade ({d['cascade']['chips']} "
-                            "chips)", d["cascade"]))
-    return "\n".join(rows)
+            cascades.append(row(f"{n * n} servers, {n} x {n} cascade "
+                                f"({d['cascade']['chips']} chips)", d["cascade"]))
+    return "\n".join(rows + cascades)
 
 
 def optinc_cnn(runs: Path, jobs: int) -> str:

@@ -73,11 +73,8 @@ class Weights:
     gain: np.ndarray
     w2: np.ndarray
 
-    def forward(self, x: np.ndarray, noise: float = 0.0,
-                rng: np.random.Generator | None = None) -> np.ndarray:
+    def forward(self, x: np.ndarray) -> np.ndarray:
         z = x @ self.w1.T
-        if noise and rng is not None:
-            z = z + rng.normal(0.0, noise, z.shape)
         h, k = z.copy(), self.gain.size
         h[:, :k] = _act(z[:, :k], self.gain)
         return h @ self.w2.T

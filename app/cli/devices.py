@@ -608,7 +608,7 @@ ONN_SIZES = ["4", "8"]  # studies/quantiser.SIZES (held equal by a test; scipy l
               show_default=True, help="random input vectors for each exactness figure")
 @click.option("--retrain", type=click.Path(dir_okay=False, path_type=Path), default=None,
               help="train the unit again (4 servers: with its cascade to 16, about 20 "
-                   "minutes; 8: about 6; 16: about 45), write it to this file and report "
+                   "minutes; 8: about 6), write it to this file and report "
                    "on it")
 @click.option("--json", "as_json", is_flag=True, help="stdout: exactly one JSON object")
 def optinc_onn(servers: str, samples: int, retrain: Path | None, as_json: bool) -> None:
