@@ -44,7 +44,7 @@ from oddl.studies.onn import Realised, realise
 from scipy.optimize import least_squares
 
 IN, OUT = 3, 2  # cell ports: (c, carry, constant light) in; (bit, carry) out
-SIZES = (4, 8)  # the servers of the shipped units (studies/data/quantiser-nN.json)
+SIZES = (4, 8)  # the servers of the shipped units (studies/data/quantiser-n<N>.json)
 # Known values sent beside every pass's gradient, so the receivers can tell a disturbed
 # pass (`Quantiser.run_checked`): 64 of them against a gradient of thousands.
 PILOTS, PILOT_SEED = 64, 4242

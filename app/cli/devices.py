@@ -445,7 +445,7 @@ def optinc_train(servers: int, ports: int, epochs: int, seed: int, ideal: bool,
         two = servers == 16 and ports == 4
         if not two and (servers not in SIZES or ports < servers):
             click.echo(f"error: --servers {servers} --ports {ports}: trained units serve "
-                       f"{', '.join(map(str, SIZES))} servers (studies/data/quantiser-nN"
+                       f"{', '.join(map(str, SIZES))} servers (studies/data/quantiser-n<N>"
                        ".json), and 16 as a cascade of 4 x 4 (--ports 4)", err=True)
             sys.exit(2)
         _train_trained(4 if two else servers, two, epochs, seed, ideal, plot, as_json)
@@ -603,7 +603,7 @@ ONN_SIZES = ["4", "8"]  # studies/quantiser.SIZES (held equal by a test; scipy l
 
 @optinc.command("onn")
 @click.option("--servers", type=click.Choice(ONN_SIZES), default="4",
-              show_default=True, help="the trained unit's size (studies/data/quantiser-nN.json)")
+              show_default=True, help="the trained unit's size (studies/data/quantiser-n<N>.json)")
 @click.option("--samples", type=click.IntRange(1_000, 10_000_000), default=20_000,
               show_default=True, help="random input vectors for each exactness figure")
 @click.option("--retrain", type=click.Path(dir_okay=False, path_type=Path), default=None,
