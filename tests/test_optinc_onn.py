@@ -118,6 +118,8 @@ def test_optinc_onn_command_reports_the_unit() -> None:
     r = CliRunner().invoke(main, ["optinc", "onn", "--json", "--samples", "2000"])
     assert r.exit_code == 0, r.output
     onn = json.loads(r.output)["onn"]
+    sizes = {(t["servers"], t["bits"]): t["with_p"] for t in json.loads(r.output)["mzi_table"]}
+    assert sizes[(16, 8)] == Q.mzi_count(16, 8) == 1392  # the cost at sizes not shipped too
     assert onn["kind"] == "trained" and onn["hardware_aware"] is True
     assert (onn["servers"], onn["bits"], onn["mzis"]) == (4, 8, 364)
     assert onn["exact_share_ideal_chip"] >= 0.99

@@ -701,7 +701,7 @@ def onn_figures(samples: int, trained: Any) -> dict[str, Any]:
                        "unpartitioned": Q.mzi_count(s, k, partitioned=False),
                        "without_p": Q.mzi_count(s, k, preprocessed=False),
                        "cascade": Q.cascade_mzis(s, k), "pass_ns": Q.pass_ns(s, k)}
-                      for s in Q.SIZES for k in (4, 8)]}
+                      for s in (4, 8, 16) for k in (4, 8)]}
     if trained.cascade is not None:
         two = trained.two_level(CHIP)
         out["cascade"] = {"chips": len(two.units), **shares(
