@@ -92,7 +92,8 @@ class Arbiter:
         t_end = time.monotonic() + 120
         while (j := self.call(user, "GET", f"/jobs/{job}").json())["state"] in (
                 "queued", "running"):
-            assert time.monotonic() < t_end, (j, "".join(self.err)[-3000:])
+            assert time.monotonic() < t_end, (j, self.cli("ops", "logs", job).stdout[-3000:],
+                                              "".join(self.err)[-3000:])
             time.sleep(0.1)
         return dict(j)
 
