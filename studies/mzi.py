@@ -39,6 +39,11 @@ class Components:
     detector_noise: float = 0.0  # additive, rms, as a fraction of full scale
     output_bits: int | None = None  # the result's quantisation (the gradient's width)
 
+    @property
+    def transmission(self) -> float:
+        """An MZI's field transmission (its insertion loss)."""
+        return float(10 ** (-self.mzi_loss_db / 20))
+
     def quantise_phase(self, p: np.ndarray) -> np.ndarray:
         if self.dac_bits is None:
             return p
@@ -92,10 +97,14 @@ class Mesh:
         """What the array does to light: phases through the DACs (and jitter, if `rng`),
         couplers with this chip's errors, loss in every MZI."""
         comp = comp or Components()
+        return self.transfer(self.setting(comp, rng), comp.transmission)
+
+    def setting(self, comp: Components, rng: np.random.Generator | None) -> np.ndarray:
+        """The phases as set: through the DACs, with a pass's jitter if `rng`."""
         ph = comp.quantise_phase(self.phases)
         if comp.phase_noise_rad and rng is not None:
             ph = ph + rng.normal(0.0, comp.phase_noise_rad, ph.shape)
-        return self.transfer(ph, 10 ** (-comp.mzi_loss_db / 20))
+        return ph
 
     def transfer(self, ph: np.ndarray, loss: float) -> np.ndarray:
         """The array's matrix at phases `ph` as set (after DACs and jitter), with this

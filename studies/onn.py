@@ -58,8 +58,17 @@ class Block:
 
     def matrix(self, comp: Components | None = None,
                rng: np.random.Generator | None = None) -> np.ndarray:
-        return self.gain * (self.u.matrix(comp, rng) * self.att[None, :]) @ \
-            self.v.matrix(comp, rng)
+        comp = comp or Components()
+        u = self.u.setting(comp, rng)  # (U's jitter drawn first)
+        return self.transfer(np.concatenate([self.v.setting(comp, rng), u, [self.gain]]),
+                             comp.transmission)
+
+    def transfer(self, p: np.ndarray, loss: float) -> np.ndarray:
+        """The block at parameters `p` as set (`phases`' order: V's, U's, then the gain),
+        each MZI transmitting `loss`."""
+        nv = 2 * len(self.v.mzis) + len(self.v.screen)
+        return p[-1] * (self.u.transfer(p[nv:-1], loss) * self.att[None, :]) @ \
+            self.v.transfer(p[:nv], loss)
 
     @property
     def phases(self) -> np.ndarray:
@@ -82,7 +91,10 @@ class Realised:
 
     def matrix(self, comp: Components | None = None,
                rng: np.random.Generator | None = None) -> np.ndarray:
-        ms = [b.matrix(comp, rng) for b in self.blocks]
+        return self.assemble([b.matrix(comp, rng) for b in self.blocks])
+
+    def assemble(self, ms: list[np.ndarray]) -> np.ndarray:
+        """W from its blocks' matrices, in `blocks`' order."""
         full = np.hstack(ms) if self.how == "horizontal" else np.vstack(ms)
         return full[: self.shape[0], : self.shape[1]]
 

@@ -230,13 +230,19 @@ class Cell:
     def run(self, x: np.ndarray, m: tuple[np.ndarray, np.ndarray], comp: Components,
             rng: np.random.Generator | None) -> np.ndarray:
         """Fields out (k x 2) for fields in (k x 3), with one pass's matrices."""
-        z = x @ m[0].T
-        h, k = z.copy(), self.gain.size
-        det = z[:, :k].real
-        if comp.detector_noise and rng is not None:
-            det = det + rng.normal(0.0, comp.detector_noise, det.shape)
-        h[:, :k] = _act(det, self.gain)
-        return h @ m[1].T
+        noise = rng.normal(0.0, comp.detector_noise, (len(x), self.gain.size)) \
+            if comp.detector_noise and rng is not None else 0.0
+        return _through(x, m, self.gain, noise)
+
+
+def _through(x: np.ndarray, m: tuple[np.ndarray, np.ndarray], gain: np.ndarray,
+             noise: np.ndarray | float) -> np.ndarray:
+    """A cell's fields out: its first matrix, the detectors (with `noise`) and amplifiers
+    on the nonlinear ports, its second matrix."""
+    z = x @ m[0].T
+    h, k = z.copy(), gain.size
+    h[:, :k] = _act(z[:, :k].real + noise, gain)
+    return h @ m[1].T
 
 
 def _fab(r: Realised, comp: Components, rng: np.random.Generator) -> Realised:
@@ -428,13 +434,12 @@ def tune(cell: Cell, servers: int, comp: Components, draws: int = 12,
     of a cell's dozens."""
     x0, y = cell_table(servers)
     nh = cell.gain.size
-    loss = 10 ** (-comp.mzi_loss_db / 20)
+    loss = comp.transmission
     blocks = [*cell.l1.blocks, *cell.l2.blocks]
     ends = np.cumsum([0] + [b.phases.size for b in blocks])
-    nv = [b.v.phases.size for b in blocks]
     r = np.random.default_rng(seed)
-    jitter = [[r.normal(0.0, comp.phase_noise_rad, b.phases.size - 1) for b in blocks]
-              for _ in range(draws)]
+    jitter = [[np.append(r.normal(0.0, comp.phase_noise_rad, b.phases.size - 1), 0.0)
+               for b in blocks] for _ in range(draws)]  # (none on a receiver's gain)
     steady = np.array([1, 1, 0])  # the constant light has no error
     xin = [(x0 + r.normal(0.0, input_noise, x0.shape) * steady).astype(complex)
            for _ in range(draws)]
@@ -446,18 +451,14 @@ def tune(cell: Cell, servers: int, comp: Components, draws: int = 12,
         key = q.tobytes()
         if i in kept and kept[i][0] == key:
             return kept[i][1]
-        b, k = blocks[i], nv[i]
-        ms = [q[-1] * (b.u.transfer(q[k:-1] + j[i][k:], loss) * b.att[None, :])
-              @ b.v.transfer(q[:k] + j[i][:k], loss) for j in jitter]
+        ms = [blocks[i].transfer(q + j[i], loss) for j in jitter]
         kept[i] = (key, ms)
         return ms
 
     def layer(r_: Realised, first: int, p: np.ndarray) -> list[np.ndarray]:
         per = [block(i, p[ends[i]:ends[i + 1]])
                for i in range(first, first + len(r_.blocks))]
-        stack = np.hstack if r_.how == "horizontal" else np.vstack
-        return [stack([m[d] for m in per])[: r_.shape[0], : r_.shape[1]]
-                for d in range(draws)]
+        return [r_.assemble([m[d] for m in per]) for d in range(draws)]
 
     def resid(p: np.ndarray) -> np.ndarray:
         m1 = layer(cell.l1, 0, p)
@@ -465,10 +466,7 @@ def tune(cell: Cell, servers: int, comp: Components, draws: int = 12,
         gain = p[ends[-1]:]
         out = []
         for d in range(draws):
-            z = xin[d] @ m1[d].T
-            h = z.copy()
-            h[:, :nh] = _act(z[:, :nh].real + det[d], gain)
-            o = h @ m2[d].T
+            o = _through(xin[d], (m1[d], m2[d]), gain, det[d])
             out += [(o.real - y).ravel(), o[:, 1].imag]
         return np.concatenate(out)
 
@@ -564,15 +562,18 @@ def load(path: Path) -> Trained:
                     None if casc is None else [[np.array(p, dtype=float) for p in chip]
                                                for chip in casc])
         size = t.template().params.size
-        if t.cascade is not None:
-            t.two_level(Components())  # the cascade's shape is checked there
     except (OSError, ValueError, KeyError, TypeError, IndexError) as e:
         raise ValueError(f"{path}: not a trained unit: {e!r}") from e
-    cells = t.bits + t.servers.bit_length() - 1
+    p = t.servers.bit_length() - 1
+    cells = t.bits + p
+    # a cascade: N first-level chips of `cells` cells, then one of bits + 2p
+    chips = [cells] * t.servers + [t.bits + 2 * p]
     if t.design.size != size or len(t.tuned) != cells or \
-            any(p.size != size for p in [*t.tuned, *(q for c in t.cascade or [] for q in c)]):
+            any(q.size != size for q in [*t.tuned, *(q for c in t.cascade or [] for q in c)]):
         raise ValueError(f"{path}: not a trained unit: {cells} cells of {size} phases and "
                          "gains expected")
+    if t.cascade is not None and [len(c) for c in t.cascade] != chips:
+        raise ValueError(f"{path}: not a trained unit: its cascade takes {chips} cells a chip")
     return t
 
 

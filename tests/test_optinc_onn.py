@@ -147,12 +147,13 @@ def test_the_trained_onn_says_which_sizes_it_serves(args: list[str]) -> None:
     assert r.exit_code == 2 and "trained units serve 4, 8 servers" in r.output
 
 
-@pytest.mark.parametrize("damage", ["{", '{"servers": 4}', "cut"])
+@pytest.mark.parametrize("damage", ["{", '{"servers": 4}', "cut", "cascade"])
 def test_a_damaged_unit_file_is_named(tmp_path: Path, damage: str) -> None:
     f = tmp_path / "unit.json"
-    if damage == "cut":  # a cell short
+    if damage in ("cut", "cascade"):  # a cell short, or the cascade a chip short
         d = json.loads(Q.trained_path(4).read_text())
-        d["tuned"] = d["tuned"][:-1]
+        key = "tuned" if damage == "cut" else "cascade"
+        d[key] = d[key][:-1]
         damage = json.dumps(d)
     f.write_text(damage)
     with pytest.raises(ValueError, match=r"unit\.json: not a trained unit"):
