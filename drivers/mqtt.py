@@ -167,7 +167,8 @@ class MQTTBus:
         assert self._loop is not None
         fut = self._acks[info.mid] = self._loop.create_future()
         try:
-            await asyncio.wait_for(asyncio.shield(fut), timeout)
+            async with asyncio.timeout(timeout):
+                await asyncio.shield(fut)
         except TimeoutError:
             raise BusError(f"mqtt: {self.user}: no PUBACK for {topic} within {timeout} s "
                            f"(a broker that refuses a publish does not say so: is this "
@@ -181,10 +182,11 @@ class MQTTBus:
         self._thread = threading.get_ident()
         self._connack = loop.create_future()
         try:  # the TCP (and TLS) handshake blocks: off the loop, as aiomqtt does it
-            await asyncio.wait_for(asyncio.to_thread(
-                self.client.connect, self.host, self.port, self.keepalive),
-                self.connect_timeout)
-            rc = await asyncio.wait_for(self._connack, self.connect_timeout)
+            async with asyncio.timeout(self.connect_timeout):
+                await asyncio.to_thread(self.client.connect, self.host, self.port,
+                                        self.keepalive)
+            async with asyncio.timeout(self.connect_timeout):
+                rc = await self._connack
         except (OSError, ssl.SSLError, TimeoutError) as e:
             self._drop()
             raise BusError(f"mqtt: {self.user}: cannot reach the broker at "
@@ -486,7 +488,8 @@ async def request_grant_rtt(bus: Any, n: int, warmup: int = 20, timeout_s: float
     await bus.start()
     try:
         ask(0)
-        await asyncio.wait_for(done.wait(), timeout_s)
+        async with asyncio.timeout(timeout_s):
+            await done.wait()
     finally:
         await bus.close()
     # timed on this host's clock: a replay gives the recorded times (the exchange itself

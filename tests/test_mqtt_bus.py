@@ -258,6 +258,33 @@ def test_what_a_party_publishes_before_it_disconnects_is_delivered() -> None:
     assert asyncio.run(_with_broker(body)) == list(range(n))
 
 
+def test_a_publish_cancelled_as_its_puback_lands_is_cancelled() -> None:
+    """A job cancelled while it waited for a PUBACK must end: on Python 3.11,
+    `asyncio.wait_for` returned the PUBACK and swallowed a cancel that landed in the same
+    turn of the loop, and a cancelled job ran on (a restarted arbiter answered DELETE 200
+    and the job kept running 120 s). Here the PUBACK lands and the job is cancelled in one
+    turn; the publish must raise CancelledError, as every await that is cancelled does."""
+    async def body(broker: EmbeddedBroker) -> bool:
+        bus = _bus(broker, "n0")
+        await bus.start()
+        try:
+            task = asyncio.create_task(bus.publish("oddl/tb/telemetry/n0", b"x", qos=1))
+            while not bus._acks and not task.done():  # until it waits for its PUBACK
+                await asyncio.sleep(0)
+            (fut,) = bus._acks.values()
+            fut.set_result(None)  # the PUBACK, as the network thread hands it over
+            task.cancel()  # and the cancel, in the same turn
+            try:
+                await task
+            except asyncio.CancelledError:
+                return True
+            return False
+        finally:
+            await bus.close()
+
+    assert asyncio.run(_with_broker(body)), "the cancel was swallowed: the publish returned"
+
+
 def test_every_subscriber_gets_every_message_while_parties_come_and_go() -> None:
     """A message reaches every subscriber while other parties subscribe and leave: amqtt
     0.12 walked its live subscription table, awaiting the topic plugin on the way, and a

@@ -668,8 +668,8 @@ class Admission:
         if stop.carrying is not None:  # its ranks say what the cut iteration delivered
             # (on a starved host they say it late: waited for as their heartbeats are)
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(stop.carrying.wait(), CARRY_WAIT_S
-                                       + health.patience_ns(part.ranks) / 1e9)
+                async with asyncio.timeout(CARRY_WAIT_S + health.patience_ns(part.ranks) / 1e9):
+                    await stop.carrying.wait()
         released: asyncio.Future[BaseException | None] = self.b.loop.create_future()
         self._release(req.name, released.set_result)
         if (e := await released) is not None:  # (a model's is done at once: no wait)

@@ -171,7 +171,8 @@ class HttpService:
             return
         self.server.should_exit = True
         try:
-            await asyncio.wait_for(asyncio.shield(self._task), 5.0)
+            async with asyncio.timeout(5.0):
+                await asyncio.shield(self._task)
         except TimeoutError:  # open connections that will not close: closed for them
             self.server.force_exit = True
             await self._task

@@ -230,7 +230,8 @@ class Services:
             try:
                 r = stop()
                 if asyncio.iscoroutine(r) or isinstance(r, asyncio.Future):
-                    await asyncio.wait_for(r, STOP_EACH_S)
+                    async with asyncio.timeout(STOP_EACH_S):
+                        await r
                 done.append(name)
             except TimeoutError:
                 log.warning("%s: %s did not stop within %g s", self.what, name, STOP_EACH_S)

@@ -169,8 +169,9 @@ class _Broker(Broker):
         key = id(writer)
         waiting[key] = writer
         try:
-            return await asyncio.wait_for(BrokerProtocolHandler.init_from_connect(
-                reader, writer, self.plugins_manager), self.connect_timeout_s)
+            async with asyncio.timeout(self.connect_timeout_s):
+                return await BrokerProtocolHandler.init_from_connect(
+                    reader, writer, self.plugins_manager)
         except Exception as e:  # idle, evicted, or not MQTT
             why = (f"no CONNECT within {self.connect_timeout_s:g} s"
                    if isinstance(e, TimeoutError) else f"no CONNECT ({type(e).__name__})")
