@@ -120,16 +120,19 @@ class Harness(Elaboratable):
         m.d.sync += lfsr.eq((lfsr << 1) | _feedback(lfsr))
         ts = Signal(64)
         m.d.sync += ts.eq(ts + 1)
-        width = sum(len(s) for name, s in ins if name != "ts_ns")
-        chain = Signal(width)
-        m.d.sync += chain.eq((chain << 1) | lfsr[0])
-        at = 0
+        # a chain of its own for each input, fed by its own pair of the LFSR's bits (one
+        # chain through every input had tied all their consumers into one line, and the
+        # placer packed them into one congested knot; a distinct pair each, so that no two
+        # chains' flip-flops have the same input and synthesis merges none of them)
+        pairs = ((i, j) for j in range(2, 32) for i in range(1, j))
         for name, s in ins:
             if name == "ts_ns":
                 m.d.comb += s.eq(ts)
-            else:
-                m.d.comb += s.eq(chain[at: at + len(s)])
-                at += len(s)
+                continue
+            i, j = next(pairs)
+            chain = Signal(len(s), name=f"chain_{name}")
+            m.d.sync += chain.eq((chain << 1) | (lfsr[i] ^ lfsr[j]))
+            m.d.comb += s.eq(chain)
         # each output into a flip-flop, then folded in two registered stages: the IP's
         # paths end at its outputs, as they would at a board's next register
         held = Signal(sum(len(s) for s in outs))
