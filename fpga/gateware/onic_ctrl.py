@@ -33,6 +33,8 @@ from oddl.fpga.countaction import ACTIONS, SIGNALS
 ADDR_BITS = 16  # 64 KiB
 N_HDR = len(R.HEADER)
 FIRE_LIMIT = R.CA_FIRE_LIMIT
+GROUP_BITS = 5  # the read multiplexer's first stage: groups of 2**5 bytes, eight registers
+GROUP_MASK = (1 << GROUP_BITS) - 1
 # queued count-action events: a datapath event queues at most 3, each firing 1
 EVENT_DEPTH = FIRE_LIMIT + 4
 ANY_PORT = len(R.PORTS)  # index code of rx[any]
@@ -296,6 +298,7 @@ class OnicCtrl(wiring.Component):
             with m.If(pending_mods[i]):
                 m.d.comb += first.eq(i)
         cur, slot = Signal(range(nm)), Signal(range(ns + 1))
+        cur_hot = Signal(nm)  # the firing module, one-hot: each module updates itself
 
         def clear(t: Any) -> list[Any]:  # a module's RESET: count, fired and fire count
             return [ca_count[t].eq(0), ca_fired[t].eq(0), ca_nfire[t].eq(0)]
@@ -374,6 +377,19 @@ class OnicCtrl(wiring.Component):
                 reads[o(f"RX#_{name}")] = sigs[i]
             for h in range(N_HDR):
                 reads[o(f"RX#_HDR{h}")] = rx_hdr[i][h]
+        # The read multiplexer, in two registered stages: in READ each group of eight
+        # registers (a port's TX block, its RX counters, ...) picks its word beside them,
+        # and the engine its field; in READ_DATA one of the groups' words is taken. (One
+        # multiplexer of every register had drawn them all, and their counters' adders,
+        # to one spot of the die: the routing congestion that kept the board build from
+        # converging, docs/gateware.md.) A register is read as it was in READ: the cycle
+        # TS_HI is latched in, so TS_LO and TS_HI are one instant's.
+        groups: dict[int, dict[int, object]] = {}
+        for off, value in reads.items():
+            groups.setdefault(off >> GROUP_BITS, {})[off] = value
+        staged = {g: Signal(32, name=f"read_group_{g:x}") for g in groups}
+        assert nm == 16, "the engine's read: four groups of four modules"
+        ca_staged = [Signal(32, name=f"read_ca_{q}") for q in range(4)]
         writable = {R.BY_NAME[n].offset for n in rw} | {R.BY_NAME["NODE_ID"].offset}
         w1c = {r.offset for r in R.REGISTERS if r.access == "W1C"}
         sc = {r.offset for r in R.REGISTERS if r.access == "SC" and not r.name.startswith("CA")}
@@ -516,7 +532,8 @@ class OnicCtrl(wiring.Component):
                 with m.If(~pending_mods.any()):
                     m.next = "IDLE"
                 with m.Elif(fire_now):
-                    m.d.sync += [*count_first(), cur.eq(first), hits.eq(hits & past_first)]
+                    m.d.sync += [*count_first(), cur.eq(first), cur_hot.eq(first_hot),
+                                 hits.eq(hits & past_first)]
                     with m.If(fires == FIRE_LIMIT):  # a loop: cut it, drop what it queued
                         m.next = "FLUSH"
                     with m.Else():
@@ -528,14 +545,18 @@ class OnicCtrl(wiring.Component):
                 with m.If(~events.r_rdy):
                     m.next = "IDLE"
             with m.State("FIRE"):
-                m.d.sync += [ca_fired[cur].eq(1), ca_nfire[cur].eq(ca_nfire[cur] + 1),
-                             self.fired.eq(1),
-                             fires.eq(fires + 1), slot.eq(0)]
+                m.d.sync += [self.fired.eq(1), fires.eq(fires + 1), slot.eq(0)]
                 m.d.comb += acts_rd.addr.eq(Cat(Const(0, 3), Const(1, 1), cur))
-                with m.If(ca_ctrl[cur][1]):  # auto re-arm: keep counting past the target
-                    m.d.sync += ca_count[cur].eq(ca_count[cur] - ca_target[cur])
-                with m.Else():
-                    m.d.sync += ca_ctrl[cur].eq(ca_ctrl[cur] & 2)
+                # each module updates itself, beside its registers (a count and a target
+                # taken through 16-way multiplexers to one subtractor, and back, had tied
+                # every module's to one spot of the die: routing congestion)
+                for i in range(nm):
+                    with m.If(cur_hot[i]):
+                        m.d.sync += [ca_fired[i].eq(1), ca_nfire[i].eq(ca_nfire[i] + 1)]
+                        with m.If(ca_ctrl[i][1]):  # auto re-arm: keep counting past it
+                            m.d.sync += ca_count[i].eq(ca_count[i] - ca_target[i])
+                        with m.Else():
+                            m.d.sync += ca_ctrl[i].eq(ca_ctrl[i] & 2)
                 irq_terms.append(Mux(fsm.ongoing("FIRE"),
                                      Const(1 << R.IRQ_MODULE_SHIFT, 32) << cur, 0))
                 m.d.comb += push(SIG["fired"], cur, Const(1, 32))
@@ -634,31 +655,42 @@ class OnicCtrl(wiring.Component):
             with m.State("READ"):  # the route table's read port answers a cycle later
                 with m.If(raddr == R.BY_NAME["TS_LO"].offset):
                     m.d.sync += ts_hi.eq(self.ts_ns[32:64])
+                # the first stage: each group's register, and the engine's field
+                for g, regs in groups.items():
+                    m.d.sync += staged[g].eq(0)  # (a hole, an SC register: zero)
+                    with m.Switch(raddr[2:GROUP_BITS]):
+                        for off, value in sorted(regs.items()):
+                            with m.Case((off & GROUP_MASK) >> 2):
+                                m.d.sync += staged[g].eq(value)
+                for q, part in enumerate(ca_staged):  # modules 4q .. 4q + 3
+                    mod = Cat(ca_rm[:2], Const(q, 2))
+                    m.d.sync += part.eq(0)
+                    with m.Switch(ca_rf):
+                        with m.Case(0x00):
+                            m.d.sync += part.eq(ca_ctrl[mod])
+                        with m.Case(0x08):
+                            m.d.sync += part.eq(ca_ctrl[mod][0] | (ca_fired[mod] << 1)
+                                                | (ca_nfire[mod] << 8))
+                        with m.Case(0x0C):
+                            m.d.sync += part.eq(ca_target[mod])
+                        with m.Case(0x10):
+                            m.d.sync += part.eq(ca_count[mod])
                 m.next = "READ_DATA"
-            with m.State("READ_DATA"):
+            with m.State("READ_DATA"):  # the second: which group, or a memory's word
                 m.d.sync += rresp.eq(OKAY)
                 with m.If(in_routes_r):
                     m.d.sync += rdata.eq(route_rd.data)
                 with m.Elif(in_ca_r):
-                    m.d.sync += rdata.eq(0)
+                    m.d.sync += rdata.eq(Array(ca_staged)[ca_rm[2:]])
                     with m.Switch(ca_rf):
-                        with m.Case(0x00):
-                            m.d.sync += rdata.eq(ca_ctrl[ca_rm])
-                        with m.Case(0x08):
-                            m.d.sync += rdata.eq(ca_ctrl[ca_rm][0] | (ca_fired[ca_rm] << 1)
-                                                 | (ca_nfire[ca_rm] << 8))
-                        with m.Case(0x0C):
-                            m.d.sync += rdata.eq(ca_target[ca_rm])
-                        with m.Case(0x10):
-                            m.d.sync += rdata.eq(ca_count[ca_rm])
                         with m.Case(*(f + 4 * k for f in (0x20, 0x40) for k in range(ns))):
                             m.d.sync += rdata.eq(slots_rd.data)  # (read in READ)
                 with m.Else():
                     m.d.sync += rdata.eq(0)  # SC registers and holes read as zero
-                    with m.Switch(raddr):
-                        for off, value in sorted(reads.items()):
-                            with m.Case(off):
-                                m.d.sync += rdata.eq(value)
+                    with m.Switch(raddr[GROUP_BITS:]):
+                        for g in sorted(groups):
+                            with m.Case(g):
+                                m.d.sync += rdata.eq(staged[g])
                 m.next = "RRESP"
             with m.State("RRESP"):
                 m.d.comb += self.s_axi_rvalid.eq(1)
