@@ -682,9 +682,9 @@ class OnicCtrl(wiring.Component):
                     m.d.sync += rdata.eq(route_rd.data)
                 with m.Elif(in_ca_r):
                     m.d.sync += rdata.eq(Array(ca_staged)[ca_rm[2:]])
-                    with m.Switch(ca_rf):
-                        with m.Case(*(f + 4 * k for f in (0x20, 0x40) for k in range(ns))):
-                            m.d.sync += rdata.eq(slots_rd.data)  # (read in READ)
+                    with m.Switch(ca_rf), m.Case(*(f + 4 * k for f in (0x20, 0x40)
+                                                   for k in range(ns))):
+                        m.d.sync += rdata.eq(slots_rd.data)  # (read in READ)
                 with m.Else():
                     m.d.sync += rdata.eq(0)  # SC registers and holes read as zero
                     with m.Switch(raddr[GROUP_BITS:]):
