@@ -7,13 +7,13 @@ The board has none of an O-NIC's peripherals (no 100 GbE MAC, no laser driver, n
 the IP sits in a harness: its clock from the board's oscillator through the ECP5's PLL at
 the target frequency; every input bit from a register of a shift chain of its input's
 own, fed by an LFSR (each a distinct flip-flop, so that synthesis can assume nothing of
-them), but the time base, a counter; every output into a register of its own, then
-folded by XOR in two registered stages onto an LED (so nothing is optimised away, and
-the IP's paths end at its outputs, as they would at a board's next register). What this
-proves: the design as a whole (onic_ctrl, the control unit, their memories) fits the
-device, places, routes and meets timing at the target on it. What it does not: that it runs an O-NIC (no MAC,
-no optics on that board), nor anything about a Zynq UltraScale+'s clock (a faster
-fabric; Vivado's recipe times that).
+them), but the time base, a counter; every output into a register of its own, then folded
+by XOR in two registered stages onto an LED (so nothing is optimised away, and the IP's
+paths end at its outputs, as they would at a board's next register). What this proves:
+the design as a whole (onic_ctrl, the control unit, their memories) fits the device,
+places, routes and meets timing at the target on it. What it does not: that it runs an
+O-NIC (no MAC, no optics on that board), nor anything about a Zynq UltraScale+'s clock (a
+faster fabric; Vivado's recipe times that).
 """
 
 from __future__ import annotations
