@@ -27,7 +27,15 @@ from amaranth.lib.wiring import In, Out
 from oddl.fpga import regmap as R
 from oddl.fpga.frame import BEAT_BITS, FrameFormat
 from oddl.fpga.gateware.control_unit import BUILD, STATS, ControlUnitRTL
-from oddl.fpga.gateware.onic_ctrl import ADDR_BITS, N_HDR, OKAY, SLVERR, OnicCtrl
+from oddl.fpga.gateware.onic_ctrl import (
+    ADDR_BITS,
+    GROUP_BITS,
+    GROUP_MASK,
+    N_HDR,
+    OKAY,
+    SLVERR,
+    OnicCtrl,
+)
 from oddl.fpga.gateware.onic_ctrl import members as ctrl_members
 
 CU_WINDOW = 0x400  # the CU block's share of the address space (from R.CU_BASE)
@@ -195,6 +203,15 @@ class OnicTop(wiring.Component):
         for name, sig in regs.items():
             reads[R.BY_NAME[name].offset] = sig
 
+        # the read multiplexer in two registered stages, as onic_ctrl's (one multiplexer
+        # of every CU register drew them, the counters and the delivered queue to one spot
+        # of the die): each group of eight picks its word as the read is accepted, then
+        # the group's word is taken. A register is read as it was in that cycle.
+        groups: dict[int, dict[int, Any]] = {}
+        for off, value in reads.items():
+            groups.setdefault(off >> GROUP_BITS, {})[off] = value
+        staged = {g: Signal(32, name=f"cu_read_group_{g:x}") for g in groups}
+
         def mine(addr: Any) -> Any:
             return (addr >= R.CU_BASE) & (addr < R.CU_BASE + CU_WINDOW)
 
@@ -225,6 +242,12 @@ class OnicTop(wiring.Component):
                 with m.Elif(s.s_axi_arvalid & mine(s.s_axi_araddr)):
                     m.d.comb += s.s_axi_arready.eq(1)
                     m.d.sync += raddr.eq(s.s_axi_araddr & ~3)
+                    for g, group in groups.items():  # the first stage, as it is accepted
+                        m.d.sync += staged[g].eq(0)
+                        with m.Switch(s.s_axi_araddr[2:GROUP_BITS]):
+                            for off, value in sorted(group.items()):
+                                with m.Case((off & GROUP_MASK) >> 2):
+                                    m.d.sync += staged[g].eq(value)
                     m.next = "CU_READ"
                 with m.Elif(s.s_axi_arvalid):
                     m.next = "CTRL_READ"
@@ -254,12 +277,12 @@ class OnicTop(wiring.Component):
                 m.d.comb += [s.s_axi_bvalid.eq(1), s.s_axi_bresp.eq(bresp)]
                 with m.If(s.s_axi_bready):
                     m.next = "IDLE"
-            with m.State("CU_READ"):
+            with m.State("CU_READ"):  # the second: the group's word
                 m.d.sync += rdata.eq(0)
-                with m.Switch(raddr):
-                    for off, value in sorted(reads.items()):
-                        with m.Case(off):
-                            m.d.sync += rdata.eq(value)
+                with m.Switch(raddr[GROUP_BITS:]):
+                    for g in sorted(groups):
+                        with m.Case(g):
+                            m.d.sync += rdata.eq(staged[g])
                 m.next = "CU_RRESP"
             with m.State("CU_RRESP"):
                 m.d.comb += [s.s_axi_rvalid.eq(1), s.s_axi_rdata.eq(rdata),
