@@ -269,13 +269,10 @@ class Service:
         if moved:
             self._on[rec.name] = part
             self.ledger.running(rec.name, part)
-        for k in range(it.count):  # (a run of copies: one by one)
-            one = it.nth(k)
-            # the run directory before the ledger: a kill between loses nothing (JobRuns)
-            self.runs.iteration(rec.name, one.iteration, one.t_start, one.t_end,
-                                self._compute.get(rec.name, 0), one.control_messages,
-                                one.flows)
-            self.ledger.iteration(rec.name, one.iteration, one.t_start, one.t_end)
+        # the run directory before the ledger: a kill between loses nothing (JobRuns)
+        self.runs.iteration(rec.name, it.iteration, it.t_start, it.t_end,
+                            self._compute.get(rec.name, 0), it.control_messages, it.flows)
+        self.ledger.iteration(rec.name, it.iteration, it.t_start, it.t_end)
         self.tell(now=moved)
 
     def on_hold(self, job: str, nodes: int) -> None:

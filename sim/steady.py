@@ -401,8 +401,9 @@ class Steady:
             return None
         self.extension = Extension(i + 1 - self.start, total - 1 - i, period, delta)
         rep = Repeats(i, period, last.flows, steps)
-        return iter([Iteration(i + 1, last.t_start + period, last.t_end + period,
-                               last.control_messages, repeats=rep, count=total - 1 - i)])
+        return (Iteration(j, last.t_start + (j - i) * period, last.t_end + (j - i) * period,
+                          last.control_messages, repeats=rep)
+                for j in range(i + 1, total))
 
 
 def _id_steps(a: list[FlowRow], b: list[FlowRow], period: int) -> list[int] | None:

@@ -68,31 +68,26 @@ class RunStore:
     def add_iteration(self, network: str, iteration: int, t_start: int, t_end: int,
                       compute_ns: int, control_messages: int, flows: list[FlowRow],
                       replace: bool = False, commit: bool = True,
-                      repeats: Repeats | None = None, count: int = 1) -> None:
+                      repeats: Repeats | None = None) -> None:
         """One iteration and its flows, committed together (`commit` False: held, and
         written with a later one). `repeats`: it is a copy of a repeated iteration, its
         flows that one's (`Repeats.flows_of`), written by SQLite itself (a run's copies
-        come all at once: Table 1's are 800,000 rows), and `count` copies from it, each a
-        period later. `replace`: a record of it already here is replaced (an arbiter
-        killed after this write and before its ledger's runs the iteration again), else
-        it is refused (IntegrityError)."""
+        come all at once: Table 1's are 800,000 rows). `replace`: a record of it already
+        here is replaced (an arbiter killed after this write and before its ledger's runs
+        the iteration again), else it is refused (IntegrityError)."""
         if replace:
             self.db.execute("DELETE FROM flows WHERE network = ? AND iteration = ?",
                             (network, iteration))
-        assert count == 1 or repeats is not None, "only copies come in runs"
         n = len(flows) if repeats is None else len(repeats.flows)
-        dt = repeats.period_ns if repeats is not None else 0
-        comm = t_end - t_start - compute_ns
-        self._its += [(network, iteration + k, t_start + k * dt, t_end + k * dt, compute_ns,
-                       comm, n, control_messages) for k in range(count)]
+        self._its.append((network, iteration, t_start, t_end, compute_ns,
+                          t_end - t_start - compute_ns, n, control_messages))
         if repeats is not None:
-            last = iteration + count - 1
             runs = self._copies
             if runs and runs[-1][0] == network and runs[-1][1] is repeats and \
                     runs[-1][3] == iteration - 1:
-                runs[-1][3] = last
+                runs[-1][3] = iteration
             else:
-                runs.append([network, repeats, iteration, last])
+                runs.append([network, repeats, iteration, iteration])
         self._flows += [(network, iteration, *f) for f in flows]
         if commit:
             self.db.executemany(f"INSERT {'OR REPLACE ' if replace else ''}INTO iterations "

@@ -23,9 +23,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import replace
-from functools import partial
 from typing import Any, Literal, Protocol
 
 import msgspec
@@ -88,22 +87,6 @@ OnJob = Callable[[JobRecord, Iteration], None]  # a job's iteration, as it compl
 # broker: 20 s)
 COPIES_TOLD_EACH = 256
 COPIES_TOLD = 4096
-
-
-def _told(it: Iteration, total: int) -> Iterator[int]:
-    """Which of a run of copies the watchers are told of (offsets in it): the first
-    COPIES_TOLD_EACH after the repeated one, then one in COPIES_TOLD, and the last."""
-    if it.repeats is None:
-        yield 0
-        return
-    first, end, of = it.iteration, it.iteration + it.count, it.repeats.of
-    each = min(end, of + COPIES_TOLD_EACH + 1)  # iterations told one by one: to here
-    yield from range(each - first)
-    if each < end:
-        sparse = range(each + (-(each + 1)) % COPIES_TOLD, end, COPIES_TOLD)
-        yield from (m - first for m in sparse)
-        if end - 1 not in sparse and end >= total:
-            yield end - 1 - first
 
 
 class JobService(Protocol):
@@ -582,32 +565,28 @@ class Admission:
             self.health, frozenset(part.nodes), since,
             self.tb.monitor.missed * self.health.period_ns)
 
-        def note(it: Iteration) -> IterationNote:
-            return IterationNote(TELEMETRY_VERSION, self.spec.name, it.iteration,
-                                 (it.t_end - it.t_start) / 1e6, it.control_messages,
-                                 self.run_name,  # (tag 0: the only job, named by none)
-                                 req.name if self.jobs.tags[req.name] else "")
-
         def on_iteration(it: Iteration) -> None:
-            final = it.nth(it.count - 1)  # (a run of copies: its last)
-            rec.iteration_ns += [it.t_end - it.t_start] * it.count
+            rec.iteration_ns.append(it.t_end - it.t_start)
             # (a copy is written before its time comes: at its end)
-            self.jobs.last[req.name] = self.clock.now_ns() if it.repeats is None \
-                else final.t_end
-            self.align.iterated(req.name, final.t_end)
+            self.jobs.last[req.name] = self.clock.now_ns() if it.repeats is None else it.t_end
+            self.align.iterated(req.name, it.t_end)
             if self.on_iteration is not None:
                 self.on_iteration(rec, it)
-            for k in _told(it, req.iterations):
-                self._say("iteration", partial(note, it.nth(k)))
+            if it.repeats is not None and it.iteration - it.repeats.of > COPIES_TOLD_EACH and \
+                    (it.iteration + 1) % COPIES_TOLD and it.iteration + 1 < req.iterations:
+                return  # a copy, as the one before it: the watchers hear one in many
+            self._say("iteration", lambda: IterationNote(
+                TELEMETRY_VERSION, self.spec.name, it.iteration,
+                (it.t_end - it.t_start) / 1e6, it.control_messages, self.run_name,
+                req.name if self.jobs.tags[req.name] else ""))  # (tag 0: the only job)
             if (len(self.health.diagnoses), len(self.b.injected)) != self._said:
                 self._say_health()
             if self.trace is not None:  # rows come late: the last RELEASEs with the next one
                 name = self.spec.name
                 self.trace.chrome.rows[name] += it.trace
-                for k in range(min(it.count, self.trace.iterations - it.iteration)):
-                    one = it.nth(k)
+                if it.iteration < self.trace.iterations:
                     self.trace.chrome.iterations[name].append(
-                        (one.iteration, one.t_start, one.t_end))
+                        (it.iteration, it.t_start, it.t_end))
 
         task = self.jobs.tasks[req.name] = self.b.loop.create_task(
             self._run(req.name, spec, on_iteration, shift_ns, stop))

@@ -85,18 +85,6 @@ class Iteration:
     # a copy of the job's repeated iteration, written rather than simulated (its flows:
     # `repeats.flows_of(iteration)`, not in `flows`)
     repeats: Repeats | None = None
-    # a run of copies: this one and the `count - 1` after it, each a period later (a job's
-    # copies come all at once, 25,036 of them in Table 1: one record, not one call each)
-    count: int = 1
-
-    def nth(self, k: int) -> Iteration:
-        """The k-th iteration of a run of copies (0: this one)."""
-        if k == 0:
-            return self
-        assert self.repeats is not None and 0 <= k < self.count, (k, self.count)
-        dt = k * self.repeats.period_ns
-        return Iteration(self.iteration + k, self.t_start + dt, self.t_end + dt,
-                         self.control_messages, repeats=self.repeats)
 
 
 @dataclass
