@@ -357,3 +357,32 @@ def test_the_board_on_verilator_gives_table1_as_the_python_model(tmp_path: Path)
         assert r.exit_code == 0, r.output
         out[len(args)] = json.loads(r.output[r.output.index("{"):])["networks"]
     assert out[4] == out[0] and out[0]["oddl"]["flows"] == 48
+
+
+def test_the_congestion_estimate_names_what_crowds_a_placement(tmp_path: Path) -> None:
+    """bench/gateware_congestion.py on a placement in nextpnr's JSON: a 16-bit bus whose
+    every bit runs from one corner of a 3x3 window to the other crowds it; a net elsewhere
+    does not (the script found the read multiplexers that kept router2 from converging)."""
+    import json
+    import subprocess
+    import sys
+
+    def cell(x: int, y: int, bits: list[int]) -> dict[str, Any]:
+        return {"attributes": {"NEXTPNR_BEL": f"X{x}/Y{y}/SLICEA"},
+                "connections": {"A": bits}}
+
+    bus = list(range(10, 26))
+    cells = {"drv": cell(10, 10, bus), "rcv": cell(12, 12, bus),
+             "far_a": cell(40, 40, [30]), "far_b": cell(41, 40, [30])}
+    names = {"top.ctrl.rdata": {"bits": bus}, "top.lonely": {"bits": [30]}}
+    placed = tmp_path / "placed.json"
+    placed.write_text(json.dumps({"modules": {"top": {
+        "attributes": {"top": "1"}, "cells": cells, "netnames": names}}}))
+    out = subprocess.run([sys.executable, str(Path(__file__).parent.parent / "bench" /
+                                              "gateware_congestion.py"), str(placed),
+                          "--window", "3"], capture_output=True, text=True, check=True).stdout
+    assert "densest 3x3 window: x 10-12, y 10-12" in out, out
+    lines = out.splitlines()
+    first = lines[lines.index("the nets putting the most wire into it:") + 1]
+    assert first.split() == ["96.0", "top.ctrl.rdata"], out  # 16 bits, each 3 + 3 of wire
+    assert "lonely" not in out
