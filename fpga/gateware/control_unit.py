@@ -407,9 +407,16 @@ class ControlUnitRTL(wiring.Component):
                 # the expiry's sum and compare and the sender's next state in one cycle
                 # were the design's longest path)
                 exp, gch = field("grant", "expires_ns"), field("grant", "channel")
+                # ts + tuning + propagation > expires, as expires - ts < tuning +
+                # propagation: one 64-bit subtraction shared by both judgements and two
+                # short compares, where two three-operand 64-bit sums had been the densest
+                # logic of the placement (routing congestion, docs/gateware.md)
+                left = Signal(65)  # expires - ts, its sign bit 64: already past
+                m.d.comb += left.eq(exp - self.ts_ns)
+                far = left[33:64] != 0  # 2**33 ns or more ahead: beyond any two 32-bit sums
                 m.d.sync += g_late.eq(Cat(
-                    self.ts_ns + self.tuning_ns + self.propagation_ns > exp,
-                    self.ts_ns + self.propagation_ns > exp))
+                    left[64] | (~far & (left[:33] < self.tuning_ns + self.propagation_ns)),
+                    left[64] | (~far & (left[:33] < self.propagation_ns))))
                 for p in range(P):
                     c = tx_cur[p]
                     m.d.sync += [g_same[p].eq(tx_chan_ok[p] & (tx_chan[p] == gch)),
