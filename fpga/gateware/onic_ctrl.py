@@ -34,7 +34,6 @@ ADDR_BITS = 16  # 64 KiB
 N_HDR = len(R.HEADER)
 FIRE_LIMIT = R.CA_FIRE_LIMIT
 GROUP_BITS = 5  # the read multiplexer's first stage: groups of 2**5 bytes, eight registers
-GROUP_MASK = (1 << GROUP_BITS) - 1
 # queued count-action events: a datapath event queues at most 3, each firing 1
 EVENT_DEPTH = FIRE_LIMIT + 4
 ANY_PORT = len(R.PORTS)  # index code of rx[any]
@@ -101,6 +100,28 @@ def members(unit_port: bool = False) -> dict[str, Any]:
                 "cmd_flow": In(32), "cmd_hdr": In(32 * N_HDR), "irq_raise": In(32),
                 "node": Out(16)}
     return out
+
+
+def read_groups(reads: dict[int, Any], name: str
+                ) -> tuple[dict[int, dict[int, Any]], dict[int, Signal]]:
+    """A register read multiplexer's first stage: the registers (offset -> value) by group
+    of 2**GROUP_BITS bytes, and a 32-bit register for each group's word."""
+    groups: dict[int, dict[int, Any]] = {}
+    for off, value in reads.items():
+        groups.setdefault(off >> GROUP_BITS, {})[off] = value
+    return groups, {g: Signal(32, name=f"{name}_{g:x}") for g in groups}
+
+
+def read_first_stage(m: Module, addr: Any, groups: dict[int, dict[int, Any]],
+                     staged: dict[int, Signal]) -> None:
+    """Each group's register takes its word at `addr` (zero: a hole or an SC register);
+    the second stage takes the group's, by `addr[GROUP_BITS:]`."""
+    for g, group in groups.items():
+        m.d.sync += staged[g].eq(0)
+        with m.Switch(addr[2:GROUP_BITS]):
+            for off, value in sorted(group.items()):
+                with m.Case((off >> 2) % (1 << (GROUP_BITS - 2))):
+                    m.d.sync += staged[g].eq(value)
 
 
 class OnicCtrl(wiring.Component):
@@ -384,10 +405,7 @@ class OnicCtrl(wiring.Component):
         # to one spot of the die: the routing congestion that kept the board build from
         # converging, docs/gateware.md.) A register is read as it was in READ: the cycle
         # TS_HI is latched in, so TS_LO and TS_HI are one instant's.
-        groups: dict[int, dict[int, object]] = {}
-        for off, value in reads.items():
-            groups.setdefault(off >> GROUP_BITS, {})[off] = value
-        staged = {g: Signal(32, name=f"read_group_{g:x}") for g in groups}
+        groups, staged = read_groups(reads, "read_group")
         assert nm == 16, "the engine's read: four groups of four modules"
         ca_staged = [Signal(32, name=f"read_ca_{q}") for q in range(4)]
         writable = {R.BY_NAME[n].offset for n in rw} | {R.BY_NAME["NODE_ID"].offset}
@@ -656,12 +674,7 @@ class OnicCtrl(wiring.Component):
                 with m.If(raddr == R.BY_NAME["TS_LO"].offset):
                     m.d.sync += ts_hi.eq(self.ts_ns[32:64])
                 # the first stage: each group's register, and the engine's field
-                for g, regs in groups.items():
-                    m.d.sync += staged[g].eq(0)  # (a hole, an SC register: zero)
-                    with m.Switch(raddr[2:GROUP_BITS]):
-                        for off, value in sorted(regs.items()):
-                            with m.Case((off & GROUP_MASK) >> 2):
-                                m.d.sync += staged[g].eq(value)
+                read_first_stage(m, raddr, groups, staged)
                 for q, part in enumerate(ca_staged):  # modules 4q .. 4q + 3
                     mod = Cat(ca_rm[:2], Const(q, 2))
                     m.d.sync += part.eq(0)

@@ -30,11 +30,12 @@ from oddl.fpga.gateware.control_unit import BUILD, STATS, ControlUnitRTL
 from oddl.fpga.gateware.onic_ctrl import (
     ADDR_BITS,
     GROUP_BITS,
-    GROUP_MASK,
     N_HDR,
     OKAY,
     SLVERR,
     OnicCtrl,
+    read_first_stage,
+    read_groups,
 )
 from oddl.fpga.gateware.onic_ctrl import members as ctrl_members
 
@@ -207,10 +208,7 @@ class OnicTop(wiring.Component):
         # of every CU register drew them, the counters and the delivered queue to one spot
         # of the die): each group of eight picks its word as the read is accepted, then
         # the group's word is taken. A register is read as it was in that cycle.
-        groups: dict[int, dict[int, Any]] = {}
-        for off, value in reads.items():
-            groups.setdefault(off >> GROUP_BITS, {})[off] = value
-        staged = {g: Signal(32, name=f"cu_read_group_{g:x}") for g in groups}
+        groups, staged = read_groups(reads, "cu_read_group")
 
         def mine(addr: Any) -> Any:
             return (addr >= R.CU_BASE) & (addr < R.CU_BASE + CU_WINDOW)
@@ -242,12 +240,7 @@ class OnicTop(wiring.Component):
                 with m.Elif(s.s_axi_arvalid & mine(s.s_axi_araddr)):
                     m.d.comb += s.s_axi_arready.eq(1)
                     m.d.sync += raddr.eq(s.s_axi_araddr & ~3)
-                    for g, group in groups.items():  # the first stage, as it is accepted
-                        m.d.sync += staged[g].eq(0)
-                        with m.Switch(s.s_axi_araddr[2:GROUP_BITS]):
-                            for off, value in sorted(group.items()):
-                                with m.Case((off & GROUP_MASK) >> 2):
-                                    m.d.sync += staged[g].eq(value)
+                    read_first_stage(m, s.s_axi_araddr, groups, staged)  # as accepted
                     m.next = "CU_READ"
                 with m.Elif(s.s_axi_arvalid):
                     m.next = "CTRL_READ"
