@@ -38,9 +38,9 @@ def pytest_configure(config: pytest.Config) -> None:
     sys.dont_write_bytecode = False
 
 
-FPGA_BUILD_TIER = ("the FPGA build tier: placing and routing the whole O-NIC takes over half "
-                   "an hour, and its routing does not yet converge (docs/gateware.md), so it "
-                   "runs on its own: python -m pytest -q --fpga-build -m fpga_build")
+FPGA_BUILD_TIER = ("the FPGA build tier: placing and routing the whole O-NIC takes about 20 "
+                   "minutes, so it runs on its own: python -m pytest -q --fpga-build -m "
+                   "fpga_build (.ci/run)")
 
 
 EVERY_ITERATION_TIER = ("the every-iteration tier: it simulates Table 1's 25,040 iterations in "
