@@ -124,6 +124,16 @@ def read_first_stage(m: Module, addr: Any, groups: dict[int, dict[int, Any]],
                     m.d.sync += staged[g].eq(value)
 
 
+def read_second_stage(m: Module, addr: Any, staged: dict[int, Signal], rdata: Signal
+                      ) -> None:
+    """`rdata` takes the word of `addr`'s group (zero: no register's group)."""
+    m.d.sync += rdata.eq(0)
+    with m.Switch(addr[GROUP_BITS:]):
+        for g in sorted(staged):
+            with m.Case(g):
+                m.d.sync += rdata.eq(staged[g])
+
+
 class OnicCtrl(wiring.Component):
     """The IP. Straps (`node_id`, `n_nodes`, `n_channels`, `ports_present`,
     `bitstream_hash`) come from the shell; `ts_ns` from the board's time base.
@@ -699,11 +709,7 @@ class OnicCtrl(wiring.Component):
                                                    for k in range(ns))):
                         m.d.sync += rdata.eq(slots_rd.data)  # (read in READ)
                 with m.Else():
-                    m.d.sync += rdata.eq(0)  # SC registers and holes read as zero
-                    with m.Switch(raddr[GROUP_BITS:]):
-                        for g in sorted(groups):
-                            with m.Case(g):
-                                m.d.sync += rdata.eq(staged[g])
+                    read_second_stage(m, raddr, staged, rdata)
                 m.next = "RRESP"
             with m.State("RRESP"):
                 m.d.comb += self.s_axi_rvalid.eq(1)

@@ -29,13 +29,13 @@ from oddl.fpga.frame import BEAT_BITS, FrameFormat
 from oddl.fpga.gateware.control_unit import BUILD, STATS, ControlUnitRTL
 from oddl.fpga.gateware.onic_ctrl import (
     ADDR_BITS,
-    GROUP_BITS,
     N_HDR,
     OKAY,
     SLVERR,
     OnicCtrl,
     read_first_stage,
     read_groups,
+    read_second_stage,
 )
 from oddl.fpga.gateware.onic_ctrl import members as ctrl_members
 
@@ -271,11 +271,7 @@ class OnicTop(wiring.Component):
                 with m.If(s.s_axi_bready):
                     m.next = "IDLE"
             with m.State("CU_READ"):  # the second: the group's word
-                m.d.sync += rdata.eq(0)
-                with m.Switch(raddr[GROUP_BITS:]):
-                    for g in sorted(groups):
-                        with m.Case(g):
-                            m.d.sync += rdata.eq(staged[g])
+                read_second_stage(m, raddr, staged, rdata)
                 m.next = "CU_RRESP"
             with m.State("CU_RRESP"):
                 m.d.comb += [s.s_axi_rvalid.eq(1), s.s_axi_rdata.eq(rdata),
