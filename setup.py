@@ -15,6 +15,7 @@ Everything else (metadata, dependencies, package data) is in pyproject.toml.
 import os
 import runpy
 import sys
+from pathlib import Path
 
 from setuptools import Extension, find_packages, setup
 from setuptools.command.build_ext import build_ext
@@ -113,9 +114,31 @@ def extensions() -> list[Extension]:
              for p in COMPILED["KERNELS"]]
     # Python's semantics throughout: annotations are not C types, so every value stays
     # the Python object it is interpreted (an int stays an int; the golden runs hold it)
-    return cythonize(mods, build_dir="build/cython", quiet=True,
+    return cythonize(mods, build_dir="build/cython", quiet=True, include_path=[typed()],
                      compiler_directives={"language_level": 3, "annotation_typing": False,
                                           "binding": True})
+
+
+def typed() -> str:
+    """The .pxd files that type a hot module (beside its .py) where Cython looks for them:
+    under the module's import name (`oddl/sim/networks/electrical.pxd`), which is not
+    the checkout's layout (`sim/networks/`). Returns that include directory."""
+    top = Path("build", "pxd")
+    for p in COMPILED["HOT"]:
+        pxd = Path(HERE, p).with_suffix(".pxd")
+        if not pxd.is_file():
+            continue
+        parts = COMPILED["module_name"](p).split(".")
+        for i in range(1, len(parts)):  # each package on the way, as Cython wants it
+            top.joinpath(*parts[:i]).mkdir(parents=True, exist_ok=True)
+            top.joinpath(*parts[:i], "__init__.pxd").touch()
+        dest = top.joinpath(*parts[:-1], parts[-1] + ".pxd")
+        text = pxd.read_bytes()
+        if not dest.is_file() or dest.read_bytes() != text:
+            dest.write_bytes(text)
+            # cythonize's own check missed a .pxd new to the include path: compile again
+            Path("build", "cython", p).with_suffix(".c").unlink(missing_ok=True)
+    return str(top)
 
 
 setup(packages=discovered(), package_dir=ROOTS, ext_modules=extensions(),

@@ -20,14 +20,25 @@ from typing import Any
 
 from oddl.controller.service.backend import Stalled
 
+# cancelled entries wait in the heap for their time; when more than this many, and over
+# half of it, are cancelled, they are swept out (a congestion law re-times every active
+# flow's finish each tick: cassini-fattree's DCQCN network piled up <N> stale entries)
+SWEEP_FROM = 1024
+
 
 class VHandle(list):
-    """[t_ns, seq, callback, args]; cancel() clears the callback."""
+    """[t_ns, seq, callback, args, loop]; cancel() clears the callback, and counts it
+    with the loop, which sweeps the heap when it is mostly cancelled entries."""
 
     __slots__ = ()
 
     def cancel(self) -> None:
-        self[2] = None
+        if self[2] is not None:
+            self[2] = None
+            loop: VirtualClockLoop = self[4]
+            loop._cancelled += 1
+            if loop._cancelled > SWEEP_FROM and 2 * loop._cancelled > len(loop._vheap):
+                loop._sweep()
 
     def cancelled(self) -> bool:
         return self[2] is None
@@ -70,6 +81,7 @@ class VirtualClockLoop(asyncio.BaseEventLoop):
         self._now_ns = 0
         self._vheap: list[VHandle] = []
         self._seq = 0
+        self._cancelled = 0  # at least as many entries of the heap are cancelled
         self.events = 0  # model events run: the simulator's throughput figure
         self._selector = _VirtualSelector(self)
         self._clock_resolution = 1e-9
@@ -82,15 +94,26 @@ class VirtualClockLoop(asyncio.BaseEventLoop):
 
     def call_at_ns(self, t_ns: int, cb: Callable[..., Any], *args: Any) -> VHandle:
         self._seq += 1
-        h = VHandle((t_ns, self._seq, cb, args))
+        h = VHandle((t_ns, self._seq, cb, args, self))
         heapq.heappush(self._vheap, h)
         return h
 
     def call_later_ns(self, delay_ns: int, cb: Callable[..., Any], *args: Any) -> VHandle:
         self._seq += 1
-        h = VHandle((self._now_ns + delay_ns, self._seq, cb, args))
+        h = VHandle((self._now_ns + delay_ns, self._seq, cb, args, self))
         heapq.heappush(self._vheap, h)
         return h
+
+    def reserve_at_ns(self, t_ns: int, cb: Callable[..., Any], *args: Any) -> VHandle:
+        """An event whose place in the order is taken now, as `call_at_ns` would take it,
+        but not yet in the heap: `schedule` puts it there, any time before it is due (a
+        flow's finish that the next tick of its law re-times first, as a rule)."""
+        self._seq += 1
+        return VHandle((t_ns, self._seq, cb, args, self))
+
+    def schedule(self, h: VHandle) -> None:
+        """A reserved event into the heap, in the place it reserved."""
+        heapq.heappush(self._vheap, h)
 
     def pending(self) -> list[tuple[int, Callable[..., Any], tuple[Any, ...]]]:
         """What is scheduled, as (t_ns, callback, args): the model events in the order
@@ -99,6 +122,14 @@ class VirtualClockLoop(asyncio.BaseEventLoop):
         timers: list[Any] = sorted(self._scheduled, key=lambda h: h.when())
         return out + [(math.ceil(h.when() * 1e9 - 1e-3), h._callback, h._args)
                       for h in timers if not h.cancelled()]
+
+    def _sweep(self) -> None:
+        """The heap without its cancelled entries, in place (`_advance` holds it): the
+        live ones keep their (time, sequence) order, so they run as they would have."""
+        heap = self._vheap
+        heap[:] = [h for h in heap if h[2] is not None]
+        heapq.heapify(heap)
+        self._cancelled = 0
 
     def _advance(self) -> None:
         """Run model events in time order until something asyncio-level becomes runnable."""
@@ -119,6 +150,7 @@ class VirtualClockLoop(asyncio.BaseEventLoop):
                 pop(vheap)
                 cb = h[2]
                 if cb is None:
+                    self._cancelled -= 1
                     continue
                 self._now_ns = t
                 n += 1

@@ -76,3 +76,36 @@ def test_real_loop_timer_sees_the_instant_it_was_due() -> None:
     assert seen["due_now"] == seen["t"]
     assert seen["chained"] == seen["t"] + 1_000
     assert seen["io_now"] >= seen["t"] + 4_000_000  # outside a timer: the real, late now
+
+
+def test_a_heap_of_mostly_cancelled_events_is_swept_and_runs_as_before() -> None:
+    """A congestion law re-times every active flow's finish each tick: the cancelled
+    entries piled up in the heap, each push and pop comparing its way through them. Once
+    they are most of it, they are swept out; the live events still run in (time,
+    scheduling) order, ties included."""
+    from oddl.sim.clock import SWEEP_FROM
+
+    loop = VirtualClockLoop()
+    c = Clock(loop)
+    seen: list[int] = []
+    flows = 16
+    handles = [c.call_at_ns(100, seen.append, k) for k in range(flows)]
+    most = 0
+    for tick in range(1000):  # each flow's finish re-timed, as a law's tick does
+        for k in range(flows):
+            handles[k].cancel()
+            handles[k].cancel()  # (twice: counted once)
+            handles[k] = c.call_at_ns(100 + (k * 7 + tick) % 5, seen.append, k)
+            most = max(most, len(loop._vheap))
+    assert most <= 2 * SWEEP_FROM + 2 * flows  # without the sweep: 16,016
+    handles[3].cancel()
+
+    async def main() -> None:
+        await asyncio.sleep(1e-6)
+
+    loop.run_until_complete(main())
+    # the last tick's times; among equal times, the order they were scheduled in
+    assert seen == sorted((k for k in range(flows) if k != 3),
+                          key=lambda k: (100 + (k * 7 + 999) % 5, k))
+    assert loop.events == flows - 1
+    loop.close()

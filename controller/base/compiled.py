@@ -87,9 +87,16 @@ def extension_of(source: str) -> str | None:
 
 
 def digest(source: str) -> str:
-    """What a build records of the source it compiled (setup.py writes it to `STAMP`)."""
-    with open(source, "rb") as f:
-        return hashlib.sha256(f.read()).hexdigest()
+    """What a build records of the source it compiled (setup.py writes it to `STAMP`):
+    the .py, and the .pxd beside it that types it where there is one (a wheel carries
+    both)."""
+    h = hashlib.sha256()
+    for path in (source, source.rpartition(".")[0] + ".pxd"):
+        if path != source and not os.path.isfile(path):
+            continue
+        with open(path, "rb") as f:
+            h.update(f.read())
+    return h.hexdigest()
 
 
 STAMP = ".source-sha256"  # beside an extension: the digest of the source it was built from

@@ -57,6 +57,15 @@ if TYPE_CHECKING:
     from oddl.sim.networks.electrical import FlowNetwork
 
 
+def _shares(comp: list[Any], flows: dict[int, list[Any]], goodput: list[float]) -> list[float]:
+    """`CongestionControl.rates`: a tick asks for every flow's, so each connection's
+    share is found once (`goodput`: the active connections', in `flows`' order; typed
+    where compiled: congestion.pxd)."""
+    share = {slot: max(g / len(fl), 1e-9)
+             for (slot, fl), g in zip(flows.items(), goodput, strict=True)}
+    return [share[a.slot] for a in comp]
+
+
 @dataclass(frozen=True)
 class Dcqcn:
     """DCQCN's parameters, as Zhu et al. (SIGCOMM 2015) give them."""
@@ -157,6 +166,7 @@ class CongestionControl(Sharing):
             slot = self.conn[a.conn] = self._slot()
             self._start(slot, a)
         self.flows.setdefault(slot, []).append(a)
+        a.slot = slot
         self._csr = None
 
     def removed(self, a: Any) -> None:
@@ -202,11 +212,8 @@ class CongestionControl(Sharing):
 
     def rates(self, comp: list[Any]) -> list[float]:
         """Each flow's rate now: its connection's goodput, split among its flows."""
-        out = []
-        for a in comp:
-            slot = self.conn[a.conn]
-            out.append(max(float(self.goodput[slot]) / len(self.flows[slot]), 1e-9))
-        return out
+        slots = self._index()[0]  # the active connections, in `flows`' order
+        return _shares(comp, self.flows, self.goodput[slots].tolist())
 
     # --- a tick -------------------------------------------------------------------------
     def _index(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

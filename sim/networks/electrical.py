@@ -17,6 +17,7 @@ import numpy as np
 from oddl.controller.base.clock import Clock
 from oddl.controller.base.messages import Flow
 from oddl.controller.stage2.invariants import tag_of
+from oddl.sim.clock import VHandle, VirtualClockLoop
 from oddl.sim.networks.sharing import Fair, Sharing
 
 
@@ -24,7 +25,7 @@ class _Active:
     """A flow on the network (hashed by identity: the solver's dicts are keyed by it)."""
 
     __slots__ = ("conn", "done", "flow", "handle", "last", "lidx", "links", "rate",
-                 "remaining")
+                 "remaining", "slot")
 
     def __init__(self, flow: Flow, now: int, links: tuple[object, ...]):
         self.flow = flow
@@ -37,6 +38,7 @@ class _Active:
         self.done = False
         # its connection (sim/networks/sharing.py)
         self.conn = (tag_of(flow.id), flow.src, flow.dst)
+        self.slot = -1  # its connection's, where a law keeps their state (congestion.py)
 
 
 TIE = 1e-9  # relative: shares this close are one water level (floating-point noise)
@@ -160,6 +162,31 @@ def max_min_rates_np(flow_links: list[tuple[object, ...]], capacity: dict[object
     return max_min_arrays(rows, cols, len(flow_links), cap).tolist()
 
 
+def _retime(comp: list[_Active], rates: list[float], now: int, next_tick: int | None,
+            held: dict[_Active, VHandle], at: Callable[..., VHandle],
+            finish: Callable[[_Active], None], vloop: VirtualClockLoop | None) -> None:
+    """`FlowNetwork._rebalance`'s loop over the flows (typed where compiled:
+    electrical.pxd)."""
+    ceil = math.ceil  # (Python's: a finish time stays an int)
+    for a, r in zip(comp, rates, strict=True):
+        h = a.handle
+        if h is not None and abs(r - a.rate) <= TIE * r:
+            # unchanged (up to rounding): its finish event stands, held until due
+            if held and (next_tick is None or h[0] <= next_tick) and \
+                    held.pop(a, None) is not None:
+                vloop.schedule(h)  # type: ignore[union-attr]  # (only a virtual loop holds)
+            continue
+        left = a.remaining - a.rate * (now - a.last)  # progress settled on a change only
+        a.remaining, a.last, a.rate = left, now, r
+        if h is not None and (not held or held.pop(a, None) is None):
+            h.cancel()  # (a held one was never in the heap)
+        t_end = now + max(0, ceil(left / r - 1e-6))
+        if next_tick is not None and t_end > next_tick:
+            a.handle = held[a] = vloop.reserve_at_ns(t_end, finish, a)  # type: ignore[union-attr]
+        else:
+            a.handle = at(t_end, finish, a)
+
+
 class FlowNetwork:
     """Flows on fixed link paths, rates max-min fair, recomputed per connected component."""
 
@@ -185,6 +212,11 @@ class FlowNetwork:
         self._whole = False  # the last solve found one big component
         self.sharing: Sharing = Fair()  # who gets how much of a shared link
         self._ticking = False
+        # flows' finishes reserved but kept out of the loop's heap: each comes after the
+        # next tick, which re-times it (a law changes every rate a tick: their events
+        # were pushed and cancelled by the million); the tick puts in those it keeps
+        self._held: dict[_Active, VHandle] = {}
+        self._vloop = clock.loop if isinstance(clock.loop, VirtualClockLoop) else None
         # link -> (t_ns, total rate) each time it changed, for the links being watched
         self.watched: dict[object, list[tuple[int, float]]] = {}
 
@@ -204,8 +236,11 @@ class FlowNetwork:
         if not self.active:
             self._ticking = False
             return
-        busy = self.sharing.step(self.clock.now_ns())
-        self._rebalance(list(self.active), self.clock.now_ns())
+        now = self.clock.now_ns()
+        busy = self.sharing.step(now)
+        # ticking on: what finishes after the next tick is held for it
+        self._rebalance(list(self.active), now,
+                        now + self.sharing.tick_ns if busy and self._vloop else None)
         if not busy:
             self._ticking = False  # a flow's coming or going starts it again
             return
@@ -306,18 +341,12 @@ class FlowNetwork:
                     return None
         return list(seen)
 
-    def _rebalance(self, comp: list[_Active], now: int) -> None:
-        rates = self._rates(comp, now)
-        for a, r in zip(comp, rates, strict=True):
-            if a.handle is not None and abs(r - a.rate) <= TIE * r:
-                continue  # unchanged (up to rounding): keep its finish event
-            a.remaining -= a.rate * (now - a.last)  # progress is settled on a change only
-            a.last = now
-            a.rate = r
-            if a.handle is not None:
-                a.handle.cancel()
-            t_end = now + max(0, math.ceil(a.remaining / r - 1e-6))
-            a.handle = self.clock.call_at_ns(t_end, self._finish, a)
+    def _rebalance(self, comp: list[_Active], now: int, next_tick: int | None = None) -> None:
+        """comp's rates now, and each changed one's finish re-timed; a finish after
+        `next_tick` (the tick's own instant, set when it ticks on) is held, its place in
+        the loop's order reserved: the same events run in the same order either way."""
+        _retime(comp, self._rates(comp, now), now, next_tick, self._held,
+                self.clock.call_at_ns, self._finish, self._vloop)
 
     def _finish(self, a: _Active) -> None:
         now = self.clock.now_ns()

@@ -1,0 +1,9 @@
+# Typed where compiled (Cython reads this beside congestion.py, which runs unchanged
+# interpreted): a flow's connection slot read from its C struct.
+import cython
+
+from oddl.sim.networks.electrical cimport _Active
+
+
+@cython.locals(a=_Active)
+cpdef list _shares(list comp, dict flows, list goodput)
