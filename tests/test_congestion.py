@@ -137,6 +137,17 @@ def test_jobs_on_a_shared_uplink_run_under_the_law_and_say_what_it_did(
     assert m.stats[counter] > 0
 
 
+def incast_and_second_wave(clock: Clock, net: ElectricalSwitch) -> None:
+    """Eight senders into h8, two jobs' flows among them, then a second wave into h9
+    while the first one's queues are full."""
+    for i in range(8):
+        fid = (1 + i % 2) << TAG_SHIFT | i
+        clock.call_later_ns(i * 3_000, net.submit, Flow(fid, f"h{i}", "h8", 2_000_000))
+        clock.call_later_ns(400_000 + i * 7_000, net.submit,
+                            Flow((1 + i % 2) << TAG_SHIFT | 100 + i, f"h{i}", "h9",
+                                 1_000_000 + 50_000 * i))
+
+
 class Traced(CongestionControl):
     """Every tick's state, as bytes: the compiled tick and the numpy one, side by side."""
 
@@ -179,12 +190,7 @@ def test_the_compiled_tick_is_the_numpy_tick_to_the_bit(law: str, kw: dict[str, 
         done: dict[int, int] = {}
         net.deliver = lambda f, d=done, c=clock: d.setdefault(  # type: ignore[method-assign]
             f.id, c.now_ns())
-        for i in range(8):
-            fid = (1 + i % 2) << TAG_SHIFT | i
-            clock.call_later_ns(i * 3_000, net.submit, Flow(fid, f"h{i}", "h8", 2_000_000))
-            clock.call_later_ns(400_000 + i * 7_000, net.submit,
-                                Flow((1 + i % 2) << TAG_SHIFT | 100 + i, f"h{i}", "h9",
-                                     1_000_000 + 50_000 * i))
+        incast_and_second_wave(clock, net)
         run_for(loop, 0.006)
         runs.append((cc.trace, done))
     (a, done_a), (b, done_b) = runs
@@ -233,12 +239,7 @@ def test_a_finish_held_for_the_next_tick_runs_as_if_it_had_been_scheduled(law: s
             m[0] = max(m[0], len(lp._vheap))
             lp.call_later_ns(1_000, watch)
         clock.call_later_ns(500, watch)
-        for i in range(8):
-            fid = (1 + i % 2) << TAG_SHIFT | i
-            clock.call_later_ns(i * 3_000, net.submit, Flow(fid, f"h{i}", "h8", 2_000_000))
-            clock.call_later_ns(400_000 + i * 7_000, net.submit,
-                                Flow((1 + i % 2) << TAG_SHIFT | 100 + i, f"h{i}", "h9",
-                                     1_000_000 + 50_000 * i))
+        incast_and_second_wave(clock, net)
         run_for(loop, 0.006)
         runs.append((ends, loop.events, most[0]))
     (held, events_held, most_held), (pushed, events_pushed, most_pushed) = runs

@@ -34,7 +34,7 @@ class _Active:
         self.last = now
         self.links = links
         self.lidx: np.ndarray | None = None  # link indices, once a vectorised solve needs them
-        self.handle = None
+        self.handle: VHandle | None = None  # its finish event
         self.done = False
         # its connection (sim/networks/sharing.py)
         self.conn = (tag_of(flow.id), flow.src, flow.dst)
