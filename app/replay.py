@@ -153,6 +153,7 @@ def _without_host_lag(a: dict[str, Any], b: dict[str, Any]) -> tuple[dict[str, A
     if not (isinstance(da, dict) and isinstance(db, dict)) or \
             "host_lag_ms" not in da.keys() | db.keys():
         return a, b
+
     def bare(r: dict[str, Any], d: dict[str, Any]) -> dict[str, Any]:
         return {k: v for k, v in r.items() if k != "disturbed"} | {
             "disturbance": {k: v for k, v in d.items() if k != "host_lag_ms"}}

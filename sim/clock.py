@@ -22,7 +22,8 @@ from oddl.controller.service.backend import Stalled
 
 # cancelled entries wait in the heap for their time; when more than this many, and over
 # half of it, are cancelled, they are swept out (a congestion law re-times every active
-# flow's finish each tick: cassini-fattree's DCQCN network piled up <N> stale entries)
+# flow's finish each tick: in cassini-fattree's DCQCN network the stale entries made a
+# quarter of the run's time the heap's compares)
 SWEEP_FROM = 1024
 
 
