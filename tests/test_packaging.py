@@ -14,6 +14,7 @@ import os
 import subprocess
 import sys
 import sysconfig
+import tarfile
 import venv
 import zipfile
 from pathlib import Path
@@ -113,3 +114,24 @@ def test_a_missing_extra_is_named_by_the_wheels_oddl(wheel_venv: Path) -> None:
     assert r.stderr.strip() == ('error: oddl gateware needs the O-NIC gateware (Amaranth HDL, '
                                 'Yosys, nextpnr-ecp5 and ecppack from PyPI), which is not '
                                 'installed: pip install "oddl[gateware]"')
+
+
+def test_the_sdist_holds_every_source_the_hot_path_is_built_from(root: Path,
+                                                                  tmp_path: Path) -> None:
+    """Reproducer: the sdist had neither kernel's .pyx, and no wheel could be built from
+    it ("'sim/networks/lawkernel.pyx' doesn't match any files"). It holds each compiled
+    module's .py, each kernel's .pyx and each .pxd that types a module, whatever the
+    machine that made it could compile (here: nothing)."""
+    from oddl.controller.base import compiled
+
+    subprocess.run([sys.executable, "-m", "build", "--sdist", "-o", str(tmp_path / "dist"),
+                    str(root)], check=True, capture_output=True, timeout=300,
+                   env={**os.environ, "ODDL_BUILD_INTERPRETED": "1"})
+    (sdist,) = (tmp_path / "dist").glob("oddl-*.tar.gz")
+    with tarfile.open(sdist) as t:
+        names = {n.split("/", 1)[1] for n in t.getnames() if "/" in n}
+    typing = [str(Path(p).with_suffix(".pxd")) for p in compiled.HOT
+              if (root / p).with_suffix(".pxd").is_file()]
+    assert typing  # (sim/networks/electrical.pxd, at least)
+    missing = {*compiled.HOT, *compiled.KERNELS, *typing} - names
+    assert not missing, missing
