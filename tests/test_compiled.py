@@ -94,6 +94,29 @@ def test_a_build_of_other_source_is_not_run(built_module: tuple[Path, Path],
     assert finder.find_spec("oddl.sim.emulate", [str(source.parent)]) is None
 
 
+def test_a_build_typed_by_another_pxd_is_not_run(built_module: tuple[Path, Path],
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """A .pxd beside the .py types its build (issue 66: sim/networks/electrical.pxd):
+    the build's record covers it, so a .pxd edited, added or removed since the build
+    runs the source, as an edited .py does."""
+    monkeypatch.delenv(compiled.INTERPRETED, raising=False)
+    source, ext = built_module
+    pxd = source.with_suffix(".pxd")
+    pxd.write_text("cdef class A:\n    cdef public double x\n")
+    stamp = Path(str(ext) + compiled.STAMP)
+    stamp.write_text(compiled.digest(str(source)))
+    finder = compiled._SourceFirst()
+    assert finder.find_spec("oddl.sim.clock", [str(source.parent)]) is None  # the build
+    pxd.write_text("cdef class A:\n    cdef public object x\n")  # retyped since
+    spec = finder.find_spec("oddl.sim.clock", [str(source.parent)])
+    assert spec is not None and spec.origin == str(source)
+    stamp.write_text(compiled.digest(str(source)))  # rebuilt
+    assert finder.find_spec("oddl.sim.clock", [str(source.parent)]) is None
+    pxd.unlink()  # built typed, the .pxd gone: not the build of this source
+    spec = finder.find_spec("oddl.sim.clock", [str(source.parent)])
+    assert spec is not None and spec.origin == str(source)
+
+
 def test_a_kernel_of_other_source_is_refused(tmp_path: Path,
                                             monkeypatch: pytest.MonkeyPatch) -> None:
     """A stale kernel is not imported at all: its user runs the numpy it transcribes."""
