@@ -219,15 +219,10 @@ def test_a_finish_held_for_the_next_tick_runs_as_if_it_had_been_scheduled(law: s
     no longer holds a tick's worth of stale events per flow."""
     runs = []
     for hold in (True, False):
-        loop = VirtualClockLoop()
-        clock = Clock(loop)
-        net = ElectricalSwitch(clock, [f"h{i}" for i in range(10)], RATE, 1000.0,
-                               lambda f: None)
-        sharing = MLTCP(slope=1.0, intercept=0.5, tick_ns=1_000) if law == "mltcp" else \
-            CongestionControl(law, 1_000, seed=7)
-        net.sharing = sharing
-        if isinstance(sharing, CongestionControl):
-            sharing.attach(net)
+        loop, clock, net, _cc = switch("dcqcn" if law == "mltcp" else law, 10,
+                                       tick_ns=1_000)
+        if law == "mltcp":  # a fair share whose weights move each tick, no law
+            net.sharing = MLTCP(slope=1.0, intercept=0.5, tick_ns=1_000)
         if not hold:
             net._vloop = None  # every finish into the heap at once, as before
         ends: list[tuple[int, int]] = []

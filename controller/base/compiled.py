@@ -90,10 +90,9 @@ def digest(source: str) -> str:
     """What a build records of the source it compiled (setup.py writes it to `STAMP`):
     the .py, and the .pxd beside it that types it where there is one (a wheel carries
     both)."""
+    pxd = source.rpartition(".")[0] + ".pxd"
     h = hashlib.sha256()
-    for path in (source, source.rpartition(".")[0] + ".pxd"):
-        if path != source and not os.path.isfile(path):
-            continue
+    for path in (source, pxd) if os.path.isfile(pxd) else (source,):
         with open(path, "rb") as f:
             h.update(f.read())
     return h.hexdigest()
