@@ -148,6 +148,16 @@ def incast_and_second_wave(clock: Clock, net: ElectricalSwitch) -> None:
                                  1_000_000 + 50_000 * i))
 
 
+def crowd(clock: Clock, net: ElectricalSwitch) -> None:
+    """80 connections among 12 hosts, in two waves: the law's arrays (64 connections at
+    first) grow while it ticks."""
+    pairs = [(i, j) for i in range(12) for j in range(12) if i != j][:80]
+    for k, (i, j) in enumerate(pairs):
+        clock.call_later_ns((0 if k < 40 else 300_000) + k * 1_000, net.submit,
+                            Flow((1 + k % 2) << TAG_SHIFT | k, f"h{i}", f"h{j}",
+                                 300_000 + 10_000 * (k % 7)))
+
+
 class Traced(CongestionControl):
     """Every tick's state, as bytes: the compiled tick and the numpy one, side by side."""
 
@@ -168,17 +178,20 @@ class Traced(CongestionControl):
 @pytest.mark.skipif(lawkernel is None, reason="this install did not build the compiled laws "
                     "(setup.py; tests/test_compiled.py requires them where they must be)")
 @pytest.mark.parametrize("law, kw", [("dcqcn", {}), ("tcp", {"random_loss": 1e-3}),
-                                     ("dcqcn", {"mltcp": True}), ("tcp", {"mltcp": True})])
+                                     ("dcqcn", {"mltcp": True}), ("tcp", {"mltcp": True}),
+                                     ("dcqcn", {"crowd": True}), ("tcp", {"crowd": True})])
 def test_the_compiled_tick_is_the_numpy_tick_to_the_bit(law: str, kw: dict[str, object]
                                                          ) -> None:
     """Issue 46: the laws' tick compiled (sim/networks/lawkernel.pyx) must change no figure.
-    An incast of eight, two of them weighted, a second wave arriving into the queues: every
-    tick's every state array and counter equal, byte for byte, and every flow's end."""
+    An incast of eight, two of them weighted, a second wave arriving into the queues (or a
+    crowd of connections that outgrows the law's arrays while the compiled tick holds
+    them): every tick's every state array and counter equal, byte for byte, and every
+    flow's end."""
     runs = []
     for compiled in (True, False):
         loop = VirtualClockLoop()
         clock = Clock(loop)
-        net = ElectricalSwitch(clock, [f"h{i}" for i in range(10)], RATE, 1000.0,
+        net = ElectricalSwitch(clock, [f"h{i}" for i in range(12)], RATE, 1000.0,
                                lambda f: None)
         mltcp = MLTCP(slope=1.0, intercept=0.5, tick_ns=1_000) if kw.get("mltcp") else None
         cc = Traced(law, 1_000, seed=7, mltcp=mltcp,
@@ -190,14 +203,27 @@ def test_the_compiled_tick_is_the_numpy_tick_to_the_bit(law: str, kw: dict[str, 
         done: dict[int, int] = {}
         net.deliver = lambda f, d=done, c=clock: d.setdefault(  # type: ignore[method-assign]
             f.id, c.now_ns())
-        incast_and_second_wave(clock, net)
+        (crowd if kw.get("crowd") else incast_and_second_wave)(clock, net)
         run_for(loop, 0.006)
         runs.append((cc.trace, done))
+        if kw.get("crowd"):
+            assert len(cc.rate) == 128  # grown while it ticked
     (a, done_a), (b, done_b) = runs
-    assert len(a) > 1_000 and len(done_a) == 16
+    assert len(a) > 500 and len(done_a) == (80 if kw.get("crowd") else 16)
     assert done_a == done_b
     first = next((k for k, (x, y) in enumerate(zip(a, b, strict=True)) if x != y), None)
     assert first is None, f"tick {first} differs"
+
+
+def test_the_laws_draws_are_the_generators_stream_a_tick_at_a_time() -> None:
+    """`uniform` takes the generator's draws DRAWS at a time: what each tick gets is what
+    `rng.random(n)` would have given it, across refills and a tick wider than a refill."""
+    from oddl.sim.networks.congestion import DRAWS
+
+    cc = CongestionControl("dcqcn", seed=5)
+    ref = np.random.default_rng(5)
+    for n in [1, 7, DRAWS - 3, 5, 2 * DRAWS + 1, 0, 64, DRAWS]:
+        assert np.array_equal(cc.uniform(n), ref.random(n)), n
 
 
 @pytest.mark.skipif(lawkernel is None, reason="this install did not build the compiled laws")

@@ -57,13 +57,11 @@ if TYPE_CHECKING:
     from oddl.sim.networks.electrical import FlowNetwork
 
 
-def _shares(comp: list[Any], flows: dict[int, list[Any]], goodput: list[float]) -> list[float]:
-    """`CongestionControl.rates`: a tick asks for every flow's, so each connection's
-    share is found once (`goodput`: the active connections', in `flows`' order; typed
-    where compiled: congestion.pxd)."""
-    share = {slot: max(g / len(fl), 1e-9)
-             for (slot, fl), g in zip(flows.items(), goodput, strict=True)}
-    return [share[a.slot] for a in comp]
+def _shares(comp: list[Any], goodput: np.ndarray, count: np.ndarray) -> list[float]:
+    """`CongestionControl.rates`: each flow's share of its connection's goodput (`count`:
+    each connection's active flows; typed where compiled, congestion.pxd: read from the
+    arrays as C numbers, where a dict of shares had been built every tick)."""
+    return [max(float(goodput[a.slot]) / float(count[a.slot]), 1e-9) for a in comp]
 
 
 @dataclass(frozen=True)
@@ -92,6 +90,9 @@ class Reno:
     initial_window: float = 10.0
 
 
+# uniform draws taken from the generator at once (`CongestionControl.uniform`)
+DRAWS = 4096
+
 # a switch port's buffer: a Trident II's 12 MB shared by 32 ports, as in the DCQCN
 # paper's testbed
 PORT_BUFFER_BYTES = 375_000
@@ -116,6 +117,13 @@ class CongestionControl(Sharing):
         self.random_loss = random_loss
         self.mltcp = mltcp
         self.rng = np.random.default_rng(seed)
+        self._draws, self._at = np.empty(0), 0  # `uniform`'s
+        # DCQCN's parameters as the compiled tick reads them (a frozen dataclass's fields
+        # cost a lookup each, every tick)
+        self.dcqcn_params = (dcqcn.kmin_bytes, dcqcn.kmax_bytes, dcqcn.pmax, dcqcn.g,
+                             dcqcn.cnp_ns, dcqcn.alpha_ns, dcqcn.timer_ns,
+                             dcqcn.byte_counter, dcqcn.fast_steps, dcqcn.rai_gbps,
+                             dcqcn.rhai_gbps, dcqcn.mtu * 8)
         self.weight: dict[int, float] = {}  # job tag -> its weight (`join`)
         self.net: FlowNetwork | None = None
         self.conn: dict[tuple[int, str, str], int] = {}  # connection -> its slot
@@ -134,22 +142,41 @@ class CongestionControl(Sharing):
         self.marked = np.zeros(n, dtype=bool)  # a mark came since the last CNP
         self.cut = np.zeros(n, dtype=bool)  # DCQCN: a CNP came (the increase runs)
         self.goodput = np.zeros(n)  # what reaches the receiver, bits/ns
+        self.count = np.zeros(n, dtype=np.int64)  # its active flows
         self.queue: np.ndarray | None = None  # per link, bits
         self._csr: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
         self._tags: tuple[list[int], np.ndarray] | None = None  # `_scale`'s, for `_csr`
         self.stats = {"cnps": 0, "losses": 0, "dropped_bytes": 0.0, "max_queue_bytes": 0.0,
                       "paused_bytes": 0.0}
         self.compiled = lawkernel is not None
+        # moves whenever an array above is replaced (grown), so that the compiled tick,
+        # which holds them between ticks, takes them again
+        self.generation = 0
+        self._held: Any = None  # the compiled tick's (lawkernel)
 
     def describe(self) -> dict[str, float]:
         """What the law has done so far: CNPs, losses, bytes dropped or paused (counters:
         a job's stats are what they grew by while it ran)."""
         return {k: v for k, v in self.stats.items() if k != "max_queue_bytes"}
 
+    def uniform(self, n: int) -> np.ndarray:
+        """The generator's next n uniform draws, as `rng.random(n)` would give them: the
+        same stream (PCG64 makes a float64 draw of one 64-bit output, so draws taken
+        DRAWS at a time come in the same order), without a call into the generator every
+        tick."""
+        if self._at + n > len(self._draws):
+            self._draws = np.concatenate([self._draws[self._at:],
+                                          self.rng.random(max(DRAWS, n))])
+            self._at = 0
+        u = self._draws[self._at:self._at + n]
+        self._at += n
+        return u
+
     # --- the flow solver's side -------------------------------------------------------
     def attach(self, net: FlowNetwork) -> None:
         self.net = net
         self.queue = np.zeros(len(net.capacity))
+        self.generation += 1
 
     def submitted(self, flow: Any) -> None:
         if self.mltcp is not None:
@@ -166,6 +193,7 @@ class CongestionControl(Sharing):
             slot = self.conn[a.conn] = self._slot()
             self._start(slot, a)
         self.flows.setdefault(slot, []).append(a)
+        self.count[slot] += 1
         a.slot = slot
         self._csr = None
 
@@ -173,6 +201,7 @@ class CongestionControl(Sharing):
         slot = self.conn[a.conn]
         fl = self.flows[slot]
         fl.remove(a)
+        self.count[slot] -= 1
         if not fl:
             del self.flows[slot]  # idle: its state waits for the connection's next flow
         self._csr = None
@@ -181,12 +210,13 @@ class CongestionControl(Sharing):
         k = len(self.conn)
         if k >= len(self.rate):
             for name in ("rate", "target", "alpha", "window", "ssthresh", "line", "base_rtt",
-                         "clocks", "sent", "counts", "marked", "cut", "goodput"):
+                         "clocks", "sent", "counts", "marked", "cut", "goodput", "count"):
                 arr = getattr(self, name)
                 grown = np.resize(arr, (2 * len(arr), *arr.shape[1:]))
                 grown[len(arr):] = 0 if name not in ("alpha", "ssthresh") else \
                     (1.0 if name == "alpha" else np.inf)
                 setattr(self, name, grown)
+            self.generation += 1
         return k
 
     def _start(self, slot: int, a: Any) -> None:
@@ -212,8 +242,7 @@ class CongestionControl(Sharing):
 
     def rates(self, comp: list[Any]) -> list[float]:
         """Each flow's rate now: its connection's goodput, split among its flows."""
-        slots = self._index()[0]  # the active connections, in `flows`' order
-        return _shares(comp, self.flows, self.goodput[slots].tolist())
+        return _shares(comp, self.goodput, self.count)
 
     # --- a tick -------------------------------------------------------------------------
     def _index(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -262,7 +291,7 @@ class CongestionControl(Sharing):
         q = self.queue + (arrive - cap) * dt
         over = np.maximum(q - buf, 0.0)  # beyond the buffer: dropped, or paused (PFC)
         q = np.clip(q, 0.0, buf)
-        self.queue = q
+        self.queue[:] = q  # (in place: the compiled tick holds the arrays, `generation`)
         self.stats["max_queue_bytes"] = max(self.stats["max_queue_bytes"], float(q.max()) / 8)
         # a link on an active connection's path has arrivals (no rate is ever 0); one
         # without has none to share, and `over` is 0 there
@@ -317,7 +346,7 @@ class CongestionControl(Sharing):
         unmarked = F.exp(np.bincount(rows, weights=F.log1p(-np.minimum(p[cols], 1 - 1e-12)),
                                      minlength=n))
         packets = x * dt / (d.mtu * 8)
-        hit = self.rng.random(n) < 1.0 - F.libm(math.pow, unmarked, packets)
+        hit = self.uniform(n) < 1.0 - F.libm(math.pow, unmarked, packets)
         marked = self.marked[slots] | hit
         clk = self.clocks[slots]
         clk[:, :3] += dt
@@ -373,7 +402,7 @@ class CongestionControl(Sharing):
         p = 1.0 - kept * (1.0 - self.random_loss)  # a segment's chance to be lost
         clk = self.clocks[slots]
         clk[:, 3] += dt
-        loss = (self.rng.random(n) < 1.0 - F.libm(math.pow, 1.0 - p, sent)) & (clk[:, 3] >= rtt)
+        loss = (self.uniform(n) < 1.0 - F.libm(math.pow, 1.0 - p, sent)) & (clk[:, 3] >= rtt)
         acked = self.goodput[slots] * dt / seg
         ss = w < self.ssthresh[slots]
         grow = np.where(ss, acked, self._scale(slots) * acked / np.maximum(w, 1.0))

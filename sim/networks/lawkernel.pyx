@@ -92,8 +92,53 @@ def pairwise_sum(double[::1] a) -> float:
     return 0.0 + _pairwise(&a[0], a.shape[0]) if a.shape[0] else 0.0
 
 
+cdef class _Arrays:
+    """The law's state arrays, held by their buffers from tick to tick (taking 14 buffers
+    every tick was a tenth of it) until the law replaces one (`generation`)."""
+
+    cdef _Buffers held
+    cdef Py_ssize_t generation
+    cdef double* cap
+    cdef double* queue
+    cdef double* rate
+    cdef double* line
+    cdef double* goodput
+    cdef double* target
+    cdef double* alpha
+    cdef double* clocks
+    cdef double* counts
+    cdef double* sent
+    cdef double* window
+    cdef double* ssthresh
+    cdef double* base_rtt
+    cdef unsigned char* marked
+    cdef unsigned char* cut
+
+    def __cinit__(self, cc):
+        cdef _Buffers h = _Buffers()
+        self.held, self.generation = h, cc.generation
+        self.cap = <double*> h.get(cc.net.cap_arr)
+        self.queue = <double*> h.get(cc.queue)
+        self.rate = <double*> h.get(cc.rate)
+        self.line = <double*> h.get(cc.line)
+        self.goodput = <double*> h.get(cc.goodput)
+        self.target = <double*> h.get(cc.target)
+        self.alpha = <double*> h.get(cc.alpha)
+        self.clocks = <double*> h.get(cc.clocks)
+        self.counts = <double*> h.get(cc.counts)
+        self.sent = <double*> h.get(cc.sent)
+        self.window = <double*> h.get(cc.window)
+        self.ssthresh = <double*> h.get(cc.ssthresh)
+        self.base_rtt = <double*> h.get(cc.base_rtt)
+        self.marked = <unsigned char*> h.get(cc.marked)
+        self.cut = <unsigned char*> h.get(cc.cut)
+
+
 def step(cc) -> bool:
     """`CongestionControl.step` (sim/networks/congestion.py), compiled."""
+    cdef _Arrays arr = cc._held
+    if arr is None or arr.generation != cc.generation:
+        arr = cc._held = _Arrays(cc)
     cdef _Buffers held = _Buffers()
     slots_a, rows_a, cols_a = cc._index()
     cdef Py_ssize_t n = len(slots_a), m = len(rows_a), L = len(cc.queue)
@@ -103,22 +148,22 @@ def step(cc) -> bool:
     if scratch == NULL:
         raise MemoryError()
     try:
-        return _step(cc, held, slots_a, rows_a, cols_a, n, m, L, scratch)
+        return _step(cc, arr, held, slots_a, rows_a, cols_a, n, m, L, scratch)
     finally:
         free(scratch)
 
 
-cdef bint _step(cc, _Buffers held, slots_a, rows_a, cols_a, Py_ssize_t n, Py_ssize_t m,
-                Py_ssize_t L, double* scratch) except -1:
+cdef bint _step(cc, _Arrays arr, _Buffers held, slots_a, rows_a, cols_a, Py_ssize_t n,
+                Py_ssize_t m, Py_ssize_t L, double* scratch) except -1:
     cdef double dt = float(cc.tick_ns)
     cdef const long* slots = <long*> held.get(slots_a)
     cdef const long* rows = <long*> held.get(rows_a)
     cdef const long* cols = <long*> held.get(cols_a)
-    cdef const double* cap = <double*> held.get(cc.net.cap_arr)
-    cdef double* queue = <double*> held.get(cc.queue)
-    cdef double* rate = <double*> held.get(cc.rate)
-    cdef double* line = <double*> held.get(cc.line)
-    cdef double* goodput = <double*> held.get(cc.goodput)
+    cdef const double* cap = arr.cap
+    cdef double* queue = arr.queue
+    cdef double* rate = arr.rate
+    cdef double* line = arr.line
+    cdef double* goodput = arr.goodput
     cdef double* arrive = scratch
     cdef double* lost = scratch + L
     cdef double* serve = scratch + 2 * L
@@ -176,14 +221,14 @@ cdef bint _step(cc, _Buffers held, slots_a, rows_a, cols_a, Py_ssize_t n, Py_ssi
                        x + 4 * n)
     if cc.law == "dcqcn":
         stats["paused_bytes"] += turned * dt / 8
-        _dcqcn(cc, held, slots_a, &t)
+        _dcqcn(cc, arr, held, slots_a, &t)
     else:
         stats["dropped_bytes"] += turned * dt / 8
-        _reno(cc, held, slots_a, &t, kept)
+        _reno(cc, arr, held, slots_a, &t, kept)
     return True
 
 
-cdef int _dcqcn(cc, _Buffers held, slots_a, Tick* t) except -1:
+cdef int _dcqcn(cc, _Arrays arr, _Buffers held, slots_a, Tick* t) except -1:
     cdef const long* slots = t.slots
     cdef const long* rows = t.rows
     cdef const long* cols = t.cols
@@ -193,11 +238,10 @@ cdef int _dcqcn(cc, _Buffers held, slots_a, Tick* t) except -1:
     cdef double* line = t.line
     cdef double dt = t.dt
     cdef Py_ssize_t n = t.n, m = t.m, L = t.L
-    d = cc.d
-    cdef double kmin = d.kmin_bytes, kmax = d.kmax_bytes, pmax = d.pmax, g = d.g
-    cdef double cnp_ns = d.cnp_ns, alpha_ns = d.alpha_ns, timer_ns = d.timer_ns
-    cdef double byte_counter = d.byte_counter, fast = d.fast_steps
-    cdef double rai = d.rai_gbps, rhai = d.rhai_gbps, pkt = d.mtu * 8
+    cdef double kmin, kmax, pmax, g, cnp_ns, alpha_ns, timer_ns, byte_counter, fast, rai
+    cdef double rhai, pkt
+    (kmin, kmax, pmax, g, cnp_ns, alpha_ns, timer_ns, byte_counter, fast, rai, rhai,
+     pkt) = cc.dcqcn_params
     cdef double* p = t.scratch  # per link
     cdef double* unmarked = t.scratch + L  # per connection
     cdef Py_ssize_t i, j, s
@@ -209,14 +253,14 @@ cdef int _dcqcn(cc, _Buffers held, slots_a, Tick* t) except -1:
         unmarked[i] = 0.0
     for j in range(m):
         unmarked[rows[j]] += log1p(-(p[cols[j]] if p[cols[j]] < 1 - 1e-12 else 1 - 1e-12))
-    cdef const double* u = <double*> held.get(cc.rng.random(n))
-    cdef double* rt = <double*> held.get(cc.target)
-    cdef double* al = <double*> held.get(cc.alpha)
-    cdef double* clk = <double*> held.get(cc.clocks)  # [slot, 4]
-    cdef double* cnt = <double*> held.get(cc.counts)  # [slot, 2]
-    cdef double* sent = <double*> held.get(cc.sent)
-    cdef unsigned char* marked = <unsigned char*> held.get(cc.marked)
-    cdef unsigned char* cut = <unsigned char*> held.get(cc.cut)
+    cdef const double* u = <double*> held.get(cc.uniform(n))
+    cdef double* rt = arr.target
+    cdef double* al = arr.alpha
+    cdef double* clk = arr.clocks  # [slot, 4]
+    cdef double* cnt = arr.counts  # [slot, 2]
+    cdef double* sent = arr.sent
+    cdef unsigned char* marked = arr.marked
+    cdef unsigned char* cut = arr.cut
     cdef unsigned char* ev = <unsigned char*> (t.scratch + L + n)  # n flags in n doubles
     cdef bint cnp, decay, t_ev, b_ev, any_ev = False
     cdef long long cnps = 0
@@ -274,7 +318,8 @@ cdef int _dcqcn(cc, _Buffers held, slots_a, Tick* t) except -1:
     return 0
 
 
-cdef int _reno(cc, _Buffers held, slots_a, Tick* t, const double* kept) except -1:
+cdef int _reno(cc, _Arrays arr, _Buffers held, slots_a, Tick* t, const double* kept
+               ) except -1:
     cdef const long* slots = t.slots
     cdef const long* rows = t.rows
     cdef const long* cols = t.cols
@@ -294,12 +339,12 @@ cdef int _reno(cc, _Buffers held, slots_a, Tick* t, const double* kept) except -
         delay[i] = 0.0
     for j in range(m):
         delay[rows[j]] += queue[cols[j]] / cap[cols[j]]
-    cdef const double* u = <double*> held.get(cc.rng.random(n))
+    cdef const double* u = <double*> held.get(cc.uniform(n))
     cdef const double* f = <double*> held.get(cc._scale(slots_a))
-    cdef double* w = <double*> held.get(cc.window)
-    cdef double* ssthresh = <double*> held.get(cc.ssthresh)
-    cdef double* clk = <double*> held.get(cc.clocks)  # [slot, 4]
-    cdef const double* base_rtt = <double*> held.get(cc.base_rtt)
+    cdef double* w = arr.window
+    cdef double* ssthresh = arr.ssthresh
+    cdef double* clk = arr.clocks  # [slot, 4]
+    cdef const double* base_rtt = arr.base_rtt
     cdef double rtt, p, acked, grow, wi
     cdef bint loss
     cdef long long losses = 0
