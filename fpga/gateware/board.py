@@ -205,10 +205,8 @@ def _stop_group(proc: subprocess.Popen[bytes]) -> None:
     """SIGTERM to the script's group, SIGKILL after 10 s."""
     with contextlib.suppress(ProcessLookupError):
         os.killpg(proc.pid, signal.SIGTERM)
-    try:
+    with contextlib.suppress(subprocess.TimeoutExpired):
         proc.wait(10)
-    except subprocess.TimeoutExpired:
-        pass
     with contextlib.suppress(ProcessLookupError):
         if _group_alive(proc.pid):
             os.killpg(proc.pid, signal.SIGKILL)
