@@ -94,7 +94,8 @@ def pairwise_sum(double[::1] a) -> float:
 
 cdef class _Arrays:
     """The law's state arrays, held by their buffers from tick to tick (taking 14 buffers
-    every tick was a tenth of it) until the law replaces one (`generation`)."""
+    every tick was 4% of a DCQCN run's samples) until the law replaces one
+    (`generation`)."""
 
     cdef _Buffers held
     cdef Py_ssize_t generation
