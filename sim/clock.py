@@ -112,6 +112,14 @@ class VirtualClockLoop(asyncio.BaseEventLoop):
         self._seq += 1
         return VHandle((t_ns, self._seq, cb, args, self))
 
+    def rereserve(self, h: VHandle, t_ns: int) -> None:
+        """A reserved event, not in the heap, moved to `t_ns`: its place in the order taken
+        again now, as `reserve_at_ns` would take it for a new one (a held finish that its
+        law's tick re-times again, nearly every tick: no new handle each time)."""
+        self._seq += 1
+        h[0] = t_ns
+        h[1] = self._seq
+
     def schedule(self, h: VHandle) -> None:
         """A reserved event into the heap, in the place it reserved."""
         heapq.heappush(self._vheap, h)

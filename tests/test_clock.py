@@ -109,3 +109,26 @@ def test_a_heap_of_mostly_cancelled_events_is_swept_and_runs_as_before() -> None
                           key=lambda k: (100 + (k * 7 + 999) % 5, k))
     assert loop.events == flows - 1
     loop.close()
+
+
+def test_a_reserved_event_moved_again_takes_its_new_place_in_the_order() -> None:
+    """`rereserve`: a held finish re-timed by its law's next tick keeps its handle and
+    takes its place in the order again, as a fresh reservation or `call_at_ns` would."""
+    loop = VirtualClockLoop()
+    c = Clock(loop)
+    seen: list[str] = []
+    a = loop.reserve_at_ns(50, seen.append, "a")
+    c.call_at_ns(50, seen.append, "b")  # scheduled after a's first reservation
+    loop.rereserve(a, 50)  # a's place now after b's
+    d = loop.reserve_at_ns(40, seen.append, "d")
+    loop.rereserve(d, 60)
+    loop.schedule(a)
+    loop.schedule(d)
+
+    async def main() -> None:
+        await asyncio.sleep(1e-6)
+
+    loop.run_until_complete(main())
+    assert seen == ["b", "a", "d"]
+    assert (a[0], d[0]) == (50, 60)
+    loop.close()

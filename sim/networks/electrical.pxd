@@ -12,6 +12,6 @@ cdef class _Active:
     cdef public Py_ssize_t slot
 
 
-@cython.locals(a=_Active, r=cython.double, left=cython.double)
+@cython.locals(a=_Active, r=cython.double, left=cython.double, far=cython.bint)
 cpdef _retime(list comp, list rates, object now, object next_tick, dict held, object at,
               object finish, object vloop)

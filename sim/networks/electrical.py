@@ -178,10 +178,17 @@ def _retime(comp: list[_Active], rates: list[float], now: int, next_tick: int | 
             continue
         left = a.remaining - a.rate * (now - a.last)  # progress settled on a change only
         a.remaining, a.last, a.rate = left, now, r
-        if h is not None and (not held or held.pop(a, None) is None):
-            h.cancel()  # (a held one was never in the heap)
         t_end = now + max(0, ceil(left / r - 1e-6))
-        if next_tick is not None and t_end > next_tick:
+        far = next_tick is not None and t_end > next_tick
+        if h is not None:
+            if not held or held.get(a) is None:
+                h.cancel()  # (it is in the heap)
+            elif far:  # held still: the same handle, at its new time and place in the order
+                vloop.rereserve(h, t_end)  # type: ignore[union-attr]
+                continue
+            else:
+                del held[a]  # (a held one was never in the heap)
+        if far:
             a.handle = held[a] = vloop.reserve_at_ns(t_end, finish, a)  # type: ignore[union-attr]
         else:
             a.handle = at(t_end, finish, a)
