@@ -152,7 +152,7 @@ class CongestionControl(Sharing):
         # moves whenever an array above is replaced (grown), so that the compiled tick,
         # which holds them between ticks, takes them again
         self.generation = 0
-        self._held: Any = None  # the compiled tick's (lawkernel)
+        self._arrays: Any = None  # the compiled tick's hold on the arrays above (lawkernel)
 
     def describe(self) -> dict[str, float]:
         """What the law has done so far: CNPs, losses, bytes dropped or paused (counters:

@@ -137,9 +137,9 @@ cdef class _Arrays:
 
 def step(cc) -> bool:
     """`CongestionControl.step` (sim/networks/congestion.py), compiled."""
-    cdef _Arrays arr = cc._held
+    cdef _Arrays arr = cc._arrays
     if arr is None or arr.generation != cc.generation:
-        arr = cc._held = _Arrays(cc)
+        arr = cc._arrays = _Arrays(cc)
     cdef _Buffers held = _Buffers()
     slots_a, rows_a, cols_a = cc._index()
     cdef Py_ssize_t n = len(slots_a), m = len(rows_a), L = len(cc.queue)
