@@ -250,6 +250,11 @@ def _fields(cls: type) -> tuple[str, ...]:
         for s in getattr(c, "__slots__", ()):
             if s not in ("__dict__", "__weakref__") and s not in names:
                 names.append(s)
+        if c.__module__.startswith("oddl.") and not hasattr(c, "__slots__"):
+            # a class of the typed core, compiled (its .pxd): its fields are C's, seen
+            # as descriptors, in the order the .pxd declares them
+            names += [k for k, v in vars(c).items() if isinstance(v, types.GetSetDescriptorType)
+                      and k not in ("__dict__", "__weakref__") and k not in names]
     names += [f for f in getattr(cls, "__struct_fields__", ()) if f not in names]
     if dataclasses.is_dataclass(cls):
         names += [f.name for f in dataclasses.fields(cls) if f.name not in names]

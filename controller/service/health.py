@@ -253,10 +253,10 @@ class Health:
             return
         half = self.period_ns // 2
         own = max(self._own_lags, default=0)
+        if own <= half and all(st.lag_ns <= half for st in self.nodes.values()):
+            return  # (every quarter period: the usual answer, found without sorting)
         late = sorted(((st.lag_ns, n) for n, st in self.nodes.items() if st.lag_ns > half),
                       reverse=True)
-        if own <= half and not late:
-            return
         self._warned_ns = now_ns
         who = []
         if own > half:
@@ -278,10 +278,13 @@ class Health:
         before = len(self.diagnoses)
         limit = self.silence_ns
         self._say_overload(now_ns)
+        # (patience is never negative: a node heard within `limit` is not silent, and
+        # that is every node, nearly every tick)
         silent = [n for n, st in self.nodes.items()
-                  if now_ns - st.last_ns >= limit + self._patience(st)
+                  if now_ns - st.last_ns >= limit
+                  and now_ns - st.last_ns >= limit + self._patience(st)
                   and now_ns >= st.back_by_ns and not self.is_dead(n)]
-        alive = [n for n in self.nodes if not self.is_dead(n)]
+        alive = [n for n in self.nodes if not self.is_dead(n)] if silent else []
         # the bus demonstrably works while someone was heard within the last period
         # (and a lone node has nobody to be compared with)
         bus_ok = len(alive) == 1 or any(now_ns - self.nodes[n].last_ns <= self.period_ns
