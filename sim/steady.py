@@ -80,6 +80,7 @@ NOT_STATE: dict[tuple[str, str], str] = {
     ("Transmitter", "tunes"): COUNT,
     ("Receiver", "rx_bytes"): COUNT,
     ("LocalBus", "_sent"): COUNT,
+    ("LocalBus", "sent"): COUNT,  # its property (`_sent`): a field of the typed class
     ("LocalBus", "delayed"): COUNT,
     ("LocalBus", "dropped"): COUNT,
     ("FlowNetwork", "flows"): COUNT,
@@ -252,7 +253,8 @@ def _fields(cls: type) -> tuple[str, ...]:
                 names.append(s)
         if c.__module__.startswith("oddl.") and not hasattr(c, "__slots__"):
             # a class of the typed core, compiled (its .pxd): its fields are C's, seen
-            # as descriptors, in the order the .pxd declares them
+            # as descriptors, in the order the .pxd declares them (and its properties,
+            # which look the same: each is keyed, or named in NOT_STATE)
             names += [k for k, v in vars(c).items() if isinstance(v, types.GetSetDescriptorType)
                       and k not in ("__dict__", "__weakref__") and k not in names]
     names += [f for f in getattr(cls, "__struct_fields__", ()) if f not in names]
