@@ -28,21 +28,107 @@ SWEEP_FROM = 1024
 
 
 class VHandle(list):
-    """[t_ns, seq, callback, args, loop]; cancel() clears the callback, and counts it
-    with the loop, which sweeps the heap when it is mostly cancelled entries."""
+    """[t_ns, seq, callback, args, events]; cancel() clears the callback, and counts it
+    with the loop's events, which sweep the heap when it is mostly cancelled entries."""
 
     __slots__ = ()
 
     def cancel(self) -> None:
         if self[2] is not None:
             self[2] = None
-            loop: VirtualClockLoop = self[4]
-            loop._cancelled += 1
-            if loop._cancelled > SWEEP_FROM and 2 * loop._cancelled > len(loop._vheap):
-                loop._sweep()
+            ev: Events = self[4]
+            ev.cancelled += 1
+            if ev.cancelled > SWEEP_FROM and 2 * ev.cancelled > len(ev.heap):
+                ev.sweep()
 
     def cancelled(self) -> bool:
         return self[2] is None
+
+
+class Events:
+    """The model events: their heap, the virtual now, and what runs them. What every
+    event's scheduling and running touches is here, apart from the asyncio loop, so that
+    it is a typed class where compiled (sim/clock.pxd): its fields C fields, its loop C
+    code. The loop hands out these methods as its own (`VirtualClockLoop`)."""
+
+    def __init__(self) -> None:
+        self.heap: list[VHandle] = []
+        self.now = 0
+        self.seq = 0
+        self.cancelled = 0  # at least as many entries of the heap are cancelled
+        self.events = 0  # model events run: the simulator's throughput figure
+
+    def now_ns(self) -> int:
+        return self.now
+
+    def call_at_ns(self, t_ns: int, cb: Callable[..., Any], *args: Any) -> VHandle:
+        self.seq += 1
+        h = VHandle((t_ns, self.seq, cb, args, self))
+        heapq.heappush(self.heap, h)
+        return h
+
+    def call_later_ns(self, delay_ns: int, cb: Callable[..., Any], *args: Any) -> VHandle:
+        self.seq += 1
+        h = VHandle((self.now + delay_ns, self.seq, cb, args, self))
+        heapq.heappush(self.heap, h)
+        return h
+
+    def reserve_at_ns(self, t_ns: int, cb: Callable[..., Any], *args: Any) -> VHandle:
+        """An event whose place in the order is taken now, as `call_at_ns` would take it,
+        but not yet in the heap: `schedule` puts it there, any time before it is due (a
+        flow's finish that the next tick of its law re-times first, as a rule)."""
+        self.seq += 1
+        return VHandle((t_ns, self.seq, cb, args, self))
+
+    def rereserve(self, h: VHandle, t_ns: int) -> None:
+        """A reserved event, not in the heap, moved to `t_ns`: its place in the order taken
+        again now, as `reserve_at_ns` would take it for a new one (a held finish that its
+        law's tick re-times again, nearly every tick: no new handle each time)."""
+        self.seq += 1
+        h[0] = t_ns
+        h[1] = self.seq
+
+    def schedule(self, h: VHandle) -> None:
+        """A reserved event into the heap, in the place it reserved."""
+        heapq.heappush(self.heap, h)
+
+    def sweep(self) -> None:
+        """The heap without its cancelled entries, in place (`run` holds it): the live
+        ones keep their (time, sequence) order, so they run as they would have."""
+        heap = self.heap
+        heap[:] = [h for h in heap if h[2] is not None]
+        heapq.heapify(heap)
+        self.cancelled = 0
+
+    def run(self, limit_ns: int | None, ready: collections.deque[asyncio.Handle],
+            loop: asyncio.AbstractEventLoop) -> None:
+        """Run events in time order, up to `limit_ns` (None: no limit), until something
+        asyncio-level is `ready`; a callback's exception goes to the loop's handler."""
+        heap = self.heap
+        pop = heapq.heappop
+        n = 0
+        try:
+            while heap and not ready:
+                h = heap[0]
+                t = h[0]
+                if limit_ns is not None and t > limit_ns:
+                    break
+                pop(heap)
+                cb = h[2]
+                if cb is None:
+                    self.cancelled -= 1
+                    continue
+                self.now = t
+                n += 1
+                try:
+                    cb(*h[3])
+                except (SystemExit, KeyboardInterrupt):
+                    raise
+                except BaseException as e:
+                    loop.call_exception_handler({"message": f"exception in {cb!r}",
+                                                 "exception": e})
+        finally:
+            self.events += n
 
 
 class _VirtualSelector(selectors.BaseSelector):
@@ -70,112 +156,67 @@ class _VirtualSelector(selectors.BaseSelector):
 
 
 class VirtualClockLoop(asyncio.BaseEventLoop):
-    """asyncio loop whose `time()` is virtual; run_until_complete finishes in CPU time."""
+    """asyncio loop whose `time()` is virtual; run_until_complete finishes in CPU time.
+
+    Its model events are `Events`': `call_at_ns`, `call_later_ns`, `now_ns`,
+    `reserve_at_ns`, `rereserve` and `schedule` are that object's methods, handed out
+    as the loop's own (a model's every event calls one: no call of the loop's between)."""
 
     # asyncio's BaseEventLoop keeps these (its ready callbacks, its timers); typeshed
     # does not declare them
     _ready: collections.deque[asyncio.Handle]
     _scheduled: list[asyncio.TimerHandle]
+    now_ns: Callable[[], int]
+    call_at_ns: Callable[..., VHandle]
+    call_later_ns: Callable[..., VHandle]
+    reserve_at_ns: Callable[..., VHandle]
+    rereserve: Callable[[VHandle, int], None]
+    schedule: Callable[[VHandle], None]
 
     def __init__(self) -> None:
         super().__init__()
-        self._now_ns = 0
-        self._vheap: list[VHandle] = []
-        self._seq = 0
-        self._cancelled = 0  # at least as many entries of the heap are cancelled
-        self.events = 0  # model events run: the simulator's throughput figure
+        ev = self._model = Events()
+        self.now_ns, self.call_at_ns, self.call_later_ns = \
+            ev.now_ns, ev.call_at_ns, ev.call_later_ns
+        self.reserve_at_ns, self.rereserve, self.schedule = \
+            ev.reserve_at_ns, ev.rereserve, ev.schedule
         self._selector = _VirtualSelector(self)
         self._clock_resolution = 1e-9
 
+    @property
+    def events(self) -> int:
+        """Model events run: the simulator's throughput figure."""
+        return self._model.events
+
+    @property
+    def _vheap(self) -> list[VHandle]:
+        return self._model.heap
+
     def time(self) -> float:
-        return self._now_ns * 1e-9
-
-    def now_ns(self) -> int:
-        return self._now_ns
-
-    def call_at_ns(self, t_ns: int, cb: Callable[..., Any], *args: Any) -> VHandle:
-        self._seq += 1
-        h = VHandle((t_ns, self._seq, cb, args, self))
-        heapq.heappush(self._vheap, h)
-        return h
-
-    def call_later_ns(self, delay_ns: int, cb: Callable[..., Any], *args: Any) -> VHandle:
-        self._seq += 1
-        h = VHandle((self._now_ns + delay_ns, self._seq, cb, args, self))
-        heapq.heappush(self._vheap, h)
-        return h
-
-    def reserve_at_ns(self, t_ns: int, cb: Callable[..., Any], *args: Any) -> VHandle:
-        """An event whose place in the order is taken now, as `call_at_ns` would take it,
-        but not yet in the heap: `schedule` puts it there, any time before it is due (a
-        flow's finish that the next tick of its law re-times first, as a rule)."""
-        self._seq += 1
-        return VHandle((t_ns, self._seq, cb, args, self))
-
-    def rereserve(self, h: VHandle, t_ns: int) -> None:
-        """A reserved event, not in the heap, moved to `t_ns`: its place in the order taken
-        again now, as `reserve_at_ns` would take it for a new one (a held finish that its
-        law's tick re-times again, nearly every tick: no new handle each time)."""
-        self._seq += 1
-        h[0] = t_ns
-        h[1] = self._seq
-
-    def schedule(self, h: VHandle) -> None:
-        """A reserved event into the heap, in the place it reserved."""
-        heapq.heappush(self._vheap, h)
+        return self._model.now * 1e-9
 
     def pending(self) -> list[tuple[int, Callable[..., Any], tuple[Any, ...]]]:
         """What is scheduled, as (t_ns, callback, args): the model events in the order
         they will run, then asyncio's timers in theirs (sim/steady.py keys them)."""
-        out = [(h[0], h[2], h[3]) for h in sorted(self._vheap) if h[2] is not None]
+        out = [(h[0], h[2], h[3]) for h in sorted(self._model.heap) if h[2] is not None]
         timers: list[Any] = sorted(self._scheduled, key=lambda h: h.when())
         return out + [(math.ceil(h.when() * 1e9 - 1e-3), h._callback, h._args)
                       for h in timers if not h.cancelled()]
-
-    def _sweep(self) -> None:
-        """The heap without its cancelled entries, in place (`_advance` holds it): the
-        live ones keep their (time, sequence) order, so they run as they would have."""
-        heap = self._vheap
-        heap[:] = [h for h in heap if h[2] is not None]
-        heapq.heapify(heap)
-        self._cancelled = 0
 
     def _advance(self) -> None:
         """Run model events in time order until something asyncio-level becomes runnable."""
         if self._ready:
             return
-        vheap = self._vheap
-        pop = heapq.heappop
+        ev = self._model
         t_async = self._scheduled[0].when() if self._scheduled else math.inf
         limit_ns = math.ceil(t_async * 1e9 - 1e-3) if t_async != math.inf else None
         ready = self._ready
-        n = 0
-        try:
-            while vheap and not ready:
-                h = vheap[0]
-                t = h[0]
-                if limit_ns is not None and t > limit_ns:
-                    break
-                pop(vheap)
-                cb = h[2]
-                if cb is None:
-                    self._cancelled -= 1
-                    continue
-                self._now_ns = t
-                n += 1
-                try:
-                    cb(*h[3])
-                except (SystemExit, KeyboardInterrupt):
-                    raise
-                except BaseException as e:
-                    self.call_exception_handler({"message": f"exception in {cb!r}",
-                                                 "exception": e})
-        finally:
-            self.events += n
+        ev.run(limit_ns, ready, self)
+        vheap = ev.heap
         if ready or (vheap and (limit_ns is None or vheap[0][0] <= limit_ns)):
             return
         if self._scheduled:
-            self._now_ns = max(self._now_ns, limit_ns or 0)
+            ev.now = max(ev.now, limit_ns or 0)
             return
         if not vheap:
             raise Stalled("virtual-time loop is idle with nothing scheduled: deadlock")

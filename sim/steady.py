@@ -100,7 +100,7 @@ TIMES: dict[tuple[str, str], str] = {
 # themselves, reached through their callbacks (their models are the roots; the rest of
 # theirs is the run's: a drill, CASSINI's pauses, the watch)
 SKIP_CLASSES = frozenset({"InvariantChecker", "Health", "Heartbeats", "Watch", "Tracer",
-                          "BusAnnouncer", "Clock", "VirtualClockLoop", "SimBackend",
+                          "BusAnnouncer", "Clock", "VirtualClockLoop", "Events", "SimBackend",
                           "ModelBackend"})
 
 
