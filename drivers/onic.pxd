@@ -4,7 +4,6 @@
 cdef class ONicDriver:
     cdef public object mmio, node, design, nodes, index
     cdef public dict _tx
-    cdef dict __dict__
 
     cpdef tune_and_start(self, port, channel, dst, nbytes, flow, header=*)
     cpdef start_transfer(self, port, dst, nbytes, flow, header=*)
@@ -16,7 +15,6 @@ cdef class DriverONic:
     cdef public object node, ports, index, events, on_module_fired, _mask, tampered
     cdef public object _ca_names, _w, _r, _o, _irq_ports, unit_routes
     cdef public dict inflight
-    cdef dict __dict__
 
     cpdef send(self, port, flow)
     cpdef tune_and_send(self, port, channel, flow)

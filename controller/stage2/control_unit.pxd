@@ -22,7 +22,6 @@ cdef class ControlUnit:
     cdef public object node, clock, bus, onic, t, deliver, fail, trace, sent, tag
     cdef public dict routes, tx, rx, unexpected_rx, stats
     cdef public bint halted
-    cdef dict __dict__
 
     cpdef _show(self, _Tx tx, state, at=*)
     cpdef _send(self, dst, m)

@@ -7,7 +7,6 @@ cdef class CollectiveEngine:
     cdef public object halted, id_base, carry, on_phase
     cdef public dict rank_of, _phase
     cdef public list local, seq, step, issued, computed, recv, fired, early, early_fired, got
-    cdef dict __dict__
 
     cpdef _run_steps(self, r)
     cpdef _enter(self, r, phase)

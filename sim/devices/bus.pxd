@@ -4,7 +4,6 @@ cdef class LocalBus:
     cdef public object clock, latency_ns, rng, tap, _sent, dropped, delayed, drop_p, delay_p
     cdef public object max_extra_delay_ns, _lossy, down, dead, lose
     cdef public dict handlers
-    cdef dict __dict__
 
     cpdef passes(self, src, dst=*)
     cpdef send(self, src, dst, msg)

@@ -7,7 +7,6 @@ cdef class Fabric:
     cdef public dict wss, tx, rx, lit, attach_pt, ports, rx_handlers, tx_handlers
     cdef public dict tuned_handlers, tune_override
     cdef public set corrupt, dead
-    cdef dict __dict__
 
     cpdef duration_ns(self, nbytes)
     cpdef tune(self, node, port, channel)
