@@ -253,8 +253,12 @@ class Health:
             return
         half = self.period_ns // 2
         own = max(self._own_lags, default=0)
-        if own <= half and all(st.lag_ns <= half for st in self.nodes.values()):
-            return  # (every quarter period: the usual answer, found without sorting)
+        if own <= half:
+            for st in self.nodes.values():
+                if st.lag_ns > half:
+                    break
+            else:
+                return  # (every quarter period: the usual answer, found without sorting)
         late = sorted(((st.lag_ns, n) for n, st in self.nodes.items() if st.lag_ns > half),
                       reverse=True)
         self._warned_ns = now_ns
