@@ -126,9 +126,15 @@ def typed() -> str:
     top = Path("build", "pxd")
     for p in COMPILED["HOT"]:
         pxd = Path(HERE, p).with_suffix(".pxd")
-        if not pxd.is_file():
-            continue
         parts = COMPILED["module_name"](p).split(".")
+        if not pxd.is_file():
+            # one removed from the checkout: its copy would type the module still (and
+            # fail its build): gone too, and the module compiled again
+            stale = top.joinpath(*parts[:-1], parts[-1] + ".pxd")
+            if stale.is_file():
+                stale.unlink()
+                Path("build", "cython", p).with_suffix(".c").unlink(missing_ok=True)
+            continue
         for i in range(1, len(parts)):  # each package on the way, as Cython wants it
             top.joinpath(*parts[:i]).mkdir(parents=True, exist_ok=True)
             top.joinpath(*parts[:i], "__init__.pxd").touch()
