@@ -196,6 +196,31 @@ def test_the_key_holds_what_decides_and_leaves_out_counts_and_labels() -> None:
     assert k() != k0
 
 
+def test_the_key_reads_the_fields_of_the_typed_core() -> None:
+    """Compiled, the bus, the fabric and the drivers are C classes (their .pxd beside
+    their .py): no instance dict to walk. Their declared fields enter the key all the
+    same, less the counts (and a property that is one); interpreted, the same."""
+    from oddl.controller.base.messages import Flow
+
+    w, clock = _world()
+
+    def k() -> list[Any]:
+        return key([w], [], clock.now_ns(), frozenset())
+    k0 = k()
+    w.bus._sent += 5  # a count (and `sent`, the property that reads it)
+    w.fabric.transfers += 1
+    assert k() == k0
+    w.bus.latency_ns += 1  # how late every message lands decides
+    assert k() != k0
+    w.bus.latency_ns -= 1
+    assert k() == k0
+    w.fabric.guard_ns += 1  # so does the gap after a transfer
+    assert k() != k0
+    w.fabric.guard_ns -= 1
+    w.onics["n0-0"].inflight["H"] = Flow(1, "n0-0", "n0-1", 64)  # a transfer under way
+    assert k() != k0
+
+
 def test_a_time_enters_the_key_as_its_distance_from_now() -> None:
     """A tune under way: its end's distance from now; a tune long over: only that it is
     over, and how long it took (the board's TUNE_NS)."""
