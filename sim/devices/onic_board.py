@@ -86,7 +86,10 @@ class ONicBoard:
             self.regs[R.BY_NAME[f"BITSTREAM_HASH{i}"].offset] = int.from_bytes(
                 bitstream_hash[4 * i: 4 * i + 4], "big")
         self.regs[R.BY_NAME["NODE_ID"].offset] = node_index[node]
-        self.routes = [0] * (2 * R.ROUTE_ENTRIES)
+        # the route RAM's words written since power-on (the rest read 0, as at reset):
+        # a board holds a few dozen of its 2,048; a list of all was 16 kB a board,
+        # 67 MB of grid-4096
+        self.routes: dict[int, int] = {}
         self.ca = [_CAModule() for _ in range(R.N_MODULES)]
         self.ports = fabric.ports[node]
         self.start_after_tune: set[str] = set()  # CA "start" issued while its port tunes
@@ -134,7 +137,7 @@ class ONicBoard:
         if off in _PLAIN_READ:
             return self.regs[off]
         if R.ROUTE_BASE <= off < R.ROUTE_BASE + 8 * R.ROUTE_ENTRIES:
-            return self.routes[(off - R.ROUTE_BASE) // 4]
+            return self.routes.get((off - R.ROUTE_BASE) // 4, 0)
         if off >= R.CU_BASE and self.unit_block is not None:
             return int(self.unit_block.read(off))
         reg = R.BY_OFFSET.get(off)
