@@ -23,8 +23,11 @@ class PlanError(Exception):
     """A plan that must not be applied; the message says what and where."""
 
 
-@dataclass(frozen=True, slots=True)
-class Route:
+class Route(msgspec.Struct, frozen=True, gc=False):
+    """A node's way toward a destination: the port and channel its light leaves on, and
+    the node that takes it (the destination, or a relay). A frozen msgspec struct out of
+    the collector's sight: a 4,096-node plan makes 49,152."""
+
     port: str  # "H" | "V"
     channel: int  # index into the testbed's wavelength list
     next_hop: str
