@@ -188,10 +188,6 @@ class VirtualClockLoop(asyncio.BaseEventLoop):
         """Model events run: the simulator's throughput figure."""
         return self._model.events
 
-    @property
-    def _vheap(self) -> list[VHandle]:
-        return self._model.heap
-
     def time(self) -> float:
         return self._model.now * 1e-9
 

@@ -79,8 +79,7 @@ NOT_STATE: dict[tuple[str, str], str] = {
     ("Transmitter", "sent_bytes"): COUNT,
     ("Transmitter", "tunes"): COUNT,
     ("Receiver", "rx_bytes"): COUNT,
-    ("LocalBus", "_sent"): COUNT,
-    ("LocalBus", "sent"): COUNT,  # its property (`_sent`): a field of the typed class
+    ("LocalBus", "sent"): COUNT,
     ("LocalBus", "delayed"): COUNT,
     ("LocalBus", "dropped"): COUNT,
     ("FlowNetwork", "flows"): COUNT,
@@ -253,8 +252,8 @@ def _fields(cls: type) -> tuple[str, ...]:
                 names.append(s)
         if c.__module__.startswith("oddl.") and not hasattr(c, "__slots__"):
             # a class of the typed core, compiled (its .pxd): its fields are C's, seen
-            # as descriptors, in the order the .pxd declares them (and its properties,
-            # which look the same: each is keyed, or named in NOT_STATE)
+            # as descriptors, in the order the .pxd declares them (a property looks the
+            # same: it is keyed too, where it can only keep a repeat from being found)
             names += [k for k, v in vars(c).items() if isinstance(v, types.GetSetDescriptorType)
                       and k not in ("__dict__", "__weakref__") and k not in names]
     names += [f for f in getattr(cls, "__struct_fields__", ()) if f not in names]

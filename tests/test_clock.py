@@ -96,7 +96,7 @@ def test_a_heap_of_mostly_cancelled_events_is_swept_and_runs_as_before() -> None
             handles[k].cancel()
             handles[k].cancel()  # (twice: counted once)
             handles[k] = c.call_at_ns(100 + (k * 7 + tick) % 5, seen.append, k)
-            most = max(most, len(loop._vheap))
+            most = max(most, len(loop._model.heap))
     assert most <= 2 * SWEEP_FROM + 2 * flows  # without the sweep: 16,016
     handles[3].cancel()
 

@@ -257,7 +257,7 @@ def test_a_finish_held_for_the_next_tick_runs_as_if_it_had_been_scheduled(law: s
         most = [0]
 
         def watch(m: list[int] = most, lp: VirtualClockLoop = loop) -> None:
-            m[0] = max(m[0], len(lp._vheap))
+            m[0] = max(m[0], len(lp._model.heap))
             lp.call_later_ns(1_000, watch)
         clock.call_later_ns(500, watch)
         incast_and_second_wave(clock, net)

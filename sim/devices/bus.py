@@ -23,7 +23,7 @@ class LocalBus:
         self.rng = random.Random(seed)
         self.tap = tap
         self.handlers: dict[str, Callable[[ControlMessage], None]] = {}
-        self._sent = 0
+        self.sent = 0  # messages sent (the `Bus` protocol's count)
         self.dropped = 0
         self.delayed = 0
         self.drop_p = self.delay_p = 0.0
@@ -44,15 +44,11 @@ class LocalBus:
         """Can a message from src (to dst) get through now (broker up, both alive)?"""
         return not self.down and src not in self.dead and dst not in self.dead
 
-    @property
-    def sent(self) -> int:
-        return self._sent
-
     def attach(self, node: str, handler: Callable[[ControlMessage], None]) -> None:
         self.handlers[node] = handler
 
     def send(self, src: str, dst: str, msg: ControlMessage) -> None:
-        self._sent += 1
+        self.sent += 1
         delay = self.latency_ns
         if self._lossy or self.down or self.dead or self.lose is not None:
             if not self.passes(src, dst) or (self.lose is not None and self.lose(msg)) \
