@@ -13,7 +13,7 @@ cdef class ONicDriver:
 cdef class DriverONic:
     cdef public ONicDriver d
     cdef public object node, ports, index, events, on_module_fired, _mask, tampered
-    cdef public object _ca_names, _w, _r, _o, _irq_ports, unit_routes
+    cdef public object _ca_names, _w, _r, _o, _irq_ports, _health_regs, unit_routes
     cdef public dict inflight
 
     cpdef send(self, port, flow)

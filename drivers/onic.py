@@ -238,6 +238,8 @@ class DriverONic:
         self._irq_ports = [(p, 1 << R.IRQ_BITS[f"TX_DONE_{p}"], 1 << R.IRQ_BITS[f"RX_DONE_{p}"],
                             _off(f"RX{p}_LAST_FLOW"), _off(f"RX{p}_LAST_BYTES"))
                            for p in ports]
+        # per port: what a heartbeat reads, RX_ERRORS and TX_TUNE_NS (each period, each node)
+        self._health_regs = [(p, _off(f"RX{p}_ERRORS"), _off(f"TX{p}_TUNE_NS")) for p in ports]
         self.unit_routes: set[str] = set()  # what a GatewareUnit last loaded (onic_unit.py)
 
     def attach(self, events: Any) -> None:
@@ -277,9 +279,10 @@ class DriverONic:
                         "else writes its registers (an open PYNQ.remote port?); restored "
                         "(%d times)", self.node, self._mask, self.tampered)
             self._w(o["IRQ_ENABLE"], self._mask)
-        return {"crc_errors": {p: r(o[f"RX{p}_ERRORS"]) for p in self.ports},
-                "tune_ns": {p: r(o[f"TX{p}_TUNE_NS"]) for p in self.ports},
-                "error_flags": r(o["ERROR"])}
+        regs = self._health_regs
+        return {"crc_errors": {p: r(errors) for p, errors, _ in regs},
+                "tune_ns": {p: r(tune_ns) for p, _, tune_ns in regs},
+                "error_flags": r(_ERROR)}
 
     def identity(self) -> dict[str, str]:
         ident = self.d.identity()

@@ -119,8 +119,9 @@ class ONicBoard:
                             for p in R.PORTS}
         self._rx_irq = {p: (1 << R.IRQ_BITS[f"RX_DONE_{p}"], R.PORTS.index(p))
                         for p in R.PORTS}
-        self._rx_off = {p: {k: R.BY_NAME[f"RX{p}_{k}"].offset for k in (
-            "BYTES_LO", "BYTES_HI", "SRC", "LAST_FLOW", "DST", "LAST_BYTES", "DONE_COUNT")}
+        # per port, the receive registers a completion writes, in `_rx_done`'s order
+        self._rx_off = {p: tuple(R.BY_NAME[f"RX{p}_{k}"].offset for k in (
+            "BYTES_LO", "BYTES_HI", "SRC", "LAST_FLOW", "DST", "LAST_BYTES", "DONE_COUNT"))
             for p in R.PORTS}
         fabric.rx_handlers[node] = self._rx_done
         fabric.tx_handlers[node] = self._tx_done
@@ -293,18 +294,20 @@ class ONicBoard:
         self._interrupt()
 
     def _rx_done(self, p: str, flow: Flow) -> None:
-        r, o = self.regs, self._rx_off[p]
-        got = (r[o["BYTES_HI"]] << 32 | r[o["BYTES_LO"]]) + flow.nbytes
-        r[o["BYTES_LO"]] = got & 0xFFFFFFFF
-        r[o["BYTES_HI"]] = (got >> 32) & 0xFFFFFFFF
-        leg_src = self.fabric.rx[(self.node, p)].src
+        r = self.regs
+        bytes_lo, bytes_hi, src_reg, last_flow, dst_reg, last_bytes, done = self._rx_off[p]
+        got = (r[bytes_hi] << 32 | r[bytes_lo]) + flow.nbytes
+        r[bytes_lo] = got & 0xFFFFFFFF
+        r[bytes_hi] = (got >> 32) & 0xFFFFFFFF
+        leg = self.fabric.rx[(self.node, p)]
+        leg_src = leg.src
         src = self.index[leg_src] if leg_src is not None else self.index[flow.src]
-        r[o["SRC"]] = src
-        r[o["LAST_FLOW"]] = flow.id & 0xFFFFFFFF
-        r[o["DST"]] = self.index[flow.dst]
-        r[o["LAST_BYTES"]] = flow.nbytes
-        r[o["DONE_COUNT"]] = (r[o["DONE_COUNT"]] + 1) & 0xFFFFFFFF
-        errors = self.fabric.rx[(self.node, p)].errors
+        r[src_reg] = src
+        r[last_flow] = flow.id & 0xFFFFFFFF
+        r[dst_reg] = self.index[flow.dst]
+        r[last_bytes] = flow.nbytes
+        r[done] = (r[done] + 1) & 0xFFFFFFFF
+        errors = leg.errors
         if errors != self._seen_err[p]:  # a CRC failure on this transfer: count it (W1C)
             r[self._rx_err[p]] = (r[self._rx_err[p]] + errors - self._seen_err[p]) & 0xFFFFFFFF
             self._seen_err[p] = errors
@@ -314,7 +317,7 @@ class ONicBoard:
             r[off] = v
         bit, pi = self._rx_irq[p]
         r[_IRQ_STATUS] |= bit
-        final = r[o["DST"]] == r[_NODE_ID]  # the final leg: the bytes are this node's step's
+        final = r[dst_reg] == r[_NODE_ID]  # the final leg: the bytes are this node's step's
         self.signal((1, pi, flow.nbytes, src), (2, pi, 1, src),
                     *[(6, _ANY, flow.nbytes, flow.step)] * final)
         if self.unit_block is not None:
