@@ -326,17 +326,20 @@ def test_a_run_tunes_the_collector_and_gives_it_back(root: Path) -> None:
     assert gc.get_freeze_count() == 0
 
 
-def test_the_oddl_core_makes_no_cyclic_garbage_a_flow(root: Path) -> None:
+@pytest.mark.parametrize("name", ["oddl", "electrical"])
+def test_a_network_makes_no_cyclic_garbage_a_flow(root: Path, name: str) -> None:
     """The collector's young generation is large during a run (app/collector.py) because
-    nothing the ODDL core makes a flow dies in a cycle: a run's cyclic garbage is the same
-    few objects at 5 iterations and at 25 (80 flows more). A cycle a flow would make the
-    run's memory grow by up to YOUNG objects between collections."""
+    nothing a network makes a flow dies in a cycle: a run's cyclic garbage is the same few
+    objects, give or take a handful, at 5 iterations and at 25 (320 flows more). A cycle a
+    flow makes the collector's work (a flow network's finished flow and its finish event
+    were one: multijob-1024's electrical baseline spent 1.0 s of its 3.5 s collecting
+    them) and a run's memory grow by up to YOUNG objects between collections."""
     import gc
 
     from oddl.app.experiments.runner import lone_network
 
     def garbage(iterations: int) -> int:
-        with lone_network(load_experiment(root / TABLE1), "oddl", iterations, 0) as net:
+        with lone_network(load_experiment(root / TABLE1), name, iterations, 0) as net:
             gc.collect()
             gc.set_debug(gc.DEBUG_SAVEALL)
             try:
@@ -348,7 +351,7 @@ def test_the_oddl_core_makes_no_cyclic_garbage_a_flow(root: Path) -> None:
                 gc.garbage.clear()
 
     few = garbage(5)
-    assert few < 40
+    assert few < 100  # (a run's own: its tasks, a network's last events)
     assert garbage(25) <= few + 4  # a cycle a flow: 320 more
 
 

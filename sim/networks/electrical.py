@@ -358,6 +358,7 @@ class FlowNetwork:
     def _finish(self, a: _Active) -> None:
         now = self.clock.now_ns()
         a.done = True
+        a.handle = None  # (its event holds it: left, the two were a cycle for the collector)
         del self.active[a]
         n = self.conns[a.conn] - 1
         if n:
