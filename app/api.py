@@ -339,7 +339,8 @@ def run(experiment: LoadedExperiment | str | Path, backend: str = "sim",
         save(jct_cdf(f"{exp.name} ({backend}): {len(res.jobs)} jobs", res.jobs)
              if res.jobs else run_figure(
                  f"{exp.name} ({backend})",
-                 iteration_parts(read_store(run_dir / "results.sqlite"), res.training_min()),
+                 iteration_parts(read_store(run_dir / "results.sqlite", flow_rows=False),
+                                 res.training_min()),
                  paper_rows(exp.reference, res.training_min(), res.ratio)),
              run_dir / ("jct-cdf.png" if res.jobs else "plot.png"))
     return res
