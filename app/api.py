@@ -284,17 +284,12 @@ def run(experiment: LoadedExperiment | str | Path, backend: str = "sim",
     beside the ODDL one (default: one per spare core, for a run long enough to pay for
     starting them; one more once this process has run its own; 0: all in this one). A
     run that would take hours or more memory than is free raises TooBig (with the
-    estimate) unless `force`. `plot=False`: no figure (drawing it costs a second and a
-    half of CPU, most of a short run's). A model network's job that repeats its iteration
-    ends in copies of it (sim/steady.py: the same figures and records, to the byte),
-    unless `every_iteration`."""
-    from oddl.app.experiments.figures import (
-        iteration_parts,
-        jct_cdf,
-        paper_rows,
-        run_figure,
-        save,
-    )
+    estimate) unless `force`. `plot=False`: no figure (drawing it costs half a second
+    of CPU, a helper process's on a spare core while the run runs: plotter.py). A model
+    network's job that repeats its iteration ends in copies of it (sim/steady.py: the
+    same figures and records, to the byte), unless `every_iteration`."""
+    from oddl.app.experiments.figures import iteration_parts, paper_rows
+    from oddl.app.experiments.plotter import plotting
     from oddl.app.experiments.results import (
         RunStore,
         make_run_dir,
@@ -309,40 +304,46 @@ def run(experiment: LoadedExperiment | str | Path, backend: str = "sim",
     serving(ctx.testbed_path, ctx.testbed)  # before a run directory is made for it
     exp = ctx.experiment
     run_dir = make_run_dir(Path(out), exp.name) if out is not None else None
-    store = None
-    if run_dir is not None:
-        write_manifest(run_dir, {"experiment": ctx.path, "testbed": ctx.testbed_path},
-                       {"seed": exp.seed, "backend": backend,
-                        "experiment": exp.model_dump(),
-                        "testbed": ctx.testbed.model_dump(exclude={"nodes", "wss"})})
-        store = RunStore(run_dir / "results.sqlite")
-    try:
-        from oddl.app import registry
+    # (its figure's helper, if it has one, imports matplotlib on a spare core meanwhile)
+    with plotting(run_dir is not None and plot) as plotter:
+        store = None
+        if run_dir is not None:
+            write_manifest(run_dir, {"experiment": ctx.path, "testbed": ctx.testbed_path},
+                           {"seed": exp.seed, "backend": backend,
+                            "experiment": exp.model_dump(),
+                            "testbed": ctx.testbed.model_dump(exclude={"nodes", "wss"})})
+            store = RunStore(run_dir / "results.sqlite")
+        try:
+            from oddl.app import registry
 
-        remote = arbiter if registry.kind(backend).served_by_arbiter else None
-        with session(ctx.testbed_path, ctx.testbed, backend, f"oddl run {ctx.path}",
-                     publish=publish, say=say, locked=remote is not None,
-                     log=run_dir / "emulator.log" if run_dir is not None else None) as s:
-            if s.testbed != ctx.testbed_path:  # the emulator's config
-                ctx = load_experiment(ctx.path, s.testbed)
-            res = run_experiment(ctx, backend, store, iterations, progress, trace=trace,
-                                 announce=s.announce, remote=remote, workers=workers,
-                                 force=force, every_iteration=every_iteration)
-    finally:
-        if store is not None:
-            store.close()
-    if run_dir is not None:
-        res.run_dir = str(run_dir)
-        (run_dir / "summary.json").write_text(json.dumps(res.summary(exp.reference),
-                                                         indent=1))
-    if run_dir is not None and plot:
-        save(jct_cdf(f"{exp.name} ({backend}): {len(res.jobs)} jobs", res.jobs)
-             if res.jobs else run_figure(
-                 f"{exp.name} ({backend})",
-                 iteration_parts(read_store(run_dir / "results.sqlite", flow_rows=False),
-                                 res.training_min()),
-                 paper_rows(exp.reference, res.training_min(), res.ratio)),
-             run_dir / ("jct-cdf.png" if res.jobs else "plot.png"))
+            remote = arbiter if registry.kind(backend).served_by_arbiter else None
+            with session(ctx.testbed_path, ctx.testbed, backend, f"oddl run {ctx.path}",
+                         publish=publish, say=say, locked=remote is not None,
+                         log=run_dir / "emulator.log" if run_dir is not None else None) as s:
+                if s.testbed != ctx.testbed_path:  # the emulator's config
+                    ctx = load_experiment(ctx.path, s.testbed)
+                res = run_experiment(ctx, backend, store, iterations, progress, trace=trace,
+                                     announce=s.announce, remote=remote, workers=workers,
+                                     force=force, every_iteration=every_iteration)
+        finally:
+            if store is not None:
+                store.close()
+        if run_dir is not None:
+            res.run_dir = str(run_dir)
+            (run_dir / "summary.json").write_text(json.dumps(res.summary(exp.reference),
+                                                             indent=1))
+        if run_dir is not None and plotter is not None:
+            title = f"{exp.name} ({backend})"
+            if res.jobs:
+                plotter.draw("jct_cdf", {"title": f"{title}: {len(res.jobs)} jobs",
+                                         "jobs": res.jobs}, run_dir / "jct-cdf.png")
+            else:
+                its = read_store(run_dir / "results.sqlite", flow_rows=False)
+                plotter.draw("run", {"title": title,
+                                     "networks": iteration_parts(its, res.training_min()),
+                                     "paper": [dataclasses.asdict(r) for r in paper_rows(
+                                         exp.reference, res.training_min(), res.ratio)]},
+                             run_dir / "plot.png")
     return res
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -149,3 +150,65 @@ def test_the_docs_command_replaces_only_between_the_markers(root: Path, tmp_path
     assert page.read_text() == "head\n<!-- figures:t -->\n| new |\n<!-- /figures:t -->\ntail\n"
     with pytest.raises(SystemExit, match=r"p\.md: no markers <!-- figures:u -->"):
         figs.put(page, "u", "x")
+
+
+def _figure_data() -> dict[str, Any]:
+    import dataclasses
+
+    ref = {"oddl_min": 97.8, "electrical_min": 97.3, "ratio": 1.005}
+    mins = {"oddl": 97.31, "electrical": 97.3}
+    return {"title": "table1 (sim)",
+            "networks": {n: {"compute_ms": 220.87, "communication_ms": 12.0,
+                             "control_ms": 0.27 if n == "oddl" else 0.0,
+                             "training_min": m} for n, m in mins.items()},
+            "paper": [dataclasses.asdict(r) for r in paper_rows(ref, mins, 97.31 / 97.3)]}
+
+
+SPARE_CORE = pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2,
+                                reason="a figure's helper runs on a spare core: this "
+                                       "process has one core")
+
+
+@SPARE_CORE
+def test_the_figures_helper_draws_the_file_this_process_would(tmp_path: Path) -> None:
+    """A run's figure is drawn by a helper that imported matplotlib while the run ran
+    (app/experiments/plotter.py): the same file, byte for byte, as drawn here."""
+    from oddl.app.experiments.figures import draw
+    from oddl.app.experiments.plotter import Plotter
+
+    data = _figure_data()
+    plotter = Plotter()
+    assert plotter.helper is not None
+    plotter.draw("run", data, tmp_path / "helper.png")
+    assert plotter.by_helper and plotter.helper is None
+    draw("run", json.loads(json.dumps(data)), tmp_path / "here.png")
+    assert (tmp_path / "helper.png").read_bytes() == (tmp_path / "here.png").read_bytes()
+
+
+@SPARE_CORE
+def test_a_figures_helper_gone_leaves_the_figure_to_this_process(tmp_path: Path) -> None:
+    from oddl.app.experiments.plotter import Plotter
+
+    plotter = Plotter()
+    assert plotter.helper is not None
+    plotter.helper.kill()
+    plotter.draw("run", _figure_data(), tmp_path / "plot.png")
+    assert not plotter.by_helper
+    assert (tmp_path / "plot.png").stat().st_size > 10_000
+
+
+@SPARE_CORE
+def test_a_run_that_ends_without_its_figure_leaves_no_helper() -> None:
+    """A failed or stopped run's helper is stopped with it; one whose parent is killed
+    (its stdin closes) exits on its own."""
+    from oddl.app.experiments.plotter import Plotter, plotting
+
+    with pytest.raises(RuntimeError), plotting(True) as plotter:
+        assert plotter is not None and plotter.helper is not None
+        helper = plotter.helper
+        raise RuntimeError("the run failed")
+    assert helper.poll() is not None
+    orphan = Plotter().helper
+    assert orphan is not None and orphan.stdin is not None
+    orphan.stdin.close()  # as a killed parent's end of the pipe closes
+    assert orphan.wait(timeout=60) == 0

@@ -514,8 +514,9 @@ def _run_warnings(res: Any, ctx: Any) -> None:
                    "(.jsonl.gz), for `oddl replay` (docs/cassettes.md)")
 @click.option("--plot/--no-plot", default=True, show_default=True, envvar="ODDL_PLOT",
               show_envvar=True,
-              help="draw plot.png (or jct-cdf.png) into the run directory: a second and a "
-                   "half of CPU, most of a short run's (a script's many runs: --no-plot)")
+              help="draw plot.png (or jct-cdf.png) into the run directory: half a second "
+                   "of CPU, a helper process's on a spare core while the run runs (a "
+                   "script's many runs: --no-plot)")
 def run(experiment: Path, backend: str, out: Path | None, iterations: int | None,
         every_iteration: bool, testbed: Path | None, as_json: bool, trace_file: Path | None,
         trace_iterations: int, publish: bool, arbiter_url: str | None,

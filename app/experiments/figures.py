@@ -81,7 +81,8 @@ def iteration_parts(store: Mapping[str, Any], training_min: Mapping[str, float]
     return out
 
 
-def _plt() -> Any:
+def pyplot() -> Any:
+    """matplotlib's pyplot, drawing into files (Agg)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -95,8 +96,22 @@ COLOURS = {"compute": "#9ecae1", "communication": "#3182bd", "control": "#e6550d
 
 def save(fig: Any, out: Path) -> Path:
     fig.savefig(out, dpi=110)
-    _plt().close(fig)
+    pyplot().close(fig)
     return out
+
+
+def draw(kind: str, args: Mapping[str, Any], out: Path) -> Path:
+    """A run's figure from plain data, as a helper process is sent it (plotter.py): `run`
+    (title, networks as `run_figure` takes them, paper: PaperRow fields) or `jct_cdf`
+    (title, jobs)."""
+    if kind == "run":
+        fig = run_figure(args["title"], args["networks"],
+                         [PaperRow(**r) for r in args["paper"]])
+    elif kind == "jct_cdf":
+        fig = jct_cdf(args["title"], args["jobs"])
+    else:
+        raise ValueError(f"no figure {kind!r} (run, jct_cdf)")
+    return save(fig, out)
 
 
 def iterations_figure(title: str, iterations: Sequence[Sequence[int]],
@@ -104,7 +119,7 @@ def iterations_figure(title: str, iterations: Sequence[Sequence[int]],
     """A job's iterations as they were recorded (store rows: iteration, t_start_ns,
     t_end_ns, ...): each one's time, and its end against the job's clock, its stops marked
     (where the arbiter was down, or a fault cut it)."""
-    plt = _plt()
+    plt = pyplot()
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(11, 3.8))
     its = [r[0] for r in iterations]
     a1.plot(its, [(r[2] - r[1]) / 1e6 for r in iterations], ".", ms=3)
@@ -127,7 +142,7 @@ def run_figure(title: str, networks: Mapping[str, Mapping[str, float]],
     """`networks[name]` has compute_ms, communication_ms, control_ms (a mean iteration) and
     training_min. Left: the iteration taken apart; middle: its all-reduce alone (where the
     networks differ); right: training time, ours beside the paper's."""
-    plt = _plt()
+    plt = pyplot()
     names = list(networks)
     fig, (a1, a2, a3) = plt.subplots(1, 3, figsize=(15, 4.2))
     for ax, parts in ((a1, ("compute", "communication", "control")),
@@ -176,7 +191,7 @@ def plan_figure(plan: Plan, max_wss: int = 16) -> Any:
     the output port it reaches (blank where the input is blocked)."""
     import numpy as np
 
-    plt = _plt()
+    plt = pyplot()
     tables = plan.wss[:max_wss]
     if not tables:
         raise ValueError("the plan has no WSS tables to draw")
@@ -215,7 +230,7 @@ def plan_figure(plan: Plan, max_wss: int = 16) -> Any:
 def jct_cdf(title: str, jobs: Mapping[str, Mapping[str, Mapping[str, Any]]]) -> Any:
     """Several jobs: per network, the CDF of job completion times (arrival to departure),
     and each network's queueing share of them."""
-    plt = _plt()
+    plt = pyplot()
     nets = sorted({n for per in jobs.values() for n in per})
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(12, 4.2))
     for n in nets:
@@ -242,7 +257,7 @@ def partition_figure(title: str, rows: int, cols: int,
     blank: free)."""
     import numpy as np
 
-    plt = _plt()
+    plt = pyplot()
     names = sorted(set(cells.values()))
     m = np.full((rows, cols), np.nan)
     for (r, c), job in cells.items():
@@ -270,7 +285,7 @@ def circle_figure(names: Sequence[str], demands: Sequence[Any], score: float,
     their sum against the link's capacity (1.0)."""
     import numpy as np
 
-    plt = _plt()
+    plt = pyplot()
     fig = plt.figure(figsize=(6, 6))
     ax = fig.add_subplot(projection="polar")
     n = len(demands[0])
