@@ -5,6 +5,8 @@ newer schema than this oddl reads is refused with one clear line, never half-rea
 from __future__ import annotations
 
 import sqlite3
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 
@@ -45,3 +47,37 @@ def open_store(path: Path, schema: str, version: int, what: str,
         db.close()
         raise
     return db
+
+
+# a writer's waits for another's commit (`write`): the first, then doubling to the longest
+WAIT_FIRST_S = 50e-6
+WAIT_MOST_S = 1e-3
+
+
+def writes_in_turn(db: sqlite3.Connection) -> None:
+    """Make `db` say at once that another writer holds the store (`write` waits for it)."""
+    db.execute("PRAGMA busy_timeout = 0")
+
+
+def write(db: sqlite3.Connection, work: Callable[[], object], timeout_s: float = 60.0) -> int:
+    """One write transaction, `work` then its commit, on a connection that `writes_in_turn`:
+    while another process holds the write lock, tried again after 50 us, doubling to 1 ms,
+    for `timeout_s` at most (then sqlite3.OperationalError, "database is locked"). Returns
+    how many times it waited. SQLite's own wait sleeps 1, 2, 5, 10 ms and more a turn: a
+    run's two processes each committing an iteration every half millisecond (Table 1 with
+    --every-iteration) spent 1.9 s of the ODDL network's 17 s asleep in it."""
+    deadline = time.monotonic() + timeout_s
+    wait, waits = WAIT_FIRST_S, 0
+    while True:
+        try:
+            work()
+            db.commit()
+            return waits
+        except sqlite3.OperationalError as e:
+            if e.sqlite_errorcode not in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED) \
+                    or time.monotonic() >= deadline:
+                raise
+            db.rollback()
+        time.sleep(wait)
+        waits += 1
+        wait = min(2 * wait, WAIT_MOST_S)

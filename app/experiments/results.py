@@ -21,7 +21,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from oddl.app.stores import check_version, open_store
+from oddl.app.stores import check_version, open_store, write, writes_in_turn
 from oddl.controller.service.backend import Repeats
 
 SCHEMA_VERSION = 1  # PRAGMA user_version: a newer one is refused (app/stores.py)
@@ -55,15 +55,21 @@ class RunStore:
         # several writers (a run's networks in processes of their own: each commits its
         # iterations): each waits its turn for the write lock
         self.db = open_store(path, SCHEMA, SCHEMA_VERSION, "run's results store")
+        writes_in_turn(self.db)
+        self.waits = 0  # times a write waited for another process's commit (stores.write)
         # iterations (and their flows) held for the next commit
         self._its: list[tuple[Any, ...]] = []
         self._flows: list[tuple[Any, ...]] = []
         self._copies: list[list[Any]] = []  # [network, repeats, first, last] of copies
+        self._replaced: list[tuple[str, int]] = []  # (network, iteration) recorded again
+
+    def _write(self, sql: str, rows: list[tuple[Any, ...]]) -> None:
+        """One statement over `rows`, committed (in turn with the run's other writers)."""
+        self.waits += write(self.db, lambda: self.db.executemany(sql, rows))
 
     def begin_network(self, name: str, kind: str, meta: dict[str, Any]) -> None:
-        self.db.execute("INSERT OR REPLACE INTO networks VALUES (?, ?, ?)",
-                        (name, kind, json.dumps(meta)))
-        self.db.commit()
+        self._write("INSERT OR REPLACE INTO networks VALUES (?, ?, ?)",
+                    [(name, kind, json.dumps(meta))])
 
     def add_iteration(self, network: str, iteration: int, t_start: int, t_end: int,
                       compute_ns: int, control_messages: int, flows: list[FlowRow],
@@ -76,8 +82,7 @@ class RunStore:
         here is replaced (an arbiter killed after this write and before its ledger's runs
         the iteration again), else it is refused (IntegrityError)."""
         if replace:
-            self.db.execute("DELETE FROM flows WHERE network = ? AND iteration = ?",
-                            (network, iteration))
+            self._replaced.append((network, iteration))
         n = len(flows) if repeats is None else len(repeats.flows)
         self._its.append((network, iteration, t_start, t_end, compute_ns,
                           t_end - t_start - compute_ns, n, control_messages))
@@ -90,14 +95,20 @@ class RunStore:
                 runs.append([network, repeats, iteration, iteration])
         self._flows += [(network, iteration, *f) for f in flows]
         if commit:
-            self.db.executemany(f"INSERT {'OR REPLACE ' if replace else ''}INTO iterations "
-                                "VALUES (?, ?, ?, ?, ?, ?, ?, ?)", self._its)
-            self.db.executemany("INSERT INTO flows VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                                self._flows)
-            for net, rep, first, last in self._copies:
-                self._copy_flows(net, rep, first, last)
-            self.db.commit()
-            self._its, self._flows, self._copies = [], [], []
+            db = self.db
+
+            def held() -> None:
+                db.executemany("DELETE FROM flows WHERE network = ? AND iteration = ?",
+                               self._replaced)
+                db.executemany(f"INSERT {'OR REPLACE ' if replace else ''}INTO iterations "
+                               "VALUES (?, ?, ?, ?, ?, ?, ?, ?)", self._its)
+                db.executemany("INSERT INTO flows VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                               self._flows)
+                for net, rep, first, last in self._copies:
+                    self._copy_flows(net, rep, first, last)
+
+            self.waits += write(db, held)
+            self._its, self._flows, self._copies, self._replaced = [], [], [], []
 
     def _copy_flows(self, network: str, rep: Repeats, first: int, last: int) -> None:
         """The flows of copies first .. last of `rep`'s iteration, in the order a run
@@ -123,40 +134,39 @@ class RunStore:
     def add_flows(self, network: str, rows: list[tuple[Any, ...]]) -> None:
         """Flow rows of iterations already recorded (iteration, then a FlowRow): a job an
         arbiter ran, copied from its run directory."""
-        self.db.executemany("INSERT INTO flows VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                            [(network, *r) for r in rows])
-        self.db.execute("UPDATE iterations SET flows = (SELECT COUNT(*) FROM flows f WHERE "
-                        "f.network = iterations.network AND f.iteration = "
-                        "iterations.iteration) WHERE network = ?", (network,))
-        self.db.commit()
+        db = self.db
+
+        def insert() -> None:
+            db.executemany("INSERT INTO flows VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                           [(network, *r) for r in rows])
+            db.execute("UPDATE iterations SET flows = (SELECT COUNT(*) FROM flows f WHERE "
+                       "f.network = iterations.network AND f.iteration = "
+                       "iterations.iteration) WHERE network = ?", (network,))
+
+        self.waits += write(db, insert)
 
     def add_job_iteration(self, network: str, job: str, iteration: int, t_start: int,
                           t_end: int) -> None:
         """One iteration of one of several jobs (committed at once, as any iteration)."""
-        self.db.execute("INSERT INTO job_iterations VALUES (?, ?, ?, ?, ?)",
-                        (network, job, iteration, t_start, t_end))
-        self.db.commit()
+        self._write("INSERT INTO job_iterations VALUES (?, ?, ?, ?, ?)",
+                    [(network, job, iteration, t_start, t_end)])
 
     def set_job(self, network: str, job: str, arrival_ns: int, start_ns: int | None,
                 end_ns: int | None, nodes: list[str]) -> None:
         """Where and when a job ran (start and end: None until it did)."""
-        self.db.execute("INSERT OR REPLACE INTO jobs VALUES (?, ?, ?, ?, ?, ?)",
-                        (network, job, arrival_ns, start_ns, end_ns, json.dumps(nodes)))
-        self.db.commit()
+        self._write("INSERT OR REPLACE INTO jobs VALUES (?, ?, ?, ?, ?, ?)",
+                    [(network, job, arrival_ns, start_ns, end_ns, json.dumps(nodes))])
 
     def add_faults(self, network: str, rows: list[dict[str, Any]]) -> None:
-        self.db.executemany("INSERT INTO faults VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                            [(network, r["kind"], r["target"], r["at_ns"],
-                              r["detected_after_ns"], r["recovered_after_ns"], r["replans"],
-                              r["iterations_lost"], r["flows_retried"], int(r["recovered"]))
-                             for r in rows])
-        self.db.commit()
+        self._write("INSERT INTO faults VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                    [(network, r["kind"], r["target"], r["at_ns"], r["detected_after_ns"],
+                      r["recovered_after_ns"], r["replans"], r["iterations_lost"],
+                      r["flows_retried"], int(r["recovered"])) for r in rows])
 
     def set_outcome(self, network: str, disturbed: bool, disturbance: dict[str, int]) -> None:
         """How clean the network's run was: its disturbance counters, and the verdict."""
-        self.db.execute("INSERT OR REPLACE INTO outcomes VALUES (?, ?, ?)",
-                        (network, int(disturbed), json.dumps(disturbance)))
-        self.db.commit()
+        self._write("INSERT OR REPLACE INTO outcomes VALUES (?, ?, ?)",
+                    [(network, int(disturbed), json.dumps(disturbance))])
 
     def close(self) -> None:
         """The last connection to close folds the WAL into the file (SQLite does it); while
