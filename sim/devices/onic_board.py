@@ -55,7 +55,7 @@ def in_index_order(node_index: dict[str, int], nodes: list[str] | None) -> list[
     return nodes if nodes is not None else sorted(node_index, key=node_index.__getitem__)
 
 
-@dataclass
+@dataclass(slots=True)
 class _CAModule:
     ctrl: int = 0
     target: int = 0
