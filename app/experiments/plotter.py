@@ -25,6 +25,8 @@ DRAW_TIMEOUT_S = 120.0
 
 
 class Plotter:
+    """A run's figure: its helper started now (where a core is spare), drawn by `draw`."""
+
     def __init__(self) -> None:
         self.helper: subprocess.Popen[str] | None = None
         self.by_helper = False  # the last figure drawn was the helper's
