@@ -74,10 +74,11 @@ def write(db: sqlite3.Connection, work: Callable[[], object], timeout_s: float =
             db.commit()
             return waits
         except sqlite3.OperationalError as e:
-            if e.sqlite_errorcode not in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED) \
-                    or time.monotonic() >= deadline:
+            if e.sqlite_errorcode not in (sqlite3.SQLITE_BUSY, sqlite3.SQLITE_LOCKED):
                 raise
-            db.rollback()
+            db.rollback()  # (nothing of it was written: the next try, or call, does it all)
+            if time.monotonic() >= deadline:
+                raise
         time.sleep(wait)
         waits += 1
         wait = min(2 * wait, WAIT_MOST_S)

@@ -402,20 +402,31 @@ def test_a_store_writer_waits_its_turn_in_short_steps_and_loses_nothing(
     other = sqlite3.connect(tmp_path / "results.sqlite", isolation_level=None,
                             check_same_thread=False)
     other.execute("BEGIN IMMEDIATE")  # another process's commit under way
-    with pytest.raises(sqlite3.OperationalError, match="locked"):
-        write(store.db, lambda: store.db.execute(
-            "INSERT INTO networks VALUES ('x', 'x', '{}')"), timeout_s=0.05)
     row = (0, 0, "n0", "n1", 100, 1, 10, 20)
-    store.add_iteration("oddl", 0, 0, 100, 50, 3, [row], commit=False)  # held, not written
-    released = threading.Timer(0.05, other.execute, ("COMMIT",))
-    released.start()
-    store.add_iteration("oddl", 1, 100, 200, 50, 3, [row])  # waits for the other's commit
-    released.join()
-    assert store.waits >= 1
+    store.add_iteration("oddl", 0, 0, 100, 50, 3, [row], commit=False)  # held
+    store.timeout_s = 0.05
+    with pytest.raises(sqlite3.OperationalError, match="locked"):
+        store.add_iteration("oddl", 1, 100, 200, 50, 3, [row])
+    other.execute("COMMIT")
+    store.add_iteration("oddl", 2, 200, 300, 50, 3, [row])  # with what the last one held
+
+    # a write that finds the lock held waits, and lands once the other commits
+    other.execute("BEGIN IMMEDIATE")
+    releaser = threading.Thread(target=other.execute, args=("COMMIT",))
+
+    def insert() -> None:
+        try:
+            store.db.execute("INSERT INTO networks VALUES ('electrical', 'x', '{}')")
+        finally:
+            if not releaser.is_alive() and releaser.ident is None:
+                releaser.start()  # once the first try has found the lock held
+
+    assert write(store.db, insert) >= 1
+    releaser.join()
     store.close()
     data = read_store(tmp_path / "results.sqlite")
-    assert [r[0] for r in data["oddl"]["iterations"]] == [0, 1]
-    assert data["oddl"]["flow_rows"] == 2 and "x" not in data
+    assert [r[0] for r in data["oddl"]["iterations"]] == [0, 1, 2]
+    assert data["oddl"]["flow_rows"] == 3 and "electrical" in data
     assert WAIT_FIRST_S < 1e-3 and WAIT_MOST_S <= 1e-3  # SQLite's first sleep is 1 ms
 
 

@@ -57,6 +57,7 @@ class RunStore:
         self.db = open_store(path, SCHEMA, SCHEMA_VERSION, "run's results store")
         writes_in_turn(self.db)
         self.waits = 0  # times a write waited for another process's commit (stores.write)
+        self.timeout_s = 60.0  # the longest a write waits for it
         # iterations (and their flows) held for the next commit
         self._its: list[tuple[Any, ...]] = []
         self._flows: list[tuple[Any, ...]] = []
@@ -65,7 +66,7 @@ class RunStore:
 
     def _write(self, sql: str, rows: list[tuple[Any, ...]]) -> None:
         """One statement over `rows`, committed (in turn with the run's other writers)."""
-        self.waits += write(self.db, lambda: self.db.executemany(sql, rows))
+        self.waits += write(self.db, lambda: self.db.executemany(sql, rows), self.timeout_s)
 
     def begin_network(self, name: str, kind: str, meta: dict[str, Any]) -> None:
         self._write("INSERT OR REPLACE INTO networks VALUES (?, ?, ?)",
@@ -107,7 +108,7 @@ class RunStore:
                 for net, rep, first, last in self._copies:
                     self._copy_flows(net, rep, first, last)
 
-            self.waits += write(db, held)
+            self.waits += write(db, held, self.timeout_s)
             self._its, self._flows, self._copies, self._replaced = [], [], [], []
 
     def _copy_flows(self, network: str, rep: Repeats, first: int, last: int) -> None:
@@ -143,7 +144,7 @@ class RunStore:
                        "f.network = iterations.network AND f.iteration = "
                        "iterations.iteration) WHERE network = ?", (network,))
 
-        self.waits += write(db, insert)
+        self.waits += write(db, insert, self.timeout_s)
 
     def add_job_iteration(self, network: str, job: str, iteration: int, t_start: int,
                           t_end: int) -> None:
