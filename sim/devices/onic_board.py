@@ -34,16 +34,16 @@ _IRQ_STATUS = R.BY_NAME["IRQ_STATUS"].offset
 _ANY = len(R.PORTS)  # index code of rx[any]
 _MODULE_BITS = ((1 << R.N_MODULES) - 1) << R.IRQ_MODULE_SHIFT  # signalled with CA_FIRED
 _IRQ_ENABLE = R.BY_NAME["IRQ_ENABLE"].offset
+# the count-action engine's registers are its modules' fields (`_ca_read`, `_ca_write`)
+_CA_MODULES = tuple(f"CA{m}_" for m in range(R.N_MODULES))  # (CAPS is no module's)
 # registers that are plain storage on read / on write: the fast path of the bus decode
 _PLAIN_READ = frozenset(r.offset for r in R.REGISTERS if r.access != "SC"
-                        and not r.name.startswith("CA") and r.name not in _COMPUTED)
+                        and not r.name.startswith(_CA_MODULES) and r.name not in _COMPUTED)
 _PLAIN_WRITE = frozenset(r.offset for r in R.REGISTERS if r.access == "RW"
-                         and not r.name.startswith("CA") and r.offset != _IRQ_ENABLE)
+                         and not r.name.startswith(_CA_MODULES) and r.offset != _IRQ_ENABLE)
 _NODE_ID = R.BY_NAME["NODE_ID"].offset
-_CA_MODULES = tuple(f"CA{m}_" for m in range(R.N_MODULES))  # (CAPS is no module's)
-# the registers a board holds as words, at reset: not the count-action engine's, which are
-# its modules' fields (`_ca_read`, `_ca_write`): 336 of 419, 14 kB a board unread (57 MB of
-# grid-4096)
+# the registers a board holds as words, at reset: not the count-action engine's (336 of
+# 419: 14 kB a board that was never read, 57 MB of grid-4096)
 _RESET = {r.offset: r.reset for r in R.REGISTERS if not r.name.startswith(_CA_MODULES)}
 _W1C = frozenset(r.offset for r in R.REGISTERS if r.access == "W1C")
 _START = {R.BY_NAME[f"TX{p}_START"].offset: p for p in R.PORTS}  # SC: offset -> port
@@ -158,7 +158,7 @@ class ONicBoard:
             return now & 0xFFFFFFFF
         if name == "TS_HI":
             return self.ts_hi_latch
-        if name.startswith("CA") and "_" in name:
+        if name.startswith(_CA_MODULES):
             return self._ca_read(name)
         if name[:2] in ("TX", "RX") and name[2] not in self.ports:
             return self.regs[off]  # a port with no fibre: its status as at reset
@@ -204,7 +204,7 @@ class ONicBoard:
         if reg.access == "RO":
             raise DeviceRefused(f"{self.node}: {reg.name} is read-only (write refused)")
         name = reg.name  # (TXn_START and the W1C registers: `write` takes them)
-        if name.startswith("CA"):
+        if name.startswith(_CA_MODULES):
             self._ca_write(name, value)
             return
         if reg.access == "SC":
