@@ -7,7 +7,10 @@ split S as evenly as possible, so every byte of the gradient is accounted for.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import msgspec
+from oddl.controller.base.ddp import Overlap
 from oddl.controller.base.jumps import totient_jumps
 
 
@@ -27,6 +30,9 @@ class Step(msgspec.Struct, frozen=True, gc=False):
     phase: str
     compute_ns: int = 0
     at: tuple[int, ...] = ()  # the receiver's step each send counts in (default: this one)
+    # not before this long after the iteration starts (a DDP bucket's all-reduce waits for
+    # its last gradient while backward runs on: controller/base/ddp.py); 0: no wait
+    ready_ns: int = 0
 
     def slot(self, j: int, s: int) -> int:
         """The receiver's step send j counts in, this being step s of its sender."""
@@ -196,6 +202,33 @@ def build(kind: str, n: int, size: int, rows: int, cols: int, degree: int = 4,
             raise ValueError(f"hier2d needs the job on the whole {rows} x {cols} grid")
         return hierarchical_2d(rows, cols, size)
     raise ValueError(f"unknown collective {kind!r}")
+
+
+def flows_bound(kind: str, n: int, degree: int = 4) -> int:
+    """At most how many flows one all-reduce of `kind` over n ranks starts: what a
+    schedule of many (a DDP job's buckets) may cost is bounded before it is built."""
+    if kind == "hd":
+        return 2 * n * (max(n - 1, 1).bit_length() + 1)
+    if kind == "optinc":
+        return n
+    return 2 * n * max(n - 1, 0) * (max(degree, 1) if kind == "totientrings" else 1)
+
+
+def bucketed(overlap: Overlap, build_one: Callable[[int], Schedule], n: int) -> Schedule:
+    """DDP's iteration (controller/base/ddp.py): each bucket's all-reduce (`build_one` of
+    its bytes), one after another, the first step of each waiting for the bucket's ready
+    time; then an empty step that waits for backward's end, so a rank is never done
+    before its compute (its phase, "backward", is what the timeline shows)."""
+    sched: Schedule = [[] for _ in range(n)]
+    for b in overlap.buckets:
+        for r, steps in enumerate(build_one(b.nbytes)):
+            if steps:
+                sched[r].append(msgspec.structs.replace(steps[0], ready_ns=b.ready_ns))
+                sched[r] += steps[1:]
+    end = Step((), 0, "backward", ready_ns=overlap.compute_ns)
+    for steps in sched:
+        steps.append(end)
+    return sched
 
 
 def with_alltoall(sched: Schedule, per_pair: int) -> Schedule:

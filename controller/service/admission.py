@@ -558,7 +558,7 @@ class Admission:
             start=self.jobs.resume.get(req.name, 0), trace_iterations=trace_its,
             tag=self.jobs.tags[req.name], alltoall=req.alltoall, weight=req.weight,
             carried=carry is not None, carry=carry[1] if carry else [],
-            carry_t0=carry[0] if carry else 0, hybrid=req.hybrid,
+            carry_t0=carry[0] if carry else 0, hybrid=req.hybrid, overlap=req.overlap,
             record_flows=self.record_flows)
         self.jobs.attempts.setdefault(req.name, []).append(spec.job)
         stop = self.jobs.rules[req.name] = StopRule(

@@ -8,6 +8,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from oddl.controller.base.config import JobEntry
+from oddl.controller.base.ddp import Overlap
 from oddl.controller.base.parallelism import Hybrid
 from oddl.controller.service.backend import JobOutcome, disturbance
 from oddl.controller.stage1.compat import (
@@ -36,6 +37,7 @@ class JobRequest:
     shift_ns: int = 0  # its first iteration starts this long after it starts (CASSINI)
     priority: int = 0  # the service's queue: higher first, then by arrival
     hybrid: Hybrid | None = None  # a Transformer's split: its steps hold its compute
+    overlap: Overlap | None = None  # DDP's buckets, all-reduced while backward runs
     user: str = ""  # the service's: who submitted it
     time_limit_ns: int = 0  # the service's: stopped this long after its first start (0: no)
     after: str = ""  # the service's: "jN" (starts once jN has ended) or "jN:ok" (finished)
@@ -45,11 +47,16 @@ class JobRequest:
         hybrid = e.parallelism.hybrid(e.model, e.bytes_per_param) if e.parallelism else None
         ms = e.compute_time_ms if e.compute_time_ms is not None else \
             0.0 if hybrid is not None else compute_ms(e.model, e.batch_per_node)
+        ns = e.device_compute_ns(e.model, e.batch_per_node)
+        ns = round(ms * 1e6) if ns is None else ns
+        overlap = e.ddp(e.model, e.batch_per_node, e.bytes_per_param, ns)
         return cls(e.name, e.model, e.collective, e.ranks, e.total_iterations(),
-                   round(ms * 1e6), round(e.arrival_ms * 1e6), e.shape,
-                   model_spec(e.model).grad_bytes(e.bytes_per_param),
+                   ns, round(e.arrival_ms * 1e6), e.shape,
+                   model_spec(e.model).grad_bytes(e.bytes_per_param) if overlap is None
+                   else overlap.nbytes,
                    alltoall_bytes(e.model, e.batch_per_node, e.ranks) if hybrid is None
-                   else 0, e.weight, round(e.shift_ms * 1e6), hybrid=hybrid)
+                   else 0, e.weight, round(e.shift_ms * 1e6), hybrid=hybrid,
+                   overlap=overlap)
 
     @property
     def exact(self) -> bool:

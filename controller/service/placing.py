@@ -226,7 +226,7 @@ def schedule_of(req: JobRequest, part: Partition, spec: NetworkSpec) -> Schedule
     """The job's collective on its partition's rows and columns."""
     return built_schedule(req.collective, req.ranks, req.size, len(part.rows),
                           len(part.cols), spec.degree, spec.bidirectional, req.alltoall,
-                          req.hybrid)
+                          req.hybrid, req.overlap)
 
 
 def plan_partitions(tb: Any, grid: Grid, requests: list[JobRequest], policy: str,

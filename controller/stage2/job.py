@@ -28,8 +28,15 @@ from typing import Annotated, Literal, Protocol, TypeVar
 import msgspec
 from oddl.controller.base.access import NAME_PATTERN
 from oddl.controller.base.clock import Clock
-from oddl.controller.base.collectives import Schedule, build, with_alltoall
+from oddl.controller.base.collectives import (
+    Schedule,
+    bucketed,
+    build,
+    flows_bound,
+    with_alltoall,
+)
 from oddl.controller.base.config import MAX_FLOWS_PER_ITERATION, Testbed
+from oddl.controller.base.ddp import Overlap
 from oddl.controller.base.devices import Bus, InterruptLine, ONic
 from oddl.controller.base.messages import Flow
 from oddl.controller.base.parallelism import Hybrid
@@ -147,6 +154,10 @@ class JobSpec(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=T
     # a Transformer split tensor x pipeline x data (controller/base/parallelism.py): its
     # steps carry their compute, `collective` is its data-parallel all-reduce
     hybrid: Hybrid | None = None
+    # data parallelism as DDP runs it (controller/base/ddp.py): `collective` all-reduces
+    # each gradient bucket from its ready time, overlapping backward; compute_ns is
+    # forward and backward, and no step waits for it first
+    overlap: Overlap | None = None
     # each rank reports the flows delivered to it, with its iteration (the run directory's
     # flows table, as a sim run records it)
     record_flows: bool = False
@@ -217,11 +228,16 @@ def wire_routes(plan: Plan) -> dict[str, dict[str, tuple[str, int, str]]]:
 @functools.lru_cache(maxsize=64)
 def built_schedule(collective: str, n: int, size: int, rows: int, cols: int,
                    degree: int, bidirectional: bool, alltoall: int = 0,
-                   hybrid: Hybrid | None = None) -> Schedule:
+                   hybrid: Hybrid | None = None, overlap: Overlap | None = None) -> Schedule:
     """A job's schedule, built once per shape (several jobs share shapes): its collective,
-    or its hybrid split with the collective as its data-parallel all-reduce."""
+    its hybrid split with the collective as its data-parallel all-reduce, or its DDP
+    buckets each all-reduced by the collective."""
     if hybrid is not None:
         return hybrid.schedule(collective, degree)
+    if overlap is not None:
+        return with_alltoall(bucketed(overlap, lambda b: build(collective, n, b, rows, cols,
+                                                                degree, bidirectional), n),
+                             alltoall)
     return with_alltoall(build(collective, n, size, rows, cols, degree, bidirectional),
                          alltoall)
 
@@ -239,6 +255,17 @@ def refused(spec: JobSpec) -> str | None:
     """Why a node must not build this job's schedule (a hybrid split that its ranks, its
     model or the bound on a schedule's size do not allow), or None."""
     h = spec.hybrid
+    ov = spec.overlap
+    if ov is not None:
+        why = ov.problems()
+        if ov.nbytes != spec.size:
+            why.append(f"buckets of {ov.nbytes} bytes for a gradient of {spec.size}")
+        flows = len(ov.buckets) * flows_bound(spec.collective, len(spec.ranks), spec.degree)
+        if flows > MAX_FLOWS_PER_ITERATION:
+            why.append(f"{len(ov.buckets)} buckets of {spec.collective} over "
+                       f"{len(spec.ranks)} ranks: up to {flows:,} flows an iteration, over "
+                       f"{MAX_FLOWS_PER_ITERATION:,}")
+        return "; ".join(why) or None
     if h is None:
         return None
     why = [f"{f}: {w}" for f, w in h.problems()]
@@ -251,7 +278,8 @@ def refused(spec: JobSpec) -> str | None:
 
 def schedule_of(spec: JobSpec) -> Schedule:
     return built_schedule(spec.collective, len(spec.ranks), spec.size, spec.rows, spec.cols,
-                          spec.degree, spec.bidirectional, spec.alltoall, spec.hybrid)
+                          spec.degree, spec.bidirectional, spec.alltoall, spec.hybrid,
+                          spec.overlap)
 
 
 def quiet_ns(spec: JobSpec) -> int:
@@ -381,11 +409,19 @@ class JobRunner:
                 self.clock.call_later_ns(self.spec.compute_ns, setattr, tr, "on", False)
         spec = self.spec
         resumed = spec.carried and i == spec.start
-        self.engine.start_iteration(i, spec.compute_ns,
+        ov = spec.overlap
+        self.engine.start_iteration(i, spec.compute_ns if ov is None else 0,
                                     lambda t_end: self.on_iteration(i, self.engine.t_start,
                                                                     t_end),
                                     spec.carry if resumed else (),
                                     spec.carry_t0 if resumed else None)
+        if ov is not None and tr is not None and tr.on:  # the compute stream, beside
+            t0 = self.engine.t_start
+            for r in self.engine.local:
+                node = spec.ranks[r]
+                tr.add(TraceRow("phase", node, "compute", "forward", t0, t0 + ov.forward_ns))
+                tr.add(TraceRow("phase", node, "compute", "backward", t0 + ov.forward_ns,
+                                t0 + ov.compute_ns))
 
     def transmitting(self) -> bool:
         """A transmitter here still has a flow (its TX_DONE, and RELEASE, to come)."""

@@ -39,7 +39,8 @@ class TraceRow(msgspec.Struct, frozen=True, array_like=True, forbid_unknown_fiel
     recv:  `node` took message `what` from `peer` at t0
     fire:  count-action module `what` of `node` fired at t0
     phase: `node`'s rank was in phase `what` of its schedule (a tensor all-reduce, a
-           pipeline transfer, the data-parallel all-reduce, compute) from t0 to t1
+           pipeline transfer, the data-parallel all-reduce, compute) from t0 to t1; with
+           port "compute", its compute stream (forward, backward) beside them
     """
 
     kind: Literal["state", "send", "recv", "fire", "phase"]
@@ -108,7 +109,7 @@ class ChromeTrace:
                 named.add((pid, tid))
                 ev.append({"ph": "M", "name": "thread_name", "pid": pid, "tid": tid,
                            "args": {"name": track if track in ("control", "iterations",
-                                                                "phases")
+                                                                "phases", "compute")
                                     else f"port {track}"}})
             return {"pid": pid, "tid": tid}
 
@@ -128,7 +129,7 @@ class ChromeTrace:
                 elif r.kind == "phase":
                     ev.append({"ph": "X", "name": r.what, "ts": us(r.t0),
                                "dur": (r.t1 - r.t0) / 1e3, "cat": "phase",
-                               **where(net, r.node, "phases")})
+                               **where(net, r.node, r.port or "phases")})
                 elif r.kind == "fire":
                     ev.append({"ph": "i", "s": "t", "name": f"count-action {r.what} fired",
                                "ts": us(r.t0), "cat": "count-action",

@@ -184,6 +184,12 @@ class CollectiveEngine:
                 return
             if self.issued[r] < s:
                 st = steps[s]
+                if st.ready_ns and self.clock.now_ns() < self.t_start + st.ready_ns:
+                    # a bucket's gradients are still being computed: its all-reduce waits
+                    if self.on_phase is not None:
+                        self._enter(r, "await-grads")
+                    self.clock.call_at_ns(self.t_start + st.ready_ns, self._run_steps, r)
+                    return
                 if st.compute_ns and self.computed[r] < s and not self._carried(r, s):
                     self.computed[r] = s
                     if self.on_phase is not None:

@@ -10,8 +10,9 @@ import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, TypeAlias
 
+from oddl.controller.base.accelerators import DEVICES
 from oddl.controller.base.catalog import (
     IN_NETWORK,
     TRANSFORMERS,
@@ -46,8 +47,15 @@ from oddl.controller.base.config.testbed import (
     Testbed,
     load_testbed,
 )
+from oddl.controller.base.ddp import BUCKET_MB, FIRST_BUCKET_MB, Overlap, ddp_overlap, layer_ns
+from oddl.controller.base.layers import layer_models, layer_table
 from oddl.controller.base.parallelism import A100_TFLOPS, Hybrid
 from pydantic import Field, ValidationError, field_validator, model_validator
+
+if TYPE_CHECKING:
+    DeviceName: TypeAlias = str
+else:
+    DeviceName = Literal[DEVICES]
 
 
 def kind_of(path: Path) -> str:
@@ -147,7 +155,52 @@ def _hybrid_compute(parallelism: Parallelism | None, model: str, batch_per_node:
                          "batch_per_node, compute_time_ms or calibrate")
 
 
-class Workload(ConfigModel):
+class Training(ConfigModel):
+    """How a data-parallel job's iteration runs, from its model's layer table
+    (controller/base/ddp.py): its compute from the table's FLOPs on `device`, and with
+    `overlap` its gradient buckets all-reduced while backward runs, as DDP does."""
+
+    device: DeviceName | None = Field(
+        default=None, description="compute from the model's layer table at this "
+                                  "accelerator's sustained rate (docs/model.md)")
+    overlap: bool = Field(default=False, description="all-reduce DDP's gradient buckets "
+                          "while backward runs (false: compute, then the all-reduce)")
+    bucket_mb: float = Field(default=BUCKET_MB, gt=0, le=1 << 16, allow_inf_nan=False,
+                             description="DDP's bucket_cap_mb (MiB)")
+    first_bucket_mb: float = Field(default=FIRST_BUCKET_MB, gt=0, le=1 << 16,
+                                   allow_inf_nan=False,
+                                   description="DDP's first bucket (MiB)")
+
+    def device_compute_ns(self, model: str, batch: int) -> int | None:
+        """Forward and backward of `batch` samples on `device` (None: no device given)."""
+        if self.device is None:
+            return None
+        return round(sum(f + b for f, b in layer_ns(layer_table(model), batch,
+                                                     device=self.device)))
+
+    def ddp(self, model: str, batch: int, bytes_per_param: int, compute_ns: int
+            ) -> Overlap | None:
+        """The iteration as DDP runs it, `compute_ns` shared out by the layers' FLOPs;
+        None without `overlap` (compute, then the all-reduce)."""
+        if not self.overlap:
+            return None
+        return ddp_overlap(layer_table(model), batch, bytes_per_param, self.bucket_mb,
+                           self.first_bucket_mb, compute_ns=compute_ns)
+
+    def _training(self, model: str, parallelism: object) -> None:
+        """What the fields ask of the model: a layer table, and no hybrid split."""
+        if self.device is None and not self.overlap:
+            return
+        asked = "overlap" if self.overlap else "device"
+        if parallelism is not None:
+            raise ValueError(f"{asked}: a hybrid split's steps hold its compute; give "
+                             f"{asked} without parallelism")
+        if model not in layer_models():
+            raise ValueError(f"{asked}: no layer table for {model}; tables ship for "
+                             f"{', '.join(layer_models())}")
+
+
+class Workload(Training):
     model: ModelName
     collective: CollectiveName
     epochs: float = Field(gt=0, le=1e6, allow_inf_nan=False)
@@ -168,9 +221,12 @@ class Workload(ConfigModel):
     def _compute(self) -> Workload:
         _hybrid_compute(self.parallelism, self.model, self.batch_per_node,
                         self.compute_time_ms, self.calibrate is not None)
-        if self.parallelism is None and (self.compute_time_ms is None) == \
-                (self.calibrate is None):
-            raise ValueError("give exactly one of compute_time_ms or calibrate")
+        self._training(self.model, self.parallelism)
+        given = [k for k in ("compute_time_ms", "calibrate", "device")
+                 if getattr(self, k) is not None]
+        if self.parallelism is None and len(given) != 1:
+            raise ValueError("give exactly one of compute_time_ms, calibrate or device" +
+                             (f" (given: {', '.join(given)})" if given else ""))
         return self
 
     def samples_per_iteration(self, n_nodes: int) -> int:
@@ -187,7 +243,7 @@ JOB_NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
 MAX_JOBS = 10_000  # [[jobs]] entries plus trace rows
 
 
-class JobEntry(ConfigModel):
+class JobEntry(Training):
     """One job of a multi-job experiment (docs/multijob.md): what it trains, on how many
     nodes, for how long, and when it arrives."""
 
@@ -225,6 +281,9 @@ class JobEntry(ConfigModel):
                         self.batch_per_node if "batch_per_node" in self.model_fields_set
                         else 32 if self.parallelism is None else None,
                         self.compute_time_ms, False)
+        self._training(self.model, self.parallelism)
+        if self.device is not None and self.compute_time_ms is not None:
+            raise ValueError("give one of compute_time_ms or device")
         return self
 
     def total_iterations(self) -> int:
