@@ -112,7 +112,7 @@ def layout(p: Plan, experiment: LoadedExperiment | None = None) -> dict[str, Any
         out["parallelism"] = {
             kind: [{"ranks": g, "nodes": [ranks[r] for r in g],
                     "rows": sorted({grid.coord[ranks[r]][0] for r in g})} for g in groups]
-            for kind, groups in w.parallelism.hybrid(w.model, 4).groups().items()}
+            for kind, groups in w.parallelism.hybrid(w.label, 4).groups().items()}
     return out
 
 
@@ -121,14 +121,18 @@ def _schedule(tb: Testbed, experiment: LoadedExperiment | None, spec: NetworkSpe
     """The job `plan` plans: the workload's collective on its ranks (default: ResNet-50's
     halving-doubling over every node), and its name."""
     model, coll, bpp, name, n = "resnet50", "hd", 4, "hd-all", tb.n_nodes
-    hybrid = None
+    hybrid = overlap = None
     if experiment is not None:
         w = experiment.workload
-        model, coll, bpp, name, n = w.model, spec.collective or w.collective, \
+        model, coll, bpp, name, n = w.label, spec.collective or w.collective, \
             w.bytes_per_param, experiment.experiment.name, w.ranks or tb.n_nodes
         hybrid = w.parallelism.hybrid(model, bpp) if w.parallelism else None
-    return built_schedule(coll, n, model_spec(model).grad_bytes(bpp), tb.grid.rows,
-                          tb.grid.cols, spec.degree, spec.bidirectional, 0, hybrid), name
+        # (the buckets' sizes are what a plan routes; their times are the run's)
+        overlap = experiment.recorded.overlap if experiment.recorded is not None else \
+            w.ddp(model, w.batch_per_node or 0, bpp, 0)
+    size = overlap.nbytes if overlap is not None else model_spec(model).grad_bytes(bpp)
+    return built_schedule(coll, n, size, tb.grid.rows, tb.grid.cols, spec.degree,
+                          spec.bidirectional, 0, hybrid, overlap), name
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,7 @@ import shutil
 from pathlib import Path
 
 FOLDERS = ("hw_configs", "experiments")
-KINDS = (".toml", ".csv", ".py")  # configs, a job trace, the scripts that make tables
+KINDS = (".toml", ".csv", ".py", ".json")  # configs, job and profiler traces, scripts
 
 
 class NoExamples(RuntimeError):

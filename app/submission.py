@@ -51,8 +51,12 @@ def job_request(text: str, grid: Grid, tb: Testbed, name: str, priority: int) ->
     w = exp.workload
     if w is None:
         raise Refused(422, "submit an experiment of one [workload] (a job), not [[jobs]]")
-    if w.compute_time_ms is None and w.parallelism is None:
-        raise Refused(422, "workload.compute_time_ms: give it (the arbiter calibrates nothing)")
+    if w.torch_trace is not None:
+        raise Refused(422, "workload.torch_trace: an arbiter runs a model's job, not a trace "
+                           "file of yours: run a recorded step with `oddl run`")
+    if w.compute_time_ms is None and w.parallelism is None and w.device is None:
+        raise Refused(422, "workload.compute_time_ms: give it, or a device (the arbiter "
+                           "calibrates nothing)")
     # its batch where it gives one (JobEntry's default otherwise)
     batch: dict[str, Any] = {"batch_per_node": w.batch_per_node} if w.batch_per_node else {}
     try:
@@ -61,7 +65,8 @@ def job_request(text: str, grid: Grid, tb: Testbed, name: str, priority: int) ->
                          epochs=None if exp.iterations else w.epochs,
                          dataset_samples=None if exp.iterations else w.dataset_samples,
                          bytes_per_param=w.bytes_per_param, compute_time_ms=w.compute_time_ms,
-                         parallelism=w.parallelism,
+                         parallelism=w.parallelism, device=w.device, overlap=w.overlap,
+                         bucket_mb=w.bucket_mb, first_bucket_mb=w.first_bucket_mb,
                          **batch)
     except ValidationError as e:
         raise Refused(422, "; ".join(f"workload.{f}: {why}" for f, why in field_issues(e))

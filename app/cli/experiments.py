@@ -243,7 +243,7 @@ def _search(ctx: Any, as_json: bool) -> None:
     w, tb = ctx.workload, ctx.testbed
     if w.model not in TRANSFORMERS:
         click.echo(f"error: {ctx.path}: --search splits a Transformer ({', '.join(TRANSFORMERS)}"
-                   f"), not {w.model}", err=True)
+                   f"), not {w.label}", err=True)
         sys.exit(2)
     nets = [s for s in ctx.experiment.networks if s.kind in ("topoopt", "sipring", "sipocs")]
     if not nets:
@@ -251,7 +251,7 @@ def _search(ctx: Any, as_json: bool) -> None:
                    f"a split for", err=True)
         sys.exit(2)
     n = w.ranks or tb.n_nodes
-    base = (w.parallelism or Parallelism(data=n)).hybrid(w.model, w.bytes_per_param)
+    base = (w.parallelism or Parallelism(data=n)).hybrid(w.label, w.bytes_per_param)
     from oddl.controller.base.topology import Grid
 
     nodes = list(Grid.from_testbed(tb).nodes)

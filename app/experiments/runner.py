@@ -33,6 +33,7 @@ from oddl.app.experiments.remote import ArbiterClient
 from oddl.app.experiments.results import RunStore
 from oddl.controller.base.accelerators import ACCELERATORS
 from oddl.controller.base.config import ConfigError, ConfigIssue, LoadedExperiment, NetworkSpec
+from oddl.controller.base.ddp import Overlap
 from oddl.controller.base.topology import Grid
 from oddl.controller.service.admission import Admission, OnJob
 from oddl.controller.service.backend import (
@@ -214,12 +215,15 @@ def _lone_job(ctx: LoadedExperiment, iterations: int, compute_ns: int,
     """An experiment's one workload as the job it is: the whole testbed's (`overlap`
     False: its compute, then its all-reduce, whatever the workload says)."""
     w, tb = ctx.workload, ctx.testbed
-    ov = w.ddp(w.model, w.batch_per_node or 0, w.bytes_per_param, compute_ns) \
-        if overlap else None
-    return JobRequest(w.model, w.model, w.collective, w.ranks or tb.n_nodes, iterations,
-                      compute_ns, 0, "any", model_spec(w.model).grad_bytes(w.bytes_per_param)
+    if ctx.recorded is not None:  # a recorded step: its own compute and collectives
+        ov: Overlap | None = ctx.recorded.overlap
+    else:
+        ov = w.ddp(w.label, w.batch_per_node or 0, w.bytes_per_param, compute_ns) \
+            if overlap else None
+    return JobRequest(w.label, w.label, w.collective, w.ranks or tb.n_nodes, iterations,
+                      compute_ns, 0, "any", model_spec(w.label).grad_bytes(w.bytes_per_param)
                       if ov is None else ov.nbytes,
-                      hybrid=w.parallelism.hybrid(w.model, w.bytes_per_param)
+                      hybrid=w.parallelism.hybrid(w.label, w.bytes_per_param)
                       if w.parallelism else None, overlap=ov)
 
 
@@ -231,7 +235,7 @@ def _iteration_ns(ctx: LoadedExperiment, backend: str, grid: Grid, run_name: str
     spec = next(s for s in ctx.experiment.networks if s.name == cal.network)
     with network(ctx, spec, grid, [req], backend, "raise", f"{run_name}-calibration") as net:
         recs = net.admission.run()
-    its = recs[ctx.workload.model].iteration_ns
+    its = recs[ctx.workload.label].iteration_ns
     return sum(its) / len(its)
 
 
@@ -244,11 +248,20 @@ def _calibrate(ctx: LoadedExperiment, backend: str, grid: Grid, full: int,
     calibration network's training takes the target time (its communication measured
     over 3 iterations with no compute)."""
     w = ctx.workload
+    rec = ctx.recorded
+    if rec is not None:
+        ov = rec.overlap
+        return ov.compute_ns, (
+            f"compute from {rec.path} ({rec.step}, {rec.backend}, {rec.world_size} ranks, "
+            f"{rec.step_ns / 1e6:.3f} ms as recorded): forward {ov.forward_ns / 1e6:.3f} ms, "
+            f"backward to {ov.compute_ns / 1e6:.3f} ms, optimiser "
+            f"{ov.optimizer_ns / 1e6:.3f} ms; {len(rec.collectives)} collectives on "
+            f"{rec.streams} stream(s), run in launch order")
     if w.parallelism is not None:
         return 0, (f"compute from {w.model}'s FLOPs at {w.parallelism.gpu_tflops} TFLOP/s, "
                    f"between the transfers (docs/model.md)")
     if w.device is not None:
-        ns = w.device_compute_ns(w.model, w.batch_per_node or 0) or 0
+        ns = w.device_compute_ns(w.label, w.batch_per_node or 0) or 0
         return ns, (f"compute {ns / 1e6:.4f} ms/iteration: {w.model}'s layer table, "
                     f"{w.batch_per_node} samples at the {w.device}'s sustained "
                     f"{ACCELERATORS[w.device].flops_per_s / 1e12:.1f} TFLOP/s (docs/model.md)")

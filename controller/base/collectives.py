@@ -216,19 +216,39 @@ def flows_bound(kind: str, n: int, degree: int = 4) -> int:
 
 def bucketed(overlap: Overlap, build_one: Callable[[int], Schedule], n: int) -> Schedule:
     """DDP's iteration (controller/base/ddp.py): each bucket's all-reduce (`build_one` of
-    its bytes), one after another, the first step of each waiting for the bucket's ready
-    time; then an empty step that waits for backward's end, so a rank is never done
-    before its compute (its phase, "backward", is what the timeline shows)."""
+    its bytes; a recorded step's other kinds by ring), one after another, the first step
+    of each waiting for the bucket's ready time; then an empty step that waits for
+    backward's end, so a rank is never done before its compute, and the optimiser's."""
     sched: Schedule = [[] for _ in range(n)]
     for b in overlap.buckets:
-        for r, steps in enumerate(build_one(b.nbytes)):
+        for r, steps in enumerate(_collective(b.kind, b.nbytes, n, build_one)):
             if steps:
                 sched[r].append(msgspec.structs.replace(steps[0], ready_ns=b.ready_ns))
                 sched[r] += steps[1:]
     end = Step((), 0, "backward", ready_ns=overlap.compute_ns)
+    tail = [end, Step((), 0, "optimizer", overlap.optimizer_ns)] if overlap.optimizer_ns \
+        else [end]
     for steps in sched:
-        steps.append(end)
+        steps += tail
     return sched
+
+
+def _collective(kind: str, nbytes: int, n: int, all_reduce: Callable[[int], Schedule]
+                ) -> Schedule:
+    """One collective of `nbytes` per rank (the launch's tensor) over n ranks."""
+    if kind == "all_reduce" or n < 2:
+        return all_reduce(nbytes) if n > 1 else [[] for _ in range(n)]
+    if kind in ("reduce_scatter", "all_gather"):  # ring's halves; a gather's input a shard
+        whole = ring(n, nbytes * (n if kind == "all_gather" else 1))
+        return [steps[:n - 1] if kind == "reduce_scatter" else steps[n - 1:]
+                for steps in whole]
+    if kind == "all_to_all":
+        per = _split(nbytes, n)
+        return [[Step(tuple((d, per[d]) for d in range(n) if d != r),
+                      sum(per[r] for _ in range(n - 1)), "all_to_all")] for r in range(n)]
+    # broadcast from rank 0: every other rank is sent the tensor
+    return [[Step(tuple((d, nbytes) for d in range(1, n)) if r == 0 else (),
+                  0 if r == 0 else nbytes, "broadcast")] for r in range(n)]
 
 
 def with_alltoall(sched: Schedule, per_pair: int) -> Schedule:

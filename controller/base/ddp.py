@@ -19,7 +19,7 @@ neither the table nor the model without overlap), and the gradient copies into b
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Literal
 
 import msgspec
 from oddl.controller.base.accelerators import ACCELERATORS
@@ -32,12 +32,18 @@ MAX_BUCKETS = 4096  # a 8.3 B-parameter model in 25 MiB buckets is 1,270
 Ns = Annotated[int, msgspec.Meta(ge=0, le=1 << 62)]
 
 
+CollectiveKind = Literal["all_reduce", "all_gather", "reduce_scatter", "all_to_all",
+                         "broadcast"]
+
+
 class Bucket(msgspec.Struct, frozen=True, array_like=True, forbid_unknown_fields=True):
     """A bucket's gradient bytes, and when its last gradient is computed (ns after the
-    iteration starts)."""
+    iteration starts); a recorded step's collective may be another kind than DDP's
+    all-reduce (controller/base/recorded.py)."""
 
     nbytes: Annotated[int, msgspec.Meta(ge=1, le=1 << 40)]
     ready_ns: Ns
+    kind: CollectiveKind = "all_reduce"
 
 
 class Overlap(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
@@ -48,6 +54,7 @@ class Overlap(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     forward_ns: Ns
     compute_ns: Ns
     buckets: Annotated[tuple[Bucket, ...], msgspec.Meta(max_length=MAX_BUCKETS)]
+    optimizer_ns: Ns = 0  # the optimiser's step, after the last bucket (a recorded step's)
 
     @property
     def nbytes(self) -> int:

@@ -50,6 +50,7 @@ from oddl.controller.base.config.testbed import (
 from oddl.controller.base.ddp import BUCKET_MB, FIRST_BUCKET_MB, Overlap, ddp_overlap, layer_ns
 from oddl.controller.base.layers import layer_models, layer_table
 from oddl.controller.base.parallelism import A100_TFLOPS, Hybrid
+from oddl.controller.base.config.recorded import Recorded, read_recorded
 from pydantic import Field, ValidationError, field_validator, model_validator
 
 if TYPE_CHECKING:
@@ -201,7 +202,7 @@ class Training(ConfigModel):
 
 
 class Workload(Training):
-    model: ModelName
+    model: ModelName | None = Field(default=None, description="required without torch_trace")
     collective: CollectiveName
     epochs: float = Field(gt=0, le=1e6, allow_inf_nan=False)
     dataset_samples: int = Field(gt=0)
@@ -216,9 +217,35 @@ class Workload(Training):
     calibrate: Calibration | None = None
     parallelism: Parallelism | None = Field(
         default=None, description="a Transformer's tensor, pipeline and data split")
+    torch_trace: str | None = Field(
+        default=None, min_length=1, max_length=4096,
+        description="a PyTorch profiler trace (Chrome JSON) of one rank's training step, "
+                    "relative to this file: its compute and collectives are every rank's "
+                    "(controller/base/recorded.py)")
+    torch_trace_step: int | None = Field(default=None, ge=0, le=1 << 31,
+                                         description="its ProfilerStep#N (default: the last)")
+
+    @property
+    def label(self) -> str:
+        """The job's name: its model, or its trace's file name."""
+        return self.model or Path(self.torch_trace or "recorded").stem[:64] or "recorded"
 
     @model_validator(mode="after")
     def _compute(self) -> Workload:
+        if self.torch_trace is not None:
+            given = [k for k in ("model", "compute_time_ms", "calibrate", "device",
+                                 "parallelism") if getattr(self, k) is not None]
+            if self.overlap:
+                given.append("overlap")
+            if given:
+                raise ValueError(f"torch_trace: the trace gives the model's compute and "
+                                 f"collectives; give no {', '.join(given)}")
+            if self.batch_per_node is None:
+                raise ValueError("batch_per_node: give it (the trace's batch, which "
+                                 "counts the iterations of an epoch)")
+            return self
+        if self.model is None:
+            raise ValueError("model: give it (or torch_trace, a recorded step)")
         _hybrid_compute(self.parallelism, self.model, self.batch_per_node,
                         self.compute_time_ms, self.calibrate is not None)
         self._training(self.model, self.parallelism)
@@ -486,6 +513,7 @@ class LoadedExperiment:
     testbed_path: Path
     testbed: Testbed
     jobs: tuple[JobEntry, ...] = ()  # [[jobs]] then the trace's rows
+    recorded: Recorded | None = None  # the workload's torch_trace, read
 
     @property
     def workload(self) -> Workload:
@@ -518,7 +546,11 @@ def load_experiment(path: str | Path, testbed: str | Path | None = None) -> Load
         raise ConfigError([ConfigIssue(str(path), "testbed",
                                        f"{tb_path.resolve()}: {e.issues[0].reason}")]
                           ) from None
-    return LoadedExperiment(path, exp, tb_path, tb, validate_experiment(path, exp, tb))
+    w = exp.workload
+    recorded = read_recorded(path.parent / w.torch_trace, w.torch_trace_step) \
+        if w is not None and w.torch_trace is not None else None
+    return LoadedExperiment(path, exp, tb_path, tb, validate_experiment(path, exp, tb),
+                            recorded)
 
 
 def experiment_model(path: Path, data: dict[str, Any]) -> Experiment:
@@ -569,7 +601,7 @@ def validate_experiment(path: Path, exp: Experiment, tb: Testbed, placed: bool =
                                   f"but {tb.name} has {tb.n_nodes} nodes"))
     if w is not None and w.parallelism is not None:
         issues += [ConfigIssue(str(path), f"workload.{p}", r) for p, r in parallelism_issues(
-            w.parallelism, w.model, w.collective, w.ranks or tb.n_nodes, tb,
+            w.parallelism, w.label, w.collective, w.ranks or tb.n_nodes, tb,
             whole_grid=not placed)]
         if exp.recovery == "shrink":
             issues.append(ConfigIssue(str(path), "recovery", "a hybrid-parallel job cannot "
