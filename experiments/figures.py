@@ -122,6 +122,91 @@ def control(runs: Path, jobs: int) -> str:
         "| all-reduce time (ms) | " + " | ".join(f"{r['comm_ms']:.2f}" for r in p) + " |"])
 
 
+def run(path: Path, out: Path, *more: str) -> dict[str, Any]:
+    """`oddl run EXPERIMENT --json` into `out`: its JSON object."""
+    r = subprocess.run([sys.executable, "-m", "oddl.app", "run", str(path), "--json",
+                        "--no-plot", "--force", "--out", str(out), *more],
+                       capture_output=True, text=True)
+    if r.returncode != 0:
+        raise SystemExit(f"oddl run {path}: exit {r.returncode}: {r.stderr.strip()}")
+    doc: dict[str, Any] = json.loads(r.stdout)
+    return doc
+
+
+def _variant(src: Path, dest: Path, workload: dict[str, Any], **top: Any) -> Path:
+    """`src` with its workload's fields and top-level keys replaced, written to `dest`
+    (its testbed named absolutely)."""
+    import tomllib
+
+    import tomli_w
+
+    data = tomllib.loads(src.read_text())
+    data["testbed"] = str((src.parent / data["testbed"]).resolve())
+    data["workload"] = {**data["workload"], **workload}
+    data.update(top)
+    dest.write_text(tomli_w.dumps(data))
+    return dest
+
+
+def table1(runs: Path, jobs: int) -> str:
+    """Table 1 with DDP's buckets overlapping backward beside the model without."""
+    rows = ["| | paper | overlap off | overlap on |", "|---|---|---|---|"]
+    got = {}
+    for on in (False, True):
+        exp = _variant(EXP / "table1-resnet50.toml", runs / f"table1-{on}.toml",
+                       {"overlap": on})
+        got[on] = run(exp, runs / f"table1-{on}")
+    for net, paper in (("electrical", "97.3 min"), ("oddl", "97.8 min")):
+        rows.append(f"| {net} | {paper} | " + " | ".join(
+            f"{got[on]['networks'][net]['training_time_s'] / 60:.3f} min" for on in
+            (False, True)) + " |")
+    rows.append("| ratio | 1.005 | " + " | ".join(f"{got[on]['ratio']:.6f}" for on in
+                                                   (False, True)) + " |")
+    return "\n".join(rows)
+
+
+JOCN_BATCHES = (16, 32, 64, 128, 256)
+JOCN_NETS = ("oddl", "electrical", "fattree-3to1", "fattree-3to1-dcqcn", "sipring")
+
+
+def jocn_batch(runs: Path, jobs: int) -> str:
+    """The JOCN comparison (1,024 nodes, VGG-19, 100 Gb/s) over the batch, compute from
+    VGG-19's layer table on a V100, overlap off and on: ODDL's speed-up over each."""
+    import tomllib
+
+    import tomli_w
+    from oddl.controller.base.accelerators import ACCELERATORS
+    from oddl.controller.base.layers import layer_table
+
+    t = layer_table("vgg19")
+    src = tomllib.loads((EXP / "jocn-1024-vgg19.toml").read_text())
+    nets = [n for n in src["networks"] if n["name"] in JOCN_NETS]
+    base = {"name": "jocn-batch", "testbed": str((EXP / src["testbed"]).resolve()),
+            "iterations": 1, "networks": nets}
+    got: dict[tuple[int, bool], dict[str, Any]] = {}
+    for b in JOCN_BATCHES:
+        for on in (False, True):
+            exp = runs / f"jocn-b{b}-{on}.toml"
+            exp.write_text(tomli_w.dumps({**base, "workload": {
+                "model": "vgg19", "collective": src["collective"], "epochs": 1,
+                "dataset_samples": 1_281_167, "batch_per_node": b, "device": "v100",
+                "overlap": on}}))
+            got[(b, on)] = run(exp, runs / f"jocn-b{b}-{on}")["networks"]
+    others = [n for n in JOCN_NETS if n != "oddl"]
+    rows = ["| batch | compute | ODDL's iteration, off / on | "
+            + " | ".join(f"over {n}, off / on" for n in others) + " |",
+            "|---|---|---|" + "---|" * len(others)]
+    for b in JOCN_BATCHES:
+        off, on = got[(b, False)], got[(b, True)]
+        it = {k: (off[k]["iteration_time_s"], on[k]["iteration_time_s"]) for k in JOCN_NETS}
+        compute = b * (t.fwd_flops + t.bwd_flops) / ACCELERATORS["v100"].flops_per_s
+        rows.append(f"| {b} | {compute * 1e3:.0f} ms | {it['oddl'][0] * 1e3:.1f} / "
+                    f"{it['oddl'][1] * 1e3:.1f} ms | " + " | ".join(
+                        f"{it[n][0] / it['oddl'][0]:.3f}x / {it[n][1] / it['oddl'][1]:.3f}x"
+                        for n in others) + " |")
+    return "\n".join(rows)
+
+
 # ---- docs/optinc.md ----------------------------------------------------------------
 
 def optinc_ring(runs: Path, jobs: int) -> str:
@@ -188,6 +273,8 @@ class Section:
 
 
 SECTIONS = {
+    "table1": Section(DOCS / "model.md", table1, "10 s"),
+    "jocn-batch": Section(DOCS / "comparison.md", jocn_batch, "about 20 minutes"),
     "jocn": Section(DOCS / "comparison.md", jocn, "about 12 minutes at --jobs 2"),
     "topoopt": Section(DOCS / "comparison.md", topoopt, "20 s"),
     "control": Section(DOCS / "comparison.md", control, "35 s"),
@@ -240,6 +327,7 @@ def main() -> None:
             print(f"{k:13} {s.page.relative_to(ROOT)}  ({s.cost})")
         return
     runs = a.runs or Path(tempfile.mkdtemp(prefix="oddl-figures-"))
+    runs.mkdir(parents=True, exist_ok=True)
     stamp = (f"(`python experiments/figures.py --only NAME --write`, "
              f"{datetime.date.today().isoformat()}, on {machine()}.)")
     for name in a.only:

@@ -39,7 +39,7 @@ CollectiveKind = Literal["all_reduce", "all_gather", "reduce_scatter", "all_to_a
 class Bucket(msgspec.Struct, frozen=True, array_like=True, forbid_unknown_fields=True):
     """A bucket's gradient bytes, and when its last gradient is computed (ns after the
     iteration starts); a recorded step's collective may be another kind than DDP's
-    all-reduce (controller/base/recorded.py)."""
+    all-reduce (controller/base/config/recorded.py)."""
 
     nbytes: Annotated[int, msgspec.Meta(ge=1, le=1 << 40)]
     ready_ns: Ns

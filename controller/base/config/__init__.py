@@ -1,6 +1,7 @@
 """Testbed and experiment configs, in parts by what each configures: `fields` (what every
 config shares: issues, errors, the models' base, reading a file), `testbed`, `faults`,
-`experiment` (with the job files an arbiter takes). Every error names the file, the field
+`experiment` (with the job files an arbiter takes), `recorded` (a PyTorch profiler trace
+read as a job's schedule). Every error names the file, the field
 path and the reason; validation collects all errors rather than stopping at the first, so
 `oddl check` can print them in one go. Everything is importable from here."""
 

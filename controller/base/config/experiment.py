@@ -221,7 +221,7 @@ class Workload(Training):
         default=None, min_length=1, max_length=4096,
         description="a PyTorch profiler trace (Chrome JSON) of one rank's training step, "
                     "relative to this file: its compute and collectives are every rank's "
-                    "(controller/base/recorded.py)")
+                    "(controller/base/config/recorded.py)")
     torch_trace_step: int | None = Field(default=None, ge=0, le=1 << 31,
                                          description="its ProfilerStep#N (default: the last)")
 
