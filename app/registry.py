@@ -326,12 +326,14 @@ def node_program(tb: Testbed, node: str, bitfile: Path | None = None,
         unit=unit_for(drv.design))
 
 
-def profiles_on_a_link(jobs: list[tuple[str, str, int]], link_gbps: float) -> list[Profile]:
+def profiles_on_a_link(jobs: list[tuple[str, str, int]], link_gbps: float,
+                       overlap: bool = False) -> list[Profile]:
     """`oddl compat --job MODEL[:RANKS]`: each job's demand on a link of `link_gbps`,
-    measured from its simulated iteration (the flow-level model: sim/networks/profile.py)."""
+    measured from its simulated iteration (the flow-level model: sim/networks/profile.py;
+    `overlap`: DDP's buckets while backward runs)."""
     from oddl.sim.networks.profile import on_a_link
 
-    return on_a_link(jobs, link_gbps)
+    return on_a_link(jobs, link_gbps, overlap=overlap)
 
 
 def link_profiles(spec: NetworkSpec, nodes: list[str], line_rate_gbps: float

@@ -1,10 +1,12 @@
 """The talk's table (seeds 003): job combinations on one shared link, fair vs unfair vs
 CASSINI-shifted vs MLTCP, beside the talk's speed-ups and verdicts (docs/cassini.md).
 
-    python experiments/cassini_table.py [--iterations N] [--law fluid|dcqcn|tcp] [--json]
+    python experiments/cassini_table.py [--iterations N] [--law fluid|dcqcn|tcp] [--overlap]
+        [--json]
 
 `--law`: the link shared max-min (the fluid model, default), or by DCQCN or TCP Reno with
 queues, marks and losses (sim/networks/congestion.py; `--cc-tick-us` its step).
+`--overlap`: each job all-reduces DDP's buckets while its backward runs (docs/model.md).
 """
 
 from __future__ import annotations
@@ -30,13 +32,15 @@ def main() -> None:
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--law", choices=LAWS, default="fluid")
     ap.add_argument("--cc-tick-us", type=float, default=2.0)
+    ap.add_argument("--overlap", action="store_true")
     a = ap.parse_args()
     rows = []
     for models, talk, talk_ok in TALK:
         t = time.perf_counter()
         jobs = [LinkJob(f"{m}-{k}" if models.count(m) > 1 else m, m)
                 for k, m in enumerate(models, start=1)]
-        o = on_one_link(jobs, a.iterations, law=a.law, cc_tick_us=a.cc_tick_us)
+        o = on_one_link(jobs, a.iterations, law=a.law, cc_tick_us=a.cc_tick_us,
+                        overlap=a.overlap)
         rows.append({"jobs": [j.name for j in jobs], "law": a.law, "talk_unfair": talk,
                      "talk_compatible": talk_ok, "score": o.score,
                      "compatible": o.compatible(), "shifts_ms": o.shifts_ms,

@@ -207,6 +207,39 @@ def jocn_batch(runs: Path, jobs: int) -> str:
     return "\n".join(rows)
 
 
+# ---- docs/cassini.md ---------------------------------------------------------------
+
+def talk(runs: Path, jobs: int) -> str:
+    """The talk's table (experiments/cassini_table.py, the fluid link) with each job's
+    compute and all-reduce in sequence, and with DDP's buckets overlapping backward."""
+    got = {}
+    for on in (False, True):
+        r = subprocess.run([sys.executable, str(EXP / "cassini_table.py"), "--json",
+                            *(["--overlap"] if on else [])], capture_output=True, text=True)
+        if r.returncode != 0:
+            raise SystemExit(f"cassini_table.py: exit {r.returncode}: {r.stderr.strip()}")
+        got[on] = json.loads(r.stdout)
+
+    def f(xs: list[float]) -> str:
+        return " / ".join(f"{x:.2f}x" for x in xs)
+
+    rows = ["| jobs | talk: unfair, verdict | ours, overlap off: unfair, CASSINI, verdict | "
+            "ours, overlap on: unfair, CASSINI, verdict |", "|---|---|---|---|"]
+    agree = {False: 0, True: 0}
+    for off, on in zip(got[False], got[True], strict=True):
+        cells = []
+        for on_, r in ((False, off), (True, on)):
+            agree[on_] += r["compatible"] == r["talk_compatible"]
+            cells.append(f"{f(r['unfair'])}, {f(r['cassini'])}, "
+                         f"{'compatible' if r['compatible'] else 'not'}")
+        rows.append(f"| {' + '.join(off['jobs'])} | {f(off['talk_unfair'])}, "
+                    f"{'compatible' if off['talk_compatible'] else 'not'} | "
+                    + " | ".join(cells) + " |")
+    rows.append(f"\nVerdicts as the talk's: {agree[False]} of {len(got[False])} with overlap "
+                f"off, {agree[True]} of {len(got[True])} with it on.")
+    return "\n".join(rows)
+
+
 # ---- docs/optinc.md ----------------------------------------------------------------
 
 def optinc_ring(runs: Path, jobs: int) -> str:
@@ -276,6 +309,7 @@ SECTIONS = {
     "table1": Section(DOCS / "model.md", table1, "10 s"),
     "jocn-batch": Section(DOCS / "comparison.md", jocn_batch, "about 20 minutes"),
     "jocn": Section(DOCS / "comparison.md", jocn, "about 12 minutes at --jobs 2"),
+    "talk": Section(DOCS / "cassini.md", talk, "25 s"),
     "topoopt": Section(DOCS / "comparison.md", topoopt, "20 s"),
     "control": Section(DOCS / "comparison.md", control, "35 s"),
     "optinc-ring": Section(DOCS / "optinc.md", optinc_ring, "2 minutes"),

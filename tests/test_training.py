@@ -208,3 +208,16 @@ def test_a_device_gives_the_compute_from_the_table(tmp_path: Path) -> None:
     t = layer_table("vgg19")
     want = 32 * (t.fwd_flops + t.bwd_flops) / ACCELERATORS["v100"].flops_per_s * 1e9
     assert res.compute_ns == round(want)
+
+
+def test_a_jobs_link_profile_spreads_over_backward_with_overlap() -> None:
+    """CASSINI's profile of a job alone on a link: without overlap its demand starts when
+    its compute ends; with DDP's buckets, while backward still runs."""
+    from oddl.controller.stage2.workloads import compute_ms
+    from oddl.sim.networks.profile import on_a_link
+
+    compute_s = compute_ms("vgg11", 32) / 1e3
+    for overlap in (False, True):
+        (p,) = on_a_link([("vgg11", "vgg11", 4)], 100.0, overlap=overlap)
+        first = next(k for k, x in enumerate(p.demand) if x > 0) / len(p.demand)
+        assert (first * p.iteration_ms / 1e3 < compute_s * 0.99) == overlap, (overlap, first)

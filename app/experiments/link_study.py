@@ -70,9 +70,10 @@ LAWS = ("fluid", "dcqcn", "tcp")  # how the link is shared: max-min, or a law (d
 
 def on_one_link(jobs: list[LinkJob], iterations: int = 40, line_rate_gbps: float = 100.0,
                 mltcp: tuple[float, float] = (1.0, 1.0), law: str = "fluid",
-                cc_tick_us: float = 2.0) -> Outcome:
+                cc_tick_us: float = 2.0, overlap: bool = False) -> Outcome:
     """`law`: the link shared max-min (fluid), or by DCQCN or TCP Reno, under which the
-    unfair run weights each job's increase and MLTCP scales it (sim/networks/congestion.py)."""
+    unfair run weights each job's increase and MLTCP scales it (sim/networks/congestion.py).
+    `overlap`: each job's DDP buckets all-reduced while its backward runs."""
     if law not in LAWS:
         raise ValueError(f"law {law!r}: one of {', '.join(LAWS)}")
     if any(j.ranks < 2 or j.ranks % 2 for j in jobs):
@@ -80,7 +81,7 @@ def on_one_link(jobs: list[LinkJob], iterations: int = 40, line_rate_gbps: float
     cols = sum(j.ranks // 2 for j in jobs)
     tb = grid_testbed(2, cols, line_rate_gbps=line_rate_gbps)
     profiles = registry.profiles_on_a_link([(j.name, j.model, j.ranks) for j in jobs],
-                                           line_rate_gbps)
+                                           line_rate_gbps, overlap)
     c = compatibility(profiles)
     weights = UNFAIR.get(len(jobs), tuple(1.0 / (k + 1) for k in range(len(jobs))))
     jitter = [k * JITTER_MS for k in range(len(jobs))]
@@ -93,7 +94,7 @@ def on_one_link(jobs: list[LinkJob], iterations: int = 40, line_rate_gbps: float
     for policy, (sharing, shifts, w) in runs.items():
         entries = [JobEntry(name=j.name, model=j.model, collective="ring", ranks=j.ranks,
                             iterations=iterations, shape="grid", shift_ms=s,
-                            weight=w[k] if w else 1.0)
+                            weight=w[k] if w else 1.0, overlap=overlap)
                    for k, (j, s) in enumerate(zip(jobs, shifts, strict=True))]
         net = {"name": policy, "kind": "fattree", "hosts_per_leaf": cols, "spines": 1,
                "oversubscription": cols, "sharing": sharing, "mltcp_slope": mltcp[0],

@@ -52,12 +52,15 @@ def _measure(spec: NetworkSpec, nodes: list[str], line_rate_gbps: float, name: s
         marks: list[int] = []
         done = loop.create_future()
 
+        # a schedule whose steps wait for their gradients (DDP's buckets) holds its compute
+        first = compute_ns if not any(st.ready_ns for st in schedule[0]) else 0
+
         def next_iteration(t: int) -> None:
             marks.append(t)
             if len(marks) == 3:
                 done.set_result(None)
             else:
-                engine.start_iteration(len(marks) - 1, compute_ns, next_iteration)
+                engine.start_iteration(len(marks) - 1, first, next_iteration)
 
         async def finished() -> None:  # (bounded: a schedule that never ends raises)
             async with asyncio.timeout(1e6):
@@ -86,11 +89,15 @@ def _slots(series: list[tuple[int, float]], t0: int, t1: int, capacity: float
 
 
 def on_a_link(jobs: Sequence[tuple[str, str, int]], link_gbps: float,
-              collective: str = "ring", batch_per_node: int = 32) -> list[Profile]:
+              collective: str = "ring", batch_per_node: int = 32, overlap: bool = False
+              ) -> list[Profile]:
     """`oddl compat --job MODEL[:RANKS] --link-gbps R`: each (name, model, ranks) job alone
     on a two-rack network whose racks are joined by one link of R Gb/s, half its ranks in
     each rack (a ring crosses the link once each way), and its measured demand on that
-    link (rack 0 to rack 1)."""
+    link (rack 0 to rack 1). `overlap`: DDP's buckets all-reduced while backward runs
+    (controller/base/ddp.py)."""
+    from oddl.controller.base.ddp import ddp_overlap
+    from oddl.controller.base.layers import layer_table
     from oddl.controller.stage2.job import built_schedule
     from oddl.controller.stage2.workloads import alltoall_bytes, compute_ms, model_spec
 
@@ -101,10 +108,13 @@ def on_a_link(jobs: Sequence[tuple[str, str, int]], link_gbps: float,
     out = []
     for name, model, r in jobs:
         ranks = nodes[:(r + 1) // 2] + nodes[half:half + r // 2]
-        schedule = built_schedule(collective, r, model_spec(model).grad_bytes(), 1, r,
+        compute = round(compute_ms(model, batch_per_node) * 1e6)
+        ov = ddp_overlap(layer_table(model), batch_per_node, compute_ns=compute) \
+            if overlap else None
+        schedule = built_schedule(collective, r, model_spec(model).grad_bytes()
+                                  if ov is None else ov.nbytes, 1, r,
                                   spec.degree, spec.bidirectional,
-                                  alltoall_bytes(model, batch_per_node, r))
-        measured = link_profiles(spec, nodes, link_gbps, name, ranks, schedule,
-                                 round(compute_ms(model, batch_per_node) * 1e6))
+                                  alltoall_bytes(model, batch_per_node, r), overlap=ov)
+        measured = link_profiles(spec, nodes, link_gbps, name, ranks, schedule, compute)
         out.append(measured[("l2s", 0, 0)])
     return out
