@@ -240,6 +240,38 @@ def talk(runs: Path, jobs: int) -> str:
     return "\n".join(rows)
 
 
+# ---- docs/lightning.md -------------------------------------------------------------
+
+LIGHTNING_TRACES: Path | None = None  # --lightning-traces: the release's sim_scheds/
+
+
+def lightning_serve(runs: Path, jobs: int) -> str:
+    """`oddl lightning serve` on the release's ten traces (lightning-lts
+    simulation/sim_scheds/, read as plain data) and on ten of our own drawing, each
+    aggregated both ways: the largest ratio over the models (the release's "Max" row) and
+    the mean over them (the abstract's "average inference serve time")."""
+    if LIGHTNING_TRACES is None:
+        raise SystemExit("lightning-serve: give --lightning-traces DIR (lightning-lts's "
+                         "simulation/sim_scheds/)")
+    got = {"the release's ten traces": oddl("lightning", "serve", "--traces",
+                                             str(LIGHTNING_TRACES)),
+           "ten of ours (seeds 1-10)": oddl("lightning", "serve")}
+    procs = list(next(iter(got.values()))["serve_time_ratio"])
+    rows = ["| traces | aggregation | " + " | ".join(f"{p} / Lightning" for p in procs)
+            + " |", "|---|---|" + "---|" * len(procs)]
+    for name, r in got.items():
+        rows.append(f"| {name} | largest over the models | " + " | ".join(
+            f"{r['serve_time_ratio'][p]:.0f}x" for p in procs) + " |")
+        rows.append("| | mean over the models | " + " | ".join(
+            f"{r['serve_time_ratio_mean'][p]:.0f}x" for p in procs) + " |")
+    pub = next(iter(got.values()))["published"]["serve_time_ratio"]
+    rows.append("| published | | " + " | ".join(f"{pub[p]:.0f}x" for p in procs) + " |")
+    by = got["the release's ten traces"]["serve_time_ratio_by_model"]
+    rows.append("\nOn the release's traces, by model (mean over the ten): " + "; ".join(
+        f"{p}: " + ", ".join(f"{m} {x:.0f}x" for m, x in by[p].items()) for p in procs) + ".")
+    return "\n".join(rows)
+
+
 # ---- docs/optinc.md ----------------------------------------------------------------
 
 def optinc_ring(runs: Path, jobs: int) -> str:
@@ -310,6 +342,7 @@ SECTIONS = {
     "jocn-batch": Section(DOCS / "comparison.md", jocn_batch, "about 20 minutes"),
     "jocn": Section(DOCS / "comparison.md", jocn, "about 12 minutes at --jobs 2"),
     "talk": Section(DOCS / "cassini.md", talk, "25 s"),
+    "lightning-serve": Section(DOCS / "lightning.md", lightning_serve, "about 25 minutes"),
     "topoopt": Section(DOCS / "comparison.md", topoopt, "20 s"),
     "control": Section(DOCS / "comparison.md", control, "35 s"),
     "optinc-ring": Section(DOCS / "optinc.md", optinc_ring, "2 minutes"),
@@ -355,7 +388,11 @@ def main() -> None:
     ap.add_argument("--runs", type=Path, default=None,
                     help="where sweeps write (rerun into it to resume)")
     ap.add_argument("--list", action="store_true", help="the sections and their cost")
+    ap.add_argument("--lightning-traces", type=Path, default=None,
+                    help="lightning-serve: the release's simulation/sim_scheds/ folder")
     a = ap.parse_args()
+    global LIGHTNING_TRACES
+    LIGHTNING_TRACES = a.lightning_traces
     if a.list:
         for k, s in SECTIONS.items():
             print(f"{k:13} {s.page.relative_to(ROOT)}  ({s.cost})")

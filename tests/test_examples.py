@@ -21,7 +21,8 @@ def test_every_shipped_example_is_copied_and_checks_where_it_lands(root: Path,
     assert got == shipped()
     for folder in ("hw_configs", "experiments"):  # every config and trace of the checkout
         assert {p.name for p in (ex / folder).iterdir()} == {
-            p.name for p in (root / folder).iterdir() if p.suffix in (".toml", ".csv", ".py", ".json")}
+            p.name for p in (root / folder).iterdir()
+            if p.suffix in (".toml", ".csv", ".py", ".json")}
     for f in sorted((ex / "experiments").glob("*.toml")) + sorted(
             (ex / "hw_configs").glob("*.toml")):
         assert check(f).startswith(f"OK {f}")  # their testbeds found beside them

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -84,3 +85,59 @@ def test_oddl_lightning_serve_json() -> None:
         assert set(by_model) == set(d["models"])
     r = CliRunner().invoke(main, ["lightning", "serve", "--trials", "0"])
     assert r.exit_code == 2 and "Traceback" not in r.output
+
+
+def _release_traces(folder: Path, n: int, rate: str = "0.06") -> None:
+    """Traces shaped as the release's (plain lists of (model, arrival ns)), drawn here."""
+    import pickle
+
+    from oddl.studies.lightning_serve import arrivals
+
+    folder.mkdir(parents=True, exist_ok=True)
+    for k in range(1, n + 1):
+        (folder / f"mixed_sched_{rate}_Gbps_{k}.pkl").write_bytes(
+            pickle.dumps(arrivals(100 + k, n=40)))
+
+
+def test_the_release_traces_are_read_as_data_and_run(tmp_path: Path) -> None:
+    from oddl.studies.lightning_serve import arrivals, read_release_trace, serve_time
+
+    _release_traces(tmp_path, 2)
+    trace = read_release_trace(tmp_path / "mixed_sched_0.06_Gbps_1.pkl")
+    assert trace == arrivals(101, n=40)
+    r = serve_time(requests=5, traces=[trace])
+    assert r["trials"] == 1 and r["traces"] == "the release's"
+    for k, by_model in r["serve_time_ratio_by_model"].items():
+        assert r["serve_time_ratio"][k] == max(by_model.values())
+        assert r["serve_time_ratio_mean"][k] == pytest.approx(
+            sum(by_model.values()) / len(by_model))
+    res = CliRunner().invoke(main, ["lightning", "serve", "--traces", str(tmp_path),
+                                    "--trials", "2", "--requests", "5"])
+    assert res.exit_code == 0, res.output
+    assert "mean over the models" in res.output
+
+
+def test_a_release_trace_that_is_not_plain_data_is_refused(tmp_path: Path) -> None:
+    import pickle
+
+    from oddl.studies.lightning_serve import TraceError, read_release_trace
+
+    marker = tmp_path / "ran"
+
+    class Evil:
+        def __reduce__(self) -> tuple[object, tuple[str]]:
+            return (Path.touch, (str(marker),))
+
+    bad = {"global": pickle.dumps([("AlexNet", 1), Evil()]),
+           "shape": pickle.dumps({"AlexNet": 1}),
+           "model": pickle.dumps([("LeNet", 1)]),
+           "order": pickle.dumps([("AlexNet", 5), ("AlexNet", 1)]),
+           "cut": pickle.dumps([("AlexNet", 1)])[:-3]}
+    for name, data in bad.items():
+        p = tmp_path / f"{name}.pkl"
+        p.write_bytes(data)
+        with pytest.raises(TraceError, match=f"{name}.pkl"):
+            read_release_trace(p)
+    assert not marker.exists()
+    res = CliRunner().invoke(main, ["lightning", "serve", "--traces", str(tmp_path / "no")])
+    assert res.exit_code == 2 and len(res.output.strip().splitlines()) == 1, res.output

@@ -226,7 +226,7 @@ def test_optinc_onn_reports_each_size_and_the_cascade() -> None:
 
 
 def test_the_command_offers_the_shipped_sizes() -> None:
-    from oddl.app.cli.devices import ONN_SIZES
+    from oddl.app.cli.optinc import ONN_SIZES
 
     assert [str(n) for n in Q.SIZES] == ONN_SIZES
     assert all(Q.trained_path(n).is_file() for n in Q.SIZES)

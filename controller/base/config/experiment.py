@@ -43,6 +43,7 @@ from oddl.controller.base.config.fields import (
     read_text,
     read_toml,
 )
+from oddl.controller.base.config.recorded import Recorded, read_recorded
 from oddl.controller.base.config.testbed import (
     Testbed,
     load_testbed,
@@ -50,7 +51,6 @@ from oddl.controller.base.config.testbed import (
 from oddl.controller.base.ddp import BUCKET_MB, FIRST_BUCKET_MB, Overlap, ddp_overlap, layer_ns
 from oddl.controller.base.layers import layer_models, layer_table
 from oddl.controller.base.parallelism import A100_TFLOPS, Hybrid
-from oddl.controller.base.config.recorded import Recorded, read_recorded
 from pydantic import Field, ValidationError, field_validator, model_validator
 
 if TYPE_CHECKING:

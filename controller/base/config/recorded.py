@@ -60,8 +60,8 @@ class _Event(msgspec.Struct):
 
 
 class _Trace(msgspec.Struct):
-    traceEvents: list[_Event]  # noqa: N815 (the format's name)
-    distributedInfo: dict[str, Any] = {}  # noqa: N815
+    traceEvents: list[_Event]
+    distributedInfo: dict[str, Any] = {}
 
 
 @dataclass(frozen=True)
