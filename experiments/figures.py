@@ -42,17 +42,34 @@ def oddl(*args: str) -> dict[str, Any]:
     return out
 
 
-def sweep(name: str, runs: Path, jobs: int) -> dict[str, Any]:
-    """`oddl sweep experiments/NAME.toml` into runs/NAME (resumed if there): its
-    results.json."""
+def sweep(name: str, runs: Path, jobs: int, **fields: Any) -> dict[str, Any]:
+    """`oddl sweep experiments/NAME.toml` into runs/NAME (resumed if there), with its
+    top-level `fields` replaced (then into runs/NAME-KEY-VALUE...): its results.json."""
+    path = EXP / f"{name}.toml"
+    if fields:
+        name += "".join(f"-{k}-{v}" for k, v in sorted(fields.items()))
+        path = _variant_sweep(path, runs / f"{name}.toml", fields)
     out = runs / name
     r = subprocess.run([sys.executable, "-m", "oddl.app", "sweep",
-                        str(EXP / f"{name}.toml"), "--jobs", str(jobs), "--out", str(out)],
+                        str(path), "--jobs", str(jobs), "--out", str(out)],
                        stdout=subprocess.DEVNULL)
     if r.returncode != 0:  # its error is on stderr, above
-        raise SystemExit(f"oddl sweep experiments/{name}.toml: exit {r.returncode}")
+        raise SystemExit(f"oddl sweep {path}: exit {r.returncode}")
     doc: dict[str, Any] = json.loads((out / "results.json").read_text())
     return doc
+
+
+def _variant_sweep(src: Path, dest: Path, fields: dict[str, Any]) -> Path:
+    import tomllib
+
+    import tomli_w
+
+    data = tomllib.loads(src.read_text())
+    data["testbed"] = str((src.parent / data["testbed"]).resolve())
+    data.update(fields)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    dest.write_text(tomli_w.dumps(data))
+    return dest
 
 
 def _x(v: float) -> str:
@@ -94,16 +111,23 @@ def jocn(runs: Path, jobs: int) -> str:
 
 
 def topoopt(runs: Path, jobs: int) -> str:
+    """Communication alone (the sweep as written), then training on a V100 from the
+    layer tables (batch 32), overlap off / on."""
     doc = sweep("topoopt-vs-fattree", runs, jobs)
     sp = _speedups(doc)
+    off = _speedups(sweep("topoopt-vs-fattree", runs, jobs, device="v100"))
+    on = _speedups(sweep("topoopt-vs-fattree", runs, jobs, device="v100", overlap=True))
     nodes = doc["sweep"]["nodes"]
-    rows = ["| TopoOpt speedup over | " + " | ".join(f"{n} nodes" for n in nodes) + " |",
+    rows = ["| TopoOpt speedup over | " + " | ".join(
+        f"{n} nodes: communication; training, overlap off / on" for n in nodes) + " |",
             "|---|" + "---|" * len(nodes)]
     for net in doc["sweep"]["networks"]:
         if net["name"] == doc["sweep"]["reference"]:
             continue
         for model in doc["sweep"]["models"]:
-            cells = [_x(sp[(net["name"], model, n)]["speedup"]) for n in nodes]
+            cells = [f"{_x(sp[k]['speedup'])}; {_x(off[k]['speedup'])} / "
+                     f"{_x(on[k]['speedup'])}" for k in ((net["name"], model, n)
+                                                         for n in nodes)]
             rows.append(f"| {net['name']}, {net['collective'] or doc['sweep']['collective']} "
                         f"({model}) | " + " | ".join(cells) + " |")
     return "\n".join(rows)

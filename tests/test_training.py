@@ -221,3 +221,26 @@ def test_a_jobs_link_profile_spreads_over_backward_with_overlap() -> None:
         (p,) = on_a_link([("vgg11", "vgg11", 4)], 100.0, overlap=overlap)
         first = next(k for k, x in enumerate(p.demand) if x > 0) / len(p.demand)
         assert (first * p.iteration_ms / 1e3 < compute_s * 0.99) == overlap, (overlap, first)
+
+
+def test_a_sweep_takes_its_compute_from_a_device_and_overlaps(tmp_path: Path) -> None:
+    import tomli_w
+
+    base = {"name": "s", "testbed": str(ROOT / "hw_configs" / "grid-64.toml"),
+            "models": ["resnet50"], "nodes": [4], "line_rates_gbps": [100],
+            "networks": [{"name": "electrical", "kind": "electrical"}], "device": "a100",
+            "reference": "electrical"}
+    got = {}
+    for on in (False, True):
+        path = tmp_path / f"s{on}.toml"
+        path.write_text(tomli_w.dumps({**base, "overlap": on}))
+        res = CliRunner().invoke(main, ["sweep", str(path), "--jobs", "1", "--out",
+                                        str(tmp_path / f"o{on}")])
+        assert res.exit_code == 0, res.output
+        (got[on],) = json.loads((tmp_path / f"o{on}" / "results.json").read_text())["results"]
+    t = layer_table("resnet50")
+    compute_ms = 32 * (t.fwd_flops + t.bwd_flops) / ACCELERATORS["a100"].flops_per_s * 1e3
+    for on in (False, True):
+        assert got[on]["iteration_ms"] == pytest.approx(compute_ms + got[on]["comm_ms"],
+                                                        abs=1e-5)
+    assert 0 < got[True]["comm_ms"] < got[False]["comm_ms"] / 2  # most of it hidden

@@ -32,7 +32,9 @@ from oddl.controller.base.config import (
     read_toml,
     validate_experiment,
 )
+from oddl.controller.base.config.experiment import DeviceName
 from oddl.controller.base.extras import require
+from oddl.controller.base.layers import layer_models
 from oddl.controller.serving.lifecycle import as_stopped
 from pydantic import Field, ValidationError, model_validator
 
@@ -47,6 +49,11 @@ class Sweep(ConfigModel):
     collective: CollectiveName = "hd"
     compute_time_ms: dict[str, float] = Field(
         default_factory=dict, description="per model; absent = 0 (communication only)")
+    device: DeviceName | None = Field(
+        default=None, description="compute from each model's layer table on this device, "
+                                  "at batch_per_node (not with compute_time_ms)")
+    batch_per_node: int = Field(default=32, gt=0, le=1 << 16)
+    overlap: bool = Field(default=False, description="DDP's buckets overlap backward")
     reference: str = Field(default="oddl", description="the network the speedups are of")
     networks: list[NetworkSpec] = Field(min_length=1)
     papers: dict[str, Any] = Field(
@@ -67,6 +74,13 @@ class Sweep(ConfigModel):
         for m in self.compute_time_ms:
             if m not in MODELS:
                 raise ValueError(f"compute_time_ms: unknown model {m!r}")
+        if self.device is not None and self.compute_time_ms:
+            raise ValueError("give one of compute_time_ms or device")
+        if self.device is not None or self.overlap:
+            missing = [m for m in self.models if m not in layer_models()]
+            if missing:
+                raise ValueError(f"{'overlap' if self.overlap else 'device'}: no layer table "
+                                 f"for {', '.join(missing)}")
         for k, v in self.papers.items():
             if k.startswith(f"{self.reference}_over_") and (
                     isinstance(v, bool) or not isinstance(v, int | float) or v <= 0):
@@ -182,7 +196,8 @@ def run_point(task: dict[str, Any]) -> dict[str, Any]:
 def _task(sw: Sweep, p: dict[str, Any]) -> dict[str, Any]:
     """A point with what running it needs of its sweep (but the template testbed)."""
     return {**p, "sweep": sw.name, "collective": sw.collective,
-            "compute_time_ms": sw.compute_time_ms.get(p["model"], 0.0)}
+            "compute_time_ms": sw.compute_time_ms.get(p["model"], 0.0),
+            "device": sw.device, "overlap": sw.overlap, "batch_per_node": sw.batch_per_node}
 
 
 def point_experiment(task: dict[str, Any]) -> Experiment:
@@ -192,8 +207,11 @@ def point_experiment(task: dict[str, Any]) -> Experiment:
         "name": f"{task['sweep']}-{net.name}", "testbed": "<generated>", "iterations": 1,
         "flow_records": "none", "networks": [net.model_dump()],
         "workload": {"model": task["model"], "collective": task["collective"], "epochs": 1,
-                     "dataset_samples": 1_281_167, "batch_per_node": 32,
-                     "compute_time_ms": task.get("compute_time_ms", 0.0)}})
+                     "dataset_samples": 1_281_167,
+                     "batch_per_node": task.get("batch_per_node", 32),
+                     "overlap": task.get("overlap", False),
+                     **({"device": task["device"]} if task.get("device") else
+                        {"compute_time_ms": task.get("compute_time_ms", 0.0)})}})
 
 
 def _run_point(task: dict[str, Any]) -> dict[str, Any]:
@@ -202,9 +220,10 @@ def _run_point(task: dict[str, Any]) -> dict[str, Any]:
     t0 = time.perf_counter()
     net = NetworkSpec.model_validate(task["network"])
     tb = make_testbed(task["template"], task["nodes"], task["line_rate_gbps"])
-    compute = task.get("compute_time_ms", 0.0)
     ctx = LoadedExperiment(Path("<sweep>"), point_experiment(task), Path("<generated>"), tb)
-    res = run_experiment(ctx).networks[net.name]
+    run = run_experiment(ctx)
+    res = run.networks[net.name]
+    compute = run.compute_ns / 1e6  # (with overlap, comm_ms is what backward left exposed)
     it_ms = res.iteration_time_s * 1e3
     return {"network": net.name, "kind": net.kind, "model": task["model"],
             "nodes": task["nodes"], "line_rate_gbps": task["line_rate_gbps"],
