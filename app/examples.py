@@ -5,6 +5,7 @@ as its own folders. The copy keeps the two folders side by side, so an experimen
 
 from __future__ import annotations
 
+import os
 import shutil
 from pathlib import Path
 
@@ -39,12 +40,19 @@ def copy_to(dest: Path) -> list[Path]:
     would overwrite a file there (an edited testbed is the user's)."""
     root = source()
     files = shipped(root)
-    there = [dest / f for f in files if (dest / f).exists()]
+    # a symbolic link where a file or folder goes (dangling or not) would take the copy
+    # outside DIR: it counts as there
+    links = [dest / d for d in FOLDERS if (dest / d).is_symlink()]
+    there = links or [dest / f for f in files if (dest / f).exists() or
+                      (dest / f).is_symlink()]
     if there:
         more = f" and {len(there) - 1} more" if len(there) > 1 else ""
         raise FileExistsError(f"{there[0]}{more} already there: nothing copied (another "
                               f"directory, or move those away)")
     for f in files:
         (dest / f).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(root / f, dest / f)
+        # created here or not at all: never through a link made meanwhile
+        fd = os.open(dest / f, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)
+        with os.fdopen(fd, "wb") as out, (root / f).open("rb") as src:
+            shutil.copyfileobj(src, out)
     return [dest / f for f in files]

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 import math
+import re
 import time
 from typing import TYPE_CHECKING, Any, cast
 
@@ -71,10 +72,10 @@ async def maintain(svc: Service, request: Request) -> Response:
     a window back (DELETE): no job is placed on them that would run into it."""
     op = svc.who(request, "operator")
     if request.method == "DELETE":
-        try:
-            window = int(request.path_params["window"])
-        except ValueError:
-            raise Refused(422, "a window's id is a number") from None
+        text = request.path_params["window"]
+        if not re.fullmatch(r"[0-9]{1,18}", text):  # (an id SQLite's integers hold)
+            raise Refused(422, "a window's id is a number of at most 18 digits")
+        window = int(text)
         if not svc.ledger.unmaintain(window):
             raise Refused(404, f"no maintenance window {window}")
         svc.windows = [w for w in svc.windows if w["id"] != window]

@@ -206,6 +206,9 @@ def test_a_maintenance_window_keeps_jobs_off_its_nodes_until_it_ends(arb: Arbite
     assert f"maintenance {w['id']}: n1-1 from" in arb.cli("eve", "status").stdout
     assert arb.call("ops", "DELETE", f"/maintenance/{w['id']}").status_code == 200
     assert arb.call("ops", "DELETE", f"/maintenance/{w['id']}").status_code == 404
+    # an id no SQLite integer holds is refused by its shape, not a 500 (issue 85)
+    for bad_id in ("9223372036854775808", "1" * 40, "-1", "x"):
+        assert arb.call("ops", "DELETE", f"/maintenance/{bad_id}").status_code == 422
     for bad in ({**later, "nodes": ["n9-9"]}, {**later, "end": later["start"] - 1},
                 {**later, "end": float("nan")}, {**later, "reason": ""}):
         assert arb.call("ops", "POST", "/maintenance", content=json.dumps(bad)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 from click.testing import CliRunner
 from oddl.app.api import check
 from oddl.app.cli import main
@@ -38,3 +39,24 @@ def test_examples_overwrite_nothing(tmp_path: Path) -> None:
                                f"directory, or move those away)"
     assert mine.read_text() == "# edited\n"
     assert not (tmp_path / "hw_configs").exists()
+
+
+@pytest.mark.parametrize("where", ["file", "folder"])
+def test_examples_write_nothing_outside_dir(where: str, tmp_path: Path) -> None:
+    """A symbolic link inside DIR, dangling or not, where a file or a folder goes: nothing
+    is written through it (issue 85)."""
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    d = tmp_path / "d"
+    if where == "file":
+        (d / "experiments").mkdir(parents=True)
+        link = d / "experiments" / "table1-resnet50.toml"
+        link.symlink_to(outside / "planted.toml")  # dangling
+    else:
+        d.mkdir()
+        link = d / "hw_configs"
+        link.symlink_to(outside)
+    r = CliRunner().invoke(main, ["examples", str(d)])
+    assert r.exit_code == 2, r.output
+    assert f"{link} already there: nothing copied" in r.output
+    assert list(outside.iterdir()) == []
