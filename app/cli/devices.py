@@ -202,9 +202,12 @@ def lightning_infer(samples: int, dataset: str, testbed: Path | None, soc_spec: 
     serve time and energy alone against an A100, an A100X and Brainwave by Lightning's own
     setup (`oddl lightning serve`: under its load)."""
     from oddl.app.registry import open_core, open_inference, open_soc
+    from oddl.controller.base.extras import require
     from oddl.studies import lenet
     from oddl.studies.lightning_serve import alone
 
+    if dataset == "mnist":  # said before any work (the calibration takes seconds)
+        require("mnist", "oddl lightning infer --dataset mnist")
     qick, ph_cfg, spec = _qick_board(testbed, soc_spec, noise)
     if dead and spec != "emulated":
         raise click.BadParameter("a drill of the emulated board only",
