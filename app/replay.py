@@ -19,6 +19,8 @@ from typing import Any
 import tomli_w
 from oddl.app import registry
 from oddl.app.accept import AcceptError, run_suite, summary_said
+from oddl.controller.serving import lifecycle
+from oddl.controller.serving.lifecycle import Stopped
 
 # an acceptance's figures measured on the host's clock, not read from a device: held to
 # the recording within this much (check -> relative, absolute); the rest exactly
@@ -60,8 +62,11 @@ def replay(path: Path, report: Path, relaxed: bool, say: Say) -> int:
 
 
 def _accept(player: Any, report: Path, say: Say) -> list[str]:
-    """The acceptance again: each check that came out otherwise."""
+    """The acceptance again: each check that came out otherwise (a stop, which pytest
+    takes for an interrupted session, is the stop it is: no verdict)."""
     run_suite(report / "testbed.toml", report, player.header.get("only") or [])
+    if lifecycle.stopped_by is not None:
+        raise Stopped(lifecycle.stopped_by, f"the replay's partial report is in {report}")
     got = summary_said(report, say)
     if got is None:
         return ["the suite did not run"]
@@ -82,6 +87,8 @@ def _run(player: Any, report: Path, say: Say) -> list[str]:
         res = api.run(report / "experiment.toml", h["backend"], h.get("iterations"),
                       report / "run", say=say)
     except Exception as e:  # what the replayed run raised is a difference, said
+        if lifecycle.stopped_by is not None:  # (a stop that became an error on its way)
+            raise Stopped(lifecycle.stopped_by, f"the replay's run is in {report}") from None
         return [f"recorded a result, the replay failed: {e}"]
     # the replaying host's controller loop, running late, times a fault late by as much
     lag_ms = max((n.stats.get("loop_lag_ms", {}).get("controller", 0.0)

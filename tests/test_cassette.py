@@ -462,3 +462,25 @@ def test_a_qick_answer_that_is_not_data_refuses_the_cassette(tmp_path: Path, val
     with pytest.raises(CassetteError) as e:
         cassette.read(bad)
     assert "line 4: a QICK 'ret' event's value: " in str(e.value) and why in str(e.value)
+
+
+@pytest.mark.realtime  # the recording's own pace
+def test_ctrl_c_of_a_replay_is_a_stop_not_a_difference(root: Path, tmp_path: Path) -> None:
+    """Reproducer (issue 83): Ctrl-C halfway through `oddl replay` exited 1 with "DIFFERS
+    ... not as recorded" (pytest took the stop for an interrupted session). It is a stop:
+    130, one line saying where the partial report is."""
+    import signal
+
+    p = subprocess.Popen([sys.executable, "-m", "oddl.app", "replay", str(ROUTES), "--report",
+                          str(tmp_path / "rep")], cwd=root, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+    try:
+        assert p.stdout is not None and p.stdout.readline().startswith("replaying ")
+        p.send_signal(signal.SIGINT)  # (the replay plays the recording's 3 s from here)
+        out, err = p.communicate(timeout=120)
+    finally:
+        p.kill()
+    assert p.returncode == 130, out[-2000:] + err[-2000:]
+    assert err.strip() == f"stopped (SIGINT): the replay's partial report is in " \
+                          f"{tmp_path / 'rep'}", err
+    assert "DIFFERS" not in out and "not as recorded" not in out

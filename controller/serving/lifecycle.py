@@ -53,7 +53,12 @@ class Stopped(KeyboardInterrupt):
             f": {'; '.join(self.notes)}" if self.notes else "")
 
 
+stopped_by: int | None = None  # the signal that asked this process to stop, once one did
+
+
 def _raise(signum: int, _frame: FrameType | None) -> None:
+    global stopped_by
+    stopped_by = signum  # (a library that takes the stop for its own, as pytest, hides it)
     # from here on, a second signal is a user who will not wait for the stop
     for s in SIGNALS:
         signal.signal(s, _force)
