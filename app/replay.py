@@ -59,6 +59,10 @@ def replay(path: Path, report: Path, relaxed: bool, say: Say) -> int:
             return _verdict(player, path, played(player, report, say), say)
     except ValueError as e:  # the cassette cannot be played (it says why)
         raise AcceptError(str(e)) from None
+    except Stopped as e:  # Ctrl-C, SIGTERM: no verdict, and where what was done is
+        if report.exists():
+            e.notes.append(f"the replay's partial report is in {report}")
+        raise
 
 
 def _accept(player: Any, report: Path, say: Say) -> list[str]:
@@ -66,7 +70,7 @@ def _accept(player: Any, report: Path, say: Say) -> list[str]:
     takes for an interrupted session, is the stop it is: no verdict)."""
     run_suite(report / "testbed.toml", report, player.header.get("only") or [])
     if lifecycle.stopped_by is not None:
-        raise Stopped(lifecycle.stopped_by, f"the replay's partial report is in {report}")
+        raise Stopped(lifecycle.stopped_by)
     got = summary_said(report, say)
     if got is None:
         return ["the suite did not run"]
@@ -88,7 +92,7 @@ def _run(player: Any, report: Path, say: Say) -> list[str]:
                       report / "run", say=say)
     except Exception as e:  # what the replayed run raised is a difference, said
         if lifecycle.stopped_by is not None:  # (a stop that became an error on its way)
-            raise Stopped(lifecycle.stopped_by, f"the replay's run is in {report}") from None
+            raise Stopped(lifecycle.stopped_by) from None
         return [f"recorded a result, the replay failed: {e}"]
     # the replaying host's controller loop, running late, times a fault late by as much
     lag_ms = max((n.stats.get("loop_lag_ms", {}).get("controller", 0.0)

@@ -481,6 +481,7 @@ def test_ctrl_c_of_a_replay_is_a_stop_not_a_difference(root: Path, tmp_path: Pat
     finally:
         p.kill()
     assert p.returncode == 130, out[-2000:] + err[-2000:]
-    assert err.strip() == f"stopped (SIGINT): the replay's partial report is in " \
-                          f"{tmp_path / 'rep'}", err
+    # (where the stop lands decides whether the report was begun)
+    assert err.strip() in ("stopped (SIGINT)", f"stopped (SIGINT): the replay's partial "
+                                               f"report is in {tmp_path / 'rep'}"), err
     assert "DIFFERS" not in out and "not as recorded" not in out
