@@ -60,7 +60,7 @@ def job_request(text: str, grid: Grid, tb: Testbed, name: str, priority: int) ->
     # its batch where it gives one (JobEntry's default otherwise)
     batch: dict[str, Any] = {"batch_per_node": w.batch_per_node} if w.batch_per_node else {}
     try:
-        entry = JobEntry(name="job", model=w.model, collective=w.collective,
+        entry = JobEntry(name="job", model=w.label, collective=w.collective,
                          ranks=w.ranks or tb.n_nodes, iterations=exp.iterations,
                          epochs=None if exp.iterations else w.epochs,
                          dataset_samples=None if exp.iterations else w.dataset_samples,

@@ -28,12 +28,12 @@ from typing import Any
 
 import msgspec
 from oddl.controller.base.config.fields import ConfigError, ConfigIssue
-from oddl.controller.base.ddp import MAX_BUCKETS, Bucket, Overlap
+from oddl.controller.base.ddp import MAX_BUCKETS, Bucket, CollectiveKind, Overlap
 
 MAX_TRACE_BYTES = 256 << 20  # a profiled step of a large model is tens of MB
 MAX_EVENTS = 4_000_000
 # c10d's operators, as the profiler names their launch, and the kind each is
-KINDS = {"allreduce_": "all_reduce", "allreduce_coalesced_": "all_reduce",
+KINDS: dict[str, CollectiveKind] = {"allreduce_": "all_reduce", "allreduce_coalesced_": "all_reduce",
          "allgather_": "all_gather", "_allgather_base_": "all_gather",
          "allgather_into_tensor_coalesced_": "all_gather",
          "reduce_scatter_": "reduce_scatter", "_reduce_scatter_base_": "reduce_scatter",
@@ -66,7 +66,7 @@ class _Trace(msgspec.Struct):
 
 @dataclass(frozen=True)
 class Collective:
-    kind: str
+    kind: CollectiveKind
     nbytes: int
     ready_ns: int
     stream: str
