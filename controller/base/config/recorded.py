@@ -33,12 +33,13 @@ from oddl.controller.base.ddp import MAX_BUCKETS, Bucket, CollectiveKind, Overla
 MAX_TRACE_BYTES = 256 << 20  # a profiled step of a large model is tens of MB
 MAX_EVENTS = 4_000_000
 # c10d's operators, as the profiler names their launch, and the kind each is
-KINDS: dict[str, CollectiveKind] = {"allreduce_": "all_reduce", "allreduce_coalesced_": "all_reduce",
-         "allgather_": "all_gather", "_allgather_base_": "all_gather",
-         "allgather_into_tensor_coalesced_": "all_gather",
-         "reduce_scatter_": "reduce_scatter", "_reduce_scatter_base_": "reduce_scatter",
-         "reduce_scatter_tensor_coalesced_": "reduce_scatter",
-         "alltoall_": "all_to_all", "alltoall_base_": "all_to_all", "broadcast_": "broadcast"}
+KINDS: dict[str, CollectiveKind] = {
+    "allreduce_": "all_reduce", "allreduce_coalesced_": "all_reduce",
+    "allgather_": "all_gather", "_allgather_base_": "all_gather",
+    "allgather_into_tensor_coalesced_": "all_gather",
+    "reduce_scatter_": "reduce_scatter", "_reduce_scatter_base_": "reduce_scatter",
+    "reduce_scatter_tensor_coalesced_": "reduce_scatter",
+    "alltoall_": "all_to_all", "alltoall_base_": "all_to_all", "broadcast_": "broadcast"}
 DTYPE_BYTES = {"float": 4, "float32": 4, "double": 8, "float64": 8, "half": 2, "float16": 2,
                "bfloat16": 2, "c10::half": 2, "c10::bfloat16": 2, "int": 4, "long int": 8,
                "int64": 8, "long": 8, "int32": 4, "signed char": 1, "unsigned char": 1,
