@@ -244,3 +244,19 @@ def test_a_sweep_takes_its_compute_from_a_device_and_overlaps(tmp_path: Path) ->
         assert got[on]["iteration_ms"] == pytest.approx(compute_ms + got[on]["comm_ms"],
                                                         abs=1e-5)
     assert 0 < got[True]["comm_ms"] < got[False]["comm_ms"] / 2  # most of it hidden
+
+
+def test_an_overlapped_run_ends_in_copies_equal_to_every_iteration(tmp_path: Path) -> None:
+    """The exact steady state still applies: Table 1 with DDP's buckets (its compute
+    calibrated with overlap) and the recorded step, their copies equal to the full runs."""
+    from tests.test_steady import assert_same, both_ways
+
+    exp = tmp_path / "t1.toml"
+    exp.write_text((ROOT / "experiments" / "table1-resnet50.toml").read_text().replace(
+        'testbed = "../hw_configs/', f'testbed = "{ROOT}/hw_configs/').replace(
+        "bytes_per_param = 4", "bytes_per_param = 4\noverlap = true"))
+    for path, n in ((exp, 60), (ROOT / "experiments" / "ddp-trace-cpu.toml", 40)):
+        (tmp_path / path.stem).mkdir()
+        copies, every = both_ways(path, tmp_path / path.stem, iterations=n)
+        assert_same(copies, every)
+        assert copies["summary"]["steady_state"]["oddl"]["copies"] == n - 4
