@@ -188,9 +188,17 @@ class ONicDriver:
 
     # --- count-action -------------------------------------------------------------------
     def load_countaction(self, prog: Program) -> dict[str, Any]:
+        """The program in place of whatever the engine held: its modules written and
+        armed, and every other module disarmed and cleared (a deeper program loaded
+        before, by another client, would otherwise go on firing into this one's)."""
         image = compile_program(prog)
         for off, val in image_writes(image):
             self.mmio.write(off, val)
+        used = {m["slot"] for m in image["modules"]}
+        for slot in range(R.N_MODULES):
+            if slot not in used:
+                self.mmio.write(R.ca(slot, "CTRL"), 0)
+                self.mmio.write(R.ca(slot, "RESET"), 1)
         return image
 
     def read_countaction(self, names: list[str]) -> Program:

@@ -334,3 +334,27 @@ def test_a_testbeds_boards_and_drivers_share_one_node_index() -> None:
                | {id(b.index) for b in boards}) == 1
     assert len({id(b.nodes) for b in boards} | {id(d.nodes) for d in drivers}) == 1
     assert drivers[4].index["n1-1"] == 4 and boards[4].nodes[4] == "n1-1"
+
+
+def test_a_program_loaded_disarms_what_the_one_before_armed() -> None:
+    """Reproducer (issue 85): a 7-module program, then a 2-module one: modules 2..6 of the
+    first stayed armed and fired into the second's (Lightning's layers reset)."""
+    b = Bench()
+    deep = Program()
+    for k in range(7):
+        deep.module(f"m{k}", 2).count("rx.transfers", "H", 0).act("irq")
+    b.drv[1].load_countaction(deep)
+    assert all(b.drv[1].ca_status(k)["armed"] for k in range(7))
+    shallow = Program()
+    for k in range(2):
+        shallow.module(f"s{k}", 5).count("rx.transfers", "H", 0).act("irq")
+    b.drv[1].load_countaction(shallow)
+    assert [b.drv[1].ca_status(k)["armed"] for k in range(R.N_MODULES)] == \
+        [True, True] + [False] * (R.N_MODULES - 2)
+    d0 = b.drv[0]
+    d0.tune("H", 0)
+    b.run_ns(11)
+    b.grant(0, 1, 1, 0)
+    d0.start_transfer("H", 1, 1000, 1)
+    b.run_ns(200)
+    assert [b.drv[1].ca_status(k)["count"] for k in range(7)] == [1, 1, 0, 0, 0, 0, 0]
