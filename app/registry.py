@@ -215,13 +215,14 @@ def replaying() -> bool:
 
 def open_soc(spec: str, photonics: QickPhotonics | None = None, seed: int = 0,
              dacs: int = 2, dead_modulators: frozenset[int] = frozenset(),
-             datapath: QickDatapath | None = None, board_model: str = "python"
-             ) -> tuple[Any, Any]:
+             datapath: QickDatapath | None = None, board_model: str = "python",
+             hmac_key: bytes | None = None) -> tuple[Any, Any]:
     """A QICK board for Lightning: 'emulated' (the photonic multiplier model in process,
     from the testbed's [qick.photonics], with `dacs` generators: 4 are two modulator
     pairs, for multiply-accumulate; its fabric holds Lightning's datapath from
     [qick.datapath], its count-action engine the O-NIC's, `board_model` the Python model
-    or the gateware), 'local' or pyro://HOST:PORT/NAME (the driver)."""
+    or the gateware), 'local' or pyro://HOST:PORT/NAME (the driver; `hmac_key`: its
+    messages signed, as a keyed server demands)."""
     from oddl.drivers import soc_tape
 
     def open_() -> tuple[Any, Any]:
@@ -237,7 +238,7 @@ def open_soc(spec: str, photonics: QickPhotonics | None = None, seed: int = 0,
             return soc, soc
         from oddl.drivers.lightning import open_soc as _open
 
-        return _open(spec)
+        return _open(spec, hmac_key)
 
     return soc_tape.opened(open_)  # (on a cassette, when one records or plays)
 

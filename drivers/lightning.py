@@ -360,12 +360,13 @@ def plot_accuracy(pairs: list[tuple[int, int]], errors: list[int], path: str | P
     return path
 
 
-def open_soc(spec: str) -> tuple[Any, Any]:
+def open_soc(spec: str, hmac_key: bytes | None = None) -> tuple[Any, Any]:
     """(soc, soccfg) for 'local' (QickSoc on this board) or pyro://HOST:PORT/NAME
     (qick.pyro.make_proxy, as the lab connects to a board; Pyro4 unpickles what the board
-    sends: trusted networks only, docs/lightning.md). Never while a cassette plays (its
-    exchanges are the cassette's, app.registry.open_soc): an address in it is not
-    reached."""
+    sends: trusted networks only, docs/lightning.md); with `hmac_key`, every message to
+    and from the name server and the soc signed with it, as a keyed server demands. Never
+    while a cassette plays (its exchanges are the cassette's, app.registry.open_soc): an
+    address in it is not reached."""
     from oddl.drivers import cassette
 
     if isinstance(cassette.active, cassette.Player):
@@ -383,7 +384,18 @@ def open_soc(spec: str) -> tuple[Any, Any]:
 
         host, _, rest = spec.removeprefix("pyro://").partition(":")
         port, _, name = rest.partition("/")
-        with contextlib.redirect_stdout(io.StringIO()):  # make_proxy lists the name server
-            proxy: tuple[Any, Any] = make_proxy(host, int(port), name)
-        return proxy
+        if hmac_key is None:
+            with contextlib.redirect_stdout(io.StringIO()):  # it lists the name server
+                proxy: tuple[Any, Any] = make_proxy(host, int(port), name)
+            return proxy
+        import Pyro4
+        from qick import QickConfig
+
+        # make_proxy's steps, signed (it has no key to give)
+        Pyro4.config.SERIALIZER = "pickle"
+        Pyro4.config.PICKLE_PROTOCOL_VERSION = 4
+        ns = Pyro4.locateNS(host=host, port=int(port), hmac_key=hmac_key)
+        soc = Pyro4.Proxy(ns.lookup(name))
+        soc._pyroHmacKey = hmac_key
+        return soc, QickConfig(soc.get_cfg())
     raise ValueError(f"QICK soc {spec!r}: 'emulated', 'local' or pyro://HOST:PORT/NAME")

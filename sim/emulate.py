@@ -54,6 +54,7 @@ class Emulation:
     drill: Drill | None = None  # the faults in force
     control: Any = None  # sim.control.ControlEndpoint: faults while a job runs
     token: str = field(default_factory=lambda: secrets_.token_urlsafe(24))  # the endpoint's
+    qick_key: str = field(default_factory=lambda: secrets_.token_urlsafe(32))  # Pyro's HMAC
     revive: Any = None  # node -> its node program started afresh (a board back)
     external: frozenset[str] = frozenset()
     _effects: list[asyncio.Task[None]] = field(default_factory=list)
@@ -69,6 +70,8 @@ class Emulation:
         for party, pw in self.passwords.items():
             write_private(where / party, pw)
         write_private(where / "_control", self.token)  # "_": no party can have this name
+        if self.qick is not None:
+            write_private(where / "_qick", self.qick_key)
         return where
 
     def busy(self) -> bool:
@@ -224,7 +227,8 @@ async def start(tb: Testbed, emu: Emulation, host: str = "127.0.0.1",
         emu.qick = await asyncio.to_thread(QickPyroServer(
             photonics, host, n_dacs=n_dacs,
             engine=functools.partial(lone_board, tb.testbed.board_model),
-            datapath=DatapathSpec(dp.stream_gsps, dp.latency_ns)).start)
+            datapath=DatapathSpec(dp.stream_gsps, dp.latency_ns),
+            hmac_key=emu.qick_key.encode()).start)
     from oddl.sim.devices.control import ControlEndpoint
 
     emu.control = await ControlEndpoint(tb, emu.drill, emu.token, emu.refusal).start()
@@ -282,6 +286,8 @@ def emu_config(tb: Testbed, emu: Emulation, source: str, secrets: Path | None = 
                          "token_file": str(secrets.resolve() / "_control")}
     if emu.qick is not None:
         d["qick"]["soc"] = emu.qick.url
+        if secrets is not None:  # its key, which only this user reads
+            d["qick"]["hmac_key_file"] = str(secrets.resolve() / "_qick")
     for k in ("wavelengths_nm", "wavelength_grid"):
         if d["optical"].get(k) is None:
             d["optical"].pop(k, None)

@@ -188,3 +188,48 @@ def test_testbed_qick_section_is_validated(root: Path, tmp_path: Path) -> None:
     bad.write_text(text.replace('soc = "emulated"', 'soc = "telnet://board"'))
     r = CliRunner().invoke(main, ["check", str(bad)])
     assert r.exit_code == 2 and "qick.soc" in r.output and "pyro://HOST:PORT/NAME" in r.output
+
+
+@pytest.mark.realtime
+def test_a_keyed_qick_server_unpickles_nothing_a_stranger_sends(tmp_path: Path) -> None:
+    """Reproducer (issue 85): the emulated board's Pyro daemon unpickled what any local
+    client sent; a forged argument made it write a file. With its HMAC key (the emu
+    testbed's `hmac_key_file`), an unsigned message is refused before it is read; the
+    signed client works as before."""
+    import Pyro4
+    import Pyro4.errors
+    from oddl.drivers.lightning import open_soc
+    from oddl.sim.devices.qick_pyro import QickPyroServer
+
+    class Forged:
+        def __init__(self, path: Path) -> None:
+            self.path = str(path)
+
+        def __reduce__(self) -> tuple[object, tuple[str]]:
+            return (Path.touch, (self.path,))
+
+    def forge(srv: QickPyroServer, key: bytes | None, marker: Path) -> None:
+        ns = Pyro4.locateNS(host=srv.host, port=srv.ns_port, hmac_key=key)
+        stranger = Pyro4.Proxy(ns.lookup(srv.name))  # no key: what any local user has
+        Pyro4.config.SERIALIZER = "pickle"
+        try:
+            stranger.get_cfg(Forged(marker))
+        except Exception:  # noqa: BLE001 (the call itself may fail either way)
+            pass
+        finally:
+            stranger._pyroRelease()
+
+    for key in (None, b"k" * 32):
+        marker = tmp_path / f"planted-{key is not None}"
+        srv = QickPyroServer(Photonics(**IDEAL), hmac_key=key).start()
+        try:
+            forge(srv, key, marker)
+            assert marker.exists() == (key is None)  # unkeyed: it ran the forged code
+            if key is not None:
+                with pytest.raises(Pyro4.errors.PyroError):
+                    open_soc(srv.url)  # unsigned: refused
+                soc, soccfg = open_soc(srv.url, key)
+                prod, _ = multiply(soc, soccfg, LightningConfig(dac_0=77, dac_1=211))
+                assert prod.product == 64
+        finally:
+            srv.stop()

@@ -64,7 +64,7 @@ def lightning(ctx: click.Context, a: int | None, b: int | None, characterize: bo
                              "adc_channel": qick.adc_channel} \
         if qick is not None else {}
     try:
-        soc, soccfg = open_soc(spec, ph_cfg, seed)
+        soc, soccfg = open_soc(spec, ph_cfg, seed, hmac_key=_key(qick))
         if characterize:
             pairs = L.operand_pairs(samples, seed)
             base = L.LightningConfig(dac_0=0, dac_1=0, **chans)
@@ -131,6 +131,15 @@ def _qick_board(testbed: Path | None, soc_spec: str | None, noise: float | None
     return qick, ph_cfg, soc_spec or (qick.soc if qick is not None else "emulated")
 
 
+def _key(qick: Any) -> bytes | None:
+    """The testbed's Pyro HMAC key, if it names one (one line and exit 2 if unreadable)."""
+    try:
+        return qick.hmac_key() if qick is not None else None
+    except ValueError as e:
+        click.echo(f"error: {e}", err=True)
+        sys.exit(2)
+
+
 def _pair(text: str) -> tuple[int, int]:
     a, sep, b = text.partition("x")
     if not sep or not (a.isdigit() and b.isdigit()) or max(int(a), int(b)) > 255:
@@ -154,7 +163,7 @@ def lightning_mac(pairs: tuple[str, ...], testbed: Path | None, soc_spec: str | 
     ops = [_pair(p) for p in pairs]
     qick, ph_cfg, spec = _qick_board(testbed, soc_spec, noise)
     try:
-        soc, soccfg = open_soc(spec, ph_cfg, seed, dacs=4)
+        soc, soccfg = open_soc(spec, ph_cfg, seed, dacs=4, hmac_key=_key(qick))
         core = open_core(soc, soccfg, qick.adc_channel if qick is not None else 0)
         cal = core.calibrate(seed=seed)
         k = core.pairs
@@ -219,6 +228,7 @@ def lightning_infer(samples: int, dataset: str, testbed: Path | None, soc_spec: 
 
     try:
         soc, soccfg = open_soc(spec, ph_cfg, seed, dacs=4, dead_modulators=frozenset(dead),
+                               hmac_key=_key(qick),
                                datapath=qick.datapath if qick is not None else None,
                                board_model=board_model)
         core = open_core(soc, soccfg, qick.adc_channel if qick is not None else 0)
@@ -345,7 +355,7 @@ def _board_params(testbed: Path) -> dict[str, int]:
     if tb.qick is None:
         raise click.BadParameter(f"{testbed}: no [qick] board to take num_DACs from; give "
                                  "--param num_DACs=N", param_hint="--testbed")
-    _soc, soccfg = open_soc(tb.qick.soc, tb.qick.photonics)
+    _soc, soccfg = open_soc(tb.qick.soc, tb.qick.photonics, hmac_key=_key(tb.qick))
     return {"num_DACs": len(soccfg["gens"])}
 
 

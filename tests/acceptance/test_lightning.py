@@ -19,7 +19,7 @@ def test_lightning_accuracy(bench: Bench, figure) -> None:
         pytest.skip("the testbed config has no [qick] board")
     spec = bench.spec
     try:
-        soc, soccfg = open_soc(q.soc, q.photonics)
+        soc, soccfg = open_soc(q.soc, q.photonics, hmac_key=q.hmac_key())
     except Exception as e:
         pytest.fail(f"QICK board {q.soc}: {type(e).__name__}: {e}", pytrace=False)
     base = LightningConfig(dac_0=0, dac_1=0, dac_channels=q.dac_channels,
@@ -54,7 +54,7 @@ def test_lightning_inference(bench: Bench, figure) -> None:
     spec = bench.spec
     why = ""
     try:
-        soc, soccfg = open_soc(q.soc, q.photonics)
+        soc, soccfg = open_soc(q.soc, q.photonics, hmac_key=q.hmac_key())
         core = open_core(soc, soccfg, q.adc_channel)
         cal = core.calibrate()
     except NoProduct as e:

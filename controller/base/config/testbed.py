@@ -274,15 +274,38 @@ class QickDatapath(ConfigModel):
                               "into the fabric, per layer (Lightning's simulator: 115)")
 
 
+MAX_KEY_BYTES = 1024
+
+
 class Qick(ConfigModel):
     """A QICK RFSoC board running Lightning's photonic multiply."""
 
     soc: str = Field(default="emulated", description="'emulated' (in process), 'local' "
                      "(QickSoc on this board) or pyro://NAMESERVER:PORT/PROXY_NAME")
+    hmac_key_file: str | None = Field(
+        default=None, min_length=1, max_length=4096,
+        description="pyro: a file holding the key every Pyro message is signed with (the "
+                    "server takes only signed ones; `oddl emulate` writes one)")
     dac_channels: tuple[int, int] = (0, 1)
     adc_channel: int = Field(default=0, ge=0)
     photonics: QickPhotonics = QickPhotonics()
     datapath: QickDatapath = QickDatapath()
+
+    def hmac_key(self) -> bytes | None:
+        """The Pyro HMAC key `hmac_key_file` holds (None: none named); ValueError if the
+        file cannot be read or is no key."""
+        if self.hmac_key_file is None:
+            return None
+        path = Path(self.hmac_key_file)
+        try:
+            with path.open("rb") as f:
+                key = f.read(MAX_KEY_BYTES + 1).strip()
+        except OSError as e:
+            raise ValueError(f"qick.hmac_key_file: {path}: {e.strerror or e}") from None
+        if not 16 <= len(key) <= MAX_KEY_BYTES:
+            raise ValueError(f"qick.hmac_key_file: {path}: a key is 16 to {MAX_KEY_BYTES} "
+                             f"bytes")
+        return key
 
     @field_validator("soc")
     @classmethod
