@@ -214,7 +214,7 @@ def test_a_keyed_qick_server_unpickles_nothing_a_stranger_sends(tmp_path: Path) 
         Pyro4.config.SERIALIZER = "pickle"
         try:
             stranger.get_cfg(Forged(marker))
-        except Exception:  # noqa: BLE001 (the call itself may fail either way)
+        except Exception:
             pass
         finally:
             stranger._pyroRelease()
