@@ -214,7 +214,7 @@ def test_a_keyed_qick_server_unpickles_nothing_a_stranger_sends(tmp_path: Path) 
         Pyro4.config.SERIALIZER = "pickle"
         try:
             stranger.get_cfg(Forged(marker))
-        except Exception:
+        except Exception:  # (the call may fail either way: what matters is the file)
             pass
         finally:
             stranger._pyroRelease()
