@@ -233,3 +233,19 @@ def test_a_keyed_qick_server_unpickles_nothing_a_stranger_sends(tmp_path: Path) 
                 assert prod.product == 64
         finally:
             srv.stop()
+
+
+@pytest.mark.parametrize("args, why", [
+    (["lightning", "--characterize", "--samples", "0"], "'--samples': 0 is not in the range"),
+    (["lightning", "--a", "1", "--b", "2", "--noise", "nan"], "'nan' is not a finite number"),
+    (["lightning", "infer", "--dataset", "digits", "--dead-modulator", "9"],
+     "a DAC of the board's 4: 0 to 3"),
+    (["usage", "--since", "0001-01-01", "--arbiter", "http://127.0.0.1:9", "--token-file",
+      "/dev/null"], "not a time this machine can count from 1970"),
+])
+def test_an_argument_out_of_its_range_is_refused_before_any_work(args: list[str],
+                                                                   why: str) -> None:
+    """Issue 85's argument edges: each was a traceback's message, exit 1, or work done."""
+    r = CliRunner().invoke(main, args)
+    assert r.exit_code == 2, r.output
+    assert why in r.output and "Traceback" not in r.output

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import click
-from oddl.app.cli.main import _config_fail, emit, main
+from oddl.app.cli.main import Finite, _config_fail, emit, main
 from oddl.controller.base.config import ConfigError, field_issues, load_testbed
 
 if TYPE_CHECKING:
@@ -26,8 +26,8 @@ def _board_options(emulated: str) -> Callable[[Callable[..., Any]], Callable[...
         click.option("--soc", "soc_spec", default=None,
                      help="emulated | local | pyro://HOST:PORT/NAME (default: the "
                           f"testbed's, else emulated{emulated})"),
-        click.option("--noise", type=float, default=None,
-                     help="emulated: noise rms (ADC LSB)")]
+        click.option("--noise", type=Finite(0.0, 4096.0), default=None,
+                     help="emulated: noise rms (ADC LSB, 0 to 4096)")]
 
     def wrap(f: Callable[..., Any]) -> Callable[..., Any]:
         for opt in reversed(options):
@@ -40,8 +40,8 @@ def _board_options(emulated: str) -> Callable[[Callable[..., Any]], Callable[...
 @click.option("--a", "a", type=int, default=None, help="operand a, 0..255 (dac_0)")
 @click.option("--b", "b", type=int, default=None, help="operand b, 0..255 (dac_1)")
 @click.option("--characterize", is_flag=True, help="sweep operand pairs, report accuracy")
-@click.option("--samples", type=int, default=4096, help="pairs for --characterize "
-              "(65536: all)")
+@click.option("--samples", type=click.IntRange(1, 65536), default=4096,
+              help="pairs for --characterize (65536: all)")
 @_board_options("")
 @click.option("--seed", type=int, default=0, help="emulated noise and --characterize pairs")
 @click.option("--plot", type=click.Path(path_type=Path), default=None, help="PNG to write")
@@ -185,6 +185,9 @@ def lightning_mac(pairs: tuple[str, ...], testbed: Path | None, soc_spec: str | 
                f"modulator pair(s))")
 
 
+INFER_DACS = 4  # two modulator pairs
+
+
 @lightning.command("infer")
 @click.option("--samples", type=click.IntRange(1, 1000), default=50, show_default=True,
               help="held-out test images (Lightning checks the first 50; MNIST holds out "
@@ -221,13 +224,17 @@ def lightning_infer(samples: int, dataset: str, testbed: Path | None, soc_spec: 
     if dead and spec != "emulated":
         raise click.BadParameter("a drill of the emulated board only",
                                  param_hint="--dead-modulator")
+    if any(not 0 <= d < INFER_DACS for d in dead):
+        raise click.BadParameter(f"a DAC of the board's {INFER_DACS}: 0 to {INFER_DACS - 1}",
+                                 param_hint="--dead-modulator")
 
     def say(line: str) -> None:
         if not as_json:
             click.echo(line)
 
     try:
-        soc, soccfg = open_soc(spec, ph_cfg, seed, dacs=4, dead_modulators=frozenset(dead),
+        soc, soccfg = open_soc(spec, ph_cfg, seed, dacs=INFER_DACS,
+                               dead_modulators=frozenset(dead),
                                hmac_key=_key(qick),
                                datapath=qick.datapath if qick is not None else None,
                                board_model=board_model)
@@ -282,7 +289,7 @@ def lightning_infer(samples: int, dataset: str, testbed: Path | None, soc_spec: 
               help="runs, each its own arrival trace (the release's ten; up to minutes each)")
 @click.option("--requests", type=click.IntRange(1, 5000), default=100, show_default=True,
               help="a run ends when its first N requests are done")
-@click.option("--line-rate", type=click.FloatRange(1e-4, 100.0), default=0.06,
+@click.option("--line-rate", type=Finite(1e-4, 100.0), default=0.06,
               show_default=True, help="the NIC's line rate, Gb/s (the release: 0.06)")
 @click.option("--seed", type=int, default=1, show_default=True,
               help="the first trial's arrivals (the next: seed + 1, ...)")

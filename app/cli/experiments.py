@@ -13,6 +13,7 @@ from typing import Any
 
 import click
 from oddl.app.cli.main import (
+    Finite,
     _config_fail,
     console,
     control_model_options,
@@ -148,7 +149,7 @@ def plan(testbed: Path, job: Path | None, strategy: str | None, as_json: bool,
               help="MODEL[:RANKS] (measured on a link of --link-gbps, RANKS default 4), or "
                    "NAME:ITER_MS:COMM_MS[:DEMAND], a raw profile; DEMAND is the share of the "
                    "link it uses while communicating (default 1)")
-@click.option("--link-gbps", type=click.FloatRange(min=0, min_open=True, max=1e5),
+@click.option("--link-gbps", type=Finite(min=0, min_open=True, max=1e5),
               default=100.0, show_default=True, help="the shared link (model jobs)")
 @click.option("--json", "as_json", is_flag=True, help="print score, rotations, shifts_ms")
 @click.option("--plot", type=click.Path(path_type=Path), default=None,

@@ -11,7 +11,14 @@ import time
 from pathlib import Path
 
 import click
-from oddl.app.cli.main import _config_fail, control_model_options, fail, main, new_file
+from oddl.app.cli.main import (
+    Finite,
+    _config_fail,
+    control_model_options,
+    fail,
+    main,
+    new_file,
+)
 from oddl.controller.base.config import ConfigError, load_testbed
 from oddl.controller.base.extras import require
 from oddl.controller.base.faultkinds import cli_help
@@ -31,7 +38,7 @@ from oddl.controller.serving.lifecycle import Services
               help="open no PYNQ.remote port for the boards whose node programs run here: "
                    "the emu config names them `local`, and stage 1 reaches them through "
                    "their node programs, as in a lab with its ports closed (docs/deploy.md)")
-@click.option("--spin-us", type=click.FloatRange(min=0), default=2000, show_default=True,
+@click.option("--spin-us", type=Finite(min=0, max=1e9), default=2000, show_default=True,
               envvar="ODDL_EMU_SPIN_US",
               help="while a job runs, poll instead of sleeping for this long after device "
                    "activity and before a device timer: device timing within microseconds, "

@@ -10,6 +10,7 @@ or 143): never with a traceback (ODDL_DEBUG=1 shows it).
 from __future__ import annotations
 
 import gc
+import math
 import os
 import sys
 from collections.abc import Callable
@@ -50,6 +51,17 @@ def new_file(_ctx: click.Context, param: click.Parameter, value: Path | None
     if value is not None and not value.parent.is_dir():
         raise click.BadParameter(f"no directory {value.parent}", param=param)
     return value
+
+
+class Finite(click.FloatRange):
+    """click's FloatRange, which lets nan and inf through its bounds, without them."""
+
+    def convert(self, value: Any, param: click.Parameter | None,
+                ctx: click.Context | None) -> Any:
+        v = super().convert(value, param, ctx)
+        if not math.isfinite(v):
+            self.fail(f"{value!r} is not a finite number", param, ctx)
+        return v
 
 
 def fail(message: str, code: int = 2) -> NoReturn:

@@ -365,8 +365,13 @@ def usage(since: Any, until: Any, per_job: bool, as_csv: bool, as_json: bool, ur
     """Accounting per user (and per job): node-hours for the time jobs held nodes within
     the window (not their time queued, nor time no arbiter ran), jobs by state, wait
     times (a user sees their own)."""
-    t = since.timestamp() if since is not None else 0
-    q = f"/usage?since={t}" + (f"&until={until.timestamp()}" if until is not None else "")
+    try:  # (year 1 is no Unix time: ValueError, or OverflowError, from the C library)
+        t = since.timestamp() if since is not None else 0
+        end = until.timestamp() if until is not None else None
+    except (ValueError, OverflowError, OSError) as e:
+        raise click.BadParameter(f"not a time this machine can count from 1970: {e}",
+                                 param_hint="--since/--until") from None
+    q = f"/usage?since={t}" + (f"&until={end}" if end is not None else "")
     u = _call(url, token_file, "GET", q)["users"]
     if as_json:
         emit(u)
