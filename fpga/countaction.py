@@ -69,6 +69,9 @@ MAX_RANGE = 4096
 MAX_PARAMS = 64
 
 
+MAX_PROGRAM_CHARS = 256 * 1024  # the shipped streamer is 1.6 kB; 16 modules with comments
+
+
 PLACEHOLDER = 1  # a free parameter's value while a program is only checked: valid anywhere
 
 
@@ -491,6 +494,10 @@ class _Parser:
 
 def _parse(text: str, params: dict[str, int] | None, source: str
            ) -> tuple[Program, dict[str, _Tok]]:
+    if len(text) > MAX_PROGRAM_CHARS:  # before a token is made (10 MB took 23 s)
+        raise CountActionError(f"{len(text):,} characters: a program is at most "
+                               f"{MAX_PROGRAM_CHARS:,} (the engine holds {R.N_MODULES} "
+                               f"modules)", source=source)
     p = _Parser(text, params or {}, source)
     prog = p.program()
     unknown = [k for k in p.given if k not in p.declared and k not in p.used]

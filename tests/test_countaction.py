@@ -284,3 +284,17 @@ def test_what_decompile_accepts_prints_as_text_that_parses_back(image: dict) -> 
         return
     back = parse(prog.text(), dict(prog.params))  # `oddl countaction decompile` prints text
     assert compile_program(back)["modules"] == compile_program(prog)["modules"]
+
+
+def test_a_program_is_bounded_before_it_is_read(tmp_path: Path) -> None:
+    """Reproducer (issue 85): a 10 MB program was read and tokenized whole (22.7 s of CPU)
+    before the engine's bounds refused it. Its size is refused first, by file and text."""
+    from oddl.fpga.countaction import MAX_PROGRAM_CHARS, CountActionError, parse
+
+    line = "module m target 1 { count rx.transfers on H }\n"
+    with pytest.raises(CountActionError, match="a program is at most"):
+        parse(line * (MAX_PROGRAM_CHARS // len(line) + 1))
+    big = tmp_path / "big.ca"
+    big.write_text(line * 250_000)  # 11.5 MB
+    r = CliRunner().invoke(main, ["countaction", "check", str(big)])
+    assert r.exit_code == 2 and "a program is at most" in r.output, r.output

@@ -370,10 +370,21 @@ def _load_program(file: Path, params: tuple[str, ...], testbed: Path | None = No
                   free: bool = False) -> tuple[Program, list[str]]:
     """(program, free parameters): the board's values where the program uses them, then
     --param's over them; free parameters are an error unless `free`."""
-    from oddl.fpga.countaction import CountActionError, parse, parse_template
+    from oddl.fpga.countaction import MAX_PROGRAM_CHARS, CountActionError, parse, parse_template
 
     try:
-        text, given = file.read_text(), _parse_params(params)
+        with file.open("rb") as f:  # (bounded before it is read: a program is small)
+            data = f.read(4 * MAX_PROGRAM_CHARS + 1)
+        if len(data) > 4 * MAX_PROGRAM_CHARS:
+            click.echo(f"error: {file}: over {4 * MAX_PROGRAM_CHARS:,} bytes: a program is "
+                       f"at most {MAX_PROGRAM_CHARS:,} characters", err=True)
+            sys.exit(2)
+        try:
+            text = data.decode("utf-8")
+        except UnicodeDecodeError as e:
+            click.echo(f"error: {file}: not UTF-8 text (byte {e.start})", err=True)
+            sys.exit(2)
+        given = _parse_params(params)
         if testbed is not None:  # bind what the program leaves free, from the board
             _prog, unbound = parse_template(text, given, str(file))
             board = _board_params(testbed)
