@@ -402,8 +402,8 @@ def _why_not_event(obj: Any) -> str | None:
         return f"t = {t!r}: not a time within a recording (0 to {MAX_RECORDING_S:g} s)"
     if not _typed(obj["dev"], _TEXT) or not _typed(obj["i"], _INT) or obj["i"] < 0:
         return "dev must be text and i a count"
-    if k not in FIELDS:
-        return f"k = {k!r}: no kind of event this oddl records ({', '.join(FIELDS)})"
+    if not isinstance(k, str) or k not in FIELDS:  # (a list or dict is no key to look up)
+        return f"k = {k!r:.40}: no kind of event this oddl records ({', '.join(FIELDS)})"
     for f, types in FIELDS[k].items():
         if not _typed(obj.get(f), types):
             return (f"a {k!r} event's {f!r} is {type(obj.get(f)).__name__}, not "
@@ -423,8 +423,9 @@ def _why_not_header(obj: Any) -> str | None:
     if obj.get("version") != VERSION:
         return f"cassette version {obj.get('version')!r}; this oddl plays version {VERSION}"
     kind = obj.get("kind")
-    if kind not in KINDS:
-        return (f"a cassette of {kind!r}: this oddl replays `oddl accept` and `oddl run`")
+    if not isinstance(kind, str) or kind not in KINDS:
+        return (f"a cassette of {kind!r:.40}: this oddl replays `oddl accept` and "
+                f"`oddl run`")
     for f, types in (HEADER | KINDS[kind] | OPTIONAL).items():
         if (f in obj and not _typed(obj[f], types)) or (f not in obj and f not in OPTIONAL):
             return f"header: {f!r} missing or not {' or '.join(x.__name__ for x in types)}"
@@ -441,7 +442,8 @@ _FIGURE = {"name": _TEXT, "unit": _TEXT, "value": (int, float, str, type(None))}
 def _why_not_result(kind: str, end: Any) -> str | None:
     """Why a footer is no result of a `kind` command that a replay can compare, or None."""
     want = RESULTS[kind]
-    if not isinstance(end, dict) or not isinstance(end.get(want), dict | None):
+    if not isinstance(end, dict) or want not in end or \
+            not isinstance(end[want], dict | None):
         return f"no {want!r}"
     if kind != "accept" or end[want] is None:
         return None  # a run's result is compared as JSON, whatever its shape

@@ -350,6 +350,10 @@ def test_every_malformed_cassette_is_refused_with_its_reason(root: Path,
         "unknown": ([head, {**ev, "k": "exec"}, end], "k = 'exec': no kind of event"),
         "result": ([head, *events, {"end": {"rc": 0, "summary": {"checks": [1]}}}],
                    "the result: a check is not"),
+        # (issue 85: these three ended in a TypeError or KeyError, exit 1)
+        "kind-list": ([{**head, "kind": ["run"]}, end], "a cassette of ['run']"),
+        "k-dict": ([head, {**ev, "k": {"r": 1}}, end], "k = {'r': 1}: no kind of event"),
+        "no-summary": ([head, *events, {"end": {"rc": 0}}], "the result: no 'summary'"),
         "long": (gzip.compress(json.dumps(head).encode() + b"\n" + b"[" * (
             cassette.MAX_LINE + 1)), f"line 2: longer than {cassette.MAX_LINE:,}"),
     }
@@ -361,7 +365,12 @@ def test_every_malformed_cassette_is_refused_with_its_reason(root: Path,
             write(f, content)
         with pytest.raises(CassetteError, match=re.escape(why)):
             cassette.read(f)
-    for name in ("late", "kind", "argv", "value"):  # as the command says it
+    write(tmp_path / "none-run.jsonl.gz", [head, *events, {"end": {"summary": None}}])
+    r = oddl(root, "replay", str(tmp_path / "none-run.jsonl.gz"), "--report",
+             str(tmp_path / "rep-none"))  # recorded: a suite that did not run
+    assert r.returncode == 1 and "DIFFERS the suite did not run when it was recorded" in \
+        r.stdout and "Traceback" not in r.stderr, r.stdout[-2000:] + r.stderr[-2000:]
+    for name in ("late", "kind", "argv", "value", "kind-list", "k-dict", "no-summary"):
         r = oddl(root, "replay", str(tmp_path / f"{name}.jsonl.gz"), "--report",
                  str(tmp_path / f"rep-{name}"))
         assert r.returncode == 2 and "Traceback" not in r.stderr, (name, r.stderr)
