@@ -94,9 +94,10 @@ def run_suite(testbed: Path, report: Path, only: list[str]) -> int:
 
 def run(testbed_path: Path, tb: Testbed, backend: str, report: Path, only: list[str],
         faults: list[str], wait_s: float, say: Callable[[str], None],
-        record: Path | None = None) -> int:
+        record: Path | None = None, key: bytes | None = None) -> int:
     """The suite's exit code: 0 all passed, 1 a check failed, 2 it could not run.
-    `record`: every exchange with the devices onto that cassette (drivers/cassette.py)."""
+    `record`: every exchange with the devices onto that cassette (drivers/cassette.py),
+    signed with `key` if given."""
 
     check_only(only)
     if faults and not (registry.kind(backend).faults_at_start
@@ -116,7 +117,7 @@ def run(testbed_path: Path, tb: Testbed, backend: str, report: Path, only: list[
         header = {"kind": "accept", "argv": sys.argv[1:], "testbed_name": tb.name,
                   "testbed": s.testbed.read_text(), "only": only,
                   "packages": package_versions()}
-        rc = _suite(s.testbed, report, only, record, header, say)
+        rc = _suite(s.testbed, report, only, record, header, say, key)
     d = summary_said(report, say)
     say(f"acceptance of {tb.name} ({backend}) took {time.perf_counter() - t0:.1f} s; "
         f"report: {report}")
@@ -124,12 +125,12 @@ def run(testbed_path: Path, tb: Testbed, backend: str, report: Path, only: list[
 
 
 def _suite(testbed: Path, report: Path, only: list[str], record: Path | None,
-           header: dict[str, Any], say: Callable[[str], None]) -> int:
+           header: dict[str, Any], say: Callable[[str], None], key: bytes | None) -> int:
     """pytest on the suite, recording its device traffic onto `record` if given."""
     if record is None:
         return run_suite(testbed, report, only)
     rc = 2
-    with registry.recording(record, header) as rec:
+    with registry.recording(record, header, key) as rec:
         try:
             rc = run_suite(testbed, report, only)
         finally:

@@ -181,21 +181,22 @@ def open_board(addr: str | None, node: str, nodes: list[str]) -> ONicDriver:
     return _open(addr, node, nodes)
 
 
-def recording(path: Path, header: dict[str, Any]
+def recording(path: Path, header: dict[str, Any], key: bytes | None = None
               ) -> contextlib.AbstractContextManager[Recorder]:
     """The drivers write every exchange with the devices onto cassette `path`, while in
     it (drivers/cassette.py; the caller closes the Recorder it yields, with its result)."""
     from oddl.drivers import cassette
 
-    return cassette.recording(path, header)
+    return cassette.recording(path, header, key)
 
 
-def playing(path: Path, relaxed: bool) -> contextlib.AbstractContextManager[Player]:
+def playing(path: Path, relaxed: bool, key: bytes | None = None
+            ) -> contextlib.AbstractContextManager[Player]:
     """The drivers' devices served from cassette `path`, while in it (the Player it
     yields; ValueError naming the file if it cannot be played)."""
     from oddl.drivers import cassette
 
-    return cassette.playing(path, relaxed)
+    return cassette.playing(path, relaxed, key)
 
 
 def recorded(name: str, make: Callable[[], T]) -> T:

@@ -39,11 +39,12 @@ TIMED_REL = {"ratio": 1e-5}
 Say = Callable[[str], None]
 
 
-def replay(path: Path, report: Path, relaxed: bool, say: Say) -> int:
+def replay(path: Path, report: Path, relaxed: bool, say: Say, key: bytes | None = None
+           ) -> int:
     """0: as recorded; 1: a divergence or a difference (each said); AcceptError: the
     cassette cannot be played (exit 2)."""
     try:
-        with registry.playing(path, relaxed) as player:
+        with registry.playing(path, relaxed, key) as player:
             h = player.header  # (its kind and fields' types checked as it was read)
             played = {"accept": _accept, "run": _run}[h["kind"]]
             if player.result is None:
@@ -119,7 +120,7 @@ def _verdict(player: Any, path: Path, found: list[str], say: Say) -> int:
     for line in diffs:
         say(f"DIFFERS {line}")
     say(f"replay of {path}: " + ("the same result as recorded" if not diffs
-                                  else "not as recorded"))
+                                  else "not as recorded") + f" ({player.signature})")
     return 1 if diffs else 0
 
 

@@ -40,6 +40,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 import httpx
+from oddl.drivers.seal import SIGNED, Signature
 from oddl.drivers.soc_values import why_not_value
 
 T = TypeVar("T")
@@ -103,13 +104,16 @@ def _value(data: int | bytes) -> int | str:
 class Recorder:
     """Writes a cassette as the command runs (one lock: device calls come from threads)."""
 
-    def __init__(self, path: Path, header: dict[str, Any]) -> None:
+    def __init__(self, path: Path, header: dict[str, Any], key: bytes | None = None) -> None:
+        """`key`: every line signed with it (drivers/seal.py)."""
         self.path = path
         # open for the command's life (closed with its result)
         self._f = gzip.open(path, "wt", encoding="utf-8")  # noqa: SIM115
         self._t0 = time.monotonic()
-        self._f.write(json.dumps({"format": FORMAT, "version": VERSION, **header,
-                                  "t0_ns": round(self._t0 * 1e9)}) + "\n")
+        self._sig = Signature(key) if key is not None else None
+        self._write({"format": FORMAT, "version": VERSION, **header,
+                     **({"signed": SIGNED} if key is not None else {}),
+                     "t0_ns": round(self._t0 * 1e9)})
         self._lock = threading.Lock()
         self._n: dict[str, int] = {}
         self._h: dict[str, str] = {}  # each device's last digest
@@ -123,7 +127,13 @@ class Recorder:
             ev = {"t": round(time.monotonic() - self._t0, 6), "dev": dev, "i": i, "k": kind,
                   **fields}
             self._h[dev] = ev["h"] = _chain(self._h.get(dev, ""), ev)
-            self._f.write(json.dumps(ev) + "\n")
+            self._write(ev)
+
+    def _write(self, obj: dict[str, Any]) -> None:
+        line = json.dumps(obj) + "\n"
+        if self._sig is not None:
+            self._sig.add(line)
+        self._f.write(line)
 
     def count(self, dev: str) -> int:
         with self._lock:
@@ -132,7 +142,9 @@ class Recorder:
     def close(self, result: dict[str, Any]) -> str:
         """The footer written, the file closed; what it holds, said in a line."""
         with self._lock:
-            self._f.write(json.dumps({"end": result}) + "\n")
+            self._write({"end": result})
+            if self._sig is not None:
+                self._f.write(self._sig.line())
             self._f.close()
         return (f"recorded {self.events:,} exchanges with the devices to {self.path} "
                 f"({self.path.stat().st_size / 1024:.0f} KiB)")
@@ -191,9 +203,10 @@ class Player:
     """Serves a cassette's answers to the drivers; the first divergence is kept (a check
     may catch the error; the replay still fails on it)."""
 
-    def __init__(self, path: Path, relaxed: bool = False) -> None:
+    def __init__(self, path: Path, relaxed: bool = False, key: bytes | None = None) -> None:
         self.path, self.relaxed = path, relaxed
-        self.header, self.result, events = read(path)
+        self.header, self.result, events = read(path, key)
+        self.signature = signature(self.header, key is not None)
         self.by_dev: dict[str, list[dict[str, Any]]] = {}
         self.altered: list[str] = []  # events changed since they were recorded, named
         last: dict[str, str] = {}
@@ -460,8 +473,8 @@ def _why_not_result(kind: str, end: Any) -> str | None:
     return None
 
 
-def read(path: Path) -> tuple[dict[str, Any], dict[str, Any] | None,
-                              list[dict[str, Any]]]:
+def read(path: Path, key: bytes | None = None) -> tuple[dict[str, Any], dict[str, Any] | None,
+                                                       list[dict[str, Any]]]:
     """A cassette's header, result (None: the recording was cut short) and events;
     CassetteError naming the file, the line and what is wrong. Every line, the whole and
     every event's time are bounded (MAX_LINE, MAX_BYTES, MAX_RECORDING_S) and every event
@@ -471,6 +484,8 @@ def read(path: Path) -> tuple[dict[str, Any], dict[str, Any] | None,
     header: dict[str, Any] | None = None
     result = None
     total = 0
+    sig = Signature(key) if key is not None else None
+    signed: object = None  # the last line's HMAC, if it has one
     try:
         with gzip.open(path, "rt", encoding="utf-8") as f:
             n = 0
@@ -488,6 +503,13 @@ def read(path: Path) -> tuple[dict[str, Any], dict[str, Any] | None,
                     if line.endswith("\n"):
                         raise CassetteError(f"{path}: line {n}: not JSON ({e})") from None
                     break  # the last line of a recording cut short
+                if signed is not None:
+                    raise CassetteError(f"{path}: line {n}: after its signature")
+                if isinstance(obj, dict) and header is not None and set(obj) == {"hmac"}:
+                    signed = obj["hmac"]
+                    continue
+                if sig is not None:
+                    sig.add(line)
                 if header is None:
                     if why := _why_not_header(obj):
                         raise CassetteError(f"{path}: {why}")
@@ -506,7 +528,21 @@ def read(path: Path) -> tuple[dict[str, Any], dict[str, Any] | None,
         raise CassetteError(f"{path}: cannot be read: {e}") from None
     if header is None:
         raise CassetteError(f"{path}: empty")
+    if sig is not None:  # asked to check: signed with this key, or refused
+        if header.get("signed") != SIGNED:
+            raise CassetteError(f"{path}: unsigned: a key was given, so a cassette signed "
+                                f"with it is asked for")
+        if not sig.matches(signed):
+            raise CassetteError(f"{path}: its signature does not match the key: changed "
+                                f"since it was recorded, cut short, or signed with another")
     return header, result, events
+
+
+def signature(header: dict[str, Any], checked: bool) -> str:
+    """What a replay says of its cassette's signature."""
+    if header.get("signed") != SIGNED:
+        return "unsigned"
+    return "signed, checked" if checked else "signed, not checked (no --key)"
 
 
 # the cassette this process records to or plays from (None: the devices themselves)
@@ -564,11 +600,12 @@ def opened(dev: str, open_: Callable[[], T], play: Callable[[Player], T]) -> T:
 
 
 @contextlib.contextmanager
-def recording(path: Path, header: dict[str, Any]) -> Iterator[Recorder]:
+def recording(path: Path, header: dict[str, Any], key: bytes | None = None
+              ) -> Iterator[Recorder]:
     """This process's device traffic onto cassette `path` (the caller closes it, with its
-    result)."""
+    result; `key`: signed with it)."""
     global active
-    rec = active = Recorder(path, header)
+    rec = active = Recorder(path, header, key)
     try:
         yield rec
     finally:
@@ -576,13 +613,14 @@ def recording(path: Path, header: dict[str, Any]) -> Iterator[Recorder]:
 
 
 @contextlib.contextmanager
-def playing(path: Path, relaxed: bool = False) -> Iterator[Player]:
+def playing(path: Path, relaxed: bool = False, key: bytes | None = None
+            ) -> Iterator[Player]:
     """This process's devices served from cassette `path` (CassetteError: it cannot be).
     While it plays, this process connects to nothing: a cassette is data, and an address
     in it (a board, a broker, a QICK board's name server) is never reached, whatever code
     would reach it (`_no_connection`)."""
     global active, _audit_installed
-    player = Player(path, relaxed)
+    player = Player(path, relaxed, key)
     if not _audit_installed:  # (a hook cannot be removed: it looks at `active`)
         sys.addaudithook(_no_connection)
         _audit_installed = True

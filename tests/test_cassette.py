@@ -494,3 +494,55 @@ def test_ctrl_c_of_a_replay_is_a_stop_not_a_difference(root: Path, tmp_path: Pat
     assert err.strip() in ("stopped (SIGINT)", f"stopped (SIGINT): the replay's partial "
                                                f"report is in {tmp_path / 'rep'}"), err
     assert "DIFFERS" not in out and "not as recorded" not in out
+
+
+def _signed_routes(path: Path, key: bytes) -> Path:
+    """The shipped acceptance cassette written again by a Recorder that signs: the same
+    exchanges, its own times, chain and signature."""
+    objs = lines(ROUTES)
+    head, events, end = objs[0], objs[1:-1], objs[-1]
+    rec = cassette.Recorder(path, {k: v for k, v in head.items()
+                                   if k not in ("format", "version", "t0_ns")}, key)
+    for ev in events:
+        rec.event(ev["dev"], ev["k"], **{k: v for k, v in ev.items()
+                                         if k not in ("t", "dev", "i", "k", "h")})
+    rec.close(end["end"])
+    return path
+
+
+@pytest.mark.realtime  # (replays: the recording's pace)
+def test_a_signed_cassette_is_checked_and_an_edit_with_its_chain_redone_is_caught(
+        root: Path, tmp_path: Path) -> None:
+    """Reproducer (issue 85): the digest chain is unkeyed and covered neither header nor
+    footer, so an edited cassette with its chain recomputed replayed as "the same result
+    as recorded". Signed with a key (HMAC over every line), an edit is refused with the
+    key, and a replay without it says what it played was not checked."""
+    key = tmp_path / "key"
+    key.write_text("k" * 32)
+    signed = _signed_routes(tmp_path / "s.jsonl.gz", b"k" * 32)
+    r = oddl(root, "replay", str(signed), "--key", str(key), "--report", str(tmp_path / "a"))
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+    assert "the same result as recorded (signed, checked)" in r.stdout
+
+    objs = lines(signed)
+    k = next(i for i, o in enumerate(objs) if o.get("k") == "r")  # a register's value
+    objs[k]["v"] ^= 1
+    last: dict[str, str] = {}
+    for o in objs[1:-2]:  # the chain redone, as anyone can
+        o.pop("h")
+        last[o["dev"]] = o["h"] = cassette._chain(last.get(o["dev"], ""), o)
+    edited = write(tmp_path / "e.jsonl.gz", objs)
+    r = oddl(root, "replay", str(edited), "--key", str(key), "--report", str(tmp_path / "b"))
+    assert r.returncode == 2 and "its signature does not match the key" in r.stderr, \
+        r.stderr
+    r = oddl(root, "replay", str(edited), "--report", str(tmp_path / "c"))
+    assert "(signed, not checked (no --key))" in r.stdout, r.stdout[-2000:]
+
+    r = oddl(root, "replay", str(ROUTES), "--key", str(key), "--report", str(tmp_path / "d"))
+    assert r.returncode == 2 and "unsigned: a key was given" in r.stderr, r.stderr
+    other = tmp_path / "other"
+    other.write_text("x" * 32)
+    r = oddl(root, "replay", str(signed), "--key", str(other), "--report", str(tmp_path / "f"))
+    assert r.returncode == 2 and "its signature does not match the key" in r.stderr
+    r = oddl(root, "replay", str(ROUTES), "--report", str(tmp_path / "g"))
+    assert "the same result as recorded (unsigned)" in r.stdout

@@ -20,6 +20,7 @@ from oddl.app.cli.main import (
     emit,
     err,
     fail,
+    key_option,
     main,
     new_file,
     verilator_ready,
@@ -513,6 +514,7 @@ def _run_warnings(res: Any, ctx: Any) -> None:
               callback=new_file,
               help="emu and hw: write every exchange with the devices to this cassette "
                    "(.jsonl.gz), for `oddl replay` (docs/cassettes.md)")
+@key_option("--record-key", "sign the cassette with the key in this file (HMAC-SHA256)")
 @click.option("--plot/--no-plot", default=True, show_default=True, envvar="ODDL_PLOT",
               show_envvar=True,
               help="draw plot.png (or jct-cdf.png) into the run directory: half a second "
@@ -523,7 +525,7 @@ def run(experiment: Path, backend: str, out: Path | None, iterations: int | None
         trace_iterations: int, publish: bool, arbiter_url: str | None,
         token_file: Path | None, board_model: str | None, control_model: str | None,
         rtl_simulator: str | None, workers: int | None, force: bool, record: Path | None,
-        plot: bool) -> None:
+        key: bytes | None, plot: bool) -> None:
     """Run an experiment: every network on the same workload, results in a run directory."""
     from oddl.app import api, registry
     from oddl.app.experiments.estimate import TooBig
@@ -557,7 +559,7 @@ def run(experiment: Path, backend: str, out: Path | None, iterations: int | None
     taping = registry.recording(record, {
         "kind": "run", "argv": sys.argv[1:], "experiment": ctx.path.read_text(),
         "testbed": ctx.testbed_path.read_text(), "backend": backend,
-        "iterations": iterations}) if record is not None else contextlib.nullcontext()
+        "iterations": iterations}, key) if record is not None else contextlib.nullcontext()
     try:
         with prog, taping as tape:
             res = None

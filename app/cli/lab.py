@@ -16,6 +16,7 @@ from oddl.app.cli.main import (
     _config_fail,
     control_model_options,
     fail,
+    key_option,
     main,
     new_file,
 )
@@ -273,8 +274,10 @@ def broker_config(testbed: Path, out: Path, port: int, bind: str) -> None:
               callback=new_file,
               help="write every exchange with the devices to this cassette (.jsonl.gz), "
                    "for `oddl replay` (docs/cassettes.md)")
+@key_option("--record-key", "sign the cassette with the key in this file (HMAC-SHA256)")
 def accept(testbed: Path, backend: str | None, report: Path | None, only: tuple[str, ...],
-           faults: tuple[str, ...], wait_s: float, record: Path | None) -> None:
+           faults: tuple[str, ...], wait_s: float, record: Path | None,
+           key: bytes | None) -> None:
     """Pass or fail a testbed, device by device, with the measured figures."""
     from oddl.app import accept as acc
     from oddl.app import registry
@@ -290,7 +293,7 @@ def accept(testbed: Path, backend: str | None, report: Path | None, only: tuple[
     report = report or Path(f"accept-{tb.name}-{time.strftime('%Y%m%d-%H%M%S')}")
     try:
         rc = acc.run(testbed, tb, backend, report, list(only), list(faults), wait_s,
-                     lambda line: click.echo(line), record)
+                     lambda line: click.echo(line), record, key)
     except (acc.AcceptError, EmulatorFailed, TestbedBusy) as e:
         click.echo(f"error: {e}", err=True)
         sys.exit(3 if isinstance(e, TestbedBusy) else 2)
@@ -319,7 +322,10 @@ def accept(testbed: Path, backend: str | None, report: Path | None, only: tuple[
               help="match each register read by its address, not its place among the "
                    "reads (for a driver change that only reorders them)")
 @click.option("--json", "as_json", is_flag=True, help="the replay's summary as JSON")
-def replay(cassette: Path, report: Path | None, relaxed: bool, as_json: bool) -> None:
+@key_option("--key", "check the cassette's signature with the key in this file (an "
+            "unsigned one, or one signed otherwise, is refused)")
+def replay(cassette: Path, report: Path | None, relaxed: bool, as_json: bool,
+           key: bytes | None) -> None:
     """Run a recorded `oddl accept` or `oddl run` again with every device served from its
     cassette (no hardware, no emulator): exit 0 if every check, message and figure is as
     recorded; 1 at the first divergence (named: device, exchange, recorded, asked, the
@@ -333,7 +339,7 @@ def replay(cassette: Path, report: Path | None, relaxed: bool, as_json: bool) ->
     say = lines.append if as_json else click.echo
     try:  # --json: stdout is the JSON alone (the suite's own lines go to stderr)
         with contextlib.redirect_stdout(sys.stderr) if as_json else contextlib.nullcontext():
-            rc = play(cassette, report, relaxed, say)
+            rc = play(cassette, report, relaxed, say, key)
     except acc.AcceptError as e:
         click.echo(f"error: {e}", err=True)
         sys.exit(2)

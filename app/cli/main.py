@@ -64,6 +64,25 @@ class Finite(click.FloatRange):
         return v
 
 
+def _key_file(ctx: click.Context, param: click.Parameter, value: Path | None
+              ) -> bytes | None:
+    """A key file's key (drivers/seal.py), or a usage error naming the file and why."""
+    if value is None:
+        return None
+    from oddl.drivers.seal import read_key
+
+    try:
+        return read_key(value)
+    except ValueError as e:
+        raise click.BadParameter(str(e)) from None
+
+
+def key_option(name: str, help: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+    """--record-key / --key: a file holding a cassette's signing key (read as bytes)."""
+    return click.option(name, "key", type=click.Path(path_type=Path, dir_okay=False),
+                        default=None, callback=_key_file, help=help)
+
+
 def fail(message: str, code: int = 2) -> NoReturn:
     """One sentence on stderr, and the exit status."""
     click.echo(f"error: {message}", err=True)
