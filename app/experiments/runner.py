@@ -284,17 +284,20 @@ def _calibrate(ctx: LoadedExperiment, backend: str, grid: Grid, full: int,
     # overlapped, only the part of the all-reduce backward does not hide is paid: the
     # compute whose iteration takes the target's, found by fixed point (what is exposed
     # shrinks as compute grows, so it settles in a few 3-iteration runs)
-    for _ in range(MAX_CALIBRATION_ROUNDS):
+    settled = ""
+    for k in range(MAX_CALIBRATION_ROUNDS):
         it = _iteration_ns(ctx, backend, grid, run_name, _lone_job(ctx, 3, compute_ns))
         exposed = it - compute_ns
         step = round(per_iter - exposed) - compute_ns
         compute_ns += step
         if abs(step) <= 1:
+            settled = f"settled in {k + 1} rounds"
             break
     return compute_ns, (f"compute {compute_ns / 1e6:.4f} ms/iteration: {cal.network} with "
                         f"DDP's buckets overlapping backward trains in "
                         f"{cal.training_time_min} min ({exposed / 1e6:.4f} ms an iteration "
-                        f"exposed; without overlap, {how})")
+                        f"exposed; {settled or f'NOT settled in {k + 1} rounds'}; without "
+                        f"overlap, {how})")
 
 
 @contextlib.contextmanager
