@@ -6,8 +6,8 @@ whose gateware holds the control unit, by registers), `irq` (its interrupt line)
 `local_board` (a board only its node program touches), `drill` (faults through an
 emulator's endpoint), `announce` (notes for the bus's watchers), `cassette` (every
 exchange with the devices, recorded and replayed), `seal` (a cassette's signature),
-`soc_tape` (a QICK soc's calls on a
-cassette) and `soc_values` (the values they carry, as data). Drivers speak to hardware or
-to an emulator at the device boundary; they never import the models."""
+`soc_tape` (a QICK soc's calls on a cassette) and `soc_values` (the values they carry, as
+data). Drivers speak to hardware or to an emulator at the device boundary; they never
+import the models."""
 
 import oddl.controller  # noqa: F401  (its finder chooses a hot module's build)
