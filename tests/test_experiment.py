@@ -452,3 +452,39 @@ def test_a_store_of_a_newer_schema_is_refused_in_one_line(tmp_path: Path) -> Non
     fresh.close()
     assert sqlite3.connect(tmp_path / "new.sqlite").execute(
         "PRAGMA user_version").fetchone()[0] == 1
+
+
+@pytest.mark.realtime
+def test_a_killed_runs_worker_ends_quietly(root: Path, tmp_path: Path) -> None:
+    """Reproducer: `kill -9` of `oddl run` left its worker (the electrical network, in a
+    process of its own) to find the pipe gone at its next progress report, and print two
+    tracebacks on the terminal. It ends quietly; what it did is in the store."""
+    out = tmp_path / "run"
+    proc = subprocess.Popen([sys.executable, "-m", "oddl.app", "run", str(root / TABLE1),
+                             "--every-iteration", "--workers", "1", "--no-plot", "--out",
+                             str(out)], cwd=root, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)
+    db = out / "results.sqlite"
+    deadline = time.monotonic() + 120
+    try:
+        while time.monotonic() < deadline and proc.poll() is None:
+            n = 0
+            if db.exists():
+                try:
+                    c = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+                    n = c.execute("SELECT COUNT(*) FROM iterations WHERE network = "
+                                  "'electrical'").fetchone()[0]
+                    c.close()
+                except sqlite3.OperationalError:
+                    n = 0
+            if n >= 50:  # the worker is at work
+                break
+            time.sleep(0.05)  # polling interval, not a timing assumption
+        assert proc.poll() is None, "run finished before it could be killed"
+        os.kill(proc.pid, signal.SIGKILL)
+        _, err = proc.communicate(timeout=120)  # (stderr closes once the worker is gone)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert "Traceback" not in err and "BrokenPipeError" not in err, err[-3000:]
+    assert len(read_store(db)["electrical"]["iterations"]) >= 50

@@ -491,9 +491,12 @@ def _aside_main(conn: Connection, ctx: LoadedExperiment, spec: NetworkSpec,
                           store, functools.partial(rec, spec.name),
                           announce if announcing else None, extend=extend)
         conn.send(("result", spec.name, out))
+    except (BrokenPipeError, EOFError, ConnectionResetError):
+        pass  # the parent is gone (killed): what was done is in the store; end quietly
     except BaseException as e:  # whatever it is, the parent hears of it
-        conn.send(("error", spec.name, f"{type(e).__name__}: {e}",
-                   traceback.format_exc()))
+        with contextlib.suppress(OSError):  # (unless it is gone meanwhile)
+            conn.send(("error", spec.name, f"{type(e).__name__}: {e}",
+                       traceback.format_exc()))
     finally:
         if store is not None:
             store.close()
