@@ -4,7 +4,7 @@ it holds (header, each event, footer), written as its last line.
 The per-device digest chain (`cassette._chain`) names the first event changed after
 recording, but anyone can compute it again: an edited cassette with its chain recomputed
 replayed as "the same result as recorded". A signature cannot be recomputed without the
-key. `--record ... --record-key FILE` signs; `oddl replay --key FILE` checks it (a
+key (read by controller.base.config.fields.read_key). `--record ... --record-key FILE` signs; `oddl replay --key FILE` checks it (a
 cassette that is unsigned, or signed otherwise, is refused), and without a key the
 replay says whether what it played was signed, unchecked.
 """
@@ -13,23 +13,8 @@ from __future__ import annotations
 
 import hmac
 import json
-from pathlib import Path
 
 SIGNED = "hmac-sha256"  # the header's "signed"
-MAX_KEY_BYTES = 1024
-
-
-def read_key(path: Path) -> bytes:
-    """The key a file holds (16 to 1,024 bytes, surrounding whitespace stripped);
-    ValueError naming the file and why."""
-    try:
-        with path.open("rb") as f:
-            key = f.read(MAX_KEY_BYTES + 1).strip()
-    except OSError as e:
-        raise ValueError(f"{path}: {e.strerror or e}") from None
-    if not 16 <= len(key) <= MAX_KEY_BYTES:
-        raise ValueError(f"{path}: a key is 16 to {MAX_KEY_BYTES} bytes")
-    return key
 
 
 class Signature:

@@ -69,7 +69,7 @@ def _key_file(ctx: click.Context, param: click.Parameter, value: Path | None
     """A key file's key (drivers/seal.py), or a usage error naming the file and why."""
     if value is None:
         return None
-    from oddl.drivers.seal import read_key
+    from oddl.controller.base.config.fields import read_key
 
     try:
         return read_key(value)

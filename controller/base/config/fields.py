@@ -81,6 +81,22 @@ def read_text(path: Path) -> str:
         raise fail(f"not UTF-8 text (byte {e.start}): {e.reason}") from None
 
 
+MAX_KEY_BYTES = 1024
+
+
+def read_key(path: Path) -> bytes:
+    """The key a key file holds (16 to 1,024 bytes, surrounding whitespace stripped: a
+    Pyro HMAC key, a cassette's signing key); ValueError naming the file and why."""
+    try:
+        with path.open("rb") as f:
+            key = f.read(MAX_KEY_BYTES + 1).strip()
+    except OSError as e:
+        raise ValueError(f"{path}: {e.strerror or e}") from None
+    if not 16 <= len(key) <= MAX_KEY_BYTES:
+        raise ValueError(f"{path}: a key is 16 to {MAX_KEY_BYTES} bytes")
+    return key
+
+
 def read_toml(path: Path) -> dict[str, Any]:
     """A TOML file's data, or a ConfigError naming the file and why (`read_text`'s
     reasons, not TOML, a number too long to convert, nested too deep)."""

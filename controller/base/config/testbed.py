@@ -22,6 +22,7 @@ from oddl.controller.base.config.fields import (
     ConfigModel,
     is_experiment,
     pydantic_issues,
+    read_key,
     read_toml,
 )
 from pydantic import Field, ValidationError, field_validator, model_validator
@@ -274,9 +275,6 @@ class QickDatapath(ConfigModel):
                               "into the fabric, per layer (Lightning's simulator: 115)")
 
 
-MAX_KEY_BYTES = 1024
-
-
 class Qick(ConfigModel):
     """A QICK RFSoC board running Lightning's photonic multiply."""
 
@@ -296,16 +294,10 @@ class Qick(ConfigModel):
         file cannot be read or is no key."""
         if self.hmac_key_file is None:
             return None
-        path = Path(self.hmac_key_file)
         try:
-            with path.open("rb") as f:
-                key = f.read(MAX_KEY_BYTES + 1).strip()
-        except OSError as e:
-            raise ValueError(f"qick.hmac_key_file: {path}: {e.strerror or e}") from None
-        if not 16 <= len(key) <= MAX_KEY_BYTES:
-            raise ValueError(f"qick.hmac_key_file: {path}: a key is 16 to {MAX_KEY_BYTES} "
-                             f"bytes")
-        return key
+            return read_key(Path(self.hmac_key_file))
+        except ValueError as e:
+            raise ValueError(f"qick.hmac_key_file: {e}") from None
 
     @field_validator("soc")
     @classmethod
