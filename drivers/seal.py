@@ -4,9 +4,10 @@ it holds (header, each event, footer), written as its last line.
 The per-device digest chain (`cassette._chain`) names the first event changed after
 recording, but anyone can compute it again: an edited cassette with its chain recomputed
 replayed as "the same result as recorded". A signature cannot be recomputed without the
-key (read by controller.base.config.fields.read_key). `--record ... --record-key FILE` signs; `oddl replay --key FILE` checks it (a
-cassette that is unsigned, or signed otherwise, is refused), and without a key the
-replay says whether what it played was signed, unchecked.
+key (a file `config.fields.read_key` reads). `--record ... --record-key FILE` signs;
+`oddl replay --key FILE` checks it (a cassette that is unsigned, or signed otherwise, is
+refused), and without a key the replay says whether what it played was signed,
+unchecked.
 """
 
 from __future__ import annotations
