@@ -15,6 +15,7 @@ Everything else (metadata, dependencies, package data) is in pyproject.toml.
 import os
 import runpy
 import sys
+import time
 from pathlib import Path
 
 from setuptools import Extension, find_packages, setup
@@ -61,12 +62,23 @@ class OptionalBuild(build_ext):
         except Exception as e:  # no compiler at all (distutils' platform error)
             say(f"the hot path runs interpreted: it could not be compiled ({e})")
 
+    def build_extensions(self) -> None:
+        self._done, self._t0 = 0, time.monotonic()
+        say(f"compiling the hot path: {len(self.extensions)} modules, {self.parallel} at "
+            f"a time (`pip install -v` shows this progress)")
+        super().build_extensions()
+        say(f"compiled the hot path in {time.monotonic() - self._t0:.0f} s")
+
     def build_extension(self, ext: Extension) -> None:
         try:
             super().build_extension(ext)
         except Exception as e:  # a compiler error, missing headers
             say(f"{ext.name} runs interpreted: it could not be compiled ({e})")
             return
+        finally:
+            self._done += 1  # (threads: the count is a progress line, not a tally)
+            say(f"[{self._done}/{len(self.extensions)}] {ext.name} "
+                f"({time.monotonic() - self._t0:.0f} s)")
         # what it was built from: a process runs the source instead once that changes
         built = self.get_ext_fullpath(ext.name)
         with open(built + COMPILED["STAMP"], "w") as f:
@@ -114,7 +126,9 @@ def extensions() -> list[Extension]:
              for p in COMPILED["KERNELS"]]
     # Python's semantics throughout: annotations are not C types, so every value stays
     # the Python object it is interpreted (an int stays an int; the golden runs hold it)
+    # (translated to C in parallel too, a process a core)
     return cythonize(mods, build_dir="build/cython", quiet=True, include_path=[typed()],
+                     nthreads=os.cpu_count() or 1,
                      compiler_directives={"language_level": 3, "annotation_typing": False,
                                           "binding": True})
 
