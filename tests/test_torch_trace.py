@@ -67,7 +67,7 @@ def test_the_shipped_trace_is_the_recorders(tmp_path: Path) -> None:
     assert "2 collectives" in res.output
 
 
-def _bad(tmp: Path, edit: object) -> str:
+def _write(tmp: Path, edit: object) -> Path:
     data = json.loads(SHIPPED.read_text())
     if callable(edit):
         edit(data)
@@ -76,6 +76,11 @@ def _bad(tmp: Path, edit: object) -> str:
         text = str(edit)
     trace = tmp / "bad.json"
     trace.write_text(text)
+    return trace
+
+
+def _bad(tmp: Path, edit: object) -> str:
+    trace = _write(tmp, edit)
     res = CliRunner().invoke(main, ["run", str(_experiment(tmp, trace)), "--out",
                                     str(tmp / "r"), "--no-plot"])
     assert res.exit_code == 2, res.output
@@ -104,10 +109,17 @@ def test_a_bad_trace_is_one_line_naming_it(tmp_path: Path) -> None:
         for e in _events(d, "c10d::allreduce_"):
             e["args"]["Input Dims"] = [[[1 << 41]]]
 
+    def odd_info(d: dict) -> None:  # not a failure: what it names is only said
+        d["distributedInfo"] = {"world_size": "two", "backend": ["x"]}
+
+    assert read_recorded(_write(tmp_path, odd_info)).world_size == 0
     cases = [(no_dims, "c10d::allreduce_[0]: no tensor shape"),
              (no_steps, "traceEvents: no profiled step"),
              (gather, "collective c10d::gather_ is not one oddl runs"),
              (huge, "no tensor shape"),
+             (lambda d: [e["args"].__setitem__("Input Dims", [[[1 << 39]]])
+                         for e in _events(d, "c10d::allreduce_")],
+              "a collective carries 1 to"),
              ("{not json", "not JSON"),
              ('{"traceEvents": 5}', "not a PyTorch profiler trace")]
     for edit, why in cases:

@@ -32,6 +32,7 @@ from oddl.controller.base.ddp import MAX_BUCKETS, Bucket, CollectiveKind, Overla
 
 MAX_TRACE_BYTES = 256 << 20  # a profiled step of a large model is tens of MB
 MAX_EVENTS = 4_000_000
+MAX_COLLECTIVE_BYTES = 1 << 40  # a bucket's bound (controller/base/ddp.py)
 # c10d's operators, as the profiler names their launch, and the kind each is
 KINDS: dict[str, CollectiveKind] = {
     "allreduce_": "all_reduce", "allreduce_coalesced_": "all_reduce",
@@ -165,24 +166,29 @@ def _schedule(src: str, trace: _Trace, want: int | None) -> Recorded:
             raise _fail(src, f"{st.name}.{e.name}[{k}]", "no tensor shape: record with "
                         "record_shapes=True")
         rec = records[k] if k < len(records) else None
-        colls.append(Collective(KINDS[e.name[6:]], n * _element_bytes(rec),
-                                round((e.ts - t0) * 1e3),
-                                str(rec.tid if rec is not None else e.tid)
-                                if rec is None or "stream" not in rec.args
-                                else f"stream {rec.args['stream']}"))
+        nbytes = n * _element_bytes(rec)
+        if not 0 < nbytes <= MAX_COLLECTIVE_BYTES:
+            raise _fail(src, f"{st.name}.{e.name}[{k}]", f"{nbytes} bytes: a collective "
+                        f"carries 1 to {MAX_COLLECTIVE_BYTES} here")
+        stream = f"stream {rec.args['stream']}" if rec is not None and \
+            "stream" in rec.args else str((rec or e).tid)
+        colls.append(Collective(KINDS[e.name[6:]], nbytes, round((e.ts - t0) * 1e3),
+                                stream[:64]))
     if not colls:
         raise _fail(src, st.name, "no collective in the step (c10d::allreduce_, ...): "
                     "nothing for the network to carry")
     if len(colls) > MAX_BUCKETS:
         raise _fail(src, st.name, f"{len(colls)} collectives: at most {MAX_BUCKETS}")
     end = round(bwd_end * 1e3)
-    buckets = tuple(Bucket(max(c.nbytes, 1), min(c.ready_ns, end), c.kind) for c in colls)
+    buckets = tuple(Bucket(c.nbytes, min(c.ready_ns, end), c.kind) for c in colls)
     overlap = Overlap(min(round(fwd_end * 1e3), end), end, buckets, round(opt * 1e3))
     if overlap.problems():
         raise _fail(src, st.name, "; ".join(overlap.problems()))
     info = trace.distributedInfo
-    return Recorded(src, st.name, round(st.dur * 1e3), str(info.get("backend", "?")),
-                    int(info.get("world_size", 0) or 0), tuple(colls), overlap)
+    world = info.get("world_size")
+    return Recorded(src, st.name, round(st.dur * 1e3), str(info.get("backend", "?"))[:32],
+                    world if isinstance(world, int) and not isinstance(world, bool) else 0,
+                    tuple(colls), overlap)
 
 
 def _elements(e: _Event) -> int | None:
@@ -206,5 +212,7 @@ def _element_bytes(rec: _Event | None) -> int:
     4 bytes (fp32 gradients) when it gives none."""
     if rec is None:
         return 4
-    t = rec.args.get("dtype") or (rec.args.get("Input type") or [""])[0]
-    return DTYPE_BYTES.get(str(t).lower(), 4)
+    t = rec.args.get("dtype") or rec.args.get("Input type")
+    if isinstance(t, list):
+        t = t[0] if t else ""
+    return DTYPE_BYTES.get(str(t).lower()[:32], 4)
