@@ -48,7 +48,7 @@ def sweep(name: str, runs: Path, jobs: int, **fields: Any) -> dict[str, Any]:
     path = EXP / f"{name}.toml"
     if fields:
         name += "".join(f"-{k}-{v}" for k, v in sorted(fields.items()))
-        path = _variant_sweep(path, runs / f"{name}.toml", fields)
+        path = _variant(path, runs / f"{name}.toml", **fields)
     out = runs / name
     r = subprocess.run([sys.executable, "-m", "oddl.app", "sweep",
                         str(path), "--jobs", str(jobs), "--out", str(out)],
@@ -59,14 +59,19 @@ def sweep(name: str, runs: Path, jobs: int, **fields: Any) -> dict[str, Any]:
     return doc
 
 
-def _variant_sweep(src: Path, dest: Path, fields: dict[str, Any]) -> Path:
+def _variant(src: Path, dest: Path, workload: dict[str, Any] | None = None,
+             **top: Any) -> Path:
+    """`src` (an experiment or a sweep) with its workload's fields and its top-level keys
+    replaced, written to `dest` (its testbed named absolutely)."""
     import tomllib
 
     import tomli_w
 
     data = tomllib.loads(src.read_text())
     data["testbed"] = str((src.parent / data["testbed"]).resolve())
-    data.update(fields)
+    if workload:
+        data["workload"] = {**data["workload"], **workload}
+    data.update(top)
     dest.parent.mkdir(parents=True, exist_ok=True)
     dest.write_text(tomli_w.dumps(data))
     return dest
@@ -160,21 +165,6 @@ def run(path: Path, out: Path, *more: str) -> dict[str, Any]:
         raise SystemExit(f"oddl run {path}: exit {r.returncode}: {r.stderr.strip()}")
     doc: dict[str, Any] = json.loads(r.stdout)
     return doc
-
-
-def _variant(src: Path, dest: Path, workload: dict[str, Any], **top: Any) -> Path:
-    """`src` with its workload's fields and top-level keys replaced, written to `dest`
-    (its testbed named absolutely)."""
-    import tomllib
-
-    import tomli_w
-
-    data = tomllib.loads(src.read_text())
-    data["testbed"] = str((src.parent / data["testbed"]).resolve())
-    data["workload"] = {**data["workload"], **workload}
-    data.update(top)
-    dest.write_text(tomli_w.dumps(data))
-    return dest
 
 
 def table1(runs: Path, jobs: int) -> str:
@@ -398,12 +388,12 @@ class Section:
 
 SECTIONS = {
     "table1": Section(DOCS / "model.md", table1, "10 s"),
-    "jocn-batch": Section(DOCS / "comparison.md", jocn_batch, "about 20 minutes"),
+    "jocn-batch": Section(DOCS / "comparison.md", jocn_batch, "about 25 minutes"),
     "jocn": Section(DOCS / "comparison.md", jocn, "about 12 minutes at --jobs 2"),
     "talk": Section(DOCS / "cassini.md", talk, "25 s"),
     "cassini-headline": Section(DOCS / "cassini.md", cassini_headline, "2 minutes"),
     "lightning-serve": Section(DOCS / "lightning.md", lightning_serve, "about 25 minutes"),
-    "topoopt": Section(DOCS / "comparison.md", topoopt, "20 s"),
+    "topoopt": Section(DOCS / "comparison.md", topoopt, "2 minutes"),
     "control": Section(DOCS / "comparison.md", control, "35 s"),
     "optinc-ring": Section(DOCS / "optinc.md", optinc_ring, "2 minutes"),
     "optinc-train": Section(DOCS / "optinc.md", optinc_train, "1 minute"),
