@@ -230,3 +230,15 @@ def test_a_control_bus_slower_than_its_spec_fails_the_round_trip_check(
     msg = outcomes(tmp_path / "r", "failed")["test_control_rtt"]
     assert re.match(r"control round trip p99 \d+\.\d{3} ms > 0\.001 ms \(broker "
                     r"mqtt://127\.0\.0\.1:\d+\)", msg), msg
+
+
+def test_a_round_trip_the_hosts_own_lag_explains_names_the_host() -> None:
+    """Issue 83: on a loaded laptop the control round trip failed (p99 7.2 ms > 5 ms) and
+    nothing said the host was the cause. Judged against this host's loop lag measured
+    beside it: what that lag accounts for is the host's, said so; the rest is a failure."""
+    from oddl.acceptance.plugin import host_explains
+
+    assert host_explains(7.2, 6.1, 5.0)  # the issue's: 1.1 ms left, within 5
+    assert not host_explains(7.2, 1.0, 5.0)  # 6.2 ms left: the broker's or the boards'
+    assert not host_explains(4.0, 10.0, 5.0)  # within the limit: nothing to explain
+    assert not host_explains(7.2, 0.0, 5.0)  # a host that was on time explains nothing

@@ -268,6 +268,12 @@ def markdown(summary: dict[str, Any]) -> str:
 # --- measurements shared with bench/ (request_grant_rtt lives with the bus) ----------------
 
 
+def host_explains(p99_ms: float, lag_p99_ms: float, limit_ms: float) -> bool:
+    """A figure over its limit that this host's own lateness accounts for: with the
+    host's loop lag (p99, measured beside it) taken off, it is within the limit."""
+    return p99_ms > limit_ms and lag_p99_ms > 0 and p99_ms - lag_p99_ms <= limit_ms
+
+
 def percentile(xs: list[float], q: float) -> float:
     s = sorted(xs)
     return s[min(len(s) - 1, int(q * (len(s) - 1)))]

@@ -6,7 +6,8 @@ import asyncio
 import statistics
 
 import pytest
-from oddl.acceptance.plugin import Bench, percentile
+from oddl.acceptance.plugin import Bench, host_explains, percentile
+from oddl.drivers import cassette
 from oddl.drivers.mqtt import request_grant_rtt
 from oddl.fpga import regmap as R
 from oddl.fpga.countaction import Program, step_sync, streamer
@@ -26,23 +27,49 @@ def test_control_rtt(bench: Bench, figure) -> None:
                     "name the broker (mqtt://HOST:PORT), as `oddl emulate` writes it",
                     pytrace=False)
 
-    async def measure() -> list[float]:  # the bus is made on the loop it runs on
-        # as the controller, in the testbed's probe namespace (no job's topics)
-        return await request_grant_rtt(
-            bus_from_config(probe_ns(tb.name), tb.broker, CONTROLLER),
-            spec.control_rtt_samples, a=CONTROLLER, b="probe")
+    async def measure() -> tuple[list[float], list[float]]:
+        """The round trips, and beside them how late this host's own loop ran (a 1 ms
+        sleep's overshoot, s): what an overloaded host adds to every sample."""
+        lags: list[float] = []
+        done = asyncio.Event()
+
+        async def lateness() -> None:
+            loop = asyncio.get_running_loop()
+            while not done.is_set():
+                t = loop.time()
+                await asyncio.sleep(0.001)
+                lags.append(max(0.0, loop.time() - t - 0.001))
+
+        probe = asyncio.create_task(lateness())
+        try:  # as the controller, in the testbed's probe namespace (no job's topics)
+            rtt = await request_grant_rtt(
+                bus_from_config(probe_ns(tb.name), tb.broker, CONTROLLER),
+                spec.control_rtt_samples, a=CONTROLLER, b="probe")
+        finally:
+            done.set()
+            await probe
+        # (a replay judges by the recorded host's lateness, not its own)
+        return rtt, cassette.value("host loop lag beside the rtt", lambda: lags)
 
     try:
-        rtt = asyncio.run(measure())
+        rtt, lags = asyncio.run(measure())
     except Exception as e:
         pytest.fail(f"broker {tb.broker.url}: {type(e).__name__}: {e}", pytrace=False)
     p50, p99 = 1e3 * statistics.median(rtt), 1e3 * percentile(rtt, 0.99)
+    lag = 1e3 * percentile(lags, 0.99) if lags else 0.0
+    limit = spec.control_rtt_p99_ms
     figure("REQUEST->GRANT p50", round(p50, 3), "ms")
-    figure("REQUEST->GRANT p99", round(p99, 3), "ms", spec=f"<= {spec.control_rtt_p99_ms} ms")
+    figure("REQUEST->GRANT p99", round(p99, 3), "ms", spec=f"<= {limit} ms")
+    figure("this host's loop lag p99", round(lag, 3), "ms")
     figure("samples", len(rtt))
-    if p99 > spec.control_rtt_p99_ms:
-        pytest.fail(f"control round trip p99 {p99:.3f} ms > {spec.control_rtt_p99_ms} ms "
-                    f"(broker {tb.broker.url})", pytrace=False)
+    if host_explains(p99, lag, limit):
+        pytest.skip(f"host overloaded: this host's own loop ran {lag:.1f} ms late (p99) "
+                    f"while it measured; the round trip's p99 {p99:.3f} ms less that is "
+                    f"within {limit} ms: the host, not the broker or the boards")
+    if p99 > limit:
+        pytest.fail(f"control round trip p99 {p99:.3f} ms > {limit} ms (broker "
+                    f"{tb.broker.url}; this host's loop lag p99 {lag:.1f} ms)",
+                    pytrace=False)
 
 
 def test_countaction_readback(bench: Bench, node: str, figure) -> None:
