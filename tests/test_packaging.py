@@ -66,7 +66,7 @@ def test_the_wheel_alone_runs_its_commands_from_anywhere(root: Path, tmp_path: P
     r = _oddl(wheel_venv, "--help")
     assert r.returncode == 0 and "oddl: the ODDL optical interconnect" in r.stdout, r.stderr
     r = _oddl(wheel_venv, "--version")
-    assert r.stdout.startswith("oddl 0.1.0; hot path interpreted: it was not compiled"), r
+    assert r.stdout.startswith("oddl 0.2.0; hot path interpreted: it was not compiled"), r
     # the shipped testbeds and experiments, copied out of the wheel (issue 67): a wheel
     # user has no checkout
     ex = tmp_path / "ex"
@@ -135,3 +135,16 @@ def test_the_sdist_holds_every_source_the_hot_path_is_built_from(root: Path,
     assert typing  # (sim/networks/electrical.pxd, at least)
     missing = {*compiled.HOT, *compiled.KERNELS, *typing} - names
     assert not missing, missing
+
+
+def test_the_version_is_one_everywhere(root: Path) -> None:
+    """`oddl --version` (the installed metadata), the package's `__version__` and the
+    changelog's newest release say the same version (issue 87)."""
+    import re
+    from importlib.metadata import version
+
+    import oddl.controller
+
+    newest = re.search(r"^## \[(\d+\.\d+\.\d+)\]", (root / "CHANGELOG.md").read_text(), re.M)
+    assert newest is not None
+    assert version("oddl") == oddl.controller.__version__ == newest.group(1)
