@@ -247,7 +247,8 @@ def read_release_trace(path: Path) -> list[tuple[str, int]]:
                          f"arrival ns) pairs")
     last = 0
     for k, item in enumerate(data):
-        if not (isinstance(item, tuple) and len(item) == 2 and item[0] in MODELS and
+        if not (isinstance(item, tuple) and len(item) == 2 and isinstance(item[0], str)
+                and item[0] in MODELS and
                 isinstance(item[1], int) and last <= item[1] < 1 << 62):
             raise TraceError(f"{path}: request {k}: {item!r:.80} is not a (model, arrival "
                              f"ns) pair in time order; models: {', '.join(MODELS)}")

@@ -233,6 +233,12 @@ def bucketed(overlap: Overlap, build_one: Callable[[int], Schedule], n: int) -> 
     return sched
 
 
+def gated(schedule: Schedule) -> bool:
+    """Its steps wait for the compute themselves (`bucketed`'s: each rank's last step
+    waits for backward's end), so no compute comes before its first step."""
+    return bool(schedule and schedule[0] and schedule[0][-1].ready_ns)
+
+
 def _collective(kind: str, nbytes: int, n: int, all_reduce: Callable[[int], Schedule]
                 ) -> Schedule:
     """One collective of `nbytes` per rank (the launch's tensor) over n ranks."""

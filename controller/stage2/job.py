@@ -410,7 +410,7 @@ class JobRunner:
         spec = self.spec
         resumed = spec.carried and i == spec.start
         ov = spec.overlap
-        self.engine.start_iteration(i, spec.compute_ns if ov is None else 0,
+        self.engine.start_iteration(i, spec.compute_ns,
                                     lambda t_end: self.on_iteration(i, self.engine.t_start,
                                                                     t_end),
                                     spec.carry if resumed else (),

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from oddl.controller.base.catalog import EMBEDDING_BYTES, MODEL_GMACS, MODELS, TRANSFORMERS
 from oddl.controller.base.clock import Clock
-from oddl.controller.base.collectives import Schedule
+from oddl.controller.base.collectives import Schedule, gated
 from oddl.controller.base.config import Workload
 from oddl.controller.base.messages import Flow
 from oddl.controller.base.parallelism import A100_TFLOPS, sequence_flops
@@ -137,6 +137,8 @@ class CollectiveEngine:
         flows it delivered before a fault stopped it, count as arrived and are not sent
         again; and the compute goes on as it was (a fault of the network does not stop
         the GPUs): what is left of it from t0, if anything."""
+        if gated(self.schedule):  # its steps wait for the compute (DDP's buckets)
+            compute_ns = 0
         self.iteration = iteration
         self.on_done = on_done
         for r in self.local:
