@@ -340,11 +340,18 @@ class SimBackend:
                 timer[0] = self.clock.call_later_ns(health.period_ns, guard)
 
         timer = [self.clock.call_later_ns(health.period_ns, guard)]
-        # copies only while no fault is to come from the drill, and none found waits to
-        # stop the job at its next iteration
+        # copies only while no fault is to come from the drill, none found waits to stop
+        # the job at its next iteration, and the watch has read what the last one left
+        # (`missed` periods judge every kind; the watch, an observer, is not in the key)
+        settle_ns = (self.tb.monitor.missed + 1) * health.period_ns
+
+        def quiet() -> bool:
+            changed = self.drill.last_change_ns()
+            return not self.drill.plan.to_come() and not stop.faults() and \
+                (changed is None or self.clock.now_ns() >= changed + settle_ns)
+
         steady = Steady(self.loop, lambda: [w, runner], outcome, spec.start, (guard,),
-                        lambda: not self.drill.plan.to_come() and not stop.faults()) \
-            if extend else None
+                        quiet) if extend else None
         try:
             with _holding(self._runners, spec.nodes, runner):
                 for node in w.fabric.dead:

@@ -35,8 +35,9 @@ find nothing (a fault they would find is a fault of the models, which repeat). W
 back end cannot see is the run's: a drill's fault still to come, another job, a pause, a
 time limit, a trace; the orchestration extends only a job with none of
 those (`controller/service/admission.py`), and the back end only while its drill has
-nothing left to begin. Anything the walk does not know how to key stops the search for
-that job: the run goes on in full.
+nothing left to begin and the watch has had `missed` + 1 periods since the last fault
+began or ended (its evidence can wait in a register for the next heartbeat). Anything
+the walk does not know how to key stops the search for that job: the run goes on in full.
 
 The probes are taken in pairs, at the job's iterations 2 and 3, 4 and 5, 8 and 9, ...
 (a run that never repeats pays for a few dozen walks).
@@ -101,6 +102,10 @@ TIMES: dict[tuple[str, str], str] = {
 SKIP_CLASSES = frozenset({"InvariantChecker", "Health", "Heartbeats", "Watch", "Tracer",
                           "BusAnnouncer", "Clock", "VirtualClockLoop", "Events", "SimBackend",
                           "ModelBackend"})
+
+# a control unit halted is so for good (its job is over here): it answers nothing and
+# starts nothing, so what it still holds (its runner, a board dead since) decides nothing
+HALTS = frozenset({"ControlUnit", "RtlControlUnit"})
 
 
 def _registers() -> frozenset[int]:
@@ -201,6 +206,8 @@ class _Walk:
             out.append(("f", getattr(x, "__qualname__", repr(x))))
         elif cls in SKIP_CLASSES:
             out.append(("skip", cls))
+        elif cls in HALTS and x.halted:
+            out.append(("halted", cls))
         elif type(x).__module__ == "numpy":
             out.append(("np", str(getattr(x, "dtype", "")), getattr(x, "shape", ()),
                         x.tobytes() if hasattr(x, "tobytes") else repr(x)))

@@ -19,7 +19,13 @@ import pytest
 from oddl.app.experiments.results import RunStore
 from oddl.app.experiments.runner import Timeline, run_experiment
 from oddl.controller.base.clock import Clock
-from oddl.controller.base.config import ConfigError, LoadedExperiment, load_experiment
+from oddl.controller.base.config import (
+    ConfigError,
+    Experiment,
+    LoadedExperiment,
+    Monitor,
+    load_experiment,
+)
 from oddl.controller.base.config.faults import FaultSpec
 from oddl.controller.base.topology import Grid
 from oddl.controller.service.backend import Repeats
@@ -110,6 +116,45 @@ def test_a_fault_to_come_keeps_the_run_whole_until_it_has_begun(tmp_path: Path) 
     its = {i: t1 - t0 for (net, i, t0, t1, *_r) in copies["store"]["iterations"]
            if net == "oddl"}
     assert its[21] > its[19]  # (the fault slowed them)
+
+
+def _drill(faults: list[dict[str, Any]], ranks: int | None = None) -> LoadedExperiment:
+    """A 2 x 2 grid whose iterations (0.2 ms of compute, about 2 ms in all) are far
+    shorter than the watch's period (50 ms): a fault's evidence can wait in a register
+    for many iterations before the watch reads it."""
+    tb = make_testbed(2, 2).model_copy(update={"monitor": Monitor(heartbeat_ms=50,
+                                                                   grace_ms=2000)})
+    exp = Experiment.model_validate({
+        "name": "drill", "testbed": "tb.toml", "iterations": 60,
+        "workload": {"model": "resnet50", "collective": "hd", "epochs": 1,
+                     "dataset_samples": 1_000_000, "batch_per_node": 64,
+                     "compute_time_ms": 0.2, "ranks": ranks},
+        "networks": [{"name": "oddl", "kind": "oddl"}], "faults": faults})
+    return LoadedExperiment(Path("drill.toml"), exp, Path("tb.toml"), tb)
+
+
+def test_a_short_fault_is_diagnosed_though_the_run_ends_in_copies(tmp_path: Path) -> None:
+    """Issue 85: a transmitter slow for 2 ms from the start leaves its tuning time in the
+    register the heartbeat reads at 50 ms; the iterations repeat long before, and the
+    copies ran no heartbeat: the fault was never found (`--every-iteration`: at 50 ms).
+    The copies wait until the watch has read what the last fault left."""
+    ctx = _drill([{"kind": "slow-tx", "target": "n0-0/H", "tune_ns": 20_000, "at_ms": 0,
+                   "duration_ms": 2}])
+    copies, every = both_ways(ctx, tmp_path)
+    assert_same(copies, every)
+    [row] = copies["json"]["networks"]["oddl"]["faults"]
+    assert row["kind"] == "slow-tx" and row["detected_after_ns"] == 50_001_000
+    assert copies["summary"]["steady_state"]["oddl"]["copies"] > 0
+
+
+def test_a_board_dead_outside_the_job_leaves_the_run_to_repeat(tmp_path: Path) -> None:
+    """Issue 85: a spare board dead for good made the bus draw from its generator for
+    every message (with no loss set), so no two iterations were alike and the run was
+    simulated in full. The figures are the full run's, and the run ends in copies."""
+    ctx = _drill([{"kind": "dead-board", "target": "n1-1", "at_ms": 0}], ranks=3)
+    copies, every = both_ways(ctx, tmp_path)
+    assert_same(copies, every)
+    assert copies["summary"]["steady_state"]["oddl"]["copies"] > 0
 
 
 def test_a_traced_run_simulates_every_iteration() -> None:

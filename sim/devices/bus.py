@@ -51,11 +51,13 @@ class LocalBus:
         self.sent += 1
         delay = self.latency_ns
         if self._lossy or self.down or self.dead or self.lose is not None:
+            # the generator is drawn only on a lossy bus: a dead board or a planted loss
+            # alone leaves it as it was, so a run's iterations can still repeat
             if not self.passes(src, dst) or (self.lose is not None and self.lose(msg)) \
-                    or self.rng.random() < self.drop_p:
+                    or (self._lossy and self.rng.random() < self.drop_p):
                 self.dropped += 1
                 return
-            if self.rng.random() < self.delay_p:
+            if self._lossy and self.rng.random() < self.delay_p:
                 self.delayed += 1
                 delay += int(self.rng.random() * self.max_extra_delay_ns)
         self.clock.call_later_ns(delay, self._deliver, dst, msg)

@@ -107,6 +107,12 @@ class Drill:
         log.warning("drill: %s over at %.3f ms", f, x.until_ns / 1e6)
         self._set(f, False)
 
+    def last_change_ns(self) -> int | None:
+        """When a fault last began or ended (None: none has): its evidence may still wait
+        in a register until the watch's next reading of it."""
+        return max((x.at_ns if x.until_ns is None else x.until_ns for x in self.injected),
+                   default=None)
+
     def _close(self, x: Injected) -> None:
         x.retries = self.retries() - self._retries0.get(id(x.spec), 0)
 
