@@ -38,7 +38,7 @@ from oddl.controller.service.health import Health, Heartbeat, Heartbeats, Unwatc
 from oddl.controller.serving.lifecycle import close_loop
 from oddl.controller.stage1.arbiter import one_by_one
 from oddl.controller.stage2.control_unit import ControlUnit, FlowFailed, UnitFactory
-from oddl.controller.stage2.invariants import InvariantChecker
+from oddl.controller.stage2.invariants import InvariantChecker, tag_of
 from oddl.controller.stage2.job import (
     JobRunner,
     JobSpec,
@@ -320,22 +320,28 @@ class SimBackend:
                                  outcome())
             self.drill.at_iteration(i)
 
+        def cut(why: str, missing: list[int]) -> None:
+            runner.fail(JobStopped(f"iteration {next_i[0]} cut short: {why}", next_i[0], True,
+                                   outcome(), len(missing), runner.engine.carry_of(next_i[0])))
+
         def guard() -> None:
             """Each period: an iteration a pending fault keeps from finishing is cut short;
-            a run with no progress at all stops, naming what it waits for."""
+            so is one whose flows went on no further for `stall_ns` (light a fault
+            swallowed before anyone saw it: they go again); one with nothing undelivered
+            and no progress stops the run, naming what it waits for."""
             now = self.clock.now_ns()
-            mark = (w.bus.sent, w.fabric.transfers)
+            mark = (runner.sent(), runner.engine.flows)  # the job's own: others go on
             if mark != progress[0]:
                 progress[0], progress[1] = mark, now
+            missing = [f for f in self.monitor.undelivered() if tag_of(f) == spec.tag]
+            quiet = (f"no progress for {(now - progress[1]) / 1e6:.0f} ms: {len(missing)} "
+                     f"flows undelivered, e.g. ids {missing[:5]}")
             if stop.overdue(now):
-                runner.fail(JobStopped(f"iteration {next_i[0]} cut short: {stop.why()}",
-                                       next_i[0], True, outcome(),
-                                       len(self.monitor.undelivered()),
-                                       runner.engine.carry_of(next_i[0])))
+                cut(stop.why(), missing)
+            elif now - progress[1] > stall_ns and missing:
+                cut(f"{quiet} (their light lost, or their messages)", missing)
             elif now - progress[1] > stall_ns:
-                missing = self.monitor.undelivered()
-                runner.fail(RunFailed(f"the run stalled for {(now - progress[1]) / 1e6:.0f} ms: "
-                               f"{len(missing)} flows undelivered, e.g. ids {missing[:5]}"))
+                runner.fail(RunFailed(f"the run stalled: {quiet}"))
             else:
                 timer[0] = self.clock.call_later_ns(health.period_ns, guard)
 
