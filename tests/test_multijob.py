@@ -501,3 +501,26 @@ def test_several_jobs_and_a_fault_on_the_emulated_testbed(root: Path, tmp_path: 
     for n in jobs["b"]["nodes"]:  # the node programs say so at ODDL_LOG=info (a job id:
         # the experiment, this run's process and time, the network, the job)
         assert re.search(rf"node {n}: job mj-\d+-\d+-oddl-b done", emulator), emulator
+
+
+@pytest.mark.realtime
+def test_three_jobs_survive_a_wss_dead_for_100_ms_on_the_emulated_testbed(
+        root: Path, tmp_path: Path) -> None:
+    """Issue 85 on emu: wss-row1 dead at 300 ms for 100 ms under one of three jobs; every
+    job runs to its last iteration, and the one whose row it was is stopped once at most
+    and goes on."""
+    import subprocess
+    import sys
+
+    fault = ('[[faults]]\nkind = "dead-wss"\ntarget = "wss-row1"\nat_ms = 300\n'
+             'duration_ms = 100\n')
+    exp = experiment(tmp_path, "".join(job(n, 4, 10, compute_ms=40.0) for n in "abc") + fault)
+    r = subprocess.run([sys.executable, "-m", "oddl.app", "run", str(exp), "--backend", "emu",
+                        "--json", "--out", str(tmp_path / "run")], cwd=root,
+                       capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    out = json.loads(r.stdout)
+    assert out["invariant_violations"] == 0
+    jobs = {n: j["oddl"] for n, j in out["jobs"].items()}
+    assert {n: j["iterations"] for n, j in jobs.items()} == dict.fromkeys("abc", 10)
+    assert all(len(j.get("stops", [])) <= 1 for j in jobs.values())
