@@ -98,6 +98,9 @@ def _query(request: Request, name: str, what: str, lo: float, hi: float,
     return v
 
 
+SUBMISSION_FIELDS = frozenset({"experiment", "priority", "time_limit_s", "after"})
+
+
 class Service:
     """The arbiter's state and what each request may do to it."""
 
@@ -349,6 +352,9 @@ class Service:
     async def submit(self, request: Request) -> Response:
         user = self.who(request, "operator", "user")
         body = await self.body(request)
+        if unknown := sorted(set(body) - SUBMISSION_FIELDS):  # (a `webhook` went unheard)
+            raise Refused(422, f"{', '.join(map(str, unknown))[:200]}: not a field of a "
+                               f"submission (known: {', '.join(sorted(SUBMISSION_FIELDS))})")
         text, priority = body.get("experiment"), body.get("priority", 0)
         asked, after = body.get("time_limit_s"), body.get("after")
         if after is not None:

@@ -6,6 +6,7 @@ target: accepted, refused with a clean error, tracebacks (anything else), hangs 
 that took over 10 s), and the peak memory of the process.
 
     python bench/fuzz_bench.py [--n 100000] [--seed 0]
+    python bench/fuzz_bench.py --each 10000     # as many inputs for every target
 """
 
 from __future__ import annotations
@@ -34,6 +35,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--n", type=int, default=100_000)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--each", type=int, default=None,
+                    help="inputs for every target (instead of shares of --n)")
     args = ap.parse_args()
     rng = random.Random(args.seed)
     tmp = Path(tempfile.mkdtemp(prefix="oddl-fuzz-"))
@@ -58,15 +61,17 @@ def main() -> None:
          F.http_body),
         ("testbed config", 0.05, lambda: F.mutate(F.TESTBED, rng),
          lambda raw: F.config_file(raw, tmp / "t", False)),
-        ("experiment config", 0.05, lambda: F.mutate(exp_seed, rng),
+        ("experiment config", 0.04, lambda: F.mutate(exp_seed, rng),
          lambda raw: F.config_file(raw, tmp, True)),
+        ("cassette", 0.01, lambda: F.mutate(F.CASSETTE, rng, 8),
+         lambda raw: F.cassette(raw, tmp)),
     ]
     (tmp / "t").mkdir()
     totals = {"inputs": 0, "clean": 0, "tracebacks": 0, "hangs": 0}
     print(f"{'target':<20} {'inputs':>8} {'clean':>8} {'tracebacks':>10} {'hangs':>6} "
           f"{'slowest ms':>10}")
     for name, share, gen, target in plan:
-        n = round(args.n * share)
+        n = args.each if args.each is not None else round(args.n * share)
         clean = bad = hangs = 0
         slowest = 0.0
         for _ in range(n):

@@ -5,6 +5,7 @@ bench/fuzz_bench.py drive the same targets; anything else they raise is a bug.""
 from __future__ import annotations
 
 import contextlib
+import gzip
 import json
 import random
 from collections.abc import Callable
@@ -97,6 +98,22 @@ def http_body(raw: bytes) -> None:
         job_request(raw.decode("utf-8", "replace"), Grid.from_testbed(_TB), _TB, "j1", 0)
     with contextlib.suppress(ValidationError):
         fault_issues([FaultSpec.model_validate_json(raw)], _TB)
+
+
+CASSETTE = b"".join(gzip.decompress((ROOT / "tests" / "data" / "cassettes" /
+                                     "accept-routes.jsonl.gz").read_bytes()
+                                    ).splitlines(keepends=True)[:40])
+
+
+def cassette(raw: bytes, where: Path) -> None:
+    """What `oddl replay` reads of a cassette (gzip, as recorded): refused with the file,
+    the line and the reason, or read."""
+    from oddl.drivers.cassette import CassetteError, read
+
+    p = where / "c.jsonl.gz"
+    p.write_bytes(gzip.compress(raw, 1))
+    with contextlib.suppress(CassetteError):
+        read(p)
 
 
 def config_file(raw: bytes, where: Path, experiment: bool = False) -> None:
