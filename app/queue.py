@@ -41,7 +41,7 @@ from oddl.app.ledger import ACTIVE, Ledger
 from oddl.app.limits import Limits, load_limits
 from oddl.app.operators import MAX_UNIX_TIME
 from oddl.app.priority import Priority, priority_of, share_factors
-from oddl.app.submission import Refused, job_request
+from oddl.app.submission import Refused, job_request, known_fields
 from oddl.app.users import Role, User, roles_of, tokens
 from oddl.controller.base.config import (
     ConfigError,
@@ -96,9 +96,6 @@ def _query(request: Request, name: str, what: str, lo: float, hi: float,
     if not math.isfinite(v) or not lo <= v <= hi:
         raise Refused(422, f"{name}: {what} from {lo:g} to {hi:g}, not {raw[:40]!r}")
     return v
-
-
-SUBMISSION_FIELDS = frozenset({"experiment", "priority", "time_limit_s", "after"})
 
 
 class Service:
@@ -351,10 +348,7 @@ class Service:
 
     async def submit(self, request: Request) -> Response:
         user = self.who(request, "operator", "user")
-        body = await self.body(request)
-        if unknown := sorted(set(body) - SUBMISSION_FIELDS):  # (a `webhook` went unheard)
-            raise Refused(422, f"{', '.join(map(str, unknown))[:200]}: not a field of a "
-                               f"submission (known: {', '.join(sorted(SUBMISSION_FIELDS))})")
+        known_fields(body := await self.body(request))
         text, priority = body.get("experiment"), body.get("priority", 0)
         asked, after = body.get("time_limit_s"), body.get("after")
         if after is not None:

@@ -30,6 +30,17 @@ class Refused(Exception):
         self.status = status
 
 
+FIELDS = frozenset({"experiment", "priority", "time_limit_s", "after"})
+
+
+def known_fields(body: dict[str, Any]) -> None:
+    """A submission's body holds only the fields the arbiter reads: Refused (422) naming
+    any other (a `webhook` was ignored silently: issue 86)."""
+    if unknown := sorted(map(str, set(body) - FIELDS)):
+        raise Refused(422, f"{', '.join(unknown)[:200]}: not a field of a submission "
+                           f"(known: {', '.join(sorted(FIELDS))})")
+
+
 def job_request(text: str, grid: Grid, tb: Testbed, name: str, priority: int) -> JobRequest:
     """A submitted experiment's one workload as a job for this testbed (its `testbed` and
     `networks` are the arbiter's), checked by the one validation every command uses;
