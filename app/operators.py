@@ -10,6 +10,7 @@ import re
 import time
 from typing import TYPE_CHECKING, Any, cast
 
+from oddl.app.requests import json_body
 from oddl.app.submission import Refused
 from oddl.app.users import ROLES, Role, User, new_token
 from starlette.requests import Request
@@ -53,7 +54,7 @@ async def drain(svc: Service, request: Request) -> Response:
     if node not in svc.grid.at.values():
         raise Refused(404, f"no node {node} in {svc.tb.name}")
     if request.url.path.endswith("/drain"):
-        why = (await svc.body(request)).get("reason")
+        why = (await json_body(request)).get("reason")
         if not isinstance(why, str) or not 0 < len(why) <= 200:
             raise Refused(422, '{"reason": why, 1 to 200 characters}')
         svc.ledger.drain(node, why, op.name)
@@ -83,7 +84,7 @@ async def maintain(svc: Service, request: Request) -> Response:
         svc.adm.look()
         svc.tell()
         return JSONResponse({"window": window, "removed": True})
-    b = await svc.body(request)
+    b = await json_body(request)
     nodes, start, end, why = b.get("nodes"), b.get("start"), b.get("end"), b.get("reason")
     known = set(svc.grid.at.values())
     if not (isinstance(nodes, list) and 0 < len(nodes) <= len(known)
@@ -128,7 +129,7 @@ async def user(svc: Service, request: Request) -> Response:
         svc.ledger.user(name, "removed", op.name)  # (a start's --user does not undo it)
         log.warning("arbiter: %s removed user %s", op.name, name)
         return JSONResponse({"user": name, "removed": True})
-    role = (await svc.body(request)).get("role", "user")
+    role = (await json_body(request)).get("role", "user")
     if role not in ROLES:
         raise Refused(422, f'{{"role": one of {", ".join(ROLES)}}}')
     svc.roles[name] = cast(Role, role)

@@ -41,6 +41,7 @@ from oddl.app.ledger import ACTIVE, Ledger
 from oddl.app.limits import Limits, load_limits
 from oddl.app.operators import MAX_UNIX_TIME
 from oddl.app.priority import Priority, priority_of, share_factors
+from oddl.app.requests import json_body, query_number
 from oddl.app.submission import Refused, job_request, known_fields
 from oddl.app.users import Role, User, roles_of, tokens
 from oddl.controller.base.config import (
@@ -77,25 +78,8 @@ from starlette.routing import Route
 
 log = logging.getLogger(__name__)
 FIRST = 10  # the violations /status shows in full (each: when, what, where, which job)
-MAX_BODY = 256 * 1024  # a submitted experiment, and anything else a client sends
 FLOWS_PAGE = 20_000  # flow rows an answer holds (about 2 MB of JSON)
 MAX_ROW = (1 << 62) - 1  # a row or iteration number a query names (SQLite's are 64-bit)
-
-
-def _query(request: Request, name: str, what: str, lo: float, hi: float,
-           kind: type[int] | type[float]) -> float:
-    """A query parameter's number, `lo` by default; Refused 422 naming it when it is not
-    one, or not finite, or out of [lo, hi] (issue 64: 2**63 and nan answered 500)."""
-    raw = request.query_params.get(name)
-    if raw is None:
-        return lo
-    try:
-        v = kind(raw)
-    except ValueError:
-        raise Refused(422, f"{name}: {what}, not {raw[:40]!r}") from None
-    if not math.isfinite(v) or not lo <= v <= hi:
-        raise Refused(422, f"{name}: {what} from {lo:g} to {hi:g}, not {raw[:40]!r}")
-    return v
 
 
 class Service:
@@ -318,26 +302,6 @@ class Service:
             raise Refused(403, f"{user.name} ({user.role}) may not do this")
         return user
 
-    async def body(self, request: Request) -> dict[str, Any]:
-        try:
-            length = int(request.headers.get("content-length") or 0)
-        except ValueError:
-            raise Refused(400, "Content-Length: not a number") from None
-        if length > MAX_BODY:
-            raise Refused(413, f"a body of at most {MAX_BODY} bytes")
-        data = b""
-        async for chunk in request.stream():
-            data += chunk
-            if len(data) > MAX_BODY:
-                raise Refused(413, f"a body of at most {MAX_BODY} bytes")
-        try:
-            out = json.loads(data)
-        except (ValueError, RecursionError) as e:
-            raise Refused(400, f"not JSON: {e}") from None
-        if not isinstance(out, dict):
-            raise Refused(400, "a JSON object")
-        return out
-
     def owned(self, user: User, job: str) -> dict[str, Any]:
         j = self.ledger.job(job)
         if j is None:
@@ -348,7 +312,7 @@ class Service:
 
     async def submit(self, request: Request) -> Response:
         user = self.who(request, "operator", "user")
-        known_fields(body := await self.body(request))
+        known_fields(body := await json_body(request))
         text, priority = body.get("experiment"), body.get("priority", 0)
         asked, after = body.get("time_limit_s"), body.get("after")
         if after is not None:
@@ -457,7 +421,7 @@ class Service:
         user = self.who(request, "operator")
         job = request.path_params["job"]
         self._queued(job)
-        p = (await self.body(request)).get("priority")
+        p = (await json_body(request)).get("priority")
         if not isinstance(p, int) or isinstance(p, bool) or not -1000 <= p <= 1000:
             raise Refused(422, '{"priority": -1000..1000}')
         req = next((q for q in self.adm.queue if q.name == job), None)
@@ -474,7 +438,7 @@ class Service:
         user = self.who(request, "operator", "user")
         job = request.path_params["job"]
         self.owned(user, job)
-        since = int(_query(request, "since", "an iteration number", 0, MAX_ROW, int))
+        since = int(query_number(request, "since", "an iteration number", 0, MAX_ROW, int))
         return JSONResponse({"job": job, "iterations": self.ledger.timeline(job, since)})
 
     async def flows(self, request: Request) -> Response:
@@ -484,7 +448,7 @@ class Service:
         user's and the operators'."""
         user = self.who(request, "operator", "user")
         job = self.owned(user, request.path_params["job"])["job"]
-        after = int(_query(request, "after", "a row number", 0, MAX_ROW, int))
+        after = int(query_number(request, "after", "a row number", 0, MAX_ROW, int))
         rows = self.runs.flows(job, after, FLOWS_PAGE + 1)
         return JSONResponse({"job": job, "flows": rows[:FLOWS_PAGE],
                              "more": len(rows) > FLOWS_PAGE})
@@ -498,8 +462,8 @@ class Service:
         """Per user: jobs, node-hours, wait times (an operator's or an observer's: every
         user's; a user's: their own)."""
         user = self.who(request)
-        since = _query(request, "since", "a Unix time", 0.0, MAX_UNIX_TIME, float)
-        until = _query(request, "until", "a Unix time", 0.0, MAX_UNIX_TIME, float) \
+        since = query_number(request, "since", "a Unix time", 0.0, MAX_UNIX_TIME, float)
+        until = query_number(request, "until", "a Unix time", 0.0, MAX_UNIX_TIME, float) \
             if "until" in request.query_params else None
         out = self.ledger.usage(since, until)
         if user.role == "user":
