@@ -240,19 +240,29 @@ class Ledger:
         out = []
         for job, req in self.db.execute("SELECT id, request FROM jobs WHERE state IN "
                                         "('queued', 'running') ORDER BY seq").fetchall():
-            try:
-                request = JobRequest(**json.loads(req))
-                if request.name != job:
-                    raise ValueError(f"its request names job {request.name!r}")
-            except (TypeError, ValueError) as e:
-                self.set(job, "quarantined", ended=time.time(),
-                         why=f"its record in the ledger cannot be read: {e}")
-                self.note(job, f"quarantined: its record cannot be read ({e})")
-                continue
-            done = self.db.execute("SELECT count(*) FROM iterations WHERE job = ?",
-                                   (job,)).fetchone()[0]
-            out.append((job, request, done))
+            if (found := self._request(job, req)) is not None:
+                out.append((job, *found))
         return out
+
+    def again(self, job: str) -> tuple[JobRequest, int] | None:
+        """A job's request and its iterations recorded, to queue it again (None: no such
+        job, or its record cannot be read: then quarantined)."""
+        row = self.db.execute("SELECT request FROM jobs WHERE id = ?", (job,)).fetchone()
+        return None if row is None else self._request(job, row[0])
+
+    def _request(self, job: str, req: str) -> tuple[JobRequest, int] | None:
+        try:
+            request = JobRequest(**json.loads(req))
+            if request.name != job:
+                raise ValueError(f"its request names job {request.name!r}")
+        except (TypeError, ValueError) as e:
+            self.set(job, "quarantined", ended=time.time(),
+                     why=f"its record in the ledger cannot be read: {e}")
+            self.note(job, f"quarantined: its record cannot be read ({e})")
+            return None
+        done = self.db.execute("SELECT count(*) FROM iterations WHERE job = ?",
+                               (job,)).fetchone()[0]
+        return request, done
 
     def jobs(self, ids: list[str] | None = None) -> list[dict[str, Any]]:
         """Every job (or those named), in submission order, with its iterations done."""

@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any, cast
 
 import msgspec
-from oddl.app import operators, registry
+from oddl.app import operators, registry, requeue
 from oddl.app.job_runs import JobRuns
 from oddl.app.ledger import ACTIVE, Ledger
 from oddl.app.limits import Limits, load_limits
@@ -100,7 +100,9 @@ class Service:
         self._on: dict[str, str] = {}  # each running job's partition, as the ledger has it
         self._user: dict[str, str] = {}  # each job not ended: its user
         self.held = set(ledger.held())  # queued jobs an operator holds
-        self.restarted: set[str] = set()  # jobs an earlier arbiter ran part of
+        self.restarted: set[str] = set()  # jobs an earlier arbiter (or attempt) ran part of
+        self.requeueing: dict[str, str] = {}  # running jobs stopping to be queued again: why
+        self.lives: dict[str, int] = {}  # jobs not ended queued again: how often
         self.runs = JobRuns(state, plots)  # each job's run directory
         self.backfill = Backfill(self.grid, self.may_start, self.maintenance)  # the placer
         self._compute: dict[str, int] = {}  # each job not ended: its compute (ns)
@@ -263,6 +265,9 @@ class Service:
         self.ledger.holding(job, nodes)  # what it is charged for
 
     def on_end(self, rec: JobRecord, state: str, why: str) -> None:
+        if requeue.ended(self, rec.name, state):  # queued again, not ended
+            self._on.pop(rec.name, None)  # (its next start is told the ledger)
+            return
         seen = {"flows": rec.flows, "control_messages": rec.control_messages,
                 "stops": rec.stops, "disturbance": rec.disturbance,
                 "invariant_violations": rec.violations} if rec.start_ns is not None else {}
@@ -288,6 +293,7 @@ class Service:
         for child in [c for c, (parent, _ok) in self.after.items() if parent == rec.name]:
             self._waits_for(child)  # it may start, or it never will
         self._on.pop(rec.name, None)
+        self.lives.pop(rec.name, None)
         self._user.pop(rec.name, None)
         self.held.discard(rec.name)
         self.restarted.discard(rec.name)
@@ -330,7 +336,7 @@ class Service:
             req = dataclasses.replace(req, after=after)
         self.ledger.add(user.name, req)
         self.runs.begin(req.name, user.name, req, text)
-        self._known(req, user.name, time.time())
+        self.known(req, user.name, time.time())
         if after is not None:
             self.ledger.note(req.name, f"waits for {after.replace(':ok', ' to finish')}")
         if self.limits.rule(user.name, user.role).approval:  # the approve gate
@@ -346,7 +352,7 @@ class Service:
         self.tell()
         return JSONResponse(self.ledger.job(req.name), status_code=201)
 
-    def _known(self, req: JobRequest, user: str, submitted: float) -> None:
+    def known(self, req: JobRequest, user: str, submitted: float) -> None:
         """A job not ended, as the service keeps it in memory (from a submission, or from
         the ledger at a start)."""
         self._user[req.name] = user
@@ -541,6 +547,7 @@ class Service:
             Route("/jobs/{job}/hold", guarded(self.hold), methods=["POST"]),
             Route("/jobs/{job}/release", guarded(self.hold), methods=["POST"]),
             Route("/jobs/{job}/priority", guarded(self.priority), methods=["PUT"]),
+            Route("/jobs/{job}/requeue", guarded(op(requeue.requeue)), methods=["POST"]),
             Route("/jobs/{job}/logs", guarded(self.logs), methods=["GET"]),
             Route("/jobs/{job}/iterations", guarded(self.iterations), methods=["GET"]),
             Route("/jobs/{job}/flows", guarded(self.flows), methods=["GET"]),
@@ -637,7 +644,7 @@ def _serve(tb: Testbed, state: Path, ledger: Ledger, users: dict[str, User], rul
                     for job, req, done in ledger.unfinished():  # what the last one left
                         j = ledger.job(job) or {}
                         was = j.get("state")
-                        svc._known(req, j.get("user") or req.user,
+                        svc.known(req, j.get("user") or req.user,
                                    j.get("submitted") or time.time())
                         if was == "running":
                             svc.restarted.add(job)

@@ -289,3 +289,38 @@ def test_a_submission_names_no_file_of_the_arbiters_host(tmp_path: Path) -> None
         assert "the arbiter reads no file a job names" in str(e.value)
         assert "hunter2" not in str(e.value) and "not found" not in str(e.value)
 
+
+
+@pytest.mark.realtime  # an emulator, an arbiter, HTTP: the wall clock
+def test_a_requeued_job_goes_on_from_its_recorded_iterations(arb: Arbiter) -> None:
+    """Issue 86: `oddl requeue ID`. A running job is stopped and queued again, a cancelled
+    one too; each goes on from its first iteration not recorded, records every iteration
+    once, and its log says who queued it again. Another user's job, a finished job and a
+    queued one are refused."""
+    job = arb.submit("alice", "long", 40, ranks=4)
+    arb.until_done("alice", job, 3)
+    r = arb.cli("bob", "requeue", job)
+    assert r.returncode == 2 and "not bob's" in r.stderr, (r.stdout, r.stderr)
+    r = arb.cli("alice", "requeue", job)
+    assert r.returncode == 0 and f"{job} queued again" in r.stdout, r.stderr
+    done = json.loads(arb.wait("alice", job).stdout)
+    assert (done["state"], done["iterations_done"]) == ("finished", 40), done["why"]
+    its = [i for i, *_ in arb.call("alice", "GET", f"/jobs/{job}/iterations").json()[
+        "iterations"]]
+    assert its == list(range(40))  # none twice, none lost
+    said = [line for line in arb.call("alice", "GET", f"/jobs/{job}/logs").json()["log"]
+            if "requeued by alice" in line]
+    assert len(said) == 1 and "queued again from iteration" in said[0], said
+    assert arb.call("alice", "POST", f"/jobs/{job}/requeue").status_code == 409  # finished
+    # a cancelled job, queued again by an operator
+    other = arb.submit("bob", "other", 30, ranks=2)
+    arb.until_done("bob", other, 2)
+    arb.cli("bob", "cancel", other)
+    assert arb.ended("bob", other)["state"] == "cancelled"
+    kept = arb.call("bob", "GET", f"/jobs/{other}").json()["iterations_done"]
+    r = arb.call("ops", "POST", f"/jobs/{other}/requeue")
+    assert r.status_code == 200 and r.json()["from_iteration"] == kept, r.text
+    assert arb.call("ops", "POST", f"/jobs/{other}/requeue").status_code == 409  # queued
+    done = json.loads(arb.wait("bob", other).stdout)
+    assert (done["state"], done["iterations_done"]) == ("finished", 30), done
+    assert not any("Traceback" in e for e in arb.err)

@@ -1,5 +1,5 @@
 """`oddl arbiter` (the service that owns a testbed) and its clients: `oddl submit`, `jobs`,
-`status`, `cancel`, `wait`, `logs`, `usage`, and an operator's `hold`, `release`,
+`status`, `cancel`, `requeue`, `wait`, `logs`, `usage`, and an operator's `hold`, `release`,
 `priority`, `drain`, `resume`, `maintenance`, `user` and `token`. The clients find the service by
 `--arbiter URL --token-file F`, or ODDL_ARBITER and ODDL_TOKEN_FILE; each waits for an
 arbiter that is down (restarting) up to $ODDL_ARBITER_PATIENCE seconds (120)."""
@@ -304,6 +304,11 @@ _job_command("cancel", "DELETE", "", "cancelled",
 _job_command("hold", "POST", "/hold", "held",
              "An operator holds a queued job: it starts only once released.")
 _job_command("release", "POST", "/release", "released", "An operator releases a held job.")
+_job_command("requeue", "POST", "/requeue", "queued again",
+             "Put a job back in the queue with its recorded iterations kept: a running one "
+             "is stopped first (the iteration it was in runs again), a failed or cancelled "
+             "one goes on from its first iteration not recorded (your own; an operator's: "
+             "anyone's, and one that ran out of its time limit).")
 
 
 @main.command()

@@ -203,14 +203,16 @@ class Admission:
                                              f"{done} iterations"))
         return self.records
 
-    def submit(self, req: JobRequest, resume: int = 0) -> None:
+    def submit(self, req: JobRequest, resume: int = 0, life: int = 0) -> None:
         """The service: a job arrives now, to go on from iteration `resume` (one an earlier
-        arbiter recorded)."""
+        arbiter, or attempt, recorded), in its `life`-th time in the queue."""
         if self.jobs.add(req.name, self.clock.now_ns() - self.t0) is None:
             raise RunFailed(f"{MAX_TAG} jobs already: at most {MAX_TAG} at once")
         self.left += 1
         if resume:
             self.jobs.resume[req.name] = resume
+        if life:
+            self.jobs.life[req.name] = life
         self._arrive(req)
 
     def cancel(self, name: str, why: str) -> bool:
@@ -542,7 +544,9 @@ class Admission:
             rec.stops[-1]["resumed_on"] = part.describe()
             rec.stops[-1]["carried_flows"] = len(carry[1]) if carry else None
         self.running += 1
-        attempt = f"r{len(rec.stops)}" if rec.stops else ""  # a stopped id is not reused
+        # a stopped id is not reused, nor one of a life before in the queue
+        attempt = (f"q{self.jobs.life[req.name]}" if req.name in self.jobs.life else "") + (
+            f"r{len(rec.stops)}" if rec.stops else "")
         job = job_id(self.run_name, self.spec.name, req.name, attempt)
         shift_ns = self.align.shift(req, part, schedule, rec, job)
         in_grid = set(part.nodes)

@@ -48,6 +48,7 @@ class JobTable:
         self.rules: dict[str, StopRule] = {}  # each running job's
         self.tries: dict[str, int] = {}  # a job's stage 1s a device failed, in a row
         self.last: dict[str, int] = {}  # when each job's latest iteration was recorded
+        self.life: dict[str, int] = {}  # a job queued again: how often (its ids are new)
 
     def add(self, name: str, arrival_ns: int) -> int | None:
         """A job arrives: its record, and the first tag no job not ended holds (None: all
@@ -62,5 +63,5 @@ class JobTable:
     def forget(self, name: str) -> None:
         """An ended job of the service's."""
         for held in (self.records, self.tags, self.rules, self.last, self.resume,
-                     self.stopped, self.tries):
+                     self.stopped, self.tries, self.life):
             held.pop(name, None)
