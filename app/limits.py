@@ -11,6 +11,7 @@ max_running_nodes = 32          # nodes its running jobs hold, together
 max_queued_jobs = 20
 max_priority = 100
 approval = false                # true: each job waits until an operator releases it
+preempt = false                 # true: its jobs stop others' (app/preempt.py)
 [users.alice]                   # ... unless named: what alice's entry sets (here her
 max_running_nodes = 64          # nodes), the rest her role's, else the built-in
 [priority]                      # the queue's order: base + age + fair share
@@ -44,6 +45,9 @@ class Rule(ConfigModel):
     max_priority: int = Field(default=1000, ge=-1000, le=1000)
     # an approve gate: each job waits, held, until an operator releases it
     approval: bool = False
+    # a job of this class that waits for nodes stops running jobs of classes that do not
+    # preempt, and starts (app/preempt.py); they are queued again, iterations kept
+    preempt: bool = False
 
 
 USER = Rule(max_queued_jobs=100, max_priority=100)

@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any, cast
 
 import msgspec
-from oddl.app import operators, registry, requeue
+from oddl.app import operators, preempt, registry, requeue
 from oddl.app.job_runs import JobRuns
 from oddl.app.ledger import ACTIVE, Ledger
 from oddl.app.limits import Limits, load_limits
@@ -103,8 +103,11 @@ class Service:
         self.restarted: set[str] = set()  # jobs an earlier arbiter (or attempt) ran part of
         self.requeueing: dict[str, str] = {}  # running jobs stopping to be queued again: why
         self.lives: dict[str, int] = {}  # jobs not ended queued again: how often
+        self.preempting: dict[str, list[str]] = {}  # a queued job: the jobs stopped for it
+        self.preempted: dict[str, str] = {}  # a job stopped for another, until it runs again
         self.runs = JobRuns(state, plots)  # each job's run directory
-        self.backfill = Backfill(self.grid, self.may_start, self.maintenance)  # the placer
+        self.backfill = Backfill(self.grid, self.may_start, self.maintenance)
+        self.placer = preempt.Preempting(self, self.backfill)  # backfill, then preemption
         self._compute: dict[str, int] = {}  # each job not ended: its compute (ns)
         self._submitted: dict[str, float] = {}  # each job not ended: when (Unix time)
         self.after: dict[str, tuple[str, bool]] = {}  # a queued job: its parent, "ok" only
@@ -146,15 +149,19 @@ class Service:
         if req.name in self.held or self._waits_for(req.name):
             return False
         user = self._user.get(req.name, req.user)
-        most = self.limits.rule(user, self._role(user)).max_running_nodes
+        most = self.limits.rule(user, self.role_of(user)).max_running_nodes
         if most is None:
             return True
         held = sum(len(r.nodes) for r in self.adm.started() if self._user.get(r.job) == user)
         held += sum(len(p.nodes) for q, p in placed if self._user.get(q.name) == user)
         return held + req.ranks <= most
 
-    def _role(self, name: str) -> str:
+    def role_of(self, name: str) -> str:
         return self.roles.get(name, "user")
+
+    def owner(self, job: str) -> str:
+        """A job's user (one not ended)."""
+        return self._user.get(job, "")
 
     def _waits_for(self, job: str) -> str | None:
         """The parent a queued job waits for (`submit --after`), if it has not ended; one
@@ -190,8 +197,9 @@ class Service:
         self.adm.b.loop.call_later(max(0.0, w["end"] - time.time()) + 0.01, ended)
 
     def rank(self, req: JobRequest) -> float:
-        """A queued job's priority now (app/priority.py)."""
-        return self.priority_now(req).total
+        """A queued job's priority now (app/priority.py); a preempting job whose victims
+        are stopping goes first (the nodes they give back are its)."""
+        return math.inf if req.name in self.preempting else self.priority_now(req).total
 
     def priority_now(self, req: JobRequest) -> Priority:
         now = time.time()
@@ -212,12 +220,14 @@ class Service:
             why, at, _nodes = pending.get(q.name, ("resources", None, frozenset()))
             if why == "ineligible" or q.name in self.held or q.name in self.after:
                 user = self._user.get(q.name, q.user)
-                why = ("approval" if self.limits.rule(user, self._role(user)).approval
+                why = ("approval" if self.limits.rule(user, self.role_of(user)).approval
                        else "held") if q.name in self.held else \
                     f"dependency on {self.after[q.name][0]}" if q.name in self.after else \
                     "user limit (max_running_nodes)"
             if why == "maintenance":
                 why = "maintenance (a window on its nodes before its time limit ends)"
+            if q.name in self.preempted:
+                why = f"preempted by {self.preempted[q.name]}; {why}"
             out[q.name] = dict[str, Any](self.priority_now(q).public()) | {
                 "reason": why, "expected_start": round(now + (at - now_ns) / 1e9, 3)
                 if at is not None and at < NEVER else None}
@@ -254,6 +264,7 @@ class Service:
         moved = self._on.get(rec.name) != part  # its first iteration on this partition
         if moved:
             self._on[rec.name] = part
+            self.preempted.pop(rec.name, None)
             self.ledger.running(rec.name, part)
         # the run directory before the ledger: a kill between loses nothing (JobRuns)
         self.runs.iteration(rec.name, it.iteration, it.t_start, it.t_end,
@@ -294,6 +305,7 @@ class Service:
             self._waits_for(child)  # it may start, or it never will
         self._on.pop(rec.name, None)
         self.lives.pop(rec.name, None)
+        self.preempted.pop(rec.name, None)
         self._user.pop(rec.name, None)
         self.held.discard(rec.name)
         self.restarted.discard(rec.name)
@@ -622,7 +634,7 @@ def _serve(tb: Testbed, state: Path, ledger: Ledger, users: dict[str, User], rul
             spec = NetworkSpec(name="oddl", kind="oddl")  # the testbed's, as planned
 
             svc = Service(tb, ledger, users, state, rules, plots, roles)
-            svc.attach(Admission(backend, grid, [], svc.backfill, OddlStage1(arbiter, spec),
+            svc.attach(Admission(backend, grid, [], svc.placer, OddlStage1(arbiter, spec),
                                  spec, tb, job_id("arbiter", os.getpid(), time.time_ns()),
                                  "arbiter", svc.on_iteration, record_flows=True,
                                  service=svc))

@@ -324,3 +324,41 @@ def test_a_requeued_job_goes_on_from_its_recorded_iterations(arb: Arbiter) -> No
     done = json.loads(arb.wait("bob", other).stdout)
     assert (done["state"], done["iterations_done"]) == ("finished", 30), done
     assert not any("Traceback" in e for e in arb.err)
+
+
+@pytest.mark.realtime  # an emulator, an arbiter, HTTP: the wall clock
+def test_an_operators_job_preempts_a_users_and_the_user_goes_on(
+        root: Path, emu: Path, tmp_path: Path) -> None:
+    """Issue 86: `[roles.operator] preempt = true` was refused as an unknown key, and an
+    urgent job waited for the whole queue ahead of it. Now the operator's job stops the
+    user's running job, which holds the grid, and starts; the user's is queued again and
+    goes on from its recorded iterations, none twice. A job never stops one of its own
+    class: the operator's second job waits for the first."""
+    limits = tmp_path / "limits.toml"
+    limits.write_text("[roles.operator]\npreempt = true\n")
+    arb = Arbiter(root, emu, tmp_path / "state", 0, "--limits", str(limits))
+    try:
+        long = arb.submit("alice", "long", 60, ranks=4)
+        arb.until_done("alice", long, 3)
+        urgent = arb.submit("ops", "urgent", 100, ranks=2)
+        second = arb.submit("ops", "second", 5, ranks=4)  # needs the grid: waits for urgent
+        # while urgent runs, the user's job waits, and says why
+        j = _until("the preempted job queued", lambda: (
+            j if (j := _job(arb, "alice", long))["state"] == "queued" else None))
+        assert j["reason"].startswith(f"preempted by {urgent}"), j
+        assert json.loads(arb.wait("ops", urgent).stdout)["state"] == "finished"
+        logs = arb.call("alice", "GET", f"/jobs/{long}/logs").json()["log"]
+        assert any(f"preempted by {urgent} (ops, operator)" in line for line in logs), logs
+        assert any(f"preempts {long}" in line
+                   for line in arb.call("ops", "GET", f"/jobs/{urgent}/logs").json()["log"])
+        assert not any("preempted" in line
+                       for line in arb.call("ops", "GET", f"/jobs/{second}/logs").json()["log"])
+        done = json.loads(arb.wait("alice", long).stdout)
+        assert (done["state"], done["iterations_done"]) == ("finished", 60), done["why"]
+        its = [i for i, *_ in arb.call("alice", "GET", f"/jobs/{long}/iterations").json()[
+            "iterations"]]
+        assert its == list(range(60))
+        assert json.loads(arb.wait("ops", second).stdout)["state"] == "finished"
+        assert not any("Traceback" in e for e in arb.err)
+    finally:
+        arb.stop()
