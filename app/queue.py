@@ -234,6 +234,9 @@ class Service:
         for job in setting_up:
             out[job] = {"reason": "starting (its stage 1 is under way)",
                         "expected_start": None}
+        for job in self.adm.jobs.tasks.keys() - self._on.keys():  # (the ledger: queued)
+            out[job] = {"reason": "starting (placed; its first iteration under way)",
+                        "expected_start": None}
         return out
 
     def queue(self, user: User, req: JobRequest, asked_s: float | None) -> JobRequest:

@@ -362,3 +362,23 @@ def test_an_operators_job_preempts_a_users_and_the_user_goes_on(
         assert not any("Traceback" in e for e in arb.err)
     finally:
         arb.stop()
+
+
+@pytest.mark.realtime  # an emulator, an arbiter, HTTP: the wall clock
+def test_a_job_placed_before_its_first_iteration_says_it_is_starting(arb: Arbiter) -> None:
+    """Issue 86's lab day: a job placed but not yet at its first iteration showed as
+    `queued` with no reason (36 of 1,788 polls). Its first iteration's compute here lasts
+    1.5 s: every poll until it runs gives a reason, and that one says `starting`."""
+    slow = JOB.format(name="slow", iterations=2, ranks=2).replace(
+        "compute_time_ms = 10.0", "compute_time_ms = 1500.0")
+    r = arb.call("alice", "POST", "/jobs", json={"experiment": slow})
+    assert r.status_code == 201, r.text
+    job = r.json()["job"]
+    seen = []
+    t_end = time.monotonic() + 60
+    while (j := _job(arb, "alice", job))["state"] == "queued":
+        assert time.monotonic() < t_end, seen[-3:]
+        seen.append(j.get("reason"))
+        time.sleep(0.05)
+    assert seen and all(seen), seen  # none without a reason
+    assert any(r.startswith("starting (placed") for r in seen), seen
