@@ -110,7 +110,7 @@ class Service:
         self.placer = preempt.Preempting(self, self.backfill)  # backfill, then preemption
         self._compute: dict[str, int] = {}  # each job not ended: its compute (ns)
         self._submitted: dict[str, float] = {}  # each job not ended: when (Unix time)
-        self.after: dict[str, tuple[str, bool]] = {}  # a queued job: its parent, "ok" only
+        self.after: dict[str, tuple[str, str]] = {}  # a queued job: its parent, "", ok, notok
         self._factors: tuple[float, dict[str, float]] = (-1e9, {})  # when, fair share's
         self.windows = ledger.windows(time.time())  # maintenance, now and to come
 
@@ -168,14 +168,15 @@ class Service:
         that ended otherwise than its child asked ends the child (cancelled, saying so)."""
         if job not in self.after:
             return None
-        parent, ok = self.after[job]
+        parent, cond = self.after[job]
         j = self.ledger.job(parent)
         state = j["state"] if j else "gone"
         if state in ACTIVE:
             return parent
-        if ok and state != "finished":
-            self.adm.b.loop.call_soon(self.adm.cancel, job,
-                                      f"its dependency {parent} ended {state}, not finished")
+        if cond and (cond == "ok") != (state == "finished"):  # :ok, or :notok, not met
+            self.adm.b.loop.call_soon(self.adm.cancel, job, f"its dependency {parent} ended "
+                                      + (f"{state}, not finished" if cond == "ok" else
+                                         "finished (it was to run only if not)"))
         del self.after[job]
         return None
 
@@ -304,7 +305,7 @@ class Service:
         self._submitted.pop(rec.name, None)
         self.after.pop(rec.name, None)
         self._factors = (-1e9, {})  # its usage counts from now
-        for child in [c for c, (parent, _ok) in self.after.items() if parent == rec.name]:
+        for child in [c for c, (parent, _cond) in self.after.items() if parent == rec.name]:
             self._waits_for(child)  # it may start, or it never will
         self._on.pop(rec.name, None)
         self.lives.pop(rec.name, None)
@@ -353,7 +354,9 @@ class Service:
         self.runs.begin(req.name, user.name, req, text)
         self.known(req, user.name, time.time())
         if after is not None:
-            self.ledger.note(req.name, f"waits for {after.replace(':ok', ' to finish')}")
+            parent, _, cond = after.partition(":")
+            self.ledger.note(req.name, f"waits for {parent}" + {
+                "ok": " to finish", "notok": " to end otherwise than finished"}.get(cond, ""))
         if self.limits.rule(user.name, user.role).approval:  # the approve gate
             self.held.add(req.name)
             self.ledger.hold(req.name, True)
@@ -374,14 +377,16 @@ class Service:
         self._compute[req.name] = req.compute_ns
         self._submitted[req.name] = submitted
         if req.after:
-            parent, _, ok = req.after.partition(":")
-            self.after[req.name] = (parent, ok == "ok")
+            parent, _, cond = req.after.partition(":")
+            self.after[req.name] = (parent, cond)
 
     def _check_after(self, user: User, after: object) -> None:
-        """`after`: "jN" or "jN:ok", a job of the user's (an operator's: anyone's)."""
-        if not isinstance(after, str) or not (m := re.fullmatch(r"(j\d{1,12})(:ok)?", after)):
-            raise Refused(422, 'after: a job id, "jN" (after it ends) or "jN:ok" (after it '
-                               'finishes)')
+        """`after`: "jN", "jN:ok" or "jN:notok", a job of the user's (an operator's:
+        anyone's)."""
+        if not isinstance(after, str) or not (
+                m := re.fullmatch(r"(j\d{1,12})(:ok|:notok)?", after)):
+            raise Refused(422, 'after: a job id, "jN" (after it ends), "jN:ok" (after it '
+                               'finishes) or "jN:notok" (after it ends otherwise)')
         self.owned(user, m.group(1))
 
     async def jobs(self, request: Request) -> Response:

@@ -118,6 +118,17 @@ def test_a_dependent_job_starts_after_its_parent_or_never(arb: Arbiter, tmp_path
     o = arb.ended("alice", orphan)
     assert (o["state"], o["why"]) == ("cancelled", f"its dependency {doomed} ended "
                                                    f"cancelled, not finished"), o
+    # `:notok`: after a parent that did not finish (a clean-up); never after one that did
+    doomed = arb.submit("alice", "doomed2", 1_000_000, ranks=2)
+    r = arb.cli("alice", "submit", str(exp), "--after", f"{doomed}:notok", "--json")
+    cleanup = json.loads(r.stdout)["job"]
+    assert _job(arb, "alice", cleanup)["reason"] == f"dependency on {doomed}"
+    arb.cli("alice", "cancel", doomed)
+    assert json.loads(arb.wait("alice", cleanup).stdout)["state"] == "finished"
+    r = arb.cli("alice", "submit", str(exp), "--after", f"{child}:notok", "--json")
+    skipped = arb.ended("alice", json.loads(r.stdout)["job"])
+    assert (skipped["state"], skipped["why"]) == (
+        "cancelled", f"its dependency {child} ended finished (it was to run only if not)")
     assert o["started"] is None
     # a dependency on nobody's job, or bob's: refused
     for after, code in (("j99999", 404), (parent, 403), ("x; drop", 422)):

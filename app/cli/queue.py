@@ -112,9 +112,9 @@ def _call(url: str, token_file: Path, method: str, path: str,
 @click.option("--time-limit", "time_limit", type=_SECONDS,
               default=None, help="seconds from its start (else the file's time_limit_s, else "
               "the arbiter's default); past it the job ends `timeout`")
-@click.option("--after", default=None, metavar="JOB[:ok]",
-              help="start only once JOB has ended (with :ok, finished: else this one is "
-                   "cancelled)")
+@click.option("--after", default=None, metavar="JOB[:ok|:notok]",
+              help="start only once JOB has ended (with :ok, finished; with :notok, failed, "
+                   "cancelled or out of time: else this one is cancelled)")
 @click.option("--json", "as_json", is_flag=True)
 @_client_options
 def submit(experiment: Path, priority: int, time_limit: float | None, after: str | None,

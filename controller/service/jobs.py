@@ -40,7 +40,8 @@ class JobRequest:
     overlap: Overlap | None = None  # DDP's buckets, all-reduced while backward runs
     user: str = ""  # the service's: who submitted it
     time_limit_ns: int = 0  # the service's: stopped this long after its first start (0: no)
-    after: str = ""  # the service's: "jN" (starts once jN has ended) or "jN:ok" (finished)
+    after: str = ""  # the service's: "jN" (starts once jN has ended), "jN:ok" (finished),
+    # "jN:notok" (ended otherwise)
 
     @classmethod
     def of(cls, e: JobEntry) -> JobRequest:
