@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any, cast
 
 import msgspec
-from oddl.app import operators, preempt, registry, requeue
+from oddl.app import amend, operators, preempt, registry, requeue
 from oddl.app.job_runs import JobRuns
 from oddl.app.ledger import ACTIVE, Ledger
 from oddl.app.limits import Limits, load_limits
@@ -568,6 +568,7 @@ class Service:
             Route("/jobs/{job}/release", guarded(self.hold), methods=["POST"]),
             Route("/jobs/{job}/priority", guarded(self.priority), methods=["PUT"]),
             Route("/jobs/{job}/requeue", guarded(op(requeue.requeue)), methods=["POST"]),
+            Route("/jobs/{job}/time_limit", guarded(op(amend.time_limit)), methods=["PUT"]),
             Route("/jobs/{job}/logs", guarded(self.logs), methods=["GET"]),
             Route("/jobs/{job}/iterations", guarded(self.iterations), methods=["GET"]),
             Route("/jobs/{job}/flows", guarded(self.flows), methods=["GET"]),

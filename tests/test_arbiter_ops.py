@@ -393,3 +393,32 @@ def test_a_job_placed_before_its_first_iteration_says_it_is_starting(arb: Arbite
         time.sleep(0.05)
     assert seen and all(seen), seen  # none without a reason
     assert any(r.startswith("starting (placed") for r in seen), seen
+
+
+@pytest.mark.realtime  # an emulator, an arbiter, HTTP: the wall clock
+def test_a_jobs_time_limit_is_changed_queued_or_running_within_the_caps(
+        arb: Arbiter) -> None:
+    """Issue 86: `oddl update ID --time-limit S`. A running job's limit shortened to less
+    than it has run ends it now, `timeout`; a queued job's lengthened takes effect when it
+    starts; past the arbiter's most (a day by default), or on another user's job, refused;
+    the ledger keeps the new limit and the log who set it."""
+    long = arb.submit("alice", "long", 1_000_000, ranks=4)
+    arb.until_done("alice", long, 2)
+    queued = arb.submit("bob", "next", 5, ranks=4)
+    r = arb.cli("bob", "update", queued, "--time-limit", "900")
+    assert r.returncode == 0 and f"{queued}: time limit 900 s" in r.stdout, r.stderr
+    assert _job(arb, "bob", queued)["time_limit_s"] == 900
+    r = arb.cli("bob", "update", long, "--time-limit", "60")
+    assert r.returncode == 2 and "not bob's" in r.stderr, r.stderr
+    r = arb.cli("alice", "update", long, "--time-limit", "1e6")
+    assert r.returncode == 2 and "max_time_limit_s" in r.stderr, r.stderr
+    r = arb.cli("alice", "update", long, "--time-limit", "0.001")
+    assert r.returncode == 0, r.stderr
+    j = arb.ended("alice", long)
+    assert (j["state"], j["why"]) == ("timeout", "its time limit of 0.001 s was reached"), j
+    assert any("time limit 3600 s -> 0.001 s by alice" in line
+               for line in arb.call("alice", "GET", f"/jobs/{long}/logs").json()["log"])
+    done = json.loads(arb.wait("bob", queued).stdout)
+    assert (done["state"], done["time_limit_s"]) == ("finished", 900), done
+    assert arb.call("bob", "PUT", f"/jobs/{queued}/time_limit",
+                    json={"time_limit_s": 60}).status_code == 409  # finished

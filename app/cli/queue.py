@@ -1,8 +1,8 @@
 """`oddl arbiter` (the service that owns a testbed) and its clients: `oddl submit`, `jobs`,
-`status`, `cancel`, `requeue`, `wait`, `logs`, `usage`, and an operator's `hold`, `release`,
-`priority`, `drain`, `resume`, `maintenance`, `user` and `token`. The clients find the service by
-`--arbiter URL --token-file F`, or ODDL_ARBITER and ODDL_TOKEN_FILE; each waits for an
-arbiter that is down (restarting) up to $ODDL_ARBITER_PATIENCE seconds (120)."""
+`status`, `cancel`, `requeue`, `update`, `wait`, `logs`, `usage`, and an operator's `hold`,
+`release`, `priority`, `drain`, `resume`, `maintenance`, `user` and `token`. The clients find
+the service by `--arbiter URL --token-file F`, or ODDL_ARBITER and ODDL_TOKEN_FILE; each
+waits for an arbiter that is down (restarting) up to $ODDL_ARBITER_PATIENCE seconds (120)."""
 
 from __future__ import annotations
 
@@ -309,6 +309,18 @@ _job_command("requeue", "POST", "/requeue", "queued again",
              "is stopped first (the iteration it was in runs again), a failed or cancelled "
              "one goes on from its first iteration not recorded (your own; an operator's: "
              "anyone's, and one that ran out of its time limit).")
+
+
+@main.command()
+@click.argument("job")
+@click.option("--time-limit", "time_limit", type=_SECONDS, required=True,
+              help="seconds from its first start (within the arbiter's max_time_limit_s); "
+                   "a running job past it ends now")
+@_client_options
+def update(job: str, time_limit: float, url: str, token_file: Path) -> None:
+    """Change a queued or running job's time limit (your own; an operator's: anyone's)."""
+    j = _call(url, token_file, "PUT", f"/jobs/{job}/time_limit", {"time_limit_s": time_limit})
+    click.echo(f"{job}: time limit {j['time_limit_s']:g} s")
 
 
 @main.command()

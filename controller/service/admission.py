@@ -232,6 +232,16 @@ class Admission:
         task.cancel()  # a stopping job is ended once it has stopped
         return True
 
+    def set_time_limit(self, name: str, limit_ns: int) -> bool:
+        """The service: a queued or started job's new time limit, from its first start
+        (False: it is not here)."""
+        if (i := next((i for i, q in enumerate(self.queue) if q.name == name), None)) is not None:
+            self.queue[i] = replace(self.queue[i], time_limit_ns=limit_ns)
+        elif name not in self.jobs.setting_up and name not in self.jobs.tasks:
+            return False
+        self.deadlines.change(name, limit_ns)
+        return True
+
     def reprioritise(self, name: str, priority: int) -> bool:
         """The service: a queued job to its place for a new priority (False: not queued)."""
         queued = next((q for q in self.queue if q.name == name), None)
