@@ -27,16 +27,13 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any, Literal, Protocol
 
-import msgspec
 from oddl.controller.base.clock import Clock
 from oddl.controller.base.collectives import Schedule
 from oddl.controller.base.config import NetworkSpec
 from oddl.controller.base.faultkinds import DIAGNOSES
 from oddl.controller.base.telemetry import (
     TELEMETRY_VERSION,
-    IterationNote,
     RunNote,
-    health_note,
     plan_note,
 )
 from oddl.controller.base.topology import Grid
@@ -63,6 +60,7 @@ from oddl.controller.service.placing import (
 )
 from oddl.controller.service.recovery import Recovery
 from oddl.controller.service.stages import Routes, Stage1
+from oddl.controller.service.watchers import Watchers
 from oddl.controller.stage1.arbiter import DeviceFailed
 from oddl.controller.stage1.placement import Partition
 from oddl.controller.stage1.plan import Plan, PlanError
@@ -79,14 +77,6 @@ MAX_STOPS = 3  # a job stopped for faults more often than this fails the run
 CARRY_WAIT_S = 2.0  # how long a stopped job's ranks may take to say what they delivered
 
 OnJob = Callable[[JobRecord, Iteration], None]  # a job's iteration, as it completes
-
-
-# a job's copies of its repeated iteration (sim/steady.py) come all at once, each as the
-# one before: the bus's watchers are told the first so many (a short run's watchers see
-# every iteration), then one in COPIES_TOLD, and the last (25,036 at once through the
-# broker: 20 s)
-COPIES_TOLD_EACH = 256
-COPIES_TOLD = 4096
 
 
 class JobService(Protocol):
@@ -145,7 +135,7 @@ class Admission:
         self.running = 0
         self.recoveries: list[Recovery] = []  # each stopped job's, once it goes on
         self.outcomes: list[JobOutcome] = []  # every attempt's, stopped ones too
-        self._said = (-1, -1)  # diagnoses and injected faults the watchers were told of
+        self.told = Watchers(backend, spec.name, run_name, trace)
         self.watch: Watch | None = None
         self.clock = Clock(backend.loop)
         # CASSINI's placements, start delays and pauses (its own `shift_ms` without one)
@@ -179,8 +169,8 @@ class Admission:
         self._done.add_done_callback(lambda f: f.cancelled() or f.exception())
         self.open()
         total = sum(r.iterations for r in self.requests)
-        self._say("run", lambda: RunNote(TELEMETRY_VERSION, self.experiment, self.spec.name,
-                                         self.b.name, "started", total))
+        self.told.say("run", lambda: RunNote(TELEMETRY_VERSION, self.experiment,
+                                             self.spec.name, self.b.name, "started", total))
         for req in self.requests:
             self.clock.call_at_ns(self.t0 + req.arrival_ns, self._arrive, req)
         if not self.requests:
@@ -196,11 +186,11 @@ class Admission:
                             ) from e
         finally:
             self.close()
-            self._say_health()
+            self.told.health()
             done = sum(len(r.iteration_ns) for r in self.records.values())
-            self._say("run", lambda: RunNote(TELEMETRY_VERSION, self.experiment,
-                                             self.spec.name, self.b.name, state, total,
-                                             f"{done} iterations"))
+            self.told.say("run", lambda: RunNote(TELEMETRY_VERSION, self.experiment,
+                                                 self.spec.name, self.b.name, state, total,
+                                                 f"{done} iterations"))
         return self.records
 
     def submit(self, req: JobRequest, resume: int = 0, life: int = 0) -> None:
@@ -535,7 +525,7 @@ class Admission:
         rec = self.records[req.name]
         rec.plan = plan
         if plan is not None:
-            self._say("plan", lambda: plan_note(self.spec.name, plan))
+            self.told.say("plan", lambda: plan_note(self.spec.name, plan))
         now = self.clock.now_ns()
         rec.partition, rec.placed_ns = part, now - self.t0
         if rec.start_ns is None:
@@ -586,21 +576,9 @@ class Admission:
             self.align.iterated(req.name, it.t_end)
             if self.on_iteration is not None:
                 self.on_iteration(rec, it)
-            if it.repeats is not None and it.iteration - it.repeats.of > COPIES_TOLD_EACH and \
-                    (it.iteration + 1) % COPIES_TOLD and it.iteration + 1 < req.iterations:
-                return  # a copy, as the one before it: the watchers hear one in many
-            self._say("iteration", lambda: IterationNote(
-                TELEMETRY_VERSION, self.spec.name, it.iteration,
-                (it.t_end - it.t_start) / 1e6, it.control_messages, self.run_name,
-                req.name if self.jobs.tags[req.name] else ""))  # (tag 0: the only job)
-            if (len(self.health.diagnoses), len(self.b.injected)) != self._said:
-                self._say_health()
-            if self.trace is not None:  # rows come late: the last RELEASEs with the next one
-                name = self.spec.name
-                self.trace.chrome.rows[name] += it.trace
-                if it.iteration < self.trace.iterations:
-                    self.trace.chrome.iterations[name].append(
-                        (it.iteration, it.t_start, it.t_end))
+            # (tag 0: the run's only job)
+            self.told.iteration(req.name if self.jobs.tags[req.name] else "", req.iterations,
+                                it)
 
         task = self.jobs.tasks[req.name] = self.b.loop.create_task(
             self._run(req.name, spec, on_iteration, shift_ns, stop))
@@ -697,7 +675,7 @@ class Admission:
         rec.stops.append({"at_s": round((now - self.t0) / 1e9, 9), "why": str(stop),
                           "ran_on": part.describe(), "from_iteration": stop.next_iteration})
         self.running -= 1
-        self._say_health()
+        self.told.health()
         self.jobs.tasks.pop(req.name, None)
         if req.name in self.jobs.cancelling:  # cancelled while it stopped
             self._leave(req.name, None, "cancelled", self.jobs.cancelling[req.name])
@@ -712,22 +690,9 @@ class Admission:
             # (type: ignore below: not None: checked above)
             self._lose(req.name, part, task.exception())  # type: ignore[arg-type]
 
-    # --- the watch and the watchers ----------------------------------------------------
-    def _watch_tables(self) -> None:
+    def _watch_tables(self) -> None:  # the WSS tables the watch polls for
         if self.watch is not None:
             self.watch.expected = self.stage1.tables()
-
-    def _say(self, kind: str, note: Callable[[], Any]) -> None:
-        """Tell the bus's watchers (the dashboard), if the back end tells anybody (the
-        note is built only then: this runs every iteration)."""
-        if self.b.announce is not None:
-            self.b.announce(kind, msgspec.json.encode(note()))
-
-    def _say_health(self) -> None:
-        h = self.health
-        self._said = (len(h.diagnoses), len(self.b.injected))
-        self._say("health", lambda: health_note(self.spec.name, h.diagnoses,
-                                                self.b.injected))
 
     def _fail(self, e: BaseException) -> None:
         if self._done is not None and not self._done.done():
