@@ -515,8 +515,10 @@ class LabBackend:
                 raise RunFailed(f"drill: {self.drill.error}")
             t_heard = max(t_heard, self._moving.get(spec.job, 0.0))
             if tally.all_ready and time.monotonic() - t_heard > stall_s:
-                raise RunFailed(f"job {spec.job}: no report and no control message for "
-                                f"{stall_s:.1f} s: {tally.progress()}")
+                # light a fault swallowed unseen, or a node program stuck: cut short, it
+                # goes on with what was delivered (MAX_STOPS such stops at most)
+                raise stopped(f"job {spec.job}: no report and no control message for "
+                              f"{stall_s:.1f} s: {tally.progress()}")
             if not stop.faults():
                 mark = len(tally.recorded)
             elif len(tally.recorded) > mark or stop.overdue(self.clock.now_ns()):
