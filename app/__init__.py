@@ -6,8 +6,10 @@
 - `session`: what a run needs of its testbed (a private emulator, the lock, an announcer);
 - `registry`: the one place a back end is chosen, and the table of what each one is;
 - `experiments/`: the runner, run directories, sweeps, figures, link studies, estimates;
-- `queue`: the arbiter as a service (`oddl arbiter`), `operators`, an operator's requests
-  to it, `ledger`, its durable state,
+- `queue`: the arbiter as a service (`oddl arbiter`), `requests`, what a request to it
+  carries, `operators`, an operator's requests to it, `requeue`, a job queued again with
+  its iterations kept, `preempt`, a preempting class's jobs stopping others', `amend`, a
+  job's time limit changed, `ledger`, its durable state,
   `limits`, its fairness rules, `priority`, its queue's order (base, age, fair share),
   `users`, its users and their tokens, `submission`, a job as submitted, and
   `job_runs`, each submitted job's run directory;

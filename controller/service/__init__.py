@@ -5,5 +5,6 @@ job) with `alignment` (CASSINI's placements, start delays and pauses) and `deadl
 `placing` (where a job goes) and `stages` (the stage 1 it applies), `recovery` (what a
 fault costs and where a job goes on), `health` (the live inventory), `backend` (the
 interface every back end implements), `drill` (when a drill's faults begin), `node` (the
-node program beside each O-NIC) and `lock` (the testbed lock). Imports the core below
+node program beside each O-NIC), `watchers` (what the bus's watchers are told of a run)
+and `lock` (the testbed lock). Imports the core below
 it, never a back end."""
