@@ -143,6 +143,11 @@ class View:
             elif what == "health":
                 self.health[note.network] = d
             self.notes[what] = d
+        elif kind == "telemetry" and len(rest) == 3 and rest[:2] == [CONTROLLER, "ended"]:
+            if payload:  # (empty: the arbiter cleared a job's end it had kept long enough)
+                note = self._dec_note["ended"].decode(payload)
+                if note.job != rest[2]:
+                    raise ValueError(f"job {note.job!r} on {rest[2]!r}'s topic")
         elif kind == "job" and rest == ["run"]:
             spec = self._dec_job.decode(payload)
             self.job = {"job": spec.job, "collective": spec.collective,

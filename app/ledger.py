@@ -264,6 +264,12 @@ class Ledger:
                                (job,)).fetchone()[0]
         return request, done
 
+    def ended_since(self, t: float, most: int = 100_000) -> list[tuple[str, float]]:
+        """The jobs that ended after `t` (Unix time): id and when, oldest first."""
+        return [(j, e) for j, e in self.db.execute(
+            "SELECT id, ended FROM jobs WHERE ended > ? AND state NOT IN ('queued', "
+            "'running') ORDER BY ended LIMIT ?", (t, most))]
+
     def jobs(self, ids: list[str] | None = None) -> list[dict[str, Any]]:
         """Every job (or those named), in submission order, with its iterations done."""
         where, args = (f"WHERE id IN ({', '.join('?' * len(ids))})", tuple(ids)) \

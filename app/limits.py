@@ -14,6 +14,8 @@ approval = false                # true: each job waits until an operator release
 preempt = false                 # true: its jobs stop others' (app/preempt.py)
 [users.alice]                   # ... unless named: what alice's entry sets (here her
 max_running_nodes = 64          # nodes), the rest her role's, else the built-in
+[notices]
+keep_s = 86400                  # each job's end retained on the bus this long
 [priority]                      # the queue's order: base + age + fair share
 age_per_hour = 10.0             # (app/priority.py; these are the defaults)
 max_age_hours = 168
@@ -53,6 +55,12 @@ class Rule(ConfigModel):
 USER = Rule(max_queued_jobs=100, max_priority=100)
 
 
+class Notices(ConfigModel):
+    """How the arbiter tells of jobs' ends on the bus (app/notices.py)."""
+
+    keep_s: float = Field(default=86400.0, gt=0, le=366 * 86400, allow_inf_nan=False)
+
+
 class Limits(ConfigModel):
     default_time_limit_s: float = Field(default=3600.0, gt=0, le=366 * 86400,
                                         allow_inf_nan=False)
@@ -62,6 +70,7 @@ class Limits(ConfigModel):
                                    max_length=3)
     users: dict[str, Rule] = Field(default_factory=dict, max_length=10_000)
     priority: Weights = Field(default_factory=Weights)  # the queue's order (app/priority.py)
+    notices: Notices = Field(default_factory=Notices)  # each job's end, kept a while
 
     def rule(self, user: str, role: str) -> Rule:
         """The rule that binds a user, field by field: what their own entry sets, else what

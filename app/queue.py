@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any, cast
 
 import msgspec
-from oddl.app import amend, operators, preempt, registry, requeue
+from oddl.app import amend, notices, operators, preempt, registry, requeue
 from oddl.app.job_runs import JobRuns
 from oddl.app.ledger import ACTIVE, Ledger
 from oddl.app.limits import Limits, load_limits
@@ -295,11 +295,10 @@ class Service:
         self.ledger.set(rec.name, state, ended=ended, why=why, result=json.dumps(result))
         self.ledger.note(rec.name, f"{state}{': ' + why if why else ''}")
         j = self.ledger.job(rec.name) or {}
-        if self.adm.b.announce is not None:  # (retained: the latest end, for scripts)
-            self.adm.b.announce("ended", msgspec.json.encode(EndedNote(
-                TELEMETRY_VERSION, self.tb.name, rec.name, j.get("user") or "unknown",
-                cast(JobState, state), why[:512], j.get("iterations_done", 0),
-                j.get("iterations") or 0, ended)))
+        notices.ended(self, rec.name, msgspec.json.encode(EndedNote(
+            TELEMETRY_VERSION, self.tb.name, rec.name, j.get("user") or "unknown",
+            cast(JobState, state), why[:512], j.get("iterations_done", 0),
+            j.get("iterations") or 0, ended)))
         self.runs.end(rec.name, j, rec.disturbance, rec.control_messages)
         self._compute.pop(rec.name, None)
         self._submitted.pop(rec.name, None)
@@ -659,6 +658,7 @@ def _serve(tb: Testbed, state: Path, ledger: Ledger, users: dict[str, User], rul
             async def main() -> None:
                 async with Services(f"arbiter of {tb.name}") as services:
                     down = ledger.begin(os.getpid())
+                    notices.resume(svc, time.time() - down if down is not None else None)
                     svc.adm.open()
                     services.add("the jobs' run directories", svc.runs.close)
                     services.add("the orchestration of jobs", svc.adm.close)

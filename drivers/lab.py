@@ -310,7 +310,9 @@ class LabBackend:
 
     def _publish_note(self, topic: str, payload: bytes, retain: bool) -> None:
         assert self.bus is not None
-        fut = asyncio.ensure_future(self.bus.publish(topic, payload, qos=0, retain=retain))
+        # (a retained note, kept for those who were not listening, at least once)
+        fut = asyncio.ensure_future(self.bus.publish(topic, payload, qos=int(retain),
+                                                     retain=retain))
         fut.add_done_callback(lambda f: f.cancelled() or f.exception())
 
     async def _heard_from(self, spec: JobSpec) -> None:
@@ -661,5 +663,5 @@ class LabBackend:
             while self._notes and not self.bus.lost.is_set():  # the run's last words
                 topic, payload, retain = self._notes.popleft()
                 with contextlib.suppress(BusError):
-                    await self.bus.publish(topic, payload, qos=0, retain=retain)
+                    await self.bus.publish(topic, payload, qos=int(retain), retain=retain)
             await self.bus.close()

@@ -341,7 +341,7 @@ class MQTTBus:
         if topic.startswith(status_topic(self.testbed, "")):
             return True
         note = telemetry_topic(self.testbed, CONTROLLER) + "/"
-        return topic.startswith(note) and topic[len(note):] in RETAINED
+        return topic.startswith(note) and topic[len(note):].partition("/")[0] in RETAINED
 
     def _on_publish(self, client: mqtt.Client, userdata: Any, mid: int, rc: Any = None,
                     props: Any = None) -> None:

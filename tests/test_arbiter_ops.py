@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -324,7 +324,7 @@ def test_a_requeued_job_goes_on_from_its_recorded_iterations(arb: Arbiter) -> No
     assert len(said) == 1 and "queued again from iteration" in said[0], said
     assert arb.call("alice", "POST", f"/jobs/{job}/requeue").status_code == 409  # finished
     # a cancelled job, queued again by an operator
-    other = arb.submit("bob", "other", 30, ranks=2)
+    other = arb.submit("bob", "other", 300, ranks=2)  # (cancelled long before its end)
     arb.until_done("bob", other, 2)
     arb.cli("bob", "cancel", other)
     assert arb.ended("bob", other)["state"] == "cancelled"
@@ -333,7 +333,7 @@ def test_a_requeued_job_goes_on_from_its_recorded_iterations(arb: Arbiter) -> No
     assert r.status_code == 200 and r.json()["from_iteration"] == kept, r.text
     assert arb.call("ops", "POST", f"/jobs/{other}/requeue").status_code == 409  # queued
     done = json.loads(arb.wait("bob", other).stdout)
-    assert (done["state"], done["iterations_done"]) == ("finished", 30), done
+    assert (done["state"], done["iterations_done"]) == ("finished", 300), done
     assert not any("Traceback" in e for e in arb.err)
 
 
@@ -422,3 +422,100 @@ def test_a_jobs_time_limit_is_changed_queued_or_running_within_the_caps(
     assert (done["state"], done["time_limit_s"]) == ("finished", 900), done
     assert arb.call("bob", "PUT", f"/jobs/{queued}/time_limit",
                     json={"time_limit_s": 60}).status_code == 409  # finished
+
+
+@pytest.mark.realtime  # an emulator, an arbiter, a broker: the wall clock
+def test_every_jobs_end_is_kept_on_the_bus_under_its_own_topic_for_a_while(
+        root: Path, emu: Path, tmp_path: Path) -> None:
+    """Issue 86: only the latest end was retained, so a watcher that was down missed the
+    others. Each job's end is retained under `.../ended/JOB`: a subscriber that comes
+    after both jobs ended hears both; `[notices] keep_s` later the arbiter clears them
+    (the subscriber hears each cleared), and a later subscriber hears only the latest."""
+    limits = tmp_path / "limits.toml"
+    limits.write_text("[notices]\nkeep_s = 6\n")
+    arb = Arbiter(root, emu, tmp_path / "state", 0, "--limits", str(limits))
+    try:
+        jobs = [arb.submit("alice", f"n{k}", 2, ranks=2) for k in range(2)]
+        for j in jobs:
+            assert arb.ended("alice", j)["state"] == "finished"
+        prefix, listen = _ends_on_the_bus(emu)
+
+        def ends(got: list[tuple[str, bytes]]) -> dict[str, bytes]:
+            return {t.rsplit("/", 1)[1]: p for t, p in got if t != prefix}
+
+        # a subscriber after both ended: each job's end, kept; then, still listening, each
+        # cleared (an empty message on its topic)
+        got = listen(lambda g: [p for t, p in g if t != prefix].count(b"") == 2)
+        said = [(t.rsplit("/", 1)[1], p) for t, p in got if t != prefix]
+        assert sorted(j for j, p in said if p) == sorted(jobs), said
+        assert all(json.loads(p)["job"] == j and json.loads(p)["state"] == "finished"
+                   for j, p in said if p)
+        assert [j for j, p in said if not p] == jobs  # in the order they ended
+        assert all(said.index((j, b"")) > [k for k, _ in said].index(j) for j in jobs)
+        # a subscriber now: the latest end (retained), and no job's
+        got = listen(lambda g: any(t == prefix for t, _ in g))
+        assert ends(got) == {}, got
+    finally:
+        arb.stop()
+
+
+def _ends_on_the_bus(emu: Path) -> tuple[str, Callable[[Any], list[tuple[str, bytes]]]]:
+    """The topic of the latest end, and a listener (as the dashboard) to it and to every
+    job's, until `until(messages so far)` (30 s at most)."""
+    import asyncio
+
+    from oddl.app import registry
+    from oddl.controller.base.config import load_testbed
+
+    tb = load_testbed(emu)
+    prefix = f"oddl/{tb.name}/telemetry/oddl-ctl/ended"
+
+    async def listen(until: Any) -> list[tuple[str, bytes]]:
+        got: list[tuple[str, bytes]] = []
+        bus = registry.open_watch(tb)
+        bus.on(prefix, lambda t, p: got.append((t, p)))
+        bus.on(prefix + "/+", lambda t, p: got.append((t, p)))
+        await bus.start()
+        try:
+            async with asyncio.timeout(30):
+                while not until(got):
+                    await asyncio.sleep(0.05)
+        finally:
+            await bus.close()
+        return got
+
+    return prefix, lambda until: asyncio.run(listen(until))
+
+
+@pytest.mark.realtime  # an emulator, two arbiters, a broker: the wall clock
+def test_an_end_kept_by_a_killed_arbiter_is_cleared_by_the_next(
+        root: Path, emu: Path, tmp_path: Path) -> None:
+    """The arbiter clears each kept end itself (MQTT 3.1.1 has no expiry); one killed
+    before it did leaves the end retained, and the next arbiter on its state clears it
+    when it has been kept `keep_s` and it is on the bus (from its first job)."""
+    import signal
+
+    limits = tmp_path / "limits.toml"
+    limits.write_text("[notices]\nkeep_s = 6\n")
+    first = Arbiter(root, emu, tmp_path / "state", 0, "--limits", str(limits))
+    try:
+        job = first.submit("alice", "n", 2, ranks=2)
+        assert first.ended("alice", job)["state"] == "finished"
+    finally:
+        first.stop(signal.SIGKILL)
+    import threading
+
+    prefix, listen = _ends_on_the_bus(emu)
+    got: list[tuple[str, bytes]] = []  # (listening from before the next arbiter starts)
+    heard = threading.Thread(target=lambda: got.extend(listen(
+        lambda g: (f"{prefix}/{job}", b"") in g)))
+    heard.start()
+    second = Arbiter(root, emu, tmp_path / "state", 0, "--limits", str(limits))
+    try:
+        assert second.ended("alice", second.submit("alice", "m", 2, ranks=2))["state"] == \
+            "finished"
+        heard.join(60)
+        assert (f"{prefix}/{job}", b"") in got, got
+        assert next(p for t, p in got if t == f"{prefix}/{job}"), got  # kept, then cleared
+    finally:
+        second.stop()

@@ -181,6 +181,15 @@ def test_the_view_counts_junk_and_keeps_its_bounds(root: Path) -> None:
     assert s["queue"]["jobs"][1]["nodes"] == ["n0", "n1"]
     assert (s["ended"]["job"], s["ended"]["state"]) == ("j3", "timeout")
     assert s["rejected"] == len(junk) + 5
+    # each job's end on its own topic (issue 86), and its clearing, are read; one that
+    # names another job is not
+    v.feed(f"{pre}/telemetry/oddl-ctl/ended/j3", enc(EndedNote(1, tb.name, "j3", "alice",
+                                                               "timeout", "")))
+    v.feed(f"{pre}/telemetry/oddl-ctl/ended/j3", b"")
+    assert v.snapshot()["rejected"] == len(junk) + 5
+    v.feed(f"{pre}/telemetry/oddl-ctl/ended/j4", enc(EndedNote(1, tb.name, "j3", "alice",
+                                                               "timeout", "")))
+    assert v.snapshot()["rejected"] == len(junk) + 6
 
 
 def test_a_sim_run_and_an_acceptance_result_reach_the_dashboard(root: Path, emu: Path,

@@ -66,7 +66,10 @@ def test_a_stopped_build_stops_its_tools(tmp_path: Path, sig: signal.Signals) ->
     shell). The flow's script runs in a group of its own, stopped whole, also when the
     runner is killed outright: here a script whose tool (a sleep) is the shell's child."""
     (tmp_path / "flow.sh").write_text("sleep 300 &\necho $! > tool.pid\nwait\n")
-    code = ("from pathlib import Path; from oddl.fpga.gateware.board import run_script; "
+    # (SIGINT as a terminal's foreground process has it: a process started with it
+    # ignored keeps it ignored, and the whole suite's worker once had it so)
+    code = ("import signal; signal.signal(signal.SIGINT, signal.default_int_handler); "
+            "from pathlib import Path; from oddl.fpga.gateware.board import run_script; "
             f"run_script(Path({str(tmp_path)!r}), 'flow.sh')")
     proc = subprocess.Popen([sys.executable, "-c", code], stderr=subprocess.PIPE, text=True)
     pidfile = tmp_path / "tool.pid"

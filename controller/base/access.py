@@ -17,6 +17,7 @@ Topics carry their sender, so that a broker's access rules can hold it to its na
     oddl/<tb>/probe/...              round-trip probes (controller, emulator)
     oddl/<tb>/telemetry/<node>       its ports, for watchers (telemetry.py)    (QoS 0)
     oddl/<tb>/telemetry/oddl-ctl/<kind>  the controller's notes for watchers   (QoS 0)
+    oddl/<tb>/telemetry/oddl-ctl/ended/<job>  each job's end, retained a while (QoS 1)
 
 The same rules are written out for Mosquitto (`oddl broker-config`) and enforced by the
 embedded broker (sim/devices/broker.py). A broker cannot know which nodes a job has: the
@@ -112,7 +113,7 @@ def rules(tb: str, party: str, nodes: Iterable[str]) -> list[Rule]:
     if party == CONTROLLER:
         return [Rule(w, run_topic(tb)), Rule(w, stop_topic(tb)), Rule(r, results(tb)),
                 Rule(w, status_topic(tb, party)), Rule(r, status_topic(tb, "+")),
-                Rule(r, health_topic(tb, "+")), Rule(w, telemetry_topic(tb, party, "+")),
+                Rule(r, health_topic(tb, "+")), Rule(w, telemetry_topic(tb, party, "#")),
                 Rule(r, f"oddl/{probe_ns(tb)}/#"), Rule(w, f"oddl/{probe_ns(tb)}/#")]
     if party == EMULATOR:
         return [Rule(r, f"oddl/{tb}/node/+/ctl/+"), Rule(w, status_topic(tb, party)),

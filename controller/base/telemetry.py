@@ -36,8 +36,9 @@ JobState = Literal["queued", "running", "finished", "failed", "cancelled", "time
 
 
 def note_topic(tb: str, kind: str) -> tuple[str, bool]:
-    """Where the controller's note of `kind` goes, and whether the broker keeps it."""
-    return telemetry_topic(tb, CONTROLLER, kind), kind in RETAINED
+    """Where the controller's note of `kind` ("ended", or one job's: "ended/j7") goes,
+    and whether the broker keeps it."""
+    return telemetry_topic(tb, CONTROLLER, kind), kind.partition("/")[0] in RETAINED
 
 
 class PortView(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
