@@ -229,6 +229,8 @@ class Service:
                 why = "maintenance (a window on its nodes before its time limit ends)"
             if q.name in self.preempted:
                 why = f"preempted by {self.preempted[q.name]}; {why}"
+            elif q.name in self.adm.jobs.stopped:  # (the ledger: still running)
+                why = f"stopped for a fault, to go on; {why}"
             out[q.name] = dict[str, Any](self.priority_now(q).public()) | {
                 "reason": why, "expected_start": round(now + (at - now_ns) / 1e9, 3)
                 if at is not None and at < NEVER else None}

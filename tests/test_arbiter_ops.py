@@ -522,3 +522,34 @@ def test_an_end_kept_by_a_killed_arbiter_is_cleared_by_the_next(
         assert kept and json.loads(kept)["ended"] >= t0, got
     finally:
         second.stop()
+
+
+@pytest.mark.realtime  # an emulator, an arbiter, a drill by hand: the wall clock
+def test_a_job_stopped_for_a_fault_says_so_and_goes_on(arb: Arbiter, emu: Path) -> None:
+    """Issue 86's lab day: a job stopped for a fault showed as `running` on its old
+    partition, with no reason, while it waited. A board dies under it (the emulator's
+    control endpoint, as an operator drills): `oddl jobs` says it was stopped and what it
+    waits for; the board comes back and the job goes on to its end, every iteration once."""
+    import tomllib
+
+    import httpx
+
+    cfg = tomllib.loads(emu.read_text())["emulator"]
+    auth = {"authorization": f"Bearer {Path(cfg['token_file']).read_text().strip()}"}
+    job = arb.submit("alice", "long", 300, ranks=4)
+    arb.until_done("alice", job, 3)
+    with httpx.Client(base_url=cfg["control"], timeout=10) as c:
+        r = c.post("/faults", headers=auth, content=json.dumps(
+            {"kind": "dead-board", "target": "n0-0", "duration_ms": 4000}))
+        assert r.status_code == 201, r.text
+    j = _until("the stopped job's reason", lambda: (
+        j if (j := _job(arb, "alice", job)).get("reason", "").startswith(
+            "stopped for a fault") else None))
+    assert j["state"] == "running", j  # (the ledger's: it has not ended)
+    shown = arb.cli("alice", "jobs").stdout
+    assert "stopped for a fault, to go on" in shown, shown
+    done = json.loads(arb.wait("alice", job).stdout)
+    assert (done["state"], done["iterations_done"]) == ("finished", 300), done["why"]
+    its = [i for i, *_ in arb.call("alice", "GET", f"/jobs/{job}/iterations").json()[
+        "iterations"]]
+    assert its == list(range(300))

@@ -184,6 +184,8 @@ def jobs(users: tuple[str, ...], states: tuple[str, ...], factors: bool, as_json
             if j.get("expected_start"):
                 where += ", starts by " + time.strftime(
                     "%H:%M:%S", time.localtime(j["expected_start"]))
+        elif j.get("reason"):  # running, but stopped for a fault (or starting)
+            where = j["reason"]
         else:
             where = (j["partition"] or "-") + (f"  {j['why']}" if j["why"] else "")
         prio = f"{j.get('priority_now', j['priority']):.0f}" \
