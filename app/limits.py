@@ -16,6 +16,7 @@ preempt = false                 # true: its jobs stop others' (app/preempt.py)
 max_running_nodes = 64          # nodes), the rest her role's, else the built-in
 [notices]
 keep_s = 86400                  # each job's end retained on the bus this long
+allow = ["https://hooks.lab.example/oddl/"]  # where a job's webhook may point (none)
 [priority]                      # the queue's order: base + age + fair share
 age_per_hour = 10.0             # (app/priority.py; these are the defaults)
 max_age_hours = 168
@@ -27,6 +28,7 @@ half_life_s = 604800
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Annotated
 
 from oddl.app.priority import Weights
 from oddl.controller.base.config import (
@@ -56,9 +58,15 @@ USER = Rule(max_queued_jobs=100, max_priority=100)
 
 
 class Notices(ConfigModel):
-    """How the arbiter tells of jobs' ends on the bus (app/notices.py)."""
+    """How the arbiter tells of jobs' ends: on the bus, and to the webhooks a submission
+    names, within the addresses an operator allows (app/notices.py)."""
 
     keep_s: float = Field(default=86400.0, gt=0, le=366 * 86400, allow_inf_nan=False)
+    # URL prefixes (scheme, host, port, path) a job's webhook may be under: none, none
+    allow: list[Annotated[str, Field(pattern=r"^https?://[^\s]+$", max_length=500)]] = Field(
+        default_factory=list, max_length=100)
+    retries: int = Field(default=3, ge=0, le=10)  # after the first try: 1, 2, 4 ... s apart
+    timeout_s: float = Field(default=5.0, gt=0, le=60, allow_inf_nan=False)  # each try's
 
 
 class Limits(ConfigModel):

@@ -1,28 +1,97 @@
-"""Each job's end on the testbed's bus, for scripts and people who were not listening
-(issue 86): retained under its own topic, `oddl/TESTBED/telemetry/oddl-ctl/ended/JOB`,
-beside the latest end (`.../ended`), and cleared `[notices] keep_s` after it (a day by
-default; MQTT 3.1.1 has no expiry of its own, so the arbiter clears it). A subscriber to
-`.../ended/+` that connects within that time hears every end it missed. An arbiter that
-starts clears the ends its last life had kept long enough, and times the others; what it
-says before it is on the bus (it connects at its first job) is said once it is."""
+"""Each job's end told to whoever was not listening (issue 86).
+
+On the testbed's bus: retained under its own topic, `oddl/TESTBED/telemetry/oddl-ctl/
+ended/JOB`, beside the latest end (`.../ended`), and cleared `[notices] keep_s` after it
+(a day by default; MQTT 3.1.1 has no expiry of its own, so the arbiter clears it). A
+subscriber to `.../ended/+` that connects within that time hears every end it missed. An
+arbiter that starts clears the ends its last life had kept long enough, and times the
+others; what it says before it is on the bus (it connects at its first job) is said once
+it is.
+
+To a webhook a submission names (`oddl submit --webhook URL`): the end's note POSTed as
+JSON, only to an address under one an operator allows (`[notices] allow`; none by
+default), each try within `timeout_s`, `retries` more after a failure or a 5xx (1, 2, 4
+... s apart), never following a redirect, on the arbiter's loop without blocking it; the
+job's log says how it went."""
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
+
+import httpx
+from oddl.app.limits import Notices
+from oddl.app.submission import Refused
 
 if TYPE_CHECKING:
     from oddl.app.queue import Service
 
+log = logging.getLogger("oddl.app.queue")  # the arbiter's one log
+_calls: set[asyncio.Task[None]] = set()  # webhooks under way (held: a task is not kept)
+
+
+def allowed(cfg: Notices, url: Any) -> str:
+    """A submission's webhook, if it is under an address the operator allows; Refused
+    (422) naming why not."""
+    if not isinstance(url, str) or not 0 < len(url) <= 500:
+        raise Refused(422, "webhook: a URL of at most 500 characters")
+    try:
+        u = httpx.URL(url)
+    except httpx.InvalidURL as e:
+        raise Refused(422, f"webhook: not a URL ({e})") from None
+    if not cfg.allow:
+        raise Refused(422, "webhook: this arbiter calls none ([notices] allow is empty)")
+    if u.scheme not in ("http", "https") or u.userinfo or ".." in u.path.split("/") or \
+            not any(_under(u, httpx.URL(a)) for a in cfg.allow):
+        raise Refused(422, f"webhook: {url[:100]} is not under an address this arbiter may "
+                           f"call ([notices] allow: {', '.join(cfg.allow)})")
+    return str(u)
+
+
+def _under(u: httpx.URL, a: httpx.URL) -> bool:
+    return (u.scheme, u.host, u.port) == (a.scheme, a.host, a.port) and \
+        u.path.startswith(a.path)
+
 
 def ended(svc: Service, job: str, note: bytes) -> None:
-    """A job's end: the latest end, and its own, kept until `keep_s` from now."""
+    """A job's end: the latest end, and its own, kept until `keep_s` from now; and its
+    webhook called, if it names one."""
     say = svc.adm.b.announce
-    if say is None:
-        return
-    say("ended", note)
-    say(f"ended/{job}", note)
-    _clear_at(svc, job, time.time() + svc.limits.notices.keep_s)
+    if say is not None:
+        say("ended", note)
+        say(f"ended/{job}", note)
+        _clear_at(svc, job, time.time() + svc.limits.notices.keep_s)
+    found = svc.ledger.again(job)
+    if found is not None and found[0].webhook:
+        task = svc.adm.b.loop.create_task(_call(svc, job, found[0].webhook, note))
+        _calls.add(task)
+        task.add_done_callback(_calls.discard)
+
+
+async def _call(svc: Service, job: str, url: str, note: bytes) -> None:
+    cfg = svc.limits.notices
+    why = ""
+    async with httpx.AsyncClient(follow_redirects=False, timeout=cfg.timeout_s) as c:
+        for attempt in range(1 + cfg.retries):
+            if attempt:
+                await asyncio.sleep(min(2.0 ** (attempt - 1), 30.0))
+            try:
+                r = await c.post(url, content=note,
+                                 headers={"content-type": "application/json"})
+            except httpx.HTTPError as e:
+                why = f"{type(e).__name__}: {e}"[:200]
+                continue
+            if r.is_success:
+                svc.ledger.note(job, f"webhook {url}: told ({r.status_code})")
+                return
+            why = f"answered {r.status_code}" + (": a redirect is not followed"
+                                                 if r.is_redirect else "")
+            if r.status_code < 500:
+                break  # (a redirect or a refusal: trying again would change nothing)
+    log.warning("arbiter: %s: webhook %s not told: %s", job, url, why)
+    svc.ledger.note(job, f"webhook {url}: not told ({why})")
 
 
 def resume(svc: Service, last_seen: float | None) -> None:

@@ -349,6 +349,8 @@ class Service:
         req = job_request(text, self.grid, self.tb, self.ledger.next_id(), priority)
         in_file = req.time_limit_ns / 1e9 if req.time_limit_ns else None
         req = self.queue(user, req, asked if asked is not None else in_file)
+        if (hook := body.get("webhook")) is not None:  # (checked before it is queued)
+            req = dataclasses.replace(req, webhook=notices.allowed(self.limits.notices, hook))
         if after is not None:
             req = dataclasses.replace(req, after=after)
         self.ledger.add(user.name, req)

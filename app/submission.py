@@ -30,12 +30,12 @@ class Refused(Exception):
         self.status = status
 
 
-FIELDS = frozenset({"experiment", "priority", "time_limit_s", "after"})
+FIELDS = frozenset({"experiment", "priority", "time_limit_s", "after", "webhook"})
 
 
 def known_fields(body: dict[str, Any]) -> None:
     """A submission's body holds only the fields the arbiter reads: Refused (422) naming
-    any other (a `webhook` was ignored silently: issue 86)."""
+    any other (an unknown field was ignored silently: issue 86)."""
     if unknown := sorted(map(str, set(body) - FIELDS)):
         raise Refused(422, f"{', '.join(unknown)[:200]}: not a field of a submission "
                            f"(known: {', '.join(sorted(FIELDS))})")

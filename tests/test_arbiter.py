@@ -299,7 +299,10 @@ def test_junk_and_strangers_get_a_4xx_and_change_nothing(arbiter: Arbiter) -> No
             name="x", iterations=5, ranks=2) + "\n[[faults]]\nkind = 'node'\nnode = 'zz'\n"
             "at_ms = 1\n"}}, 422),  # the one validation: a fault on no node of the testbed
         ("alice", "POST", "/jobs/j1/hold", {}, 403),  # an operator's
-        # issue 86: an unknown field (a `webhook` no arbiter calls) was ignored silently
+        # issue 86: an unknown field was ignored silently
+        ("alice", "POST", "/jobs", {"json": {"experiment": JOB.format(
+            name="x", iterations=5, ranks=2), "callback": "http://127.0.0.1:1/"}}, 422),
+        # a webhook where this arbiter allows none ([notices] allow)
         ("alice", "POST", "/jobs", {"json": {"experiment": JOB.format(
             name="x", iterations=5, ranks=2), "webhook": "http://127.0.0.1:1/"}}, 422),
         ("alice", "GET", "/jobs/j999/iterations", {}, 404),
@@ -309,8 +312,8 @@ def test_junk_and_strangers_get_a_4xx_and_change_nothing(arbiter: Arbiter) -> No
         assert r.status_code == status, (user, method, path, r.status_code, r.text)
     bad = httpx.get(arbiter.url + "/jobs", headers={"Authorization": "Bearer forged"})
     assert bad.status_code == 401
-    assert arbiter.call("alice", "POST", "/jobs", json={"experiment": "x", "webhook": 1}
-                        ).json()["error"].startswith("webhook: not a field of a submission")
+    assert arbiter.call("alice", "POST", "/jobs", json={"experiment": "x", "callback": 1}
+                        ).json()["error"].startswith("callback: not a field of a submission")
     assert "workload.ranks: 5 ranks but" in arbiter.call("alice", "POST", "/jobs", json={
         "experiment": JOB.format(name="huge", iterations=5, ranks=5)}).json()["error"]
     assert not any("Traceback" in e or "RecursionError" in e for e in arbiter.err)

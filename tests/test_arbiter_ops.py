@@ -553,3 +553,72 @@ def test_a_job_stopped_for_a_fault_says_so_and_goes_on(arb: Arbiter, emu: Path) 
     its = [i for i, *_ in arb.call("alice", "GET", f"/jobs/{job}/iterations").json()[
         "iterations"]]
     assert its == list(range(300))
+
+
+@pytest.mark.realtime  # an emulator, an arbiter, an HTTP server of the test's: wall clock
+def test_a_jobs_webhook_is_told_its_end_within_the_allowed_addresses(
+        root: Path, emu: Path, tmp_path: Path) -> None:
+    """Issue 86: the per-job webhook. A job's end is POSTed to the URL it names, under an
+    address the operator allows; a first answer of 503 is tried again; a redirect is not
+    followed (its target hears nothing); an address not allowed, or with `..`, is refused
+    at submission (422) and nothing is queued."""
+    import http.server
+    import threading
+
+    heard: list[tuple[str, bytes]] = []
+    tries: dict[str, int] = {}
+
+    class Hooks(http.server.BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            body = self.rfile.read(int(self.headers["content-length"]))
+            tries[self.path] = tries.get(self.path, 0) + 1
+            if self.path == "/hooks/flaky" and tries[self.path] == 1:
+                self.send_response(503)
+            elif self.path == "/hooks/moved":
+                self.send_response(302)
+                self.send_header("location", "/hooks/target")
+            else:
+                heard.append((self.path, body))
+                self.send_response(200)
+            self.send_header("content-length", "0")
+            self.end_headers()
+
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Hooks)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    base = f"http://127.0.0.1:{server.server_address[1]}"
+    limits = tmp_path / "limits.toml"
+    limits.write_text(f'[notices]\nallow = ["{base}/hooks/"]\nretries = 2\ntimeout_s = 5\n')
+    arb = Arbiter(root, emu, tmp_path / "state", 0, "--limits", str(limits))
+    exp = tmp_path / "job.toml"
+    exp.write_text(JOB.format(name="hooked", iterations=3, ranks=2))
+    try:
+        for bad in (f"{base}/other", f"{base}/hooks/../other", "http://10.0.0.1/hooks/",
+                    "file:///etc/passwd"):
+            r = arb.cli("alice", "submit", str(exp), "--webhook", bad)
+            assert r.returncode == 2 and "webhook:" in r.stderr, (bad, r.stderr)
+        assert arb.call("alice", "GET", "/jobs").json()["jobs"] == []  # nothing queued
+        jobs = {}
+        for hook in ("ok", "flaky", "moved"):
+            r = arb.cli("alice", "submit", str(exp), "--webhook", f"{base}/hooks/{hook}",
+                        "--json")
+            assert r.returncode == 0, r.stderr
+            jobs[hook] = json.loads(r.stdout)["job"]
+        for j in jobs.values():
+            assert arb.ended("alice", j)["state"] == "finished"
+        _until("the webhooks told", lambda: {p for p, _b in heard} >= {"/hooks/ok",
+                                                                        "/hooks/flaky"})
+        for path, body in heard:
+            note = json.loads(body)
+            assert note["job"] == jobs[path.rsplit("/", 1)[1]] and note["state"] == "finished"
+        assert tries["/hooks/flaky"] == 2  # a 503, then told
+        logs = _until("the redirect said", lambda: [
+            line for line in arb.call("alice", "GET", f"/jobs/{jobs['moved']}/logs").json()[
+                "log"] if "webhook" in line])
+        assert "answered 302: a redirect is not followed" in logs[0], logs
+        assert "/hooks/target" not in tries and tries["/hooks/moved"] == 1
+    finally:
+        arb.stop()
+        server.shutdown()

@@ -42,6 +42,7 @@ class JobRequest:
     time_limit_ns: int = 0  # the service's: stopped this long after its first start (0: no)
     after: str = ""  # the service's: "jN" (starts once jN has ended), "jN:ok" (finished),
     # "jN:notok" (ended otherwise)
+    webhook: str = ""  # the service's: a URL told of its end (app/notices.py)
 
     @classmethod
     def of(cls, e: JobEntry) -> JobRequest:
