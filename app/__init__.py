@@ -9,7 +9,8 @@
 - `queue`: the arbiter as a service (`oddl arbiter`), `requests`, what a request to it
   carries, `operators`, an operator's requests to it, `requeue`, a job queued again with
   its iterations kept, `preempt`, a preempting class's jobs stopping others', `amend`, a
-  job's time limit changed, `notices`, each job's end kept on the bus a while, `ledger`, its
+  job's time limit changed, `notices`, each job's end kept on the bus a while and told to
+  its webhook, `dependencies`, what a queued job waits for besides nodes, `ledger`, its
   durable state,
   `limits`, its fairness rules, `priority`, its queue's order (base, age, fair share),
   `users`, its users and their tokens, `submission`, a job as submitted, and

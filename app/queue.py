@@ -28,7 +28,6 @@ import json
 import logging
 import math
 import os
-import re
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -36,6 +35,7 @@ from typing import Any, cast
 
 import msgspec
 from oddl.app import amend, notices, operators, preempt, registry, requeue
+from oddl.app.dependencies import Dependencies
 from oddl.app.job_runs import JobRuns
 from oddl.app.ledger import ACTIVE, Ledger
 from oddl.app.limits import Limits, load_limits
@@ -110,7 +110,7 @@ class Service:
         self.placer = preempt.Preempting(self, self.backfill)  # backfill, then preemption
         self._compute: dict[str, int] = {}  # each job not ended: its compute (ns)
         self._submitted: dict[str, float] = {}  # each job not ended: when (Unix time)
-        self.after: dict[str, tuple[str, str]] = {}  # a queued job: its parent, "", ok, notok
+        self.deps = Dependencies(self)  # what a queued job waits for besides nodes
         self._factors: tuple[float, dict[str, float]] = (-1e9, {})  # when, fair share's
         self.windows = ledger.windows(time.time())  # maintenance, now and to come
 
@@ -146,7 +146,7 @@ class Service:
     def may_start(self, req: JobRequest, placed: list[tuple[JobRequest, Partition]]) -> bool:
         """Whether a queued job may start now: not held, and its user's running nodes
         (with those placed in this pass) stay within their limit."""
-        if req.name in self.held or self._waits_for(req.name):
+        if req.name in self.held or self.deps.waits_for(req.name):
             return False
         user = self._user.get(req.name, req.user)
         most = self.limits.rule(user, self.role_of(user)).max_running_nodes
@@ -162,23 +162,6 @@ class Service:
     def owner(self, job: str) -> str:
         """A job's user (one not ended)."""
         return self._user.get(job, "")
-
-    def _waits_for(self, job: str) -> str | None:
-        """The parent a queued job waits for (`submit --after`), if it has not ended; one
-        that ended otherwise than its child asked ends the child (cancelled, saying so)."""
-        if job not in self.after:
-            return None
-        parent, cond = self.after[job]
-        j = self.ledger.job(parent)
-        state = j["state"] if j else "gone"
-        if state in ACTIVE:
-            return parent
-        if cond and (cond == "ok") != (state == "finished"):  # :ok, or :notok, not met
-            self.adm.b.loop.call_soon(self.adm.cancel, job, f"its dependency {parent} ended "
-                                      + (f"{state}, not finished" if cond == "ok" else
-                                         "finished (it was to run only if not)"))
-        del self.after[job]
-        return None
 
     def maintenance(self, end_ns: int) -> frozenset[str]:
         """The nodes of the maintenance windows that begin before `end_ns` (the admission's
@@ -219,12 +202,12 @@ class Service:
         out = {}
         for q in self.adm.queue:
             why, at, _nodes = pending.get(q.name, ("resources", None, frozenset()))
-            if why == "ineligible" or q.name in self.held or q.name in self.after:
+            waits = self.deps.reason(q.name)
+            if why == "ineligible" or q.name in self.held or waits:
                 user = self._user.get(q.name, q.user)
                 why = ("approval" if self.limits.rule(user, self.role_of(user)).approval
                        else "held") if q.name in self.held else \
-                    f"dependency on {self.after[q.name][0]}" if q.name in self.after else \
-                    "user limit (max_running_nodes)"
+                    waits or "user limit (max_running_nodes)"
             if why == "maintenance":
                 why = "maintenance (a window on its nodes before its time limit ends)"
             if q.name in self.preempted:
@@ -304,10 +287,8 @@ class Service:
         self.runs.end(rec.name, j, rec.disturbance, rec.control_messages)
         self._compute.pop(rec.name, None)
         self._submitted.pop(rec.name, None)
-        self.after.pop(rec.name, None)
         self._factors = (-1e9, {})  # its usage counts from now
-        for child in [c for c, (parent, _cond) in self.after.items() if parent == rec.name]:
-            self._waits_for(child)  # it may start, or it never will
+        self.deps.ended(rec.name)
         self._on.pop(rec.name, None)
         self.lives.pop(rec.name, None)
         self.preempted.pop(rec.name, None)
@@ -339,7 +320,7 @@ class Service:
         text, priority = body.get("experiment"), body.get("priority", 0)
         asked, after = body.get("time_limit_s"), body.get("after")
         if after is not None:
-            self._check_after(user, after)
+            self.deps.check(user, after)
         if not isinstance(text, str) or not isinstance(priority, int) or \
                 isinstance(priority, bool) or not -1000 <= priority <= 1000 or \
                 (asked is not None and (not isinstance(asked, int | float) or
@@ -351,6 +332,11 @@ class Service:
         req = self.queue(user, req, asked if asked is not None else in_file)
         if (hook := body.get("webhook")) is not None:  # (checked before it is queued)
             req = dataclasses.replace(req, webhook=notices.allowed(self.limits.notices, hook))
+        if (one := body.get("singleton", False)) is not False:
+            if one is not True:
+                raise Refused(422, '{"singleton": true} (after every earlier job of yours '
+                                   'of the same name)')
+            req = dataclasses.replace(req, singleton=True)
         if after is not None:
             req = dataclasses.replace(req, after=after)
         self.ledger.add(user.name, req)
@@ -379,18 +365,7 @@ class Service:
         self._user[req.name] = user
         self._compute[req.name] = req.compute_ns
         self._submitted[req.name] = submitted
-        if req.after:
-            parent, _, cond = req.after.partition(":")
-            self.after[req.name] = (parent, cond)
-
-    def _check_after(self, user: User, after: object) -> None:
-        """`after`: "jN", "jN:ok" or "jN:notok", a job of the user's (an operator's:
-        anyone's)."""
-        if not isinstance(after, str) or not (
-                m := re.fullmatch(r"(j\d{1,12})(:ok|:notok)?", after)):
-            raise Refused(422, 'after: a job id, "jN" (after it ends), "jN:ok" (after it '
-                               'finishes) or "jN:notok" (after it ends otherwise)')
-        self.owned(user, m.group(1))
+        self.deps.add(req, user)
 
     async def jobs(self, request: Request) -> Response:
         """Every job, or those of `user` and in `state`; each queued one with its

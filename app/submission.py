@@ -30,7 +30,8 @@ class Refused(Exception):
         self.status = status
 
 
-FIELDS = frozenset({"experiment", "priority", "time_limit_s", "after", "webhook"})
+FIELDS = frozenset({"experiment", "priority", "time_limit_s", "after", "webhook",
+                    "singleton"})
 
 
 def known_fields(body: dict[str, Any]) -> None:
@@ -87,5 +88,5 @@ def job_request(text: str, grid: Grid, tb: Testbed, name: str, priority: int) ->
     if not fits(grid, req.ranks, req.shape, req.exact, req.group):
         raise Refused(422, f"no rectangle of {tb.name}'s {tb.grid.rows} x {tb.grid.cols} grid "
                            f"holds {req.ranks} ranks: this job can never run here")
-    return dataclasses.replace(req, name=name, priority=priority,
+    return dataclasses.replace(req, name=name, priority=priority, title=exp.name,
                                time_limit_ns=round(limit * 1e9) if limit else 0)

@@ -622,3 +622,38 @@ def test_a_jobs_webhook_is_told_its_end_within_the_allowed_addresses(
     finally:
         arb.stop()
         server.shutdown()
+
+
+@pytest.mark.realtime  # an emulator, an arbiter, HTTP: the wall clock
+def test_a_singleton_job_starts_after_every_earlier_job_of_its_name(
+        arb: Arbiter, tmp_path: Path) -> None:
+    """Issue 86: `oddl submit --singleton` (Slurm's). Two jobs of alice's named "sweep":
+    the second, a singleton, waits for the first though nodes are free, and says why; a
+    singleton of another name, or of another user, does not wait."""
+    long, sweep = tmp_path / "long.toml", tmp_path / "sweep.toml"  # both named "sweep"
+    long.write_text(JOB.format(name="sweep", iterations=1_000_000, ranks=2))
+    sweep.write_text(JOB.format(name="sweep", iterations=3, ranks=2))
+    other = tmp_path / "other.toml"
+    other.write_text(JOB.format(name="other", iterations=3, ranks=2))
+
+    def submit(user: str, exp: Path, *flags: str) -> str:
+        r = arb.cli(user, "submit", str(exp), "--json", *flags)
+        assert r.returncode == 0, r.stderr
+        return str(json.loads(r.stdout)["job"])
+
+    first = submit("alice", long)
+    arb.until_done("alice", first, 2)
+    second = submit("alice", sweep, "--singleton")
+    j = _job(arb, "alice", second)
+    assert (j["state"], j["reason"]) == (
+        "queued", f"singleton: {first} of the same name comes first"), j
+    # another name, or another user's job of the same name: they run beside it
+    assert json.loads(arb.wait("alice", submit("alice", other, "--singleton")).stdout)[
+        "state"] == "finished"
+    assert json.loads(arb.wait("bob", submit("bob", sweep, "--singleton")).stdout)[
+        "state"] == "finished"
+    assert _job(arb, "alice", second)["state"] == "queued"
+    arb.cli("alice", "cancel", first)
+    assert json.loads(arb.wait("alice", second).stdout)["state"] == "finished"
+    assert arb.call("alice", "POST", "/jobs", json={
+        "experiment": sweep.read_text(), "singleton": "yes"}).status_code == 422

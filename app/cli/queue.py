@@ -115,13 +115,17 @@ def _call(url: str, token_file: Path, method: str, path: str,
 @click.option("--after", default=None, metavar="JOB[:ok|:notok]",
               help="start only once JOB has ended (with :ok, finished; with :notok, failed, "
                    "cancelled or out of time: else this one is cancelled)")
+@click.option("--singleton", is_flag=True,
+              help="start only after every earlier job of yours of the same name (the "
+                   "experiment's `name`) has ended")
 @click.option("--webhook", default=None, metavar="URL",
               help="POST the job's end (JSON) to URL; under an address the arbiter allows "
                    "([notices] allow in its limits file)")
 @click.option("--json", "as_json", is_flag=True)
 @_client_options
 def submit(experiment: Path, priority: int, time_limit: float | None, after: str | None,
-           webhook: str | None, as_json: bool, url: str, token_file: Path) -> None:
+           singleton: bool, webhook: str | None, as_json: bool, url: str,
+           token_file: Path) -> None:
     """Queue an experiment's job on the arbiter's testbed."""
     body: dict[str, Any] = {"experiment": experiment.read_text(), "priority": priority}
     if time_limit is not None:
@@ -130,6 +134,8 @@ def submit(experiment: Path, priority: int, time_limit: float | None, after: str
         body["after"] = after
     if webhook is not None:
         body["webhook"] = webhook
+    if singleton:
+        body["singleton"] = True
     j = _call(url, token_file, "POST", "/jobs", body)
     if as_json:
         emit(j)

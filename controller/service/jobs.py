@@ -43,6 +43,8 @@ class JobRequest:
     after: str = ""  # the service's: "jN" (starts once jN has ended), "jN:ok" (finished),
     # "jN:notok" (ended otherwise)
     webhook: str = ""  # the service's: a URL told of its end (app/notices.py)
+    title: str = ""  # the service's: the submitted experiment's name
+    singleton: bool = False  # the service's: after every earlier job of its user and title
 
     @classmethod
     def of(cls, e: JobEntry) -> JobRequest:
