@@ -51,9 +51,11 @@ async def requeue(svc: Service, request: Request) -> Response:
 
 
 def ended(svc: Service, job: str, state: str) -> bool:
-    """A job has ended: queued again instead (True) if it was stopped to be."""
-    if state in ("cancelled", "timeout") and job in svc.requeueing:
-        queue_again(svc, job, svc.requeueing.pop(job))
+    """A job has ended: queued again instead (True) if it was stopped to be (one that
+    finished, or failed, as it was being stopped ends so)."""
+    why = svc.requeueing.pop(job, None)
+    if why is not None and state in ("cancelled", "timeout"):
+        queue_again(svc, job, why)
         return True
     return False
 
