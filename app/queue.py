@@ -265,7 +265,7 @@ class Service:
         self.ledger.holding(job, nodes)  # what it is charged for
 
     def on_end(self, rec: JobRecord, state: str, why: str) -> None:
-        if requeue.ended(self, rec.name, state):  # queued again, not ended
+        if requeue.ended(self, rec.name, state, why):  # queued again, not ended
             self._on.pop(rec.name, None)  # (its next start is told the ledger)
             return
         seen = {"flows": rec.flows, "control_messages": rec.control_messages,

@@ -1,5 +1,7 @@
 """A job put back in the arbiter's queue with its recorded iterations kept (issue 86): by
-its user or an operator (`oddl requeue`).
+its user or an operator (`oddl requeue`); or by the arbiter when faults stopped it more
+often than a job may be stopped (MAX_STOPS): then held, with the reason, for an operator
+to release (`oddl release`) or cancel.
 
 A running job is stopped first, as a cancel stops it (its light lands, its partition goes
 back); the iteration it was in runs again. An ended job that did not finish goes on from
@@ -23,6 +25,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("oddl.app.queue")  # the arbiter's one log
 AGAIN = ("failed", "cancelled", "timeout")  # ended states a job can be queued again from
+TOO_OFTEN = "stopped for faults"  # (controller/service/admission.py, past MAX_STOPS)
 
 
 async def requeue(svc: Service, request: Request) -> Response:
@@ -50,17 +53,22 @@ async def requeue(svc: Service, request: Request) -> Response:
                          "from_iteration": j["iterations_done"]})
 
 
-def ended(svc: Service, job: str, state: str) -> bool:
+def ended(svc: Service, job: str, state: str, why: str) -> bool:
     """A job has ended: queued again instead (True) if it was stopped to be (one that
-    finished, or failed, as it was being stopped ends so)."""
-    why = svc.requeueing.pop(job, None)
-    if why is not None and state in ("cancelled", "timeout"):
-        queue_again(svc, job, why)
+    finished, or failed, as it was being stopped ends so), or held if faults stopped it
+    too often."""
+    asked = svc.requeueing.pop(job, None)
+    if asked is not None and state in ("cancelled", "timeout"):
+        queue_again(svc, job, asked)
+        return True
+    if state == "failed" and TOO_OFTEN in why:
+        queue_again(svc, job, f"{why}; held for an operator (`oddl release {job}` to go on, "
+                              f"`oddl cancel {job}` to end it)", hold=True)
         return True
     return False
 
 
-def queue_again(svc: Service, job: str, why: str) -> None:
+def queue_again(svc: Service, job: str, why: str, hold: bool = False) -> None:
     """Into the queue again from its first iteration not recorded (on the next pass of the
     loop: the orchestration forgets an ended job after telling the service)."""
     found = svc.ledger.again(job)
@@ -70,6 +78,9 @@ def queue_again(svc: Service, job: str, why: str) -> None:
     j = svc.ledger.job(job) or {}
     svc.ledger.set(job, "queued", ended=None, why="")
     svc.ledger.note(job, f"{why}: queued again from iteration {done}")
+    if hold:
+        svc.held.add(job)
+        svc.ledger.hold(job, True)
     svc.restarted.add(job)  # its result counts what was seen of it since
     svc.known(req, j.get("user") or req.user, j.get("submitted") or time.time())
 

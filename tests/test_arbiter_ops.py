@@ -657,3 +657,41 @@ def test_a_singleton_job_starts_after_every_earlier_job_of_its_name(
     assert json.loads(arb.wait("alice", second).stdout)["state"] == "finished"
     assert arb.call("alice", "POST", "/jobs", json={
         "experiment": sweep.read_text(), "singleton": "yes"}).status_code == 422
+
+
+@pytest.mark.realtime  # an emulator, an arbiter, drills by hand: the wall clock
+def test_a_job_stopped_too_often_is_held_with_its_iterations_not_failed(
+        arb: Arbiter, emu: Path) -> None:
+    """Issue 86: a job faults stopped more often than MAX_STOPS (3) failed, its iterations
+    kept in the ledger but nothing going on from them. It is queued again, held, with the
+    reason; an operator's release and it finishes, every iteration recorded once."""
+    import tomllib
+
+    import httpx
+
+    cfg = tomllib.loads(emu.read_text())["emulator"]
+    auth = {"authorization": f"Bearer {Path(cfg['token_file']).read_text().strip()}"}
+    job = arb.submit("alice", "unlucky", 400, ranks=4)
+    for k in range(4):  # each stop: n0-0 dead for 1.5 s, found, and the job goes on
+        least = 2 * (k + 1)
+        _until("the job running again", lambda least=least: (
+            j if (j := _job(arb, "alice", job))["state"] == "running" and not j.get(
+                "reason") and j["iterations_done"] >= least else None))
+        with httpx.Client(base_url=cfg["control"], timeout=10) as c:
+            r = c.post("/faults", headers=auth, content=json.dumps(
+                {"kind": "dead-board", "target": "n0-0", "duration_ms": 1500}))
+            assert r.status_code == 201, r.text
+        _until("the stop", lambda: _job(arb, "alice", job).get("reason") or
+               _job(arb, "alice", job)["state"] != "running")
+    j = _until("the job held", lambda: (
+        j if (j := _job(arb, "alice", job))["state"] == "queued" and j["held"] else None))
+    assert j["reason"] == "held", j
+    logs = arb.call("alice", "GET", f"/jobs/{job}/logs").json()["log"]
+    assert any("stopped for faults 4 times" in line and "held for an operator" in line
+               for line in logs), logs
+    assert arb.cli("ops", "release", job).returncode == 0
+    done = json.loads(arb.wait("alice", job).stdout)
+    assert (done["state"], done["iterations_done"]) == ("finished", 400), done["why"]
+    its = [i for i, *_ in arb.call("alice", "GET", f"/jobs/{job}/iterations").json()[
+        "iterations"]]
+    assert its == list(range(400))
