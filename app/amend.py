@@ -35,11 +35,12 @@ async def time_limit(svc: Service, request: Request) -> Response:
         s = svc.limits.time_limit_s(float(s))
     except ValueError as e:
         raise Refused(422, f"time_limit_s: {e}") from None
+    limit_ns = round(s * 1e9)
     found = svc.ledger.again(job)
-    if found is None or not svc.adm.set_time_limit(job, round(s * 1e9)):
+    if found is None or not svc.adm.set_time_limit(job, limit_ns):
         raise Refused(409, f"job {job} is ending")
     req = found[0]
-    svc.ledger.request(job, dataclasses.replace(req, time_limit_ns=round(s * 1e9)))
+    svc.ledger.request(job, dataclasses.replace(req, time_limit_ns=limit_ns))
     was = f"{req.time_limit_ns / 1e9:g} s" if req.time_limit_ns else "none"
     svc.ledger.note(job, f"time limit {was} -> {s:g} s by {user.name}")
     svc.tell()

@@ -16,6 +16,7 @@ import time
 from typing import TYPE_CHECKING
 
 from oddl.app.submission import Refused
+from oddl.controller.service.admission import STOPPED_TOO_OFTEN
 from oddl.controller.service.backend import RunFailed
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -25,7 +26,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("oddl.app.queue")  # the arbiter's one log
 AGAIN = ("failed", "cancelled", "timeout")  # ended states a job can be queued again from
-TOO_OFTEN = "stopped for faults"  # (controller/service/admission.py, past MAX_STOPS)
 
 
 async def requeue(svc: Service, request: Request) -> Response:
@@ -61,7 +61,7 @@ def ended(svc: Service, job: str, state: str, why: str) -> bool:
     if asked is not None and state in ("cancelled", "timeout"):
         queue_again(svc, job, asked)
         return True
-    if state == "failed" and TOO_OFTEN in why:
+    if state == "failed" and STOPPED_TOO_OFTEN in why:
         queue_again(svc, job, f"{why}; held for an operator (`oddl release {job}` to go on, "
                               f"`oddl cancel {job}` to end it)", hold=True)
         return True

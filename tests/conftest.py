@@ -5,9 +5,13 @@ import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 from threadpoolctl import threadpool_limits
+
+if TYPE_CHECKING:
+    from tests.test_arbiter import Arbiter
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -83,6 +87,19 @@ def emu(root: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
 
     with emulated_grid(root, tmp_path_factory.mktemp("emu")) as out:
         yield out
+
+
+@pytest.fixture
+def arb(root: Path, emu: Path, tmp_path: Path) -> Iterator[Arbiter]:
+    """`oddl arbiter` on the module's emulator, with a state directory of its own (alice,
+    bob, eve the observer, ops the operator); stopped with Ctrl-C at the end."""
+    from tests.test_arbiter import Arbiter
+
+    a = Arbiter(root, emu, tmp_path / "state", 0)
+    try:
+        yield a
+    finally:
+        a.stop()
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -7,22 +7,12 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from tests.test_arbiter import JOB, Arbiter
 from tests.test_arbiter_ops import _job, _until
-
-
-@pytest.fixture
-def arb(root: Path, emu: Path, tmp_path: Path) -> Iterator[Arbiter]:
-    a = Arbiter(root, emu, tmp_path / "state", 0)
-    try:
-        yield a
-    finally:
-        a.stop()
 
 
 @pytest.mark.realtime  # an emulator, an arbiter, HTTP: the wall clock

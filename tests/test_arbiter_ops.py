@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -27,15 +26,6 @@ def _until(what: str, ok: Any, deadline_s: float = 60) -> Any:
 
 def _job(a: Arbiter, user: str, job: str) -> dict[str, Any]:
     return dict(a.call(user, "GET", f"/jobs/{job}").json())
-
-
-@pytest.fixture
-def arb(root: Path, emu: Path, tmp_path: Path) -> Iterator[Arbiter]:
-    a = Arbiter(root, emu, tmp_path / "state", 0)
-    try:
-        yield a
-    finally:
-        a.stop()
 
 
 @pytest.mark.realtime  # an emulator, an arbiter, HTTP: the wall clock

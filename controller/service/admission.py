@@ -74,6 +74,7 @@ from oddl.controller.stage2.job import (
 from oddl.controller.stage2.trace import Timeline
 
 MAX_STOPS = 3  # a job stopped for faults more often than this fails the run
+STOPPED_TOO_OFTEN = "stopped for faults"  # how that failure begins (the service holds it)
 CARRY_WAIT_S = 2.0  # how long a stopped job's ranks may take to say what they delivered
 
 OnJob = Callable[[JobRecord, Iteration], None]  # a job's iteration, as it completes
@@ -616,7 +617,7 @@ class Admission:
             return
         self.running -= 1
         if isinstance(exc, JobStopped):
-            exc = RunFailed(f"{self.spec.name}: job {req.name}: stopped for faults "
+            exc = RunFailed(f"{self.spec.name}: job {req.name}: {STOPPED_TOO_OFTEN} "
                             f"{len(rec.stops) + 1} times; the last: {exc}")
         if exc is not None:
             self._lose(req.name, part, exc)
