@@ -93,6 +93,11 @@ def test_the_page_shows_a_live_run_and_its_fault(root: Path, emu: Path,
                 run.kill()
         assert run.returncode == 0, err[-3000:]
         expect(page.locator("#run")).to_contain_text("finished", timeout=10_000)
+        # a run a loaded host disturbed is marked, with the lag its figures say (issue 83)
+        lag = json.loads(out)["networks"]["oddl"]["disturbance"].get("host_lag_ms")
+        expect(page.locator("#disturbed")).to_have_text(
+            f"disturbed: the node programs' host ran {lag} ms late; its figures are skewed "
+            "(free the CPU and run it again)" if lag else "")
         last = int(page.locator("#iterations").text_content() or 0)
         assert first < last == 30  # it rose, to every iteration the run recorded
         page.screenshot(path=str(ARTIFACTS / "dashboard.png"), full_page=True)
@@ -131,11 +136,13 @@ def test_the_view_counts_junk_and_keeps_its_bounds(root: Path) -> None:
     v.feed(f"{pre}/telemetry/n1", enc(PortsNote(TELEMETRY_VERSION, "n1", "j",
                                                 {"H": PortView("sending", 1, 7, "n0")}, 1, 10)))
     v.feed(f"{pre}/health/n1", enc(Heartbeat(1, "n1", 0)))
-    v.feed(f"{pre}/telemetry/oddl-ctl/run", enc(RunNote(1, "e", "oddl", "emu", "started", 5)))
+    v.feed(f"{pre}/telemetry/oddl-ctl/run", enc(RunNote(1, "e", "oddl", "emu", "finished", 5,
+                                                        host_lag_ms=312)))
     for i in range(MAX := 2100):
         v.feed(f"{pre}/telemetry/oddl-ctl/iteration",
                enc(IterationNote(1, "oddl", i, 12.5)))
     s = v.snapshot()
+    assert s["run"]["host_lag_ms"] == 312  # a disturbed run, as the page marks it
     assert s["nodes"]["n1"]["ports"]["H"] == {"state": "sending", "channel": 1, "flow": 7,
                                               "peer": "n0", "queued": 0}
     assert s["nodes"]["n1"]["health"] == "ok" and s["nodes"]["n0"]["health"] == "silent"

@@ -30,8 +30,9 @@ def _watch(nodes: tuple[str, ...] = ("a", "b", "c")) -> Health:
     return h
 
 
-def _beat(h: Health, node: str, t: int, lag_ms: float = 0.0, seq: int = 0) -> None:
-    h.beat(Heartbeat(HEARTBEAT_VERSION, node, seq, lag_ns=round(lag_ms * MS)), t)
+def _beat(h: Health, node: str, t: int, lag_ms: float = 0.0, seq: int = 0,
+          host: str = "") -> None:
+    h.beat(Heartbeat(HEARTBEAT_VERSION, node, seq, lag_ns=round(lag_ms * MS), host=host), t)
 
 
 def test_a_loaded_host_is_given_twice_its_lag_and_a_dead_board_is_still_found() -> None:
@@ -61,6 +62,47 @@ def test_an_unloaded_host_is_found_after_missed_periods_as_before() -> None:
         h.check(t * MS)
     assert [(d.kind, d.target, d.t_ns) for d in h.diagnoses] == [("dead-board", "a",
                                                                   275 * MS)]
+
+
+def test_a_silence_is_judged_against_its_hosts_lag_of_that_moment() -> None:
+    """Issue 83: README's test command at a load of about 9 on 2 cores failed with
+    "dead-board n1 (silent for 314.3 ms, beyond 3 periods and the 23 ms a loaded host is
+    given)": an emulator's loop, which beats for all its nodes, stalled; its first node to
+    beat again said the stall, but the others' silence was judged against the lag their
+    own last beats said, before it. A node's host's lag is now the freshest any node on
+    that loop said; a board dead for good there is still found, its verdict naming the
+    lag it was judged against and who said it."""
+    h = _watch()
+    for n in "abc":
+        _beat(h, n, 100 * MS, lag_ms=2, host="emu:7")
+    _beat(h, "b", 414 * MS, lag_ms=314, host="emu:7")  # the loop ran again: b first
+    h.check(414 * MS)  # a and c's beats are still on their way
+    assert not h.diagnoses
+    for n in "ac":
+        _beat(h, n, 416 * MS, lag_ms=314, host="emu:7")
+    # a dies now; b and c beat on, their loop still 314 ms late: a is given 628 ms more
+    for t in range(425, 1500, 25):
+        for n in "bc":
+            _beat(h, n, t * MS, lag_ms=314, host="emu:7")
+        h.check(t * MS)
+        if t < 416 + 275 + 628:
+            assert not h.is_dead("a"), t
+    d = next(d for d in h.diagnoses if d.target == "a")
+    assert d.kind == "dead-board" and "the 628 ms a loaded host is given (its host's loop " \
+        "ran 314 ms late, as c said; this controller's 0 ms" in d.evidence, d.evidence
+    assert "the host may be the cause" in d.evidence, d.evidence  # 4 x 314 >= the silence
+
+
+def test_nodes_on_other_hosts_lend_no_lag() -> None:
+    h = _watch()
+    for n in "abc":
+        _beat(h, n, 100 * MS, host=f"h{n}:1")
+    _beat(h, "b", 414 * MS, lag_ms=314, host="hb:1")
+    for t in range(414, 500, 25):
+        _beat(h, "c", t * MS, host="hc:1")
+        h.check(t * MS)
+    assert [(d.kind, d.target) for d in h.diagnoses] == [("dead-board", "a")]
+    assert "a loaded host" not in h.diagnoses[0].evidence
 
 
 def test_the_controllers_own_lag_is_patience_too() -> None:

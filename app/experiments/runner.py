@@ -45,8 +45,8 @@ from oddl.controller.service.backend import (
     RunFailed,
     disturbance,
     disturbed,
+    host_disturbance_ms,
 )
-from oddl.controller.service.health import LAG_FLOOR_NS
 from oddl.controller.service.jobs import JobRecord, JobRequest, percentile
 from oddl.controller.service.placing import Placer, Rectangles, WholeTestbed
 from oddl.controller.service.recovery import fault_rows
@@ -67,7 +67,6 @@ __all__ = ["Network", "NetworkResult", "RunFailed", "RunResult", "Timeline", "lo
 Progress = Callable[[str, int, int], None]  # network, done, total
 
 
-DISTURBING_LAG = 0.02  # of an iteration: node programs' loops running this late skew it
 
 @dataclass
 class Network:
@@ -275,17 +274,13 @@ def network_result(net: Network, threshold: float, extrapolate_to: int | None) -
             "mean_queued_s": round(sum(r.queued_s for r in recs.values()) / len(recs), 9)}
     was_disturbed = disturbed(dist, total.control_messages, threshold)
     # a real-time back end on a loaded host: how late its loops ran (the controller's,
-    # the node programs'), said beside the figures. The node programs time the
-    # iterations: where their loops ran later than DISTURBING_LAG of an iteration (and
-    # 5 ms), its figures are skewed, and the run is disturbed (two emulators at once
-    # skewed each other's runs by 20-30 % unsaid)
+    # the node programs'), said beside the figures; where that skews them, disturbed
     lags = b.health.max_lag_ns
     if any(lags.values()):
         stats["loop_lag_ms"] = {k: round(v / 1e6, 3) for k, v in lags.items()}
-        mean_ns = sum(its) / len(its) if its else 0
-        if lags["nodes"] > max(5 * LAG_FLOOR_NS, DISTURBING_LAG * mean_ns):
+        if lag_ms := host_disturbance_ms(lags, sum(its) / len(its) if its else 0):
             was_disturbed = True
-            dist["host_lag_ms"] = round(lags["nodes"] / 1e6)
+            dist["host_lag_ms"] = lag_ms
     return NetworkResult(net.spec.name, net.spec.kind, training_s,
                          sum(its) / len(its) / 1e9 if its else 0.0, len(its),
                          sum(r.flows for r in recs.values()), total.control_messages,

@@ -118,6 +118,10 @@ function render(s) {
   const running = jobs.filter((j) => j.state === "running"), queued = jobs.filter((j) => j.state === "queued");
   $("run").textContent = r ? `${r.experiment} / ${r.network} (${r.backend}): ${r.state}`
     : s.queue ? `arbiter: ${running.length} running, ${queued.length} queued` : "no run yet";
+  // a run a loaded host disturbed: its figures are skewed, and the page says by what
+  const lag = r && r.host_lag_ms ? r.host_lag_ms : 0;
+  $("disturbed").textContent = lag ? `disturbed: the node programs' host ran ${lag} ms late; `
+    + "its figures are skewed (free the CPU and run it again)" : "";
   const faulty = renderFaults(s);
   renderNodes(s, faulty);
   renderPlot(s);

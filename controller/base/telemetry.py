@@ -67,6 +67,9 @@ class RunNote(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     state: Literal["started", "finished", "failed"]
     iterations: Count = 0  # to run
     detail: Text = ""
+    # ended: how late the node programs' loops ran where that skews the figures (a loaded
+    # host: the run is disturbed; service/backend.host_disturbance_ms); 0: it did not
+    host_lag_ms: Count = 0
 
 
 class WSSView(msgspec.Struct, frozen=True, forbid_unknown_fields=True):

@@ -31,11 +31,7 @@ from oddl.controller.base.clock import Clock
 from oddl.controller.base.collectives import Schedule
 from oddl.controller.base.config import NetworkSpec
 from oddl.controller.base.faultkinds import DIAGNOSES
-from oddl.controller.base.telemetry import (
-    TELEMETRY_VERSION,
-    RunNote,
-    plan_note,
-)
+from oddl.controller.base.telemetry import plan_note
 from oddl.controller.base.topology import Grid
 from oddl.controller.service.alignment import Alignment, Profiler
 from oddl.controller.service.backend import (
@@ -170,8 +166,7 @@ class Admission:
         self._done.add_done_callback(lambda f: f.cancelled() or f.exception())
         self.open()
         total = sum(r.iterations for r in self.requests)
-        self.told.say("run", lambda: RunNote(TELEMETRY_VERSION, self.experiment,
-                                             self.spec.name, self.b.name, "started", total))
+        self.told.run(self.experiment, "started", total)
         for req in self.requests:
             self.clock.call_at_ns(self.t0 + req.arrival_ns, self._arrive, req)
         if not self.requests:
@@ -188,10 +183,8 @@ class Admission:
         finally:
             self.close()
             self.told.health()
-            done = sum(len(r.iteration_ns) for r in self.records.values())
-            self.told.say("run", lambda: RunNote(TELEMETRY_VERSION, self.experiment,
-                                                 self.spec.name, self.b.name, state, total,
-                                                 f"{done} iterations"))
+            self.told.run(self.experiment, state, total,
+                          [t for r in self.records.values() for t in r.iteration_ns])
         return self.records
 
     def submit(self, req: JobRequest, resume: int = 0, life: int = 0) -> None:

@@ -15,6 +15,7 @@ from typing import Any, Protocol, TypeVar
 
 from oddl.controller.base.config import FaultSpec
 from oddl.controller.base.devices import ONic, WSSDevice
+from oddl.controller.base.hostload import LAG_FLOOR_NS
 from oddl.controller.service.health import Diagnosis, Health
 from oddl.controller.stage1.arbiter import FanOut
 from oddl.controller.stage2.invariants import InvariantChecker
@@ -131,6 +132,20 @@ def disturbed(dist: Mapping[str, int], control_messages: int, threshold: float) 
     noise, whatever its share."""
     return sum(dist.values()) > threshold * max(control_messages, 1) or \
         bool(dist.get("board_tampered"))
+
+
+# of an iteration: node programs' loops running this late skew it (two emulators at once
+# skewed each other's runs by 20-30 % unsaid)
+DISTURBING_LAG = 0.02
+
+
+def host_disturbance_ms(lags: Mapping[str, int], mean_iteration_ns: float) -> int:
+    """How late the node programs' loops ran (ms), where that skews a run's figures: the
+    node programs time the iterations, and a loop later than DISTURBING_LAG of an
+    iteration (and 5 ms) makes them wrong by as much. 0 where it does not."""
+    ns = lags.get("nodes", 0)
+    return round(ns / 1e6) if ns > max(5 * LAG_FLOOR_NS, DISTURBING_LAG * mean_iteration_ns) \
+        else 0
 
 
 @dataclass

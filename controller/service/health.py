@@ -26,6 +26,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import socket
 from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Annotated, Any
@@ -36,6 +38,7 @@ from oddl.controller.base.clock import Clock
 from oddl.controller.base.config import Monitor, Testbed
 from oddl.controller.base.devices import ONic
 from oddl.controller.base.faultkinds import DIAGNOSES, avoided
+from oddl.controller.base.hostload import LAG_FLOOR_NS, host_load
 from oddl.controller.base.topology import Grid
 from oddl.controller.stage1.planner import Avoid
 
@@ -63,6 +66,9 @@ class Heartbeat(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     # dying board: its silence is judged with this much more patience)
     lag_ns: _Count = 0
     sent: _Count = 0  # control messages its units have sent: a job that moves, if slowly
+    # the loop that beats for it (`host_id()`): the node programs one emulator, or one
+    # host, runs share it, so a sibling's fresh lag is this node's host's lag of the moment
+    host: Annotated[str, msgspec.Meta(max_length=128)] = ""
 
 
 # what a diagnosis makes the planner avoid
@@ -80,8 +86,6 @@ class Diagnosis:
         return f"{self.kind} {self.target} ({self.evidence})"
 
 
-# a host's loop running this late is loaded, not noise (timer jitter is well under it)
-LAG_FLOOR_NS = 1_000_000
 LAG_WINDOW = 8  # the controller's own ticks its lag is the worst of
 WARN_EVERY_NS = 30_000_000_000  # an overloaded host is said at most this often
 
@@ -91,6 +95,7 @@ class _Node:
     last_ns: int
     beat: Heartbeat | None = None
     lag_ns: int = 0  # how late its host's loop ran, as its last heartbeat said
+    host: str = ""  # the loop that beats for it (Heartbeat.host)
     back_by_ns: int = 0  # after a bus outage: not judged silent before this
     crc_rising: dict[str, int] = field(default_factory=dict)  # port -> beats in a row
 
@@ -128,6 +133,8 @@ class Health:
         # how late the hosts' loops run: this controller's (its watch's ticks) and the
         # nodes' (their heartbeats say); a silence is judged with that much more patience
         self._own_lags: list[int] = []
+        # host -> (its lag, the node that said it, when): the latest any of its nodes said
+        self._host_lag: dict[str, tuple[int, str, int]] = {}
         self.max_lag_ns = {"controller": 0, "nodes": 0}
         self._warned_ns = -WARN_EVERY_NS
 
@@ -154,6 +161,10 @@ class Health:
             return
         self.beats += 1
         st.lag_ns = hb.lag_ns
+        if hb.host:
+            st.host = hb.host
+            if hb.host in self._host_lag or len(self._host_lag) < len(self.nodes):
+                self._host_lag[hb.host] = (hb.lag_ns, hb.node, now_ns)
         self.max_lag_ns["nodes"] = max(self.max_lag_ns["nodes"], hb.lag_ns)
         if ("dead-board", hb.node) in self._seen:  # back (a board restarted): usable again
             log.warning("health: %s beats again", hb.node)  # from the next plan on
@@ -237,14 +248,24 @@ class Health:
     def _patience(self, st: _Node) -> int:
         """What a node's silence is forgiven beyond `missed` periods: twice the lag of
         its host's loop or this one's, whichever is worse (a starved host beats late, a
-        dead board never), at most `grace_ms`; nothing for lag under LAG_FLOOR_NS."""
-        return self.patience_ns([], st.lag_ns)
+        dead board never), at most `grace_ms`; nothing for lag under LAG_FLOOR_NS. Its
+        host's lag is the freshest any node on that host said (`host_lag`): a node
+        silent because its host stalled says nothing, but its siblings, once their loop
+        runs again, say how late it ran at that moment."""
+        return self.patience_ns([], max(st.lag_ns, self.host_lag(st)[0]))
+
+    def host_lag(self, st: _Node) -> tuple[int, str]:
+        """The lag its host's loop ran at, as the latest of its nodes to beat said, and
+        which node said it (0, "" before any did)."""
+        lag, said, _t = self._host_lag.get(st.host, (0, "", 0)) if st.host else (0, "", 0)
+        return lag, said
 
     def patience_ns(self, nodes: Iterable[str], lag_ns: int = 0) -> int:
         """The most any of `nodes` (or a host `lag_ns` late) is forgiven (`_patience`):
         what a wait on their answers adds on a starved host."""
         lag = max(lag_ns, max(self._own_lags, default=0),
-                  *(self.nodes[n].lag_ns for n in nodes if n in self.nodes))
+                  *(max(self.nodes[n].lag_ns, self.host_lag(self.nodes[n])[0])
+                    for n in nodes if n in self.nodes))
         return 0 if lag < LAG_FLOOR_NS else min(2 * lag, round(self.cfg.grace_ms * 1e6))
 
     def _say_overload(self, now_ns: int) -> None:
@@ -301,7 +322,8 @@ class Health:
                 quiet = f"{(now_ns - self.nodes[n].last_ns) / 1e6:.1f} ms"
                 if (p := self._patience(self.nodes[n])) > 0:
                     quiet += (f", beyond {self.cfg.missed} periods and the {p / 1e6:.0f} ms a "
-                              f"loaded host is given")
+                              f"loaded host is given"
+                              f"{self._lag_said(n, now_ns - self.nodes[n].last_ns)}")
                 self._conclude("dead-board", n, now_ns, f"silent for {quiet}" if
                                self.nodes[n].beat is not None else f"never heard in {quiet} "
                                f"(is `oddl node` running beside its board?)")
@@ -319,6 +341,22 @@ class Health:
                         and not self._bus_was_down(t)):
                     self._conclude("unresponsive", peer, now_ns, why)
         return self.diagnoses[before:]
+
+    def _lag_said(self, node: str, silent_ns: int) -> str:
+        """Whose lag a silence was judged against, and this host's CPU now; where that
+        much lag could explain the silence (a quarter of it), it says so."""
+        st = self.nodes[node]
+        lag, said = self.host_lag(st)
+        lag = max(lag, st.lag_ns)
+        own = max(self._own_lags, default=0)
+        parts = [f"its host's loop ran {lag / 1e6:.0f} ms late, as {said} said"
+                 if said and said != node else f"its host's loop ran {lag / 1e6:.0f} ms late",
+                 f"this controller's {own / 1e6:.0f} ms"]
+        cpu = host_load()
+        if cpu:
+            parts.append(cpu)
+        cause = cpu or 4 * max(lag, own) >= silent_ns
+        return f" ({'; '.join(parts)}{': the host may be the cause' if cause else ''})"
 
     def _bus_was_down(self, since_ns: int) -> bool:
         return any(d.kind == "broker-restart" and d.t_ns >= since_ns - self.period_ns
@@ -395,8 +433,14 @@ class Unwatched(Health):
         super().__init__(Monitor(), (), 0, {})
 
 
+def host_id() -> str:
+    """The loop this process runs its node programs on, as heartbeats name it: the node
+    programs of one emulator, or of one host, say the same."""
+    return f"{socket.gethostname()[:100]}:{os.getpid()}"
+
+
 def read_heartbeat(node: str, seq: int, onic: Any, runner: Any, lag_ns: int = 0,
-                   sent: int = 0) -> Heartbeat:
+                   sent: int = 0, host: str = "") -> Heartbeat:
     """What a node program reads from its board (a devices.ONic) and its control units
     (the JobRunner of the job it runs, if any) each period, and its host's loop lag."""
     h = onic.health()
@@ -405,7 +449,7 @@ def read_heartbeat(node: str, seq: int, onic: Any, runner: Any, lag_ns: int = 0,
                      h["error_flags"], dict(cu.unexpected_rx) if cu is not None else {},
                      runner.spec.job if runner is not None else "",
                      cu is not None and cu.transmitting(),
-                     lag_ns, sent)
+                     lag_ns, sent, host)
 
 
 def loop_lag_ns(clock: Clock, due_ns: int) -> int:

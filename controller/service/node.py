@@ -45,7 +45,7 @@ from oddl.controller.base.devices import Bus, InterruptLine, ONic
 from oddl.controller.base.messages import Flow
 from oddl.controller.base.telemetry import ports_note
 from oddl.controller.base.throttle import worth_logging
-from oddl.controller.service.health import Heartbeat, Heartbeats, read_heartbeat
+from oddl.controller.service.health import Heartbeat, Heartbeats, host_id, read_heartbeat
 from oddl.controller.stage2.control_unit import ControlUnit, UnitFactory
 from oddl.controller.stage2.invariants import InvariantChecker
 from oddl.controller.stage2.job import (
@@ -123,6 +123,7 @@ class NodeProgram:
         self._ready = asyncio.Event()
         self.heartbeat_s = heartbeat_s  # the testbed's [monitor] heartbeat_ms
         self.beats: Heartbeats | None = None
+        self._host = ""  # the loop it beats on (health.host_id), once it runs
         self.reconnects = 0
         # a job the broker's loss cut: its last reports and its "failed" event, said again
         # once the controller is heard again (the broker may have taken them unheard)
@@ -254,7 +255,7 @@ class NodeProgram:
         job = self._job
         return read_heartbeat(self.node, seq, self.onic, job.runner if job else None,
                               self.beats.lag_ns if self.beats is not None else 0,
-                              self.bus.sent)
+                              self.bus.sent, self._host)
 
     def _send_health(self, hb: Heartbeat) -> None:
         if self.bus.lost.is_set():
@@ -326,6 +327,7 @@ class NodeProgram:
         await bus.start()
         loop = asyncio.get_running_loop()
         period = round(self.heartbeat_s * 1e9)
+        self._host = host_id()  # said in every heartbeat: whose loop lag is whose
         self.beats = Heartbeats(Clock(loop), period, self._read_health, self._send_health,
                                 phase_ns=zlib.crc32(self.node.encode()) % period)
         self.beats.slow = self.controller != "online"

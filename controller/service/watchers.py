@@ -6,15 +6,16 @@ runs every iteration."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Literal
 
 import msgspec
 from oddl.controller.base.telemetry import (
     TELEMETRY_VERSION,
     IterationNote,
+    RunNote,
     health_note,
 )
-from oddl.controller.service.backend import Backend, Iteration
+from oddl.controller.service.backend import Backend, Iteration, host_disturbance_ms
 from oddl.controller.stage2.trace import Timeline
 
 # a job's copies of its repeated iteration (sim/steady.py) come all at once, each as the
@@ -37,6 +38,21 @@ class Watchers:
         """Tell the watchers, if the back end tells anybody."""
         if self.b.announce is not None:
             self.b.announce(kind, msgspec.json.encode(note()))
+
+    def run(self, experiment: str, state: Literal["started", "finished", "failed"],
+            iterations: int,
+            its: list[int] | None = None) -> None:
+        """The run started, or ended (`its`: the times of the iterations it ran): an end
+        says the node programs' lag where it skews the figures (a disturbed run)."""
+        if its is None:
+            self.say("run", lambda: RunNote(TELEMETRY_VERSION, experiment, self.network,
+                                            self.b.name, state, iterations))
+            return
+        lag_ms = host_disturbance_ms(self.b.health.max_lag_ns,
+                                     sum(its) / len(its) if its else 0)
+        self.say("run", lambda: RunNote(TELEMETRY_VERSION, experiment, self.network,
+                                        self.b.name, state, iterations,
+                                        f"{len(its)} iterations", lag_ms))
 
     def health(self) -> None:
         h = self.b.health

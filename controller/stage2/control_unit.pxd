@@ -7,6 +7,7 @@ import cython
 
 cdef class _Tx:
     cdef public object port, queue, state, channel, current, route, retries, timer, shown
+    cdef public object late
     cdef public object since
     cdef public bint waited
 

@@ -29,6 +29,7 @@ from typing import Protocol
 
 from oddl.controller.base.clock import Clock
 from oddl.controller.base.devices import Bus, ONic
+from oddl.controller.base.hostload import LAG_FLOOR_NS, host_load
 from oddl.controller.base.messages import ControlMessage, Flow, Grant, Release, Request, Wait
 from oddl.controller.base.telemetry import PortView
 from oddl.controller.base.throttle import worth_logging
@@ -104,8 +105,8 @@ class FlowFailed(RuntimeError):
 
 
 class _Tx:
-    __slots__ = ("channel", "current", "port", "queue", "retries", "route", "shown", "since",
-                 "state", "timer", "waited")
+    __slots__ = ("channel", "current", "late", "port", "queue", "retries", "route", "shown",
+                 "since", "state", "timer", "waited")
 
     def __init__(self, port: str) -> None:
         self.port = port
@@ -115,6 +116,7 @@ class _Tx:
         self.current: Flow | None = None
         self.route: Route | None = None
         self.retries = 0
+        self.late = 0  # the latest its host ran a time-out of the current flow's (ns)
         self.waited = False  # a WAIT came since the latest REQUEST
         self.timer = None
         self.shown: str | None = None  # the state the trace and dashboard see, since when
@@ -242,7 +244,7 @@ class ControlUnit:
         tx.current = flow
         tx.route = self.routes[flow.dst]
         tx.state = REQUESTING
-        tx.retries = 0
+        tx.retries = tx.late = 0
         self._show(tx, T_REQUESTING)
         self._request(tx)
 
@@ -265,15 +267,27 @@ class ControlUnit:
         if self.halted or tx.current is not flow or tx.state != REQUESTING:
             return
         tx.retries += 1
+        tx.late = max(tx.late, self.clock.loop_ns() - self.clock.now_ns())
         self.stats["polls" if tx.waited else "retries"] += 1
         if tx.retries > self.t.max_retries:
             assert tx.route is not None
             self.fail(FlowFailed(
                 f"{self.node}: flow {flow.id} ({flow.src}->{flow.dst}, hop {flow.hop} via "
                 f"{tx.route.next_hop}, {flow.nbytes} B) got no GRANT after "
-                f"{self.t.max_retries} retries", tx.route.next_hop, "retries", flow.id))
+                f"{self.t.max_retries} retries{self._host_said(tx.late)}",
+                tx.route.next_hop, "retries", flow.id))
             return
         self._request(tx)
+
+    def _host_said(self, late_ns: int) -> str:
+        """A flow's failure a loaded host may explain says the host's lag and load (a
+        virtual loop is never late: nothing is said)."""
+        if late_ns < LAG_FLOOR_NS:
+            return ""
+        load = host_load()
+        cause = load or late_ns >= self.t.request_timeout_ns
+        return (f" (this host ran its time-outs up to {late_ns / 1e6:.0f} ms late"
+                f"{'; ' + load if load else ''}{': the host may be the cause' if cause else ''})")
 
     def _on_grant(self, g: Grant) -> None:
         tx = self.tx.get(g.port)
