@@ -1,13 +1,21 @@
 """README's test command, run N times in a row: which tests failed, in how many runs.
 
-    python bench/soak.py [-n 10] [--busy] [--out DIR] [-- PYTEST ARGS]
+    python bench/soak.py [-n 10] [--busy [N]] [--out DIR] [-- PYTEST ARGS]
 
 Each run is `python -m pytest -q` (README's second command, after its install), with a
-JUnit report per run in `--out` (default soak-<time>/); `--busy` keeps one extra process
-spinning on a core for the whole soak, as the brief's "busy machine" does. It prints
-every failing or erroring test with the runs it failed in and the first line of why, each
-run's time and outcome, and writes `soak.json`; exit 0 only if every run passed. A stop
-(Ctrl-C) ends the current run and says what was tallied so far.
+JUnit report per run in `--out` (default soak-<time>/); `--busy N` keeps N extra
+processes spinning for the whole soak (`--busy 2` on 2 cores: the brief's loaded
+machine). It prints every failing or erroring test with the runs it failed in and the
+first line of why, and whether its report names the host as the cause (a verdict a late
+answer can give must: "the host may be the cause", "host overloaded"), each run's time
+and outcome, and writes `soak.json`; exit 0 only if every run passed. A stop (Ctrl-C)
+ends the current run and says what was tallied so far.
+
+The first-day commands on a loaded machine (issue 83): the docs tier's blocks of the
+README's quick start, the arbiter's quick start and the dashboard's Table 1 on the
+emulator, beside two busy processes:
+
+    python bench/soak.py -n 3 --busy 2 -- -n 0 --docs -m docs -k "README or arbiter or dashboard"
 """
 
 from __future__ import annotations
@@ -45,18 +53,22 @@ def _spin(parent: int) -> None:
 
 
 @contextlib.contextmanager
-def busy(on: bool) -> Iterator[None]:
-    """One process spinning on a core while inside, if `on`."""
-    if not on:
-        yield
-        return
-    p = mp.get_context("spawn").Process(target=_spin, args=(os.getpid(),), daemon=True)
-    p.start()
+def busy(n: int) -> Iterator[None]:
+    """`n` processes spinning while inside."""
+    ps = [mp.get_context("spawn").Process(target=_spin, args=(os.getpid(),), daemon=True)
+          for _ in range(n)]
+    for p in ps:
+        p.start()
     try:
         yield
     finally:
-        p.kill()
-        p.join()
+        for p in ps:
+            p.kill()
+            p.join()
+
+
+# what a verdict says when the host, not a device, may be its cause (issue 83)
+HOST_NAMED = ("the host may be the cause", "host overloaded", "this host's load")
 
 
 def failures(report: Path) -> tuple[int, dict[str, str]]:
@@ -72,8 +84,11 @@ def failures(report: Path) -> tuple[int, dict[str, str]]:
             bad = case.find(tag)
             if bad is not None:
                 name = f"{case.get('classname', '')}::{case.get('name', '')}"
-                why = (bad.get("message") or bad.text or "").strip().splitlines()
-                out[name] = why[0][:200] if why else tag
+                text = f"{bad.get('message') or ''}\n{bad.text or ''}"
+                why = text.strip().splitlines()
+                host = any(h in text for h in HOST_NAMED)
+                out[name] = ("[names the host] " if host else "") + (why[0][:200] if why
+                                                                      else tag)
     return tests, out
 
 
@@ -81,7 +96,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description="README's test command, N times: failures "
                                              "tallied by test")
     ap.add_argument("-n", type=int, default=10, help="runs (default 10)")
-    ap.add_argument("--busy", action="store_true", help="keep one extra core busy")
+    ap.add_argument("--busy", type=int, nargs="?", const=1, default=0, metavar="N",
+                    help="keep N extra processes spinning (alone: 1)")
     ap.add_argument("--out", type=Path, default=None, help="reports (default soak-<time>)")
     ap.add_argument("pytest_args", nargs="*", help="after --: more pytest arguments")
     args = ap.parse_args()
@@ -110,7 +126,8 @@ def main() -> int:
     for r in runs:
         for name in r.failed:
             tally.setdefault(name, []).append(r.index)
-    print(f"\n{len(runs)} runs{' with a core kept busy' if args.busy else ''}: "
+    beside = f" beside {args.busy} busy process{'es' * (args.busy > 1)}" if args.busy else ""
+    print(f"\n{len(runs)} runs{beside}: "
           f"{sum(r.exit_code == 0 for r in runs)} passed; times "
           f"{min((r.seconds for r in runs), default=0):.0f} to "
           f"{max((r.seconds for r in runs), default=0):.0f} s")

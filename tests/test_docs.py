@@ -25,13 +25,14 @@ _NAME = re.compile(r"^[a-z][a-z0-9-]*$")
 def documented(text: str) -> list[tuple[str, bool]]:
     """(command, whole): each `oddl ...` of a shell block (whole), then of the prose."""
     out = []
-    blocks = re.compile(r"```(?:bash|sh|console)?\n(.*?)```", re.S)
+    blocks = re.compile(r"```(bash|sh|console|text)?\n(.*?)```", re.S)
     for m in blocks.finditer(text):
-        for line in m.group(1).splitlines():
+        for line in m.group(2).splitlines():
             for part in re.split(r"&&|\|\||;|\|(?=\s)", line):
                 part = part.split("#")[0].strip().rstrip("&").strip()
-                if part.startswith("oddl "):
-                    out.append((part, True))
+                part = re.sub(r"^(?:[A-Z_]+=\S+\s+)+", "", part)  # VAR=value oddl ...
+                if part.startswith("oddl "):  # a text block's: a synopsis
+                    out.append((part, m.group(1) != "text"))
     out += [(m.group(1), False) for m in re.finditer(r"`(oddl [^`]+)`", blocks.sub("", text))]
     return out
 
