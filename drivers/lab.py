@@ -112,9 +112,11 @@ def overlay_of(tb: Testbed) -> Path:
 
 def open_board(addr: str | None, node: str, nodes: list[str], bitfile: Path = BITFILE
                ) -> ONicDriver:
-    """An ONicDriver on a board address: grpc://HOST:PORT (PYNQ.remote) or `local` (this
-    host's PL). Its overlay's .hwh is held to the register map and the board's identity
-    block to the design version (`open_onic`); the bitstream is the board's own."""
+    """An ONicDriver on a board address: grpc://HOST:PORT (PYNQ.remote), `local` (this
+    host's PL) or serial:PORT[?baud=B] (an ECP5 board's serial bridge: no overlay file,
+    the identity block says onic_top). Its overlay's .hwh is held to the register map and
+    the board's identity block to the design version (`open_onic`); the bitstream is the
+    board's own."""
     dev = f"board:{node}"
 
     def play(player: cassette.Player) -> ONicDriver:  # replayed: no device, its record
@@ -136,7 +138,19 @@ def open_board(addr: str | None, node: str, nodes: list[str], bitfile: Path = BI
 
             return open_onic(bitfile, Device.active_device, node, nodes, download=False,
                              tap=lambda m: cassette.tap_mmio(dev, m))
-        raise Unreachable(f"board address {addr!r} is neither grpc://HOST:PORT nor 'local'")
+        if addr and addr.startswith("serial:"):  # an ECP5 board's onic_top, over its UART
+            from oddl.drivers.serial_board import open_window
+
+            try:
+                drv = ONicDriver(cassette.tap_mmio(dev, open_window(addr, f"board {node}")),
+                                 node, nodes)
+                drv.design = R.TOP_DESIGN_VERSION
+                drv.check_identity(drv.design)
+            except (ConnectionError, ValueError) as e:
+                raise Unreachable(str(e)) from None
+            return drv
+        raise Unreachable(f"board address {addr!r} is neither grpc://HOST:PORT, "
+                          f"serial:PORT[?baud=B] nor 'local'")
 
     return cassette.opened(dev, open_, play)
 

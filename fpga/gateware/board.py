@@ -81,6 +81,33 @@ def _pll_params(osc_mhz: int, target_mhz: int) -> dict[str, Any]:
             "DISABLED", "p_DPHASE_SOURCE": "DISABLED"}
 
 
+def clocked(m: Module, platform: Any, b: Board, clock: Signal) -> None:
+    """The sync domain of `m`: the board's oscillator through the PLL at the target,
+    its reset the PLL's lock, brought into the domain and onto a global network."""
+    m.domains.sync = cd = ClockDomain("sync")
+    osc = platform.request(b.osc)
+    locked = Signal()
+    m.submodules.pll = Instance(
+        "EHXPLLL", i_CLKI=osc.i, o_CLKOP=clock, i_CLKFB=clock, o_LOCK=locked,
+        i_RST=Const(0), i_STDBY=Const(0), i_PHASESEL0=Const(0), i_PHASESEL1=Const(0),
+        i_PHASEDIR=Const(0), i_PHASESTEP=Const(0), i_PHASELOADREG=Const(0),
+        i_PLLWAKESYNC=Const(0), i_ENCLKOP=Const(0),
+        **_pll_params(b.osc_mhz, b.target_mhz))
+    # (nextpnr derives the PLL output's constraint, the target, from the oscillator's)
+    # The reset: the PLL's lock, brought into the clock's domain by two flip-flops, then
+    # onto a global network (DCCA), as the clock is: it reaches every flip-flop with a
+    # reset value (12,274 of them), which nextpnr had routed through the fabric: the
+    # design's widest net by far.
+    unlocked = Signal(2, init=3)
+    m.domains.pll = ClockDomain("pll", reset_less=True)
+    m.d.comb += ClockSignal("pll").eq(clock)
+    m.d.pll += unlocked.eq(Cat(~locked, unlocked[0]))
+    rst = Signal()
+    m.submodules.rst_global = Instance("DCCA", i_CLKI=unlocked[1], i_CE=Const(1),
+                                       o_CLKO=rst)
+    m.d.comb += [cd.clk.eq(clock), cd.rst.eq(rst)]
+
+
 class Harness(Elaboratable):
     """`top` on a board: its clock from the PLL, its inputs from shift chains, its outputs
     folded onto an LED (see the module's docstring)."""
@@ -92,29 +119,7 @@ class Harness(Elaboratable):
     def elaborate(self, platform: Any) -> Module:
         m = Module()
         b = self.board
-        m.domains.sync = cd = ClockDomain("sync")
-        osc = platform.request(b.osc)
-        locked = Signal()
-        m.submodules.pll = Instance(
-            "EHXPLLL", i_CLKI=osc.i, o_CLKOP=self.clock, i_CLKFB=self.clock, o_LOCK=locked,
-            i_RST=Const(0), i_STDBY=Const(0), i_PHASESEL0=Const(0), i_PHASESEL1=Const(0),
-            i_PHASEDIR=Const(0), i_PHASESTEP=Const(0), i_PHASELOADREG=Const(0),
-            i_PLLWAKESYNC=Const(0), i_ENCLKOP=Const(0),
-            **_pll_params(b.osc_mhz, b.target_mhz))
-        # (nextpnr derives the PLL output's constraint, the target, from the oscillator's)
-        # The reset: the PLL's lock, brought into the clock's domain by two flip-flops, then
-        # onto a global network (DCCA), as the clock is: it reaches every flip-flop with a
-        # reset value (12,274 of them), which nextpnr had routed through the fabric: the
-        # design's widest net by far.
-        unlocked = Signal(2, init=3)
-        m.domains.pll = ClockDomain("pll", reset_less=True)
-        m.d.comb += ClockSignal("pll").eq(self.clock)
-        m.d.pll += unlocked.eq(Cat(~locked, unlocked[0]))
-        rst = Signal()
-        m.submodules.rst_global = Instance("DCCA", i_CLKI=unlocked[1], i_CE=Const(1),
-                                           o_CLKO=rst)
-        m.d.comb += [cd.clk.eq(self.clock), cd.rst.eq(rst)]
-
+        clocked(m, platform, b, self.clock)
         m.submodules.top = top = self.top
         ins = [(name, getattr(top, name)) for name, mem in top.signature.members.items()
                if mem.flow == wiring.In]
@@ -148,6 +153,26 @@ class Harness(Elaboratable):
         m.d.sync += folded.eq(partial.xor())
         led = platform.request(b.led[0], 0)
         m.d.comb += (getattr(led, b.led[1]) if b.led[1] else led).o.eq(folded)
+        return m
+
+
+class Functional(Elaboratable):
+    """`serial_onic` on a board (issue 84): its UART on the board's USB serial port (the
+    FTDI's), its interrupt on the LED; the whole design, reached by the host."""
+
+    def __init__(self, top: wiring.Component, board: Board) -> None:
+        self.top, self.board = top, board
+        self.clock = Signal()
+
+    def elaborate(self, platform: Any) -> Module:
+        m = Module()
+        b = self.board
+        clocked(m, platform, b, self.clock)
+        m.submodules.top = top = self.top
+        uart = platform.request("uart", 0)
+        m.d.comb += [top.uart_rx.eq(uart.rx.i), uart.tx.o.eq(top.uart_tx)]
+        led = platform.request(b.led[0], 0)
+        m.d.comb += (getattr(led, b.led[1]) if b.led[1] else led).o.eq(top.irq)
         return m
 
 
@@ -242,10 +267,13 @@ def report(log: str) -> dict[str, Any]:
     return {"clocks": clocks, "used": used}
 
 
-def build(top: wiring.Component, board: str, out: Path) -> dict[str, Any]:
+def build(top: wiring.Component, board: str, out: Path, functional: bool = False
+          ) -> dict[str, Any]:
     """The top built for `board` into `out`: {"board", "bitstream", "luts", "ffs", "brams",
     "clocks": {name: {"target_mhz", "fmax_mhz"}}, "timing_met", "device"}. A clock that
-    misses its target fails the build (BuildError), after the report is kept."""
+    misses its target fails the build (BuildError), after the report is kept.
+    `functional`: `top` is a serial_onic, on the board's UART (`Functional`), not the
+    timing harness's."""
     import importlib
 
     b = BOARDS[board]
@@ -255,7 +283,7 @@ def build(top: wiring.Component, board: str, out: Path) -> dict[str, Any]:
     saved = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
     try:
-        harness = Harness(top, b)
+        harness = Functional(top, b) if functional else Harness(top, b)
         try:
             # (the static placer and router2 with its alternate weights: the one
             # combination that converged on this design, docs/gateware.md; timing is

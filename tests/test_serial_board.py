@@ -1,0 +1,139 @@
+"""A board's register map over its serial port (issue 84): `serial:PORT[?baud=B]`, pyserial,
+the bridge's frames. In the suite, the driver against the frames a board's side sends on a
+pseudo-terminal (a good answer, a garbled one, a cut one, another request's, none); in the
+Verilator tier, against `serial_onic` itself, Verilated behind a pty: the bridge, onic_top
+and its loopback, through the O-NIC driver as a lab's host drives the board."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+import tty
+from collections.abc import Callable, Iterator
+
+import pytest
+from oddl.drivers.serial_board import SerialWindow, open_window, parse_address
+from oddl.fpga import regmap as R
+from oddl.fpga import serial_frames as S
+
+
+def test_a_serial_address_is_read_or_refused_saying_why() -> None:
+    assert parse_address("serial:/dev/ttyUSB1") == ("/dev/ttyUSB1", S.BAUD)
+    assert parse_address("serial:/dev/ttyUSB1?baud=3000000") == ("/dev/ttyUSB1", 3_000_000)
+    for bad, why in (("serial:", "no port"), ("serial:/dev/x?baud=fast", "baud 'fast'"),
+                     ("serial:/dev/x?baud=99999999", "not a rate"),
+                     ("serial:/dev/x?parity=E", "unknown parameter 'parity'"),
+                     ("grpc://h:1", "is not serial:")):
+        with pytest.raises(ValueError, match=why):
+            parse_address(bad)
+
+
+@contextlib.contextmanager
+def board_side(answer: Callable[[bytes, int], bytes]) -> Iterator[tuple[str, list[bytes]]]:
+    """A pty whose other end answers each request with `answer(request, n)` (n: how many
+    came before): the serial line as a board's bridge sees it."""
+    master, slave = os.openpty()
+    tty.setraw(slave)
+    seen: list[bytes] = []
+    stop = threading.Event()
+
+    def serve() -> None:
+        buf = b""
+        while not stop.is_set():
+            try:
+                buf += os.read(master, 64)
+            except OSError:
+                return
+            while len(buf) >= S.REQ_LEN:
+                req, buf = buf[: S.REQ_LEN], buf[S.REQ_LEN:]
+                seen.append(req)
+                if out := answer(req, len(seen) - 1):
+                    os.write(master, out)
+
+    t = threading.Thread(target=serve, daemon=True)
+    t.start()
+    try:
+        yield os.ttyname(slave), seen
+    finally:
+        stop.set()
+        os.close(slave)
+        os.close(master)
+
+
+def test_bad_answers_are_rejected_counted_and_the_request_sent_again() -> None:
+    data = {0x10: 0x1234ABCD}
+
+    def answer(req: bytes, n: int) -> bytes:
+        seq, addr = req[2], int.from_bytes(req[3:5], "big")
+        good = S.encode_answer(S.OKAY, seq, data.get(addr, 0))
+        if n == 0:  # garbled on the way: a bit flipped
+            return good[:4] + bytes([good[4] ^ 1]) + good[5:]
+        if n == 1:  # cut short, then the line went quiet
+            return good[:5]
+        if n == 2:  # an answer to another request
+            return S.encode_answer(S.OKAY, seq - 1, 0xBAD)
+        if n == 3:  # none at all
+            return b""
+        return good
+
+    with board_side(answer) as (path, seen):
+        win = open_window(f"serial:{path}", "board n0")
+        win.timeout_s = 0.05
+        assert win.read(0x10) == 0x1234ABCD  # taken from the fifth try only
+        assert win.stats == {"requests": 1, "again": 4, "rejected": 3}
+        assert len({r for r in seen}) == 1  # the same request each time: its seq kept
+        win.link.close()
+
+
+def test_a_board_that_never_answers_well_is_a_lost_connection_naming_it() -> None:
+    with board_side(lambda req, n: S.encode_answer(S.OKAY, req[2] ^ 0x80, 7)) as (path, _):
+        win = open_window(f"serial:{path}", "board n3")
+        win.timeout_s = 0.02
+        with pytest.raises(ConnectionError, match=r"board n3 .*no good answer to 5 tries of "
+                                                  r"a read of 0x0004 .*5 rejected"):
+            win.read(4)
+        win.link.close()
+
+
+def test_a_refused_write_says_so() -> None:
+    with board_side(lambda req, n: S.encode_answer(S.SLVERR, req[2], 0)) as (path, _):
+        win = SerialWindow(open_window(f"serial:{path}", "b").link, "board n1")
+        with pytest.raises(OSError, match="write of 0x0000 refused"):
+            win.write(0, 1)
+        win.link.close()
+
+
+@pytest.mark.verilator
+@pytest.mark.realtime  # a Verilated design behind a pty
+def test_the_serial_onic_is_driven_through_its_uart_as_a_lab_drives_the_board() -> None:
+    from oddl.drivers.lab import open_board
+    from oddl.sim.devices import serial_rtl
+
+    board = serial_rtl.start()
+    try:
+        drv = open_board(f"serial:{board.path}", "n0", ["n0"])
+        ident = drv.identity()
+        assert (ident["magic"], ident["design_version"]) == (R.MAGIC, R.TOP_DESIGN_VERSION)
+        routes = {"n0": ("H", 3, "n0")}
+        drv.load_routes(routes)
+        assert drv.read_routes() == routes
+        # a transfer on H, its light looped back onto H's receiver: counted both ways
+        drv.tune_and_start("H", 3, 0, 4096, 77)
+        counters = drv.counters("H")
+        assert (counters["tx_done"], counters["tx_bytes"], counters["rx_done"],
+                counters["rx_bytes"], counters["rx_errors"]) == (1, 4096, 1, 4096, 0), counters
+        win = drv.mmio
+        # a garbled answer and a garbled request: rejected or unanswered, sent again
+        before = dict(win.stats)
+        board.noise.garble_answers = 1
+        assert drv.identity()["magic"] == R.MAGIC
+        board.noise.garble_requests = 1
+        board.noise.cut_answers = 1
+        drv.load_routes(routes)
+        assert drv.read_routes() == routes
+        assert win.stats["again"] - before["again"] == 3, win.stats
+        assert win.stats["rejected"] - before["rejected"] == 2, win.stats
+        assert board.noise.done == {"garbled": 2, "cut": 1}
+    finally:
+        board.close()
