@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 
 import psutil
+
 from bench import soak
 
 REPORT = """<?xml version="1.0" encoding="utf-8"?><testsuites><testsuite name="pytest">
