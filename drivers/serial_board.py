@@ -19,6 +19,7 @@ import time
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
+from oddl.controller.base.devices import DeviceRefused
 from oddl.fpga import serial_frames as S
 
 TIMEOUT_S = 0.25  # an answer's wait: a USB serial adapter's latency timer is up to 16 ms
@@ -103,7 +104,7 @@ class SerialWindow:
                     why = f"an answer to request {ans.seq}, not {self.seq}"
                     continue
                 if ans.status != S.OKAY:
-                    raise OSError(f"{self.name}: {'read' if op == S.READ else 'write'} of "
+                    raise DeviceRefused(f"{self.name}: {'read' if op == S.READ else 'write'} of "
                                   f"0x{addr:04X} refused (AXI SLVERR)")
                 return ans.data
             raise ConnectionError(f"{self.name}: no good answer to {self.tries} tries of a "

@@ -8,11 +8,17 @@ from __future__ import annotations
 
 import contextlib
 import os
+import subprocess
+import sys
 import threading
+import tomllib
 import tty
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import pytest
+import tomli_w
+from oddl.controller.base.devices import DeviceRefused
 from oddl.drivers.serial_board import SerialWindow, open_window, parse_address
 from oddl.fpga import regmap as R
 from oddl.fpga import serial_frames as S
@@ -99,9 +105,26 @@ def test_a_board_that_never_answers_well_is_a_lost_connection_naming_it() -> Non
 def test_a_refused_write_says_so() -> None:
     with board_side(lambda req, n: S.encode_answer(S.SLVERR, req[2], 0)) as (path, _):
         win = SerialWindow(open_window(f"serial:{path}", "b").link, "board n1")
-        with pytest.raises(OSError, match="write of 0x0000 refused"):
+        with pytest.raises(DeviceRefused, match="write of 0x0000 refused"):
             win.write(0, 1)
         win.link.close()
+
+
+def test_a_serial_board_that_is_not_there_is_unreachable_naming_it(tmp_path: Path) -> None:
+    from oddl.drivers.lab import Unreachable, open_board
+
+    with pytest.raises(Unreachable, match=r"board n2: cannot open .*ttyUSB9"):
+        open_board(f"serial:{tmp_path}/ttyUSB9", "n2", ["n0", "n1", "n2"])
+    with pytest.raises(Unreachable, match="baud 'x'"):
+        open_board("serial:/dev/ttyUSB0?baud=x", "n2", ["n2"])
+
+
+def test_a_baud_rate_the_fabric_cannot_divide_is_refused_before_any_build() -> None:
+    r = subprocess.run([sys.executable, "-m", "oddl.app", "gateware", "build", "--function",
+                        "--baud", "3000000", "--json"], capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 1 and "--baud 3000000: 50 MHz does not divide to it" in r.stderr
+    assert r.stdout == ""
 
 
 @pytest.mark.verilator
@@ -137,3 +160,36 @@ def test_the_serial_onic_is_driven_through_its_uart_as_a_lab_drives_the_board() 
         assert board.noise.done == {"garbled": 2, "cut": 1}
     finally:
         board.close()
+
+
+@pytest.mark.verilator
+@pytest.mark.realtime  # four Verilated designs behind ptys, `oddl accept` in a subprocess
+def test_oddl_accept_passes_a_lab_of_serial_onic_boards(root: Path, tmp_path: Path) -> None:
+    """A lab's four ECP5 boards, each `serial_onic` Verilated behind a pty, named
+    `serial:/dev/pts/N` in its testbed file: `oddl accept --backend hw` reaches, identifies
+    and reads back every board's registers and count-action programs through the bridge,
+    with nothing of oddl's model between the driver and the design."""
+    from oddl.sim.devices import serial_rtl
+
+    boards = [serial_rtl.start(i, 4) for i in range(4)]
+    try:
+        tb = tomllib.loads((root / "hw_configs/prototype-4node.toml").read_text())
+        tb["testbed"] |= {"name": "lab-ecp5", "backend": "hw", "control_model": "board"}
+        for node, board in zip(tb["nodes"], boards, strict=True):
+            node["board"] = f"serial:{board.path}"
+        tb["acceptance"] = {"design_version": "0.2", "bitstream_sha256": "0" * 64}
+        lab = tmp_path / "lab.toml"
+        lab.write_text(tomli_w.dumps(tb))
+        r = subprocess.run([sys.executable, "-m", "oddl.app", "accept", str(lab), "--backend",
+                            "hw", "--report", str(tmp_path / "report"),
+                            *(a for c in ("reachable", "identity", "registers", "countaction")
+                              for a in ("--only", c))],
+                           capture_output=True, text=True, timeout=600)
+    finally:
+        for b in boards:
+            b.close()
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    summary = (tmp_path / "report" / "summary.md").read_text()
+    assert "failed" not in summary.lower() or "0 failed" in summary.lower(), summary
+    for check in ("board_reachable", "identity", "register_readback", "countaction"):
+        assert summary.count(check) >= 4, (check, summary)

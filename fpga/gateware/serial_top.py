@@ -76,7 +76,9 @@ class SerialONic(wiring.Component):
     def __init__(self, frame: FrameFormat, clks_per_bit: int, ns_per_clk: int, *,
                  node_id: int = 0, nodes: int = 1, channels: int = 8, tune_cycles: int = 50,
                  bytes_per_cycle: int = 64, bitstream_hash: int = 0,
-                 bounds: dict[str, int] | None = None) -> None:
+                 bounds: dict[str, int] | None = None, strap_ports: bool = False) -> None:
+        """`strap_ports`: the node's id, the testbed's size and the wavelengths as input
+        ports (a co-simulation sets them: one build serves every node), not constants."""
         b = dict(BUILD, per_sender=4) | (bounds or {})
         self.top = OnicTop(frame, b["nodes"], b["txq"], b["rxq"], b["done"], b["per_sender"])
         self.clks, self.ns_per_clk = clks_per_bit, ns_per_clk
@@ -84,8 +86,12 @@ class SerialONic(wiring.Component):
                        "ports_present": (1 << len(R.PORTS)) - 1,
                        "bitstream_hash": bitstream_hash}
         self.tune_cycles, self.bpc = tune_cycles, bytes_per_cycle
-        super().__init__({"uart_rx": In(1, init=1), "uart_tx": Out(1, init=1),
-                          "irq": Out(1)})
+        self.strap_ports = strap_ports
+        members: dict[str, Any] = {"uart_rx": In(1, init=1), "uart_tx": Out(1, init=1),
+                                   "irq": Out(1)}
+        if strap_ports:
+            members |= {"node_id": In(16), "n_nodes": In(16), "n_channels": In(8)}
+        super().__init__(members)
 
     def elaborate(self, platform: Any) -> Module:
         m = Module()
@@ -102,7 +108,9 @@ class SerialONic(wiring.Component):
         ts = Signal(64)
         m.d.sync += ts.eq(ts + self.ns_per_clk)
         m.d.comb += [top.ts_ns.eq(ts), top.dac_valid.eq(0), top.dac_index.eq(0)]
-        m.d.comb += [getattr(top, k).eq(v) for k, v in self.straps.items()]
+        m.d.comb += [getattr(top, k).eq(getattr(self, k) if self.strap_ports and
+                                        k in ("node_id", "n_nodes", "n_channels") else v)
+                     for k, v in self.straps.items()]
         for p in R.PORTS:
             p = p.lower()
             lb = Loopback(self.tune_cycles, self.bpc)

@@ -40,19 +40,20 @@ class Noise:
     done: dict[str, int] = field(default_factory=lambda: {"garbled": 0, "cut": 0})
 
 
-def serial_onic(node_id: int = 0, nodes: int = 1, channels: int = 8) -> Any:
-    """The design as the co-simulation builds it (its UART at SIM_CLKS_PER_BIT)."""
+def serial_onic() -> Any:
+    """The design as the co-simulation builds it: its UART at SIM_CLKS_PER_BIT, its
+    straps ports (one build for every node)."""
     from oddl.controller.stage2.wire import FRAME
     from oddl.fpga.gateware.serial_top import SerialONic
 
-    return SerialONic(FRAME, SIM_CLKS_PER_BIT, SIM_NS_PER_CLK, node_id=node_id, nodes=nodes,
-                      channels=channels)
+    return SerialONic(FRAME, SIM_CLKS_PER_BIT, SIM_NS_PER_CLK, strap_ports=True)
 
 
 class PtyBoard:
     """One Verilated `serial_onic` behind a pty (`path`), pumped by a thread of its own."""
 
-    def __init__(self, model: Any, clks_per_bit: int = SIM_CLKS_PER_BIT) -> None:
+    def __init__(self, model: Any, clks_per_bit: int = SIM_CLKS_PER_BIT,
+                 straps: dict[str, int] | None = None) -> None:
         self.model, self.clks = model, clks_per_bit
         self.master, self._slave = os.openpty()
         tty.setraw(self._slave)
@@ -63,6 +64,8 @@ class PtyBoard:
         self._thread = threading.Thread(target=self._run, name=f"pty-board {self.path}",
                                         daemon=True)
         model.set("uart_rx", 1)
+        for k, v in (straps or {}).items():
+            model.set(k, v)
         model.reset()
         model.tick(8)
 
@@ -158,9 +161,11 @@ class PtyBoard:
             os.write(self.master, data)
 
 
-def start(node_id: int = 0, nodes: int = 1) -> PtyBoard:
-    """A `serial_onic` Verilated (built once a machine, cached) behind a pty, pumped."""
+def start(node_id: int = 0, nodes: int = 1, channels: int = 8) -> PtyBoard:
+    """A `serial_onic` Verilated (built once a machine, cached) behind a pty, pumped: the
+    board of node `node_id` of `nodes`."""
     from oddl.fpga.gateware.verilated import Model, build
 
-    design = serial_onic(node_id, nodes)
-    return PtyBoard(Model(build(design, "serial_onic"), design)).start()
+    design = serial_onic()
+    return PtyBoard(Model(build(design, "serial_onic"), design), straps={
+        "node_id": node_id, "n_nodes": nodes, "n_channels": channels}).start()
