@@ -265,9 +265,10 @@ class Inference:
         if self.core.datapath is not None:
             y, out = self.core.play_layer(k, codes, values, seg.products)
             if out["played"] < out["words"]:
+                why = f"waits for {out['waits_for']}" if "waits_for" in out else \
+                    "the streamer did not fire (a DAC never raised its valid flag)"
                 raise Stalled(f"layer {k + 1}, word {out['played'] + 1} of {out['words']}: "
-                              "the streamer did not fire (a DAC never raised its valid "
-                              "flag)")
+                              f"{why}")
             self._modules = out["modules"]
             self.board_ns += out["cycles"] * 1e3 / float(self.core.datapath["clock_mhz"])
         else:

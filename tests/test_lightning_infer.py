@@ -173,6 +173,28 @@ def test_a_dac_that_never_raises_its_flag_stalls_the_datapath(
     assert core.products == 0  # nothing played
 
 
+@pytest.mark.parametrize("engine", ["python", "gateware"])
+def test_a_dag_missing_a_layers_edge_stalls_the_stream_and_says_where(engine: str) -> None:
+    """Issue 84: the layer modules gated nothing (each layer played in full; the host
+    checked afterwards). A layer now streams only once the layer before's module fired: a
+    DAG whose layer 2 counts the wrong module stalls at layer 3's first word, naming the
+    module it waits for, and plays none of it."""
+    soc = datapath_board(engine=engine)
+    prog = inference_dag([2, 2, 2]).text()
+    i = prog.index("module layer2")
+    j = prog.index("};", i)
+    broken = prog[:i] + prog[i:j].replace("module[stream]", "module[argmax]") + prog[j:]
+    layers = [{"inputs": [[0, 1]] * 32, "mags": [[5, 7]] * 32} for _ in range(3)]
+    codes = np.array([3, 4])
+    soc.lightning_load(prog, layers)  # whole: every layer streams its two words
+    assert [soc.lightning_layer(k, codes)["played"] for k in range(3)] == [2, 2, 2]
+    soc.lightning_load(broken, layers)
+    assert [soc.lightning_layer(k, codes)["played"] for k in range(2)] == [2, 2]
+    third = soc.lightning_layer(2, codes)
+    assert third["played"] == 0 and len(third["levels"]) == 0
+    assert third["waits_for"] == "module layer2, which has not fired (it counted 0 of 4)"
+
+
 def test_a_board_without_the_datapath_is_paced_by_the_host(
         trained: tuple[lenet.Network, np.ndarray, np.ndarray]) -> None:
     """Stock QICK firmware: the layers play as QICK programs, the calls growing with the

@@ -15,7 +15,9 @@ whoever builds the board: `app.registry`), wired as the fabric wires it: each DA
 its valid line once a word is in its FIFO (a DAC that is not ready never does), the
 engine's `stream` actions open the DACs' gates, and a word whose gates did not all open
 is never played: the stream stalls there, as the hardware's would, and the answer says
-where. Time is the fabric's: a word a clock at `stream_gsps` / 16, plus the path from DAC
+where. The layer modules gate their layers: a layer streams only while its module counts
+and once the layer before's has fired (a DAG missing a layer's edge stalls at the next
+layer's first word, saying which module it waits for). Time is the fabric's: a word a clock at `stream_gsps` / 16, plus the path from DAC
 to ADC (`latency_ns`), counted by the board and returned with each layer.
 """
 
@@ -96,6 +98,7 @@ class LightningDatapath:
         self.spec = spec or DatapathSpec()
         self.layers: list[tuple[NDArray[np.int64], NDArray[np.int64]]] = []
         self.slots: dict[str, int] = {}
+        self.targets: dict[str, int] = {}
         self.cycles = 0  # fabric clocks streamed since power-on (words and latency)
 
     def load(self, program: str, layers: list[dict[str, Any]]) -> dict[str, Any]:
@@ -134,6 +137,7 @@ class LightningDatapath:
             held.append((inputs, mags))
         self.drv.load_countaction(prog)
         self.layers, self.slots = held, {n: k for k, n in enumerate(names)}
+        self.targets = {m.name: m.target for m in prog.modules}
         return {"layers": len(held), "values": total, **self.status()}
 
     def layer(self, k: int, codes: Any) -> dict[str, Any]:
@@ -154,14 +158,31 @@ class LightningDatapath:
         values[:, 0::2] = mags
         values[:, 1::2] = np.where(inputs >= 0, a[np.maximum(inputs, 0)], 0)
         words = ceil(len(values) / self.spec.word)
-        played = self._pace(words)
+        waits = self._gate(k)
+        played = 0 if waits else self._pace(words)
         n = min(played * self.spec.word, len(values))
         level = self.photonics.adc(self.photonics.detector(values[:n] * self.amplitude),
                                    self.rng) if n else np.zeros(0)
         cycles = played + ceil(self.spec.latency_ns * self.spec.clock_mhz / 1e3)
         self.cycles += cycles
         return {"levels": level, "words": words, "played": played, **self.status(),
-                "cycles": cycles}
+                "cycles": cycles, **({"waits_for": waits} if waits else {})}
+
+    def _gate(self, k: int) -> str:
+        """Whether layer k's words may stream: its module still counting (armed, not yet
+        fired) and the layer before's fired (its last word counted). The layer modules
+        gate the words they pace: a DAG missing a layer's edge stalls the stream here.
+        Returns what it waits for ("" if nothing)."""
+        if k:
+            prev = self.drv.ca_status(self.slots[f"layer{k}"])
+            if not prev["fired"]:
+                return (f"module layer{k}, which has not fired (it counted {prev['count']} "
+                        f"of {self.targets[f'layer{k}']})")
+        own = self.drv.ca_status(self.slots[f"layer{k + 1}"])
+        if own["fired"] or not own["armed"]:
+            return (f"module layer{k + 1}, which is {'fired' if own['fired'] else 'disarmed'}"
+                    f" before its layer streamed (its count {own['count']})")
+        return ""
 
     def _pace(self, words: int) -> int:
         """Each word: every ready DAC raises its valid line; the word plays if the
