@@ -17,8 +17,9 @@ engine's `stream` actions open the DACs' gates, and a word whose gates did not a
 is never played: the stream stalls there, as the hardware's would, and the answer says
 where. The layer modules gate their layers: a layer streams only while its module counts
 and once the layer before's has fired (a DAG missing a layer's edge stalls at the next
-layer's first word, saying which module it waits for). Time is the fabric's: a word a clock at `stream_gsps` / 16, plus the path from DAC
-to ADC (`latency_ns`), counted by the board and returned with each layer.
+layer's first word, saying which module it waits for). Time is the fabric's: a word a
+clock at `stream_gsps` / 16, plus the path from DAC to ADC (`latency_ns`), counted by the
+board and returned with each layer.
 """
 
 from __future__ import annotations
