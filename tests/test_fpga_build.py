@@ -38,6 +38,22 @@ def test_the_whole_onic_is_built_into_a_bitstream_that_meets_its_clock(tmp_path:
 
 
 @pytest.mark.fpga_build
+def test_the_functional_build_with_its_serial_bridge_meets_its_clock(tmp_path: Path) -> None:
+    """Issue 84: `--function`, the O-NIC a lab drives over the board's USB serial port
+    (serial_onic: onic_top behind the serial bridge, its ports looped back), placed,
+    routed and packed for the ECPIX-5 at its 50 MHz (58.9 MHz here, 15 min)."""
+    r = subprocess.run([sys.executable, "-m", "oddl.app", "gateware", "build", "--board",
+                        "ecpix5-85f", "--function", "--out", str(tmp_path / "build"),
+                        "--json"], capture_output=True, text=True, timeout=5400)
+    assert r.returncode == 0, r.stderr[-3000:]
+    out = json.loads(r.stdout)
+    assert out["timing_met"] is True and out["baud"] == 2_000_000
+    assert Path(out["bitstream"]).stat().st_size > 100_000
+    [clock] = out["clocks"].values()
+    assert clock["fmax_mhz"] >= clock["target_mhz"] == 50
+
+
+@pytest.mark.fpga_build
 def test_synthesis_runs_on_the_venvs_yosys_with_no_other_on_path(tmp_path: Path) -> None:
     """Issue 63: `oddl gateware synth --json` needed Debian's yosys; with the gateware
     extra alone it runs PyPI's, and says so. PATH holds PyPI's Yosys alone (where a

@@ -193,6 +193,50 @@ def serial_top(frame: Any, mhz: int, baud: int, node_id: int, bounds: dict[str, 
 
 
 @gateware.command()
+@click.argument("testbed", type=click.Path(path_type=Path, exists=True, dir_okay=False))
+@click.option("--out", type=click.Path(path_type=Path, dir_okay=False), required=True,
+              help="the testbed file to write: TESTBED with each node's board at its pty")
+def serve(testbed: Path, out: Path) -> None:
+    """The testbed's boards as the ECP5 build a lab drives over USB serial (serial_onic,
+    the serial bridge included), Verilated, each behind a pseudo-terminal: OUT names them
+    `serial:/dev/pts/N`, so `oddl accept OUT --backend hw` drives them as a lab's boards.
+    Builds the design once a machine (minutes; g++, make and the test extra's Verilator),
+    says "ready" once OUT is written, serves until Ctrl-C or SIGTERM (docs/gateware.md)."""
+    import threading
+    import tomllib
+
+    import tomli_w
+    from oddl.app.cli.main import verilator_ready
+    from oddl.controller.base.config import ConfigError, load_testbed
+    from oddl.sim.devices import serial_rtl
+
+    try:
+        tb = load_testbed(testbed)
+    except ConfigError as e:
+        fail(str(e))
+    verilator_ready("oddl gateware serve: Verilator")
+    channels = len(tb.optical.wavelengths())
+    boards = serial_rtl.start(len(tb.nodes), channels)
+    try:
+        for node, b in zip(tb.nodes, boards, strict=True):
+            click.echo(f"board {node.id}: serial:{b.path} (serial_onic, Verilated)")
+        d = tomllib.loads(testbed.read_text())
+        d["testbed"] |= {"backend": "hw", "control_model": "board"}
+        for n, b in zip(d["nodes"], boards, strict=True):
+            n["board"] = f"serial:{b.path}"
+        # the build's identity: onic_top's design version; its BITSTREAM_HASH strap 0
+        d["acceptance"] = d.get("acceptance", {}) | {"design_version": "0.2",
+                                                     "bitstream_sha256": "0" * 64}
+        out.write_text(tomli_w.dumps(d))
+        click.echo(f"config: {out}")
+        click.echo("ready")
+        threading.Event().wait()  # until Ctrl-C or SIGTERM (the CLI's stop: exit 130, 143)
+    finally:
+        for b in boards:
+            b.close()
+
+
+@gateware.command()
 def recipe() -> None:
     """Where the Vivado recipe is, and how a lab runs it for the real bitstream."""
     from oddl.fpga.gateware.build import VIVADO_DIR, recipe

@@ -161,11 +161,13 @@ class PtyBoard:
             os.write(self.master, data)
 
 
-def start(node_id: int = 0, nodes: int = 1, channels: int = 8) -> PtyBoard:
-    """A `serial_onic` Verilated (built once a machine, cached) behind a pty, pumped: the
-    board of node `node_id` of `nodes`."""
+def start(nodes: int = 1, channels: int = 8) -> list[PtyBoard]:
+    """`nodes` boards, node i's `serial_onic` Verilated (built once a machine, cached; its
+    Verilog written once here) behind a pty of its own, pumped."""
     from oddl.fpga.gateware.verilated import Model, build
 
     design = serial_onic()
-    return PtyBoard(Model(build(design, "serial_onic"), design), straps={
-        "node_id": node_id, "n_nodes": nodes, "n_channels": channels}).start()
+    lib = build(design, "serial_onic")
+    return [PtyBoard(Model(lib, design), straps={"node_id": i, "n_nodes": nodes,
+                                                  "n_channels": channels}).start()
+            for i in range(nodes)]
