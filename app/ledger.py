@@ -43,6 +43,8 @@ CREATE INDEX IF NOT EXISTS jobs_state ON jobs (state, seq);
 CREATE INDEX IF NOT EXISTS log_job ON log (job);
 """
 ADDED = {"held": "INTEGER NOT NULL DEFAULT 0"}  # schema 2's columns of jobs
+# a window's holder: "" maintenance, "user:NAME" or "role:ROLE" a reservation (issue 86)
+ADDED_WINDOWS = {"holder": "TEXT NOT NULL DEFAULT ''"}
 ACTIVE = ("queued", "running")
 ENDED = ("finished", "failed", "cancelled", "timeout", "quarantined")
 MAX_LOG = 1000  # lines kept per job
@@ -78,6 +80,10 @@ class Ledger:
             for col, decl in ADDED.items():
                 if col not in have:  # a schema 1 ledger: its jobs are none held
                     self.db.execute(f"ALTER TABLE jobs ADD COLUMN {col} {decl}")
+            have = {r[1] for r in self.db.execute("PRAGMA table_info(maintenance)")}
+            for col, decl in ADDED_WINDOWS.items():
+                if col not in have:  # an earlier ledger's windows: every one maintenance
+                    self.db.execute(f"ALTER TABLE maintenance ADD COLUMN {col} {decl}")
             if self.db.execute("SELECT 1 FROM meta WHERE key = 'holds'").fetchone() is None:
                 # a schema 2 ledger kept no holds: each job's, as near as it tells (its
                 # ranks, from its first start to its end)
@@ -201,10 +207,13 @@ class Ledger:
                         (name, role, by, time.time()))
         self.db.commit()
 
-    def maintain(self, nodes: list[str], start: float, end: float, why: str, by: str) -> int:
-        """A maintenance window: its id."""
-        cur = self.db.execute("INSERT INTO maintenance (nodes, start, end, why, by) VALUES "
-                              "(?, ?, ?, ?, ?)", (json.dumps(nodes), start, end, why, by))
+    def maintain(self, nodes: list[str], start: float, end: float, why: str, by: str,
+                 holder: str = "") -> int:
+        """A maintenance window (`holder` "": no job on its nodes), or a reservation for
+        `holder` ("user:NAME", "role:ROLE": only its jobs on them): its id."""
+        cur = self.db.execute("INSERT INTO maintenance (nodes, start, end, why, by, holder) "
+                              "VALUES (?, ?, ?, ?, ?, ?)",
+                              (json.dumps(nodes), start, end, why, by, holder))
         self.db.commit()
         return int(cur.lastrowid or 0)
 
@@ -214,11 +223,12 @@ class Ledger:
         return bool(gone)
 
     def windows(self, after: float) -> list[dict[str, Any]]:
-        """The maintenance windows that end after `after`, by start."""
-        return [{"id": i, "nodes": json.loads(n), "start": a, "end": b, "why": w, "by": by}
-                for i, n, a, b, w, by in self.db.execute(
-                    "SELECT id, nodes, start, end, why, by FROM maintenance WHERE end > ? "
-                    "ORDER BY start, id", (after,))]
+        """The maintenance windows and reservations that end after `after`, by start."""
+        return [{"id": i, "nodes": json.loads(n), "start": a, "end": b, "why": w, "by": by,
+                 "for": h}
+                for i, n, a, b, w, by, h in self.db.execute(
+                    "SELECT id, nodes, start, end, why, by, holder FROM maintenance WHERE "
+                    "end > ? ORDER BY start, id", (after,))]
 
     def users(self) -> dict[str, str]:
         return dict(self.db.execute("SELECT name, role FROM users ORDER BY name").fetchall())

@@ -69,8 +69,9 @@ async def drain(svc: Service, request: Request) -> Response:
     return JSONResponse({"node": node} | svc.nodes()[node])
 
 async def maintain(svc: Service, request: Request) -> Response:
-    """An operator reserves nodes for maintenance over a window (Unix times), or takes
-    a window back (DELETE): no job is placed on them that would run into it."""
+    """An operator reserves nodes for maintenance over a window (Unix times), or for a
+    user's or a role's jobs (`for`), or takes a window back (DELETE): no job (but the
+    holder's) is placed on them that would run into it."""
     op = svc.who(request, "operator")
     if request.method == "DELETE":
         text = request.path_params["window"]
@@ -86,6 +87,12 @@ async def maintain(svc: Service, request: Request) -> Response:
         return JSONResponse({"window": window, "removed": True})
     b = await json_body(request)
     nodes, start, end, why = b.get("nodes"), b.get("start"), b.get("end"), b.get("reason")
+    holder = b.get("for", "")
+    kind, _, name = holder.partition(":") if isinstance(holder, str) else ("", "", "")
+    if holder != "" and not ((kind == "user" and name in svc.roles)
+                             or (kind == "role" and name in ROLES)):
+        raise Refused(422, f'for: "user:NAME" (a user of this arbiter) or "role:ROLE" '
+                           f'({", ".join(ROLES)}), or none (maintenance)')
     known = set(svc.grid.at.values())
     if not (isinstance(nodes, list) and 0 < len(nodes) <= len(known)
             and all(isinstance(n, str) and n in known for n in nodes)
@@ -100,13 +107,13 @@ async def maintain(svc: Service, request: Request) -> Response:
     if len(svc.windows) >= MAX_WINDOWS:
         raise Refused(429, f"{MAX_WINDOWS} maintenance windows already")
     on = sorted(set(nodes))
-    w: dict[str, Any] = {"id": svc.ledger.maintain(on, start, end, why, op.name),
+    w: dict[str, Any] = {"id": svc.ledger.maintain(on, start, end, why, op.name, holder),
                          "nodes": on, "start": start, "end": end, "why": why,
-                         "by": op.name}
+                         "by": op.name, "for": holder}
     svc.windows.append(w)
     svc.time_window(w)
-    log.warning("arbiter: %s reserved %s for maintenance (%s)", op.name,
-                ", ".join(w["nodes"]), why)
+    log.warning("arbiter: %s reserved %s for %s (%s)", op.name, ", ".join(w["nodes"]),
+                holder or "maintenance", why)
     svc.adm.look()
     svc.tell()
     return JSONResponse(w, status_code=201)

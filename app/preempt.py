@@ -75,7 +75,8 @@ def _victims(svc: Service, q: JobRequest) -> list[str]:
     adm = svc.adm
     now = adm.clock.now_ns()
     end = now + q.time_limit_ns if q.time_limit_ns else NEVER
-    usable = adm.free - set(adm.closed) - adm.health.out_of_service() - svc.maintenance(end)
+    usable = adm.free - set(adm.closed) - adm.health.out_of_service() - svc.maintenance(
+        end, q.name)
     running = sorted(((r.job, r.nodes) for r in adm.started() if r.job in adm.jobs.tasks
                       and r.job not in svc.requeueing and not preempts(svc, r.job)),
                      key=lambda r: (len(r[1]), r[0]))

@@ -163,13 +163,16 @@ class Service:
         """A job's user (one not ended)."""
         return self._user.get(job, "")
 
-    def maintenance(self, end_ns: int) -> frozenset[str]:
-        """The nodes of the maintenance windows that begin before `end_ns` (the admission's
-        clock; NEVER: no end) and have not ended: a job that would hold one then waits."""
+    def maintenance(self, end_ns: int, job: str = "") -> frozenset[str]:
+        """The nodes of the maintenance windows, and of the reservations for others than
+        `job`'s user or role, that begin before `end_ns` (the admission's clock; NEVER:
+        no end) and have not ended: a job that would hold one then waits."""
         now = time.time()
         end = now + (end_ns - self.adm.clock.now_ns()) / 1e9 if end_ns < NEVER else math.inf
+        user = self._user.get(job, "")
+        mine = {f"user:{user}", f"role:{self.role_of(user)}"} if user else set()
         return frozenset(n for w in self.windows if w["start"] < end and w["end"] > now
-                         for n in w["nodes"])
+                         and w.get("for", "") not in mine for n in w["nodes"])
 
     def time_window(self, w: dict[str, Any]) -> None:
         """Look at the queue again as a window ends: what waited for its nodes may start."""
@@ -209,7 +212,8 @@ class Service:
                        else "held") if q.name in self.held else \
                     waits or "user limit (max_running_nodes)"
             if why == "maintenance":
-                why = "maintenance (a window on its nodes before its time limit ends)"
+                why = ("maintenance or a reservation for others (a window on the nodes it "
+                       "fits before its time limit ends)")
             if q.name in self.preempted:
                 why = f"preempted by {self.preempted[q.name]}; {why}"
             elif q.name in self.adm.jobs.stopped:  # (the ledger: still running)
@@ -491,9 +495,10 @@ class Service:
                 d |= {"state": "down"} if d["state"] == "free" else {"also": "down"}
             if (w := next((w for w in self.windows if n in w["nodes"]
                            and w["start"] <= now < w["end"]), None)) is not None:
-                d |= ({"state": "maintenance"} if d["state"] == "free" else
-                      {"also": "maintenance"}) | {"why": f"maintenance by {w['by']}: "
-                                                         f"{w['why']}"}
+                what = "maintenance" if not w.get("for") else "reserved"
+                d |= ({"state": what} if d["state"] == "free" else {"also": what}) | {
+                    "why": f"{what}{' for ' + w['for'] if w.get('for') else ''} by "
+                           f"{w['by']}: {w['why']}"}
             if (why := self.adm.closed.get(n)) is not None:
                 state = "drained" if why.startswith("drained") else "closed"
                 d |= ({"state": state} if d["state"] == "free" else {"also": state}) | \

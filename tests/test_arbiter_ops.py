@@ -217,6 +217,39 @@ def test_a_maintenance_window_keeps_jobs_off_its_nodes_until_it_ends(arb: Arbite
     assert arb.call("alice", "POST", "/maintenance", json=later).status_code == 403
 
 
+@pytest.mark.realtime  # an emulator, an arbiter, HTTP: the wall clock
+def test_a_reservation_keeps_its_nodes_for_its_users_jobs(arb: Arbiter) -> None:
+    """Issue 86: an operator reserves row 0 for bob: alice's whole-grid job waits, saying
+    so, her 2-rank job runs beside it, bob's 4-rank job runs on the reserved nodes; the
+    reservation taken back, alice's starts. A holder that is no user or role is refused."""
+    end = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(time.time() + 3600))
+    r = arb.cli("ops", "maintenance", "add", "n0-0", "n0-1", "--for", "user:bob", "--reason",
+                "bob's sweep", "--end", end)
+    assert r.returncode == 0 and "reservation for user:bob 1: n0-0, n0-1 until" in r.stdout, \
+        r.stdout + r.stderr
+    st = arb.call("eve", "GET", "/status").json()
+    assert st["nodes"]["n0-0"] == {"state": "reserved",
+                                   "why": "reserved for user:bob by ops: bob's sweep"}
+    assert "reservation for user:bob 1: n0-0, n0-1 from" in arb.cli("eve", "status").stdout
+    whole = arb.submit("alice", "whole", 5, ranks=4)
+    j = _until("alice's job waiting", lambda: (x := _job(arb, "alice", whole))["reason"]
+               and x)
+    assert j["state"] == "queued" and j["reason"].startswith(
+        "maintenance or a reservation for others"), j
+    pair = arb.submit("alice", "pair", 5, ranks=2)
+    assert json.loads(arb.wait("alice", pair).stdout)["state"] == "finished"
+    bobs = arb.submit("bob", "bobs", 5, ranks=4)
+    done = json.loads(arb.wait("bob", bobs).stdout)  # (the whole grid: row 0 is his)
+    assert done["state"] == "finished" and done["result"]["nodes"] == 4, done
+    assert _job(arb, "alice", whole)["state"] == "queued"
+    assert arb.call("ops", "DELETE", "/maintenance/1").status_code == 200
+    assert json.loads(arb.wait("alice", whole).stdout)["state"] == "finished"
+    later = {"nodes": ["n1-1"], "start": time.time(), "end": time.time() + 60, "reason": "x"}
+    for bad in ("user:nobody", "role:wizard", "bob", 7):
+        r2 = arb.call("ops", "POST", "/maintenance", json={**later, "for": bad})
+        assert r2.status_code == 422 and "for:" in r2.text, (bad, r2.text)
+
+
 def test_usage_charges_the_time_nodes_were_held_not_the_arbiters_downtime(
         tmp_path: Path) -> None:
     """Reproducer (issue 64): `oddl usage` charged nodes x (end - first start), the time no

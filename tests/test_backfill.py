@@ -128,7 +128,7 @@ def test_a_head_job_waiting_for_a_dead_node_blocks_nobody() -> None:
 def test_a_job_that_would_run_into_a_maintenance_window_keeps_off_its_nodes() -> None:
     """Issue 64: maintenance reservations. Row 0 is reserved from 100 s: a job whose limit
     ends before then may use it; a longer one goes to row 1, or waits ("maintenance")."""
-    def maint(end_ns: int) -> frozenset[str]:
+    def maint(end_ns: int, _job: str) -> frozenset[str]:
         return row(0) if end_ns > 100 * S else frozenset()
 
     queue = [job("short", 4, 50, "row"), job("long", 4, 500, "row"), job("longer", 4, 500,
@@ -144,3 +144,18 @@ def test_a_job_that_would_run_into_a_maintenance_window_keeps_off_its_nodes() ->
     started = backfill(GRID, set(row(0)), queue[2:], [], 0, pending=pending,
                        maintenance=maint)
     assert started == [] and pending == {"longer": ("maintenance", None, frozenset())}
+
+
+def test_a_reservation_keeps_its_nodes_for_its_holders_jobs() -> None:
+    """Issue 86: an operator reserves row 0 for bob: alice's jobs keep off it (a whole-grid
+    one waits, saying so), bob's may use it."""
+    def reserved(_end_ns: int, job: str) -> frozenset[str]:
+        return frozenset() if job.startswith("bob") else row(0)
+
+    pending: dict[str, tuple[str, int | None, frozenset[str]]] = {}
+    queue = [job("alice-all", 8, 50, "grid"), job("alice-row", 4, 50, "row"),
+             job("bob-row", 4, 50, "row")]
+    started = backfill(GRID, set(GRID.nodes), queue, [], 0, pending=pending,
+                       maintenance=reserved)
+    assert [(r.name, p.rows) for r, p in started] == [("alice-row", (1,)), ("bob-row", (0,))]
+    assert pending == {"alice-all": ("maintenance", None, frozenset())}

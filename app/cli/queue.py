@@ -223,7 +223,8 @@ def status(as_json: bool, url: str, token_file: Path) -> None:
                                      if "also" in d else "", d.get("why", "")) if x)
         click.echo(f"  {node:<12} {d['state']:<8} {extra}")
     for w in st.get("maintenance", []):
-        click.echo(f"maintenance {w['id']}: {', '.join(w['nodes'])} from "
+        what = f"reservation for {w['for']}" if w.get("for") else "maintenance"
+        click.echo(f"{what} {w['id']}: {', '.join(w['nodes'])} from "
                    + time.strftime("%Y-%m-%d %H:%M", time.localtime(w["start"])) + " to "
                    + time.strftime("%Y-%m-%d %H:%M", time.localtime(w["end"]))
                    + f" ({w['why']}, by {w['by']})")
@@ -263,13 +264,17 @@ def resume(nodes: tuple[str, ...], url: str, token_file: Path) -> None:
 @click.option("--start", type=click.DateTime(), default=None, help="from then (default: now)")
 @click.option("--end", type=click.DateTime(), default=None, help="to then (add: required)")
 @click.option("--reason", default=None, help="why, as `oddl status` shows it (add: required)")
+@click.option("--for", "holder", default="", metavar="user:NAME|role:ROLE",
+              help="add: a reservation, the nodes kept for this user's or role's jobs "
+                   "(default: maintenance, for no job)")
 @_client_options
 def maintenance(action: str, what: tuple[str, ...], start: Any, end: Any, reason: str | None,
-                url: str, token_file: Path) -> None:
+                holder: str, url: str, token_file: Path) -> None:
     """An operator reserves nodes for maintenance over a window (`add NODE... --end T
     --reason R [--start T]`): no job is placed on them that would still run when it
-    begins, and none during it; `remove ID` takes a window back. `oddl status` lists
-    them."""
+    begins, and none during it; with `--for user:NAME` (or `role:ROLE`) the window is a
+    reservation, the nodes kept for that user's (or role's) jobs alone. `remove ID` takes
+    a window back. `oddl status` lists them."""
     if action == "remove":
         for w in what:
             _call(url, token_file, "DELETE", f"/maintenance/{w}")
@@ -279,8 +284,9 @@ def maintenance(action: str, what: tuple[str, ...], start: Any, end: Any, reason
         raise click.UsageError("add needs --end and --reason")
     made = _call(url, token_file, "POST", "/maintenance", {
         "nodes": list(what), "start": start.timestamp() if start else time.time(),
-        "end": end.timestamp(), "reason": reason})
-    click.echo(f"maintenance {made['id']}: {', '.join(made['nodes'])} until "
+        "end": end.timestamp(), "reason": reason} | ({"for": holder} if holder else {}))
+    kind = f"reservation for {holder}" if holder else "maintenance"
+    click.echo(f"{kind} {made['id']}: {', '.join(made['nodes'])} until "
                + time.strftime("%Y-%m-%d %H:%M", time.localtime(made["end"])))
 
 

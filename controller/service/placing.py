@@ -44,6 +44,11 @@ def admissible(grid: Grid, free: set[str], queue: list[JobRequest], policy: str
     return out
 
 
+# the nodes a job may not hold if it ran until a time (clock ns): maintenance windows, and
+# reservations for others than its user or role (the arbiter's; none by default)
+Off = Callable[[int, str], frozenset[str]]
+
+
 @dataclass(frozen=True)
 class Running:
     """A running job as backfill sees it: the nodes it holds and when its time limit ends
@@ -55,7 +60,7 @@ class Running:
 
 
 def reservation(grid: Grid, free: set[str], running: list[Running], head: JobRequest,
-                maintenance: Callable[[int], frozenset[str]] = lambda _end: frozenset()
+                maintenance: Off = lambda _end, _job: frozenset()
                 ) -> tuple[int, frozenset[str]] | None:
     """When the blocked head of the queue can start at the latest, and on which nodes: the
     running jobs leave at their limits, earliest first, until a rectangle holds it (EASY's
@@ -65,7 +70,7 @@ def reservation(grid: Grid, free: set[str], running: list[Running], head: JobReq
     for r in sorted(running, key=lambda r: r.ends_ns):
         avail |= r.nodes
         end = r.ends_ns + head.time_limit_ns if head.time_limit_ns else NEVER
-        part = place(grid, avail - maintenance(end), head.name, head.ranks, head.shape,
+        part = place(grid, avail - maintenance(end, head.name), head.name, head.ranks, head.shape,
                      head.exact, head.group)
         if part is not None:
             return r.ends_ns, frozenset(part.nodes)
@@ -81,7 +86,7 @@ def backfill(grid: Grid, free: set[str], queue: list[JobRequest], running: list[
              now_ns: int, may_start: Callable[[JobRequest, list[tuple[JobRequest, Partition]]],
                                               bool] = lambda _r, _p: True,
              pending: Pending | None = None,
-             maintenance: Callable[[int], frozenset[str]] = lambda _end: frozenset()
+             maintenance: Off = lambda _end, _job: frozenset()
              ) -> list[tuple[JobRequest, Partition]]:
     """EASY backfill (as Slurm's and Maui's): the queue's jobs start in order while they
     fit; the first that does not is given a reservation (`reservation`), and each job
@@ -95,9 +100,9 @@ def backfill(grid: Grid, free: set[str], queue: list[JobRequest], running: list[
     "resources" (with its reservation's start), "nodes out of service" (no reservation
     holds it), "reservation" (it would delay the reserved start), "resources" (with no
     start: behind the reserved job, it does not fit in the free nodes), or "maintenance"
-    (it fits only on nodes an operator has reserved for maintenance before it would end:
-    `maintenance(end_ns)`, the nodes of the windows that begin before `end_ns`; it
-    reserves nothing)."""
+    (it fits only on nodes an operator has reserved, for maintenance or for others than
+    its user, before it would end: `maintenance(end_ns, job)`, the nodes of the windows
+    that begin before `end_ns` and are not the job's; it reserves nothing)."""
     why: Pending = pending if pending is not None else {}
     def ends(req: JobRequest) -> int:  # no limit: it may never end
         return now_ns + req.time_limit_ns if req.time_limit_ns else NEVER
@@ -109,7 +114,7 @@ def backfill(grid: Grid, free: set[str], queue: list[JobRequest], running: list[
         if not may_start(req, out):
             why[req.name] = ("ineligible", None, frozenset())
             continue
-        off = maintenance(ends(req))
+        off = maintenance(ends(req), req.name)
         fits = place(grid, free - off, req.name, req.ranks, req.shape, req.exact, req.group)
         if fits is None and off and place(grid, free, req.name, req.ranks, req.shape,
                                           req.exact, req.group) is not None:
@@ -144,7 +149,7 @@ class Backfill:
 
     def __init__(self, grid: Grid,
                  may_start: Callable[[JobRequest, list[tuple[JobRequest, Partition]]], bool],
-                 maintenance: Callable[[int], frozenset[str]] = lambda _end: frozenset()
+                 maintenance: Off = lambda _end, _job: frozenset()
                  ) -> None:
         self.grid, self.may_start = grid, may_start
         self.maintenance = maintenance
