@@ -1,6 +1,7 @@
 """Real device I/O: `onic` (the O-NIC over pynq MMIO), `onic_unit` (stage 2 handed to a board
 whose gateware holds the control unit, by registers), `irq` (its interrupt line), `wss`
-(a WSS over pyserial), `mqtt` (the control bus), `lightning` (Lightning's multiply over QICK),
+(a WSS over pyserial), `serial_board` (a board's registers over its USB serial port),
+`mqtt` (the control bus), `lightning` (Lightning's multiply over QICK),
 `lightning_mac` (its multiply-accumulate: streams on modulator pairs, calibrated), `lab`
 (the emu and hw back end), `job_tally` (what the controller has heard of a job),
 `local_board` (a board only its node program touches), `drill` (faults through an

@@ -167,7 +167,8 @@ def test_absent_board_skips_and_unanswering_board_fails(root: Path, tmp_path: Pa
     assert sorted(failed) == ["test_board_reachable[n0]", "test_board_reachable[n1]"]
     # n0 still says 'onic0', a name a lab must replace by an address
     assert failed["test_board_reachable[n0]"] == (
-        "board n0 (onic0): board address 'onic0' is neither grpc://HOST:PORT nor 'local'")
+        "board n0 (onic0): board address 'onic0' is neither grpc://HOST:PORT, "
+        "serial:PORT[?baud=B] nor 'local'")
     assert failed["test_board_reachable[n1]"] == (
         "board n1 (grpc://127.0.0.1:9): Failed to connect to remote device")
     assert outcomes(tmp_path / "r", "skipped") == {

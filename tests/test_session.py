@@ -40,8 +40,10 @@ def test_every_device_that_cannot_be_opened_is_named_at_once(tmp_path: Path) -> 
     msg = str(e.value)
     assert msg.startswith("5 of the testbed's devices cannot be opened:"), msg
     for n, why in (("n0", "grpc://127.0.0.1:9"), ("n1", "grpc://127.0.0.1:19"),
-                   ("n2", "'onic2' is neither grpc://HOST:PORT nor 'local'"),
-                   ("n3", "'onic3' is neither grpc://HOST:PORT nor 'local'")):
+                   ("n2", "'onic2' is neither grpc://HOST:PORT, serial:PORT[?baud=B] nor "
+                          "'local'"),
+                   ("n3", "'onic3' is neither grpc://HOST:PORT, serial:PORT[?baud=B] nor "
+                          "'local'")):
         assert f"board {n} (" in msg and why in msg, msg
     assert f"WSS wss-row0 ({tmp_path / 'ttyNONE'})" in msg, msg
     print(f"all devices tried in {time.monotonic() - t0:.2f} s")
