@@ -28,7 +28,7 @@ half_life_s = 604800
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 from oddl.app.priority import Weights
 from oddl.controller.base.config import (
@@ -67,6 +67,34 @@ class Notices(ConfigModel):
         default_factory=list, max_length=100)
     retries: int = Field(default=3, ge=0, le=10)  # after the first try: 1, 2, 4 ... s apart
     timeout_s: float = Field(default=5.0, gt=0, le=60, allow_inf_nan=False)  # each try's
+    # a user's standing webhook: told every end of their jobs (each under `allow`)
+    users: dict[Annotated[str, Field(max_length=64)], Annotated[str, Field(max_length=500)]] \
+        = Field(default_factory=dict, max_length=10_000)
+
+    def refuses(self, url: object) -> str:
+        """Why `url` may not be called (a webhook under none of `allow`, or not a URL of
+        http(s), or one with user info or `..`); "" if it may."""
+        import httpx
+
+        if not isinstance(url, str) or not 0 < len(url) <= 500:
+            return "a URL of at most 500 characters"
+        try:
+            u = httpx.URL(url)
+        except httpx.InvalidURL as e:
+            return f"not a URL ({e})"
+        if not self.allow:
+            return "this arbiter calls none ([notices] allow is empty)"
+        if u.scheme not in ("http", "https") or u.userinfo or ".." in u.path.split("/") or \
+                not any(_under(u, httpx.URL(a)) for a in self.allow):
+            return (f"{url[:100]} is not under an address this arbiter may call ([notices] "
+                    f"allow: {', '.join(self.allow)})")
+        return ""
+
+
+def _under(u: Any, a: Any) -> bool:
+    """httpx URL `u` under `a`: its scheme, host and port, and its path below a's."""
+    return (u.scheme, u.host, u.port) == (a.scheme, a.host, a.port) and \
+        u.path.startswith(a.path)
 
 
 class Limits(ConfigModel):
@@ -113,4 +141,8 @@ def load_limits(path: Path | None) -> Limits:
     if bad:
         raise ConfigError([ConfigIssue(str(path), f"roles.{r}", "not a role: operator, "
                                        "user or observer") for r in bad])
+    hooks = [ConfigIssue(str(path), f"notices.users.{u}", why)
+             for u, url in limits.notices.users.items() if (why := limits.notices.refuses(url))]
+    if hooks:
+        raise ConfigError(hooks)
     return limits

@@ -35,24 +35,9 @@ _calls: set[asyncio.Task[None]] = set()  # webhooks under way (held: a task is n
 def allowed(cfg: Notices, url: Any) -> str:
     """A submission's webhook, if it is under an address the operator allows; Refused
     (422) naming why not."""
-    if not isinstance(url, str) or not 0 < len(url) <= 500:
-        raise Refused(422, "webhook: a URL of at most 500 characters")
-    try:
-        u = httpx.URL(url)
-    except httpx.InvalidURL as e:
-        raise Refused(422, f"webhook: not a URL ({e})") from None
-    if not cfg.allow:
-        raise Refused(422, "webhook: this arbiter calls none ([notices] allow is empty)")
-    if u.scheme not in ("http", "https") or u.userinfo or ".." in u.path.split("/") or \
-            not any(_under(u, httpx.URL(a)) for a in cfg.allow):
-        raise Refused(422, f"webhook: {url[:100]} is not under an address this arbiter may "
-                           f"call ([notices] allow: {', '.join(cfg.allow)})")
-    return str(u)
-
-
-def _under(u: httpx.URL, a: httpx.URL) -> bool:
-    return (u.scheme, u.host, u.port) == (a.scheme, a.host, a.port) and \
-        u.path.startswith(a.path)
+    if why := cfg.refuses(url):
+        raise Refused(422, f"webhook: {why}")
+    return str(httpx.URL(url))
 
 
 def ended(svc: Service, job: str, note: bytes) -> None:
@@ -64,8 +49,12 @@ def ended(svc: Service, job: str, note: bytes) -> None:
         say(f"ended/{job}", note)
         _clear_at(svc, job, time.time() + svc.limits.notices.keep_s)
     found = svc.ledger.again(job)
-    if found is not None and found[0].webhook:
-        task = svc.adm.b.loop.create_task(_call(svc, job, found[0].webhook, note))
+    hooks = {found[0].webhook} if found is not None and found[0].webhook else set()
+    user = (svc.ledger.job(job) or {}).get("user", "")
+    if mine := svc.limits.notices.users.get(user):
+        hooks.add(mine)  # the user's standing webhook, told every end of theirs
+    for url in sorted(hooks):
+        task = svc.adm.b.loop.create_task(_call(svc, job, url, note))
         _calls.add(task)
         task.add_done_callback(_calls.discard)
 

@@ -122,7 +122,8 @@ def test_a_jobs_webhook_is_told_its_end_within_the_allowed_addresses(
     """Issue 86: the per-job webhook. A job's end is POSTed to the URL it names, under an
     address the operator allows; a first answer of 503 is tried again; a redirect is not
     followed (its target hears nothing); an address not allowed, or with `..`, is refused
-    at submission (422) and nothing is queued."""
+    at submission (422) and nothing is queued. A user's standing webhook (`[notices.users]`)
+    hears every end of theirs, and no other user's."""
     import http.server
     import threading
 
@@ -151,7 +152,8 @@ def test_a_jobs_webhook_is_told_its_end_within_the_allowed_addresses(
     threading.Thread(target=server.serve_forever, daemon=True).start()
     base = f"http://127.0.0.1:{server.server_address[1]}"
     limits = tmp_path / "limits.toml"
-    limits.write_text(f'[notices]\nallow = ["{base}/hooks/"]\nretries = 2\ntimeout_s = 5\n')
+    limits.write_text(f'[notices]\nallow = ["{base}/hooks/"]\nretries = 2\ntimeout_s = 5\n'
+                      f'[notices.users]\nalice = "{base}/hooks/alice"\n')
     arb = Arbiter(root, emu, tmp_path / "state", 0, "--limits", str(limits))
     exp = tmp_path / "job.toml"
     exp.write_text(JOB.format(name="hooked", iterations=3, ranks=2))
@@ -167,12 +169,18 @@ def test_a_jobs_webhook_is_told_its_end_within_the_allowed_addresses(
                         "--json")
             assert r.returncode == 0, r.stderr
             jobs[hook] = json.loads(r.stdout)["job"]
+        bobs = json.loads(arb.cli("bob", "submit", str(exp), "--json").stdout)["job"]
         for j in jobs.values():
             assert arb.ended("alice", j)["state"] == "finished"
+        assert arb.ended("bob", bobs)["state"] == "finished"
         _until("the webhooks told", lambda: {p for p, _b in heard} >= {"/hooks/ok",
-                                                                        "/hooks/flaky"})
+                                                                        "/hooks/flaky"}
+               and sum(p == "/hooks/alice" for p, _b in heard) == 3)
         for path, body in heard:
             note = json.loads(body)
+            if path == "/hooks/alice":  # her standing webhook: every end of hers, no other
+                assert note["job"] in jobs.values() and note["user"] == "alice", note
+                continue
             assert note["job"] == jobs[path.rsplit("/", 1)[1]] and note["state"] == "finished"
         assert tries["/hooks/flaky"] == 2  # a 503, then told
         logs = _until("the redirect said", lambda: [
@@ -183,3 +191,18 @@ def test_a_jobs_webhook_is_told_its_end_within_the_allowed_addresses(
     finally:
         arb.stop()
         server.shutdown()
+
+
+def test_a_standing_webhook_outside_the_allowed_addresses_is_refused_at_start(
+        tmp_path: Path) -> None:
+    from oddl.app.limits import load_limits
+    from oddl.controller.base.config import ConfigError
+
+    f = tmp_path / "limits.toml"
+    f.write_text('[notices]\nallow = ["https://hooks.lab.example/oddl/"]\n'
+                 '[notices.users]\nalice = "https://hooks.lab.example/oddl/alice"\n'
+                 'carol = "https://elsewhere.example/x"\n')
+    with pytest.raises(ConfigError) as e:
+        load_limits(f)
+    assert [i.path for i in e.value.issues] == ["notices.users.carol"]
+    assert "is not under an address this arbiter may call" in e.value.issues[0].reason
