@@ -11,7 +11,7 @@
   its iterations kept, `preempt`, a preempting class's jobs stopping others', `amend`, a
   job's time limit changed, `notices`, each job's end kept on the bus a while and told to
   its webhook, `dependencies`, what a queued job waits for besides nodes, `ledger`, its
-  durable state,
+  durable state, `orders`, what its operators ordered (drains, users, windows),
   `limits`, its fairness rules, `priority`, its queue's order (base, age, fair share),
   `users`, its users and their tokens, `submission`, a job as submitted, and
   `job_runs`, each submitted job's run directory;

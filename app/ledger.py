@@ -19,6 +19,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from oddl.app.orders import Orders
 from oddl.app.stores import StoreError, open_store
 from oddl.controller.service.jobs import JobRequest, percentile
 
@@ -99,6 +100,7 @@ class Ledger:
         self.path = path
         self.runs = path.parent / "runs"  # each job's run directory (app/job_runs.py)
         self.life = 0.0  # when this arbiter's life began
+        self.orders = Orders(self.db)  # drains, users, maintenance and reservations
 
     # --- the state directory's testbed and the arbiter's lives ----------------------------
     def testbed(self, name: str) -> str | None:
@@ -186,52 +188,6 @@ class Ledger:
         if nodes:
             self.db.execute("INSERT INTO holds VALUES (?, ?, ?, NULL)", (job, nodes, now))
         self.db.commit()
-
-    # --- nodes an operator drained, users an operator added -----------------------------
-    def drain(self, node: str, why: str | None, by: str = "") -> None:
-        """`node` drained (why), or resumed (None)."""
-        if why is None:
-            self.db.execute("DELETE FROM drains WHERE node = ?", (node,))
-        else:
-            self.db.execute("INSERT OR REPLACE INTO drains VALUES (?, ?, ?, ?)",
-                            (node, why, by, time.time()))
-        self.db.commit()
-
-    def drains(self) -> dict[str, dict[str, Any]]:
-        return {n: {"why": w, "by": b, "since": t} for n, w, b, t in
-                self.db.execute("SELECT node, why, by, t FROM drains ORDER BY node")}
-
-    def user(self, name: str, role: str, by: str) -> None:
-        """A user an operator added with `role`, or removed (role "removed")."""
-        self.db.execute("INSERT OR REPLACE INTO users VALUES (?, ?, ?, ?)",
-                        (name, role, by, time.time()))
-        self.db.commit()
-
-    def maintain(self, nodes: list[str], start: float, end: float, why: str, by: str,
-                 holder: str = "") -> int:
-        """A maintenance window (`holder` "": no job on its nodes), or a reservation for
-        `holder` ("user:NAME", "role:ROLE": only its jobs on them): its id."""
-        cur = self.db.execute("INSERT INTO maintenance (nodes, start, end, why, by, holder) "
-                              "VALUES (?, ?, ?, ?, ?, ?)",
-                              (json.dumps(nodes), start, end, why, by, holder))
-        self.db.commit()
-        return int(cur.lastrowid or 0)
-
-    def unmaintain(self, window: int) -> bool:
-        gone = self.db.execute("DELETE FROM maintenance WHERE id = ?", (window,)).rowcount
-        self.db.commit()
-        return bool(gone)
-
-    def windows(self, after: float) -> list[dict[str, Any]]:
-        """The maintenance windows and reservations that end after `after`, by start."""
-        return [{"id": i, "nodes": json.loads(n), "start": a, "end": b, "why": w, "by": by,
-                 "for": h}
-                for i, n, a, b, w, by, h in self.db.execute(
-                    "SELECT id, nodes, start, end, why, by, holder FROM maintenance WHERE "
-                    "end > ? ORDER BY start, id", (after,))]
-
-    def users(self) -> dict[str, str]:
-        return dict(self.db.execute("SELECT name, role FROM users ORDER BY name").fetchall())
 
     def iteration(self, job: str, i: int, t_start: int, t_end: int) -> None:
         self.db.execute("INSERT INTO iterations VALUES (?, ?, ?, ?)", (job, i, t_start, t_end))

@@ -57,11 +57,11 @@ async def drain(svc: Service, request: Request) -> Response:
         why = (await json_body(request)).get("reason")
         if not isinstance(why, str) or not 0 < len(why) <= 200:
             raise Refused(422, '{"reason": why, 1 to 200 characters}')
-        svc.ledger.drain(node, why, op.name)
+        svc.ledger.orders.drain(node, why, op.name)
         svc.adm.closed[node] = f"drained by {op.name}: {why}"
         log.warning("arbiter: %s drained %s: %s", op.name, node, why)
     else:
-        svc.ledger.drain(node, None)
+        svc.ledger.orders.drain(node, None)
         svc.adm.closed.pop(node, None)
         log.warning("arbiter: %s resumed %s", op.name, node)
         svc.adm.look()
@@ -78,7 +78,7 @@ async def maintain(svc: Service, request: Request) -> Response:
         if not re.fullmatch(r"[0-9]{1,18}", text):  # (an id SQLite's integers hold)
             raise Refused(422, "a window's id is a number of at most 18 digits")
         window = int(text)
-        if not svc.ledger.unmaintain(window):
+        if not svc.ledger.orders.unmaintain(window):
             raise Refused(404, f"no maintenance window {window}")
         svc.windows = [w for w in svc.windows if w["id"] != window]
         log.warning("arbiter: %s took back maintenance window %d", op.name, window)
@@ -107,7 +107,7 @@ async def maintain(svc: Service, request: Request) -> Response:
     if len(svc.windows) >= MAX_WINDOWS:
         raise Refused(429, f"{MAX_WINDOWS} maintenance windows already")
     on = sorted(set(nodes))
-    w: dict[str, Any] = {"id": svc.ledger.maintain(on, start, end, why, op.name, holder),
+    w: dict[str, Any] = {"id": svc.ledger.orders.maintain(on, start, end, why, op.name, holder),
                          "nodes": on, "start": start, "end": end, "why": why,
                          "by": op.name, "for": holder}
     svc.windows.append(w)
@@ -133,14 +133,14 @@ async def user(svc: Service, request: Request) -> Response:
             raise Refused(404, f"no user {name}")
         f.unlink(missing_ok=True)
         del svc.roles[name]
-        svc.ledger.user(name, "removed", op.name)  # (a start's --user does not undo it)
+        svc.ledger.orders.user(name, "removed", op.name)  # (a start's --user does not undo it)
         log.warning("arbiter: %s removed user %s", op.name, name)
         return JSONResponse({"user": name, "removed": True})
     role = (await json_body(request)).get("role", "user")
     if role not in ROLES:
         raise Refused(422, f'{{"role": one of {", ".join(ROLES)}}}')
     svc.roles[name] = cast(Role, role)
-    svc.ledger.user(name, role, op.name)
+    svc.ledger.orders.user(name, role, op.name)
     svc.users[new_token(f)] = User(name, cast(Role, role))
     f.with_name(f.name + ".revoked").unlink(missing_ok=True)
     log.warning("arbiter: %s added user %s (%s)", op.name, name, role)

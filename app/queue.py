@@ -112,13 +112,13 @@ class Service:
         self._submitted: dict[str, float] = {}  # each job not ended: when (Unix time)
         self.deps = Dependencies(self)  # what a queued job waits for besides nodes
         self._factors: tuple[float, dict[str, float]] = (-1e9, {})  # when, fair share's
-        self.windows = ledger.windows(time.time())  # maintenance, now and to come
+        self.windows = ledger.orders.windows(time.time())  # maintenance, now and to come
 
     def attach(self, adm: Admission) -> None:
         """The orchestration this service runs its jobs on: the drained nodes kept out,
         the maintenance windows timed."""
         self.adm = adm
-        for node, d in self.ledger.drains().items():
+        for node, d in self.ledger.orders.drains().items():
             self.adm.closed[node] = f"drained by {d['by']}: {d['why']}"
         for w in self.windows:
             self.time_window(w)
@@ -598,7 +598,7 @@ def serve(testbed: Path, state: Path, users: list[str], host: str = "127.0.0.1",
         ledger = Ledger(state / "arbiter.sqlite")
         try:
             # --user's, but those an operator removed, and those an operator added
-            known = ledger.users()
+            known = ledger.orders.users()
             users = [u for u in users if known.get(u.partition(":")[0]) != "removed"]
             named = {u.partition(":")[0] for u in users}
             users += [f"{n}:{r}" for n, r in known.items() if n not in named and r != "removed"]
