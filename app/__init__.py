@@ -7,7 +7,8 @@
 - `registry`: the one place a back end is chosen, and the table of what each one is;
 - `experiments/`: the runner, run directories, sweeps, figures, link studies, estimates;
 - `queue`: the arbiter as a service (`oddl arbiter`), `requests`, what a request to it
-  carries, `operators`, an operator's requests to it, `requeue`, a job queued again with
+  carries, `operators`, an operator's requests to it, `records`, what it recorded of
+  jobs as its clients read it, `requeue`, a job queued again with
   its iterations kept, `preempt`, a preempting class's jobs stopping others', `amend`, a
   job's time limit changed, `notices`, each job's end kept on the bus a while and told to
   its webhook, `dependencies`, what a queued job waits for besides nodes, `ledger`, its

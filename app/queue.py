@@ -34,14 +34,13 @@ from pathlib import Path
 from typing import Any, cast
 
 import msgspec
-from oddl.app import amend, notices, operators, preempt, registry, requeue
+from oddl.app import amend, notices, operators, preempt, records, registry, requeue
 from oddl.app.dependencies import Dependencies
 from oddl.app.job_runs import JobRuns
 from oddl.app.ledger import ACTIVE, Ledger
 from oddl.app.limits import Limits, load_limits
-from oddl.app.operators import MAX_UNIX_TIME
 from oddl.app.priority import Priority, priority_of, share_factors
-from oddl.app.requests import json_body, query_number
+from oddl.app.requests import json_body
 from oddl.app.submission import Refused, job_request, known_fields
 from oddl.app.users import Role, User, roles_of, tokens
 from oddl.controller.base.config import (
@@ -78,8 +77,6 @@ from starlette.routing import Route
 
 log = logging.getLogger(__name__)
 FIRST = 10  # the violations /status shows in full (each: when, what, where, which job)
-FLOWS_PAGE = 20_000  # flow rows an answer holds (about 2 MB of JSON)
-MAX_ROW = (1 << 62) - 1  # a row or iteration number a query names (SQLite's are 64-bit)
 
 
 class Service:
@@ -440,44 +437,6 @@ class Service:
         self.tell()
         return JSONResponse(self.ledger.job(job))
 
-    async def iterations(self, request: Request) -> Response:
-        """A job's recorded iterations, `[[i, t_start_ns, t_end_ns], ...]`, from `since`
-        (its user's and the operators')."""
-        user = self.who(request, "operator", "user")
-        job = request.path_params["job"]
-        self.owned(user, job)
-        since = int(query_number(request, "since", "an iteration number", 0, MAX_ROW, int))
-        return JSONResponse({"job": job, "iterations": self.ledger.timeline(job, since)})
-
-    async def flows(self, request: Request) -> Response:
-        """A job's flows as its ranks reported them (its run directory's flows table),
-        `[[row, iteration, flow, step, src, dst, bytes, hops, t_submit_ns, t_deliver_ns],
-        ...]`, after row `after`, FLOWS_PAGE at most (`more`: there are others); its
-        user's and the operators'."""
-        user = self.who(request, "operator", "user")
-        job = self.owned(user, request.path_params["job"])["job"]
-        after = int(query_number(request, "after", "a row number", 0, MAX_ROW, int))
-        rows = self.runs.flows(job, after, FLOWS_PAGE + 1)
-        return JSONResponse({"job": job, "flows": rows[:FLOWS_PAGE],
-                             "more": len(rows) > FLOWS_PAGE})
-
-    async def logs(self, request: Request) -> Response:
-        user = self.who(request, "operator", "user")
-        j = self.owned(user, request.path_params["job"])
-        return JSONResponse({"job": j["job"], "log": self.ledger.logs(j["job"])})
-
-    async def usage(self, request: Request) -> Response:
-        """Per user: jobs, node-hours, wait times (an operator's or an observer's: every
-        user's; a user's: their own)."""
-        user = self.who(request)
-        since = query_number(request, "since", "a Unix time", 0.0, MAX_UNIX_TIME, float)
-        until = query_number(request, "until", "a Unix time", 0.0, MAX_UNIX_TIME, float) \
-            if "until" in request.query_params else None
-        out = self.ledger.usage(since, until)
-        if user.role == "user":
-            out = {k: v for k, v in out.items() if k == user.name}
-        return JSONResponse({"since": since, "until": until, "users": out})
-
     def nodes(self) -> dict[str, dict[str, str]]:
         """Each node's state: "free", "held" (by `job`), "down" (out of service: the watch
         found it dead or unreachable), "drained" or "closed" (an operator's word, or a
@@ -528,7 +487,7 @@ class Service:
     def app(self) -> Starlette:
         def op(fn: Callable[[Service, Request], Awaitable[Response]]
                ) -> Callable[[Request], Awaitable[Response]]:
-            return functools.partial(fn, self)  # an operator's request (app.operators)
+            return functools.partial(fn, self)  # a request a module of its own answers
 
         def guarded(fn: Callable[[Request], Awaitable[Response]]
                     ) -> Callable[[Request], Awaitable[Response]]:
@@ -552,10 +511,10 @@ class Service:
             Route("/jobs/{job}/priority", guarded(self.priority), methods=["PUT"]),
             Route("/jobs/{job}/requeue", guarded(op(requeue.requeue)), methods=["POST"]),
             Route("/jobs/{job}/time_limit", guarded(op(amend.time_limit)), methods=["PUT"]),
-            Route("/jobs/{job}/logs", guarded(self.logs), methods=["GET"]),
-            Route("/jobs/{job}/iterations", guarded(self.iterations), methods=["GET"]),
-            Route("/jobs/{job}/flows", guarded(self.flows), methods=["GET"]),
-            Route("/usage", guarded(self.usage), methods=["GET"]),
+            Route("/jobs/{job}/logs", guarded(op(records.logs)), methods=["GET"]),
+            Route("/jobs/{job}/iterations", guarded(op(records.iterations)), methods=["GET"]),
+            Route("/jobs/{job}/flows", guarded(op(records.flows)), methods=["GET"]),
+            Route("/usage", guarded(op(records.usage)), methods=["GET"]),
             Route("/tokens/{user}", guarded(op(operators.token)), methods=["POST", "DELETE"]),
             Route("/status", guarded(self.status), methods=["GET"]),
             Route("/nodes/{node}/drain", guarded(op(operators.drain)), methods=["POST"]),
