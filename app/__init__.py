@@ -8,8 +8,8 @@
 - `experiments/`: the runner, run directories, sweeps, figures, link studies, estimates;
 - `queue`: the arbiter as a service (`oddl arbiter`), `requests`, what a request to it
   carries, `operators`, an operator's requests to it, `records`, what it recorded of
-  jobs as its clients read it, `requeue`, a job queued again with
-  its iterations kept, `preempt`, a preempting class's jobs stopping others', `amend`, a
+  jobs as its clients read it, `requeue`, a job queued again with its iterations kept,
+  `arrays`, job arrays, `preempt`, a preempting class's jobs stopping others', `amend`, a
   job's time limit changed, `notices`, each job's end kept on the bus a while and told to
   its webhook, `dependencies`, what a queued job waits for besides nodes, `ledger`, its
   durable state, `orders`, what its operators ordered (drains, users, windows),

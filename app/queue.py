@@ -34,7 +34,7 @@ from pathlib import Path
 from typing import Any, cast
 
 import msgspec
-from oddl.app import amend, notices, operators, preempt, records, registry, requeue
+from oddl.app import amend, arrays, notices, operators, preempt, records, registry, requeue
 from oddl.app.dependencies import Dependencies
 from oddl.app.job_runs import JobRuns
 from oddl.app.ledger import ACTIVE, Ledger
@@ -316,6 +316,8 @@ class Service:
         return j
 
     async def submit(self, request: Request) -> Response:
+        """A job, or an array of them (`array`: one task a value, `ID_N`, each its
+        experiment with `seed = N`; app/arrays.py)."""
         user = self.who(request, "operator", "user")
         known_fields(body := await json_body(request))
         text, priority = body.get("experiment"), body.get("priority", 0)
@@ -328,7 +330,24 @@ class Service:
                                         isinstance(asked, bool) or not 0 < asked < 1e9)):
             raise Refused(422, '{"experiment": TOML text, "priority": -1000..1000, '
                                '"time_limit_s": seconds (optional)}')
-        req = job_request(text, self.grid, self.tb, self.ledger.next_id(), priority)
+        if "array" not in body:
+            return JSONResponse(self.enqueue(user, body, text, self.ledger.next_id()),
+                                status_code=201)
+        tasks = arrays.tasks(body["array"])
+        base = self.ledger.next_id()
+        texts = {t: arrays.task_text(text, t) for t in tasks}  # (all checked before any)
+        for t in tasks:  # every task checked as a job before one is queued
+            job_request(texts[t], self.grid, self.tb, f"{base}_{t}", priority)
+        return JSONResponse({"array": base, "tasks": [
+            self.enqueue(user, body, texts[t], f"{base}_{t}") for t in tasks]},
+            status_code=201)
+
+    def enqueue(self, user: User, body: dict[str, Any], text: str, name: str
+                ) -> dict[str, Any]:
+        """One job of a submission (its body checked), queued as `name`: its record."""
+        priority, asked, after = body.get("priority", 0), body.get("time_limit_s"), \
+            body.get("after")
+        req = job_request(text, self.grid, self.tb, name, priority)
         in_file = req.time_limit_ns / 1e9 if req.time_limit_ns else None
         req = self.queue(user, req, asked if asked is not None else in_file)
         if (hook := body.get("webhook")) is not None:  # (checked before it is queued)
@@ -358,7 +377,9 @@ class Service:
             self._user.pop(req.name, None)
             raise Refused(503, str(e)) from None
         self.tell()
-        return JSONResponse(self.ledger.job(req.name), status_code=201)
+        j = self.ledger.job(req.name)
+        assert j is not None
+        return j
 
     def known(self, req: JobRequest, user: str, submitted: float) -> None:
         """A job not ended, as the service keeps it in memory (from a submission, or from
@@ -382,12 +403,14 @@ class Service:
     async def job(self, request: Request) -> Response:
         self.who(request)
         j = self.ledger.job(request.path_params["job"])
-        if j is None:
-            raise Refused(404, f"no job {request.path_params['job']}")
+        if j is None:  # an array's id: its tasks as one
+            return JSONResponse(arrays.as_one(self, request.path_params["job"]))
         return JSONResponse(j | self.waiting().get(j["job"], {}))
 
     async def cancel(self, request: Request) -> Response:
         user = self.who(request, "operator", "user")
+        if self.ledger.job(request.path_params["job"]) is None:  # an array: every task
+            return JSONResponse(arrays.cancel(self, user, request.path_params["job"]))
         j = self.owned(user, request.path_params["job"])
         if j["state"] not in ACTIVE:
             raise Refused(409, f"job {j['job']} is {j['state']}: nothing to cancel")

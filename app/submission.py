@@ -31,7 +31,7 @@ class Refused(Exception):
 
 
 FIELDS = frozenset({"experiment", "priority", "time_limit_s", "after", "webhook",
-                    "singleton"})
+                    "singleton", "array"})
 
 
 def known_fields(body: dict[str, Any]) -> None:

@@ -185,7 +185,7 @@ def test_a_jobs_webhook_is_told_its_end_within_the_allowed_addresses(
         assert tries["/hooks/flaky"] == 2  # a 503, then told
         logs = _until("the redirect said", lambda: [
             line for line in arb.call("alice", "GET", f"/jobs/{jobs['moved']}/logs").json()[
-                "log"] if "webhook" in line])
+                "log"] if "/hooks/moved" in line])
         assert "answered 302: a redirect is not followed" in logs[0], logs
         assert "/hooks/target" not in tries and tries["/hooks/moved"] == 1
     finally:

@@ -250,6 +250,44 @@ def test_a_reservation_keeps_its_nodes_for_its_users_jobs(arb: Arbiter) -> None:
         assert r2.status_code == 422 and "for:" in r2.text, (bad, r2.text)
 
 
+@pytest.mark.realtime  # an emulator, an arbiter, HTTP: the wall clock
+def test_a_job_array_queues_runs_and_is_cancelled_as_one_and_apart(
+        arb: Arbiter, tmp_path: Path) -> None:
+    """Issue 86: `oddl submit --array 0-3` is four jobs j1_0 .. j1_3, each the experiment
+    with seed = N, listed and cancelled apart (j1_3), waited for as one (j1: cancelled,
+    its task was); `oddl cancel ID` cancels every task left; a spec that is no array, or
+    too big, is refused and nothing is queued."""
+    from tests.test_arbiter import JOB
+
+    exp = tmp_path / "sweep.toml"
+    exp.write_text(JOB.format(name="sweep", iterations=100, ranks=2))
+    for bad in ("0-", "5-2", "0-999", "1,1", "0-3:0", "x"):
+        r = arb.cli("alice", "submit", str(exp), "--array", bad)
+        assert r.returncode == 2 and "array:" in r.stderr, (bad, r.stderr)
+    assert arb.call("alice", "GET", "/jobs").json()["jobs"] == []
+    r = arb.cli("alice", "submit", str(exp), "--array", "0-3")
+    assert r.returncode == 0 and r.stdout.startswith(
+        "j1: 4 tasks queued (j1_0 .. j1_3; 2 ranks, 100 iterations each)"), r.stdout + r.stderr
+    assert arb.cli("alice", "cancel", "j1_3").returncode == 0
+    listed = [j["job"] for j in arb.call("eve", "GET", "/jobs").json()["jobs"]]
+    assert listed == ["j1_0", "j1_1", "j1_2", "j1_3"]
+    done = arb.wait("alice", "j1")
+    one = json.loads(done.stdout)
+    assert done.returncode == 1 and one["state"] == "cancelled" and one["array"], one
+    assert [t["state"] for t in one["tasks"]] == ["finished"] * 3 + ["cancelled"]
+    for n in range(4):
+        assert f"seed = {n}" in (arb.state / "runs" / f"j1_{n}" / "experiment.toml"
+                                 ).read_text()
+    assert arb.call("bob", "DELETE", "/jobs/j1").status_code == 403  # alice's
+    long = tmp_path / "long.toml"
+    long.write_text(JOB.format(name="long", iterations=100000, ranks=2))
+    r = arb.cli("alice", "submit", str(long), "--array", "7,9", "--json")
+    base = json.loads(r.stdout)["array"]
+    gone = arb.call("alice", "DELETE", f"/jobs/{base}").json()
+    assert gone["tasks"] == [f"{base}_7", f"{base}_9"]
+    assert json.loads(arb.wait("alice", base).stdout)["state"] == "cancelled"
+
+
 def test_usage_charges_the_time_nodes_were_held_not_the_arbiters_downtime(
         tmp_path: Path) -> None:
     """Reproducer (issue 64): `oddl usage` charged nodes x (end - first start), the time no

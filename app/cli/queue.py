@@ -121,13 +121,18 @@ def _call(url: str, token_file: Path, method: str, path: str,
 @click.option("--webhook", default=None, metavar="URL",
               help="POST the job's end (JSON) to URL; under an address the arbiter allows "
                    "([notices] allow in its limits file)")
+@click.option("--array", default=None, metavar="SPEC",
+              help="an array of jobs, one a value (0-15, 0-15:4, 1,3,9), ID_N each with "
+                   "seed = N; `oddl wait ID` and `oddl cancel ID` take them as one")
 @click.option("--json", "as_json", is_flag=True)
 @_client_options
 def submit(experiment: Path, priority: int, time_limit: float | None, after: str | None,
-           singleton: bool, webhook: str | None, as_json: bool, url: str,
+           singleton: bool, webhook: str | None, array: str | None, as_json: bool, url: str,
            token_file: Path) -> None:
-    """Queue an experiment's job on the arbiter's testbed."""
+    """Queue an experiment's job (or an array of them) on the arbiter's testbed."""
     body: dict[str, Any] = {"experiment": experiment.read_text(), "priority": priority}
+    if array is not None:
+        body["array"] = array
     if time_limit is not None:
         body["time_limit_s"] = time_limit
     if after is not None:
@@ -139,6 +144,11 @@ def submit(experiment: Path, priority: int, time_limit: float | None, after: str
     j = _call(url, token_file, "POST", "/jobs", body)
     if as_json:
         emit(j)
+        return
+    if "array" in j:
+        t = j["tasks"]
+        click.echo(f"{j['array']}: {len(t)} tasks queued ({t[0]['job']} .. {t[-1]['job']}; "
+                   f"{t[0]['ranks']} ranks, {t[0]['iterations']} iterations each)")
         return
     click.echo(f"{j['job']} queued ({j['ranks']} ranks, {j['iterations']} iterations, "
                f"priority {j['priority']}, time limit {j['time_limit_s']:g} s)")
