@@ -133,8 +133,8 @@ class Health:
         # how late the hosts' loops run: this controller's (its watch's ticks) and the
         # nodes' (their heartbeats say); a silence is judged with that much more patience
         self._own_lags: list[int] = []
-        # host -> (its lag, the node that said it, when): the latest any of its nodes said
-        self._host_lag: dict[str, tuple[int, str, int]] = {}
+        # host -> (its lag, the node that said it): the latest any of its nodes said
+        self._host_lag: dict[str, tuple[int, str]] = {}
         self.max_lag_ns = {"controller": 0, "nodes": 0}
         self._warned_ns = -WARN_EVERY_NS
 
@@ -164,7 +164,7 @@ class Health:
         if hb.host:
             st.host = hb.host
             if hb.host in self._host_lag or len(self._host_lag) < len(self.nodes):
-                self._host_lag[hb.host] = (hb.lag_ns, hb.node, now_ns)
+                self._host_lag[hb.host] = (hb.lag_ns, hb.node)
         self.max_lag_ns["nodes"] = max(self.max_lag_ns["nodes"], hb.lag_ns)
         if ("dead-board", hb.node) in self._seen:  # back (a board restarted): usable again
             log.warning("health: %s beats again", hb.node)  # from the next plan on
@@ -257,8 +257,7 @@ class Health:
     def host_lag(self, st: _Node) -> tuple[int, str]:
         """The lag its host's loop ran at, as the latest of its nodes to beat said, and
         which node said it (0, "" before any did)."""
-        lag, said, _t = self._host_lag.get(st.host, (0, "", 0)) if st.host else (0, "", 0)
-        return lag, said
+        return self._host_lag.get(st.host, (0, "")) if st.host else (0, "")
 
     def patience_ns(self, nodes: Iterable[str], lag_ns: int = 0) -> int:
         """The most any of `nodes` (or a host `lag_ns` late) is forgiven (`_patience`):
