@@ -18,8 +18,10 @@ if TYPE_CHECKING:
     from oddl.app.queue import Service
 
 
-def _seq(job: str) -> int:
-    return int(job[1:])
+def _seq(job: str) -> tuple[int, int]:
+    """A job's place in submission order from its id: jN, or an array's task jN_T."""
+    n, _, t = job[1:].partition("_")
+    return int(n), int(t) if t else -1
 
 
 class Dependencies:

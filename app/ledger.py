@@ -145,10 +145,11 @@ class Ledger:
 
     def add(self, user: str, req: JobRequest) -> None:
         """A new job (named by `next_id`), queued."""
+        # (its place in submission order: an array's tasks, ID_N, take one each)
         self.db.execute("INSERT INTO jobs (id, seq, user, state, request, submitted) "
-                        "VALUES (?, ?, ?, 'queued', ?, ?)",
-                        (req.name, int(req.name[1:]), user, json.dumps(asdict(req)),
-                         time.time()))
+                        "VALUES (?, (SELECT coalesce(max(seq), 0) + 1 FROM jobs), ?, "
+                        "'queued', ?, ?)",
+                        (req.name, user, json.dumps(asdict(req)), time.time()))
         limit = f", time limit {req.time_limit_ns / 1e9:g} s" if req.time_limit_ns else ""
         self.note(req.name, f"queued by {user} ({req.ranks} ranks, {req.iterations} "
                             f"iterations, priority {req.priority}{limit})")

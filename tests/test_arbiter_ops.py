@@ -288,6 +288,27 @@ def test_a_job_array_queues_runs_and_is_cancelled_as_one_and_apart(
     assert json.loads(arb.wait("alice", base).stdout)["state"] == "cancelled"
 
 
+def test_an_arrays_tasks_take_their_places_in_the_order_of_submission(tmp_path: Path) -> None:
+    """Reproducer (the lab day, issue 86): a task's place was read from its id, and
+    int("9_0") is 90 in Python: after the array j9_0..j9_3 the next job was j94, and an
+    array j2_0 would have taken j20's place (a UNIQUE failure, a 500)."""
+    from oddl.app.ledger import Ledger
+    from oddl.controller.service.jobs import JobRequest
+
+    ledger = Ledger(tmp_path / "a.sqlite")
+    ledger.begin(1)
+    for _ in range(2):
+        ledger.add("alice", JobRequest(ledger.next_id(), "resnet50", "ring", 2, 10, 1, 0,
+                                       "any", 1))
+    base = ledger.next_id()
+    for t in range(4):
+        ledger.add("bob", JobRequest(f"{base}_{t}", "resnet50", "ring", 2, 10, 1, 0, "any", 1))
+    assert (base, ledger.next_id()) == ("j3", "j7")
+    ledger.add("alice", JobRequest("j7", "resnet50", "ring", 2, 10, 1, 0, "any", 1))
+    assert [j["job"] for j in ledger.jobs()] == ["j1", "j2", "j3_0", "j3_1", "j3_2", "j3_3",
+                                                 "j7"]
+
+
 def test_usage_charges_the_time_nodes_were_held_not_the_arbiters_downtime(
         tmp_path: Path) -> None:
     """Reproducer (issue 64): `oddl usage` charged nodes x (end - first start), the time no
