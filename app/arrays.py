@@ -60,7 +60,10 @@ def task_text(text: str, value: int) -> str:
 
 
 def members(svc: Service, array: str) -> list[dict[str, Any]]:
-    """The array's tasks, in submission order (none: no such array)."""
+    """The array's tasks, in submission order (none: no such array; an id that is no
+    job's, jN, is not looked for)."""
+    if not re.fullmatch(r"j\d{1,12}", array):
+        return []
     tail = re.compile(rf"^{re.escape(array)}_\d{{1,6}}$")
     return [j for j in svc.ledger.jobs() if tail.match(j["job"])]
 
