@@ -143,6 +143,12 @@ def test_an_overloaded_host_is_said_with_what_to_change(caplog: pytest.LogCaptur
     said = [r.getMessage() for r in caplog.records if "overloaded" in r.getMessage()]
     assert len(said) == 1, said
     assert "3 node programs' hosts run up to 300 ms late" in said[0]
+    one = _watch()
+    with caplog.at_level(logging.WARNING, "oddl.controller.service.health"):
+        _beat(one, "a", 0, lag_ms=300)
+        one.check(10 * MS)
+    assert "1 node program's host runs up to 300 ms late (e.g. a)" in \
+        caplog.records[-1].getMessage()
     assert "raise [monitor] heartbeat_ms or missed" in said[0]
 
 

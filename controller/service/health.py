@@ -290,8 +290,9 @@ class Health:
             who.append(f"this controller's loop runs {own / 1e6:.0f} ms late")
         if late:
             names = ", ".join(n for _lag, n in late[:4])
-            who.append(f"{len(late)} node program{'s' * (len(late) > 1)}' hosts run up to "
-                       f"{late[0][0] / 1e6:.0f} ms late (e.g. {names})")
+            who.append((f"{len(late)} node programs' hosts run" if len(late) > 1 else
+                        "1 node program's host runs") +
+                       f" up to {late[0][0] / 1e6:.0f} ms late (e.g. {names})")
         log.warning("health: the host is overloaded: %s, with heartbeats due every %.0f ms: "
                     "their silences are judged with that much more patience (up to "
                     "grace_ms); free the CPU, or raise [monitor] heartbeat_ms or missed in "
