@@ -331,23 +331,21 @@ class Service:
             raise Refused(422, '{"experiment": TOML text, "priority": -1000..1000, '
                                '"time_limit_s": seconds (optional)}')
         if "array" not in body:
-            return JSONResponse(self.enqueue(user, body, text, self.ledger.next_id()),
-                                status_code=201)
-        tasks = arrays.tasks(body["array"])
+            req = job_request(text, self.grid, self.tb, self.ledger.next_id(), priority)
+            return JSONResponse(self.enqueue(user, body, text, req), status_code=201)
         base = self.ledger.next_id()
-        texts = {t: arrays.task_text(text, t) for t in tasks}  # (all checked before any)
-        for t in tasks:  # every task checked as a job before one is queued
-            job_request(texts[t], self.grid, self.tb, f"{base}_{t}", priority)
+        texts = {t: arrays.task_text(text, t) for t in arrays.tasks(body["array"])}
+        # every task checked as a job before one is queued
+        reqs = {t: job_request(x, self.grid, self.tb, f"{base}_{t}", priority)
+                for t, x in texts.items()}
         return JSONResponse({"array": base, "tasks": [
-            self.enqueue(user, body, texts[t], f"{base}_{t}") for t in tasks]},
-            status_code=201)
+            self.enqueue(user, body, texts[t], reqs[t]) for t in texts]}, status_code=201)
 
-    def enqueue(self, user: User, body: dict[str, Any], text: str, name: str
+    def enqueue(self, user: User, body: dict[str, Any], text: str, req: JobRequest
                 ) -> dict[str, Any]:
-        """One job of a submission (its body checked), queued as `name`: its record."""
-        priority, asked, after = body.get("priority", 0), body.get("time_limit_s"), \
-            body.get("after")
-        req = job_request(text, self.grid, self.tb, name, priority)
+        """One job of a submission (its body checked, its request `req` made of `text`),
+        queued: its record."""
+        asked, after = body.get("time_limit_s"), body.get("after")
         in_file = req.time_limit_ns / 1e9 if req.time_limit_ns else None
         req = self.queue(user, req, asked if asked is not None else in_file)
         if (hook := body.get("webhook")) is not None:  # (checked before it is queued)

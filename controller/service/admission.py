@@ -44,7 +44,7 @@ from oddl.controller.service.backend import (
     StopRule,
 )
 from oddl.controller.service.deadlines import Deadlines
-from oddl.controller.service.health import Watch, landed
+from oddl.controller.service.health import landed
 from oddl.controller.service.jobs import JobRecord, JobRequest
 from oddl.controller.service.jobtable import JobTable, Stopped
 from oddl.controller.service.placing import (
@@ -55,6 +55,7 @@ from oddl.controller.service.placing import (
     schedule_of,
 )
 from oddl.controller.service.recovery import Recovery
+from oddl.controller.service.stage1_io import Stage1Io
 from oddl.controller.service.stages import Routes, Stage1
 from oddl.controller.service.watchers import Watchers
 from oddl.controller.stage1.arbiter import DeviceFailed
@@ -121,7 +122,6 @@ class Admission:
         # no trace, no CASSINI pauses
         self.extend = extend and service is None and len(requests) == 1 and \
             trace is None and not spec.cassini and not requests[0].time_limit_ns
-        self._busy = 0  # stage 1s under way (off the loop: the back end's `off_loop`)
         self.free = set(grid.nodes)
         # nodes out by the service's word: drained by an operator, or kept out after a
         # device would not clear them (node -> why)
@@ -133,8 +133,8 @@ class Admission:
         self.recoveries: list[Recovery] = []  # each stopped job's, once it goes on
         self.outcomes: list[JobOutcome] = []  # every attempt's, stopped ones too
         self.told = Watchers(backend, spec.name, run_name, trace)
-        self.watch: Watch | None = None
         self.clock = Clock(backend.loop)
+        self.io = Stage1Io(backend, stage1, self.health, self.clock)  # and the watch
         # CASSINI's placements, start delays and pauses (its own `shift_ms` without one)
         self.align = Alignment(grid, spec, self.clock, profiler, backend.pause, self.records)
         self.t0 = 0
@@ -152,8 +152,7 @@ class Admission:
         self.t0 = self.clock.now_ns()
 
     def close(self) -> None:
-        if self.watch is not None:
-            self.watch.stop()
+        self.io.stop_watch()
         if self._recheck is not None:
             self._recheck.cancel()
         self.deadlines.close()
@@ -304,7 +303,7 @@ class Admission:
                 self._gone(rec, state, (f"{why}; " if why else "")
                            + f"its partition was not given back: {e}")
 
-        self._release(name, released)
+        self.io.release(name, released)
 
     def _gone(self, rec: JobRecord, state: str, why: str) -> None:
         """A job has left, its partition given back: the service is told; the next jobs
@@ -388,7 +387,7 @@ class Admission:
         held = set(self.grid.nodes) - self.free - set(self.closed)
         # (the service's queue waits: a job it took fits the grid, and its nodes come back
         # or an operator says why not; a run's ends)
-        if self.service is not None or not ready or self.running or self._busy or held:
+        if self.service is not None or not ready or self.running or self.io.busy or held:
             self._stuck_ns = None
         elif self._stuck_ns is None:  # every node free, and still none fits
             self._stuck_ns = now
@@ -412,17 +411,9 @@ class Admission:
                 f"{self.spec.name}: job {req.name}: stage 1 failed {tries} times; the last: "
                 f"{e}"))
             return
-        self._tell(e, "apply")
+        self.io.tell(e, "apply")
         self.queue.insert(0, req)
         self._admit()
-
-    def _tell(self, e: DeviceFailed, when: str) -> None:
-        """A device did not answer stage 1 (`when`: the apply, the release): dead."""
-        now = self.clock.now_ns()
-        if e.what == "WSS":
-            self.health.wss_answer(e.target, now, f"no answer to the {when}: {e}")
-        else:
-            self.health.will(e.target, now)
 
     def _start_failed(self, req: JobRequest, part: Partition, e: BaseException) -> None:
         """A job that did not start gives its nodes back: a device that failed its stage
@@ -437,37 +428,6 @@ class Admission:
             self._lose(req.name, None, self._cannot_start(req, part, e))
         else:
             raise e
-
-    def _io(self, work: Callable[[], Any], then: Callable[[Any], None]) -> None:
-        """Stage 1's device I/O, off the loop where the back end has devices: the watch
-        does not poll a WSS while it is written (its table changes under it), and polls
-        the tables in use again once no stage 1 is under way."""
-        self._busy += 1
-        if self.watch is not None:
-            self.watch.expected = {}
-
-        def done(got: Any) -> None:
-            self._busy -= 1
-            if not self._busy:
-                self._watch_tables()
-            then(got)
-
-        self.b.off_loop(work, done)
-
-    def _release(self, job: str, then: Callable[[BaseException | None], None]) -> None:
-        """A job's stage 1 undone, round what is known to be out; what does not answer
-        is the watch's to hear of. `then`: None, or what a device's refusal raised."""
-        avoid = self.health.avoid()
-
-        def released(got: list[DeviceFailed] | BaseException) -> None:
-            if isinstance(got, BaseException):
-                then(got)
-                return
-            for e in got:
-                self._tell(e, "release")
-            then(None)
-
-        self._io(lambda: self.stage1.release(job, avoid), released)
 
     def _cannot_start(self, req: JobRequest, part: Partition, e: Exception) -> Exception:
         if req.name in self.jobs.stopped:
@@ -487,8 +447,7 @@ class Admission:
         """A placed job's stage 1 begins, off the loop (the job then begins: `_begin`).
         False: it failed at once (a model's stage 1 runs at once), and was dealt with."""
         schedule = schedule_of(req, part, self.spec)
-        if self.watch is None and self.health.watched:  # WSSs polled, beats judged
-            self.watch = Watch(self.clock, self.health, self.b.wss).start()
+        self.io.start_watch()
         since = len(self.health.diagnoses)  # what its plan goes round
         avoid = self.health.avoid()
         self.jobs.setting_up[req.name] = (req, part)
@@ -510,7 +469,7 @@ class Admission:
                     failed = True
                     self._start_failed(req, part, e)
 
-        self._io(lambda: self.stage1.admit(req, part, schedule, avoid), set_up)
+        self.io.run(lambda: self.stage1.admit(req, part, schedule, avoid), set_up)
         return not failed
 
     def _begin(self, req: JobRequest, part: Partition, schedule: Schedule, since: int,
@@ -606,7 +565,13 @@ class Admission:
         if isinstance(exc, JobStopped) and len(rec.stops) < MAX_STOPS:
             # it holds its partition (and counts as running) until `_stop` gives it back
             stopping = self.b.loop.create_task(self._stop(req, part, exc))
-            stopping.add_done_callback(lambda t: self._stopped_or_lost(req, part, t))
+
+            def lost(t: asyncio.Task[None]) -> None:  # the stop itself failed: the job too
+                if not t.cancelled() and (e := t.exception()) is not None:
+                    self.running -= 1
+                    self._lose(req.name, part, e)
+
+            stopping.add_done_callback(lost)
             return
         self.running -= 1
         if isinstance(exc, JobStopped):
@@ -657,7 +622,7 @@ class Admission:
                 async with asyncio.timeout(CARRY_WAIT_S + health.patience_ns(part.ranks) / 1e9):
                     await stop.carrying.wait()
         released: asyncio.Future[BaseException | None] = self.b.loop.create_future()
-        self._release(req.name, released.set_result)
+        self.io.release(req.name, released.set_result)
         if (e := await released) is not None:  # (a model's is done at once: no wait)
             raise e
         self._give(req.name, part)
@@ -676,17 +641,6 @@ class Admission:
             return
         self.queue.insert(0, req)
         self._admit()
-
-    def _stopped_or_lost(self, req: JobRequest, part: Partition, task: asyncio.Task[None]
-                         ) -> None:
-        if not task.cancelled() and task.exception() is not None:
-            self.running -= 1
-            # (type: ignore below: not None: checked above)
-            self._lose(req.name, part, task.exception())  # type: ignore[arg-type]
-
-    def _watch_tables(self) -> None:  # the WSS tables the watch polls for
-        if self.watch is not None:
-            self.watch.expected = self.stage1.tables()
 
     def _fail(self, e: BaseException) -> None:
         if self._done is not None and not self._done.done():
