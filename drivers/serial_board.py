@@ -14,6 +14,7 @@ PYNQ.remote's), said with the counts.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from typing import Any
@@ -25,6 +26,13 @@ from oddl.fpga import serial_frames as S
 TIMEOUT_S = 0.25  # an answer's wait: a USB serial adapter's latency timer is up to 16 ms
 TRIES = 5
 MAX_BAUD = 12_000_000  # an FTDI FT2232H's highest
+# what a port that fails under pyserial raises (its reads and writes: OSError; its
+# buffers' flush on POSIX: termios.error, which is not one)
+LINK_ERRORS: tuple[type[BaseException], ...] = (OSError,)
+with contextlib.suppress(ImportError):
+    import termios
+
+    LINK_ERRORS += (termios.error,)
 
 
 def parse_address(addr: str) -> tuple[str, int]:
@@ -81,6 +89,7 @@ class SerialWindow:
     def _transact(self, op: int, addr: int, data: int) -> int:
         if not 0 <= addr <= 0xFFFF or addr % 4:
             raise ValueError(f"{self.name}: address 0x{addr:X} is not a word of the map")
+        what = f"{'read' if op == S.READ else 'write'} of 0x{addr:04X}"
         with self._lock:
             self.seq = (self.seq + 1) & 0xFF
             frame = S.request(op, self.seq, addr, data)
@@ -89,9 +98,13 @@ class SerialWindow:
             for k in range(self.tries):
                 if k:
                     self.stats["again"] += 1
-                self.link.reset_input_buffer()  # what is left of an answer given up on
-                self.link.write(frame)
-                got = self._answer()
+                try:
+                    self.link.reset_input_buffer()  # what is left of an answer given up on
+                    self.link.write(frame)
+                    got = self._answer()
+                except LINK_ERRORS as e:  # the port itself (unplugged): pyserial's errors
+                    raise ConnectionError(f"{self.name}: the serial link failed during a "
+                                          f"{what}: {e}") from None
                 try:
                     ans = S.answer(got)
                 except S.BadFrame as e:
@@ -104,12 +117,11 @@ class SerialWindow:
                     why = f"an answer to request {ans.seq}, not {self.seq}"
                     continue
                 if ans.status != S.OKAY:
-                    raise DeviceRefused(f"{self.name}: {'read' if op == S.READ else 'write'} of "
-                                  f"0x{addr:04X} refused (AXI SLVERR)")
+                    raise DeviceRefused(f"{self.name}: {what} refused (AXI SLVERR)")
                 return ans.data
             raise ConnectionError(f"{self.name}: no good answer to {self.tries} tries of a "
-                              f"{'read' if op == S.READ else 'write'} of 0x{addr:04X} "
-                              f"(the last: {why}; {self.stats['rejected']} rejected so far)")
+                                  f"{what} (the last: {why}; {self.stats['rejected']} "
+                                  f"rejected so far)")
 
     def _answer(self) -> bytes:
         """An answer's bytes, from its sync byte on, or what came before the time ran out."""

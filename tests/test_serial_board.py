@@ -101,6 +101,19 @@ def test_a_board_that_never_answers_well_is_a_lost_connection_naming_it() -> Non
         win.link.close()
 
 
+def test_a_port_that_fails_under_the_driver_is_a_lost_connection_naming_it() -> None:
+    master, slave = os.openpty()
+    win = open_window(f"serial:{os.ttyname(slave)}", "board n2")
+    os.close(master)  # the adapter unplugged: the port answers with an error
+    os.close(slave)
+    try:
+        with pytest.raises(ConnectionError, match=r"board n2 .*: the serial link failed "
+                                                  r"during a read of 0x0008"):
+            win.read(8)
+    finally:
+        win.link.close()
+
+
 def test_a_refused_write_says_so() -> None:
     with board_side(lambda req, n: S.encode_answer(S.SLVERR, req[2], 0)) as (path, _):
         win = SerialWindow(open_window(f"serial:{path}", "b").link, "board n1")

@@ -67,7 +67,6 @@ __all__ = ["Network", "NetworkResult", "RunFailed", "RunResult", "Timeline", "lo
 Progress = Callable[[str, int, int], None]  # network, done, total
 
 
-
 @dataclass
 class Network:
     """One network's run: its back end, its stage 1, the orchestration of its jobs."""

@@ -44,15 +44,11 @@ class Watchers:
             its: list[int] | None = None) -> None:
         """The run started, or ended (`its`: the times of the iterations it ran): an end
         says the node programs' lag where it skews the figures (a disturbed run)."""
-        if its is None:
-            self.say("run", lambda: RunNote(TELEMETRY_VERSION, experiment, self.network,
-                                            self.b.name, state, iterations))
-            return
-        lag_ms = host_disturbance_ms(self.b.health.max_lag_ns,
-                                     sum(its) / len(its) if its else 0)
+        detail, lag_ms = ("", 0) if its is None else (
+            f"{len(its)} iterations",
+            host_disturbance_ms(self.b.health.max_lag_ns, sum(its) / len(its) if its else 0))
         self.say("run", lambda: RunNote(TELEMETRY_VERSION, experiment, self.network,
-                                        self.b.name, state, iterations,
-                                        f"{len(its)} iterations", lag_ms))
+                                        self.b.name, state, iterations, detail, lag_ms))
 
     def health(self) -> None:
         h = self.b.health

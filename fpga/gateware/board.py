@@ -151,8 +151,7 @@ class Harness(Elaboratable):
         m.d.sync += partial.eq(Cat(*(g.xor() for g in groups)))
         folded = Signal()
         m.d.sync += folded.eq(partial.xor())
-        led = platform.request(b.led[0], 0)
-        m.d.comb += (getattr(led, b.led[1]) if b.led[1] else led).o.eq(folded)
+        m.d.comb += _led(platform, b).eq(folded)
         return m
 
 
@@ -171,9 +170,14 @@ class Functional(Elaboratable):
         m.submodules.top = top = self.top
         uart = platform.request("uart", 0)
         m.d.comb += [top.uart_rx.eq(uart.rx.i), uart.tx.o.eq(top.uart_tx)]
-        led = platform.request(b.led[0], 0)
-        m.d.comb += (getattr(led, b.led[1]) if b.led[1] else led).o.eq(top.irq)
+        m.d.comb += _led(platform, b).eq(top.irq)
         return m
+
+
+def _led(platform: Any, b: Board) -> Any:
+    """The output of the board's LED the design drives (an RGB LED's one colour)."""
+    led = platform.request(b.led[0], 0)
+    return (getattr(led, b.led[1]) if b.led[1] else led).o
 
 
 def _feedback(lfsr: Signal) -> Any:

@@ -59,7 +59,6 @@ class PtyBoard:
         tty.setraw(self._slave)
         self.path = os.ttyname(self._slave)
         self.noise = Noise()
-        self.cycles = 0
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"pty-board {self.path}",
                                         daemon=True)
@@ -79,12 +78,6 @@ class PtyBoard:
         for fd in (self.master, self._slave):
             with contextlib.suppress(OSError):
                 os.close(fd)
-
-    def __enter__(self) -> PtyBoard:
-        return self.start()
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     # --- the pump ----------------------------------------------------------------------
     def _run(self) -> None:
@@ -120,7 +113,6 @@ class PtyBoard:
             for bit in (0, *((byte >> i) & 1 for i in range(8)), 1):
                 m.set("uart_rx", bit)
                 m.tick(self.clks)
-                self.cycles += self.clks
 
     def _answer(self) -> None:
         """The design's answer, sampled off its tx pin mid-bit, to the host."""
@@ -130,7 +122,6 @@ class PtyBoard:
         while idle < QUIET_BITS * self.clks:
             if m.get("uart_tx"):
                 m.tick()
-                self.cycles += 1
                 idle += 1
                 continue
             m.tick(self.clks // 2)  # to the start bit's middle
@@ -139,7 +130,6 @@ class PtyBoard:
                 m.tick(self.clks)
                 byte |= m.get("uart_tx") << i
             m.tick(self.clks)  # the stop bit
-            self.cycles += self.clks // 2 + 9 * self.clks
             out.append(byte)
             idle = 0
         if out:
