@@ -131,6 +131,28 @@ def test_a_serial_board_that_is_not_there_is_unreachable_naming_it(tmp_path: Pat
         open_board("serial:/dev/ttyUSB0?baud=x", "n2", ["n2"])
 
 
+def test_a_served_testbed_names_every_nodes_board_a_generated_grid_too(root: Path,
+                                                                        tmp_path: Path) -> None:
+    """`oddl gateware serve` of a generated grid (grid-64: no [[nodes]] in its file) wrote
+    nothing: it set each listed node's board, and there were none (a KeyError)."""
+    import tomllib
+
+    import tomli_w
+    from oddl.app.cli.gateware import served_testbed
+    from oddl.controller.base.config import load_testbed
+
+    for name in ("grid-64", "prototype-4node"):
+        f = root / "hw_configs" / f"{name}.toml"
+        tb = load_testbed(f)
+        ports = [f"/dev/pts/{i}" for i in range(len(tb.nodes))]
+        (tmp_path / "lab.toml").write_text(tomli_w.dumps(served_testbed(
+            tomllib.loads(f.read_text()), tb, ports)))
+        lab = load_testbed(tmp_path / "lab.toml")
+        assert [n.board for n in lab.nodes] == [f"serial:{p}" for p in ports]
+        assert [n.id for n in lab.nodes] == [n.id for n in tb.nodes]
+        assert (lab.testbed.control_model, lab.acceptance.design_version) == ("board", "0.2")
+
+
 def test_a_baud_rate_the_fabric_cannot_divide_is_refused_before_any_build() -> None:
     r = subprocess.run([sys.executable, "-m", "oddl.app", "gateware", "build", "--function",
                         "--baud", "3000000", "--json"], capture_output=True, text=True,

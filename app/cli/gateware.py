@@ -220,20 +220,31 @@ def serve(testbed: Path, out: Path) -> None:
     try:
         for node, b in zip(tb.nodes, boards, strict=True):
             click.echo(f"board {node.id}: serial:{b.path} (serial_onic, Verilated)")
-        d = tomllib.loads(testbed.read_text())
-        d["testbed"] |= {"backend": "hw", "control_model": "board"}
-        for n, b in zip(d["nodes"], boards, strict=True):
-            n["board"] = f"serial:{b.path}"
-        # the build's identity: onic_top's design version; its BITSTREAM_HASH strap 0
-        d["acceptance"] = d.get("acceptance", {}) | {"design_version": "0.2",
-                                                     "bitstream_sha256": "0" * 64}
-        out.write_text(tomli_w.dumps(d))
+        out.write_text(tomli_w.dumps(served_testbed(tomllib.loads(testbed.read_text()),
+                                                    tb, [b.path for b in boards])))
         click.echo(f"config: {out}")
         click.echo("ready")
         threading.Event().wait()  # until Ctrl-C or SIGTERM (the CLI's stop: exit 130, 143)
     finally:
         for b in boards:
             b.close()
+
+
+def served_testbed(d: dict[str, Any], tb: Any, ports: list[str]) -> dict[str, Any]:
+    """The testbed file `d` (testbed `tb`) with each node's board at its serial port,
+    node by node (a generated grid's nodes written out), the boards' control units their
+    own, and the build's identity: onic_top's design version, its BITSTREAM_HASH strap 0."""
+    from oddl.fpga import regmap as R
+
+    v = R.TOP_DESIGN_VERSION
+    d["testbed"] |= {"backend": "hw", "control_model": "board"}
+    if isinstance(d.get("generate"), dict):
+        d["generate"].pop("nodes", None)
+    d["nodes"] = [{"id": n.id, "row": n.row, "col": n.col, "board": f"serial:{port}"}
+                  for n, port in zip(tb.nodes, ports, strict=True)]
+    d["acceptance"] = d.get("acceptance", {}) | {"design_version": f"{v >> 16}.{v & 0xFFFF}",
+                                                 "bitstream_sha256": "0" * 64}
+    return d
 
 
 @gateware.command()
