@@ -65,7 +65,7 @@ def members(svc: Service, array: str) -> list[dict[str, Any]]:
     if not re.fullmatch(r"j\d{1,12}", array):
         return []
     tail = re.compile(rf"^{re.escape(array)}_\d{{1,6}}$")
-    return [j for j in svc.ledger.jobs() if tail.match(j["job"])]
+    return [j for j in svc.ledger.jobs(array=array) if tail.match(j["job"])]
 
 
 def as_one(svc: Service, array: str) -> dict[str, Any]:

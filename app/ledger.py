@@ -237,10 +237,14 @@ class Ledger:
             "SELECT id, ended FROM jobs WHERE ended > ? AND state NOT IN ('queued', "
             "'running') ORDER BY ended LIMIT ?", (t, most))]
 
-    def jobs(self, ids: list[str] | None = None) -> list[dict[str, Any]]:
-        """Every job (or those named), in submission order, with its iterations done."""
+    def jobs(self, ids: list[str] | None = None, array: str | None = None
+             ) -> list[dict[str, Any]]:
+        """Every job (or those named, or an array's tasks, ARRAY_N), in submission order,
+        with its iterations done."""
         where, args = (f"WHERE id IN ({', '.join('?' * len(ids))})", tuple(ids)) \
             if ids is not None else ("", ())
+        if array is not None:  # (`_` is LIKE's one-character wildcard: escaped)
+            where, args = "WHERE id LIKE ? ESCAPE '\\'", (array + "\\_%",)
         rows = self.db.execute(
             "SELECT id, user, state, request, submitted, started, ended, partition, why, "
             "result, held, (SELECT count(*) FROM iterations WHERE iterations.job = jobs.id) "
