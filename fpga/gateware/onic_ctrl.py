@@ -98,7 +98,13 @@ def members(unit_port: bool = False) -> dict[str, Any]:
         out |= {"cmd_valid": In(1), "cmd_ready": Out(1), "cmd_port": In(1), "cmd_tune": In(1),
                 "cmd_channel": In(8), "cmd_dst": In(16), "cmd_bytes": In(32),
                 "cmd_flow": In(32), "cmd_hdr": In(32 * N_HDR), "irq_raise": In(32),
-                "node": Out(16)}
+                "node": Out(16),
+                # a count-action `start tx[P]`: port P's loaded transfer, for the unit's
+                # queue; held until `ca_submit_ready`; `ca_submit_full`: refused
+                "ca_submit_valid": Out(1), "ca_submit_port": Out(1),
+                "ca_submit_ready": In(1), "ca_submit_full": In(1),
+                "ca_submit_dst": Out(32), "ca_submit_bytes": Out(32),
+                "ca_submit_flow": Out(32), "ca_submit_hdr": Out(32 * N_HDR)}
     return out
 
 
@@ -142,13 +148,35 @@ class OnicCtrl(wiring.Component):
     the datapath: a transfer command (`cmd_*`: load a port's transfer and start it, tuning
     first if asked), taken by the executor as a host's register writes are, so that no
     register has two writers; `irq_raise`, flags it sets in IRQ_STATUS; `node`, this node's
-    index as NODE_ID says it. `onic_ctrl` alone has none of them."""
+    index as NODE_ID says it; `ca_submit_*`, the engine's starts, which are then the unit's
+    (a `start tx[P]` hands port P's loaded transfer to the unit's queue, a `tune` only sets
+    TX_CHANNEL: the unit tunes as its route says). `onic_ctrl` alone has none of them."""
 
     def __init__(self, design_version: int = R.DESIGN_VERSION, unit_port: bool = False
                  ) -> None:
         self.design_version = design_version
         self.unit_port = unit_port
         super().__init__(members(unit_port))
+
+    def _ca_submit(self, m: Module, rw: dict[str, Signal], flag: Any) -> Any:
+        """The engine's starts toward the unit's queue: the port's transfer registers, as
+        they are (the executor, their one writer, waits while a start is held); taken
+        when `ca_submit_ready`, refused (TX_REFUSED) if the queue is full. Returns when
+        the engine's next start must wait."""
+        valid, port = self.ca_submit_valid, self.ca_submit_port
+        with m.If(self.ca_submit_ready):
+            m.d.sync += valid.eq(0)  # (the ACT state sets it again for a start there)
+        for i, P in enumerate(R.PORTS):
+            flag(R.ERROR_BITS[f"TX_REFUSED_{P}"],
+                 valid & self.ca_submit_ready & self.ca_submit_full & (port == i))
+
+        def of(name: str) -> Any:
+            h, v = (rw[f"TX{P}_{name}"] for P in R.PORTS)
+            return Mux(port, v, h)
+        m.d.comb += [self.ca_submit_dst.eq(of("DST")), self.ca_submit_bytes.eq(of("BYTES")),
+                     self.ca_submit_flow.eq(of("FLOW")),
+                     self.ca_submit_hdr.eq(Cat(*(of(f"HDR{k}") for k in range(N_HDR))))]
+        return valid & ~self.ca_submit_ready
 
     # ---------------------------------------------------------------------------------
     def elaborate(self, platform: object) -> Module:
@@ -427,6 +455,9 @@ class OnicCtrl(wiring.Component):
         m.d.comb += busy.eq(events.r_rdy | Cat(*pend_lock, *pend_txd, *pend_rxd).any()
                             | pend_dac | Cat(*q_tune, *q_start).any())
         m.d.sync += [self.stream_valid.eq(0), self.fired.eq(0)]
+        ca_wait = Const(0)  # an engine's start waits: the one before it is not yet taken
+        if self.unit_port:
+            ca_wait = self._ca_submit(m, rw, flag)
 
         def push(sig: int, idx: Any, val: Any, src: Any = None) -> list[Any]:
             def wide(v: Any, n: int) -> Any:  # each field at its own width, zero-extended
@@ -594,6 +625,8 @@ class OnicCtrl(wiring.Component):
                                      1 << R.IRQ_BITS["CA_FIRED"], 0))
                 with m.If(slot == ns):
                     m.next = "SCAN"
+                with m.Elif(ca_wait & (a == ACT["start"])):  # the same slot next cycle
+                    m.d.comb += acts_rd.addr.eq(Cat(slot[:3], Const(1, 1), cur))
                 with m.Else():
                     m.d.sync += slot.eq(slot + 1)
                     m.d.comb += acts_rd.addr.eq(Cat((slot + 1)[:3], Const(1, 1), cur))
@@ -602,14 +635,20 @@ class OnicCtrl(wiring.Component):
                             for i, P in enumerate(R.PORTS):
                                 with m.If(idx == i):
                                     m.d.sync += rw[f"TX{P}_CHANNEL"].eq(arg)
-                                    m.d.comb += [do_tune[i].eq(1), tune_arg[i].eq(arg)]
+                                    if not self.unit_port:  # (else the unit tunes)
+                                        m.d.comb += [do_tune[i].eq(1), tune_arg[i].eq(arg)]
                         with m.Case(ACT["start"]):
-                            for i in range(np_):
-                                with m.If(idx == i):
-                                    with m.If(tuning[i] | taken[i]):  # once locked
-                                        m.d.sync += after_tune[i].eq(1)
-                                    with m.Else():
-                                        m.d.comb += do_start[i].eq(1)
+                            if self.unit_port:  # the loaded transfer goes to the unit
+                                with m.If(idx < np_):
+                                    m.d.sync += [self.ca_submit_valid.eq(1),
+                                                 self.ca_submit_port.eq(idx[0])]
+                            else:
+                                for i in range(np_):
+                                    with m.If(idx == i):
+                                        with m.If(tuning[i] | taken[i]):  # once locked
+                                            m.d.sync += after_tune[i].eq(1)
+                                        with m.Else():
+                                            m.d.comb += do_start[i].eq(1)
                         with m.Case(ACT["stream"]):
                             m.d.sync += [self.stream_valid.eq(1), self.stream_dac.eq(idx)]
                         with m.Case(ACT["arm"]), m.If(idx < nm):
@@ -731,7 +770,8 @@ class OnicCtrl(wiring.Component):
         m.d.sync += error.eq((error & ~err_clr) | any_of(err_terms))
         module_bits = ((1 << nm) - 1) << R.IRQ_MODULE_SHIFT
         m.d.comb += self.irq.eq((irq_status & (rw["IRQ_ENABLE"] | module_bits)).any())
-        m.d.comb += self.busy.eq(busy | ~fsm.ongoing("IDLE"))
+        m.d.comb += self.busy.eq(busy | ~fsm.ongoing("IDLE") | (
+            self.ca_submit_valid if self.unit_port else 0))
         m.d.comb += self.strobe.eq(Cat(self.stream_valid, self.fired,
                                        *(pin(p, k) for p in ports
                                          for k in ("tune_valid", "tx_valid"))).any())

@@ -25,7 +25,7 @@ from amaranth import Cat, Const, Module, Mux, Signal
 from amaranth.lib import fifo, wiring
 from amaranth.lib.wiring import In, Out
 from oddl.fpga import regmap as R
-from oddl.fpga.frame import BEAT_BITS, FrameFormat
+from oddl.fpga.frame import BEAT_BITS, FrameFormat, flow_widths
 from oddl.fpga.gateware.control_unit import BUILD, STATS, ControlUnitRTL
 from oddl.fpga.gateware.onic_ctrl import (
     ADDR_BITS,
@@ -79,6 +79,17 @@ class OnicTop(wiring.Component):
                         "unit_arming": Out(timers), "unit_timers_en": In(timers)}
         self.sim_view = sim_view
         super().__init__(members)
+
+    def _ca_flow(self, ctrl: OnicCtrl) -> Any:
+        """The flow an engine's `start tx[P]` hands over: port P's transfer registers, read
+        as the header words are written (regmap.header_words)."""
+        hdr = [ctrl.ca_submit_hdr[32 * k: 32 * k + 32] for k in range(N_HDR)]
+        nw = self.frame.width("src")
+        fields = {"id": Cat(ctrl.ca_submit_flow, hdr[0]), "src": hdr[1][:nw],
+                  "dst": ctrl.ca_submit_dst[:nw], "nbytes": ctrl.ca_submit_bytes,
+                  "iteration": hdr[3], "step": hdr[2][8:32], "hop": hdr[2][0:8],
+                  "t_submit": Cat(hdr[4], hdr[5])}
+        return Cat(*(_word(fields[name], width) for name, width in flow_widths(self.frame)))
 
     def elaborate(self, platform: object) -> Module:
         m = Module()
@@ -157,7 +168,13 @@ class OnicTop(wiring.Component):
         m.submodules.submit = submit = fifo.SyncFIFO(width=fw, depth=R.CU_QUEUE)
         m.submodules.delivered = dq = fifo.SyncFIFO(width=fw, depth=R.CU_QUEUE)
         sub_words = [regs[f"CU_SUBMIT{k}"] for k in range(R.CU_FLOW_WORDS)]
-        m.d.comb += [submit.w_data.eq(Cat(*sub_words)[:fw]), unit.submit_valid.eq(submit.r_rdy),
+        # its two writers: the host's CU_SUBMIT_GO, and the engine's starts (`ca_flow`: a
+        # port's transfer registers, which carry the whole flow), which wait a cycle for it
+        host_go = Signal()
+        m.d.comb += [submit.w_en.eq(host_go | ctrl.ca_submit_valid),
+                     submit.w_data.eq(Mux(host_go, Cat(*sub_words)[:fw], self._ca_flow(ctrl))),
+                     ctrl.ca_submit_ready.eq(~host_go), ctrl.ca_submit_full.eq(~submit.w_rdy),
+                     unit.submit_valid.eq(submit.r_rdy),
                      unit.submit_flow.eq(submit.r_data), submit.r_en.eq(unit.submit_ready),
                      dq.w_data.eq(unit.deliver_flow), dq.w_en.eq(unit.deliver_valid)]
         lost = Signal(32)
@@ -255,7 +272,7 @@ class OnicTop(wiring.Component):
                     with m.Case(R.BY_NAME["CU_ROUTE"].offset):
                         m.d.sync += [route_word.eq(wdata), route_we.eq(1)]
                     with m.Case(R.BY_NAME["CU_SUBMIT_GO"].offset), m.If(wdata[0]):
-                        m.d.comb += submit.w_en.eq(1)
+                        m.d.comb += host_go.eq(1)
                         with m.If(~submit.w_rdy):
                             m.d.sync += bresp.eq(SLVERR)  # full: said, nothing queued
                     with m.Case(R.BY_NAME["CU_DELIV_POP"].offset), m.If(wdata[0]):
