@@ -8,19 +8,24 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import TYPE_CHECKING
+from typing import Protocol
 
+from oddl.app.arbiter_view import Kept, Parties, Watched
 from oddl.app.ledger import ACTIVE
+from oddl.app.limits import Limits
 from oddl.app.requests import json_body
 from oddl.app.submission import Refused
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-if TYPE_CHECKING:
-    from oddl.app.queue import Service
+
+class Amending(Kept, Parties, Watched, Protocol):
+    """What this module uses of the arbiter's service (app/arbiter_view.py)."""
+
+    limits: Limits
 
 
-async def time_limit(svc: Service, request: Request) -> Response:
+async def time_limit(svc: Amending, request: Request) -> Response:
     """PUT /jobs/{job}/time_limit {"time_limit_s": S}."""
     user = svc.who(request, "operator", "user")
     j = svc.owned(user, request.path_params["job"])

@@ -7,15 +7,17 @@ singleton)."""
 from __future__ import annotations
 
 import re
-from typing import TYPE_CHECKING
+from typing import Protocol
 
+from oddl.app.arbiter_view import Kept, Parties
 from oddl.app.ledger import ACTIVE
 from oddl.app.submission import Refused
 from oddl.app.users import User
 from oddl.controller.service.jobs import JobRequest
 
-if TYPE_CHECKING:
-    from oddl.app.queue import Service
+
+class Depended(Kept, Parties, Protocol):
+    """What this module uses of the arbiter's service (app/arbiter_view.py)."""
 
 
 def _seq(job: str) -> tuple[int, int]:
@@ -27,7 +29,7 @@ def _seq(job: str) -> tuple[int, int]:
 class Dependencies:
     """Each job not ended: its `--after` parent and condition, its user and name."""
 
-    def __init__(self, svc: Service) -> None:
+    def __init__(self, svc: Depended) -> None:
         self.svc = svc
         self.after: dict[str, tuple[str, str]] = {}  # a queued job: its parent, "", ok, notok
         self.named: dict[str, tuple[str, str]] = {}  # every job not ended: (user, name)

@@ -19,14 +19,19 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import httpx
-from oddl.app.limits import Notices
+from oddl.app.arbiter_view import Kept
+from oddl.app.limits import Limits, Notices
 from oddl.app.submission import Refused
 
-if TYPE_CHECKING:
-    from oddl.app.queue import Service
+
+class Noticing(Kept, Protocol):
+    """What this module uses of the arbiter's service (app/arbiter_view.py)."""
+
+    limits: Limits
+
 
 log = logging.getLogger("oddl.app.queue")  # the arbiter's one log
 _calls: set[asyncio.Task[None]] = set()  # webhooks under way (held: a task is not kept)
@@ -40,7 +45,7 @@ def allowed(cfg: Notices, url: Any) -> str:
     return str(httpx.URL(url))
 
 
-def ended(svc: Service, job: str, note: bytes) -> None:
+def ended(svc: Noticing, job: str, note: bytes) -> None:
     """A job's end: the latest end, and its own, kept until `keep_s` from now; and its
     webhook called, if it names one."""
     say = svc.adm.b.announce
@@ -59,7 +64,7 @@ def ended(svc: Service, job: str, note: bytes) -> None:
         task.add_done_callback(_calls.discard)
 
 
-async def _call(svc: Service, job: str, url: str, note: bytes) -> None:
+async def _call(svc: Noticing, job: str, url: str, note: bytes) -> None:
     cfg = svc.limits.notices
     why = ""
     async with httpx.AsyncClient(follow_redirects=False, timeout=cfg.timeout_s) as c:
@@ -83,7 +88,7 @@ async def _call(svc: Service, job: str, url: str, note: bytes) -> None:
     svc.ledger.note(job, f"webhook {url}: not told ({why})")
 
 
-def resume(svc: Service, last_seen: float | None) -> None:
+def resume(svc: Noticing, last_seen: float | None) -> None:
     """An arbiter starts: the ends its last life kept (since it was last seen, less
     `keep_s`) are cleared now if they have been kept long enough, else when they have."""
     if svc.adm.b.announce is None or last_seen is None:
@@ -93,7 +98,7 @@ def resume(svc: Service, last_seen: float | None) -> None:
         _clear_at(svc, job, end + keep)
 
 
-def _clear_at(svc: Service, job: str, t: float) -> None:
+def _clear_at(svc: Noticing, job: str, t: float) -> None:
     def clear() -> None:
         if svc.adm.b.announce is not None:
             svc.adm.b.announce(f"ended/{job}", b"")  # (an empty retained one: none kept)

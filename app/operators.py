@@ -8,23 +8,40 @@ import logging
 import math
 import re
 import time
-from typing import TYPE_CHECKING, Any, cast
+from pathlib import Path
+from typing import Any, Protocol, cast
 
+from oddl.app.arbiter_view import Kept, Parties, Watched
 from oddl.app.requests import json_body
 from oddl.app.submission import Refused
 from oddl.app.users import ROLES, Role, User, new_token
+from oddl.controller.base.config import Testbed
+from oddl.controller.base.topology import Grid
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-if TYPE_CHECKING:
-    from oddl.app.queue import Service
+
+class Operated(Kept, Parties, Watched, Protocol):
+    """What this module uses of the arbiter's service (app/arbiter_view.py)."""
+
+    tb: Testbed
+    grid: Grid
+    roles: dict[str, Role]
+    users: dict[str, User]
+    state: Path
+    windows: list[dict[str, Any]]
+
+    def nodes(self) -> dict[str, dict[str, str]]: ...
+
+    def time_window(self, w: dict[str, Any]) -> None: ...
+
 
 log = logging.getLogger("oddl.app.queue")  # the arbiter's one log
 MAX_WINDOWS = 100  # maintenance windows now and to come
 MAX_UNIX_TIME = 32503680000.0  # the year 3000
 
 
-async def token(svc: Service, request: Request) -> Response:
+async def token(svc: Operated, request: Request) -> Response:
     """An operator rotates (POST) or revokes (DELETE) a user's token, at once: the old
     one is refused from the next request; the new one is in the user's token file."""
     op = svc.who(request, "operator")
@@ -46,7 +63,7 @@ async def token(svc: Service, request: Request) -> Response:
     log.warning("arbiter: %s rotated %s's token (%s)", op.name, name, f)
     return JSONResponse({"user": name, "token_file": str(f)})
 
-async def drain(svc: Service, request: Request) -> Response:
+async def drain(svc: Operated, request: Request) -> Response:
     """An operator drains a node (no job is placed on it; a job on it runs on to its
     end) or resumes it (also a node a device would not clear)."""
     op = svc.who(request, "operator")
@@ -68,7 +85,7 @@ async def drain(svc: Service, request: Request) -> Response:
     svc.tell()
     return JSONResponse({"node": node} | svc.nodes()[node])
 
-async def maintain(svc: Service, request: Request) -> Response:
+async def maintain(svc: Operated, request: Request) -> Response:
     """An operator reserves nodes for maintenance over a window (Unix times), or for a
     user's or a role's jobs (`for`), or takes a window back (DELETE): no job (but the
     holder's) is placed on them that would run into it."""
@@ -118,7 +135,7 @@ async def maintain(svc: Service, request: Request) -> Response:
     svc.tell()
     return JSONResponse(w, status_code=201)
 
-async def user(svc: Service, request: Request) -> Response:
+async def user(svc: Operated, request: Request) -> Response:
     """An operator adds a user with a role (their token in STATE/tokens/NAME) or removes
     one (their token goes; their jobs stay), at run time, kept across restarts."""
     op = svc.who(request, "operator")

@@ -10,15 +10,35 @@ from __future__ import annotations
 
 import itertools
 import logging
-from typing import TYPE_CHECKING
+from typing import Protocol
 
+from oddl.app.arbiter_view import Kept, Watched
+from oddl.app.limits import Limits
+from oddl.controller.base.topology import Grid
 from oddl.controller.service.health import Health
 from oddl.controller.service.jobs import JobRequest
 from oddl.controller.service.placing import NEVER, Backfill, Running
 from oddl.controller.stage1.placement import Partition, place
 
-if TYPE_CHECKING:
-    from oddl.app.queue import Service
+
+class Preemptible(Kept, Watched, Protocol):
+    """What this module uses of the arbiter's service (app/arbiter_view.py)."""
+
+    grid: Grid
+    limits: Limits
+    backfill: Backfill
+    preempting: dict[str, list[str]]
+    preempted: dict[str, str]
+    requeueing: dict[str, str]
+
+    def owner(self, job: str) -> str: ...
+
+    def role_of(self, name: str) -> str: ...
+
+    def rank(self, req: JobRequest) -> float: ...
+
+    def maintenance(self, end_ns: int, job: str = "") -> frozenset[str]: ...
+
 
 log = logging.getLogger("oddl.app.queue")  # the arbiter's one log
 MAX_TRIES = 5000  # sets of running jobs tried for one waiting job
@@ -28,7 +48,7 @@ class Preempting:
     """The arbiter's placer: its backfill, and after each pass in which a preempting job
     was left waiting, preemption (on the next pass of the loop, outside the admission's)."""
 
-    def __init__(self, svc: Service, backfill: Backfill) -> None:
+    def __init__(self, svc: Preemptible, backfill: Backfill) -> None:
         self.svc, self.backfill = svc, backfill
 
     def place(self, free: set[str], health: Health, queue: list[JobRequest],
@@ -43,13 +63,13 @@ class Preempting:
         return self.backfill.eligible(req)
 
 
-def preempts(svc: Service, job: str) -> bool:
+def preempts(svc: Preemptible, job: str) -> bool:
     """Whether a job's class preempts: its user's rule (their entry, else their role's)."""
     user = svc.owner(job)
     return svc.limits.rule(user, svc.role_of(user)).preempt
 
 
-def look(svc: Service) -> None:
+def look(svc: Preemptible) -> None:
     """The highest-ranked preempting job that waits for nodes, and the jobs to stop."""
     adm = svc.adm
     queued = {q.name for q in adm.queue}
@@ -69,7 +89,7 @@ def look(svc: Service) -> None:
             return
 
 
-def _victims(svc: Service, q: JobRequest) -> list[str]:
+def _victims(svc: Preemptible, q: JobRequest) -> list[str]:
     """The fewest running jobs (then the fewest nodes) of classes that do not preempt
     whose nodes, with the free ones in service, hold `q` (none: stopping gives it nothing)."""
     adm = svc.adm
@@ -93,7 +113,7 @@ def _victims(svc: Service, q: JobRequest) -> list[str]:
     return []
 
 
-def _stop(svc: Service, q: JobRequest, victims: list[str]) -> None:
+def _stop(svc: Preemptible, q: JobRequest, victims: list[str]) -> None:
     user = svc.owner(q.name)
     svc.preempting[q.name] = victims
     for v in victims:

@@ -5,21 +5,27 @@ operators (usage: an observer too, every user's; a user, their own)."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Protocol
 
+from oddl.app.arbiter_view import Kept, Parties
+from oddl.app.job_runs import JobRuns
 from oddl.app.operators import MAX_UNIX_TIME
 from oddl.app.requests import query_number
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-if TYPE_CHECKING:
-    from oddl.app.queue import Service
+
+class Recorded(Kept, Parties, Protocol):
+    """What this module uses of the arbiter's service (app/arbiter_view.py)."""
+
+    runs: JobRuns
+
 
 FLOWS_PAGE = 20_000  # flow rows an answer holds (about 2 MB of JSON)
 MAX_ROW = (1 << 62) - 1  # a row or iteration number a query names (SQLite's are 64-bit)
 
 
-async def iterations(svc: Service, request: Request) -> Response:
+async def iterations(svc: Recorded, request: Request) -> Response:
     """A job's recorded iterations, `[[i, t_start_ns, t_end_ns], ...]`, from `since`
     (its user's and the operators')."""
     user = svc.who(request, "operator", "user")
@@ -29,7 +35,7 @@ async def iterations(svc: Service, request: Request) -> Response:
     return JSONResponse({"job": job, "iterations": svc.ledger.timeline(job, since)})
 
 
-async def flows(svc: Service, request: Request) -> Response:
+async def flows(svc: Recorded, request: Request) -> Response:
     """A job's flows as its ranks reported them (its run directory's flows table),
     `[[row, iteration, flow, step, src, dst, bytes, hops, t_submit_ns, t_deliver_ns],
     ...]`, after row `after`, FLOWS_PAGE at most (`more`: there are others); its
@@ -42,14 +48,14 @@ async def flows(svc: Service, request: Request) -> Response:
                          "more": len(rows) > FLOWS_PAGE})
 
 
-async def logs(svc: Service, request: Request) -> Response:
+async def logs(svc: Recorded, request: Request) -> Response:
     """A job's log, every event with its time (its user's and the operators')."""
     user = svc.who(request, "operator", "user")
     j = svc.owned(user, request.path_params["job"])
     return JSONResponse({"job": j["job"], "log": svc.ledger.logs(j["job"])})
 
 
-async def usage(svc: Service, request: Request) -> Response:
+async def usage(svc: Recorded, request: Request) -> Response:
     """Per user: jobs, node-hours, wait times (an operator's or an observer's: every
     user's; a user's: their own)."""
     user = svc.who(request)

@@ -13,22 +13,33 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import TYPE_CHECKING
+from typing import Protocol
 
+from oddl.app.arbiter_view import Kept, Parties, Watched
 from oddl.app.submission import Refused
 from oddl.controller.service.admission import STOPPED_TOO_OFTEN
 from oddl.controller.service.backend import RunFailed
+from oddl.controller.service.jobs import JobRequest
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-if TYPE_CHECKING:
-    from oddl.app.queue import Service
+
+class Requeueing(Kept, Parties, Watched, Protocol):
+    """What this module uses of the arbiter's service (app/arbiter_view.py)."""
+
+    held: set[str]
+    restarted: set[str]
+    requeueing: dict[str, str]
+    lives: dict[str, int]
+
+    def known(self, req: JobRequest, user: str, submitted: float) -> None: ...
+
 
 log = logging.getLogger("oddl.app.queue")  # the arbiter's one log
 AGAIN = ("failed", "cancelled", "timeout")  # ended states a job can be queued again from
 
 
-async def requeue(svc: Service, request: Request) -> Response:
+async def requeue(svc: Requeueing, request: Request) -> Response:
     """POST /jobs/{job}/requeue: the job's user or an operator. A job that ran out of its
     time limit is queued again by an operator only (its user would otherwise lift it)."""
     user = svc.who(request, "operator", "user")
@@ -53,7 +64,7 @@ async def requeue(svc: Service, request: Request) -> Response:
                          "from_iteration": j["iterations_done"]})
 
 
-def ended(svc: Service, job: str, state: str, why: str) -> bool:
+def ended(svc: Requeueing, job: str, state: str, why: str) -> bool:
     """A job has ended: queued again instead (True) if it was stopped to be (one that
     finished, or failed, as it was being stopped ends so), or held if faults stopped it
     too often."""
@@ -68,7 +79,7 @@ def ended(svc: Service, job: str, state: str, why: str) -> bool:
     return False
 
 
-def queue_again(svc: Service, job: str, why: str, hold: bool = False) -> None:
+def queue_again(svc: Requeueing, job: str, why: str, hold: bool = False) -> None:
     """Into the queue again from its first iteration not recorded (on the next pass of the
     loop: the orchestration forgets an ended job after telling the service)."""
     found = svc.ledger.again(job)

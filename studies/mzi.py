@@ -22,8 +22,10 @@ phases can be recalibrated against them (studies/onn.py).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import cast
 
 import numpy as np
+from oddl.studies.arrays import Complex, Floats
 
 TWO_PI = 2 * np.pi
 
@@ -44,21 +46,21 @@ class Components:
         """An MZI's field transmission (its insertion loss)."""
         return float(10 ** (-self.mzi_loss_db / 20))
 
-    def quantise_phase(self, p: np.ndarray) -> np.ndarray:
+    def quantise_phase(self, p: Floats) -> Floats:
         if self.dac_bits is None:
             return p
         step = TWO_PI / 2**self.dac_bits
-        return np.round(np.mod(p, TWO_PI) / step) * step
+        return cast(Floats, np.round(np.mod(p, TWO_PI) / step) * step)
 
 
 def mzi(theta: float, phi: float, dc: tuple[float, float] = (np.pi / 4, np.pi / 4)
-        ) -> np.ndarray:
+        ) -> Complex:
     """The 2 x 2 transfer of one MZI, built from its parts."""
-    def coupler(a: float) -> np.ndarray:
+    def coupler(a: float) -> Complex:
         return np.array([[np.cos(a), 1j * np.sin(a)], [1j * np.sin(a), np.cos(a)]])
 
-    return (coupler(dc[1]) @ np.diag([np.exp(1j * theta), 1.0]) @ coupler(dc[0])
-            @ np.diag([np.exp(1j * phi), 1.0]))
+    return cast(Complex, coupler(dc[1]) @ np.diag([np.exp(1j * theta), 1.0]) @ coupler(dc[0])
+                @ np.diag([np.exp(1j * phi), 1.0]))
 
 
 @dataclass
@@ -68,18 +70,18 @@ class Mesh:
 
     n: int
     mzis: list[tuple[int, float, float]]
-    screen: np.ndarray
+    screen: Floats
     # static per-device errors, drawn once (a chip's fabrication): coupler angles
-    dc_error: np.ndarray = field(default_factory=lambda: np.zeros((0, 2)))
+    dc_error: Floats = field(default_factory=lambda: np.zeros((0, 2)))
 
     @property
-    def phases(self) -> np.ndarray:
+    def phases(self) -> Floats:
         """Every programmable phase, MZIs (theta, phi) then the screen: what calibration
         sets."""
         return np.concatenate([np.array([(t, p) for _, t, p in self.mzis]).ravel()
                                if self.mzis else np.zeros(0), self.screen])
 
-    def with_phases(self, ph: np.ndarray) -> Mesh:
+    def with_phases(self, ph: Floats) -> Mesh:
         k = len(self.mzis)
         tp = ph[: 2 * k].reshape(k, 2) if k else np.zeros((0, 2))
         return Mesh(self.n, [(m, float(t), float(p)) for (m, _, _), (t, p)
@@ -93,20 +95,20 @@ class Mesh:
         return Mesh(self.n, list(self.mzis), self.screen.copy(), err)
 
     def matrix(self, comp: Components | None = None,
-               rng: np.random.Generator | None = None) -> np.ndarray:
+               rng: np.random.Generator | None = None) -> Complex:
         """What the array does to light: phases through the DACs (and jitter, if `rng`),
         couplers with this chip's errors, loss in every MZI."""
         comp = comp or Components()
         return self.transfer(self.setting(comp, rng), comp.transmission)
 
-    def setting(self, comp: Components, rng: np.random.Generator | None) -> np.ndarray:
+    def setting(self, comp: Components, rng: np.random.Generator | None) -> Floats:
         """The phases as set: through the DACs, with a pass's jitter if `rng`."""
         ph = comp.quantise_phase(self.phases)
         if comp.phase_noise_rad and rng is not None:
             ph = ph + rng.normal(0.0, comp.phase_noise_rad, ph.shape)
         return ph
 
-    def transfer(self, ph: np.ndarray, loss: float) -> np.ndarray:
+    def transfer(self, ph: Floats, loss: float) -> Complex:
         """The array's matrix at phases `ph` as set (after DACs and jitter), with this
         chip's couplers and `loss` (field transmission) in every MZI."""
         k = len(self.mzis)
@@ -115,7 +117,7 @@ class Mesh:
         for j, (m, _, _) in enumerate(self.mzis):
             t = mzi(ph[2 * j], ph[2 * j + 1], (np.pi / 4 + dce[j, 0], np.pi / 4 + dce[j, 1]))
             u[m:m + 2, :] = loss * (t @ u[m:m + 2, :])
-        return np.exp(1j * ph[2 * k:])[:, None] * u
+        return cast(Complex, np.exp(1j * ph[2 * k:])[:, None] * u)
 
     @property
     def depth(self) -> int:
@@ -126,13 +128,13 @@ class Mesh:
         return max(col, default=0)
 
 
-def _embed(n: int, m: int, t: np.ndarray) -> np.ndarray:
+def _embed(n: int, m: int, t: Complex) -> Complex:
     e = np.eye(n, dtype=complex)
     e[m:m + 2, m:m + 2] = t
     return e
 
 
-def decompose(u: np.ndarray) -> Mesh:
+def decompose(u: Complex) -> Mesh:
     """The interleaving mesh whose ideal matrix is the unitary `u` (to rounding)."""
     n = u.shape[0]
     if u.shape != (n, n) or not np.allclose(u.conj().T @ u, np.eye(n), atol=1e-8):

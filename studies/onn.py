@@ -24,9 +24,11 @@ Where the paper is silent these are our choices; docs/optinc.md lists them.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import cast
 
 import numpy as np
 from oddl.controller.base.collectives import optinc_levels
+from oddl.studies.arrays import Complex, Floats
 from oddl.studies.mzi import Components, Mesh, decompose
 from scipy.optimize import least_squares
 
@@ -42,12 +44,12 @@ class Block:
     """One square W_s = gain * U diag(att) V^H on a chip."""
 
     v: Mesh  # realises V^H, met first
-    att: np.ndarray  # attenuator transmissions, 0..1
+    att: Floats  # attenuator transmissions, 0..1
     u: Mesh
     gain: float
 
     @classmethod
-    def of(cls, w: np.ndarray) -> Block:
+    def of(cls, w: Floats) -> Block:
         u, s, vh = np.linalg.svd(w)
         top = float(s.max()) or 1.0
         return cls(decompose(vh), s / top, decompose(u), top)
@@ -57,24 +59,24 @@ class Block:
                      self.u.fabricate(comp, rng), self.gain)
 
     def matrix(self, comp: Components | None = None,
-               rng: np.random.Generator | None = None) -> np.ndarray:
+               rng: np.random.Generator | None = None) -> Complex:
         comp = comp or Components()
         u = self.u.setting(comp, rng)  # (U's jitter drawn first)
         return self.transfer(np.concatenate([self.v.setting(comp, rng), u, [self.gain]]),
                              comp.transmission)
 
-    def transfer(self, p: np.ndarray, loss: float) -> np.ndarray:
+    def transfer(self, p: Floats, loss: float) -> Complex:
         """The block at parameters `p` as set (`phases`' order: V's, U's, then the gain),
         each MZI transmitting `loss`."""
         nv = 2 * len(self.v.mzis) + len(self.v.screen)
-        return p[-1] * (self.u.transfer(p[nv:-1], loss) * self.att[None, :]) @ \
-            self.v.transfer(p[:nv], loss)
+        return cast(Complex, p[-1] * (self.u.transfer(p[nv:-1], loss) * self.att[None, :])
+                    @ self.v.transfer(p[:nv], loss))
 
     @property
-    def phases(self) -> np.ndarray:
+    def phases(self) -> Floats:
         return np.concatenate([self.v.phases, self.u.phases, [self.gain]])
 
-    def with_phases(self, p: np.ndarray) -> Block:
+    def with_phases(self, p: Floats) -> Block:
         nv = len(self.v.phases)
         nu = len(self.u.phases)
         return Block(self.v.with_phases(p[:nv]), self.att,
@@ -90,16 +92,16 @@ class Realised:
     shape: tuple[int, int]
 
     def matrix(self, comp: Components | None = None,
-               rng: np.random.Generator | None = None) -> np.ndarray:
+               rng: np.random.Generator | None = None) -> Complex:
         return self.assemble([b.matrix(comp, rng) for b in self.blocks])
 
-    def assemble(self, ms: list[np.ndarray]) -> np.ndarray:
+    def assemble(self, ms: list[Complex]) -> Complex:
         """W from its blocks' matrices, in `blocks`' order."""
         full = np.hstack(ms) if self.how == "horizontal" else np.vstack(ms)
         return full[: self.shape[0], : self.shape[1]]
 
 
-def realise(w: np.ndarray) -> Realised:
+def realise(w: Floats) -> Realised:
     """A weight matrix as mesh-attenuator-mesh blocks, partitioned as Fig. 4 does."""
     a, b = w.shape
     k = min(a, b)
@@ -114,12 +116,12 @@ def realise(w: np.ndarray) -> Realised:
     return Realised(how, [Block.of(p) for p in parts], (a, b))
 
 
-def quantise(x: np.ndarray, bits: int | None, scale: float) -> np.ndarray:
+def quantise(x: Floats, bits: int | None, scale: float) -> Floats:
     """Symmetric uniform quantisation to `bits` over [-scale, scale] (clipped)."""
     if bits is None:
         return x
     levels = 2 ** (bits - 1) - 1
-    return np.clip(np.round(x / scale * levels), -levels, levels) * scale / levels
+    return cast(Floats, np.clip(np.round(x / scale * levels), -levels, levels) * scale / levels)
 
 
 class AveragingUnit:
@@ -148,20 +150,20 @@ class AveragingUnit:
         # loss, without the DAC rounding and the jitter
         fitted = Components(mzi_loss_db=self.comp.mzi_loss_db)
 
-        def resid(p: np.ndarray) -> np.ndarray:
+        def resid(p: Floats) -> Floats:
             d = self.block.with_phases(p).matrix(fitted) - self.target
             return np.concatenate([d.real.ravel(), d.imag.ravel()])
 
         fit = least_squares(resid, self.block.phases, method="trf", xtol=1e-10, ftol=1e-12)
         self.block = self.block.with_phases(fit.x)
 
-    def field(self, x: np.ndarray, rng: np.random.Generator | None = None) -> np.ndarray:
+    def field(self, x: Floats, rng: np.random.Generator | None = None) -> Complex:
         """The optical output for inputs x (N x k), before detection."""
         return self.block.matrix(self.comp, rng) @ x
 
 
-def detect(y: np.ndarray, comp: Components, scale: float, rng: np.random.Generator
-           ) -> np.ndarray:
+def detect(y: Complex, comp: Components, scale: float, rng: np.random.Generator
+           ) -> Floats:
     """Coherent receivers: the real part, detector noise, then the B-bit output."""
     out = y.real
     if comp.detector_noise:
@@ -187,7 +189,7 @@ class OptINC:
             self.top = AveragingUnit(n_groups, self.comp, seed, calibrate)
         self.rng = np.random.default_rng(seed + 10_000)
 
-    def average(self, x: np.ndarray, scale: float) -> np.ndarray:
+    def average(self, x: Floats, scale: float) -> Floats:
         """x: servers x k values (each server's B-bit gradient, on a shared scale); what
         every server receives back, servers x k."""
         xq = quantise(x, self.comp.output_bits, scale)

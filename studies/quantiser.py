@@ -36,9 +36,10 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
+from oddl.studies.arrays import Complex, Floats, Ints
 from oddl.studies.mzi import Components
 from oddl.studies.onn import Realised, realise
 from scipy.optimize import least_squares
@@ -61,26 +62,26 @@ def trained_path(servers: int) -> Path:
     return Path(__file__).with_name("data") / f"quantiser-n{servers}.json"
 
 
-def _act(z: np.ndarray, g: np.ndarray) -> np.ndarray:
-    return np.sin(np.pi / 2 * np.tanh(g * z))
+def _act(z: Floats, g: Floats) -> Floats:
+    return cast(Floats, np.sin(np.pi / 2 * np.tanh(g * z)))
 
 
 @dataclass
 class Weights:
     """A cell in weight space: w1 (H+2 x IN), the H amplifiers' gains, w2 (OUT x H+2)."""
 
-    w1: np.ndarray
-    gain: np.ndarray
-    w2: np.ndarray
+    w1: Floats
+    gain: Floats
+    w2: Floats
 
-    def forward(self, x: np.ndarray) -> np.ndarray:
+    def forward(self, x: Floats) -> Floats:
         z = x @ self.w1.T
         h, k = z.copy(), self.gain.size
         h[:, :k] = _act(z[:, :k], self.gain)
         return h @ self.w2.T
 
 
-def cell_table(n: int, preprocessed: bool = True) -> tuple[np.ndarray, np.ndarray]:
+def cell_table(n: int, preprocessed: bool = True) -> tuple[Floats, Floats]:
     """Every input a cell can see with N servers, and what it must emit: ((c/N, carry/N,
     1) rows, (bit, carry_out/N) rows). Without P a cell sees the N lanes themselves:
     (lane_1 .. lane_N, carry/N, 1)."""
@@ -103,18 +104,18 @@ class _CellFit:
     as they arrive (`xs`) and the noise before the amplifiers (`shifts`); with its exact
     Jacobian."""
 
-    def __init__(self, xs: list[np.ndarray], y: np.ndarray, nh: int, shifts: list[Any]
+    def __init__(self, xs: list[Floats], y: Floats, nh: int, shifts: list[Any]
                  ) -> None:
         self.xs, self.y, self.nh, self.shifts = xs, y, nh, shifts
         self.width = nh + 2
         self.n1 = self.width * xs[0].shape[1]
 
-    def unpack(self, p: np.ndarray) -> Weights:
+    def unpack(self, p: Floats) -> Weights:
         n1, nh = self.n1, self.nh
         return Weights(p[:n1].reshape(self.width, self.xs[0].shape[1]), p[n1:n1 + nh],
                        p[n1 + nh:].reshape(OUT, self.width))
 
-    def resid(self, p: np.ndarray) -> np.ndarray:
+    def resid(self, p: Floats) -> Floats:
         w, nh = self.unpack(p), self.nh
         out = []
         for x, d in zip(self.xs, self.shifts, strict=True):
@@ -123,7 +124,7 @@ class _CellFit:
             out.append((z @ w.w2.T - self.y).ravel())
         return np.concatenate(out)
 
-    def jac(self, p: np.ndarray) -> np.ndarray:
+    def jac(self, p: Floats) -> Floats:
         """The residuals' exact slopes (finite differences cost a pass a parameter)."""
         w, nh, rows = self.unpack(p), self.nh, []
         for x, d in zip(self.xs, self.shifts, strict=True):
@@ -175,7 +176,7 @@ def train_weights(n: int, seed: int = 0, noise: float = 0.0, restarts: int = 10,
     return best[1]
 
 
-def _table_margin(out: np.ndarray, want: np.ndarray, n: int) -> float:
+def _table_margin(out: Floats, want: Floats, n: int) -> float:
     """How far the worst output is from its decision threshold (negative: wrong)."""
     bit = np.where(want[:, 0] > 0.5, out[:, 0] - 0.5, 0.5 - out[:, 0])
     carry = 0.5 / n - np.abs(out[:, 1] - want[:, 1])
@@ -188,7 +189,7 @@ class Cell:
 
     l1: Realised
     l2: Realised
-    gain: np.ndarray
+    gain: Floats
 
     @classmethod
     def of(cls, w: Weights) -> Cell:
@@ -205,13 +206,13 @@ class Cell:
                                                             *self.l2.blocks])
 
     @property
-    def params(self) -> np.ndarray:
+    def params(self) -> Floats:
         """Every phase, receiver gain and amplifier gain: what hardware-aware training
         sets."""
         return np.concatenate([b.phases for b in [*self.l1.blocks, *self.l2.blocks]]
                               + [self.gain])
 
-    def with_params(self, p: np.ndarray) -> Cell:
+    def with_params(self, p: Floats) -> Cell:
         out, i = [], 0
         for r in (self.l1, self.l2):
             blocks = []
@@ -223,20 +224,20 @@ class Cell:
         return Cell(out[0], out[1], np.array(p[i:], dtype=float))
 
     def matrices(self, comp: Components, rng: np.random.Generator | None
-                 ) -> tuple[np.ndarray, np.ndarray]:
+                 ) -> tuple[Complex, Complex]:
         """One pass's two matrices (DACs, jitter if `rng`, loss, this chip's couplers)."""
         return self.l1.matrix(comp, rng), self.l2.matrix(comp, rng)
 
-    def run(self, x: np.ndarray, m: tuple[np.ndarray, np.ndarray], comp: Components,
-            rng: np.random.Generator | None) -> np.ndarray:
+    def run(self, x: Complex, m: tuple[Complex, Complex], comp: Components,
+            rng: np.random.Generator | None) -> Complex:
         """Fields out (k x 2) for fields in (k x 3), with one pass's matrices."""
         noise = rng.normal(0.0, comp.detector_noise, (len(x), self.gain.size)) \
             if comp.detector_noise and rng is not None else 0.0
         return _through(x, m, self.gain, noise)
 
 
-def _through(x: np.ndarray, m: tuple[np.ndarray, np.ndarray], gain: np.ndarray,
-             noise: np.ndarray | float) -> np.ndarray:
+def _through(x: Complex, m: tuple[Complex, Complex], gain: Floats,
+             noise: Floats | float) -> Complex:
     """A cell's fields out: its first matrix, the detectors (with `noise`) and amplifiers
     on the nonlinear ports, its second matrix."""
     z = x @ m[0].T
@@ -256,7 +257,7 @@ class Averager:
     servers: int
     bits: int
 
-    def run(self, values: np.ndarray) -> np.ndarray:
+    def run(self, values: Ints) -> Ints:
         raise NotImplementedError
 
     @property
@@ -264,8 +265,8 @@ class Averager:
         """One optical pass, light in to bits out."""
         raise NotImplementedError
 
-    def run_checked(self, values: np.ndarray, pilots: int = PILOTS, tries: int = 8
-                    ) -> tuple[np.ndarray, int]:
+    def run_checked(self, values: Ints, pilots: int = PILOTS, tries: int = 8
+                    ) -> tuple[Ints, int]:
         """A pass with `pilots` known vectors beside the values; while a pilot comes out
         wrong (a disturbed pass: the jitter is drawn anew each pass), the pass is sent
         again, up to `tries` times. The last pass's output, and how many passes."""
@@ -341,7 +342,7 @@ class Quantiser(Averager):
         """The cells' and P's (a tree of N - 1 MZIs a significance)."""
         return sum(c.mzis for c in self.cells) + self.bits * (self.servers - 1)
 
-    def run(self, values: np.ndarray) -> np.ndarray:
+    def run(self, values: Ints) -> Ints:
         """values: servers x k integers in 0..2^bits - 1; one optical pass (the phases'
         jitter drawn once: it is thermal, slow beside a symbol); the integers the
         receivers read."""
@@ -364,10 +365,10 @@ class Quantiser(Averager):
         return out
 
 
-def rounded_mean(v: np.ndarray) -> np.ndarray:
+def rounded_mean(v: Ints) -> Ints:
     """round(mean), halves up: what the unit must emit."""
     n = v.shape[0]
-    return (v.sum(axis=0) + n // 2) // n
+    return cast(Ints, (v.sum(axis=0) + n // 2) // n)
 
 
 class Cascade(Averager):
@@ -378,7 +379,7 @@ class Cascade(Averager):
     after hardware-aware training in that order, puts them on."""
 
     def __init__(self, design: Cell, servers: int, bits: int, comp: Components,
-                 seed: int = 0, tuned: list[list[np.ndarray]] | None = None) -> None:
+                 seed: int = 0, tuned: list[list[Floats]] | None = None) -> None:
         self.g, self.servers, self.bits = servers, servers * servers, bits
         p = servers.bit_length() - 1
         units = [Quantiser.on_chip(design, servers, bits, comp, seed + 1 + i, drop=0)
@@ -408,7 +409,7 @@ class Cascade(Averager):
         """The two levels one after the other (the light is not detected between)."""
         return self.first[0].pass_ns + self.top.pass_ns
 
-    def run(self, values: np.ndarray) -> np.ndarray:
+    def run(self, values: Ints) -> Ints:
         """values: N^2 x k; the rounded mean of all of them."""
         g = self.g
         return self.top.run(np.stack([u.run(values[i * g:(i + 1) * g])
@@ -444,9 +445,9 @@ def tune(cell: Cell, servers: int, comp: Components, draws: int = 12,
     xin = [(x0 + r.normal(0.0, input_noise, x0.shape) * steady).astype(complex)
            for _ in range(draws)]
     det = [r.normal(0.0, comp.detector_noise, (len(x0), nh)) for _ in range(draws)]
-    kept: dict[int, tuple[bytes, list[np.ndarray]]] = {}
+    kept: dict[int, tuple[bytes, list[Complex]]] = {}
 
-    def block(i: int, q: np.ndarray) -> list[np.ndarray]:
+    def block(i: int, q: Floats) -> list[Complex]:
         """Block i's matrix in every draw, at its parameters q (phases, then gain)."""
         key = q.tobytes()
         if i in kept and kept[i][0] == key:
@@ -455,12 +456,12 @@ def tune(cell: Cell, servers: int, comp: Components, draws: int = 12,
         kept[i] = (key, ms)
         return ms
 
-    def layer(r_: Realised, first: int, p: np.ndarray) -> list[np.ndarray]:
+    def layer(r_: Realised, first: int, p: Floats) -> list[Complex]:
         per = [block(i, p[ends[i]:ends[i + 1]])
                for i in range(first, first + len(r_.blocks))]
         return [r_.assemble([m[d] for m in per]) for d in range(draws)]
 
-    def resid(p: np.ndarray) -> np.ndarray:
+    def resid(p: Floats) -> Floats:
         m1 = layer(cell.l1, 0, p)
         m2 = layer(cell.l2, len(cell.l1.blocks), p)
         gain = p[ends[-1]:]
@@ -482,11 +483,11 @@ class Trained:
     servers: int
     bits: int
     weights: Weights
-    design: np.ndarray
-    tuned: list[np.ndarray]
+    design: Floats
+    tuned: list[Floats]
     chip_seed: int
     input_noise: float
-    cascade: list[list[np.ndarray]] | None = None
+    cascade: list[list[Floats]] | None = None
 
     def template(self) -> Cell:
         return Cell.of(self.weights).with_params(self.design)

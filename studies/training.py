@@ -13,14 +13,16 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import cast
 
 import numpy as np
 from oddl.controller.base import fixedmath as F
+from oddl.studies.arrays import Floats, Ints
 from oddl.studies.mzi import Components
 from oddl.studies.onn import OptINC
 from oddl.studies.quantiser import Averager, rounded_mean
 
-Average = Callable[[np.ndarray, float], np.ndarray]  # (workers x P, scale) -> workers x P
+Average = Callable[[Floats, float], Floats]  # (workers x P, scale) -> workers x P
 HIDDEN = 32
 
 
@@ -34,7 +36,7 @@ class TrainResult:
         return self.accuracy[-1]
 
 
-def _data(seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+def _data(seed: int) -> tuple[Floats, Floats, Floats, Floats]:
     from sklearn.datasets import load_digits
 
     d = load_digits()
@@ -44,19 +46,19 @@ def _data(seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     return x[order[:cut]], y[order[:cut]], x[order[cut:]], y[order[cut:]]
 
 
-def _init(seed: int) -> np.ndarray:
+def _init(seed: int) -> Floats:
     rng = np.random.default_rng(seed + 1)
     w1 = rng.normal(0, np.sqrt(2 / 64), (64, HIDDEN))
     w2 = rng.normal(0, np.sqrt(2 / HIDDEN), (HIDDEN, 10))
     return np.concatenate([w1.ravel(), np.zeros(HIDDEN), w2.ravel(), np.zeros(10)])
 
 
-def _unpack(p: np.ndarray) -> tuple[np.ndarray, ...]:
+def _unpack(p: Floats) -> tuple[Floats, ...]:
     a, b, c = 64 * HIDDEN, 64 * HIDDEN + HIDDEN, 64 * HIDDEN + HIDDEN + HIDDEN * 10
     return p[:a].reshape(64, HIDDEN), p[a:b], p[b:c].reshape(HIDDEN, 10), p[c:]
 
 
-def _forward(p: np.ndarray, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def _forward(p: Floats, x: Floats) -> tuple[Floats, Floats]:
     w1, b1, w2, b2 = _unpack(p)
     h = np.maximum(F.matmul(x, w1) + b1, 0)
     z = F.matmul(h, w2) + b2
@@ -64,7 +66,7 @@ def _forward(p: np.ndarray, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return h, z / z.sum(axis=1, keepdims=True)
 
 
-def _grad(p: np.ndarray, x: np.ndarray, y: np.ndarray) -> np.ndarray:
+def _grad(p: Floats, x: Floats, y: Floats) -> Floats:
     w2 = _unpack(p)[2]
     h, prob = _forward(p, x)
     dz = prob.copy()
@@ -75,13 +77,13 @@ def _grad(p: np.ndarray, x: np.ndarray, y: np.ndarray) -> np.ndarray:
                            dz.sum(0)])
 
 
-Data = tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]  # train x, y; test x, y
+Data = tuple[Floats, Floats, Floats, Floats]  # train x, y; test x, y
 
 
-def _sgd(workers: int, average: Average, p0: np.ndarray,
-         grad: Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndarray], epochs: int,
+def _sgd(workers: int, average: Average, p0: Floats,
+         grad: Callable[[Floats, Floats, Floats], Floats], epochs: int,
          batch: int, lr: float, seed: int,
-         after_epoch: Callable[[np.ndarray, Data], None]) -> None:
+         after_epoch: Callable[[Floats, Data], None]) -> None:
     """Data-parallel SGD: each worker a shard, the same batches in the same order for
     every averaging; each step's gradients averaged by `average` on the scale the workers
     agree (the largest |gradient|). `after_epoch` sees every worker's replica."""
@@ -108,7 +110,7 @@ def train(workers: int, average: Average, epochs: int = 30, batch: int = 16,
           lr: float = 0.1, seed: int = 0) -> TrainResult:
     res = TrainResult()
 
-    def record(p: np.ndarray, d: Data) -> None:
+    def record(p: Floats, d: Data) -> None:
         res.accuracy.append(float((_forward(p[0], d[2])[1].argmax(1) == d[3]).mean()))
         res.drift.append(float(np.abs(p - p[0]).max()))
 
@@ -116,7 +118,7 @@ def train(workers: int, average: Average, epochs: int = 30, batch: int = 16,
     return res
 
 
-def exact(g: np.ndarray, _scale: float) -> np.ndarray:
+def exact(g: Floats, _scale: float) -> Floats:
     return np.repeat(g.mean(axis=0, keepdims=True), len(g), axis=0)
 
 
@@ -135,7 +137,7 @@ FILTERS, DENSE = 16, 32  # conv 3 x 3 x 16, 2 x 2 average pool, dense 144-32-10:
 _SHAPES = [(9, FILTERS), (FILTERS,), (9 * FILTERS, DENSE), (DENSE,), (DENSE, 10), (10,)]
 
 
-def _cnn_unpack(p: np.ndarray) -> list[np.ndarray]:
+def _cnn_unpack(p: Floats) -> list[Floats]:
     out, i = [], 0
     for s in _SHAPES:
         k = int(np.prod(s))
@@ -144,7 +146,7 @@ def _cnn_unpack(p: np.ndarray) -> list[np.ndarray]:
     return out
 
 
-def cnn_init(seed: int) -> np.ndarray:
+def cnn_init(seed: int) -> Floats:
     rng = np.random.default_rng(seed + 1)
     parts = [rng.normal(0, np.sqrt(2 / s[0]), s) if len(s) == 2 else np.zeros(s)
              for s in _SHAPES]
@@ -156,12 +158,12 @@ _WINDOWS = np.array([[(r + k // 3) * 8 + c + k % 3 for k in range(9)]
                      for r in range(6) for c in range(6)])
 
 
-def _patches(x: np.ndarray) -> np.ndarray:
+def _patches(x: Floats) -> Floats:
     """8 x 8 images (flat) to their 36 3 x 3 patches: batch x 36 x 9."""
     return x[:, _WINDOWS]
 
 
-def _cnn_forward(p: np.ndarray, x: np.ndarray) -> tuple[np.ndarray, ...]:
+def _cnn_forward(p: Floats, x: Floats) -> tuple[Floats, ...]:
     wc, bc, w1, b1, w2, b2 = _cnn_unpack(p)
     pt = _patches(x)
     conv = np.maximum(F.matmul(pt, wc) + bc, 0)  # batch x 36 x F
@@ -172,11 +174,11 @@ def _cnn_forward(p: np.ndarray, x: np.ndarray) -> tuple[np.ndarray, ...]:
     return pt, conv, pool, h, z / z.sum(axis=1, keepdims=True)
 
 
-def cnn_predict(p: np.ndarray, x: np.ndarray) -> np.ndarray:
+def cnn_predict(p: Floats, x: Floats) -> Floats:
     return _cnn_forward(p, x)[-1]
 
 
-def cnn_grad(p: np.ndarray, x: np.ndarray, y: np.ndarray) -> np.ndarray:
+def cnn_grad(p: Floats, x: Floats, y: Floats) -> Floats:
     _, _, w1, _, w2, _ = _cnn_unpack(p)
     pt, conv, pool, h, prob = _cnn_forward(p, x)
     dz = prob.copy()
@@ -205,7 +207,7 @@ def train_cnn(workers: int, average: Average, epochs: int = 30, batch: int = 16,
     """Data-parallel SGD of the CNN, as `train` does the MLP."""
     out = Curves()
 
-    def record(p: np.ndarray, d: Data) -> None:
+    def record(p: Floats, d: Data) -> None:
         prob = cnn_predict(p[0], d[0])
         out.loss.append(float(-F.log(prob[np.arange(len(d[1])), d[1]] + 1e-12).mean()))
         out.accuracy.append(float((cnn_predict(p[0], d[2]).argmax(1) == d[3]).mean()))
@@ -214,20 +216,20 @@ def train_cnn(workers: int, average: Average, epochs: int = 30, batch: int = 16,
     return out
 
 
-def to_levels(g: np.ndarray, scale: float, bits: int) -> np.ndarray:
+def to_levels(g: Floats, scale: float, bits: int) -> Ints:
     """Signed values on [-scale, scale] as unsigned `bits`-bit integers (offset binary)."""
     top = 2 ** bits - 1
-    return np.clip(np.round((g / scale + 1) / 2 * top), 0, top).astype(np.int64)
+    return cast(Ints, np.clip(np.round((g / scale + 1) / 2 * top), 0, top).astype(np.int64))
 
 
-def from_levels(q: np.ndarray, scale: float, bits: int) -> np.ndarray:
-    return (q / (2 ** bits - 1) * 2 - 1) * scale
+def from_levels(q: Ints, scale: float, bits: int) -> Floats:
+    return cast(Floats, (q / (2 ** bits - 1) * 2 - 1) * scale)
 
 
-def _on_levels(bits: int, mean: Callable[[np.ndarray], np.ndarray]) -> Average:
+def _on_levels(bits: int, mean: Callable[[Ints], Ints]) -> Average:
     """An averaging of `bits`-bit gradients: each worker's values as levels, `mean` of
     them (servers x k levels to k levels), every worker given the same result."""
-    def avg(g: np.ndarray, scale: float) -> np.ndarray:
+    def avg(g: Floats, scale: float) -> Floats:
         m = from_levels(mean(to_levels(g, scale, bits)), scale, bits)
         return np.repeat(m[None, :], len(g), axis=0)
 
@@ -245,7 +247,7 @@ def trained_onn(unit: Averager, passes: list[int] | None = None) -> Average:
     """The trained ONN: one optical pass a step, or with `passes` given, passes checked by
     pilots and sent again when disturbed (each step's count appended); every server reads
     the same output ports (the splitting unit T)."""
-    def mean(q: np.ndarray) -> np.ndarray:
+    def mean(q: Ints) -> Ints:
         if passes is None:
             return unit.run(q)
         out, n = unit.run_checked(q)
