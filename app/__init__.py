@@ -11,7 +11,8 @@
   jobs as its clients read it, `requeue`, a job queued again with its iterations kept,
   `arrays`, job arrays, `preempt`, a preempting class's jobs stopping others', `amend`, a
   job's time limit changed, `notices`, each job's end kept on the bus a while and told to
-  its webhook, `dependencies`, what a queued job waits for besides nodes, `ledger`, its
+  its webhook, `dependencies`, what a queued job waits for besides nodes,
+  `arbiter_view`, what these parts see of the service (none imports the queue), `ledger`, its
   durable state, `orders`, what its operators ordered (drains, users, windows),
   `limits`, its fairness rules, `priority`, its queue's order (base, age, fair share),
   `users`, its users and their tokens, `submission`, a job as submitted, and
