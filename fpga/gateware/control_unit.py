@@ -22,14 +22,16 @@ job by name.
 
 from __future__ import annotations
 
+from types import SimpleNamespace
 from typing import Any
 
 from amaranth import Cat, Const, Module, Mux, Signal
-from amaranth.lib import data, fifo, wiring
+from amaranth.lib import data, fifo
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 from oddl.fpga import regmap as R
 from oddl.fpga.frame import BEAT_BITS, FrameFormat, flow_widths
+from oddl.fpga.gateware.control_unit_rx import ReceiverStates, ring_slot
 
 STATS = ("requests", "retries", "polls", "grants", "revoked", "waits", "stale_grants",
          "relayed", "releases_overdue", "unexpected_rx", "requests_refused", "stray", "late",
@@ -49,28 +51,13 @@ def flow_layout(frame: FrameFormat) -> data.StructLayout:
     return data.StructLayout(dict(flow_widths(frame)))
 
 
-def _wrap(at: Any, n: int) -> Any:
-    """A ring's index `at` (under 2n) brought under n."""
-    return Mux(at >= n, at - n, at)
-
-
-def _slot(p: int, at: Any, n: int) -> Any:
-    """The address of entry `at` (under 2n: brought under n) of port `p`'s ring, in a memory
-    that holds each port's n entries in turn. For a power-of-two n (the build's bounds) it
-    is bits side by side, with no compare, subtract or add: the address of a memory read
-    ends a path through the executor's states (timing)."""
-    if n & (n - 1):
-        return p * n + _wrap(at, n)
-    return Cat(Cat(at)[:n.bit_length() - 1], Const(p, max(p.bit_length(), 1)))
-
-
 def _fit(v: Any, width: int) -> Any:
     """`v` at `width` bits: cut, or zero-extended."""
     v = Cat(v)
     return v[:width] if len(v) >= width else Cat(v, Const(0, width - len(v)))
 
 
-class ControlUnitRTL(wiring.Component):
+class ControlUnitRTL(ReceiverStates):
     """The unit. Straps: `node_id`, `tag` (the job's, to tell a late message from a stray
     one), the timing (ns) and `max_retries`; `timers_en` is tied high in a shell (the
     co-simulation raises a timer's bit at the model's instant of that timer)."""
@@ -125,13 +112,27 @@ class ControlUnitRTL(wiring.Component):
         })
 
     def elaborate(self, platform: object) -> Module:
+        net = SimpleNamespace()  # the nets each part makes for the parts after it
         m = Module()
         F, P, W = self.frame, self.ports, self.frame.width
         FLOW, REQ, ROUTE = self.FLOW, self.REQ, self.ROUTE
         txq, rxq, dn = self.txq, self.rxq, self.done
         qbits = max((max(txq, rxq, dn)).bit_length(), 1)
+        net.F, net.FLOW, net.P, net.REQ, net.ROUTE, net.W, net.dn = F, FLOW, P, REQ, ROUTE, W, dn
+        net.qbits, net.rxq, net.txq = qbits, rxq, txq
+        self._memories(m, net)
+        self._port_state(m, net)
+        self._registers(m, net)
+        self._executor(m, net)
+        self._completions(m, net)
+        return m
 
-        # --- memories: per port, each in its own region of one memory ------------------
+    def _memories(self, m: Module, net: SimpleNamespace) -> None:
+        """The route table, the queues and the delivered keys, per port each in its own
+        region of one memory; the frames out."""
+        F, FLOW, P, REQ, ROUTE, W, dn = net.F, net.FLOW, net.P, net.REQ, net.ROUTE, net.W, net.dn
+        rxq, txq = net.rxq, net.txq
+
         m.submodules.routes = routes = Memory(shape=ROUTE, depth=self.nodes, init=[])
         m.submodules.txqm = txqm = Memory(shape=FLOW, depth=P * txq, init=[])
         m.submodules.rxqm = rxqm = Memory(shape=REQ, depth=P * rxq, init=[])
@@ -182,7 +183,14 @@ class ControlUnitRTL(wiring.Component):
         def send(kind: str, **v: Any) -> list[Any]:
             return [s_en.eq(1), s_data.eq(pack(kind, **v))]
 
-        # --- per port state -------------------------------------------------------------
+        net.d_rd, net.d_wr, net.out, net.q_rd, net.q_wr = d_rd, d_wr, out, q_rd, q_wr
+        net.r_rd, net.r_wr, net.room, net.send, net.staged = r_rd, r_wr, room, send, staged
+        net.t_rd, net.t_wr = t_rd, t_wr
+
+    def _port_state(self, m: Module, net: SimpleNamespace) -> None:
+        """Each transmitter's and receiver's state, and the timers."""
+        FLOW, P, REQ, ROUTE, W, qbits = net.FLOW, net.P, net.REQ, net.ROUTE, net.W, net.qbits
+
         def sig(name: str, shape: Any) -> list[Any]:
             return [Signal(shape, name=f"{name}{p}") for p in range(P)]
 
@@ -216,7 +224,20 @@ class ControlUnitRTL(wiring.Component):
         def count(k: str) -> Any:
             return stats[k].eq(stats[k] + 1)
 
-        # --- the executor's working registers ----------------------------------------------
+        net.arm, net.asked, net.count, net.d_count, net.d_old = arm, asked, count, d_count, d_old
+        net.data_done, net.g_ok, net.granted, net.q_count = data_done, g_ok, granted, q_count
+        net.q_head, net.released, net.rx_pbytes, net.rx_pend = q_head, released, rx_pbytes, rx_pend
+        net.rx_pflow, net.stats, net.t_due, net.t_on = rx_pflow, stats, t_due, t_on
+        net.tx_chan, net.tx_chan_ok, net.tx_count = tx_chan, tx_chan_ok, tx_count
+        net.tx_cur, net.tx_head, net.tx_pend, net.tx_retries = tx_cur, tx_head, tx_pend, tx_retries
+        net.tx_route, net.tx_state, net.tx_waited = tx_route, tx_state, tx_waited
+        net.unexpected = unexpected
+
+    def _registers(self, m: Module, net: SimpleNamespace) -> None:
+        """The executor's working registers, and what its states share."""
+        F, FLOW, P, REQ, count, qbits = net.F, net.FLOW, net.P, net.REQ, net.count, net.qbits
+        t_due, t_on = net.t_due, net.t_on
+
         ev = Signal(_PORT_BITS)  # the port of the event at hand
         frame = Signal(BEAT_BITS)
         q = Signal(REQ)  # the REQUEST at hand (received, or the next waiting one)
@@ -277,6 +298,17 @@ class ControlUnitRTL(wiring.Component):
                 m.d.sync += count("stray")
             m.next = "IDLE"
 
+        net.after_free, net.back, net.code, net.due_now = after_free, back, code, due_now
+        net.ev, net.fail, net.field, net.fin, net.fl, net.found = ev, fail, field, fin, fl, found
+        net.fport, net.frame, net.from_src, net.g_hit = fport, frame, from_src, g_hit
+        net.g_late, net.g_same, net.inq, net.over, net.past = g_late, g_same, inq, over, past
+        net.per, net.q, net.scan_i, net.scan_ret, net.scan_vld = per, q, scan_i, scan_ret, scan_vld
+        net.stray, net.ver = stray, ver
+
+    def _executor(self, m: Module, net: SimpleNamespace) -> None:
+        """The executor, one state machine: out of reset it clears the route table."""
+        r_wr = net.r_wr
+
         clearing = Signal(range(self.nodes))
         with m.FSM(name="exec", init="CLEAR") as fsm:
             with m.State("CLEAR"):  # out of reset: no route is left from before it
@@ -284,383 +316,242 @@ class ControlUnitRTL(wiring.Component):
                 m.d.sync += clearing.eq(clearing + 1)
                 with m.If(clearing == self.nodes - 1):
                     m.next = "IDLE"
-            with m.State("IDLE"):
-                with m.If(self.halt):  # the job is over here: everything is dropped, its
-                    # timers too (as the Python unit's halt cancels them)
-                    m.d.comb += [self.rx_tready.eq(1), self.submit_ready.eq(1)]
-                    m.d.sync += [x.eq(0) for x in (*rx_pend, *tx_pend, *t_on)]
-                with m.Elif(Cat(*rx_pend).any()):
-                    for p in reversed(range(P)):
-                        with m.If(rx_pend[p]):
-                            m.d.sync += ev.eq(p)
-                    m.next = "RXD"
-                with m.Elif(Cat(*tx_pend).any()):
-                    for p in reversed(range(P)):
-                        with m.If(tx_pend[p]):
-                            m.d.sync += ev.eq(p)
-                    m.next = "TXD"
-                with m.Elif(self.rx_tvalid):
-                    m.d.comb += self.rx_tready.eq(1)
-                    m.d.sync += frame.eq(self.rx_tdata)
-                    m.next = "DECODE"
-                with m.Elif(self.submit_valid):
-                    m.d.comb += self.submit_ready.eq(1)
-                    m.d.sync += fl.eq(self.submit_flow)
-                    m.next = "SUB_ROUTE"
-                with m.Elif(due_now.any()):
-                    for i in reversed(range(3 * P)):
-                        with m.If(due_now[i]):
-                            m.d.sync += [ev.eq(i // 3), t_on[i].eq(0)]
-                            m.next = ("TMR_REQUEST", "TMR_LEASE", "TMR_RELEASE")[i % 3]
+            net.fsm = fsm
+            self._idle(m, net)
+            self._sending(m, net)
+            self._frames(m, net)
+            self._requests(m, net)
+            self._grants(m, net)
+            self._received(m, net)
 
-            # --- a flow to send: its route, its transmitter's queue ----------------------
-            with m.State("SUB_ROUTE"):  # (its route is read)
-                m.d.comb += r_rd.addr.eq(fl.dst)
-                m.next = "SUB_ROUTED"
-            with m.State("SUB_ROUTED"):
-                with m.If(~r_rd.data.valid):
-                    m.d.comb += fail("no_route", fl.id, fl.dst)
+    def _idle(self, m: Module, net: SimpleNamespace) -> None:
+        """Take the work at hand: a completion, a timer, a frame, a flow handed over."""
+        P, due_now, ev, fl, frame = net.P, net.due_now, net.ev, net.fl, net.frame
+        rx_pend, t_on, tx_pend = net.rx_pend, net.t_on, net.tx_pend
+
+        with m.State("IDLE"):
+            with m.If(self.halt):  # the job is over here: everything is dropped, its
+                # timers too (as the Python unit's halt cancels them)
+                m.d.comb += [self.rx_tready.eq(1), self.submit_ready.eq(1)]
+                m.d.sync += [x.eq(0) for x in (*rx_pend, *tx_pend, *t_on)]
+            with m.Elif(Cat(*rx_pend).any()):
+                for p in reversed(range(P)):
+                    with m.If(rx_pend[p]):
+                        m.d.sync += ev.eq(p)
+                m.next = "RXD"
+            with m.Elif(Cat(*tx_pend).any()):
+                for p in reversed(range(P)):
+                    with m.If(tx_pend[p]):
+                        m.d.sync += ev.eq(p)
+                m.next = "TXD"
+            with m.Elif(self.rx_tvalid):
+                m.d.comb += self.rx_tready.eq(1)
+                m.d.sync += frame.eq(self.rx_tdata)
+                m.next = "DECODE"
+            with m.Elif(self.submit_valid):
+                m.d.comb += self.submit_ready.eq(1)
+                m.d.sync += fl.eq(self.submit_flow)
+                m.next = "SUB_ROUTE"
+            with m.Elif(due_now.any()):
+                for i in reversed(range(3 * P)):
+                    with m.If(due_now[i]):
+                        m.d.sync += [ev.eq(i // 3), t_on[i].eq(0)]
+                        m.next = ("TMR_REQUEST", "TMR_LEASE", "TMR_RELEASE")[i % 3]
+
+    def _sending(self, m: Module, net: SimpleNamespace) -> None:
+        """A flow to send: routed, queued, asked for, timed out, sent."""
+        arm, count, ev, fail, fl, per = net.arm, net.count, net.ev, net.fail, net.fl, net.per
+        r_rd, room, send, stats, t_rd = net.r_rd, net.room, net.send, net.stats, net.t_rd
+        t_wr, tx_count, tx_cur, tx_head = net.t_wr, net.tx_count, net.tx_cur, net.tx_head
+        tx_pend, tx_retries, tx_route = net.tx_pend, net.tx_retries, net.tx_route
+        tx_state, tx_waited, txq = net.tx_state, net.tx_waited, net.txq
+
+        # --- a flow to send: its route, its transmitter's queue ----------------------
+        with m.State("SUB_ROUTE"):  # (its route is read)
+            m.d.comb += r_rd.addr.eq(fl.dst)
+            m.next = "SUB_ROUTED"
+        with m.State("SUB_ROUTED"):
+            with m.If(~r_rd.data.valid):
+                m.d.comb += fail("no_route", fl.id, fl.dst)
+                m.next = "IDLE"
+            with m.Else():
+                m.d.sync += ev.eq(r_rd.data.port)
+                m.next = "SUB_PUSH"
+        with m.State("SUB_PUSH"):
+            def push(p: int) -> None:
+                with m.If(tx_count[p] == txq):
+                    m.d.comb += fail("queue_full", fl.id, fl.dst)
                     m.next = "IDLE"
                 with m.Else():
-                    m.d.sync += ev.eq(r_rd.data.port)
-                    m.next = "SUB_PUSH"
-            with m.State("SUB_PUSH"):
-                def push(p: int) -> None:
-                    with m.If(tx_count[p] == txq):
-                        m.d.comb += fail("queue_full", fl.id, fl.dst)
-                        m.next = "IDLE"
-                    with m.Else():
-                        at = tx_head[p] + tx_count[p]
-                        m.d.comb += [t_wr.en.eq(1), t_wr.data.eq(fl),
-                                     t_wr.addr.eq(_slot(p, at, txq))]
-                        m.d.sync += tx_count[p].eq(tx_count[p] + 1)
-                        with m.If(tx_state[p] == IDLE):
-                            m.next = "TXN"
-                        with m.Else():
-                            m.next = "IDLE"
-                per(push)
-
-            # --- a transmitter takes its next flow and asks for the receiver ---------------
-            with m.State("TXN"):
-                def nxt(p: int) -> None:
-                    with m.If(tx_count[p] == 0):
-                        m.d.sync += tx_state[p].eq(IDLE)
-                        m.next = "IDLE"
-                    with m.Else():
-                        m.d.comb += t_rd.addr.eq(_slot(p, tx_head[p], txq))
-                        m.next = "TXN_FLOW"
-                per(nxt)
-            with m.State("TXN_FLOW"):  # the flow at the queue's head; its route is read
-                def took(p: int) -> None:
-                    m.d.comb += r_rd.addr.eq(t_rd.data.dst)
-                    m.d.sync += tx_cur[p].eq(t_rd.data)
-                per(took)
-                m.next = "TXN_ROUTE"
-            with m.State("TXN_ROUTE"):
-                def routed(p: int) -> None:
-                    m.d.sync += [tx_route[p].eq(r_rd.data), tx_state[p].eq(REQUESTING),
-                                 tx_retries[p].eq(0)]
-                per(routed)
-                m.next = "REQ_SEND"
-            with m.State("REQ_SEND"):
-                def request(p: int) -> None:
-                    with m.If(room):
-                        c, r = tx_cur[p], tx_route[p]
-                        m.d.comb += [*send("request", flow=c.id, hop=c.hop, src=self.node_id,
-                                           dst=r.next, port=p, channel=r.channel,
-                                           nbytes=c.nbytes, origin=c.src, final=c.dst,
-                                           iteration=c.iteration, step=c.step,
-                                           t_submit=c.t_submit)]
-                        m.d.sync += [count("requests"), tx_waited[p].eq(0)]
-                        arm(3 * p, self.ts_ns + self.request_timeout_ns)
-                        m.next = "IDLE"
-                per(request)
-            with m.State("TMR_REQUEST"):
-                def timeout(p: int) -> None:
-                    n = tx_retries[p] + 1
-                    m.d.sync += [tx_retries[p].eq(n),
-                                 stats["polls"].eq(stats["polls"] + tx_waited[p]),
-                                 stats["retries"].eq(stats["retries"] + ~tx_waited[p])]
-                    with m.If(n > self.max_retries):
-                        m.d.comb += fail("retries", tx_cur[p].id, tx_route[p].next,
-                                         tx_cur[p].nbytes)
-                        m.next = "IDLE"
-                    with m.Else():
-                        m.next = "REQ_SEND"
-                per(timeout)
-            with m.State("TXD"):  # sent: RELEASE, and the next flow
-                def sent(p: int) -> None:
-                    with m.If(room):
-                        c, r = tx_cur[p], tx_route[p]
-                        m.d.comb += send("release", flow=c.id, hop=c.hop, src=self.node_id,
-                                         dst=r.next, port=p)
-                        nh = tx_head[p] + 1
-                        m.d.sync += [tx_pend[p].eq(0), tx_count[p].eq(tx_count[p] - 1),
-                                     tx_head[p].eq(Mux(nh == txq, 0, nh))]
+                    at = tx_head[p] + tx_count[p]
+                    m.d.comb += [t_wr.en.eq(1), t_wr.data.eq(fl),
+                                 t_wr.addr.eq(ring_slot(p, at, txq))]
+                    m.d.sync += tx_count[p].eq(tx_count[p] + 1)
+                    with m.If(tx_state[p] == IDLE):
                         m.next = "TXN"
-                per(sent)
-
-            # --- a frame ------------------------------------------------------------------
-            with m.State("DECODE"):
-                m.d.sync += ev.eq(fport)
-                # a GRANT is judged here, as it arrives, and acted on in GRANTED (timing:
-                # the expiry's sum and compare and the sender's next state in one cycle
-                # were the design's longest path)
-                exp, gch = field("grant", "expires_ns"), field("grant", "channel")
-                # ts + tuning + propagation > expires, as expires - ts < tuning +
-                # propagation: one 64-bit subtraction shared by both judgements and two
-                # short compares, where two three-operand 64-bit sums had been the densest
-                # logic of the placement (routing congestion, docs/gateware.md)
-                left = Signal(65)  # expires - ts, its sign bit 64: already past
-                m.d.comb += left.eq(exp - self.ts_ns)
-                far = left[33:64] != 0  # 2**33 ns or more ahead: beyond any two 32-bit sums
-                m.d.sync += g_late.eq(Cat(
-                    left[64] | (~far & (left[:33] < self.tuning_ns + self.propagation_ns)),
-                    left[64] | (~far & (left[:33] < self.propagation_ns))))
-                for p in range(P):
-                    c = tx_cur[p]
-                    m.d.sync += [g_same[p].eq(tx_chan_ok[p] & (tx_chan[p] == gch)),
-                                 g_hit[p].eq((fport == p) & (tx_state[p] == REQUESTING)
-                                             & (c.id == field("grant", "flow"))
-                                             & (c.hop == field("grant", "hop")))]
-                kinds = {F.codes[k]: k for k in F.codes}
-                with m.If((ver != F.version) | ~Cat(*[code == c for c in kinds]).any()):
-                    m.d.sync += count("bad_frames")
-                    m.next = "IDLE"
-                with m.Elif(code == F.codes["request"]):
-                    m.d.sync += q.eq(Cat(*[field("request", n) for n in REQ.members]))
-                    with m.If(fport >= P):
-                        m.next = "IDLE"  # a port this board does not have: dropped
                     with m.Else():
-                        m.next = "RQ1"
-                with m.Elif(code == F.codes["grant"]):
-                    m.next = "GRANTED"
-                with m.Elif(code == F.codes["release"]):
-                    m.next = "RELEASED"
+                        m.next = "IDLE"
+            per(push)
+
+        # --- a transmitter takes its next flow and asks for the receiver ---------------
+        with m.State("TXN"):
+            def nxt(p: int) -> None:
+                with m.If(tx_count[p] == 0):
+                    m.d.sync += tx_state[p].eq(IDLE)
+                    m.next = "IDLE"
                 with m.Else():
-                    m.next = "WAITED"
-            with m.State("WAITED"):
+                    m.d.comb += t_rd.addr.eq(ring_slot(p, tx_head[p], txq))
+                    m.next = "TXN_FLOW"
+            per(nxt)
+        with m.State("TXN_FLOW"):  # the flow at the queue's head; its route is read
+            def took(p: int) -> None:
+                m.d.comb += r_rd.addr.eq(t_rd.data.dst)
+                m.d.sync += tx_cur[p].eq(t_rd.data)
+            per(took)
+            m.next = "TXN_ROUTE"
+        with m.State("TXN_ROUTE"):
+            def routed(p: int) -> None:
+                m.d.sync += [tx_route[p].eq(r_rd.data), tx_state[p].eq(REQUESTING),
+                             tx_retries[p].eq(0)]
+            per(routed)
+            m.next = "REQ_SEND"
+        with m.State("REQ_SEND"):
+            def request(p: int) -> None:
+                with m.If(room):
+                    c, r = tx_cur[p], tx_route[p]
+                    m.d.comb += [*send("request", flow=c.id, hop=c.hop, src=self.node_id,
+                                       dst=r.next, port=p, channel=r.channel,
+                                       nbytes=c.nbytes, origin=c.src, final=c.dst,
+                                       iteration=c.iteration, step=c.step,
+                                       t_submit=c.t_submit)]
+                    m.d.sync += [count("requests"), tx_waited[p].eq(0)]
+                    arm(3 * p, self.ts_ns + self.request_timeout_ns)
+                    m.next = "IDLE"
+            per(request)
+        with m.State("TMR_REQUEST"):
+            def timeout(p: int) -> None:
+                n = tx_retries[p] + 1
+                m.d.sync += [tx_retries[p].eq(n),
+                             stats["polls"].eq(stats["polls"] + tx_waited[p]),
+                             stats["retries"].eq(stats["retries"] + ~tx_waited[p])]
+                with m.If(n > self.max_retries):
+                    m.d.comb += fail("retries", tx_cur[p].id, tx_route[p].next,
+                                     tx_cur[p].nbytes)
+                    m.next = "IDLE"
+                with m.Else():
+                    m.next = "REQ_SEND"
+            per(timeout)
+        with m.State("TXD"):  # sent: RELEASE, and the next flow
+            def sent(p: int) -> None:
+                with m.If(room):
+                    c, r = tx_cur[p], tx_route[p]
+                    m.d.comb += send("release", flow=c.id, hop=c.hop, src=self.node_id,
+                                     dst=r.next, port=p)
+                    nh = tx_head[p] + 1
+                    m.d.sync += [tx_pend[p].eq(0), tx_count[p].eq(tx_count[p] - 1),
+                                 tx_head[p].eq(Mux(nh == txq, 0, nh))]
+                    m.next = "TXN"
+            per(sent)
+
+    def _frames(self, m: Module, net: SimpleNamespace) -> None:
+        """A frame: decoded, and a WAIT, GRANT or RELEASE taken."""
+        F, P, REQ, after_free, code = net.F, net.P, net.REQ, net.after_free, net.code
+        count, data_done, ev, field, fport = net.count, net.data_done, net.ev, net.field, net.fport
+        g_hit, g_late, g_ok, g_same = net.g_hit, net.g_late, net.g_ok, net.g_same
+        granted, q, released, stray, t_on = net.granted, net.q, net.released, net.stray, net.t_on
+        tx_chan, tx_chan_ok, tx_cur = net.tx_chan, net.tx_chan_ok, net.tx_cur
+        tx_retries, tx_state, tx_waited, ver = net.tx_retries, net.tx_state, net.tx_waited, net.ver
+
+        # --- a frame ------------------------------------------------------------------
+        with m.State("DECODE"):
+            m.d.sync += ev.eq(fport)
+            # a GRANT is judged here, as it arrives, and acted on in GRANTED (timing:
+            # the expiry's sum and compare and the sender's next state in one cycle
+            # were the design's longest path)
+            exp, gch = field("grant", "expires_ns"), field("grant", "channel")
+            # ts + tuning + propagation > expires, as expires - ts < tuning +
+            # propagation: one 64-bit subtraction shared by both judgements and two
+            # short compares, where two three-operand 64-bit sums had been the densest
+            # logic of the placement (routing congestion, docs/gateware.md)
+            left = Signal(65)  # expires - ts, its sign bit 64: already past
+            m.d.comb += left.eq(exp - self.ts_ns)
+            far = left[33:64] != 0  # 2**33 ns or more ahead: beyond any two 32-bit sums
+            m.d.sync += g_late.eq(Cat(
+                left[64] | (~far & (left[:33] < self.tuning_ns + self.propagation_ns)),
+                left[64] | (~far & (left[:33] < self.propagation_ns))))
+            for p in range(P):
+                c = tx_cur[p]
+                m.d.sync += [g_same[p].eq(tx_chan_ok[p] & (tx_chan[p] == gch)),
+                             g_hit[p].eq((fport == p) & (tx_state[p] == REQUESTING)
+                                         & (c.id == field("grant", "flow"))
+                                         & (c.hop == field("grant", "hop")))]
+            kinds = {F.codes[k]: k for k in F.codes}
+            with m.If((ver != F.version) | ~Cat(*[code == c for c in kinds]).any()):
+                m.d.sync += count("bad_frames")
+                m.next = "IDLE"
+            with m.Elif(code == F.codes["request"]):
+                m.d.sync += q.eq(Cat(*[field("request", n) for n in REQ.members]))
+                with m.If(fport >= P):
+                    m.next = "IDLE"  # a port this board does not have: dropped
+                with m.Else():
+                    m.next = "RQ1"
+            with m.Elif(code == F.codes["grant"]):
+                m.next = "GRANTED"
+            with m.Elif(code == F.codes["release"]):
+                m.next = "RELEASED"
+            with m.Else():
+                m.next = "WAITED"
+        with m.State("WAITED"):
+            m.next = "IDLE"
+            for p in range(P):
+                c = tx_cur[p]
+                with m.If((fport == p) & (tx_state[p] != IDLE) & (c.id == field("wait", "flow"))
+                          & (c.hop == field("wait", "hop"))):
+                    m.d.sync += [count("waits"), tx_retries[p].eq(0), tx_waited[p].eq(1)]
+        with m.State("GRANTED"):
+            ok = Signal()
+            m.d.comb += ok.eq(0)
+            for p in range(P):
+                c = tx_cur[p]
+                with m.If(g_hit[p]):
+                    m.d.comb += ok.eq(1)
+                    ch, same = field("grant", "channel"), g_same[p]
+                    with m.If(Mux(same, g_late[1], g_late[0])):
+                        m.d.sync += count("stale_grants")
+                    with m.Else():
+                        m.d.sync += [t_on[3 * p].eq(0), tx_state[p].eq(SENDING),
+                                     tx_chan[p].eq(ch), tx_chan_ok[p].eq(1)]
+                        m.d.comb += [self.start_valid.eq(1), self.start_port.eq(p),
+                                     self.start_tune.eq(~same), self.start_channel.eq(ch),
+                                     self.start_flow.eq(c)]
+            with m.If(ok):
+                m.next = "IDLE"
+            with m.Else():
+                stray("grant")
+        with m.State("RELEASED"):
+            ok = Signal()
+            m.d.comb += ok.eq(0)
+            for p in range(P):
+                g = granted[p]
+                with m.If((fport == p) & g_ok[p] & (g.flow == field("release", "flow"))
+                          & (g.hop == field("release", "hop"))):
+                    m.d.comb += ok.eq(1)
+                    m.d.sync += released[p].eq(1)
+            with m.If(ok):
                 m.next = "IDLE"
                 for p in range(P):
-                    c = tx_cur[p]
-                    with m.If((fport == p) & (tx_state[p] != IDLE) & (c.id == field("wait", "flow"))
-                              & (c.hop == field("wait", "hop"))):
-                        m.d.sync += [count("waits"), tx_retries[p].eq(0), tx_waited[p].eq(1)]
-            with m.State("GRANTED"):
-                ok = Signal()
-                m.d.comb += ok.eq(0)
-                for p in range(P):
-                    c = tx_cur[p]
-                    with m.If(g_hit[p]):
-                        m.d.comb += ok.eq(1)
-                        ch, same = field("grant", "channel"), g_same[p]
-                        with m.If(Mux(same, g_late[1], g_late[0])):
-                            m.d.sync += count("stale_grants")
-                        with m.Else():
-                            m.d.sync += [t_on[3 * p].eq(0), tx_state[p].eq(SENDING),
-                                         tx_chan[p].eq(ch), tx_chan_ok[p].eq(1)]
-                            m.d.comb += [self.start_valid.eq(1), self.start_port.eq(p),
-                                         self.start_tune.eq(~same), self.start_channel.eq(ch),
-                                         self.start_flow.eq(c)]
-                with m.If(ok):
-                    m.next = "IDLE"
-                with m.Else():
-                    stray("grant")
-            with m.State("RELEASED"):
-                ok = Signal()
-                m.d.comb += ok.eq(0)
-                for p in range(P):
-                    g = granted[p]
-                    with m.If((fport == p) & g_ok[p] & (g.flow == field("release", "flow"))
-                              & (g.hop == field("release", "hop"))):
-                        m.d.comb += ok.eq(1)
-                        m.d.sync += released[p].eq(1)
-                with m.If(ok):
-                    m.next = "IDLE"
-                    for p in range(P):
-                        with m.If((fport == p) & data_done[p]):
-                            m.d.sync += after_free.eq(0)
-                            m.next = "FREE"
-                with m.Else():
-                    stray("release")
-
-            # --- a REQUEST ----------------------------------------------------------------
-            with m.State("RQ1"):
-                def rq1(p: int) -> None:
-                    g = granted[p]
-                    with m.If(g_ok[p] & (g.flow == q.flow) & (g.hop == q.hop)):
-                        # granted already: a poll that crossed the GRANT, or a retry after
-                        # a lost one; not answered now (the lease check resends a lost one)
-                        m.d.sync += asked[p].eq(1)
-                        m.next = "IDLE"
-                    with m.Else():
-                        m.d.sync += [scan_i.eq(0), found.eq(0), scan_ret.eq(0), scan_vld.eq(0)]
-                        m.next = "DSCAN"
-                per(rq1)
-            with m.State("RQ2"):
-                with m.If(found):
-                    m.next = "IDLE"
-                with m.Else():
-                    m.d.sync += [scan_i.eq(0), inq.eq(0), from_src.eq(0), scan_vld.eq(0)]
-                    m.next = "QSCAN"
-            with m.State("QSCAN"):  # is it queued; how many of its sender's are
-                def qscan(p: int) -> None:
-                    # pipelined: entry scan_i is read while entry scan_i - 1 is compared
-                    e, more = q_rd.data, scan_i != q_count[p]
-                    m.d.comb += q_rd.addr.eq(_slot(p, q_head[p] + scan_i, rxq))
-                    m.d.sync += scan_vld.eq(more)
-                    with m.If(more):
-                        m.d.sync += scan_i.eq(scan_i + 1)
-                    with m.If(scan_vld):
-                        with m.If((e.flow == q.flow) & (e.hop == q.hop)):
-                            m.d.sync += inq.eq(1)
-                        with m.If(e.src == q.src):
-                            m.d.sync += from_src.eq(from_src + 1)
-                    with m.If(~more & ~scan_vld):  # its bounds judged here, for RQ3 (timing)
-                        m.d.sync += over.eq((q_count[p] >= rxq)
-                                            | (from_src >= self.per_sender))
-                        m.next = "RQ3"
-                per(qscan)
-            with m.State("RQ3"):
-                def rq3(p: int) -> None:
-                    n = q_count[p]
-                    wait = dict(flow=q.flow, hop=q.hop, src=self.node_id, dst=q.src, port=p)
-                    with m.If(inq), m.If(room):
-                        m.d.comb += send("wait", **wait, queue_position=n)
-                        m.next = "IDLE"
-                    with m.Elif(~g_ok[p]):
+                    with m.If((fport == p) & data_done[p]):
                         m.d.sync += after_free.eq(0)
-                        m.next = "GRANT"
-                    with m.Elif(over):
-                        m.d.sync += count("requests_refused")
-                        m.next = "IDLE"
-                    with m.Elif(room):
-                        at = q_head[p] + n
-                        m.d.comb += [q_wr.en.eq(1), q_wr.data.eq(q),
-                                     q_wr.addr.eq(_slot(p, at, rxq)),
-                                     *send("wait", **wait, queue_position=n + 1)]
-                        m.d.sync += q_count[p].eq(n + 1)
-                        m.next = "IDLE"
-                per(rq3)
-            with m.State("GRANT"):  # q gets the receiver, with a lease
-                def grant(p: int) -> None:
-                    with m.If(room):
-                        expires = Signal(64, name=f"expires{p}")
-                        m.d.comb += [expires.eq(self.ts_ns + self.lease_ns),
-                                     *send("grant", flow=q.flow, hop=q.hop, src=self.node_id,
-                                           dst=q.src, port=p, channel=q.channel,
-                                           expires_ns=expires)]
-                        m.d.sync += [granted[p].eq(q), g_ok[p].eq(1), data_done[p].eq(0),
-                                     released[p].eq(0), asked[p].eq(0), count("grants")]
-                        arm(3 * p + 1, expires + self.propagation_ns + 1)
-                        back()
-                per(grant)
-            with m.State("TMR_LEASE"):
-                def lease(p: int) -> None:
-                    with m.If(self.rx_receiving[p]):
-                        m.next = "IDLE"  # the data is arriving
-                    with m.Elif(asked[p]):  # its sender asked again: the GRANT was lost
-                        m.d.sync += [count("revoked"), q.eq(granted[p]), after_free.eq(0)]
-                        m.next = "GRANT"  # again, a fresh lease; it keeps its turn
-                    with m.Else():
-                        m.d.sync += [count("revoked"), g_ok[p].eq(0), after_free.eq(0)]
-                        m.next = "GNEXT"
-                per(lease)
-            with m.State("TMR_RELEASE"):
-                m.d.sync += [count("releases_overdue"), after_free.eq(0)]
-                m.next = "FREE"
-            with m.State("FREE"):
-                def free(p: int) -> None:
-                    m.d.sync += [t_on[3 * p + 2].eq(0), g_ok[p].eq(0)]
-                per(free)
-                m.next = "GNEXT"
-            with m.State("GNEXT"):  # the next waiting REQUEST not yet delivered gets it
-                def gnext(p: int) -> None:
-                    with m.If(q_count[p] == 0):
-                        m.d.sync += g_ok[p].eq(0)
-                        back()
-                    with m.Else():
-                        m.d.comb += q_rd.addr.eq(_slot(p, q_head[p], rxq))
-                        m.next = "GNEXT_READ"
-                per(gnext)
-            with m.State("GNEXT_READ"):  # the waiting REQUEST at the head, read
-                def taken(p: int) -> None:
-                    nh = q_head[p] + 1
-                    m.d.sync += [q.eq(q_rd.data), q_count[p].eq(q_count[p] - 1),
-                                 q_head[p].eq(Mux(nh == rxq, 0, nh)),
-                                 scan_i.eq(0), found.eq(0), scan_ret.eq(1), scan_vld.eq(0)]
-                per(taken)
-                m.next = "DSCAN"
-            with m.State("GN2"):
-                with m.If(found):
-                    m.next = "GNEXT"
-                with m.Else():
-                    m.next = "GRANT"
-
-            # --- the delivered keys: is q's among them ------------------------------------
-            with m.State("DSCAN"):
-                def dscan(p: int) -> None:
-                    # pipelined as QSCAN: entry scan_i read, entry scan_i - 1 compared
-                    more = ~found & (scan_i != d_count[p])
-                    m.d.comb += d_rd.addr.eq(_slot(p, scan_i, dn))
-                    m.d.sync += scan_vld.eq(more)
-                    with m.If(more):
-                        m.d.sync += scan_i.eq(scan_i + 1)
-                    with m.If(scan_vld & (d_rd.data.flow == q.flow) & (d_rd.data.hop == q.hop)):
-                        m.d.sync += found.eq(1)
-                    with m.If(~more & ~scan_vld), m.Switch(scan_ret):
-                        with m.Case(0):
-                            m.next = "RQ2"
-                        with m.Case(1):
-                            m.next = "GN2"
-                        with m.Default():
-                            m.next = "RXD2"
-                per(dscan)
-
-            # --- a transfer received in full ------------------------------------------------
-            with m.State("RXD"):
-                def rxd(p: int) -> None:
-                    g = granted[p]
-                    m.d.sync += rx_pend[p].eq(0)
-                    with m.If(~g_ok[p] | (g.flow[:32] != rx_pflow[p]) | data_done[p]):
-                        m.d.sync += [count("unexpected_rx"), unexpected[p].eq(unexpected[p] + 1)]
-                        m.next = "IDLE"
-                    with m.Elif(rx_pbytes[p] != g.nbytes):
-                        m.d.comb += fail("short", g.flow, 0, rx_pbytes[p])
-                        m.next = "IDLE"
-                    with m.Else():
-                        m.d.sync += [q.eq(g), fin.eq(g), scan_i.eq(0), found.eq(0),
-                                     scan_ret.eq(2), scan_vld.eq(0)]
-                        m.next = "DSCAN"
-                per(rxd)
-            with m.State("RXD2"):
-                def rxd2(p: int) -> None:
-                    with m.If(~found):  # remembered; the oldest forgotten when full
-                        m.d.comb += [d_wr.en.eq(1), d_wr.data.eq(Cat(q.flow, q.hop))]
-                        with m.If(d_count[p] < dn):
-                            m.d.comb += d_wr.addr.eq(_slot(p, d_count[p], dn))
-                            m.d.sync += d_count[p].eq(d_count[p] + 1)
-                        with m.Else():
-                            m.d.comb += d_wr.addr.eq(_slot(p, d_old[p], dn))
-                            m.d.sync += d_old[p].eq(Mux(d_old[p] == dn - 1, 0, d_old[p] + 1))
-                    m.d.sync += [data_done[p].eq(1), t_on[3 * p + 1].eq(0)]
-                    with m.If(released[p]):
-                        m.d.sync += after_free.eq(1)
                         m.next = "FREE"
-                    with m.Else():
-                        arm(3 * p + 2, self.ts_ns + self.release_timeout_ns)
-                        m.next = "RXD_TAIL"
-                per(rxd2)
-            with m.State("RXD_TAIL"):  # delivered here, or relayed on
-                flow = Cat(fin.flow, fin.origin, fin.final, fin.nbytes, fin.iteration, fin.step,
-                           fin.hop, fin.t_submit)
-                m.d.sync += after_free.eq(0)
-                with m.If(fin.final == self.node_id):
-                    m.d.comb += [self.deliver_valid.eq(1), self.deliver_flow.eq(flow)]
-                    m.next = "IDLE"
-                with m.Else():
-                    m.d.sync += [count("relayed"), fl.eq(flow), fl.hop.eq(fin.hop + 1)]
-                    m.next = "SUB_ROUTE"
+            with m.Else():
+                stray("release")
+
+    def _completions(self, m: Module, net: SimpleNamespace) -> None:
+        """The datapath's completions, latched after the executor's statements (one that
+        comes as the executor takes the last is kept), and the co-simulation's outputs."""
+        P, W, fsm, out, past, rx_pbytes = net.P, net.W, net.fsm, net.out, net.past, net.rx_pbytes
+        rx_pend, rx_pflow, staged, tx_pend = net.rx_pend, net.rx_pflow, net.staged, net.tx_pend
+
         # completions are latched until the executor takes them (after the executor's
         # statements: one that comes as the executor takes the last is kept, not cleared)
         for p in range(P):
@@ -674,4 +565,3 @@ class ControlUnitRTL(wiring.Component):
         m.d.comb += self.busy.eq(Cat(*rx_pend, *tx_pend).any() | self.rx_tvalid
                                  | self.submit_valid | past.any() | out.r_rdy | staged
                                  | ~fsm.ongoing("IDLE"))
-        return m

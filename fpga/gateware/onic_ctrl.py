@@ -21,42 +21,24 @@ in that order of priority. Count-action semantics, which the Python board model 
 
 from __future__ import annotations
 
+from types import SimpleNamespace
 from typing import Any
 
 from amaranth import Array, Cat, Const, Module, Mux, Signal
-from amaranth.lib import fifo, wiring
+from amaranth.lib import fifo
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 from oddl.fpga import regmap as R
-from oddl.fpga.countaction import ACTIONS, SIGNALS
-
-ADDR_BITS = 16  # 64 KiB
-N_HDR = len(R.HEADER)
-FIRE_LIMIT = R.CA_FIRE_LIMIT
-GROUP_BITS = 5  # the read multiplexer's first stage: groups of 2**5 bytes, eight registers
-# queued count-action events: a datapath event queues at most 3, each firing 1
-EVENT_DEPTH = FIRE_LIMIT + 4
-ANY_PORT = len(R.PORTS)  # index code of rx[any]
-# the engine's codes, as fpga/countaction.py compiles them
-SIG = {"rx_bytes": SIGNALS["rx", "bytes"], "rx_transfers": SIGNALS["rx", "transfers"],
-       "tx_done": SIGNALS["tx", "done"], "dac_valid": SIGNALS["DAC", "valid"],
-       "fired": SIGNALS["module", "fired"], "delivered": SIGNALS["rx", "delivered"]}
-ACT = ACTIONS
-OKAY, SLVERR = 0, 2
-# event entry: sig (3) | index (8) | value (32) | has_src (1) | src (24)
-# a queued event's word: its fields and widths, in order
-_EV_LAYOUT = (("sig", 3), ("idx", 8), ("val", 32), ("has_src", 1), ("src", 24))
-_EV_WIDTH = sum(w for _, w in _EV_LAYOUT)
-
-
-def _ev(word: Any, name: str) -> Any:
-    """Field `name` of an event word (`_EV_LAYOUT`)."""
-    at = 0
-    for f, w in _EV_LAYOUT:
-        if f == name:
-            return word[at: at + w]
-        at += w
-    raise KeyError(name)
+from oddl.fpga.gateware.onic_bus import ADDR_BITS, N_HDR, BusParts
+from oddl.fpga.gateware.onic_engine import (
+    ANY_PORT,
+    EV_LAYOUT,
+    EV_WIDTH,
+    EVENT_DEPTH,
+    SIG,
+    EngineParts,
+    ev_field,
+)
 
 
 def _port_members(p: str) -> dict[str, object]:
@@ -108,39 +90,7 @@ def members(unit_port: bool = False) -> dict[str, Any]:
     return out
 
 
-def read_groups(reads: dict[int, Any], name: str
-                ) -> tuple[dict[int, dict[int, Any]], dict[int, Signal]]:
-    """A register read multiplexer's first stage: the registers (offset -> value) by group
-    of 2**GROUP_BITS bytes, and a 32-bit register for each group's word."""
-    groups: dict[int, dict[int, Any]] = {}
-    for off, value in reads.items():
-        groups.setdefault(off >> GROUP_BITS, {})[off] = value
-    return groups, {g: Signal(32, name=f"{name}_{g:x}") for g in groups}
-
-
-def read_first_stage(m: Module, addr: Any, groups: dict[int, dict[int, Any]],
-                     staged: dict[int, Signal]) -> None:
-    """Each group's register takes its word at `addr` (zero: a hole or an SC register);
-    the second stage takes the group's, by `addr[GROUP_BITS:]`."""
-    for g, group in groups.items():
-        m.d.sync += staged[g].eq(0)
-        with m.Switch(addr[2:GROUP_BITS]):
-            for off, value in sorted(group.items()):
-                with m.Case((off >> 2) % (1 << (GROUP_BITS - 2))):
-                    m.d.sync += staged[g].eq(value)
-
-
-def read_second_stage(m: Module, addr: Any, staged: dict[int, Signal], rdata: Signal
-                      ) -> None:
-    """`rdata` takes the word of `addr`'s group (zero: no register's group)."""
-    m.d.sync += rdata.eq(0)
-    with m.Switch(addr[GROUP_BITS:]):
-        for g in sorted(staged):
-            with m.Case(g):
-                m.d.sync += rdata.eq(staged[g])
-
-
-class OnicCtrl(wiring.Component):
+class OnicCtrl(EngineParts, BusParts):
     """The IP. Straps (`node_id`, `n_nodes`, `n_channels`, `ports_present`,
     `bitstream_hash`) come from the shell; `ts_ns` from the board's time base.
 
@@ -180,14 +130,28 @@ class OnicCtrl(wiring.Component):
 
     # ---------------------------------------------------------------------------------
     def elaborate(self, platform: object) -> Module:
+        net = SimpleNamespace()  # the nets each part makes for the parts after it
         m = Module()
         np_ = len(R.PORTS)
         ports = [p.lower() for p in R.PORTS]
 
         def pin(p: str, name: str) -> Signal:
             return getattr(self, f"{p}_{name}")
+        net.np_, net.pin, net.ports = np_, pin, ports
+        self._storage(m, net)
+        self._completions(m, net)
+        self._requests(m, net)
+        self._match(m, net)
+        self._bus(m, net)
+        self._reads(m, net)
+        self._executor(m, net)
+        self._flags(m, net)
+        return m
 
-        # ---- storage ---------------------------------------------------------------
+    def _storage(self, m: Module, net: SimpleNamespace) -> None:
+        """The registers, the transmitters' state, the engine's modules and memories."""
+        ports = net.ports
+
         rw = {r.name: Signal(32, name=r.name.lower(), init=r.reset) for r in R.REGISTERS
               if r.access == "RW" and not r.name.startswith("CA") and r.name != "NODE_ID"}
         node_id, node_id_set = Signal(32), Signal()
@@ -235,10 +199,24 @@ class OnicCtrl(wiring.Component):
         m.submodules.routes = routes
         route_rd = routes.read_port()
         route_wr = routes.write_port()
-        events = fifo.SyncFIFO(width=_EV_WIDTH, depth=EVENT_DEPTH)
+        events = fifo.SyncFIFO(width=EV_WIDTH, depth=EVENT_DEPTH)
         m.submodules.events = events
 
-        # ---- datapath completions, latched until the executor takes them ----------
+        net.acts_rd, net.after_tune, net.ca_count = acts_rd, after_tune, ca_count
+        net.ca_ctrl, net.ca_fired, net.ca_nfire, net.ca_src = ca_ctrl, ca_fired, ca_nfire, ca_src
+        net.ca_target, net.channel, net.error, net.events = ca_target, channel, error, events
+        net.inflight, net.irq_status, net.nm, net.node_id = inflight, irq_status, nm, node_id
+        net.node_id_set, net.ns, net.req_ch, net.route_rd = node_id_set, ns, req_ch, route_rd
+        net.route_wr, net.rw, net.rx_bytes, net.rx_hdr = route_wr, rw, rx_bytes, rx_hdr
+        net.rx_keep, net.sending, net.slots_rd, net.slots_wr = rx_keep, sending, slots_rd, slots_wr
+        net.src_col, net.ts_hi, net.tune_from, net.tune_ns = src_col, ts_hi, tune_from, tune_ns
+        net.tuned, net.tuning, net.tx_done_count = tuned, tuning, tx_done_count
+        net.tx_sent = tx_sent
+
+    def _completions(self, m: Module, net: SimpleNamespace) -> None:
+        """The datapath's completions, latched until the executor takes them."""
+        pin, ports = net.pin, net.ports
+
         pend_lock = [Signal(name=f"{p}_pend_lock") for p in ports]
         pend_txd = [Signal(name=f"{p}_pend_txdone") for p in ports]
         pend_rxd = [Signal(name=f"{p}_pend_rxdone") for p in ports]
@@ -264,7 +242,17 @@ class OnicCtrl(wiring.Component):
         with m.Elif(take_dac):
             m.d.sync += pend_dac.eq(0)
 
-        # ---- requests the executor raises; the port blocks below carry them out ----
+        net.dac_idx, net.pend_dac, net.pend_lock = dac_idx, pend_dac, pend_lock
+        net.pend_rxd, net.pend_txd, net.rx_l, net.take_dac = pend_rxd, pend_txd, rx_l, take_dac
+        net.take_lock, net.take_rxd, net.take_txd = take_lock, take_rxd, take_txd
+
+    def _requests(self, m: Module, net: SimpleNamespace) -> None:
+        """The tuning sequencer and transfer handshake of each port, carrying out the
+        requests the executor raises (`do_tune`, `do_start`), judged a cycle later."""
+        after_tune, channel, inflight, pin = net.after_tune, net.channel, net.inflight, net.pin
+        ports, req_ch, rw, sending = net.ports, net.req_ch, net.rw, net.sending
+        tune_from, tuned, tuning = net.tune_from, net.tuned, net.tuning
+
         irq_set = Signal(32)
         irq_clr = Signal(32)
         err_clr = Signal(32)
@@ -319,138 +307,18 @@ class OnicCtrl(wiring.Component):
                              pin(p, "tx_flow").eq(rw[f"TX{P}_FLOW"]),
                              pin(p, "tx_hdr").eq(Cat(*hdr))]
 
-        # ---- the count-action match: which modules take the current event ----------
-        # (timing: the slots' comparators are judged as the event is taken from its queue,
-        # into `hits`; a scan cycle then only masks them with the modules armed now, takes
-        # the first, and fires it if its count, summed beside every module's in parallel,
-        # reaches the target: one carry chain deep, not a compare, a 16-way mux and an add)
-        ev_val = Signal(32)  # the value of the event at hand, taken with it
+        net.do_start, net.do_tune, net.err_clr = do_start, do_tune, err_clr
+        net.err_terms, net.flag, net.irq_clr, net.irq_set = err_terms, flag, irq_clr, irq_set
+        net.irq_terms, net.q_start, net.q_tune, net.taken = irq_terms, q_start, q_tune, taken
+        net.then_start, net.tune_arg = then_start, tune_arg
 
-        def slot_hits(word: Any) -> Any:
-            """Which modules have a slot that takes event `word` (armed or not)."""
-            sig, idx = _ev(word, "sig"), _ev(word, "idx")
-            has_src, src1 = _ev(word, "has_src"), _ev(word, "src") + 1  # (filter: src + 1)
-            out = []
-            for i in range(nm):
-                hits = []
-                for k in range(ns):
-                    w = ca_src[i][k]
-                    idx_ok = (w[8:16] == idx) | ((sig == SIG["delivered"])
-                                                 & (w[8:16] == ANY_PORT))
-                    filt = w[16:32]
-                    hits.append((w[0:8] == sig) & idx_ok
-                                & ((filt == 0) | (has_src & (filt == src1))))
-                out.append(Cat(*hits).any())
-            return Cat(*out)
 
-        # of the event at hand, judged when it was taken: the modules after the one the
-        # scan has come to (cleared up to it as it goes, not counted from a pointer)
-        hits = Signal(nm)
-        pending_mods = Signal(nm)
-        m.d.comb += pending_mods.eq(hits & Cat(*(ca_ctrl[i][0] for i in range(nm))))
-        first_hot = Signal(nm)  # the first of them, one-hot
-        m.d.comb += first_hot.eq(pending_mods & (~pending_mods + 1))
-        past_first = Signal(nm)  # the modules after the first
-        m.d.comb += past_first.eq(~((first_hot << 1) - 1))
-        first = Signal(range(nm))
-        for i in reversed(range(nm)):
-            with m.If(pending_mods[i]):
-                m.d.comb += first.eq(i)
-        cur, slot = Signal(range(nm)), Signal(range(ns + 1))
-        cur_hot = Signal(nm)  # the firing module, one-hot: each module updates itself
+    def _executor(self, m: Module, net: SimpleNamespace) -> None:
+        """The executor: one thing at a time, so that no register has two writers."""
+        events, flag, pend_dac, pend_lock = net.events, net.flag, net.pend_dac, net.pend_lock
+        pend_rxd, pend_txd, q_start, q_tune = net.pend_rxd, net.pend_txd, net.q_start, net.q_tune
+        rw = net.rw
 
-        def clear(t: Any) -> list[Any]:  # a module's RESET: count, fired and fire count
-            return [ca_count[t].eq(0), ca_fired[t].eq(0), ca_nfire[t].eq(0)]
-        # the slot the firing module runs this cycle: read from the slots' memory, its
-        # address given the cycle before (a 128-way mux ahead of the action's decode had
-        # made the engine's longest path)
-        act_word = acts_rd.data
-        a, idx, arg = act_word[0:8], act_word[8:16], act_word[16:32]
-        fires = Signal(range(FIRE_LIMIT + 1))
-        new_count = [Signal(32, name=f"ca{i}_next") for i in range(nm)]
-        reaches = Signal(nm)  # each module's count, with the event's value, at its target
-        for i in range(nm):
-            m.d.comb += [new_count[i].eq(ca_count[i] + ev_val),
-                         reaches[i].eq((new_count[i] >= ca_target[i]) & (ca_target[i] != 0))]
-        fire_now = Signal()
-        m.d.comb += fire_now.eq((first_hot & reaches).any())
-
-        def count_first() -> list[Any]:
-            """The first pending module takes the event's value."""
-            return [ca_count[i].eq(Mux(first_hot[i], new_count[i], ca_count[i]))
-                    for i in range(nm)]
-
-        # ---- the bus ---------------------------------------------------------------
-        waddr, wdata, wstrb = Signal(ADDR_BITS), Signal(32), Signal(4)
-        raddr = Signal(ADDR_BITS)
-        bresp, rdata, rresp = Signal(2), Signal(32), Signal(2)
-        m.d.comb += [self.s_axi_bresp.eq(bresp), self.s_axi_rdata.eq(rdata),
-                     self.s_axi_rresp.eq(rresp)]
-        m.d.comb += route_wr.addr.eq(waddr[2:2 + 11]), route_wr.data.eq(wdata)
-        m.d.comb += route_rd.addr.eq(raddr[2:2 + 11])
-        in_routes_w = (waddr >= R.ROUTE_BASE) & (waddr < R.ROUTE_BASE + 8 * R.ROUTE_ENTRIES)
-        in_routes_r = (raddr >= R.ROUTE_BASE) & (raddr < R.ROUTE_BASE + 8 * R.ROUTE_ENTRIES)
-        in_ca_w = (waddr >= R.CA_BASE) & (waddr < R.CA_BASE + R.CA_STRIDE * nm)
-        in_ca_r = (raddr >= R.CA_BASE) & (raddr < R.CA_BASE + R.CA_STRIDE * nm)
-        ca_wm, ca_wf = waddr[7:11], waddr[0:7]  # module, field offset (CA_STRIDE = 0x80)
-        ca_rm, ca_rf = raddr[7:11], raddr[0:7]
-        assert R.CA_STRIDE == 0x80 and R.CA_BASE % 0x800 == 0
-        # a slot's copy: module, then SRC (0x20 + 4k) or ACT (0x40 + 4k), then k
-        assert ns == 8 and (R.ca(0, "SRC0"), R.ca(0, "ACT0")) == (R.CA_BASE + 0x20,
-                                                                  R.CA_BASE + 0x40)
-        m.d.comb += [slots_wr.addr.eq(Cat(ca_wf[2:5], ca_wf[6], ca_wm)),
-                     slots_wr.data.eq(wdata),
-                     slots_rd.addr.eq(Cat(ca_rf[2:5], ca_rf[6], ca_rm))]
-
-        def status_word(i: int) -> object:
-            return (tuning[i] | (sending[i] << 1) | ((tuned[i] & ~tuning[i]) << 2)
-                    | (channel[i] << 8))
-
-        # read values of everything outside the route table and the engine
-        reads: dict[int, object] = {
-            R.BY_NAME["MAGIC"].offset: Const(R.MAGIC, 32),
-            R.BY_NAME["DESIGN_VERSION"].offset: Const(self.design_version, 32),
-            R.BY_NAME["CAPS"].offset: Const(R.BY_NAME["CAPS"].reset, 32),
-            R.BY_NAME["NODE_ID"].offset: Mux(node_id_set, node_id, self.node_id),
-            R.BY_NAME["IRQ_STATUS"].offset: irq_status,
-            R.BY_NAME["ERROR"].offset: error,
-            R.BY_NAME["TS_LO"].offset: self.ts_ns[0:32],
-            R.BY_NAME["TS_HI"].offset: ts_hi,
-        }
-        for k in range(8):  # word 0 most significant
-            reads[R.BY_NAME[f"BITSTREAM_HASH{k}"].offset] = \
-                self.bitstream_hash[256 - 32 * (k + 1): 256 - 32 * k]
-        for name, sig in rw.items():
-            reads[R.BY_NAME[name].offset] = sig
-        for i, P in enumerate(R.PORTS):
-            def o(n: str, P: str = P) -> int:
-                return R.BY_NAME[n.replace("#", P)].offset
-            reads |= {o("TX#_STATUS"): status_word(i), o("TX#_DONE_COUNT"): tx_done_count[i],
-                      o("TX#_SENT_LO"): tx_sent[i][0:32], o("TX#_SENT_HI"): tx_sent[i][32:64],
-                      o("TX#_TUNE_NS"): tune_ns[i], o("RX#_STATUS"): pin(ports[i], "rx_busy"),
-                      o("RX#_BYTES_LO"): rx_bytes[i][0:32],
-                      o("RX#_BYTES_HI"): rx_bytes[i][32:64],
-                      o("RX#_CUR_FLOW"): Mux(pin(ports[i], "rx_busy"),
-                                             pin(ports[i], "rx_cur_flow"), 0xFFFFFFFF)}
-            for name, sigs in rx_keep.items():
-                reads[o(f"RX#_{name}")] = sigs[i]
-            for h in range(N_HDR):
-                reads[o(f"RX#_HDR{h}")] = rx_hdr[i][h]
-        # The read multiplexer, in two registered stages: in READ each group of eight
-        # registers (a port's TX block, its RX counters, ...) picks its word beside them,
-        # and the engine its field; in READ_DATA one of the groups' words is taken. (One
-        # multiplexer of every register had drawn them all, and their counters' adders,
-        # to one spot of the die: the routing congestion that kept the board build from
-        # converging, docs/gateware.md.) A register is read as it was in READ: the cycle
-        # TS_HI is latched in, so TS_LO and TS_HI are one instant's.
-        groups, staged = read_groups(reads, "read_group")
-        assert nm == 16, "the engine's read: four groups of four modules"
-        ca_staged = [Signal(32, name=f"read_ca_{q}") for q in range(4)]
-        writable = {R.BY_NAME[n].offset for n in rw} | {R.BY_NAME["NODE_ID"].offset}
-        w1c = {r.offset for r in R.REGISTERS if r.access == "W1C"}
-        sc = {r.offset for r in R.REGISTERS if r.access == "SC" and not r.name.startswith("CA")}
-
-        # ---- the executor ------------------------------------------------------------
         busy = Signal()
         m.d.comb += busy.eq(events.r_rdy | Cat(*pend_lock, *pend_txd, *pend_rxd).any()
                             | pend_dac | Cat(*q_tune, *q_start).any())
@@ -465,7 +333,7 @@ class OnicCtrl(wiring.Component):
             parts = {"sig": Const(sig, 3), "idx": idx, "val": val,
                      "has_src": Const(src is not None, 1),
                      "src": src if src is not None else Const(0, 1)}
-            word = Cat(*(wide(parts[f], w) for f, w in _EV_LAYOUT))
+            word = Cat(*(wide(parts[f], w) for f, w in EV_LAYOUT))
             return [events.w_en.eq(1), events.w_data.eq(word)]
 
         cmd_p, cmd_t = Signal(), Signal()  # the control unit's command, as taken
@@ -478,284 +346,147 @@ class OnicCtrl(wiring.Component):
             req, pick = Signal(len(work)), Signal(len(work))
             m.d.comb += [req.eq(Cat(*work)), pick.eq(req & (~req + 1))]
             picks = iter(pick)
-            with m.State("IDLE"):
-                with m.If(~events.r_rdy):
-                    m.d.sync += fires.eq(0)
-                with m.If(next(picks)):
-                    m.d.comb += events.r_en.eq(1)
-                    m.d.sync += [ev_val.eq(_ev(events.r_data, "val")),
-                                 hits.eq(slot_hits(events.r_data))]
-                    m.next = "SCAN"
-                for i in range(np_):
-                    with m.If(next(picks)):
-                        m.d.comb += take_lock[i].eq(1)
-                        m.next = f"LOCKED_{i}"
-                for i in range(np_):
-                    with m.If(next(picks)):
-                        m.d.comb += take_txd[i].eq(1)
-                        m.next = f"TXDONE_{i}"
-                for i in range(np_):
-                    with m.If(next(picks)):
-                        m.d.comb += take_rxd[i].eq(1)
-                        m.next = f"RXDONE_{i}"
-                with m.If(next(picks)):
-                    m.d.comb += take_dac.eq(1)
-                    m.d.comb += push(SIG["dac_valid"], dac_idx, Const(1, 32))
-                if self.unit_port:  # the control unit's transfer: as the host's writes
-                    with m.If(next(picks)):
-                        m.d.comb += self.cmd_ready.eq(1)
-                        m.d.sync += [cmd_p.eq(self.cmd_port), cmd_t.eq(self.cmd_tune)]
-                        for i, P in enumerate(R.PORTS):
-                            with m.If(self.cmd_port == i):
-                                m.d.sync += [rw[f"TX{P}_DST"].eq(self.cmd_dst),
-                                             rw[f"TX{P}_BYTES"].eq(self.cmd_bytes),
-                                             rw[f"TX{P}_FLOW"].eq(self.cmd_flow),
-                                             *[rw[f"TX{P}_HDR{k}"].eq(
-                                                 self.cmd_hdr[32 * k: 32 * k + 32])
-                                               for k in range(N_HDR)]]
-                                with m.If(self.cmd_tune):
-                                    m.d.sync += rw[f"TX{P}_CHANNEL"].eq(self.cmd_channel)
-                        m.next = "COMMAND"
-                with m.If(next(picks)):
-                    m.d.comb += [self.s_axi_awready.eq(1), self.s_axi_wready.eq(1)]
-                    m.d.sync += [waddr.eq(self.s_axi_awaddr & ~3), wdata.eq(self.s_axi_wdata),
-                                 wstrb.eq(self.s_axi_wstrb)]
-                    m.next = "WRITE"
-                with m.If(next(picks)):
-                    m.d.comb += self.s_axi_arready.eq(1)
-                    m.d.sync += raddr.eq(self.s_axi_araddr & ~3)
-                    m.next = "READ"
+            net.busy, net.ca_wait, net.cmd_p, net.cmd_t, net.fsm = busy, ca_wait, cmd_p, cmd_t, fsm
+            net.picks, net.push = picks, push
+            self._idle(m, net)
+            self._port_states(m, net)
+            self._engine_states(m, net)
+            self._write_states(m, net)
+            self._read_states(m, net)
 
-            if self.unit_port:
-                with m.State("COMMAND"):  # its registers loaded: tune then start, or start
-                    for i, P in enumerate(R.PORTS):
-                        with m.If(cmd_p == i):
-                            with m.If(cmd_t):
-                                m.d.comb += [do_tune[i].eq(1),
-                                             tune_arg[i].eq(rw[f"TX{P}_CHANNEL"]),
-                                             then_start[i].eq(1)]
-                            with m.Else():
-                                m.d.comb += do_start[i].eq(1)
-                    m.next = "IDLE"
+    def _idle(self, m: Module, net: SimpleNamespace) -> None:
+        """Take the work at hand: an engine event, a completion, a command, a bus access."""
+        cmd_p, cmd_t, dac_idx, ev_val = net.cmd_p, net.cmd_t, net.dac_idx, net.ev_val
+        events, fires, hits, np_, picks = net.events, net.fires, net.hits, net.np_, net.picks
+        push, raddr, rw, slot_hits = net.push, net.raddr, net.rw, net.slot_hits
+        take_dac, take_lock, take_rxd = net.take_dac, net.take_lock, net.take_rxd
+        take_txd, waddr, wdata, wstrb = net.take_txd, net.waddr, net.wdata, net.wstrb
 
-            for i in range(np_):
-                with m.State(f"LOCKED_{i}"):
-                    m.d.sync += [tuning[i].eq(0), tuned[i].eq(1), channel[i].eq(req_ch[i]),
-                                 tune_ns[i].eq(self.ts_ns - tune_from[i])]
-                    irq_terms.append(Mux(fsm.ongoing(f"LOCKED_{i}"),
-                                         1 << R.IRQ_BITS[f"TUNED_{R.PORTS[i]}"], 0))
-                    m.next = "IDLE"
-                    with m.If(after_tune[i]):
-                        m.next = f"THEN_START_{i}"
-                with m.State(f"THEN_START_{i}"):  # the lock has taken effect: the start goes
-                    m.d.sync += after_tune[i].eq(0)
-                    m.d.comb += do_start[i].eq(1)
-                    m.next = "IDLE"
-                with m.State(f"TXDONE_{i}"):
-                    m.d.sync += [tx_done_count[i].eq(tx_done_count[i] + 1),
-                                 tx_sent[i].eq(tx_sent[i] + inflight[i]), sending[i].eq(0)]
-                    irq_terms.append(Mux(fsm.ongoing(f"TXDONE_{i}"),
-                                         1 << R.IRQ_BITS[f"TX_DONE_{R.PORTS[i]}"], 0))
-                    m.d.comb += push(SIG["tx_done"], Const(i, 8), Const(1, 32))
-                    m.next = "IDLE"
-                with m.State(f"RXDONE_{i}"):
-                    rl = rx_l[i]
-                    m.d.sync += [rx_bytes[i].eq(rx_bytes[i] + rl["bytes"]),
-                                 rx_keep["SRC"][i].eq(rl["src"]),
-                                 rx_keep["LAST_FLOW"][i].eq(rl["flow"]),
-                                 rx_keep["DST"][i].eq(rl["dst"]),
-                                 rx_keep["LAST_BYTES"][i].eq(rl["bytes"]),
-                                 rx_keep["DONE_COUNT"][i].eq(rx_keep["DONE_COUNT"][i] + 1),
-                                 *[rx_hdr[i][k].eq(rl["hdr"][32 * k: 32 * k + 32])
-                                   for k in range(N_HDR)]]
-                    with m.If(rl["crc_error"]):
-                        m.d.sync += rx_keep["ERRORS"][i].eq(rx_keep["ERRORS"][i] + 1)
-                    irq_terms.append(Mux(fsm.ongoing(f"RXDONE_{i}"),
-                                         1 << R.IRQ_BITS[f"RX_DONE_{R.PORTS[i]}"], 0))
-                    m.d.comb += push(SIG["rx_bytes"], Const(i, 8), rl["bytes"], rl["src"])
-                    m.next = f"RXDONE2_{i}"
-                with m.State(f"RXDONE2_{i}"):
-                    m.d.comb += push(SIG["rx_transfers"], Const(i, 8), Const(1, 32),
-                                     rx_l[i]["src"])
-                    m.next = f"RXDONE3_{i}"
-                with m.State(f"RXDONE3_{i}"):
-                    node = Mux(node_id_set, node_id, self.node_id)
-                    with m.If(rx_l[i]["dst"] == node):  # the final leg: this node's step
-                        m.d.comb += push(SIG["delivered"], Const(ANY_PORT, 8), rx_l[i]["bytes"],
-                                         rx_l[i]["hdr"][32 * 2 + 8: 32 * 3])
-                    m.next = "IDLE"
-
-            with m.State("SCAN"):
-                flag(R.ERROR_BITS["CA_LOOP"], fsm.ongoing("SCAN") & fire_now
-                     & (fires == FIRE_LIMIT))
-                with m.If(~pending_mods.any()):
-                    m.next = "IDLE"
-                with m.Elif(fire_now):
-                    m.d.sync += [*count_first(), cur.eq(first), cur_hot.eq(first_hot),
-                                 hits.eq(hits & past_first)]
-                    with m.If(fires == FIRE_LIMIT):  # a loop: cut it, drop what it queued
-                        m.next = "FLUSH"
-                    with m.Else():
-                        m.next = "FIRE"
-                with m.Else():
-                    m.d.sync += [*count_first(), hits.eq(hits & past_first)]
-            with m.State("FLUSH"):
+        with m.State("IDLE"):
+            with m.If(~events.r_rdy):
+                m.d.sync += fires.eq(0)
+            with m.If(next(picks)):
                 m.d.comb += events.r_en.eq(1)
-                with m.If(~events.r_rdy):
-                    m.next = "IDLE"
-            with m.State("FIRE"):
-                m.d.sync += [self.fired.eq(1), fires.eq(fires + 1), slot.eq(0)]
-                m.d.comb += acts_rd.addr.eq(Cat(Const(0, 3), Const(1, 1), cur))
-                # each module updates itself, beside its registers (a count and a target
-                # taken through 16-way multiplexers to one subtractor, and back, had tied
-                # every module's to one spot of the die: routing congestion)
-                for i in range(nm):
-                    with m.If(cur_hot[i]):
-                        m.d.sync += [ca_fired[i].eq(1), ca_nfire[i].eq(ca_nfire[i] + 1)]
-                        with m.If(ca_ctrl[i][1]):  # auto re-arm: keep counting past it
-                            m.d.sync += ca_count[i].eq(ca_count[i] - ca_target[i])
+                m.d.sync += [ev_val.eq(ev_field(events.r_data, "val")),
+                             hits.eq(slot_hits(events.r_data))]
+                m.next = "SCAN"
+            for i in range(np_):
+                with m.If(next(picks)):
+                    m.d.comb += take_lock[i].eq(1)
+                    m.next = f"LOCKED_{i}"
+            for i in range(np_):
+                with m.If(next(picks)):
+                    m.d.comb += take_txd[i].eq(1)
+                    m.next = f"TXDONE_{i}"
+            for i in range(np_):
+                with m.If(next(picks)):
+                    m.d.comb += take_rxd[i].eq(1)
+                    m.next = f"RXDONE_{i}"
+            with m.If(next(picks)):
+                m.d.comb += take_dac.eq(1)
+                m.d.comb += push(SIG["dac_valid"], dac_idx, Const(1, 32))
+            if self.unit_port:  # the control unit's transfer: as the host's writes
+                with m.If(next(picks)):
+                    m.d.comb += self.cmd_ready.eq(1)
+                    m.d.sync += [cmd_p.eq(self.cmd_port), cmd_t.eq(self.cmd_tune)]
+                    for i, P in enumerate(R.PORTS):
+                        with m.If(self.cmd_port == i):
+                            m.d.sync += [rw[f"TX{P}_DST"].eq(self.cmd_dst),
+                                         rw[f"TX{P}_BYTES"].eq(self.cmd_bytes),
+                                         rw[f"TX{P}_FLOW"].eq(self.cmd_flow),
+                                         *[rw[f"TX{P}_HDR{k}"].eq(
+                                             self.cmd_hdr[32 * k: 32 * k + 32])
+                                           for k in range(N_HDR)]]
+                            with m.If(self.cmd_tune):
+                                m.d.sync += rw[f"TX{P}_CHANNEL"].eq(self.cmd_channel)
+                    m.next = "COMMAND"
+            with m.If(next(picks)):
+                m.d.comb += [self.s_axi_awready.eq(1), self.s_axi_wready.eq(1)]
+                m.d.sync += [waddr.eq(self.s_axi_awaddr & ~3), wdata.eq(self.s_axi_wdata),
+                             wstrb.eq(self.s_axi_wstrb)]
+                m.next = "WRITE"
+            with m.If(next(picks)):
+                m.d.comb += self.s_axi_arready.eq(1)
+                m.d.sync += raddr.eq(self.s_axi_araddr & ~3)
+                m.next = "READ"
+
+    def _port_states(self, m: Module, net: SimpleNamespace) -> None:
+        """A command's start, a lock, a transfer sent or received, as the registers take them."""
+        after_tune, channel, cmd_p, cmd_t = net.after_tune, net.channel, net.cmd_p, net.cmd_t
+        do_start, do_tune, fsm, inflight = net.do_start, net.do_tune, net.fsm, net.inflight
+        irq_terms, node_id, node_id_set, np_ = net.irq_terms, net.node_id, net.node_id_set, net.np_
+        push, req_ch, rw, rx_bytes, rx_hdr = net.push, net.req_ch, net.rw, net.rx_bytes, net.rx_hdr
+        rx_keep, rx_l, sending, then_start = net.rx_keep, net.rx_l, net.sending, net.then_start
+        tune_arg, tune_from, tune_ns, tuned = net.tune_arg, net.tune_from, net.tune_ns, net.tuned
+        tuning, tx_done_count, tx_sent = net.tuning, net.tx_done_count, net.tx_sent
+
+        if self.unit_port:
+            with m.State("COMMAND"):  # its registers loaded: tune then start, or start
+                for i, P in enumerate(R.PORTS):
+                    with m.If(cmd_p == i):
+                        with m.If(cmd_t):
+                            m.d.comb += [do_tune[i].eq(1),
+                                         tune_arg[i].eq(rw[f"TX{P}_CHANNEL"]),
+                                         then_start[i].eq(1)]
                         with m.Else():
-                            m.d.sync += ca_ctrl[i].eq(ca_ctrl[i] & 2)
-                irq_terms.append(Mux(fsm.ongoing("FIRE"),
-                                     Const(1 << R.IRQ_MODULE_SHIFT, 32) << cur, 0))
-                m.d.comb += push(SIG["fired"], cur, Const(1, 32))
-                m.next = "ACT"
-            with m.State("ACT"):
-                irq_terms.append(Mux(fsm.ongoing("ACT") & (slot != ns) & (a == ACT["irq"]),
-                                     1 << R.IRQ_BITS["CA_FIRED"], 0))
-                with m.If(slot == ns):
-                    m.next = "SCAN"
-                with m.Elif(ca_wait & (a == ACT["start"])):  # the same slot next cycle
-                    m.d.comb += acts_rd.addr.eq(Cat(slot[:3], Const(1, 1), cur))
-                with m.Else():
-                    m.d.sync += slot.eq(slot + 1)
-                    m.d.comb += acts_rd.addr.eq(Cat((slot + 1)[:3], Const(1, 1), cur))
-                    with m.Switch(a):
-                        with m.Case(ACT["tune"]):
-                            for i, P in enumerate(R.PORTS):
-                                with m.If(idx == i):
-                                    m.d.sync += rw[f"TX{P}_CHANNEL"].eq(arg)
-                                    if not self.unit_port:  # (else the unit tunes)
-                                        m.d.comb += [do_tune[i].eq(1), tune_arg[i].eq(arg)]
-                        with m.Case(ACT["start"]):
-                            if self.unit_port:  # the loaded transfer goes to the unit
-                                with m.If(idx < np_):
-                                    m.d.sync += [self.ca_submit_valid.eq(1),
-                                                 self.ca_submit_port.eq(idx[0])]
-                            else:
-                                for i in range(np_):
-                                    with m.If(idx == i):
-                                        with m.If(tuning[i] | taken[i]):  # once locked
-                                            m.d.sync += after_tune[i].eq(1)
-                                        with m.Else():
-                                            m.d.comb += do_start[i].eq(1)
-                        with m.Case(ACT["stream"]):
-                            m.d.sync += [self.stream_valid.eq(1), self.stream_dac.eq(idx)]
-                        with m.Case(ACT["arm"]), m.If(idx < nm):
-                            m.d.sync += ca_ctrl[idx[:4]].eq(ca_ctrl[idx[:4]] | 1)
-                        with m.Case(ACT["reset"]), m.If(idx < nm):
-                            m.d.sync += clear(idx[:4])
+                            m.d.comb += do_start[i].eq(1)
+                m.next = "IDLE"
 
-            with m.State("WRITE"):
-                ok = Signal()
-                m.d.comb += ok.eq(wstrb == 0xF)
-                with m.If(~ok):
-                    m.d.sync += bresp.eq(SLVERR)
-                with m.Elif(in_routes_w):
-                    m.d.comb += route_wr.en.eq(1)
-                    m.d.sync += bresp.eq(OKAY)
-                with m.Elif(in_ca_w):
-                    m.d.sync += bresp.eq(OKAY)
-                    with m.Switch(ca_wf):
-                        with m.Case(0x00):
-                            m.d.sync += ca_ctrl[ca_wm].eq(wdata[0:2])
-                        with m.Case(0x04), m.If(wdata[0]):
-                            m.d.sync += clear(ca_wm)
-                        with m.Case(0x0C):
-                            m.d.sync += ca_target[ca_wm].eq(wdata)
-                        for k in range(ns):
-                            with m.Case(0x20 + 4 * k):
-                                m.d.sync += src_col[k][ca_wm].eq(wdata)
-                                m.d.comb += slots_wr.en.eq(1)
-                            with m.Case(0x40 + 4 * k):
-                                m.d.comb += slots_wr.en.eq(1)
-                        with m.Default():  # STATUS, COUNT (read only) and the holes
-                            m.d.sync += bresp.eq(SLVERR)
-                with m.Else():
-                    m.d.sync += bresp.eq(OKAY)
-                    with m.Switch(waddr):
-                        for off in sorted(writable):
-                            with m.Case(off):
-                                if off == R.BY_NAME["NODE_ID"].offset:
-                                    m.d.sync += [node_id.eq(wdata), node_id_set.eq(1)]
-                                else:
-                                    m.d.sync += rw[R.BY_OFFSET[off].name].eq(wdata)
-                        for off in sorted(w1c):
-                            name = R.BY_OFFSET[off].name
-                            with m.Case(off):
-                                if name == "IRQ_STATUS":
-                                    m.d.comb += irq_clr.eq(wdata)
-                                elif name == "ERROR":
-                                    m.d.comb += err_clr.eq(wdata)
-                                else:
-                                    i = R.PORTS.index(name[2])
-                                    s = rx_keep["ERRORS"][i]
-                                    m.d.sync += s.eq(s & ~wdata)
-                        for off in sorted(sc):
-                            name = R.BY_OFFSET[off].name
-                            i = R.PORTS.index(name[2])
-                            with m.Case(off), m.If(wdata[0]):
-                                if name.endswith("_CMD"):
-                                    m.d.comb += [do_tune[i].eq(1),
-                                                 tune_arg[i].eq(rw[f"TX{name[2]}_CHANNEL"]),
-                                                 then_start[i].eq(wdata[1])]
-                                else:
-                                    m.d.comb += do_start[i].eq(1)
-                        with m.Default():  # read-only or unmapped
-                            m.d.sync += bresp.eq(SLVERR)
-                m.next = "BRESP"
-            with m.State("BRESP"):
-                m.d.comb += self.s_axi_bvalid.eq(1)
-                with m.If(self.s_axi_bready):
-                    m.next = "IDLE"
+        for i in range(np_):
+            with m.State(f"LOCKED_{i}"):
+                m.d.sync += [tuning[i].eq(0), tuned[i].eq(1), channel[i].eq(req_ch[i]),
+                             tune_ns[i].eq(self.ts_ns - tune_from[i])]
+                irq_terms.append(Mux(fsm.ongoing(f"LOCKED_{i}"),
+                                     1 << R.IRQ_BITS[f"TUNED_{R.PORTS[i]}"], 0))
+                m.next = "IDLE"
+                with m.If(after_tune[i]):
+                    m.next = f"THEN_START_{i}"
+            with m.State(f"THEN_START_{i}"):  # the lock has taken effect: the start goes
+                m.d.sync += after_tune[i].eq(0)
+                m.d.comb += do_start[i].eq(1)
+                m.next = "IDLE"
+            with m.State(f"TXDONE_{i}"):
+                m.d.sync += [tx_done_count[i].eq(tx_done_count[i] + 1),
+                             tx_sent[i].eq(tx_sent[i] + inflight[i]), sending[i].eq(0)]
+                irq_terms.append(Mux(fsm.ongoing(f"TXDONE_{i}"),
+                                     1 << R.IRQ_BITS[f"TX_DONE_{R.PORTS[i]}"], 0))
+                m.d.comb += push(SIG["tx_done"], Const(i, 8), Const(1, 32))
+                m.next = "IDLE"
+            with m.State(f"RXDONE_{i}"):
+                rl = rx_l[i]
+                m.d.sync += [rx_bytes[i].eq(rx_bytes[i] + rl["bytes"]),
+                             rx_keep["SRC"][i].eq(rl["src"]),
+                             rx_keep["LAST_FLOW"][i].eq(rl["flow"]),
+                             rx_keep["DST"][i].eq(rl["dst"]),
+                             rx_keep["LAST_BYTES"][i].eq(rl["bytes"]),
+                             rx_keep["DONE_COUNT"][i].eq(rx_keep["DONE_COUNT"][i] + 1),
+                             *[rx_hdr[i][k].eq(rl["hdr"][32 * k: 32 * k + 32])
+                               for k in range(N_HDR)]]
+                with m.If(rl["crc_error"]):
+                    m.d.sync += rx_keep["ERRORS"][i].eq(rx_keep["ERRORS"][i] + 1)
+                irq_terms.append(Mux(fsm.ongoing(f"RXDONE_{i}"),
+                                     1 << R.IRQ_BITS[f"RX_DONE_{R.PORTS[i]}"], 0))
+                m.d.comb += push(SIG["rx_bytes"], Const(i, 8), rl["bytes"], rl["src"])
+                m.next = f"RXDONE2_{i}"
+            with m.State(f"RXDONE2_{i}"):
+                m.d.comb += push(SIG["rx_transfers"], Const(i, 8), Const(1, 32),
+                                 rx_l[i]["src"])
+                m.next = f"RXDONE3_{i}"
+            with m.State(f"RXDONE3_{i}"):
+                node = Mux(node_id_set, node_id, self.node_id)
+                with m.If(rx_l[i]["dst"] == node):  # the final leg: this node's step
+                    m.d.comb += push(SIG["delivered"], Const(ANY_PORT, 8), rx_l[i]["bytes"],
+                                     rx_l[i]["hdr"][32 * 2 + 8: 32 * 3])
+                m.next = "IDLE"
 
-            with m.State("READ"):  # the route table's read port answers a cycle later
-                with m.If(raddr == R.BY_NAME["TS_LO"].offset):
-                    m.d.sync += ts_hi.eq(self.ts_ns[32:64])
-                # the first stage: each group's register, and the engine's field
-                read_first_stage(m, raddr, groups, staged)
-                for q, part in enumerate(ca_staged):  # modules 4q .. 4q + 3
-                    mod = Cat(ca_rm[:2], Const(q, 2))
-                    m.d.sync += part.eq(0)
-                    with m.Switch(ca_rf):
-                        with m.Case(0x00):
-                            m.d.sync += part.eq(ca_ctrl[mod])
-                        with m.Case(0x08):
-                            m.d.sync += part.eq(ca_ctrl[mod][0] | (ca_fired[mod] << 1)
-                                                | (ca_nfire[mod] << 8))
-                        with m.Case(0x0C):
-                            m.d.sync += part.eq(ca_target[mod])
-                        with m.Case(0x10):
-                            m.d.sync += part.eq(ca_count[mod])
-                m.next = "READ_DATA"
-            with m.State("READ_DATA"):  # the second: which group, or a memory's word
-                m.d.sync += rresp.eq(OKAY)
-                with m.If(in_routes_r):
-                    m.d.sync += rdata.eq(route_rd.data)
-                with m.Elif(in_ca_r):
-                    m.d.sync += rdata.eq(Array(ca_staged)[ca_rm[2:]])
-                    with m.Switch(ca_rf), m.Case(*(f + 4 * k for f in (0x20, 0x40)
-                                                   for k in range(ns))):
-                        m.d.sync += rdata.eq(slots_rd.data)  # (read in READ)
-                with m.Else():
-                    read_second_stage(m, raddr, staged, rdata)
-                m.next = "RRESP"
-            with m.State("RRESP"):
-                m.d.comb += self.s_axi_rvalid.eq(1)
-                with m.If(self.s_axi_rready):
-                    m.next = "IDLE"
 
-        # ---- flags and the interrupt line ------------------------------------------
+    def _flags(self, m: Module, net: SimpleNamespace) -> None:
+        """The flags, the interrupt line and the co-simulation's outputs."""
+        busy, err_clr, err_terms, error = net.busy, net.err_clr, net.err_terms, net.error
+        fsm, irq_clr, irq_set, irq_status = net.fsm, net.irq_clr, net.irq_set, net.irq_status
+        irq_terms, nm, node_id, node_id_set = net.irq_terms, net.nm, net.node_id, net.node_id_set
+        pin, ports, rw = net.pin, net.ports, net.rw
+
         def any_of(terms: list[Any]) -> Any:
             out: Any = Const(0, 32)
             for t in terms:
@@ -775,5 +506,3 @@ class OnicCtrl(wiring.Component):
         m.d.comb += self.strobe.eq(Cat(self.stream_valid, self.fired,
                                        *(pin(p, k) for p in ports
                                          for k in ("tune_valid", "tx_valid"))).any())
-        return m
-

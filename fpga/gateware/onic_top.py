@@ -19,6 +19,7 @@ The frame layout comes from the control plane (`FrameFormat`, passed in, as to
 
 from __future__ import annotations
 
+from types import SimpleNamespace
 from typing import Any
 
 from amaranth import Cat, Const, Module, Mux, Signal
@@ -27,16 +28,16 @@ from amaranth.lib.wiring import In, Out
 from oddl.fpga import regmap as R
 from oddl.fpga.frame import BEAT_BITS, FrameFormat, flow_widths
 from oddl.fpga.gateware.control_unit import BUILD, STATS, ControlUnitRTL
-from oddl.fpga.gateware.onic_ctrl import (
+from oddl.fpga.gateware.onic_bus import (
     ADDR_BITS,
     N_HDR,
     OKAY,
     SLVERR,
-    OnicCtrl,
     read_first_stage,
     read_groups,
     read_second_stage,
 )
+from oddl.fpga.gateware.onic_ctrl import OnicCtrl
 from oddl.fpga.gateware.onic_ctrl import members as ctrl_members
 
 CU_WINDOW = 0x400  # the CU block's share of the address space (from R.CU_BASE)
@@ -92,6 +93,7 @@ class OnicTop(wiring.Component):
         return Cat(*(_word(fields[name], width) for name, width in flow_widths(self.frame)))
 
     def elaborate(self, platform: object) -> Module:
+        net = SimpleNamespace()  # the nets each part makes for the parts after it
         m = Module()
         F = self.frame
         m.submodules.ctrl = ctrl = OnicCtrl(R.TOP_DESIGN_VERSION, unit_port=True)
@@ -106,8 +108,19 @@ class OnicTop(wiring.Component):
         fw = FLOW.size
         assert fw <= 32 * R.CU_FLOW_WORDS, (fw, R.CU_FLOW_WORDS)
         ports = [p.lower() for p in R.PORTS]
+        net.F, net.FLOW, net.ctrl, net.fw, net.ports, net.unit = F, FLOW, ctrl, fw, ports, unit
+        self._ctrl_pins(m, net)
+        self._unit_wiring(m, net)
+        self._commands(m, net)
+        self._queues(m, net)
+        self._cu_block(m, net)
+        self._bus(m, net)
+        return m
 
-        # --- onic_ctrl's pins are the top's, but for the AXI-Lite slave (shared below) ---
+    def _ctrl_pins(self, m: Module, net: SimpleNamespace) -> None:
+        """onic_ctrl's pins are the top's, but for the AXI-Lite slave (shared below)."""
+        ctrl = net.ctrl
+
         for name in self._ctrl_members:
             if name.startswith("s_axi_"):
                 continue
@@ -117,7 +130,10 @@ class OnicTop(wiring.Component):
             else:
                 m.d.comb += outer.eq(inner)
 
-        # --- the unit: its straps, its frames, the datapath's reports ---------------------
+    def _unit_wiring(self, m: Module, net: SimpleNamespace) -> None:
+        """The unit: its straps, its frames, the datapath's reports."""
+        F, ctrl, ports, unit = net.F, net.ctrl, net.ports, net.unit
+
         regs: dict[str, Signal] = {r.name: Signal(32, name=r.name.lower(), init=r.reset)
                                    for r in R.CU_REGISTERS if r.access == "RW"}
         m.d.comb += [unit.ts_ns.eq(self.ts_ns), unit.node_id.eq(ctrl.node),
@@ -144,7 +160,12 @@ class OnicTop(wiring.Component):
                 unit.rx_receiving[i].eq(getattr(self, f"{p}_rx_busy") & unit.granted_ok[i] & (
                     getattr(self, f"{p}_rx_cur_flow") == unit.granted_key[kw * i: kw * i + 32]))]
 
-        # --- the unit's starts become onic_ctrl's commands (one a port at a time) ----------
+        net.regs = regs
+
+    def _commands(self, m: Module, net: SimpleNamespace) -> None:
+        """The unit's starts become onic_ctrl's commands (one a port at a time)."""
+        FLOW, ctrl, fw, unit = net.FLOW, net.ctrl, net.fw, net.unit
+
         pend = Signal()
         cmd = Signal(1 + 1 + 8 + fw)  # port, tune, channel, flow
         with m.If(unit.start_valid):
@@ -164,7 +185,13 @@ class OnicTop(wiring.Component):
                          fl.t_submit[:32], fl.t_submit[32:64]))))]
         assert len(ctrl.cmd_hdr) == 32 * N_HDR
 
-        # --- the host's flows, and the deliveries it reads back ----------------------------
+        net.pend = pend
+
+    def _queues(self, m: Module, net: SimpleNamespace) -> None:
+        """The flows handed to the unit (the host's, the engine's starts), and the
+        deliveries and the first failure the host reads back."""
+        ctrl, fw, regs, unit = net.ctrl, net.fw, net.regs, net.unit
+
         m.submodules.submit = submit = fifo.SyncFIFO(width=fw, depth=R.CU_QUEUE)
         m.submodules.delivered = dq = fifo.SyncFIFO(width=fw, depth=R.CU_QUEUE)
         sub_words = [regs[f"CU_SUBMIT{k}"] for k in range(R.CU_FLOW_WORDS)]
@@ -192,7 +219,14 @@ class OnicTop(wiring.Component):
             Mux(unit.deliver_valid, 1 << R.IRQ_BITS["CU_DELIVERED"], 0)
             | Mux(unit.fail_valid, 1 << R.IRQ_BITS["CU_FAILED"], 0))
 
-        # --- the bus: the CU block here, the rest to onic_ctrl -----------------------------
+        net.dq, net.fail, net.fail_clr, net.host_go, net.lost = dq, fail, fail_clr, host_go, lost
+        net.submit = submit
+
+    def _cu_block(self, m: Module, net: SimpleNamespace) -> None:
+        """The bus's CU block: what each register reads, and its latched accesses."""
+        ctrl, dq, fail, fw, lost, regs = net.ctrl, net.dq, net.fail, net.fw, net.lost, net.regs
+        submit, unit = net.submit, net.unit
+
         reads: dict[int, Any] = {
             R.BY_NAME["CU_CAPS"].offset: Const(
                 self.bounds["txq"] | self.bounds["rxq"] << 8 | self.bounds["done"] << 16
@@ -244,6 +278,19 @@ class OnicTop(wiring.Component):
             """onic_ctrl's own handshakes, passed through until its answer is taken."""
             return [*(getattr(ctrl, f"s_axi_{n}").eq(getattr(s, f"s_axi_{n}")) for n in down),
                     *(getattr(s, f"s_axi_{n}").eq(getattr(ctrl, f"s_axi_{n}")) for n in up)]
+
+        net.bresp, net.groups, net.mine, net.raddr, net.rdata = bresp, groups, mine, raddr, rdata
+        net.route_we, net.route_word, net.s, net.staged = route_we, route_word, s, staged
+        net.through, net.waddr, net.wdata, net.wstrb = through, waddr, wdata, wstrb
+
+    def _bus(self, m: Module, net: SimpleNamespace) -> None:
+        """The bus: the CU block here, the rest passed through to onic_ctrl."""
+        bresp, ctrl, dq, fail_clr, groups = net.bresp, net.ctrl, net.dq, net.fail_clr, net.groups
+        host_go, mine, pend, raddr, rdata = net.host_go, net.mine, net.pend, net.raddr, net.rdata
+        regs, route_we, route_word, s = net.regs, net.route_we, net.route_word, net.s
+        staged, submit, through, unit = net.staged, net.submit, net.through, net.unit
+        waddr, wdata, wstrb = net.waddr, net.wdata, net.wstrb
+
 
         with m.FSM(name="bus"):
             with m.State("IDLE"):
@@ -306,4 +353,3 @@ class OnicTop(wiring.Component):
                 with m.If(ctrl.s_axi_rvalid & s.s_axi_rready):
                     m.next = "IDLE"
         m.d.comb += self.busy.eq(ctrl.busy | unit.busy | pend | submit.r_rdy)
-        return m

@@ -25,7 +25,7 @@ from amaranth.lib.wiring import In, Out
 from oddl.fpga import regmap as R
 from oddl.fpga.frame import BEAT_BITS, FrameFormat
 from oddl.fpga.gateware.control_unit import BUILD
-from oddl.fpga.gateware.onic_ctrl import ADDR_BITS, N_HDR
+from oddl.fpga.gateware.onic_bus import ADDR_BITS, N_HDR
 from oddl.fpga.gateware.onic_top import OnicTop
 from oddl.fpga.gateware.serial_bridge import SerialBridge
 
