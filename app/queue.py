@@ -41,7 +41,7 @@ from oddl.app.ledger import ACTIVE, Ledger
 from oddl.app.limits import Limits, load_limits
 from oddl.app.priority import Priority, priority_of, share_factors
 from oddl.app.requests import json_body
-from oddl.app.submission import Refused, job_request, known_fields
+from oddl.app.submission import Refused, Submission, job_request, submission
 from oddl.app.users import Role, User, roles_of, tokens
 from oddl.controller.base.config import (
     ConfigError,
@@ -319,41 +319,33 @@ class Service:
         """A job, or an array of them (`array`: one task a value, `ID_N`, each its
         experiment with `seed = N`; app/arrays.py)."""
         user = self.who(request, "operator", "user")
-        known_fields(body := await json_body(request))
-        text, priority = body.get("experiment"), body.get("priority", 0)
-        asked, after = body.get("time_limit_s"), body.get("after")
-        if after is not None:
-            self.deps.check(user, after)
-        if not isinstance(text, str) or not isinstance(priority, int) or \
-                isinstance(priority, bool) or not -1000 <= priority <= 1000 or \
-                (asked is not None and (not isinstance(asked, int | float) or
-                                        isinstance(asked, bool) or not 0 < asked < 1e9)):
-            raise Refused(422, '{"experiment": TOML text, "priority": -1000..1000, '
-                               '"time_limit_s": seconds (optional)}')
-        if "array" not in body:
+        sub = submission(await json_body(request))
+        if sub.after is not None:
+            self.deps.check(user, sub.after)
+        text, priority = sub.experiment, sub.priority
+        if sub.array is None:
             req = job_request(text, self.grid, self.tb, self.ledger.next_id(), priority)
-            return JSONResponse(self.enqueue(user, body, text, req), status_code=201)
+            return JSONResponse(self.enqueue(user, sub, text, req), status_code=201)
         base = self.ledger.next_id()
-        texts = {t: arrays.task_text(text, t) for t in arrays.tasks(body["array"])}
+        texts = {t: arrays.task_text(text, t) for t in arrays.tasks(sub.array)}
         # every task checked as a job before one is queued
         reqs = {t: job_request(x, self.grid, self.tb, f"{base}_{t}", priority)
                 for t, x in texts.items()}
         return JSONResponse({"array": base, "tasks": [
-            self.enqueue(user, body, texts[t], reqs[t]) for t in texts]}, status_code=201)
+            self.enqueue(user, sub, texts[t], reqs[t]) for t in texts]}, status_code=201)
 
-    def enqueue(self, user: User, body: dict[str, Any], text: str, req: JobRequest
+    def enqueue(self, user: User, sub: Submission, text: str, req: JobRequest
                 ) -> dict[str, Any]:
-        """One job of a submission (its body checked, its request `req` made of `text`),
-        queued: its record."""
-        asked, after = body.get("time_limit_s"), body.get("after")
+        """One job of a submission (its request `req` made of `text`), queued: its
+        record."""
+        after = sub.after
         in_file = req.time_limit_ns / 1e9 if req.time_limit_ns else None
-        req = self.queue(user, req, asked if asked is not None else in_file)
-        if (hook := body.get("webhook")) is not None:  # (checked before it is queued)
-            req = dataclasses.replace(req, webhook=notices.allowed(self.limits.notices, hook))
-        if (one := body.get("singleton", False)) is not False:
-            if one is not True:
-                raise Refused(422, '{"singleton": true} (after every earlier job of yours '
-                                   'of the same name)')
+        req = self.queue(user, req, sub.time_limit_s if sub.time_limit_s is not None
+                         else in_file)
+        if sub.webhook is not None:  # (checked before it is queued)
+            req = dataclasses.replace(req, webhook=notices.allowed(self.limits.notices,
+                                                                   sub.webhook))
+        if sub.singleton:
             req = dataclasses.replace(req, singleton=True)
         if after is not None:
             req = dataclasses.replace(req, after=after)

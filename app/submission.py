@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
+import msgspec
 from oddl.controller.base.config import (
     ConfigError,
     JobEntry,
@@ -30,16 +31,36 @@ class Refused(Exception):
         self.status = status
 
 
-FIELDS = frozenset({"experiment", "priority", "time_limit_s", "after", "webhook",
-                    "singleton", "array"})
+class Submission(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """A POST /jobs body, typed and bounded: the experiment's TOML text, and how it is to
+    be queued (each field checked further where it is used: `after` by the dependencies,
+    `webhook` by the notices' allow list, `array` by app/arrays.py)."""
+
+    experiment: str
+    priority: Annotated[int, msgspec.Meta(ge=-1000, le=1000)] = 0
+    time_limit_s: Annotated[float, msgspec.Meta(gt=0, lt=1e9)] | None = None
+    after: str | None = None  # "jN", "jN:ok" or "jN:notok"
+    webhook: str | None = None
+    singleton: bool = False  # after every earlier job of the user's of the same name
+    array: str | None = None  # "0-15", "0-15:4", "1,3,9": one task a value
 
 
-def known_fields(body: dict[str, Any]) -> None:
-    """A submission's body holds only the fields the arbiter reads: Refused (422) naming
-    any other (an unknown field was ignored silently: issue 86)."""
+FIELDS = frozenset(Submission.__struct_fields__)
+USAGE = ('{"experiment": TOML text, "priority": -1000..1000, "time_limit_s": seconds, '
+         '"after": "jN[:ok|:notok]", "webhook": URL, "singleton": true, "array": "0-15"} '
+         '(all but the experiment optional)')
+
+
+def submission(body: dict[str, Any]) -> Submission:
+    """A submission's body as its struct: Refused (422) naming a field it does not know
+    (one was ignored silently: issue 86), or the field that is not what it must be."""
     if unknown := sorted(map(str, set(body) - FIELDS)):
         raise Refused(422, f"{', '.join(unknown)[:200]}: not a field of a submission "
                            f"(known: {', '.join(sorted(FIELDS))})")
+    try:
+        return msgspec.convert(body, Submission, strict=True)
+    except msgspec.ValidationError as e:
+        raise Refused(422, f"{str(e).replace('$.', '')}: a submission is {USAGE}") from None
 
 
 def job_request(text: str, grid: Grid, tb: Testbed, name: str, priority: int) -> JobRequest:

@@ -314,12 +314,20 @@ def test_junk_and_strangers_get_a_4xx_and_change_nothing(arbiter: Arbiter) -> No
     assert bad.status_code == 401
     assert arbiter.call("alice", "POST", "/jobs", json={"experiment": "x", "callback": 1}
                         ).json()["error"].startswith("callback: not a field of a submission")
+    # the body is a typed struct: a field of the wrong kind is named, with what it must be
+    for field, value, says in (("priority", True, "Expected `int`, got `bool` - at "
+                                "`priority`"), ("singleton", 1, "Expected `bool`, got `int`"),
+                               ("time_limit_s", -1, "Expected `float` > 0.0"),
+                               ("array", [0, 1], "Expected `str | null`, got `array`")):
+        r = arbiter.call("alice", "POST", "/jobs", json={"experiment": JOB.format(
+            name="x", iterations=5, ranks=2), field: value})
+        assert r.status_code == 422 and r.json()["error"].startswith(says), r.text
     assert "workload.ranks: 5 ranks but" in arbiter.call("alice", "POST", "/jobs", json={
         "experiment": JOB.format(name="huge", iterations=5, ranks=5)}).json()["error"]
     assert not any("Traceback" in e or "RecursionError" in e for e in arbiter.err)
     assert arbiter.call("eve", "GET", "/jobs").json() == before
     assert arbiter.call("eve", "GET", "/status").json()["rejected"] == rejected + len(
-        cases) + 3
+        cases) + 3 + 4
 
 
 @pytest.mark.realtime  # an emulator, an arbiter, HTTP: the wall clock
