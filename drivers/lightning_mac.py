@@ -34,6 +34,7 @@ from typing import Any
 import numpy as np
 from numpy.polynomial import chebyshev
 from numpy.typing import NDArray
+from oddl.fpga.datapath import LayerPlayed, LayerStream, ModelLoaded, answer
 from qick.averager_program import AveragerProgram
 
 FULL = 255
@@ -268,18 +269,20 @@ class PhotonicCore:
         self.products += v.shape[0] * self.pairs if products is None else products
         return cal.estimate(v, self.play(v))
 
-    def load_model(self, program: str, layers: list[dict[str, Any]]) -> dict[str, Any]:
+    def load_model(self, program: str, layers: list[LayerStream]) -> ModelLoaded:
         """Into the board's datapath: the count-action program and each layer's stream."""
-        out: dict[str, Any] = self.soc.lightning_load(program, layers)
-        return out
+        out = self.soc.lightning_load(program, [lay.wire() for lay in layers])
+        loaded: ModelLoaded = answer(ModelLoaded, out, "lightning_load")
+        return loaded
 
-    def play_layer(self, k: int, codes: NDArray[Any], values: NDArray[Any], products: int
-                   ) -> tuple[NDArray[Any], dict[str, Any]]:
+    def play_layer(self, k: int, codes: NDArray[np.int64], values: NDArray[np.int64],
+                   products: int) -> tuple[NDArray[np.float64], LayerPlayed]:
         """Layer `k` on the datapath, fed `codes`: sum_p a_p b_p of each of its samples
         played (`values`: the stream as the host knows it, for the decoder's leak terms),
         and the board's answer (words played, clocks, the engine's modules)."""
         cal = self.calibration or self.calibrate()
-        out: dict[str, Any] = self.soc.lightning_layer(k, np.asarray(codes, dtype=np.int64))
-        level = np.asarray(out.pop("levels"), dtype=float)
-        self.products += products if out["played"] == out["words"] else 0
-        return cal.estimate(np.asarray(values)[:len(level)], level), out
+        out = dict(self.soc.lightning_layer(k, np.asarray(codes, dtype=np.int64)))
+        level = np.asarray(out.pop("levels", ()), dtype=float)
+        played: LayerPlayed = answer(LayerPlayed, out, f"lightning_layer {k + 1}")
+        self.products += products if played.played == played.words else 0
+        return cal.estimate(np.asarray(values)[:len(level)], level), played

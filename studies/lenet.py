@@ -34,6 +34,7 @@ from typing import Any, Protocol, cast
 
 import numpy as np
 from oddl.fpga.countaction import inference_dag
+from oddl.fpga.datapath import LayerPlayed, LayerStream, ModelLoaded, ModuleState
 from oddl.studies import lightning_cost as C
 from oddl.studies.arrays import Bools, Floats, Ints
 
@@ -221,10 +222,10 @@ class Core(Protocol):
 
     def mac(self, values: Ints, products: int | None = None) -> Floats: ...
 
-    def load_model(self, program: str, layers: list[dict[str, Any]]) -> dict[str, Any]: ...
+    def load_model(self, program: str, layers: list[LayerStream]) -> ModelLoaded: ...
 
     def play_layer(self, k: int, codes: Ints, values: Ints, products: int
-                   ) -> tuple[Floats, dict[str, Any]]: ...
+                   ) -> tuple[Floats, LayerPlayed]: ...
 
 
 class Stalled(RuntimeError):
@@ -245,7 +246,7 @@ class Inference:
     firings: int = 0  # the engine's, counted from its modules
     words: int = 0
     board_ns: float = 0.0  # the datapath's own time, its clocks at its clock rate
-    _modules: dict[str, dict[str, Any]] = field(default_factory=dict)  # as last read
+    _modules: dict[str, ModuleState] = field(default_factory=dict)  # as last read
     _argmax0: int = 0
 
     def __post_init__(self) -> None:
@@ -254,7 +255,7 @@ class Inference:
         self.program = inference_dag([s.words for s in self.segments], 2 * self.core.pairs)
         if self.paced_by_board:
             self._modules = self.core.load_model(self.program.text(), [
-                {"inputs": s.inputs, "mags": s.mags} for s in self.segments])["modules"]
+                LayerStream(s.inputs, s.mags) for s in self.segments]).modules
 
     @property
     def paced_by_board(self) -> bool:
@@ -265,13 +266,12 @@ class Inference:
         values = seg.values(codes)
         if self.core.datapath is not None:
             y, out = self.core.play_layer(k, codes, values, seg.products)
-            if out["played"] < out["words"]:
-                why = f"waits for {out['waits_for']}" if "waits_for" in out else \
+            if out.played < out.words:
+                why = f"waits for {out.waits_for}" if out.waits_for else \
                     "the streamer did not fire (a DAC never raised its valid flag)"
-                raise Stalled(f"layer {k + 1}, word {out['played'] + 1} of {out['words']}: "
-                              f"{why}")
-            self._modules = out["modules"]
-            self.board_ns += out["cycles"] * 1e3 / float(self.core.datapath["clock_mhz"])
+                raise Stalled(f"layer {k + 1}, word {out.played + 1} of {out.words}: {why}")
+            self._modules = out.modules
+            self.board_ns += out.cycles * 1e3 / float(self.core.datapath["clock_mhz"])
         else:
             y = self.core.mac(values, seg.products)
         self.words += seg.words
@@ -292,7 +292,7 @@ class Inference:
         return self.core.play_s - t0
 
     def _fired(self, name: str) -> int:
-        return int(self._modules[name]["fire_count"])
+        return self._modules[name].fire_count
 
     def _layer_done(self, k: int) -> None:
         """Layer k's module fired on its last word (the last layer's, then argmax, which
@@ -302,7 +302,7 @@ class Inference:
         if k == len(self.segments) - 1:
             done = (self._fired("argmax") - self._argmax0) % 256 == 1
         else:
-            done = bool(self._modules[f"layer{k + 1}"]["fired"])
+            done = self._modules[f"layer{k + 1}"].fired
         if not done:
             raise Stalled(f"layer {k + 1}: its module did not fire after its last word")
         self.firings += 1
@@ -311,14 +311,14 @@ class Inference:
         """Class scores of one input, every product through the core; on the datapath,
         the engine's firings counted from its modules as each layer left them."""
         m0 = self._modules
-        self._argmax0 = int(m0["argmax"]["fire_count"]) if m0 else 0
-        rearm0, stream0 = (int(m0[n]["fire_count"]) if m0 else 0 for n in ("rearm", "stream"))
+        self._argmax0 = m0["argmax"].fire_count if m0 else 0
+        rearm0, stream0 = (m0[n].fire_count if m0 else 0 for n in ("rearm", "stream"))
         words = self.words
         out = forward8(self.q, x, self.sums, self._layer_done)
         if not self.paced_by_board:
             return out
         if (self._fired("rearm") - rearm0) % 256 != 1 or not all(
-                self._modules[f"layer{k + 1}"]["armed"] for k in range(len(self.segments))):
+                self._modules[f"layer{k + 1}"].armed for k in range(len(self.segments))):
             raise Stalled("the layers were not re-armed for the next inference")
         streamed = self.words - words
         if (self._fired("stream") - stream0 - streamed) % 256:

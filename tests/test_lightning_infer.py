@@ -195,6 +195,32 @@ def test_a_dag_missing_a_layers_edge_stalls_the_stream_and_says_where(engine: st
     assert third["waits_for"] == "module layer2, which has not fired (it counted 0 of 4)"
 
 
+def test_a_boards_answer_is_taken_as_its_struct_or_refused_by_name(
+        trained: tuple[lenet.Network, np.ndarray, np.ndarray],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 87: the board's answers cross to the driver as dicts (Pyro4) and are taken as
+    typed structs there (fpga/datapath.py): the inference reads `out.played`, and a board
+    whose answer lacks a field or mistypes one is refused naming the call and the field,
+    not a KeyError in the inference."""
+    net, xte, _ = trained
+    soc = datapath_board()
+    core = PhotonicCore(soc, soc)
+    core.calibrate()
+    inf = lenet.Inference(lenet.Quantised.of(net), core)
+    assert set(inf._modules) >= {"stream", "layer1", "argmax", "rearm"}
+    assert all(isinstance(m.fire_count, int) for m in inf._modules.values())
+    real = soc.lightning_layer
+    monkeypatch.setattr(soc, "lightning_layer", lambda k, codes: {
+        k_: v for k_, v in real(k, codes).items() if k_ != "played"})
+    with pytest.raises(ValueError, match=r"lightning_layer 1: the board's answer: Object "
+                                         r"missing required field `played`"):
+        inf.photonic(xte[0])
+    monkeypatch.setattr(soc, "lightning_layer", lambda k, codes: {
+        **real(k, codes), "cycles": "many"})
+    with pytest.raises(ValueError, match=r"Expected `int`, got `str` - at `\$.cycles`"):
+        inf.photonic(xte[0])
+
+
 def test_a_board_without_the_datapath_is_paced_by_the_host(
         trained: tuple[lenet.Network, np.ndarray, np.ndarray]) -> None:
     """Stock QICK firmware: the layers play as QICK programs, the calls growing with the

@@ -28,10 +28,12 @@ from dataclasses import asdict, dataclass
 from math import ceil
 from typing import Any, Protocol
 
+import msgspec
 import numpy as np
 from numpy.typing import NDArray
 from oddl.fpga import regmap as R
 from oddl.fpga.countaction import CountActionError, Program, parse
+from oddl.fpga.datapath import DatapathState, LayerPlayed, ModelLoaded, ModuleState
 
 FULL = 255
 WORD = 16  # values a DAC streams per fabric clock
@@ -139,7 +141,8 @@ class LightningDatapath:
         self.drv.load_countaction(prog)
         self.layers, self.slots = held, {n: k for k, n in enumerate(names)}
         self.targets = {m.name: m.target for m in prog.modules}
-        return {"layers": len(held), "values": total, **self.status()}
+        return msgspec.to_builtins(ModelLoaded(layers=len(held), values=total,
+                                               **self._state()))
 
     def layer(self, k: int, codes: Any) -> dict[str, Any]:
         """Play layer `k` (0-based) on `codes` (its 8-bit inputs): the detector's sample
@@ -166,8 +169,8 @@ class LightningDatapath:
                                    self.rng) if n else np.zeros(0)
         cycles = played + ceil(self.spec.latency_ns * self.spec.clock_mhz / 1e3)
         self.cycles += cycles
-        return {"levels": level, "words": words, "played": played, **self.status(),
-                "cycles": cycles, **({"waits_for": waits} if waits else {})}
+        return {"levels": level, **msgspec.to_builtins(LayerPlayed(
+            words=words, played=played, cycles=cycles, waits_for=waits, **self._state()))}
 
     def _gate(self, k: int) -> str:
         """Whether layer k's words may stream: its module still counting (armed, not yet
@@ -199,7 +202,11 @@ class LightningDatapath:
         gates.clear()
         return words
 
+    def _state(self) -> dict[str, Any]:
+        return {"modules": {name: msgspec.convert(self.drv.ca_status(slot), ModuleState)
+                            for name, slot in self.slots.items()},
+                "cycles_total": self.cycles}
+
     def status(self) -> dict[str, Any]:
         """The engine's modules by name, and the fabric's clocks since power-on."""
-        return {"modules": {name: self.drv.ca_status(slot) for name, slot in
-                            self.slots.items()}, "cycles_total": self.cycles}
+        return msgspec.to_builtins(DatapathState(**self._state()))
