@@ -118,8 +118,10 @@ class ControlUnitRTL(ReceiverStates):
         FLOW, REQ, ROUTE = self.FLOW, self.REQ, self.ROUTE
         txq, rxq, dn = self.txq, self.rxq, self.done
         qbits = max((max(txq, rxq, dn)).bit_length(), 1)
+
         net.F, net.FLOW, net.P, net.REQ, net.ROUTE, net.W, net.dn = F, FLOW, P, REQ, ROUTE, W, dn
         net.qbits, net.rxq, net.txq = qbits, rxq, txq
+
         self._memories(m, net)
         self._port_state(m, net)
         self._registers(m, net)

@@ -137,7 +137,9 @@ class OnicCtrl(EngineParts, BusParts):
 
         def pin(p: str, name: str) -> Signal:
             return getattr(self, f"{p}_{name}")
+
         net.np_, net.pin, net.ports = np_, pin, ports
+
         self._storage(m, net)
         self._completions(m, net)
         self._requests(m, net)

@@ -108,7 +108,9 @@ class OnicTop(wiring.Component):
         fw = FLOW.size
         assert fw <= 32 * R.CU_FLOW_WORDS, (fw, R.CU_FLOW_WORDS)
         ports = [p.lower() for p in R.PORTS]
+
         net.F, net.FLOW, net.ctrl, net.fw, net.ports, net.unit = F, FLOW, ctrl, fw, ports, unit
+
         self._ctrl_pins(m, net)
         self._unit_wiring(m, net)
         self._commands(m, net)
