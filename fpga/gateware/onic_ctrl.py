@@ -80,13 +80,7 @@ def members(unit_port: bool = False) -> dict[str, Any]:
         out |= {"cmd_valid": In(1), "cmd_ready": Out(1), "cmd_port": In(1), "cmd_tune": In(1),
                 "cmd_channel": In(8), "cmd_dst": In(16), "cmd_bytes": In(32),
                 "cmd_flow": In(32), "cmd_hdr": In(32 * N_HDR), "irq_raise": In(32),
-                "node": Out(16),
-                # a count-action `start tx[P]`: port P's loaded transfer, for the unit's
-                # queue; held until `ca_submit_ready`; `ca_submit_full`: refused
-                "ca_submit_valid": Out(1), "ca_submit_port": Out(1),
-                "ca_submit_ready": In(1), "ca_submit_full": In(1),
-                "ca_submit_dst": Out(32), "ca_submit_bytes": Out(32),
-                "ca_submit_flow": Out(32), "ca_submit_hdr": Out(32 * N_HDR)}
+                "node": Out(16)}
     return out
 
 
@@ -98,35 +92,13 @@ class OnicCtrl(EngineParts, BusParts):
     the datapath: a transfer command (`cmd_*`: load a port's transfer and start it, tuning
     first if asked), taken by the executor as a host's register writes are, so that no
     register has two writers; `irq_raise`, flags it sets in IRQ_STATUS; `node`, this node's
-    index as NODE_ID says it; `ca_submit_*`, the engine's starts, which are then the unit's
-    (a `start tx[P]` hands port P's loaded transfer to the unit's queue, a `tune` only sets
-    TX_CHANNEL: the unit tunes as its route says). `onic_ctrl` alone has none of them."""
+    index as NODE_ID says it. `onic_ctrl` alone has none of them."""
 
     def __init__(self, design_version: int = R.DESIGN_VERSION, unit_port: bool = False
                  ) -> None:
         self.design_version = design_version
         self.unit_port = unit_port
         super().__init__(members(unit_port))
-
-    def _ca_submit(self, m: Module, rw: dict[str, Signal], flag: Any) -> Any:
-        """The engine's starts toward the unit's queue: the port's transfer registers, as
-        they are (the executor, their one writer, waits while a start is held); taken
-        when `ca_submit_ready`, refused (TX_REFUSED) if the queue is full. Returns when
-        the engine's next start must wait."""
-        valid, port = self.ca_submit_valid, self.ca_submit_port
-        with m.If(self.ca_submit_ready):
-            m.d.sync += valid.eq(0)  # (the ACT state sets it again for a start there)
-        for i, P in enumerate(R.PORTS):
-            flag(R.ERROR_BITS[f"TX_REFUSED_{P}"],
-                 valid & self.ca_submit_ready & self.ca_submit_full & (port == i))
-
-        def of(name: str) -> Any:
-            h, v = (rw[f"TX{P}_{name}"] for P in R.PORTS)
-            return Mux(port, v, h)
-        m.d.comb += [self.ca_submit_dst.eq(of("DST")), self.ca_submit_bytes.eq(of("BYTES")),
-                     self.ca_submit_flow.eq(of("FLOW")),
-                     self.ca_submit_hdr.eq(Cat(*(of(f"HDR{k}") for k in range(N_HDR))))]
-        return valid & ~self.ca_submit_ready
 
     # ---------------------------------------------------------------------------------
     def elaborate(self, platform: object) -> Module:
@@ -317,17 +289,13 @@ class OnicCtrl(EngineParts, BusParts):
 
     def _executor(self, m: Module, net: SimpleNamespace) -> None:
         """The executor: one thing at a time, so that no register has two writers."""
-        events, flag, pend_dac, pend_lock = net.events, net.flag, net.pend_dac, net.pend_lock
+        events, pend_dac, pend_lock = net.events, net.pend_dac, net.pend_lock
         pend_rxd, pend_txd, q_start, q_tune = net.pend_rxd, net.pend_txd, net.q_start, net.q_tune
-        rw = net.rw
 
         busy = Signal()
         m.d.comb += busy.eq(events.r_rdy | Cat(*pend_lock, *pend_txd, *pend_rxd).any()
                             | pend_dac | Cat(*q_tune, *q_start).any())
         m.d.sync += [self.stream_valid.eq(0), self.fired.eq(0)]
-        ca_wait = Const(0)  # an engine's start waits: the one before it is not yet taken
-        if self.unit_port:
-            ca_wait = self._ca_submit(m, rw, flag)
 
         def push(sig: int, idx: Any, val: Any, src: Any = None) -> list[Any]:
             def wide(v: Any, n: int) -> Any:  # each field at its own width, zero-extended
@@ -348,7 +316,7 @@ class OnicCtrl(EngineParts, BusParts):
             req, pick = Signal(len(work)), Signal(len(work))
             m.d.comb += [req.eq(Cat(*work)), pick.eq(req & (~req + 1))]
             picks = iter(pick)
-            net.busy, net.ca_wait, net.cmd_p, net.cmd_t, net.fsm = busy, ca_wait, cmd_p, cmd_t, fsm
+            net.busy, net.cmd_p, net.cmd_t, net.fsm = busy, cmd_p, cmd_t, fsm
             net.picks, net.push = picks, push
             self._idle(m, net)
             self._port_states(m, net)
@@ -503,8 +471,7 @@ class OnicCtrl(EngineParts, BusParts):
         m.d.sync += error.eq((error & ~err_clr) | any_of(err_terms))
         module_bits = ((1 << nm) - 1) << R.IRQ_MODULE_SHIFT
         m.d.comb += self.irq.eq((irq_status & (rw["IRQ_ENABLE"] | module_bits)).any())
-        m.d.comb += self.busy.eq(busy | ~fsm.ongoing("IDLE") | (
-            self.ca_submit_valid if self.unit_port else 0))
+        m.d.comb += self.busy.eq(busy | ~fsm.ongoing("IDLE"))
         m.d.comb += self.strobe.eq(Cat(self.stream_valid, self.fired,
                                        *(pin(p, k) for p in ports
                                          for k in ("tune_valid", "tx_valid"))).any())

@@ -119,7 +119,7 @@ class EngineParts(wiring.Component):
         """The engine: scan the modules, fire one, run its actions slot by slot."""
         a, acts_rd, after_tune, arg = net.a, net.acts_rd, net.after_tune, net.arg
         ca_count, ca_ctrl, ca_fired = net.ca_count, net.ca_ctrl, net.ca_fired
-        ca_nfire, ca_target, ca_wait, clear = net.ca_nfire, net.ca_target, net.ca_wait, net.clear
+        ca_nfire, ca_target, clear = net.ca_nfire, net.ca_target, net.clear
         count_first, cur, cur_hot, do_start = net.count_first, net.cur, net.cur_hot, net.do_start
         do_tune, events, fire_now, fires = net.do_tune, net.events, net.fire_now, net.fires
         first, first_hot, flag, fsm, hits = net.first, net.first_hot, net.flag, net.fsm, net.hits
@@ -167,8 +167,6 @@ class EngineParts(wiring.Component):
                                  1 << R.IRQ_BITS["CA_FIRED"], 0))
             with m.If(slot == ns):
                 m.next = "SCAN"
-            with m.Elif(ca_wait & (a == ACT["start"])):  # the same slot next cycle
-                m.d.comb += acts_rd.addr.eq(Cat(slot[:3], Const(1, 1), cur))
             with m.Else():
                 m.d.sync += slot.eq(slot + 1)
                 m.d.comb += acts_rd.addr.eq(Cat((slot + 1)[:3], Const(1, 1), cur))
@@ -177,20 +175,14 @@ class EngineParts(wiring.Component):
                         for i, P in enumerate(R.PORTS):
                             with m.If(idx == i):
                                 m.d.sync += rw[f"TX{P}_CHANNEL"].eq(arg)
-                                if not self.unit_port:  # (else the unit tunes)
-                                    m.d.comb += [do_tune[i].eq(1), tune_arg[i].eq(arg)]
+                                m.d.comb += [do_tune[i].eq(1), tune_arg[i].eq(arg)]
                     with m.Case(ACT["start"]):
-                        if self.unit_port:  # the loaded transfer goes to the unit
-                            with m.If(idx < np_):
-                                m.d.sync += [self.ca_submit_valid.eq(1),
-                                             self.ca_submit_port.eq(idx[0])]
-                        else:
-                            for i in range(np_):
-                                with m.If(idx == i):
-                                    with m.If(tuning[i] | taken[i]):  # once locked
-                                        m.d.sync += after_tune[i].eq(1)
-                                    with m.Else():
-                                        m.d.comb += do_start[i].eq(1)
+                        for i in range(np_):
+                            with m.If(idx == i):
+                                with m.If(tuning[i] | taken[i]):  # once locked
+                                    m.d.sync += after_tune[i].eq(1)
+                                with m.Else():
+                                    m.d.comb += do_start[i].eq(1)
                     with m.Case(ACT["stream"]):
                         m.d.sync += [self.stream_valid.eq(1), self.stream_dac.eq(idx)]
                     with m.Case(ACT["arm"]), m.If(idx < nm):

@@ -26,7 +26,7 @@ from amaranth import Cat, Const, Module, Mux, Signal
 from amaranth.lib import fifo, wiring
 from amaranth.lib.wiring import In, Out
 from oddl.fpga import regmap as R
-from oddl.fpga.frame import BEAT_BITS, FrameFormat, flow_widths
+from oddl.fpga.frame import BEAT_BITS, FrameFormat
 from oddl.fpga.gateware.control_unit import BUILD, STATS, ControlUnitRTL
 from oddl.fpga.gateware.onic_bus import (
     ADDR_BITS,
@@ -80,17 +80,6 @@ class OnicTop(wiring.Component):
                         "unit_arming": Out(timers), "unit_timers_en": In(timers)}
         self.sim_view = sim_view
         super().__init__(members)
-
-    def _ca_flow(self, ctrl: OnicCtrl) -> Any:
-        """The flow an engine's `start tx[P]` hands over: port P's transfer registers, read
-        as the header words are written (regmap.header_words)."""
-        hdr = [ctrl.ca_submit_hdr[32 * k: 32 * k + 32] for k in range(N_HDR)]
-        nw = self.frame.width("src")
-        fields = {"id": Cat(ctrl.ca_submit_flow, hdr[0]), "src": hdr[1][:nw],
-                  "dst": ctrl.ca_submit_dst[:nw], "nbytes": ctrl.ca_submit_bytes,
-                  "iteration": hdr[3], "step": hdr[2][8:32], "hop": hdr[2][0:8],
-                  "t_submit": Cat(hdr[4], hdr[5])}
-        return Cat(*(_word(fields[name], width) for name, width in flow_widths(self.frame)))
 
     def elaborate(self, platform: object) -> Module:
         net = SimpleNamespace()  # the nets each part makes for the parts after it
@@ -190,20 +179,14 @@ class OnicTop(wiring.Component):
         net.pend = pend
 
     def _queues(self, m: Module, net: SimpleNamespace) -> None:
-        """The flows handed to the unit (the host's, the engine's starts), and the
-        deliveries and the first failure the host reads back."""
+        """The flows the host hands to the unit, and the deliveries and the first
+        failure it reads back."""
         ctrl, fw, regs, unit = net.ctrl, net.fw, net.regs, net.unit
 
         m.submodules.submit = submit = fifo.SyncFIFO(width=fw, depth=R.CU_QUEUE)
         m.submodules.delivered = dq = fifo.SyncFIFO(width=fw, depth=R.CU_QUEUE)
         sub_words = [regs[f"CU_SUBMIT{k}"] for k in range(R.CU_FLOW_WORDS)]
-        # its two writers: the host's CU_SUBMIT_GO, and the engine's starts (`ca_flow`: a
-        # port's transfer registers, which carry the whole flow), which wait a cycle for it
-        host_go = Signal()
-        m.d.comb += [submit.w_en.eq(host_go | ctrl.ca_submit_valid),
-                     submit.w_data.eq(Mux(host_go, Cat(*sub_words)[:fw], self._ca_flow(ctrl))),
-                     ctrl.ca_submit_ready.eq(~host_go), ctrl.ca_submit_full.eq(~submit.w_rdy),
-                     unit.submit_valid.eq(submit.r_rdy),
+        m.d.comb += [submit.w_data.eq(Cat(*sub_words)[:fw]), unit.submit_valid.eq(submit.r_rdy),
                      unit.submit_flow.eq(submit.r_data), submit.r_en.eq(unit.submit_ready),
                      dq.w_data.eq(unit.deliver_flow), dq.w_en.eq(unit.deliver_valid)]
         lost = Signal(32)
@@ -221,7 +204,7 @@ class OnicTop(wiring.Component):
             Mux(unit.deliver_valid, 1 << R.IRQ_BITS["CU_DELIVERED"], 0)
             | Mux(unit.fail_valid, 1 << R.IRQ_BITS["CU_FAILED"], 0))
 
-        net.dq, net.fail, net.fail_clr, net.host_go, net.lost = dq, fail, fail_clr, host_go, lost
+        net.dq, net.fail, net.fail_clr, net.lost = dq, fail, fail_clr, lost
         net.submit = submit
 
     def _cu_block(self, m: Module, net: SimpleNamespace) -> None:
@@ -288,7 +271,7 @@ class OnicTop(wiring.Component):
     def _bus(self, m: Module, net: SimpleNamespace) -> None:
         """The bus: the CU block here, the rest passed through to onic_ctrl."""
         bresp, ctrl, dq, fail_clr, groups = net.bresp, net.ctrl, net.dq, net.fail_clr, net.groups
-        host_go, mine, pend, raddr, rdata = net.host_go, net.mine, net.pend, net.raddr, net.rdata
+        mine, pend, raddr, rdata = net.mine, net.pend, net.raddr, net.rdata
         regs, route_we, route_word, s = net.regs, net.route_we, net.route_word, net.s
         staged, submit, through, unit = net.staged, net.submit, net.through, net.unit
         waddr, wdata, wstrb = net.waddr, net.wdata, net.wstrb
@@ -321,7 +304,7 @@ class OnicTop(wiring.Component):
                     with m.Case(R.BY_NAME["CU_ROUTE"].offset):
                         m.d.sync += [route_word.eq(wdata), route_we.eq(1)]
                     with m.Case(R.BY_NAME["CU_SUBMIT_GO"].offset), m.If(wdata[0]):
-                        m.d.comb += host_go.eq(1)
+                        m.d.comb += submit.w_en.eq(1)
                         with m.If(~submit.w_rdy):
                             m.d.sync += bresp.eq(SLVERR)  # full: said, nothing queued
                     with m.Case(R.BY_NAME["CU_DELIV_POP"].offset), m.If(wdata[0]):
