@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import re
 import tomllib
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 import tomli_w
 from oddl.app.arbiter_view import Kept
@@ -20,11 +20,6 @@ from oddl.app.submission import Refused
 
 if TYPE_CHECKING:
     from oddl.app.users import User
-
-
-class ArrayKeeper(Kept, Protocol):
-    """What this module uses of the arbiter's service (app/arbiter_view.py)."""
-
 
 MAX_TASKS = 256  # tasks an array holds
 MAX_VALUE = 999_999  # a task's value (its seed)
@@ -64,7 +59,7 @@ def task_text(text: str, value: int) -> str:
     return tomli_w.dumps(data | {"seed": value})
 
 
-def members(svc: ArrayKeeper, array: str) -> list[dict[str, Any]]:
+def members(svc: Kept, array: str) -> list[dict[str, Any]]:
     """The array's tasks, in submission order (none: no such array; an id that is no
     job's, jN, is not looked for)."""
     if not re.fullmatch(r"j\d{1,12}", array):
@@ -73,7 +68,7 @@ def members(svc: ArrayKeeper, array: str) -> list[dict[str, Any]]:
     return [j for j in svc.ledger.jobs(array=array) if tail.match(j["job"])]
 
 
-def as_one(svc: ArrayKeeper, array: str) -> dict[str, Any]:
+def as_one(svc: Kept, array: str) -> dict[str, Any]:
     """The array as one job: its tasks, and its state: active while one is, else
     finished if all did, else the first other end of a task (404: no such array)."""
     found = members(svc, array)
@@ -87,7 +82,7 @@ def as_one(svc: ArrayKeeper, array: str) -> dict[str, Any]:
             "tasks": found}
 
 
-def cancel(svc: ArrayKeeper, user: User, array: str) -> dict[str, Any]:
+def cancel(svc: Kept, user: User, array: str) -> dict[str, Any]:
     """Every task of the array not ended, cancelled (its user's or an operator's)."""
     found = members(svc, array)
     if not found:

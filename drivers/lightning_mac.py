@@ -282,7 +282,10 @@ class PhotonicCore:
         and the board's answer (words played, clocks, the engine's modules)."""
         cal = self.calibration or self.calibrate()
         out = dict(self.soc.lightning_layer(k, np.asarray(codes, dtype=np.int64)))
-        level = np.asarray(out.pop("levels", ()), dtype=float)
+        if "levels" not in out:
+            raise ValueError(f"lightning_layer {k + 1}: the board's answer: Object missing "
+                             "required field `levels`")
+        level = np.asarray(out.pop("levels"), dtype=float)
         played: LayerPlayed = answer(LayerPlayed, out, f"lightning_layer {k + 1}")
         self.products += products if played.played == played.words else 0
         return cal.estimate(np.asarray(values)[:len(level)], level), played
