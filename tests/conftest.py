@@ -34,6 +34,10 @@ def pytest_configure(config: pytest.Config) -> None:
     it imports from source again (0.35 s of CPU each), and each worker rewrote the
     asserts of every test module again (2 s). Compiled once before the workers start; the
     workers keep pytest's rewritten modules."""
+    if config.pluginmanager.hasplugin("xdist"):  # the realtime and batch lanes (tests/lanes.py)
+        from tests import lanes
+
+        config.pluginmanager.register(lanes, "oddl-lanes")
     if not sys.dont_write_bytecode:
         return
     if not hasattr(config, "workerinput"):
