@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import tempfile
 from collections import OrderedDict
 from pathlib import Path
@@ -129,14 +130,25 @@ def _folder(config: pytest.Config) -> Path:
     return folder
 
 
+def _lanes(config: pytest.Config) -> bool:
+    """Lanes where loadscope's scopes are spread over two workers or more."""
+    return config.getvalue("dist") == "loadscope" and \
+        config.getvalue("numprocesses") not in (0, 1, None)
+
+
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> LaneScheduling | None:
-    if config.getvalue("dist") != "loadscope" or config.getvalue("numprocesses") in (0, 1):
-        return None
-    return LaneScheduling(config, log, _folder(config))
+    return LaneScheduling(config, log, _folder(config)) if _lanes(config) else None
 
 
 def pytest_configure_node(node: Any) -> None:
-    node.workerinput["oddl_lanes"] = str(_folder(node.config))
+    if _lanes(node.config):
+        node.workerinput["oddl_lanes"] = str(_folder(node.config))
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    folder = getattr(config, "_oddl_lanes", None)
+    if folder is not None:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def pytest_configure(config: pytest.Config) -> None:
