@@ -28,6 +28,7 @@ from typing import Any
 
 import pytest
 from xdist.scheduler import LoadScopeScheduling
+from xdist.workermanage import WorkerController
 
 NICE = 15  # the batch lane's niceness: a weight of 36 against the realtime lane's 1024
 REALTIME = "realtime"
@@ -46,12 +47,12 @@ class LaneScheduling(LoadScopeScheduling):
         super().__init__(config, log)
         self.folder = folder
         self.realtime_scopes: set[str] = set()
-        self.shared = False  # one lane is empty: every worker takes the other's scopes
+        self.shared = False  # no realtime test in this run: every worker takes any scope
 
-    def _lane(self, node: Any) -> str:
+    def _lane(self, node: WorkerController) -> str:
         return lane_of(node.gateway.id, self.numnodes)
 
-    def _takes(self, node: Any, scope: str) -> bool:
+    def _takes(self, node: WorkerController, scope: str) -> bool:
         if self.shared:
             return True
         realtime = scope in self.realtime_scopes
@@ -62,10 +63,10 @@ class LaneScheduling(LoadScopeScheduling):
         return not realtime or not any(self._lane(n) == REALTIME and not n.shutting_down
                                        for n in self.nodes)
 
-    def _next_scope(self, node: Any) -> str | None:
+    def _next_scope(self, node: WorkerController) -> str | None:
         return next((s for s in self.workqueue if self._takes(node, s)), None)
 
-    def _assign_work_unit(self, node: Any) -> None:
+    def _assign_work_unit(self, node: WorkerController) -> None:
         scope = self._next_scope(node)
         assert scope is not None
         work_unit = self.workqueue.pop(scope)
@@ -74,14 +75,15 @@ class LaneScheduling(LoadScopeScheduling):
         node.send_runtest_some([collection.index(nodeid)
                                 for nodeid, done in work_unit.items() if not done])
 
-    def _reschedule(self, node: Any) -> None:
+    def _reschedule(self, node: WorkerController) -> None:
         if node.shutting_down:
             return
-        if self._next_scope(node) is None:
-            if not self._pending_of(self.assigned_work[node]):
+        # more than two tests in hand, as loadscope keeps (a worker holds its last test
+        # until it is given another or told to shut down)
+        while self._pending_of(self.assigned_work[node]) <= 2:
+            if self._next_scope(node) is None:
                 node.shutdown()
-            return
-        if self._pending_of(self.assigned_work[node]) <= 2:  # (loadscope's heuristic)
+                return
             self._assign_work_unit(node)
 
     def schedule(self) -> None:
@@ -140,7 +142,7 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> LaneScheduli
     return LaneScheduling(config, log, _folder(config)) if _lanes(config) else None
 
 
-def pytest_configure_node(node: Any) -> None:
+def pytest_configure_node(node: WorkerController) -> None:
     if _lanes(node.config):
         node.workerinput["oddl_lanes"] = str(_folder(node.config))
 
