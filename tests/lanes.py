@@ -47,13 +47,12 @@ class LaneScheduling(LoadScopeScheduling):
         super().__init__(config, log)
         self.folder = folder
         self.realtime_scopes: set[str] = set()
-        self.shared = False  # no realtime test in this run: every worker takes any scope
 
     def _lane(self, node: WorkerController) -> str:
         return lane_of(node.gateway.id, self.numnodes)
 
     def _takes(self, node: WorkerController, scope: str) -> bool:
-        if self.shared:
+        if not self.realtime_scopes:  # no realtime test in this run: any worker
             return True
         realtime = scope in self.realtime_scopes
         if self._lane(node) == REALTIME:
@@ -109,7 +108,6 @@ class LaneScheduling(LoadScopeScheduling):
         order = sorted(queue, key=lambda s: -len(queue[s])) \
             if self.config.option.loadscopereorder else list(queue)
         self.workqueue = OrderedDict((s, queue[s]) for s in order)
-        self.shared = not self.realtime_scopes
         for node in self.nodes:
             self._reschedule(node)
 
