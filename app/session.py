@@ -108,10 +108,14 @@ def emulated(testbed: Path, faults: list[str], workdir: Path,
     for f in faults:
         cmd += ["--fault", f]
     with log.open("w") as err:
-        # a session of its own: a terminal's Ctrl-C reaches this process, which stops it
-        # (once, in order); and it goes with this process if this one is killed
-        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=err, text=True,
-                                start_new_session=True, preexec_fn=_die_with_parent)
+        # a process group of its own: a terminal's Ctrl-C reaches this process, which stops
+        # it (once, in order); and it goes with this process if this one is killed. Not a
+        # session: Linux's autogroup gives every session an equal share of the CPU
+        # whatever its nice, and `nice oddl run --backend emu` left the emulator at full
+        # share. Its standard input is none: a background group reading the terminal stops
+        proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                stderr=err, text=True, process_group=0,
+                                preexec_fn=_die_with_parent)
     killer = threading.Timer(60, proc.kill)  # it must come up within a minute
     killer.start()
     try:

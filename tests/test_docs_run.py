@@ -97,7 +97,7 @@ def test_a_documented_block_runs_as_written(block: Block, tmp_path: Path) -> Non
     bindir = str(Path(sys.executable).parent)  # the `oddl` of this interpreter
     env["PATH"] = bindir + os.pathsep + env.get("PATH", "")
     p = subprocess.Popen(["bash", "-c", script(block.body)], cwd=tmp_path, env=env, text=True,
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, process_group=0)
     try:
         out, err = p.communicate(timeout=BLOCK_S)
     finally:

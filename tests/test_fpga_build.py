@@ -117,6 +117,22 @@ def test_the_flows_script_runs_to_its_end_and_its_failure_is_said(tmp_path: Path
     assert e.value.returncode == 3
 
 
+@pytest.mark.skipif(not Path("/proc/self/autogroup").exists(),
+                    reason="a kernel without autogroup scheduling: a session is no "
+                    "boundary of CPU shares there")
+def test_a_niced_build_keeps_its_tools_niced(tmp_path: Path) -> None:
+    """Reproducer: CI started its FPGA build tier at nice 19, yet its nextpnr took a third
+    of both cores from the suite (24 min against 13), since the flow's script ran in a
+    session of its own, and Linux's autogroup gives every session an equal share whatever
+    its processes' nice. The script keeps the caller's scheduling group."""
+    from oddl.fpga.gateware.board import run_script
+
+    (tmp_path / "ag.sh").write_text("cat /proc/self/autogroup > autogroup.txt\n")
+    run_script(tmp_path, "ag.sh")
+    ours = Path("/proc/self/autogroup").read_text()
+    assert (tmp_path / "autogroup.txt").read_text() == ours
+
+
 def _alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)

@@ -222,9 +222,10 @@ def run_script(where: Path, script: str) -> None:
     """The flow's shell script, in a process group of its own, stopped whole if this
     process ends first (Ctrl-C, SIGTERM, an error, kill -9): Amaranth's own runner kills
     only the shell, and its Yosys or nextpnr ran on, orphaned, at a core's full speed for
-    minutes."""
+    minutes. A group, not a session: Linux's autogroup gives every session an equal share
+    of the CPU whatever its nice, so `nice oddl gateware build` left nextpnr at full share."""
     proc = subprocess.Popen(["sh", "-c", _WATCHED, script], cwd=where,
-                            stdin=subprocess.PIPE, start_new_session=True)
+                            stdin=subprocess.PIPE, process_group=0)
     try:
         rc = proc.wait()
     finally:
