@@ -58,6 +58,7 @@ def check_only(only: list[str]) -> None:
 
 
 AUTOLOAD = "PYTEST_DISABLE_PLUGIN_AUTOLOAD"
+NOTHING_CHECKED = 4  # the exit code of an acceptance whose every check skipped
 
 
 def pytest_args(config: Path, report: Path, only: list[str]) -> list[str]:
@@ -95,7 +96,8 @@ def run_suite(testbed: Path, report: Path, only: list[str]) -> int:
 def run(testbed_path: Path, tb: Testbed, backend: str, report: Path, only: list[str],
         faults: list[str], wait_s: float, say: Callable[[str], None],
         record: Path | None = None, key: bytes | None = None) -> int:
-    """The suite's exit code: 0 all passed, 1 a check failed, 2 it could not run.
+    """The suite's exit code: 0 all passed, 1 a check failed, 2 it could not run, 4 every
+    check skipped.
     `record`: every exchange with the devices onto that cassette (drivers/cassette.py),
     signed with `key` if given."""
 
@@ -121,7 +123,11 @@ def run(testbed_path: Path, tb: Testbed, backend: str, report: Path, only: list[
     d = summary_said(report, say)
     say(f"acceptance of {tb.name} ({backend}) took {time.perf_counter() - t0:.1f} s; "
         f"report: {report}")
-    return {0: 0, 1: 1}.get(rc, 2) if d is not None else 2
+    if d is None:
+        return 2
+    if rc == 0 and d["verdict"] == "NOTHING CHECKED":
+        return NOTHING_CHECKED  # (no pass: every check skipped, each said why)
+    return {0: 0, 1: 1}.get(rc, 2)
 
 
 def _suite(testbed: Path, report: Path, only: list[str], record: Path | None,
@@ -146,9 +152,10 @@ def summary_said(report: Path, say: Callable[[str], None]) -> dict[str, Any] | N
     if not summary.exists():
         return None
     d: dict[str, Any] = json.loads(summary.read_text())
-    for c in d["checks"]:
-        if c["outcome"] == "failed":
-            say(f"FAIL {c['check']}: {c['message']}")
+    for c in d["checks"]:  # (with nothing checked, why each check was not)
+        if c["outcome"] == "failed" or d["verdict"] == "NOTHING CHECKED":
+            say(f"{'FAIL' if c['outcome'] == 'failed' else 'SKIP'} {c['check']}: "
+                f"{c['message']}")
     say(f"{d['verdict']}: {d['counts']['passed']} passed, {d['counts']['failed']} "
         f"failed, {d['counts']['skipped']} skipped")
     return d

@@ -19,11 +19,12 @@ hardware tests do when no hardware is configured).
 from __future__ import annotations
 
 import json
+import statistics
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import pytest
 from oddl.app.registry import open_board
@@ -268,10 +269,26 @@ def markdown(summary: dict[str, Any]) -> str:
 # --- measurements shared with bench/ (request_grant_rtt lives with the bus) ----------------
 
 
-def host_explains(p99_ms: float, lag_p99_ms: float, limit_ms: float) -> bool:
-    """A figure over its limit that this host's own lateness accounts for: with the
-    host's loop lag (p99, measured beside it) taken off, it is within the limit."""
-    return p99_ms > limit_ms and lag_p99_ms > 0 and p99_ms - lag_p99_ms <= limit_ms
+class Spread(NamedTuple):
+    """A measurement's median and tail (ms)."""
+    p50: float
+    p99: float
+
+
+def spread(xs_s: list[float]) -> Spread:
+    """The median and p99 of samples in seconds, in ms (none: zero)."""
+    if not xs_s:
+        return Spread(0.0, 0.0)
+    return Spread(1e3 * statistics.median(xs_s), 1e3 * percentile(xs_s, 0.99))
+
+
+def host_explains(figure: Spread, lag: Spread, limit_ms: float) -> bool:
+    """A figure whose tail is over its limit that this host's own lateness accounts for:
+    with the host's loop lag (measured beside it) taken off, its tail and its median are
+    within the limit. The tail alone let a broker slow on every message pass as the
+    host's: a median of 788 times the limit, skipped for a tail lag of 1.9 ms."""
+    return (figure.p99 > limit_ms and lag.p99 > 0 and figure.p99 - lag.p99 <= limit_ms
+            and figure.p50 - lag.p50 <= limit_ms)
 
 
 def percentile(xs: list[float], q: float) -> float:
