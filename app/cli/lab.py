@@ -278,7 +278,9 @@ def broker_config(testbed: Path, out: Path, port: int, bind: str) -> None:
 def accept(testbed: Path, backend: str | None, report: Path | None, only: tuple[str, ...],
            faults: tuple[str, ...], wait_s: float, record: Path | None,
            key: bytes | None) -> None:
-    """Pass or fail a testbed, device by device, with the measured figures."""
+    """Pass or fail a testbed, device by device, with the measured figures: exit 0 every
+    check passed, 1 one failed, 2 the suite could not run, 3 the testbed is held, 4
+    nothing was checked (every check skipped, each saying why)."""
     from oddl.app import accept as acc
     from oddl.app import registry
     from oddl.app.session import EmulatorFailed
