@@ -58,7 +58,8 @@ def check_only(only: list[str]) -> None:
 
 
 AUTOLOAD = "PYTEST_DISABLE_PLUGIN_AUTOLOAD"
-NOTHING_CHECKED = 4  # the exit code of an acceptance whose every check skipped
+# the suite's verdict when every check skipped (its plugin's summary), and its exit code
+NOTHING_CHECKED, NOTHING_CHECKED_EXIT = "NOTHING CHECKED", 4
 
 
 def pytest_args(config: Path, report: Path, only: list[str]) -> list[str]:
@@ -125,8 +126,8 @@ def run(testbed_path: Path, tb: Testbed, backend: str, report: Path, only: list[
         f"report: {report}")
     if d is None:
         return 2
-    if rc == 0 and d["verdict"] == "NOTHING CHECKED":
-        return NOTHING_CHECKED  # (no pass: every check skipped, each said why)
+    if rc == 0 and d["verdict"] == NOTHING_CHECKED:
+        return NOTHING_CHECKED_EXIT  # (no pass: every check skipped, each said why)
     return {0: 0, 1: 1}.get(rc, 2)
 
 
@@ -153,7 +154,7 @@ def summary_said(report: Path, say: Callable[[str], None]) -> dict[str, Any] | N
         return None
     d: dict[str, Any] = json.loads(summary.read_text())
     for c in d["checks"]:  # (with nothing checked, why each check was not)
-        if c["outcome"] == "failed" or d["verdict"] == "NOTHING CHECKED":
+        if c["outcome"] == "failed" or d["verdict"] == NOTHING_CHECKED:
             say(f"{'FAIL' if c['outcome'] == 'failed' else 'SKIP'} {c['check']}: "
                 f"{c['message']}")
     say(f"{d['verdict']}: {d['counts']['passed']} passed, {d['counts']['failed']} "
