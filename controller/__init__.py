@@ -16,7 +16,7 @@ Above it: the back ends (`oddl.sim`, `oddl.drivers`) and the application (`oddl.
 below it, `oddl.fpga`.
 """
 
-__version__ = "0.5.0"
+__version__ = "0.6.0"
 
 from oddl.controller.base import compiled as _compiled
 

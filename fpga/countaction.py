@@ -24,8 +24,10 @@ Signals (what a count sums):
     DAC[i].valid                    DAC i's valid flag (Lightning)
     module[NAME].fired              another module fired
 Actions:
-    tune tx[P] channel K            tune port P's transmitter to channel K
+    tune tx[P] channel K            tune port P's transmitter to channel K (onic_top: only
+                                    set TX_CHANNEL; the control unit tunes as routed)
     start tx[P]                     start the transfer preloaded in port P's transfer engine
+                                    (onic_top: hand it to the control unit as a flow)
     stream DAC[i].data              stream DAC i's data into the photonic core (Lightning)
     irq                             interrupt the host
     arm module[NAME] / reset module[NAME]

@@ -139,7 +139,9 @@ REGISTERS: list[Reg] = [
 # routes, hands over its schedule's flows and reads back deliveries, a failure and the
 # unit's counters; the unit itself speaks to its peers in frames on the MAC's stream.
 TOP_IP_NAME = "onic_top"
-TOP_DESIGN_VERSION = (0 << 16) | 2  # 0.2: the control unit in the datapath
+# 0.3: the control unit in the datapath, and the count-action engine's starts its flows
+# (0.2: the engine started the port itself)
+TOP_DESIGN_VERSION = (0 << 16) | 3
 CU_BASE = 0x8000
 CU_FLOW_WORDS = 9  # a flow (ctrl_unit's flow_layout: 280 bits) in 32-bit words, LSB first
 CU_QUEUE = 16  # flows waiting to be handed to the unit, and deliveries waiting to be read

@@ -8,7 +8,7 @@ import shutil
 import subprocess
 import sys
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -88,12 +88,14 @@ def run_flows(tb: Testbed, pairs: list[tuple[int, int, int, int]], strategy: str
               faults: FaultSpec | None = None, seed: int = 0,
               inject: Callable[[Clock, Any], None] | None = None,
               unit: Any = ControlUnit, loop: asyncio.AbstractEventLoop | None = None,
-              timeout_s: float = 3600) -> FlowRun:
+              timeout_s: float = 3600, setup: Callable[[Any, Any], None] | None = None,
+              by_board: Collection[int] = ()) -> FlowRun:
     """Submit (src rank, dst rank, bytes, start ns) flows and run until all are delivered;
     `inject(clock, bus)` may schedule a peer's own traffic (a flood, a forgery); `unit`
     makes each node's control unit (a board's, for `control_model = "board"`); `loop`:
     a real one instead of the virtual clock (its times are then the wall clock's,
-    and `timeout_s` its seconds)."""
+    and `timeout_s` its seconds); `setup(world, plan)` once the plan is applied;
+    `by_board`: flows (by index) the host does not hand over (a board starts them)."""
     grid = Grid.from_testbed(tb)
     loop = loop or VirtualClockLoop()
     clock = Clock(loop)
@@ -128,10 +130,13 @@ def run_flows(tb: Testbed, pairs: list[tuple[int, int, int, int]], strategy: str
         st.lines[n].connect(st.onics[n].on_interrupt)
     if inject is not None:
         inject(clock, st.bus)
+    if setup is not None:
+        setup(st, plan)
     for i, (s, d, b, t) in enumerate(pairs):
         f = Flow(i, grid.nodes[s], grid.nodes[d], b, 0, 0, 0, t)
         st.checker.flow_started(f)
-        clock.call_at_ns(t, res.cus[f.src].submit, f)
+        if i not in by_board:
+            clock.call_at_ns(t, res.cus[f.src].submit, f)
     try:
         if total:
             loop.run_until_complete(asyncio.wait_for(done, timeout=timeout_s))

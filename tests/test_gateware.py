@@ -265,7 +265,7 @@ def test_the_vivado_recipe_declares_the_address_map_and_interrupt_of_the_overlay
     r = recipe()
     assert (r["ip_name"], r["base"], r["range"]) == (R.TOP_IP_NAME, R.IP_BASE, R.IP_RANGE)
     assert r["master"] == "M_AXI_HPM0_FPD" and r["irq"] == IRQ_PIN
-    hwh = ET.fromstring(hwh_text(ip_name=R.TOP_IP_NAME, version="0.2"))
+    hwh = ET.fromstring(hwh_text(ip_name=R.TOP_IP_NAME, version="0.3"))
     mem = next(m for m in hwh.iter("MEMRANGE") if m.get("INSTANCE") == r["ip_name"])
     assert int(mem.get("BASEVALUE"), 16) == r["base"]
     assert int(mem.get("HIGHVALUE"), 16) == r["base"] + r["range"] - 1

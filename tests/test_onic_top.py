@@ -63,9 +63,10 @@ class Bench:
                                                    self.ctx.get(getattr(d, f"{p}_tx_bytes")),
                                                    self.ctx.get(getattr(d, f"{p}_tx_flow")))))
 
-    async def write(self, name: str, value: int) -> int:
+    async def write(self, name: str | int, value: int) -> int:
+        """A register by name, or by offset."""
         d, c = self.dut, self.ctx
-        c.set(d.s_axi_awaddr, R.BY_NAME[name].offset)
+        c.set(d.s_axi_awaddr, R.BY_NAME[name].offset if isinstance(name, str) else name)
         c.set(d.s_axi_wdata, value)
         c.set(d.s_axi_wstrb, 0xF)
         c.set(d.s_axi_awvalid, 1)
@@ -215,3 +216,108 @@ def test_the_top_schedules_a_flow_each_way_through_its_own_datapath(mac: str) ->
                              "bad_frames": 0}
     assert seen["fail"] == 0 and seen["sent"] == 3  # REQUEST, RELEASE, GRANT
     assert (seen["held"] > 0) == (mac == "back-pressure")  # the MAC did hold frames back
+
+
+async def _engine_loaded(ctx: Any, dut: Any) -> Bench:
+    """The top with its unit running, a route to n1 on H (channel 2), a transfer loaded in
+    TXH's registers (flow 3 << 32 | 7 to n1, 700 bytes, step 4, iteration 2, submitted at
+    1,234 ns) and a module that, on a DAC flag, tunes H to channel 5 and starts it."""
+    from oddl.fpga.countaction import Program
+    from oddl.fpga.countaction_image import compile_program, image_writes
+    from oddl.fpga.regmap import header_words
+
+    b = Bench(ctx, dut)
+    for pin, v in (("node_id", 0), ("n_nodes", 4), ("n_channels", 8), ("ports_present", 0b11)):
+        ctx.set(getattr(dut, pin), v)
+    await b.tick(4)
+    for name, v in (("CU_TUNING_NS", 11), ("CU_PROPAGATION_NS", 50),
+                    ("CU_REQUEST_TIMEOUT_NS", 10**6), ("CU_RELEASE_TIMEOUT_NS", 10**6),
+                    ("CU_LEASE_NS", 10**6), ("CU_MAX_RETRIES", 3), ("CU_ROUTE_DST", 1),
+                    ("CU_ROUTE", 1 | 2 << 16 | 0 << 24 | 1 << 31), ("CU_CTRL", 0),
+                    ("TXH_DST", 1), ("TXH_BYTES", 700), ("TXH_FLOW", 7)):
+        await b.write(name, v)
+    for k, w in enumerate(header_words(3 << 32 | 7, 0, 0, 4, 2, 1234)):
+        await b.write(f"TXH_HDR{k}", w)
+    prog = Program()
+    prog.module("go", 1).count("DAC.valid", 1).act("tune", "H", 5).act("start", "H")
+    for off, v in image_writes(compile_program(prog)):
+        await b.write(off, v)
+    return b
+
+
+def _simulate(dut: Any, bench: Any) -> None:
+    from amaranth.sim import Simulator
+
+    sim = Simulator(dut)
+    sim.add_clock(4e-9)
+    sim.add_testbench(bench)
+    sim.run()
+
+
+def test_an_engines_start_hands_the_loaded_transfer_to_the_unit() -> None:
+    """Issue 84: in onic_top the count-action engine's actions are the unit's to carry out.
+    The module's start hands the transfer the host loaded in TXH's registers to the unit as
+    a flow, every field kept: a REQUEST for it, the laser tuned on the GRANT to the route's
+    channel (the unit's, not the action's), the transfer on the lock. (The engine had
+    tuned the laser itself and started the transfer unasked: no REQUEST, no GRANT.)"""
+    from oddl.fpga.gateware.onic_top import OnicTop
+
+    dut = OnicTop(FRAME, nodes=8, txq=4, rxq=4, done=8)
+    seen: dict[str, Any] = {}
+
+    async def bench(ctx: Any) -> None:
+        b = await _engine_loaded(ctx, dut)
+        await b.strobe("dac_valid", dac_index=1)
+        await b.until("REQUEST", lambda: any(type(f) is Request for f in b.frames_out))
+        seen["request"] = next(f for f in b.frames_out if type(f) is Request)
+        seen["effects_before_grant"] = list(b.effects)
+        seen["channel"] = await b.read("TXH_CHANNEL")
+        await b.frame_in(Grant(seen["request"].flow, 0, "n1", "n0", "H", 2, 10**9))
+        await b.until("a tune", lambda: any(e[0] == "tune" for e in b.effects))
+        await b.strobe("h_tune_locked")
+        await b.until("the transfer", lambda: any(e[0] == "tx" for e in b.effects))
+        seen["effects"] = list(b.effects)
+        seen["error"] = await b.read("ERROR")
+
+    _simulate(dut, bench)
+    q = seen["request"]
+    assert (q.flow, q.hop, q.src, q.dst, q.port, q.channel, q.nbytes, q.iteration, q.step,
+            q.t_submit) == (3 << 32 | 7, 0, "n0", "n1", "H", 2, 700, 2, 4, 1234), q
+    assert seen["effects_before_grant"] == []  # the engine tuned and started nothing itself
+    assert seen["channel"] == 5  # the action's channel is kept in TXH_CHANNEL
+    assert seen["effects"] == [("tune", "h", 2), ("tx", "h", (1, 700, 7))]
+    assert seen["error"] == 0
+
+
+def test_an_engines_start_the_full_queue_cannot_take_is_refused_by_name() -> None:
+    """Issue 84: the engine's start is the flow queue's second writer; when the host has
+    filled the queue (its CU_SUBMIT_GO answered SLVERR), the start is refused as a host's
+    start on a busy port is, ERROR.TX_REFUSED_H, and queues nothing. (The unit is kept
+    from taking flows by a stream of stray RELEASE frames, which it takes first.)"""
+    from oddl.fpga.gateware.onic_bus import SLVERR
+    from oddl.fpga.gateware.onic_top import OnicTop
+
+    dut = OnicTop(FRAME, nodes=8, txq=4, rxq=4, done=8)
+    seen: dict[str, Any] = {}
+
+    async def bench(ctx: Any) -> None:
+        b = await _engine_loaded(ctx, dut)
+        ctx.set(dut.ctl_rx_tdata, encode_frame(Release(99, 0, "n1", "n0", "H"), INDEX,
+                                               R.PORTS))
+        ctx.set(dut.ctl_rx_tlast, 1)
+        ctx.set(dut.ctl_rx_tvalid, 1)
+        resp = []
+        for fid in range(1, R.CU_QUEUE + 2):
+            for k, w in enumerate(flow_words(fid, 0, 1, 64)):
+                await b.write(f"CU_SUBMIT{k}", w)
+            resp.append(await b.write("CU_SUBMIT_GO", 1))
+        seen["resp"] = resp
+        await b.strobe("dac_valid", dac_index=1)
+        await b.tick(30)
+        seen["error"] = await b.read("ERROR")
+        seen["free"] = await b.read("CU_SUBMIT_FREE")
+
+    _simulate(dut, bench)
+    assert seen["resp"] == [0] * R.CU_QUEUE + [SLVERR]
+    assert seen["free"] == 0
+    assert seen["error"] == 1 << R.ERROR_BITS["TX_REFUSED_H"]

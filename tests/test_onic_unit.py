@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import sqlite3
 from pathlib import Path
+from typing import Any
 
 import pytest
 from click.testing import CliRunner
@@ -67,6 +68,44 @@ def test_onic_top_in_the_loop_relays_and_delivers_as_the_python_board() -> None:
     assert top.delivered == board.delivered == dict.fromkeys(range(len(flows)), 1)
     assert top.arrival_ns == board.arrival_ns
     assert top.checker.violations == board.checker.violations == []
+
+
+def _chained_by_the_engine(world: Any, plan: Any) -> None:
+    """n1's engine starts flow 1 (n1 to n3, 500 bytes, loaded in the registers of the port
+    its route takes) once flow 0's 4,000 bytes (step 0) are delivered to n1."""
+    from oddl.fpga.countaction import ANY_PORT, Program
+
+    nodes = list(world.boards)  # (in the grid's order)
+    n1, n3 = nodes[1], nodes[3]
+    port = plan.routes[n1][n3].port
+    prog = Program()
+    prog.module("then", 4000).count("rx.delivered", ANY_PORT, 0).act("tune", port, 7) \
+        .act("start", port)
+    d = world.onics[n1].d
+    d.load_countaction(prog)
+    for name, v in ((f"TX{port}_DST", 3), (f"TX{port}_BYTES", 500), (f"TX{port}_FLOW", 1),
+                    *((f"TX{port}_HDR{k}", w) for k, w in enumerate(
+                        R.header_words(1, 1, 0, 0, 0, 0)))):
+        d.mmio.write(R.BY_NAME[name].offset, v)
+
+
+def test_an_engines_start_is_a_flow_for_the_unit_in_both_boards() -> None:
+    """Issue 84: a count-action `start tx[P]` in an onic_top hands the transfer loaded in
+    port P's registers to its control unit, which asks for the receiver and tunes as its
+    route says: the chained flow arrives, granted (no violation), at the same nanosecond
+    on the Python board and the RTL. (The engine had started the transfer itself, on a
+    port with no channel: refused, and the flow never came.)"""
+    from oddl.drivers.onic_unit import GatewareUnit
+
+    flows = [(0, 1, 4000, 0), (1, 3, 500, 0)]
+    tb = make_testbed(2, 2).with_control_model("board")
+    runs = {model: run_flows(tb.with_board_model(model), flows, unit=GatewareUnit,
+                             timeout_s=0.01, setup=_chained_by_the_engine, by_board={1})
+            for model in ("python", "rtl")}
+    for r in runs.values():
+        assert r.error is None and r.delivered == {0: 1, 1: 1}, r.error
+        assert r.arrival_ns[1] > r.arrival_ns[0] and r.checker.violations == []
+    assert runs["rtl"].arrival_ns == runs["python"].arrival_ns
 
 
 # in the gateware's slow tier (.ci/run), though Amaranth's simulator runs it: the suite's 5 min

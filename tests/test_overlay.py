@@ -28,7 +28,7 @@ def test_shipped_overlay_is_current_and_marked_placeholder() -> None:
     assert BITFILE.read_bytes() == placeholder_bit()
     # an onic_top's (the control unit in the datapath): the same placeholder, its IP named
     assert TOP_BITFILE.with_suffix(".hwh").read_text() == hwh_text(
-        ip_name=R.TOP_IP_NAME, version="0.2")
+        ip_name=R.TOP_IP_NAME, version="0.3")
     assert TOP_BITFILE.read_bytes() == placeholder_bit()
     from pynq.pl_server.embedded_device import parse_bit_header
 

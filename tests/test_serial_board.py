@@ -150,7 +150,7 @@ def test_a_served_testbed_names_every_nodes_board_a_generated_grid_too(root: Pat
         lab = load_testbed(tmp_path / "lab.toml")
         assert [n.board for n in lab.nodes] == [f"serial:{p}" for p in ports]
         assert [n.id for n in lab.nodes] == [n.id for n in tb.nodes]
-        assert (lab.testbed.control_model, lab.acceptance.design_version) == ("board", "0.2")
+        assert (lab.testbed.control_model, lab.acceptance.design_version) == ("board", "0.3")
 
 
 def test_a_baud_rate_the_fabric_cannot_divide_is_refused_before_any_build() -> None:

@@ -80,7 +80,12 @@ def members(unit_port: bool = False) -> dict[str, Any]:
         out |= {"cmd_valid": In(1), "cmd_ready": Out(1), "cmd_port": In(1), "cmd_tune": In(1),
                 "cmd_channel": In(8), "cmd_dst": In(16), "cmd_bytes": In(32),
                 "cmd_flow": In(32), "cmd_hdr": In(32 * N_HDR), "irq_raise": In(32),
-                "node": Out(16)}
+                "node": Out(16),
+                # a count-action `start tx[P]`: port P's transfer, a word a cycle (the
+                # engine's HANDOVER_WORDS), for the unit's queue; `ca_refused`, a port's
+                # handover the queue had no room for (flagged TX_REFUSED_P)
+                "ca_word_valid": Out(1), "ca_word": Out(32), "ca_word_last": Out(1),
+                "ca_word_port": Out(1), "ca_refused": In(len(R.PORTS))}
     return out
 
 
@@ -92,7 +97,10 @@ class OnicCtrl(EngineParts, BusParts):
     the datapath: a transfer command (`cmd_*`: load a port's transfer and start it, tuning
     first if asked), taken by the executor as a host's register writes are, so that no
     register has two writers; `irq_raise`, flags it sets in IRQ_STATUS; `node`, this node's
-    index as NODE_ID says it. `onic_ctrl` alone has none of them."""
+    index as NODE_ID says it; `ca_word*`, the engine's starts, which are then the unit's (a
+    `start tx[P]` hands port P's loaded transfer over, word by word, for the unit's queue; a
+    `tune` only sets TX_CHANNEL: the unit tunes as its route says). `onic_ctrl` alone has
+    none of them."""
 
     def __init__(self, design_version: int = R.DESIGN_VERSION, unit_port: bool = False
                  ) -> None:
@@ -465,6 +473,8 @@ class OnicCtrl(EngineParts, BusParts):
 
         if self.unit_port:
             irq_terms.append(self.irq_raise)
+            for i, P in enumerate(R.PORTS):
+                net.flag(R.ERROR_BITS[f"TX_REFUSED_{P}"], self.ca_refused[i])
             m.d.comb += self.node.eq(Mux(node_id_set, node_id, self.node_id))
         m.d.comb += irq_set.eq(any_of(irq_terms))
         m.d.sync += irq_status.eq((irq_status & ~irq_clr) | irq_set)

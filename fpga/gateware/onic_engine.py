@@ -8,7 +8,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 from typing import Any
 
-from amaranth import Cat, Const, Module, Mux, Signal
+from amaranth import Array, Cat, Const, Module, Mux, Signal
 from amaranth.lib import wiring
 from oddl.fpga import regmap as R
 from oddl.fpga.countaction import ACTIONS, SIGNALS
@@ -26,6 +26,8 @@ ACT = ACTIONS
 # a queued event's word: its fields and widths, in order
 EV_LAYOUT = (("sig", 3), ("idx", 8), ("val", 32), ("has_src", 1), ("src", 24))
 EV_WIDTH = sum(w for _, w in EV_LAYOUT)
+# a port's transfer registers as onic_top's engine hands them over, in order
+HANDOVER_WORDS = ("DST", "BYTES", "FLOW", *(f"HDR{k}" for k in range(len(R.HEADER))))
 
 
 def ev_field(word: Any, name: str) -> Any:
@@ -114,6 +116,9 @@ class EngineParts(wiring.Component):
         net.first, net.first_hot, net.hits, net.idx = first, first_hot, hits, idx
         net.past_first, net.pending_mods, net.slot = past_first, pending_mods, slot
         net.slot_hits = slot_hits
+        net.ho = Signal(range(len(HANDOVER_WORDS)))  # the word a handover is at
+        if self.unit_port:
+            m.d.sync += [self.ca_word_valid.eq(0), self.ca_word_last.eq(0)]
 
     def _engine_states(self, m: Module, net: SimpleNamespace) -> None:
         """The engine: scan the modules, fire one, run its actions slot by slot."""
@@ -175,17 +180,42 @@ class EngineParts(wiring.Component):
                         for i, P in enumerate(R.PORTS):
                             with m.If(idx == i):
                                 m.d.sync += rw[f"TX{P}_CHANNEL"].eq(arg)
-                                m.d.comb += [do_tune[i].eq(1), tune_arg[i].eq(arg)]
+                                if not self.unit_port:  # (else the unit tunes, as routed)
+                                    m.d.comb += [do_tune[i].eq(1), tune_arg[i].eq(arg)]
                     with m.Case(ACT["start"]):
-                        for i in range(np_):
-                            with m.If(idx == i):
-                                with m.If(tuning[i] | taken[i]):  # once locked
-                                    m.d.sync += after_tune[i].eq(1)
-                                with m.Else():
-                                    m.d.comb += do_start[i].eq(1)
+                        if self.unit_port:  # the loaded transfer goes to the unit
+                            with m.If(idx < np_):
+                                m.d.sync += [self.ca_word_port.eq(idx[0]), net.ho.eq(0)]
+                                m.next = "HANDOVER"
+                        else:
+                            for i in range(np_):
+                                with m.If(idx == i):
+                                    with m.If(tuning[i] | taken[i]):  # once locked
+                                        m.d.sync += after_tune[i].eq(1)
+                                    with m.Else():
+                                        m.d.comb += do_start[i].eq(1)
                     with m.Case(ACT["stream"]):
                         m.d.sync += [self.stream_valid.eq(1), self.stream_dac.eq(idx)]
                     with m.Case(ACT["arm"]), m.If(idx < nm):
                         m.d.sync += ca_ctrl[idx[:4]].eq(ca_ctrl[idx[:4]] | 1)
                     with m.Case(ACT["reset"]), m.If(idx < nm):
                         m.d.sync += clear(idx[:4])
+        if self.unit_port:
+            self._handover(m, net)
+
+    def _handover(self, m: Module, net: SimpleNamespace) -> None:
+        """A `start tx[P]` in onic_top: port P's transfer registers (DST, BYTES, FLOW, the
+        header words), one word a cycle on `ca_word`, for the top's staging register and
+        the unit's flow queue; the executor, their one writer, does nothing else meanwhile.
+        (One 32-bit path: the whole transfer as one wide word into the queue had stopped
+        the ECPIX-5 build's router from converging.) Then the module's next action."""
+        acts_rd, cur, ho, rw, slot = net.acts_rd, net.cur, net.ho, net.rw, net.slot
+        words = {P: [rw[f"TX{P}_{n}"] for n in HANDOVER_WORDS] for P in R.PORTS}
+        h, v = (Array(words[P]) for P in R.PORTS)
+        with m.State("HANDOVER"):
+            m.d.comb += acts_rd.addr.eq(Cat(slot[:3], Const(1, 1), cur))  # (the next action)
+            m.d.sync += [self.ca_word_valid.eq(1), ho.eq(ho + 1),
+                         self.ca_word.eq(Mux(self.ca_word_port, v[ho], h[ho])),
+                         self.ca_word_last.eq(ho == len(HANDOVER_WORDS) - 1)]
+            with m.If(ho == len(HANDOVER_WORDS) - 1):
+                m.next = "ACT"

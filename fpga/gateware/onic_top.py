@@ -26,7 +26,7 @@ from amaranth import Cat, Const, Module, Mux, Signal
 from amaranth.lib import fifo, wiring
 from amaranth.lib.wiring import In, Out
 from oddl.fpga import regmap as R
-from oddl.fpga.frame import BEAT_BITS, FrameFormat
+from oddl.fpga.frame import BEAT_BITS, FrameFormat, flow_widths
 from oddl.fpga.gateware.control_unit import BUILD, STATS, ControlUnitRTL
 from oddl.fpga.gateware.onic_bus import (
     ADDR_BITS,
@@ -39,6 +39,7 @@ from oddl.fpga.gateware.onic_bus import (
 )
 from oddl.fpga.gateware.onic_ctrl import OnicCtrl
 from oddl.fpga.gateware.onic_ctrl import members as ctrl_members
+from oddl.fpga.gateware.onic_engine import HANDOVER_WORDS
 
 CU_WINDOW = 0x400  # the CU block's share of the address space (from R.CU_BASE)
 
@@ -178,6 +179,25 @@ class OnicTop(wiring.Component):
 
         net.pend = pend
 
+    def _handed_over(self, m: Module, ctrl: OnicCtrl) -> tuple[Any, Signal, Signal]:
+        """An engine's `start tx[P]`: the words of port P's transfer registers as onic_ctrl
+        hands them over (HANDOVER_WORDS), staged; returns the flow they make (the header
+        words carry the whole flow, as regmap.header_words writes it), a flag set once the
+        last word is in (cleared by the queue's write), and the port."""
+        stage = Signal(32 * len(HANDOVER_WORDS))
+        go, port = Signal(), Signal()
+        with m.If(ctrl.ca_word_valid):
+            m.d.sync += stage.eq(Cat(stage[32:], ctrl.ca_word))
+        with m.If(ctrl.ca_word_valid & ctrl.ca_word_last):
+            m.d.sync += [go.eq(1), port.eq(ctrl.ca_word_port)]
+        w = {n: stage[32 * k: 32 * k + 32] for k, n in enumerate(HANDOVER_WORDS)}
+        nw = self.frame.width("src")
+        fields = {"id": Cat(w["FLOW"], w["HDR0"]), "src": w["HDR1"][:nw], "dst": w["DST"][:nw],
+                  "nbytes": w["BYTES"], "iteration": w["HDR3"], "step": w["HDR2"][8:32],
+                  "hop": w["HDR2"][0:8], "t_submit": Cat(w["HDR4"], w["HDR5"])}
+        flow = Cat(*(_word(fields[name], width) for name, width in flow_widths(self.frame)))
+        return flow, go, port
+
     def _queues(self, m: Module, net: SimpleNamespace) -> None:
         """The flows the host hands to the unit, and the deliveries and the first
         failure it reads back."""
@@ -186,7 +206,16 @@ class OnicTop(wiring.Component):
         m.submodules.submit = submit = fifo.SyncFIFO(width=fw, depth=R.CU_QUEUE)
         m.submodules.delivered = dq = fifo.SyncFIFO(width=fw, depth=R.CU_QUEUE)
         sub_words = [regs[f"CU_SUBMIT{k}"] for k in range(R.CU_FLOW_WORDS)]
-        m.d.comb += [submit.w_data.eq(Cat(*sub_words)[:fw]), unit.submit_valid.eq(submit.r_rdy),
+        # its two writers: the host's CU_SUBMIT_GO, and the engine's starts, staged here
+        # word by word (`_handed_over`), which wait a cycle for the host's
+        host_go = Signal()
+        staged, ca_go, ca_port = self._handed_over(m, ctrl)
+        with m.If(ca_go & ~host_go):
+            m.d.sync += ca_go.eq(0)
+            m.d.comb += ctrl.ca_refused.eq(Mux(submit.w_rdy, 0, Mux(ca_port, 0b10, 0b01)))
+        m.d.comb += [submit.w_en.eq(host_go | ca_go),
+                     submit.w_data.eq(Mux(host_go, Cat(*sub_words)[:fw], staged)),
+                     unit.submit_valid.eq(submit.r_rdy),
                      unit.submit_flow.eq(submit.r_data), submit.r_en.eq(unit.submit_ready),
                      dq.w_data.eq(unit.deliver_flow), dq.w_en.eq(unit.deliver_valid)]
         lost = Signal(32)
@@ -205,7 +234,7 @@ class OnicTop(wiring.Component):
             | Mux(unit.fail_valid, 1 << R.IRQ_BITS["CU_FAILED"], 0))
 
         net.dq, net.fail, net.fail_clr, net.lost = dq, fail, fail_clr, lost
-        net.submit = submit
+        net.submit, net.host_go, net.ca_go = submit, host_go, ca_go
 
     def _cu_block(self, m: Module, net: SimpleNamespace) -> None:
         """The bus's CU block: what each register reads, and its latched accesses."""
@@ -304,7 +333,7 @@ class OnicTop(wiring.Component):
                     with m.Case(R.BY_NAME["CU_ROUTE"].offset):
                         m.d.sync += [route_word.eq(wdata), route_we.eq(1)]
                     with m.Case(R.BY_NAME["CU_SUBMIT_GO"].offset), m.If(wdata[0]):
-                        m.d.comb += submit.w_en.eq(1)
+                        m.d.comb += net.host_go.eq(1)
                         with m.If(~submit.w_rdy):
                             m.d.sync += bresp.eq(SLVERR)  # full: said, nothing queued
                     with m.Case(R.BY_NAME["CU_DELIV_POP"].offset), m.If(wdata[0]):
@@ -337,4 +366,4 @@ class OnicTop(wiring.Component):
                                     ("arready", "rvalid", "rdata", "rresp"))
                 with m.If(ctrl.s_axi_rvalid & s.s_axi_rready):
                     m.next = "IDLE"
-        m.d.comb += self.busy.eq(ctrl.busy | unit.busy | pend | submit.r_rdy)
+        m.d.comb += self.busy.eq(ctrl.busy | unit.busy | pend | submit.r_rdy | net.ca_go)

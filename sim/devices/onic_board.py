@@ -438,7 +438,12 @@ class ONicBoard:
             idx, arg = (w >> 8) & 0xFF, w >> 16
             if a in ("tune", "start") and idx < len(R.PORTS):
                 p = R.PORTS[idx]
-                if a == "tune":
+                if self.unit_block is not None:  # onic_top: the port is the unit's to drive
+                    if a == "tune":  # the unit tunes as its route says, once granted
+                        self._set(f"TX{p}_CHANNEL", arg)
+                    else:  # the flow loaded in the port's registers goes to the unit
+                        self.unit_block.submit_loaded(p)
+                elif a == "tune":
                     self._set(f"TX{p}_CHANNEL", arg)
                     self._tune(p)
                 elif p in self.tuning_pending:

@@ -22,12 +22,13 @@ from oddl.controller.stage1.plan import Route
 from oddl.controller.stage2.control_unit import ControlUnit, Timing
 from oddl.controller.stage2.wire import FRAME
 from oddl.fpga import regmap as R
-from oddl.fpga.frame import flow_fields, flow_word
+from oddl.fpga.frame import flow_fields, flow_widths, flow_word
 
 _RW = {r.offset: r for r in R.CU_REGISTERS if r.access == "RW"}
 _CU = R.BY_NAME
 _DELIV = {_CU[f"CU_DELIV{k}"].offset: k for k in range(R.CU_FLOW_WORDS)}
 _STAT = {_CU[f"CU_STAT_{k.upper()}"].offset: k for k in R.CU_STATS}
+_WIDTHS = dict(flow_widths(FRAME))
 _UNEXPECTED = {_CU[f"CU_UNEXPECTED_{p}"].offset: p for p in R.PORTS}
 
 
@@ -174,8 +175,27 @@ class UnitBlock:
             self.unit = None
 
     def _submit(self) -> None:
-        r, nodes = self.regs, self.board.nodes
-        word = sum(r[_CU[f"CU_SUBMIT{k}"].offset] << (32 * k) for k in range(R.CU_FLOW_WORDS))
+        r = self.regs
+        self._queue(sum(r[_CU[f"CU_SUBMIT{k}"].offset] << (32 * k)
+                        for k in range(R.CU_FLOW_WORDS)))
+
+    def submit_loaded(self, port: str) -> None:
+        """A count-action `start tx[port]`: the flow the host loaded in the port's transfer
+        registers (DST, BYTES, FLOW and the header words, which carry the whole flow) is
+        handed to the unit, as CU_SUBMIT_GO hands one over (onic_top's second writer of
+        its submit queue)."""
+        b = self.board
+        r = b.regs
+        fid, src, hop, step, it, t_submit = R.header_unpack(
+            r[b._flow_off[port]], [r[x] for x in b._hdr_tx[port]])
+
+        def low(v: int, name: str) -> int:  # a node's field: the register's low bits
+            return v & (1 << _WIDTHS[name]) - 1
+        self._queue(flow_word(FRAME, fid, low(src, "src"), low(r[b._dst_off[port]], "dst"),
+                              r[b._bytes_off[port]], it, step, hop, t_submit))
+
+    def _queue(self, word: int) -> None:
+        nodes = self.board.nodes
         f = flow_fields(FRAME, word)
         if self.unit is None or f["src"] >= len(nodes) or f["dst"] >= len(nodes):
             return  # halted, or no such node: dropped, as the gateware's halted unit does

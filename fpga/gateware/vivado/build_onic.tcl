@@ -25,7 +25,7 @@
 # count-action engine, the control unit's block, interrupts) and moves no light.
 
 set ip_name onic_top
-set ip_vlnv oddl.org:oddl:onic_top:0.2
+set ip_vlnv oddl.org:oddl:onic_top:0.3
 set ip_base 0xA0000000
 set ip_range 0x10000
 set axi_master M_AXI_HPM0_FPD

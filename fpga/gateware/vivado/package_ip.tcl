@@ -12,7 +12,7 @@
 set ip_vendor oddl.org
 set ip_library oddl
 set ip_name onic_top
-set ip_version 0.2
+set ip_version 0.3
 set ip_range 0x10000
 
 set rtl [lindex $argv 0]
