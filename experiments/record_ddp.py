@@ -55,6 +55,10 @@ def _rank(rank: int, world: int, port: int, out: str, batch: int, steps: int,
                 prof.step()
         if rank == 0:
             prof.export_chrome_trace(out)
+        # both ranks tear down together: a rank that destroyed its group while the other
+        # still exported had once aborted in Gloo's teardown (SIGABRT, not reproduced)
+        dist.barrier()
+        del ddp
     finally:
         dist.destroy_process_group()
 
