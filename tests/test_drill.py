@@ -370,3 +370,34 @@ def test_one_unanswered_wss_poll_is_not_a_dead_wss() -> None:
     h.wss_answer("wss-row0", 20, "no answer to the poll: timed out", silent=True)
     assert h.is_out("wss-row0")
     assert h.diagnoses[0].evidence.endswith(f"({tb.monitor.missed} polls in a row)")
+
+
+def test_a_fault_that_lands_after_the_run_is_not_counted_as_ridden_out(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A drill's fault that reached the testbed only once the run's last iteration had
+    ended (its controller late, on a loaded host) was found by nothing and tested nothing:
+    its row says `recovered` None, not the run's outcome (it had read True, like a fault
+    ridden out), and the results store keeps the None."""
+    from oddl.controller.base.config import FaultSpec
+    from oddl.controller.service.backend import Injected
+    from oddl.controller.service.recovery import fault_rows
+
+    spec = FaultSpec(kind="dead-board", target="n1-1", at_iteration=3)
+    rows = [r.public() for r in fault_rows([Injected(spec, 100), Injected(spec, 900)], [], [],
+                                          True, ended_ns=500)]
+    assert [r["recovered"] for r in rows] == [True, None]
+    store = RunStore(tmp_path / "results.sqlite")
+    store.begin_network("oddl", "oddl", {})
+    store.add_faults("oddl", rows)
+    store.close()
+    back = read_store(tmp_path / "results.sqlite")["oddl"]["faults"]
+    assert [r["recovered"] for r in back] == [1, None]
+    # and `oddl run` says so, beside the faults it lists
+    from types import SimpleNamespace
+
+    from oddl.app.cli.experiments import _run_warnings
+
+    net = SimpleNamespace(name="oddl", faults=rows, disturbed=False)
+    _run_warnings(SimpleNamespace(networks={"oddl": net}), None)
+    assert "dead-board n1-1 reached the testbed only after the run's last iteration" \
+        in capsys.readouterr().err

@@ -463,6 +463,12 @@ def _run_warnings(res: Any, ctx: Any) -> None:
             click.echo(f"warning: {r.name}: {len(r.faults)} faults during the run: "
                        + "; ".join(f"{f['kind']} {f['target']}" for f in r.faults[:8]),
                        err=True)
+        late = [f"{f['kind']} {f['target']}" for f in r.faults if f["recovered"] is None]
+        if late:
+            click.echo(f"warning: {r.name}: {'; '.join(late[:8])} reached the testbed only "
+                       f"after the run's last iteration had ended: it tested nothing "
+                       f"(recovered: null; a drill on a loaded host: run more iterations)",
+                       err=True)
         if r.disturbed:
             click.echo(f"warning: {r.name}: the run was disturbed ({r.disturbance}; threshold "
                        f"{ctx.experiment.disturbance_threshold} of {r.control_messages} "

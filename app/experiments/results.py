@@ -162,7 +162,8 @@ class RunStore:
         self._write("INSERT INTO faults VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                     [(network, r["kind"], r["target"], r["at_ns"], r["detected_after_ns"],
                       r["recovered_after_ns"], r["replans"], r["iterations_lost"],
-                      r["flows_retried"], int(r["recovered"])) for r in rows])
+                      r["flows_retried"],
+                      None if r["recovered"] is None else int(r["recovered"])) for r in rows])
 
     def set_outcome(self, network: str, disturbed: bool, disturbance: dict[str, int]) -> None:
         """How clean the network's run was: its disturbance counters, and the verdict."""

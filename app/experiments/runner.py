@@ -250,12 +250,13 @@ def network_result(net: Network, threshold: float, extrapolate_to: int | None) -
     stats = {**total.stats} | ({"plan_s": round(net.stage1.plan_s, 4)}
                                 if isinstance(net.stage1, OddlStage1) else {})
     dist = disturbance(stats)
+    ended_ns = max(r.end_ns or 0 for r in recs.values())
     faults = [f.public() for f in fault_rows(b.injected, b.health.diagnoses, adm.recoveries,
-                                             True)]
+                                             True, ended_ns or None)]
     fault_s = sum(r.t_resume_ns - r.t_last_ns for r in adm.recoveries) / 1e9
     its = [t for r in recs.values() for t in r.iteration_ns]
     first = min(r.arrival_ns for r in recs.values())
-    makespan = (max(r.end_ns or 0 for r in recs.values()) - first) / 1e9
+    makespan = (ended_ns - first) / 1e9
     fabric: dict[str, float] = {}
     if extrapolate_to is not None:
         # iterations are identical in length when nothing perturbs them; extrapolate only

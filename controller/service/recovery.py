@@ -70,7 +70,7 @@ class FaultRow:
     replans: int
     iterations_lost: int
     flows_retried: int
-    recovered: bool
+    recovered: bool | None  # None: it reached the testbed after the run had ended
 
     def public(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -86,9 +86,12 @@ def _handled(recoveries: Sequence[Recovery], d: Diagnosis) -> Recovery | None:
 
 
 def fault_rows(injected: Sequence[Injected], diagnoses: Sequence[Diagnosis],
-               recoveries: Sequence[Recovery], completed: bool) -> list[FaultRow]:
+               recoveries: Sequence[Recovery], completed: bool,
+               ended_ns: int | None = None) -> list[FaultRow]:
     """One row per injected fault (and per diagnosis no injection explains: a real
-    fault, or another one's collateral)."""
+    fault, or another one's collateral). A fault that reached the testbed only once the
+    run's last iteration had ended (`ended_ns`; a late controller on a loaded host), and
+    was found by nothing, tested nothing: its `recovered` is None, not the run's outcome."""
     rows = []
     used: set[int] = set()
     for x in injected:
@@ -107,7 +110,8 @@ def fault_rows(injected: Sequence[Injected], diagnoses: Sequence[Diagnosis],
             int(rec.replanned) if rec is not None else 0,
             int(rec.lost) if rec is not None else 0,
             rec.flows_lost if rec is not None and rec.lost else x.retries,
-            completed))
+            None if d is None and ended_ns is not None and x.at_ns >= ended_ns
+            else completed))
     for d in diagnoses:
         if id(d) in used:
             continue
