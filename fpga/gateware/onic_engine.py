@@ -116,8 +116,8 @@ class EngineParts(wiring.Component):
         net.first, net.first_hot, net.hits, net.idx = first, first_hot, hits, idx
         net.past_first, net.pending_mods, net.slot = past_first, pending_mods, slot
         net.slot_hits = slot_hits
-        net.ho = Signal(range(len(HANDOVER_WORDS)))  # the word a handover is at
         if self.unit_port:
+            net.ho = Signal(range(len(HANDOVER_WORDS)))  # the word a handover is at
             m.d.sync += [self.ca_word_valid.eq(0), self.ca_word_last.eq(0)]
 
     def _engine_states(self, m: Module, net: SimpleNamespace) -> None:
