@@ -395,9 +395,9 @@ def test_a_fault_that_lands_after_the_run_is_not_counted_as_ridden_out(
     # and `oddl run` says so, beside the faults it lists
     from types import SimpleNamespace
 
-    from oddl.app.cli.experiments import _run_warnings
+    from oddl.app.cli.run_report import run_warnings
 
     net = SimpleNamespace(name="oddl", faults=rows, disturbed=False)
-    _run_warnings(SimpleNamespace(networks={"oddl": net}), None)
+    run_warnings(SimpleNamespace(networks={"oddl": net}), None)
     assert "dead-board n1-1 reached the testbed only after the run's last iteration" \
         in capsys.readouterr().err
