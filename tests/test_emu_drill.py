@@ -80,6 +80,21 @@ def test_a_dead_wss_answers_nothing_is_found_and_routed_round(root: Path, emu: P
     assert row["iterations_lost"] == 0
 
 
+def test_a_fault_nobody_finds_within_the_run_is_ridden_out(root: Path, emu: Path,
+                                                           tmp_path: Path) -> None:
+    """Control messages lost for 100 ms from iteration 2, which the units retry and no
+    diagnosis finds (faultkinds: found by nobody): the run goes on, and the row says it was
+    ridden out. (Its `recovered` had read None, "after the run", when the run's end, kept
+    from the jobs' start, was compared with the fault's time on the host's clock.)"""
+    oddl = drill(root, emu, tmp_path, [{"kind": "control-loss", "target": "bus",
+                                        "drop_probability": 0.05, "at_iteration": 2,
+                                        "duration_ms": 100}], iterations=LONG)
+    assert oddl["iterations"] == LONG and oddl["invariant_violations"] == 0
+    row = only_row(oddl)
+    assert (row["kind"], row["detected_after_ns"], row["recovered"]) == (
+        "control-loss", None, True)
+
+
 @pytest.mark.parametrize("compute_ms", [300.0, 5.0])
 def test_a_broker_restart_is_waited_out_and_the_job_resumes(
         root: Path, emu: Path, tmp_path: Path, compute_ms: float) -> None:

@@ -250,9 +250,9 @@ def network_result(net: Network, threshold: float, extrapolate_to: int | None) -
     stats = {**total.stats} | ({"plan_s": round(net.stage1.plan_s, 4)}
                                 if isinstance(net.stage1, OddlStage1) else {})
     dist = disturbance(stats)
-    ended_ns = max(r.end_ns or 0 for r in recs.values())
+    ended_ns = max(r.end_ns or 0 for r in recs.values())  # (from the jobs' start, t0)
     faults = [f.public() for f in fault_rows(b.injected, b.health.diagnoses, adm.recoveries,
-                                             True, ended_ns or None)]
+                                             True, adm.t0 + ended_ns if ended_ns else None)]
     fault_s = sum(r.t_resume_ns - r.t_last_ns for r in adm.recoveries) / 1e9
     its = [t for r in recs.values() for t in r.iteration_ns]
     first = min(r.arrival_ns for r in recs.values())
