@@ -254,6 +254,9 @@ class BusParts(wiring.Component):
             with m.Else():
                 read_second_stage(m, raddr, staged, rdata)
             m.next = "RRESP"
+            if self.unit_port:  # (an engine's handover reads so too: onic_engine)
+                with m.If(net.handing):
+                    m.next = "HANDOVER"
         with m.State("RRESP"):
             m.d.comb += self.s_axi_rvalid.eq(1)
             with m.If(self.s_axi_rready):

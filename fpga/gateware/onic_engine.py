@@ -8,7 +8,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 from typing import Any
 
-from amaranth import Array, Cat, Const, Module, Mux, Signal
+from amaranth import Cat, Const, Module, Mux, Signal
 from amaranth.lib import wiring
 from oddl.fpga import regmap as R
 from oddl.fpga.countaction import ACTIONS, SIGNALS
@@ -28,6 +28,10 @@ EV_LAYOUT = (("sig", 3), ("idx", 8), ("val", 32), ("has_src", 1), ("src", 24))
 EV_WIDTH = sum(w for _, w in EV_LAYOUT)
 # a port's transfer registers as onic_top's engine hands them over, in order
 HANDOVER_WORDS = ("DST", "BYTES", "FLOW", *(f"HDR{k}" for k in range(len(R.HEADER))))
+# each port's first: they follow it a word apart, so a handover reads on by adding 4
+HANDOVER_FROM = tuple(R.BY_NAME[f"TX{P}_{HANDOVER_WORDS[0]}"].offset for P in R.PORTS)
+assert all(R.BY_NAME[f"TX{P}_{n}"].offset == HANDOVER_FROM[i] + 4 * k
+           for i, P in enumerate(R.PORTS) for k, n in enumerate(HANDOVER_WORDS))
 
 
 def ev_field(word: Any, name: str) -> Any:
@@ -118,6 +122,7 @@ class EngineParts(wiring.Component):
         net.slot_hits = slot_hits
         if self.unit_port:
             net.ho = Signal(range(len(HANDOVER_WORDS)))  # the word a handover is at
+            net.handing = Signal()  # a handover's reads, not the host's: no answer
             m.d.sync += [self.ca_word_valid.eq(0), self.ca_word_last.eq(0)]
 
     def _engine_states(self, m: Module, net: SimpleNamespace) -> None:
@@ -185,8 +190,11 @@ class EngineParts(wiring.Component):
                     with m.Case(ACT["start"]):
                         if self.unit_port:  # the loaded transfer goes to the unit
                             with m.If(idx < np_):
-                                m.d.sync += [self.ca_word_port.eq(idx[0]), net.ho.eq(0)]
-                                m.next = "HANDOVER"
+                                m.d.sync += [self.ca_word_port.eq(idx[0]), net.ho.eq(0),
+                                             net.handing.eq(1),
+                                             net.raddr.eq(Mux(idx[0], HANDOVER_FROM[1],
+                                                                 HANDOVER_FROM[0]))]
+                                m.next = "READ"
                         else:
                             for i in range(np_):
                                 with m.If(idx == i):
@@ -204,18 +212,22 @@ class EngineParts(wiring.Component):
             self._handover(m, net)
 
     def _handover(self, m: Module, net: SimpleNamespace) -> None:
-        """A `start tx[P]` in onic_top: port P's transfer registers (DST, BYTES, FLOW, the
-        header words), one word a cycle on `ca_word`, for the top's staging register and
-        the unit's flow queue; the executor, their one writer, does nothing else meanwhile.
-        (One 32-bit path: the whole transfer as one wide word into the queue had stopped
-        the ECPIX-5 build's router from converging.) Then the module's next action."""
-        acts_rd, cur, ho, rw, slot = net.acts_rd, net.cur, net.ho, net.rw, net.slot
-        words = {P: [rw[f"TX{P}_{n}"] for n in HANDOVER_WORDS] for P in R.PORTS}
-        h, v = (Array(words[P]) for P in R.PORTS)
-        with m.State("HANDOVER"):
-            m.d.comb += acts_rd.addr.eq(Cat(slot[:3], Const(1, 1), cur))  # (the next action)
-            m.d.sync += [self.ca_word_valid.eq(1), ho.eq(ho + 1),
-                         self.ca_word.eq(Mux(self.ca_word_port, v[ho], h[ho])),
-                         self.ca_word_last.eq(ho == len(HANDOVER_WORDS) - 1)]
-            with m.If(ho == len(HANDOVER_WORDS) - 1):
+        """A `start tx[P]` in onic_top: port P's transfer registers (HANDOVER_WORDS), read
+        one by one through the bus's own read multiplexer (READ, READ_DATA, as the host's
+        reads) and put out on `ca_word`, for the top's staging register and the unit's
+        flow queue; the executor, their one writer, does nothing else meanwhile. Then the
+        module's next action. (The whole transfer as one wide word into the queue, and
+        then a multiplexer of its own over both ports' registers, had each stopped the
+        ECPIX-5 build's router from converging: docs/gateware.md.)"""
+        acts_rd, cur, ho, raddr, slot = net.acts_rd, net.cur, net.ho, net.raddr, net.slot
+        last = len(HANDOVER_WORDS) - 1
+        with m.State("HANDOVER"):  # a word read: out; then the next, or the next action
+            m.d.sync += [self.ca_word_valid.eq(1), self.ca_word.eq(net.rdata),
+                         self.ca_word_last.eq(ho == last), ho.eq(ho + 1),
+                         raddr.eq(raddr + 4)]
+            with m.If(ho == last):
+                m.d.sync += net.handing.eq(0)
+                m.d.comb += acts_rd.addr.eq(Cat(slot[:3], Const(1, 1), cur))  # (its word)
                 m.next = "ACT"
+            with m.Else():
+                m.next = "READ"
