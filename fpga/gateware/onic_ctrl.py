@@ -81,9 +81,10 @@ def members(unit_port: bool = False) -> dict[str, Any]:
                 "cmd_channel": In(8), "cmd_dst": In(16), "cmd_bytes": In(32),
                 "cmd_flow": In(32), "cmd_hdr": In(32 * N_HDR), "irq_raise": In(32),
                 "node": Out(16),
-                # a count-action `start tx[P]`: port P's transfer, a word a cycle (the
-                # engine's HANDOVER_WORDS), for the unit's queue; `ca_refused`, a port's
-                # handover the queue had no room for (flagged TX_REFUSED_P)
+                # a count-action `start tx[P]`: port P's transfer, word by word (the
+                # engine's HANDOVER_WORDS, each valid one cycle), for the unit's queue;
+                # `ca_refused`, a port's handover the queue had no room for (flagged
+                # TX_REFUSED_P)
                 "ca_word_valid": Out(1), "ca_word": Out(32), "ca_word_last": Out(1),
                 "ca_word_port": Out(1), "ca_refused": In(len(R.PORTS))}
     return out
