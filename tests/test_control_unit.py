@@ -259,8 +259,10 @@ def test_a_stalled_host_does_not_spend_its_retries_in_a_burst() -> None:
         loop.close()
     assert isinstance(err, FlowFailed) and "after 40 retries" in str(err)
     # issue 83: the failure names the host's lag of that moment, and the host as the cause
-    assert re.search(r"this host ran its time-outs up to 4\d\d ms late.*: the host may be the "
-                     r"cause\)$", str(err)), str(err)
+    # (at least the stall less a time-out; a loaded host's own delays come on top of it)
+    said = re.search(r"this host ran its time-outs up to (\d+) ms late.*: the host may be the "
+                     r"cause\)$", str(err))
+    assert said and int(said[1]) >= 400, str(err)
     assert len(sent) == 41
     gaps = [b - a for a, b in itertools.pairwise(sent)]
     assert min(gaps) >= timeout_ns * 0.99, [g / 1e6 for g in gaps]  # none in a burst
