@@ -274,18 +274,22 @@ class ONicBoard:
             self._flag("ERROR", R.ERROR_BITS[f"TX_REFUSED_{p}"])
             self._flag("IRQ_STATUS", R.IRQ_BITS["ERROR"])
             return
-        r = self.regs
-        o = self._hdr_tx[p]
-        dst, src = r[self._dst_off[p]], r[o[1]]
+        fid, src, dst, nbytes, it, step, hop, t_submit = self.loaded_transfer(p)
         if dst >= len(self.nodes) or src >= len(self.nodes):
             self._flag("ERROR", R.ERROR_BITS["ROUTE_MISS"])
             self._flag("IRQ_STATUS", R.IRQ_BITS["ERROR"])
             return
-        fid, _, hop, step, it, t_submit = R.header_unpack(r[self._flow_off[p]],
-                                                          [r[x] for x in o])
-        flow = Flow(fid, self.nodes[src], self.nodes[dst], r[self._bytes_off[p]], it, step,
-                    hop, t_submit)
+        flow = Flow(fid, self.nodes[src], self.nodes[dst], nbytes, it, step, hop, t_submit)
         self.fabric.send(self.node, p, flow)
+
+    def loaded_transfer(self, p: str) -> tuple[int, int, int, int, int, int, int, int]:
+        """The transfer the host loaded in port `p`'s registers, as they hold it, in a
+        flow word's order (frame.flow_word): id, src, dst, bytes, iteration, step, hop,
+        submit time; the nodes are indices, unchecked."""
+        r = self.regs
+        fid, src, hop, step, it, t_submit = R.header_unpack(
+            r[self._flow_off[p]], [r[x] for x in self._hdr_tx[p]])
+        return fid, src, r[self._dst_off[p]], r[self._bytes_off[p]], it, step, hop, t_submit
 
     def _tx_done(self, p: str, flow: Flow) -> None:
         r = self.regs

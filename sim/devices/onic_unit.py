@@ -28,7 +28,7 @@ _RW = {r.offset: r for r in R.CU_REGISTERS if r.access == "RW"}
 _CU = R.BY_NAME
 _DELIV = {_CU[f"CU_DELIV{k}"].offset: k for k in range(R.CU_FLOW_WORDS)}
 _STAT = {_CU[f"CU_STAT_{k.upper()}"].offset: k for k in R.CU_STATS}
-_WIDTHS = dict(flow_widths(FRAME))
+_NODE_MASK = {k: (1 << w) - 1 for k, w in flow_widths(FRAME) if k in ("src", "dst")}
 _UNEXPECTED = {_CU[f"CU_UNEXPECTED_{p}"].offset: p for p in R.PORTS}
 
 
@@ -184,15 +184,9 @@ class UnitBlock:
         registers (DST, BYTES, FLOW and the header words, which carry the whole flow) is
         handed to the unit, as CU_SUBMIT_GO hands one over (onic_top's second writer of
         its submit queue)."""
-        b = self.board
-        r = b.regs
-        fid, src, hop, step, it, t_submit = R.header_unpack(
-            r[b._flow_off[port]], [r[x] for x in b._hdr_tx[port]])
-
-        def low(v: int, name: str) -> int:  # a node's field: the register's low bits
-            return v & (1 << _WIDTHS[name]) - 1
-        self._queue(flow_word(FRAME, fid, low(src, "src"), low(r[b._dst_off[port]], "dst"),
-                              r[b._bytes_off[port]], it, step, hop, t_submit))
+        fid, src, dst, *rest = self.board.loaded_transfer(port)
+        self._queue(flow_word(FRAME, fid, src & _NODE_MASK["src"], dst & _NODE_MASK["dst"],
+                              *rest))  # (a node's field: the register's low bits)
 
     def _queue(self, word: int) -> None:
         nodes = self.board.nodes
